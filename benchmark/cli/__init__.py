@@ -1,0 +1,82 @@
+"""The ``bench`` command: one module per verb, each with ``add_parser`` and ``run``.
+
+Heavy imports live inside each verb's ``run`` so ``bench --help`` and ``bench suites`` are fast.
+A ``BenchError`` becomes ``error: <one line>`` on stderr and a non-zero exit; anything else is a
+bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from benchmark import __version__
+from benchmark.errors import BenchError
+
+# Verb modules under benchmark.cli, in the order `bench --help` lists them.
+VERBS = (
+    "suites",
+    "download",
+    "eval_cmd",
+    "verify",
+    "slope",
+    "submit",
+    "leaderboard_cmd",
+    "build",
+    "publish",
+    "diagnose",
+    "discover",
+    "import_folder",
+)
+
+
+def _available_verbs():
+    for name in VERBS:
+        try:
+            yield importlib.import_module(f"benchmark.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"benchmark.cli.{name}":
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bench",
+        description="Benchmarks and a leaderboard for ImageNet classifiers under generated distribution shifts.",
+        epilog="Run `bench <verb> --help` for a verb's options and examples.",
+    )
+    parser.add_argument("--version", action="version", version=f"genshift-bench {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    for module in _available_verbs():
+        p = module.add_parser(sub)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _setup_logging(verbose: int, quiet: bool) -> None:
+    level = logging.WARNING if quiet else logging.INFO if verbose == 0 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(message)s" if verbose == 0 else "%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for noisy in ("httpx", "urllib3", "filelock", "huggingface_hub", "datasets", "PIL"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose, args.quiet)
+    try:
+        return int(args._run(args) or 0)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:  # `bench suites --json | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted; finished outputs are kept and a rerun resumes", file=sys.stderr)
+        return 130

@@ -1,0 +1,148 @@
+"""The ImageNet-1k label space and its WordNet 3.0 hierarchy, shipped as package data.
+
+Indices are the standard class indices (0..999, wnids in sorted order, as timm and torchvision
+use them). Names are the OpenAI "clean" names (open_clip's ``IMAGENET_CLASSNAMES``); two of them
+are duplicated ("missile" 657/744, "sunglasses" 836/837), so every name lookup in this project
+goes through indices or wnids, never through names.
+
+The hierarchy JSON was generated once by ``scripts/make_imagenet_hierarchy.py``; see that script
+for the exact inputs. WordNet is distributed under the Princeton WordNet licence
+(``benchmark/_data/WORDNET_LICENSE``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+from benchmark.errors import unknown
+
+NUM_CLASSES = 1000
+_HIERARCHY = "imagenet_hierarchy.json"
+
+
+@dataclass(frozen=True)
+class ImageNetClass:
+    """One ImageNet-1k class.
+
+    ``parent`` is the IN-G prompt parent (the grandparent with the smallest offset, Wiles et al.
+    as reconstructed in ``specs/in_g.md``); ``ancestors`` is the full hypernym closure.
+    """
+
+    index: int
+    wnid: str
+    name: str
+    lemma: str
+    lemmas: tuple[str, ...]
+    hypernyms: tuple[str, ...]
+    ancestors: tuple[str, ...]
+    grandparents: tuple[str, ...]
+    parent: str | None
+    fd_ancestor: str | None
+
+
+def _raw_bytes() -> bytes:
+    return resources.files("benchmark").joinpath("_data", _HIERARCHY).read_bytes()
+
+
+@lru_cache(maxsize=1)
+def _data() -> dict:
+    return json.loads(_raw_bytes())
+
+
+def hierarchy_sha256() -> str:
+    """sha256 of the shipped hierarchy JSON (recorded wherever the hierarchy is used)."""
+    return hashlib.sha256(_raw_bytes()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def classes() -> tuple[ImageNetClass, ...]:
+    out = []
+    for c in _data()["classes"]:
+        out.append(ImageNetClass(
+            index=c["index"], wnid=c["wnid"], name=c["name"], lemma=c["lemma"],
+            lemmas=tuple(c["lemmas"]), hypernyms=tuple(c["hypernyms"]),
+            ancestors=tuple(c["ancestors"]), grandparents=tuple(c["grandparents"]),
+            parent=c["parent"], fd_ancestor=c["fd_ancestor"],
+        ))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def wnids() -> tuple[str, ...]:
+    return tuple(c.wnid for c in classes())
+
+
+@lru_cache(maxsize=1)
+def names() -> tuple[str, ...]:
+    return tuple(c.name for c in classes())
+
+
+@lru_cache(maxsize=1)
+def _wnid_to_index() -> dict[str, int]:
+    return {c.wnid: c.index for c in classes()}
+
+
+def index_of(wnid: str) -> int:
+    """Class index of an ImageNet-1k wnid (``n01440764`` -> 0)."""
+    try:
+        return _wnid_to_index()[wnid]
+    except KeyError:
+        raise unknown("ImageNet-1k wnid", wnid, (), hint="Wnids look like 'n01440764' "
+                      "and must be one of the 1000 ImageNet-1k classes.") from None
+
+
+def get_class(index: int) -> ImageNetClass:
+    if not 0 <= int(index) < NUM_CLASSES:
+        raise ValueError(f"ImageNet-1k class index must be in 0..999, got {index}")
+    return classes()[int(index)]
+
+
+def synset_name(wnid: str) -> str:
+    """Readable name (first lemma) of any synset referenced by the hierarchy."""
+    syn = _data()["synsets"]
+    if wnid in syn:
+        return syn[wnid]["name"]
+    if wnid in _wnid_to_index():
+        return classes()[_wnid_to_index()[wnid]].lemma
+    raise unknown("synset", wnid, (), hint="It is not an ImageNet-1k class or one of their ancestors.")
+
+
+def is_under(index: int, synset: str) -> bool:
+    """True iff class ``index`` is ``synset`` or has it in its hypernym closure."""
+    c = get_class(index)
+    return c.wnid == synset or synset in c.ancestors
+
+
+@lru_cache(maxsize=1)
+def parent_membership() -> np.ndarray:
+    """Boolean matrix ``M[y, c]``: class ``c`` is under the IN-G parent of class ``y``.
+
+    Classes without a parent (none among the 1000, but guarded) only contain themselves.
+    """
+    cls = classes()
+    anc = [set(c.ancestors) | {c.wnid} for c in cls]
+    m = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=bool)
+    for y, cy in enumerate(cls):
+        if cy.parent is None:
+            m[y, y] = True
+            continue
+        m[y] = [cy.parent in a for a in anc]
+    m.setflags(write=False)
+    return m
+
+
+@lru_cache(maxsize=1)
+def imagenet_a_indices() -> tuple[int, ...]:
+    """The 200 ImageNet-A classes as ImageNet-1k indices, sorted."""
+    return tuple(_data()["imagenet_a"])
+
+
+def hierarchy_source() -> dict:
+    """How the shipped hierarchy was generated (WordNet version, files, rules)."""
+    return dict(_data()["source"])

@@ -1,0 +1,212 @@
+"""The suite writer used by every builder and by ``bench import-folder``.
+
+Usage::
+
+    with SuiteWriter(out, suite_id="imagenet-star", extra_features=feats, fingerprint=settings) as w:
+        for config, shard, n, rows in work:
+            if not w.shard_done(config, shard, n):
+                w.write_shard(config, shard, n, rows)
+        w.finalize(generator=provenance, card=render)
+
+Each shard is written with ``datasets``' ``ParquetWriter`` (the HF features go into the parquet
+metadata, so ``Image`` and ``ClassLabel`` survive) to a temporary name and renamed. A rerun with
+the same fingerprint skips finished shards; a different fingerprint is refused unless
+``overwrite``. The manifest is written last.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from datasets import Features
+from datasets.arrow_writer import ParquetWriter
+
+from benchmark.errors import BenchError, IntegrityError
+from benchmark.fsutil import (INCOMPLETE, atomic_path, atomic_write_bytes, atomic_write_json, canonical_json,
+                              ensure_writable_dir, sha256_bytes)
+from benchmark.suite_format import (BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest, build_manifest,
+                                    check_config_name, shard_name, suite_features)
+
+log = logging.getLogger(__name__)
+IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    path: str
+    rows: int
+    kept: int
+
+
+class SuiteWriter:
+    """Write a suite in format 1, shard by shard, resumably.
+
+    Parameters
+    ----------
+    root : path
+        The suite folder.
+    suite_id : str
+        Registry id (or a user-chosen name for imported suites).
+    extra_features : Features or dict, optional
+        Provenance columns added after the required ones.
+    fingerprint : dict
+        Everything that determines the content (settings, seeds, model ids). A folder holding a
+        build with another fingerprint is refused unless ``overwrite``.
+    overwrite : bool
+        Replace a different (or finished) build in ``root``.
+    """
+
+    def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
+                 extra_features: Features | dict | None = None, fingerprint: Mapping | None = None,
+                 overwrite: bool = False, rows_per_group: int = IMAGE_ROWS_PER_GROUP) -> None:
+        self.root = Path(root)
+        self.suite_id = suite_id
+        self.suite_version = suite_version
+        self.features = suite_features(extra_features)
+        self.fingerprint = dict(fingerprint or {})
+        self.rows_per_group = rows_per_group
+        state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
+                 "fingerprint": self.fingerprint}
+        self.fingerprint_sha256 = sha256_bytes(canonical_json(state))
+        self._open(state, overwrite)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _open(self, state: dict, overwrite: bool) -> None:
+        import shutil
+
+        state_path = self.root / BUILD_STATE
+        if self.root.exists() and any(self.root.iterdir()):
+            if not state_path.is_file():
+                if (self.root / MANIFEST).is_file() and overwrite:
+                    shutil.rmtree(self.root)
+                else:
+                    raise BenchError(f"output directory {str(self.root)!r} is not empty and holds no bench build; "
+                                     "choose an empty or new directory")
+            else:
+                import json
+                try:
+                    old = json.loads(state_path.read_text())
+                except ValueError:
+                    old = {}
+                same = old.get("fingerprint_sha256") == self.fingerprint_sha256
+                if not same or overwrite:
+                    if not overwrite:
+                        raise BenchError(f"output directory {str(self.root)!r} holds a different build "
+                                         f"(suite {old.get('suite_id')!r}, other settings); pass --overwrite to "
+                                         "replace it or choose another --out")
+                    shutil.rmtree(self.root)
+        ensure_writable_dir(self.root)
+        if not state_path.is_file():
+            atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
+        for stale in self.root.rglob(f"*{INCOMPLETE}"):
+            log.warning("removing %s left by an interrupted run", stale)
+            stale.unlink()
+
+    def __enter__(self) -> "SuiteWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @property
+    def finished(self) -> bool:
+        return (self.root / MANIFEST).is_file()
+
+    # -- shards ---------------------------------------------------------------------------------
+    def shard_done(self, config: str, index: int, num_shards: int) -> bool:
+        """True iff the shard's final file exists and its parquet footer reads."""
+        p = self.root / shard_name(config, index, num_shards)
+        if not p.is_file():
+            return False
+        try:
+            pq.read_metadata(p)
+        except Exception:  # a corrupt final file cannot come from us (atomic rename), but be safe
+            log.warning("shard %s is unreadable; it will be rewritten", p)
+            p.unlink()
+            return False
+        return True
+
+    def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> ShardStats:
+        """Write one shard atomically from an iterable of row dicts (streamed, bounded memory)."""
+        check_config_name(config)
+        rel = shard_name(config, index, num_shards)
+        for other in (self.root / "data" / config).glob("*.parquet"):
+            m = SHARD_RE.match(other.name)
+            if m and int(m.group(2)) != num_shards:
+                raise BenchError(f"{other} was written with {int(m.group(2))} shards, this run asks for "
+                                 f"{num_shards}; keep the shard count of a build, or pass --overwrite")
+        n = kept = 0
+        with atomic_path(self.root / rel) as tmp:
+            writer = ParquetWriter(features=self.features, path=str(tmp), writer_batch_size=self.rows_per_group)
+            try:
+                for row in rows:
+                    self._check_row(row, config, rel)
+                    writer.write(dict(row))
+                    n += 1
+                    kept += bool(row["keep"])
+                if n == 0:
+                    raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
+                                     "(use fewer shards)")
+                writer.finalize()
+            finally:
+                writer.close()
+        return ShardStats(rel, n, kept)
+
+    def _check_row(self, row: Mapping, config: str, rel: str) -> None:
+        missing = [c for c in self.features if c not in row]
+        if missing:
+            raise ValueError(f"row for {rel} lacks column(s) {missing}")
+        extra = [c for c in row if c not in self.features]
+        if extra:
+            raise ValueError(f"row for {rel} has undeclared column(s) {extra}; declare them in extra_features")
+        if row["config"] != config:
+            raise ValueError(f"row {row['image_id']!r} has config {row['config']!r} but is written to {config!r}")
+        label = row["label"]
+        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < 1000:
+            raise ValueError(f"row {row['image_id']!r}: label must be an ImageNet-1k index 0..999, got {label!r}")
+        if not isinstance(row["image_id"], str) or not row["image_id"]:
+            raise ValueError(f"row in {rel}: image_id must be a non-empty string, got {row['image_id']!r}")
+
+    # -- finish ---------------------------------------------------------------------------------
+    def finalize(self, *, generator: Mapping, card: Callable[[Manifest], str] | None = None) -> Manifest:
+        """Check completeness and uniqueness, write the card and, last, the manifest."""
+        configs: dict[str, dict] = {}
+        data = self.root / "data"
+        if not data.is_dir():
+            raise BenchError(f"{self.root} has no shards; nothing was written")
+        seen: dict[str, str] = {}
+        for cdir in sorted(p for p in data.iterdir() if p.is_dir()):
+            files = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
+            counts = {int(SHARD_RE.match(p.name).group(2)) for p in files}
+            if len(counts) != 1:
+                raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with --overwrite")
+            total = counts.pop()
+            have = {int(SHARD_RE.match(p.name).group(1)) for p in files}
+            missing = sorted(set(range(total)) - have)
+            if missing:
+                raise BenchError(f"config {cdir.name!r} is missing shard(s) {missing[:10]} of {total}; "
+                                 "rerun the build to finish them")
+            rows = kept = 0
+            for p in files:
+                table = pq.read_table(p, columns=["image_id", "keep"])
+                rows += table.num_rows
+                kept += int(pc.sum(table["keep"]).as_py() or 0)
+                for iid in table["image_id"].to_pylist():
+                    if iid in seen:
+                        raise IntegrityError(f"duplicate image_id {iid!r} in {p.relative_to(self.root)} and "
+                                             f"{seen[iid]}; image ids must be unique across the suite")
+                    seen[iid] = str(p.relative_to(self.root))
+            configs[cdir.name] = {"rows": rows, "kept": kept,
+                                  "files": [str(p.relative_to(self.root)) for p in files]}
+        manifest_bytes = build_manifest(self.root, suite_id=self.suite_id, suite_version=self.suite_version,
+                                        configs=configs, features=self.features, generator=dict(generator))
+        manifest = Manifest.from_bytes(manifest_bytes, where=str(self.root / MANIFEST))
+        if card is not None:
+            atomic_write_bytes(self.root / CARD, card(manifest).encode())
+        atomic_write_bytes(self.root / MANIFEST, manifest_bytes)
+        return manifest

@@ -1,0 +1,28 @@
+"""Builders: regenerate each benchmark family and write it in the suite format.
+
+Each builder is a module registered here under its suite id (lazily: importing this package does
+not import diffusers). A builder module provides::
+
+    add_arguments(parser)   # its own options for `bench build <suite>`
+    run(args) -> int        # builds into args.out with benchmark.writer.SuiteWriter
+
+Shared generative components live next to the builders, one module each.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from benchmark.registry import Registry
+
+# suite id -> module path (imported only when that builder runs)
+BUILDERS: Registry[str] = Registry("builder")
+BUILDERS.register("imagenet-star", "builders.imagenet_star")
+BUILDERS.register("lance-hardimagenet", "builders.lance")
+BUILDERS.register("in-g-rn", "builders.in_g")
+BUILDERS.register("in-g-vit", "builders.in_g")
+BUILDERS.freeze()
+
+
+def builder_module(suite_id: str):
+    return importlib.import_module(BUILDERS.get(suite_id))

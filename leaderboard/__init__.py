@@ -1,0 +1,1 @@
+"""The leaderboard: results store, cross-model aggregation, and the Streamlit app."""

@@ -1,0 +1,172 @@
+"""Generate ``benchmark/_data/imagenet_hierarchy.json`` from Princeton WordNet 3.0.
+
+The JSON is committed; runtime code and tests never need WordNet. This script documents how
+it was made and regenerates it byte for byte.
+
+How it was made (2026-11-22)::
+
+    apt-get install wordnet-base            # Debian 12, version 1:3.0-37 = Princeton WordNet 3.0
+    python scripts/make_imagenet_hierarchy.py --wordnet /usr/share/wordnet
+
+Inputs:
+- ``data.noun`` of WordNet 3.0 (offsets equal ImageNet wnids: ``n`` + 8-digit offset);
+- the 1000 ImageNet-1k wnids in class-index order and the 200 ImageNet-A wnids, from the
+  files timm ships (``timm/data/_info/imagenet_synsets.txt``, ``imagenet_a_synsets.txt``);
+- readable class names: open_clip's ``IMAGENET_CLASSNAMES`` (the OpenAI "clean" names,
+  which are also the names ImageNet* tokens are built from).
+
+Per class it records the lemmas, the direct hypernyms, the hypernym closure with the minimum
+hop distance, the grandparents (two hops up) and the IN-G parent chosen by the rule of Wiles
+et al. as reconstructed in ``specs/in_g.md`` section 2: the grandparent with the smallest
+synset offset. Hypernyms are ``@`` and ``@i`` pointers, always sorted by offset, so the output
+does not depend on hash order (the NLTK pitfall noted in the spec).
+
+It also records, for failure directions (Jain et al.), the closest ancestor from the authors'
+ancestor list by breadth-first search, ties broken by name (``specs/failure_directions.md``
+section 2, the recommended deterministic reconstruction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections import deque
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "benchmark" / "_data" / "imagenet_hierarchy.json"
+
+# Ancestor names of the failure-directions caption generator (MadryLab/failure-directions).
+FD_ANCESTORS = (
+    "reptile amphibian marsupial swine bovid feline canine rodent fungus food geological_formation "
+    "train mammal structure entity wheeled_vehicle bus vehicle fruit flower fish aquatic_mammal person "
+    "equipment instrumentality appliance container fabric covering device implement primate "
+    "invertebrate bird aircraft furniture vessel"
+).split()
+
+
+def parse_data_noun(path: Path) -> dict[str, dict]:
+    """Parse WordNet's ``data.noun``: wnid -> {lemmas, hypernyms}."""
+    synsets: dict[str, dict] = {}
+    with open(path, encoding="latin-1") as f:
+        for line in f:
+            if line.startswith("  "):  # licence header
+                continue
+            fields = line.split(" | ")[0].split()
+            offset, _lex, ss_type, w_cnt = fields[0], fields[1], fields[2], int(fields[3], 16)
+            if ss_type != "n":
+                continue
+            lemmas = [fields[4 + 2 * i] for i in range(w_cnt)]
+            pos = 4 + 2 * w_cnt
+            p_cnt = int(fields[pos])
+            hyper = []
+            for i in range(p_cnt):
+                sym, target, tpos = fields[pos + 1 + 4 * i : pos + 4 + 4 * i]
+                if sym in ("@", "@i") and tpos == "n":
+                    hyper.append("n" + target)
+            synsets["n" + offset] = {"lemmas": lemmas, "hypernyms": sorted(set(hyper))}
+    return synsets
+
+
+def closure(wnid: str, synsets: dict[str, dict]) -> dict[str, int]:
+    """Hypernym closure of ``wnid`` with the minimum number of hops to each ancestor."""
+    depth: dict[str, int] = {}
+    queue = deque([(wnid, 0)])
+    while queue:
+        node, d = queue.popleft()
+        for h in synsets[node]["hypernyms"]:
+            if h not in depth:
+                depth[h] = d + 1
+                queue.append((h, d + 1))
+    return depth
+
+
+def readable(lemma: str) -> str:
+    return lemma.replace("_", " ")
+
+
+def fd_ancestor(wnid: str, synsets: dict[str, dict]) -> str | None:
+    """Closest failure-directions ancestor by BFS (hops), ties broken by name."""
+    names = set(FD_ANCESTORS)
+    anc = closure(wnid, synsets)
+    best = sorted(
+        (d, synsets[a]["lemmas"][0].lower()) for a, d in anc.items()
+        if synsets[a]["lemmas"][0].lower() in names
+    )
+    return best[0][1] if best else None
+
+
+def build(wordnet: Path) -> dict:
+    import open_clip.zero_shot_metadata as ocz
+    import timm
+
+    info = Path(timm.__file__).parent / "data" / "_info"
+    wnids = (info / "imagenet_synsets.txt").read_text().split()
+    in_a = (info / "imagenet_a_synsets.txt").read_text().split()
+    names = list(ocz.IMAGENET_CLASSNAMES)
+    if len(wnids) != 1000 or len(names) != 1000 or len(in_a) != 200:
+        raise SystemExit("unexpected class list sizes")
+    synsets = parse_data_noun(wordnet / "data.noun")
+
+    classes = []
+    referenced: set[str] = set()
+    for index, (wnid, name) in enumerate(zip(wnids, names)):
+        anc = closure(wnid, synsets)
+        grand = sorted({g for h in synsets[wnid]["hypernyms"] for g in synsets[h]["hypernyms"]})
+        parent = min(grand) if grand else None  # wnids are 'n' + zero-padded offset: str order = offset order
+        referenced.update(anc)
+        classes.append({
+            "index": index,
+            "wnid": wnid,
+            "name": name,
+            "lemma": readable(synsets[wnid]["lemmas"][0]),
+            "lemmas": [readable(x) for x in synsets[wnid]["lemmas"]],
+            "hypernyms": synsets[wnid]["hypernyms"],
+            "ancestors": {a: anc[a] for a in sorted(anc)},
+            "grandparents": grand,
+            "parent": parent,
+            "fd_ancestor": fd_ancestor(wnid, synsets),
+        })
+    index_of = {c["wnid"]: c["index"] for c in classes}
+    return {
+        "source": {
+            "wordnet": "Princeton WordNet 3.0 (Debian package wordnet-base 1:3.0-37), data.noun",
+            "class_names": "open_clip.zero_shot_metadata.IMAGENET_CLASSNAMES (OpenAI clean names)",
+            "class_wnids": "timm/data/_info/imagenet_synsets.txt",
+            "imagenet_a": "timm/data/_info/imagenet_a_synsets.txt",
+            "parent_rule": "grandparent (two hypernym hops, @ and @i) with the smallest offset",
+            "fd_ancestor_rule": "closest failure-directions ancestor by BFS, ties by name",
+            "generator": "scripts/make_imagenet_hierarchy.py",
+            "wordnet_data_noun_sha256": hashlib.sha256((wordnet / "data.noun").read_bytes()).hexdigest(),
+        },
+        "classes": classes,
+        "synsets": {
+            s: {"name": readable(synsets[s]["lemmas"][0]), "lemmas": [readable(x) for x in synsets[s]["lemmas"]]}
+            for s in sorted(referenced)
+        },
+        "imagenet_a": sorted(index_of[w] for w in in_a),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"),
+                    help="folder holding WordNet 3.0's data.noun (Debian: /usr/share/wordnet)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if not (args.wordnet / "data.noun").is_file():
+        print(f"error: no data.noun in {args.wordnet}; install Debian's wordnet-base or pass --wordnet DIR",
+              file=sys.stderr)
+        return 2
+    data = build(args.wordnet)
+    text = json.dumps(data, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
+    tmp = args.out.with_suffix(".json.incomplete")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(args.out)
+    print(f"wrote {args.out} ({len(text.encode()):,} bytes, sha256 {hashlib.sha256(text.encode()).hexdigest()})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""The suite format: writer -> reader -> datasets round trip, manifest checks, resume, bad input."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from datasets import ClassLabel, Image, Value, load_dataset
+
+from benchmark import imagenet
+from benchmark.errors import BenchError, IntegrityError, NotFoundError
+from benchmark.reader import LocalSuite, read_row_group
+from benchmark.suite_format import FORMAT_VERSION, Manifest
+from benchmark.synthetic import make_synthetic_suite
+from benchmark.writer import SuiteWriter
+
+
+def test_round_trip_features_rows_and_manifest(toy_suite):
+    suite = LocalSuite.open(toy_suite)
+    suite.verify()
+    assert suite.configs == ["base", "shifted"]
+    m = suite.manifest
+    assert m.configs["base"].rows == 40 and len(m.configs["base"].files) == 2
+    # the datasets view keeps Image and ClassLabel(wnids)
+    ds = suite.dataset("base")
+    assert isinstance(ds.features["image"], Image)
+    assert isinstance(ds.features["label"], ClassLabel)
+    assert ds.features["label"].names == list(imagenet.wnids())
+    assert ds.features["seed"] == Value("int64")
+    assert len(ds) == 40 and sorted(ds["image_id"]) == sorted(f"base/{c:03d}/{i:02d}" for c in range(10) for i in range(4))
+    # manifest counts agree with the rows
+    assert m.configs["base"].kept == sum(ds["keep"])
+    # plain load_dataset on the folder (the Hub's own view via the card's configs) agrees too
+    ds2 = load_dataset("parquet", data_files=[str(p) for p in suite.files("shifted")], split="train")
+    assert ds2.features == ds.features and len(ds2) == 40
+
+
+def test_streaming_row_groups_cover_every_row_once(toy_suite):
+    suite = LocalSuite.open(toy_suite)
+    suite.verify(["shifted"])
+    ids = []
+    for g in suite.row_groups("shifted"):
+        t = read_row_group(toy_suite, g, columns=["image_id", "label"])
+        assert t.num_rows == g.num_rows
+        ids += t["image_id"].to_pylist()
+    assert len(ids) == len(set(ids)) == 40
+
+
+def test_same_inputs_give_byte_identical_suites(tmp_path):
+    a = make_synthetic_suite(tmp_path / "a", classes=range(3), per_class=2)
+    b = make_synthetic_suite(tmp_path / "b", classes=range(3), per_class=2)
+    assert a.sha256 == b.sha256
+    c = make_synthetic_suite(tmp_path / "c", classes=range(3), per_class=2, seed=1)
+    assert c.sha256 != a.sha256
+
+
+def test_tampered_shard_is_named(toy_suite):
+    rel = "data/shifted/test-00001-of-00002.parquet"
+    p = toy_suite / rel
+    data = bytearray(p.read_bytes())
+    data[100] ^= 0xFF
+    p.write_bytes(bytes(data))
+    suite = LocalSuite.open(toy_suite)
+    suite.verify(["base"])  # other configs still verify
+    with pytest.raises(IntegrityError, match="test-00001-of-00002.parquet sha256"):
+        suite.verify(["shifted"])
+
+
+def test_missing_shard_and_truncated_shard(toy_suite):
+    (toy_suite / "data/base/test-00000-of-00002.parquet").unlink()
+    with pytest.raises(IntegrityError, match="missing"):
+        LocalSuite.open(toy_suite).verify(["base"])
+    p = toy_suite / "data/shifted/test-00000-of-00002.parquet"
+    p.write_bytes(p.read_bytes()[:-10])
+    with pytest.raises(IntegrityError, match="bytes, the manifest says"):
+        LocalSuite.open(toy_suite).verify(["shifted"])
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "has no manifest.json"),
+    (b"{not json", "not valid JSON"),
+    (json.dumps({"format": "genshift-suite", "format_version": 99}).encode(), "format_version 99 is not supported"),
+    (json.dumps({"format": "something-else"}).encode(), "not a genshift-suite manifest"),
+    (json.dumps({"format": "genshift-suite", "format_version": FORMAT_VERSION}).encode(), "malformed"),
+])
+def test_bad_manifest(toy_suite, content, match):
+    path = toy_suite / "manifest.json"
+    if content is None:
+        path.unlink()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(IntegrityError, match=match):
+        LocalSuite.open(toy_suite)
+
+
+def test_unknown_config_suggests(toy_suite):
+    suite = LocalSuite.open(toy_suite)
+    with pytest.raises(NotFoundError, match="Did you mean 'shifted'"):
+        suite.select(["shiftd"])
+
+
+def test_plain_pyarrow_parquet_is_rejected(tmp_path, toy_suite):
+    # rewrite one shard without the HF schema metadata and fix the manifest hash: still refused
+    rel = "data/base/test-00000-of-00002.parquet"
+    t = pq.read_table(toy_suite / rel)
+    pq.write_table(t.replace_schema_metadata(None), toy_suite / rel)
+    raw = json.loads((toy_suite / "manifest.json").read_text())
+    from benchmark.fsutil import sha256_file
+    raw["files"][rel] = {"size": (toy_suite / rel).stat().st_size, "sha256": sha256_file(toy_suite / rel)}
+    (toy_suite / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(IntegrityError, match="no 'huggingface' schema metadata"):
+        LocalSuite.open(toy_suite).verify(["base"])
+
+
+def _rows(config, n, start=0):
+    for i in range(start, start + n):
+        yield {"image": {"bytes": b"\xff\xd8\xff" + bytes([i % 256]) * 10, "path": None}, "label": i % 1000,
+               "image_id": f"{config}/{i}", "config": config, "keep": True, "pair_id": None}
+
+
+def test_resume_skips_finished_shards_and_cleans_incomplete(tmp_path):
+    root = tmp_path / "s"
+    w = SuiteWriter(root, suite_id="x", fingerprint={"v": 1})
+    w.write_shard("a", 0, 2, _rows("a", 3))
+    first = (root / "data/a/test-00000-of-00002.parquet").stat().st_mtime_ns
+    (root / "data/a/test-00001-of-00002.parquet.abc.incomplete").write_bytes(b"half")  # crash leftover
+    w2 = SuiteWriter(root, suite_id="x", fingerprint={"v": 1})
+    assert not list(root.rglob("*.incomplete"))
+    assert w2.shard_done("a", 0, 2) and not w2.shard_done("a", 1, 2)
+    with pytest.raises(BenchError, match=r"missing shard\(s\) \[1\]"):
+        w2.finalize(generator={})
+    w2.write_shard("a", 1, 2, _rows("a", 3, start=3))
+    m = w2.finalize(generator={})
+    assert (root / "data/a/test-00000-of-00002.parquet").stat().st_mtime_ns == first
+    assert m.configs["a"].rows == 6
+
+
+def test_different_build_is_refused_unless_overwrite(tmp_path):
+    root = tmp_path / "s"
+    SuiteWriter(root, suite_id="x", fingerprint={"v": 1}).write_shard("a", 0, 1, _rows("a", 2))
+    with pytest.raises(BenchError, match="holds a different build"):
+        SuiteWriter(root, suite_id="x", fingerprint={"v": 2})
+    w = SuiteWriter(root, suite_id="x", fingerprint={"v": 2}, overwrite=True)
+    assert not w.shard_done("a", 0, 1)
+
+
+def test_non_bench_folder_is_never_deleted(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(BenchError, match="holds no bench build"):
+        SuiteWriter(tmp_path, suite_id="x", overwrite=True)
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_duplicate_image_ids_are_refused(tmp_path):
+    w = SuiteWriter(tmp_path / "s", suite_id="x")
+    w.write_shard("a", 0, 1, _rows("a", 2))
+    w.write_shard("b", 0, 1, ({**r, "image_id": "a/0"} for r in _rows("b", 1)))
+    with pytest.raises(IntegrityError, match="duplicate image_id 'a/0'"):
+        w.finalize(generator={})
+    assert not (tmp_path / "s" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"label": 1000}, "label must be an ImageNet-1k index"),
+    ({"label": "n01440764"}, "label must be an ImageNet-1k index"),
+    ({"config": "b"}, "has config 'b'"),
+    ({"image_id": ""}, "image_id must be a non-empty string"),
+    ({"unknown": 1}, "undeclared column"),
+])
+def test_bad_rows_leave_no_shard(tmp_path, bad, match):
+    w = SuiteWriter(tmp_path / "s", suite_id="x")
+    row = {**next(_rows("a", 1)), **bad}
+    with pytest.raises(ValueError, match=match):
+        w.write_shard("a", 0, 1, [row])
+    assert not list((tmp_path / "s").rglob("*.parquet*"))
+
+
+def test_bad_config_name(tmp_path):
+    w = SuiteWriter(tmp_path / "s", suite_id="x")
+    with pytest.raises(BenchError, match="config name 'In The Snow' is not valid"):
+        w.write_shard("In The Snow", 0, 1, _rows("x", 1))
+
+
+def test_manifest_hash_is_hash_of_file_bytes(toy_suite):
+    from benchmark.fsutil import sha256_file
+    m = Manifest.load(toy_suite)
+    assert m.sha256 == sha256_file(toy_suite / "manifest.json")
