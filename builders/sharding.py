@@ -1,0 +1,67 @@
+"""Deterministic sharding of builder work, and which shards this process owns.
+
+The same work item always lands in the same shard (``shard_of`` hashes its key), whatever else
+is in the build; ``accelerate launch`` spreads shards over processes round-robin by process
+index. Each shard is written atomically by ``benchmark.writer.SuiteWriter``, so a crash loses at
+most the shards in flight and a rerun skips the finished ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def shard_of(key: str, num_shards: int) -> int:
+    """Shard index of a work item's key: ``sha256(key) mod num_shards``."""
+    if num_shards <= 0:
+        raise ValueError(f"num_shards must be positive, got {num_shards}")
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % num_shards
+
+
+def plan_shards(items: Iterable[T], num_shards: int, key: Callable[[T], str]) -> list[list[T]]:
+    """Group items into ``num_shards`` lists by ``shard_of(key(item))``, keeping their order."""
+    shards: list[list[T]] = [[] for _ in range(num_shards)]
+    for item in items:
+        shards[shard_of(key(item), num_shards)].append(item)
+    return shards
+
+
+@dataclass(frozen=True)
+class Process:
+    """This process's place in a (possibly distributed) run."""
+
+    index: int = 0
+    count: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+    def owns(self, shard: int) -> bool:
+        return shard % self.count == self.index
+
+    def my_shards(self, shards: Sequence[Hashable]) -> list:
+        return [s for i, s in enumerate(shards) if i % self.count == self.index]
+
+    def wait(self) -> None:
+        """Barrier across processes (a no-op when alone)."""
+        if self.count > 1:
+            from accelerate import PartialState
+            PartialState().wait_for_everyone()
+
+
+def current_process() -> Process:
+    """This process as seen by ``accelerate`` (a single process when not launched by it)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Process()
+    from accelerate import PartialState
+
+    state = PartialState()
+    return Process(index=state.process_index, count=state.num_processes)

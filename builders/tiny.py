@@ -1,0 +1,113 @@
+"""Tiny random-weight models built from configs, for ``--smoke`` runs and tests.
+
+Nothing here touches the network: the CLIP BPE tokenizer is rebuilt from the vocabulary file that
+open_clip ships (the same merges as OpenAI CLIP / SD's tokenizer), and every model is created
+from a config after ``torch.manual_seed(seed)``, as diffusers' ``get_dummy_components`` does.
+The real code paths (pipelines, schedulers, attention processors, open_clip encoders) run
+unchanged on these models.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+TINY_TEXT_DIM = 32
+
+
+@lru_cache(maxsize=1)
+def clip_bpe_files() -> tuple[str, str]:
+    """Write ``vocab.json`` + ``merges.txt`` of the CLIP BPE (49,408 tokens) and return their paths.
+
+    Derived from open_clip's ``bpe_simple_vocab_16e6.txt.gz`` exactly as its ``SimpleTokenizer``
+    derives its encoder; the two special tokens get transformers' names.
+    """
+    import open_clip.tokenizer as oct
+
+    merges = gzip.open(oct.default_bpe()).read().decode("utf-8").split("\n")[1:49152 - 256 - 2 + 1]
+    byte_units = list(oct.bytes_to_unicode().values())
+    vocab = byte_units + [v + "</w>" for v in byte_units] + ["".join(m.split()) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    out = Path(tempfile.mkdtemp(prefix="genshift-clip-bpe-"))
+    (out / "vocab.json").write_text(json.dumps({tok: i for i, tok in enumerate(vocab)}), encoding="utf-8")
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return str(out / "vocab.json"), str(out / "merges.txt")
+
+
+def clip_tokenizer(*, model_max_length: int = 77, pad_token: str = "<|endoftext|>"):
+    """The slow CLIP tokenizer of Stable Diffusion, built offline.
+
+    SD 1.x pads with ``<|endoftext|>``; SD 2's tokenizer pads with ``"!"`` (pass ``pad_token="!"``).
+    """
+    from transformers import CLIPTokenizer
+
+    vocab, merges = clip_bpe_files()
+    return CLIPTokenizer(vocab, merges, model_max_length=model_max_length, pad_token=pad_token)
+
+
+def tiny_sd_components(*, seed: int = 0, prediction_type: str = "v_prediction", sample_size: int = 32) -> dict:
+    """UNet, VAE, text encoder, tokenizer and scheduler of a tiny Stable Diffusion.
+
+    ``prediction_type="v_prediction"`` + Euler mirrors SD 2 (ImageNet*); ``"epsilon"`` + DDIM
+    mirrors SD 1.4 (LANCE). The VAE downsamples by 2 (one down block), so a 32-px latent is a
+    64-px image.
+    """
+    from diffusers import AutoencoderKL, DDIMScheduler, EulerDiscreteScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=1, sample_size=sample_size, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=TINY_TEXT_DIM, attention_head_dim=(2, 4), use_linear_projection=True,
+        norm_num_groups=8,
+    )
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(
+        block_out_channels=(16, 32), in_channels=3, out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), latent_channels=4, norm_num_groups=8,
+        sample_size=sample_size * 2,
+    )
+    torch.manual_seed(seed)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        bos_token_id=49406, eos_token_id=49407, hidden_size=TINY_TEXT_DIM, intermediate_size=37,
+        layer_norm_eps=1e-05, num_attention_heads=4, num_hidden_layers=2, pad_token_id=1,
+        vocab_size=49408, projection_dim=TINY_TEXT_DIM, hidden_act="gelu",
+    ))
+    sched_kwargs = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                        prediction_type=prediction_type, steps_offset=1)
+    if prediction_type == "v_prediction":
+        scheduler = EulerDiscreteScheduler(**sched_kwargs)
+    else:
+        scheduler = DDIMScheduler(clip_sample=False, set_alpha_to_one=False, **sched_kwargs)
+    return {
+        "unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder.eval(),
+        "tokenizer": clip_tokenizer(pad_token="!" if prediction_type == "v_prediction" else "<|endoftext|>"),
+        "scheduler": scheduler,
+    }
+
+
+def tiny_open_clip(*, seed: int = 0, image_size: int = 32):
+    """A tiny open_clip ``CLIP`` (random weights), its eval preprocess and tokenizer.
+
+    Same classes and text path (EOS pooling, batch-first transformer) as ViT-H-14 / ViT-L-14.
+    """
+    import open_clip
+    from open_clip.transform import image_transform
+
+    torch.manual_seed(seed)
+    model = open_clip.CLIP(
+        embed_dim=32,
+        vision_cfg={"image_size": image_size, "layers": 2, "width": 32, "patch_size": 8, "head_width": 16},
+        text_cfg={"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+    ).eval()
+    preprocess = image_transform(image_size, is_train=False)
+    tokenizer = open_clip.tokenizer.SimpleTokenizer()
+    return model, preprocess, tokenizer

@@ -1,0 +1,84 @@
+"""Shared builder components: seeds, sharding, OOM back-off, tiny models, CLIP scoring."""
+
+import pytest
+import torch
+
+from benchmark.errors import BenchError
+from benchmark.oom import BatchBackoff
+from builders.seeding import derive_seed, generator
+from builders.sharding import Process, plan_shards, shard_of
+
+
+def test_seeds_are_stable_and_distinct():
+    a = derive_seed(1234, "in_the_snow", 7, 3)
+    assert a == derive_seed(1234, "in_the_snow", 7, 3)
+    assert len({derive_seed(1234, c, k, i) for c in ("base", "in_the_snow") for k in range(20) for i in range(50)}) == 2000
+    assert derive_seed(1, "x") != derive_seed(2, "x")
+    assert 0 <= a < 2**63
+    assert torch.equal(torch.randn(3, generator=generator(a)), torch.randn(3, generator=generator(a)))
+
+
+def test_sharding_is_a_function_of_the_key_only():
+    items = [f"base/{c}/{i}" for c in range(30) for i in range(5)]
+    shards = plan_shards(items, 4, key=str)
+    assert sorted(sum(shards, [])) == sorted(items)
+    fewer = plan_shards(items[::2], 4, key=str)  # removing items never moves the others
+    for k in range(4):
+        assert fewer[k] == [x for x in shards[k] if x in set(items[::2])]
+    assert all(shard_of(x, 4) == k for k in range(4) for x in shards[k])
+    procs = [Process(i, 3) for i in range(3)]
+    owned = [p.my_shards(list(range(10))) for p in procs]
+    assert sorted(sum(owned, [])) == list(range(10)) and procs[0].is_main and not procs[1].is_main
+
+
+def test_batch_backoff_halves_on_oom_and_keeps_results():
+    calls = []
+
+    def fn(chunk):
+        calls.append(len(chunk))
+        if len(chunk) > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return [x * 2 for x in chunk]
+
+    b = BatchBackoff(16)
+    assert b.call(fn, list(range(10))) == [x * 2 for x in range(10)]
+    assert b.batch_size == 2 and calls[:3] == [10, 8, 4]
+
+
+def test_batch_backoff_gives_up_with_a_clear_error_and_reraises_others():
+    def always_oom(chunk):
+        raise RuntimeError("CUDA error: out of memory")
+
+    with pytest.raises(BenchError, match="even with a batch of 1"):
+        BatchBackoff(4).call(always_oom, [1, 2])
+
+    def bug(chunk):
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        BatchBackoff(4).call(bug, [1])
+
+
+def test_offline_clip_tokenizer_matches_open_clip():
+    import open_clip
+
+    from builders.tiny import clip_tokenizer
+    tok = clip_tokenizer()
+    text = "a photo of a Golden Retriever in the snow, at dusk!"
+    ids = tok(text).input_ids
+    ref = open_clip.tokenize([text])[0]
+    assert ids == ref[: len(ids)].tolist() and len(tok) == 49408
+
+
+def test_clip_scorer_tiny_embeddings_are_normalised():
+    import numpy as np
+    from PIL import Image
+
+    from builders.clip_scoring import ClipScorer, cosine
+    s = ClipScorer.tiny()
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 48, 3), dtype=np.uint8))
+    e = s.encode_images([img, img.convert("L")])
+    t = s.encode_texts(["a photo of a dog", "a photo in the grass"])
+    assert e.shape == t.shape == (2, 32)
+    assert torch.allclose(e.norm(dim=-1), torch.ones(2), atol=1e-5)
+    assert torch.allclose(cosine(e, e), torch.ones(2), atol=1e-5)
