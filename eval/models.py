@@ -1,0 +1,309 @@
+"""Load any timm ImageNet-1k classifier with pinned weights and timm's own eval preprocessing.
+
+Accepted names::
+
+    resnet50.a1_in1k                 timm registry name (arch.tag; a bare arch takes its default tag)
+    timm/resnet50.a1_in1k            Hub repo id of timm weights
+    hf-hub:timm/resnet50.a1_in1k@<sha>  explicit Hub form, optionally pinned to a commit
+    <any of these> + --checkpoint FILE   architecture from the name, weights from a local file
+
+The Hub revision is always resolved to a 40-character commit sha before loading (online: the
+Hub API; offline: the local cache's refs), the weights are loaded at that sha, and the sha256 of
+the weight file is recorded. Preprocessing is ``resolve_data_config({}, model=m,
+use_test_size=True)`` + ``create_transform`` (what timm's ``validate.py`` and results tables use;
+``specs/ecosystem.md`` s1.1).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from benchmark.errors import BenchError, NotFoundError, OfflineError
+from benchmark.fsutil import sha256_file
+
+log = logging.getLogger(__name__)
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed model name: timm architecture name and/or Hub repo, requested revision."""
+
+    text: str
+    name: str | None        # timm registry name (arch or arch.tag); None for a bare hf-hub repo
+    repo_id: str | None     # Hub repo holding the weights
+    revision: str | None    # requested revision (branch, tag or sha) or None
+
+
+@dataclass
+class LoadedClassifier:
+    """A model ready for inference plus everything a result records about it."""
+
+    model: torch.nn.Module
+    transform: object
+    data_config: dict
+    model_id: str                 # canonical id, e.g. "timm/resnet50.a1_in1k"
+    architecture: str
+    tag: str | None
+    source: str                   # "hf-hub" | "checkpoint" | "random"
+    weights_revision: str | None  # 40-char Hub sha
+    weights_sha256: str | None
+    weights_file: str | None
+    num_params: int
+    pretrained_cfg: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        return {
+            "id": self.model_id, "architecture": self.architecture, "tag": self.tag, "source": self.source,
+            "weights_revision": self.weights_revision, "weights_sha256": self.weights_sha256,
+            "num_params": self.num_params,
+            "pretrained_cfg": {k: v for k, v in self.pretrained_cfg.items()
+                               if k in ("hf_hub_id", "architecture", "tag", "license", "num_classes",
+                                        "input_size", "test_input_size", "crop_pct", "test_crop_pct")},
+        }
+
+
+def parse_model_name(text: str) -> ModelRef:
+    """Split a user-given model name into registry name, Hub repo and revision."""
+    import timm
+
+    raw = text.strip()
+    if not raw:
+        raise BenchError("empty --model; give a timm name such as 'resnet50.a1_in1k' or 'timm/resnet50.a1_in1k'")
+    body, _, rev = raw.partition("@")
+    rev = rev or None
+    if body.startswith("hf-hub:"):
+        repo = body[len("hf-hub:"):]
+        name = repo.split("/", 1)[1] if repo.startswith("timm/") else None
+        return ModelRef(raw, name, repo, rev)
+    if "/" in body:
+        if body.count("/") != 1:
+            raise BenchError(f"model {raw!r} is not a timm name or an org/name Hub repo id")
+        name = body.split("/", 1)[1] if body.startswith("timm/") else None
+        return ModelRef(raw, name, body, rev)
+    # registry name: resolve the default tag and the weights' Hub repo
+    arch = body.split(".", 1)[0]
+    if not timm.is_model(arch):
+        raise NotFoundError(f"unknown timm model {body!r}.{_suggest(body)}")
+    cfg = _pretrained_cfg(body)
+    if cfg is None:
+        raise NotFoundError(f"timm has no pretrained weights named {body!r}.{_suggest(body)}")
+    full = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else cfg.architecture
+    repo = (cfg.hf_hub_id or "").split("@")[0] or None
+    return ModelRef(raw, full, repo, rev)
+
+
+def _pretrained_cfg(name: str):
+    from timm.models import get_pretrained_cfg
+
+    try:
+        return get_pretrained_cfg(name, allow_unregistered=False)
+    except Exception:  # noqa: BLE001 - timm raises several types for unknown tags
+        return None
+
+
+def _suggest(name: str) -> str:
+    import timm
+
+    arch = name.split(".", 1)[0]
+    pool = timm.list_pretrained(f"{arch}*") or timm.list_pretrained()
+    close = difflib.get_close_matches(name, pool, n=4, cutoff=0.4)
+    if not close:
+        return " See timm.list_pretrained() for the names."
+    return " Did you mean " + ", ".join(repr(c) for c in close) + "?"
+
+
+def resolve_model_revision(repo_id: str, revision: str | None) -> str:
+    """The 40-character commit sha of ``repo_id`` at ``revision`` (default ``main``)."""
+    from huggingface_hub import HfApi, constants, errors
+
+    rev = revision or "main"
+    if SHA_RE.match(rev):
+        return rev
+    cached = _cached_ref(repo_id, rev)
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return cached
+        raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and no cached copy of model repo {repo_id}@{rev}; "
+                           f"run once with network, or pass a local file with --checkpoint")
+    try:
+        return HfApi().model_info(repo_id, revision=rev).sha
+    except errors.RepositoryNotFoundError:
+        raise NotFoundError(f"model repo {repo_id!r} does not exist on the Hub (or needs a token: set HF_TOKEN)") from None
+    except errors.RevisionNotFoundError:
+        raise NotFoundError(f"revision {rev!r} does not exist in model repo {repo_id!r}") from None
+    except (OSError, errors.HfHubHTTPError) as e:
+        if cached:
+            log.warning("Hub unreachable (%s); using the cached %s@%s = %s", type(e).__name__, repo_id, rev, cached)
+            return cached
+        raise OfflineError(f"cannot reach the Hub to resolve {repo_id}@{rev} ({type(e).__name__}) and nothing is "
+                           "cached; check the network or HF_ENDPOINT, or pass --checkpoint FILE") from None
+
+
+def _cached_ref(repo_id: str, rev: str) -> str | None:
+    from huggingface_hub import constants
+
+    ref = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs" / rev
+    if ref.is_file():
+        sha = ref.read_text().strip()
+        return sha if SHA_RE.match(sha) else None
+    return None
+
+
+def _cached_weights(repo_id: str, sha: str, preferred: str | None) -> str | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    for fn in ((preferred,) if preferred else ()) + WEIGHT_FILES:
+        p = try_to_load_from_cache(repo_id, fn, revision=sha)
+        if isinstance(p, str) and os.path.isfile(p):
+            return p
+    return None
+
+
+def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
+                    remap_by_order: bool = False, pretrained: bool = True) -> LoadedClassifier:
+    """Create the model, load pinned weights, check the label space, resolve preprocessing.
+
+    Parameters
+    ----------
+    name : str
+        timm name, ``timm/<name>`` or ``hf-hub:<repo>[@rev]`` (see module docstring).
+    checkpoint : path, optional
+        Local weights (safetensors or a plain PyTorch state dict, loaded with ``weights_only``).
+    remap_by_order : bool
+        Map checkpoint tensors onto the model's state dict by position when key names differ
+        (e.g. a port whose tensors are in timm's order); shapes must still match one to one.
+    pretrained : bool
+        ``False`` builds random weights (tests, throughput benchmarks).
+    """
+    import timm
+
+    ref = parse_model_name(name)
+    if checkpoint is not None:
+        arch_name = ref.name or (ref.repo_id.split("/", 1)[1] if ref.repo_id else None)
+        if arch_name is None or not timm.is_model(arch_name.split(".", 1)[0]):
+            raise BenchError(f"--checkpoint needs a timm architecture name as --model, got {name!r}")
+        model = timm.create_model(arch_name, pretrained=False)
+        load_checkpoint(model, checkpoint, remap_by_order=remap_by_order)
+        source, rev, wfile = "checkpoint", None, str(checkpoint)
+        wsha = sha256_file(checkpoint)
+        model_id = arch_name
+    elif not pretrained:
+        arch_name = ref.name or name
+        model = timm.create_model(arch_name, pretrained=False)
+        source, rev, wfile, wsha, model_id = "random", None, None, None, arch_name
+    else:
+        if ref.repo_id is None:
+            raise BenchError(f"timm has no Hub weights for {name!r}; pass --checkpoint FILE")
+        rev = resolve_model_revision(ref.repo_id, ref.revision)
+        model = _create_pinned(ref, rev)
+        arch_name = ref.name or model.pretrained_cfg.get("architecture", ref.repo_id)
+        preferred = model.pretrained_cfg.get("hf_hub_filename")
+        wfile = _cached_weights(ref.repo_id, rev, preferred)
+        wsha = sha256_file(wfile) if wfile else None
+        source, model_id = "hf-hub", ref.repo_id
+    check_label_space(model, model_id)
+    model.eval().to(device)
+    cfg = dict(model.pretrained_cfg or {})
+    data_config, transform = eval_transform(model)
+    arch, _, tag = (ref.name or arch_name).partition(".")
+    return LoadedClassifier(
+        model=model, transform=transform, data_config=data_config, model_id=model_id, architecture=arch,
+        tag=tag or cfg.get("tag"), source=source, weights_revision=rev, weights_sha256=wsha, weights_file=wfile,
+        num_params=sum(p.numel() for p in model.parameters()), pretrained_cfg=_jsonable(cfg),
+    )
+
+
+def _create_pinned(ref: ModelRef, sha: str):
+    import timm
+    from huggingface_hub import errors
+
+    try:
+        if ref.name is not None and _pretrained_cfg(ref.name) is not None:
+            # registry cfg (incl. test size) with the weights pinned at the resolved sha
+            return timm.create_model(ref.name, pretrained=True,
+                                     pretrained_cfg_overlay={"hf_hub_id": f"{ref.repo_id}@{sha}"})
+        return timm.create_model(f"hf-hub:{ref.repo_id}@{sha}", pretrained=True)
+    except errors.LocalEntryNotFoundError:
+        raise OfflineError(f"weights of {ref.repo_id}@{sha[:12]} are not in the local cache and the Hub is not "
+                           "reachable; run once with network or pass --checkpoint FILE") from None
+    except errors.EntryNotFoundError as e:
+        raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model repo?") from None
+
+
+def eval_transform(model) -> tuple[dict, object]:
+    """timm's eval data config at test size and the transform built from it."""
+    from timm.data import create_transform, resolve_data_config
+
+    cfg = resolve_data_config({}, model=model, use_test_size=True)
+    transform = create_transform(**cfg, is_training=False)
+    return _jsonable({k: cfg[k] for k in DATA_CONFIG_KEYS if k in cfg}), transform
+
+
+def check_label_space(model, model_id: str) -> None:
+    n = getattr(model, "num_classes", None)
+    if n != 1000:
+        raise BenchError(f"model {model_id} has {n} output classes, not the 1000 ImageNet-1k classes; bench scores "
+                         "ImageNet-1k classifiers only (pick an *_in1k or *_ft_in1k tag)")
+
+
+def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by_order: bool = False) -> None:
+    """Load a local state dict safely and strictly; mismatches are one clear error."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            sd = load_file(str(path))
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any decode failure is the user's file
+        raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {e}); expected a safetensors "
+                         "file or a plain PyTorch state dict") from None
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
+            sd = sd[key]
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise BenchError(f"checkpoint {str(path)!r} is not a state dict of tensors")
+    sd = {k.removeprefix("module."): v for k, v in sd.items()}
+    own = model.state_dict()
+    if remap_by_order and set(sd) != set(own):
+        if len(sd) != len(own):
+            raise BenchError(f"checkpoint {path.name} has {len(sd)} tensors, model has {len(own)}; cannot map by order")
+        sd = dict(zip(own.keys(), sd.values()))
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
+              if k in sd and sd[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing keys (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
+        if shapes:
+            parts.append(f"{len(shapes)} shape mismatches (e.g. {shapes[0]})")
+        hint = " (keys differ but count matches: try --remap-by-order)" if (
+            not remap_by_order and len(sd) == len(own) and not shapes) else ""
+        raise BenchError(f"checkpoint {path.name} does not fit {type(model).__name__}: {'; '.join(parts)}{hint}")
+    model.load_state_dict(sd, strict=True)
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items() if not callable(v)}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)

@@ -1,0 +1,194 @@
+"""From predictions tables to the metrics of each suite family, with bootstrap intervals.
+
+``score(family, tables, options)`` is a pure function: the eval harness calls it after inference
+and ``bench verify`` calls it again on the stored files; both must give identical numbers.
+
+Every metric value is ``{"value": float | None, "ci": [lo, hi] | None, "n": int}`` (fractions,
+``None`` when undefined, e.g. no kept rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from benchmark import imagenet
+from eval import bootstrap, metrics
+from eval.predictions import topk_matrix
+
+LANCE_HEADLINE_T = "originals_with_counterfactual"  # Table 2's arithmetic fits N = 576 (specs/lance.md s6)
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """Metric switches; all are recorded in the result and covered by its config hash."""
+
+    filter: bool = True                       # score rows with keep == True only
+    reference_config: str | None = None       # ImageNet*: the in-distribution config (default: base)
+    reference_accuracy: float | None = None   # ImageNet*: impact against this ID accuracy instead
+    n_boot: int = bootstrap.DEFAULT_N_BOOT
+    seed: int = bootstrap.DEFAULT_SEED
+    confidence: float = bootstrap.DEFAULT_CONFIDENCE
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _metric(value: float, replicates, n: int, confidence: float) -> dict:
+    v = None if value is None or not np.isfinite(value) else float(value)
+    ci = bootstrap.percentile_ci(replicates, confidence=confidence) if v is not None else None
+    return {"value": v, "ci": list(ci) if ci else None, "n": int(n)}
+
+
+@dataclass
+class _Config:
+    """Arrays of one config's scored rows, sorted by image_id (the bootstrap order)."""
+
+    name: str
+    labels: np.ndarray
+    topk: np.ndarray
+    true_prob: np.ndarray
+    true_rank: np.ndarray
+    pair_id: list
+    edit_type: list | None
+    n_total: int
+    n_kept: int
+
+    @classmethod
+    def from_table(cls, name: str, table: pa.Table, *, filter: bool) -> "_Config":
+        keep = table["keep"].to_numpy(zero_copy_only=False).astype(bool)
+        rows = np.flatnonzero(keep) if filter else np.arange(table.num_rows)
+        t = table.take(rows)
+        return cls(
+            name=name, labels=t["label"].to_numpy().astype(np.int64), topk=topk_matrix(t).astype(np.int64),
+            true_prob=t["true_prob"].to_numpy().astype(np.float64), true_rank=t["true_rank"].to_numpy(),
+            pair_id=t["pair_id"].to_pylist(),
+            edit_type=t["edit_type"].to_pylist() if "edit_type" in t.column_names else None,
+            n_total=table.num_rows, n_kept=int(keep.sum()),
+        )
+
+    @property
+    def n(self) -> int:
+        return int(self.labels.size)
+
+    def hits(self, k: int) -> np.ndarray:
+        return self.true_rank < k  # exact for every k (true_rank counts more probable classes)
+
+
+def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> dict:
+    """All metrics of ``family`` ("imagenet_star", "lance", "in_g", "accuracy") from predictions."""
+    cfgs = {name: _Config.from_table(name, t, filter=options.filter) for name, t in sorted(tables.items())}
+    out: dict = {"configs": {}}
+    reps: dict[str, np.ndarray] = {}
+    for name, c in cfgs.items():
+        entry = {"n_total": c.n_total, "n_kept": c.n_kept, "n_scored": c.n}
+        for k in (1, 5):
+            hits = c.hits(k)
+            r = bootstrap.binary_replicates(hits, n_boot=options.n_boot, seed=options.seed, key=f"{name}/acc{k}")
+            reps[f"{name}/acc{k}"] = r
+            entry[f"acc{k}"] = _metric(hits.mean() if c.n else np.nan, r, c.n, options.confidence)
+        out["configs"][name] = entry
+    if family == "imagenet_star":
+        out["imagenet_star"] = _imagenet_star(cfgs, reps, options)
+    elif family == "lance":
+        out["lance"] = _lance(cfgs, options)
+    elif family == "in_g":
+        out["in_g"] = _in_g(cfgs, options)
+    elif family != "accuracy":
+        raise ValueError(f"unknown metric family {family!r}")
+    return out
+
+
+def _imagenet_star(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
+    ref = o.reference_config or "base"
+    shifts = [c for c in cfgs if c != ref]
+    if o.reference_accuracy is not None:
+        ref_value, ref_reps, ref_desc = float(o.reference_accuracy), np.full(o.n_boot, float(o.reference_accuracy)), \
+            f"given accuracy {o.reference_accuracy}"
+    elif ref in cfgs:
+        ref_value = cfgs[ref].hits(1).mean() if cfgs[ref].n else np.nan
+        ref_reps, ref_desc = reps[f"{ref}/acc1"], f"config {ref}"
+    else:
+        return {"reference": None, "note": f"reference config {ref!r} was not evaluated; absolute impact undefined",
+                "absolute_impact": {}, "mean_absolute_impact": _metric(np.nan, None, 0, o.confidence)}
+    impact, impact_reps = {}, []
+    for s in shifts:
+        c = cfgs[s]
+        acc = c.hits(1).mean() if c.n else np.nan
+        r = ref_reps - reps[f"{s}/acc1"]
+        impact[s] = _metric(metrics.absolute_impact(ref_value, acc), r, c.n, o.confidence)
+        if c.n:
+            impact_reps.append(r)
+    values = [v["value"] for v in impact.values() if v["value"] is not None]
+    mean_reps = np.mean(impact_reps, axis=0) if impact_reps else None
+    return {
+        "reference": ref_desc,
+        "absolute_impact": impact,
+        "mean_absolute_impact": _metric(np.mean(values) if values else np.nan, mean_reps, len(values), o.confidence),
+    }
+
+
+def _lance(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
+    orig, cf = cfgs.get("original"), cfgs.get("counterfactual")
+    out: dict = {"headline_T": LANCE_HEADLINE_T}
+    if orig is None or cf is None:
+        out["note"] = "needs configs 'original' and 'counterfactual'"
+        return out
+    match = metrics.pair_up(orig.pair_id, cf.pair_id)
+    if (match < 0).any():
+        bad = cf.pair_id[int(np.flatnonzero(match < 0)[0])]
+        raise ValueError(f"counterfactual with pair_id {bad!r} has no original among the scored rows")
+    with_cf = np.zeros(orig.n, dtype=bool)
+    with_cf[match] = True
+    # cluster bootstrap over source images: an original and its counterfactuals move together
+    w = bootstrap.cluster_weights(orig.n, n_boot=o.n_boot, seed=o.seed, key="lance/pairs")
+    cf_per_pair = np.bincount(match, minlength=orig.n).astype(np.float64)
+    for k in (1, 5):
+        h_o, h_c = orig.hits(k).astype(np.float64), cf.hits(k).astype(np.float64)
+        hits_c_per_pair = np.bincount(match, weights=h_c, minlength=orig.n)
+        acc_c = h_c.mean() if cf.n else np.nan
+        rep_c = (w @ hits_c_per_pair) / np.maximum(w @ cf_per_pair, 1)
+        out[f"delta_acc{k}"] = {}
+        for t_name, mask in (("all_originals", np.ones(orig.n, dtype=bool)), ("originals_with_counterfactual", with_cf)):
+            acc_o = h_o[mask].mean() if mask.any() else np.nan
+            rep_o = (w[:, mask] @ h_o[mask]) / np.maximum(w[:, mask].sum(1), 1)
+            out[f"delta_acc{k}"][t_name] = _metric(acc_c - acc_o, rep_c - rep_o, cf.n, o.confidence)
+            out.setdefault(f"acc{k}_T", {})[t_name] = _metric(acc_o, rep_o, int(mask.sum()), o.confidence)
+    dp = metrics.delta_p(orig.true_prob[match], cf.true_prob)
+    dp_pair = np.bincount(match, weights=dp, minlength=orig.n)
+    out["delta_p"] = _metric(dp.mean() if dp.size else np.nan,
+                             (w @ dp_pair) / np.maximum(w @ cf_per_pair, 1), dp.size, o.confidence)
+    out["delta_p_by_edit_type"] = _grouped_mean(dp, cf.edit_type, o, "lance/edit_type")
+    wnids = [imagenet.wnids()[y] for y in cf.labels]
+    out["delta_p_by_class"] = _grouped_mean(dp, wnids, o, "lance/class")
+    out["n_pairs"] = int(dp.size)
+    out["n_originals_with_counterfactual"] = int(with_cf.sum())
+    return out
+
+
+def _grouped_mean(values: np.ndarray, groups: list | None, o: ScoringOptions, key: str) -> dict:
+    if groups is None:
+        return {}
+    out = {}
+    groups = np.asarray(["" if g is None else str(g) for g in groups])
+    for g in sorted(set(groups.tolist())):
+        v = values[groups == g]
+        r = bootstrap.mean_replicates(v, n_boot=o.n_boot, seed=o.seed, key=f"{key}/{g}")
+        out[g or "(none)"] = _metric(v.mean(), r, v.size, o.confidence)
+    return out
+
+
+def _in_g(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
+    out = {}
+    for name, c in cfgs.items():
+        rates = {
+            "top1_error": ~c.hits(1),
+            "top3_failure_rate": ~c.hits(3),
+            "parent_failure_rate": metrics.parent_failures(c.labels, c.topk) if c.n else np.zeros(0, bool),
+        }
+        out[name] = {m: _metric(v.mean() if v.size else np.nan,
+                                bootstrap.binary_replicates(v, n_boot=o.n_boot, seed=o.seed, key=f"{name}/{m}"),
+                                v.size, o.confidence) for m, v in rates.items()}
+    return out

@@ -1,0 +1,282 @@
+"""bench eval end to end on synthetic suites with tiny and real models; verify; resume; bad input."""
+
+import io
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from benchmark.cli import main
+from benchmark.errors import BenchError, NotFoundError
+from eval.inference import InferenceOptions
+from eval.runner import EvalRequest, evaluate
+from eval.verify import verify_result
+
+
+def _eval(tmp_path, suite, ckpt, **kw):
+    req = EvalRequest(model="test_resnet.r160_in1k", suite=str(suite), checkpoint=str(ckpt), out=str(tmp_path / "runs"),
+                      inference=InferenceOptions(batch_size=kw.pop("batch_size", 16), workers=kw.pop("workers", 0),
+                                                 compile="off", **kw))
+    return evaluate(req, progress=False)
+
+
+def test_eval_writes_predictions_metrics_and_provenance(tmp_path, toy_suite, tiny_checkpoint):
+    result, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
+    assert path.name == "result.json" and result["schema_version"] == 1
+    assert result["model"]["source"] == "checkpoint" and len(result["model"]["weights_sha256"]) == 64
+    assert result["data_config"]["input_size"] == [3, 160, 160]  # timm's test-size config of the model
+    assert result["suite"]["manifest_sha256"] and result["suite"]["configs"] == ["base", "shifted"]
+    preds = pq.read_table(path.parent / "predictions" / "base.parquet")
+    assert preds.num_rows == 40 and preds["image_id"].to_pylist() == sorted(preds["image_id"].to_pylist())
+    assert preds.schema.field("topk_idx").type.list_size == 10
+    probs = np.stack(preds["topk_prob"].to_numpy(zero_copy_only=False))
+    assert (np.diff(probs, axis=1) <= 0).all()  # sorted, most probable first
+    rank0 = preds["true_rank"].to_numpy() == 0
+    top1 = np.stack(preds["topk_idx"].to_numpy(zero_copy_only=False))[:, 0] == preds["label"].to_numpy()
+    assert np.array_equal(rank0, top1)
+    kept = result["counts"]["base"]["kept"]
+    assert result["metrics"]["configs"]["base"]["n_scored"] == kept
+    acc = top1[preds["keep"].to_numpy(zero_copy_only=False)].mean()
+    assert result["metrics"]["configs"]["base"]["acc1"]["value"] == pytest.approx(acc)
+    assert verify_result(path).ok
+
+
+def test_rerun_is_a_noop_and_other_settings_are_refused(tmp_path, toy_suite, tiny_checkpoint):
+    _, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
+    mtime = path.stat().st_mtime_ns
+    _eval(tmp_path, toy_suite, tiny_checkpoint)
+    assert path.stat().st_mtime_ns == mtime
+    with pytest.raises(BenchError, match="other settings; pass --force"):
+        _eval(tmp_path, toy_suite, tiny_checkpoint, limit_per_class=1)
+
+
+def test_limit_per_class_takes_first_ids(tmp_path, toy_suite, tiny_checkpoint):
+    result, path = _eval(tmp_path, toy_suite, tiny_checkpoint, limit_per_class=2)
+    ids = pq.read_table(path.parent / "predictions" / "shifted.parquet")["image_id"].to_pylist()
+    assert ids == sorted(f"shifted/{c:03d}/{i:02d}" for c in range(10) for i in range(2))
+    assert result["flags"]["partial"]
+
+
+def test_verify_catches_tampered_predictions_and_metrics(tmp_path, toy_suite, tiny_checkpoint, capsys):
+    _, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
+    result = json.loads(path.read_text())
+    result["metrics"]["configs"]["shifted"]["acc1"]["value"] += 0.01
+    path.write_text(json.dumps(result))
+    rep = verify_result(path)
+    assert not rep.ok and any("metrics.configs.shifted.acc1.value" in p for p in rep.problems)
+    # a predictions file edited and its hash "fixed" in the result is still caught by the recomputation
+    _, path2 = _eval(tmp_path / "b", toy_suite, tiny_checkpoint)
+    pfile = path2.parent / "predictions" / "base.parquet"
+    t = pq.read_table(pfile)
+    import pyarrow as pa
+    t = t.set_column(t.schema.get_field_index("true_rank"), "true_rank", pa.array(np.zeros(t.num_rows, np.int32)))
+    pq.write_table(t, pfile)
+    assert main(["verify", str(path2)]) == 1
+    assert "predictions/base.parquet sha256" in capsys.readouterr().out
+    from benchmark.fsutil import sha256_file
+    r2 = json.loads(path2.read_text())
+    r2["predictions"][0]["sha256"] = sha256_file(pfile)
+    path2.write_text(json.dumps(r2))
+    rep = verify_result(path2)
+    assert not rep.ok and any("metrics.configs.base.acc1" in p for p in rep.problems)
+
+
+def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
+    _, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
+    assert verify_result(path, recheck=6, checkpoint=str(tiny_checkpoint)).ok
+    t = pq.read_table(path.parent / "predictions" / "base.parquet")
+    import pyarrow as pa
+    probs = t["true_prob"].to_numpy().copy()
+    probs[:] = 0.5
+    t = t.set_column(t.schema.get_field_index("true_prob"), "true_prob", pa.array(probs))
+    pq.write_table(t, path.parent / "predictions" / "base.parquet")
+    r = json.loads(path.read_text())
+    from benchmark.fsutil import sha256_file
+    from eval.scoring import ScoringOptions, score
+    from eval.predictions import read_predictions
+    r["predictions"][0]["sha256"] = sha256_file(path.parent / "predictions" / "base.parquet")
+    tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
+    r["metrics"] = score("accuracy", tables, ScoringOptions(**r["protocol"]["scoring"]))
+    path.write_text(json.dumps(r))
+    rep = verify_result(path, recheck=40, checkpoint=str(tiny_checkpoint))
+    assert not rep.ok and any("true-class probability" in p for p in rep.problems)
+
+
+def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, monkeypatch):
+    from benchmark.synthetic import make_synthetic_suite
+    from eval import predictions as P
+
+    toy_suite = tmp_path / "toy"
+    make_synthetic_suite(toy_suite, classes=range(10), per_class=4)
+
+    _, ref = _eval(tmp_path / "ref", toy_suite, tiny_checkpoint, batch_size=5, unit_rows=5)
+    calls = {"n": 0}
+    orig_add = P.CheckpointedPredictions.add
+
+    def flaky_add(self, unit, block):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # killed after two flushed units
+        orig_add(self, unit, block)
+
+    monkeypatch.setattr(P.CheckpointedPredictions, "__init__", _small_flush(P.CheckpointedPredictions.__init__))
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", flaky_add)
+    with pytest.raises(KeyboardInterrupt):
+        _eval(tmp_path / "run", toy_suite, tiny_checkpoint, batch_size=5, unit_rows=5)
+    work = tmp_path / "run" / "runs" / "toy" / "test_resnet.r160_in1k" / ".work" / "base"
+    assert len(list(work.glob("part-*.parquet"))) == 2
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", orig_add)
+    result, path = _eval(tmp_path / "run", toy_suite, tiny_checkpoint, batch_size=5, unit_rows=5)
+    assert result["run"]["timings"]["base"]["resumed_units"] == 2
+    assert result["run"]["timings"]["shifted"]["resumed_units"] == 0
+    for cfg in ("base", "shifted"):
+        a = pq.read_table(ref.parent / "predictions" / f"{cfg}.parquet")
+        b = pq.read_table(path.parent / "predictions" / f"{cfg}.parquet")
+        assert a.equals(b)
+
+
+def _small_flush(init):
+    def wrapped(self, *a, **kw):
+        kw["flush_rows"] = 1
+        init(self, *a, **kw)
+    return wrapped
+
+
+def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights):
+    """Real ImageNet weights on scikit-image's photos: tabby cat and espresso in the top-5."""
+    from PIL import Image
+    from skimage import data
+
+    from benchmark.writer import SuiteWriter
+
+    def jpeg(arr):
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="JPEG", quality=95)
+        return buf.getvalue()
+
+    rows = [("chelsea", 281, data.chelsea()), ("coffee", 967, data.coffee())]  # tabby cat, espresso
+    with SuiteWriter(tmp_path / "photos", suite_id="photos") as w:
+        w.write_shard("real", 0, 1, ({"image": {"bytes": jpeg(a), "path": None}, "label": y, "image_id": f"real/{n}",
+                                      "config": "real", "keep": True, "pair_id": None} for n, y, a in rows))
+        w.finalize(generator={})
+    code = main(["eval", "--model", "tf_efficientnet_lite0", "--checkpoint", lite0_weights, "--remap-by-order",
+                 "--suite", str(tmp_path / "photos"), "--out", str(tmp_path / "runs"), "--workers", "0",
+                 "--no-progress", "--compile", "off"])
+    assert code == 0
+    result = json.loads((tmp_path / "runs/photos/tf_efficientnet_lite0.in1k/result.json").read_text())
+    assert result["metrics"]["configs"]["real"]["acc5"]["value"] == 1.0
+    t = pq.read_table(tmp_path / "runs/photos/tf_efficientnet_lite0.in1k/predictions/real.parquet")
+    top = dict(zip(t["image_id"].to_pylist(), t["topk_idx"].to_pylist()))
+    assert top["real/coffee"][0] == 967  # espresso is top-1
+    assert 281 in top["real/chelsea"][:5] and set(top["real/chelsea"][:3]) <= {281, 282, 285, 287, 283}
+
+
+def test_bad_image_fails_naming_it_or_is_skipped(tmp_path, tiny_checkpoint):
+    from benchmark.writer import SuiteWriter
+
+    good = io.BytesIO()
+    from PIL import Image
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(good, format="JPEG")
+    with SuiteWriter(tmp_path / "s", suite_id="bad") as w:
+        rows = [{"image": {"bytes": good.getvalue(), "path": None}, "label": 1, "image_id": "c/ok", "config": "c",
+                 "keep": True, "pair_id": None},
+                {"image": {"bytes": b"\xff\xd8 not a jpeg", "path": None}, "label": 1, "image_id": "c/broken",
+                 "config": "c", "keep": True, "pair_id": None}]
+        w.write_shard("c", 0, 1, rows)
+        w.finalize(generator={})
+    with pytest.raises(BenchError, match="image 'c/broken' of config 'c' does not decode"):
+        _eval(tmp_path, tmp_path / "s", tiny_checkpoint)
+    result, _ = _eval(tmp_path / "skip", tmp_path / "s", tiny_checkpoint, skip_bad_images=True)
+    assert result["counts"]["c"]["skipped_bad"] == 1 and result["counts"]["c"]["skipped_bad_ids"] == ["c/broken"]
+    assert result["metrics"]["configs"]["c"]["n_scored"] == 1 and result["flags"]["skipped_bad_images"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--model", "resnet5O"], "unknown timm model 'resnet5O'. Did you mean"),
+    (["--model", "vit_base_patch16_224.augreg_in21k", "--checkpoint", "CKPT"], "does not fit"),
+    (["--configs", "base,shiftd"], "unknown config 'shiftd'. Did you mean 'shifted'"),
+    (["--device", "cuda"], "CUDA is not available"),
+    (["--device", "tpu"], "--device must be"),
+    (["--topk", "3"], "--topk must be at least 5"),
+    (["--checkpoint", "/nonexistent.pth"], "does not exist"),
+])
+def test_bad_eval_input(tmp_path, toy_suite, tiny_checkpoint, capsys, argv, match):
+    args = {"--model": "test_resnet.r160_in1k", "--checkpoint": str(tiny_checkpoint), "--suite": str(toy_suite),
+            "--out": str(tmp_path / "runs")}
+    it = iter(argv)
+    for k in it:
+        v = next(it)
+        args[k] = str(tiny_checkpoint) if v == "CKPT" else v
+    code = main(["eval", *[x for kv in args.items() for x in kv], "--no-progress", "--workers", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and match in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs" / "toy").exists() or not list((tmp_path / "runs").rglob("result.json"))
+
+
+def test_non_1000_class_model_is_refused(tmp_path):
+    import timm
+    import torch
+    from eval.models import load_classifier
+    m = timm.create_model("test_resnet", pretrained=False, num_classes=10)
+    torch.save(m.state_dict(), tmp_path / "ten.pth")
+    with pytest.raises(BenchError, match="not fit"):
+        load_classifier("test_resnet.r160_in1k", checkpoint=tmp_path / "ten.pth")
+    with pytest.raises(BenchError, match="has 21843 output classes, not the 1000"):
+        load_classifier("vit_base_patch16_224.augreg_in21k", pretrained=False)
+
+
+def test_suite_failing_verification_and_missing_suite(tmp_path, toy_suite, tiny_checkpoint):
+    from benchmark.errors import IntegrityError
+    p = toy_suite / "data/base/test-00000-of-00002.parquet"
+    p.write_bytes(p.read_bytes()[:-1] + b"x")
+    with pytest.raises(IntegrityError, match="test-00000-of-00002.parquet sha256"):
+        _eval(tmp_path, toy_suite, tiny_checkpoint)
+
+
+def test_output_dir_not_writable(tmp_path, toy_suite, tiny_checkpoint):
+    import os
+    if os.geteuid() == 0:
+        blocker = tmp_path / "file"
+        blocker.write_text("x")  # a file where the output folder should go: unwritable even for root
+        out = blocker / "runs"
+    else:
+        out = tmp_path / "ro"
+        out.mkdir(mode=0o500)
+    req = EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint), out=str(out),
+                      inference=InferenceOptions(workers=0, compile="off"))
+    with pytest.raises(BenchError, match="is not writable"):
+        evaluate(req, progress=False)
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{", "not valid JSON"),
+    (json.dumps({"kind": "genshift-result", "schema_version": 7}), "schema_version 7 is not supported"),
+    (json.dumps({"kind": "other"}), "not a genshift-bench result"),
+    (json.dumps({"kind": "genshift-result", "schema_version": 1}), "field 'model' is missing"),
+])
+def test_malformed_result_files(tmp_path, capsys, content, match):
+    p = tmp_path / "result.json"
+    p.write_text(content)
+    assert main(["verify", str(p)]) != 0
+    assert match in capsys.readouterr().err
+
+
+def test_slope_cli_over_results(tmp_path, capsys):
+    from eval.results import KIND
+    def fake(model, base, snow):
+        return {"schema_version": 1, "kind": KIND, "model": {"id": model}, "data_config": {},
+                "suite": {"id": "s", "manifest_sha256": "m", "configs": ["base", "snow"], "metric_family": "imagenet_star"},
+                "protocol": {"scoring": {"reference_config": "base"}}, "config_hash": "h", "run": {}, "environment": {},
+                "started_at": "", "finished_at": "", "counts": {}, "predictions": [], "flags": {},
+                "metrics": {"configs": {"base": {"acc1": {"value": base}}, "snow": {"acc1": {"value": snow}}}}}
+    paths = []
+    for i, (b, s) in enumerate([(0.6, 0.5), (0.7, 0.55), (0.8, 0.6)]):
+        p = tmp_path / f"r{i}.json"
+        p.write_text(json.dumps(fake(f"m{i}", b, s)))
+        paths.append(str(p))
+    assert main(["slope", *paths, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shifts"]["snow"]["linear"]["slope"] == pytest.approx(0.5)
+    assert out["shifts"]["snow"]["linear"]["r2"] == pytest.approx(1.0)
+    assert main(["slope", paths[0]]) == 2

@@ -1,0 +1,180 @@
+"""Every metric on hand-computed cases and against naive loops written from the definitions."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy.stats import norm
+
+from eval import bootstrap, metrics
+from eval.predictions import PredictionBlock, schema
+from eval.scoring import ScoringOptions, score
+
+
+def test_acc_at_k_hand_case_and_naive_loop():
+    y = [3, 1, 4, 1]
+    topk = [[3, 0, 2], [0, 1, 2], [5, 6, 7], [9, 8, 1]]
+    assert metrics.acc_at_k(y, topk, k=1) == 0.25
+    assert metrics.acc_at_k(y, topk, k=2) == 0.5
+    assert metrics.acc_at_k(y, topk, k=3) == 0.75
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 20, 500)
+    topk = np.stack([rng.permutation(20)[:5] for _ in range(500)])
+    for k in range(1, 6):
+        naive = sum(1 for i in range(500) if y[i] in topk[i, :k]) / 500
+        assert metrics.acc_at_k(y, topk, k=k) == pytest.approx(naive)
+    with pytest.raises(ValueError, match="k=6"):
+        metrics.acc_at_k(y, topk, k=6)
+    assert np.isnan(metrics.acc_at_k(np.zeros(0, int), np.zeros((0, 5), int), k=1))
+
+
+def test_delta_acc_eq3_and_delta_p():
+    # T: 4 originals, 3 right at top-1; T': 5 counterfactuals, 2 right -> 2/5 - 3/4 = -0.35
+    y_o, top_o = [1, 2, 3, 4], [[1], [2], [3], [0]]
+    y_c, top_c = [1, 1, 2, 3, 4], [[1], [0], [0], [3], [0]]
+    assert metrics.delta_acc_at_k(y_o, top_o, y_c, top_c, k=1) == pytest.approx(-0.35)
+    assert metrics.delta_p([0.9, 0.1, 0.5], [0.6, 0.4, 0.5]).tolist() == pytest.approx([0.3, 0.3, 0.0])
+    assert metrics.pair_up(["x", "y"], ["y", "y", "x"]).tolist() == [1, 1, 0]
+    with pytest.raises(ValueError, match="twice"):
+        metrics.pair_up(["x", "x"], ["x"])
+
+
+def test_absolute_impact_sign():
+    assert metrics.absolute_impact(0.80, 0.60) == pytest.approx(0.20)
+    assert metrics.absolute_impact(0.60, 0.80) == pytest.approx(-0.20)
+
+
+def test_in_g_failures_hand_made():
+    from benchmark import imagenet
+    crayfish, dungeness, king_crab = 124, 118, 121
+    tench, goldfish, persian, lynx = 0, 1, 283, 287
+    fly, bee, ladybug = imagenet.index_of("n02190166"), imagenet.index_of("n02206856"), imagenet.index_of("n02165456")
+    y = [crayfish, crayfish, fly, fly, persian]
+    top3 = [
+        [dungeness, tench, goldfish],   # a crab is under crustacean: not a failure
+        [tench, goldfish, lynx],        # nothing under crustacean: failure
+        [bee, tench, goldfish],         # bee and fly are both insects: not a failure
+        [ladybug, bee, tench],          # not a failure (insects), though top-1 and top-3 miss
+        [lynx, tench, goldfish],        # lynx is a wild cat, not a domestic animal: failure
+    ]
+    assert metrics.parent_failures(y, top3).tolist() == [False, True, False, False, True]
+    assert metrics.parent_failure_rate(y, top3) == pytest.approx(0.4)
+    assert metrics.top1_error(y, top3) == pytest.approx(1.0)
+    assert metrics.top3_failure_rate(y, top3) == pytest.approx(1.0)
+    assert imagenet.is_under(king_crab, imagenet.get_class(crayfish).parent)
+
+
+def test_id_ood_fit_linear_and_probit_by_hand():
+    x, y = [0.6, 0.7, 0.8], [0.4, 0.45, 0.6]
+    fit = metrics.id_ood_fit(x, y, scale="linear")
+    # slope = cov/var = (0.1*0.1 ... ) computed by hand: xbar=.7, ybar=.48333; Sxy=0.02, Sxx=0.02 -> 1.0
+    assert fit["slope"] == pytest.approx(1.0)
+    assert fit["intercept"] == pytest.approx(0.48333333 - 0.7)
+    resid = [y[i] - (x[i] + fit["intercept"]) for i in range(3)]
+    assert fit["effective_robustness"] == pytest.approx(resid)
+    assert fit["r2"] == pytest.approx(1 - sum(r * r for r in resid) / sum((v - np.mean(y)) ** 2 for v in y))
+    p = metrics.id_ood_fit(x, y, scale="probit")
+    gx, gy = norm.ppf(x), norm.ppf(y)
+    slope, intercept = np.polyfit(gx, gy, 1)
+    assert p["slope"] == pytest.approx(slope) and p["intercept"] == pytest.approx(intercept)
+    assert p["effective_robustness"] == pytest.approx(list(np.array(y) - norm.cdf(slope * gx + intercept)))
+    one = metrics.id_ood_fit([0.5], [0.4])
+    assert np.isnan(one["slope"]) and one["n"] == 1
+
+
+def test_bootstrap_is_seeded_paired_and_matches_resampling():
+    rng = np.random.default_rng(3)
+    a = rng.random(400) < 0.7
+    b = a.copy()
+    b[:40] = ~b[:40]
+    r1 = bootstrap.paired_mean_replicates(np.stack([a, b], 1), n_boot=300, key="cfg")
+    r2 = bootstrap.paired_mean_replicates(np.stack([a], 1), n_boot=300, key="cfg")
+    assert np.array_equal(r1[:, 0], r2[:, 0])  # adding a model does not change another's replicates
+    diff = r1[:, 0] - r1[:, 1]
+    assert diff.std() < (r1[:, 0].std() ** 2 + r1[:, 1].std() ** 2) ** 0.5 * 0.8  # pairing shrinks the spread
+    # the binomial shortcut has the moments of index resampling
+    rb = bootstrap.binary_replicates(a, n_boot=4000, key="x")
+    ri = bootstrap.mean_replicates(a.astype(float), n_boot=4000, key="x")
+    assert rb.mean() == pytest.approx(ri.mean(), abs=0.003) and rb.std() == pytest.approx(ri.std(), rel=0.08)
+    assert np.array_equal(rb, bootstrap.binary_replicates(a, n_boot=4000, key="x"))
+    lo, hi = bootstrap.percentile_ci(rb)
+    assert lo < a.mean() < hi
+
+
+def _table(rows):
+    sch = schema(5, ("edit_type",))
+    n = len(rows)
+    block = PredictionBlock(
+        image_id=[r["id"] for r in rows], label=np.array([r["y"] for r in rows]),
+        keep=np.array([r.get("keep", True) for r in rows]), pair_id=[r.get("pair") for r in rows],
+        topk_idx=np.array([r["top"] + [900, 901, 902, 903, 904][len(r["top"]):] for r in rows]),
+        topk_prob=np.full((n, 5), 0.1, np.float32), true_prob=np.array([r["p"] for r in rows], np.float32),
+        true_rank=np.array([r["top"].index(r["y"]) if r["y"] in r["top"] else 50 for r in rows]),
+        carried={"edit_type": [r.get("edit") for r in rows]},
+    )
+    return block.to_table(sch)
+
+
+def test_imagenet_star_scoring_by_hand():
+    base = _table([{"id": f"b{i}", "y": 1, "top": [1] if i < 3 else [2], "p": 0.5} for i in range(4)])
+    snow = _table([{"id": f"s{i}", "y": 1, "top": [1] if i < 1 else [2], "p": 0.5, "keep": i != 3} for i in range(4)])
+    out = score("imagenet_star", {"base": base, "in_the_snow": snow}, ScoringOptions(reference_config="base"))
+    assert out["configs"]["base"]["acc1"]["value"] == pytest.approx(0.75)
+    assert out["configs"]["in_the_snow"]["acc1"]["value"] == pytest.approx(1 / 3)  # keep filter: 3 rows
+    assert out["configs"]["in_the_snow"]["n_scored"] == 3 and out["configs"]["in_the_snow"]["n_total"] == 4
+    imp = out["imagenet_star"]["absolute_impact"]["in_the_snow"]
+    assert imp["value"] == pytest.approx(0.75 - 1 / 3)
+    assert imp["ci"][0] <= imp["value"] <= imp["ci"][1]
+    nofilter = score("imagenet_star", {"base": base, "in_the_snow": snow}, ScoringOptions(filter=False))
+    assert nofilter["configs"]["in_the_snow"]["acc1"]["value"] == pytest.approx(0.25)
+    given = score("imagenet_star", {"base": base, "in_the_snow": snow}, ScoringOptions(reference_accuracy=0.9))
+    assert given["imagenet_star"]["absolute_impact"]["in_the_snow"]["value"] == pytest.approx(0.9 - 1 / 3)
+
+
+def test_lance_scoring_by_hand():
+    orig = _table([
+        {"id": "o1", "y": 5, "top": [5], "p": 0.9, "pair": "A"},
+        {"id": "o2", "y": 5, "top": [5], "p": 0.8, "pair": "B"},
+        {"id": "o3", "y": 6, "top": [1], "p": 0.1, "pair": "C"},  # no counterfactual survived
+    ])
+    cf = _table([
+        {"id": "c1", "y": 5, "top": [1, 5], "p": 0.3, "pair": "A", "edit": "background"},
+        {"id": "c2", "y": 5, "top": [5], "p": 0.7, "pair": "A", "edit": "domain"},
+        {"id": "c3", "y": 5, "top": [2], "p": 0.2, "pair": "B", "edit": "background"},
+    ])
+    out = score("lance", {"original": orig, "counterfactual": cf}, ScoringOptions(n_boot=200))["lance"]
+    # T' acc@1 = 1/3; T(all) = 2/3; T(with cf) = 2/2
+    assert out["delta_acc1"]["all_originals"]["value"] == pytest.approx(1 / 3 - 2 / 3)
+    assert out["delta_acc1"]["originals_with_counterfactual"]["value"] == pytest.approx(1 / 3 - 1.0)
+    assert out["delta_acc5"]["originals_with_counterfactual"]["value"] == pytest.approx(2 / 3 - 1.0)
+    # Δp: |0.9-0.3|, |0.9-0.7|, |0.8-0.2| -> mean 0.4667
+    assert out["delta_p"]["value"] == pytest.approx((0.6 + 0.2 + 0.6) / 3, abs=1e-6)
+    assert out["delta_p_by_edit_type"]["background"]["value"] == pytest.approx(0.6, abs=1e-6)
+    assert out["delta_p_by_edit_type"]["domain"]["value"] == pytest.approx(0.2, abs=1e-6)
+    assert out["n_pairs"] == 3 and out["n_originals_with_counterfactual"] == 2
+    assert out["headline_T"] == "originals_with_counterfactual"
+    orphan = _table([{"id": "c9", "y": 5, "top": [5], "p": 0.5, "pair": "Z", "edit": "object"}])
+    with pytest.raises(ValueError, match="pair_id 'Z' has no original"):
+        score("lance", {"original": orig, "counterfactual": orphan}, ScoringOptions(n_boot=10))
+
+
+def test_in_g_scoring_uses_the_parent_rule():
+    crayfish, dungeness, tench = 124, 118, 0
+    t = _table([{"id": "a", "y": crayfish, "top": [dungeness, tench, 1], "p": 0.0},
+                {"id": "b", "y": crayfish, "top": [tench, 1, 2], "p": 0.0}])
+    out = score("in_g", {"generated": t}, ScoringOptions(n_boot=50))["in_g"]["generated"]
+    assert out["top1_error"]["value"] == 1.0 and out["top3_failure_rate"]["value"] == 1.0
+    assert out["parent_failure_rate"]["value"] == 0.5
+
+
+def test_empty_config_gives_nulls():
+    t = _table([{"id": "a", "y": 1, "top": [1], "p": 1.0, "keep": False}])
+    out = score("accuracy", {"x": t}, ScoringOptions(n_boot=10))
+    assert out["configs"]["x"]["acc1"] == {"value": None, "ci": None, "n": 0}
+
+
+def test_doctests_of_metrics_module():
+    import doctest
+
+    import eval.metrics as m
+    failed, tried = doctest.testmod(m)
+    assert tried >= 8 and failed == 0
