@@ -1,0 +1,70 @@
+"""`bench diagnose`: failure directions (Jain et al.) of an evaluated model, explained in words."""
+
+from __future__ import annotations
+
+from benchmark.cli._common import add_verb, csv_list, print_table
+
+
+def add_parser(sub):
+    p = add_verb(sub, "diagnose", help="failure directions: where a model fails, in words",
+                 description="Fit per class a linear SVM on CLIP embeddings that predicts the model's mistakes "
+                             "(Jain et al., ICLR 2023); report each direction's strength (CV balanced accuracy vs a "
+                             "permutation null), the hardest images and the captions naming the hard subpopulation. "
+                             "Writes diagnose.json next to the result; never changes scores.",
+                 examples="  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k\n"
+                          "  bench diagnose runs/in-g-rn/timm--vit_base_patch16_224.augreg_in1k --criterion parent\n")
+    p.add_argument("result", help="result.json or its run folder")
+    p.add_argument("--configs", type=csv_list, help="configs to pool (default: all evaluated)")
+    p.add_argument("--classes", type=csv_list, help="class indices or wnids (default: all present)")
+    p.add_argument("--criterion", choices=("top1", "top3", "parent"), default="top1",
+                   help="what counts as correct (IN-G suites: top3 or parent)")
+    p.add_argument("--clip-model", default="ViT-B-32-quickgelu")
+    p.add_argument("--clip-pretrained", default="openai")
+    p.add_argument("--reference-caption", choices=("code", "paper"), default="code")
+    p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false")
+    p.add_argument("--null", type=int, default=10, help="permutation repeats for the null strength")
+    p.add_argument("--suite", help="where to read the suite (default: as recorded in the result)")
+    p.add_argument("--cache-dir", default=None, help="embedding cache (default: <HF_HOME>/genshift/embeddings)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--top", type=int, default=10, help="classes to print")
+    return p
+
+
+def _classes(items):
+    from benchmark import imagenet
+    from benchmark.errors import BenchError
+
+    out = []
+    for it in items or []:
+        if it.isdigit():
+            if not 0 <= int(it) < 1000:
+                raise BenchError(f"--classes: index {it} is not an ImageNet-1k class (0..999)")
+            out.append(int(it))
+        else:
+            out.append(imagenet.index_of(it))
+    return out or None
+
+
+def run(args) -> int:
+    import os
+
+    from eval.diagnose import diagnose
+    from eval.embeddings import ClipEncoder
+    from eval.failure_directions import DirectionOptions
+
+    cache = args.cache_dir or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")),
+                                           "genshift", "embeddings")
+    enc = ClipEncoder.from_pretrained(args.clip_model, args.clip_pretrained, device=args.device)
+    opts = DirectionOptions(n_null=args.null, reference_caption=args.reference_caption,
+                            caption_whitening=args.caption_whitening)
+    report, path = diagnose(args.result, encoder=enc, cache_dir=cache, configs=args.configs,
+                            classes=_classes(args.classes), criterion=args.criterion, options=opts, suite=args.suite)
+    rows = []
+    for d in report["classes"][: args.top]:
+        rows.append({"class": f"{d['label']} {d['name']}", "n": d["n"], "errors": d["n_errors"],
+                     "strength": "-" if d["strength"] is None else f"{d['strength']:.3f}",
+                     "null p95": "-" if d["null_p95"] is None else f"{d['null_p95']:.3f}",
+                     "hardest caption": d["hard_captions"][0][0] if d["hard_captions"] else d["status"]})
+    print_table(rows, ["class", "n", "errors", "strength", "null p95", "hardest caption"])
+    print(f"\nreport: {path}")
+    return 0

@@ -1,0 +1,107 @@
+"""``bench diagnose``: failure directions of one evaluated model on one suite.
+
+Joins a result's stored predictions with CLIP embeddings of the suite images, fits per class the
+failure-direction SVM of Jain et al. (``eval.failure_directions``) and writes ``diagnose.json``
+next to the result: per class the direction's strength with a permutation null, the hardest and
+easiest image ids, the captions that name the hard and easy subpopulations, and the validation
+proxy. It never changes benchmark scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmark import imagenet
+from benchmark.errors import BenchError, IntegrityError
+from benchmark.fsutil import atomic_write_json, sha256_file
+from eval.embeddings import ClipEncoder, suite_image_embeddings
+from eval.failure_directions import DirectionOptions, Whitening, class_direction
+from eval.metrics import parent_failures
+from eval.predictions import read_predictions, topk_matrix
+from eval.results import load_result
+
+CRITERIA = ("top1", "top3", "parent")
+
+
+def correctness(table, criterion: str) -> np.ndarray:
+    """Per-image 'model was right' under a criterion (IN-G suites: top-3 or WordNet parent)."""
+    rank = table["true_rank"].to_numpy()
+    if criterion == "top1":
+        return rank == 0
+    if criterion == "top3":
+        return rank < 3
+    if criterion == "parent":
+        return ~parent_failures(table["label"].to_numpy().astype(np.int64), topk_matrix(table).astype(np.int64))
+    raise BenchError(f"unknown criterion {criterion!r}; use one of {', '.join(CRITERIA)}")
+
+
+def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | Path, configs: list[str] | None = None,
+             classes: list[int] | None = None, criterion: str = "top1", options: DirectionOptions = DirectionOptions(),
+             suite: str | None = None, progress: bool = True) -> tuple[dict, Path]:
+    from tqdm.auto import tqdm
+
+    from eval.runner import open_suite
+
+    path = Path(result_path)
+    path = path / "result.json" if path.is_dir() else path
+    result = load_result(path)
+    entries = {p["config"]: p for p in result["predictions"]}
+    configs = configs or list(entries)
+    for c in configs:
+        if c not in entries:
+            raise BenchError(f"config {c!r} is not in the result (has {', '.join(entries)})")
+        f = path.parent / entries[c]["path"]
+        if not f.is_file() or sha256_file(f) != entries[c]["sha256"]:
+            raise IntegrityError(f"{entries[c]['path']} is missing or does not match the result's sha256; run bench verify")
+    info = open_suite(suite or result["suite"]["source"], revision=None if suite else result["suite"].get("revision"),
+                      configs=tuple(configs))
+    if info.suite.manifest.sha256 != result["suite"]["manifest_sha256"]:
+        raise IntegrityError("the suite's manifest differs from the one the result was made on; pass the right --suite")
+
+    ids_all, emb_all, labels_all, right_all = [], [], [], []
+    for c in configs:
+        t = read_predictions(path.parent / entries[c]["path"])
+        if result["protocol"]["scoring"]["filter"]:
+            t = t.filter(t["keep"])
+        ids, emb = suite_image_embeddings(info.suite, c, encoder, cache_dir=cache_dir)
+        pos = {i: k for k, i in enumerate(ids)}
+        rows = [pos[i] for i in t["image_id"].to_pylist()]
+        ids_all += t["image_id"].to_pylist()
+        emb_all.append(emb[rows])
+        labels_all.append(t["label"].to_numpy().astype(np.int64))
+        right_all.append(correctness(t, criterion))
+    emb = np.concatenate(emb_all)
+    labels = np.concatenate(labels_all)
+    right = np.concatenate(right_all)
+    white = Whitening.fit(emb, whiten=options.whiten, normalize=options.normalize)
+    text_cache: dict[str, np.ndarray] = {}
+
+    def encode_text(texts: list[str]) -> np.ndarray:
+        todo = [t for t in texts if t not in text_cache]
+        for a in range(0, len(todo), 256):
+            for t, e in zip(todo[a:a + 256], encoder.encode_texts(todo[a:a + 256])):
+                text_cache[t] = e
+        return np.stack([text_cache[t] for t in texts])
+
+    wanted = sorted(set(labels.tolist()) if classes is None else set(classes))
+    out = []
+    for y in tqdm(wanted, desc="classes", disable=not progress, leave=False):
+        sel = np.flatnonzero(labels == y)
+        if sel.size == 0:
+            continue
+        d = class_direction(y, [ids_all[i] for i in sel], emb[sel], right[sel], white, options, encode_text=encode_text)
+        out.append({**asdict(d), "wnid": imagenet.wnids()[y], "name": imagenet.names()[y]})
+    out.sort(key=lambda d: -(d["strength"] if d["strength"] is not None else -1))
+    report = {
+        "kind": "genshift-diagnose", "schema_version": 1, "result": str(path), "model": result["model"]["id"],
+        "suite": {k: result["suite"][k] for k in ("id", "manifest_sha256")}, "configs": configs,
+        "criterion": criterion, "clip": encoder.model_id, "options": asdict(options),
+        "whitening_reference": "embeddings of the scored images of the analysed configs",
+        "n_images": int(labels.size), "classes": out,
+    }
+    out_path = path.parent / "diagnose.json"
+    atomic_write_json(out_path, report)
+    return report, out_path
