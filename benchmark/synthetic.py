@@ -76,13 +76,14 @@ def make_synthetic_suite(root: str | Path, *, suite_id: str = "toy", configs: Se
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--suite-id", default="demo")
     ap.add_argument("--configs", default="base,shifted")
     ap.add_argument("--classes", type=int, default=10, help="use classes 0..N-1")
     ap.add_argument("--per-class", type=int, default=4)
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    m = make_synthetic_suite(args.out, configs=args.configs.split(","), classes=range(args.classes),
+    m = make_synthetic_suite(args.out, suite_id=args.suite_id, configs=args.configs.split(","), classes=range(args.classes),
                              per_class=args.per_class, num_shards=args.shards, seed=args.seed)
     print(f"wrote {args.out}: {sum(c.rows for c in m.configs.values())} rows, manifest sha256 {m.sha256}")
     return 0

@@ -116,11 +116,13 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     }
     chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)
     run_opts = {"device": device, "amp": req.inference.amp, "amp_dtype": req.inference.amp_dtype if req.inference.amp else None,
-                "batch_size": req.inference.batch_size, "channels_last": req.inference.channels_last,
-                "compile": req.inference.compile, "workers": req.inference.resolved_workers()}
+                "batch_size": req.inference.resolved_batch_size(), "channels_last": req.inference.channels_last,
+                "compile": req.inference.compile, "workers": req.inference.resolved_workers(),
+                "normalize_on_device": req.inference.device_normalizes()}
     # checkpoints are reusable only under the same protocol and numerics (device, AMP, batch composition)
     pred_key = sha256_bytes(canonical_json({"config_hash": chash, "amp": run_opts["amp"], "batch_size": run_opts["batch_size"],
                                             "unit_rows": req.inference.unit_rows,
+                                            "normalize_on_device": run_opts["normalize_on_device"],
                                             "amp_dtype": run_opts["amp_dtype"], "device": device.split(":")[0]}))
 
     run_dir = ensure_writable_dir(Path(req.out) / _slug(suite.suite_id) / _slug(clf.model_id), what="--out directory")
@@ -139,7 +141,7 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     counts, predictions, tables, timings = {}, [], {}, {}
     for config in configs:
         out_path = run_dir / "predictions" / f"{config}.parquet"
-        stats = predict_config(suite, config, clf.model, clf.transform, req.inference, work_dir=run_dir / ".work",
+        stats = predict_config(suite, config, clf.model, clf.data_config, req.inference, work_dir=run_dir / ".work",
                                out_path=out_path, progress=progress)
         tables[config] = read_predictions(out_path)
         cinfo = suite.manifest.config(config)

@@ -26,7 +26,7 @@ def add_parser(sub):
                    help="map checkpoint tensors onto the model by position when key names differ")
     p.add_argument("--mask", help="imagenet-star-upstream only: the authors' masks.npy")
     p.add_argument("--limit-per-class", type=positive_int, help="score only the first N images of each class")
-    p.add_argument("--batch-size", type=positive_int, default=50)
+    p.add_argument("--batch-size", type=positive_int, help="default: 8 on CPU (fastest there), 256 on CUDA")
     p.add_argument("--workers", type=int, help="DataLoader decode workers (default: min(4, cpus-1))")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--amp", action="store_true", help="autocast on CUDA")
