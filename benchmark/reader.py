@@ -44,6 +44,7 @@ class LocalSuite:
     repo_id: str | None = None
     revision: str | None = None
     redownload_hint: str | None = None
+    pinned: bool = True  # False when taken from an unpinned registry entry (resolved at download)
     _verified: set[str] = field(default_factory=set)
 
     @classmethod

@@ -62,26 +62,18 @@ class SuiteInfo:
 def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ...] | None = None,
                mask: str | None = None) -> SuiteInfo:
     """A local suite folder, a registry id or a Hub repo id -> a verified ``LocalSuite`` + its spec."""
+    from benchmark import hub
     from benchmark.suites import SUITES, get_suite
 
-    path = Path(text)
-    if path.exists():
-        suite = LocalSuite.open(path)
-        suite.verify(suite.select(list(configs) if configs else None))
-        spec = get_suite(suite.suite_id) if suite.suite_id in SUITES else None
-        pinned = True  # a local folder is pinned by its manifest hash
-    else:
-        from benchmark import hub  # Hub I/O: registry ids and repo ids
-
-        suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
-        spec = get_suite(text) if text in SUITES else (get_suite(suite.suite_id) if suite.suite_id in SUITES else None)
-        pinned = bool(getattr(suite, "pinned", revision is not None or (spec is not None and spec.pinned)))
+    suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
+    key = text if text in SUITES else suite.suite_id
+    spec = get_suite(key) if key in SUITES else None
     return SuiteInfo(
         suite=suite,
         metric_family=spec.metric_family if spec else "accuracy",
         reference_config=spec.reference_config if spec else None,
         construction_models=spec.construction_models if spec else (),
-        pinned=pinned, source=text,
+        pinned=suite.pinned, source=text,
     )
 
 

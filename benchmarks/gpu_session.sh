@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU measurements in one go, for a lent GPU machine with no network (see docs/performance.md).
+#
+# Expects, in the repository root: .whl/ (wheels of packages the machine lacks: datasets, dill,
+# multiprocess, diffusers, open_clip_torch, ftfy, wcwidth for Python 3.12) and, optionally,
+# .gpu/timm_benchmark.py (timm's own benchmark.py, for the reference inference throughput).
+# Writes JSON reports to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/genshift-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, timm, datasets, pyarrow; print('torch', torch.__version__, 'timm', timm.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'cpus', __import__('os').cpu_count())" | tee -a "$OUT/gpu.txt"
+
+MODEL=${MODEL:-resnet50}
+BS=${BS:-256}
+# 1. timm's benchmark.py: model-only inference throughput at the same batch size and precision
+if [ -f .gpu/timm_benchmark.py ]; then
+  python3 .gpu/timm_benchmark.py --bench inference --model "$MODEL" -b "$BS" --amp --amp-dtype bfloat16 --channels-last \
+    --results-file "$OUT/timm_benchmark_${MODEL}.json" --results-format json 2>&1 | tail -5
+fi
+# 2. bench eval's end-to-end path (random weights: throughput does not depend on them)
+python3 benchmarks/eval_throughput.py --device cuda --amp --model "$MODEL" --weights random --batch-size "$BS" \
+  --bench-batch-size "$BS" --images "${IMAGES:-12800}" --unique 800 --workers "${WORKERS:-14}" --compile "${COMPILE:-off}" \
+  --skip-floor --json-out "$OUT/eval_${MODEL}.json" 2>&1 | tail -40

@@ -1,0 +1,279 @@
+"""A small in-memory Hugging Face Hub for upload tests (stdlib only; specs/ecosystem.md s3.3).
+
+Speaks what huggingface_hub's ``create_repo``, ``upload_folder`` (with ``parent_commit`` and
+``create_pr``), ``create_tag``, ``list_repo_refs``, ``dataset_info`` / ``model_info``,
+``list_repo_files``, ``hf_hub_download`` and ``snapshot_download`` need. Files are sent inline
+("regular" upload mode), so no LFS/xet. A stale ``parentCommit`` is rejected (412), like the Hub.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+
+
+@dataclass
+class Commit:
+    oid: str
+    parent: str | None
+    files: dict[str, bytes]
+    message: str
+
+
+@dataclass
+class Repo:
+    repo_type: str
+    repo_id: str
+    commits: dict[str, Commit] = field(default_factory=dict)
+    refs: dict[str, str] = field(default_factory=dict)   # branch or "refs/pr/N" -> oid
+    tags: dict[str, str] = field(default_factory=dict)
+    prs: int = 0
+    discussions: dict[int, dict] = field(default_factory=dict)
+
+    def resolve(self, rev: str) -> str | None:
+        rev = urllib.parse.unquote(rev)
+        if rev in self.refs:
+            return self.refs[rev]
+        if rev in self.tags:
+            return self.tags[rev]
+        return rev if rev in self.commits else None
+
+
+class FakeHub:
+    """State + server. Use as a context manager; ``endpoint`` is the base URL."""
+
+    def __init__(self) -> None:
+        self.repos: dict[tuple[str, str], Repo] = {}
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str]] = []
+        handler = type("Handler", (_Handler,), {"hub": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeHub":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def commit(self, repo: Repo, files: dict[str, bytes], deleted: list[str], parent: str | None, message: str,
+               branch: str) -> str:
+        base = dict(repo.commits[parent].files) if parent else {}
+        for p in deleted:
+            base.pop(p, None)
+        base.update(files)
+        oid = hashlib.sha1(json.dumps([parent, message, sorted((p, hashlib.sha256(b).hexdigest())
+                                                                for p, b in base.items())]).encode()).hexdigest()
+        repo.commits[oid] = Commit(oid, parent, base, message)
+        repo.refs[branch] = oid
+        return oid
+
+    def create(self, repo_type: str, repo_id: str) -> Repo:
+        repo = Repo(repo_type, repo_id)
+        self.commit(repo, {".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"}, [], None,
+                    "initial commit", "main")
+        self.repos[(repo_type, repo_id)] = repo
+        return repo
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: FakeHub
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _send(self, code: int, body=None, headers: dict | None = None, raw: bytes | None = None) -> None:
+        data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+        self.send_response(code)
+        self.send_header("Content-Type", "application/octet-stream" if raw is not None else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _error(self, code: int, kind: str, msg: str) -> None:
+        self._send(code, {"error": msg}, {"X-Error-Code": kind, "X-Error-Message": msg})
+
+    def _body(self) -> bytes:
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _repo(self, type_plural: str, repo_id: str) -> Repo | None:
+        return self.hub.repos.get((TYPES.get(type_plural, ""), repo_id))
+
+    @staticmethod
+    def _split_repo(rest: str) -> tuple[str, str]:
+        org, name, tail = (rest.split("/", 2) + [""])[:3]
+        return f"{org}/{name}", tail
+
+    # -- routes ----------------------------------------------------------------------------
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlparse(self.path)
+        path = urllib.parse.unquote(url.path)
+        self.hub.requests.append((self.command, path))
+        with self.hub.lock:
+            if path.startswith("/api/"):
+                return self._api_get(path[len("/api/"):], urllib.parse.parse_qs(url.query))
+            return self._resolve(path.lstrip("/"))
+
+    def _resolve(self, path: str) -> None:
+        type_plural = "models"
+        for t in ("datasets", "spaces"):
+            if path.startswith(t + "/"):
+                type_plural, path = t, path[len(t) + 1:]
+        repo_id, tail = self._split_repo(path)
+        if not tail.startswith("resolve/"):
+            return self._error(404, "EntryNotFound", f"unknown route {path}")
+        repo = self._repo(type_plural, repo_id)
+        if repo is None:
+            return self._error(404, "RepoNotFound", f"repository {repo_id} not found")
+        rev_and_file = tail[len("resolve/"):]
+        for ref in sorted(list(repo.refs) + list(repo.tags), key=len, reverse=True):
+            if rev_and_file.startswith(ref + "/"):
+                rev, file = ref, rev_and_file[len(ref) + 1:]
+                break
+        else:
+            rev, _, file = rev_and_file.partition("/")
+        oid = repo.resolve(rev)
+        if oid is None:
+            return self._error(404, "RevisionNotFound", f"revision {rev} not found")
+        data = repo.commits[oid].files.get(file)
+        if data is None:
+            return self._error(404, "EntryNotFound", f"{file} not found")
+        etag = '"' + hashlib.sha1(data).hexdigest() + '"'
+        self._send(200, raw=data, headers={"X-Repo-Commit": oid, "ETag": etag})
+
+    def _api_get(self, rest: str, query: dict) -> None:
+        type_plural, _, rest = rest.partition("/")
+        repo_id, tail = self._split_repo(rest)
+        repo = self._repo(type_plural, repo_id)
+        if repo is None:
+            return self._error(404, "RepoNotFound", f"repository {repo_id} not found")
+        if tail == "" or tail.startswith("revision/"):
+            rev = tail[len("revision/"):] if tail else "main"
+            oid = repo.resolve(rev)
+            if oid is None:
+                return self._error(404, "RevisionNotFound", f"revision {rev} not found")
+            files = repo.commits[oid].files
+            return self._send(200, {"id": repo_id, "sha": oid, "private": False, "disabled": False, "gated": False,
+                                    "siblings": [{"rfilename": p, "size": len(b)} for p, b in sorted(files.items())]})
+        if tail.startswith("tree/"):
+            rev, _, sub = tail[len("tree/"):].partition("/")
+            oid = repo.resolve(rev)
+            if oid is None:
+                return self._error(404, "RevisionNotFound", f"revision {rev} not found")
+            entries = [{"type": "file", "path": p, "oid": hashlib.sha1(b).hexdigest(), "size": len(b)}
+                       for p, b in sorted(repo.commits[oid].files.items()) if not sub or p.startswith(sub.rstrip("/") + "/")]
+            return self._send(200, entries)
+        if tail.startswith("discussions/"):
+            num = int(tail.split("/")[1])
+            d = repo.discussions.get(num)
+            if d is None:
+                return self._error(404, "EntryNotFound", f"discussion {num} not found")
+            return self._send(200, {**d, "num": num, "author": {"name": "tester"}, "createdAt": "2026-01-01T00:00:00.000Z",
+                                    "status": "open", "repo": {"name": repo.repo_id, "type": repo.repo_type},
+                                    "events": [], "changes": {"base": "refs/heads/main"}, "filesWithConflicts": []})
+        if tail == "refs":
+            return self._send(200, {
+                "branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": o} for b, o in repo.refs.items()
+                             if not b.startswith("refs/pr/")],
+                "tags": [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": o} for t, o in repo.tags.items()],
+                "converts": [],
+                "pullRequests": [{"name": b, "ref": b, "targetCommit": o} for b, o in repo.refs.items()
+                                 if b.startswith("refs/pr/")],
+            })
+        return self._error(404, "EntryNotFound", f"unknown api route {tail}")
+
+    def do_POST(self) -> None:
+        url = urllib.parse.urlparse(self.path)
+        path = urllib.parse.unquote(url.path)
+        query = urllib.parse.parse_qs(url.query)
+        self.hub.requests.append(("POST", path))
+        body = self._body()
+        with self.hub.lock:
+            if path == "/api/validate-yaml":
+                return self._send(200, {"errors": [], "warnings": []})
+            if path == "/api/repos/create":
+                req = json.loads(body or b"{}")
+                rtype = req.get("type") or "model"
+                repo_id = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
+                if (rtype, repo_id) in self.hub.repos:
+                    return self._send(409, {"error": "You already created this model repo",
+                                            "url": f"{self.hub.endpoint}/{repo_id}"})
+                self.hub.create(rtype, repo_id)
+                return self._send(200, {"url": f"{self.hub.endpoint}/{repo_id}"})
+            if not path.startswith("/api/"):
+                return self._error(404, "EntryNotFound", path)
+            type_plural, _, rest = path[len("/api/"):].partition("/")
+            repo_id, tail = self._split_repo(rest)
+            repo = self._repo(type_plural, repo_id)
+            if repo is None:
+                return self._error(404, "RepoNotFound", f"repository {repo_id} not found")
+            if tail.startswith("preupload/"):
+                files = json.loads(body)["files"]
+                return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                                  for f in files]})
+            if tail.startswith("commit/"):
+                return self._commit(repo, tail[len("commit/"):], body, create_pr=query.get("create_pr", ["0"])[0] in ("1", "true"))
+            if tail == "discussions":
+                req = json.loads(body or b"{}")
+                repo.prs += 1
+                repo.refs[f"refs/pr/{repo.prs}"] = repo.refs["main"]
+                repo.discussions[repo.prs] = {"title": req.get("title", ""), "description": req.get("description", ""),
+                                              "isPullRequest": bool(req.get("pullRequest"))}
+                return self._send(200, {"num": repo.prs})
+            if tail.startswith("tag/"):
+                oid = repo.resolve(tail[len("tag/"):])
+                tag = json.loads(body)["tag"]
+                if oid is None:
+                    return self._error(404, "RevisionNotFound", "revision not found")
+                if tag in repo.tags:
+                    return self._error(409, "TagExists", f"tag {tag} already exists")
+                repo.tags[tag] = oid
+                return self._send(200, {})
+            return self._error(404, "EntryNotFound", f"unknown api route {tail}")
+
+    def _commit(self, repo: Repo, rev: str, body: bytes, *, create_pr: bool) -> None:
+        lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+        header = next((x["value"] for x in lines if x["key"] == "header"), {})
+        branch = urllib.parse.unquote(rev)
+        head = repo.resolve(branch)
+        if head is None:
+            return self._error(404, "RevisionNotFound", f"revision {rev} not found")
+        parent = header.get("parentCommit")
+        if parent and parent != head:
+            return self._error(412, "PreconditionFailed", f"parent commit {parent} is not the head {head} of {branch}")
+        files, deleted = {}, []
+        for x in lines:
+            if x["key"] == "file":
+                v = x["value"]
+                files[v["path"]] = base64.b64decode(v["content"]) if v.get("encoding", "base64") == "base64" else v["content"].encode()
+            elif x["key"] in ("deletedFile", "deletedFolder"):
+                deleted.append(x["value"]["path"])
+            elif x["key"] == "lfsFile":
+                return self._error(400, "BadRequest", "this fake hub only accepts regular (inline) uploads")
+        pr_url = None
+        if create_pr:  # older clients: commit with ?create_pr=1
+            repo.prs += 1
+            branch = f"refs/pr/{repo.prs}"
+            repo.discussions[repo.prs] = {"title": header.get("summary", ""), "description": "", "isPullRequest": True}
+            pr_url = f"{self.hub.endpoint}/{'datasets/' if repo.repo_type == 'dataset' else ''}{repo.repo_id}/discussions/{repo.prs}"
+        oid = self.hub.commit(repo, files, deleted, head, header.get("summary", ""), branch)
+        self._send(200, {"commitUrl": f"{self.hub.endpoint}/{repo.repo_id}/commit/{oid}", "commitOid": oid,
+                         "success": True, "pullRequestUrl": pr_url})

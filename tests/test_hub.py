@@ -1,0 +1,169 @@
+"""Hub I/O end to end over loopback: olah serves local git repos (downloads), the project's fake
+Hub takes uploads (publish, PRs). No network."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmark import hub
+from benchmark.errors import BenchError, NotFoundError
+from benchmark.suite_format import Manifest
+from benchmark.synthetic import make_synthetic_suite
+from data_cards import render_card
+from tests.fakehub import FakeHub
+from tests.hubtools import bench_subprocess, git_commit, olah_available, olah_server
+
+pytestmark = pytest.mark.skipif(not olah_available(), reason="olah (test extra) is not installed")
+
+
+@pytest.fixture(scope="module")
+def hub_repos(tmp_path_factory):
+    """A dataset repo with two commits and a model repo of timm's tiny test_resnet, served by olah."""
+    import timm
+    import torch
+    from timm.models._hub import save_for_hf
+
+    root = tmp_path_factory.mktemp("repos")
+    ds = root / "datasets" / "genshift-test" / "toy"
+    make_synthetic_suite(ds, suite_id="toy", classes=range(6), per_class=3, num_shards=2)
+    (ds / "build.json").unlink()
+    (ds / "README.md").write_text(render_card(Manifest.load(ds)))
+    sha1 = git_commit(ds, "v1")
+    make_synthetic_suite(ds / ".." / "tmp2", suite_id="toy", classes=range(6), per_class=3, num_shards=2, seed=7)
+    import shutil
+    shutil.rmtree(ds / "data")
+    shutil.copytree(ds.parent / "tmp2" / "data", ds / "data")
+    shutil.copy(ds.parent / "tmp2" / "manifest.json", ds / "manifest.json")
+    shutil.rmtree(ds.parent / "tmp2")
+    sha2 = git_commit(ds, "v2: other images")
+    torch.manual_seed(0)
+    model_dir = root / "models" / "timm" / "test_resnet.r160_in1k"
+    model_dir.mkdir(parents=True)
+    save_for_hf(timm.create_model("test_resnet.r160_in1k", pretrained=False), str(model_dir), safe_serialization=True)
+    msha = git_commit(model_dir, "weights")
+    work = tmp_path_factory.mktemp("olah")
+    with olah_server(root, work) as endpoint:
+        yield {"endpoint": endpoint, "sha1": sha1, "sha2": sha2, "model_sha": msha, "work": work}
+
+
+def test_download_at_pinned_shas_verifies_and_loads(hub_repos, tmp_path):
+    e = hub_repos["endpoint"]
+    s1 = hub.download_suite("genshift-test/toy", revision=hub_repos["sha1"], configs=["base"], endpoint=e,
+                            cache_dir=str(tmp_path))
+    s2 = hub.download_suite("genshift-test/toy", revision=hub_repos["sha2"], endpoint=e, cache_dir=str(tmp_path))
+    assert s1.revision == hub_repos["sha1"] and s2.revision == hub_repos["sha2"]
+    assert s1.manifest.sha256 != s2.manifest.sha256  # two pinnable versions
+    ds = s1.dataset("base")
+    assert len(ds) == 18 and ds.features["label"].names[0] == "n01440764"
+    # only the requested config's shards were fetched
+    assert not (s1.root / "data" / "shifted").exists() or s1.root == s2.root
+    head = hub.resolve_revision("genshift-test/toy", "main", endpoint=e)
+    assert head == hub_repos["sha2"]
+
+
+def test_bad_revision_and_repo_are_one_line_errors(hub_repos, tmp_path):
+    e = hub_repos["endpoint"]
+    with pytest.raises(BenchError) as info:  # olah answers 500 for an unknown sha; still one clear line
+        hub.download_suite("genshift-test/toy", revision="0" * 40, endpoint=e, cache_dir=str(tmp_path))
+    assert "\n" not in str(info.value) and "genshift-test/toy" in str(info.value)
+    with pytest.raises(BenchError):  # olah offline drops the connection for unknown repos
+        hub.download_suite("genshift-test/nothing", revision="main", endpoint=e, cache_dir=str(tmp_path))
+    with pytest.raises(BenchError, match="not a Hub repo id"):
+        hub.download_suite("no slash", revision="main", endpoint=e)
+    folder = _built_suite(tmp_path)
+    with FakeHub() as fh:  # the Hub's own answer for an unknown revision
+        hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        with pytest.raises(NotFoundError, match="revision '0{40}' does not exist in datasets/org/toy"):
+            hub.download_suite("org/toy", revision="0" * 40, endpoint=fh.endpoint, cache_dir=str(tmp_path / "c"))
+        with pytest.raises(NotFoundError, match="dataset repo datasets/org/nothing .* not found"):
+            hub.download_suite("org/nothing", revision="main", endpoint=fh.endpoint, cache_dir=str(tmp_path / "c"))
+
+
+def test_offline_without_cache_says_how_to_get_a_snapshot(hub_repos, tmp_path):
+    r = bench_subprocess(["download", "genshift-test/toy", "--revision", hub_repos["sha1"], "--cache-dir",
+                          str(tmp_path / "empty")], env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": hub_repos["endpoint"]},
+                         cwd=tmp_path)
+    assert r.returncode != 0
+    assert "error:" in r.stderr and "bench download" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = bench_subprocess(["download", "genshift-test/toy", "--revision", "main"], env={"HF_HUB_OFFLINE": "1"},
+                         cwd=tmp_path)
+    assert r.returncode != 0 and "40-character commit sha" in r.stderr
+
+
+def test_eval_a_tiny_hub_model_on_a_hub_suite_over_loopback(hub_repos, tmp_path):
+    """`bench eval` with the model and the suite both fetched from the local Hub, then offline again."""
+    env = {"HF_ENDPOINT": hub_repos["endpoint"], "HF_HOME": str(tmp_path / "hf")}
+    args = ["eval", "--model", "timm/test_resnet.r160_in1k", "--suite", "genshift-test/toy", "--revision",
+            hub_repos["sha1"], "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress", "--json"]
+    r = bench_subprocess(args, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    assert result["model"]["weights_revision"] == hub_repos["model_sha"]
+    assert len(result["model"]["weights_sha256"]) == 64 and result["model"]["source"] == "hf-hub"
+    assert result["suite"]["revision"] == hub_repos["sha1"] and result["suite"]["repo_id"] == "genshift-test/toy"
+    assert result["data_config"]["input_size"] == [3, 160, 160]
+    # offline now: the cached model (pinned by sha) and suite are enough
+    r2 = bench_subprocess(["eval", "--model", f"hf-hub:timm/test_resnet.r160_in1k@{hub_repos['model_sha']}",
+                           "--suite", "genshift-test/toy", "--revision", hub_repos["sha1"], "--out",
+                           str(tmp_path / "runs2"), "--workers", "0", "--no-progress", "--json"],
+                          env={**env, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert json.loads(r2.stdout)["metrics"] == result["metrics"]
+
+
+def _built_suite(tmp_path) -> Path:
+    root = tmp_path / "suite"
+    make_synthetic_suite(root, suite_id="toy", classes=range(4), per_class=2)
+    (root / "README.md").write_text(render_card(Manifest.load(root)))
+    return root
+
+
+def test_publish_is_one_commit_with_a_tag_and_round_trips(tmp_path):
+    folder = _built_suite(tmp_path)
+    with FakeHub() as fh:
+        sha = hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        commits = [p for m, p in fh.requests if m == "POST" and "/commit/" in p]
+        assert len(commits) == 1
+        from huggingface_hub import HfApi
+        api = HfApi(endpoint=fh.endpoint, token="t")
+        files = set(api.list_repo_files("org/toy", repo_type="dataset", revision=sha))
+        assert {"README.md", "manifest.json", "data/base/test-00000-of-00001.parquet"} <= files
+        assert "build.json" not in files
+        assert [t.target_commit for t in api.list_repo_refs("org/toy", repo_type="dataset").tags] == [sha]
+        got = hub.download_suite("org/toy", revision=sha, endpoint=fh.endpoint, cache_dir=str(tmp_path / "c"))
+        assert got.manifest.sha256 == Manifest.load(folder).sha256
+        with pytest.raises(BenchError, match="tag 'v1.0.0' already exists"):
+            hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+
+
+def test_publish_refuses_a_stale_parent_commit(tmp_path, monkeypatch):
+    folder = _built_suite(tmp_path)
+    with FakeHub() as fh:
+        hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        from huggingface_hub import HfApi
+        real = HfApi.dataset_info
+
+        def stale(self, repo_id, revision=None, **kw):  # someone commits between our read and our upload
+            info = real(self, repo_id, revision=revision, **kw)
+            HfApi(endpoint=fh.endpoint, token="t").upload_file(path_or_fileobj=b"x", path_in_repo="other.txt",
+                                                               repo_id=repo_id, repo_type="dataset")
+            return info
+        monkeypatch.setattr(HfApi, "dataset_info", stale)
+        with pytest.raises(BenchError, match="publishing to datasets/org/toy failed"):
+            hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t", tag="v2")
+
+
+def test_publish_refuses_an_unverified_suite(tmp_path):
+    folder = _built_suite(tmp_path)
+    p = next((folder / "data" / "base").glob("*.parquet"))
+    p.write_bytes(p.read_bytes() + b"x")
+    from benchmark.errors import IntegrityError
+    with FakeHub() as fh, pytest.raises(IntegrityError, match="bytes, the manifest says"):
+        hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+
+
+def test_unknown_suite_name_suggests(tmp_path):
+    with pytest.raises(NotFoundError, match="Did you mean 'imagenet-star'"):
+        hub.open_suite("imagenet-sta")
