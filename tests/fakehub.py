@@ -166,7 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             return self._error(404, "RepoNotFound", f"repository {repo_id} not found")
         if tail == "" or tail.startswith("revision/"):
-            rev = tail[len("revision/"):] if tail else "main"
+            rev = tail[len("revision/"):] if tail else "main"  # (already unquoted: refs/pr/N works)
             oid = repo.resolve(rev)
             if oid is None:
                 return self._error(404, "RevisionNotFound", f"revision {rev} not found")
@@ -174,7 +174,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {"id": repo_id, "sha": oid, "private": False, "disabled": False, "gated": False,
                                     "siblings": [{"rfilename": p, "size": len(b)} for p, b in sorted(files.items())]})
         if tail.startswith("tree/"):
-            rev, _, sub = tail[len("tree/"):].partition("/")
+            rest = tail[len("tree/"):]
+            for ref in sorted(list(repo.refs) + list(repo.tags), key=len, reverse=True):
+                if rest == ref or rest.startswith(ref + "/"):
+                    rev, sub = ref, rest[len(ref) + 1:]
+                    break
+            else:
+                rev, _, sub = rest.partition("/")
             oid = repo.resolve(rev)
             if oid is None:
                 return self._error(404, "RevisionNotFound", f"revision {rev} not found")

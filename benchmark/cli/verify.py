@@ -23,6 +23,8 @@ def add_parser(sub):
     p.add_argument("--checkpoint", help="local weights, for results made with --checkpoint")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0, help="which images --recheck picks")
+    p.add_argument("--stamp", action="store_true",
+                   help="with --recheck: on success write verification.json (the leaderboard's verified badge)")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -37,8 +39,14 @@ def run(args) -> int:
         return 0
     if args.recheck < 0:
         raise BenchError(f"--recheck must be >= 0, got {args.recheck}")
+    if args.stamp and args.recheck < 1:
+        raise BenchError("--stamp needs --recheck N (a verified badge means images were re-run through the model)")
     report = verify_result(target, recheck=args.recheck, suite=args.suite, checkpoint=args.checkpoint,
                            device=args.device, seed=args.seed)
+    if args.stamp and report.ok:
+        from leaderboard.store import write_stamp
+
+        print(f"stamp: {write_stamp(report.path, recheck=args.recheck, checked=report.checked)}")
     if args.json:
         print_json({"path": str(report.path), "ok": report.ok, "problems": report.problems, "checked": report.checked})
     else:

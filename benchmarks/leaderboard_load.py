@@ -1,0 +1,87 @@
+"""Leaderboard load time: a synthetic store of 500 models x 30 configs, loaded, aggregated, rendered.
+
+    python benchmarks/leaderboard_load.py --models 500 --configs 30 --rows 100
+
+Reports (seconds):
+- store_build: writing the synthetic store (not part of the goal);
+- load_cold: first load, every entry checked like `bench verify` (schema, hashes, all metrics
+  recomputed from predictions);
+- load_warm: later loads (verification cached by content);
+- aggregate: model table + ID/OOD fits + paired-bootstrap rank intervals over all models;
+- app_first_render_new_process: the app's first run under AppTest in a fresh process (includes
+  Streamlit's one-off component scan and imports);
+- app_first_render: a new session's first full run (in-memory caches cleared, warm disk caches);
+- app_rerun: a filter change (cached tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", type=int, default=500)
+    ap.add_argument("--configs", type=int, default=30)
+    ap.add_argument("--rows", type=int, default=100)
+    ap.add_argument("--store", help="reuse an existing synthetic store folder")
+    args = ap.parse_args(argv)
+
+    from leaderboard import aggregate
+    from leaderboard.store import load_store
+    from leaderboard.synthetic import make_store
+
+    report = {"models": args.models, "configs": args.configs, "rows_per_config": args.rows}
+    root = Path(args.store) if args.store else Path(tempfile.mkdtemp(prefix="genshift-board-")) / "store"
+    if not (root / "imagenet-star").exists():
+        t = time.perf_counter()
+        make_store(root, models=args.models, configs=args.configs, rows=args.rows)
+        report["store_build"] = time.perf_counter() - t
+    cache = root / ".genshift-leaderboard-cache.json"
+    cache.unlink(missing_ok=True)
+    t = time.perf_counter()
+    store = load_store(str(root))
+    report["load_cold"] = time.perf_counter() - t
+    t = time.perf_counter()
+    store = load_store(str(root))
+    report["load_warm"] = time.perf_counter() - t
+    entries = store.for_suite("imagenet-star")
+    t = time.perf_counter()
+    aggregate.model_table(entries)
+    aggregate.slope_fits(entries)
+    configs = [c for c in entries[0].result["suite"]["configs"] if c != "base"]
+    ranks = aggregate.rank_intervals(entries, configs=configs)
+    report["aggregate"] = time.perf_counter() - t
+    report["rank_interval_mean_width"] = sum(r.hi - r.lo for r in ranks.values()) / len(ranks)
+
+    from streamlit.testing.v1 import AppTest
+    os.environ["GENSHIFT_RESULTS"] = str(root)
+    app = Path(__file__).resolve().parents[1] / "leaderboard" / "app.py"
+    at = AppTest.from_file(str(app), default_timeout=600)
+    t = time.perf_counter()
+    at.run()
+    report["app_first_render_new_process"] = time.perf_counter() - t  # includes AppTest's one-off start-up
+    assert not at.exception, at.exception
+    import streamlit as st
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    at = AppTest.from_file(str(app), default_timeout=600)
+    t = time.perf_counter()
+    at.run()
+    report["app_first_render"] = time.perf_counter() - t  # a new session, no in-memory caches
+    assert not at.exception, at.exception
+    t = time.perf_counter()
+    at.checkbox(key="verified").check().run()
+    at.checkbox(key="verified").uncheck().run()
+    report["app_rerun"] = (time.perf_counter() - t) / 2
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in report.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

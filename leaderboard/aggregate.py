@@ -1,0 +1,224 @@
+"""Aggregation: one row per model, cross-model fits, and ranks with paired-bootstrap intervals.
+
+Everything here is a pure function of the store's accepted entries (results + predictions);
+the Streamlit app only displays it. The ID/OOD fits are ``eval.slope.slope_table`` (the same
+function as ``bench slope``); rank intervals use ``eval.bootstrap.paired_mean_replicates`` over
+per-image correctness, so every model is resampled on the same images.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from benchmark.errors import BenchError
+from eval import bootstrap
+
+# the metric a suite family is ranked by: (column, higher_is_better, label)
+HEADLINE = {
+    "imagenet_star": ("mean_shift_acc1", True, "mean shift acc@1"),
+    "lance": ("delta_acc1", True, "Δacc@1"),
+    "in_g": ("top3_failure_rate", False, "top-3 failure rate"),
+    "accuracy": ("mean_acc1", True, "mean acc@1"),
+}
+PRETRAIN_RULES = (
+    (r"laion|datacomp|dfn|openai|clip|webli|merged2b", "image-text"),
+    (r"in22k|in21k|in12k|22k|21k", "in21k/22k"),
+    (r"ig1b|ig3b|swsl|instagram", "instagram"),
+    (r"yfcc|ssl", "yfcc100m"),
+    (r"jft", "jft"),
+)
+
+
+def family_of(architecture: str) -> str:
+    """Architecture family from a timm name: ``tf_efficientnet_lite0`` -> ``efficientnet``."""
+    name = re.sub(r"^(tf|tv|gluon|legacy|ssl|swsl|ig)_", "", architecture)
+    head = name.split("_")[0]
+    return re.sub(r"\d+[a-z]?$", "", head) or head
+
+
+def pretraining_of(tag: str | None) -> str:
+    """Pretraining data from a timm tag (documented heuristic): in1k unless the tag says otherwise."""
+    t = (tag or "").lower()
+    for pattern, label in PRETRAIN_RULES:
+        if re.search(pattern, t):
+            return label
+    return "in1k"
+
+
+def _v(metric: dict | None) -> float:
+    return np.nan if not metric or metric.get("value") is None else float(metric["value"])
+
+
+def _ci(metric: dict | None, i: int) -> float:
+    return np.nan if not metric or not metric.get("ci") else float(metric["ci"][i])
+
+
+def model_table(entries) -> pd.DataFrame:
+    """One row per model for one suite: identity, flags, headline metric with CI, per-config metrics."""
+    rows = []
+    for e in entries:
+        r = e.result
+        fam = r["suite"]["metric_family"]
+        m = r["metrics"]
+        row = {
+            "model": r["model"]["id"], "architecture": r["model"].get("architecture", ""),
+            "family": family_of(r["model"].get("architecture") or r["model"]["id"].split("/")[-1]),
+            "pretraining": pretraining_of(r["model"].get("tag")),
+            "params_m": (r["model"].get("num_params") or 0) / 1e6,
+            "verified": e.verified, "construction_model": bool(r["flags"].get("construction_model")),
+            "partial": bool(r["flags"].get("partial")), "unpinned_suite": bool(r["flags"].get("unpinned_suite")),
+            "img_size": (r["data_config"].get("input_size") or [None, None, None])[-1],
+            "dataset_revision": r["suite"].get("revision") or "", "manifest_sha256": r["suite"]["manifest_sha256"],
+            "weights_sha256": r["model"].get("weights_sha256") or "", "config_hash": r["config_hash"],
+            "finished_at": r.get("finished_at", ""),
+        }
+        configs = m["configs"]
+        for c, cm in configs.items():
+            row[f"acc1/{c}"] = _v(cm["acc1"])
+            row[f"acc5/{c}"] = _v(cm["acc5"])
+        if fam == "imagenet_star":
+            star = m.get("imagenet_star", {})
+            ref = r["protocol"]["scoring"].get("reference_config") or "base"
+            shifts = [c for c in configs if c != ref]
+            vals = [row[f"acc1/{c}"] for c in shifts if not np.isnan(row[f"acc1/{c}"])]
+            row["mean_shift_acc1"] = float(np.mean(vals)) if vals else np.nan
+            row["mean_absolute_impact"] = _v(star.get("mean_absolute_impact"))
+            row["mean_absolute_impact_lo"] = _ci(star.get("mean_absolute_impact"), 0)
+            row["mean_absolute_impact_hi"] = _ci(star.get("mean_absolute_impact"), 1)
+            for s, im in star.get("absolute_impact", {}).items():
+                row[f"impact/{s}"] = _v(im)
+        elif fam == "lance":
+            lance = m.get("lance", {})
+            t = lance.get("headline_T", "originals_with_counterfactual")
+            for k in (1, 5):
+                d = lance.get(f"delta_acc{k}", {}).get(t)
+                row[f"delta_acc{k}"], row[f"delta_acc{k}_lo"], row[f"delta_acc{k}_hi"] = _v(d), _ci(d, 0), _ci(d, 1)
+            row["mean_delta_p"] = _v(lance.get("delta_p"))
+            for et, dm in lance.get("delta_p_by_edit_type", {}).items():
+                row[f"delta_p/{et}"] = _v(dm)
+        elif fam == "in_g":
+            for c, rates in m.get("in_g", {}).items():
+                for k, v in rates.items():
+                    row[k if len(m["in_g"]) == 1 else f"{k}/{c}"] = _v(v)
+                    row[f"{k}_lo"], row[f"{k}_hi"] = _ci(v, 0), _ci(v, 1)
+        vals = [v for k, v in row.items() if k.startswith("acc1/") and not np.isnan(v)]
+        row["mean_acc1"] = float(np.mean(vals)) if vals else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def headline(family: str) -> tuple[str, bool, str]:
+    return HEADLINE.get(family, HEADLINE["accuracy"])
+
+
+def correctness_matrix(entries, config: str) -> np.ndarray | None:
+    """Per-image top-1 hits of every model on one config, ``(n, M)``; None unless all models were
+    scored on the same images (a paired comparison needs identical image sets)."""
+    cols, digest = [], None
+    for e in entries:
+        if not any(x["config"] == config for x in e.result["predictions"]):
+            return None
+        d, hits = e.hits(config)
+        if digest is not None and d != digest:
+            return None
+        digest = d
+        cols.append(hits)
+    return np.stack(cols, axis=1) if cols else None
+
+
+@dataclass
+class RankInterval:
+    rank: int
+    lo: int
+    hi: int
+
+
+def rank_intervals(entries, *, configs: list[str], higher_is_better: bool = True, n_boot: int = 1000,
+                   seed: int = 0, confidence: float = 0.95) -> dict[str, RankInterval] | None:
+    """Cached wrapper of :func:`compute_rank_intervals`: results are stored next to the store's
+    verification cache, keyed by every entry's result sha256 and the options."""
+    import json
+
+    from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes
+
+    cache_dir = entries[0].cache_dir if entries else None
+    key = sha256_bytes(canonical_json([[e.model_id, e.result_sha256] for e in entries] +
+                                      [configs, higher_is_better, n_boot, seed, confidence]))
+    path = cache_dir / f"ranks-{key[:32]}.json" if cache_dir else None
+    if path is not None and path.is_file():
+        try:
+            return {m: RankInterval(*v) for m, v in json.loads(path.read_text()).items()}
+        except (ValueError, TypeError):
+            pass
+    out = compute_rank_intervals(entries, configs=configs, higher_is_better=higher_is_better, n_boot=n_boot,
+                                 seed=seed, confidence=confidence)
+    if out is not None and path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {m: [r.rank, r.lo, r.hi] for m, r in out.items()})
+        except OSError:
+            pass
+    return out
+
+
+def compute_rank_intervals(entries, *, configs: list[str], higher_is_better: bool = True, n_boot: int = 1000,
+                           seed: int = 0, confidence: float = 0.95) -> dict[str, RankInterval] | None:
+    """Ranks by mean acc@1 over ``configs`` with percentile intervals from the paired bootstrap.
+
+    For each config, the replicate accuracies of all models come from the same resampled images
+    (``paired_mean_replicates`` keyed by the config); the replicate score of a model is the mean
+    over configs. Rank 1 = best. ``None`` if the models were not scored on identical image sets.
+    """
+    if not entries or not configs:
+        return None
+    reps = []
+    point = []
+    for c in configs:
+        hits = correctness_matrix(entries, c)
+        if hits is None:
+            return None
+        reps.append(bootstrap.paired_mean_replicates(hits, n_boot=n_boot, seed=seed, key=c))
+        point.append(hits.mean(axis=0))
+    rep = np.mean(reps, axis=0)          # (B, M)
+    score = np.mean(point, axis=0)       # (M,)
+    sign = -1.0 if higher_is_better else 1.0
+    order = np.argsort(sign * score, kind="stable")
+    ranks = np.empty(len(entries), dtype=int)
+    ranks[order] = np.arange(1, len(entries) + 1)
+    rep_rank = np.argsort(np.argsort(sign * rep, axis=1, kind="stable"), axis=1) + 1  # rank in each replicate
+    alpha = (1 - confidence) / 2
+    lo = np.floor(np.quantile(rep_rank, alpha, axis=0)).astype(int)
+    hi = np.ceil(np.quantile(rep_rank, 1 - alpha, axis=0)).astype(int)
+    return {e.model_id: RankInterval(int(ranks[i]), int(lo[i]), int(hi[i])) for i, e in enumerate(entries)}
+
+
+def slope_fits(entries, *, reference_config: str | None = None) -> dict | None:
+    """ID/OOD fits per shift (``eval.slope.slope_table``); None with fewer than 2 comparable models."""
+    from eval.slope import slope_table
+
+    results = [e.result for e in entries]
+    if len(results) < 2:
+        return None
+    try:
+        return slope_table(results, reference_config=reference_config)
+    except BenchError:
+        return None
+
+
+def per_class_accuracy(entry, config: str) -> pd.DataFrame:
+    """acc@1 per class of one model on one config (for the drilldown's worst classes)."""
+    from benchmark import imagenet
+    from eval.predictions import read_predictions
+
+    p = next(x for x in entry.result["predictions"] if x["config"] == config)
+    t = read_predictions(entry.run_dir / p["path"], columns=["label", "keep", "true_rank"])
+    if entry.result["protocol"]["scoring"]["filter"]:
+        t = t.filter(t["keep"])
+    df = pd.DataFrame({"label": t["label"].to_numpy(), "hit": t["true_rank"].to_numpy() == 0})
+    out = df.groupby("label")["hit"].agg(["mean", "size"]).reset_index()
+    out["class"] = [f"{imagenet.names()[i]} ({imagenet.wnids()[i]})" for i in out["label"]]
+    return out.rename(columns={"mean": "acc1", "size": "n"}).sort_values(["acc1", "n"], ascending=[True, False])

@@ -1,0 +1,108 @@
+"""Synthetic results stores (tests, the load benchmark, demos): valid results + predictions that
+pass ``bench verify``, for many models without running any.
+
+    python -m leaderboard.synthetic --out /tmp/store --models 50 --configs 24 --rows 200
+
+Each model gets a latent skill; its per-image correctness on each config is drawn around it, with
+shared image difficulty so that models are correlated as real ones are. Metrics are computed by
+``eval.scoring.score`` exactly as ``bench eval`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from benchmark.fsutil import sha256_file
+from eval.predictions import PredictionBlock, schema
+from eval.results import KIND, SCHEMA_VERSION, config_hash, write_result
+from eval.scoring import ScoringOptions, score
+
+ARCHS = [("resnet50", "a1_in1k", 25.6e6), ("vit_base_patch16_224", "augreg_in21k_ft_in1k", 86.6e6),
+         ("convnext_tiny", "fb_in1k", 28.6e6), ("efficientnet_b0", "ra_in1k", 5.3e6),
+         ("deit3_small_patch16_224", "fb_in22k_ft_in1k", 22.1e6), ("tf_efficientnet_lite0", "in1k", 4.7e6)]
+
+
+def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str, architecture: str, tag: str,
+                num_params: float, skill: float, difficulty: dict, rng: np.random.Generator,
+                family: str = "imagenet_star", manifest: str = "synthetic-manifest", notes: str = "",
+                flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00") -> Path:
+    slug = "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in model_id)
+    run = root / suite_id / slug
+    (run / "predictions").mkdir(parents=True, exist_ok=True)
+    tables, preds = {}, []
+    for ci, c in enumerate(configs):
+        d = difficulty[c]
+        n = d.size
+        p_hit = 1 / (1 + np.exp(-(skill - d - 0.3 * (ci > 0))))
+        hit = rng.random(n) < p_hit
+        labels = (np.arange(n) * 7 + ci) % 1000
+        topk = rng.integers(0, 1000, (n, 10))
+        topk[hit, 0] = labels[hit]
+        topk[~hit, 0] = (labels[~hit] + 1) % 1000
+        block = PredictionBlock(
+            image_id=[f"{c}/{i:06d}" for i in range(n)], label=labels, keep=np.arange(n) % 10 != 0,
+            pair_id=[None] * n, topk_idx=topk, topk_prob=np.sort(rng.random((n, 10)), axis=1)[:, ::-1].astype(np.float32),
+            true_prob=np.where(hit, 0.8, 0.05).astype(np.float32), true_rank=np.where(hit, 0, 20), carried={})
+        t = block.to_table(schema(10))
+        import pyarrow.parquet as pq
+        path = run / "predictions" / f"{c}.parquet"
+        pq.write_table(t, path)
+        tables[c] = t
+        preds.append({"config": c, "path": f"predictions/{c}.parquet", "rows": t.num_rows, "sha256": sha256_file(path)})
+    opts = ScoringOptions(reference_config="base" if family == "imagenet_star" else None, n_boot=200)
+    model = {"id": model_id, "architecture": architecture, "tag": tag, "source": "hf-hub",
+             "weights_revision": "0" * 40, "weights_sha256": "f" * 64, "num_params": int(num_params), "pretrained_cfg": {}}
+    suite = {"id": suite_id, "repo_id": None, "revision": None, "pinned": True, "manifest_sha256": manifest,
+             "suite_version": "1.0.0", "configs": configs, "metric_family": family, "source": suite_id}
+    data_config = {"input_size": [3, 224, 224], "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],
+                   "std": [0.229, 0.224, 0.225], "crop_pct": 0.875, "crop_mode": "center"}
+    protocol = {"topk": 10, "limit_per_class": None, "skip_bad_images": False, "scoring": opts.to_dict()}
+    result = {
+        "schema_version": SCHEMA_VERSION, "kind": KIND, "model": model, "data_config": data_config, "suite": suite,
+        "protocol": protocol, "config_hash": config_hash(model, suite, protocol, data_config),
+        "run": {"device": "cpu", "synthetic": True}, "environment": {"genshift_bench": "synthetic"},
+        "started_at": finished_at, "finished_at": finished_at,
+        "counts": {c: {"total": t.num_rows} for c, t in tables.items()},
+        "metrics": score(family, tables, opts), "predictions": preds,
+        "flags": {"unpinned_suite": False, "construction_model": False, "partial": False, "skipped_bad_images": False,
+                  **(flags or {})},
+        "notes": notes,
+    }
+    path = run / "result.json"
+    write_result(path, result)
+    return path
+
+
+def make_store(root: str | Path, *, models: int = 12, configs: int = 6, rows: int = 200, seed: int = 0,
+               suite_id: str = "imagenet-star") -> list[Path]:
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    names = ["base"] + [f"shift_{i:02d}" for i in range(1, configs)]
+    difficulty = {c: rng.normal(0, 1.2, rows) for c in names}
+    paths = []
+    for m in range(models):
+        arch, tag, params = ARCHS[m % len(ARCHS)]
+        paths.append(write_model(root, suite_id=suite_id, configs=names, model_id=f"timm/{arch}.{tag}-v{m}",
+                                 architecture=arch, tag=tag, num_params=params, skill=rng.normal(1.0, 0.6),
+                                 difficulty=difficulty, rng=rng))
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", type=int, default=12)
+    ap.add_argument("--configs", type=int, default=6)
+    ap.add_argument("--rows", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    paths = make_store(args.out, models=args.models, configs=args.configs, rows=args.rows, seed=args.seed)
+    print(f"wrote {len(paths)} results under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,319 @@
+"""The leaderboard: store checks, aggregation, the Streamlit app under AppTest, and a real browser."""
+
+import gc
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from leaderboard import aggregate
+from leaderboard.store import load_store, write_stamp
+from leaderboard.synthetic import ARCHS, make_store, write_model
+
+APP = os.path.join(os.path.dirname(__file__), "..", "leaderboard", "app.py")
+XSS = "<script>alert(1)</script>"
+
+
+@pytest.fixture(autouse=True)
+def clear_streamlit_caches():
+    import streamlit as st
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    """6 models x 4 configs + special entries: XSS name, tampered, duplicate, bad schema, verified, construction."""
+    root = tmp_path / "store"
+    make_store(root, models=6, configs=4, rows=60, seed=1)
+    rng = np.random.default_rng(5)
+    difficulty = {c: np.random.default_rng(1).normal(0, 1.2, 60) for c in ["base", "shift_01", "shift_02", "shift_03"]}
+    configs = list(difficulty)  # same image ids as make_store's entries, so rank intervals can pair them
+    first = json.loads(next(root.glob("*/*/result.json")).read_text())
+    common = dict(suite_id="imagenet-star", configs=configs, difficulty=difficulty, rng=rng,
+                  manifest=first["suite"]["manifest_sha256"])
+    write_model(root, model_id=XSS, architecture="resnet50", tag="a1_in1k", num_params=25e6, skill=3.0,
+                notes="[click](javascript:alert(1)) **bold**", **common)
+    tampered = write_model(root, model_id="timm/tampered.model", architecture="resnet50", tag="a1_in1k",
+                           num_params=25e6, skill=2.0, **common)
+    p = tampered.parent / "predictions" / "shift_01.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    t = pq.read_table(p)
+    t = t.set_column(t.schema.get_field_index("true_rank"), "true_rank", pa.array(np.zeros(t.num_rows, np.int32)))
+    pq.write_table(t, p)
+    bad = root / "imagenet-star" / "future--model" / "result.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(json.dumps({"kind": "genshift-result", "schema_version": 2}))
+    dup_old = write_model(root / "old", model_id="timm/resnet50.a1_in1k-v0", architecture="resnet50", tag="a1_in1k",
+                          num_params=25e6, skill=-1.0, finished_at="2020-01-01T00:00:00+00:00", **common)
+    shutil.move(str(dup_old.parent), str(root / "imagenet-star" / "timm--resnet50.a1_in1k-v0-old"))
+    shutil.rmtree(root / "old")
+    verified = next(p for p in root.glob("imagenet-star/*efficientnet_b0*/result.json"))
+    write_stamp(verified, recheck=20, checked=["test"])
+    write_model(root, model_id="timm/resnet50.tv_in1k", architecture="resnet50", tag="tv_in1k", num_params=25e6,
+                skill=0.5, flags={"construction_model": True}, **common)
+    return root
+
+
+def test_store_rejects_and_supersedes_with_reasons(store_dir):
+    store = load_store(str(store_dir))
+    reasons = {e.path.parent.name: e.reason for e in store.rejected}
+    assert "does not verify" in reasons["timm--tampered.model"]
+    assert "predictions/shift_01.parquet sha256" in reasons["timm--tampered.model"]
+    assert "schema_version 2 is not supported" in reasons["future--model"]
+    assert [e.path.parent.name for e in store.superseded] == ["timm--resnet50.a1_in1k-v0-old"]
+    models = {e.model_id: e for e in store.entries}
+    assert XSS in models and "timm/tampered.model" not in models
+    assert models["timm/resnet50.a1_in1k-v0"].result["finished_at"] > "2021"  # the newer one wins
+    assert [m for m, e in models.items() if e.verified] == ["timm/efficientnet_b0.ra_in1k-v3"]
+
+
+def test_a_stamp_that_does_not_match_is_ignored(store_dir):
+    verified = next(store_dir.glob("imagenet-star/*efficientnet_b0*/result.json"))
+    r = json.loads(verified.read_text())
+    r["notes"] = "edited after verification"
+    verified.write_text(json.dumps(r, sort_keys=True, indent=1))
+    store = load_store(str(store_dir))
+    e = next(e for e in store.entries if "efficientnet_b0" in e.model_id)
+    assert e.status == "accepted" and not e.verified
+
+
+def test_aggregation_ranks_fits_and_metadata(store_dir):
+    store = load_store(str(store_dir))
+    entries = [e for e in store.for_suite("imagenet-star") if not e.result["flags"]["construction_model"]]
+    df = aggregate.model_table(entries)
+    row = df.set_index("model").loc["timm/vit_base_patch16_224.augreg_in21k_ft_in1k-v1"]
+    assert row["family"] == "vit" and row["pretraining"] == "in21k/22k" and row["params_m"] == pytest.approx(86.6)
+    assert aggregate.family_of("tf_efficientnet_lite0") == "efficientnet" and aggregate.family_of("deit3_small") == "deit"
+    assert aggregate.pretraining_of("fb_ssl_yfcc100m_ft_in1k") == "yfcc100m"
+    ranks = aggregate.rank_intervals(entries, configs=["shift_01", "shift_02", "shift_03"])
+    best = df.sort_values("mean_shift_acc1", ascending=False)["model"].iloc[0]
+    assert ranks[best].rank == 1 and ranks[best].lo == 1
+    for r in ranks.values():
+        assert r.lo <= r.rank <= r.hi
+    fits = aggregate.slope_fits(entries)
+    from eval.slope import slope_table
+    assert fits == slope_table([e.result for e in entries])  # the same function as `bench slope`
+
+
+def _app(source, **env):
+    from streamlit.testing.v1 import AppTest
+    os.environ["GENSHIFT_RESULTS"] = str(source)
+    at = AppTest.from_file(APP, default_timeout=120)
+    return at
+
+
+def _download(at, key):
+    import streamlit.runtime.memory_media_file_storage as mm
+    button = next(b for b in at.get("download_button") if b.proto.id.endswith(key))
+    fid = button.proto.url.rsplit("/", 1)[-1].split(".")[0]
+    for obj in gc.get_objects():
+        if isinstance(obj, mm.MemoryMediaFileStorage) and fid in obj._files_by_id:
+            return obj._files_by_id[fid].content
+    raise AssertionError("download content not found")
+
+
+def test_app_table_order_filters_downloads_and_drilldown(store_dir):
+    at = _app(store_dir).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert XSS in set(table["model"])  # shown as a plain dataframe cell
+    assert "timm/resnet50.tv_in1k" not in set(table["model"])  # construction models hidden by default
+    assert list(table["mean_shift_acc1"]) == sorted(table["mean_shift_acc1"], reverse=True)
+    assert list(table["rank"]) == list(range(1, len(table) + 1))
+    cols = json.loads(at.dataframe[0].proto.columns)
+    assert cols["mean_shift_acc1"]["type_config"]["format"] == "percent"
+    assert table["mean_shift_acc1"].dtype.kind == "f"  # numbers stay numbers
+    csv = pd.read_csv(io.BytesIO(_download(at, "download_csv")))
+    assert list(csv["model"]) == list(table["model"])
+    data = json.loads(_download(at, "download_json"))
+    assert [d["model"] for d in data] == list(table["model"])
+
+    at.multiselect(key="family").select("vit").run()
+    assert set(at.dataframe[0].value["family"]) == {"vit"}
+    assert at.query_params["family"] in ("vit", ["vit"])
+    shared = _app(store_dir)  # a shared URL restores the view
+    shared.query_params["family"] = "vit"
+    shared.query_params["suite"] = "imagenet-star"
+    shared.run()
+    assert set(shared.dataframe[0].value["family"]) == {"vit"}
+    at.multiselect(key="family").unselect("vit").run()
+    at.checkbox(key="verified").check().run()
+    assert list(at.dataframe[0].value["model"]) == ["timm/efficientnet_b0.ra_in1k-v3"]
+    at.checkbox(key="verified").uncheck().run()
+    at.checkbox(key="construction").check().run()
+    t2 = at.dataframe[0].value
+    assert "timm/resnet50.tv_in1k" in set(t2["model"])
+    assert t2.set_index("model").loc["timm/resnet50.tv_in1k", "rank"] != t2.set_index("model").loc["timm/resnet50.tv_in1k", "rank"]  # NaN: not ranked
+
+    at.selectbox(key="model").select("timm/efficientnet_b0.ra_in1k-v3").run()
+    assert not at.exception
+    prov = next(d.value for d in at.dataframe if "field" in d.value.columns)
+    prov = dict(zip(prov["field"], prov["value"]))
+    assert prov["config hash"] and prov["manifest sha256"] == json.loads(
+        next(store_dir.glob("imagenet-star/*efficientnet_b0*/result.json")).read_text())["suite"]["manifest_sha256"]
+    assert any("verified: 20 images re-run" in s.value for s in at.success)
+    worst = next(d.value for d in at.dataframe if "class" in d.value.columns)
+    assert list(worst["acc1"]) == sorted(worst["acc1"])
+
+
+def test_app_shows_rejected_entries_and_keeps_user_text_inert(store_dir):
+    at = _app(store_dir).run()
+    rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    assert any("does not verify" in r for r in rejected["reason"])
+    assert any("schema_version 2" in r for r in rejected["reason"])
+    at.selectbox(key="model").select(XSS).run()
+    assert not at.exception
+    for el in list(at.markdown) + list(at.caption) + list(at.title) + list(at.subheader):
+        assert "<script>" not in el.value and "javascript:" not in el.value
+    assert any("javascript:alert(1)" in t.value for t in at.text)  # the note is shown, as plain text
+    assert not at.get("html")
+    heat = next(el for el in at.get("plotly_chart") if el.proto.id.endswith("heatmap"))
+    assert "<script>" not in heat.proto.spec
+
+
+def test_app_empty_store_and_missing_store(tmp_path):
+    (tmp_path / "empty").mkdir()
+    at = _app(tmp_path / "empty").run()
+    assert not at.exception and at.info and "No results yet" in at.info[0].value
+    at = _app(tmp_path / "nope").run()
+    assert not at.exception and at.error and "Could not open the results store" in at.error[0].value
+
+
+def test_cli_bad_store_and_port_in_use(tmp_path, capsys):
+    import socket
+
+    from benchmark.cli import main
+    assert main(["leaderboard", "--results", str(tmp_path / "nope")]) != 0
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "s").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["leaderboard", "--results", str(tmp_path / "s"), "--port", str(port)]) != 0
+        assert f"port {port} on 127.0.0.1 is in use" in capsys.readouterr().err
+
+
+def _chrome():
+    return shutil.which("chromium") and shutil.which("chromedriver")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
+def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
+    pytest.importorskip("selenium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.hubtools import free_port
+    port = free_port()
+    env = {**os.environ, "GENSHIFT_RESULTS": str(store_dir)}
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
+                               "--server.address", "127.0.0.1", "--server.headless", "true",
+                               "--browser.gatherUsageStats", "false"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1600,1200"):
+        opts.add_argument(flag)
+    opts.binary_location = shutil.which("chromium")
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        deadline = time.time() + 60
+        while True:  # wait for the server
+            try:
+                driver.get(f"http://127.0.0.1:{port}/?suite=imagenet-star")
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+        WebDriverWait(driver, 90).until(lambda d: "ranked by" in d.find_element(By.TAG_NAME, "body").text)
+        WebDriverWait(driver, 30).until(lambda d: "Top 10 as text" in d.find_element(By.TAG_NAME, "body").text)
+        driver.find_element(By.XPATH, "//*[contains(text(), 'Top 10 as text')]").click()
+        WebDriverWait(driver, 30).until(lambda d: "timm/convnext" in d.find_element(By.TAG_NAME, "body").text
+                                        or "timm/vit" in d.find_element(By.TAG_NAME, "body").text)
+        body = driver.find_element(By.TAG_NAME, "body").text
+        shot = tmp_path / "leaderboard.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        top = [line.split()[1] for line in body.splitlines() if line.strip()[:1].isdigit() and "timm/" in line]
+        store = load_store(str(store_dir))
+        df = aggregate.model_table([e for e in store.for_suite("imagenet-star")
+                                    if not e.result["flags"]["construction_model"]])
+        expected = list(df.sort_values("mean_shift_acc1", ascending=False)["model"])
+        assert top[:3] == [m for m in expected if m.startswith("timm/")][:3]
+        # the model named <script>alert(1)</script> stayed text: no such script element, no alert open
+        assert not driver.execute_script(
+            "return Array.from(document.scripts).some(s => (s.text || '').includes('alert(1)'))")
+        from selenium.common.exceptions import NoAlertPresentException
+        with pytest.raises(NoAlertPresentException):
+            driver.switch_to.alert.text
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_suite, tiny_checkpoint, capsys):
+    from huggingface_hub import HfApi
+
+    from benchmark.cli import main
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+    from leaderboard.submit import submit
+    from tests.fakehub import FakeHub
+
+    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
+                        progress=False)
+    with FakeHub() as fh:
+        api = HfApi(endpoint=fh.endpoint, token="t")
+        api.create_repo("org/results", repo_type="dataset")
+        url = submit(rpath.parent, "org/results", endpoint=fh.endpoint, token="t")
+        assert url.endswith("/discussions/1")
+        files = set(api.list_repo_files("org/results", repo_type="dataset", revision="refs/pr/1"))
+        assert {"toy/test_resnet.r160_in1k/result.json", "toy/test_resnet.r160_in1k/predictions/base.parquet",
+                "toy/test_resnet.r160_in1k/predictions/shifted.parquet"} <= files
+        assert "toy/test_resnet.r160_in1k/result.json" not in set(api.list_repo_files("org/results", repo_type="dataset"))
+        # the PR's content is a valid store: a maintainer can load it as is
+        from huggingface_hub import snapshot_download
+        snap = snapshot_download("org/results", repo_type="dataset", revision="refs/pr/1", endpoint=fh.endpoint,
+                                 cache_dir=str(tmp_path / "c"))
+        assert [e.model_id for e in load_store(snap).entries] == ["test_resnet.r160_in1k"]
+        result = json.loads(rpath.read_text())
+        result["metrics"]["configs"]["base"]["acc1"]["value"] = 0.99
+        rpath.write_text(json.dumps(result))
+        from benchmark.errors import BenchError
+        with pytest.raises(BenchError, match="does not verify .*metrics.configs.base.acc1"):
+            submit(rpath.parent, "org/results", endpoint=fh.endpoint, token="t")
+        assert fh.repos[("dataset", "org/results")].prs == 1  # the refused submission opened nothing
+
+
+def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoint, capsys):
+    from benchmark.cli import main
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+
+    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
+                        progress=False)
+    store = tmp_path / "runs"
+    assert not load_store(str(store)).entries[0].verified
+    assert main(["verify", str(rpath), "--stamp"]) != 0
+    assert "--stamp needs --recheck" in capsys.readouterr().err
+    assert main(["verify", str(rpath), "--recheck", "5", "--checkpoint", str(tiny_checkpoint), "--stamp"]) == 0
+    assert load_store(str(store)).entries[0].verified
