@@ -126,6 +126,12 @@ class Manifest:
     sha256: str
     raw: dict
 
+    def datasets_features(self):
+        """The rows' ``datasets.Features`` in column order."""
+        feats = Features.from_dict(self.features)
+        order = self.raw.get("columns") or list(feats)
+        return Features({c: feats[c] for c in order})
+
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str) -> "Manifest":
         try:
@@ -196,6 +202,7 @@ def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: di
                     for n, c in sorted(configs.items())},
         "files": files,
         "features": features.to_dict(),
+        "columns": list(features),  # column order (JSON object keys are sorted)
         "generator": generator,
     }
     return canonical_json(manifest)

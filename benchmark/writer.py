@@ -63,7 +63,8 @@ class SuiteWriter:
 
     def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
                  extra_features: Features | dict | None = None, fingerprint: Mapping | None = None,
-                 overwrite: bool = False, rows_per_group: int = IMAGE_ROWS_PER_GROUP) -> None:
+                 overwrite: bool = False, rows_per_group: int = IMAGE_ROWS_PER_GROUP,
+                 clean_incomplete: bool = True) -> None:
         self.root = Path(root)
         self.suite_id = suite_id
         self.suite_version = suite_version
@@ -73,10 +74,10 @@ class SuiteWriter:
         state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
                  "fingerprint": self.fingerprint}
         self.fingerprint_sha256 = sha256_bytes(canonical_json(state))
-        self._open(state, overwrite)
+        self._open(state, overwrite, clean_incomplete)
 
     # -- set-up ---------------------------------------------------------------------------------
-    def _open(self, state: dict, overwrite: bool) -> None:
+    def _open(self, state: dict, overwrite: bool, clean_incomplete: bool) -> None:
         import shutil
 
         state_path = self.root / BUILD_STATE
@@ -103,9 +104,11 @@ class SuiteWriter:
         ensure_writable_dir(self.root)
         if not state_path.is_file():
             atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
-        for stale in self.root.rglob(f"*{INCOMPLETE}"):
-            log.warning("removing %s left by an interrupted run", stale)
-            stale.unlink()
+        # Only one process may clean: in a distributed build the others' in-flight files look the same.
+        if clean_incomplete:
+            for stale in self.root.rglob(f"*{INCOMPLETE}"):
+                log.warning("removing %s left by an interrupted run", stale)
+                stale.unlink()
 
     def __enter__(self) -> "SuiteWriter":
         return self

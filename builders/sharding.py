@@ -31,6 +31,19 @@ def plan_shards(items: Iterable[T], num_shards: int, key: Callable[[T], str]) ->
     return shards
 
 
+def plan_nonempty_shards(items: Sequence[T], num_shards: int, key: Callable[[T], str]) -> list[list[T]]:
+    """``plan_shards`` with the largest shard count <= ``num_shards`` that leaves no shard empty.
+
+    Small builds (a few classes) can hash two items into one shard; the format needs every shard
+    ``0..N-1`` to exist, so the count is lowered deterministically until each holds an item.
+    """
+    for n in range(max(1, min(num_shards, len(items))), 0, -1):
+        shards = plan_shards(items, n, key)
+        if all(shards):
+            return shards
+    return [list(items)]
+
+
 @dataclass(frozen=True)
 class Process:
     """This process's place in a (possibly distributed) run."""

@@ -11,7 +11,7 @@ from importlib import resources
 
 import jinja2
 import yaml
-from datasets import DatasetInfo, Features, SplitDict, SplitInfo
+from datasets import DatasetInfo, SplitDict, SplitInfo
 
 IMAGENET_TERMS = (
     "Images that derive from ImageNet are subject to the ImageNet terms of access "
@@ -22,7 +22,7 @@ IMAGENET_TERMS = (
 def front_matter(manifest, *, license: str = "other", pretty_name: str | None = None,
                  tags: list[str] | None = None, gated: bool = False) -> dict:
     """The card's YAML header for a suite manifest (``benchmark.suite_format.Manifest``)."""
-    features = Features.from_dict(manifest.features)
+    features = manifest.datasets_features()
     infos = []
     configs = []
     for name in sorted(manifest.configs):
