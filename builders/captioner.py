@@ -1,0 +1,98 @@
+"""Image captioning with BLIP-2 through transformers (LANCE captions; IN-G seed captions).
+
+``caption(images, prefix=...)`` forces the generated text to continue ``prefix`` (BLIP-2's text
+prompt): IN-G forces the class prompt ("a realistic photograph of a fly (insect).", Wiles et al.),
+LANCE uses "a photo of". Decoding defaults follow the LANCE paper (Table 6): beam search with 5
+beams, 20-100 new tokens, repetition penalty 1.0. The returned text always starts with the prefix.
+
+``Captioner.tiny()`` is the same model class built from a config with random weights and a byte-
+level BPE tokenizer trained in memory: no download, for tests and ``--smoke``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+
+from benchmark.errors import BenchError
+
+DEFAULT_MODEL = "Salesforce/blip2-opt-2.7b-coco"
+
+
+class Captioner:
+    def __init__(self, model, processor, *, model_id: str, device: str = "cpu", dtype: torch.dtype | None = None):
+        self.model = model.to(device).eval()
+        self.processor = processor
+        self.model_id = model_id
+        self.device = torch.device(device)
+        self.dtype = dtype or next(model.parameters()).dtype
+
+    @classmethod
+    def from_pretrained(cls, model_id: str = DEFAULT_MODEL, *, device: str = "cpu", dtype: str | None = None):
+        from transformers import Blip2ForConditionalGeneration, Blip2Processor
+
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if device.startswith("cuda") else torch.float32)
+        try:
+            processor = Blip2Processor.from_pretrained(model_id)
+            model = Blip2ForConditionalGeneration.from_pretrained(model_id, torch_dtype=torch_dtype)
+        except (OSError, ValueError) as e:
+            raise BenchError(f"cannot load captioner {model_id!r}: {str(e).splitlines()[0]}; check the id (a BLIP-2 "
+                             "checkpoint such as Salesforce/blip2-opt-2.7b-coco) and that it is cached") from None
+        return cls(model, processor, model_id=model_id, device=device, dtype=torch_dtype)
+
+    @classmethod
+    def tiny(cls, *, seed: int = 0) -> "Captioner":
+        from tokenizers import ByteLevelBPETokenizer
+        from transformers import (Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, Blip2QFormerConfig,
+                                  Blip2VisionConfig, BlipImageProcessor, OPTConfig, PreTrainedTokenizerFast)
+
+        corpus = ["a photo of a dog on the grass in the snow", "a realistic photograph of a fly (insect).",
+                  "the background is blurred. it is on a yellow flower. the background is green."] * 20
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
+                                special_tokens=["<pad>", "</s>", "<s>", "<unk>", "<image>"])
+        tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>", eos_token="</s>",
+                                      pad_token="<pad>", unk_token="<unk>")
+        n_query = 4
+        vocab = len(tok)
+        cfg = Blip2Config(
+            vision_config=Blip2VisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                            num_attention_heads=4, image_size=32, patch_size=8),
+            qformer_config=Blip2QFormerConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=37, encoder_hidden_size=32, vocab_size=vocab),
+            text_config=OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
+                                  num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32,
+                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id),
+            num_query_tokens=n_query, image_token_index=tok.convert_tokens_to_ids("<image>"))
+        torch.manual_seed(seed)
+        model = Blip2ForConditionalGeneration(cfg)
+        processor = Blip2Processor(BlipImageProcessor(size={"height": 32, "width": 32}), tok, num_query_tokens=n_query)
+        return cls(model, processor, model_id=f"tiny-random-blip2(seed={seed})")
+
+    @torch.inference_mode()
+    def caption(self, images: Sequence, *, prefix: str | None = None, num_beams: int = 5, min_new_tokens: int = 20,
+                max_new_tokens: int = 100, repetition_penalty: float = 1.0, do_sample: bool = False,
+                seed: int | None = None) -> list[str]:
+        """One caption per image; with ``prefix``, generation continues it and the text starts with it."""
+        if min_new_tokens > max_new_tokens:
+            raise BenchError(f"min_new_tokens {min_new_tokens} > max_new_tokens {max_new_tokens}")
+        images = [im.convert("RGB") for im in images]
+        text = [prefix or ""] * len(images)
+        inputs = self.processor(images=images, text=text, return_tensors="pt").to(self.device)
+        inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(**inputs, num_beams=num_beams, min_new_tokens=min_new_tokens,
+                                      max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty,
+                                      do_sample=do_sample)
+        new = out[:, inputs["input_ids"].shape[1]:]
+        tails = self.processor.tokenizer.batch_decode(new, skip_special_tokens=True)
+        return [normalize(f"{prefix or ''} {t}") for t in tails]
+
+
+def normalize(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()

@@ -1,0 +1,172 @@
+"""Failure mining for IN-G (Wiles et al. s4.2; ``specs/in_g.md`` s3-4).
+
+For each seed caption: sample images (one seed per attempt, derived from the caption id), classify
+them with the target model, and keep those that fail by the paper's definition — none of the top-3
+predictions is under the true class's WordNet parent (``eval.metrics.parent_failures``; plain top-1
+and top-3 misses are recorded too) — until ``cap`` images are kept or ``n_max`` were sampled.
+Generation and classification run in batches; each caption's outcome is checkpointed atomically,
+so a rerun resumes caption by caption.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmark.errors import BenchError
+from benchmark.fsutil import atomic_path
+from builders.seeding import derive_seed
+from eval.metrics import parent_failures
+
+Generate = Callable[[list[str], list[int]], list[bytes]]
+Classify = Callable[[list[bytes]], np.ndarray]  # (n, 1000) probabilities
+
+
+@dataclass(frozen=True)
+class MiningConfig:
+    n_max: int = 1000   # images sampled per caption at most (the paper's "up to a thousand")
+    cap: int = 2        # failures kept per caption (the paper's cap is unknown; recorded)
+    batch_size: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise BenchError(f"--cap must be at least 1 (failures kept per caption), got {self.cap}")
+        if self.n_max < self.cap:
+            raise BenchError(f"--n-max ({self.n_max}) is smaller than --cap ({self.cap}); a caption could never fill "
+                             "its cap")
+
+
+def caption_id(label: int, caption: str) -> str:
+    return f"{label:03d}-{hashlib.sha256(caption.encode()).hexdigest()[:12]}"
+
+
+@dataclass
+class Attempt:
+    index: int
+    seed: int
+    image: bytes = field(repr=False)
+    top5_idx: list[int]
+    top5_prob: list[float]
+    top1_miss: bool
+    top3_miss: bool
+    parent_failure: bool
+
+
+@dataclass
+class CaptionResult:
+    caption_id: str
+    label: int
+    caption: str
+    sampled: int
+    kept: list[Attempt]
+
+    def save(self, path: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [asdict(a) for a in self.kept]
+        table = pa.Table.from_pylist(rows, schema=_schema()).replace_schema_metadata(
+            {"caption": json.dumps({"caption_id": self.caption_id, "label": self.label, "caption": self.caption,
+                                    "sampled": self.sampled})})
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
+
+    @classmethod
+    def load(cls, path: Path) -> "CaptionResult":
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(path)
+        meta = json.loads(t.schema.metadata[b"caption"])
+        return cls(meta["caption_id"], meta["label"], meta["caption"], meta["sampled"],
+                   [Attempt(**r) for r in t.to_pylist()])
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([("index", pa.int32()), ("seed", pa.int64()), ("image", pa.binary()),
+                      ("top5_idx", pa.list_(pa.int16())), ("top5_prob", pa.list_(pa.float32())),
+                      ("top1_miss", pa.bool_()), ("top3_miss", pa.bool_()), ("parent_failure", pa.bool_())])
+
+
+def mine_caption(label: int, caption: str, *, generate: Generate, classify: Classify, cfg: MiningConfig,
+                 on_batch: Callable[[int], None] | None = None) -> CaptionResult:
+    """Sample until ``cfg.cap`` failures are kept or ``cfg.n_max`` images were sampled."""
+    cid = caption_id(label, caption)
+    kept: list[Attempt] = []
+    sampled = 0
+    while sampled < cfg.n_max and len(kept) < cfg.cap:
+        n = min(cfg.batch_size, cfg.n_max - sampled)
+        seeds = [derive_seed(cfg.seed, cid, sampled + j) for j in range(n)]
+        images = generate([caption] * n, seeds)
+        probs = np.asarray(classify(images), dtype=np.float64)
+        top5 = np.argsort(-probs, axis=1, kind="stable")[:, :5]
+        labels = np.full(n, label)
+        fail = parent_failures(labels, top5[:, :3])
+        for j in range(n):
+            if fail[j] and len(kept) < cfg.cap:
+                kept.append(Attempt(index=sampled + j, seed=seeds[j], image=images[j],
+                                    top5_idx=top5[j].tolist(), top5_prob=probs[j, top5[j]].astype(np.float32).tolist(),
+                                    top1_miss=bool(top5[j, 0] != label), top3_miss=bool(label not in top5[j, :3]),
+                                    parent_failure=True))
+        sampled += n
+        if on_batch:
+            on_batch(n)
+    return CaptionResult(cid, label, caption, sampled, kept)
+
+
+def mine_all(captions: Sequence[tuple[int, str]], work_dir: Path, *, generate: Generate, classify: Classify,
+             cfg: MiningConfig, owns: Callable[[str], bool] = lambda cid: True, progress: bool = True
+             ) -> dict[str, CaptionResult]:
+    """Mine every caption this process owns, resuming from checkpoints in ``work_dir``."""
+    from tqdm.auto import tqdm
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    todo = []
+    for label, caption in captions:
+        cid = caption_id(label, caption)
+        if not owns(cid):
+            continue
+        ckpt = work_dir / f"{cid}.parquet"
+        if ckpt.is_file():
+            out[cid] = CaptionResult.load(ckpt)
+        else:
+            todo.append((label, caption, ckpt))
+    bar = tqdm(total=len(todo), desc="mine", unit="caption", disable=not progress, dynamic_ncols=True)
+    for label, caption, ckpt in todo:
+        res = mine_caption(label, caption, generate=generate, classify=classify, cfg=cfg)
+        res.save(ckpt)
+        out[res.caption_id] = res
+        bar.update(1)
+        bar.set_postfix(kept=sum(len(r.kept) for r in out.values()))
+    bar.close()
+    return out
+
+
+def classifier_from_timm(model_name: str, *, device: str = "cpu", checkpoint: str | None = None,
+                         pretrained: bool = True, batch_size: int = 64) -> tuple[Classify, dict]:
+    """A ``classify`` function over JPEG bytes with the target's own timm eval transform."""
+    import torch
+    from PIL import Image
+
+    from eval.models import load_classifier
+
+    clf = load_classifier(model_name, checkpoint=checkpoint, device=device, pretrained=pretrained)
+
+    @torch.inference_mode()
+    def classify(images: list[bytes]) -> np.ndarray:
+        outs = []
+        for a in range(0, len(images), batch_size):
+            x = torch.stack([clf.transform(Image.open(io.BytesIO(b)).convert("RGB")) for b in images[a:a + batch_size]])
+            outs.append(clf.model(x.to(device)).float().softmax(-1).cpu().numpy())
+        return np.concatenate(outs)
+
+    return classify, clf.describe()

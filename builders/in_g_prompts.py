@@ -1,0 +1,104 @@
+"""IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``specs/in_g.md`` s1-2, s4).
+
+Class prompt: ``"a realistic photograph of a {class} ({parent})."`` with class = the first WordNet
+lemma and parent = the WordNet 3.0 grandparent with the smallest synset offset (the shipped
+hierarchy, ``benchmark.imagenet``). The article is "a" as in every example of the paper; ``an=True``
+switches to a/an.
+
+A seed caption is the class prompt followed by at most two generated sentences, lower-cased
+(spec s4 step 3). Captions come from a captioner forced to continue the class prompt, or from a
+file the user brings (CSV ``class,caption`` or JSONL ``{"class", "caption"}``; class = index or wnid).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmark import imagenet
+from benchmark.errors import BenchError
+
+TEMPLATE = "a realistic photograph of {article} {name} ({parent})."
+
+
+@dataclass(frozen=True)
+class ClassPrompt:
+    label: int
+    wnid: str
+    name: str
+    parent_wnid: str
+    parent_name: str
+    text: str
+
+
+def class_prompt(label: int, *, an: bool = False) -> ClassPrompt:
+    c = imagenet.get_class(label)
+    if c.parent is None:
+        raise BenchError(f"class {label} ({c.wnid}) has no WordNet grandparent in the shipped hierarchy; it cannot "
+                         "be given an IN-G prompt")
+    parent = imagenet.synset_name(c.parent)
+    article = "an" if an and c.lemma[:1].lower() in "aeiou" else "a"
+    return ClassPrompt(label, c.wnid, c.lemma, c.parent, parent,
+                       TEMPLATE.format(article=article, name=c.lemma, parent=parent))
+
+
+def seed_caption(prompt: str, continuation: str, *, max_sentences: int = 2) -> str:
+    """Class prompt + at most ``max_sentences`` generated sentences, lower-cased."""
+    cont = continuation.strip()
+    if cont.lower().startswith(prompt.lower()):
+        cont = cont[len(prompt):].strip()
+    sentences = [s.strip(" .") for s in re.split(r"(?<=\.)\s+", cont) if s.strip(" .")]
+    tail = " ".join(f"{s.lower()}." for s in sentences[:max_sentences])
+    return f"{prompt} {tail}".strip()
+
+
+def check_caption(label: int, caption: str, *, an: bool = False) -> str:
+    """A caption must start with its class prompt (the paper forces it); one clear error otherwise."""
+    prompt = class_prompt(label, an=an).text
+    if not caption.lower().startswith(prompt.lower()):
+        raise BenchError(f"caption {caption[:60]!r} for class {label} does not start with its class prompt "
+                         f"{prompt!r}; IN-G captions continue the class prompt")
+    return caption
+
+
+def _label(text: str, where: str) -> int:
+    text = str(text).strip()
+    if text.isdigit():
+        if not 0 <= int(text) < imagenet.NUM_CLASSES:
+            raise BenchError(f"{where}: class {text} is not an ImageNet-1k index (0..999)")
+        return int(text)
+    try:
+        return imagenet.index_of(text)
+    except KeyError:
+        raise BenchError(f"{where}: class {text!r} is not an ImageNet-1k wnid or index") from None
+
+
+def read_captions(path: str | Path, *, an: bool = False) -> list[tuple[int, str]]:
+    """Seed captions from a CSV (class,caption) or JSONL file; each must continue its class prompt."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"caption file {str(path)!r} does not exist")
+    rows: list[tuple[int, str]] = []
+    if path.suffix == ".jsonl":
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                rows.append((_label(obj["class"], f"{path.name}:{i}"), str(obj["caption"])))
+            except (ValueError, KeyError, TypeError) as e:
+                raise BenchError(f"{path.name}:{i}: expected {{\"class\": ..., \"caption\": ...}} ({e})") from None
+    else:
+        with open(path, newline="") as f:
+            for i, row in enumerate(csv.reader(f), 1):
+                if not row or (i == 1 and row[0].strip().lower() == "class"):
+                    continue
+                if len(row) < 2:
+                    raise BenchError(f"{path.name}:{i}: expected 'class,caption'")
+                rows.append((_label(row[0], f"{path.name}:{i}"), row[1]))
+    if not rows:
+        raise BenchError(f"caption file {path} holds no captions")
+    return [(y, check_caption(y, c.strip(), an=an)) for y, c in rows]

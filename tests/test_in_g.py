@@ -1,0 +1,213 @@
+"""IN-G: class prompts, seed captions, failure mining, the smoke suite, and bench discover."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmark import imagenet
+from benchmark.cli import main
+from benchmark.errors import BenchError
+from benchmark.reader import LocalSuite
+from builders.in_g_mining import CaptionResult, MiningConfig, caption_id, mine_all, mine_caption
+from builders.in_g_prompts import check_caption, class_prompt, read_captions, seed_caption
+
+
+@pytest.mark.parametrize("wnid, text", [
+    ("n02190166", "a realistic photograph of a fly (insect)."),
+    ("n01985128", "a realistic photograph of a crayfish (crustacean)."),
+    ("n04131690", "a realistic photograph of a saltshaker (container)."),
+    ("n02165456", "a realistic photograph of a ladybug (insect)."),
+    ("n02123394", "a realistic photograph of a Persian cat (domestic animal)."),
+])
+def test_class_prompts_reproduce_the_paper(wnid, text):
+    p = class_prompt(imagenet.index_of(wnid))
+    assert p.text == text
+    assert p.parent_wnid.startswith("n") and imagenet.synset_name(p.parent_wnid) in text
+
+
+def test_two_grandparents_and_articles():
+    persian = imagenet.get_class(imagenet.index_of("n02123394"))
+    assert len(persian.grandparents) == 2 and persian.parent == min(persian.grandparents)
+    assert class_prompt(imagenet.index_of("n02123394")).parent_wnid == "n01317541"  # domestic_animal, min offset
+    acc = imagenet.index_of("n02672831")  # accordion, two grandparents too
+    assert class_prompt(acc, an=True).text.startswith("a realistic photograph of an accordion (")
+    assert class_prompt(acc).text.startswith("a realistic photograph of a accordion (")
+
+
+def test_seed_captions_keep_two_sentences_and_the_prefix(tmp_path):
+    fly = imagenet.index_of("n02190166")
+    prompt = class_prompt(fly).text
+    assert seed_caption(prompt, "The background is blurred. The fly is in focus. It is on a yellow flower.") == \
+        "a realistic photograph of a fly (insect). the background is blurred. the fly is in focus."
+    assert seed_caption(prompt, prompt + " it is on a flower") == prompt + " it is on a flower."
+    with pytest.raises(BenchError, match="does not start with its class prompt"):
+        check_caption(fly, "a photo of a fly on a flower.")
+    (tmp_path / "c.csv").write_text(f"class,caption\nn02190166,{prompt} it is on a flower.\n")
+    assert read_captions(tmp_path / "c.csv") == [(fly, prompt + " it is on a flower.")]
+    (tmp_path / "c.jsonl").write_text(json.dumps({"class": fly, "caption": prompt}) + "\n")
+    assert read_captions(tmp_path / "c.jsonl")[0][0] == fly
+    (tmp_path / "empty.csv").write_text("class,caption\n")
+    with pytest.raises(BenchError, match="holds no captions"):
+        read_captions(tmp_path / "empty.csv")
+    (tmp_path / "bad.csv").write_text(f"n0000000x,{prompt}\n")
+    with pytest.raises(BenchError, match="not an ImageNet-1k wnid"):
+        read_captions(tmp_path / "bad.csv")
+
+
+def test_tiny_captioner_continues_the_forced_prefix():
+    from builders.captioner import Captioner
+    cap = Captioner.tiny()
+    img = Image.new("RGB", (40, 40), (10, 200, 30))
+    prefix = class_prompt(imagenet.index_of("n02190166")).text
+    a = cap.caption([img, img], prefix=prefix, num_beams=2, min_new_tokens=3, max_new_tokens=6)
+    assert all(t.startswith(prefix) and len(t) > len(prefix) for t in a)
+    assert a == cap.caption([img, img], prefix=prefix, num_beams=2, min_new_tokens=3, max_new_tokens=6)
+
+
+def _fake_generate(prompts, seeds):
+    out = []
+    for p, s in zip(prompts, seeds):
+        rng = np.random.default_rng(s)
+        green = "green" in p or rng.random() < 0.1
+        color = (20, 220, 20) if green else (220, 20, 20)
+        buf = io.BytesIO()
+        Image.new("RGB", (16, 16), color).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+def _green_classifier(label, wrong):
+    """Right (prob 0.9 on ``label``) unless the image is mostly green, then it says ``wrong``."""
+    def classify(images):
+        probs = np.full((len(images), 1000), 0.1 / 999)
+        for i, b in enumerate(images):
+            arr = np.asarray(Image.open(io.BytesIO(b)).convert("RGB"), dtype=float)
+            green = arr[..., 1].mean() > arr[..., 0].mean()
+            probs[i] = 0.1 / 999
+            probs[i, wrong if green else label] = 0.9
+        return probs
+    return classify
+
+
+def test_mining_keeps_exactly_the_failures_with_cap_and_early_stop():
+    fly, tench = imagenet.index_of("n02190166"), 0  # tench is not an insect: a parent-level failure
+    prompt = class_prompt(fly).text
+    classify = _green_classifier(fly, tench)
+    res = mine_caption(fly, prompt + " the background is green.", generate=_fake_generate, classify=classify,
+                       cfg=MiningConfig(n_max=40, cap=3, batch_size=4))
+    assert len(res.kept) == 3 and res.sampled == 4  # every image fails; stopped after the first batch
+    assert all(a.parent_failure and a.top1_miss and a.top3_miss and a.top5_idx[0] == tench for a in res.kept)
+    res = mine_caption(fly, prompt + " it is on a table.", generate=_fake_generate, classify=classify,
+                       cfg=MiningConfig(n_max=40, cap=3, batch_size=4))
+    # the kept ones are exactly the (green) failures among the samples drawn, in order
+    from builders.seeding import derive_seed
+    cid = caption_id(fly, prompt + " it is on a table.")
+    green_idx = [i for i in range(40) if np.random.default_rng(derive_seed(0, cid, i)).random() < 0.1]
+    assert [a.index for a in res.kept] == green_idx[:3]
+    assert res.sampled == (40 if len(green_idx) < 3 else 4 * (green_idx[2] // 4 + 1))  # stops at the batch of the cap
+    # a wrong prediction under the same parent is not a failure: a bee for a fly
+    bee = imagenet.index_of("n02206856")
+    res = mine_caption(fly, prompt + " the background is green.", generate=_fake_generate,
+                       classify=_green_classifier(fly, bee), cfg=MiningConfig(n_max=8, cap=2, batch_size=4))
+    assert res.kept == [] and res.sampled == 8
+
+
+def test_mining_config_rejects_bad_caps():
+    with pytest.raises(BenchError, match="--cap must be at least 1"):
+        MiningConfig(cap=0)
+    with pytest.raises(BenchError, match="smaller than --cap"):
+        MiningConfig(n_max=2, cap=5)
+
+
+def test_mining_is_deterministic_and_resumes_per_caption(tmp_path):
+    fly = imagenet.index_of("n02190166")
+    prompt = class_prompt(fly).text
+    caps = [(fly, prompt + " the background is green."), (fly, prompt + " it is on a table.")]
+    calls = []
+
+    def gen(prompts, seeds):
+        calls.append(len(prompts))
+        return _fake_generate(prompts, seeds)
+
+    cfg = MiningConfig(n_max=20, cap=2, batch_size=4)
+    a = mine_all(caps, tmp_path / "w", generate=gen, classify=_green_classifier(fly, 0), cfg=cfg, progress=False)
+    n_calls = len(calls)
+    b = mine_all(caps, tmp_path / "w", generate=gen, classify=_green_classifier(fly, 0), cfg=cfg, progress=False)
+    assert len(calls) == n_calls  # everything came from the checkpoints
+    for cid in a:
+        assert [x.seed for x in a[cid].kept] == [x.seed for x in b[cid].kept]
+        assert [x.image for x in a[cid].kept] == [x.image for x in b[cid].kept]
+    assert isinstance(CaptionResult.load(tmp_path / "w" / f"{next(iter(a))}.parquet"), CaptionResult)
+
+
+def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint):
+    out = tmp_path / "ing"
+    assert main(["build", "in-g-vit", "--smoke", "--out", str(out), "--no-progress"]) == 0
+    suite = LocalSuite.open(out)
+    suite.verify()
+    ds = suite.dataset("generated")
+    assert len(ds) > 0 and all(ds["parent_failure"])
+    assert all(c.startswith(p) for c, p in zip(ds["caption"], ds["class_prompt"]))
+    assert set(ds["label"]) <= set(imagenet.imagenet_a_indices())
+    gen = suite.manifest.generator
+    assert gen["yield"]["kept"] == len(ds) and gen["mining"]["cap"] == 2
+    assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(out),
+                 "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
+    result = json.loads((tmp_path / "runs/in-g-vit/test_resnet.r160_in1k/result.json").read_text())
+    rates = result["metrics"]["in_g"]["generated"]
+    assert set(rates) == {"top1_error", "top3_failure_rate", "parent_failure_rate"}
+    from eval.runner import _is_construction_model
+    assert _is_construction_model("timm/vit_base_patch16_224.augreg_in1k", ("vit_base_patch16_224.augreg_in1k",))
+    assert not _is_construction_model("timm/resnet50.a1_in1k", ("resnet50.tv_in1k",))
+
+
+def test_unknown_target_and_missing_captions(tmp_path, capsys):
+    assert main(["build", "in-g-rn", "--out", str(tmp_path / "a")]) != 0
+    assert "give seed captions" in capsys.readouterr().err
+    fly = imagenet.index_of("n02190166")
+    (tmp_path / "c.csv").write_text(f"{fly},{class_prompt(fly).text} it is on a flower.\n")
+    assert main(["build", "in-g-rn", "--out", str(tmp_path / "b"), "--captions", str(tmp_path / "c.csv"),
+                 "--target", "resnet5O.tv_in1k", "--device", "cpu"]) != 0
+    assert "unknown timm model 'resnet5O.tv_in1k'" in capsys.readouterr().err
+    assert main(["build", "in-g-rn", "--out", str(tmp_path / "c"), "--captions", str(tmp_path / "c.csv"),
+                 "--cap", "0"]) != 0
+    assert "--cap must be at least 1" in capsys.readouterr().err
+
+
+def test_discover_finds_the_planted_green_caption():
+    from builders.discover import DiscoverConfig, discover
+
+    crayfish, fence = imagenet.index_of("n01985128"), 489  # chainlink fence
+    prompt = class_prompt(crayfish).text
+
+    def caption(images, prefix):  # describes what it sees
+        out = []
+        for b in images:
+            arr = np.asarray(Image.open(io.BytesIO(b)).convert("RGB"), dtype=float)
+            green = arr[..., 1].mean() > arr[..., 0].mean()
+            out.append(prefix + (" the background is green. it is in a net." if green else " it is on a table."))
+        return out
+
+    rep = discover(crayfish, generate=_fake_generate, classify=_green_classifier(crayfish, fence), caption=caption,
+                   cfg=DiscoverConfig(n_baseline=80, n_per_caption=40, batch_size=8))
+    assert 0 < rep["baseline"]["failures"] < 20
+    best = rep["hypotheses"][0]
+    assert "green" in best["caption"] and best["significant"] and best["p_value"] < 0.05 and best["ratio"] > 5
+    # refinement: the sentence that matters is the green one, not "in a net"
+    by_text = {r["caption"]: r for r in rep["refinement"]}
+    assert by_text[prompt + " the background is green."]["significant"]
+    assert not by_text[prompt + " it is in a net."]["significant"]
+    target = discover(crayfish, generate=_fake_generate, classify=_green_classifier(crayfish, fence), caption=caption,
+                      target=fence, cfg=DiscoverConfig(n_baseline=80, n_per_caption=40, batch_size=8, refine=False))
+    assert target["rate"] == "target rate" and "green" in target["hypotheses"][0]["caption"]
+
+
+def test_discover_cli_smoke(tmp_path, capsys):
+    code = main(["discover", "--model", "test_resnet.r160_in1k", "--class", "n01985128", "--smoke", "--n-baseline", "8",
+                 "--n-per-caption", "4", "--max-captions", "2", "--out", str(tmp_path / "r.json")])
+    assert code == 0
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["baseline"]["n"] == 8 and rep["class_prompt"].startswith("a realistic photograph of a crayfish")
