@@ -145,6 +145,13 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
                            "images_per_second": round(stats.images_per_second, 3) if stats.rows else None,
                            "compiled": stats.compiled, "resumed_units": stats.resumed_units}
     metrics = score(info.metric_family, tables, scoring)
+    analysis = {}
+    if info.metric_family == "lance":
+        from eval.lance_insight import result_clusters
+
+        clusters = result_clusters(suite, tables, seed=scoring.seed)
+        if clusters:
+            analysis["lance_edit_clusters"] = clusters
     flags = {
         "unpinned_suite": not info.pinned,
         "construction_model": _is_construction_model(clf.model_id, info.construction_models),
@@ -159,6 +166,7 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
         "environment": environment(), "started_at": started, "finished_at": _now(),
         "counts": counts, "metrics": metrics, "predictions": predictions, "flags": flags,
         "notes": req.notes,
+        "analysis": analysis,
     }
     write_result(result_path, result)
     shutil.rmtree(run_dir / ".work", ignore_errors=True)

@@ -1,0 +1,283 @@
+"""``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
+
+Per source image (Prabhu et al., Algorithm 1; ``specs/lance.md`` s1): 512 px centre crop ->
+caption (BLIP-2, "a photo of ...") -> caption edits of six types from an instruction LLM ->
+text filter (the class must not change) -> null-text inversion once -> prompt-to-prompt for every
+kept edit with the f sweep in one batched pass -> CLIP checks -> the best passing f.
+
+Rows: ``original`` (the 512 crop the classifier sees), ``reconstruction`` (null-text inversion
+without edit: the control) and ``counterfactual`` (one per accepted edit), joined by ``pair_id`` =
+the validation image id, so ``bench eval`` reports acc@k, Δacc@k and Δp per edit type and class.
+Each source image's outcome is checkpointed; ``accelerate launch`` spreads images over GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmark.cli._common import csv_list, positive_int
+
+log = logging.getLogger(__name__)
+SUITE_ID = "lance-hardimagenet"
+WORK = ".work"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="whole pipeline with tiny random models on CPU")
+    p.add_argument("--imagenet-val", help="ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
+    p.add_argument("--allow-partial", action="store_true", help="build from an incomplete validation folder")
+    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco")
+    p.add_argument("--perturber", default="Qwen/Qwen2.5-7B-Instruct")
+    p.add_argument("--edit-types", type=csv_list, default=["subject", "object", "adjective", "domain", "background",
+                                                           "weather"])
+    p.add_argument("--max-edits", type=positive_int, default=10, help="edits tried per source image")
+    p.add_argument("--text-filter", choices=("sbert", "clip"), default="sbert")
+    p.add_argument("--editor", default="CompVis/stable-diffusion-v1-4")
+    p.add_argument("--steps", type=positive_int, default=50)
+    p.add_argument("--guidance", type=float, default=7.5)
+    p.add_argument("--fs", type=csv_list, default=["0.4", "0.5", "0.6", "0.7", "0.8"],
+                   help="self-attention injection fractions swept in one pass (code: 0.4..0.8; paper: ..0.9)")
+    p.add_argument("--reweight", type=float, default=2.0)
+    p.add_argument("--eq-bug-compat", action="store_true",
+                   help="reproduce the released code's bug (reweighting only for the first f)")
+    p.add_argument("--clip-model", default="ViT-L-14")
+    p.add_argument("--clip-pretrained", default="openai")
+    p.add_argument("--images-per-shard", type=positive_int, default=250)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", help="default: cuda when available")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _features():
+    from datasets import Sequence, Value
+
+    return {"source_image_id": Value("string"), "role": Value("string"), "edit_type": Value("string"),
+            "caption": Value("string"), "edited_caption": Value("string"), "original_words": Value("string"),
+            "edit_words": Value("string"), "f": Value("float32"), "clip_img_sim": Value("float32"),
+            "clip_sim_0": Value("float32"), "clip_sim_1": Value("float32"), "clip_dir_sim": Value("float32"),
+            "text_class_sim": Value("float32"), "text_same_sim": Value("float32"),
+            "edit_text_direction": Sequence(Value("float32")), "seed": Value("int64")}
+
+
+def _png(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class SmokePerturber:
+    """Deterministic edits for ``--smoke`` (a random tiny LLM cannot write caption variations)."""
+
+    model_id = "smoke rule-based perturber"
+
+    def perturb(self, caption: str, **_):
+        from builders.lance_perturb import edits_from_answer
+
+        answer = f"### Variations:\n1. {caption} in the snow\n"
+        edits = edits_from_answer(caption, "weather", answer)
+        if caption.startswith("a photo of"):
+            edits += edits_from_answer(caption, "domain", "1. a painting of" + caption[len("a photo of"):])
+        return edits, {"weather": answer}
+
+
+def _smoke_sources(tmp: Path):
+    from PIL import Image
+    from skimage import data
+
+    from benchmark import imagenet
+    from benchmark.suites import HARD_IMAGENET_WNIDS
+    from builders.lance_sources import SourceImage
+
+    photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
+    out = []
+    tmp.mkdir(parents=True, exist_ok=True)
+    for i, arr in enumerate(photos):
+        w = HARD_IMAGENET_WNIDS[i // 2]
+        p = tmp / f"smoke_{i:04d}.png"
+        Image.fromarray(arr).save(p)
+        out.append(SourceImage(f"smoke_{i:04d}", w, imagenet.index_of(w), p))
+    return out
+
+
+def _models(args, device: str):
+    from builders.captioner import Captioner
+    from builders.clip_scoring import ClipScorer
+    from builders.lance_editor import Editor, EditorConfig
+    from builders.lance_perturb import Perturber, TextFilter
+
+    fs = tuple(float(f) for f in args.fs)
+    if args.smoke:
+        fs = fs[::2]  # 0.4, 0.6, 0.8: the smoke run stays small
+        cfg = EditorConfig(model_id="tiny-random-sd1(seed=0)", steps=4, guidance=args.guidance, size=64,
+                           nti_inner_steps=3, fs=fs, reweight=args.reweight, eq_bug_compat=args.eq_bug_compat)
+        return (Captioner.tiny(), SmokePerturber(), TextFilter.sentence_bert(), Editor.tiny(cfg), ClipScorer.tiny(), cfg)
+    cfg = EditorConfig(model_id=args.editor, steps=args.steps, guidance=args.guidance, fs=fs, reweight=args.reweight,
+                       eq_bug_compat=args.eq_bug_compat)
+    clip = ClipScorer.from_pretrained(args.clip_model, args.clip_pretrained, device=device)
+    text = TextFilter.sentence_bert() if args.text_filter == "sbert" else TextFilter.clip(clip)
+    return (Captioner.from_pretrained(args.captioner, device=device), Perturber.from_pretrained(args.perturber, device=device),
+            text, Editor.from_pretrained(cfg, device=device), clip, cfg)
+
+
+def process_image(src, *, captioner, perturber, text_filter, editor, clip, args, smoke: bool) -> list[dict]:
+    """All rows of one source image (original, reconstruction, accepted counterfactuals)."""
+    import numpy as np
+
+    from benchmark import imagenet
+    from builders.lance_checks import CheckThresholds, choose, score_edits
+    from builders.lance_sources import load_crop
+    from builders.seeding import derive_seed
+
+    size = editor.cfg.size
+    crop = load_crop(src.path, size)
+    caption = captioner.caption([crop], prefix="a photo of", num_beams=5, min_new_tokens=20 if not smoke else 3,
+                                max_new_tokens=100 if not smoke else 8, seed=derive_seed(args.seed, src.source_id, "caption"))[0]
+    edits, _raw = perturber.perturb(caption, edit_types=args.edit_types,
+                                    seed_fn=lambda t: derive_seed(args.seed, src.source_id, t))
+    class_name = imagenet.get_class(src.label).name
+    kept = []
+    for e in edits:
+        ok, ts = text_filter.check(e, class_name)
+        if ok:
+            kept.append((e, ts))
+        if len(kept) >= args.max_edits:
+            break
+    base = {"label": src.label, "pair_id": src.source_id, "source_image_id": src.source_id, "keep": True,
+            "caption": caption, "edited_caption": None, "original_words": None, "edit_words": None, "edit_type": None,
+            "f": None, "clip_img_sim": None, "clip_sim_0": None, "clip_sim_1": None, "clip_dir_sim": None,
+            "text_class_sim": None, "text_same_sim": None, "edit_text_direction": None, "seed": 0}
+    rows = [{**base, "image": {"bytes": _png(crop), "path": None}, "image_id": f"original/{src.source_id}",
+             "config": "original", "role": "original"}]
+    inv = editor.null_text_inversion(crop, caption)
+    recon = editor.decode(editor.reconstruct(inv))[0]
+    rows.append({**base, "image": {"bytes": _png(recon), "path": None}, "image_id": f"reconstruction/{src.source_id}",
+                 "config": "reconstruction", "role": "reconstruction"})
+    th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if smoke else CheckThresholds()
+    for k, (e, ts) in enumerate(kept):
+        z, _ = editor.edit(inv, e.edited_caption, e.edit)
+        images = editor.decode(z[1:])
+        scores = score_edits(clip, recon, images, list(editor.cfg.fs), caption, e.edited_caption, e.original, e.edit, th)
+        best = choose(scores)
+        if best is None:
+            continue
+        tdir = (clip.encode_texts([e.edit]) - clip.encode_texts([e.original or ""]))[0].cpu().numpy()
+        img = images[[s.f for s in scores].index(best.f)]
+        rows.append({**base, "image": {"bytes": _png(img), "path": None},
+                     "image_id": f"counterfactual/{src.source_id}/{k:02d}", "config": "counterfactual",
+                     "role": "counterfactual", "edit_type": e.edit_type, "edited_caption": e.edited_caption,
+                     "original_words": e.original, "edit_words": e.edit, "f": best.f,
+                     "clip_img_sim": best.clip_img_sim, "clip_sim_0": best.clip_sim_0, "clip_sim_1": best.clip_sim_1,
+                     "clip_dir_sim": best.clip_dir_sim, "text_class_sim": ts["class_sim"],
+                     "text_same_sim": ts["same_sim"], "edit_text_direction": np.asarray(tdir, np.float32).tolist(),
+                     "seed": derive_seed(args.seed, src.source_id, e.edit_type)})
+    return rows
+
+
+def _save_rows(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmark.fsutil import atomic_path
+
+    table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _load_rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return [{**r, "image": {"bytes": r["image"], "path": None}} for r in pq.read_table(path).to_pylist()]
+
+
+def run(args) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from benchmark.errors import BenchError
+    from benchmark.writer import SuiteWriter
+    from builders.lance_perturb import EDIT_TYPES
+    from builders.lance_sources import find_sources
+    from builders.sharding import current_process, shard_of
+
+    bad = [t for t in args.edit_types if t not in EDIT_TYPES]
+    if bad:
+        from benchmark.errors import unknown
+        raise unknown("edit type", bad[0], EDIT_TYPES)
+    out = Path(args.out)
+    proc = current_process()
+    device = "cpu" if args.smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device == "cuda" and proc.count > 1:
+        device = f"cuda:{proc.index % max(1, torch.cuda.device_count())}"
+    if args.smoke:
+        sources = _smoke_sources(out.parent / f".{out.name}-smoke-sources")
+    elif args.imagenet_val:
+        sources = find_sources(args.imagenet_val, allow_partial=args.allow_partial)
+    else:
+        raise BenchError("give the ImageNet validation images with --imagenet-val DIR (or --smoke)")
+    fingerprint = {k: v for k, v in vars(args).items() if k not in ("progress", "overwrite", "_builder", "_run",
+                                                                      "verbose", "quiet", "device")}
+    kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
+    if proc.is_main:
+        writer = SuiteWriter(out, overwrite=args.overwrite, **kw)
+        if writer.finished:
+            print(f"{out} is already built (manifest present); nothing to do")
+            return 0
+    proc.wait()
+    if not proc.is_main:
+        writer = SuiteWriter(out, clean_incomplete=False, **kw)
+    captioner, perturber, text_filter, editor, clip, cfg = _models(args, device)
+    work = out / WORK
+    work.mkdir(parents=True, exist_ok=True)
+    mine = [s for s in sources if shard_of(s.source_id, proc.count) == proc.index]
+    todo = [s for s in mine if not (work / f"{s.source_id}.parquet").is_file()]
+    bar = tqdm(total=len(todo), desc="lance", unit="image", disable=not args.progress, dynamic_ncols=True)
+    for src in todo:
+        rows = process_image(src, captioner=captioner, perturber=perturber, text_filter=text_filter, editor=editor,
+                             clip=clip, args=args, smoke=args.smoke)
+        _save_rows(rows, work / f"{src.source_id}.parquet")
+        bar.update(1)
+    bar.close()
+    proc.wait()
+    if not proc.is_main:
+        return 0
+    by_config: dict[str, list] = {"original": [], "reconstruction": [], "counterfactual": []}
+    for s in sources:
+        for r in _load_rows(work / f"{s.source_id}.parquet"):
+            by_config[r["config"]].append(r)
+    if not by_config["counterfactual"]:
+        raise BenchError("no counterfactual passed the checks; nothing to evaluate (check the models and thresholds)")
+    for config, rows in by_config.items():
+        n = max(1, -(-len(rows) // args.images_per_shard))
+        for i in range(n):
+            if not writer.shard_done(config, i, n):
+                writer.write_shard(config, i, n, rows[i::n])
+    counts = {c: len(r) for c, r in by_config.items()}
+    provenance = {"builder": "builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
+                  "captioner": captioner.model_id, "perturber": perturber.model_id, "text_filter": text_filter.model_id,
+                  "editor": asdict(cfg), "clip": clip.model_id, "seed": args.seed, "edit_types": args.edit_types,
+                  "max_edits": args.max_edits, "smoke_relaxed_thresholds": bool(args.smoke),
+                  "eq_bug_compat": args.eq_bug_compat, "counts": counts, "sources": len(sources)}
+    manifest = writer.finalize(generator=provenance, card=lambda m: _card(m, provenance))
+    shutil.rmtree(work, ignore_errors=True)
+    if args.smoke:
+        shutil.rmtree(out.parent / f".{out.name}-smoke-sources", ignore_errors=True)
+    print(f"built {out}: {counts}; manifest sha256 {manifest.sha256}")
+    return 0
+
+
+def _card(manifest, provenance: dict) -> str:
+    from data_cards import render_card
+
+    return render_card(manifest, template="lance", license="other", gated=True,
+                       pretty_name="LANCE counterfactuals of Hard ImageNet (genshift-bench rebuild)",
+                       tags=["lance", "counterfactual", "hard-imagenet"], context={"p": provenance,
+                                                                                   "json": json.dumps})

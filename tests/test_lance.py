@@ -1,0 +1,201 @@
+"""LANCE: null-text inversion, prompt-to-prompt via attention processors, perturber, filters, checks, smoke suite."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from benchmark.cli import main
+from benchmark.errors import BenchError
+from benchmark.reader import LocalSuite
+from builders.lance_editor import Editor, EditorConfig, align_tokens
+from builders.lance_perturb import Edit, edits_from_answer, parse_variations, word_diff
+
+
+@pytest.fixture(scope="module")
+def editor():
+    return Editor.tiny(EditorConfig(steps=8, size=64, fs=(0.4, 0.8), nti_inner_steps=10))
+
+
+@pytest.fixture(scope="module")
+def photo():
+    from skimage import data
+    return Image.fromarray(data.chelsea()).resize((64, 64), Image.BICUBIC)
+
+
+@pytest.fixture(scope="module")
+def inversion(editor, photo):
+    return editor.null_text_inversion(photo, "a photo of a cat sitting on a table")
+
+
+def test_null_text_inversion_reconstructs_better_than_ddim_inversion(editor, inversion):
+    z0 = inversion.trajectory[0]
+    rec = editor.reconstruct(inversion)
+    plain = editor.sample(inversion.z_T, [inversion.prompt], editor.embed([""]))  # DDIM inversion + guided sampling
+    err_nti = float(((rec - z0) ** 2).mean())
+    err_ddim = float(((plain - z0) ** 2).mean())
+    assert err_ddim / err_nti > 1.2, (err_ddim, err_nti)
+    assert len(inversion.uncond) == 8 and len(inversion.trajectory) == 9
+
+
+def test_p2p_with_the_source_prompt_reproduces_the_reconstruction(editor, inversion):
+    rec = editor.reconstruct(inversion)
+    before = editor.unet_calls
+    z, ctl = editor.edit(inversion, inversion.prompt, "")
+    assert editor.unet_calls - before == 8  # one batched pass for the whole f sweep
+    assert z.shape[0] == 3
+    for b in range(3):
+        assert torch.allclose(z[b:b + 1], rec, atol=2e-3), b
+    assert ctl.num_layers == 8 and ctl.cross_layers == 4  # attached through diffusers attention processors
+    assert ctl.calls == 8 * 8 and ctl.cur_step == 8
+    procs = editor.unet.attn_processors  # restored afterwards
+    assert not any(type(p).__name__ == "P2PAttnProcessor" for p in procs.values())
+
+
+def test_p2p_edit_changes_the_image_and_reweights_the_edit_words(editor, inversion):
+    rec = editor.reconstruct(inversion)
+    target = "a photo of a dog sitting on a table"
+    z, ctl = editor.edit(inversion, target, "dog")
+    assert float((z[1:] - rec).abs().mean()) > 1e-3
+    pos = editor.edit_word_positions(target, "dog")
+    assert pos == [5] and ctl.equalizer[:, 5].tolist() == [2.0, 2.0] and ctl.equalizer[:, 4].tolist() == [1.0, 1.0]
+    bug = Editor(editor.pipe, EditorConfig(steps=8, size=64, fs=(0.4, 0.8), eq_bug_compat=True))
+    _, ctl2 = bug.edit(inversion, target, "dog")
+    assert ctl2.equalizer[:, 5].tolist() == [2.0, 1.0]  # the released code's bug, reproduced on request
+    z_again, _ = editor.edit(inversion, target, "dog")
+    assert torch.equal(z, z_again)  # deterministic
+
+
+def test_token_alignment_maps_kept_tokens():
+    src = [49406, 320, 1125, 539, 320, 2368, 49407]
+    tgt = [49406, 320, 1125, 539, 320, 1929, 2368, 49407]  # one word inserted
+    m = align_tokens(src, tgt)
+    assert m.tolist() == [0, 1, 2, 3, 4, -1, 5, 6]
+    assert align_tokens([1, 2, 3], [1, 9, 3]).tolist() == [0, -1, 2]
+
+
+def test_perturber_parsing_and_word_diff_on_hand_written_answers():
+    cap = "a photo of a monkey in a green tree"
+    ans = ("Below is ...\n### Variations:\n1. A photo of a monkey in a red tree\n2) a photo of a monkey in a green tree "
+           "in the snow\n- \"a painting of a monkey in a green tree\"\n4. ok\n")
+    assert parse_variations(ans) == ["A photo of a monkey in a red tree",
+                                     "a photo of a monkey in a green tree in the snow",
+                                     "a painting of a monkey in a green tree"]
+    edits = edits_from_answer(cap, "adjective", ans)
+    assert [(e.original, e.edit) for e in edits] == [("green", "red"), ("", "in the snow"), ("photo", "painting")]
+    assert word_diff(cap, "a photo of a gorilla in a tall green tree") == ("monkey", "gorilla")
+    assert edits_from_answer(cap, "subject", "I cannot help with that.") == []  # parses to nothing
+    assert edits_from_answer(cap, "subject", f"### Variations:\n1. {cap}\n") == []  # no change, no edit
+
+
+def test_text_filter_with_the_real_sentence_bert():
+    from builders.lance_perturb import TextFilter
+    f = TextFilter.sentence_bert()
+    cap = "a photo of a dog pulling a sled on the grass"
+    keep = lambda new: f.check(Edit("x", cap, new, *word_diff(cap, new)), "dog sled")[0]  # noqa: E731
+    assert not keep("a photo of a cat pulling a sled on the grass")   # "dog" -> "cat" touches the class
+    assert keep("a photo of a dog pulling a sled on the snow")        # "grass" -> "snow" is a real edit
+    ok, scores = f.check(Edit("x", cap, "a photo of a robot", "robot arm", "robot"), "dog sled")
+    assert not ok and scores["reason"] == "original words not in the caption"
+
+
+def test_sources_report_missing_classes_and_read_flat_layouts(tmp_path):
+    from benchmark.suites import HARD_IMAGENET_WNIDS
+    from builders.lance_sources import find_sources, load_crop
+    root = tmp_path / "val"
+    for w in HARD_IMAGENET_WNIDS[:14]:
+        (root / w).mkdir(parents=True)
+        for i in range(2):
+            Image.new("L", (40, 30), 128).save(root / w / f"ILSVRC2012_val_{i:08d}_{w}.JPEG")
+    with pytest.raises(BenchError, match="missing Hard ImageNet images: n03218198 \\(dog sled\\): 2/50"):
+        find_sources(root)
+    srcs = find_sources(root, allow_partial=True, per_class=2)
+    assert len(srcs) == 28 and srcs[0].wnid == "n03218198" and srcs[0].label == 537
+    crop = load_crop(srcs[0].path, 64)
+    assert crop.mode == "RGB" and crop.size == (64, 64)  # grayscale converted
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    Image.new("RGB", (50, 50)).save(flat / "ILSVRC2012_val_00000001.JPEG")
+    Image.new("RGB", (50, 50)).save(flat / "ILSVRC2012_val_00000002.JPEG")
+    (flat / "LOC_val_solution.csv").write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,n04356056 1 2 3 4\n"
+                                               "ILSVRC2012_val_00000002,n04355933 1 2 3 4\n")
+    got = find_sources(flat, allow_partial=True)
+    assert [(s.source_id, s.label) for s in got] == [("ILSVRC2012_val_00000001", 837)]  # 836 is not Hard ImageNet
+
+
+def test_checks_choose_the_best_passing_f():
+    from builders.lance_checks import CheckScores, choose
+    s = [CheckScores(0.4, 0.9, 0.3, 0.3, 0.25, 0.3, 0.2, True), CheckScores(0.6, 0.9, 0.3, 0.3, 0.4, 0.3, 0.2, True),
+         CheckScores(0.8, 0.5, 0.3, 0.3, 0.9, 0.3, 0.2, False)]
+    assert choose(s).f == 0.6 and choose(s[2:]) is None
+
+
+def test_clusters_rank_by_mean_delta_p():
+    from eval.lance_insight import cluster_edits
+    rng = np.random.default_rng(0)
+    a = rng.normal([5, 0, 0], 0.1, (10, 3))
+    b = rng.normal([0, 5, 0], 0.1, (12, 3))
+    dp = np.r_[np.full(10, 0.1), np.full(12, 0.6)]
+    out = cluster_edits(np.r_[a, b], dp, k=2)
+    assert [c["size"] for c in out] == [12, 10] and out[0]["mean_delta_p"] == pytest.approx(0.6)
+
+
+@pytest.fixture(scope="module")
+def smoke_suite(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lance") / "suite"
+    assert main(["build", "lance-hardimagenet", "--smoke", "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
+    suite = LocalSuite.open(smoke_suite)
+    suite.verify()
+    assert suite.configs == ["counterfactual", "original", "reconstruction"]
+    cf = suite.read_columns("counterfactual", ["pair_id", "edit_type", "f", "edit_text_direction"]).to_pylist()
+    originals = set(suite.read_columns("original", ["pair_id"])["pair_id"].to_pylist())
+    recons = set(suite.read_columns("reconstruction", ["pair_id"])["pair_id"].to_pylist())
+    assert cf and originals == recons and {r["pair_id"] for r in cf} <= originals
+    assert all(r["f"] in (0.4, 0.6, 0.8) and len(r["edit_text_direction"]) == 32 for r in cf)
+    assert suite.manifest.generator["smoke_relaxed_thresholds"] is True
+    assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
+                 str(smoke_suite), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
+    result = json.loads((tmp_path / "runs/lance-hardimagenet/test_resnet.r160_in1k/result.json").read_text())
+    lance = result["metrics"]["lance"]
+    assert lance["n_pairs"] == len(cf)  # a Δp for every pair
+    assert set(lance["delta_p_by_edit_type"]) == {r["edit_type"] for r in cf}
+    assert result["analysis"]["lance_edit_clusters"]["clusters"]
+
+
+def test_resume_skips_finished_images(tmp_path, monkeypatch):
+    from builders import lance
+    real = lance.process_image
+    calls = []
+
+    def crash_after_two(src, **kw):
+        if len(calls) == 2:
+            raise RuntimeError("simulated crash")
+        calls.append(src.source_id)
+        return real(src, **kw)
+
+    monkeypatch.setattr(lance, "process_image", crash_after_two)
+    out = tmp_path / "suite"
+    args = ["build", "lance-hardimagenet", "--smoke", "--out", str(out), "--no-progress", "--max-edits", "1"]
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(args)
+    done = sorted(p.stem for p in (out / ".work").glob("*.parquet"))
+    assert done == sorted(calls)
+    calls.clear()
+    monkeypatch.setattr(lance, "process_image", lambda src, **kw: (calls.append(src.source_id), real(src, **kw))[1])
+    assert main(args) == 0
+    assert len(calls) == 2 and not set(calls) & set(done)
+
+
+def test_bad_lance_input(tmp_path, capsys):
+    assert main(["build", "lance-hardimagenet", "--out", str(tmp_path / "a")]) != 0
+    assert "--imagenet-val" in capsys.readouterr().err
+    assert main(["build", "lance-hardimagenet", "--out", str(tmp_path / "b"), "--imagenet-val", str(tmp_path / "nope")]) != 0
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["build", "lance-hardimagenet", "--smoke", "--out", str(tmp_path / "c"), "--edit-types", "wether"]) != 0
+    assert "Did you mean 'weather'" in capsys.readouterr().err
