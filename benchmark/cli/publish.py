@@ -17,12 +17,14 @@ def add_parser(sub):
     p.add_argument("--tag", help="tag for the commit (default: v<suite_version>)")
     p.add_argument("--private", action="store_true")
     p.add_argument("--message", help="commit message")
+    p.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT, else https://huggingface.co)")
     return p
 
 
 def run(args) -> int:
     from benchmark.hub import publish_suite
 
-    sha = publish_suite(args.folder, args.repo, tag=args.tag, private=args.private, commit_message=args.message)
+    sha = publish_suite(args.folder, args.repo, tag=args.tag, private=args.private, commit_message=args.message,
+                        endpoint=args.endpoint)
     print(sha)
     return 0
