@@ -89,11 +89,16 @@ def resolve_revision(repo_id: str, revision: str | None, *, endpoint: str | None
     (``HF_HUB_OFFLINE=1``, or the endpoint unreachable) only a sha can be used: it is returned
     as is, so a cached snapshot at that sha still opens; a branch or tag is an ``OfflineError``.
     """
-    return _resolve(repo_id, revision, endpoint=endpoint, token=token)[0]
+    return resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)[0]
 
 
-def _resolve(repo_id: str, revision: str | None, *, endpoint: str | None, token: str | None) -> tuple[str, bool]:
-    """``(sha, reachable)``: ``reachable`` is False when only the local cache can be used."""
+def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None = None,
+                     token: str | None = None) -> tuple[str, bool]:
+    """Like :func:`resolve_revision`, returning ``(sha, reachable)``.
+
+    ``reachable`` is False when only the local cache can be used (offline, or the endpoint did
+    not answer): pass ``local_only=True`` to :func:`snapshot` then.
+    """
     rev = revision or "main"
     if _offline():
         if SHA_RE.match(rev):
@@ -148,7 +153,7 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
     with the command that re-downloads it.
     """
     _check_repo_id(repo_id)
-    sha, reachable = _resolve(repo_id, revision, endpoint=endpoint, token=token)
+    sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
     kw = {"revision": sha, "cache_dir": cache_dir, "endpoint": endpoint, "token": token,
           "force_download": force_download, "local_only": not reachable}
     root = snapshot(repo_id, patterns=[MANIFEST, CARD], **kw)

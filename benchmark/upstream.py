@@ -381,10 +381,10 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
                   strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
                   token: str | None = None) -> LocalSuite:
     """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open."""
-    from benchmark.hub import _resolve, snapshot
+    from benchmark.hub import resolve_or_cache, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
-    sha, reachable = _resolve(repo_id, revision, endpoint=endpoint, token=token)
+    sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
     snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
                     endpoint=endpoint, token=token, local_only=not reachable)
     # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)
