@@ -266,3 +266,24 @@ def test_open_suite_downloads_and_converts_the_upstream_release(tmp_path):
     files = suite.manifest.generator["files"]["in_the_snow"]
     assert files["found"] == 150 and files["missing"] == 49_850 and files["unexpected"] == 0
     assert suite.manifest.generator["source"] == {"repo_id": "madrylab/imagenet-star", "revision": sha}
+
+
+
+def test_open_suite_on_a_local_copy_of_the_release(tmp_path):
+    """What `bench eval --suite <folder of zips> --mask masks.npy` opens: no Hub involved."""
+    from benchmark import hub
+
+    rel = tmp_path / "imagenet-star-zips"
+    rel.mkdir()
+    with zipfile.ZipFile(rel / "base.zip", "w") as zf:
+        for c in CLASSES:
+            for n in range(50):
+                zf.writestr(f"base/{imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    mask = np.zeros(50_000, np.uint8)
+    mask[[50 * 0 + 3, 50 * 7 + 0]] = 1
+    suite = hub.open_suite(str(rel), mask=str(_mask_npy(tmp_path / "masks.npy", {"base": mask})),
+                           cache_dir=str(tmp_path / "cache"))
+    assert suite.suite_id == "imagenet-star-upstream" and suite.configs == ["base"]
+    assert suite.repo_id is None and suite.pinned and suite.root.is_relative_to(tmp_path / "cache" / "upstream")
+    assert suite.manifest.configs["base"].rows == 150 and suite.manifest.configs["base"].kept == 2
+    assert suite.manifest.generator["source"] == {"folder": "imagenet-star-zips"}
