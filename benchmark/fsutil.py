@@ -84,11 +84,13 @@ def ensure_writable_dir(path: str | os.PathLike, *, what: str = "output director
 
 
 def prepare_fresh_dir(path: str | os.PathLike, *, overwrite: bool, marker_files: tuple[str, ...],
-                      what: str = "output directory") -> Path:
+                      what: str = "output directory", remove: bool = True) -> Path:
     """Make sure ``path`` does not exist yet, or remove it when ``overwrite`` allows.
 
     Only a directory that holds one of ``marker_files`` (i.e. something this project wrote) or is
-    empty is ever deleted, so ``--overwrite`` cannot wipe an unrelated folder.
+    empty is ever deleted, so ``--overwrite`` cannot wipe an unrelated folder. With
+    ``remove=False`` only the checks run (call it again with ``remove=True`` once the
+    replacement is ready, so a failed job keeps the old output).
     """
     path = Path(path)
     if path.exists():
@@ -102,6 +104,7 @@ def prepare_fresh_dir(path: str | os.PathLike, *, overwrite: bool, marker_files:
             if not any((path / m).exists() for m in marker_files):
                 raise BenchError(f"{what} {str(path)!r} is not empty and was not written by bench "
                                  f"(no {' or '.join(marker_files)}); refusing to delete it")
-        shutil.rmtree(path)
+        if remove:
+            shutil.rmtree(path)
     ensure_writable_dir(path.parent, what=f"parent of the {what}")
     return path

@@ -72,6 +72,9 @@ def list_items(src: Path, *, config: str, csv_path: Path | None = None) -> list[
                              "use --csv path,label")
         if top_files and not dirs:
             raise BenchError(f"{src} holds files but no wnid sub-folders; put images in <wnid>/ folders or use --csv")
+        if top_files:
+            log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
+                        len(top_files), src, sorted(top_files)[0])
         for d in dirs:
             label = imagenet.index_of(d.name)
             pairs += [(p, label) for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith(".")]
@@ -124,7 +127,8 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str = 
         raise BenchError(f"--shard-size must be >= 1, got {shard_size}")
     src, out = Path(src), Path(out)
     items = list_items(src, config=config, csv_path=Path(csv_path) if csv_path else None)
-    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out")
+    # checks only: an existing output is replaced at the very end, so a failed import keeps it
+    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
     good, skipped = [], []
     for it in tqdm(items, desc="check images", unit="img", disable=not progress):
         why = _check_image(it.path.read_bytes())
@@ -158,6 +162,7 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str = 
                 m, template="generic", pretty_name=name,
                 context={"note": f"Imported with `bench import-folder` ({len(good)} images)."}))
         (tmp / "build.json").unlink(missing_ok=True)
+        prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out")
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

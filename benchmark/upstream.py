@@ -14,6 +14,12 @@ like any other suite:
 
 The mask is read without unpickling arbitrary objects: only the numpy callables a pickled dict of
 arrays needs are allowed, then the content is validated.
+
+Entry points: :func:`open_upstream` (the Hub repo at a sha; used by
+``open_suite("imagenet-star-upstream", mask=...)``), :func:`open_release` (a local folder of zips
+or extracted shift folders; ``open_suite(<that folder>)``) and :func:`convert_release` (explicit
+output folder). The first two convert once into ``<cache>/upstream/<key>/``, keyed by the release
+content (commit sha, or the zips' sha256), the mask's sha256 and the shifts.
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ def load_masks(path: str | Path, *, per_class: int = PER_CLASS, num_classes: int
     want = per_class * num_classes
     masks = {}
     for key, arr in raw.items():
-        shift = SHIFT_ALIASES.get(key, key)
+        shift = SHIFT_ALIASES.get(key, key) if isinstance(key, str) else key
         if shift not in known:
             raise IntegrityError(f"{name}: unknown shift key {key!r} (known: {', '.join(sorted(known))})")
         if not isinstance(arr, np.ndarray) or arr.ndim != 1 or not (arr.dtype.kind in "biu"):
@@ -95,6 +101,8 @@ def load_masks(path: str | Path, *, per_class: int = PER_CLASS, num_classes: int
                                  f"({per_class} per class x {num_classes} classes)")
         if not np.isin(arr, (0, 1)).all():
             raise IntegrityError(f"{name}: key {key!r} has values other than 0 and 1")
+        if shift in masks:
+            raise IntegrityError(f"{name}: shift {shift!r} appears twice (as {key!r} and an alias); keep one")
         masks[shift] = arr.astype(bool)
     return masks
 
@@ -159,8 +167,14 @@ def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
 
 def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str], mask: str | Path | None = None,
                     strict: bool = False, per_class: int = PER_CLASS, classes: Iterable[int] | None = None,
-                    source: dict | None = None, overwrite: bool = False):
-    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``."""
+                    source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None):
+    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``.
+
+    Missing and unexpected files are a warning with the counts recorded in the manifest's
+    ``generator.files`` (real copies of the release are short); ``strict=True`` makes them an
+    error. ``per_class`` and ``classes`` shrink the expected layout (tests, partial releases);
+    ``zip_sha256`` passes hashes the caller already has (the zips are hashed otherwise).
+    """
     from datasets import Value
 
     from benchmark.writer import SuiteWriter
@@ -197,7 +211,8 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
         indexed[s] = {k: v for k, v in found.items() if k in expected}
         if not indexed[s]:
             raise IntegrityError(f"{s}: no images of the expected layout <shift>/<wnid or index>/NN.jpg were found")
-    sources = {s: sha256_file(root / f"{s}.zip") for s in shifts if (root / f"{s}.zip").is_file()}
+    known_sha = zip_sha256 or {}
+    sources = {s: known_sha.get(s) or sha256_file(root / f"{s}.zip") for s in shifts if (root / f"{s}.zip").is_file()}
     fingerprint = {"zips_sha256": sources, "mask_sha256": sha256_file(mask) if mask else None,
                    "shifts": shifts, "per_class": per_class, "classes": classes if len(classes) < 1000 else "all"}
     with SuiteWriter(out, suite_id="imagenet-star-upstream", extra_features={"source_file": Value("string")},
@@ -210,7 +225,7 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
                 if w.shard_done(s, shard, n_shards):
                     continue
                 w.write_shard(s, shard, n_shards, _rows(block, masks, per_class))
-        generator = {"builder": "benchmark.upstream", "source": source or {"folder": str(root)},
+        generator = {"builder": "benchmark.upstream", "source": source or {"folder": root.name},
                      "mask": None if mask is None else {"file": Path(mask).name, "sha256": fingerprint["mask_sha256"],
                                                         "index": "50 * class + image number"},
                      "zips_sha256": sources, "files": report}
@@ -221,9 +236,10 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
 
 def _blocks(items: list[ReleaseImage], classes: list[int]) -> list[list[ReleaseImage]]:
     """Deterministic shards: 100 classes per shard (50 x 100 = 5,000 images)."""
-    by = {}
+    position = {c: i for i, c in enumerate(classes)}
+    by: dict[int, list[ReleaseImage]] = {}
     for it in items:
-        by.setdefault(classes.index(it.label) // 100, []).append(it)
+        by.setdefault(position[it.label] // 100, []).append(it)
     return [by[k] for k in sorted(by)]
 
 
@@ -248,25 +264,130 @@ def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
             zf.close()
 
 
-def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | None = None, mask: str | None = None,
-                  cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None) -> LocalSuite:
-    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open."""
+def is_release_folder(path: str | Path) -> bool:
+    """True for a folder holding released ``<shift>.zip`` files or extracted ``<shift>/`` folders
+    (and no ``manifest.json``: a converted suite is opened as a suite)."""
+    path = Path(path)
+    if not path.is_dir() or (path / "manifest.json").exists():
+        return False
+    keys = {s.key for s in imagenet_star_shifts()}
+    return any((path / f"{k}.zip").is_file() or (path / k).is_dir() for k in keys)
+
+
+def release_shifts(path: str | Path) -> list[str]:
+    """The shifts present in a release folder, in the registry's order."""
+    path = Path(path)
+    return [s.key for s in imagenet_star_shifts() if (path / f"{s.key}.zip").is_file() or (path / s.key).is_dir()]
+
+
+def _cache_root(cache_dir: str | None) -> Path:
     import os
 
     from huggingface_hub import constants
 
-    from benchmark.hub import resolve_revision, snapshot
+    return Path(cache_dir or os.path.join(constants.HF_HOME, "genshift")) / "upstream"
 
-    shifts = configs or [s.key for s in imagenet_star_shifts()]
-    sha = resolve_revision(repo_id, revision, endpoint=endpoint, token=token)
-    snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
-                    endpoint=endpoint, token=token)
-    mask_key = sha256_file(mask)[:16] if mask else "nomask"
-    base = Path(cache_dir or os.path.join(constants.HF_HOME, "genshift"))
-    out = base / "upstream" / sha / mask_key / "-".join(sorted(shifts))
+
+def _memo_sha256(path: Path, memo_file: Path) -> str:
+    """sha256 of a (multi-GB) file, remembered by (path, size, mtime) so unchanged zips are hashed once."""
+    import json
+
+    from benchmark.fsutil import atomic_write_json
+
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if key not in memo:
+        memo[key] = sha256_file(path)
+        atomic_write_json(memo_file, memo)
+    return memo[key]
+
+
+def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
+    """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names, sizes, mtimes)."""
+    import hashlib
+
+    out = {}
+    for s in shifts:
+        z = root / f"{s}.zip"
+        if z.is_file():
+            out[s] = "zip:" + _memo_sha256(z, memo_file)
+        elif (root / s).is_dir():
+            h = hashlib.sha256()
+            for f in sorted((root / s).rglob("*")):
+                if f.is_file():
+                    st = f.stat()
+                    h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            out[s] = "dir:" + h.hexdigest()
+    return out
+
+
+def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | Path | None, strict: bool,
+                    cache_dir: str | None, source: dict, repo_id: str | None = None,
+                    revision: str | None = None, **convert_kw) -> LocalSuite:
+    """Convert once into the cache (keyed by the release content, the mask and the shifts), then open + verify."""
+    import hashlib
+
+    from benchmark.fsutil import atomic_write_json, canonical_json
+
+    if mask is None:
+        log.warning("no --mask given: every image is kept (the authors' CLIP filter is not applied); pass the "
+                    "authors' masks.npy to score the filtered set as in the paper")
+    mask_sha = sha256_file(mask) if mask else None
+    shifts = sorted(set(shifts))
+    ident = {"release": key, "mask_sha256": mask_sha, "shifts": shifts, "options": convert_kw}
+    digest = hashlib.sha256(canonical_json(ident)).hexdigest()[:24]
+    out = _cache_root(cache_dir) / digest
     if not (out / "manifest.json").is_file():
-        convert_release(snap, out, shifts=shifts, mask=mask,
-                        source={"repo_id": repo_id, "revision": sha})
-    suite = LocalSuite.open(out, repo_id=repo_id, revision=sha)
+        atomic_write_json(out.parent / f"{digest}.json", ident)  # says what the folder holds
+        zips = {s: v[len("zip:"):] for s, v in key.items() if isinstance(v, str) and v.startswith("zip:")}
+        convert_release(release, out, shifts=shifts, mask=mask, strict=strict, source=source, zip_sha256=zips,
+                        **convert_kw)
+    suite = LocalSuite.open(out, repo_id=repo_id, revision=revision)
+    if strict:  # a cached conversion made without --strict may hold a short release
+        short = {s: f for s, f in suite.manifest.generator.get("files", {}).items() if f["missing"] or f["unexpected"]}
+        if short:
+            s, f = next(iter(short.items()))
+            raise IntegrityError(f"{s}: {f['missing']} missing file(s), {f['unexpected']} unexpected (--strict); "
+                                 "pass a complete release or drop --strict")
     suite.verify(shifts)
     return suite
+
+
+def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: str | Path | None = None,
+                 strict: bool = False, cache_dir: str | None = None, **convert_kw) -> LocalSuite:
+    """A local copy of the release (``<shift>.zip`` files and/or extracted ``<shift>/`` folders)
+    -> a verified format-1 ``LocalSuite``, converted once into the cache.
+
+    The cache key is the zips' sha256 (remembered by path, size and mtime, so 60 GB are hashed
+    once), or for extracted folders their listing, plus the mask's sha256 and the shifts.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise BenchError(f"release folder {str(root)!r} does not exist")
+    shifts = list(configs) if configs else release_shifts(root)
+    if not shifts:
+        raise BenchError(f"{root} holds no <shift>.zip or <shift>/ folder of ImageNet*; see `bench suites "
+                         "imagenet-star-upstream` for the shift names")
+    key = _source_key(root, shifts, _cache_root(cache_dir) / "zip-hashes.json")
+    return _open_converted(root, shifts=shifts, key=key, mask=mask, strict=strict, cache_dir=cache_dir,
+                           source={"folder": root.name}, **convert_kw)
+
+
+def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | None = None, mask: str | None = None,
+                  strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
+                  token: str | None = None) -> LocalSuite:
+    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open."""
+    from benchmark.hub import resolve_or_cache, snapshot
+
+    shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
+    sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
+    snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
+                    endpoint=endpoint, token=token, local_only=not reachable)
+    # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)
+    return _open_converted(snap, shifts=shifts, key={"repo_id": repo_id, "revision": sha}, mask=mask, strict=strict,
+                           cache_dir=cache_dir, source={"repo_id": repo_id, "revision": sha}, repo_id=repo_id,
+                           revision=sha)

@@ -4,6 +4,8 @@ Speaks what huggingface_hub's ``create_repo``, ``upload_folder`` (with ``parent_
 ``create_pr``), ``create_tag``, ``list_repo_refs``, ``dataset_info`` / ``model_info``,
 ``list_repo_files``, ``hf_hub_download`` and ``snapshot_download`` need. Files are sent inline
 ("regular" upload mode), so no LFS/xet. A stale ``parentCommit`` is rejected (412), like the Hub.
+``gate(repo_type, repo_id, tokens)`` makes a repo gated: its metadata stays readable, file downloads
+without one of ``tokens`` get 403 ``GatedRepo`` (as on the Hub).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Repo:
     tags: dict[str, str] = field(default_factory=dict)
     prs: int = 0
     discussions: dict[int, dict] = field(default_factory=dict)
+    gated_tokens: set[str] | None = None  # None: not gated
 
     def resolve(self, rev: str) -> str | None:
         rev = urllib.parse.unquote(rev)
@@ -77,6 +80,10 @@ class FakeHub:
         repo.commits[oid] = Commit(oid, parent, base, message)
         repo.refs[branch] = oid
         return oid
+
+    def gate(self, repo_type: str, repo_id: str, tokens: set[str]) -> None:
+        """Gate a repo: downloads need ``Authorization: Bearer <one of tokens>``."""
+        self.repos[(repo_type, repo_id)].gated_tokens = set(tokens)
 
     def create(self, repo_type: str, repo_id: str) -> Repo:
         repo = Repo(repo_type, repo_id)
@@ -143,6 +150,11 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo(type_plural, repo_id)
         if repo is None:
             return self._error(404, "RepoNotFound", f"repository {repo_id} not found")
+        if repo.gated_tokens is not None:
+            auth = self.headers.get("Authorization", "")
+            if not auth.startswith("Bearer ") or auth[len("Bearer "):] not in repo.gated_tokens:
+                return self._error(403, "GatedRepo", f"Access to {repo.repo_type} {repo_id} is restricted. You must "
+                                   "have access to it and be authenticated to access it. Please log in.")
         rev_and_file = tail[len("resolve/"):]
         for ref in sorted(list(repo.refs) + list(repo.tags), key=len, reverse=True):
             if rev_and_file.startswith(ref + "/"):

@@ -167,3 +167,117 @@ def test_publish_refuses_an_unverified_suite(tmp_path):
 def test_unknown_suite_name_suggests(tmp_path):
     with pytest.raises(NotFoundError, match="Did you mean 'imagenet-star'"):
         hub.open_suite("imagenet-sta")
+
+
+def test_gated_repo_says_how_to_get_access(tmp_path):
+    folder = _built_suite(tmp_path)
+    with FakeHub() as fh:
+        hub.publish_suite(folder, "org/gated", endpoint=fh.endpoint, token="t")
+        fh.gate("dataset", "org/gated", {"granted"})
+        with pytest.raises(BenchError) as info:
+            hub.download_suite("org/gated", revision="main", endpoint=fh.endpoint, token="not-granted",
+                               cache_dir=str(tmp_path / "c"))
+        msg = str(info.value)
+        assert "\n" not in msg and "datasets/org/gated" in msg and "is gated" in msg
+        assert f"request access at {fh.endpoint}/datasets/org/gated" in msg
+        assert "hf auth login" in msg and "HF_TOKEN" in msg
+        ok = hub.download_suite("org/gated", revision="main", endpoint=fh.endpoint, token="granted",
+                                cache_dir=str(tmp_path / "c"))
+        assert ok.manifest.sha256 == Manifest.load(folder).sha256
+
+
+def test_unreachable_hub_falls_back_to_the_cache_only_for_a_pinned_sha(tmp_path):
+    from benchmark.errors import OfflineError
+
+    folder = _built_suite(tmp_path)
+    cache = str(tmp_path / "cache")
+    with FakeHub() as fh:
+        sha = hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        hub.download_suite("org/toy", revision=sha, configs=["base"], endpoint=fh.endpoint, cache_dir=cache)
+        dead = fh.endpoint
+    # the server is gone (connection refused), HF_HUB_OFFLINE is not set
+    again = hub.download_suite("org/toy", revision=sha, configs=["base"], endpoint=dead, cache_dir=cache)
+    assert again.revision == sha and len(again.dataset("base")) == 8
+    with pytest.raises(OfflineError, match=r"cannot reach .* to resolve org/toy@main .* pin the 40-character commit"):
+        hub.download_suite("org/toy", revision="main", endpoint=dead, cache_dir=cache)
+    with pytest.raises(OfflineError, match=r"cached snapshot of org/toy@[0-9a-f]{40} is incomplete .*bench download"):
+        hub.download_suite("org/toy", revision=sha, endpoint=dead, cache_dir=cache)  # 'shifted' was never fetched
+    with pytest.raises(OfflineError, match=r"no cached snapshot of org/toy@[0-9a-f]{40} .*`bench download org/toy"):
+        hub.download_suite("org/toy", revision=sha, endpoint=dead, cache_dir=str(tmp_path / "empty"))
+
+
+def test_publish_uploads_only_the_card_manifest_and_listed_shards(tmp_path):
+    folder = _built_suite(tmp_path)
+    assert (folder / "build.json").is_file()
+    (folder / "data" / "base" / "notes.txt").write_text("scratch")
+    (folder / "data" / "base" / "test-00000-of-00001.parquet.x1.incomplete").write_bytes(b"half")
+    (folder / "data" / "extra").mkdir()
+    (folder / "data" / "extra" / "test-00000-of-00001.parquet").write_bytes(b"not in the manifest")
+    with FakeHub() as fh:
+        sha = hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        from huggingface_hub import HfApi
+        files = set(HfApi(endpoint=fh.endpoint).list_repo_files("org/toy", repo_type="dataset", revision=sha))
+    assert files == {".gitattributes", "README.md", "manifest.json", *Manifest.load(folder).files}
+
+
+def test_open_suite_pins_and_mask_rules(tmp_path):
+    folder = _built_suite(tmp_path)
+    local = hub.open_suite(str(folder))
+    assert local.revision is None and local.pinned and local.repo_id is None
+    with pytest.raises(BenchError, match="--mask applies to the upstream ImageNet\\* release only"):
+        hub.open_suite(str(folder), mask=str(tmp_path / "masks.npy"))
+    with FakeHub() as fh:
+        sha = hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        kw = {"endpoint": fh.endpoint, "cache_dir": str(tmp_path / "c")}
+        by_sha = hub.open_suite("org/toy", revision=sha, **kw)
+        by_tag = hub.open_suite("org/toy", revision="v1.0.0", **kw)
+        by_default = hub.open_suite("org/toy", configs=["base"], **kw)
+    assert by_sha.pinned and by_sha.revision == sha and by_sha.repo_id == "org/toy"
+    assert not by_tag.pinned and by_tag.revision == sha  # resolved and recorded, but not chosen by a pin
+    assert not by_default.pinned and by_default.revision == sha
+
+
+def test_publish_and_download_verbs(tmp_path, capsys):
+    from benchmark.cli import main
+
+    folder = _built_suite(tmp_path)
+    with FakeHub() as fh:
+        assert main(["publish", str(folder), "--repo", "org/toy", "--endpoint", fh.endpoint]) == 0
+        sha = capsys.readouterr().out.strip()
+        assert len(sha) == 40 and fh.repos[("dataset", "org/toy")].tags == {"v1.0.0": sha}
+        assert main(["publish", str(folder), "--repo", "org/toy", "--endpoint", fh.endpoint]) == 2
+        err = capsys.readouterr().err
+        assert err == "error: tag 'v1.0.0' already exists in datasets/org/toy; bump the suite version or pass --tag\n"
+        code = main(["download", "org/toy", "--revision", "v1.0.0", "--configs", "base", "--endpoint", fh.endpoint,
+                     "--cache-dir", str(tmp_path / "c")])
+        out, err = capsys.readouterr()
+        assert code == 0
+        path, resolved = out.splitlines()
+        assert resolved == sha and Path(path, "manifest.json").is_file() and Path(path).name == sha
+        assert "unpinned" in err and "1 config(s), 8 rows" in err
+        code = main(["download", "org/toy", "--revision", "f" * 40, "--endpoint", fh.endpoint,
+                     "--cache-dir", str(tmp_path / "c")])
+        err = capsys.readouterr().err
+        assert code != 0 and err.count("\n") == 1
+        assert f"revision '{'f' * 40}' does not exist in datasets/org/toy" in err
+
+
+def test_offline_mode_with_a_partial_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from benchmark.errors import OfflineError
+
+    folder = _built_suite(tmp_path)
+    cache = str(tmp_path / "cache")
+    with FakeHub() as fh:
+        sha = hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        hub.download_suite("org/toy", revision=sha, configs=["base"], endpoint=fh.endpoint, cache_dir=cache)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
+        n = len(fh.requests)
+        assert hub.download_suite("org/toy", revision=sha, configs=["base"], endpoint=fh.endpoint,
+                                  cache_dir=cache).revision == sha
+        with pytest.raises(OfflineError, match="pass the 40-character commit sha"):
+            hub.download_suite("org/toy", revision="main", endpoint=fh.endpoint, cache_dir=cache)
+        with pytest.raises(OfflineError, match=r"cached snapshot of org/toy@[0-9a-f]{40} is incomplete .*bench download"):
+            hub.download_suite("org/toy", revision=sha, endpoint=fh.endpoint, cache_dir=cache)  # 'shifted' not fetched
+        assert len(fh.requests) == n  # nothing went to the server

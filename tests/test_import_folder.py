@@ -140,3 +140,24 @@ def test_many_images_stream_with_bounded_memory(tmp_path, capsys):
     assert "10000 images in 10 shard(s)" in stdout
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mb < 300
+
+
+def test_failed_overwrite_keeps_the_previous_suite(tmp_path, folder, capsys):
+    out = tmp_path / "suite"
+    assert run(["import-folder", str(folder), "--name", "old", "--out", str(out), "--no-progress"], capsys)[0] == 0
+    before = (out / "manifest.json").read_bytes()
+    (folder / "n01440764" / "broken.jpg").write_bytes(b"\xff\xd8 truncated")
+    code, _, err = run(["import-folder", str(folder), "--name", "new", "--out", str(out), "--overwrite",
+                        "--no-progress"], capsys)
+    assert code != 0 and "broken.jpg is not a readable image" in err
+    assert (out / "manifest.json").read_bytes() == before and LocalSuite.open(out).suite_id == "old"
+    assert not list(tmp_path.glob(".*incomplete"))
+
+
+def test_top_level_files_next_to_class_folders_are_named(tmp_path, folder, capsys, caplog):
+    (folder / "README.txt").write_text("notes")
+    code, _, err = run(["import-folder", str(folder), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"],
+                       capsys)
+    assert code == 0, err
+    assert "ignoring 1 file(s) at the top" in caplog.text and "README.txt" in caplog.text
+    assert LocalSuite.open(tmp_path / "s").manifest.configs["default"].rows == 6

@@ -12,6 +12,7 @@ from PIL import Image
 from benchmark import imagenet
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.reader import LocalSuite
+from benchmark.suites import imagenet_star_shifts
 from benchmark.upstream import convert_release, load_masks
 
 PER_CLASS = 4
@@ -158,3 +159,131 @@ def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_chec
     assert result["counts"]["in_the_snow"] == {**result["counts"]["in_the_snow"], "total": 150, "kept": 3}
     assert result["metrics"]["configs"]["in_the_snow"]["n_scored"] == 3
     assert "49,850 missing" in r.stderr or "49850 missing" in r.stderr
+
+
+def _extracted(root, *, shift="in_the_snow", missing=()):
+    """The same release, unzipped: <root>/<shift>/<wnid>/NN.jpg."""
+    for c in CLASSES:
+        for n in range(PER_CLASS):
+            if (c, n) not in missing:
+                p = root / shift / imagenet.wnids()[c] / f"{n:02d}.jpg"
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(_jpeg(10 * c + n))
+    return root
+
+
+def test_extracted_folders_convert_like_the_zip(tmp_path):
+    zipped = convert_release(_release(tmp_path / "z"), tmp_path / "oz", shifts=["in_the_snow"], per_class=PER_CLASS,
+                             classes=CLASSES)
+    unzipped = convert_release(_extracted(tmp_path / "x"), tmp_path / "ox", shifts=["in_the_snow"],
+                               per_class=PER_CLASS, classes=CLASSES)
+    # same rows, same bytes: only the provenance column (zip member vs file name) differs
+    a = LocalSuite.open(tmp_path / "oz")
+    b = LocalSuite.open(tmp_path / "ox")
+    a.verify()
+    b.verify()
+    cols = ["image_id", "label", "keep"]
+    assert a.read_columns("in_the_snow", cols).to_pylist() == b.read_columns("in_the_snow", cols).to_pylist()
+    assert zipped.configs["in_the_snow"].rows == unzipped.configs["in_the_snow"].rows == len(CLASSES) * PER_CLASS
+    assert unzipped.generator["zips_sha256"] == {} and len(zipped.generator["zips_sha256"]["in_the_snow"]) == 64
+
+
+def test_open_release_converts_once_per_content_and_mask(tmp_path, monkeypatch):
+    from benchmark import hub, upstream
+
+    root = _release(tmp_path / "rel", missing={(7, 3)})
+    assert upstream.is_release_folder(root) and not upstream.is_release_folder(tmp_path)
+    calls = []
+    real = upstream.convert_release
+    monkeypatch.setattr(upstream, "convert_release", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kw = {"cache_dir": str(tmp_path / "cache"), "per_class": PER_CLASS, "classes": CLASSES}
+    first = upstream.open_release(root, **kw)
+    again = upstream.open_release(root, **kw)
+    assert len(calls) == 1 and first.root == again.root and first.configs == ["in_the_snow"]
+    assert first.manifest.generator["mask"] is None and first.manifest.configs["in_the_snow"].kept == 11
+    mask = np.zeros(PER_CLASS * 1000, np.uint8)
+    mask[PER_CLASS * 7 + 2] = 1
+    masked = upstream.open_release(root, mask=_mask_npy(tmp_path / "m.npy", {"in_the_snow": mask}), **kw)
+    assert len(calls) == 2 and masked.root != first.root and masked.manifest.configs["in_the_snow"].kept == 1
+    # a cached conversion of a short release still refuses --strict
+    with pytest.raises(IntegrityError, match=r"in_the_snow: 1 missing file\(s\), 0 unexpected \(--strict\)"):
+        upstream.open_release(root, strict=True, **kw)
+    # the zip changed -> its sha256 changed -> a new conversion
+    _release(root)
+    assert upstream.open_release(root, **kw).manifest.configs["in_the_snow"].rows == len(CLASSES) * PER_CLASS
+    assert len(calls) == 3
+    # the single entry point recognises a release folder (and routes it to the adapter)
+    with pytest.raises(BenchError, match="neither at_night.zip nor a at_night/ folder"):
+        hub.open_suite(str(root), configs=["at_night"], cache_dir=str(tmp_path / "cache"))
+
+
+def test_real_shaped_mask_file(tmp_path):
+    shifts = [s.key for s in imagenet_star_shifts()]
+    good = {("at_dusk_simple" if k == "at_dusk" else k): np.ones(50_000, np.uint8) for k in shifts}
+    masks = load_masks(_mask_npy(tmp_path / "masks.npy", good))
+    assert sorted(masks) == sorted(shifts) and all(m.shape == (50_000,) for m in masks.values())
+    short = dict(good, in_the_snow=np.ones(49_999, np.uint8))
+    with pytest.raises(IntegrityError) as info:
+        load_masks(_mask_npy(tmp_path / "masks.npy", short))
+    assert str(info.value) == "masks.npy: key 'in_the_snow' has 49,999 entries, expected 50,000 (50 per class x 1000 classes)"
+    both = dict(good, at_dusk=np.ones(50_000, np.uint8))
+    with pytest.raises(IntegrityError, match="shift 'at_dusk' appears twice"):
+        load_masks(_mask_npy(tmp_path / "masks.npy", both))
+    not_a_dict = np.empty((), dtype=object)
+    not_a_dict[()] = [1, 2]
+    np.save(tmp_path / "masks.npy", not_a_dict, allow_pickle=True)
+    with pytest.raises(IntegrityError, match="expected a dict of shift -> 0/1 array, got list"):
+        load_masks(tmp_path / "masks.npy")
+
+
+def test_open_suite_downloads_and_converts_the_upstream_release(tmp_path):
+    """The registry id `imagenet-star-upstream` against a local Hub holding one shift's zip."""
+    from huggingface_hub import HfApi
+
+    from benchmark import hub
+    from tests.fakehub import FakeHub
+
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    with zipfile.ZipFile(rel / "in_the_snow.zip", "w") as zf:  # 3 classes x 50, class 7 named by its index
+        for c in CLASSES:
+            for n in range(50):
+                zf.writestr(f"in_the_snow/{c if c == 7 else imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    mask = np.zeros(50_000, np.uint8)
+    mask[[50 * 0 + 1, 50 * 1 + 2, 50 * 7 + 49]] = 1
+    mpath = _mask_npy(tmp_path / "masks.npy", {"in_the_snow": mask})
+    with FakeHub() as fh:
+        api = HfApi(endpoint=fh.endpoint, token="t")
+        api.create_repo("madrylab/imagenet-star", repo_type="dataset")
+        sha = api.upload_file(path_or_fileobj=str(rel / "in_the_snow.zip"), path_in_repo="in_the_snow.zip",
+                              repo_id="madrylab/imagenet-star", repo_type="dataset").oid
+        suite = hub.open_suite("imagenet-star-upstream", configs=["in_the_snow"], mask=str(mpath),
+                               endpoint=fh.endpoint, cache_dir=str(tmp_path / "cache"))
+    assert suite.revision == sha and suite.repo_id == "madrylab/imagenet-star" and not suite.pinned
+    t = suite.read_columns("in_the_snow", ["image_id", "keep"])
+    assert sorted(i for i, k in zip(t["image_id"].to_pylist(), t["keep"].to_pylist()) if k) == [
+        "in_the_snow/n01440764/01", "in_the_snow/n01443537/02", f"in_the_snow/{imagenet.wnids()[7]}/49"]
+    files = suite.manifest.generator["files"]["in_the_snow"]
+    assert files["found"] == 150 and files["missing"] == 49_850 and files["unexpected"] == 0
+    assert suite.manifest.generator["source"] == {"repo_id": "madrylab/imagenet-star", "revision": sha}
+
+
+
+def test_open_suite_on_a_local_copy_of_the_release(tmp_path):
+    """What `bench eval --suite <folder of zips> --mask masks.npy` opens: no Hub involved."""
+    from benchmark import hub
+
+    rel = tmp_path / "imagenet-star-zips"
+    rel.mkdir()
+    with zipfile.ZipFile(rel / "base.zip", "w") as zf:
+        for c in CLASSES:
+            for n in range(50):
+                zf.writestr(f"base/{imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    mask = np.zeros(50_000, np.uint8)
+    mask[[50 * 0 + 3, 50 * 7 + 0]] = 1
+    suite = hub.open_suite(str(rel), mask=str(_mask_npy(tmp_path / "masks.npy", {"base": mask})),
+                           cache_dir=str(tmp_path / "cache"))
+    assert suite.suite_id == "imagenet-star-upstream" and suite.configs == ["base"]
+    assert suite.repo_id is None and suite.pinned and suite.root.is_relative_to(tmp_path / "cache" / "upstream")
+    assert suite.manifest.configs["base"].rows == 150 and suite.manifest.configs["base"].kept == 2
+    assert suite.manifest.generator["source"] == {"folder": "imagenet-star-zips"}

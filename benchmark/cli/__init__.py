@@ -61,7 +61,7 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
     level = logging.WARNING if quiet else logging.INFO if verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, format="%(message)s" if verbose == 0 else "%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    for noisy in ("httpx", "urllib3", "filelock", "huggingface_hub", "datasets", "PIL"):
+    for noisy in ("httpx", "httpx2", "urllib3", "filelock", "huggingface_hub", "datasets", "PIL"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 

@@ -9,25 +9,40 @@ def add_parser(sub):
     p = add_verb(sub, "download", help="download a suite at a pinned commit and verify it",
                  description="Download a registered suite (or any ORG/NAME dataset repo in format 1) at a commit sha, "
                              "only the configs you name, and verify every file against the manifest. Prints the local "
-                             "path and the resolved sha.",
+                             "path, then the resolved commit sha, on stdout. Run it once with network; afterwards "
+                             "HF_HUB_OFFLINE=1 bench eval ... --revision <sha> works from the cache. The upstream "
+                             "ImageNet* release (imagenet-star-upstream, or a local folder of its zips) is converted "
+                             "to format 1 once and cached.",
                  examples="  bench download imagenet-star --configs base,in_the_snow\n"
                           "  bench download my-org/my-suite --revision 3f2a...c9\n"
-                          "  bench download imagenet-star-upstream --configs base --mask masks.npy\n")
-    p.add_argument("suite", help="registry id or ORG/NAME")
-    p.add_argument("--revision", help="commit sha, tag or branch (resolved to a sha)")
-    p.add_argument("--configs", type=csv_list)
+                          "  bench download imagenet-star-upstream --configs base,in_the_snow --mask masks.npy\n"
+                          "  bench download ./imagenet-star-zips --mask masks.npy --strict\n"
+                          "  HF_ENDPOINT=http://127.0.0.1:8090 bench download org/suite --revision <sha>\n")
+    p.add_argument("suite", help="registry id, ORG/NAME, or a local folder (suite or upstream release)")
+    p.add_argument("--revision", help="commit sha, tag or branch (resolved to a sha; offline: a sha only)")
+    p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--cache-dir", help="Hub cache folder (default: HF_HOME's)")
-    p.add_argument("--mask", help="imagenet-star-upstream: the authors' masks.npy")
+    p.add_argument("--mask", help="upstream ImageNet* only: the authors' masks.npy (keep = mask[50*class + NN])")
+    p.add_argument("--strict", action="store_true",
+                   help="upstream ImageNet* only: refuse a release with missing or unexpected files")
     p.add_argument("--force-download", action="store_true", help="re-download files even if cached")
+    p.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT, else https://huggingface.co)")
     return p
 
 
 def run(args) -> int:
+    import sys
+
     from benchmark import hub
 
     suite = hub.open_suite(args.suite, revision=args.revision, configs=args.configs, cache_dir=args.cache_dir,
-                           mask=args.mask, force_download=args.force_download)
-    print(f"{suite.root}")
-    print(f"suite {suite.suite_id} @ {suite.revision} (configs {', '.join(suite.select(args.configs))}; "
-          f"manifest sha256 {suite.manifest.sha256}) verified")
+                           mask=args.mask, strict=args.strict, force_download=args.force_download,
+                           endpoint=args.endpoint)
+    configs = suite.select(args.configs)
+    print(suite.root)
+    print(suite.revision or "local")
+    source = f"{suite.repo_id}@{suite.revision}" if suite.repo_id else "local folder"
+    rows = sum(suite.manifest.config(c).rows for c in configs)
+    print(f"verified {suite.suite_id} ({source}{'' if suite.pinned else ', unpinned'}): {len(configs)} config(s), "
+          f"{rows} rows, manifest sha256 {suite.manifest.sha256}", file=sys.stderr)
     return 0
