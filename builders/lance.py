@@ -61,7 +61,7 @@ def _features():
 
     return {"source_image_id": Value("string"), "role": Value("string"), "edit_type": Value("string"),
             "caption": Value("string"), "edited_caption": Value("string"), "original_words": Value("string"),
-            "edit_words": Value("string"), "f": Value("float32"), "clip_img_sim": Value("float32"),
+            "edit_words": Value("string"), "f": Value("float64"), "clip_img_sim": Value("float32"),
             "clip_sim_0": Value("float32"), "clip_sim_1": Value("float32"), "clip_dir_sim": Value("float32"),
             "text_class_sim": Value("float32"), "text_same_sim": Value("float32"),
             "edit_text_direction": Sequence(Value("float32")), "seed": Value("int64")}
