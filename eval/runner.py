@@ -83,11 +83,12 @@ def _slug(text: str) -> str:
 
 def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     """Run (or resume) an evaluation and return ``(result, result_path)``."""
-    from eval.models import load_classifier
+    from eval.models import load_classifier, parse_model_name
 
     device = check_device(req.inference.device)
     if req.inference.amp and not device.startswith("cuda"):
         raise BenchError("--amp needs a CUDA device; drop --amp for CPU runs")
+    parse_model_name(req.model)  # a typo in --model is reported before any suite download
     info = open_suite(req.suite, revision=req.revision, configs=req.configs, mask=req.mask)
     suite = info.suite
     configs = suite.select(list(req.configs) if req.configs else None)

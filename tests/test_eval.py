@@ -214,6 +214,14 @@ def test_bad_eval_input(tmp_path, toy_suite, tiny_checkpoint, capsys, argv, matc
     assert not (tmp_path / "runs" / "toy").exists() or not list((tmp_path / "runs").rglob("result.json"))
 
 
+def test_model_typo_is_reported_before_the_suite_is_resolved(tmp_path, monkeypatch, capsys):
+    # offline, a registry suite cannot resolve; the model typo must still be the error the user sees
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = main(["eval", "--model", "resnet5O", "--suite", "imagenet-star", "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0 and "unknown timm model 'resnet5O'" in err and "imagenet-star" not in err
+
+
 def test_non_1000_class_model_is_refused(tmp_path):
     import timm
     import torch
