@@ -3,35 +3,61 @@
 Scores (``specs/imagenet_star.md`` s5): open_clip ViT-H-14 (laion2b_s32b_b79k), cosine of
 L2-normalised image and text embeddings, no logit scale:
 
-- class presence: ``"a photo of a <class name>"``;
-- shift presence (not for ``base``): the shift's prompt with the class replaced by "thing"
-  ("a photo of a thing in the snow", "an oil painting of a thing", "a photo of a blue thing").
+- class presence ``clip_class_score``: ``"a photo of a <class name>"``;
+- shift presence ``clip_shift_score`` (null for ``base``): the shift's prompt with the class
+  replaced by "thing" ("a photo of a thing in the snow", "an oil painting of a thing").
 
-The authors' thresholds are unknown; what is known are the kept fractions per shift of the
-released masks (spec s6). The documented rule here: **keep an image iff its class-presence score
-is at least the shift's threshold**, and each shift's threshold is calibrated as the score quantile
-that keeps the released fraction of that shift (``RELEASED_KEPT_FRACTION``). Base can only have
-been filtered on class presence, and per-class kept counts correlate with class presence (spec
-s5), hence class presence as the criterion. Shift-presence scores are stored for analyses and for
-other rules (``--keep-rule``), and every threshold is recorded in the manifest.
+The authors' captions, thresholds and rule are unknown (spec s5); what is known are the kept
+fractions per shift of their released masks (spec s6, shipped as
+``builders/_data/imagenet_star_released_masks.yaml``). The rule here, with ``n`` images of a
+shift and target fraction ``f``:
+
+- ``class`` (default): keep an image iff ``clip_class_score >= T_class[shift]``. ``T_class`` is
+  the ``ceil(n (1 - f))``-th smallest class score of the shift (0-based index), so exactly
+  ``floor(n f)`` images are kept when scores are distinct. A full build (n = 50,000) thus keeps
+  exactly the released kept count of every shift. Why class presence: ``base`` can only have
+  been filtered on it, and per-class kept counts correlate with base's (spec s5).
+- ``class+shift``: additionally require ``clip_shift_score >= T_shift[shift]``, where ``T_shift``
+  drops the ``shift_quantile`` fraction of the shift's images with the lowest shift-presence
+  score (``base`` has no shift score and is not gated); ``T_class`` is then calibrated on the
+  images that pass the gate, so the kept fraction is still ``floor(n f) / n``.
+
+Every threshold is recorded in the manifest at full float precision, so the ``keep`` column can
+be recomputed from the stored scores.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 
 import numpy as np
 
-# Kept fraction per shift in the authors' released masks.npy (specs/imagenet_star.md s6).
-RELEASED_KEPT_FRACTION = {
-    "base": 0.9263, "in_the_grass": 0.8028, "in_the_beach": 0.6285, "in_the_forest": 0.6732,
-    "in_the_water": 0.6009, "on_the_road": 0.6449, "on_the_rocks": 0.7656, "in_the_snow": 0.7321,
-    "in_the_rain": 0.4833, "in_the_fog": 0.5934, "in_bright_sunlight": 0.8993, "at_night": 0.6106,
-    "studio_lighting": 0.6663, "blue": 0.5911, "green": 0.5126, "red": 0.5956, "yellow": 0.4327,
-    "orange": 0.4099, "person_and_a": 0.2992, "and_a_flower": 0.6194, "oil_painting": 0.4675,
-    "pencil_sketch": 0.4462, "embroidery": 0.2206, "at_dusk": 0.6190,
-}
+from benchmark.errors import BenchError
+
 KEEP_RULES = ("class", "class+shift")
+
+
+@lru_cache(maxsize=1)
+def released_kept_counts() -> tuple[int, dict[str, int]]:
+    """(images per shift, {shift: kept}) of the authors' released masks (package data)."""
+    import yaml
+
+    raw = yaml.safe_load(resources.files("builders").joinpath("_data", "imagenet_star_released_masks.yaml")
+                         .read_text())
+    return int(raw["images_per_shift"]), {k: int(v) for k, v in raw["kept"].items()}
+
+
+def _released_fractions() -> dict[str, float]:
+    n, kept = released_kept_counts()
+    return {k: v / n for k, v in kept.items()}
+
+
+# Kept fraction per shift in the authors' released masks.npy (exact: kept / 50000).
+RELEASED_KEPT_FRACTION = _released_fractions()
 
 
 def class_caption(class_name: str) -> str:
@@ -59,34 +85,81 @@ def clip_scores(scorer, images, class_names: Sequence[str], prompts: Sequence[st
             "embedding": img.cpu().numpy().astype(np.float32)}
 
 
-def calibrate_thresholds(scores: Mapping[str, np.ndarray], target: Mapping[str, float] = RELEASED_KEPT_FRACTION
-                         ) -> dict[str, float]:
-    """Per shift, the lowest threshold that keeps at most the target fraction of its images.
+@dataclass(frozen=True)
+class Thresholds:
+    """One shift's calibrated thresholds (``None`` = no gate)."""
 
-    With n scores and target fraction f, the threshold is the ``ceil(n * (1 - f))``-th smallest
-    score (higher-is-better scores are kept when ``>= threshold``), so the kept count is
-    ``n - ceil(n (1 - f))`` = ``floor(n f)`` when scores are distinct.
+    class_threshold: float
+    shift_threshold: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"class": self.class_threshold, "shift": self.shift_threshold}
+
+
+def kept_target(n: int, fraction: float) -> int:
+    """``floor(n f)``, robust to the float error of ``n f`` (50000 x 46316/50000 is 46316)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise BenchError(f"a kept fraction must be in [0, 1], got {fraction}")
+    return min(n, math.floor(n * fraction + 1e-9))
+
+
+def _threshold_keeping(scores: np.ndarray, k: int) -> float:
+    """The lowest threshold keeping at most ``k`` of ``scores`` (``>=``): the (n-k)-th smallest."""
+    s = np.sort(np.asarray(scores, dtype=np.float64))
+    return float(s[s.size - k]) if k > 0 else math.inf
+
+
+def calibrate(class_scores: Mapping[str, np.ndarray], target: Mapping[str, float], *, rule: str = "class",
+              shift_scores: Mapping[str, np.ndarray] | None = None, shift_quantile: float = 0.1
+              ) -> dict[str, Thresholds]:
+    """Per-shift thresholds that keep ``floor(n f)`` of each shift's ``n`` images (distinct scores).
+
+    Parameters
+    ----------
+    class_scores : dict
+        shift -> class-presence scores of all its images.
+    target : dict
+        shift -> kept fraction to reproduce (default data: :data:`RELEASED_KEPT_FRACTION`).
+    rule : ``"class"`` or ``"class+shift"``
+    shift_scores : dict, optional
+        shift -> shift-presence scores (NaN where undefined, e.g. ``base``); needed for ``class+shift``.
+    shift_quantile : float
+        ``class+shift``: the fraction of a shift's images the shift gate removes.
     """
+    if rule not in KEEP_RULES:
+        raise BenchError(f"unknown keep rule {rule!r}; use one of {', '.join(KEEP_RULES)}")
+    if rule == "class+shift" and (shift_scores is None or not 0.0 <= shift_quantile < 1.0):
+        raise BenchError(f"the class+shift rule needs shift scores and a gate quantile in [0, 1), got {shift_quantile}")
     out = {}
-    for shift, s in scores.items():
-        s = np.sort(np.asarray(s, dtype=np.float64))
+    for shift, cs in class_scores.items():
         if shift not in target:
-            raise KeyError(f"no target kept fraction for shift {shift!r}; give one with --kept-fractions")
-        if s.size == 0:
-            out[shift] = float("inf")
-            continue
-        k = int(np.ceil(s.size * (1 - float(target[shift]))))
-        out[shift] = float(s[k]) if k < s.size else float("inf")
+            raise BenchError(f"no target kept fraction for shift {shift!r}; give one with --kept-fractions")
+        cs = np.asarray(cs, dtype=np.float64)
+        k = kept_target(cs.size, float(target[shift]))
+        gate = None
+        passing = np.ones(cs.size, dtype=bool)
+        ss = None if shift_scores is None else np.asarray(shift_scores[shift], dtype=np.float64)
+        if rule == "class+shift" and ss is not None and cs.size and not np.isnan(ss).all():
+            drop = math.floor(cs.size * shift_quantile + 1e-9)
+            gate = float(np.sort(ss)[drop]) if drop < cs.size else math.inf
+            passing = ss >= gate
+            if passing.sum() < k:
+                raise BenchError(f"shift {shift!r}: the shift gate leaves {int(passing.sum())} images but the target "
+                                 f"keeps {k}; lower --shift-gate-quantile (now {shift_quantile})")
+        out[shift] = Thresholds(_threshold_keeping(cs[passing], k), gate)
     return out
 
 
-def keep_flags(class_score: np.ndarray, shift_score: np.ndarray, threshold: float, *, rule: str = "class",
-               shift_threshold: float | None = None) -> np.ndarray:
-    """The keep rule applied to one shift's scores."""
-    keep = np.asarray(class_score) >= threshold
-    if rule == "class+shift" and shift_threshold is not None:
-        s = np.asarray(shift_score)
-        keep &= np.isnan(s) | (s >= shift_threshold)
-    elif rule not in KEEP_RULES:
-        raise ValueError(f"unknown keep rule {rule!r}; use one of {KEEP_RULES}")
+def keep_flags(class_score: np.ndarray, shift_score: np.ndarray, thresholds: Thresholds) -> np.ndarray:
+    """The keep rule applied to one shift's scores (NaN shift scores are never gated)."""
+    keep = np.asarray(class_score, dtype=np.float64) >= thresholds.class_threshold
+    if thresholds.shift_threshold is not None:
+        s = np.asarray(shift_score, dtype=np.float64)
+        keep &= np.isnan(s) | (s >= thresholds.shift_threshold)
     return keep
+
+
+def calibrate_thresholds(scores: Mapping[str, np.ndarray], target: Mapping[str, float] = RELEASED_KEPT_FRACTION
+                         ) -> dict[str, float]:
+    """Class-presence thresholds only (the ``class`` rule): shift -> threshold."""
+    return {s: t.class_threshold for s, t in calibrate(scores, target).items()}

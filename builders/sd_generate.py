@@ -1,16 +1,21 @@
 """Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders).
 
-Every image has its own ``torch.Generator`` seeded from its ids (``builders.seeding``), so an
-image does not depend on which other images share its batch's random draws. Generation runs in
-batches with the pipeline's default SDPA attention and fp16/bf16 weights on GPU (the text encoder
-stays fp32, as the authors' ImageNet* build requires), backs off the batch size on out-of-memory,
-and returns stored-size JPEG bytes (PIL bicubic resize, recorded quality).
+Every image has its own ``torch.Generator`` seeded from its ids (``builders.seeding``); its
+starting latents are drawn from it in float32 on the CPU, so an image depends neither on the
+other images of its batch nor on the device or dtype the UNet runs in. Generation runs in
+batches with the pipeline's default SDPA attention (``AttnProcessor2_0``) and fp16/bf16 UNet and
+VAE on GPU; the text encoder stays float32 (the authors' ImageNet* build requires it,
+``specs/imagenet_star.md`` s1), its embeddings are cached per prompt and cast to the UNet's dtype
+before they reach the denoising loop. Out-of-memory batches are retried at half size
+(``benchmark.oom.BatchBackoff``); the output is stored-size JPEG bytes (PIL bicubic resize,
+recorded quality).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -21,6 +26,7 @@ from benchmark.oom import BatchBackoff
 from builders.seeding import generator
 
 log = logging.getLogger(__name__)
+PROMPT_CACHE = 4096  # prompts whose embeddings are kept (ImageNet*: one per (shift, class))
 
 
 @dataclass(frozen=True)
@@ -34,23 +40,44 @@ class GenerationSettings:
     width: int = 768
     output_size: int = 512              # stored size (square)
     jpeg_quality: int = 95
-    dtype: str = "float16"              # on CUDA; CPU always runs float32
+    dtype: str = "float16"              # UNet/VAE on CUDA; CPU always runs float32; text encoder float32
     batch_size: int = 8
+    variant: str | None = None          # Hub weight variant to download ("fp16" halves the download)
+
+    def __post_init__(self) -> None:
+        if self.height % 8 or self.width % 8:
+            raise BenchError(f"height and width must be multiples of 8, got {self.height}x{self.width}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise BenchError(f"JPEG quality must be in 1..100, got {self.jpeg_quality}")
+        if self.dtype not in ("float16", "bfloat16", "float32"):
+            raise BenchError(f"unknown dtype {self.dtype!r}; use float16, bfloat16 or float32")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def snapshot_revision(path: str) -> str | None:
+    """The commit sha of a Hub-cache snapshot path (``.../snapshots/<sha>/...``), if it is one."""
+    m = re.search(r"snapshots[/\\]([0-9a-f]{40})", str(path))
+    return m.group(1) if m else None
+
+
 class SDGenerator:
-    """A Stable Diffusion pipeline plus the settings it is run with."""
+    """A Stable Diffusion pipeline plus the settings it is run with.
+
+    ``pipe`` is the complete pipeline (text encoder included: one call per prompt, the authors'
+    way, is ``pipe(prompt, ...)``); :meth:`generate` runs a text-encoder-less view of the same
+    modules (``denoiser``) on cached, dtype-cast prompt embeddings.
+    """
 
     def __init__(self, pipe, settings: GenerationSettings, *, device: str = "cpu") -> None:
         self.pipe = pipe
         self.settings = settings
         self.device = torch.device(device)
         self.backoff = BatchBackoff(settings.batch_size, what="generation batch")
-        if settings.height % 8 or settings.width % 8:
-            raise BenchError(f"height and width must be multiples of 8, got {settings.height}x{settings.width}")
+        self._embeds: dict[str, torch.Tensor] = {}
+        self._denoiser = None
+        self.resolved_revision: str | None = settings.revision
 
     @classmethod
     def from_pretrained(cls, settings: GenerationSettings, *, device: str = "cpu", tokens: dict | None = None):
@@ -61,13 +88,15 @@ class SDGenerator:
         dtype = getattr(torch, settings.dtype) if cuda else torch.float32
         try:
             pipe = StableDiffusionPipeline.from_pretrained(settings.model_id, revision=settings.revision,
-                                                           torch_dtype=dtype, safety_checker=None,
-                                                           requires_safety_checker=False)
+                                                           variant=settings.variant, torch_dtype=dtype,
+                                                           safety_checker=None, requires_safety_checker=False)
         except (OSError, ValueError) as e:
             raise BenchError(f"cannot load {settings.model_id}: {str(e).splitlines()[0]}; check the model id and "
                              "that the weights are cached or the Hub reachable") from None
         pipe.text_encoder.to(torch.float32)  # fp32 text encoder under fp16 UNet/VAE (specs/imagenet_star.md s1)
-        return cls._finish(pipe, settings, device=device, tokens=tokens)
+        gen = cls._finish(pipe, settings, device=device, tokens=tokens)
+        gen.resolved_revision = snapshot_revision(getattr(pipe.unet.config, "_name_or_path", "")) or settings.revision
+        return gen
 
     @classmethod
     def tiny(cls, settings: GenerationSettings, *, seed: int = 0, prediction_type: str = "v_prediction",
@@ -98,31 +127,58 @@ class SDGenerator:
         pipe.to(device)
         return cls(pipe, settings, device=device)
 
-    def _encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompt and empty-prompt embeddings from the (fp32) text encoder, cast to the UNet dtype."""
-        pe, ne = self.pipe.encode_prompt(list(prompts), self.device, 1, True, negative_prompt=None)
-        dtype = self.pipe.unet.dtype
-        return pe.to(dtype), ne.to(dtype)
+    @property
+    def denoiser(self):
+        """The pipeline's UNet, VAE and scheduler without a text encoder: it takes embeddings as given.
+
+        (With a text encoder present, diffusers casts ``prompt_embeds`` back to the text encoder's
+        float32, which a fp16/bf16 UNet rejects.)
+        """
+        if self._denoiser is None:
+            from diffusers import StableDiffusionPipeline
+
+            p = self.pipe
+            self._denoiser = StableDiffusionPipeline(vae=p.vae, text_encoder=None, tokenizer=None, unet=p.unet,
+                                                     scheduler=p.scheduler, safety_checker=None,
+                                                     feature_extractor=None, requires_safety_checker=False)
+            self._denoiser.set_progress_bar_config(disable=True)
+        return self._denoiser
+
+    @torch.inference_mode()
+    def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:
+        """Text embeddings ``(n, 77, d)`` in the UNet's dtype; every distinct prompt is encoded once."""
+        todo = [p for p in dict.fromkeys(prompts) if p not in self._embeds]
+        if todo:
+            emb, _ = self.pipe.encode_prompt(todo, self.device, 1, False)
+            if len(self._embeds) + len(todo) > PROMPT_CACHE:
+                self._embeds.clear()
+            self._embeds.update(zip(todo, emb.to(self.pipe.unet.dtype)))
+        return torch.stack([self._embeds[p] for p in prompts])
+
+    def initial_latents(self, seeds: Sequence[int]) -> torch.Tensor:
+        """One float32 CPU draw per seed (identical on any device and batch), in the UNet's dtype."""
+        f = self.pipe.vae_scale_factor
+        shape = (self.pipe.unet.config.in_channels, self.settings.height // f, self.settings.width // f)
+        draws = [torch.randn(shape, generator=generator(s, "cpu"), dtype=torch.float32) for s in seeds]
+        return torch.stack(draws).to(self.device, self.pipe.unet.dtype)
 
     def _batch(self, items: Sequence[tuple[str, int]]) -> list[bytes]:
         from PIL import Image
 
-        prompts = [p for p, _ in items]
-        gens = [generator(s, "cpu") for _, s in items]  # CPU generators: identical latents on any device
-        shape = (len(items), self.pipe.unet.config.in_channels, self.settings.height // self.pipe.vae_scale_factor,
-                 self.settings.width // self.pipe.vae_scale_factor)
-        latents = torch.stack([torch.randn(shape[1:], generator=g) for g in gens]).to(self.device, self.pipe.unet.dtype)
-        pe, ne = self._encode_prompts(prompts)
+        s = self.settings
+        seeds = [seed for _, seed in items]
+        cond = self.encode_prompts([p for p, _ in items])
+        uncond = self.encode_prompts([""] * len(items))  # no negative prompt: the empty prompt
         with torch.inference_mode():
-            out = self.pipe(prompt_embeds=pe, negative_prompt_embeds=ne, latents=latents,
-                            num_inference_steps=self.settings.steps, guidance_scale=self.settings.guidance,
-                            height=self.settings.height, width=self.settings.width, output_type="pil")
+            out = self.denoiser(prompt_embeds=cond, negative_prompt_embeds=uncond, latents=self.initial_latents(seeds),
+                                num_inference_steps=s.steps, guidance_scale=s.guidance, height=s.height,
+                                width=s.width, generator=[generator(x, "cpu") for x in seeds], output_type="pil")
         result = []
         for im in out.images:
-            if im.size != (self.settings.output_size, self.settings.output_size):
-                im = im.resize((self.settings.output_size, self.settings.output_size), Image.BICUBIC)
+            if im.size != (s.output_size, s.output_size):
+                im = im.resize((s.output_size, s.output_size), Image.BICUBIC)
             buf = io.BytesIO()
-            im.save(buf, format="JPEG", quality=self.settings.jpeg_quality)
+            im.save(buf, format="JPEG", quality=s.jpeg_quality)
             result.append(buf.getvalue())
         return result
 
@@ -135,7 +191,8 @@ class SDGenerator:
     def provenance(self) -> dict:
         import diffusers
 
-        return {**self.settings.to_dict(), "pipeline": type(self.pipe).__name__,
-                "scheduler_class": type(self.pipe.scheduler).__name__,
+        return {**self.settings.to_dict(), "resolved_revision": self.resolved_revision,
+                "pipeline": type(self.pipe).__name__, "scheduler_class": type(self.pipe.scheduler).__name__,
                 "attention": "SDPA (diffusers AttnProcessor2_0)", "diffusers": diffusers.__version__,
-                "unet_dtype": str(self.pipe.unet.dtype), "text_encoder_dtype": str(self.pipe.text_encoder.dtype)}
+                "unet_dtype": str(self.pipe.unet.dtype), "text_encoder_dtype": str(self.pipe.text_encoder.dtype),
+                "noise": "float32 CPU torch.Generator(seed) per image", "negative_prompt": ""}

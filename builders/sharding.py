@@ -50,10 +50,21 @@ class Process:
 
     index: int = 0
     count: int = 1
+    local_index: int = 0  # index among the processes of this node (its GPU)
 
     @property
     def is_main(self) -> bool:
         return self.index == 0
+
+    def device(self, requested: str | None = None, *, cpu: bool = False) -> str:
+        """``requested`` if given; else this process's GPU (``cuda:<local index>``) or the CPU."""
+        if requested:
+            return requested
+        import torch
+
+        if cpu or not torch.cuda.is_available():
+            return "cpu"
+        return f"cuda:{self.local_index}" if self.count > 1 else "cuda"
 
     def owns(self, shard: int) -> bool:
         return shard % self.count == self.index
@@ -77,4 +88,4 @@ def current_process() -> Process:
     from accelerate import PartialState
 
     state = PartialState()
-    return Process(index=state.process_index, count=state.num_processes)
+    return Process(index=state.process_index, count=state.num_processes, local_index=state.local_process_index)

@@ -1,21 +1,37 @@
 """Textual inversion: learn one token per class (a "dataset interface" for any image collection).
 
-The settings of Dataset Interfaces (``specs/imagenet_star.md`` s1), all overridable: 3000 steps,
-AdamW lr 5e-4 (constant, betas 0.9/0.999, weight decay 1e-2, eps 1e-8), batch 1, 768 px centre
-crop + bicubic resize + horizontal flip, the 27 standard textual-inversion object templates, the
-velocity target for v-prediction models (noise for epsilon models), t uniform over the training
-timesteps, latents = VAE sample x scaling factor. The token starts at the mean of the class name's
-sub-word embeddings and only its **direction** is learned: the "SplitEmbedding" trick rescales the
-one trainable row to the initializer's norm in every forward pass, with the rest of the table frozen.
+The settings of Dataset Interfaces (Vendrow et al. 2023; ``specs/imagenet_star.md`` s1), all
+overridable (:class:`TIConfig`): 3000 steps, batch 1, AdamW (lr 5e-4 constant, betas 0.9/0.999,
+weight decay 1e-2, eps 1e-8); 768 px centre square crop + PIL bicubic resize + horizontal flip
+(p = 0.5), pixels in [-1, 1]; a random one of the 27 textual-inversion "object" templates per
+step; latents = VAE sample x scaling factor, t uniform in 0..T-1, a DDPM noise scheduler from
+the model's scheduler config; loss = MSE(UNet(x_t, t, text), target) with the **velocity**
+target ``get_velocity(latents, noise, t)`` for v-prediction models (SD 2) and the noise for
+epsilon models. As in the authors' data loader, each pass over a class's images is a fresh
+shuffle.
 
-Training is resumable per class: each finished token is written atomically and skipped on rerun.
+The token starts at the mean of the class name's sub-word embeddings (no BOS/EOS) and only its
+**direction** is learned: :class:`SplitEmbedding` serves the frozen table plus one trainable
+row, rescaled to the initialiser's L2 norm in every forward pass (the authors' "SplitEmbedding"
+with pinned magnitudes). The row is served for an id one past the table, and the template token
+ids are built around it (:func:`template_ids`), so neither the tokenizer nor the text encoder is
+modified. Precision follows the authors: UNet and VAE in the load dtype (fp16 on GPU), the text
+encoder in float32 under fp16 autocast, gradients scaled when fp16.
+
+Training is resumable per class (``<work>/<idx>.bin`` written atomically when a class finishes;
+a rerun skips it) and refuses a work folder trained with other settings.
+
+    python -m builders.textual_inversion --images train/ --out tokens-work/ --pack tokens.zip
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
+import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +40,9 @@ import torch.nn.functional as F
 
 from benchmark import imagenet
 from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_path
+from benchmark.fsutil import atomic_write_json, canonical_json
 
 log = logging.getLogger(__name__)
-PLACEHOLDER = "<genshift-ti-placeholder>"
 TEMPLATES = (
     "a photo of a {}", "a rendering of a {}", "a cropped photo of the {}", "the photo of a {}",
     "a photo of a clean {}", "a photo of a dirty {}", "a dark photo of the {}", "a photo of my {}",
@@ -37,7 +52,8 @@ TEMPLATES = (
     "a good photo of a {}", "a photo of the nice {}", "a photo of the small {}", "a photo of the weird {}",
     "a photo of the large {}", "a photo of a cool {}", "a photo of a small {}",
 )
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".JPEG"}
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+SETTINGS_FILE = "settings.json"
 
 
 @dataclass(frozen=True)
@@ -47,55 +63,145 @@ class TIConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 1e-2
     eps: float = 1e-8
+    batch_size: int = 1
     resolution: int = 768
+    center_crop: bool = True
     flip_p: float = 0.5
     templates: tuple[str, ...] = TEMPLATES
+    hold_norm: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.resolution < 8:
+            raise BenchError(f"textual inversion needs steps >= 1, batch size >= 1 and resolution >= 8, got "
+                             f"{self.steps}, {self.batch_size}, {self.resolution}")
+        bad = [t for t in self.templates if t.count("{}") != 1]
+        if not self.templates or bad:
+            raise BenchError(f"every template needs exactly one '{{}}' for the token, got {bad[:1] or 'none'}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["betas"], d["templates"] = list(self.betas), list(self.templates)
+        return d
+
+
+@dataclass(frozen=True)
+class TrainingClass:
+    """One class of a dataset interface: index, natural-language name (initialiser), image files."""
+
+    index: int
+    name: str
+    files: tuple[Path, ...] = field(repr=False)
+
+
+def folder_classes(root: str | Path, *, label_space: str = "imagenet", classes: Sequence[int] | None = None
+                   ) -> list[TrainingClass]:
+    """The classes of an image folder ``root/<class>/<images>``.
+
+    ``label_space="imagenet"``: class folders are ImageNet-1k wnids (``n01440764``) or indices
+    (``0``), names are the OpenAI names (``benchmark.imagenet``). ``"folders"``: any dataset; class
+    ``i`` is the ``i``-th folder in sorted order and its name the folder name with ``_`` read as
+    a space. A selected class whose folder holds no image is an error.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise BenchError(f"training image folder {str(root)!r} does not exist; pass a folder of class folders")
+    found: dict[int, tuple[str, Path]] = {}
+    for i, folder in enumerate(sorted(p for p in root.iterdir() if p.is_dir())):
+        if label_space == "imagenet":
+            idx = int(folder.name) if folder.name.isdigit() else imagenet.index_of(folder.name)
+            name = imagenet.get_class(idx).name
+        elif label_space == "folders":
+            idx, name = i, folder.name.replace("_", " ")
+        else:
+            raise BenchError(f"unknown label space {label_space!r}; use imagenet or folders")
+        if idx in found:
+            raise BenchError(f"class {idx} has two folders under {str(root)!r} ({found[idx][1].name}, {folder.name})")
+        found[idx] = (name, folder)
+    wanted = sorted(found) if classes is None else [int(c) for c in classes]
+    if not wanted:
+        raise BenchError(f"{str(root)!r} has no class folders")
+    out = []
+    for idx in wanted:
+        if idx not in found:
+            raise BenchError(f"class {idx} has no folder under {str(root)!r}; add <wnid or index>/ with its images")
+        name, folder = found[idx]
+        files = tuple(sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
+        if not files:
+            raise BenchError(f"class {idx} ({name!r}) has no training images in {str(folder)!r} "
+                             f"(looked for {', '.join(IMAGE_SUFFIXES)}); add images or drop the class")
+        out.append(TrainingClass(idx, name, files))
+    return out
+
+
+def preprocess(path: Path, cfg: TIConfig, *, flip: bool) -> torch.Tensor:
+    """One training image as ``(3, r, r)`` in [-1, 1]: centre crop, bicubic resize, optional flip."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        img = im.convert("RGB")
+    if cfg.center_crop:
+        side = min(img.size)
+        left, top = (img.width - side) // 2, (img.height - side) // 2
+        img = img.crop((left, top, left + side, top + side))
+    img = img.resize((cfg.resolution, cfg.resolution), Image.BICUBIC)
+    if flip:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
 
 
 class SplitEmbedding(torch.nn.Module):
-    """A frozen token-embedding table plus one trainable row, rescaled to a fixed norm."""
+    """The frozen token table plus one trainable row served for ``token_id``.
 
-    def __init__(self, base: torch.nn.Embedding, token_id: int, init: torch.Tensor) -> None:
+    With ``hold_norm`` the row is rescaled to ``norm`` (the initialiser's) in every forward pass,
+    so only its direction is learned. ``token_id`` may be one past the table's end.
+    """
+
+    def __init__(self, base: torch.nn.Embedding, token_id: int, init: torch.Tensor, *, hold_norm: bool = True):
         super().__init__()
         self.base = base
-        self.token_id = token_id
+        self.token_id = int(token_id)
         self.vector = torch.nn.Parameter(init.detach().clone().float())
         self.register_buffer("norm", init.detach().float().norm())
+        self.hold_norm = hold_norm
 
     def direction(self) -> torch.Tensor:
-        return self.vector * (self.norm / self.vector.norm())
+        """The served token: the row at the initialiser's norm (or as is without ``hold_norm``)."""
+        return self.vector * (self.norm / self.vector.norm()) if self.hold_norm else self.vector
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.base(input_ids)
-        mask = (input_ids == self.token_id).unsqueeze(-1)
-        return torch.where(mask, self.direction().to(out.dtype), out)
+        mask = input_ids == self.token_id
+        out = self.base(input_ids.masked_fill(mask, 0))
+        return torch.where(mask.unsqueeze(-1), self.direction().to(out.dtype), out)
+
+
+def template_ids(tokenizer, template: str, token_id: int) -> list[int]:
+    """Ids of ``template`` with the class token at ``{}``: BOS, text, EOS, padding to the model length.
+
+    The same ids as tokenizing the filled template with the token added to the tokenizer (CLIP's
+    pre-tokenizer splits at the spaces around it), without adding anything to the tokenizer.
+    """
+    pre, post = template.split("{}")
+    ids = [tokenizer.bos_token_id, *tokenizer(pre.strip(), add_special_tokens=False).input_ids, token_id,
+           *tokenizer(post.strip(), add_special_tokens=False).input_ids]
+    n = tokenizer.model_max_length
+    ids = ids[:n - 1] + [tokenizer.eos_token_id]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return ids + [pad] * (n - len(ids))
 
 
 def initializer(tokenizer, text_encoder, class_name: str) -> torch.Tensor:
-    """Mean of the class name's sub-word embeddings (no BOS/EOS)."""
+    """Mean of the class name's sub-word embeddings (no BOS/EOS), float32."""
     ids = tokenizer(class_name, add_special_tokens=False).input_ids
     if not ids:
         raise BenchError(f"class name {class_name!r} tokenizes to nothing; give a non-empty name")
-    return text_encoder.get_input_embeddings().weight[ids].detach().float().mean(0)
-
-
-def _image_tensor(img, cfg: TIConfig, rng: np.random.Generator) -> torch.Tensor:
-    from PIL import Image
-
-    img = img.convert("RGB")
-    side = min(img.size)
-    left, top = (img.width - side) // 2, (img.height - side) // 2
-    img = img.crop((left, top, left + side, top + side)).resize((cfg.resolution, cfg.resolution), Image.BICUBIC)
-    if rng.random() < cfg.flip_p:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
-    return x[None]
+    table = text_encoder.get_input_embeddings().weight
+    return table[torch.tensor(ids, device=table.device)].detach().float().mean(0)
 
 
 @dataclass
 class TIRun:
-    """Frozen SD components prepared for token training (placeholder token added once)."""
+    """Frozen SD components prepared for token training (nothing of them is modified)."""
 
     unet: torch.nn.Module
     vae: torch.nn.Module
@@ -103,99 +209,219 @@ class TIRun:
     tokenizer: object
     noise_scheduler: object
     device: torch.device
-    placeholder_id: int = field(init=False)
+    token_id: int = field(init=False)
+    dtype: torch.dtype = field(init=False)
 
     def __post_init__(self) -> None:
         from diffusers import DDPMScheduler
 
+        self.device = torch.device(self.device)
         self.noise_scheduler = DDPMScheduler.from_config(self.noise_scheduler.config)
+        if self.noise_scheduler.config.prediction_type not in ("epsilon", "v_prediction"):
+            raise BenchError(f"textual inversion supports epsilon and v_prediction models, not "
+                             f"{self.noise_scheduler.config.prediction_type!r}")
         for m in (self.unet, self.vae, self.text_encoder):
             m.requires_grad_(False)
             m.to(self.device)
-        if PLACEHOLDER not in self.tokenizer.get_vocab():
-            self.tokenizer.add_tokens([PLACEHOLDER])
-            self.text_encoder.resize_token_embeddings(len(self.tokenizer))
-        self.placeholder_id = self.tokenizer.convert_tokens_to_ids(PLACEHOLDER)
+        self.text_encoder.to(torch.float32)
+        self.dtype = next(self.unet.parameters()).dtype
+        self.token_id = self.text_encoder.get_input_embeddings().num_embeddings
 
-    def loss(self, split: SplitEmbedding, x: torch.Tensor, template: str, t: torch.Tensor,
-             noise_seed: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(noise_seed)
+    @classmethod
+    def from_components(cls, components: dict, device: str | torch.device = "cpu") -> "TIRun":
+        """From ``builders.tiny.tiny_sd_components()``-style dicts or a pipeline's ``components``."""
+        return cls(components["unet"], components["vae"], components["text_encoder"], components["tokenizer"],
+                   components["scheduler"], torch.device(device))
+
+    def batch(self, cls: TrainingClass, picks: Sequence[tuple[int, int, bool]], cfg: TIConfig):
+        """Pixels and token ids for (file index, template index, flip) picks."""
+        pixels = torch.stack([preprocess(cls.files[f], cfg, flip=flip) for f, _, flip in picks])
+        ids = torch.tensor([template_ids(self.tokenizer, cfg.templates[t], self.token_id) for _, t, _ in picks])
+        return pixels.to(self.device, self.dtype), ids.to(self.device)
+
+    def loss(self, pixels: torch.Tensor, ids: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The denoising loss of one batch; VAE sample, noise and t drawn from ``gen`` (CPU)."""
         with torch.no_grad():
-            latents = self.vae.encode(x.to(self.device)).latent_dist.sample(generator=g)
-            latents = latents * self.vae.config.scaling_factor
-        noise = torch.randn(latents.shape, generator=g).to(self.device)
+            dist = self.vae.encode(pixels).latent_dist
+            z = torch.randn(dist.mean.shape, generator=gen).to(self.device)
+            latents = (dist.mean.float() + dist.std.float() * z) * self.vae.config.scaling_factor
+        noise = torch.randn(latents.shape, generator=gen).to(self.device)
+        t = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],),
+                          generator=gen).to(self.device)
         noisy = self.noise_scheduler.add_noise(latents, noise, t)
-        ids = self.tokenizer(template.format(PLACEHOLDER), padding="max_length", truncation=True,
-                             max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids.to(self.device)
-        hidden = self.text_encoder(ids)[0]
-        pred = self.unet(noisy, t, hidden).sample
+        amp = self.device.type == "cuda" and self.dtype != torch.float32  # fp32 text encoder under autocast
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=amp):
+            hidden = self.text_encoder(ids)[0]
+        pred = self.unet(noisy.to(self.dtype), t, hidden.to(self.dtype)).sample
         if self.noise_scheduler.config.prediction_type == "v_prediction":
             target = self.noise_scheduler.get_velocity(latents, noise, t)
         else:
             target = noise
         return F.mse_loss(pred.float(), target.float())
 
+    def install(self, init: torch.Tensor, *, hold_norm: bool = True) -> tuple[SplitEmbedding, torch.nn.Module]:
+        base = self.text_encoder.get_input_embeddings()
+        split = SplitEmbedding(base, self.token_id, init.to(self.device), hold_norm=hold_norm).to(self.device)
+        self.text_encoder.set_input_embeddings(split)
+        return split, base
 
-def train_class_token(run: TIRun, images: Sequence, class_name: str, cfg: TIConfig = TIConfig(), *,
+
+def _picks(n_files: int, cfg: TIConfig, seed: int):
+    """Endless (file, template, flip) picks: every pass over the files is a fresh shuffle."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(n_files))
+        rng.shuffle(order)
+        for f in order:
+            yield f, rng.randrange(len(cfg.templates)), rng.random() < cfg.flip_p
+
+
+def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig(), *,
                       on_step: Callable[[int, float], None] | None = None) -> tuple[torch.Tensor, list[float]]:
-    """Learn one token for ``images``; returns the vector (at the initializer's norm) and the losses."""
-    if not images:
-        raise BenchError(f"class {class_name!r} has no training images; add images or drop the class")
-    init = initializer(run.tokenizer, run.text_encoder, class_name)
-    base = run.text_encoder.get_input_embeddings()
-    split = SplitEmbedding(base, run.placeholder_id, init).to(run.device)
-    run.text_encoder.set_input_embeddings(split)
+    """Learn one class token; returns the served vector (at the initialiser's norm) and the losses."""
+    from builders.seeding import derive_seed
+
+    if not cls.files:
+        raise BenchError(f"class {cls.index} ({cls.name!r}) has no training images; add images or drop the class")
+    init = initializer(run.tokenizer, run.text_encoder, cls.name)
+    seed = derive_seed(cfg.seed, "textual-inversion", cls.index)
+    gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
+    split, base = run.install(init, hold_norm=cfg.hold_norm)
+    scaler = torch.amp.GradScaler(run.device.type, enabled=run.device.type == "cuda" and run.dtype == torch.float16)
     opt = torch.optim.AdamW([split.vector], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.eps)
-    rng = np.random.default_rng(cfg.seed)
-    losses = []
+    losses: list[float] = []
     try:
         for step in range(cfg.steps):
-            x = _image_tensor(images[int(rng.integers(len(images)))], cfg, rng)
-            t = torch.tensor([int(rng.integers(run.noise_scheduler.config.num_train_timesteps))], device=run.device)
-            loss = run.loss(split, x, cfg.templates[int(rng.integers(len(cfg.templates)))], t,
-                            int(rng.integers(2**31)))
-            loss.backward()
-            opt.step()
+            pixels, ids = run.batch(cls, [next(picks) for _ in range(cfg.batch_size)], cfg)
+            loss = run.loss(pixels, ids, gen)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             opt.zero_grad(set_to_none=True)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if on_step:
                 on_step(step, losses[-1])
-        vector = split.direction().detach().cpu()
+        vector = split.direction().detach().float().cpu().clone()
     finally:
         run.text_encoder.set_input_embeddings(base)
     return vector, losses
 
 
-def class_images(folder: Path) -> list:
-    from PIL import Image
+@torch.no_grad()
+def eval_loss(run: TIRun, cls: TrainingClass, vector: torch.Tensor, cfg: TIConfig = TIConfig(), *, n: int = 16,
+              seed: int = 1234) -> float:
+    """Mean loss of ``vector`` (used as given) on ``n`` fixed (image, template, flip, noise, t) draws."""
+    split, base = run.install(vector, hold_norm=False)
+    try:
+        gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
+        return float(np.mean([float(run.loss(*run.batch(cls, [next(picks)], cfg), gen)) for _ in range(n)]))
+    finally:
+        run.text_encoder.set_input_embeddings(base)
 
-    files = sorted(p for p in folder.iterdir() if p.suffix in IMAGE_SUFFIXES) if folder.is_dir() else []
-    return [Image.open(p) for p in files]
+
+def _check_recipe(work_dir: Path, recipe: dict) -> None:
+    path = work_dir / SETTINGS_FILE
+    if path.is_file():
+        if json.loads(path.read_text()) != json.loads(canonical_json(recipe)):
+            raise BenchError(f"{str(work_dir)!r} holds tokens trained with other settings ({path}); use another "
+                             "folder or the same settings")
+    else:
+        atomic_write_json(path, recipe)
 
 
 def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TIConfig = TIConfig(), *,
-                 classes: Sequence[int] | None = None, progress: bool = True) -> dict[int, torch.Tensor]:
-    """Tokens for every class folder (``<wnid>/``) of ``data_dir``; resumable per class."""
+                 classes: Sequence[int] | None = None, label_space: str = "imagenet", model_id: str = "",
+                 process=None, progress: bool = True) -> dict[int, torch.Tensor]:
+    """Tokens for the class folders of ``data_dir``; resumable per class; returns the finished ones.
+
+    ``work_dir/<idx>.bin`` (one token, ``builders.tokens`` format) is written atomically when a class
+    finishes, after ``work_dir/meta/<idx>.json`` (name, images, loss at start and end). With
+    ``process`` (``builders.sharding.Process``) classes are split round-robin over processes.
+    """
     from tqdm.auto import tqdm
 
-    data_dir, work_dir = Path(data_dir), Path(work_dir)
-    if not data_dir.is_dir():
-        raise BenchError(f"--train-tokens {str(data_dir)!r} is not a folder of <wnid>/ image folders")
-    wanted = sorted(classes) if classes is not None else sorted(
-        imagenet.index_of(p.name) for p in data_dir.iterdir() if p.is_dir() and p.name.startswith("n"))
-    if not wanted:
-        raise BenchError(f"{data_dir} has no <wnid>/ class folders to train tokens on")
+    from builders.tokens import load_token_zip, save_token_file
+
+    todo_classes = folder_classes(data_dir, label_space=label_space, classes=classes)
+    work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for idx in tqdm(wanted, desc="textual inversion", unit="class", disable=not progress):
-        ckpt = work_dir / f"{idx}.pt"
-        if ckpt.is_file():
-            out[idx] = torch.load(ckpt, map_location="cpu", weights_only=True)
-            continue
-        images = class_images(data_dir / imagenet.wnids()[idx])
-        vec, losses = train_class_token(run, images, imagenet.get_class(idx).name, cfg)
-        with atomic_path(ckpt) as tmp:
-            torch.save(vec, tmp)
-        log.info("class %d: loss %.4f -> %.4f", idx, np.mean(losses[:10]), np.mean(losses[-10:]))
-        out[idx] = vec
-    return out
+    _check_recipe(work_dir, {"model_id": model_id, "label_space": label_space, "textual_inversion": cfg.to_dict()})
+    mine = [c for i, c in enumerate(todo_classes) if process is None or process.owns(i)]
+    todo = [c for c in mine if not (work_dir / f"{c.index}.bin").is_file()]
+    if len(todo) < len(mine):
+        log.info("textual inversion: %d of %d classes already done in %s", len(mine) - len(todo), len(mine), work_dir)
+    for cls in tqdm(todo, desc="textual inversion", unit="class", disable=not progress):
+        vec, losses = train_class_token(run, cls, cfg)
+        k = max(1, min(100, len(losses) // 10))
+        atomic_write_json(work_dir / "meta" / f"{cls.index}.json", {
+            "index": cls.index, "name": cls.name, "images": len(cls.files), "steps": len(losses),
+            "init_norm": float(vec.norm()), "loss_first": float(np.mean(losses[:k])),
+            "loss_last": float(np.mean(losses[-k:]))})
+        save_token_file(vec, work_dir / f"{cls.index}.bin")  # last: marks the class done
+        log.info("class %d (%s): loss %.4f -> %.4f", cls.index, cls.name, np.mean(losses[:k]), np.mean(losses[-k:]))
+    done = [c.index for c in todo_classes if (work_dir / f"{c.index}.bin").is_file()]
+    return load_token_zip(work_dir, dim=None, classes=done) if done else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m builders.textual_inversion``: train class tokens for a folder dataset."""
+    import sys
+
+    from benchmark.cli import _setup_logging
+    from benchmark.cli._common import positive_int
+    from builders.sharding import current_process
+    from builders.tokens import save_token_zip
+
+    ap = argparse.ArgumentParser(prog="python -m builders.textual_inversion",
+                                 description=__doc__.split("\n\n")[0],
+                                 epilog="examples:\n  python -m builders.textual_inversion --images imagenet/train "
+                                        "--classes 0,207 --out ti/ --pack tokens.zip\n"
+                                        "  accelerate launch -m builders.textual_inversion --images mydata/ "
+                                        "--label-space folders --out ti/",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", required=True, help="folder of class folders (<wnid or index>/ or any names)")
+    ap.add_argument("--out", required=True, help="work folder, resumable: <idx>.bin per finished class")
+    ap.add_argument("--label-space", choices=("imagenet", "folders"), default="imagenet")
+    ap.add_argument("--classes", help="comma-separated class indices (default: every class folder)")
+    ap.add_argument("--model", default="stabilityai/stable-diffusion-2")
+    ap.add_argument("--revision")
+    ap.add_argument("--variant", default="fp16")
+    ap.add_argument("--steps", type=positive_int, default=3000)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--resolution", type=positive_int, default=768)
+    ap.add_argument("--batch-size", type=positive_int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+                    help="UNet/VAE dtype on CUDA (CPU runs float32)")
+    ap.add_argument("--pack", metavar="ZIP", help="when every class is done, also write them as ZIP (tokens/<idx>.bin)")
+    ap.add_argument("--tiny", action="store_true", help="tiny random-weight SD on CPU (tests, demos)")
+    args = ap.parse_args(argv)
+    _setup_logging(0, False)
+    proc = current_process()
+    try:
+        cfg = TIConfig(steps=args.steps, lr=args.lr, resolution=args.resolution, batch_size=args.batch_size,
+                       seed=args.seed)
+        if args.tiny:
+            from builders.tiny import tiny_sd_components
+            run, model_id = TIRun.from_components(tiny_sd_components(), "cpu"), "tiny-random-sd2(seed=0)"
+        else:
+            from builders.sd_generate import GenerationSettings, SDGenerator
+            device = proc.device()
+            gen = SDGenerator.from_pretrained(GenerationSettings(model_id=args.model, revision=args.revision,
+                                                                 variant=args.variant, dtype=args.dtype), device=device)
+            run, model_id = TIRun.from_components(gen.pipe.components, device), args.model
+        classes = None if args.classes is None else [int(c) for c in args.classes.split(",")]
+        tokens = train_tokens(args.images, args.out, run, cfg, classes=classes, label_space=args.label_space,
+                              model_id=model_id, process=proc)
+        n_classes = len(folder_classes(args.images, label_space=args.label_space, classes=classes))
+        if args.pack and proc.is_main and len(tokens) == n_classes:
+            save_token_zip(tokens, args.pack)
+            print(args.pack)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

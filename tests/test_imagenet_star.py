@@ -12,73 +12,129 @@ import torch
 from benchmark.cli import main
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.reader import LocalSuite
-from builders.clip_filter import calibrate_thresholds, shift_caption
+from benchmark.suite_format import shard_name
+from builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, calibrate_thresholds, keep_flags,
+                                  released_kept_counts, shift_caption)
 from builders.sd_generate import GenerationSettings, SDGenerator
-from builders.seeding import derive_seed
-from builders.tokens import inject_tokens, load_token_zip, save_token_zip, token_name
+from builders.seeding import derive_seed, generator
+from builders.tokens import inject_tokens, load_token_zip, save_token_file, save_token_zip, token_name
 
-TINY = GenerationSettings(model_id="tiny", steps=2, height=64, width=64, output_size=32, batch_size=4)
+TINY = GenerationSettings(model_id="tiny", steps=2, height=32, width=32, output_size=24, batch_size=4)
+PROMPT = "a photo of a tench in the snow"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core machine extra threads only contend."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
-def smoke_suite(tmp_path_factory):
+def smoke_suite(tmp_path_factory, one_thread):
     out = tmp_path_factory.mktemp("star") / "suite"
     assert main(["build", "imagenet-star", "--smoke", "--out", str(out), "--no-progress"]) == 0
     return out
 
 
-def test_same_seed_same_bytes_and_ids_give_distinct_seeds():
-    gen = SDGenerator.tiny(TINY)
+@pytest.fixture(scope="module")
+def tiny_gen(one_thread):
+    return SDGenerator.tiny(TINY)
+
+
+# -- generation ---------------------------------------------------------------------------------
+def test_same_seed_same_bytes_and_images_do_not_depend_on_their_batch(tiny_gen):
     seeds = [derive_seed(0, "in_the_snow", c, k) for c in (0, 1) for k in (0, 1)]
     assert len(set(seeds)) == 4
-    prompts = ["a photo of a tench in the snow"] * 4
-    a = gen.generate(prompts, seeds)
-    b = SDGenerator.tiny(TINY).generate(prompts, seeds)
-    assert a == b  # byte-identical JPEGs on CPU
-    assert len({hashlib.sha256(x).hexdigest() for x in a}) == 4
-    assert gen.generate(prompts[:1], seeds[:1]) == a[:1]  # an image does not depend on its batch mates
+    a = tiny_gen.generate([PROMPT] * 4, seeds)
+    assert SDGenerator.tiny(TINY).generate([PROMPT] * 4, seeds) == a  # byte-identical JPEGs on CPU
+    assert len({hashlib.sha256(x).hexdigest() for x in a}) == 4  # different ids -> different images
+    assert tiny_gen.generate([PROMPT], seeds[2:3]) == a[2:3]  # alone = in a batch of 4
+    # ... and equal to the authors' way: one plain pipeline call per image with its own generator
+    im = tiny_gen.pipe(PROMPT, num_inference_steps=2, guidance_scale=7.5, height=32, width=32,
+                       generator=generator(seeds[1]), output_type="pil").images[0].resize((24, 24))
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=TINY.jpeg_quality)
+    assert buf.getvalue() == a[1]
 
 
-def test_generation_backs_off_on_out_of_memory():
+def test_low_precision_unet_with_float32_text_encoder():
+    """fp16/bf16 UNet + fp32 text encoder (the GPU setting; bf16 runs on CPU) must generate."""
+    from dataclasses import replace
+
+    gen = SDGenerator.tiny(replace(TINY, steps=1))
+    gen.pipe.unet.to(torch.bfloat16)
+    gen.pipe.vae.to(torch.bfloat16)
+    assert gen.pipe.text_encoder.dtype == torch.float32
+    out = gen.generate([PROMPT, PROMPT], [1, 2])
+    assert len(out) == 2 and out[0] != out[1] and out[0][:2] == b"\xff\xd8"
+    assert gen.encode_prompts([PROMPT]).dtype == torch.bfloat16
+
+
+def test_generation_backs_off_on_out_of_memory(tiny_gen):
+    expected = tiny_gen.generate(["a"] * 3, [1, 2, 3])
     gen = SDGenerator.tiny(TINY)
-    real = gen.pipe.__call__
-    sizes = []
+    real, sizes = gen.denoiser, []
 
-    class Pipe:
-        def __getattr__(self, name):
-            return getattr(gen_pipe, name)
+    def oom_above_one(**kw):
+        sizes.append(kw["latents"].shape[0])
+        if kw["latents"].shape[0] > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(**kw)
 
-        def __call__(self, **kw):
-            sizes.append(kw["latents"].shape[0])
-            if kw["latents"].shape[0] > 1:
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-            return real(**kw)
-
-    gen_pipe = gen.pipe
-    gen.pipe = Pipe()
-    out = gen.generate(["a"] * 3, [1, 2, 3])
-    assert len(out) == 3 and gen.backoff.batch_size == 1 and sizes == [3, 2, 1, 1, 1]
+    gen._denoiser = oom_above_one
+    assert gen.generate(["a"] * 3, [1, 2, 3]) == expected  # same bytes whatever the batch size
+    assert gen.backoff.batch_size == 1 and sizes == [3, 2, 1, 1, 1]
 
 
-def test_token_zip_round_trip_and_injection(tmp_path):
-    tokens = {0: torch.randn(32), 207: torch.randn(32)}
-    save_token_zip(tokens, tmp_path / "tokens.zip")
-    loaded = load_token_zip(tmp_path / "tokens.zip", dim=32, classes=[0, 207])
-    assert all(torch.equal(loaded[i], tokens[i]) for i in tokens)
+# -- tokens -------------------------------------------------------------------------------------
+def test_token_round_trip_injection_and_case_preserving_names(tmp_path):
     from builders.tiny import tiny_sd_components
+
+    tokens = {0: torch.randn(32), 207: torch.randn(1, 32).half()}  # (D,) fp32 and (1, D) fp16 are accepted
+    save_token_zip(tokens, tmp_path / "tokens.zip")
+    save_token_zip(tokens, tmp_path / "again.zip")
+    assert (tmp_path / "tokens.zip").read_bytes() == (tmp_path / "again.zip").read_bytes()  # reproducible
+    loaded = load_token_zip(tmp_path / "tokens.zip", dim=32, classes=[0, 207])
+    assert loaded[207].shape == (32,) and loaded[207].dtype == torch.float32
+    assert torch.equal(loaded[207], tokens[207][0].float()) and torch.equal(loaded[0], tokens[0])
+    save_token_file(tokens[0], tmp_path / "folder" / "tokens" / "0.bin")  # the trainer's folder layout
+    assert torch.equal(load_token_zip(tmp_path / "folder", dim=32, classes=[0])[0], tokens[0])
+
     comp = tiny_sd_components()
-    ids = inject_tokens(comp["tokenizer"], comp["text_encoder"], loaded)
-    assert ids == {0: 49408, 207: 49409}
-    assert token_name(207) == "<Golden Retriever-207>"
-    assert comp["tokenizer"]("a photo of a <Golden Retriever-207>").input_ids[5] == 49409
-    w = comp["text_encoder"].get_input_embeddings().weight
-    assert torch.equal(w[49409], tokens[207]) and torch.equal(w[49408], tokens[0])
+    tok, enc = comp["tokenizer"], comp["text_encoder"]
+    ids = inject_tokens(tok, enc, loaded)
+    assert ids == {0: 49408, 207: 49409} and token_name(207) == "<Golden Retriever-207>"
+    w = enc.get_input_embeddings().weight
+    assert torch.equal(w[49409], loaded[207]) and torch.equal(w[49408], loaded[0])  # the injected row = the file
+    ids_text = tok("a photo of a <Golden Retriever-207> in the snow").input_ids
+    assert ids_text[5] == 49409 and len(ids_text) == 10
+    assert tok.convert_ids_to_tokens(49409) == "<Golden Retriever-207>"  # capitals and space kept
+    assert 49409 not in tok("a photo of a <golden retriever-207>").input_ids  # matched case-sensitively
+    with pytest.raises(BenchError, match="already in the tokenizer"):
+        inject_tokens(tok, enc, {0: loaded[0]})
+
+
+def test_all_1000_tokens_get_the_authors_ids():
+    from builders.tiny import tiny_sd_components
+
+    comp = tiny_sd_components()
+    g = torch.Generator().manual_seed(0)
+    tokens = {c: torch.randn(32, generator=g) for c in range(1000)}
+    ids = inject_tokens(comp["tokenizer"], comp["text_encoder"], tokens)
+    assert all(ids[c] == 49408 + c for c in range(1000)) and len(comp["tokenizer"]) == 50408
+    assert comp["tokenizer"]("<missile-744>").input_ids[1] == 49408 + 744  # duplicate names stay distinct
+    assert torch.equal(comp["text_encoder"].get_input_embeddings().weight[49408 + 744], tokens[744])
 
 
 @pytest.mark.parametrize("tensor, match", [
     (torch.randn(2, 32), "shape \\(2, 32\\)"),
+    (torch.randn(16), "shape \\(16,\\)"),
     (torch.randint(0, 5, (32,)), "not a float tensor"),
     (torch.full((32,), float("nan")), "NaN"),
+    ({"not": "a tensor"}, "expected a tensor"),
 ])
 def test_bad_token_files(tmp_path, tensor, match):
     buf = io.BytesIO()
@@ -87,58 +143,148 @@ def test_bad_token_files(tmp_path, tensor, match):
         zf.writestr("tokens/0.bin", buf.getvalue())
     with pytest.raises(IntegrityError, match=match):
         load_token_zip(tmp_path / "t.zip", dim=32, classes=[0])
+
+
+def test_token_files_missing_classes_or_not_a_zip(tmp_path):
+    save_token_zip({0: torch.randn(32)}, tmp_path / "ok.zip")
     with pytest.raises(IntegrityError, match="no token for 1 class"):
-        save_token_zip({0: torch.randn(32)}, tmp_path / "ok.zip")
         load_token_zip(tmp_path / "ok.zip", dim=32, classes=[0, 1])
+    with pytest.raises(IntegrityError, match="no token for 999 class"):
+        load_token_zip(tmp_path / "ok.zip", dim=32)  # the released file must hold all 1000
+    (tmp_path / "bad.zip").write_bytes(b"not a zip")
+    with pytest.raises(IntegrityError, match="not a zip file"):
+        load_token_zip(tmp_path / "bad.zip", classes=[0])
+    with pytest.raises(BenchError, match="does not exist"):
+        load_token_zip(tmp_path / "absent.zip")
 
 
-def test_textual_inversion_lowers_the_loss_and_keeps_the_norm():
+# -- textual inversion --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def class_folder(tmp_path_factory):
     from PIL import Image
 
-    from builders.textual_inversion import SplitEmbedding, TIConfig, TIRun, _image_tensor, initializer, train_class_token
+    root = tmp_path_factory.mktemp("train")
+    rng = np.random.default_rng(0)
+    for wnid, colour in (("n01443537", (200, 30, 30)), ("n01440764", (30, 160, 40))):
+        (root / wnid).mkdir()
+        for i in range(3):
+            arr = np.clip(np.array(colour) + rng.normal(0, 10, (40, 48, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(arr).save(root / wnid / f"{i}.png")
+    (root / "n01484850").mkdir()  # great white shark: a class folder without images
+    return root
+
+
+def test_textual_inversion_lowers_the_loss_and_holds_the_norm(class_folder):
+    from builders.textual_inversion import TIConfig, TIRun, eval_loss, folder_classes, initializer, train_class_token
     from builders.tiny import tiny_sd_components
 
-    c = tiny_sd_components()
-    run = TIRun(c["unet"], c["vae"], c["text_encoder"], c["tokenizer"], c["scheduler"], torch.device("cpu"))
-    rng = np.random.default_rng(0)
-    imgs = [Image.fromarray(np.clip(np.full((48, 48, 3), [200, 30, 30]) + rng.normal(0, 10, (48, 48, 3)), 0, 255)
-                            .astype(np.uint8)) for _ in range(4)]
-    cfg = TIConfig(steps=120, lr=0.2, resolution=64, flip_p=0.0, templates=("a photo of a {}",))
-
-    def eval_loss(vec):  # the training objective on a fixed set of (image, t, noise)
-        base = run.text_encoder.get_input_embeddings()
-        split = SplitEmbedding(base, run.placeholder_id, vec)
-        run.text_encoder.set_input_embeddings(split)
-        r = np.random.default_rng(123)
-        with torch.no_grad():
-            losses = [float(run.loss(split, _image_tensor(imgs[k % 4], cfg, r), "a photo of a {}",
-                                     torch.tensor([int(r.integers(1000))]), 1000 + k)) for k in range(24)]
-        run.text_encoder.set_input_embeddings(base)
-        return np.mean(losses)
-
-    init = initializer(run.tokenizer, run.text_encoder, "goldfish")
-    vec, losses = train_class_token(run, imgs, "goldfish", cfg)
+    run = TIRun.from_components(tiny_sd_components(sample_size=16))
+    vocab, rows = len(run.tokenizer), run.text_encoder.get_input_embeddings().weight.shape
+    cls = folder_classes(class_folder, classes=[1])[0]
+    assert cls.name == "goldfish" and len(cls.files) == 3
+    cfg = TIConfig(steps=40, lr=0.1, resolution=32, flip_p=0.0, templates=("a photo of a {}",))
+    init = initializer(run.tokenizer, run.text_encoder, cls.name)
+    vec, losses = train_class_token(run, cls, cfg)
+    assert len(losses) == 40
     assert torch.allclose(vec.norm(), init.norm(), rtol=1e-5)  # only the direction is learned
-    trained = eval_loss(vec)
-    assert trained < eval_loss(init)
+    assert torch.cosine_similarity(vec, init, dim=0) < 0.99  # ... and it did move
+    trained = eval_loss(run, cls, vec, cfg, n=12)
+    assert trained < eval_loss(run, cls, init, cfg, n=12)
     g = torch.Generator().manual_seed(0)
-    randoms = [eval_loss(torch.randn(32, generator=g) * init.norm() / 32 ** 0.5) for _ in range(2)]
+    randoms = [eval_loss(run, cls, torch.randn(32, generator=g) * init.norm() / 32 ** 0.5, cfg, n=12)
+               for _ in range(2)]
     assert trained < min(randoms)
+    # nothing of the model was changed: no token added, the embedding module restored
+    assert len(run.tokenizer) == vocab and run.text_encoder.get_input_embeddings().weight.shape == rows
+    assert isinstance(run.text_encoder.get_input_embeddings(), torch.nn.Embedding)
+
+
+def test_held_norm_embedding_serves_the_initialisers_norm():
+    from builders.textual_inversion import SplitEmbedding
+
+    base = torch.nn.Embedding(5, 4)
+    init = torch.tensor([3.0, 0.0, 4.0, 0.0])  # norm 5
+    split = SplitEmbedding(base, 5, init)
+    with torch.no_grad():
+        split.vector.mul_(7.0).add_(torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    out = split(torch.tensor([[0, 5, 2]]))
+    assert torch.allclose(out[0, 1].norm(), torch.tensor(5.0))
+    assert torch.allclose(out[0, 1], split.vector * 5.0 / split.vector.norm())
+    assert torch.equal(out[0, 0], base.weight[0]) and torch.equal(out[0, 2], base.weight[2])
+
+
+def test_template_ids_match_a_tokenizer_with_the_token_added():
+    from transformers import AddedToken
+
+    from builders.textual_inversion import TEMPLATES, template_ids
+    from builders.tiny import clip_tokenizer
+
+    plain, added = clip_tokenizer(pad_token="!"), clip_tokenizer(pad_token="!")
+    added.add_tokens([AddedToken("<goldfish-1>", normalized=False)])
+    tid = added.convert_tokens_to_ids("<goldfish-1>")
+    for t in TEMPLATES:
+        assert template_ids(plain, t, tid) == added(t.format("<goldfish-1>"), padding="max_length",
+                                                     max_length=77).input_ids
+    assert len(TEMPLATES) == 27
+
+
+def test_textual_inversion_low_precision_and_resume(class_folder, tmp_path, monkeypatch):
+    from builders import textual_inversion as ti
+    from builders.tiny import tiny_sd_components
+
+    comp = tiny_sd_components(sample_size=16)
+    comp["unet"].to(torch.bfloat16)  # the GPU setting (fp16 UNet/VAE, fp32 text encoder), bf16 on CPU
+    comp["vae"].to(torch.bfloat16)
+    run = ti.TIRun.from_components(comp)
+    cfg = ti.TIConfig(steps=1, resolution=32)
+    tokens = ti.train_tokens(class_folder, tmp_path / "work", run, cfg, classes=[0, 1], progress=False)
+    assert sorted(tokens) == [0, 1] and json.loads((tmp_path / "work/meta/1.json").read_text())["name"] == "goldfish"
+
+    def must_not_train(*a, **k):
+        raise AssertionError("a finished class was trained again")
+
+    monkeypatch.setattr(ti, "train_class_token", must_not_train)
+    again = ti.train_tokens(class_folder, tmp_path / "work", run, cfg, classes=[0, 1], progress=False)
+    assert all(torch.equal(again[c], tokens[c]) for c in (0, 1))
+    with pytest.raises(BenchError, match="trained with other settings"):
+        ti.train_tokens(class_folder, tmp_path / "work", run, ti.TIConfig(steps=2, resolution=32), classes=[0])
     with pytest.raises(BenchError, match="has no training images"):
-        train_class_token(run, [], "goldfish", cfg)
+        ti.folder_classes(class_folder, classes=[2])
 
 
-def test_calibration_hits_the_target_kept_fractions():
+# -- CLIP filter ----------------------------------------------------------------------------------
+def test_calibration_hits_the_released_kept_counts_exactly():
+    n, kept = released_kept_counts()
+    assert n == 50000 and sum(v for k, v in kept.items() if k != "base") == 665737  # spec s6
     rng = np.random.default_rng(0)
-    scores = {"base": rng.normal(0.3, 0.05, 1000), "in_the_rain": rng.normal(0.25, 0.05, 777)}
-    target = {"base": 0.9263, "in_the_rain": 0.4833}
-    th = calibrate_thresholds(scores, target)
+    scores = {s: rng.normal(0.3, 0.05, n).astype(np.float32) for s in ("base", "embroidery", "in_the_grass")}
+    th = calibrate_thresholds(scores, RELEASED_KEPT_FRACTION)
     for s, v in scores.items():
-        assert (v >= th[s]).sum() == int(np.floor(v.size * target[s]))
+        assert (v >= th[s]).sum() == kept[s]  # a full build keeps exactly the released counts
+    small = {"base": rng.normal(0.3, 0.05, 1000), "in_the_rain": rng.normal(0.25, 0.05, 777)}
+    th = calibrate_thresholds(small, {"base": 0.9263, "in_the_rain": 0.4833})
+    assert (small["base"] >= th["base"]).sum() == 926 and (small["in_the_rain"] >= th["in_the_rain"]).sum() == 375
     assert shift_caption("a photo of a <TOKEN> in the snow") == "a photo of a thing in the snow"
     assert shift_caption("a photo of a <TOKEN>") is None
 
 
+def test_class_plus_shift_rule_gates_on_shift_presence_and_still_hits_the_target():
+    rng = np.random.default_rng(1)
+    cls = {"in_the_snow": rng.normal(0.3, 0.05, 1000), "base": rng.normal(0.3, 0.05, 1000)}
+    shf = {"in_the_snow": rng.normal(0.2, 0.03, 1000), "base": np.full(1000, np.nan)}
+    th = calibrate(cls, {"in_the_snow": 0.5, "base": 0.9}, rule="class+shift", shift_scores=shf, shift_quantile=0.2)
+    keep = keep_flags(cls["in_the_snow"], shf["in_the_snow"], th["in_the_snow"])
+    assert keep.sum() == 500
+    lowest = np.argsort(shf["in_the_snow"])[:200]
+    assert not keep[lowest].any()  # the gate removed the 20% with the least shift presence
+    assert th["base"].shift_threshold is None and keep_flags(cls["base"], shf["base"], th["base"]).sum() == 900
+    with pytest.raises(BenchError, match="lower --shift-gate-quantile"):
+        calibrate(cls, {"in_the_snow": 0.9, "base": 0.9}, rule="class+shift", shift_scores=shf, shift_quantile=0.5)
+    zero = calibrate({"x": np.array([0.1, 0.2])}, {"x": 0.0})["x"]
+    assert not keep_flags(np.array([0.1, 0.2]), np.array([np.nan, np.nan]), zero).any()
+
+
+# -- the builder ----------------------------------------------------------------------------------
 def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, tiny_checkpoint):
     suite = LocalSuite.open(smoke_suite)
     suite.verify()
@@ -146,11 +292,19 @@ def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, ti
     assert suite.configs == ["base", "in_the_snow"] and all(c.rows == 4 for c in m.configs.values())
     assert m.configs["base"].kept == 3 and m.configs["in_the_snow"].kept == 2  # floor(4 x released fraction)
     ds = suite.dataset("in_the_snow")
-    assert ds[0]["prompt"].startswith("a photo of a <") and ds[0]["prompt"].endswith("> in the snow")
-    assert len(ds[0]["clip_image_embedding"]) == 32 and ds[0]["seed"] == derive_seed(0, "in_the_snow",
-                                                                                       ds[0]["label"], ds[0]["sample"])
+    row = ds[0]
+    assert row["prompt"] == f"a photo of a {token_name(row['label'])} in the snow"
+    assert row["class_token"] == token_name(row["label"]) and row["scheduler"] == "EulerDiscreteScheduler"
+    assert len(row["clip_image_embedding"]) == 32 and row["seed"] == derive_seed(0, "in_the_snow", row["label"],
+                                                                                   row["sample"])
+    assert row["steps"] == 2 and abs(row["guidance"] - 7.5) < 1e-6 and row["image"].size == (32, 32)
+    th = m.generator["clip_filter"]["thresholds"]["in_the_snow"]["class"]
+    cols = suite.read_columns("in_the_snow", ["clip_class_score", "keep"])
+    assert cols["keep"].to_pylist() == [s >= th for s in cols["clip_class_score"].to_pylist()]  # recomputable
     card = (smoke_suite / "README.md").read_text()
-    assert "2 steps, guidance 7.5" in card and "EulerDiscreteScheduler" in card and "0.7321" in card
+    for text in ("2 steps, guidance 7.5", "EulerDiscreteScheduler", "0.73212", "tiny-open-clip", "quality 75",
+                 "arXiv:2302.07865", "ImageNet terms", "textual inversion on synthetic images"):
+        assert text in card
     assert not (smoke_suite / ".stage").exists()
     code = main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
                  str(smoke_suite), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"])
@@ -178,18 +332,27 @@ def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
     args = ["build", "imagenet-star", "--smoke", "--out", str(out), "--no-progress", "--images-per-shard", "2"]
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(args)
-    staged = sorted((out / ".stage").rglob("*.parquet"))
-    assert len(staged) == 1
-    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in staged}
-    monkeypatch.setattr(writer.SuiteWriter, "write_shard", real)
+    staged = sorted((out / ".stage" / "data").rglob("*.parquet"))
+    assert len(staged) == 1 and not list(out.rglob("*.incomplete"))  # the half-written shard is gone
+    (done,) = staged
+    mtime, data = done.stat().st_mtime_ns, done.read_bytes()
+    regenerated = []
+
+    def record(self, config, index, num_shards, rows):
+        if self.root.name == ".stage":
+            regenerated.append(self.root / shard_name(config, index, num_shards))
+        else:  # filter phase: the shard finished before the crash is still the same file
+            assert done.stat().st_mtime_ns == mtime and done.read_bytes() == data
+        return real(self, config, index, num_shards, rows)
+
+    monkeypatch.setattr(writer.SuiteWriter, "write_shard", record)
     assert main(args) == 0
-    for p, (mtime, data) in before.items():
-        assert not p.exists()  # the stage is removed at the end ...
     suite = LocalSuite.open(out)
     suite.verify()
     ids = [i for c in suite.configs for i in suite.read_columns(c, ["image_id"])["image_id"].to_pylist()]
-    assert len(ids) == len(set(ids)) == 8  # ... and no row is missing or duplicated
-    assert sum(len(suite.manifest.config(c).files) for c in suite.configs) >= 3  # the crash hit a multi-shard build
+    assert len(ids) == len(set(ids)) == 8  # no row is missing or duplicated
+    n_shards = sum(len(suite.manifest.config(c).files) for c in suite.configs)
+    assert done not in regenerated and len(regenerated) == n_shards - 1 >= 2
 
 
 def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
@@ -207,28 +370,49 @@ def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
 
     monkeypatch.setattr(writer.SuiteWriter, "write_shard", stop_after_stage)
     assert main(args) == 130  # Ctrl-C during the filter phase: the CLI exits 130, outputs kept
-    mtimes = {p: p.stat().st_mtime_ns for p in (out / ".stage").rglob("*.parquet")}
-    assert len(mtimes) == len(seen) >= 3
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / ".stage").rglob("*.parquet")}
+    assert len(before) == len(seen) >= 3
     regenerated = []
 
     def record(self, config, index, num_shards, rows):
         if self.root.name == ".stage":
             regenerated.append((config, index))
+        else:
+            assert all(p.stat().st_mtime_ns == m and p.read_bytes() == b for p, (m, b) in before.items())
         return real(self, config, index, num_shards, rows)
 
     monkeypatch.setattr(writer.SuiteWriter, "write_shard", record)
     assert main(args) == 0
-    assert regenerated == []  # every generated shard was reused
+    assert regenerated == []  # every generated shard was reused, untouched
 
 
-def test_bad_build_input(tmp_path, capsys):
+def test_wait_for_other_processes_gives_up_without_progress():
+    from builders.imagenet_star import _wait_for
+
+    left = [["a", "b"], ["b"], []]
+    _wait_for(lambda: left.pop(0), "shard(s)", timeout=5, poll=0)  # progress: returns when nothing is missing
+    with pytest.raises(BenchError, match="did not appear within 0 s"):
+        _wait_for(lambda: ["x #3"], "generated shard(s)", timeout=0, poll=0)
+
+
+def test_bad_build_input(tmp_path, capsys, monkeypatch):
     assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "a"), "--shifts", "in_the_snwo"]) != 0
     assert "unknown shift 'in_the_snwo'. Did you mean 'in_the_snow'" in capsys.readouterr().err
-    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--no-progress", "--shifts",
+                 "base", "--classes", "0", "--samples-per-class", "1"]) == 0
     capsys.readouterr()
-    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--seed", "5"]) != 0
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--shifts", "base",
+                 "--classes", "0", "--samples-per-class", "1", "--seed", "5"]) != 0
     assert "holds a different build" in capsys.readouterr().err
     (tmp_path / "t.zip").write_bytes(b"not a zip")
     assert main(["build", "imagenet-star", "--out", str(tmp_path / "c"), "--tokens", str(tmp_path / "t.zip"),
-                 "--classes", "0"]) != 0
+                 "--classes", "0", "--device", "cpu"]) != 0
     assert "is not a zip file" in capsys.readouterr().err
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(["build", "imagenet-star", "--out", str(tmp_path / "d"), "--classes", "0"]) != 0  # default: hub tokens
+    assert "could not get tokens.zip from the Hub dataset madrylab/imagenet-star-tokens" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # nothing written before the inputs are resolved
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "e"), "--kept-fractions",
+                 str(tmp_path / "t.zip")]) != 0
+    assert "--kept-fractions" in capsys.readouterr().err
