@@ -70,17 +70,35 @@ class Edit:
     edit: str       # added words
 
 
-def word_diff(caption: str, edited: str) -> tuple[str, str]:
-    """(longest run of removed words, longest run of added words) from caption to edited."""
+def word_diff(caption: str, edited: str, *, merge_gap: int = 1) -> tuple[str, str]:
+    """``(original words, edit words)``: the removed and the added words of one change block.
+
+    The released code keeps the longest run of removed words and, independently, the longest run
+    of added words (``specs/lance.md`` s2). That splits a phrase replaced around a shared word
+    ("in the snow" -> "on the beach" gives "in" -> "on") and, with two changes, can pair the
+    removed words of one with the added words of the other. Here ``SequenceMatcher`` change
+    blocks separated by at most ``merge_gap`` shared words are merged, and the largest block
+    (removed + added words; ties: the first) gives both parts. Either part may be "" (a pure
+    addition has no original words).
+
+    >>> word_diff("a photo of a dog in the snow.", "A photo of a dog on the beach")
+    ('in the snow', 'on the beach')
+    >>> word_diff("a dog in the snow.", "a dog on the beach", merge_gap=0)
+    ('in', 'on')
+    """
     a, b = _words(caption), _words(edited)
-    removed, added = [], []
+    blocks: list[list[int]] = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if op in ("replace", "delete"):
-            removed.append(a[i1:i2])
-        if op in ("replace", "insert"):
-            added.append(b[j1:j2])
-    longest = lambda runs: " ".join(max(runs, key=len)) if runs else ""  # noqa: E731
-    return longest(removed), longest(added)
+        if op == "equal":
+            continue
+        if blocks and i1 - blocks[-1][1] <= merge_gap:
+            blocks[-1][1], blocks[-1][3] = i2, j2
+        else:
+            blocks.append([i1, i2, j1, j2])
+    if not blocks:
+        return "", ""
+    i1, i2, j1, j2 = max(blocks, key=lambda k: (k[1] - k[0]) + (k[3] - k[2]))
+    return " ".join(a[i1:i2]), " ".join(b[j1:j2])
 
 
 def edits_from_answer(caption: str, edit_type: str, answer: str, *, min_overlap: float = 0.5) -> list[Edit]:

@@ -86,6 +86,11 @@ def test_perturber_parsing_and_word_diff_on_hand_written_answers():
     edits = edits_from_answer(cap, "adjective", ans)
     assert [(e.original, e.edit) for e in edits] == [("green", "red"), ("", "in the snow"), ("photo", "painting")]
     assert word_diff(cap, "a photo of a gorilla in a tall green tree") == ("monkey", "gorilla")
+    # a phrase replaced around one shared word stays one edit; two changes are never cross-paired
+    assert word_diff("a dog in the snow", "a dog on the beach") == ("in the snow", "on the beach")
+    assert word_diff("a dog in the snow", "a dog on the beach", merge_gap=0) == ("in", "on")
+    assert word_diff("a red dog sits on a big green lawn", "a red cat sits on a big blue wet lawn") == ("green",
+                                                                                                       "blue wet")
     assert edits_from_answer(cap, "subject", "I cannot help with that.") == []  # parses to nothing
     assert edits_from_answer(cap, "subject", f"### Variations:\n1. {cap}\n") == []  # no change, no edit
 
