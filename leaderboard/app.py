@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from leaderboard import aggregate
+from leaderboard.export import to_csv_bytes
 from leaderboard.store import STAMP, Store, load_store
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -156,7 +157,7 @@ def main() -> None:
     st.dataframe(view[main_cols], column_config=column_config, hide_index=True, key="main_table",
                  width="stretch")
     c1, c2 = st.columns(2)
-    c1.download_button("Download CSV", view.to_csv(index=False).encode(), file_name=f"{suite}-leaderboard.csv",
+    c1.download_button("Download CSV", to_csv_bytes(view), file_name=f"{suite}-leaderboard.csv",
                        mime="text/csv", key="download_csv")
     c2.download_button("Download JSON", view.to_json(orient="records", indent=1).encode(),
                        file_name=f"{suite}-leaderboard.json", mime="application/json", key="download_json")

@@ -317,3 +317,12 @@ def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoi
     assert "--stamp needs --recheck" in capsys.readouterr().err
     assert main(["verify", str(rpath), "--recheck", "5", "--checkpoint", str(tiny_checkpoint), "--stamp"]) == 0
     assert load_store(str(store)).entries[0].verified
+
+
+def test_csv_download_defuses_spreadsheet_formulas():
+    from leaderboard.export import to_csv_bytes
+    view = pd.DataFrame({"model": ["=HYPERLINK(\"http://x\")", "@SUM(A1)", "resnet50.a1_in1k", "-2+3"],
+                         "acc1": [0.5, -0.25, 0.75, float("nan")], "verified": [True, False, True, True]})
+    back = pd.read_csv(io.BytesIO(to_csv_bytes(view)))
+    assert back["model"].tolist() == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "resnet50.a1_in1k", "'-2+3"]
+    assert back["acc1"].tolist()[:3] == [0.5, -0.25, 0.75] and back["verified"].tolist() == [True, False, True, True]
