@@ -24,7 +24,6 @@ content (commit sha, or the zips' sha256), the mask's sha256 and the shifts.
 
 from __future__ import annotations
 
-import io
 import logging
 import pickle
 import re

@@ -40,10 +40,10 @@ def correctness(table, criterion: str) -> np.ndarray:
 
 def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | Path, configs: list[str] | None = None,
              classes: list[int] | None = None, criterion: str = "top1", options: DirectionOptions = DirectionOptions(),
-             suite: str | None = None, progress: bool = True) -> tuple[dict, Path]:
+             suite: str | None = None, mask: str | None = None, progress: bool = True) -> tuple[dict, Path]:
     from tqdm.auto import tqdm
 
-    from eval.runner import open_suite
+    from eval.runner import reopen_suite
 
     path = Path(result_path)
     path = path / "result.json" if path.is_dir() else path
@@ -56,10 +56,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         f = path.parent / entries[c]["path"]
         if not f.is_file() or sha256_file(f) != entries[c]["sha256"]:
             raise IntegrityError(f"{entries[c]['path']} is missing or does not match the result's sha256; run bench verify")
-    info = open_suite(suite or result["suite"]["source"], revision=None if suite else result["suite"].get("revision"),
-                      configs=tuple(configs))
-    if info.suite.manifest.sha256 != result["suite"]["manifest_sha256"]:
-        raise IntegrityError("the suite's manifest differs from the one the result was made on; pass the right --suite")
+    info = reopen_suite(result, suite=suite, mask=mask, configs=tuple(configs))
 
     ids_all, emb_all, labels_all, right_all = [], [], [], []
     for c in configs:

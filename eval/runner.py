@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
 from benchmark.reader import LocalSuite
 from eval.inference import InferenceOptions, check_device, predict_config
@@ -77,6 +77,32 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
     )
 
 
+def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = None,
+                 configs: tuple[str, ...] | None = None) -> SuiteInfo:
+    """The suite a result was made on (for ``bench verify --recheck`` and ``bench diagnose``).
+
+    By default it is opened as recorded (source, revision and, for the upstream ImageNet*
+    adapter, the mask file); ``suite`` / ``mask`` point elsewhere. The opened suite must have
+    the result's manifest hash.
+    """
+    rec = result["suite"]
+    rec_mask = rec.get("mask") or {}
+    if mask is None and rec_mask:
+        mask = rec_mask["path"]
+        if not Path(mask).is_file():
+            raise BenchError(f"the result was scored with the mask {mask} (sha256 {rec_mask['sha256'][:12]}…), which is "
+                             "not there any more; pass the same file with --mask")
+    if mask is not None and rec_mask and sha256_file(mask) != rec_mask["sha256"]:
+        raise IntegrityError(f"mask {mask} is not the one the result was scored with (sha256 "
+                             f"{rec_mask['sha256'][:12]}…); pass that file with --mask")
+    src = suite or rec.get("source") or rec["id"]
+    info = open_suite(src, revision=None if suite else rec.get("revision"), configs=configs, mask=mask)
+    if info.suite.manifest.sha256 != rec["manifest_sha256"]:
+        raise IntegrityError(f"suite {src!r} has manifest {info.suite.manifest.sha256[:12]}…, the result was made on "
+                             f"{rec['manifest_sha256'][:12]}…; pass the right suite with --suite")
+    return info
+
+
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in text)
 
@@ -99,6 +125,7 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
         "id": suite.suite_id, "repo_id": suite.repo_id, "revision": suite.revision, "pinned": info.pinned,
         "manifest_sha256": suite.manifest.sha256, "suite_version": suite.manifest.suite_version,
         "configs": configs, "metric_family": info.metric_family, "source": info.source,
+        "mask": {"path": str(Path(req.mask).resolve()), "sha256": sha256_file(req.mask)} if req.mask else None,
     }
     scoring = req.scoring
     if info.metric_family == "imagenet_star" and scoring.reference_config is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import sha256_file
 from eval.predictions import read_predictions, topk_matrix
 from eval.results import RESULT_FILE, config_hash, load_result
@@ -43,8 +43,9 @@ def result_path(path: str | Path) -> Path:
     return p / RESULT_FILE if p.is_dir() else p
 
 
-def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, checkpoint: str | None = None,
-                  device: str = "cpu", seed: int = 0, prob_tol: float = 1e-3) -> VerifyReport:
+def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, mask: str | None = None,
+                  checkpoint: str | None = None, device: str = "cpu", seed: int = 0,
+                  prob_tol: float = 1e-3) -> VerifyReport:
     path = result_path(path)
     result = load_result(path)
     report = VerifyReport(path)
@@ -79,7 +80,7 @@ def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = Non
         report.problems += diffs[:20] + ([f"... and {len(diffs) - 20} more metric differences"] if len(diffs) > 20 else [])
         report.checked.append("every metric recomputed from the predictions")
     if recheck and not report.problems:
-        report.problems += _recheck(result, tables, n=recheck, suite=suite, checkpoint=checkpoint, device=device,
+        report.problems += _recheck(result, tables, n=recheck, suite=suite, mask=mask, checkpoint=checkpoint, device=device,
                                     seed=seed, prob_tol=prob_tol)
         report.checked.append(f"{recheck} images re-run through the model")
     return report
@@ -106,20 +107,18 @@ def compare(stored, recomputed, where: str, *, rel: float = 1e-9) -> list[str]:
     return [f"{where}: stored {stored!r}, recomputed {recomputed!r}"]
 
 
-def _recheck(result: dict, tables: dict, *, n: int, suite: str | None, checkpoint: str | None, device: str,
-             seed: int, prob_tol: float) -> list[str]:
+def _recheck(result: dict, tables: dict, *, n: int, suite: str | None, mask: str | None, checkpoint: str | None,
+             device: str, seed: int, prob_tol: float) -> list[str]:
     import torch
     from PIL import Image
 
     from eval.models import load_classifier
-    from eval.runner import open_suite
+    from eval.runner import reopen_suite
 
-    src = suite or result["suite"].get("source") or result["suite"]["id"]
-    info = open_suite(src, revision=result["suite"].get("revision") if not suite else None,
-                      configs=tuple(tables))
-    if info.suite.manifest.sha256 != result["suite"]["manifest_sha256"]:
-        return [f"suite {src!r} has manifest {info.suite.manifest.sha256[:12]}…, the result was made on "
-                f"{result['suite']['manifest_sha256'][:12]}…; pass the right suite with --suite"]
+    try:
+        info = reopen_suite(result, suite=suite, mask=mask, configs=tuple(tables))
+    except IntegrityError as e:
+        return [str(e)]
     m = result["model"]
     if m["source"] == "checkpoint" and not checkpoint:
         raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")

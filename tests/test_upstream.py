@@ -11,6 +11,7 @@ from PIL import Image
 
 from benchmark import imagenet
 from benchmark.errors import BenchError, IntegrityError
+from benchmark.fsutil import sha256_file
 from benchmark.reader import LocalSuite
 from benchmark.suites import imagenet_star_shifts
 from benchmark.upstream import convert_release, load_masks
@@ -148,12 +149,24 @@ def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_chec
         api.create_repo("madrylab/imagenet-star", repo_type="dataset")
         api.upload_file(path_or_fileobj=str(rel / "in_the_snow.zip"), path_in_repo="in_the_snow.zip",
                         repo_id="madrylab/imagenet-star", repo_type="dataset")
+        env = {"HF_ENDPOINT": fh.endpoint, "HF_HOME": str(tmp_path / "hf")}
         r = bench_subprocess(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint),
                               "--suite", "imagenet-star-upstream", "--configs", "in_the_snow", "--mask", str(mpath),
                               "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress", "--json"],
-                             env={"HF_ENDPOINT": fh.endpoint, "HF_HOME": str(tmp_path / "hf")}, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+                             env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        # the result records the mask, so --recheck reopens the same filtered suite without being told
+        run_dir = tmp_path / "runs/imagenet-star-upstream/test_resnet.r160_in1k"
+        recheck = ["verify", str(run_dir), "--recheck", "3", "--checkpoint", str(tiny_checkpoint)]
+        v = bench_subprocess(recheck, env=env, cwd=tmp_path)
+        assert v.returncode == 0 and "OK:" in v.stdout, v.stdout + v.stderr[-2000:]
+        moved = mpath.rename(tmp_path / "elsewhere.npy")
+        v = bench_subprocess(recheck, env=env, cwd=tmp_path)
+        assert v.returncode != 0 and "pass the same file with --mask" in v.stderr, v.stderr[-2000:]
+        v = bench_subprocess([*recheck, "--mask", str(moved)], env=env, cwd=tmp_path)
+        assert v.returncode == 0, v.stdout + v.stderr[-2000:]
     result = json.loads(r.stdout)
+    assert result["suite"]["mask"] == {"path": str(mpath), "sha256": sha256_file(moved)}
     assert result["suite"]["id"] == "imagenet-star-upstream" and result["suite"]["repo_id"] == "madrylab/imagenet-star"
     assert len(result["suite"]["revision"]) == 40 and result["flags"]["unpinned_suite"]
     assert result["counts"]["in_the_snow"] == {**result["counts"]["in_the_snow"], "total": 150, "kept": 3}

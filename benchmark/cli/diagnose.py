@@ -24,6 +24,7 @@ def add_parser(sub):
     p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false")
     p.add_argument("--null", type=int, default=10, help="permutation repeats for the null strength")
     p.add_argument("--suite", help="where to read the suite (default: as recorded in the result)")
+    p.add_argument("--mask", help="ImageNet* upstream masks.npy (default: the file the result recorded)")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default: <HF_HOME>/genshift/embeddings)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--top", type=int, default=10, help="classes to print")
@@ -58,7 +59,8 @@ def run(args) -> int:
     opts = DirectionOptions(n_null=args.null, reference_caption=args.reference_caption,
                             caption_whitening=args.caption_whitening)
     report, path = diagnose(args.result, encoder=enc, cache_dir=cache, configs=args.configs,
-                            classes=_classes(args.classes), criterion=args.criterion, options=opts, suite=args.suite)
+                            classes=_classes(args.classes), criterion=args.criterion, options=opts, suite=args.suite,
+                            mask=args.mask)
     rows = []
     for d in report["classes"][: args.top]:
         rows.append({"class": f"{d['label']} {d['name']}", "n": d["n"], "errors": d["n_errors"],

@@ -20,6 +20,7 @@ def add_parser(sub):
     p.add_argument("path", help="result.json, a run folder holding one, or a suite folder")
     p.add_argument("--recheck", type=int, default=0, metavar="N", help="re-run N random images through the model")
     p.add_argument("--suite", help="where to read the suite for --recheck (default: as recorded)")
+    p.add_argument("--mask", help="ImageNet* upstream masks.npy for --recheck (default: the file the result recorded)")
     p.add_argument("--checkpoint", help="local weights, for results made with --checkpoint")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0, help="which images --recheck picks")
@@ -41,7 +42,7 @@ def run(args) -> int:
         raise BenchError(f"--recheck must be >= 0, got {args.recheck}")
     if args.stamp and args.recheck < 1:
         raise BenchError("--stamp needs --recheck N (a verified badge means images were re-run through the model)")
-    report = verify_result(target, recheck=args.recheck, suite=args.suite, checkpoint=args.checkpoint,
+    report = verify_result(target, recheck=args.recheck, suite=args.suite, mask=args.mask, checkpoint=args.checkpoint,
                            device=args.device, seed=args.seed)
     if args.stamp and report.ok:
         from leaderboard.store import write_stamp
