@@ -4,6 +4,7 @@ import io
 import json
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -65,6 +66,9 @@ def test_tiny_captioner_continues_the_forced_prefix():
     a = cap.caption([img, img], prefix=prefix, num_beams=2, min_new_tokens=3, max_new_tokens=6)
     assert all(t.startswith(prefix) and len(t) > len(prefix) for t in a)
     assert a == cap.caption([img, img], prefix=prefix, num_beams=2, min_new_tokens=3, max_new_tokens=6)
+    # the GPU setting (half-precision weights; bf16 runs on CPU) captions end to end
+    half = Captioner(Captioner.tiny().model.to(torch.bfloat16), cap.processor, model_id="tiny", dtype=torch.bfloat16)
+    assert half.caption([img], prefix=prefix, num_beams=2, min_new_tokens=3, max_new_tokens=6)[0].startswith(prefix)
 
 
 def _fake_generate(prompts, seeds):

@@ -54,6 +54,17 @@ def test_p2p_with_the_source_prompt_reproduces_the_reconstruction(editor, invers
     assert not any(type(p).__name__ == "P2PAttnProcessor" for p in procs.values())
 
 
+def test_low_precision_editor_runs_end_to_end(photo):
+    """A bf16 UNet/VAE/text encoder (the --dtype float16/bfloat16 GPU setting; bf16 runs on CPU)."""
+    ed = Editor.tiny(EditorConfig(steps=2, size=64, fs=(0.4,), nti_inner_steps=1))
+    for m in (ed.unet, ed.vae, ed.text_encoder):
+        m.to(torch.bfloat16)
+    inv = ed.null_text_inversion(photo, "a photo of a cat")
+    z, ctl = ed.edit(inv, "a photo of a dog", "dog")
+    assert z.shape[0] == 2 and torch.isfinite(z.float()).all() and ctl.cross_layers > 0
+    assert [im.size for im in ed.decode(z)] == [(64, 64), (64, 64)]
+
+
 def test_p2p_edit_changes_the_image_and_reweights_the_edit_words(editor, inversion):
     rec = editor.reconstruct(inversion)
     target = "a photo of a dog sitting on a table"
