@@ -93,8 +93,10 @@ def resolve_revision(repo_id: str, revision: str | None, *, endpoint: str | None
 
 
 def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None = None,
-                     token: str | None = None) -> tuple[str, bool]:
+                     token: str | None = None, pin_hint: str = "with --revision") -> tuple[str, bool]:
     """Like :func:`resolve_revision`, returning ``(sha, reachable)``.
+
+    ``pin_hint`` tells the user how to give a sha on the command at hand (in the offline errors).
 
     ``reachable`` is False when only the local cache can be used (offline, or the endpoint did
     not answer): pass ``local_only=True`` to :func:`snapshot` then.
@@ -104,7 +106,7 @@ def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None
         if SHA_RE.match(rev):
             return rev, False
         raise OfflineError(f"offline (HF_HUB_OFFLINE=1): cannot resolve {repo_id}@{rev} to a commit; pass the "
-                           "40-character commit sha with --revision")
+                           f"40-character commit sha {pin_hint}")
     try:  # also for a sha: checks that it exists and that we may read the repo
         return _api(endpoint, token).dataset_info(repo_id, revision=rev).sha, True
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
@@ -115,7 +117,7 @@ def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None
                 return rev, False
             raise OfflineError(f"cannot reach {_endpoint(endpoint)} to resolve {repo_id}@{rev} to a commit "
                                f"({type(e).__name__}); check the network or HF_ENDPOINT, or pin the 40-character "
-                               "commit sha with --revision to use a cached snapshot") from None
+                               f"commit sha {pin_hint} to use a cached snapshot") from None
         raise _hub_error(e, repo_id, rev, endpoint) from None
 
 

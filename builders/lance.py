@@ -32,7 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--smoke", action="store_true", help="whole pipeline with tiny random models on CPU")
-    p.add_argument("--imagenet-val", help="ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--imagenet-val", help="ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
+    src.add_argument("--hub-val", metavar="ORG/NAME[@SHA]",
+                     help="a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> (gated: HF_TOKEN)")
+    p.add_argument("--hub-val-files", default="data/validation-*.parquet",
+                   help="glob of its validation parquet files (image + label columns)")
     p.add_argument("--allow-partial", action="store_true", help="build from an incomplete validation folder")
     p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco")
     p.add_argument("--perturber", default="Qwen/Qwen2.5-7B-Instruct")
@@ -137,7 +142,7 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
     from builders.seeding import derive_seed
 
     size = editor.cfg.size
-    crop = load_crop(src.path, size)
+    crop = load_crop(src, size)
     caption = captioner.caption([crop], prefix="a photo of", num_beams=5, min_new_tokens=20 if not smoke else 3,
                                 max_new_tokens=100 if not smoke else 8, seed=derive_seed(args.seed, src.source_id, "caption"))[0]
     edits, _raw = perturber.perturb(caption, edit_types=args.edit_types,
@@ -205,7 +210,7 @@ def run(args) -> int:
     from benchmark.errors import BenchError
     from benchmark.writer import SuiteWriter
     from builders.lance_perturb import EDIT_TYPES
-    from builders.lance_sources import find_sources
+    from builders.lance_sources import find_hub_sources, find_sources
     from builders.sharding import current_process, shard_of
 
     bad = [t for t in args.edit_types if t not in EDIT_TYPES]
@@ -217,14 +222,19 @@ def run(args) -> int:
     device = "cpu" if args.smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device == "cuda" and proc.count > 1:
         device = f"cuda:{proc.index % max(1, torch.cuda.device_count())}"
+    hub_source = None
     if args.smoke:
         sources = _smoke_sources(out.parent / f".{out.name}-smoke-sources")
     elif args.imagenet_val:
         sources = find_sources(args.imagenet_val, allow_partial=args.allow_partial)
+    elif args.hub_val:
+        sources, hub_source = find_hub_sources(args.hub_val, files=args.hub_val_files, allow_partial=args.allow_partial)
     else:
-        raise BenchError("give the ImageNet validation images with --imagenet-val DIR (or --smoke)")
+        raise BenchError("give the ImageNet validation images with --imagenet-val DIR or --hub-val ORG/NAME[@SHA] "
+                         "(or --smoke)")
     fingerprint = {k: v for k, v in vars(args).items() if k not in ("progress", "overwrite", "_builder", "_run",
-                                                                      "verbose", "quiet", "device")}
+                                                                      "verbose", "quiet", "device", "hub_val")}
+    fingerprint["hub_source"] = hub_source  # the resolved commit, not the ref the user typed
     kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
     if proc.is_main:
         writer = SuiteWriter(out, overwrite=args.overwrite, **kw)
@@ -265,7 +275,8 @@ def run(args) -> int:
                   "captioner": captioner.model_id, "perturber": perturber.model_id, "text_filter": text_filter.model_id,
                   "editor": asdict(cfg), "clip": clip.model_id, "seed": args.seed, "edit_types": args.edit_types,
                   "max_edits": args.max_edits, "smoke_relaxed_thresholds": bool(args.smoke),
-                  "eq_bug_compat": args.eq_bug_compat, "counts": counts, "sources": len(sources)}
+                  "eq_bug_compat": args.eq_bug_compat, "counts": counts, "sources": len(sources),
+                  "source_dataset": hub_source or ("local ImageNet validation folder" if args.imagenet_val else "smoke")}
     manifest = writer.finalize(generator=provenance, card=lambda m: _card(m, provenance))
     shutil.rmtree(work, ignore_errors=True)
     if args.smoke:

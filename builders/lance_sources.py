@@ -7,6 +7,11 @@ not 836). Accepted layouts of a local ImageNet validation folder:
 - ``val/ILSVRC2012_val_XXXXXXXX.JPEG`` (flat) with a labels file: ``LOC_val_solution.csv``
   (``ImageId,PredictionString``) or lines ``<file> <wnid>``.
 
+Or a Hub dataset the user has access to (``--hub-val ILSVRC/imagenet-1k@<sha>``; gated: log in
+or set ``HF_TOKEN``), read from its validation parquet files (``image`` with embedded bytes,
+``label`` as the ImageNet-1k index or a wnid) at a resolved commit, only the row groups that
+hold Hard ImageNet rows decoded.
+
 Each image is centre-cropped to a square and resized to 512 px with PIL bicubic, as the released
 code does; grayscale or CMYK images are converted to RGB (the paper's fix). Missing classes or
 images are reported by wnid.
@@ -32,7 +37,8 @@ class SourceImage:
     source_id: str   # ILSVRC2012_val_XXXXXXXX
     wnid: str
     label: int
-    path: Path
+    path: Path | None            # a local file, or
+    data: bytes | None = None    # the encoded image (from a Hub parquet row)
 
 
 def _labels_file(root: Path) -> dict[str, str] | None:
@@ -77,24 +83,87 @@ def find_sources(root: str | Path, *, wnids=HARD_IMAGENET_WNIDS, per_class: int 
             w = labels.get(p.stem)
             if w in found and p.suffix.lower() in (".jpeg", ".jpg", ".png"):
                 found[w].append(p)
-    missing = {w: per_class - len(v) for w, v in found.items() if len(v) < per_class}
-    if missing:
-        msg = "; ".join(f"{w} ({imagenet.names()[imagenet.index_of(w)]}): {len(found[w])}/{per_class}"
-                        for w in list(missing)[:6])
-        more = f" and {len(missing) - 6} more classes" if len(missing) > 6 else ""
-        if not allow_partial:
-            raise BenchError(f"the validation folder is missing Hard ImageNet images: {msg}{more}; complete it or pass "
-                             "--allow-partial")
-        log.warning("building from a partial validation set: %s%s", msg, more)
+    _report_missing({w: len(v) for w, v in found.items()}, per_class, allow_partial, "the validation folder")
     return [SourceImage(p.stem, w, imagenet.index_of(w), p) for w in wnids for p in found[w][:per_class]]
 
 
-def load_crop(path: Path, size: int = 512):
-    """Centre square crop + bicubic resize to ``size``, RGB (grayscale/CMYK converted)."""
-    from PIL import Image
+def _report_missing(counts: dict[str, int], per_class: int, allow_partial: bool, where: str) -> None:
+    missing = [w for w, n in counts.items() if n < per_class]
+    if not missing:
+        return
+    msg = "; ".join(f"{w} ({imagenet.names()[imagenet.index_of(w)]}): {counts[w]}/{per_class}" for w in missing[:6])
+    more = f" and {len(missing) - 6} more classes" if len(missing) > 6 else ""
+    if not allow_partial:
+        raise BenchError(f"{where} is missing Hard ImageNet images: {msg}{more}; complete it or pass --allow-partial")
+    log.warning("building from a partial validation set: %s%s", msg, more)
 
-    with Image.open(path) as im:
-        im = im.convert("RGB")
-        side = min(im.size)
-        left, top = (im.width - side) // 2, (im.height - side) // 2
-        return im.crop((left, top, left + side, top + side)).resize((size, size), Image.BICUBIC)
+
+def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnids=HARD_IMAGENET_WNIDS,
+                     per_class: int = PER_CLASS, allow_partial: bool = False, cache_dir: str | None = None,
+                     endpoint: str | None = None) -> tuple[list[SourceImage], dict]:
+    """The Hard ImageNet validation images of a Hub dataset ``ORG/NAME[@revision]``, and provenance.
+
+    Only the parquet files matching ``files`` are downloaded, at the resolved commit (recorded).
+    Rows are kept in file order, the first ``per_class`` of each class.
+    """
+    import pyarrow.parquet as pq
+
+    from benchmark import hub
+
+    repo_id, _, rev = ref.partition("@")
+    hub._check_repo_id(repo_id)
+    sha, reachable = hub.resolve_or_cache(repo_id, rev or None, endpoint=endpoint,
+                                           pin_hint=f"as --hub-val {repo_id}@<sha>")
+    root = hub.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint,
+                        local_only=not reachable)
+    paths = sorted(root.glob(files))
+    if not paths:
+        raise BenchError(f"{repo_id}@{sha[:12]} has no files matching {files!r}; pass the validation parquet files "
+                         "with --hub-val-files")
+    by_index = {imagenet.index_of(w): w for w in wnids}
+    found: dict[str, list[SourceImage]] = {w: [] for w in wnids}
+    for f in paths:
+        pf = pq.ParquetFile(f)
+        names = pf.schema_arrow.names
+        for col in ("image", "label"):
+            if col not in names:
+                raise BenchError(f"{f.name} has no {col!r} column (columns: {', '.join(names)}); give an ImageNet "
+                                 "validation dataset with image and label columns")
+        for g in range(pf.num_row_groups):
+            labels = pf.read_row_group(g, columns=["label"]).column(0).to_pylist()
+            hits = [(i, by_index.get(y) if isinstance(y, int) else (y if y in found else None))
+                    for i, y in enumerate(labels)]
+            hits = [(i, w) for i, w in hits if w is not None and len(found[w]) < per_class]
+            if not hits:
+                continue
+            images = pf.read_row_group(g, columns=["image"]).column(0)
+            for i, w in hits:
+                if len(found[w]) == per_class:  # filled earlier in this row group
+                    continue
+                cell = images[i].as_py()
+                data, name = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
+                if not data:
+                    raise BenchError(f"{f.name}: row {i} of row group {g} has no embedded image bytes; use a dataset "
+                                     "with embedded images or --imagenet-val")
+                sid = Path(name).stem if name else f"{f.stem}-{g:04d}-{i:05d}"
+                found[w].append(SourceImage(sid, w, imagenet.index_of(w), None, data))
+    _report_missing({w: len(v) for w, v in found.items()}, per_class, allow_partial, f"{repo_id}@{sha[:12]}")
+    return [s for w in wnids for s in found[w]], {"repo_id": repo_id, "revision": sha, "files": files}
+
+
+def load_crop(src: SourceImage | Path, size: int = 512):
+    """Centre square crop + bicubic resize to ``size``, RGB (grayscale/CMYK converted)."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    where = src if isinstance(src, Path) else (src.path or src.source_id)
+    try:
+        im = Image.open(src if isinstance(src, Path) else (src.path or io.BytesIO(src.data)))
+        im.load()
+    except (UnidentifiedImageError, OSError) as e:
+        raise BenchError(f"source image {str(where)!r} is not a readable image ({e}); replace it") from None
+    im = im.convert("RGB")
+    side = min(im.size)
+    left, top = (im.width - side) // 2, (im.height - side) // 2
+    return im.crop((left, top, left + side, top + side)).resize((size, size), Image.BICUBIC)

@@ -117,6 +117,49 @@ def test_text_filter_with_the_real_sentence_bert():
     assert not ok and scores["reason"] == "original words not in the caption"
 
 
+def test_sources_from_a_gated_hub_dataset_at_a_resolved_commit(tmp_path, caplog):
+    """`--hub-val ORG/NAME`: validation parquet files (image bytes + label index) on a local Hub."""
+    import io
+
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
+    from huggingface_hub import HfApi
+
+    from benchmark import imagenet
+    from builders.lance_sources import find_hub_sources, load_crop
+    from tests.fakehub import FakeHub
+
+    wnids = ("n03218198", "n04356056")  # dog sled (537), sunglasses (837)
+    labels = [537, 3, 837, 537, 837, 537, 1]  # other classes interleaved; a third dog sled beyond per_class
+    def jpeg(i):
+        buf = io.BytesIO()
+        Image.new("L" if i == 0 else "RGB", (48, 32), (i * 30) if i == 0 else (i * 30, 0, 0)).save(buf, format="JPEG")
+        return {"bytes": buf.getvalue(), "path": f"ILSVRC2012_val_{i + 1:08d}.JPEG"}
+    ds = Dataset.from_dict({"image": [jpeg(i) for i in range(len(labels))], "label": labels},
+                           features=Features({"image": ImageFeature(), "label": Value("int64")}))
+    ds.to_parquet(str(tmp_path / "validation-00000-of-00001.parquet"), batch_size=3)  # 3 row groups
+    with FakeHub() as fh:
+        api = HfApi(endpoint=fh.endpoint, token="t")
+        api.create_repo("ILSVRC/imagenet-1k", repo_type="dataset")
+        sha = api.upload_file(path_or_fileobj=str(tmp_path / "validation-00000-of-00001.parquet"),
+                              path_in_repo="data/validation-00000-of-00001.parquet", repo_id="ILSVRC/imagenet-1k",
+                              repo_type="dataset").oid
+        kw = dict(wnids=wnids, per_class=2, cache_dir=str(tmp_path / "cache"), endpoint=fh.endpoint)
+        srcs, prov = find_hub_sources("ILSVRC/imagenet-1k", **kw)
+        assert prov == {"repo_id": "ILSVRC/imagenet-1k", "revision": sha, "files": "data/validation-*.parquet"}
+        assert [(s.source_id, s.label) for s in srcs] == [("ILSVRC2012_val_00000001", 537),
+                                                        ("ILSVRC2012_val_00000004", 537),
+                                                        ("ILSVRC2012_val_00000003", 837),
+                                                        ("ILSVRC2012_val_00000005", 837)]
+        assert srcs[0].path is None and srcs[0].wnid == imagenet.wnids()[537]
+        assert load_crop(srcs[0], 64).size == (64, 64) and load_crop(srcs[0], 64).mode == "RGB"
+        with pytest.raises(BenchError, match="ILSVRC/imagenet-1k@.* is missing Hard ImageNet images: n03218198 "
+                                             "\\(dog sled\\): 3/4; n04356056 \\(sunglasses\\): 2/4"):
+            find_hub_sources(f"ILSVRC/imagenet-1k@{sha}", **{**kw, "per_class": 4})
+        with pytest.raises(BenchError, match="no files matching 'val/\\*.parquet'; pass the validation parquet"):
+            find_hub_sources("ILSVRC/imagenet-1k", files="val/*.parquet", **kw)
+
+
 def test_sources_report_missing_classes_and_read_flat_layouts(tmp_path):
     from benchmark.suites import HARD_IMAGENET_WNIDS
     from builders.lance_sources import find_sources, load_crop
@@ -129,7 +172,7 @@ def test_sources_report_missing_classes_and_read_flat_layouts(tmp_path):
         find_sources(root)
     srcs = find_sources(root, allow_partial=True, per_class=2)
     assert len(srcs) == 28 and srcs[0].wnid == "n03218198" and srcs[0].label == 537
-    crop = load_crop(srcs[0].path, 64)
+    crop = load_crop(srcs[0], 64)
     assert crop.mode == "RGB" and crop.size == (64, 64)  # grayscale converted
     flat = tmp_path / "flat"
     flat.mkdir()
