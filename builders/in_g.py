@@ -110,7 +110,6 @@ def _captions(args, out: Path, device: str) -> tuple[list[tuple[int, str]], dict
 
 
 def run(args) -> int:
-    import torch
 
     from benchmark.errors import BenchError
     from benchmark.fsutil import canonical_json, sha256_bytes
@@ -122,10 +121,8 @@ def run(args) -> int:
     suite_id = args.suite
     cfg = MiningConfig(n_max=args.n_max if not args.smoke or args.n_max != 1000 else 8, cap=args.cap,
                        batch_size=args.batch_size if not args.smoke else 4, seed=args.seed)
-    device = "cpu" if args.smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     proc = current_process()
-    if device == "cuda" and proc.count > 1:
-        device = f"cuda:{proc.index % max(1, torch.cuda.device_count())}"
+    device = proc.device(args.device, cpu=args.smoke)  # each accelerate process on its node-local GPU
     out = Path(args.out)
     target = args.target or TARGETS[suite_id]
     if args.smoke:

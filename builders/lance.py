@@ -204,7 +204,6 @@ def _load_rows(path: Path) -> list[dict]:
 
 
 def run(args) -> int:
-    import torch
     from tqdm.auto import tqdm
 
     from benchmark.errors import BenchError
@@ -219,9 +218,7 @@ def run(args) -> int:
         raise unknown("edit type", bad[0], EDIT_TYPES)
     out = Path(args.out)
     proc = current_process()
-    device = "cpu" if args.smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device == "cuda" and proc.count > 1:
-        device = f"cuda:{proc.index % max(1, torch.cuda.device_count())}"
+    device = proc.device(args.device, cpu=args.smoke)  # each accelerate process on its node-local GPU
     hub_source = None
     if args.smoke:
         sources = _smoke_sources(out.parent / f".{out.name}-smoke-sources")
