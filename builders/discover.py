@@ -6,8 +6,11 @@
    two sentences): these captions are hypotheses for what causes the failures.
 3. Generate images from each hypothesis and measure the same rate.
 4. Report each caption's rate, its ratio to the baseline, the counts, and a one-sided Fisher exact
-   test (caption rate > baseline rate); optionally refine the winning caption sentence by sentence
-   (class prompt + one sentence at a time), as the paper refines its automatic captions.
+   test (caption rate > baseline rate). Up to ``max_captions`` hypotheses are tested at once, so a
+   hypothesis is called significant by its Benjamini-Hochberg q-value (false discovery rate
+   ``alpha`` over the family), not its raw p-value; optionally refine the winning caption
+   sentence by sentence (class prompt + one sentence at a time; a family of its own), as the
+   paper refines its automatic captions.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class Hypothesis:
     rate: float
     ratio: float | None
     p_value: float
-    significant: bool
+    q_value: float = float("nan")   # Benjamini-Hochberg over the family it was tested in
+    significant: bool = False       # q_value < alpha
 
 
 def _rate(prompt: str, n: int, key: str, *, label: int, target: int | None, generate: Generate,
@@ -64,13 +68,41 @@ def _rate(prompt: str, n: int, key: str, *, label: int, target: int | None, gene
     return hits, failing
 
 
-def _test(k: int, n: int, k0: int, n0: int, alpha: float) -> tuple[float | None, float, bool]:
+def _fisher(k: int, n: int, k0: int, n0: int) -> tuple[float | None, float]:
+    """(rate ratio, one-sided Fisher exact p) for "k/n exceeds the baseline k0/n0"."""
     from scipy.stats import fisher_exact
 
     _, p = fisher_exact([[k, n - k], [k0, n0 - k0]], alternative="greater")
     base = k0 / n0 if n0 else 0.0
-    ratio = (k / n) / base if base > 0 else None
-    return ratio, float(p), bool(p < alpha)
+    return ((k / n) / base if base > 0 else None), float(p)
+
+
+def bh_qvalues(p_values) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (step-up FDR; Benjamini & Hochberg 1995, s3).
+
+    q_(i) = min over j >= i of m p_(j) / j, for the p-values sorted ascending, capped at 1.
+
+    >>> [round(float(q), 4) for q in bh_qvalues([0.01, 0.04, 0.03, 0.2])]
+    [0.04, 0.0533, 0.0533, 0.2]
+    """
+    from scipy.stats import false_discovery_control
+
+    p = np.asarray(p_values, dtype=float)
+    return false_discovery_control(p, method="bh") if p.size else p
+
+
+def _family(label: int, texts: list[str], key: str, k0: int, *, target: int | None, generate: Generate,
+            classify: Classify, cfg: DiscoverConfig) -> list[Hypothesis]:
+    """Rates of ``texts``, each tested against the baseline; significance by BH over the family."""
+    hyps = []
+    for text in texts:
+        k, _ = _rate(text, cfg.n_per_caption, f"{key}|{text}", label=label, target=target, generate=generate,
+                     classify=classify, cfg=cfg)
+        ratio, p = _fisher(k, cfg.n_per_caption, k0, cfg.n_baseline)
+        hyps.append(Hypothesis(text, k, cfg.n_per_caption, k / cfg.n_per_caption, ratio, p))
+    for h, q in zip(hyps, bh_qvalues([h.p_value for h in hyps])):
+        h.q_value, h.significant = float(q), bool(q < cfg.alpha)
+    return hyps
 
 
 def discover(label: int, *, generate: Generate, classify: Classify, caption: Caption, target: int | None = None,
@@ -88,24 +120,15 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
         report["note"] = "no baseline failure to caption; raise --n-baseline"
         return report
     captions = Counter(seed_caption(prompt, t) for t in caption(failing, prompt))
-    hyps = []
-    for text, _ in captions.most_common(cfg.max_captions):
-        k, _ = _rate(text, cfg.n_per_caption, f"caption|{text}", label=label, target=target, generate=generate,
-                     classify=classify, cfg=cfg)
-        ratio, p, sig = _test(k, cfg.n_per_caption, k0, cfg.n_baseline, cfg.alpha)
-        hyps.append(Hypothesis(text, k, cfg.n_per_caption, k / cfg.n_per_caption, ratio, p, sig))
+    kw = dict(target=target, generate=generate, classify=classify, cfg=cfg)
+    hyps = _family(label, [t for t, _ in captions.most_common(cfg.max_captions)], "caption", k0, **kw)
     hyps.sort(key=lambda h: (h.p_value, -h.rate))
     report["hypotheses"] = [asdict(h) for h in hyps]
     best = hyps[0]
     if cfg.refine and best.significant:
         sentences = [s.strip() for s in best.caption[len(prompt):].split(".") if s.strip()]
-        for s in sentences:
-            text = f"{prompt} {s}."
-            k, _ = _rate(text, cfg.n_per_caption, f"refine|{text}", label=label, target=target, generate=generate,
-                         classify=classify, cfg=cfg)
-            ratio, p, sig = _test(k, cfg.n_per_caption, k0, cfg.n_baseline, cfg.alpha)
-            report["refinement"].append(asdict(Hypothesis(text, k, cfg.n_per_caption, k / cfg.n_per_caption,
-                                                          ratio, p, sig)))
+        report["refinement"] = [asdict(h) for h in _family(label, [f"{prompt} {s}." for s in sentences], "refine",
+                                                            k0, **kw)]
     return report
 
 
@@ -129,6 +152,7 @@ def format_report(report: dict) -> list[dict]:
         rows.append({"caption": h["caption"][len(report["class_prompt"]):].strip() or "(class prompt)",
                      "failures": f"{h['failures']}/{h['n']}", "rate %": f"{100 * h['rate']:.1f}",
                      "ratio": "-" if h["ratio"] is None else f"{h['ratio']:.2f}", "p": f"{h['p_value']:.2g}",
+                     "q (BH)": f"{h['q_value']:.2g}",
                      "significant": "yes" if h["significant"] else ""})
     return rows
 

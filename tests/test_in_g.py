@@ -199,7 +199,8 @@ def test_discover_finds_the_planted_green_caption():
                    cfg=DiscoverConfig(n_baseline=80, n_per_caption=40, batch_size=8))
     assert 0 < rep["baseline"]["failures"] < 20
     best = rep["hypotheses"][0]
-    assert "green" in best["caption"] and best["significant"] and best["p_value"] < 0.05 and best["ratio"] > 5
+    assert "green" in best["caption"] and best["significant"] and best["q_value"] < 0.05 and best["ratio"] > 5
+    assert all(h["q_value"] >= h["p_value"] for h in rep["hypotheses"])
     # refinement: the sentence that matters is the green one, not "in a net"
     by_text = {r["caption"]: r for r in rep["refinement"]}
     assert by_text[prompt + " the background is green."]["significant"]
@@ -207,6 +208,20 @@ def test_discover_finds_the_planted_green_caption():
     target = discover(crayfish, generate=_fake_generate, classify=_green_classifier(crayfish, fence), caption=caption,
                       target=fence, cfg=DiscoverConfig(n_baseline=80, n_per_caption=40, batch_size=8, refine=False))
     assert target["rate"] == "target rate" and "green" in target["hypotheses"][0]["caption"]
+
+
+def test_discover_calls_significance_by_benjamini_hochberg(monkeypatch):
+    from builders import discover as d
+    # hand-computed: sorted p 0.01, 0.03, 0.04, 0.2 -> m p/rank 0.04, 0.06, 0.0533, 0.2 -> step-up min from the top
+    assert d.bh_qvalues([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.16 / 3, 0.16 / 3, 0.2])
+    p_of = {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2}
+    seen = []  # each hypothesis gets its planted p-value
+    monkeypatch.setattr(d, "_rate", lambda text, *a, **kw: (seen.append(text), (5, []))[1])
+    monkeypatch.setattr(d, "_fisher", lambda k, n, k0, n0: (2.0, p_of[seen[-1]]))
+    hyps = d._family(0, list(p_of), "caption", 1, target=None, generate=None, classify=None, cfg=d.DiscoverConfig())
+    # three raw p-values are below 0.05, only one survives the false-discovery-rate control
+    assert [h.significant for h in hyps] == [True, False, False, False]
+    assert [round(h.q_value, 4) for h in hyps] == [0.04, 0.0533, 0.0533, 0.2]
 
 
 def test_discover_cli_smoke(tmp_path, capsys):

@@ -74,7 +74,7 @@ def run(args) -> int:
     b = report["baseline"]
     print(f"{report['class_prompt']}  baseline {report['rate']}: {b['failures']}/{b['n']} = {100 * b['rate']:.2f}%")
     if report["hypotheses"]:
-        print_table(format_report(report), ["caption", "failures", "rate %", "ratio", "p", "significant"])
+        print_table(format_report(report), ["caption", "failures", "rate %", "ratio", "p", "q (BH)", "significant"])
     else:
         print(report.get("note", "no hypotheses"))
     if args.out:
