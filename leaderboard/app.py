@@ -43,21 +43,21 @@ def get_store(source: str, signature: str) -> Store:
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def get_table(_store: Store, fingerprint: str, suite: str) -> pd.DataFrame:
-    return aggregate.model_table(_store.for_suite(suite))
+def get_table(_store: Store, fingerprint: str, suite: str, board: str) -> pd.DataFrame:
+    return aggregate.model_table(_store.for_suite(suite, board))
 
 
 @st.cache_data(show_spinner="Ranking with the paired bootstrap ...", max_entries=32)
-def get_ranks(_store: Store, fingerprint: str, suite: str, models: tuple[str, ...], configs: tuple[str, ...],
-              higher: bool) -> dict | None:
-    entries = [e for e in _store.for_suite(suite) if e.model_id in set(models)]
+def get_ranks(_store: Store, fingerprint: str, suite: str, board: str, models: tuple[str, ...],
+              configs: tuple[str, ...], higher: bool) -> dict | None:
+    entries = [e for e in _store.for_suite(suite, board) if e.model_id in set(models)]
     out = aggregate.rank_intervals(entries, configs=list(configs), higher_is_better=higher)
     return None if out is None else {k: (v.rank, v.lo, v.hi) for k, v in out.items()}
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def get_fits(_store: Store, fingerprint: str, suite: str, models: tuple[str, ...]) -> dict | None:
-    entries = [e for e in _store.for_suite(suite) if e.model_id in set(models)]
+def get_fits(_store: Store, fingerprint: str, suite: str, board: str, models: tuple[str, ...]) -> dict | None:
+    entries = [e for e in _store.for_suite(suite, board) if e.model_id in set(models)]
     return aggregate.slope_fits(entries)
 
 
@@ -92,8 +92,19 @@ def main() -> None:
     suites = store.suites()
     qp_suite = st.query_params.get("suite")
     suite = st.sidebar.selectbox("Suite", suites, index=suites.index(qp_suite) if qp_suite in suites else 0, key="suite")
-    df = get_table(store, store.fingerprint, suite)
-    family_kind = store.for_suite(suite)[0].result["suite"]["metric_family"]
+    boards = store.boards(suite)
+    board = boards[0]
+    if len(boards) > 1:  # results on other suite revisions / protocols are never mixed into one table
+        sizes = {b: len(store.for_suite(suite, b)) for b in boards}
+        qp_board = st.query_params.get("board")
+        board = st.sidebar.selectbox("Suite revision · protocol", boards,
+                                     index=boards.index(qp_board) if qp_board in boards else 0,
+                                     format_func=lambda b: f"manifest {b.split('-')[0]}… · protocol {b.split('-')[1]} "
+                                                           f"({sizes[b]} models)", key="board")
+        st.sidebar.caption(f"{len(boards) - 1} other revision/protocol board(s) of {suite}: their results are not "
+                           "comparable with these and are shown on their own.")
+    df = get_table(store, store.fingerprint, suite, board)
+    family_kind = store.for_suite(suite, board)[0].result["suite"]["metric_family"]
     metric, higher, metric_label = aggregate.headline(family_kind)
 
     families = sorted(df["family"].unique())
@@ -107,7 +118,7 @@ def main() -> None:
     construction = st.sidebar.checkbox("Show construction models (biased by construction, never ranked)",
                                        value=st.query_params.get("construction") == "1", key="construction")
     st.query_params.from_dict({k: v for k, v in {
-        "suite": suite, "family": fam_sel, "pretraining": pre_sel,
+        "suite": suite, "board": board if len(boards) > 1 else None, "family": fam_sel, "pretraining": pre_sel,
         "verified": "1" if verified_only else None, "construction": "1" if construction else None,
     }.items() if v})
 
@@ -125,7 +136,7 @@ def main() -> None:
     ranked = view[~view["construction_model"]]
     configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
     rank_configs = [c for c in configs if family_kind != "imagenet_star" or c != "base"]
-    ranks = get_ranks(store, store.fingerprint, suite, tuple(ranked["model"]), tuple(rank_configs),
+    ranks = get_ranks(store, store.fingerprint, suite, board, tuple(ranked["model"]), tuple(rank_configs),
                       higher if family_kind in ("imagenet_star", "accuracy") else True) if len(ranked) else None
     view.insert(0, "rank", [ranks[m][0] if ranks and m in ranks else np.nan for m in view["model"]])
     view.insert(1, "rank_lo", [ranks[m][1] if ranks and m in ranks else np.nan for m in view["model"]])
@@ -170,9 +181,9 @@ def main() -> None:
     with tabs[0]:
         _heatmap(view, configs)
     with tabs[1]:
-        _id_ood(store, suite, view, family_kind)
+        _id_ood(store, suite, board, view, family_kind)
     with tabs[2]:
-        _drilldown(store, suite, view, configs)
+        _drilldown(store, suite, board, view, configs)
     with tabs[3]:
         _rejected(store)
 
@@ -191,12 +202,12 @@ def _heatmap(view: pd.DataFrame, configs: list[str]) -> None:
     st.plotly_chart(fig, key="heatmap")
 
 
-def _id_ood(store: Store, suite: str, view: pd.DataFrame, family_kind: str) -> None:
+def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kind: str) -> None:
     import plotly.graph_objects as go
     from scipy.stats import norm
 
     ranked = view[~view["construction_model"]]
-    fits = get_fits(store, store.fingerprint, suite, tuple(ranked["model"])) if family_kind == "imagenet_star" else None
+    fits = get_fits(store, store.fingerprint, suite, board, tuple(ranked["model"])) if family_kind == "imagenet_star" else None
     if not fits or not fits["shifts"]:
         st.info("ID/OOD fits need ImageNet* results of at least two models on the same suite revision.")
         return
@@ -225,7 +236,7 @@ def _id_ood(store: Store, suite: str, view: pd.DataFrame, family_kind: str) -> N
         "effective_robustness_probit": st.column_config.NumberColumn("eff. robustness (probit)", format="percent")})
 
 
-def _drilldown(store: Store, suite: str, view: pd.DataFrame, configs: list[str]) -> None:
+def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs: list[str]) -> None:
     import plotly.graph_objects as go
 
     models = list(view["model"])
@@ -234,7 +245,7 @@ def _drilldown(store: Store, suite: str, view: pd.DataFrame, configs: list[str])
         return
     qp_model = st.query_params.get("model")
     model = st.selectbox("Model", models, index=models.index(qp_model) if qp_model in models else 0, key="model")
-    entry = next(e for e in store.for_suite(suite) if e.model_id == model)
+    entry = next(e for e in store.for_suite(suite, board) if e.model_id == model)
     r = entry.result
     if entry.verified:
         st.success(f"verified: {entry.stamp['recheck']} images re-run through the model match the stored predictions "

@@ -10,8 +10,13 @@ Loading checks every entry the way ``bench verify`` does (schema, predictions ha
 metric recomputed from the predictions). Entries that fail are listed as **rejected** with the
 reason and never shown as results. An entry is **verified** when it also carries a verification
 stamp (a model re-run, ``--recheck``) whose hashes match the files as they are now; a stamp that
-does not match is ignored. Of several entries for one (model, suite), the verified one wins, then
-the newest; the others are listed as superseded.
+does not match is ignored.
+
+Results are compared only on one **board**: the same suite data (manifest hash) scored under
+the same protocol (filter, reference, top-k, limits). A suite with results on several revisions
+or protocols has several boards, never mixed; the one with the most models is the default. Of
+several entries for one model on one board, the verified one wins, then the newest; the others
+are listed as superseded.
 
 Verification outcomes are cached by content (result sha256 + predictions sizes and mtimes), so a
 store of hundreds of models loads in well under a second once seen.
@@ -23,10 +28,11 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_write_json, sha256_bytes, sha256_file
+from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 
 log = logging.getLogger(__name__)
 MAX_RESULT_BYTES = 5 * 2**20
@@ -57,6 +63,13 @@ class Entry:
     @property
     def verified(self) -> bool:
         return self.status == "verified"
+
+    @cached_property
+    def board(self) -> str:
+        """``<manifest sha256[:12]>-<protocol sha256[:8]>``: results on one board are comparable."""
+        r = self.result or {}
+        protocol = sha256_bytes(canonical_json(r.get("protocol", {})))
+        return f"{r.get('suite', {}).get('manifest_sha256', '?')[:12]}-{protocol[:8]}"
 
     @property
     def run_dir(self) -> Path:
@@ -121,8 +134,22 @@ class Store:
     def suites(self) -> list[str]:
         return sorted({e.suite_id for e in self.entries})
 
-    def for_suite(self, suite_id: str) -> list[Entry]:
-        return sorted((e for e in self.entries if e.suite_id == suite_id), key=lambda e: e.model_id)
+    def boards(self, suite_id: str) -> list[str]:
+        """The suite's boards, the one with the most models first (ties: the newest result)."""
+        groups: dict[str, list[Entry]] = {}
+        for e in self.entries:
+            if e.suite_id == suite_id:
+                groups.setdefault(e.board, []).append(e)
+        return sorted(groups, key=lambda b: (len(groups[b]), max(e.result.get("finished_at", "") for e in groups[b])),
+                      reverse=True)
+
+    def for_suite(self, suite_id: str, board: str | None = None) -> list[Entry]:
+        """The entries of one board of the suite (default: its main board), sorted by model id."""
+        boards = self.boards(suite_id)
+        if not boards:
+            return []
+        board = board if board in boards else boards[0]
+        return sorted((e for e in self.entries if e.suite_id == suite_id and e.board == board), key=lambda e: e.model_id)
 
 
 def resolve_source(source: str, *, cache_dir: str | None = None) -> tuple[Path, str | None]:
@@ -245,7 +272,7 @@ def load_store(source: str, *, cache_dir: str | None = None) -> Store:
             cache = {}
     before = dict(cache)
     store = Store(source=source, root=root, revision=revision)
-    candidates: dict[tuple[str, str], list[Entry]] = {}
+    candidates: dict[tuple[str, str, str], list[Entry]] = {}
     hits_dir = cache_file.parent / (cache_file.stem + "-hits")
     for path in sorted(root.glob("*/*/result.json")):
         e = _check_entry(path, cache)
@@ -253,7 +280,7 @@ def load_store(source: str, *, cache_dir: str | None = None) -> Store:
         if e.status == "rejected":
             store.rejected.append(e)
         else:
-            candidates.setdefault((e.suite_id, e.model_id), []).append(e)
+            candidates.setdefault((e.suite_id, e.board, e.model_id), []).append(e)
     for group in candidates.values():
         group.sort(key=lambda e: (e.verified, e.result.get("finished_at", "")), reverse=True)
         store.entries.append(group[0])
