@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     aggregate.model_table(entries)
     aggregate.slope_fits(entries)
     configs = [c for c in entries[0].result["suite"]["configs"] if c != "base"]
-    ranks = aggregate.rank_intervals(entries, configs=configs)
+    ranks = aggregate.rank_intervals(entries, family="imagenet_star", configs=configs)
     report["aggregate"] = time.perf_counter() - t
     report["rank_interval_mean_width"] = sum(r.hi - r.lo for r in ranks.values()) / len(ranks)
 

@@ -142,20 +142,15 @@ def _lance(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
         raise ValueError(f"counterfactual with pair_id {bad!r} has no original among the scored rows")
     with_cf = np.zeros(orig.n, dtype=bool)
     with_cf[match] = True
-    # cluster bootstrap over source images: an original and its counterfactuals move together
-    w = bootstrap.cluster_weights(orig.n, n_boot=o.n_boot, seed=o.seed, key="lance/pairs")
+    w = lance_pair_weights(orig.n, o)
     cf_per_pair = np.bincount(match, minlength=orig.n).astype(np.float64)
     for k in (1, 5):
-        h_o, h_c = orig.hits(k).astype(np.float64), cf.hits(k).astype(np.float64)
-        hits_c_per_pair = np.bincount(match, weights=h_c, minlength=orig.n)
-        acc_c = h_c.mean() if cf.n else np.nan
-        rep_c = (w @ hits_c_per_pair) / np.maximum(w @ cf_per_pair, 1)
         out[f"delta_acc{k}"] = {}
         for t_name, mask in (("all_originals", np.ones(orig.n, dtype=bool)), ("originals_with_counterfactual", with_cf)):
-            acc_o = h_o[mask].mean() if mask.any() else np.nan
-            rep_o = (w[:, mask] @ h_o[mask]) / np.maximum(w[:, mask].sum(1), 1)
-            out[f"delta_acc{k}"][t_name] = _metric(acc_c - acc_o, rep_c - rep_o, cf.n, o.confidence)
-            out.setdefault(f"acc{k}_T", {})[t_name] = _metric(acc_o, rep_o, int(mask.sum()), o.confidence)
+            d = delta_acc_replicates(orig.hits(k)[:, None], cf.hits(k)[:, None], match, mask, w)
+            out[f"delta_acc{k}"][t_name] = _metric(d.delta[0], d.delta_reps[:, 0], cf.n, o.confidence)
+            out.setdefault(f"acc{k}_T", {})[t_name] = _metric(d.acc_t[0], d.acc_t_reps[:, 0], int(mask.sum()),
+                                                               o.confidence)
     dp = metrics.delta_p(orig.true_prob[match], cf.true_prob)
     dp_pair = np.bincount(match, weights=dp, minlength=orig.n)
     out["delta_p"] = _metric(dp.mean() if dp.size else np.nan,
@@ -166,6 +161,47 @@ def _lance(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
     out["n_pairs"] = int(dp.size)
     out["n_originals_with_counterfactual"] = int(with_cf.sum())
     return out
+
+
+def lance_pair_weights(n_originals: int, o: ScoringOptions) -> np.ndarray:
+    """Cluster-bootstrap counts over source images: an original and its counterfactuals move together."""
+    return bootstrap.cluster_weights(n_originals, n_boot=o.n_boot, seed=o.seed, key="lance/pairs")
+
+
+@dataclass(frozen=True)
+class DeltaAcc:
+    delta: np.ndarray        # (M,) acc(T') - acc(T)
+    delta_reps: np.ndarray   # (B, M)
+    acc_t: np.ndarray        # (M,) acc on the originals T
+    acc_t_reps: np.ndarray   # (B, M)
+
+
+def delta_acc_replicates(hits_orig, hits_cf, match, mask, w) -> DeltaAcc:
+    """LANCE Δacc@k (Eq. 3: mean acc@k over the counterfactuals T' minus over the originals T) for M
+    models at once, with cluster-bootstrap replicates shared by all models.
+
+    ``hits_orig`` (n_o, M) and ``hits_cf`` (n_c, M) are per-image hits; ``match`` (n_c,) the index of
+    each counterfactual's original; ``mask`` (n_o,) selects T; ``w`` (B, n_o) resample counts of
+    source images. A replicate's accuracy on T' weights each counterfactual by its pair's count.
+    Hand-computed below: T' = 1/4, T = 2/3, Δ = -5/12; with counts (2, 0, 1) T' = 2/5, T = 2/3,
+    Δ = -4/15.
+
+    >>> h_o = np.array([[1], [1], [0]]); h_c = np.array([[0], [1], [0], [0]]); m = np.array([0, 0, 1, 2])
+    >>> d = delta_acc_replicates(h_o, h_c, m, np.ones(3, bool), np.array([[1., 1., 1.], [2., 0., 1.]]))
+    >>> [round(float(x), 4) for x in (d.delta[0], d.delta_reps[0, 0], d.delta_reps[1, 0])]
+    [-0.4167, -0.4167, -0.2667]
+    """
+    h_o = np.asarray(hits_orig, dtype=np.float64)
+    h_c = np.asarray(hits_cf, dtype=np.float64)
+    n_o = h_o.shape[0]
+    cf_per_pair = np.bincount(match, minlength=n_o).astype(np.float64)
+    hits_c_per_pair = np.zeros((n_o, h_c.shape[1]))
+    np.add.at(hits_c_per_pair, match, h_c)
+    acc_c = h_c.mean(axis=0) if h_c.shape[0] else np.full(h_c.shape[1], np.nan)
+    rep_c = (w @ hits_c_per_pair) / np.maximum(w @ cf_per_pair, 1)[:, None]
+    acc_o = h_o[mask].mean(axis=0) if mask.any() else np.full(h_o.shape[1], np.nan)
+    rep_o = (w[:, mask] @ h_o[mask]) / np.maximum(w[:, mask].sum(1), 1)[:, None]
+    return DeltaAcc(acc_c - acc_o, rep_c - rep_o, acc_o, rep_o)
 
 
 def _grouped_mean(values: np.ndarray, groups: list | None, o: ScoringOptions, key: str) -> dict:

@@ -115,18 +115,18 @@ def headline(family: str) -> tuple[str, bool, str]:
     return HEADLINE.get(family, HEADLINE["accuracy"])
 
 
-def correctness_matrix(entries, config: str) -> np.ndarray | None:
-    """Per-image top-1 hits of every model on one config, ``(n, M)``; None unless all models were
-    scored on the same images (a paired comparison needs identical image sets)."""
+def topk_matrix(entries, config: str, k: int = 1) -> np.ndarray | None:
+    """Per-image top-``k`` hits of every model on one config, ``(n, M)``; None unless all models
+    were scored on the same images (a paired comparison needs identical image sets)."""
     cols, digest = [], None
     for e in entries:
         if not any(x["config"] == config for x in e.result["predictions"]):
             return None
-        d, hits = e.hits(config)
+        d, ranks = e.true_ranks(config)
         if digest is not None and d != digest:
             return None
         digest = d
-        cols.append(hits)
+        cols.append(ranks < k)
     return np.stack(cols, axis=1) if cols else None
 
 
@@ -137,8 +137,8 @@ class RankInterval:
     hi: int
 
 
-def rank_intervals(entries, *, configs: list[str], higher_is_better: bool = True, n_boot: int = 1000,
-                   seed: int = 0, confidence: float = 0.95) -> dict[str, RankInterval] | None:
+def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
+                   confidence: float = 0.95) -> dict[str, RankInterval] | None:
     """Cached wrapper of :func:`compute_rank_intervals`: results are stored next to the store's
     verification cache, keyed by every entry's result sha256 and the options."""
     import json
@@ -147,15 +147,15 @@ def rank_intervals(entries, *, configs: list[str], higher_is_better: bool = True
 
     cache_dir = entries[0].cache_dir if entries else None
     key = sha256_bytes(canonical_json([[e.model_id, e.result_sha256] for e in entries] +
-                                      [configs, higher_is_better, n_boot, seed, confidence]))
+                                      [family, configs, n_boot, seed, confidence]))
     path = cache_dir / f"ranks-{key[:32]}.json" if cache_dir else None
     if path is not None and path.is_file():
         try:
             return {m: RankInterval(*v) for m, v in json.loads(path.read_text()).items()}
         except (ValueError, TypeError):
             pass
-    out = compute_rank_intervals(entries, configs=configs, higher_is_better=higher_is_better, n_boot=n_boot,
-                                 seed=seed, confidence=confidence)
+    out = compute_rank_intervals(entries, family=family, configs=configs, n_boot=n_boot, seed=seed,
+                                 confidence=confidence)
     if out is not None and path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,27 +165,55 @@ def rank_intervals(entries, *, configs: list[str], higher_is_better: bool = True
     return out
 
 
-def compute_rank_intervals(entries, *, configs: list[str], higher_is_better: bool = True, n_boot: int = 1000,
-                           seed: int = 0, confidence: float = 0.95) -> dict[str, RankInterval] | None:
-    """Ranks by mean acc@1 over ``configs`` with percentile intervals from the paired bootstrap.
+def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int = 1000,
+                        seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``,
+    from per-image outcomes resampled identically for all models; None if the image sets differ.
 
-    For each config, the replicate accuracies of all models come from the same resampled images
-    (``paired_mean_replicates`` keyed by the config); the replicate score of a model is the mean
-    over configs. Rank 1 = best. ``None`` if the models were not scored on identical image sets.
+    - ImageNet* / plain accuracy: mean acc@1 over ``configs`` (paired bootstrap over images per config);
+    - IN-G: top-3 failure rate averaged over ``configs`` (lower is better);
+    - LANCE: Δacc@1 on the headline originals, with the result's own cluster bootstrap over
+      source images (``eval.scoring.delta_acc_replicates``).
     """
-    if not entries or not configs:
-        return None
-    reps = []
-    point = []
+    from eval import metrics, scoring
+
+    if family == "lance":
+        h_o, h_c = topk_matrix(entries, "original"), topk_matrix(entries, "counterfactual")
+        if h_o is None or h_c is None:
+            return None
+        orig_ids, cf_ids = entries[0].pair_ids("original"), entries[0].pair_ids("counterfactual")
+        match = metrics.pair_up(orig_ids, cf_ids)
+        if (match < 0).any():
+            return None
+        every = scoring.LANCE_HEADLINE_T == "all_originals"
+        mask = np.ones(len(orig_ids), dtype=bool) if every else np.isin(np.arange(len(orig_ids)), match)
+        w = scoring.lance_pair_weights(len(orig_ids), scoring.ScoringOptions(n_boot=n_boot, seed=seed))
+        d = scoring.delta_acc_replicates(h_o, h_c, match, mask, w)
+        return d.delta, d.delta_reps, True
+    k, higher = (3, False) if family == "in_g" else (1, True)
+    reps, point = [], []
     for c in configs:
-        hits = correctness_matrix(entries, c)
+        hits = topk_matrix(entries, c, k)
         if hits is None:
             return None
-        reps.append(bootstrap.paired_mean_replicates(hits, n_boot=n_boot, seed=seed, key=c))
-        point.append(hits.mean(axis=0))
-    rep = np.mean(reps, axis=0)          # (B, M)
-    score = np.mean(point, axis=0)       # (M,)
-    sign = -1.0 if higher_is_better else 1.0
+        values = hits if higher else ~hits
+        reps.append(bootstrap.paired_mean_replicates(values, n_boot=n_boot, seed=seed, key=c))
+        point.append(values.mean(axis=0))
+    return np.mean(point, axis=0), np.mean(reps, axis=0), higher
+
+
+def compute_rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
+                           confidence: float = 0.95) -> dict[str, RankInterval] | None:
+    """Ranks by the family's headline metric (:func:`headline_replicates`) with percentile intervals
+    of each model's rank over the shared bootstrap replicates. Rank 1 = best. ``None`` if the
+    models were not scored on identical image sets."""
+    if not entries or (family != "lance" and not configs):
+        return None
+    h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
+    if h is None:
+        return None
+    score, rep, higher = h
+    sign = -1.0 if higher else 1.0
     order = np.argsort(sign * score, kind="stable")
     ranks = np.empty(len(entries), dtype=int)
     ranks[order] = np.arange(1, len(entries) + 1)

@@ -49,9 +49,9 @@ def get_table(_store: Store, fingerprint: str, suite: str, board: str) -> pd.Dat
 
 @st.cache_data(show_spinner="Ranking with the paired bootstrap ...", max_entries=32)
 def get_ranks(_store: Store, fingerprint: str, suite: str, board: str, models: tuple[str, ...],
-              configs: tuple[str, ...], higher: bool) -> dict | None:
+              configs: tuple[str, ...], family: str) -> dict | None:
     entries = [e for e in _store.for_suite(suite, board) if e.model_id in set(models)]
-    out = aggregate.rank_intervals(entries, configs=list(configs), higher_is_better=higher)
+    out = aggregate.rank_intervals(entries, family=family, configs=list(configs))
     return None if out is None else {k: (v.rank, v.lo, v.hi) for k, v in out.items()}
 
 
@@ -137,7 +137,7 @@ def main() -> None:
     configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
     rank_configs = [c for c in configs if family_kind != "imagenet_star" or c != "base"]
     ranks = get_ranks(store, store.fingerprint, suite, board, tuple(ranked["model"]), tuple(rank_configs),
-                      higher if family_kind in ("imagenet_star", "accuracy") else True) if len(ranked) else None
+                      family_kind) if len(ranked) else None
     view.insert(0, "rank", [ranks[m][0] if ranks and m in ranks else np.nan for m in view["model"]])
     view.insert(1, "rank_lo", [ranks[m][1] if ranks and m in ranks else np.nan for m in view["model"]])
     view.insert(2, "rank_hi", [ranks[m][2] if ranks and m in ranks else np.nan for m in view["model"]])

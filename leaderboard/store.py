@@ -50,7 +50,7 @@ class Entry:
     stamp: dict | None = None
     result_sha256: str = ""
     cache_dir: Path | None = None
-    _hits: dict | None = field(default=None, repr=False)
+    _ranks: dict | None = field(default=None, repr=False)
 
     @property
     def model_id(self) -> str:
@@ -75,41 +75,51 @@ class Entry:
     def run_dir(self) -> Path:
         return self.path.parent
 
-    def hits(self, config: str) -> tuple[str, "np.ndarray"]:
-        """Top-1 correctness of the scored rows of ``config`` (sorted by image id) and a digest of
-        their image ids. All configs of an entry are cached together in one bit-packed ``.npz``
-        keyed by the result's sha256, so ranking hundreds of models reads hundreds of small files."""
-        if self._hits is None:
-            self._hits = self._load_hits()
-        return self._hits[config]
+    def true_ranks(self, config: str) -> tuple[str, "np.ndarray"]:
+        """Rank of the true class (uint8, 255 = 255 or worse) for the scored rows of ``config`` (sorted
+        by image id), and a digest of their image ids: top-k hits are ``ranks < k``. All configs of an
+        entry are cached together in one ``.npz`` keyed by the result's sha256, so ranking hundreds
+        of models reads hundreds of small files."""
+        if self._ranks is None:
+            self._ranks = self._load_ranks()
+        return self._ranks[config]
 
-    def _load_hits(self) -> dict:
+    def pair_ids(self, config: str) -> list:
+        """``pair_id`` of the scored rows of ``config``, in the order of :meth:`true_ranks`."""
+        from eval.predictions import read_predictions
+
+        p = next(p for p in self.result["predictions"] if p["config"] == config)
+        t = read_predictions(self.run_dir / p["path"], columns=["keep", "pair_id"])
+        if self.result["protocol"]["scoring"]["filter"]:
+            t = t.filter(t["keep"])
+        return t["pair_id"].to_pylist()
+
+    def _load_ranks(self) -> dict:
         import numpy as np
 
         from benchmark.fsutil import atomic_path
         from eval.predictions import read_predictions
 
-        cache = self.cache_dir / f"{self.result_sha256[:32]}.npz" if self.cache_dir else None
+        cache = self.cache_dir / f"{self.result_sha256[:32]}-ranks.npz" if self.cache_dir else None
         if cache is not None and cache.is_file():
             with np.load(cache, allow_pickle=False) as z:
-                configs, ids, n, bits = z["configs"].tolist(), z["ids"].tolist(), z["n"], z["bits"]
-            starts = np.concatenate([[0], np.cumsum((n + 7) // 8)])
-            return {c: (ids[i], np.unpackbits(bits[starts[i]:starts[i + 1]])[: int(n[i])].astype(bool))
-                    for i, c in enumerate(configs)}
+                configs, ids, n, ranks = z["configs"].tolist(), z["ids"].tolist(), z["n"], z["ranks"]
+            starts = np.concatenate([[0], np.cumsum(n)])
+            return {c: (ids[i], ranks[starts[i]:starts[i + 1]]) for i, c in enumerate(configs)}
         out = {}
         for p in self.result["predictions"]:
             t = read_predictions(self.run_dir / p["path"], columns=["image_id", "keep", "true_rank"])
             if self.result["protocol"]["scoring"]["filter"]:
                 t = t.filter(t["keep"])
             out[p["config"]] = (sha256_bytes("\n".join(t["image_id"].to_pylist()).encode()),
-                                t["true_rank"].to_numpy() == 0)
+                                np.minimum(t["true_rank"].to_numpy(), 255).astype(np.uint8))
         if cache is not None:
             try:
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                bits = np.concatenate([np.packbits(h) for _, h in out.values()])
                 with atomic_path(cache) as tmp, open(tmp, "wb") as f:
                     np.savez(f, configs=np.array(list(out)), ids=np.array([d for d, _ in out.values()]),
-                             n=np.array([h.size for _, h in out.values()]), bits=bits)
+                             n=np.array([r.size for _, r in out.values()]),
+                             ranks=np.concatenate([r for _, r in out.values()]) if out else np.zeros(0, np.uint8))
             except OSError:
                 pass
         return out

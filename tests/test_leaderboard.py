@@ -121,7 +121,7 @@ def test_aggregation_ranks_fits_and_metadata(store_dir):
     assert row["family"] == "vit" and row["pretraining"] == "in21k/22k" and row["params_m"] == pytest.approx(86.6)
     assert aggregate.family_of("tf_efficientnet_lite0") == "efficientnet" and aggregate.family_of("deit3_small") == "deit"
     assert aggregate.pretraining_of("fb_ssl_yfcc100m_ft_in1k") == "yfcc100m"
-    ranks = aggregate.rank_intervals(entries, configs=["shift_01", "shift_02", "shift_03"])
+    ranks = aggregate.rank_intervals(entries, family="imagenet_star", configs=["shift_01", "shift_02", "shift_03"])
     best = df.sort_values("mean_shift_acc1", ascending=False)["model"].iloc[0]
     assert ranks[best].rank == 1 and ranks[best].lo == 1
     for r in ranks.values():
@@ -352,3 +352,45 @@ def test_csv_download_defuses_spreadsheet_formulas():
     back = pd.read_csv(io.BytesIO(to_csv_bytes(view)))
     assert back["model"].tolist() == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "resnet50.a1_in1k", "'-2+3"]
     assert back["acc1"].tolist()[:3] == [0.5, -0.25, 0.75] and back["verified"].tolist() == [True, False, True, True]
+
+
+class _Entry:
+    """Just what the ranking reads of a store entry: per-config true-class ranks and pair ids."""
+
+    def __init__(self, model_id, ranks: dict, pairs: dict | None = None):
+        self.model_id, self._r, self._p = model_id, ranks, pairs or {}
+        self.result = {"predictions": [{"config": c} for c in ranks]}
+
+    def true_ranks(self, config):
+        return "same-images", np.asarray(self._r[config], dtype=np.uint8)
+
+    def pair_ids(self, config):
+        return self._p[config]
+
+
+def test_ranks_follow_each_familys_headline_metric():
+    # LANCE: 3 source images, 5 counterfactuals; rank by Δacc@1 (higher = more robust), not by accuracy
+    pairs = {"original": ["a", "b", "c"], "counterfactual": ["a", "a", "b", "c", "c"]}
+    models = {  # true-class rank per row: 0 = top-1 hit
+        "robust-but-weak": {"original": [0, 9, 9], "counterfactual": [0, 0, 9, 9, 9]},    # Δ = 2/5 - 1/3
+        "accurate-but-brittle": {"original": [0, 0, 0], "counterfactual": [0, 9, 0, 9, 9]},  # Δ = 2/5 - 1
+        "middle": {"original": [0, 0, 9], "counterfactual": [0, 0, 9, 9, 9]},               # Δ = 2/5 - 2/3
+    }
+    entries = [_Entry(m, r, pairs) for m, r in models.items()]
+    point, reps, higher = aggregate.headline_replicates(entries, family="lance", configs=[], n_boot=200)
+    assert higher and point == pytest.approx([2 / 5 - 1 / 3, 2 / 5 - 1, 2 / 5 - 2 / 3]) and reps.shape == (200, 3)
+    ranks = aggregate.compute_rank_intervals(entries, family="lance", configs=[], n_boot=200)
+    assert [ranks[m].rank for m in models] == [1, 3, 2]
+    # the same Δ (and replicates) as the result's own metric for one model (eval.scoring)
+    from eval.scoring import ScoringOptions, delta_acc_replicates, lance_pair_weights
+    w = lance_pair_weights(3, ScoringOptions(n_boot=200, seed=0))
+    one = delta_acc_replicates(np.array([[1], [0], [0]]), np.array([[1], [1], [0], [0], [0]]),
+                               np.array([0, 0, 1, 2, 2]), np.ones(3, bool), w)
+    assert one.delta[0] == pytest.approx(point[0]) and np.allclose(one.delta_reps[:, 0], reps[:, 0])
+
+    # IN-G: rank by the top-3 failure rate, lower is better (top-1 accuracy would order them differently)
+    ing = {"top1-strong": {"failures": [0, 0, 5, 5]},   # top-1 acc 1/2, top-3 failure 1/2
+           "top3-strong": {"failures": [1, 2, 1, 9]}}   # top-1 acc 0,   top-3 failure 1/4
+    ranks = aggregate.compute_rank_intervals([_Entry(m, r) for m, r in ing.items()], family="in_g",
+                                             configs=["failures"], n_boot=200)
+    assert ranks["top3-strong"].rank == 1 and ranks["top1-strong"].rank == 2

@@ -172,9 +172,12 @@ def test_empty_config_gives_nulls():
     assert out["configs"]["x"]["acc1"] == {"value": None, "ci": None, "n": 0}
 
 
-def test_doctests_of_metrics_module():
+@pytest.mark.parametrize("module, at_least", [("eval.metrics", 8), ("eval.scoring", 3), ("builders.discover", 1),
+                                               ("builders.lance_perturb", 2)])
+def test_doctests(module, at_least):
+    """The hand-computed cases in the docstrings (metric equations, Δacc replicates, BH, word diff)."""
     import doctest
+    import importlib
 
-    import eval.metrics as m
-    failed, tried = doctest.testmod(m)
-    assert tried >= 8 and failed == 0
+    failed, tried = doctest.testmod(importlib.import_module(module))
+    assert tried >= at_least and failed == 0
