@@ -130,6 +130,9 @@ def topk_matrix(entries, config: str, k: int = 1) -> np.ndarray | None:
     return np.stack(cols, axis=1) if cols else None
 
 
+RANK_METHOD = 2  # bump when the ranking changes: cached intervals of older code are not reused
+
+
 @dataclass
 class RankInterval:
     rank: int
@@ -147,7 +150,7 @@ def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 10
 
     cache_dir = entries[0].cache_dir if entries else None
     key = sha256_bytes(canonical_json([[e.model_id, e.result_sha256] for e in entries] +
-                                      [family, configs, n_boot, seed, confidence]))
+                                      [RANK_METHOD, family, configs, n_boot, seed, confidence]))
     path = cache_dir / f"ranks-{key[:32]}.json" if cache_dir else None
     if path is not None and path.is_file():
         try:
@@ -205,22 +208,22 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
 def compute_rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
                            confidence: float = 0.95) -> dict[str, RankInterval] | None:
     """Ranks by the family's headline metric (:func:`headline_replicates`) with percentile intervals
-    of each model's rank over the shared bootstrap replicates. Rank 1 = best. ``None`` if the
-    models were not scored on identical image sets."""
+    of each model's rank over the shared bootstrap replicates. Rank 1 = best; tied models share
+    the better rank. ``None`` if the models were not scored on identical image sets."""
     if not entries or (family != "lance" and not configs):
         return None
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
     if h is None:
         return None
+    from scipy.stats import rankdata
+
     score, rep, higher = h
     sign = -1.0 if higher else 1.0
-    order = np.argsort(sign * score, kind="stable")
-    ranks = np.empty(len(entries), dtype=int)
-    ranks[order] = np.arange(1, len(entries) + 1)
-    rep_rank = np.argsort(np.argsort(sign * rep, axis=1, kind="stable"), axis=1) + 1  # rank in each replicate
+    ranks = rankdata(sign * score, method="min").astype(int)  # ties share the better rank (1, 1, 3)
     alpha = (1 - confidence) / 2
-    lo = np.floor(np.quantile(rep_rank, alpha, axis=0)).astype(int)
-    hi = np.ceil(np.quantile(rep_rank, 1 - alpha, axis=0)).astype(int)
+    # a tie spans the ranks it could take: the interval runs from the best to the worst of them
+    lo = np.floor(np.quantile(rankdata(sign * rep, method="min", axis=1), alpha, axis=0)).astype(int)
+    hi = np.ceil(np.quantile(rankdata(sign * rep, method="max", axis=1), 1 - alpha, axis=0)).astype(int)
     return {e.model_id: RankInterval(int(ranks[i]), int(lo[i]), int(hi[i])) for i, e in enumerate(entries)}
 
 

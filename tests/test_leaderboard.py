@@ -394,3 +394,12 @@ def test_ranks_follow_each_familys_headline_metric():
     ranks = aggregate.compute_rank_intervals([_Entry(m, r) for m, r in ing.items()], family="in_g",
                                              configs=["failures"], n_boot=200)
     assert ranks["top3-strong"].rank == 1 and ranks["top1-strong"].rank == 2
+
+
+def test_tied_models_share_a_rank_and_their_interval_spans_the_tie():
+    same = {"failures": [0, 5, 1, 9] * 10}  # failure rate 1/2
+    entries = [_Entry(m, same) for m in ("a", "b")] + [_Entry("worse", {"failures": [5, 5, 5, 9] * 10})]  # 1
+    ranks = aggregate.compute_rank_intervals(entries, family="in_g", configs=["failures"], n_boot=100)
+    assert (ranks["a"].rank, ranks["a"].lo, ranks["a"].hi) == (1, 1, 2) == (ranks["b"].rank, ranks["b"].lo,
+                                                                            ranks["b"].hi)
+    assert (ranks["worse"].rank, ranks["worse"].lo, ranks["worse"].hi) == (3, 3, 3)
