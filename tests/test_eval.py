@@ -21,6 +21,19 @@ def _eval(tmp_path, suite, ckpt, **kw):
     return evaluate(req, progress=False)
 
 
+def test_uint8_batches_normalised_on_device_match_the_float_path(tmp_path, toy_suite, tiny_checkpoint):
+    """The CUDA data path (workers ship uint8, the device normalises, as timm's prefetcher), run on CPU."""
+    ref, p_ref = _eval(tmp_path / "float", toy_suite, tiny_checkpoint, normalize_on_device=False)
+    dev, p_dev = _eval(tmp_path / "uint8", toy_suite, tiny_checkpoint, normalize_on_device=True)
+    assert dev["run"]["normalize_on_device"] and not ref["run"]["normalize_on_device"]
+    for c in ("base", "shifted"):
+        a = pq.read_table(p_ref.parent / "predictions" / f"{c}.parquet")
+        b = pq.read_table(p_dev.parent / "predictions" / f"{c}.parquet")
+        top1 = lambda t: [r[0] for r in t["topk_idx"].to_pylist()]  # noqa: E731
+        assert top1(a) == top1(b)
+        assert np.allclose(a["true_prob"].to_numpy(), b["true_prob"].to_numpy(), atol=1e-4)
+
+
 def test_eval_writes_predictions_metrics_and_provenance(tmp_path, toy_suite, tiny_checkpoint):
     result, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
     assert path.name == "result.json" and result["schema_version"] == 1
