@@ -34,6 +34,22 @@ def test_uint8_batches_normalised_on_device_match_the_float_path(tmp_path, toy_s
         assert np.allclose(a["true_prob"].to_numpy(), b["true_prob"].to_numpy(), atol=1e-4)
 
 
+def test_compiled_forward_with_a_padded_last_batch_matches_eager(tmp_path, toy_suite, tiny_checkpoint):
+    """torch.compile (inductor, frozen weights) at fixed shapes: 40 images in batches of 16 pad the last."""
+    eager, p_e = _eval(tmp_path / "eager", toy_suite, tiny_checkpoint)
+    req = EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                      out=str(tmp_path / "compiled" / "runs"),
+                      inference=InferenceOptions(batch_size=16, workers=0, compile="on"))
+    comp, p_c = evaluate(req, progress=False)
+    assert comp["run"]["compile"] == "on"
+    for c in ("base", "shifted"):
+        a = pq.read_table(p_e.parent / "predictions" / f"{c}.parquet")
+        b = pq.read_table(p_c.parent / "predictions" / f"{c}.parquet")
+        assert a.num_rows == b.num_rows == 40 and a["image_id"].to_pylist() == b["image_id"].to_pylist()
+        assert [r[0] for r in a["topk_idx"].to_pylist()] == [r[0] for r in b["topk_idx"].to_pylist()]
+        assert np.allclose(a["true_prob"].to_numpy(), b["true_prob"].to_numpy(), atol=1e-4)
+
+
 def test_eval_writes_predictions_metrics_and_provenance(tmp_path, toy_suite, tiny_checkpoint):
     result, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
     assert path.name == "result.json" and result["schema_version"] == 1
