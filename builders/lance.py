@@ -40,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="glob of its validation parquet files (image + label columns)")
     p.add_argument("--allow-partial", action="store_true", help="build from an incomplete validation folder")
     p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco")
-    p.add_argument("--perturber", default="Qwen/Qwen2.5-7B-Instruct")
+    p.add_argument("--perturber", default="Qwen/Qwen2.5-7B-Instruct",
+                   help="an instruction LLM (Table 5 prompts with examples), or 'lance-release': the authors' "
+                        "fine-tuned LLaMA-7B + LoRA from LANCE-release/checkpoints, converted once (~27 GB)")
     p.add_argument("--edit-types", type=csv_list, default=["subject", "object", "adjective", "domain", "background",
                                                            "weather"])
     p.add_argument("--max-edits", type=positive_int, default=10, help="edits tried per source image")

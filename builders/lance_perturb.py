@@ -38,12 +38,14 @@ def prompt_table() -> dict:
     return yaml.safe_load(resources.files("builders").joinpath("_data", "lance_prompts.yaml").read_text())
 
 
-def perturb_prompt(caption: str, edit_type: str) -> str:
+def perturb_prompt(caption: str, edit_type: str, *, examples: bool = True) -> str:
+    """The Alpaca-style frame with the edit type's instruction: Table 5's with its examples (for
+    instruction LLMs), or the released code's without them (for the released fine-tuned LLaMA)."""
     table = prompt_table()
     if edit_type not in table["edit_types"]:
         raise BenchError(f"unknown edit type {edit_type!r}; use one of {', '.join(EDIT_TYPES)}")
-    return table["frame"].format(preamble=table["preamble"], instruction=table["edit_types"][edit_type],
-                                 caption=caption)
+    instruction = table["edit_types" if examples else "code_instructions"][edit_type]
+    return table["frame"].format(preamble=table["preamble"], instruction=instruction, caption=caption)
 
 
 def parse_variations(answer: str) -> list[str]:
@@ -118,17 +120,21 @@ def edits_from_answer(caption: str, edit_type: str, answer: str, *, min_overlap:
     return out
 
 
+RELEASED = "lance-release"  # --perturber value for the authors' released model
+
+
 class Perturber:
     """An instruction LLM that proposes caption edits (seeded sampling)."""
 
     def __init__(self, model, tokenizer, *, model_id: str, device: str = "cpu", max_new_tokens: int = 200,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, examples: bool = True) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = device
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
+        self.examples = examples
 
     @classmethod
     def from_pretrained(cls, model_id: str = DEFAULT_LLM, *, device: str = "cpu", dtype: str | None = None):
@@ -136,12 +142,19 @@ class Perturber:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        released = model_id == RELEASED
+        path = model_id
+        if released:  # the authors' fine-tuned LLaMA-7B + LoRA, converted once (builders.lance_litllama)
+            from builders.lance_litllama import released_perturber_dir
+            path = str(released_perturber_dir())
         try:
-            tok = AutoTokenizer.from_pretrained(model_id)
-            model = AutoModelForCausalLM.from_pretrained(model_id, torch_dtype=torch_dtype)
+            tok = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch_dtype)
         except (OSError, ValueError) as e:
             raise BenchError(f"cannot load perturber {model_id!r}: {str(e).splitlines()[0]}; check the id and that the "
                              "weights are cached") from None
+        if released:  # the released code's prompt (no examples) and decoding (lit-llama generate, 400 tokens)
+            return cls(model, tok, model_id=f"{model_id} ({path})", device=device, max_new_tokens=400, examples=False)
         return cls(model, tok, model_id=model_id, device=device)
 
     @classmethod
@@ -162,8 +175,8 @@ class Perturber:
     def answer(self, caption: str, edit_type: str, *, seed: int) -> str:
         import torch
 
-        prompt = perturb_prompt(caption, edit_type)
-        if getattr(self.tokenizer, "chat_template", None):
+        prompt = perturb_prompt(caption, edit_type, examples=self.examples)
+        if self.examples and getattr(self.tokenizer, "chat_template", None):
             prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                         add_generation_prompt=True)
         ids = self.tokenizer(prompt, return_tensors="pt").to(self.device)
