@@ -94,11 +94,16 @@ def load_result(path: str | Path) -> dict:
         raise BenchError(f"result file {str(path)!r} does not exist")
     if path.stat().st_size > MAX_RESULT_BYTES:
         raise IntegrityError(f"result file {path} is larger than {MAX_RESULT_BYTES // 2**20} MiB; not a result")
+    return parse_result(path.read_bytes(), where=str(path))
+
+
+def parse_result(raw: bytes, *, where: str) -> dict:
+    """A result from the bytes of its file (for callers that also hash them), validated."""
     try:
-        result = json.loads(path.read_bytes())
+        result = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IntegrityError(f"result file {path} is not valid JSON ({e})") from None
-    validate(result, where=str(path))
+        raise IntegrityError(f"result file {where} is not valid JSON ({e})") from None
+    validate(result, where=where)
     return result
 
 

@@ -191,7 +191,7 @@ def _cache_path(root: Path) -> Path:
 
 def _check_entry(path: Path, cache: dict) -> Entry:
     """Validate one result.json like `bench verify` (cached by content)."""
-    from eval.results import load_result
+    from eval.results import parse_result
     from eval.verify import verify_result
 
     entry = Entry(path)
@@ -202,7 +202,7 @@ def _check_entry(path: Path, cache: dict) -> Entry:
             return entry
         raw = path.read_bytes()
         entry.result_sha256 = sha256_bytes(raw)
-        entry.result = load_result(path)
+        entry.result = parse_result(raw, where=str(path))
         stats = []
         for p in entry.result["predictions"]:
             try:
