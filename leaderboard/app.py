@@ -216,7 +216,7 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
     shift = st.selectbox("Shift", shifts, index=shifts.index(qp_shift) if qp_shift in shifts else 0, key="shift")
     f = fits["shifts"][shift]
     x = np.array(fits["id_accuracy"])
-    y = np.array([ranked.set_index("model").loc[m, f"acc1/{shift}"] for m in fits["models"]])
+    y = ranked.set_index("model")[f"acc1/{shift}"].reindex(fits["models"]).to_numpy()
     fig = go.Figure(go.Scatter(x=100 * x, y=100 * y, mode="markers", name="models",
                                text=[plot_label(m) for m in fits["models"]], hoverinfo="text+x+y"))
     grid = np.linspace(max(0.001, x.min() - 0.02), min(0.999, x.max() + 0.02), 50)
