@@ -12,6 +12,7 @@ The manifest is written last, so a folder without one is an unfinished build.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -56,6 +57,28 @@ def suite_features(extra: Features | dict | None = None) -> Features:
             raise ValueError(f"provenance column {name!r} clashes with a required column")
         feats[name] = feat
     return feats
+
+
+def rows_digest(image_ids, labels, keeps) -> str:
+    """Digest of a config's row identity (format 1.1): sha256 over its ``(image_id, label, keep)``
+    rows in ``image_id`` order, one compact JSON array per line::
+
+        ["img-000",17,true]\n["img-001",3,false]\n...
+
+    ``image_id`` order is code-point order (the same as UTF-8 byte order). A predictions file
+    holds the same three columns, so a result can be checked against the suite's manifest alone
+    (no images): dropped, duplicated or relabelled rows change the digest.
+    """
+    ids = [str(i) for i in image_ids]
+    labels = [int(x) for x in labels]
+    keeps = [bool(k) for k in keeps]
+    if not (len(ids) == len(labels) == len(keeps)):
+        raise ValueError("image_ids, labels and keeps differ in length")
+    h = hashlib.sha256()
+    for i in sorted(range(len(ids)), key=ids.__getitem__):
+        h.update(json.dumps([ids[i], labels[i], keeps[i]], ensure_ascii=False, separators=(",", ":")).encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def shard_name(config: str, index: int, num_shards: int) -> str:

@@ -1,0 +1,150 @@
+"""Verification stamps, signed with ed25519 (``docs/leaderboard.md``, "Signing").
+
+A stamp (``verification.json`` beside a result) records that a maintainer re-ran a sample of the
+result's images through the model and every check passed. It counts only when it is signed by a
+key the leaderboard trusts and names the result and predictions files exactly as they are now:
+an unsigned, badly signed, stale or hand-written stamp is shown as unverified, with the reason.
+
+Keys are raw ed25519 keys from the ``cryptography`` package:
+
+- private key: PKCS#8 PEM, written with mode 0600 (``bench keygen KEY``);
+- public key: one line ``ed25519 <base64 of the 32 raw bytes> <name>`` (``KEY.pub``);
+- trusted keys file: any number of such lines (``#`` comments), so ``cat KEY.pub >> trusted``.
+
+The signature covers the canonical JSON (``benchmark.fsutil.canonical_json``) of the stamp
+without its ``signature`` field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmark.errors import BenchError
+from benchmark.fsutil import atomic_write_bytes, canonical_json, sha256_bytes
+
+STAMP_KIND = "genshift-verification"
+STAMP_VERSION = 2
+ALGORITHM = "ed25519"
+MAX_STAMP_BYTES = 1 << 20
+MAX_TRUSTED_KEYS_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    key_id: str  # first 16 hex digits of the sha256 of the raw 32-byte key
+    raw: bytes
+    name: str
+
+    def line(self) -> str:
+        return f"{ALGORITHM} {base64.b64encode(self.raw).decode()} {self.name}".rstrip()
+
+
+def key_id(raw: bytes) -> str:
+    return sha256_bytes(raw)[:16]
+
+
+def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
+    """Write a new private key to ``path`` (0600, refused if it exists) and its public line to ``path.pub``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    path = Path(path)
+    if path.exists():
+        raise BenchError(f"{path} already exists; choose another path (a key is never overwritten)")
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    pub = PublicKey(key_id(raw), raw, name or path.stem)
+    atomic_write_bytes(Path(str(path) + ".pub"), (pub.line() + "\n").encode())
+    return pub
+
+
+def load_private_key(path: str | os.PathLike):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"signing key {str(path)!r} does not exist; create one with `bench keygen {path}`")
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes()[:MAX_STAMP_BYTES], password=None)
+    except (ValueError, TypeError) as e:
+        raise BenchError(f"{path} is not an unencrypted PEM private key ({e}); create one with `bench keygen`") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise BenchError(f"{path} is not an ed25519 key; create one with `bench keygen`")
+    return key
+
+
+def parse_public_key(line: str, *, where: str) -> PublicKey:
+    parts = line.split(None, 2)
+    if len(parts) < 2 or parts[0] != ALGORITHM:
+        raise BenchError(f"{where}: expected 'ed25519 <base64 key> [name]', got {line[:60]!r}")
+    try:
+        raw = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise BenchError(f"{where}: the key is not valid base64") from None
+    if len(raw) != 32:
+        raise BenchError(f"{where}: an ed25519 public key has 32 bytes, this one {len(raw)}")
+    return PublicKey(key_id(raw), raw, parts[2].strip() if len(parts) > 2 else "")
+
+
+def load_trusted_keys(path: str | os.PathLike) -> dict[str, PublicKey]:
+    """Public keys from a trusted-keys file, by key id."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"trusted keys file {str(path)!r} does not exist; it holds the maintainers' KEY.pub lines")
+    data = path.read_bytes()
+    if len(data) > MAX_TRUSTED_KEYS_BYTES:
+        raise BenchError(f"trusted keys file {path} is over {MAX_TRUSTED_KEYS_BYTES >> 10} KiB")
+    keys = {}
+    for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            k = parse_public_key(line, where=f"{path}:{n}")
+            keys[k.key_id] = k
+    return keys
+
+
+def sign(stamp: dict, private_key) -> dict:
+    """``stamp`` with a ``signature`` over its canonical JSON (any old signature replaced)."""
+    from cryptography.hazmat.primitives import serialization
+
+    body = {k: v for k, v in stamp.items() if k != "signature"}
+    raw = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    sig = private_key.sign(canonical_json(body))
+    return {**body, "signature": {"algorithm": ALGORITHM, "key_id": key_id(raw),
+                                  "value": base64.b64encode(sig).decode()}}
+
+
+def check_signature(stamp, trusted: dict[str, PublicKey]) -> str | None:
+    """None if ``stamp`` is signed by a trusted key, else why not (one line)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if not isinstance(stamp, dict):
+        return "the stamp is not a JSON object"
+    sig = stamp.get("signature")
+    if sig is None:
+        return "the stamp is not signed"
+    if not (isinstance(sig, dict) and sig.get("algorithm") == ALGORITHM and isinstance(sig.get("key_id"), str)
+            and isinstance(sig.get("value"), str)):
+        return "the stamp's signature field is malformed"
+    key = trusted.get(sig["key_id"])
+    if key is None:
+        return f"the stamp is signed by key {sig['key_id'][:16]!r}, which this leaderboard does not trust"
+    try:
+        value = base64.b64decode(sig["value"], validate=True)
+        body = {k: v for k, v in stamp.items() if k != "signature"}
+        Ed25519PublicKey.from_public_bytes(key.raw).verify(value, canonical_json(body))
+    except (binascii.Error, ValueError, InvalidSignature):
+        return "the stamp's signature does not match its content (edited after signing, or forged)"
+    return None
