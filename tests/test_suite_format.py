@@ -81,7 +81,7 @@ def test_missing_shard_and_truncated_shard(toy_suite):
     (b"{not json", "not valid JSON"),
     (json.dumps({"format": "genshift-suite", "format_version": 99}).encode(), "format_version 99 is not supported"),
     (json.dumps({"format": "something-else"}).encode(), "not a genshift-suite manifest"),
-    (json.dumps({"format": "genshift-suite", "format_version": FORMAT_VERSION}).encode(), "malformed"),
+    (json.dumps({"format": "genshift-suite", "format_version": FORMAT_VERSION}).encode(), "field .suite_id. is missing"),
 ])
 def test_bad_manifest(toy_suite, content, match):
     path = toy_suite / "manifest.json"
