@@ -164,12 +164,14 @@ def _images_by_id(suite, config: str, ids: set[str]) -> dict[str, bytes]:
 
 
 def verify_suite_dir(path: str | Path) -> str:
-    """Verify a suite folder against its manifest; returns a one-line summary."""
+    """Verify a suite folder against its manifest (files, rows, rows digests) and require its
+    dataset card (part of the format); returns a one-line summary."""
     from benchmark.reader import LocalSuite
 
     suite = LocalSuite.open(path)
+    suite.require_card()
     suite.verify()
     m = suite.manifest
     rows = sum(c.rows for c in m.configs.values())
-    return (f"{path}: suite {m.suite_id} v{m.suite_version}, {len(m.configs)} configs, {rows} rows, "
-            f"{len(m.files)} files verified; manifest sha256 {m.sha256}")
+    return (f"{path}: suite {m.suite_id} v{m.suite_version} (format {m.format_version}), {len(m.configs)} configs, "
+            f"{rows} rows, {len(m.files)} files and every row verified, card present; manifest sha256 {m.sha256}")
