@@ -15,6 +15,7 @@ strict schema (:meth:`Manifest.from_bytes`), every name that becomes a path matc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -150,8 +151,13 @@ def check_config_name(config: str) -> str:
     return check_name(config, "config name")
 
 
-def read_parquet_features(path: str | Path) -> Features:
-    """The ``datasets`` features embedded in a parquet file's metadata."""
+def read_parquet_features(path: str | Path) -> dict:
+    """The ``datasets`` features dict embedded in a parquet file's ``huggingface`` metadata.
+
+    Parsed with size and depth limits and returned as a plain dict: building ``Features`` from a
+    hostile dict can take any time or memory (``ClassLabel(num_classes=10**12)``), so the
+    required columns are compared as dicts (:func:`check_features`).
+    """
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError) as e:
@@ -162,22 +168,31 @@ def read_parquet_features(path: str | Path) -> Features:
                              "written by benchmark.writer.SuiteWriter (or with datasets) so features survive")
     info = parse_json_limited(raw, what="'huggingface' parquet metadata", where=str(path),
                               max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
-    try:
-        return Features.from_dict(info["info"]["features"])
-    except Exception as e:  # noqa: BLE001 - hostile metadata can fail inside datasets in many ways
-        raise IntegrityError(f"{path}: the 'huggingface' parquet metadata holds no valid features "
-                             f"({type(e).__name__}); re-download or rebuild the suite") from None
+    features = info.get("info", {}).get("features") if isinstance(info, dict) and isinstance(info.get("info"), dict) else None
+    if not isinstance(features, dict):
+        raise IntegrityError(f"{path}: the 'huggingface' parquet metadata holds no features; re-download or "
+                             "rebuild the suite")
+    return features
 
 
-def check_features(features: Features, *, where: str) -> None:
-    """Raise unless ``features`` holds the required columns with the required types."""
+@functools.lru_cache(maxsize=1)
+def _base_feature_dict() -> dict:
+    return base_features().to_dict()
+
+
+def check_features(features: dict | Features, *, where: str) -> None:
+    """Raise unless ``features`` (a ``Features`` or its dict) holds the required columns with the required types."""
+    if isinstance(features, Features):
+        features = features.to_dict()
     missing = [c for c in REQUIRED_COLUMNS if c not in features]
     if missing:
         raise IntegrityError(f"{where}: missing required column(s) {', '.join(missing)}; see docs/format.md")
-    base = base_features()
+    base = _base_feature_dict()
     for col in REQUIRED_COLUMNS:
         if features[col] != base[col]:
-            raise IntegrityError(f"{where}: column {col!r} has type {features[col]!r}, expected {base[col]!r}")
+            shown = str(features[col])[:80]
+            raise IntegrityError(f"{where}: column {col!r} has feature {shown}, expected {str(base[col])[:80]}; "
+                                 "rebuild the suite with benchmark.writer.SuiteWriter")
 
 
 @dataclass(frozen=True)
@@ -331,10 +346,11 @@ class Manifest:
         orphans = sorted(set(files) - {p for c in configs.values() for p in c.files})
         if orphans:
             raise _bad(where, f"file {orphans[0]} belongs to no config")
-        features = _field(raw, "features", dict, where, required=False, default={})
-        columns = _field(raw, "columns", list, where, required=False, default=[])
-        if not all(isinstance(c, str) for c in columns):
-            raise _bad(where, "'columns' must be a list of column names")
+        features = _field(raw, "features", dict, where)
+        check_features(features, where=f"{where}: features")
+        columns = _field(raw, "columns", list, where, required=False, default=list(features))
+        if sorted(c for c in columns if isinstance(c, str)) != sorted(features) or len(columns) != len(features):
+            raise _bad(where, "'columns' must list the names in 'features', each once")
         generator = _field(raw, "generator", dict, where, required=False, default={})
         return cls(suite_id=suite_id, suite_version=suite_version, configs=configs, files=files,
                    features=features, generator=generator, sha256=sha256_bytes(data), raw=raw,
