@@ -185,3 +185,22 @@ def test_manifest_hash_is_hash_of_file_bytes(toy_suite):
     from benchmark.fsutil import sha256_file
     m = Manifest.load(toy_suite)
     assert m.sha256 == sha256_file(toy_suite / "manifest.json")
+
+
+def test_vectorised_rows_digest_equals_the_reference():
+    from benchmark.suite_format import rows_digest, rows_digest_table
+
+    ids = ['a"b', "é/ü", "x\\y", "tab\there", "\x01ctrl", "z", "€uro", "😀", "ab", "a", "new\nline", "ｆｕｌｌ"]
+    labels = [(7 * i) % 1000 for i in range(len(ids))]
+    keeps = [i % 3 != 0 for i in range(len(ids))]
+    table = pa.table({"image_id": ids, "label": pa.array(labels, pa.int64()), "keep": keeps})
+    assert rows_digest_table(table) == rows_digest(ids, labels, keeps)
+    # chunked input (several shards) and an empty config
+    assert rows_digest_table(pa.concat_tables([table.slice(0, 5), table.slice(5)])) == rows_digest(ids, labels, keeps)
+    assert rows_digest_table(table.slice(0, 0)) == rows_digest([], [], [])
+    # the worked example of docs/format.md section 4.1
+    assert rows_digest(["snow/n01443537/00", "snow/n01440764/01", "snow/n01440764/00"], [1, 0, 0],
+                       [True, False, True]) == WORKED_EXAMPLE
+
+
+WORKED_EXAMPLE = "7add674a465aed9d1a1232b3f4215b09646d825f0e3b9ca22e1d3f9250f781aa"  # = printf ... | sha256sum
