@@ -373,7 +373,7 @@ class Manifest:
         if not path.is_file():
             hint = ("the build did not finish; rerun the same build command to resume"
                     if (Path(root) / BUILD_STATE).exists() else
-                    "it is not a suite folder in format 1 (see docs/format.md)")
+                    "it is not a genshift-bench suite folder (see docs/format.md)")
             raise IntegrityError(f"{str(root)!r} has no {MANIFEST}: {hint}")
         return cls.from_bytes(read_limited(path, max_bytes=MAX_MANIFEST_BYTES, what="manifest"), where=str(path))
 
