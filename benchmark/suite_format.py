@@ -446,17 +446,28 @@ ROW_COLUMNS = {"image_id": (pa.string(), pa.large_string()), "label": (pa.int64(
                "config": (pa.string(), pa.large_string()), "pair_id": (pa.string(), pa.large_string())}
 
 
+IMAGE_TYPES = tuple(pa.struct([("bytes", b), ("path", s)]) for b in (pa.binary(), pa.large_binary())
+                    for s in (pa.string(), pa.large_string()))
+MAX_ROW_GROUP_ROWS = 1000  # the format writes 100; eval streams one row group at a time
+
+
 def read_row_table(path: Path, rel: str) -> pa.Table:
-    """The required non-image columns of one shard, each checked to have its type."""
+    """The required non-image columns of one shard, each checked to have its type (the image
+    column's type and the row-group sizes are checked from the footer, without reading images)."""
     try:
-        schema = pq.read_schema(path)
-        missing = [c for c in ROW_COLUMNS if c not in schema.names]
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+        missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
         if missing:
             raise IntegrityError(f"{rel}: missing required column(s) {', '.join(missing)}; see docs/format.md")
-        for c, types in ROW_COLUMNS.items():
+        for c, types in {**ROW_COLUMNS, "image": IMAGE_TYPES}.items():
             if schema.field(c).type not in types:
                 raise IntegrityError(f"{rel}: column {c!r} has type {schema.field(c).type}, expected {types[0]}; "
                                      "rebuild the suite with benchmark.writer.SuiteWriter")
+        big = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]
+        if big:
+            raise IntegrityError(f"{rel}: row group {big[0]} holds {meta.row_group(big[0]).num_rows} rows, more than "
+                                 f"{MAX_ROW_GROUP_ROWS}; write shards with benchmark.writer.SuiteWriter (100 rows per group)")
         table = pq.read_table(path, columns=list(ROW_COLUMNS))
         table.validate(full=True)  # e.g. invalid UTF-8 in strings
         return table

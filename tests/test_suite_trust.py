@@ -60,7 +60,7 @@ def _forge(root: Path, rel: str, edit) -> None:
     config = rel.split("/")[1]
     c = raw["configs"][config]
     tables = [pq.read_table(root / f, columns=["image_id", "label", "keep"]) for f in c["files"]]
-    table = pa.concat_tables(tables)
+    table = pa.concat_tables(tables, promote_options="permissive")
     c["rows"], c["kept"] = table.num_rows, sum(table["keep"].to_pylist())
     c["rows_digest"] = rows_digest(*(table[k].to_pylist() for k in ("image_id", "label", "keep")))
     _save_manifest(root, raw)
@@ -79,6 +79,14 @@ def _set_image_id(row: int, value: str):
         ids = t["image_id"].to_pylist()
         ids[row] = value
         return t.set_column(t.schema.get_field_index("image_id"), t.schema.field("image_id"), pa.array(ids))
+    return edit
+
+
+def _replace_column(name: str, make):
+    def edit(t):
+        i = t.schema.get_field_index(name)
+        col = make(t[name])
+        return t.set_column(i, pa.field(name, col.type), col)
     return edit
 
 
@@ -259,6 +267,10 @@ HOSTILE = {
     "duplicate image_id": (lambda r, o: _forge(r, SHARD, _set_image_id(2, "base/000/00")),
                            r"row 2 repeats its image_id \(image_id 'base/000/00' is also .* row 0\)"),
     "duplicated row": (lambda r, o: _forge(r, SHARD, _duplicate_row(2)), r"row 20 is a duplicated row"),
+    "image as strings": (lambda r, o: _forge(r, SHARD, _replace_column("image", lambda c: pa.array(["x"] * len(c)))),
+                         r"column 'image' has type string, expected struct<bytes: binary, path: string>"),
+    "float labels": (lambda r, o: _forge(r, SHARD, _replace_column("label", lambda c: pc.cast(c, pa.float64()))),
+                     r"column 'label' has type double, expected int64"),
     "row count 50000": (_wrong_row_count, r"config 'base' has 40 rows, the manifest says 50000"),
     "kept count": (_wrong_kept_count, r"config 'base' has \d+ rows with keep=true, the manifest says"),
     "rows digest": (_relabelled_without_digest, r"config 'base': rows digest .* differs from the manifest's"),
