@@ -183,7 +183,10 @@ def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None 
 
 
 def _check_inside(root: Path, rel: str, inside: Path) -> None:
-    target = (root / rel).resolve()
+    try:
+        target = (root / rel).resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise IntegrityError(f"{rel} in {root} is a symlink loop; replace the link with the file") from None
     if not target.is_relative_to(inside):
         raise IntegrityError(f"{rel} in {root} resolves to {target}, outside the suite folder (a symlink leaving "
                              "it); a suite's files must live inside its folder: replace the link with the file")

@@ -205,6 +205,11 @@ def _symlinked_data_folder(root, outside):
     (root / "data" / "base").symlink_to(outside / "base", target_is_directory=True)
 
 
+def _symlink_loop(root, outside):
+    (root / SHARD).unlink()
+    (root / SHARD).symlink_to(root / SHARD)
+
+
 def _deep_json(root, outside):
     (root / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
 
@@ -257,6 +262,7 @@ HOSTILE = {
     "/etc/passwd": (_absolute_path, r"file '/etc/passwd' is not a shard path"),
     "symlink escape": (_symlink_escape, r"outside the suite folder"),
     "symlinked folder": (_symlinked_data_folder, r"outside the suite folder"),
+    "symlink loop": (_symlink_loop, r"is a symlink loop"),
     "deep json": (_deep_json, r"nests deeper than 32 levels"),
     "huge manifest": (_huge_manifest, r"larger than 16777216 bytes"),
     "not utf-8": (_manifest_not_json, r"manifest is not valid JSON"),
