@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
