@@ -306,7 +306,11 @@ def test_hostile_suite_is_one_line_before_any_model(tmp_path, case, capsys, monk
         open_suite(str(root))
     assert "\n" not in str(err.value)
     _one_line_cli_error(["verify", str(root)], capsys)  # bench verify SUITE_DIR: the same line
-    assert _listing(tmp_path) == before  # nothing written, nothing removed
+    _one_line_cli_error(["eval", "--model", "test_resnet.r160_in1k", "--suite", str(root), "--out",
+                         str(outside / "runs"), "--no-progress"], capsys)  # before the model loads
+    assert not (outside / "runs").exists() or not any((outside / "runs").rglob("*"))
+    after = {k: v for k, v in _listing(tmp_path).items() if k != "outside/runs"}
+    assert after == before  # nothing written, nothing removed
 
 
 def test_bench_verify_refuses_a_suite_without_its_card(toy_suite, capsys):
