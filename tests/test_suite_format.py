@@ -204,3 +204,11 @@ def test_vectorised_rows_digest_equals_the_reference():
 
 
 WORKED_EXAMPLE = "7add674a465aed9d1a1232b3f4215b09646d825f0e3b9ca22e1d3f9250f781aa"  # = printf ... | sha256sum
+
+
+@pytest.mark.parametrize("rows, bucket", [(0, "n<1K"), (999, "n<1K"), (1000, "1K<n<10K"), (40_000, "10K<n<100K"),
+                                          (1_200_000, "1M<n<10M")])
+def test_card_size_categories(rows, bucket):
+    from data_cards import size_category
+
+    assert size_category(rows) == bucket
