@@ -1,36 +1,93 @@
 """``bench import-folder``: your own images as a suite in format 1.
 
-Input: a folder with one sub-folder per class named by its ImageNet-1k wnid (``n01440764/...``),
-or a CSV of ``path,label`` (label = wnid or class index; paths relative to the folder). Image
-bytes are embedded as they are (nothing is re-encoded); ``image_id`` = ``<config>/<wnid>/<file
-stem>``; ``keep`` = true; the relative source path is kept as provenance. The suite is written to
-a temporary folder next to ``out`` and renamed at the end, so a failure leaves nothing behind.
+Layouts (``docs/format.md``, "Folders of your own images"):
+
+- ``<wnid>/<image>``: one config (``--config``, default ``default``), metric family ``accuracy``;
+- ``<shift>/<wnid>/<image>``: "bring your own shifts", one config per shift folder, one of them
+  the in-distribution reference (``base``, or ``--base NAME``). The manifest declares the
+  ImageNet* metric family, so ``bench eval`` reports per-shift accuracy and absolute impact;
+- a CSV of ``path,label`` (label = wnid or class index; paths relative to the folder), UTF-8
+  with or without a byte-order mark (Excel's "CSV UTF-8").
+
+Images are hostile input: every file is fully decoded before anything is written (a truncated
+JPEG is refused, naming it, or skipped and counted with ``skip_bad_images``), then stored in the
+form ``bench eval`` decodes pixel for pixel (``Image.open(...).convert("RGB")``):
+
+- a JPEG in RGB or grayscale without an EXIF rotation is stored byte for byte (no second lossy
+  encoding);
+- everything else is decoded, converted to 8-bit RGB or grayscale and stored as a lossless PNG:
+  EXIF orientation applied (``PIL.ImageOps.exif_transpose``); 16-bit and 32-bit integer
+  grayscale (``I;16``, ``I;16B``, ``I``) scaled to 8 bits (``round(v / 257)``, not clipped);
+  16-bit RGB keeps Pillow's high byte; transparency (RGBA, LA, palette with transparency)
+  composited on white; palette, 1-bit, CMYK and YCbCr converted by Pillow; the first frame of
+  an animation. Embedded colour profiles are not applied (pixels are taken as sRGB, as timm's
+  loaders do).
+
+Each row records ``source_path``, ``source_format``, ``source_mode``, ``exif_orientation`` (1 =
+none) and ``reencoded``. The suite is written to ``.<out name>.<pid>.incomplete`` beside ``out``
+(with the user's umask) and renamed at the end; leftovers of killed imports are removed by the
+next import to the same ``out``.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import logging
+import os
+import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark import imagenet
 from benchmark.errors import BenchError
 from benchmark.fsutil import prepare_fresh_dir
-from benchmark.suite_format import MANIFEST, check_config_name
+from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
 
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+# A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
+SUITE_ID_RE = CONFIG_RE
+MAX_SHARD_SIZE = 100_000
+MAX_CSV_BYTES = 1 << 30
+_GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
+_EXIF_ORIENTATION = 0x0112
+
+
+def check_suite_id(name: str) -> str:
+    """Refuse a suite id that is not a safe, short path component (``..``, ``a/b``, 400 chars)."""
+    if not isinstance(name, str) or not SUITE_ID_RE.match(name):
+        shown = name if len(str(name)) <= 80 else f"{str(name)[:60]}... ({len(name)} characters)"
+        raise BenchError(f"--name {shown!r} is not a valid suite id: use lower-case letters, digits, '_' or '-' "
+                         "(at most 64 characters, starting with a letter or digit)")
+    return name
+
+
+def display(path: str | os.PathLike) -> str:
+    """A file name as text that prints and encodes as UTF-8: bytes that are not UTF-8 (names on
+    Linux file systems are bytes) are shown as ``\\xe9`` escapes instead of lone surrogates."""
+    return os.fsencode(os.fspath(path)).decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
 class Item:
     path: Path
-    rel: str
+    rel: str  # display form of the path relative to the import folder
     label: int
     image_id: str
+    config: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What an import folder holds: its items (sorted by image id) and, for multi-shift folders,
+    the reference config."""
+
+    items: list[Item]
+    configs: tuple[str, ...]
+    reference: str | None
 
 
 def _label(text: str, where: str) -> int:
@@ -42,133 +99,367 @@ def _label(text: str, where: str) -> int:
     try:
         return imagenet.index_of(text)
     except KeyError:
-        raise BenchError(f"{where}: label {text!r} is not an ImageNet-1k wnid (like n01440764) or index") from None
+        raise BenchError(f"{where}: label {text[:40]!r} is not an ImageNet-1k wnid (like n01440764) or index") from None
 
 
-def list_items(src: Path, *, config: str, csv_path: Path | None = None) -> list[Item]:
-    """The images to import, sorted by image id; every naming problem is one clear error."""
+def read_csv_rows(csv_path: Path) -> list[list[str]]:
+    """The rows of a UTF-8 CSV (a byte-order mark, as Excel writes, is dropped); any other
+    encoding is one error naming the file and how to convert it."""
+    name = display(csv_path.name)
+    if not csv_path.is_file():
+        raise BenchError(f"--csv {display(csv_path)!r} does not exist")
+    if csv_path.stat().st_size > MAX_CSV_BYTES:
+        raise BenchError(f"{name} is larger than {MAX_CSV_BYTES >> 20} MiB; a path,label list is far smaller, "
+                         "check that --csv names the right file")
+    data = csv_path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise BenchError(f"{name} is not UTF-8 (byte 0x{data[e.start]:02x} on line {line}); save it as UTF-8 "
+                         f"(Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} > utf8-{name})") from None
+    try:
+        return list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise BenchError(f"{name} is not a readable CSV ({e}); write one 'path,label' pair per line") from None
+
+
+def _csv_pairs(src: Path, csv_path: Path) -> list[tuple[Path, int]]:
+    pairs = []
+    name = display(csv_path.name)
+    for i, row in enumerate(read_csv_rows(csv_path), 1):
+        if not row or not "".join(row).strip():
+            continue
+        if i == 1 and row[0].strip().lower() == "path":
+            continue
+        if len(row) < 2:
+            raise BenchError(f"{name} line {i}: expected 'path,label', got {row!r}")
+        p = Path(row[0].strip())
+        pairs.append((p if p.is_absolute() else src / p, _label(row[1], f"{name} line {i}")))
+    return pairs
+
+
+def _subdirs(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _top_files(d: Path) -> list[str]:
+    return sorted(display(p.name) for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _names(paths, n: int = 5) -> str:
+    names = [repr(display(p.name)) for p in paths]
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
+
+
+def _class_pairs(d: Path) -> list[tuple[Path, int]]:
+    """``<wnid>/<image>`` files of one folder (images in nested folders count for their wnid)."""
+    dirs = _subdirs(d)
+    wnids = set(imagenet.wnids())
+    bad = [x for x in dirs if x.name not in wnids]
+    if bad:
+        raise BenchError(f"sub-folders of {display(d)} must be ImageNet-1k wnids (e.g. n01440764), or shift folders "
+                         f"holding wnid folders (<shift>/<wnid>/<image>); found {_names(bad)}; rename them or use "
+                         "--csv path,label")
+    top = _top_files(d)
+    if top and not dirs:
+        raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use --csv")
+    if top:
+        log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
+                    len(top), display(d), top[0])
+    pairs = []
+    for x in dirs:
+        label = imagenet.index_of(x.name)
+        pairs += [(p, label) for p in sorted(x.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    return pairs
+
+
+def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path | None = None,
+             base: str | None = None) -> Layout:
+    """The images to import and the suite's configs; every naming problem is one clear error.
+
+    ``<wnid>/`` sub-folders (or a CSV) make one config named ``config``; sub-folders that hold
+    ``<wnid>/`` folders themselves are shifts, one config each, with ``base`` (default
+    ``"base"``) as the reference.
+    """
+    src = Path(src)
     if not src.is_dir():
-        raise BenchError(f"import folder {str(src)!r} does not exist or is not a folder")
-    pairs: list[tuple[Path, int]] = []
-    if csv_path is not None:
-        if not csv_path.is_file():
-            raise BenchError(f"--csv {str(csv_path)!r} does not exist")
-        with open(csv_path, newline="") as f:
-            reader = csv.reader(f)
-            for i, row in enumerate(reader, 1):
-                if i == 1 and row and row[0].strip().lower() == "path":
-                    continue
-                if len(row) < 2:
-                    raise BenchError(f"{csv_path.name} line {i}: expected 'path,label', got {row!r}")
-                p = Path(row[0].strip())
-                pairs.append((p if p.is_absolute() else src / p, _label(row[1], f"{csv_path.name} line {i}")))
+        raise BenchError(f"import folder {display(src)!r} does not exist or is not a folder")
+    wnids = set(imagenet.wnids())
+    dirs = _subdirs(src)
+    multi = csv_path is None and bool(dirs) and all(d.name not in wnids for d in dirs) and \
+        any(x.name in wnids for d in dirs for x in _subdirs(d))
+    if not multi:
+        if base is not None:
+            raise BenchError(f"--base names the reference shift of a multi-shift folder (<shift>/<wnid>/<image>); "
+                             f"{display(src)} is a single-config import, drop --base")
+        config = check_config_name(config or "default")
+        pairs = _csv_pairs(src, Path(csv_path)) if csv_path is not None else _class_pairs(src)
+        per_config = {config: pairs}
+        reference = None
     else:
-        top_files = [p.name for p in src.iterdir() if p.is_file() and not p.name.startswith(".")]
-        dirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
-        bad = [d.name for d in dirs if d.name not in set(imagenet.wnids())]
+        if config is not None:
+            raise BenchError(f"{display(src)} holds shift folders (<shift>/<wnid>/<image>), which name the configs; "
+                             "drop --config")
+        bad = [d for d in dirs if not CONFIG_RE.match(display(d.name))]
         if bad:
-            raise BenchError(f"sub-folders of {src} must be ImageNet-1k wnids (e.g. n01440764); found "
-                             f"{', '.join(repr(b) for b in bad[:5])}{' ...' if len(bad) > 5 else ''}; rename them or "
-                             "use --csv path,label")
-        if top_files and not dirs:
-            raise BenchError(f"{src} holds files but no wnid sub-folders; put images in <wnid>/ folders or use --csv")
-        if top_files:
-            log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
-                        len(top_files), src, sorted(top_files)[0])
-        for d in dirs:
-            label = imagenet.index_of(d.name)
-            pairs += [(p, label) for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith(".")]
-    if not pairs:
-        raise BenchError(f"no images found in {src}; expected <wnid>/<image> files or a --csv list")
+            raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename them "
+                             "with lower-case letters, digits, '_' or '-' (at most 64 characters)")
+        reference = base or "base"
+        check_config_name(reference)
+        names = [d.name for d in dirs]
+        if reference not in names:
+            raise BenchError(f"{display(src)} has no shift folder {reference!r} (found {_names(dirs)}); name the "
+                             "in-distribution folder base or pass --base NAME")
+        if len(dirs) < 2:
+            raise BenchError(f"{display(src)} holds only the reference {reference!r}; add at least one shift folder "
+                             "beside it, or import its <wnid>/ folders as one config")
+        if _top_files(src):
+            log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
+                        len(_top_files(src)), display(src))
+        per_config = {d.name: _class_pairs(d) for d in dirs}
+        empty = [c for c, p in per_config.items() if not p]
+        if empty:
+            raise BenchError(f"shift folder(s) {', '.join(map(repr, empty))} hold no images; add images or remove them")
     items, seen = [], {}
-    for path, label in pairs:
-        if not path.is_file():
-            raise BenchError(f"{path} is listed but does not exist")
-        wnid = imagenet.wnids()[label]
-        iid = f"{config}/{wnid}/{path.stem}"
-        if iid in seen:
-            raise BenchError(f"duplicate image id {iid!r}: {seen[iid]} and {path} share a class and file stem; "
-                             "rename one of them")
-        seen[iid] = path
-        try:
-            rel = str(path.relative_to(src))
-        except ValueError:
-            rel = str(path)
-        items.append(Item(path, rel, label, iid))
-    return sorted(items, key=lambda it: it.image_id)
+    for cfg, pairs in per_config.items():
+        for path, label in pairs:
+            if not path.is_file():
+                raise BenchError(f"{display(path)} is listed but does not exist")
+            iid = f"{cfg}/{imagenet.wnids()[label]}/{display(path.stem)}"
+            if iid in seen:
+                raise BenchError(f"duplicate image id {iid!r}: {display(seen[iid])} and {display(path)} share a class "
+                                 "and file stem; rename one of them")
+            seen[iid] = path
+            try:
+                rel = display(path.relative_to(src))
+            except ValueError:
+                rel = display(path)
+            items.append(Item(path, rel, label, iid, cfg))
+    if not items:
+        raise BenchError(f"no images found in {display(src)}; expected <wnid>/<image> files, "
+                         "<shift>/<wnid>/<image> files or a --csv list")
+    return Layout(sorted(items, key=lambda it: it.image_id), tuple(per_config), reference)
 
 
-def _check_image(data: bytes) -> str | None:
-    """None if the bytes decode as an image, else the reason."""
-    import io
+def list_items(src: Path, *, config: str | None = None, csv_path: Path | None = None) -> list[Item]:
+    """The images of a single-config import, sorted by image id."""
+    return discover(src, config=config, csv_path=csv_path).items
 
+
+# -- images -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """How one source file is stored (recorded per row)."""
+
+    source_format: str
+    source_mode: str
+    exif_orientation: int
+    reencoded: bool
+
+
+def _to_8bit(im):
+    """Pillow image of any mode -> 8-bit ``RGB`` or ``L`` with the same picture."""
+    import numpy as np
     from PIL import Image
 
+    mode = im.mode
+    if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        a = np.asarray(im)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise ValueError(f"{mode} image with values outside 0..65535; save it with 8 or 16 bits per channel")
+        a = (a.astype(np.uint32) * 255 + 32767) // 65535  # round(v / 257): 16 bits scaled, not clipped
+        return Image.fromarray(a.astype(np.uint8), "L")
+    if mode == "F":
+        raise ValueError("floating-point image; save it with 8 or 16 bits per channel")
+    if mode == "1":
+        return im.convert("L")
+    if mode in ("L", "RGB"):
+        if "transparency" not in im.info:
+            return im
+    if mode in ("LA", "La", "RGBA", "RGBa", "PA", "P", "L", "RGB"):
+        if mode == "P" and "transparency" not in im.info:
+            return im.convert("RGB")
+        rgba = im.convert("RGBA")  # palette/tRNS transparency become alpha
+        flat = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        flat.alpha_composite(rgba)  # composite on white: what a viewer shows
+        out = flat.convert("RGB")
+        return out.convert("L") if mode in _GRAY_MODES else out
+    return im.convert("RGB")  # CMYK, YCbCr, LAB, HSV, ...
+
+
+def decode_image(data: bytes):
+    """Fully decode ``data`` -> ``(8-bit RGB/L PIL image, ImageInfo)``; raise on any decoder error."""
+    from PIL import Image, ImageFile, ImageOps
+
+    truncated_ok = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file must fail, whoever set this
     try:
         with Image.open(io.BytesIO(data)) as im:
-            im.verify()
-        return None
-    except Exception as e:  # noqa: BLE001 - any decoder failure means "not an image"
-        return f"{type(e).__name__}: {e}"
+            im.load()
+            fmt, mode = im.format or "unknown", im.mode
+            orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+            orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+            out = ImageOps.exif_transpose(im) if orientation != 1 else im
+            out = _to_8bit(out)
+            if out is im:
+                out = im.copy()
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = truncated_ok
+    passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
+    return out, ImageInfo(fmt, mode, int(orientation), not passthrough)
 
 
-def import_folder(src: str | Path, *, name: str, out: str | Path, config: str = "default",
-                  csv_path: str | Path | None = None, overwrite: bool = False, skip_bad_images: bool = False,
-                  shard_size: int = 1000, progress: bool = True):
+def check_image(data: bytes) -> tuple[ImageInfo | None, str | None]:
+    """``(info, None)`` if ``data`` decodes completely, else ``(None, reason)``."""
+    try:
+        return decode_image(data)[1], None
+    except Exception as e:  # noqa: BLE001 - any decoder failure means "not a usable image"
+        return None, f"{type(e).__name__}: {e}"
+
+
+def stored_bytes(data: bytes) -> tuple[bytes, ImageInfo]:
+    """The bytes to store for a source file: itself (a plain JPEG) or a lossless PNG of its
+    converted pixels; decoding them as ``bench eval`` does gives exactly those pixels."""
+    im, info = decode_image(data)
+    if not info.reencoded:
+        return data, info
+    buf = io.BytesIO()
+    im.save(buf, format="PNG", compress_level=6)  # no metadata: the same pixels give the same bytes
+    return buf.getvalue(), info
+
+
+# -- output folder ------------------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process starts an import only after its previous one ended
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_leftovers(out: Path) -> list[Path]:
+    """Remove ``.<out name>.<pid>[.old].incomplete`` folders of imports to ``out`` that were
+    killed (their process is gone); returns what was removed."""
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(\d+)(\.old)?\.incomplete$")
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for p in out.parent.iterdir():
+        m = pattern.match(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
+            log.warning("removing %s left by an interrupted import", display(p))
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+# -- import -------------------------------------------------------------------------------------
+
+def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | None = None,
+                  csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
+                  skip_bad_images: bool = False, shard_size: int = 1000, progress: bool = True):
     """Import images into a new suite at ``out``; returns its ``Manifest``."""
     from datasets import Value
     from tqdm.auto import tqdm
 
+    from benchmark.suite_format import Manifest
     from benchmark.writer import SuiteWriter
     from data_cards import render_card
 
-    check_config_name(config)
-    if shard_size < 1:
-        raise BenchError(f"--shard-size must be >= 1, got {shard_size}")
+    # every option is checked before any file is read
+    check_suite_id(name)
+    if config is not None:
+        check_config_name(config)
+    if base is not None:
+        check_config_name(base)
+    if not isinstance(shard_size, int) or not 1 <= shard_size <= MAX_SHARD_SIZE:
+        raise BenchError(f"--shard-size must be between 1 and {MAX_SHARD_SIZE}, got {shard_size}")
     src, out = Path(src), Path(out)
-    items = list_items(src, config=config, csv_path=Path(csv_path) if csv_path else None)
+    if out.name in ("", ".", ".."):
+        raise BenchError(f"--out {display(out)!r} must name a folder to create (like ./my-suite)")
+    clean_leftovers(out)
+    layout = discover(src, config=config, csv_path=csv_path, base=base)
     # checks only: an existing output is replaced at the very end, so a failed import keeps it
     prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
-    good, skipped = [], []
-    for it in tqdm(items, desc="check images", unit="img", disable=not progress):
-        why = _check_image(it.path.read_bytes())
-        if why is None:
+
+    good, skipped, digests = [], [], {}
+    for it in tqdm(layout.items, desc="decode images", unit="img", disable=not progress):
+        data = it.path.read_bytes()
+        info, why = check_image(data)
+        if info is not None:
             good.append(it)
+            digests[it.image_id] = hashlib.sha256(data).digest()
         elif skip_bad_images:
             skipped.append(it.rel)
         else:
             raise BenchError(f"{it.rel} is not a readable image ({why}); remove it or pass --skip-bad-images")
     if not good:
-        raise BenchError(f"none of the {len(items)} files in {src} is a readable image")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".incomplete", dir=out.parent))
+        raise BenchError(f"none of the {len(layout.items)} files in {display(src)} is a readable image")
+    by_config = {c: [it for it in good if it.config == c] for c in layout.configs}
+    empty = [c for c, its in by_config.items() if not its]
+    if empty:
+        raise BenchError(f"config(s) {', '.join(map(repr, empty))} have no readable image left; fix or add images")
+
+    tmp = out.parent / f".{out.name}.{os.getpid()}.incomplete"
+    tmp.mkdir()  # mode 0777 & ~umask: the suite gets the user's normal permissions
     try:
-        shards = [good[a:a + shard_size] for a in range(0, len(good), shard_size)]
         bar = tqdm(total=len(good), desc=f"import {name}", unit="img", disable=not progress)
 
         def rows(block):
             for it in block:
+                data = it.path.read_bytes()
+                if hashlib.sha256(data).digest() != digests[it.image_id]:
+                    raise BenchError(f"{it.rel} changed during the import; rerun when the folder is not being written")
+                stored, info = stored_bytes(data)
                 bar.update(1)
-                yield {"image": {"bytes": it.path.read_bytes(), "path": None}, "label": it.label,
-                       "image_id": it.image_id, "config": config, "keep": True, "pair_id": None,
-                       "source_path": it.rel}
+                yield {"image": {"bytes": stored, "path": None}, "label": it.label, "image_id": it.image_id,
+                       "config": it.config, "keep": True, "pair_id": None, "source_path": it.rel,
+                       "source_format": info.source_format, "source_mode": info.source_mode,
+                       "exif_orientation": info.exif_orientation, "reencoded": info.reencoded}
 
-        with SuiteWriter(tmp, suite_id=name, extra_features={"source_path": Value("string")}) as w:
-            for i, block in enumerate(shards):
-                w.write_shard(config, i, len(shards), rows(block))
+        extra = {"source_path": Value("string"), "source_format": Value("string"), "source_mode": Value("string"),
+                 "exif_orientation": Value("int8"), "reencoded": Value("bool")}
+        with SuiteWriter(tmp, suite_id=name, extra_features=extra) as w:
+            for cfg, its in by_config.items():
+                shards = [its[a:a + shard_size] for a in range(0, len(its), shard_size)]
+                for i, block in enumerate(shards):
+                    w.write_shard(cfg, i, len(shards), rows(block))
             bar.close()
-            generator = {"builder": "bench import-folder", "images": len(good), "n_skipped_bad_images": len(skipped),
-                         "skipped_bad_images": skipped[:1000]}
+            generator = {"builder": "bench import-folder", "images": len(good),
+                         "n_skipped_bad_images": len(skipped), "skipped_bad_images": skipped[:1000],
+                         "image_storage": "JPEG (RGB/L, no EXIF rotation) as is; all else 8-bit PNG"}
+            if layout.reference is not None:
+                # read by bench eval for suites outside the registry: score as ImageNet*
+                generator.update(metric_family="imagenet_star", reference_config=layout.reference)
+            shifts = ", ".join(c for c in layout.configs if c != layout.reference)
+            note = (f"Imported with `bench import-folder` ({len(good)} images)." if layout.reference is None else
+                    f"Imported with `bench import-folder` ({len(good)} images): reference `{layout.reference}`, "
+                    f"shifts {shifts}; scored as ImageNet* (per-shift accuracy, absolute impact).")
             w.finalize(generator=generator, card=lambda m: render_card(
-                m, template="generic", pretty_name=name,
-                context={"note": f"Imported with `bench import-folder` ({len(good)} images)."}))
+                m, template="generic", pretty_name=name, context={"note": note}))
         (tmp / "build.json").unlink(missing_ok=True)
-        prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out")
-        tmp.rename(out)
+        _swap_into_place(tmp, out, overwrite=overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    from benchmark.suite_format import Manifest
-
     if skipped:
         log.warning("skipped %d unreadable file(s), e.g. %s", len(skipped), skipped[0])
     return Manifest.load(out)
+
+
+def _swap_into_place(tmp: Path, out: Path, *, overwrite: bool) -> None:
+    """Rename the finished suite to ``out``; a replaced suite is moved aside first and removed
+    last, so a kill at any point leaves either suite plus leftovers the next run cleans."""
+    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
+    old = out.parent / f".{out.name}.{os.getpid()}.old.incomplete"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
