@@ -161,3 +161,361 @@ def test_top_level_files_next_to_class_folders_are_named(tmp_path, folder, capsy
     assert code == 0, err
     assert "ignoring 1 file(s) at the top" in caplog.text and "README.txt" in caplog.text
     assert LocalSuite.open(tmp_path / "s").manifest.configs["default"].rows == 6
+
+
+# -- images: full decode, modes, orientation (real photos from skimage.data) ----------------------
+
+import os  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import zlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def _photo(name="astronaut", size=None):
+    """A real photo from skimage.data as an 8-bit array (optionally resized)."""
+    import skimage.data
+
+    a = getattr(skimage.data, name)()
+    if size is not None:
+        a = np.asarray(Image.fromarray(a).resize(size, Image.BILINEAR))
+    return a
+
+
+def _png16_rgb(a8: np.ndarray) -> bytes:
+    """A 16-bit-per-channel RGB PNG (Pillow cannot write one), values v * 257 as image tools scale."""
+    h, w, _ = a8.shape
+    a16 = a8.astype(">u2") * 257
+    raw = b"".join(b"\x00" + a16[y].tobytes() for y in range(h))
+
+    def chunk(t, x):
+        return struct.pack(">I", len(x)) + t + x + struct.pack(">I", zlib.crc32(t + x))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def _stored(out, config="default"):
+    """image_id -> (row, pixels decoded exactly as bench eval decodes them)."""
+    ds = LocalSuite.open(out).dataset(config).with_format("arrow")
+    t = ds[:]
+    rows = {}
+    for i, iid in enumerate(t["image_id"].to_pylist()):
+        row = {c: t[c][i].as_py() for c in t.column_names}
+        with Image.open(io.BytesIO(row["image"]["bytes"])) as im:  # eval/inference.py's decode
+            rows[iid] = (row, np.asarray(im.convert("RGB")).astype(int))
+    return rows
+
+
+def _import(tmp_path, src, capsys, *extra, out="s"):
+    code, stdout, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / out), "--no-progress",
+                             *extra], capsys)
+    assert code == 0, err
+    return tmp_path / out
+
+
+def test_16_bit_images_are_scaled_not_clipped(tmp_path, capsys):
+    """A real photo saved with 16 bits per channel imports to its 8-bit pixels within 1 level
+    (it was scored as an all-white image when the raw 16-bit PNG reached eval's convert('RGB'))."""
+    import tifffile
+
+    cam, ast = _photo("camera", (128, 128)), _photo("astronaut", (128, 128))
+    d = tmp_path / "src" / "n04266014"
+    d.mkdir(parents=True)
+    Image.fromarray(cam.astype(np.uint16) * 257).save(d / "gray16.png")      # Pillow: I;16
+    tifffile.imwrite(d / "gray16be.tif", (cam.astype(np.uint16) * 257).astype(">u2"))  # I;16B
+    Image.fromarray(cam.astype(np.int32) * 257, "I").save(d / "gray32.tif")   # I
+    (d / "rgb16.png").write_bytes(_png16_rgb(ast))
+    assert Image.open(d / "gray16.png").mode == "I;16" and Image.open(d / "gray16be.tif").mode == "I;16B"
+    out = _import(tmp_path, tmp_path / "src", capsys)
+    rows = _stored(out)
+    for stem, want, mode in (("gray16", cam, "I;16"), ("gray16be", cam, "I;16B"), ("gray32", cam, "I"),
+                             ("rgb16", ast, "RGB")):
+        row, px = rows[f"default/n04266014/{stem}"]
+        want = np.repeat(want[..., None], 3, axis=2) if want.ndim == 2 else want
+        assert row["source_mode"] == mode and row["reencoded"]
+        assert np.abs(px - want).max() <= 1, stem
+        assert px.mean() < 200  # not the all-white image of a clipped conversion
+
+
+def test_palette_alpha_cmyk_la_and_1_bit_are_converted(tmp_path, capsys):
+    cat = _photo("chelsea", (96, 64))
+    alpha = np.tile(np.linspace(0, 255, 96).astype(np.uint8), (64, 1))
+    d = tmp_path / "src" / "n02123045"
+    d.mkdir(parents=True)
+    Image.fromarray(np.dstack([cat, alpha]), "RGBA").save(d / "rgba.png")
+    gray = np.asarray(Image.fromarray(cat).convert("L"))
+    Image.fromarray(np.dstack([gray, alpha]), "LA").save(d / "la.png")
+    Image.fromarray(cat).convert("CMYK").save(d / "cmyk.jpg", quality=95)
+    Image.fromarray(cat).convert("1").save(d / "bits.png")
+    pal = Image.fromarray(cat).convert("P", palette=Image.ADAPTIVE, colors=32)
+    pal.save(d / "pal.png")
+    pal.save(d / "palt.gif", transparency=0)
+    out = _import(tmp_path, tmp_path / "src", capsys)
+    rows = _stored(out)
+    px = {iid.rsplit("/", 1)[1]: p for iid, (_, p) in rows.items()}
+    a = alpha[..., None] / 255.0
+    on_white = cat * a + 255 * (1 - a)  # composite on white, by hand
+    assert np.abs(px["rgba"] - on_white).max() <= 1
+    assert np.abs(px["la"][..., 0] - (gray * a[..., 0] + 255 * (1 - a[..., 0]))).max() <= 1
+    assert (px["la"][..., 0] == px["la"][..., 2]).all()
+    assert np.abs(px["cmyk"] - cat).mean() < 4  # the JPEG (lossy) one
+    bits = np.asarray(Image.open(d / "bits.png").convert("L"))
+    assert set(np.unique(px["bits"])) <= {0, 255} and (px["bits"][..., 0] == bits).all()
+    assert (px["pal"] == np.asarray(pal.convert("RGB"))).all()
+    palt = np.asarray(Image.open(d / "palt.gif").convert("RGBA"))
+    assert (px["palt"][palt[..., 3] == 0] == 255).all()  # the transparent index shows as white
+    assert (px["palt"][palt[..., 3] == 255] == palt[palt[..., 3] == 255][:, :3]).all()
+    modes = {iid.rsplit("/", 1)[1]: (r["source_format"], r["source_mode"]) for iid, (r, _) in rows.items()}
+    assert modes["cmyk"] == ("JPEG", "CMYK") and modes["la"] == ("PNG", "LA") and modes["bits"] == ("PNG", "1")
+
+
+def test_cmyk_tiff_is_converted(tmp_path, capsys):
+    cat = _photo("chelsea", (48, 32))
+    d = tmp_path / "src" / "n02123045"
+    d.mkdir(parents=True)
+    Image.fromarray(cat).convert("CMYK").save(d / "cmyk.tif")
+    (_, px), = _stored(_import(tmp_path, tmp_path / "src", capsys)).values()
+    assert np.abs(px - cat).max() <= 1
+
+
+def test_exif_orientation_is_applied_and_recorded(tmp_path, capsys):
+    cat = _photo("chelsea", (90, 60))
+    d = tmp_path / "src" / "n02123045"
+    d.mkdir(parents=True)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    Image.fromarray(cat).save(d / "rotated.jpg", exif=exif, quality=95)
+    Image.fromarray(cat).save(d / "plain.jpg", quality=95)
+    rows = _stored(_import(tmp_path, tmp_path / "src", capsys))
+    rot_row, rot = rows["default/n02123045/rotated"]
+    plain_row, plain = rows["default/n02123045/plain"]
+    assert rot.shape == (90, 60, 3) and plain.shape == (60, 90, 3)
+    from PIL import ImageOps
+    assert (rot == np.asarray(ImageOps.exif_transpose(Image.open(d / "rotated.jpg")).convert("RGB"))).all()
+    assert rot_row["exif_orientation"] == 6 and rot_row["reencoded"]
+    # a plain JPEG is stored byte for byte: no second lossy encoding
+    assert plain_row["exif_orientation"] == 1 and not plain_row["reencoded"]
+    assert plain_row["image"]["bytes"] == (d / "plain.jpg").read_bytes()
+
+
+def test_truncated_jpeg_is_refused_or_skipped(tmp_path, capsys):
+    """A real photo cut short: its header verifies, only a full decode finds it."""
+    d = tmp_path / "src" / "n02123045"
+    d.mkdir(parents=True)
+    Image.fromarray(_photo("chelsea")).save(d / "ok.jpg")
+    buf = io.BytesIO()
+    Image.fromarray(_photo("astronaut")).save(buf, format="JPEG")
+    (d / "cut.jpg").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    Image.open(d / "cut.jpg").verify()  # passes the header check the importer used to rely on
+    code, _, err = run(["import-folder", str(tmp_path / "src"), "--name", "x", "--out", str(tmp_path / "s"),
+                        "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1 and "cut.jpg is not a readable image" in err and "truncated" in err
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".*incomplete"))
+    out = _import(tmp_path, tmp_path / "src", capsys, "--skip-bad-images")
+    m = LocalSuite.open(out).manifest
+    assert m.configs["default"].rows == 1 and m.generator["skipped_bad_images"] == ["n02123045/cut.jpg"]
+
+
+# -- tables and file names ------------------------------------------------------------------------
+
+def test_csv_with_excel_bom_and_a_latin1_csv(tmp_path, capsys):
+    src = tmp_path / "flat"
+    _img(src / "café.jpg")
+    _img(src / "b.jpg", (200, 0, 0))
+    (tmp_path / "excel.csv").write_bytes("\ufeffpath,label\r\ncafé.jpg,n01440764\r\nb.jpg,967\r\n".encode())
+    out = _import(tmp_path, src, capsys, "--csv", str(tmp_path / "excel.csv"))
+    ds = LocalSuite.open(out).dataset("default")
+    assert sorted(zip(ds["image_id"], ds["label"])) == [("default/n01440764/café", 0), ("default/n07920052/b", 967)]
+    (tmp_path / "latin.csv").write_bytes("path,label\ncafé.jpg,n01440764\n".encode("latin-1"))
+    code, _, err = run(["import-folder", str(src), "--csv", str(tmp_path / "latin.csv"), "--name", "x", "--out",
+                        str(tmp_path / "s2"), "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1
+    assert "latin.csv is not UTF-8 (byte 0xe9 on line 2)" in err and "iconv -f latin1 -t utf-8" in err
+    assert not (tmp_path / "s2").exists()
+
+
+def test_non_utf8_file_names(tmp_path, capsys):
+    """Linux file names are bytes: a latin-1 name imports (shown with \\x escapes); a folder
+    named so is one readable error."""
+    src = tmp_path / "src"
+    _img(src / "n01440764" / "ok.jpg")
+    raw = os.fsencode(src / "n01440764") + b"/caf\xe9.jpg"
+    _img(Path(os.fsdecode(raw)))
+    code, stdout, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"],
+                            capsys)
+    assert code == 0, err
+    ds = LocalSuite.open(tmp_path / "s").dataset("default")
+    assert sorted(ds["image_id"]) == ["default/n01440764/caf\\xe9", "default/n01440764/ok"]
+    assert "n01440764/caf\\xe9.jpg" in ds["source_path"]
+    bad = tmp_path / "bad"
+    _img(Path(os.fsdecode(os.fsencode(bad) + b"/n\xe9/x.jpg")))
+    code, _, err = run(["import-folder", str(bad), "--name", "x", "--out", str(tmp_path / "s3"), "--no-progress"],
+                       capsys)
+    assert code != 0 and err.count("\n") == 1 and "'n\\xe9'" in err
+
+
+from pathlib import Path  # noqa: E402
+
+
+# -- names and bounds at parse time ---------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, match", [
+    (["--name", ".."], "--name '..' is not a valid suite id"),
+    (["--name", "a/b"], "is not a valid suite id"),
+    (["--name", "x" * 400], "(400 characters) is not a valid suite id"),
+    (["--name", "Mine"], "is not a valid suite id"),
+    (["--shard-size", "0"], "--shard-size must be between 1 and 100000, got 0"),
+    (["--shard-size", "1000000000"], "--shard-size must be between 1 and 100000"),
+    (["--config", "../up"], "config name '../up' is not valid"),
+    (["--base", "a b"], "config name 'a b' is not valid"),
+])
+def test_names_and_bounds_are_checked_before_any_work(tmp_path, capsys, extra, match):
+    args = {"--name": "ok", "--out": str(tmp_path / "out")}
+    it = iter(extra)
+    for k in it:
+        args[k] = next(it)
+    # the folder does not exist: the option is refused before the folder is even looked at
+    code, _, err = run(["import-folder", str(tmp_path / "missing"), *[x for kv in args.items() for x in kv],
+                        "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1 and match in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- output safety --------------------------------------------------------------------------------
+
+def test_suite_gets_the_users_permissions(tmp_path, folder, capsys):
+    old = os.umask(0o022)
+    try:
+        out = _import(tmp_path, folder, capsys)
+    finally:
+        os.umask(old)
+    assert (out.stat().st_mode & 0o777) == 0o755
+    assert all((p.stat().st_mode & 0o777) == (0o755 if p.is_dir() else 0o644) for p in out.rglob("*"))
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_leftovers_of_killed_imports_are_cleaned(tmp_path, folder, capsys):
+    dead, alive = _dead_pid(), os.getppid()
+    for name in (f".s.{dead}.incomplete", f".s.{dead}.old.incomplete", f".s.{alive}.incomplete", ".other.1.incomplete"):
+        (tmp_path / name / "data").mkdir(parents=True)
+    _import(tmp_path, folder, capsys)
+    left = sorted(p.name for p in tmp_path.glob(".*incomplete"))
+    assert left == [".other.1.incomplete", f".s.{alive}.incomplete"]  # a live import and another --out stay
+
+
+def test_kill_9_mid_import_then_rerun(tmp_path):
+    """kill -9 while shards are being written leaves a .incomplete folder; the rerun removes it
+    and writes the right suite."""
+    src = tmp_path / "src"
+    photo = _photo("astronaut", (192, 192))
+    rgba = Image.fromarray(np.dstack([photo, np.full(photo.shape[:2], 200, np.uint8)]), "RGBA")
+    for c in ("n01440764", "n04266014"):
+        (src / c).mkdir(parents=True)
+        for i in range(40):
+            rgba.save(src / c / f"{i:03d}.png", compress_level=0)
+    out = tmp_path / "suite"
+    cmd = [sys.executable, "-m", "benchmark", "import-folder", str(src), "--name", "k", "--out", str(out),
+           "--shard-size", "4", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(tmp_path.glob(".suite.*.incomplete/data/*/*.parquet")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the import finished before it could be killed"
+    proc.kill()
+    proc.wait()
+    assert list(tmp_path.glob(".suite.*.incomplete")) and not out.exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob(".*incomplete"))
+    suite = LocalSuite.open(out)
+    suite.verify()
+    assert suite.manifest.configs["default"].rows == 80
+
+
+# -- multi-shift import scored as ImageNet* -------------------------------------------------------
+
+def _shift_folder(root, shifts=("base", "fog", "gray")):
+    """Real photos (skimage.data, resized) in <shift>/<wnid>/ folders; each shift a real change."""
+    from PIL import ImageFilter
+
+    photos = {"n02123045": ["chelsea"], "n07920052": ["coffee"], "n04266014": ["rocket"], "n09472597": ["astronaut"]}
+    for shift in shifts:
+        for wnid, names in photos.items():
+            for name in names:
+                im = Image.fromarray(_photo(name, (96, 96)))
+                if shift == "fog":
+                    im = Image.blend(im.filter(ImageFilter.GaussianBlur(3)), Image.new("RGB", im.size, "white"), 0.5)
+                elif shift == "gray":
+                    im = im.convert("L")
+                (root / shift / wnid).mkdir(parents=True, exist_ok=True)
+                im.save(root / shift / wnid / f"{name}.jpg", quality=90)
+    return root
+
+
+def test_multi_shift_folder_is_scored_as_imagenet_star(tmp_path, tiny_checkpoint, capsys):
+    import datasets
+    import pyarrow.parquet as pq
+
+    src = _shift_folder(tmp_path / "shifts")
+    code, stdout, err = run(["import-folder", str(src), "--name", "mine", "--out", str(tmp_path / "suite"),
+                             "--no-progress"], capsys)
+    assert code == 0, err
+    assert "scored as ImageNet* (reference config base)" in stdout
+    m = LocalSuite.open(tmp_path / "suite").manifest
+    assert sorted(m.configs) == ["base", "fog", "gray"] and m.generator["metric_family"] == "imagenet_star"
+    for c in m.configs:  # every config loads on its own through the real datasets client and the card
+        ds = datasets.load_dataset(str(tmp_path / "suite"), c, split="test")
+        assert ds.num_rows == 4 and set(ds["config"]) == {c}
+    runs = tmp_path / "runs"
+    code, _, err = run(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
+                        str(tmp_path / "suite"), "--out", str(runs), "--no-progress", "--workers", "0",
+                        "--compile", "off"], capsys)
+    assert code == 0, err
+    (result_path,) = runs.rglob("result.json")
+    import json
+    result = json.loads(result_path.read_text())
+    assert result["suite"]["metric_family"] == "imagenet_star"
+    assert result["protocol"]["scoring"]["reference_config"] == "base"
+    acc = {}
+    for c in ("base", "fog", "gray"):
+        t = pq.read_table(result_path.parent / "predictions" / f"{c}.parquet")
+        acc[c] = float(np.mean(t["true_rank"].to_numpy() == 0))
+        assert result["metrics"]["configs"][c]["acc1"]["value"] == pytest.approx(acc[c])
+    impact = result["metrics"]["imagenet_star"]["absolute_impact"]
+    assert sorted(impact) == ["fog", "gray"]
+    for s in ("fog", "gray"):
+        assert impact[s]["value"] == pytest.approx(acc["base"] - acc[s])
+    assert result["metrics"]["imagenet_star"]["mean_absolute_impact"]["value"] == pytest.approx(
+        np.mean([acc["base"] - acc["fog"], acc["base"] - acc["gray"]]))
+
+
+def test_multi_shift_reference_and_layout_errors(tmp_path, capsys):
+    src = _shift_folder(tmp_path / "shifts", shifts=("clean", "fog"))
+    code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1 and "no shift folder 'base'" in err and "--base NAME" in err
+    out = _import(tmp_path, src, capsys, "--base", "clean", out="s2")
+    assert LocalSuite.open(out).manifest.generator["reference_config"] == "clean"
+    code, _, err = run(["import-folder", str(src), "--name", "x", "--config", "night", "--base", "clean", "--out",
+                        str(tmp_path / "s3"), "--no-progress"], capsys)
+    assert code != 0 and "drop --config" in err
+    _img(src / "n01440764" / "stray.jpg")  # a class folder beside the shift folders
+    code, _, err = run(["import-folder", str(src), "--name", "x", "--base", "clean", "--out", str(tmp_path / "s4"),
+                        "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1 and "mixes class folders ('n01440764')" in err
+    (src / "n01440764" / "stray.jpg").unlink()
+    (src / "n01440764").rmdir()
+    (src / "Bad Shift" / "n01440764").mkdir(parents=True)
+    code, _, err = run(["import-folder", str(src), "--name", "x", "--base", "clean", "--out", str(tmp_path / "s5"),
+                        "--no-progress"], capsys)
+    assert code != 0 and "'Bad Shift'" in err and "not valid config names" in err
