@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".we
 SUITE_ID_RE = CONFIG_RE
 MAX_SHARD_SIZE = 100_000
 MAX_CSV_BYTES = 1 << 30
+MAX_IMAGE_BYTES = 1 << 28
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
 _EXIF_ORIENTATION = 0x0112
 
@@ -300,15 +302,18 @@ def decode_image(data: bytes):
     truncated_ok = ImageFile.LOAD_TRUNCATED_IMAGES
     ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file must fail, whoever set this
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            fmt, mode = im.format or "unknown", im.mode
-            orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
-            orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
-            out = ImageOps.exif_transpose(im) if orientation != 1 else im
-            out = _to_8bit(out)
-            if out is im:
-                out = im.copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data": the pixels still decode
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # > 89 Mpx: refused, bounded memory
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                fmt, mode = im.format or "unknown", im.mode
+                orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+                orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+                out = ImageOps.exif_transpose(im) if orientation != 1 else im
+                out = _to_8bit(out)
+                if out is im:
+                    out = im.copy()
     finally:
         ImageFile.LOAD_TRUNCATED_IMAGES = truncated_ok
     passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
@@ -397,8 +402,13 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
 
     good, skipped, digests = [], [], {}
     for it in tqdm(layout.items, desc="decode images", unit="img", disable=not progress):
-        data = it.path.read_bytes()
-        info, why = check_image(data)
+        try:
+            size = it.path.stat().st_size
+            data = it.path.read_bytes() if size <= MAX_IMAGE_BYTES else b""
+            info, why = check_image(data) if data else (None, f"{size} bytes, over the {MAX_IMAGE_BYTES >> 20} MiB "
+                                                               "limit for one image")
+        except OSError as e:
+            info, why = None, f"cannot be read: {e.strerror}"
         if info is not None:
             good.append(it)
             digests[it.image_id] = hashlib.sha256(data).digest()

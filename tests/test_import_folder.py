@@ -519,3 +519,40 @@ def test_multi_shift_reference_and_layout_errors(tmp_path, capsys):
     code, _, err = run(["import-folder", str(src), "--name", "x", "--base", "clean", "--out", str(tmp_path / "s5"),
                         "--no-progress"], capsys)
     assert code != 0 and "'Bad Shift'" in err and "not valid config names" in err
+
+
+def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
+    """A PNG header claiming 400 megapixels is refused at open, before anything is decoded."""
+    d = tmp_path / "src" / "n02123045"
+    d.mkdir(parents=True)
+    Image.fromarray(_photo("chelsea", (32, 32))).save(d / "ok.png")
+
+    def chunk(t, x):
+        return struct.pack(">I", len(x)) + t + x + struct.pack(">I", zlib.crc32(t + x))
+    (d / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0))
+                                 + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    code, _, err = run(["import-folder", str(tmp_path / "src"), "--name", "x", "--out", str(tmp_path / "s"),
+                        "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1 and "bomb.png is not a readable image (DecompressionBomb" in err
+    out = _import(tmp_path, tmp_path / "src", capsys, "--skip-bad-images")
+    assert LocalSuite.open(out).manifest.generator["n_skipped_bad_images"] == 1
+
+
+def test_eval_refuses_a_suite_declaring_a_bad_metric_family(tmp_path, tiny_checkpoint, capsys):
+    """The declaration bench eval reads from an imported suite's manifest is checked like any input."""
+    import json
+    src = _shift_folder(tmp_path / "shifts", shifts=("base", "fog"))
+    out = _import(tmp_path, src, capsys)
+    for gen, match in (({"metric_family": "bogus"}, "declares metric family 'bogus'"),
+                       ({"reference_config": "../x"}, "reference config '../x'"),
+                       ({"reference_config": ["base"]}, "reference config \"['base']\"")):
+        m = json.loads((out / "manifest.json").read_text())
+        m["generator"].update(gen)
+        (out / "manifest.json").write_text(json.dumps(m))
+        code, _, err = run(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint),
+                            "--suite", str(out), "--out", str(tmp_path / "runs"), "--no-progress", "--workers", "0"],
+                           capsys)
+        assert code != 0 and err.count("\n") == 1 and match in err, err
+        m["generator"].update(metric_family="imagenet_star", reference_config="base")
+        (out / "manifest.json").write_text(json.dumps(m))
+    assert not list((tmp_path / "runs").rglob("result.json"))
