@@ -556,3 +556,30 @@ def test_eval_refuses_a_suite_declaring_a_bad_metric_family(tmp_path, tiny_check
         m["generator"].update(metric_family="imagenet_star", reference_config="base")
         (out / "manifest.json").write_text(json.dumps(m))
     assert not list((tmp_path / "runs").rglob("result.json"))
+
+
+def test_16_bit_photos_score_like_their_8_bit_originals_end_to_end(tmp_path, lite0_weights, capsys):
+    """Real ImageNet weights: a real photo saved with 16 bits per channel gets the predictions of
+    its 8-bit original through import and bench eval (the raw 16-bit PNG was scored as white)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    for name, wnid in (("coffee", "n07920052"), ("chelsea", "n02123045")):
+        gray = np.asarray(Image.fromarray(_photo(name)).convert("L"))
+        for shift, im in (("base", Image.fromarray(gray)), ("deep16", Image.fromarray(gray.astype(np.uint16) * 257))):
+            (tmp_path / "src" / shift / wnid).mkdir(parents=True, exist_ok=True)
+            im.save(tmp_path / "src" / shift / wnid / f"{name}.png")  # L and I;16 PNGs
+    out = _import(tmp_path, tmp_path / "src", capsys)
+    code, _, err = run(["eval", "--model", "tf_efficientnet_lite0", "--checkpoint", lite0_weights, "--remap-by-order",
+                        "--suite", str(out), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress",
+                        "--compile", "off"], capsys)
+    assert code == 0, err
+    (path,) = (tmp_path / "runs").rglob("result.json")
+    base = pq.read_table(path.parent / "predictions" / "base.parquet")
+    deep = pq.read_table(path.parent / "predictions" / "deep16.parquet")
+    assert base["topk_idx"].to_pylist() == deep["topk_idx"].to_pylist()
+    assert np.allclose(base["true_prob"].to_numpy(), deep["true_prob"].to_numpy(), atol=1e-3)
+    assert base["true_rank"].to_pylist()[1] == 0  # espresso (rows in image_id order: chelsea, coffee)
+    result = json.loads(path.read_text())
+    assert result["metrics"]["imagenet_star"]["absolute_impact"]["deep16"]["value"] == 0.0
