@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,9 @@ SUITE_ID_RE = CONFIG_RE
 MAX_SHARD_SIZE = 100_000
 MAX_CSV_BYTES = 1 << 30
 MAX_IMAGE_BYTES = 1 << 28
+DEFAULT_WORKERS = 8
+CHUNK = 16  # images per worker task
+MAX_WORKERS = 256
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
 _EXIF_ORIENTATION = 0x0112
 
@@ -295,8 +299,9 @@ def _to_8bit(im):
     return im.convert("RGB")  # CMYK, YCbCr, LAB, HSV, ...
 
 
-def decode_image(data: bytes):
-    """Fully decode ``data`` -> ``(8-bit RGB/L PIL image, ImageInfo)``; raise on any decoder error."""
+def decode_image(data: bytes, *, pixels: bool = True):
+    """Fully decode ``data`` -> ``(8-bit RGB/L PIL image, ImageInfo)``; raise on any decoder error.
+    With ``pixels=False`` only the check runs and the image returned is ``None``."""
     from PIL import Image, ImageFile, ImageOps
 
     truncated_ok = ImageFile.LOAD_TRUNCATED_IMAGES
@@ -310,27 +315,30 @@ def decode_image(data: bytes):
                 fmt, mode = im.format or "unknown", im.mode
                 orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
                 orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
-                out = ImageOps.exif_transpose(im) if orientation != 1 else im
-                out = _to_8bit(out)
-                if out is im:
-                    out = im.copy()
+                passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
+                out = None
+                if pixels or not passthrough:  # conversions can fail too (e.g. 32-bit values out of range)
+                    out = _to_8bit(ImageOps.exif_transpose(im) if orientation != 1 else im)
+                    out = (out.copy() if out is im else out) if pixels else None
     finally:
         ImageFile.LOAD_TRUNCATED_IMAGES = truncated_ok
-    passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
     return out, ImageInfo(fmt, mode, int(orientation), not passthrough)
 
 
 def check_image(data: bytes) -> tuple[ImageInfo | None, str | None]:
     """``(info, None)`` if ``data`` decodes completely, else ``(None, reason)``."""
     try:
-        return decode_image(data)[1], None
+        return decode_image(data, pixels=False)[1], None
     except Exception as e:  # noqa: BLE001 - any decoder failure means "not a usable image"
         return None, f"{type(e).__name__}: {e}"
 
 
-def stored_bytes(data: bytes) -> tuple[bytes, ImageInfo]:
+def stored_bytes(data: bytes, info: ImageInfo | None = None) -> tuple[bytes, ImageInfo]:
     """The bytes to store for a source file: itself (a plain JPEG) or a lossless PNG of its
-    converted pixels; decoding them as ``bench eval`` does gives exactly those pixels."""
+    converted pixels; decoding them as ``bench eval`` does gives exactly those pixels. ``info``
+    from an earlier ``check_image`` of the same bytes saves decoding a stored-as-is JPEG again."""
+    if info is not None and not info.reencoded:
+        return data, info
     im, info = decode_image(data)
     if not info.reencoded:
         return data, info
@@ -339,6 +347,62 @@ def stored_bytes(data: bytes) -> tuple[bytes, ImageInfo]:
     # no metadata is written, so the same pixels always give the same bytes
     im.save(buf, format="PNG", compress_level=1)
     return buf.getvalue(), info
+
+
+def _check_file(path: Path) -> tuple[ImageInfo | None, str | None, bytes | None]:
+    """``(info, reason, sha256)`` of one file (runs in worker processes)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            return None, f"{size} bytes, over the {MAX_IMAGE_BYTES >> 20} MiB limit for one image", None
+        data = path.read_bytes()
+    except OSError as e:
+        return None, f"cannot be read: {e.strerror}", None
+    info, why = check_image(data)
+    return info, why, hashlib.sha256(data).digest() if info is not None else None
+
+
+def _store_file(path: Path, digest: bytes, info: ImageInfo) -> bytes | None:
+    """The bytes to store for a checked file, or ``None`` if it changed or went since (worker processes)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(data).digest() != digest:  # the bytes stored are the bytes checked
+        return None
+    return stored_bytes(data, info)[0]
+
+
+def _check_files(paths: list[Path]) -> list:
+    return [_check_file(p) for p in paths]
+
+
+def _store_files(args: list[tuple]) -> list:
+    return [_store_file(*a) for a in args]
+
+
+def _chunks(seq: list, n: int) -> list[list]:
+    return [seq[a:a + n] for a in range(0, len(seq), n)]
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _ordered_map(calls, pool, ahead: int):
+    """Results of ``(fn, args, heavy)`` calls, in order. Heavy calls go to the pool (if any), at
+    most ``ahead`` in flight (bounded memory); light ones run here (no pickling of their bytes)."""
+    window = deque()
+    for fn, args, heavy in calls:
+        window.append(pool.submit(fn, *args) if pool is not None and heavy else _Done(fn(*args)))
+        while len(window) >= ahead or (window and isinstance(window[0], _Done)):
+            yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
 
 
 # -- output folder ------------------------------------------------------------------------------
@@ -375,14 +439,14 @@ def clean_leftovers(out: Path) -> list[Path]:
 
 def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | None = None,
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
-                  skip_bad_images: bool = False, shard_size: int = 1000, progress: bool = True):
-    """Import images into a new suite at ``out``; returns its ``Manifest``."""
-    from datasets import Value
-    from tqdm.auto import tqdm
+                  skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
+                  progress: bool = True):
+    """Import images into a new suite at ``out``; returns its ``Manifest``.
 
-    from benchmark.suite_format import Manifest
-    from benchmark.writer import SuiteWriter
-    from data_cards import render_card
+    ``workers`` processes decode and convert images (default: one per CPU, at most
+    ``DEFAULT_WORKERS``; 0 = in this process). Rows and shards are the same for any number.
+    """
+    from concurrent.futures import ProcessPoolExecutor
 
     # every option is checked before any file is read
     check_suite_id(name)
@@ -392,6 +456,10 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
         check_config_name(base)
     if not isinstance(shard_size, int) or not 1 <= shard_size <= MAX_SHARD_SIZE:
         raise BenchError(f"--shard-size must be between 1 and {MAX_SHARD_SIZE}, got {shard_size}")
+    if workers is None:
+        workers = min(DEFAULT_WORKERS, os.cpu_count() or 1)
+    if not isinstance(workers, int) or not 0 <= workers <= MAX_WORKERS:
+        raise BenchError(f"--workers must be between 0 and {MAX_WORKERS}, got {workers}")
     src, out = Path(src), Path(out)
     if out.name in ("", ".", ".."):
         raise BenchError(f"--out {display(out)!r} must name a folder to create (like ./my-suite)")
@@ -399,19 +467,33 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     layout = discover(src, config=config, csv_path=csv_path, base=base)
     # checks only: an existing output is replaced at the very end, so a failed import keeps it
     prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
+    pool = ProcessPoolExecutor(workers) if workers > 0 and len(layout.items) > CHUNK else None
+    try:
+        return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
+                       shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
-    good, skipped, digests = [], [], {}
-    for it in tqdm(layout.items, desc="decode images", unit="img", disable=not progress):
-        try:
-            size = it.path.stat().st_size
-            data = it.path.read_bytes() if size <= MAX_IMAGE_BYTES else b""
-            info, why = check_image(data) if data else (None, f"{size} bytes, over the {MAX_IMAGE_BYTES >> 20} MiB "
-                                                               "limit for one image")
-        except OSError as e:
-            info, why = None, f"cannot be read: {e.strerror}"
+
+def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool, skip_bad_images: bool,
+            shard_size: int, pool, ahead: int, progress: bool):
+    from datasets import Value
+    from tqdm.auto import tqdm
+
+    from benchmark.suite_format import Manifest
+    from benchmark.writer import SuiteWriter
+    from data_cards import render_card
+
+    good, skipped, checked = [], [], {}
+    # work goes to the pool in chunks of CHUNK images (one task per image costs more than a small image)
+    results = (r for chunk in _ordered_map(((_check_files, ([it.path for it in c],), True)
+                                            for c in _chunks(layout.items, CHUNK)), pool, ahead) for r in chunk)
+    for it, (info, why, digest) in tqdm(zip(layout.items, results), total=len(layout.items), desc="decode images",
+                                        unit="img", disable=not progress):
         if info is not None:
             good.append(it)
-            digests[it.image_id] = hashlib.sha256(data).digest()
+            checked[it.image_id] = (digest, info)
         elif skip_bad_images:
             skipped.append(it.rel)
         else:
@@ -429,13 +511,16 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
         bar = tqdm(total=len(good), desc=f"import {name}", unit="img", disable=not progress)
 
         def rows(block):
-            for it in block:
-                data = it.path.read_bytes()
-                if hashlib.sha256(data).digest() != digests[it.image_id]:
+            # a JPEG stored as is needs no decoding: chunks of those are read and hashed here
+            calls = ((_store_files, ([(it.path, *checked[it.image_id]) for it in c],),
+                      any(checked[it.image_id][1].reencoded for it in c)) for c in _chunks(block, CHUNK))
+            stored = (r for chunk in _ordered_map(calls, pool, ahead) for r in chunk)
+            for it, data in zip(block, stored):
+                if data is None:
                     raise BenchError(f"{it.rel} changed during the import; rerun when the folder is not being written")
-                stored, info = stored_bytes(data)
+                info = checked[it.image_id][1]
                 bar.update(1)
-                yield {"image": {"bytes": stored, "path": None}, "label": it.label, "image_id": it.image_id,
+                yield {"image": {"bytes": data, "path": None}, "label": it.label, "image_id": it.image_id,
                        "config": it.config, "keep": True, "pair_id": None, "source_path": it.rel,
                        "source_format": info.source_format, "source_mode": info.source_mode,
                        "exif_orientation": info.exif_orientation, "reencoded": info.reencoded}

@@ -30,6 +30,9 @@ def add_parser(sub):
     p.add_argument("--skip-bad-images", action="store_true",
                    help="skip (and count in the manifest) files that do not fully decode, instead of stopping")
     p.add_argument("--shard-size", type=int, default=1000, help="images per parquet shard (1..100000; default 1000)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes that decode and convert images (0..256; default: one per CPU, at most 8; "
+                        "0 = in the main process); the suite is the same for any number")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     return p
 
@@ -39,7 +42,8 @@ def run(args) -> int:
 
     m = import_folder(args.folder, name=args.name, out=args.out, config=args.config, csv_path=args.csv,
                       base=args.base, overwrite=args.overwrite, skip_bad_images=args.skip_bad_images,
-                      shard_size=args.shard_size, progress=args.progress)
+                      shard_size=args.shard_size, workers=args.workers,
+                      progress=args.progress)
     for name, c in sorted(m.configs.items()):
         print(f"wrote {display(args.out)}: suite {m.suite_id}, config {name}, {c.rows} images in {len(c.files)} shard(s)")
     if m.generator.get("reference_config"):
