@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -373,6 +374,17 @@ def _store_file(path: Path, digest: bytes, info: ImageInfo) -> bytes | None:
     return stored_bytes(data, info)[0]
 
 
+def _worker_init(parent: int) -> None:
+    """Worker processes end when the import dies, even by ``kill -9`` (they would wait forever)."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _check_files(paths: list[Path]) -> list:
     return [_check_file(p) for p in paths]
 
@@ -467,7 +479,8 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     layout = discover(src, config=config, csv_path=csv_path, base=base)
     # checks only: an existing output is replaced at the very end, so a failed import keeps it
     prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
-    pool = ProcessPoolExecutor(workers) if workers > 0 and len(layout.items) > CHUNK else None
+    pool = (ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),))
+            if workers > 0 and len(layout.items) > CHUNK else None)
     try:
         return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
                        shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress)

@@ -32,7 +32,7 @@ def run(argv, capsys):
 def test_import_happy_path(tmp_path, folder, capsys):
     out = tmp_path / "suite"
     code, stdout, _ = run(["import-folder", str(folder), "--name", "mine", "--config", "night", "--out", str(out),
-                           "--shard-size", "4", "--no-progress"], capsys)
+                           "--shard-size", "4", "--workers", "2", "--no-progress"], capsys)
     assert code == 0 and "6 images in 2 shard(s)" in stdout
     suite = LocalSuite.open(out)
     suite.verify()
@@ -411,6 +411,34 @@ def test_leftovers_of_killed_imports_are_cleaned(tmp_path, folder, capsys):
     assert left == [".other.1.incomplete", f".s.{alive}.incomplete"]  # a live import and another --out stay
 
 
+def _children(pid: int) -> list[int]:
+    kids = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(p.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return kids
+
+
+def test_workers_give_the_same_suite(tmp_path, capsys):
+    """Decoding in worker processes (chunks, out of order) writes the same bytes as in-process."""
+    src = tmp_path / "src"
+    cat = _photo("chelsea", (40, 30))
+    for i in range(40):  # JPEGs stored as is and PNGs converted, interleaved in image_id order
+        _img_arr = np.roll(cat, i, axis=1)
+        (src / "n02123045").mkdir(parents=True, exist_ok=True)
+        if i % 2:
+            Image.fromarray(_img_arr).save(src / "n02123045" / f"{i:02d}.jpg")
+        else:
+            Image.fromarray(np.dstack([_img_arr, np.full(cat.shape[:2], 128, np.uint8)]), "RGBA").save(
+                src / "n02123045" / f"{i:02d}.png")
+    a = _import(tmp_path, src, capsys, "--workers", "0", "--shard-size", "7", out="a")
+    b = _import(tmp_path, src, capsys, "--workers", "3", "--shard-size", "7", out="b")
+    assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
+
+
 def test_kill_9_mid_import_then_rerun(tmp_path):
     """kill -9 while shards are being written leaves a .incomplete folder; the rerun removes it
     and writes the right suite."""
@@ -423,7 +451,7 @@ def test_kill_9_mid_import_then_rerun(tmp_path):
             rgba.save(src / c / f"{i:03d}.png", compress_level=0)
     out = tmp_path / "suite"
     cmd = [sys.executable, "-m", "benchmark", "import-folder", str(src), "--name", "k", "--out", str(out),
-           "--shard-size", "4", "--no-progress"]
+           "--shard-size", "4", "--workers", "2", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -432,9 +460,15 @@ def test_kill_9_mid_import_then_rerun(tmp_path):
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the import finished before it could be killed"
+    workers = _children(proc.pid)
+    assert len(workers) == 2
     proc.kill()
     proc.wait()
     assert list(tmp_path.glob(".suite.*.incomplete")) and not out.exists()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{w}").exists() for w in workers), "decode workers outlived the killed import"
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.glob(".*incomplete"))
