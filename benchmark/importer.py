@@ -65,7 +65,7 @@ _EXIF_ORIENTATION = 0x0112
 
 def check_suite_id(name: str) -> str:
     """Refuse a suite id that is not a safe, short path component (``..``, ``a/b``, 400 chars)."""
-    if not isinstance(name, str) or not SUITE_ID_RE.match(name):
+    if not isinstance(name, str) or not SUITE_ID_RE.fullmatch(name):
         text = display(str(name))
         shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
         raise BenchError(f"--name {shown} is not a valid suite id: use lower-case letters, digits, '_' or '-' "
@@ -212,7 +212,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         if config is not None:
             raise BenchError(f"{display(src)} holds shift folders (<shift>/<wnid>/<image>), which name the configs; "
                              "drop --config")
-        bad = [d for d in dirs if not CONFIG_RE.match(display(d.name))]
+        bad = [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]
         if bad:
             raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename them "
                              "with lower-case letters, digits, '_' or '-' (at most 64 characters)")
@@ -439,7 +439,7 @@ def clean_leftovers(out: Path) -> list[Path]:
     if not out.parent.is_dir():
         return removed
     for p in out.parent.iterdir():
-        m = pattern.match(p.name)
+        m = pattern.fullmatch(p.name)
         if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
             log.warning("removing %s left by an interrupted import", display(p))
             shutil.rmtree(p, ignore_errors=True)

@@ -367,6 +367,8 @@ from pathlib import Path  # noqa: E402
     (["--name", "a/b"], "is not a valid suite id"),
     (["--name", "x" * 400], "(400 characters) is not a valid suite id"),
     (["--name", "Mine"], "is not a valid suite id"),
+    (["--name", "ok\n"], "is not a valid suite id"),
+    (["--workers", "-1"], "--workers must be between 0 and 256, got -1"),
     (["--shard-size", "0"], "--shard-size must be between 1 and 100000, got 0"),
     (["--shard-size", "1000000000"], "--shard-size must be between 1 and 100000"),
     (["--config", "../up"], "config name '../up' is not valid"),
