@@ -440,9 +440,9 @@ def clean_leftovers(out: Path) -> list[Path]:
         return removed
     for p in out.parent.iterdir():
         m = pattern.fullmatch(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
+        if m and not _pid_alive(int(m.group(1))):
             log.warning("removing %s left by an interrupted import", display(p))
-            shutil.rmtree(p, ignore_errors=True)
+            _remove(p)
             removed.append(p)
     return removed
 
@@ -576,4 +576,11 @@ def _swap_into_place(tmp: Path, out: Path, *, overwrite: bool) -> None:
     if out.exists():
         os.rename(out, old)
     os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink():  # an --out that was a link: the link goes, never what it points to
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)

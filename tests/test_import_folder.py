@@ -619,3 +619,15 @@ def test_16_bit_photos_score_like_their_8_bit_originals_end_to_end(tmp_path, lit
     assert base["true_rank"].to_pylist()[1] == 0  # espresso (rows in image_id order: chelsea, coffee)
     result = json.loads(path.read_text())
     assert result["metrics"]["imagenet_star"]["absolute_impact"]["deep16"]["value"] == 0.0
+
+
+def test_overwriting_a_linked_out_replaces_the_link_not_its_target(tmp_path, folder, capsys):
+    real = _import(tmp_path, folder, capsys, out="real")
+    before = (real / "manifest.json").read_bytes()
+    (tmp_path / "link").symlink_to(real)
+    code, _, err = run(["import-folder", str(folder), "--name", "y", "--out", str(tmp_path / "link"), "--overwrite",
+                        "--no-progress"], capsys)
+    assert code == 0, err
+    assert not (tmp_path / "link").is_symlink() and LocalSuite.open(tmp_path / "link").suite_id == "y"
+    assert (real / "manifest.json").read_bytes() == before
+    assert not list(tmp_path.glob(".*incomplete"))
