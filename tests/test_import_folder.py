@@ -631,3 +631,16 @@ def test_overwriting_a_linked_out_replaces_the_link_not_its_target(tmp_path, fol
     assert not (tmp_path / "link").is_symlink() and LocalSuite.open(tmp_path / "link").suite_id == "y"
     assert (real / "manifest.json").read_bytes() == before
     assert not list(tmp_path.glob(".*incomplete"))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda cam: Image.fromarray(cam.astype(np.float32) / 255, "F"), "floating-point image"),
+    (lambda cam: Image.fromarray(cam.astype(np.int32) * 70000, "I"), "values outside 0..65535"),
+])
+def test_images_without_a_known_8_bit_scale_are_refused(tmp_path, capsys, make, match):
+    d = tmp_path / "src" / "n04266014"
+    d.mkdir(parents=True)
+    make(_photo("camera", (32, 32))).save(d / "odd.tif")
+    code, _, err = run(["import-folder", str(tmp_path / "src"), "--name", "x", "--out", str(tmp_path / "s"),
+                        "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1 and "odd.tif is not a readable image" in err and match in err, err
