@@ -50,7 +50,6 @@ from benchmark.fsutil import prepare_fresh_dir
 from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
 
 log = logging.getLogger(__name__)
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 # A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
 SUITE_ID_RE = CONFIG_RE
 MAX_SHARD_SIZE = 100_000
@@ -251,11 +250,6 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         raise BenchError(f"no images found in {display(src)}; expected <wnid>/<image> files, "
                          "<shift>/<wnid>/<image> files or a --csv list")
     return Layout(sorted(items, key=lambda it: it.image_id), tuple(per_config), reference)
-
-
-def list_items(src: Path, *, config: str | None = None, csv_path: Path | None = None) -> list[Item]:
-    """The images of a single-config import, sorted by image id."""
-    return discover(src, config=config, csv_path=csv_path).items
 
 
 # -- images -------------------------------------------------------------------------------------

@@ -1,7 +1,18 @@
-"""bench import-folder: happy path and every bad input (one line, non-zero exit, nothing left)."""
+"""bench import-folder: happy path and every bad input (one line, non-zero exit, nothing left);
+real photos (skimage.data) in every image mode, multi-shift folders scored by bench eval."""
 
 import io
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -84,7 +95,6 @@ def test_bad_inputs(tmp_path, folder, capsys):
         out = tmp_path / f"out-{src.name}"
         code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(out), "--no-progress", *extra], capsys)
         assert code != 0 and err.startswith("error: ") and err.count("\n") == 1, (src, err)
-        import re
         assert re.search(match, err), (match, err)
         assert not out.exists()
         assert not list(tmp_path.glob(".*incomplete"))
@@ -165,14 +175,7 @@ def test_top_level_files_next_to_class_folders_are_named(tmp_path, folder, capsy
 
 # -- images: full decode, modes, orientation (real photos from skimage.data) ----------------------
 
-import os  # noqa: E402
-import struct  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import zlib  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 
 def _photo(name="astronaut", size=None):
@@ -357,7 +360,6 @@ def test_non_utf8_file_names(tmp_path, capsys):
     assert code != 0 and err.count("\n") == 1 and "'n\\xe9'" in err
 
 
-from pathlib import Path  # noqa: E402
 
 
 # -- names and bounds at parse time ---------------------------------------------------------------
@@ -519,7 +521,6 @@ def test_multi_shift_folder_is_scored_as_imagenet_star(tmp_path, tiny_checkpoint
                         "--compile", "off"], capsys)
     assert code == 0, err
     (result_path,) = runs.rglob("result.json")
-    import json
     result = json.loads(result_path.read_text())
     assert result["suite"]["metric_family"] == "imagenet_star"
     assert result["protocol"]["scoring"]["reference_config"] == "base"
@@ -576,7 +577,6 @@ def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
 
 def test_eval_refuses_a_suite_declaring_a_bad_metric_family(tmp_path, tiny_checkpoint, capsys):
     """The declaration bench eval reads from an imported suite's manifest is checked like any input."""
-    import json
     src = _shift_folder(tmp_path / "shifts", shifts=("base", "fog"))
     out = _import(tmp_path, src, capsys)
     for gen, match in (({"metric_family": "bogus"}, "declares metric family 'bogus'"),
@@ -597,7 +597,6 @@ def test_eval_refuses_a_suite_declaring_a_bad_metric_family(tmp_path, tiny_check
 def test_16_bit_photos_score_like_their_8_bit_originals_end_to_end(tmp_path, lite0_weights, capsys):
     """Real ImageNet weights: a real photo saved with 16 bits per channel gets the predictions of
     its 8-bit original through import and bench eval (the raw 16-bit PNG was scored as white)."""
-    import json
 
     import pyarrow.parquet as pq
 
