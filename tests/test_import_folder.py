@@ -647,3 +647,42 @@ def test_images_without_a_known_8_bit_scale_are_refused(tmp_path, capsys, make, 
     code, _, err = run(["import-folder", str(tmp_path / "src"), "--name", "x", "--out", str(tmp_path / "s"),
                         "--no-progress"], capsys)
     assert code != 0 and err.count("\n") == 1 and "odd.tif is not a readable image" in err and match in err, err
+
+
+def test_damaged_images_never_crash_and_what_passes_decodes_as_eval_decodes():
+    """Fuzzing: real JPEG/PNG/GIF/TIFF bytes truncated, overwritten or extended. The check never
+    raises; whatever it accepts is stored as bytes that eval's decode reads, as the check saw them."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    from benchmark.importer import check_image, decode_image, stored_bytes
+
+    cat = _photo("chelsea", (40, 30))
+    seeds = []
+    for fmt, im in (("JPEG", Image.fromarray(cat)), ("PNG", Image.fromarray(np.dstack([cat, cat[..., 0]]), "RGBA")),
+                    ("GIF", Image.fromarray(cat).convert("P")), ("TIFF", Image.fromarray(cat).convert("CMYK"))):
+        buf = io.BytesIO()
+        im.save(buf, format=fmt)
+        seeds.append(buf.getvalue())
+    seeds.append(_png16_rgb(cat))
+
+    @hypothesis.settings(max_examples=150, deadline=None, derandomize=True)
+    @hypothesis.given(st.sampled_from(range(len(seeds))), st.sampled_from(["cut", "flip", "append"]),
+                      st.integers(0, 10_000), st.binary(min_size=1, max_size=16))
+    def check(seed, how, pos, junk):
+        data = seeds[seed]
+        pos %= len(data)
+        if how == "cut":
+            data = data[:pos]
+        elif how == "flip":
+            data = data[:pos] + junk + data[pos + len(junk):]
+        else:
+            data = data + junk
+        info, why = check_image(data)
+        assert (info is None) != (why is None)
+        if info is not None:
+            stored, _ = stored_bytes(data, info)
+            with Image.open(io.BytesIO(stored)) as im:  # eval/inference.py's decode
+                px = np.asarray(im.convert("RGB"))
+            assert (px == np.asarray(decode_image(data)[0].convert("RGB"))).all()
+
+    check()
