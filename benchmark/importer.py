@@ -7,7 +7,8 @@ Layouts (``docs/format.md``, "Folders of your own images"):
   the in-distribution reference (``base``, or ``--base NAME``). The manifest declares the
   ImageNet* metric family, so ``bench eval`` reports per-shift accuracy and absolute impact;
 - a CSV of ``path,label`` (label = wnid or class index; paths relative to the folder), UTF-8
-  with or without a byte-order mark (Excel's "CSV UTF-8").
+  with or without a byte-order mark (Excel's "CSV UTF-8"); with the header ``path,label,shift``
+  its third column names each row's shift (a multi-shift import, as the folders above).
 
 Images are hostile input: every file is fully decoded before anything is written (a truncated
 JPEG is refused, naming it, or skipped and counted with ``skip_bad_images``), then stored in the
@@ -131,19 +132,28 @@ def read_csv_rows(csv_path: Path) -> list[list[str]]:
         raise BenchError(f"{name} is not a readable CSV ({e}); write one 'path,label' pair per line") from None
 
 
-def _csv_pairs(src: Path, csv_path: Path) -> list[tuple[Path, int]]:
-    pairs = []
+def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
+    """``path,label`` rows under the key ``None``; with a header ``path,label,shift`` the rows
+    grouped by their shift (a multi-shift import)."""
+    by_shift: dict[str | None, list[tuple[Path, int]]] = {}
     name = display(csv_path.name)
+    with_shift = False
     for i, row in enumerate(read_csv_rows(csv_path), 1):
         if not row or not "".join(row).strip():
             continue
         if i == 1 and row[0].strip().lower() == "path":
+            with_shift = len(row) >= 3 and row[2].strip().lower() in ("shift", "config")
             continue
-        if len(row) < 2:
-            raise BenchError(f"{name} line {i}: expected 'path,label', got {row!r}")
+        if len(row) < (3 if with_shift else 2):
+            raise BenchError(f"{name} line {i}: expected '{'path,label,shift' if with_shift else 'path,label'}', "
+                             f"got {row!r}")
+        shift = row[2].strip() if with_shift else None
+        if shift is not None and not CONFIG_RE.fullmatch(shift):
+            raise BenchError(f"{name} line {i}: shift {shift[:70]!r} is not a valid config name; use lower-case "
+                             "letters, digits, '_' or '-' (at most 64 characters)")
         p = Path(row[0].strip())
-        pairs.append((p if p.is_absolute() else src / p, _label(row[1], f"{name} line {i}")))
-    return pairs
+        by_shift.setdefault(shift, []).append((p if p.is_absolute() else src / p, _label(row[1], f"{name} line {i}")))
+    return by_shift
 
 
 def _subdirs(d: Path) -> list[Path]:
@@ -185,52 +195,57 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
              base: str | None = None) -> Layout:
     """The images to import and the suite's configs; every naming problem is one clear error.
 
-    ``<wnid>/`` sub-folders (or a CSV) make one config named ``config``; sub-folders that hold
-    ``<wnid>/`` folders themselves are shifts, one config each, with ``base`` (default
-    ``"base"``) as the reference.
+    ``<wnid>/`` sub-folders (or a ``path,label`` CSV) make one config named ``config``;
+    sub-folders that hold ``<wnid>/`` folders themselves (or a ``path,label,shift`` CSV) are
+    shifts, one config each, with ``base`` (default ``"base"``) as the reference.
     """
     src = Path(src)
     if not src.is_dir():
         raise BenchError(f"import folder {display(src)!r} does not exist or is not a folder")
     wnids = set(imagenet.wnids())
-    dirs = _subdirs(src)
-    others = [d for d in dirs if d.name not in wnids]
-    multi = csv_path is None and any(x.name in wnids for d in others for x in _subdirs(d))
-    if multi and len(others) < len(dirs):
-        raise BenchError(f"{display(src)} mixes class folders ({_names([d for d in dirs if d.name in wnids])}) with "
-                         f"shift folders ({_names(others)}); use either <wnid>/<image> or <shift>/<wnid>/<image>")
+    if csv_path is not None:
+        by_shift = _csv_pairs(src, Path(csv_path))
+        multi = bool(by_shift) and None not in by_shift
+        where = f"the shift column of {display(Path(csv_path).name)}"
+    else:
+        dirs = _subdirs(src)
+        others = [d for d in dirs if d.name not in wnids]
+        multi = any(x.name in wnids for d in others for x in _subdirs(d))
+        if multi and len(others) < len(dirs):
+            raise BenchError(f"{display(src)} mixes class folders ({_names([d for d in dirs if d.name in wnids])}) "
+                             f"with shift folders ({_names(others)}); use either <wnid>/<image> or <shift>/<wnid>/<image>")
+        where = f"the shift folders of {display(src)}"
     if not multi:
         if base is not None:
-            raise BenchError(f"--base names the reference shift of a multi-shift folder (<shift>/<wnid>/<image>); "
-                             f"{display(src)} is a single-config import, drop --base")
+            raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
+                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop --base")
         config = check_config_name(config or "default")
-        pairs = _csv_pairs(src, Path(csv_path)) if csv_path is not None else _class_pairs(src)
-        per_config = {config: pairs}
+        per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
         reference = None
     else:
         if config is not None:
-            raise BenchError(f"{display(src)} holds shift folders (<shift>/<wnid>/<image>), which name the configs; "
-                             "drop --config")
-        bad = [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]
-        if bad:
-            raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename them "
-                             "with lower-case letters, digits, '_' or '-' (at most 64 characters)")
-        reference = base or "base"
-        check_config_name(reference)
-        names = [d.name for d in dirs]
-        if reference not in names:
-            raise BenchError(f"{display(src)} has no shift folder {reference!r} (found {_names(dirs)}); name the "
-                             "in-distribution folder base or pass --base NAME")
-        if len(dirs) < 2:
-            raise BenchError(f"{display(src)} holds only the reference {reference!r}; add at least one shift folder "
-                             "beside it, or import its <wnid>/ folders as one config")
-        if _top_files(src):
-            log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
-                        len(_top_files(src)), display(src))
-        per_config = {d.name: _class_pairs(d) for d in dirs}
+            raise BenchError(f"{where} name the configs of this multi-shift import; drop --config")
+        if csv_path is not None:
+            per_config = {s: by_shift[s] for s in sorted(by_shift)}
+        else:
+            bad = [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]
+            if bad:
+                raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename "
+                                 "them with lower-case letters, digits, '_' or '-' (at most 64 characters)")
+            if _top_files(src):
+                log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
+                            len(_top_files(src)), display(src))
+            per_config = {d.name: _class_pairs(d) for d in dirs}
+        reference = check_config_name(base or "base")
+        if reference not in per_config:
+            raise BenchError(f"{where} have no shift {reference!r} (found {', '.join(map(repr, per_config))}); name "
+                             "the in-distribution shift base or pass --base NAME")
+        if len(per_config) < 2:
+            raise BenchError(f"{where} hold only the reference {reference!r}; add at least one shift beside it, or "
+                             "import it as one config")
         empty = [c for c, p in per_config.items() if not p]
         if empty:
-            raise BenchError(f"shift folder(s) {', '.join(map(repr, empty))} hold no images; add images or remove them")
+            raise BenchError(f"shift(s) {', '.join(map(repr, empty))} hold no images; add images or remove them")
     items, seen = [], {}
     for cfg, pairs in per_config.items():
         for path, label in pairs:

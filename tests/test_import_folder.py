@@ -544,7 +544,7 @@ def test_multi_shift_folder_is_scored_as_imagenet_star(tmp_path, tiny_checkpoint
 def test_multi_shift_reference_and_layout_errors(tmp_path, capsys):
     src = _shift_folder(tmp_path / "shifts", shifts=("clean", "fog"))
     code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"], capsys)
-    assert code != 0 and err.count("\n") == 1 and "no shift folder 'base'" in err and "--base NAME" in err
+    assert code != 0 and err.count("\n") == 1 and "have no shift 'base'" in err and "--base NAME" in err
     out = _import(tmp_path, src, capsys, "--base", "clean", out="s2")
     assert LocalSuite.open(out).manifest.generator["reference_config"] == "clean"
     code, _, err = run(["import-folder", str(src), "--name", "x", "--config", "night", "--base", "clean", "--out",
@@ -686,3 +686,23 @@ def test_damaged_images_never_crash_and_what_passes_decodes_as_eval_decodes():
             assert (px == np.asarray(decode_image(data)[0].convert("RGB"))).all()
 
     check()
+
+
+def test_csv_with_a_shift_column_is_a_multi_shift_import(tmp_path, capsys):
+    src = tmp_path / "flat"
+    for i, shift in enumerate(("base", "fog", "fog")):
+        _img(src / f"p{i}.jpg", (i * 60, 10, 10))
+    (tmp_path / "s.csv").write_text("path,label,shift\np0.jpg,n02123045,base\np1.jpg,n02123045,fog\n"
+                                    "p2.jpg,967,fog\n")
+    out = _import(tmp_path, src, capsys, "--csv", str(tmp_path / "s.csv"))
+    m = LocalSuite.open(out).manifest
+    assert sorted(m.configs) == ["base", "fog"] and m.configs["fog"].rows == 2
+    assert m.generator["metric_family"] == "imagenet_star" and m.generator["reference_config"] == "base"
+    assert sorted(LocalSuite.open(out).dataset("fog")["image_id"]) == ["fog/n02123045/p1", "fog/n07920052/p2"]
+    (tmp_path / "bad.csv").write_text("path,label,shift\np0.jpg,0,base\np1.jpg,0,Night Shift\n")
+    code, _, err = run(["import-folder", str(src), "--csv", str(tmp_path / "bad.csv"), "--name", "x", "--out",
+                        str(tmp_path / "s2"), "--no-progress"], capsys)
+    assert code != 0 and err.count("\n") == 1 and "bad.csv line 3: shift 'Night Shift' is not a valid config" in err
+    code, _, err = run(["import-folder", str(src), "--csv", str(tmp_path / "s.csv"), "--config", "x", "--name", "x",
+                        "--out", str(tmp_path / "s3"), "--no-progress"], capsys)
+    assert code != 0 and "the shift column of s.csv name the configs" in err and "drop --config" in err

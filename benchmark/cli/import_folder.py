@@ -23,8 +23,9 @@ def add_parser(sub):
     p.add_argument("--config", default=None,
                    help="config name of a one-config import (default: default); shift folders name their own")
     p.add_argument("--base", default=None,
-                   help="the in-distribution shift folder of a multi-shift import (default: base)")
-    p.add_argument("--csv", help="CSV of path,label (label: wnid or class index), UTF-8 with or without BOM")
+                   help="the in-distribution shift of a multi-shift import (default: base)")
+    p.add_argument("--csv", help="CSV of path,label (label: wnid or class index), UTF-8 with or without BOM; "
+                                 "a header path,label,shift makes one config per shift")
     p.add_argument("--out", required=True, help="output suite folder (must not exist unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing suite at --out")
     p.add_argument("--skip-bad-images", action="store_true",
