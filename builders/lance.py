@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmark.cli._common import csv_list, positive_int
 from builders import determinism
-from builders.lance_perturb import SAMPLING
+from builders.lance_perturb import SAMPLING, sampling_record
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
@@ -314,16 +314,12 @@ def _run(args) -> int:
                   "captioner": captioner.model_id, "perturber": perturber.model_id, "text_filter": text_filter.model_id,
                   "editor": asdict(cfg), "clip": clip.model_id, "seed": args.seed, "edit_types": args.edit_types,
                   "max_edits": args.max_edits,
-                  "edit_sampling": {
-                      "method": args.edit_sampling, "seed_rule": "derive_seed(seed, source_image_id, 'edit-sampling')",
-                      "rule": "each draw: a type uniformly among the types with undrawn edits, then one of its edits "
-                              "uniformly (without replacement)" if args.edit_sampling == "type-uniform" else
-                              "each draw: one undrawn edit uniformly (a shuffle of the pool)",
-                      "rng": "random.Random(seed).random()", "cap": "draws stop once max_edits passed the text filter",
-                      "weather": "own edit_type" if args.separate_weather else "within background (edit_type_fine keeps it)"},
+                  "edit_sampling": sampling_record(args.edit_sampling, separate_weather=args.separate_weather),
                   "edits_tried": _type_counts(tried_all),
-                  "counterfactuals": _type_counts((r["edit_type"], r["edit_type_fine"]) for r in by_config["counterfactual"]),
-                  "determinism": determinism.provenance(args.cpu_threads, device), "smoke_relaxed_thresholds": bool(args.smoke),
+                  "counterfactuals": _type_counts((r["edit_type"], r["edit_type_fine"])
+                                                  for r in by_config["counterfactual"]),
+                  "determinism": determinism.provenance(args.cpu_threads, device),
+                  "smoke_relaxed_thresholds": bool(args.smoke),
                   "eq_bug_compat": args.eq_bug_compat, "counts": counts, "sources": len(sources),
                   "source_dataset": hub_source or ("local ImageNet validation folder" if args.imagenet_val else "smoke")}
     manifest = writer.finalize(generator=provenance, card=lambda m: _card(m, provenance))

@@ -189,6 +189,17 @@ def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Ca
     return draws
 
 
+def sampling_record(method: str, *, separate_weather: bool = False) -> dict:
+    """How :func:`sample_edits` drew the edits, for the manifest."""
+    rule = {"type-uniform": "each draw: a type uniformly among the types with undrawn edits, then one of its "
+                            "undrawn edits uniformly",
+            "pool-uniform": "each draw: one undrawn edit uniformly (a seeded shuffle of the pool)"}[method]
+    return {"method": method, "rule": rule, "rng": "random.Random(seed).random()",
+            "seed_rule": "derive_seed(seed, source_image_id, 'edit-sampling')",
+            "cap": "draws stop once max_edits edits passed the text filter",
+            "weather": "own edit_type" if separate_weather else "within background (edit_type_fine keeps it)"}
+
+
 RELEASED = "lance-release"  # --perturber value for the authors' released model
 
 
@@ -321,4 +332,4 @@ class TextFilter:
 
 
 __all__ = ["EDIT_TYPES", "PAPER_TYPES", "SAMPLING", "Draw", "Edit", "Perturber", "TextFilter", "edits_from_answer",
-           "paper_type", "parse_variations", "perturb_prompt", "sample_edits", "word_diff"]
+           "paper_type", "parse_variations", "perturb_prompt", "sample_edits", "sampling_record", "word_diff"]
