@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from benchmark.cli._common import csv_list, positive_int
+from builders import determinism
 
 log = logging.getLogger(__name__)
 SUITE_ID = "imagenet-star"
@@ -81,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait-timeout", type=float, default=4 * 3600,
                    help="multi-process: seconds the main process waits for a new staged shard before giving up")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    determinism.add_arguments(p)
 
 
 def _parse_classes(items: list[str] | None) -> list[int]:
@@ -178,7 +180,7 @@ def _train(args, run, classes: list[int], work: Path, data: str | Path, *, steps
            model_id: str, timeout: float):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
     from builders.sharding import current_process
-    from builders.textual_inversion import TIConfig, train_tokens
+    from builders.textual_inversion import TIConfig, folder_classes, train_tokens
 
     cfg = TIConfig(steps=steps, lr=lr, resolution=resolution)
     proc = current_process()
@@ -187,7 +189,9 @@ def _train(args, run, classes: list[int], work: Path, data: str | Path, *, steps
     if len(tokens) < len(classes):  # other processes train the rest: wait for their files
         _wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)", timeout)
         tokens = train_tokens(data, work, run, cfg, classes=classes, model_id=model_id, progress=False)
-    return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "data": str(data), "model": model_id,
+    used = [f for c in folder_classes(data, classes=classes) for f in c.files]
+    return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "model": model_id,
+                    "data": determinism.files_digest(data, used),
                     "settings": "builders.textual_inversion.TIConfig defaults otherwise"}
 
 
@@ -241,8 +245,9 @@ def _features():
             "clip_image_embedding": Sequence(Value("float32"))}
 
 
-def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar):
-    """Generate, score and yield the rows of one shard, in batches."""
+def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar, record_batch_size):
+    """Generate, score and yield the rows of one shard, in batches; then record the batch size
+    (this runs before the shard's file is renamed into place)."""
     import io
 
     from PIL import Image
@@ -272,6 +277,7 @@ def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar
                    "clip_image_embedding": sc["embedding"][j].tolist()}
         if progress_bar is not None:
             progress_bar.update(len(chunk))
+    record_batch_size(gen.backoff.batch_size)
 
 
 def _plans(args, shifts, classes, samples) -> dict[str, list[list[int]]]:
@@ -282,6 +288,11 @@ def _plans(args, shifts, classes, samples) -> dict[str, list[list[int]]]:
 
 
 def run(args) -> int:
+    with determinism.fixed_threads(args.cpu_threads):
+        return _run(args)
+
+
+def _run(args) -> int:
     import torch  # noqa: F401 - fail early if the builder extras are missing
     from tqdm.auto import tqdm
 
@@ -310,7 +321,7 @@ def run(args) -> int:
                    "tokens": token_kind, "tokens_sha256": _fingerprint_tokens(token_kind, token_path),
                    "ti": [args.ti_steps, args.ti_lr] if token_kind == "trained" else None, "smoke": args.smoke,
                    "clip": None if args.smoke else [args.clip_model, args.clip_pretrained],
-                   "keep_rule": args.keep_rule, "shift_gate_quantile": args.shift_gate_quantile
+                   "cpu_threads": args.cpu_threads, "keep_rule": args.keep_rule, "shift_gate_quantile": args.shift_gate_quantile
                    if args.keep_rule == "class+shift" else None, "kept_fractions": fractions}
     writer_kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
     if proc.is_main:
@@ -338,8 +349,9 @@ def run(args) -> int:
     try:
         for shift, i, shard in mine:
             items = [(c, k) for c in shard for k in range(samples)]
-            stage.write_shard(shift, i, len(plans[shift]), _shard_rows(items, shift, shifts[shift], gen, clip, args,
-                                                                        token_names, bar))
+            rows = _shard_rows(items, shift, shifts[shift], gen, clip, args, token_names, bar,
+                               lambda b: _record_batch_size(out, proc.index, b))
+            stage.write_shard(shift, i, len(plans[shift]), rows)
     finally:
         bar.close()
     if not proc.is_main:
@@ -347,7 +359,8 @@ def run(args) -> int:
     if proc.count > 1:
         _wait_for_stage(stage, work, plans, timeout=args.wait_timeout)
     provenance = {"builder": "builders.imagenet_star", "paper": "Vendrow et al., Dataset Interfaces (2023)",
-                  "generation": gen.provenance(), "clip_filter": {"model": clip.model_id, "rule": args.keep_rule},
+                  "generation": {**gen.provenance(), "batch_size_effective": _effective_batch_sizes(out)},
+                  "determinism": determinism.provenance(args.cpu_threads, device), "clip_filter": {"model": clip.model_id, "rule": args.keep_rule},
                   "seed": args.seed, "seed_rule": "derive_seed(seed, shift, class, sample) = sha256 -> 63 bits",
                   "samples_per_class": samples, "classes": len(classes), "shifts": shifts, **token_info,
                   "library_versions": _versions()}
@@ -361,6 +374,20 @@ def run(args) -> int:
     print(f"built {out}: {sum(v.rows for v in manifest.configs.values())} images; kept {kept}; "
           f"manifest sha256 {manifest.sha256}")
     return 0
+
+
+def _record_batch_size(out: Path, index: int, size: int) -> None:
+    from benchmark.fsutil import atomic_write_json
+
+    atomic_write_json(out / STAGE / f"batch-size-{index}.json", {"process": index, "batch_size": size})
+
+
+def _effective_batch_sizes(out: Path) -> dict[str, int]:
+    """``{process index: generation batch size it ended with}`` (below ``batch_size`` after an
+    out-of-memory back-off), for every process that generated a shard. Each process records its
+    size before its shard file appears (``_shard_rows``), so once all shards exist so do the records."""
+    found = {int(p.stem.rsplit("-", 1)[1]): p for p in (out / STAGE).glob("batch-size-*.json")}
+    return {str(i): json.loads(found[i].read_text())["batch_size"] for i in sorted(found)}
 
 
 def _fingerprint_tokens(kind: str, path: str | None) -> str | None:

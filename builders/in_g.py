@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from benchmark.cli._common import positive_int
+from builders import determinism
 
 log = logging.getLogger(__name__)
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--captions-per-shard", type=positive_int, default=500)
     p.add_argument("--device", help="default: cuda when available")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    determinism.add_arguments(p)
 
 
 def _features():
@@ -110,9 +112,13 @@ def _captions(args, out: Path, device: str) -> tuple[list[tuple[int, str]], dict
 
 
 def run(args) -> int:
+    with determinism.fixed_threads(args.cpu_threads):
+        return _run(args)
 
+
+def _run(args) -> int:
     from benchmark.errors import BenchError
-    from benchmark.fsutil import canonical_json, sha256_bytes
+    from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes
     from benchmark.writer import SuiteWriter
     from builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from builders.sd_generate import GenerationSettings, SDGenerator
@@ -134,7 +140,8 @@ def run(args) -> int:
                                       output_size=args.size, dtype=args.dtype, batch_size=args.batch_size)
     captions, caption_info = _captions(args, out, device)
     fingerprint = {"suite": suite_id, "target": target, "captions": sha256_bytes(canonical_json(captions)),
-                   "mining": cfg.__dict__, "generation": settings.to_dict(), "an": args.an, "smoke": args.smoke}
+                   "mining": cfg.__dict__, "generation": settings.to_dict(), "an": args.an, "smoke": args.smoke,
+                   "cpu_threads": args.cpu_threads}
     kw = dict(suite_id=suite_id, extra_features=_features(), fingerprint=fingerprint)
     if proc.is_main:
         writer = SuiteWriter(out, overwrite=args.overwrite, **kw)
@@ -146,7 +153,11 @@ def run(args) -> int:
         writer = SuiteWriter(out, clean_incomplete=False, **kw)
 
     if args.smoke:
-        classify, target_desc = classifier_from_timm("test_resnet.r160_in1k", pretrained=False)
+        import torch
+
+        with torch.random.fork_rng(devices=[]):  # seeded random weights: the smoke suite is reproducible
+            torch.manual_seed(0)
+            classify, target_desc = classifier_from_timm("test_resnet.r160_in1k", pretrained=False)
         target = "test_resnet.r160_in1k (random weights, smoke)"
         gen = SDGenerator.tiny(settings, prediction_type="epsilon")
     else:
@@ -154,6 +165,8 @@ def run(args) -> int:
         gen = SDGenerator.from_pretrained(settings, device=device)
     results = mine_all(captions, out / WORK / "captions", generate=gen.generate, classify=classify, cfg=cfg,
                        owns=lambda cid: shard_of(cid, proc.count) == proc.index, progress=args.progress)
+    # the generation batch size this process ended with (after any out-of-memory back-off)
+    atomic_write_json(out / WORK / f"batch-size-{proc.index}.json", {"batch_size": gen.backoff.batch_size})
     proc.wait()
     if not proc.is_main:
         return 0
@@ -171,7 +184,11 @@ def run(args) -> int:
     sampled = sum(s["sampled"] for s in stats.values())
     kept = sum(s["kept"] for s in stats.values())
     provenance = {"builder": "builders.in_g", "paper": "Wiles, Albuquerque, Gowal (2022)", "suite": suite_id,
-                  "target": {"model": target, **target_desc}, "generation": gen.provenance(),
+                  "target": {"model": target, **target_desc},
+                  "generation": {**gen.provenance(), "batch_size_effective": {
+                      str(i): json.loads((out / WORK / f"batch-size-{i}.json").read_text())["batch_size"]
+                      for i in range(proc.count)}},
+                  "determinism": determinism.provenance(args.cpu_threads, device),
                   "mining": {**cfg.__dict__, "failure": "none of the target's top-3 predictions is under the WordNet parent of the label",
                              "seed_rule": "derive_seed(seed, caption_id, attempt)"},
                   "captions": {**caption_info, "count": len(results), "with_failures": len(with_failures)},
