@@ -21,7 +21,9 @@ def add_parser(sub):
     p.add_argument("--suite", required=True, help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--revision", help="suite commit sha (overrides the registry's pin)")
-    p.add_argument("--checkpoint", help="local weights (safetensors or a PyTorch state dict)")
+    p.add_argument("--checkpoint", help="local weights: safetensors, a PyTorch state dict or a timm training checkpoint")
+    p.add_argument("--checkpoint-weights", choices=("model", "ema"), default="model",
+                   help="which weights of a timm training checkpoint: model (default, as timm's validate.py) or ema")
     p.add_argument("--remap-by-order", action="store_true",
                    help="map checkpoint tensors onto the model by position when key names differ")
     p.add_argument("--mask", help="imagenet-star-upstream only: the authors' masks.npy")
@@ -63,7 +65,8 @@ def run(args) -> int:
         raise BenchError(f"--workers must be >= 0, got {args.workers}")
     req = EvalRequest(
         model=args.model, suite=args.suite, configs=tuple(args.configs) if args.configs else None,
-        revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order, mask=args.mask,
+        revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order,
+        checkpoint_weights=args.checkpoint_weights, mask=args.mask,
         out=args.out, force=args.force, notes=args.notes,
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
