@@ -380,7 +380,7 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
                   strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
                   token: str | None = None) -> LocalSuite:
     """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open."""
-    from benchmark.hub import resolve_or_cache, snapshot
+    from benchmark.hubio import resolve_or_cache, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
