@@ -32,10 +32,12 @@ def add_parser(sub):
     p.add_argument("--workers", type=int, help="DataLoader decode workers (default: min(4, cpus-1))")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--amp", action="store_true", help="autocast on CUDA")
-    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                   help="autocast dtype with --amp (default: bfloat16)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the model (auto: only when the run is long enough to pay it back)")
-    p.add_argument("--no-channels-last", dest="channels_last", action="store_false")
+    p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
+                   help="keep the default memory format (channels-last is usually faster)")
     p.add_argument("--topk", type=positive_int, default=10, help="predictions stored per image (>= 5)")
     p.add_argument("--no-filter", dest="filter", action="store_false", help="score filtered (keep=false) rows too")
     p.add_argument("--reference-accuracy", type=float,
@@ -47,7 +49,7 @@ def add_parser(sub):
     p.add_argument("--force", action="store_true", help="re-run even if a finished result exists")
     p.add_argument("--notes", default="", help="free text stored in the result")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
 

@@ -19,7 +19,7 @@ def add_parser(sub):
     p.add_argument("--overwrite", action="store_true", help="replace an existing suite at --out")
     p.add_argument("--skip-bad-images", action="store_true", help="skip (and count) files that do not decode")
     p.add_argument("--shard-size", type=positive_int, default=1000, help="images per parquet shard")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
 
