@@ -96,6 +96,9 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
         _no_mask(mask, suite)
         local = LocalSuite.open(path)
         local.verify(local.select(configs))
+        if is_noise_demo(local):
+            log.warning("note: %s is a synthetic demo suite of random-noise images: any model scores ~0%% on it; it "
+                        "checks the plumbing, not the model (score real images: bench import-folder)", suite)
         return local
     if suite in SUITES:
         spec = SUITES.get(suite)
@@ -122,6 +125,12 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
 
     raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset repo, "
                   "or the path of a suite folder.")
+
+
+def is_noise_demo(suite: LocalSuite) -> bool:
+    """A suite written by ``benchmark.synthetic``: coloured noise, no class in any image."""
+    gen = suite.manifest.generator or {}
+    return gen.get("builder") == "benchmark.synthetic" or gen.get("images") == "noise"
 
 
 def _no_mask(mask: str | None, suite: str) -> None:

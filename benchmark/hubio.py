@@ -19,6 +19,8 @@ from pathlib import Path
 from benchmark.errors import BenchError, NotFoundError, OfflineError
 
 log = logging.getLogger(__name__)
+# Appended to the errors of a Hub that cannot be reached: the way to work with no network at all.
+OFFLINE_ROUTE = "; with no network at all, use a local suite and local weights (README.md, \"Offline route\")"
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -66,11 +68,12 @@ def _hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str |
                             "with network")
     if isinstance(e, errors.LocalEntryNotFoundError) or (_offline() and isinstance(e, (OSError, ValueError))):
         return OfflineError(f"no cached snapshot of {repo_id}@{revision} and the Hub is not reachable (HF_HUB_OFFLINE=1 "
-                            f"or no network); run `bench download {repo_id} --revision {revision}` once with network")
+                            f"or no network); run `bench download {repo_id} --revision {revision}` once with network"
+                            f"{OFFLINE_ROUTE}")
     if isinstance(e, errors.HfHubHTTPError):
         return BenchError(f"the Hub answered an error for {where}: {str(e).splitlines()[0]}")
     return OfflineError(f"cannot reach {_endpoint(endpoint)} ({type(e).__name__}); check the network or HF_ENDPOINT, "
-                        "or use a local suite folder")
+                        f"or use a local suite folder{OFFLINE_ROUTE}")
 
 
 def _unreachable(e: BaseException) -> bool:
@@ -104,7 +107,7 @@ def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None
         if SHA_RE.match(rev):
             return rev, False
         raise OfflineError(f"offline (HF_HUB_OFFLINE=1): cannot resolve {repo_id}@{rev} to a commit; pass the "
-                           f"40-character commit sha {pin_hint}")
+                           f"40-character commit sha {pin_hint}{OFFLINE_ROUTE}")
     try:  # also for a sha: checks that it exists and that we may read the repo
         return _api(endpoint, token).dataset_info(repo_id, revision=rev).sha, True
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
@@ -115,7 +118,7 @@ def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None
                 return rev, False
             raise OfflineError(f"cannot reach {_endpoint(endpoint)} to resolve {repo_id}@{rev} to a commit "
                                f"({type(e).__name__}); check the network or HF_ENDPOINT, or pin the 40-character "
-                               f"commit sha {pin_hint} to use a cached snapshot") from None
+                               f"commit sha {pin_hint} to use a cached snapshot{OFFLINE_ROUTE}") from None
         raise _hub_error(e, repo_id, rev, endpoint) from None
 
 

@@ -27,6 +27,7 @@ import torch
 
 from benchmark.errors import BenchError, NotFoundError, OfflineError
 from benchmark.fsutil import sha256_file
+from benchmark.hubio import OFFLINE_ROUTE
 
 log = logging.getLogger(__name__)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -137,7 +138,7 @@ def resolve_model_revision(repo_id: str, revision: str | None) -> str:
         if cached:
             return cached
         raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and no cached copy of model repo {repo_id}@{rev}; "
-                           f"run once with network, or pass a local file with --checkpoint")
+                           f"run once with network, or pass a local file with --checkpoint{OFFLINE_ROUTE}")
     try:
         return HfApi().model_info(repo_id, revision=rev).sha
     except errors.RepositoryNotFoundError:
@@ -149,7 +150,8 @@ def resolve_model_revision(repo_id: str, revision: str | None) -> str:
             log.warning("Hub unreachable (%s); using the cached %s@%s = %s", type(e).__name__, repo_id, rev, cached)
             return cached
         raise OfflineError(f"cannot reach the Hub to resolve {repo_id}@{rev} ({type(e).__name__}) and nothing is "
-                           "cached; check the network or HF_ENDPOINT, or pass --checkpoint FILE") from None
+                           f"cached; check the network or HF_ENDPOINT, or pass --checkpoint FILE"
+                           f"{OFFLINE_ROUTE}") from None
 
 
 def _cached_ref(repo_id: str, rev: str) -> str | None:
@@ -245,7 +247,7 @@ def _create_pinned(ref: ModelRef, sha: str):
         return timm.create_model(f"hf-hub:{ref.repo_id}@{sha}", pretrained=True)
     except errors.LocalEntryNotFoundError:
         raise OfflineError(f"weights of {ref.repo_id}@{sha[:12]} are not in the local cache and the Hub is not "
-                           "reachable; run once with network or pass --checkpoint FILE") from None
+                           f"reachable; run once with network or pass --checkpoint FILE{OFFLINE_ROUTE}") from None
     except errors.EntryNotFoundError as e:
         raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model repo?") from None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmark import hub
-from benchmark.errors import BenchError, NotFoundError
+from benchmark.errors import BenchError, NotFoundError, OfflineError
 from benchmark.suite_format import Manifest
 from benchmark.synthetic import make_synthetic_suite
 from data_cards import render_card
@@ -370,3 +370,29 @@ def test_hub_and_upstream_do_not_import_each_other():
 
     assert "benchmark.hub" not in imports("benchmark.upstream")
     assert not {"benchmark.hub", "benchmark.upstream"} & imports("benchmark.hubio")
+
+
+def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    from benchmark.cli import main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
+    monkeypatch.setattr(constants, "is_offline_mode", lambda: True, raising=False)
+    code = main(["eval", "--model", "timm/resnet50.a1_in1k", "--suite", "imagenet-star-upstream", "--configs",
+                 "base,in_the_snow"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and err.startswith("error: offline")
+    assert 'README.md, "Offline route"' in err
+    from eval.models import resolve_model_revision
+
+    with pytest.raises(OfflineError, match="Offline route"):
+        resolve_model_revision("timm/not-cached-anywhere", "main")
+
+
+def test_the_noise_demo_suite_says_that_0_percent_is_expected(tmp_path, caplog):
+    folder = _built_suite(tmp_path)
+    assert Manifest.load(folder).generator["images"] == "noise"
+    with caplog.at_level("WARNING", logger="benchmark.hub"):
+        hub.open_suite(str(folder))
+    assert "random-noise images: any model scores ~0%" in caplog.text
