@@ -31,7 +31,7 @@ class ImageNetClass:
     """One ImageNet-1k class.
 
     ``parent`` is the IN-G prompt parent (the grandparent with the smallest offset, Wiles et al.
-    as reconstructed in ``specs/in_g.md``); ``ancestors`` is the full hypernym closure.
+    as ``scripts/make_imagenet_hierarchy.py`` reconstructs it); ``ancestors`` is the full hypernym closure.
     """
 
     index: int

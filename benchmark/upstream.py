@@ -8,7 +8,7 @@ like any other suite:
 
 - ``image_id`` = ``<shift>/<wnid>/<NN>``; ``label`` from the class folder, mapped explicitly;
 - ``keep`` = ``mask[shift][50 * class + NN]``, indexed by (class, image number), never by file
-  position (``specs/imagenet_star.md`` s7-8: one missing file shifts every later entry otherwise);
+  position (``docs/hub.md`` s5: one missing file shifts every later entry otherwise);
 - missing and unexpected files are counted per shift, recorded in the manifest's provenance and
   reported (``strict=True`` makes them an error).
 

@@ -1,7 +1,7 @@
 """``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
 
 No code or data was released for these sets; this is an open re-creation with substitutes
-(``specs/in_g.md`` s4): seed captions from ImageNet-A images (a BLIP-2 captioner forced to
+(``docs/builders.md``): seed captions from ImageNet-A images (a BLIP-2 captioner forced to
 continue the class prompt, at most two sentences) or from a caption file; Stable Diffusion 2.1-base
 as the generator; the timm target (``resnet50.tv_in1k`` / ``vit_base_patch16_224.augreg_in1k``);
 failures kept by the WordNet-parent rule up to a cap per caption. Mining is resumable per caption

@@ -1,6 +1,6 @@
 """``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
 
-Per source image (Prabhu et al., Algorithm 1; ``specs/lance.md`` s1): 512 px centre crop ->
+Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop ->
 caption (BLIP-2, "a photo of ...") -> caption edits of six types from an instruction LLM ->
 text filter (the class must not change) -> null-text inversion once -> prompt-to-prompt for every
 kept edit with the f sweep in one batched pass -> CLIP checks -> the best passing f.
