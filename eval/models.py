@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.errors import BenchError, NotFoundError, OfflineError
+from benchmark.errors import BenchError, NotFoundError, OfflineError, one_line
 from benchmark.fsutil import sha256_file
 from benchmark.hubio import OFFLINE_ROUTE
 
@@ -272,14 +272,11 @@ CHECKPOINT_WEIGHTS = ("model", "ema")
 # Entries of a training checkpoint, in the order timm's ``load_state_dict`` looks for them.
 _EMA_ENTRIES = ("state_dict_ema", "model_ema")
 _MODEL_ENTRIES = ("state_dict", "model", "model_state_dict")
-_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x1f\x7f]")
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    """The first line of an exception text without terminal escapes (torch's pickle errors carry both)."""
-    line = next((ln for ln in str(text).splitlines() if ln.strip()), "")
-    line = _ESCAPES.sub("", line).strip()
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+def _first_line(e: Exception) -> str:
+    """The first line of an exception text (torch's pickle errors are paragraphs with colour codes)."""
+    return one_line(next((ln for ln in str(e).splitlines() if ln.strip()), ""), limit=200)
 
 
 def _torch_load_safely(path: Path):
@@ -333,7 +330,7 @@ def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple
     except BenchError:
         raise
     except Exception as e:  # noqa: BLE001 - any decode failure is the user's file
-        raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {_one_line(e)}); expected a "
+        raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {_first_line(e)}); expected a "
                          "safetensors file, a PyTorch state dict or a timm training checkpoint") from None
     entry = None
     if isinstance(sd, dict):

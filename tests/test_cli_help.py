@@ -50,3 +50,16 @@ def test_build_suite_help_prints_description_and_examples(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert "Vendrow et al." in out and "examples:" in out and "bench build imagenet-star --smoke" in out
+
+
+def test_errors_print_as_one_clean_line(capsys, monkeypatch):
+    """Whatever a message quotes (file names, exception texts), the CLI prints one line without escapes."""
+    import benchmark.cli.suites as suites_cli
+    from benchmark.errors import BenchError
+
+    def boom(args):
+        raise BenchError("file 'a\nb.pth' says \x1b[31mno\x1b[0m")
+
+    monkeypatch.setattr(suites_cli, "run", boom)
+    assert main(["suites"]) == 2
+    assert capsys.readouterr().err == "error: file 'a b.pth' says no\n"
