@@ -1,6 +1,6 @@
 """``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces).
 
-Pipeline (Vendrow et al. 2023; ``docs/builders.md``): class tokens (the released ones by default, tokens trained
+Pipeline (Vendrow et al. 2023): class tokens (the released ones by default, tokens trained
 here with ``--train-tokens``, or the class names with ``--no-tokens``) -> Stable Diffusion 2 with
 the shift prompts (Euler, 50 steps, guidance 7.5, 768 px, stored as 512 px JPEG) -> CLIP presence
 scores -> ``keep`` (``builders.clip_filter``). Guide: ``docs/builders.md``.

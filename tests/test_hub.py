@@ -301,7 +301,8 @@ def test_large_suite_uploads_resumably_checks_the_head_and_tags_it(tmp_path, mon
     for name in ("upload_large_folder", "upload_folder", "create_commit"):
         if hasattr(HfApi, name):
             real = getattr(HfApi, name)
-            monkeypatch.setattr(HfApi, name, lambda self, *a, _n=name, _r=real, **kw: used.append(_n) or _r(self, *a, **kw))
+            monkeypatch.setattr(HfApi, name,
+                                lambda self, *a, _n=name, _r=real, **kw: used.append(_n) or _r(self, *a, **kw))
     shards = sorted(Manifest.load(folder).files)
     with FakeHub() as fh:
         api = HfApi(endpoint=fh.endpoint, token="t")
