@@ -292,7 +292,7 @@ def _torch_load_safely(path: Path):
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
+    except pickle.UnpicklingError:
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
         except Exception:  # noqa: BLE001 - not a pickle torch can scan: the file is damaged, said below
