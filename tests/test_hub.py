@@ -286,9 +286,7 @@ def test_offline_mode_with_a_partial_cache(tmp_path, monkeypatch):
 def _gated_suite(tmp_path) -> Path:
     """A suite whose card asks for gated access, as LANCE's does."""
     folder = _built_suite(tmp_path)
-    card = (folder / "README.md").read_text()
-    assert card.startswith("---\n")
-    (folder / "README.md").write_text("---\nextra_gated_prompt: Agree to the ImageNet terms of access.\n" + card[4:])
+    (folder / "README.md").write_text(render_card(Manifest.load(folder), gated=True))
     return folder
 
 
