@@ -20,7 +20,7 @@ from importlib import resources
 
 import numpy as np
 
-from benchmark.errors import unknown
+from benchmark.errors import BenchError, unknown
 
 NUM_CLASSES = 1000
 _HIERARCHY = "imagenet_hierarchy.json"
@@ -95,6 +95,16 @@ def index_of(wnid: str) -> int:
     except KeyError:
         raise unknown("ImageNet-1k wnid", wnid, (), hint="Wnids look like 'n01440764' "
                       "and must be one of the 1000 ImageNet-1k classes.") from None
+
+
+def parse_class(text: str) -> int:
+    """A class as a user writes it, an index (``"283"``) or a wnid (``"n02123394"``) -> its index."""
+    text = str(text).strip()
+    if text.isdigit():
+        if not 0 <= int(text) < NUM_CLASSES:
+            raise BenchError(f"class {text} is not an ImageNet-1k index (0..999)")
+        return int(text)
+    return index_of(text)
 
 
 def get_class(index: int) -> ImageNetClass:

@@ -63,3 +63,15 @@ def test_errors_print_as_one_clean_line(capsys, monkeypatch):
     monkeypatch.setattr(suites_cli, "run", boom)
     assert main(["suites"]) == 2
     assert capsys.readouterr().err == "error: file 'a b.pth' says no\n"
+
+
+def test_classes_as_users_write_them():
+    """Verbs that take a class (`bench discover --class`) accept an index or a wnid through one library function."""
+    from benchmark import imagenet
+    from benchmark.errors import BenchError
+
+    assert imagenet.parse_class("283") == 283 and imagenet.parse_class(" n01440764 ") == 0
+    with pytest.raises(BenchError, match="not an ImageNet-1k index"):
+        imagenet.parse_class("1000")
+    with pytest.raises(BenchError, match="wnid"):
+        imagenet.parse_class("n99999999")

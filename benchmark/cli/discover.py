@@ -35,27 +35,17 @@ def add_parser(sub):
     return p
 
 
-def _cls(text: str) -> int:
-    from benchmark import imagenet
-    from benchmark.errors import BenchError
-
-    if text.isdigit():
-        if not 0 <= int(text) < 1000:
-            raise BenchError(f"class {text} is not an ImageNet-1k index (0..999)")
-        return int(text)
-    return imagenet.index_of(text)
-
-
 def run(args) -> int:
     import torch
 
+    from benchmark import imagenet
     from benchmark.fsutil import atomic_write_json
     from builders.captioner import Captioner
     from builders.discover import DiscoverConfig, captioner_fn, discover, format_report
     from builders.in_g_mining import classifier_from_timm
     from builders.sd_generate import GenerationSettings, SDGenerator
 
-    label, target = _cls(args.klass), (_cls(args.target) if args.target else None)
+    label, target = imagenet.parse_class(args.klass), (imagenet.parse_class(args.target) if args.target else None)
     device = "cpu" if args.smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.smoke:
         settings = GenerationSettings(model_id="tiny", scheduler="default", steps=2, height=64, width=64,
