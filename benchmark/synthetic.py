@@ -72,7 +72,7 @@ def make_synthetic_suite(root: str | Path, *, suite_id: str = "toy", configs: Se
                         yield row
 
                 w.write_shard(config, shard, num_shards, rows())
-        return w.finalize(generator={"builder": "benchmark.synthetic", "seed": seed}, card=lambda m: render_card(
+        return w.finalize(generator={"builder": "benchmark.synthetic", "seed": seed, "images": "noise"}, card=lambda m: render_card(
             m, template="generic", license="cc0-1.0", pretty_name=f"{suite_id} (synthetic test suite)",
             tags=["synthetic"], context={"note": "Synthetic noise images for tests and demos: every model is "
                                          "expected to score about 0% on them."}))

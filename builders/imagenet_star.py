@@ -1,6 +1,6 @@
 """``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces).
 
-Pipeline (``specs/imagenet_star.md``): class tokens (the released ones by default, tokens trained
+Pipeline (Vendrow et al. 2023): class tokens (the released ones by default, tokens trained
 here with ``--train-tokens``, or the class names with ``--no-tokens``) -> Stable Diffusion 2 with
 the shift prompts (Euler, 50 steps, guidance 7.5, 768 px, stored as 512 px JPEG) -> CLIP presence
 scores -> ``keep`` (``builders.clip_filter``). Guide: ``docs/builders.md``.
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shifts", type=csv_list, help="shift keys (default: base + the 23 shifts)")
     p.add_argument("--shifts-file", help="YAML prompt table (list of {key, prompt, group, status}) to use instead")
     p.add_argument("--classes", type=csv_list, help="class indices or wnids, or a range like 0-99 (default: all 1000)")
-    p.add_argument("--samples-per-class", type=positive_int, default=50)
+    p.add_argument("--samples-per-class", type=positive_int, default=50, help="images generated per class and shift")
     p.add_argument("--images-per-shard", type=positive_int, default=2500, help="sets the number of shards per shift")
     p.add_argument("--num-shards", type=positive_int, help="shards per shift (overrides --images-per-shard)")
     p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
@@ -57,23 +57,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "checked), a tokens.zip / token folder, or 'none' (class names)")
     tok.add_argument("--train-tokens", metavar="DIR", help="train tokens by textual inversion on DIR/<wnid>/ images")
     tok.add_argument("--no-tokens", action="store_true", help="prompt with class names instead of tokens")
-    p.add_argument("--ti-steps", type=positive_int, default=3000)
-    p.add_argument("--ti-lr", type=float, default=5e-4)
-    p.add_argument("--model", default="stabilityai/stable-diffusion-2")
+    p.add_argument("--ti-steps", type=positive_int, default=3000,
+                   help="textual-inversion steps per class (--train-tokens)")
+    p.add_argument("--ti-lr", type=float, default=5e-4, help="textual-inversion learning rate (--train-tokens)")
+    p.add_argument("--model", default="stabilityai/stable-diffusion-2",
+                   help="Stable Diffusion checkpoint (Hub repo) of the generator")
     p.add_argument("--model-revision", help="commit sha to pin (recommended; default: main, resolved sha recorded)")
     p.add_argument("--variant", default="fp16", help="Hub weight variant (fp16 = the authors' weights, half download)")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--guidance", type=float, default=7.5)
-    p.add_argument("--height", type=positive_int, default=768)
-    p.add_argument("--width", type=positive_int, default=768)
-    p.add_argument("--output-size", type=positive_int, default=512)
+    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
+    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
+    p.add_argument("--height", type=positive_int, default=768, help="generated image height in pixels")
+    p.add_argument("--width", type=positive_int, default=768, help="generated image width in pixels")
+    p.add_argument("--output-size", type=positive_int, default=512,
+                   help="stored image size in pixels (resized from the generated size)")
     p.add_argument("--jpeg-quality", type=int, default=75,
                    help="PIL's default, as the upstream release (~45-57 KB per 512 px image)")
-    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+                   help="generator weights dtype")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per generation batch")
     p.add_argument("--device", help="default: cuda when available (each accelerate process gets its local GPU)")
-    p.add_argument("--clip-model", default="ViT-H-14")
-    p.add_argument("--clip-pretrained", default="laion2b_s32b_b79k")
+    p.add_argument("--clip-model", default="ViT-H-14", help="open_clip architecture of the presence filter")
+    p.add_argument("--clip-pretrained", default="laion2b_s32b_b79k", help="open_clip pretrained tag of --clip-model")
     p.add_argument("--keep-rule", choices=("class", "class+shift"), default="class",
                    help="class: class presence >= per-shift threshold; class+shift: also a shift-presence gate")
     p.add_argument("--shift-gate-quantile", type=float, default=0.1,
@@ -81,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kept-fractions", help="JSON {shift: fraction} targets (default: the released masks' fractions)")
     p.add_argument("--wait-timeout", type=float, default=4 * 3600,
                    help="multi-process: seconds the main process waits for a new staged shard before giving up")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     determinism.add_arguments(p)
 
 

@@ -1,7 +1,7 @@
 """``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
 
 No code or data was released for these sets; this is an open re-creation with substitutes
-(``specs/in_g.md`` s4): seed captions from ImageNet-A images (a BLIP-2 captioner forced to
+(``docs/builders.md``): seed captions from ImageNet-A images (a BLIP-2 captioner forced to
 continue the class prompt, at most two sentences) or from a caption file; Stable Diffusion 2.1-base
 as the generator; the timm target (``resnet50.tv_in1k`` / ``vit_base_patch16_224.augreg_in1k``);
 failures kept by the WordNet-parent rule up to a cap per caption. Mining is resumable per caption
@@ -39,17 +39,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-checkpoint", help="local weights for the target")
     p.add_argument("--n-max", type=positive_int, default=1000, help="images sampled per caption at most")
     p.add_argument("--cap", type=int, default=2, help="failures kept per caption")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--generator", default="stabilityai/stable-diffusion-2-1-base")
-    p.add_argument("--generator-revision")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--guidance", type=float, default=7.5)
-    p.add_argument("--size", type=positive_int, default=512)
-    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--captions-per-shard", type=positive_int, default=500)
+    p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
+    p.add_argument("--generator", default="stabilityai/stable-diffusion-2-1-base",
+                   help="Stable Diffusion checkpoint (Hub repo) of the generator")
+    p.add_argument("--generator-revision",
+                   help="commit sha of --generator to pin (default: main, resolved sha recorded)")
+    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
+    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
+    p.add_argument("--size", type=positive_int, default=512, help="generated image size in pixels")
+    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+                   help="generator weights dtype")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per generation batch")
+    p.add_argument("--captions-per-shard", type=positive_int, default=500, help="failing captions per output parquet shard")
     p.add_argument("--device", help="default: cuda when available")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     determinism.add_arguments(p)
 
 

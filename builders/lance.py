@@ -1,6 +1,6 @@
 """``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
 
-Per source image (Prabhu et al., Algorithm 1; ``specs/lance.md`` s1): 512 px centre crop ->
+Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop ->
 caption (BLIP-2, "a photo of ...") -> caption edits from an instruction LLM (six prompts; the
 paper's five types, weather within background) -> edits drawn as Algorithm 1 does (a seeded draw
 of the type, then of an edit of it) through the text filter (the class must not change) until
@@ -33,8 +33,8 @@ WORK = ".work"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--out", required=True, help="output suite folder (resumable; see --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace a different build in --out")
     p.add_argument("--smoke", action="store_true", help="whole pipeline with tiny random models on CPU")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--imagenet-val", help="ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hub-val-files", default="data/validation-*.parquet",
                    help="glob of its validation parquet files (image + label columns)")
     p.add_argument("--allow-partial", action="store_true", help="build from an incomplete validation folder")
-    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco")
+    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco",
+                   help="BLIP-2 checkpoint (Hub repo) that captions the source images")
     p.add_argument("--perturber", default="Qwen/Qwen2.5-7B-Instruct",
                    help="an instruction LLM (Table 5 prompts with examples), or 'lance-release': the authors' "
                         "fine-tuned LLaMA-7B + LoRA from LANCE-release/checkpoints, converted once (~27 GB)")
@@ -58,21 +59,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pool-uniform: a seeded shuffle of all edits (the released code's, unseeded there)")
     p.add_argument("--max-edits", type=positive_int, default=10,
                    help="edits kept per source image: drawing stops once this many passed the text filter")
-    p.add_argument("--text-filter", choices=("sbert", "clip"), default="sbert")
-    p.add_argument("--editor", default="CompVis/stable-diffusion-v1-4")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--guidance", type=float, default=7.5)
+    p.add_argument("--text-filter", choices=("sbert", "clip"), default="sbert",
+                   help="text model that rejects edits changing the class: sbert or clip")
+    p.add_argument("--editor", default="CompVis/stable-diffusion-v1-4",
+                   help="Stable Diffusion checkpoint (Hub repo) for null-text inversion and prompt-to-prompt")
+    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
+    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
     p.add_argument("--fs", type=csv_list, default=["0.4", "0.5", "0.6", "0.7", "0.8"],
                    help="self-attention injection fractions swept in one pass (code: 0.4..0.8; paper: ..0.9)")
-    p.add_argument("--reweight", type=float, default=2.0)
+    p.add_argument("--reweight", type=float, default=2.0,
+                   help="prompt-to-prompt attention reweighting of the edited words")
     p.add_argument("--eq-bug-compat", action="store_true",
                    help="reproduce the released code's bug (reweighting only for the first f)")
-    p.add_argument("--clip-model", default="ViT-L-14")
-    p.add_argument("--clip-pretrained", default="openai")
-    p.add_argument("--images-per-shard", type=positive_int, default=250)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip-model", default="ViT-L-14", help="open_clip architecture of the CLIP checks")
+    p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
+    p.add_argument("--images-per-shard", type=positive_int, default=250, help="source images per parquet shard")
+    p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
     p.add_argument("--device", help="default: cuda when available")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     determinism.add_arguments(p)
 
 

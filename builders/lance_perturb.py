@@ -1,7 +1,7 @@
 """LANCE's caption perturber and edit filter.
 
 **Perturber**: an open instruction LLM through transformers (default ``Qwen/Qwen2.5-7B-Instruct``;
-the paper's fine-tuned LLaMA-7B is not usable with transformers, ``specs/lance.md`` s3, s8) driven
+the paper's fine-tuned LLaMA-7B needs a conversion, ``--perturber lance-release``; ``docs/builders.md``) driven
 by the paper's Table 5 prompts **with** their examples in the released code's Alpaca frame, one
 edit type at a time (subject, object, adjective, domain, background, weather), sampled with a seed.
 The paper reports five types (Algorithm 1, Fig. 3): weather is a background edit there, so
@@ -80,7 +80,7 @@ def word_diff(caption: str, edited: str, *, merge_gap: int = 1) -> tuple[str, st
     """``(original words, edit words)``: the removed and the added words of one change block.
 
     The released code keeps the longest run of removed words and, independently, the longest run
-    of added words (``specs/lance.md`` s2). That splits a phrase replaced around a shared word
+    of added words (the LANCE release's caption-diff code). That splits a phrase replaced around a shared word
     ("in the snow" -> "on the beach" gives "in" -> "on") and, with two changes, can pair the
     removed words of one with the added words of the other. Here ``SequenceMatcher`` change
     blocks separated by at most ``merge_gap`` shared words are merged, and the largest block

@@ -41,6 +41,7 @@ class EvalRequest:
     revision: str | None = None
     checkpoint: str | None = None
     remap_by_order: bool = False
+    checkpoint_weights: str = "model"   # "model" | "ema": which weights of a training checkpoint
     mask: str | None = None
     out: str = "runs"
     force: bool = False
@@ -133,7 +134,8 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     info = open_suite(req.suite, revision=req.revision, configs=req.configs, mask=req.mask)
     suite = info.suite
     configs = suite.select(list(req.configs) if req.configs else None)
-    clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order)
+    clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order,
+                          checkpoint_weights=req.checkpoint_weights)
 
     model_desc = clf.describe()
     suite_desc = {

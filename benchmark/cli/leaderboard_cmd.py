@@ -12,7 +12,7 @@ def add_parser(sub):
                  examples="  bench leaderboard --results runs\n"
                           "  bench leaderboard --results my-org/genshift-results@3f2a...c9 --port 8600\n")
     p.add_argument("--results", default="runs", help="results folder or ORG/NAME[@sha] (default: runs)")
-    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--port", type=int, default=8501, help="port to serve on (default: 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     return p
 

@@ -22,11 +22,11 @@ def add_parser(sub):
     p.add_argument("--suite", help="where to read the suite for --recheck (default: as recorded)")
     p.add_argument("--mask", help="ImageNet* upstream masks.npy for --recheck (default: the file the result recorded)")
     p.add_argument("--checkpoint", help="local weights, for results made with --checkpoint")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="device for --recheck (cpu, cuda or cuda:N)")
     p.add_argument("--seed", type=int, default=0, help="which images --recheck picks")
     p.add_argument("--stamp", action="store_true",
                    help="with --recheck: on success write verification.json (the leaderboard's verified badge)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
