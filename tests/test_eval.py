@@ -107,8 +107,8 @@ def test_verify_catches_tampered_predictions_and_metrics(tmp_path, toy_suite, ti
     r2 = json.loads(path2.read_text())
     r2["predictions"][0]["sha256"] = sha256_file(pfile)
     path2.write_text(json.dumps(r2))
-    rep = verify_result(path2)
-    assert not rep.ok and any("metrics.configs.base.acc1" in p for p in rep.problems)
+    rep = verify_result(path2)  # each row's true_rank no longer agrees with its stored top-k
+    assert not rep.ok and any("base.parquet" in p and "true_rank" in p for p in rep.problems)
 
 
 def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
@@ -129,7 +129,8 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     r["metrics"] = score("accuracy", tables, ScoringOptions(**r["protocol"]["scoring"]))
     path.write_text(json.dumps(r))
     rep = verify_result(path, recheck=40, checkpoint=str(tiny_checkpoint))
-    assert not rep.ok and any("true-class probability" in p for p in rep.problems)
+    # caught before any re-run: true_prob no longer agrees with the row's own top-k (re-runs: test_results_trust.py)
+    assert not rep.ok and any("true_prob" in p for p in rep.problems)
 
 
 def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, monkeypatch):

@@ -21,6 +21,7 @@ VERBS = (
     "download",
     "eval_cmd",
     "verify",
+    "keygen",
     "slope",
     "submit",
     "leaderboard_cmd",
