@@ -26,6 +26,7 @@ Checks, each reported by what differs (``docs/results.md``, "Verification"):
 from __future__ import annotations
 
 import io
+import json
 import math
 import secrets
 from dataclasses import dataclass, field
@@ -234,7 +235,7 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
     bad(found & (tr != greater), "have true_rank different from the number of more probable top-k classes")
     # not in the top-k: the label is at most as probable as the last one, ranks at least after the larger ones
     last = probs[:, -1]
-    bad(~found & (tp > last + tol), "have a label outside the top-k but more probable than its last class")
+    bad(~found & (tp > last + tol), "have true_prob above the last top-k probability, yet the label is not in the top-k")
     bad(~found & (tr < greater), "have true_rank below the number of more probable top-k classes")
     bad(~found & (tp < last - tol) & (tr < topk), "have true_rank inside the top-k but the label is not there")
     bad(~found & (tp > 1 - probs.sum(axis=1) + 1e-3), "have true_prob larger than the probability left outside the top-k")
@@ -350,6 +351,11 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     for k, v in flags.items():
         if result["flags"][k] != v:
             problems.append(f"flags.{k} is {result['flags'][k]}, recomputed {v}")
+    family = spec.metric_family if spec else "accuracy"
+    if rec["metric_family"] != family:
+        problems.append(f"suite.metric_family is {rec['metric_family']!r}; suite {rec['id']!r} is scored as {family!r}")
+    if rec.get("repo_id") is None and not rec["pinned"]:
+        problems.append("suite.pinned is false for a local suite folder (pinned by its manifest hash)")
     if rec.get("repo_id") is None and rec.get("revision") is not None:
         problems.append("suite.revision is set but suite.repo_id is not (a local suite has no Hub revision)")
     if rec["pinned"] and rec.get("repo_id") is not None and rec.get("revision") is None:
@@ -414,6 +420,12 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
         return [f"model.source is {m['source']!r}, the model loads as {clf.source!r}"]
     if m["weights_sha256"] != clf.weights_sha256:
         return [f"weights sha256 {str(clf.weights_sha256)[:12]}… differ from the result's {str(m['weights_sha256'])[:12]}…"]
+    # the model's description and preprocessing as the model itself gives them, not as the result says
+    loaded = {**clf.describe(), "data_config": clf.data_config}
+    stored = {**m, "data_config": result["data_config"]}
+    differ = [k for k in loaded if k != "id" and json.loads(json.dumps(loaded[k])) != stored.get(k)]
+    if differ:
+        return [f"the model loads with other {', '.join(differ)} than the result records"]
 
     # the pool is the suite's rows (not the predictions'), so an image dropped from the predictions can be drawn
     pool = []
