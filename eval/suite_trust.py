@@ -87,7 +87,7 @@ def load_manifest_file(path: Path, *, where: str | None = None) -> Manifest:
     return Manifest.from_bytes(data, where=where)
 
 
-def open_ref(source: str, *, trusted: bool, revision: str | None = None) -> SuiteRef:
+def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: str | None = None) -> SuiteRef:
     """A suite folder, a manifest file, or (downloaded) a registry id / Hub repo."""
     from benchmark.reader import LocalSuite
 
@@ -100,7 +100,7 @@ def open_ref(source: str, *, trusted: bool, revision: str | None = None) -> Suit
         return SuiteRef(load_manifest_file(path), f"manifest {path}", trusted)
     from eval.runner import open_suite
 
-    info = open_suite(source, revision=revision)
+    info = open_suite(source, revision=revision, mask=mask)
     return SuiteRef(info.suite.manifest, f"suite {source}", trusted, info.suite)
 
 
@@ -174,17 +174,23 @@ def _registry_manifest(suite_id, *, download: bool) -> SuiteRef | None:
     spec = SUITES.get(suite_id)
     if not spec.revision or spec.source != "format1":
         return None
+    return hub_manifest(spec.repo_id, spec.revision, download=download, trusted=True,
+                        origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
+
+
+def hub_manifest(repo_id: str, revision: str, *, download: bool, trusted: bool, origin: str | None = None):
+    """The ``manifest.json`` of a Hub dataset repo at a commit sha (only that file), or None."""
     import huggingface_hub as hf
 
     try:
         if download:
-            path = hf.hf_hub_download(spec.repo_id, MANIFEST, repo_type="dataset", revision=spec.revision)
+            path = hf.hf_hub_download(repo_id, MANIFEST, repo_type="dataset", revision=revision)
         else:
-            path = hf.try_to_load_from_cache(spec.repo_id, MANIFEST, repo_type="dataset", revision=spec.revision)
+            path = hf.try_to_load_from_cache(repo_id, MANIFEST, repo_type="dataset", revision=revision)
             if not isinstance(path, str):
                 return None
-        manifest = load_manifest_file(Path(path), where=f"{spec.repo_id}@{spec.revision[:12]}/{MANIFEST}")
+        manifest = load_manifest_file(Path(path), where=f"{repo_id}@{revision[:12]}/{MANIFEST}")
     except (OSError, ValueError, BenchError, hf.errors.HfHubHTTPError) as e:
-        log.info("registry manifest of %s unavailable: %s", suite_id, e)
+        log.debug("manifest of %s@%s unavailable: %s", repo_id, revision, e)
         return None
-    return SuiteRef(manifest, f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})", True)
+    return SuiteRef(manifest, origin or f"{repo_id}@{revision[:12]}", trusted)

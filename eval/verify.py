@@ -102,7 +102,7 @@ def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = Non
     report = VerifyReport(path, result=result, result_sha256=sha256_bytes(raw))
     tables = check_predictions_files(path.parent, result, report)
 
-    ref, why = find_suite(result, suite=suite, suites=suites, use_recorded=use_recorded_suite)
+    ref, why = find_suite(result, suite=suite, suites=suites, use_recorded=use_recorded_suite, mask=mask)
     if ref is None:
         if require_suite:
             report.problems.append(f"the predictions could not be checked against the suite: {why}")
@@ -144,16 +144,12 @@ def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> d
     from benchmark.fsutil import sha256_file
 
     tables = {}
-    root = base.resolve()
     topk = result["protocol"]["topk"]
     for entry in result["predictions"]:
         rel = entry["path"]
         f = base / rel
-        if not f.is_file():
+        if not f.is_file():  # a regular file (or a link to one: Hub snapshots link to blobs); never a device or fifo
             report.problems.append(f"{rel} is missing")
-            continue
-        if root not in f.resolve().parents:
-            report.problems.append(f"{rel} resolves outside the run folder (a link); predictions must be plain files")
             continue
         size = f.stat().st_size
         if size > MAX_PREDICTIONS_BYTES:
@@ -243,12 +239,12 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
 
 
 def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites | None = None,
-               use_recorded: bool = True) -> tuple[SuiteRef | None, str]:
+               use_recorded: bool = True, mask: str | None = None) -> tuple[SuiteRef | None, str]:
     """The manifest to check ``result`` against, or ``(None, why not)`` (``eval.suite_trust``)."""
     rec = result["suite"]
     if suite is not None:
         try:
-            ref = open_ref(suite, trusted=True)
+            ref = open_ref(suite, trusted=True, mask=mask)
         except BenchError as e:
             return None, f"--suite {suite}: {e}"
         return ref, ""
@@ -257,11 +253,18 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
     if ref is not None:
         return ref, ""
     src = rec.get("source")
-    if use_recorded and isinstance(src, str) and Path(src).is_dir():
-        try:
-            return open_ref(src, trusted=False), ""
-        except BenchError as e:
-            return None, f"the suite folder the result recorded ({src}) cannot be read: {e}"
+    if use_recorded and isinstance(src, str):
+        from eval.runner import reopen_suite
+        from eval.suite_trust import hub_manifest
+
+        if rec.get("repo_id") and rec.get("revision") and not Path(src).exists():  # the manifest alone, if it is one
+            ref = hub_manifest(rec["repo_id"], rec["revision"], download=True, trusted=False)
+            if ref is not None and ref.sha256 == rec["manifest_sha256"]:
+                return ref, ""
+        # as recorded (folder, registry id or Hub repo at its revision; an upstream ImageNet* mask too);
+        # what cannot be opened is the user's to fix (--suite, --mask): one error line
+        info = reopen_suite(result, mask=mask, configs=tuple(rec["configs"]))
+        return SuiteRef(info.suite.manifest, f"suite {src[:200]} (as recorded)", False, info.suite), ""
     return None, (f"no trusted manifest with sha256 {rec['manifest_sha256'][:12]}… (suite {rec['id']!r}); pass the "
                   "suite with --suite PATH|ID or a folder of trusted manifests with --suites DIR")
 
