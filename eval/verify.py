@@ -410,10 +410,15 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
     from eval.models import load_classifier
     from eval.runner import reopen_suite
 
-    try:
-        info = reopen_suite(result, suite=suite, mask=mask, configs=tuple(tables))
-    except IntegrityError as e:
-        return [str(e)]
+    local = report.suite.local if report.suite is not None else None  # the suite the rows were checked against
+    if local is None:
+        try:
+            local = reopen_suite(result, suite=suite, mask=mask, configs=tuple(tables)).suite
+        except IntegrityError as e:
+            return [str(e)]
+    if local.manifest.sha256 != result["suite"]["manifest_sha256"]:
+        return [f"the suite's manifest {local.manifest.sha256[:12]}… is not the result's; pass the right suite with --suite"]
+    local.verify(sorted(tables))  # images are read only from files that match the manifest
     m = result["model"]
     if m["source"] == "checkpoint" and not checkpoint:
         raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")
@@ -434,7 +439,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
     pool = []
     limit = result["protocol"]["limit_per_class"]
     for cfg in sorted(tables):
-        t = info.suite.read_columns(cfg, ["image_id", "label"])
+        t = local.read_columns(cfg, ["image_id", "label"])
         ids = t["image_id"].to_pylist()
         if limit:
             chosen = _limited_ids(ids, t["label"].to_pylist(), limit)
@@ -455,7 +460,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
         ids = [i for i in ids if i in index]
         if not ids:
             continue
-        images = _images_by_id(info.suite, cfg, set(ids))
+        images = _images_by_id(local, cfg, set(ids))
         x = torch.stack([clf.transform(Image.open(io.BytesIO(images[i])).convert("RGB")) for i in ids]).to(device)
         with torch.inference_mode():
             probs = clf.model(x).float().softmax(-1).cpu().numpy()

@@ -4,7 +4,7 @@ Layout (what ``bench eval --out`` writes, and what ``bench submit`` proposes in 
 
     <suite id>/<model slug>/result.json
     <suite id>/<model slug>/predictions/<config>.parquet
-    <suite id>/<model slug>/verification.json     optional: written by `bench verify --recheck N --stamp`
+    <suite id>/<model slug>/verification.json     optional: signed by `bench verify --recheck N --sign KEY`
 
 Loading checks every entry on its own, the way ``bench verify`` does (schema under size and
 depth limits, predictions hashes and rows, the predictions against the suite's trusted manifest,
@@ -116,13 +116,17 @@ class Entry:
             self._ranks = self._load_ranks()
         return self._ranks[config]
 
-    def pair_ids(self, config: str) -> list:
-        """``pair_id`` of the scored rows of ``config``, in the order of :meth:`true_ranks`."""
+    def read_predictions(self, config: str, columns: list[str] | None = None):
+        """One predictions table of this entry, after :meth:`recheck` (the way views should read them)."""
         from eval.predictions import read_predictions
 
         p = next(p for p in self.result["predictions"] if p["config"] == config)
         self.recheck()
-        t = read_predictions(self.run_dir / p["path"], columns=["keep", "pair_id"])
+        return read_predictions(self.run_dir / p["path"], columns=columns)
+
+    def pair_ids(self, config: str) -> list:
+        """``pair_id`` of the scored rows of ``config``, in the order of :meth:`true_ranks`."""
+        t = self.read_predictions(config, ["keep", "pair_id"])
         if self.result["protocol"]["scoring"]["filter"]:
             t = t.filter(t["keep"])
         return t["pair_id"].to_pylist()

@@ -18,7 +18,7 @@ import pytest
 
 from benchmark.cli import main
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import canonical_json, sha256_bytes, sha256_file
+from benchmark.fsutil import canonical_json, sha256_file
 from eval import stamps
 from eval.predictions import read_predictions
 from eval.results import config_hash
@@ -218,14 +218,16 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
                                    remap_by_order=True, configs=("shifted",), out=str(tmp_path / "runs"),
                                    inference=InferenceOptions(batch_size=40, workers=0, compile="off")), progress=False)
     run = path.parent
-    assert verify_result(run, recheck=6, checkpoint=lite0_weights, suite=str(suite)).ok
+    assert verify_result(run, recheck=3, checkpoint=lite0_weights, suite=str(suite)).ok
     honest = (run / "predictions" / "shifted.parquet").read_bytes()
+    # most rows are wrong (ImageNet weights on synthetic images), so 10 drawn images hit forged rows
+    assert json.loads((run / "result.json").read_text())["metrics"]["configs"]["shifted"]["acc1"]["value"] < 0.3
     forge(run, "shifted", label_first)  # digest, rows and metrics all consistent: acc@1 1.0
     assert json.loads((run / "result.json").read_text())["metrics"]["configs"]["shifted"]["acc1"]["value"] == 1.0
     assert verify_result(run, suite=str(suite)).ok  # nothing but a re-run can see this
-    rep = verify_result(run, recheck=40, checkpoint=lite0_weights, suite=str(suite))
+    rep = verify_result(run, recheck=10, checkpoint=lite0_weights, suite=str(suite))
     assert not rep.ok and any(p.startswith("shifted/") for p in rep.problems)
-    assert rep.recheck["n"] == 40 and isinstance(rep.recheck["seed"], int)
+    assert rep.recheck["n"] == 10 and isinstance(rep.recheck["seed"], int)
 
     # a forgery of one stored probability only (the row stays consistent): the whole-row comparison finds it
     (run / "predictions" / "shifted.parquet").write_bytes(honest)
@@ -239,7 +241,7 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
                             pa.FixedSizeListArray.from_arrays(pa.array(probs.ravel().astype(np.float32)), probs.shape[1]))
 
     forge(run, "shifted", nudge)
-    rep = verify_result(run, recheck=40, checkpoint=lite0_weights, suite=str(suite))
+    rep = verify_result(run, recheck=10, checkpoint=lite0_weights, suite=str(suite))
     assert not rep.ok and any("top-10 class" in p for p in rep.problems), rep.problems
 
 
