@@ -86,13 +86,15 @@ def read_result_bytes(path: Path) -> bytes:
 
 def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, suites: TrustedSuites | None = None,
                   mask: str | None = None, checkpoint: str | None = None, device: str = "cpu", seed: int | None = None,
-                  prob_tol: float = 1e-3, use_recorded_suite: bool = True, require_suite: bool = True,
+                  prob_tol: float = 1e-3, use_recorded_suite: bool = False, require_suite: bool = True,
                   raw: bytes | None = None) -> VerifyReport:
     """Verify one result (see the module docstring). Raises ``IntegrityError`` when the result
     file itself is unreadable or breaks the schema; everything else is a listed problem.
 
-    ``suite`` names the suite (a trust root); ``suites`` holds trusted manifests; without either,
-    and when ``use_recorded_suite``, the local folder the result recorded is used (not trusted).
+    ``suite`` names the suite (a trust root); ``suites`` holds trusted manifests (default: the
+    registry's pinned manifests). ``use_recorded_suite=True`` (plain ``bench verify``, ``bench
+    submit``: one's own results) falls back to the suite the result recorded, which is not a
+    trust root; a verifier of other people's results leaves it off.
     ``require_suite=False`` (the leaderboard store without ``--suites``): a result whose suite is
     not found is not a problem, ``report.suite_checked`` is then False.
     """
@@ -239,7 +241,7 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
 
 
 def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites | None = None,
-               use_recorded: bool = True, mask: str | None = None) -> tuple[SuiteRef | None, str]:
+               use_recorded: bool = False, mask: str | None = None) -> tuple[SuiteRef | None, str]:
     """The manifest to check ``result`` against, or ``(None, why not)`` (``eval.suite_trust``)."""
     rec = result["suite"]
     if suite is not None:

@@ -28,7 +28,8 @@ def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, tok
     from huggingface_hub import CommitOperationAdd, HfApi, errors
 
     path = result_path(result)
-    report = verify_result(path)  # the schema (types and ranges) first: one clear error for a malformed result
+    # the schema (types and ranges) first: one clear error for a malformed result; the submitter's own suite
+    report = verify_result(path, use_recorded_suite=True)
     res = report.result
     if not report.ok:
         raise BenchError(f"{path} does not verify ({report.problems[0]}); fix it before submitting")

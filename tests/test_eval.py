@@ -68,7 +68,7 @@ def test_eval_writes_predictions_metrics_and_provenance(tmp_path, toy_suite, tin
     assert result["metrics"]["configs"]["base"]["n_scored"] == kept
     acc = top1[preds["keep"].to_numpy(zero_copy_only=False)].mean()
     assert result["metrics"]["configs"]["base"]["acc1"]["value"] == pytest.approx(acc)
-    assert verify_result(path).ok
+    assert verify_result(path, suite=str(toy_suite)).ok
 
 
 def test_rerun_is_a_noop_and_other_settings_are_refused(tmp_path, toy_suite, tiny_checkpoint):
@@ -92,7 +92,7 @@ def test_verify_catches_tampered_predictions_and_metrics(tmp_path, toy_suite, ti
     result = json.loads(path.read_text())
     result["metrics"]["configs"]["shifted"]["acc1"]["value"] += 0.01
     path.write_text(json.dumps(result))
-    rep = verify_result(path)
+    rep = verify_result(path, suite=str(toy_suite))
     assert not rep.ok and any("metrics.configs.shifted.acc1.value" in p for p in rep.problems)
     # a predictions file edited and its hash "fixed" in the result is still caught by the recomputation
     _, path2 = _eval(tmp_path / "b", toy_suite, tiny_checkpoint)
@@ -107,13 +107,13 @@ def test_verify_catches_tampered_predictions_and_metrics(tmp_path, toy_suite, ti
     r2 = json.loads(path2.read_text())
     r2["predictions"][0]["sha256"] = sha256_file(pfile)
     path2.write_text(json.dumps(r2))
-    rep = verify_result(path2)  # each row's true_rank no longer agrees with its stored top-k
+    rep = verify_result(path2, suite=str(toy_suite))  # each row's true_rank no longer agrees with its stored top-k
     assert not rep.ok and any("base.parquet" in p and "true_rank" in p for p in rep.problems)
 
 
 def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     _, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
-    assert verify_result(path, recheck=6, checkpoint=str(tiny_checkpoint)).ok
+    assert verify_result(path, recheck=6, checkpoint=str(tiny_checkpoint), suite=str(toy_suite)).ok
     t = pq.read_table(path.parent / "predictions" / "base.parquet")
     import pyarrow as pa
     probs = t["true_prob"].to_numpy().copy()
@@ -128,7 +128,7 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
     r["metrics"] = score("accuracy", tables, ScoringOptions(**r["protocol"]["scoring"]))
     path.write_text(json.dumps(r))
-    rep = verify_result(path, recheck=40, checkpoint=str(tiny_checkpoint))
+    rep = verify_result(path, recheck=40, checkpoint=str(tiny_checkpoint), suite=str(toy_suite))
     # caught before any re-run: true_prob no longer agrees with the row's own top-k (re-runs: test_results_trust.py)
     assert not rep.ok and any("true_prob" in p for p in rep.problems)
 
