@@ -245,6 +245,9 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
 
     entry = Entry(path)
     try:
+        if not path.is_file():  # a fifo or device would block or never end
+            entry.reason = "result.json is not a regular file"
+            return entry
         size = path.stat().st_size
         if size > MAX_RESULT_BYTES:
             entry.reason = f"result file is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES // 2**20} MiB limit"

@@ -359,8 +359,11 @@ def test_one_hostile_entry_never_takes_the_board_down(run, made, capsys):
             data = json.dumps(r).encode()
             shutil.copytree(run / "predictions", d / "predictions")
         (d / "result.json").write_bytes(data)
+    (root / "toy" / "fifo").mkdir()
+    os.mkfifo(root / "toy" / "fifo" / "result.json")  # reading it would block the board forever
     store = load_store(str(root), suites=[made[0]])
     assert [e.path.parent.name for e in store.entries] == [run.name]
+    assert "not a regular file" in {e.path.parent.name: e.reason for e in store.rejected}["fifo"]
     reasons = {e.path.parent.name: e.reason for e in store.rejected}
     assert "nests 100000 levels deep" in reasons["deep"]
     assert "not valid JSON" in reasons["nan"] and "over the 5 MiB limit" in reasons["huge"]
@@ -523,3 +526,53 @@ def test_fuzzed_predictions_recomputed_by_the_forger_never_pass(made, trusted, t
         assert json.loads((run / "result.json").read_text())["metrics"] == json.loads(
             (made[1] / "result.json").read_text())["metrics"]
     shutil.rmtree(run.parent.parent)
+
+
+def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trust_root(tmp_path, tiny_checkpoint,
+                                                                                        capsys):
+    """A manifest carrying rows digests (format 1.1) is enough to check a result: no images, no rows."""
+    from benchmark.reader import LocalSuite
+    from benchmark.suite_format import rows_digest
+    from benchmark.synthetic import make_synthetic_suite
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+
+    suite = tmp_path / "suite"
+    make_synthetic_suite(suite, suite_id="small", configs=("base",), classes=range(3), per_class=3)
+    local = LocalSuite.open(suite)
+    local.verify()
+    t = local.read_columns("base", ["image_id", "label", "keep"])
+    manifest = json.loads((suite / "manifest.json").read_text())
+    manifest["configs"]["base"]["rows_digest"] = rows_digest(*(t[c].to_pylist() for c in ("image_id", "label", "keep")))
+    (suite / "manifest.json").write_bytes(canonical_json(manifest))
+    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(suite), checkpoint=str(tiny_checkpoint),
+                                   out=str(tmp_path / "store"), inference=InferenceOptions(workers=0, compile="off")),
+                       progress=False)
+    trusted_dir = tmp_path / "trusted"
+    trusted_dir.mkdir()
+    shutil.copy(suite / "manifest.json", trusted_dir / "small.json")
+    shutil.rmtree(suite)  # no rows, no images: only the trusted manifest is left
+    only = TrustedSuites.from_paths([trusted_dir], registry=False)
+    rep = verify_result(path, suites=only)
+    assert rep.ok, rep.problems
+    assert rep.rows_digests == {"base": manifest["configs"]["base"]["rows_digest"]} and rep.suite.local is None
+    forge(path.parent, "base", lambda t: t.take(np.arange(1, t.num_rows)))  # one row dropped
+    rep = verify_result(path, suites=only)
+    assert not rep.ok and any("rows digest" in p for p in rep.problems)
+    assert main(["verify", str(path), "--suites", str(trusted_dir)]) == 1
+    assert "do not reproduce the suite's rows digest" in capsys.readouterr().out
+    # the forger ships a manifest of their own, with the digest of the forged rows, and points the result at it
+    p = read_predictions(path.parent / "predictions" / "base.parquet")
+    forged = {**manifest, "configs": {"base": {**manifest["configs"]["base"], "rows": p.num_rows, "rows_digest":
+                                               rows_digest(*(p[c].to_pylist() for c in ("image_id", "label", "keep")))}}}
+    (tmp_path / "store" / "forged-suite").mkdir()
+    (tmp_path / "store" / "forged-suite" / "manifest.json").write_bytes(canonical_json(forged))
+    rewrite(path.parent, lambda r: r["suite"].update(manifest_sha256=sha256_file(tmp_path / "store" / "forged-suite" /
+                                                                                   "manifest.json"),
+                                                     source=str(tmp_path / "store" / "forged-suite")))
+    rep = verify_result(path, suites=only)
+    assert not rep.ok and any("no trusted manifest" in p for p in rep.problems)
+    e = _entry(tmp_path / "store", suites=[trusted_dir])
+    assert e.status == "rejected" and "does not trust" in e.reason
+    e = _entry(tmp_path / "store")  # no suites configured: shown, never as checked, never verified
+    assert e.status == "accepted" and not e.suite_checked and "not checked against its suite" in e.note
