@@ -175,8 +175,7 @@ class Store:
     @property
     def fingerprint(self) -> str:
         """Content key for caches: changes whenever any accepted entry or stamp changes."""
-        keys = sorted(f"{e.path}|{e.status}|{e.result.get('finished_at')}|{e.result.get('config_hash')}"
-                      for e in self.entries)
+        keys = sorted(f"{e.path}|{e.status}|{e.content_key}" for e in self.entries)
         return sha256_bytes("\n".join([self.revision or "", *keys]).encode())
 
     def suites(self) -> list[str]:
