@@ -169,7 +169,9 @@ class _Checker:
             self.fail(path, f"must be an object, got {_tname(v)}")
         for k in required:
             if k not in v:
-                self.fail(f"{path}.{k}", "is missing")
+                field_name = k if path == "result" else f"{path}.{k}"
+                raise IntegrityError(f"{self.where}: field {field_name!r} is missing; a result must be written by "
+                                     "`bench eval` (schema in docs/results.md)")
         if not extra:
             unknown_keys = sorted(set(v) - set(required) - set(optional))
             if unknown_keys:
