@@ -39,7 +39,7 @@ def _signature(source: str) -> str:
 
 @st.cache_resource(show_spinner="Loading and checking results ...", max_entries=4)
 def get_store(source: str, signature: str) -> Store:
-    return load_store(source)
+    return load_store(source, trusted_keys=os.environ.get("GENSHIFT_TRUSTED_KEYS") or None)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -248,7 +248,7 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
     entry = next(e for e in store.for_suite(suite, board) if e.model_id == model)
     r = entry.result
     if entry.verified:
-        st.success(f"verified: {entry.stamp['recheck']} images re-run through the model match the stored predictions "
+        st.success(f"verified: {entry.stamp['recheck']['n']} images re-run through the model match the stored predictions "
                    f"({entry.stamp.get('verified_at', '')})")
     else:
         st.warning("not verified by a model re-run (hashes and recomputed metrics check out)")

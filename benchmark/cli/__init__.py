@@ -21,7 +21,7 @@ VERBS = (
     "download",
     "eval_cmd",
     "verify",
-    "keygen",           # results: signing keys for verification stamps (skipped until it exists)
+    "keygen",           # results: signing keys for verification stamps
     "slope",
     "submit",
     "leaderboard_cmd",
