@@ -169,3 +169,19 @@ def get_suite(suite_id: str) -> SuiteSpec:
 
 def list_suites(pattern: str = "*") -> list[str]:
     return SUITES.names(pattern)
+
+
+def declared_scoring(manifest) -> tuple[str, str | None]:
+    """Metric family and reference config a suite outside the registry declares in its manifest's
+    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise.
+    Eval and verify both take a non-registry suite's scoring from here."""
+    from benchmark.errors import IntegrityError
+
+    gen = manifest.generator if isinstance(manifest.generator, dict) else {}
+    family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
+    if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str)
+                                                                   and reference in manifest.configs)):
+        raise IntegrityError(f"suite {manifest.suite_id!r} declares metric family {str(family)[:40]!r} with reference "
+                             f"config {str(reference)[:70]!r}; expected one of {', '.join(METRIC_FAMILIES)} and one "
+                             "of its configs; fix or re-import the suite")
+    return family, reference

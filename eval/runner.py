@@ -64,12 +64,12 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
                mask: str | None = None) -> SuiteInfo:
     """A local suite folder, a registry id or a Hub repo id -> a verified ``LocalSuite`` + its spec."""
     from benchmark import hub
-    from benchmark.suites import SUITES, get_suite
+    from benchmark.suites import SUITES, declared_scoring, get_suite
 
     suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
     key = text if text in SUITES else suite.suite_id
     spec = get_suite(key) if key in SUITES else None
-    family, reference = (spec.metric_family, spec.reference_config) if spec else _declared_scoring(suite)
+    family, reference = (spec.metric_family, spec.reference_config) if spec else declared_scoring(suite.manifest)
     return SuiteInfo(
         suite=suite,
         metric_family=family,
@@ -77,20 +77,6 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
         construction_models=spec.construction_models if spec else (),
         pinned=suite.pinned, source=text,
     )
-
-
-def _declared_scoring(suite: LocalSuite) -> tuple[str, str | None]:
-    """Metric family and reference config a suite outside the registry declares in its manifest's
-    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
-    from benchmark.suites import METRIC_FAMILIES
-
-    gen = suite.manifest.generator if isinstance(suite.manifest.generator, dict) else {}
-    family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
-    if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str) and reference in suite.manifest.configs)):
-        raise IntegrityError(f"suite {suite.suite_id!r} declares metric family {str(family)[:40]!r} with reference "
-                             f"config {str(reference)[:70]!r}; expected one of {', '.join(METRIC_FAMILIES)} and one "
-                             "of its configs; fix or re-import the suite")
-    return family, reference
 
 
 def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = None,

@@ -273,7 +273,7 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
 
 def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
     """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
-    from benchmark.suites import SUITES
+    from benchmark.suites import SUITES, declared_scoring
     from eval.runner import _is_construction_model
 
     rec, m = result["suite"], ref.manifest
@@ -356,8 +356,12 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     for k, v in flags.items():
         if result["flags"][k] != v:
             problems.append(f"flags.{k} is {result['flags'][k]}, recomputed {v}")
-    family = spec.metric_family if spec else "accuracy"
-    if rec["metric_family"] != family:
+    try:
+        family = spec.metric_family if spec else declared_scoring(m)[0]
+    except IntegrityError as e:
+        family = None
+        problems.append(str(e))
+    if family is not None and rec["metric_family"] != family:
         problems.append(f"suite.metric_family is {rec['metric_family']!r}; suite {rec['id']!r} is scored as {family!r}")
     if rec.get("repo_id") is None and not rec["pinned"]:
         problems.append("suite.pinned is false for a local suite folder (pinned by its manifest hash)")

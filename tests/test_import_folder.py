@@ -537,8 +537,8 @@ def test_multi_shift_folder_is_scored_as_imagenet_star(tmp_path, tiny_checkpoint
         np.mean([acc["base"] - acc["fog"], acc["base"] - acc["gray"]]))
     # the suite and the result both verify (the declared family is recomputed from the result)
     assert run(["verify", str(tmp_path / "suite")], capsys)[0] == 0
-    code, _, err = run(["verify", str(result_path.parent)], capsys)
-    assert code == 0, err
+    code, out, err = run(["verify", str(result_path.parent)], capsys)
+    assert code == 0, out + err
 
 
 def test_multi_shift_reference_and_layout_errors(tmp_path, capsys):
