@@ -110,7 +110,7 @@ def print_summary(result: dict) -> None:
           f" (manifest {result['suite']['manifest_sha256'][:12]}, config hash {result['config_hash'][:12]})")
     print_table(rows, cols)
     if "imagenet_star" in mets:
-        print(f"mean absolute impact: {_fmt(mets['imagenet_star'].get('mean_absolute_impact'))} pp "
+        print(f"model mean impact (over shifts): {_fmt(mets['imagenet_star'].get('model_mean_impact'))} pp "
               f"(reference: {mets['imagenet_star'].get('reference')})")
     if "lance" in mets and "delta_acc1" in mets["lance"]:
         lance = mets["lance"]
