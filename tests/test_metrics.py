@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 from scipy.stats import norm
 
+from benchmark.errors import BenchError
 from eval import bootstrap, metrics
 from eval.predictions import PredictionBlock, schema
 from eval.scoring import ScoringOptions, score
@@ -275,7 +276,7 @@ def test_empty_config_gives_nulls():
     assert out["configs"]["x"]["acc1"] == {"value": None, "ci": None, "n": 0}
 
 
-@pytest.mark.parametrize("module, at_least", [("eval.metrics", 8), ("eval.scoring", 3), ("builders.discover", 1),
+@pytest.mark.parametrize("module, at_least", [("eval.metrics", 9), ("eval.scoring", 3), ("eval.slope", 1), ("builders.discover", 1),
                                                ("builders.lance_perturb", 2)])
 def test_doctests(module, at_least):
     """The hand-computed cases in the docstrings (metric equations, Δacc replicates, BH, word diff)."""
@@ -284,3 +285,56 @@ def test_doctests(module, at_least):
 
     failed, tried = doctest.testmod(importlib.import_module(module))
     assert tried >= at_least and failed == 0
+
+
+def _star_result(model, base, shifts):
+    """A minimal ImageNet* result record: acc@1 on base and the shifts, drops as scored."""
+    from eval.results import KIND
+
+    configs = {"base": {"acc1": {"value": base}}, **{s: {"acc1": {"value": a}} for s, a in shifts.items()}}
+    impact = {s: {"value": base - a, "ci": None, "n": 10} for s, a in shifts.items()}
+    return {"schema_version": 1, "kind": KIND, "model": {"id": model}, "data_config": {},
+            "suite": {"id": "imagenet-star", "manifest_sha256": "m", "configs": list(configs),
+                      "metric_family": "imagenet_star"},
+            "protocol": {"scoring": {"reference_config": "base"}}, "config_hash": "h", "run": {}, "environment": {},
+            "started_at": "", "finished_at": "", "counts": {}, "predictions": [], "flags": {},
+            "metrics": {"configs": configs, "imagenet_star": {"reference": "config base", "absolute_impact": impact}}}
+
+
+def test_shift_impact_is_a_shifts_drop_averaged_over_models_by_hand(tmp_path, capsys):
+    """Per shift, the mean over models of acc(base) - acc(shift), t interval over models; not a model's mean.
+
+    By hand: drops on snow 0.1, 0.2, 0.3 -> 0.2, sd 0.1, t(0.975, 2) = 4.3027, half-width
+    4.3027 * 0.1 / sqrt(3) = 0.2484; dusk 0.3, 0.0, 0.3 -> 0.2, sd sqrt(0.03), half 0.4303.
+    The models' own means over shifts (model_mean_impact) are 0.2, 0.1, 0.3 instead.
+    """
+    import json
+
+    from benchmark.cli import main
+    from eval.slope import shift_impact, shift_impact_table
+
+    results = [_star_result("m0", 0.9, {"in_the_snow": 0.8, "at_dusk": 0.6}),
+               _star_result("m1", 0.8, {"in_the_snow": 0.6, "at_dusk": 0.8}),
+               _star_result("m2", 0.7, {"in_the_snow": 0.4, "at_dusk": 0.4})]
+    table = shift_impact_table(results)
+    assert table["in_the_snow"]["value"] == pytest.approx(0.2) and table["in_the_snow"]["n"] == 3
+    assert table["in_the_snow"]["ci"] == pytest.approx([0.2 - 0.2484, 0.2 + 0.2484], abs=1e-4)
+    assert table["at_dusk"]["value"] == pytest.approx(0.2)
+    assert table["at_dusk"]["ci"] == pytest.approx([0.2 - 0.4303, 0.2 + 0.4303], abs=1e-4)
+    assert shift_impact([0.25]) == {"value": 0.25, "ci": None, "n": 1}
+    assert shift_impact([None, float("nan")]) == {"value": None, "ci": None, "n": 0}
+    paths = []
+    for r in results:
+        p = tmp_path / f"{r['model']['id']}.json"
+        p.write_text(json.dumps(r))
+        paths.append(str(p))
+    assert main(["slope", *paths, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shift_impact"]["in_the_snow"]["value"] == pytest.approx(0.2)
+    assert main(["slope", *paths, "--scale", "linear"]) == 0
+    text = capsys.readouterr().out
+    assert "shift impact pp [95% CI over models]" in text and "20.00 [-4.84, 44.84]" in text
+    other = _star_result("m3", 0.9, {"in_the_snow": 0.8})
+    other["metrics"].pop("imagenet_star")
+    with pytest.raises(BenchError, match="no ImageNet\\* metrics"):
+        shift_impact_table(results[:1] + [other])
