@@ -41,6 +41,7 @@ class EvalRequest:
     revision: str | None = None
     checkpoint: str | None = None
     remap_by_order: bool = False
+    preprocess: str = "timm"       # eval.models.PREPROCESS
     mask: str | None = None
     out: str = "runs"
     force: bool = False
@@ -118,7 +119,8 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     info = open_suite(req.suite, revision=req.revision, configs=req.configs, mask=req.mask)
     suite = info.suite
     configs = suite.select(list(req.configs) if req.configs else None)
-    clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order)
+    clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order,
+                          preprocess=req.preprocess)
 
     model_desc = clf.describe()
     suite_desc = {
@@ -131,7 +133,7 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     if info.metric_family == "imagenet_star" and scoring.reference_config is None:
         scoring = ScoringOptions(**{**asdict(scoring), "reference_config": info.reference_config or "base"})
     protocol = {
-        "topk": req.inference.topk, "limit_per_class": req.inference.limit_per_class,
+        "topk": req.inference.topk, "limit_per_class": req.inference.limit_per_class, "preprocess": req.preprocess,
         "skip_bad_images": req.inference.skip_bad_images, "scoring": scoring.to_dict(),
     }
     chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)

@@ -123,7 +123,8 @@ def _recheck(result: dict, tables: dict, *, n: int, suite: str | None, mask: str
     if m["source"] == "checkpoint" and not checkpoint:
         raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")
     name = m["id"] if m["source"] != "hf-hub" else f"hf-hub:{m['id']}@{m['weights_revision']}"
-    clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True)
+    clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True,
+                          preprocess=result["protocol"].get("preprocess", "timm"))
     if m.get("weights_sha256") and clf.weights_sha256 and clf.weights_sha256 != m["weights_sha256"]:
         return [f"weights sha256 {clf.weights_sha256[:12]}… differ from the result's {m['weights_sha256'][:12]}…"]
 

@@ -24,6 +24,9 @@ def add_parser(sub):
     p.add_argument("--checkpoint", help="local weights (safetensors or a PyTorch state dict)")
     p.add_argument("--remap-by-order", action="store_true",
                    help="map checkpoint tensors onto the model by position when key names differ")
+    p.add_argument("--preprocess", choices=("timm", "lance-square"), default="timm",
+                   help="timm: the model's own eval transform (resize + centre crop); lance-square: LANCE's "
+                        "evaluation setting, the whole image squashed to 224x224, no crop (recorded in the result)")
     p.add_argument("--mask", help="imagenet-star-upstream only: the authors' masks.npy")
     p.add_argument("--limit-per-class", type=positive_int, help="score only the first N images of each class")
     p.add_argument("--batch-size", type=positive_int, help="default: 8 on CPU (fastest there), 256 on CUDA")
@@ -64,6 +67,7 @@ def run(args) -> int:
     req = EvalRequest(
         model=args.model, suite=args.suite, configs=tuple(args.configs) if args.configs else None,
         revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order, mask=args.mask,
+        preprocess=args.preprocess,
         out=args.out, force=args.force, notes=args.notes,
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
