@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, csv_list, positive_int, print_json, print_table
+from benchmark.cli._common import add_mask_options, add_verb, csv_list, mask_arg, positive_int, print_json, print_table
 
 
 def add_parser(sub):
@@ -27,7 +27,7 @@ def add_parser(sub):
     p.add_argument("--preprocess", choices=("timm", "lance-square"), default="timm",
                    help="timm: the model's own eval transform (resize + centre crop); lance-square: LANCE's "
                         "evaluation setting, the whole image squashed to 224x224, no crop (recorded in the result)")
-    p.add_argument("--mask", help="imagenet-star-upstream only: the authors' masks.npy")
+    add_mask_options(p)
     p.add_argument("--limit-per-class", type=positive_int, help="score only the first N images of each class")
     p.add_argument("--batch-size", type=positive_int, help="default: 8 on CPU (fastest there), 256 on CUDA")
     p.add_argument("--workers", type=int, help="DataLoader decode workers (default: min(4, cpus-1))")
@@ -66,7 +66,7 @@ def run(args) -> int:
         raise BenchError(f"--workers must be >= 0, got {args.workers}")
     req = EvalRequest(
         model=args.model, suite=args.suite, configs=tuple(args.configs) if args.configs else None,
-        revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order, mask=args.mask,
+        revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order, mask=mask_arg(args),
         preprocess=args.preprocess,
         out=args.out, force=args.force, notes=args.notes,
         inference=InferenceOptions(
