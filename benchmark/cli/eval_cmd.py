@@ -119,8 +119,16 @@ def print_summary(result: dict) -> None:
     if "lance" in mets and "delta_acc1" in mets["lance"]:
         lance = mets["lance"]
         t = lance["headline_T"]
-        print(f"LANCE Δacc@1 {_fmt(lance['delta_acc1'][t])} pp, Δacc@5 {_fmt(lance['delta_acc5'][t])} pp "
-              f"(T = {t}); mean Δp {_fmt(lance['delta_p'])} pp over {lance['n_pairs']} pairs")
+        table2 = [("Original", lance["acc1_T"][t], lance["acc5_T"][t], None, None),
+                  ("Reconstructed", *(lance.get(f"{m}_reconstruction", {}).get(t)
+                                      for m in ("acc1", "acc5", "delta_acc1", "delta_acc5"))),
+                  ("LANCE", lance["acc1_counterfactual"], lance["acc5_counterfactual"], lance["delta_acc1"][t],
+                   lance["delta_acc5"][t])]
+        print(f"\nLANCE Table 2 (T = {t}), %:")
+        print_table([{"test set": name, "acc@1": _fmt(a1), "Δ@1": _fmt(d1), "acc@5": _fmt(a5), "Δ@5": _fmt(d5)}
+                     for name, a1, a5, d1, d5 in table2], ["test set", "acc@1", "Δ@1", "acc@5", "Δ@5"])
+        by_type = ", ".join(f"{k} {_fmt(v)}" for k, v in lance.get("delta_p_by_edit_type", {}).items())
+        print(f"mean Δp {_fmt(lance['delta_p'])} pp over {lance['n_pairs']} pairs; by edit type: {by_type or '-'}")
     flags = [k for k, v in result["flags"].items() if v]
     if flags:
         print("flags: " + ", ".join(flags))
