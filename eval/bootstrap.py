@@ -19,15 +19,15 @@ How the resamples are laid out (so that 1.2 M rows re-score in well under a seco
   exchangeable), so **every replicate is exactly an ordinary bootstrap resample** of the n
   images; rotations of one pool are spaced ``step >= 32`` apart and, through ``perm``, do not
   follow the order of the images (whose neighbours share a class), so replicates of one pool
-  are nearly uncorrelated (correlation O(1/sqrt(n)) for any statistic).
+  are nearly uncorrelated (for a mean: correlation O(1/sqrt(n))).
 - ``R = min(n_boot, n // 32)`` rotations per pool (at least 1), ``K = ceil(n_boot / R)``
   pools: large sets need one pool, sets of fewer than 64 images one pool per replicate (the
   textbook bootstrap).
 
 :meth:`Resampling.sums` computes the replicate sums :math:`\sum_i W_{bi} v_i` for value
 columns ``v``: for large sets as a circular cross-correlation of each pool with the permuted
-values by FFT (O(K n log n) instead of O(B n), ``scipy.fft``), otherwise with the explicit count matrix
-(:meth:`Resampling.matrix`); sums of integer values are rounded to the exact integers, so both
+values by FFT (O(K n log n) instead of O(B n), ``scipy.fft``), otherwise with the explicit
+count matrix (:meth:`Resampling.matrix`); sums of integer values are rounded to the exact integers, so both
 routes give identical numbers (a test checks it). Intervals are percentile intervals.
 """
 

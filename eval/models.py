@@ -170,7 +170,8 @@ def _cached_weights(repo_id: str, sha: str, preferred: str | None) -> str | None
 
 
 def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
-                    remap_by_order: bool = False, pretrained: bool = True, preprocess: str = "timm") -> LoadedClassifier:
+                    remap_by_order: bool = False, pretrained: bool = True,
+                    preprocess: str = "timm") -> LoadedClassifier:
     """Create the model, load pinned weights, check the label space, resolve preprocessing.
 
     Parameters

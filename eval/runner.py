@@ -100,8 +100,8 @@ def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = N
     if mask is None and rec_mask:
         mask = rec_mask["path"]
         if mask is None:
-            raise BenchError(f"the result was scored with a mask file of sha256 {rec_mask['sha256'][:12]}… whose path "
-                             "was not recorded; pass that file with --mask")
+            raise BenchError(f"the result was scored with a mask file of sha256 {rec_mask['sha256'][:12]}… whose "
+                             "path was not recorded; pass that file with --mask")
         if not Path(mask).is_file():
             raise BenchError(f"the result was scored with the mask {mask} (sha256 {rec_mask['sha256'][:12]}…), which is "
                              "not there any more; pass the same file with --mask")

@@ -160,7 +160,8 @@ def main() -> None:
         **config_cols,
     }
     main_cols = ["rank", "rank_lo", "rank_hi", "model", "family", "params_m", "pretraining", "verified",
-                 "construction_model", metric] + [c for c in ("model_mean_impact", "mean_delta_p", "parent_failure_rate")
+                 "construction_model", metric] + [c for c in ("model_mean_impact", "mean_delta_p",
+                                                              "parent_failure_rate")
                                                  if c in view.columns]
     main_cols += [c for c in view.columns if c.startswith("acc1/")] + ["hub"]
     for c in ("model_mean_impact", "mean_delta_p", "parent_failure_rate", "top1_error"):

@@ -258,7 +258,8 @@ def test_lance_table2_rows_and_paper_edit_types_by_hand():
     assert new["delta_p_by_edit_type_fine"]["weather"]["value"] == pytest.approx(0.6, abs=1e-6)
     stray = _table([{"id": "r9", "y": 5, "top": [5], "p": 0.5, "pair": "Z"}])
     with pytest.raises(ValueError, match="reconstruction with pair_id 'Z' has no original"):
-        score("lance", {"original": orig, "reconstruction": stray, "counterfactual": old_style}, ScoringOptions(n_boot=10))
+        score("lance", {"original": orig, "reconstruction": stray, "counterfactual": old_style},
+              ScoringOptions(n_boot=10))
 
 
 def test_in_g_scoring_uses_the_parent_rule():
@@ -276,7 +277,8 @@ def test_empty_config_gives_nulls():
     assert out["configs"]["x"]["acc1"] == {"value": None, "ci": None, "n": 0}
 
 
-@pytest.mark.parametrize("module, at_least", [("eval.metrics", 9), ("eval.scoring", 3), ("eval.slope", 1), ("builders.discover", 1),
+@pytest.mark.parametrize("module, at_least", [("eval.metrics", 9), ("eval.scoring", 3), ("eval.slope", 1),
+                                               ("builders.discover", 1),
                                                ("builders.lance_perturb", 2)])
 def test_doctests(module, at_least):
     """The hand-computed cases in the docstrings (metric equations, Δacc replicates, BH, word diff)."""
