@@ -401,6 +401,7 @@ def test_upstream_is_scored_as_the_paper_did_by_default(tmp_path, monkeypatch):
                                    "anyway (recorded in the result)")
         monkeypatch.setattr(upstream, "DATA_REVISION_PREFIX", sha[:7])  # as if main were still that commit
         suite = hub.open_suite("imagenet-star-upstream", **kw)
+        assert suite.pinned and suite.revision == sha  # main, checked to be the release commit
         unfiltered = hub.open_suite("imagenet-star-upstream", mask=upstream.NO_MASK, revision=sha, **kw)
     t = suite.read_columns("in_the_snow", ["image_id", "keep"])
     assert sorted(i for i, k in zip(t["image_id"].to_pylist(), t["keep"].to_pylist()) if k) == [
