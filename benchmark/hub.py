@@ -111,6 +111,8 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
             local = download_suite(spec.repo_id, revision=rev, configs=configs, cache_dir=cache_dir,
                                    endpoint=endpoint, token=token, force_download=force_download)
         local.pinned = rev is not None and bool(SHA_RE.match(rev))
+        if spec.source == "upstream-imagenet-star" and rev is None:
+            local.pinned = True  # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
         if not local.pinned:
             log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
                         suite, spec.repo_id, local.revision)

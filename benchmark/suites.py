@@ -121,6 +121,8 @@ def _register_defaults(reg: Registry[SuiteSpec]) -> None:
             metric_family="imagenet_star", reference_config="base",
             construction_models=("open_clip:ViT-H-14/laion2b_s32b_b79k",),
             paper="Vendrow et al., Dataset Interfaces (2023)",
+            extra={"tokens": {"repo_id": "madrylab/imagenet-star-tokens",
+                              "revision": "4bccca2357674563484cd290ef21bfe7fe54ac1b"}},
         ),
         SuiteSpec(
             id="imagenet-star-upstream",
@@ -129,8 +131,15 @@ def _register_defaults(reg: Registry[SuiteSpec]) -> None:
             metric_family="imagenet_star", reference_config="base", source="upstream-imagenet-star",
             construction_models=("open_clip:ViT-H-14/laion2b_s32b_b79k",),
             paper="Vendrow et al., Dataset Interfaces (2023)",
-            notes="Unpinned: the upstream repo's 40-char head sha is resolved and recorded at download. "
-                  "The mask file comes from github.com/MadryLab/dataset-interfaces (masks.npy).",
+            notes="The paper's release: main must resolve to the commit c9af165... ('in', 2023-03-07; its full sha "
+                  "is not published), else --revision is required. The authors' masks.npy (github.com/MadryLab/"
+                  "dataset-interfaces at 769dfa2, sha256-checked) is fetched and applied by default; --no-mask "
+                  "scores every image.",
+            # facts of the release, used by benchmark.upstream
+            extra={"revision_prefix": "c9af165",
+                   "mask": {"repo": "MadryLab/dataset-interfaces", "commit": "769dfa2ba4d1ca493f9c746fbc840782b76d3b41",
+                            "path": "masks.npy", "size": 1_201_690,
+                            "sha256": "bf69ebfab434eeaf1d410249403b622dbb3cc0479c6097229768ef419d2f4d91"}},
         ),
         SuiteSpec(
             id="lance-hardimagenet",

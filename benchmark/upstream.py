@@ -20,6 +20,15 @@ Entry points: :func:`open_upstream` (the Hub repo at a sha; used by
 or extracted shift folders; ``open_suite(<that folder>)``) and :func:`convert_release` (explicit
 output folder). The first two convert once into ``<cache>/upstream/<key>/``, keyed by the release
 content (commit sha, or the zips' sha256), the mask's sha256 and the shifts.
+
+**The release as the paper scored it, by default** (the pins below):
+
+- the mask: the first two entry points apply the authors' ``masks.npy`` unless told otherwise
+  (``mask=None``), fetched once from the code repo at the pinned commit, checked against its
+  size and sha256, cached under ``<cache>/masks/<commit>/masks.npy`` (:func:`released_mask`);
+  ``mask=NO_MASK`` (``--no-mask``) scores every image, ``mask=<file>`` uses that file;
+- the data repo: :func:`open_upstream` refuses a resolved ``main`` that is not the paper-era
+  commit (prefix ``DATA_REVISION_PREFIX``) unless a revision is given explicitly.
 """
 
 from __future__ import annotations
@@ -38,9 +47,23 @@ from benchmark import imagenet
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import sha256_file
 from benchmark.reader import LocalSuite
-from benchmark.suites import imagenet_star_shifts
+from benchmark.suites import get_suite, imagenet_star_shifts
 
 log = logging.getLogger(__name__)
+
+# The release as the paper scored it (facts pinned in the suite registry):
+# - masks.npy in github.com/MadryLab/dataset-interfaces as last changed in this commit (the same file
+#   is at the repository head, e4824f7d992e4730af2b3e0fefd4837f641b25bc);
+# - madrylab/imagenet-star's last commit c9af165 ("in", 2023-03-07); its full sha is not known, so a
+#   resolved main must start with it (a later re-upload would change the images under the paper's name).
+_PINS = get_suite("imagenet-star-upstream").extra
+MASK_COMMIT = _PINS["mask"]["commit"]
+MASK_URL = f"https://raw.githubusercontent.com/{_PINS['mask']['repo']}/{MASK_COMMIT}/{_PINS['mask']['path']}"
+MASK_SIZE = _PINS["mask"]["size"]
+MASK_SHA256 = _PINS["mask"]["sha256"]
+DATA_REVISION_PREFIX = _PINS["revision_prefix"]
+NO_MASK = ":none"  # mask argument meaning "score every image" (--no-mask); no file can be named so by accident
+
 PER_CLASS = 50
 SHIFT_ALIASES = {"at_dusk_simple": "at_dusk"}
 IMAGE_RE = re.compile(r"^(\d{2})\.jpe?g$", re.IGNORECASE)
@@ -336,9 +359,9 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
 
     from benchmark.fsutil import atomic_write_json, canonical_json
 
-    if mask is None:
-        log.warning("no --mask given: every image is kept (the authors' CLIP filter is not applied); pass the "
-                    "authors' masks.npy to score the filtered set as in the paper")
+    if mask is None:  # resolved by the callers: None here means --no-mask
+        log.warning("--no-mask: every image is kept (the authors' CLIP filter is not applied); the paper scored "
+                    "the filtered set (the default)")
     mask_sha = sha256_file(mask) if mask else None
     shifts = sorted(set(shifts))
     ident = {"release": key, "mask_sha256": mask_sha, "shifts": shifts, "options": convert_kw}
@@ -363,7 +386,8 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
 def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: str | Path | None = None,
                  strict: bool = False, cache_dir: str | None = None, **convert_kw) -> LocalSuite:
     """A local copy of the release (``<shift>.zip`` files and/or extracted ``<shift>/`` folders)
-    -> a verified format-1 ``LocalSuite``, converted once into the cache.
+    -> a verified format-1 ``LocalSuite``, converted once into the cache. ``mask``: ``None`` = the
+    released mask (:func:`released_mask`), ``NO_MASK`` = none, else a file.
 
     The cache key is the zips' sha256 (remembered by path, size and mtime, so 60 GB are hashed
     once), or for extracted folders their listing, plus the mask's sha256 and the shifts.
@@ -371,6 +395,7 @@ def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: 
     root = Path(folder)
     if not root.is_dir():
         raise BenchError(f"release folder {str(root)!r} does not exist")
+    mask = resolve_mask(mask, cache_dir=cache_dir)
     shifts = list(configs) if configs else release_shifts(root)
     if not shifts:
         raise BenchError(f"{root} holds no <shift>.zip or <shift>/ folder of ImageNet*; see `bench suites "
@@ -383,14 +408,104 @@ def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: 
 def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | None = None, mask: str | None = None,
                   strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
                   token: str | None = None) -> LocalSuite:
-    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open."""
+    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open.
+
+    Without ``revision`` the repo's ``main`` must resolve to the paper-era commit
+    (``DATA_REVISION_PREFIX``); ``mask`` as in :func:`open_release`.
+    """
     from benchmark.hubio import resolve_or_cache, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
+    mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
     sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
+    if revision is None and not sha.startswith(DATA_REVISION_PREFIX):
+        raise IntegrityError(f"{repo_id} main is now {sha[:12]}…, not the commit {DATA_REVISION_PREFIX}… the "
+                             f"paper's release was scored at; pass --revision {sha} to score this revision anyway (recorded "
+                             "in the result)")
     snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
                     endpoint=endpoint, token=token, local_only=not reachable)
     # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)
     return _open_converted(snap, shifts=shifts, key={"repo_id": repo_id, "revision": sha}, mask=mask, strict=strict,
                            cache_dir=cache_dir, source={"repo_id": repo_id, "revision": sha}, repo_id=repo_id,
                            revision=sha)
+
+
+def released_mask_path(cache_dir: str | None = None) -> Path:
+    """Where the released ``masks.npy`` is cached (and where to put it by hand when offline)."""
+    return _cache_root(cache_dir).parent / "masks" / MASK_COMMIT / "masks.npy"
+
+
+def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Path:
+    """The authors' ``masks.npy`` at the pinned commit: from the cache, else downloaded once.
+
+    The file must have the pinned size and sha256 (checked on every use, so a damaged or swapped
+    cache file is refused, never scored); a download is written to a temporary name and renamed
+    only after the check. Offline (``HF_HUB_OFFLINE=1``) or unreachable: one error saying where to
+    put the file.
+    """
+    import urllib.request
+
+    from benchmark.errors import OfflineError
+    from benchmark.fsutil import atomic_path
+    from benchmark.hub import _offline
+
+    dest = released_mask_path(cache_dir)
+    where = (f"download {MASK_URL} ({MASK_SIZE:,} bytes, sha256 {MASK_SHA256}) and put it at {dest}, pass another "
+             "file with --mask FILE, or score the unfiltered release with --no-mask")
+    if dest.is_file():
+        _check_released_mask(dest, f"the cached {dest}", "delete it (it is downloaded again) or " + where)
+        return dest
+    if _offline():
+        raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and the authors' masks.npy is not cached; {where}")
+    with atomic_path(dest) as tmp:
+        try:
+            with urllib.request.urlopen(MASK_URL, timeout=timeout) as r, open(tmp, "wb") as f:
+                while chunk := r.read(1 << 20):
+                    f.write(chunk)
+                    if f.tell() > MASK_SIZE:
+                        break
+        except OSError as e:  # URLError and timeouts are OSErrors
+            raise OfflineError(f"could not download the authors' masks.npy ({type(e).__name__}: "
+                               f"{getattr(e, 'reason', e)}); {where}") from None
+        _check_released_mask(tmp, f"the masks.npy downloaded from {MASK_URL}", where)
+    log.info("downloaded the authors' masks.npy (%s) to %s", MASK_COMMIT[:12], dest)
+    return dest
+
+
+def _check_released_mask(path: Path, what: str, fix: str) -> None:
+    size = path.stat().st_size
+    digest = sha256_file(path) if size == MASK_SIZE else None
+    if digest != MASK_SHA256:
+        raise IntegrityError(f"{what} is not the released file ({size:,} bytes"
+                             + (f", sha256 {digest[:12]}…" if digest else "")
+                             + f"; expected {MASK_SIZE:,} bytes, sha256 {MASK_SHA256[:12]}…); {fix}")
+
+
+def resolve_mask(mask: str | Path | None, *, cache_dir: str | None = None) -> Path | None:
+    """The mask file to apply: ``None`` -> the released one (:func:`released_mask`), ``NO_MASK`` -> no
+    mask, anything else -> that file (which must exist)."""
+    if mask is None:
+        return released_mask(cache_dir=cache_dir)
+    if str(mask) == NO_MASK:
+        return None
+    path = Path(mask)
+    if not path.is_file():
+        raise BenchError(f"mask file {str(path)!r} does not exist; pass the authors' masks.npy, or drop --mask to use "
+                         "the released one")
+    return path
+
+
+def mask_record(mask: str | Path | None, generator: dict, *, cache_dir: str | None = None) -> dict | None:
+    """What a result records about the mask of a converted release, from the suite's manifest
+    ``generator`` (the mask its ``keep`` column was made with): ``path``, ``sha256`` and ``source``
+    (``released`` = the pinned masks.npy, ``file`` = another file, given as ``mask``; ``none`` =
+    unfiltered). ``None`` for suites that are not a converted release."""
+    if generator.get("builder") != "benchmark.upstream":
+        return None
+    used = generator.get("mask")
+    if used is None:
+        return {"path": None, "sha256": None, "source": "none"}
+    if used["sha256"] == MASK_SHA256:
+        return {"path": str(released_mask_path(cache_dir)), "sha256": MASK_SHA256, "source": "released"}
+    path = None if mask is None or str(mask) == NO_MASK else str(Path(mask).resolve())
+    return {"path": path, "sha256": used["sha256"], "source": "file"}

@@ -181,7 +181,10 @@ def download_released_tokens(*, revision: str | None = None, cache_dir: str | No
     from huggingface_hub import hf_hub_download
 
     try:
-        path = Path(hf_hub_download(TOKENS_REPO, TOKENS_FILE, repo_type="dataset", revision=revision,
+        from benchmark.suites import get_suite
+
+        pinned = get_suite("imagenet-star").extra["tokens"]["revision"]  # the release's commit, not a moving main
+        path = Path(hf_hub_download(TOKENS_REPO, TOKENS_FILE, repo_type="dataset", revision=revision or pinned,
                                     cache_dir=cache_dir))
     except Exception as e:  # noqa: BLE001 - offline, gated, missing: all mean "get the file yourself"
         raise BenchError(f"could not get {TOKENS_FILE} from the Hub dataset {TOKENS_REPO} ({type(e).__name__}); "

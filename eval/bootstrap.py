@@ -1,31 +1,49 @@
-r"""Seeded, paired bootstrap over images.
+r"""Seeded, paired bootstrap over images: one set of draws per (seed, image set).
 
-Every random draw is keyed by ``(seed, key)`` where ``key`` names the image set (usually the
-suite config): two models scored on the same config get the **same** resampled images, so
-differences between models have intervals too.
+Every interval in a result and every rank interval on the leaderboard comes from the same
+resamples: :func:`resampling` draws them from ``(seed, key, n, n_boot)`` only, where ``key``
+names the image set (the suite config) and the n images are in their fixed order (sorted
+``image_id``, the order of predictions files). Two models scored on the same config therefore
+get the **same** resampled images, in separate runs or together, so the difference of their
+replicates is the bootstrap of their difference (a paired bootstrap, Efron & Tibshirani 1993,
+ch. 6).
 
-Two exact shortcuts keep this fast (re-scoring 1.2 M rows takes well under a second):
+How the resamples are laid out (so that 1.2 M rows re-score in well under a second):
 
-- The mean of a 0/1 outcome (accuracy, failure rate) under resampling n images with
-  replacement has the distribution :math:`\mathrm{Binomial}(n, \hat p)/n` — identical to
-  drawing the images, in O(B) instead of O(Bn) (:func:`binary_replicates`).
-- Paired replicates for many models on one image set are ``W @ C / n`` with ``W`` the (B, n)
-  resample counts shared by all models (:func:`paired_mean_replicates`, a matrix product), used
-  by the leaderboard for rank intervals.
+- a fixed random permutation ``perm`` of the n images and K "pools", each the resample counts
+  of one ordinary bootstrap draw (n draws with replacement: a Multinomial(n; 1/n, ..., 1/n)
+  vector);
+- replicate ``b = k * R + j`` gives image ``i`` the count
+  ``pool_k[(perm[i] + offset_k + j * step) mod n]``: the k-th pool, rotated. A rotated
+  multinomial count vector with equal cell probabilities is again one (the cells are
+  exchangeable), so **every replicate is exactly an ordinary bootstrap resample** of the n
+  images; rotations of one pool are spaced ``step >= 32`` apart and, through ``perm``, do not
+  follow the order of the images (whose neighbours share a class), so replicates of one pool
+  are nearly uncorrelated (for a mean: correlation O(1/sqrt(n))).
+- ``R = min(n_boot, n // 32)`` rotations per pool (at least 1), ``K = ceil(n_boot / R)``
+  pools: large sets need one pool, sets of fewer than 64 images one pool per replicate (the
+  textbook bootstrap).
 
-Continuous means over small sets (LANCE's Δp over <= a few thousand pairs) resample indices
-directly (:func:`mean_replicates`). Intervals are percentile intervals.
+:meth:`Resampling.sums` computes the replicate sums :math:`\sum_i W_{bi} v_i` for value
+columns ``v``: for large sets as a circular cross-correlation of each pool with the permuted
+values by FFT (O(K n log n) instead of O(B n), ``scipy.fft``), otherwise with the explicit
+count matrix (:meth:`Resampling.matrix`); sums of integer values are rounded to the exact integers, so both
+routes give identical numbers (a test checks it). Intervals are percentile intervals.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 
 DEFAULT_N_BOOT = 1000
 DEFAULT_SEED = 0
 DEFAULT_CONFIDENCE = 0.95
+MIN_STEP = 32          # rotations of one pool are at least this far apart
+FFT_MIN_N = 2048       # below this the explicit count matrix is as fast
+_FFT_COLUMNS = 32      # value columns transformed at once (bounds memory for many models)
 
 
 def rng_for(seed: int, key: str) -> np.random.Generator:
@@ -34,51 +52,101 @@ def rng_for(seed: int, key: str) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest[:8], "big"))
 
 
-def binary_replicates(outcomes, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED, key: str) -> np.ndarray:
-    """Bootstrap replicates of the mean of a 0/1 vector, shape ``(n_boot,)`` (exact shortcut)."""
-    x = np.asarray(outcomes, dtype=bool)
-    n = x.size
+@dataclass(frozen=True)
+class Resampling:
+    """``n_boot`` bootstrap resamples of ``n`` items in a fixed order (see the module docstring)."""
+
+    n: int
+    n_boot: int
+    perm: np.ndarray      # (n,) position of each item in the pools' frame
+    pools: np.ndarray     # (K, n) resample counts of K ordinary bootstrap draws
+    offsets: np.ndarray   # (K,) rotation of each pool's first replicate
+    per_pool: int         # R: replicates (rotations) per pool
+    step: int             # distance between a pool's rotations
+
+    def _shift(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k, j = np.divmod(b, self.per_pool)
+        return k, (self.offsets[k] + j * self.step) % self.n
+
+    def matrix(self, rows: slice = slice(None)) -> np.ndarray:
+        """The resample counts ``W`` (replicates x items), float32; ``rows`` selects replicates."""
+        b = np.arange(self.n_boot)[rows]
+        k, shift = self._shift(b)
+        return self.pools[k[:, None], (self.perm[None, :] + shift[:, None]) % self.n].astype(np.float32)
+
+    def sums(self, values) -> np.ndarray:
+        """Replicate sums ``W @ values`` for ``values`` (n,) or (n, M): shape ``(n_boot, M)``."""
+        v = np.asarray(values)
+        if v.ndim == 1:
+            v = v[:, None]
+        if v.shape[0] != self.n:
+            raise ValueError(f"values have {v.shape[0]} rows, the resampling has {self.n} items")
+        integer = v.dtype.kind in "biu"
+        if self.n < FFT_MIN_N:
+            out = np.concatenate([self.matrix(slice(s, s + 256)).astype(np.float64) @ v.astype(np.float64)
+                                  for s in range(0, self.n_boot, 256)]) if self.n_boot else np.zeros((0, v.shape[1]))
+        else:
+            out = self._fft_sums(v.astype(np.float64))
+        return np.rint(out) if integer else out
+
+    def _fft_sums(self, v: np.ndarray) -> np.ndarray:
+        # sum_i pool[(perm[i] + s) % n] v[i] = sum_m pool[(m + s) % n] g[m] with g[perm[i]] = v[i]: a circular
+        # cross-correlation, evaluated at every shift s < n at once. FFTs are fast for 5-smooth lengths: use
+        # L = n if n is one, else the pool repeated twice and zero-padded to a 5-smooth L >= 2n (no wrap-around
+        # reaches the shifts s < n, so both give the same sums)
+        from scipy import fft
+
+        n = self.n
+        pools = self.pools.astype(np.float64)
+        length = n if fft.next_fast_len(n, real=True) == n else fft.next_fast_len(2 * n, real=True)
+        if length != n:
+            pools = np.tile(pools, 2)
+        k, shift = self._shift(np.arange(self.n_boot))
+        pool_f = fft.rfft(pools, n=length, axis=1)                                      # (K, L//2+1)
+        out = np.empty((self.n_boot, v.shape[1]))
+        for c in range(0, v.shape[1], _FFT_COLUMNS):
+            g = np.zeros((min(_FFT_COLUMNS, v.shape[1] - c), n))  # one contiguous row per column: fast FFTs
+            g[:, self.perm] = v[:, c:c + _FFT_COLUMNS].T
+            g_f = np.conj(fft.rfft(g, n=length, axis=1))                               # (m, L//2+1)
+            for pool in range(self.pools.shape[0]):
+                sel = np.flatnonzero(k == pool)
+                corr = fft.irfft(g_f * pool_f[pool][None, :], n=length, axis=1)         # (m, L)
+                out[sel, c:c + g.shape[0]] = corr[:, shift[sel]].T
+        return out
+
+
+def resampling(n: int, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED, key: str) -> Resampling:
+    """The resamples of the image set ``key`` with ``n`` items: a function of its arguments only."""
+    n, n_boot = int(n), int(n_boot)
+    rng = rng_for(seed, key)
     if n == 0:
-        return np.full(n_boot, np.nan)
-    return rng_for(seed, key).binomial(n, x.mean(), size=n_boot) / n
-
-
-def mean_replicates(values, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED, key: str) -> np.ndarray:
-    """Bootstrap replicates of the mean of any vector by resampling indices, ``(n_boot,)``."""
-    v = np.asarray(values, dtype=np.float64)
-    n = v.size
-    if n == 0:
-        return np.full(n_boot, np.nan)
-    idx = rng_for(seed, key).integers(0, n, size=(n_boot, n))
-    return v[idx].mean(axis=1)
-
-
-def _count_blocks(n: int, n_boot: int, rng: np.random.Generator, block: int = 64):
-    """Yield ``(block, n)`` float32 resample-count matrices; the draws do not depend on ``block``."""
-    for start in range(0, n_boot, block):
-        rows = min(block, n_boot - start)
-        counts = np.empty((rows, n), dtype=np.float32)
-        for r in range(rows):
-            counts[r] = np.bincount(rng.integers(0, n, size=n), minlength=n)
-        yield counts
+        return Resampling(0, n_boot, np.zeros(0, np.int64), np.zeros((0, 0), np.int32), np.zeros(0, np.int64), 1, 1)
+    per_pool = max(1, min(n_boot, n // MIN_STEP))
+    n_pools = -(-n_boot // per_pool)
+    perm = rng.permutation(n)
+    draws = rng.integers(0, n, size=(n_pools, n))
+    pools = np.bincount((draws + n * np.arange(n_pools)[:, None]).ravel(), minlength=n_pools * n)
+    offsets = rng.integers(0, n, size=n_pools)
+    return Resampling(n, n_boot, perm, pools.reshape(n_pools, n).astype(np.int32), offsets, per_pool,
+                      n // per_pool)
 
 
 def paired_mean_replicates(values, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED,
                            key: str) -> np.ndarray:
-    """Replicates of the per-column mean of ``values`` (n, M), the same resamples for every column.
+    """Replicates of the per-column mean of ``values`` (n,) or (n, M) over the resamples of ``key``.
 
-    Returns ``(n_boot, M)``. Columns are models; rows of ``values`` are the images of the set
-    named by ``key``, in a fixed order (sorted image ids). Adding or removing a model does not
-    change the other models' replicates.
+    Returns ``(n_boot, M)``. Columns are models (or several outcomes of one model); rows of
+    ``values`` are the images of the set named by ``key``, in its fixed order (sorted image ids).
+    A column's replicates do not depend on the other columns, so a result scored alone and the
+    same model scored with 500 others get identical replicates.
     """
-    v = np.asarray(values, dtype=np.float32)
+    v = np.asarray(values)
     if v.ndim == 1:
         v = v[:, None]
     n = v.shape[0]
     if n == 0:
         return np.full((n_boot, v.shape[1]), np.nan)
-    rng = rng_for(seed, key)
-    return np.concatenate([c @ v for c in _count_blocks(n, n_boot, rng)]) / n
+    return resampling(n, n_boot=n_boot, seed=seed, key=key).sums(v) / n
 
 
 def cluster_weights(n_clusters: int, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED,
@@ -89,7 +157,7 @@ def cluster_weights(n_clusters: int, *, n_boot: int = DEFAULT_N_BOOT, seed: int 
     """
     if n_clusters == 0:
         return np.zeros((n_boot, 0), dtype=np.float32)
-    return np.concatenate(list(_count_blocks(n_clusters, n_boot, rng_for(seed, key))))
+    return resampling(n_clusters, n_boot=n_boot, seed=seed, key=key).matrix()
 
 
 def percentile_ci(replicates, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float] | None:

@@ -92,6 +92,20 @@ def delta_p(p_orig, p_cf) -> np.ndarray:
     return np.abs(np.asarray(p_orig, dtype=np.float64) - np.asarray(p_cf, dtype=np.float64))
 
 
+PAPER_EDIT_TYPES = ("subject", "object", "adjective", "domain", "background")
+
+
+def paper_edit_type(edit_type: str | None) -> str | None:
+    """LANCE's five edit types (Fig. 3, Table 3): a ``weather`` edit is a ``background`` edit.
+
+    Older suites label weather edits separately; the paper reports them within background.
+
+    >>> [paper_edit_type(t) for t in ("weather", "background", "domain", None)]
+    ['background', 'background', 'domain', None]
+    """
+    return "background" if edit_type == "weather" else edit_type
+
+
 def pair_up(orig_pair_ids, cf_pair_ids) -> np.ndarray:
     """For each counterfactual row, the index of its original row (same ``pair_id``); -1 if none.
 

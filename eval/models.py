@@ -176,7 +176,7 @@ def _cached_weights(repo_id: str, sha: str, preferred: str | None) -> str | None
 
 def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
                     remap_by_order: bool = False, pretrained: bool = True,
-                    checkpoint_weights: str = "model") -> LoadedClassifier:
+                    checkpoint_weights: str = "model", preprocess: str = "timm") -> LoadedClassifier:
     """Create the model, load pinned weights, check the label space, resolve preprocessing.
 
     Parameters
@@ -193,6 +193,8 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         ``False`` builds random weights (tests, throughput benchmarks).
     checkpoint_weights : {"model", "ema"}
         Which weights of a training checkpoint to score (default ``model``, as timm's ``validate.py``).
+    preprocess : str
+        ``"timm"`` (the model's own eval transform) or ``"lance-square"`` (see :func:`eval_transform`).
     """
     import timm
 
@@ -225,7 +227,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     check_label_space(model, model_id)
     model.eval().to(device)
     cfg = dict(model.pretrained_cfg or {})
-    data_config, transform = eval_transform(model)
+    data_config, transform = eval_transform(model, preprocess)
     arch, _, tag = (ref.name or arch_name).partition(".")
     return LoadedClassifier(
         model=model, transform=transform, data_config=data_config, model_id=model_id, architecture=arch,
@@ -252,11 +254,26 @@ def _create_pinned(ref: ModelRef, sha: str):
         raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model repo?") from None
 
 
-def eval_transform(model) -> tuple[dict, object]:
-    """timm's eval data config at test size and the transform built from it."""
+PREPROCESS = ("timm", "lance-square")
+
+
+def eval_transform(model, preprocess: str = "timm") -> tuple[dict, object]:
+    """The eval data config and the transform built from it (``timm.data.create_transform``).
+
+    - ``"timm"``: timm's own eval config at test size (``resolve_data_config(..., use_test_size=True)``):
+      resize the shorter side, centre crop.
+    - ``"lance-square"``: the setting of LANCE's released evaluation walkthrough (Prabhu et al. 2023):
+      the whole image squashed to 224 x 224 (torchvision ``Resize((224, 224))``, bilinear) with no crop,
+      then the model's own normalisation. Expressed as timm's ``crop_mode="squash"`` with
+      ``crop_pct=1.0``, so the data config (hashed into the result's ``config_hash``) says it.
+    """
     from timm.data import create_transform, resolve_data_config
 
     cfg = resolve_data_config({}, model=model, use_test_size=True)
+    if preprocess == "lance-square":
+        cfg = {**cfg, "input_size": (3, 224, 224), "interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
+    elif preprocess != "timm":
+        raise BenchError(f"unknown preprocessing {preprocess!r}; choose one of {', '.join(PREPROCESS)}")
     transform = create_transform(**cfg, is_training=False)
     return _jsonable({k: cfg[k] for k in DATA_CONFIG_KEYS if k in cfg}), transform
 

@@ -37,7 +37,7 @@ from benchmark.fsutil import atomic_path
 
 log = logging.getLogger(__name__)
 TOPK = 10
-CARRIED_COLUMNS = ("edit_type", "source_image_id")
+CARRIED_COLUMNS = ("edit_type", "edit_type_fine", "source_image_id")
 BASE_COLUMNS = ("image_id", "label", "keep", "pair_id", "topk_idx", "topk_prob", "true_prob", "true_rank")
 
 

@@ -305,9 +305,14 @@ def validate(result, *, where: str) -> None:
         c.fail("suite.configs", "lists a config twice")
     mask = s.get("mask")
     if mask is not None:
-        c.obj(mask, "suite.mask", required=("path", "sha256"), extra=False)
-        c.text(mask["path"], "suite.mask.path", max_len=4096)
-        c.text(mask["sha256"], "suite.mask.sha256", pattern=SHA256_RE)
+        c.obj(mask, "suite.mask", required=("path", "sha256"), optional=("source",), extra=False)
+        source = mask.get("source", "file")
+        if source not in ("released", "file", "none"):
+            c.fail("suite.mask.source", "must be one of ['released', 'file', 'none']")
+        c.text(mask["path"], "suite.mask.path", max_len=4096, none=True)
+        c.text(mask["sha256"], "suite.mask.sha256", pattern=SHA256_RE, none=source == "none")
+        if (mask["sha256"] is None) != (source == "none"):
+            c.fail("suite.mask", "has a sha256 exactly when its source is not 'none'")
 
     p = c.obj(result["protocol"], "protocol", required=("topk", "limit_per_class", "skip_bad_images", "scoring"))
     c.integer(p["topk"], "protocol.topk", lo=1, hi=1000)

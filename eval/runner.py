@@ -42,6 +42,7 @@ class EvalRequest:
     checkpoint: str | None = None
     remap_by_order: bool = False
     checkpoint_weights: str = "model"   # "model" | "ema": which weights of a training checkpoint
+    preprocess: str = "timm"       # eval.models.PREPROCESS
     mask: str | None = None
     out: str = "runs"
     force: bool = False
@@ -87,17 +88,28 @@ def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = N
     adapter, the mask file); ``suite`` / ``mask`` point elsewhere. The opened suite must have
     the result's manifest hash.
     """
+    from benchmark import upstream
+
     rec = result["suite"]
     rec_mask = rec.get("mask") or {}
+    src = suite or rec.get("source") or rec["id"]
+    upstream_source = src == "imagenet-star-upstream" or upstream.is_release_folder(src)
+    if mask is None and upstream_source and (not rec_mask or rec_mask.get("source") == "none"):
+        mask = upstream.NO_MASK  # scored unfiltered (--no-mask, or before the released mask was the default)
+        rec_mask = {}
+    elif mask is None and rec_mask.get("source") == "released":
+        rec_mask = {}  # the pinned file: fetched again if needed, and its sha256 is checked on use
     if mask is None and rec_mask:
         mask = rec_mask["path"]
+        if mask is None:
+            raise BenchError(f"the result was scored with a mask file of sha256 {rec_mask['sha256'][:12]}… whose "
+                             "path was not recorded; pass that file with --mask")
         if not Path(mask).is_file():
             raise BenchError(f"the result was scored with the mask {mask} (sha256 {rec_mask['sha256'][:12]}…), which is "
                              "not there any more; pass the same file with --mask")
     if mask is not None and rec_mask and sha256_file(mask) != rec_mask["sha256"]:
         raise IntegrityError(f"mask {mask} is not the one the result was scored with (sha256 "
                              f"{rec_mask['sha256'][:12]}…); pass that file with --mask")
-    src = suite or rec.get("source") or rec["id"]
     info = open_suite(src, revision=None if suite else rec.get("revision"), configs=configs, mask=mask)
     if info.suite.manifest.sha256 != rec["manifest_sha256"]:
         raise IntegrityError(f"suite {src!r} has manifest {info.suite.manifest.sha256[:12]}…, the result was made on "
@@ -111,6 +123,7 @@ def _slug(text: str) -> str:
 
 def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     """Run (or resume) an evaluation and return ``(result, result_path)``."""
+    from benchmark import upstream
     from eval.models import load_classifier, parse_model_name
 
     device = check_device(req.inference.device)
@@ -121,20 +134,20 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     suite = info.suite
     configs = suite.select(list(req.configs) if req.configs else None)
     clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order,
-                          checkpoint_weights=req.checkpoint_weights)
+                          checkpoint_weights=req.checkpoint_weights, preprocess=req.preprocess)
 
     model_desc = clf.describe()
     suite_desc = {
         "id": suite.suite_id, "repo_id": suite.repo_id, "revision": suite.revision, "pinned": info.pinned,
         "manifest_sha256": suite.manifest.sha256, "suite_version": suite.manifest.suite_version,
         "configs": configs, "metric_family": info.metric_family, "source": info.source,
-        "mask": {"path": str(Path(req.mask).resolve()), "sha256": sha256_file(req.mask)} if req.mask else None,
+        "mask": upstream.mask_record(req.mask, suite.manifest.generator),
     }
     scoring = req.scoring
     if info.metric_family == "imagenet_star" and scoring.reference_config is None:
         scoring = ScoringOptions(**{**asdict(scoring), "reference_config": info.reference_config or "base"})
     protocol = {
-        "topk": req.inference.topk, "limit_per_class": req.inference.limit_per_class,
+        "topk": req.inference.topk, "limit_per_class": req.inference.limit_per_class, "preprocess": req.preprocess,
         "skip_bad_images": req.inference.skip_bad_images, "scoring": scoring.to_dict(),
     }
     chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)

@@ -31,6 +31,7 @@ class ScoringOptions:
     n_boot: int = bootstrap.DEFAULT_N_BOOT
     seed: int = bootstrap.DEFAULT_SEED
     confidence: float = bootstrap.DEFAULT_CONFIDENCE
+    fold_weather: bool = True                 # LANCE: edit_type "weather" counts as "background" (Fig. 3's 5 types)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,6 +54,7 @@ class _Config:
     true_rank: np.ndarray
     pair_id: list
     edit_type: list | None
+    edit_type_fine: list | None
     n_total: int
     n_kept: int
 
@@ -66,6 +68,7 @@ class _Config:
             true_prob=t["true_prob"].to_numpy().astype(np.float64), true_rank=t["true_rank"].to_numpy(),
             pair_id=t["pair_id"].to_pylist(),
             edit_type=t["edit_type"].to_pylist() if "edit_type" in t.column_names else None,
+            edit_type_fine=t["edit_type_fine"].to_pylist() if "edit_type_fine" in t.column_names else None,
             n_total=table.num_rows, n_kept=int(keep.sum()),
         )
 
@@ -84,21 +87,39 @@ def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> 
     reps: dict[str, np.ndarray] = {}
     for name, c in cfgs.items():
         entry = {"n_total": c.n_total, "n_kept": c.n_kept, "n_scored": c.n}
+        outcomes = {f"acc{k}": c.hits(k) for k in (1, 5)}
+        if family == "in_g":
+            outcomes.update(_in_g_failures(c))
+        for m, r in outcome_replicates(name, outcomes, options).items():
+            reps[f"{name}/{m}"] = r
         for k in (1, 5):
-            hits = c.hits(k)
-            r = bootstrap.binary_replicates(hits, n_boot=options.n_boot, seed=options.seed, key=f"{name}/acc{k}")
-            reps[f"{name}/acc{k}"] = r
-            entry[f"acc{k}"] = _metric(hits.mean() if c.n else np.nan, r, c.n, options.confidence)
+            entry[f"acc{k}"] = _metric(outcomes[f"acc{k}"].mean() if c.n else np.nan, reps[f"{name}/acc{k}"], c.n,
+                                       options.confidence)
         out["configs"][name] = entry
     if family == "imagenet_star":
         out["imagenet_star"] = _imagenet_star(cfgs, reps, options)
     elif family == "lance":
         out["lance"] = _lance(cfgs, options)
     elif family == "in_g":
-        out["in_g"] = _in_g(cfgs, options)
+        out["in_g"] = _in_g(cfgs, reps, options)
     elif family != "accuracy":
         raise ValueError(f"unknown metric family {family!r}")
     return out
+
+
+def outcome_replicates(config: str, outcomes: dict[str, np.ndarray], o: ScoringOptions) -> dict[str, np.ndarray]:
+    """Bootstrap replicates ``(n_boot,)`` of the mean of each per-image outcome of one config.
+
+    All outcomes of a config share the config's resamples (``eval.bootstrap``: keyed by seed and
+    config name, images in ``image_id`` order), which are the ones the leaderboard's rank
+    intervals and every other result on this config use: intervals of different models are paired.
+    """
+    names = list(outcomes)
+    if not names:
+        return {}
+    r = bootstrap.paired_mean_replicates(np.stack([outcomes[m] for m in names], axis=1), n_boot=o.n_boot,
+                                         seed=o.seed, key=config)
+    return {m: r[:, i] for i, m in enumerate(names)}
 
 
 def _imagenet_star(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
@@ -112,7 +133,7 @@ def _imagenet_star(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> d
         ref_reps, ref_desc = reps[f"{ref}/acc1"], f"config {ref}"
     else:
         return {"reference": None, "note": f"reference config {ref!r} was not evaluated; absolute impact undefined",
-                "absolute_impact": {}, "mean_absolute_impact": _metric(np.nan, None, 0, o.confidence)}
+                "absolute_impact": {}, "model_mean_impact": _metric(np.nan, None, 0, o.confidence)}
     impact, impact_reps = {}, []
     for s in shifts:
         c = cfgs[s]
@@ -126,24 +147,25 @@ def _imagenet_star(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> d
     return {
         "reference": ref_desc,
         "absolute_impact": impact,
-        "mean_absolute_impact": _metric(np.mean(values) if values else np.nan, mean_reps, len(values), o.confidence),
+        # this model's impact averaged over its shifts; a shift's impact averaged over models
+        # (the paper's "absolute impact" of a shift) is eval.slope.shift_impact, across results
+        "model_mean_impact": _metric(np.mean(values) if values else np.nan, mean_reps, len(values), o.confidence),
     }
 
 
 def _lance(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
-    orig, cf = cfgs.get("original"), cfgs.get("counterfactual")
+    """LANCE Table 2 (acc@k on originals T, reconstructions of T and counterfactuals T', with Δ vs T)
+    and Fig. 3 (mean Δp per edit type), all with one cluster bootstrap over source images."""
+    orig, cf, rec = cfgs.get("original"), cfgs.get("counterfactual"), cfgs.get("reconstruction")
     out: dict = {"headline_T": LANCE_HEADLINE_T}
     if orig is None or cf is None:
         out["note"] = "needs configs 'original' and 'counterfactual'"
         return out
-    match = metrics.pair_up(orig.pair_id, cf.pair_id)
-    if (match < 0).any():
-        bad = cf.pair_id[int(np.flatnonzero(match < 0)[0])]
-        raise ValueError(f"counterfactual with pair_id {bad!r} has no original among the scored rows")
+    match = _match_originals(orig, cf)
     with_cf = np.zeros(orig.n, dtype=bool)
     with_cf[match] = True
     w = lance_pair_weights(orig.n, o)
-    cf_per_pair = np.bincount(match, minlength=orig.n).astype(np.float64)
+    rec_match = _match_originals(orig, rec) if rec is not None else None
     for k in (1, 5):
         out[f"delta_acc{k}"] = {}
         for t_name, mask in (("all_originals", np.ones(orig.n, dtype=bool)), ("originals_with_counterfactual", with_cf)):
@@ -151,16 +173,60 @@ def _lance(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
             out[f"delta_acc{k}"][t_name] = _metric(d.delta[0], d.delta_reps[:, 0], cf.n, o.confidence)
             out.setdefault(f"acc{k}_T", {})[t_name] = _metric(d.acc_t[0], d.acc_t_reps[:, 0], int(mask.sum()),
                                                                o.confidence)
+            if rec_match is not None:  # Table 2's "Reconstructed" row: the reconstructions of the same T
+                in_t = mask[rec_match]
+                r = delta_acc_replicates(orig.hits(k)[:, None], rec.hits(k)[in_t][:, None], rec_match[in_t], mask, w)
+                out.setdefault(f"acc{k}_reconstruction", {})[t_name] = _metric(
+                    r.acc_t[0] + r.delta[0], r.acc_t_reps[:, 0] + r.delta_reps[:, 0], int(in_t.sum()), o.confidence)
+                out.setdefault(f"delta_acc{k}_reconstruction", {})[t_name] = _metric(
+                    r.delta[0], r.delta_reps[:, 0], int(in_t.sum()), o.confidence)
+        # T' (every counterfactual) does not depend on the choice of T
+        out[f"acc{k}_counterfactual"] = _metric(d.acc_t[0] + d.delta[0], d.acc_t_reps[:, 0] + d.delta_reps[:, 0], cf.n,
+                                                o.confidence)
+    if rec is None:
+        out["note"] = "no 'reconstruction' config scored: Table 2's Reconstructed row is not computed"
     dp = metrics.delta_p(orig.true_prob[match], cf.true_prob)
-    dp_pair = np.bincount(match, weights=dp, minlength=orig.n)
-    out["delta_p"] = _metric(dp.mean() if dp.size else np.nan,
-                             (w @ dp_pair) / np.maximum(w @ cf_per_pair, 1), dp.size, o.confidence)
-    out["delta_p_by_edit_type"] = _grouped_mean(dp, cf.edit_type, o, "lance/edit_type")
+    out["delta_p"] = _cluster_mean(dp, match, np.ones(dp.size, dtype=bool), w, o)
+    types = cf.edit_type
+    if types is not None and o.fold_weather:
+        types = [metrics.paper_edit_type(t) for t in types]
+    out["delta_p_by_edit_type"] = _grouped_cluster_mean(dp, types, match, w, o)
+    if cf.edit_type_fine is not None:
+        out["delta_p_by_edit_type_fine"] = _grouped_cluster_mean(dp, cf.edit_type_fine, match, w, o)
     wnids = [imagenet.wnids()[y] for y in cf.labels]
-    out["delta_p_by_class"] = _grouped_mean(dp, wnids, o, "lance/class")
+    out["delta_p_by_class"] = _grouped_cluster_mean(dp, wnids, match, w, o)
     out["n_pairs"] = int(dp.size)
     out["n_originals_with_counterfactual"] = int(with_cf.sum())
     return out
+
+
+def _match_originals(orig: _Config, other: _Config) -> np.ndarray:
+    match = metrics.pair_up(orig.pair_id, other.pair_id)
+    if (match < 0).any():
+        bad = other.pair_id[int(np.flatnonzero(match < 0)[0])]
+        raise ValueError(f"{other.name} with pair_id {bad!r} has no original among the scored rows")
+    return match
+
+
+def _cluster_mean(values: np.ndarray, match: np.ndarray, sel: np.ndarray, w: np.ndarray, o: ScoringOptions) -> dict:
+    """Mean of per-pair ``values[sel]``; replicates weight each pair by its source image's resample count."""
+    v, m = values[sel], match[sel]
+    n_o = w.shape[1]
+    total = np.bincount(m, weights=v, minlength=n_o)
+    count = np.bincount(m, minlength=n_o).astype(np.float64)
+    reps = (w @ total) / np.maximum(w @ count, 1)
+    reps[(w @ count) == 0] = np.nan  # a resample without any such pair has no mean
+    if v.size and np.isnan(reps).any():
+        reps = reps[~np.isnan(reps)]
+    return _metric(v.mean() if v.size else np.nan, reps, v.size, o.confidence)
+
+
+def _grouped_cluster_mean(values: np.ndarray, groups: list | None, match: np.ndarray, w: np.ndarray,
+                          o: ScoringOptions) -> dict:
+    if groups is None:
+        return {}
+    g = np.asarray(["" if x is None else str(x) for x in groups])
+    return {name or "(none)": _cluster_mean(values, match, g == name, w, o) for name in sorted(set(g.tolist()))}
 
 
 def lance_pair_weights(n_originals: int, o: ScoringOptions) -> np.ndarray:
@@ -204,27 +270,14 @@ def delta_acc_replicates(hits_orig, hits_cf, match, mask, w) -> DeltaAcc:
     return DeltaAcc(acc_c - acc_o, rep_c - rep_o, acc_o, rep_o)
 
 
-def _grouped_mean(values: np.ndarray, groups: list | None, o: ScoringOptions, key: str) -> dict:
-    if groups is None:
-        return {}
-    out = {}
-    groups = np.asarray(["" if g is None else str(g) for g in groups])
-    for g in sorted(set(groups.tolist())):
-        v = values[groups == g]
-        r = bootstrap.mean_replicates(v, n_boot=o.n_boot, seed=o.seed, key=f"{key}/{g}")
-        out[g or "(none)"] = _metric(v.mean(), r, v.size, o.confidence)
-    return out
+def _in_g_failures(c: _Config) -> dict[str, np.ndarray]:
+    return {"top1_error": ~c.hits(1), "top3_failure_rate": ~c.hits(3),
+            "parent_failure_rate": metrics.parent_failures(c.labels, c.topk) if c.n else np.zeros(0, bool)}
 
 
-def _in_g(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
+def _in_g(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
     out = {}
     for name, c in cfgs.items():
-        rates = {
-            "top1_error": ~c.hits(1),
-            "top3_failure_rate": ~c.hits(3),
-            "parent_failure_rate": metrics.parent_failures(c.labels, c.topk) if c.n else np.zeros(0, bool),
-        }
-        out[name] = {m: _metric(v.mean() if v.size else np.nan,
-                                bootstrap.binary_replicates(v, n_boot=o.n_boot, seed=o.seed, key=f"{name}/{m}"),
-                                v.size, o.confidence) for m, v in rates.items()}
+        out[name] = {m: _metric(v.mean() if v.size else np.nan, reps[f"{name}/{m}"], v.size, o.confidence)
+                     for m, v in _in_g_failures(c).items()}
     return out

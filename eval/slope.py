@@ -1,12 +1,23 @@
-"""ID/OOD lines across models, from result records (``bench slope``; reused by the leaderboard).
+"""Cross-model quantities of a shift, from result records (``bench slope``; reused by the leaderboard).
 
-For each shift config, regress the models' shift accuracy on their in-distribution accuracy
-(``eval.metrics.id_ood_fit``, linear and probit). The ID axis is the suite's reference config
-(ImageNet* ``base``) by default, or accuracies given per model (e.g. ImageNet-val top-1 from a
-pinned timm results CSV).
+Dataset Interfaces characterises each shift by two numbers over a population of models:
+
+- **ID/OOD slope**: regress the models' shift accuracy on their in-distribution accuracy
+  (``eval.metrics.id_ood_fit``, linear and probit). The ID axis is the suite's reference config
+  (ImageNet* ``base``) by default, or accuracies given per model (e.g. ImageNet-val top-1 from a
+  pinned timm results CSV). :func:`slope_table`.
+- **Absolute impact of the shift** (``shift_impact``): "the shift's overall severity, measured as
+  the average drop in accuracy due to the distribution shift", i.e. each model's drop
+  acc(reference) − acc(shift) averaged over the models, with a Student-t interval over models.
+  :func:`shift_impact` (pure, on the drops) and :func:`shift_impact_table` (from results).
+
+Not to be confused with a result's ``model_mean_impact``: one model's drop averaged over the
+shifts (``eval.scoring``), which ranks models, not shifts.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from benchmark.errors import BenchError
 from eval.metrics import id_ood_fit
@@ -19,15 +30,8 @@ def _acc1(result: dict, config: str) -> float | None:
     return None if m is None else m["acc1"]["value"]
 
 
-def slope_table(results: list[dict], *, reference_config: str | None = None,
-                id_accuracy: dict[str, float] | None = None, scales: tuple[str, ...] = SCALES) -> dict:
-    """Per shift: the fit on each scale and each model's effective robustness.
-
-    All results must be of one suite (same manifest hash) and one scoring protocol, else the
-    points are not comparable and a ``BenchError`` names the odd one out.
-    """
-    if len(results) < 2:
-        raise BenchError(f"an ID/OOD fit needs results of at least 2 models, got {len(results)}")
+def _check_comparable(results: list[dict]) -> None:
+    """One suite (same manifest hash), one scoring protocol, one result per model."""
     first = results[0]
     for r in results[1:]:
         for key, what in ((("suite", "manifest_sha256"), "suite data (manifest hash)"),
@@ -38,6 +42,68 @@ def slope_table(results: list[dict], *, reference_config: str | None = None,
     models = [r["model"]["id"] for r in results]
     if len(set(models)) != len(models):
         raise BenchError("two results of the same model; keep one per model")
+
+
+def shift_impact(drops, *, confidence: float = 0.95) -> dict:
+    r"""The absolute impact of one shift (Dataset Interfaces): the drop in accuracy averaged over models.
+
+    .. math:: \mathrm{impact}(s) = \frac{1}{M}\sum_{m=1}^{M} \big(\mathrm{acc}_m(\mathrm{ref}) - \mathrm{acc}_m(s)\big)
+
+    ``drops`` are the M models' drops (each result's ``absolute_impact`` of the shift; ``None``
+    / nan are left out). The interval is over models: mean ± t(1 − α/2, M − 1) · sd / √M
+    (sample sd); with one model there is a value and no interval. Returns the usual metric record
+    ``{"value", "ci", "n"}`` with ``n`` = number of models.
+
+    >>> m = shift_impact([0.1, 0.2, 0.3])
+    >>> round(m["value"], 6), [round(x, 4) for x in m["ci"]], m["n"]
+    (0.2, [-0.0484, 0.4484], 3)
+    """
+    from scipy.stats import t as student_t
+
+    x = np.array([np.nan if v is None else v for v in drops], dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return {"value": None, "ci": None, "n": 0}
+    mean = float(x.mean())
+    if x.size < 2:
+        return {"value": mean, "ci": None, "n": 1}
+    half = float(student_t.ppf(1 - (1 - confidence) / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    return {"value": mean, "ci": [mean - half, mean + half], "n": int(x.size)}
+
+
+def shift_impact_table(results: list[dict], *, confidence: float = 0.95) -> dict[str, dict]:
+    """``shift_impact`` of every shift the results share, from their per-model ``absolute_impact``.
+
+    The results must be comparable (one suite revision, one scoring protocol, so one reference
+    for the drops) and of the ImageNet* family; a ``BenchError`` says which is not.
+    """
+    if not results:
+        return {}
+    _check_comparable(results)
+    per_model = []
+    for r in results:
+        star = r["metrics"].get("imagenet_star")
+        if star is None:
+            raise BenchError(f"result of {r['model']['id']} has no ImageNet* metrics; shift impact is defined for "
+                             "imagenet_star results only")
+        per_model.append(star.get("absolute_impact", {}))
+    shifts = sorted(set.intersection(*(set(d) for d in per_model)))
+    return {s: shift_impact([d[s]["value"] for d in per_model], confidence=confidence) for s in shifts}
+
+
+def slope_table(results: list[dict], *, reference_config: str | None = None,
+                id_accuracy: dict[str, float] | None = None, scales: tuple[str, ...] = SCALES) -> dict:
+    """Per shift: the fit on each scale and each model's effective robustness; plus, for
+    ImageNet* results, each shift's ``shift_impact`` (:func:`shift_impact_table`).
+
+    All results must be of one suite (same manifest hash) and one scoring protocol, else the
+    points are not comparable and a ``BenchError`` names the odd one out.
+    """
+    if len(results) < 2:
+        raise BenchError(f"an ID/OOD fit needs results of at least 2 models, got {len(results)}")
+    _check_comparable(results)
+    first = results[0]
+    models = [r["model"]["id"] for r in results]
     ref = reference_config or first["protocol"]["scoring"].get("reference_config") or "base"
     if id_accuracy is not None:
         missing = [m for m in models if m not in id_accuracy]
@@ -57,4 +123,7 @@ def slope_table(results: list[dict], *, reference_config: str | None = None,
         keep = [i for i, v in enumerate(y) if v is not None]
         table[s] = {scale: {**id_ood_fit([x[i] for i in keep], [y[i] for i in keep], scale=scale),
                             "models": [models[i] for i in keep]} for scale in scales}
-    return {"id_axis": id_desc, "models": models, "id_accuracy": x, "shifts": table}
+    out = {"id_axis": id_desc, "models": models, "id_accuracy": x, "shifts": table}
+    if all("imagenet_star" in r["metrics"] for r in results):
+        out["shift_impact"] = shift_impact_table(results)
+    return out

@@ -430,7 +430,8 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
         raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")
     name = m["id"] if m["source"] != "hf-hub" else f"hf-hub:{m['id']}@{m['weights_revision']}"
     clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True,
-                          checkpoint_weights=m.get("checkpoint_weights") or "model")
+                          checkpoint_weights=m.get("checkpoint_weights") or "model",
+                          preprocess=result["protocol"].get("preprocess", "timm"))
     if clf.source != m["source"]:
         return [f"model.source is {m['source']!r}, the model loads as {clf.source!r}"]
     if m["weights_sha256"] != clf.weights_sha256:

@@ -86,9 +86,10 @@ def model_table(entries) -> pd.DataFrame:
             shifts = [c for c in configs if c != ref]
             vals = [row[f"acc1/{c}"] for c in shifts if not np.isnan(row[f"acc1/{c}"])]
             row["mean_shift_acc1"] = float(np.mean(vals)) if vals else np.nan
-            row["mean_absolute_impact"] = _v(star.get("mean_absolute_impact"))
-            row["mean_absolute_impact_lo"] = _ci(star.get("mean_absolute_impact"), 0)
-            row["mean_absolute_impact_hi"] = _ci(star.get("mean_absolute_impact"), 1)
+            mean_impact = star.get("model_mean_impact", star.get("mean_absolute_impact"))  # older results: old name
+            row["model_mean_impact"] = _v(mean_impact)
+            row["model_mean_impact_lo"] = _ci(mean_impact, 0)
+            row["model_mean_impact_hi"] = _ci(mean_impact, 1)
             for s, im in star.get("absolute_impact", {}).items():
                 row[f"impact/{s}"] = _v(im)
         elif fam == "lance":

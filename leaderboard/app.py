@@ -160,10 +160,11 @@ def main() -> None:
         **config_cols,
     }
     main_cols = ["rank", "rank_lo", "rank_hi", "model", "family", "params_m", "pretraining", "verified",
-                 "construction_model", metric] + [c for c in ("mean_absolute_impact", "mean_delta_p", "parent_failure_rate")
+                 "construction_model", metric] + [c for c in ("model_mean_impact", "mean_delta_p",
+                                                              "parent_failure_rate")
                                                  if c in view.columns]
     main_cols += [c for c in view.columns if c.startswith("acc1/")] + ["hub"]
-    for c in ("mean_absolute_impact", "mean_delta_p", "parent_failure_rate", "top1_error"):
+    for c in ("model_mean_impact", "mean_delta_p", "parent_failure_rate", "top1_error"):
         column_config.setdefault(c, pct(c.replace("_", " "), format="percent"))
     st.dataframe(view[main_cols], column_config=column_config, hide_index=True, key="main_table",
                  width="stretch")

@@ -147,11 +147,13 @@ def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_chec
     with FakeHub() as fh:
         api = HfApi(endpoint=fh.endpoint, token="t")
         api.create_repo("madrylab/imagenet-star", repo_type="dataset")
-        api.upload_file(path_or_fileobj=str(rel / "in_the_snow.zip"), path_in_repo="in_the_snow.zip",
-                        repo_id="madrylab/imagenet-star", repo_type="dataset")
+        sha = api.upload_file(path_or_fileobj=str(rel / "in_the_snow.zip"), path_in_repo="in_the_snow.zip",
+                              repo_id="madrylab/imagenet-star", repo_type="dataset").oid
         env = {"HF_ENDPOINT": fh.endpoint, "HF_HOME": str(tmp_path / "hf")}
+        # main is not the paper-era commit c9af165: only an explicit --revision scores it
         r = bench_subprocess(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint),
                               "--suite", "imagenet-star-upstream", "--configs", "in_the_snow", "--mask", str(mpath),
+                              "--revision", sha,
                               "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress", "--json"],
                              env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -166,9 +168,9 @@ def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_chec
         v = bench_subprocess([*recheck, "--mask", str(moved)], env=env, cwd=tmp_path)
         assert v.returncode == 0, v.stdout + v.stderr[-2000:]
     result = json.loads(r.stdout)
-    assert result["suite"]["mask"] == {"path": str(mpath), "sha256": sha256_file(moved)}
+    assert result["suite"]["mask"] == {"path": str(mpath), "sha256": sha256_file(moved), "source": "file"}
     assert result["suite"]["id"] == "imagenet-star-upstream" and result["suite"]["repo_id"] == "madrylab/imagenet-star"
-    assert len(result["suite"]["revision"]) == 40 and result["flags"]["unpinned_suite"]
+    assert result["suite"]["revision"] == sha and not result["flags"]["unpinned_suite"]  # --revision pins it
     assert result["counts"]["in_the_snow"] == {**result["counts"]["in_the_snow"], "total": 150, "kept": 3}
     assert result["metrics"]["configs"]["in_the_snow"]["n_scored"] == 3
     assert "49,850 missing" in r.stderr or "49850 missing" in r.stderr
@@ -210,8 +212,8 @@ def test_open_release_converts_once_per_content_and_mask(tmp_path, monkeypatch):
     real = upstream.convert_release
     monkeypatch.setattr(upstream, "convert_release", lambda *a, **k: calls.append(1) or real(*a, **k))
     kw = {"cache_dir": str(tmp_path / "cache"), "per_class": PER_CLASS, "classes": CLASSES}
-    first = upstream.open_release(root, **kw)
-    again = upstream.open_release(root, **kw)
+    first = upstream.open_release(root, mask=upstream.NO_MASK, **kw)
+    again = upstream.open_release(root, mask=upstream.NO_MASK, **kw)
     assert len(calls) == 1 and first.root == again.root and first.configs == ["in_the_snow"]
     assert first.manifest.generator["mask"] is None and first.manifest.configs["in_the_snow"].kept == 11
     mask = np.zeros(PER_CLASS * 1000, np.uint8)
@@ -220,14 +222,15 @@ def test_open_release_converts_once_per_content_and_mask(tmp_path, monkeypatch):
     assert len(calls) == 2 and masked.root != first.root and masked.manifest.configs["in_the_snow"].kept == 1
     # a cached conversion of a short release still refuses --strict
     with pytest.raises(IntegrityError, match=r"in_the_snow: 1 missing file\(s\), 0 unexpected \(--strict\)"):
-        upstream.open_release(root, strict=True, **kw)
+        upstream.open_release(root, strict=True, mask=upstream.NO_MASK, **kw)
     # the zip changed -> its sha256 changed -> a new conversion
     _release(root)
-    assert upstream.open_release(root, **kw).manifest.configs["in_the_snow"].rows == len(CLASSES) * PER_CLASS
+    assert upstream.open_release(root, mask=upstream.NO_MASK, **kw).manifest.configs["in_the_snow"].rows == \
+        len(CLASSES) * PER_CLASS
     assert len(calls) == 3
     # the single entry point recognises a release folder (and routes it to the adapter)
     with pytest.raises(BenchError, match="neither at_night.zip nor a at_night/ folder"):
-        hub.open_suite(str(root), configs=["at_night"], cache_dir=str(tmp_path / "cache"))
+        hub.open_suite(str(root), configs=["at_night"], cache_dir=str(tmp_path / "cache"), mask=upstream.NO_MASK)
 
 
 def test_real_shaped_mask_file(tmp_path):
@@ -270,9 +273,9 @@ def test_open_suite_downloads_and_converts_the_upstream_release(tmp_path):
         api.create_repo("madrylab/imagenet-star", repo_type="dataset")
         sha = api.upload_file(path_or_fileobj=str(rel / "in_the_snow.zip"), path_in_repo="in_the_snow.zip",
                               repo_id="madrylab/imagenet-star", repo_type="dataset").oid
-        suite = hub.open_suite("imagenet-star-upstream", configs=["in_the_snow"], mask=str(mpath),
+        suite = hub.open_suite("imagenet-star-upstream", configs=["in_the_snow"], mask=str(mpath), revision=sha,
                                endpoint=fh.endpoint, cache_dir=str(tmp_path / "cache"))
-    assert suite.revision == sha and suite.repo_id == "madrylab/imagenet-star" and not suite.pinned
+    assert suite.revision == sha and suite.repo_id == "madrylab/imagenet-star" and suite.pinned
     t = suite.read_columns("in_the_snow", ["image_id", "keep"])
     assert sorted(i for i, k in zip(t["image_id"].to_pylist(), t["keep"].to_pylist()) if k) == [
         "in_the_snow/n01440764/01", "in_the_snow/n01443537/02", f"in_the_snow/{imagenet.wnids()[7]}/49"]
@@ -300,3 +303,113 @@ def test_open_suite_on_a_local_copy_of_the_release(tmp_path):
     assert suite.repo_id is None and suite.pinned and suite.root.is_relative_to(tmp_path / "cache" / "upstream")
     assert suite.manifest.configs["base"].rows == 150 and suite.manifest.configs["base"].kept == 2
     assert suite.manifest.generator["source"] == {"folder": "imagenet-star-zips"}
+
+
+# -- the released mask and the pinned data repo -----------------------------------------------------
+
+
+def _plant_released_mask(monkeypatch, path, masks: dict):
+    """A mask file standing in for the authors' masks.npy: the pins are pointed at its size and sha256."""
+    from benchmark import upstream
+
+    _mask_npy(path, masks)
+    monkeypatch.setattr(upstream, "MASK_SHA256", sha256_file(path))
+    monkeypatch.setattr(upstream, "MASK_SIZE", path.stat().st_size)
+    return path
+
+
+def test_released_mask_is_downloaded_checked_cached_and_refused_when_wrong(tmp_path, monkeypatch):
+    import http.server
+    import threading
+    from functools import partial
+
+    from benchmark import hub, upstream
+    from benchmark.errors import OfflineError
+
+    served = tmp_path / "www"
+    served.mkdir()
+    _plant_released_mask(monkeypatch, served / "masks.npy", {"base": np.ones(50_000, np.uint8)})
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/masks.npy"
+    monkeypatch.setattr(upstream, "MASK_URL", url)
+    cache = str(tmp_path / "cache")
+    dest = upstream.released_mask_path(cache)
+    assert dest == tmp_path / "cache" / "masks" / upstream.MASK_COMMIT / "masks.npy"
+    try:
+        # offline: one error naming the URL, the sha256 and exactly where to put the file; nothing fetched
+        monkeypatch.setattr(hub, "_offline", lambda: True)
+        with pytest.raises(OfflineError) as info:
+            upstream.released_mask(cache_dir=cache)
+        assert f"put it at {dest}" in str(info.value) and url in str(info.value) and "--no-mask" in str(info.value)
+        assert not dest.exists()
+        monkeypatch.setattr(hub, "_offline", lambda: False)
+        # online: downloaded once, checked, cached
+        assert upstream.released_mask(cache_dir=cache) == dest
+        assert sha256_file(dest) == upstream.MASK_SHA256
+        assert [p.name for p in dest.parent.iterdir()] == ["masks.npy"]  # no temporary left behind
+        (served / "masks.npy").write_bytes(b"a different file")  # the server no longer has it: the cache is used
+        assert upstream.released_mask(cache_dir=cache) == dest
+        # a swapped cache file is refused, never applied
+        dest.write_bytes(b"x" * upstream.MASK_SIZE)
+        with pytest.raises(IntegrityError, match=r"the cached .*masks.npy is not the released file"):
+            upstream.released_mask(cache_dir=cache)
+        # a download with other bytes is refused and leaves nothing at the cache path
+        dest.unlink()
+        with pytest.raises(IntegrityError, match="is not the released file \\(16 bytes; expected"):
+            upstream.released_mask(cache_dir=cache)
+        assert not dest.exists() and not list(dest.parent.iterdir())
+    finally:
+        server.shutdown()
+        server.server_close()
+    # unreachable: the same instructions
+    with pytest.raises(OfflineError, match=f"could not download the authors' masks.npy .*put it at {dest}"):
+        upstream.released_mask(cache_dir=cache)
+
+
+def test_upstream_is_scored_as_the_paper_did_by_default(tmp_path, monkeypatch):
+    """The registry id applies the released mask by default, pins the data repo, and records the mask."""
+    from huggingface_hub import HfApi
+
+    from benchmark import hub, upstream
+    from tests.fakehub import FakeHub
+
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    with zipfile.ZipFile(rel / "in_the_snow.zip", "w") as zf:
+        for c in CLASSES:
+            for n in range(50):
+                zf.writestr(f"in_the_snow/{imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    mask = np.zeros(50_000, np.uint8)
+    mask[[50 * 0 + 5, 50 * 7 + 6]] = 1
+    cache = str(tmp_path / "cache")
+    released = upstream.released_mask_path(cache)
+    released.parent.mkdir(parents=True)
+    _plant_released_mask(monkeypatch, released, {"in_the_snow": mask, "base": np.ones(50_000, np.uint8)})
+    kw = {"configs": ["in_the_snow"], "endpoint": None, "cache_dir": cache}
+    with FakeHub() as fh:
+        kw["endpoint"] = fh.endpoint
+        api = HfApi(endpoint=fh.endpoint, token="t")
+        api.create_repo("madrylab/imagenet-star", repo_type="dataset")
+        sha = api.upload_file(path_or_fileobj=str(rel / "in_the_snow.zip"), path_in_repo="in_the_snow.zip",
+                              repo_id="madrylab/imagenet-star", repo_type="dataset").oid
+        with pytest.raises(IntegrityError) as info:  # main moved away from the paper's commit
+            hub.open_suite("imagenet-star-upstream", **kw)
+        assert str(info.value) == (f"madrylab/imagenet-star main is now {sha[:12]}…, not the commit c9af165… the "
+                                   f"paper's release was scored at; pass --revision {sha} to score this revision "
+                                   "anyway (recorded in the result)")
+        monkeypatch.setattr(upstream, "DATA_REVISION_PREFIX", sha[:7])  # as if main were still that commit
+        suite = hub.open_suite("imagenet-star-upstream", **kw)
+        assert suite.pinned and suite.revision == sha  # main, checked to be the release commit
+        unfiltered = hub.open_suite("imagenet-star-upstream", mask=upstream.NO_MASK, revision=sha, **kw)
+    t = suite.read_columns("in_the_snow", ["image_id", "keep"])
+    assert sorted(i for i, k in zip(t["image_id"].to_pylist(), t["keep"].to_pylist()) if k) == [
+        "in_the_snow/n01440764/05", f"in_the_snow/{imagenet.wnids()[7]}/06"]
+    assert suite.manifest.generator["mask"]["sha256"] == upstream.MASK_SHA256
+    assert upstream.mask_record(None, suite.manifest.generator, cache_dir=cache) == {
+        "path": str(released), "sha256": upstream.MASK_SHA256, "source": "released"}
+    assert unfiltered.manifest.configs["in_the_snow"].kept == 150 and unfiltered.root != suite.root
+    assert upstream.mask_record(upstream.NO_MASK, unfiltered.manifest.generator) == {
+        "path": None, "sha256": None, "source": "none"}
+    assert upstream.mask_record(None, {"builder": "builders.imagenet_star"}) is None  # not a converted release

@@ -61,3 +61,19 @@ def print_json(obj) -> None:
 def require(cond: bool, message: str) -> None:
     if not cond:
         raise BenchError(message)
+
+
+def add_mask_options(p: argparse.ArgumentParser) -> None:
+    """``--mask FILE`` / ``--no-mask`` for the upstream ImageNet* release (default: the authors' released mask)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--mask", help="upstream ImageNet* only: a mask file instead of the authors' released masks.npy "
+                                  "(which is fetched at a pinned commit, sha256-checked and applied by default)")
+    g.add_argument("--no-mask", action="store_true",
+                   help="upstream ImageNet* only: keep every image (the paper scored the masked set)")
+
+
+def mask_arg(args) -> str | None:
+    """The ``mask`` argument of ``benchmark.hub.open_suite`` for :func:`add_mask_options`."""
+    from benchmark.upstream import NO_MASK
+
+    return NO_MASK if args.no_mask else args.mask

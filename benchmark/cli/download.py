@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, csv_list
+from benchmark.cli._common import add_mask_options, add_verb, csv_list, mask_arg
 
 
 def add_parser(sub):
@@ -15,14 +15,14 @@ def add_parser(sub):
                              "to format 1 once and cached.",
                  examples="  bench download imagenet-star --configs base,in_the_snow\n"
                           "  bench download my-org/my-suite --revision 3f2a...c9\n"
-                          "  bench download imagenet-star-upstream --configs base,in_the_snow --mask masks.npy\n"
+                          "  bench download imagenet-star-upstream --configs base,in_the_snow   # + the released mask\n"
                           "  bench download ./imagenet-star-zips --mask masks.npy --strict\n"
                           "  HF_ENDPOINT=http://127.0.0.1:8090 bench download org/suite --revision <sha>\n")
     p.add_argument("suite", help="registry id, ORG/NAME, or a local folder (suite or upstream release)")
     p.add_argument("--revision", help="commit sha, tag or branch (resolved to a sha; offline: a sha only)")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--cache-dir", help="Hub cache folder (default: HF_HOME's)")
-    p.add_argument("--mask", help="upstream ImageNet* only: the authors' masks.npy (keep = mask[50*class + NN])")
+    add_mask_options(p)
     p.add_argument("--strict", action="store_true",
                    help="upstream ImageNet* only: refuse a release with missing or unexpected files")
     p.add_argument("--force-download", action="store_true", help="re-download files even if cached")
@@ -36,7 +36,7 @@ def run(args) -> int:
     from benchmark import hub
 
     suite = hub.open_suite(args.suite, revision=args.revision, configs=args.configs, cache_dir=args.cache_dir,
-                           mask=args.mask, strict=args.strict, force_download=args.force_download,
+                           mask=mask_arg(args), strict=args.strict, force_download=args.force_download,
                            endpoint=args.endpoint)
     configs = suite.select(args.configs)
     print(suite.root)

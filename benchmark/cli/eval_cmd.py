@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, csv_list, positive_int, print_json, print_table
+from benchmark.cli._common import add_mask_options, add_verb, csv_list, mask_arg, positive_int, print_json, print_table
 
 
 def add_parser(sub):
@@ -26,7 +26,10 @@ def add_parser(sub):
                    help="which weights of a timm training checkpoint: model (default, as timm's validate.py) or ema")
     p.add_argument("--remap-by-order", action="store_true",
                    help="map checkpoint tensors onto the model by position when key names differ")
-    p.add_argument("--mask", help="imagenet-star-upstream only: the authors' masks.npy")
+    p.add_argument("--preprocess", choices=("timm", "lance-square"), default="timm",
+                   help="timm: the model's own eval transform (resize + centre crop); lance-square: LANCE's "
+                        "evaluation setting, the whole image squashed to 224x224, no crop (recorded in the result)")
+    add_mask_options(p)
     p.add_argument("--limit-per-class", type=positive_int, help="score only the first N images of each class")
     p.add_argument("--batch-size", type=positive_int, help="default: 8 on CPU (fastest there), 256 on CUDA")
     p.add_argument("--workers", type=int, help="DataLoader decode workers (default: min(4, cpus-1))")
@@ -68,7 +71,7 @@ def run(args) -> int:
     req = EvalRequest(
         model=args.model, suite=args.suite, configs=tuple(args.configs) if args.configs else None,
         revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order,
-        checkpoint_weights=args.checkpoint_weights, mask=args.mask,
+        checkpoint_weights=args.checkpoint_weights, mask=mask_arg(args), preprocess=args.preprocess,
         out=args.out, force=args.force, notes=args.notes,
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
@@ -115,13 +118,21 @@ def print_summary(result: dict) -> None:
           f" (manifest {result['suite']['manifest_sha256'][:12]}, config hash {result['config_hash'][:12]})")
     print_table(rows, cols)
     if "imagenet_star" in mets:
-        print(f"mean absolute impact: {_fmt(mets['imagenet_star'].get('mean_absolute_impact'))} pp "
+        print(f"model mean impact (over shifts): {_fmt(mets['imagenet_star'].get('model_mean_impact'))} pp "
               f"(reference: {mets['imagenet_star'].get('reference')})")
     if "lance" in mets and "delta_acc1" in mets["lance"]:
         lance = mets["lance"]
         t = lance["headline_T"]
-        print(f"LANCE Δacc@1 {_fmt(lance['delta_acc1'][t])} pp, Δacc@5 {_fmt(lance['delta_acc5'][t])} pp "
-              f"(T = {t}); mean Δp {_fmt(lance['delta_p'])} pp over {lance['n_pairs']} pairs")
+        table2 = [("Original", lance["acc1_T"][t], lance["acc5_T"][t], None, None),
+                  ("Reconstructed", *(lance.get(f"{m}_reconstruction", {}).get(t)
+                                      for m in ("acc1", "acc5", "delta_acc1", "delta_acc5"))),
+                  ("LANCE", lance["acc1_counterfactual"], lance["acc5_counterfactual"], lance["delta_acc1"][t],
+                   lance["delta_acc5"][t])]
+        print(f"\nLANCE Table 2 (T = {t}), %:")
+        print_table([{"test set": name, "acc@1": _fmt(a1), "Δ@1": _fmt(d1), "acc@5": _fmt(a5), "Δ@5": _fmt(d5)}
+                     for name, a1, a5, d1, d5 in table2], ["test set", "acc@1", "Δ@1", "acc@5", "Δ@5"])
+        by_type = ", ".join(f"{k} {_fmt(v)}" for k, v in lance.get("delta_p_by_edit_type", {}).items())
+        print(f"mean Δp {_fmt(lance['delta_p'])} pp over {lance['n_pairs']} pairs; by edit type: {by_type or '-'}")
     flags = [k for k, v in result["flags"].items() if v]
     if flags:
         print("flags: " + ", ".join(flags))

@@ -1,4 +1,4 @@
-"""`bench slope`: ID/OOD slope per shift across several models' results."""
+"""`bench slope`: per shift across several models' results, the ID/OOD slope and the shift's impact."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ from benchmark.cli._common import add_verb, print_json, print_table
 
 
 def add_parser(sub):
-    p = add_verb(sub, "slope", help="ID/OOD slope and effective robustness per shift across results",
+    p = add_verb(sub, "slope", help="ID/OOD slope, effective robustness and shift impact per shift across results",
                  description="Fit, per shift, each model's shift accuracy against its in-distribution accuracy "
                              "(ImageNet* base by default), on linear and probit scales: slope, intercept, R^2 and "
-                             "each model's effective robustness (its residual, in accuracy units).",
+                             "each model's effective robustness (its residual, in accuracy units). For ImageNet* "
+                             "results also the shift impact (Dataset Interfaces' absolute impact of a shift): the "
+                             "drop acc(reference) - acc(shift) averaged over the models, with a 95% Student-t "
+                             "interval over models. (A result's model_mean_impact is another quantity: one model's "
+                             "drop averaged over shifts.)",
                  examples="  bench slope runs/imagenet-star/*/result.json\n"
                           "  bench slope runs/imagenet-star/*/result.json --scale probit --json\n"
                           "  bench slope r1.json r2.json r3.json --id-accuracy timm_val_top1.csv\n")
@@ -18,7 +22,8 @@ def add_parser(sub):
     p.add_argument("--id-accuracy", help="CSV of model,top1 (fraction or percent) to use as the ID axis instead")
     p.add_argument("--scale", choices=("linear", "probit", "both"), default="both",
                    help="accuracy scale of the fit: linear, probit or both (default: both)")
-    p.add_argument("--json", action="store_true", help="print the full table as JSON")
+    p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, effective robustness, "
+                                                       "shift_impact)")
     return p
 
 
@@ -38,6 +43,13 @@ def _read_id_csv(path: str) -> dict[str, float]:
     return out
 
 
+def _pp(m: dict | None) -> str:
+    if not m or m.get("value") is None:
+        return "-"
+    text = f"{100 * m['value']:.2f}"
+    return text + (f" [{100 * m['ci'][0]:.2f}, {100 * m['ci'][1]:.2f}]" if m.get("ci") else "")
+
+
 def run(args) -> int:
     from eval.results import load_result
     from eval.slope import SCALES, slope_table
@@ -51,12 +63,15 @@ def run(args) -> int:
         print_json(table)
         return 0
     rows = []
+    impact = table.get("shift_impact")
     for shift, fits in table["shifts"].items():
         row = {"shift": shift}
         for scale in scales:
             f = fits[scale]
             row[f"{scale} slope"] = "-" if f["slope"] != f["slope"] else f"{f['slope']:.3f}"
             row[f"{scale} R^2"] = "-" if f["r2"] != f["r2"] else f"{f['r2']:.3f}"
+        if impact is not None:
+            row["shift impact pp [95% CI over models]"] = _pp(impact.get(shift))
         rows.append(row)
     print(f"ID axis: {table['id_axis']}; {len(table['models'])} models")
     print_table(rows, list(rows[0]) if rows else ["shift"])

@@ -1,0 +1,69 @@
+"""LANCE's evaluation setting (`--preprocess lance-square`): the whole image squashed to 224x224."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from benchmark.errors import BenchError
+
+
+def _stripes(width=448, height=224):
+    """A wide image: a red band at the left edge, a blue band at the right edge, grey between."""
+    a = np.full((height, width, 3), 128, np.uint8)
+    a[:, :40] = (255, 0, 0)
+    a[:, -40:] = (0, 0, 255)
+    return Image.fromarray(a)
+
+
+def test_lance_square_squashes_the_whole_image_to_224_without_a_crop():
+    import timm
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from eval.inference import make_transform
+    from eval.models import eval_transform
+
+    model = timm.create_model("resnet18.tv_in1k", pretrained=False)  # timm config: 224, crop_pct 0.875
+    square_cfg, square = eval_transform(model, "lance-square")
+    timm_cfg, timm_tf = eval_transform(model, "timm")
+    assert square_cfg["input_size"] == [3, 224, 224]
+    assert square_cfg["crop_mode"] == "squash" and square_cfg["crop_pct"] == 1.0
+    assert timm_cfg["crop_pct"] < 1.0  # timm's own: resize the shorter side, centre crop
+    img = _stripes()
+    mean = torch.tensor(IMAGENET_DEFAULT_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_DEFAULT_STD).view(3, 1, 1)
+    x = (square(img) * std + mean)  # back to [0, 1]
+    assert tuple(x.shape) == (3, 224, 224)
+    # squashed 2:1 horizontally: each 40-px band is 20 px wide and still at the edges
+    assert x[0, :, :15].min() > 0.95 and x[2, :, :15].max() < 0.05      # red on the left
+    assert x[2, :, -15:].min() > 0.95 and x[0, :, -15:].max() < 0.05    # blue on the right
+    assert abs(float(x[0, 112, 112]) - 128 / 255) < 0.01
+    # timm's centre crop of the same image loses both bands
+    y = timm_tf(img) * std + mean
+    assert y[0, :, :5].max() < 0.6 and y[2, :, -5:].max() < 0.6
+    # the harness builds its transform from the recorded data config: same pixels
+    assert torch.allclose(make_transform(square_cfg, uint8=False)(img), square(img))
+    with pytest.raises(BenchError, match="unknown preprocessing 'lance'"):
+        eval_transform(model, "lance")
+
+
+def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path, toy_suite, tiny_checkpoint):
+    from benchmark.cli import main
+    from eval.results import config_hash, load_result
+    from eval.verify import verify_result
+
+    code = main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
+                 str(toy_suite), "--preprocess", "lance-square", "--out", str(tmp_path), "--workers", "0",
+                 "--compile", "off", "--no-progress"])
+    assert code == 0
+    path = tmp_path / "toy" / "test_resnet.r160_in1k" / "result.json"
+    r = load_result(path)
+    assert r["protocol"]["preprocess"] == "lance-square" and r["data_config"]["crop_mode"] == "squash"
+    assert r["data_config"]["input_size"] == [3, 224, 224]  # the tiny model's own test size is 160
+    # both the option and the data config are in the config hash
+    timm_protocol = {**r["protocol"], "preprocess": "timm"}
+    assert config_hash(r["model"], r["suite"], timm_protocol, r["data_config"]) != r["config_hash"]
+    assert config_hash(r["model"], r["suite"], r["protocol"], {**r["data_config"], "crop_mode": "center"}) != \
+        r["config_hash"]
+    report = verify_result(path, recheck=4, checkpoint=str(tiny_checkpoint))  # re-runs with the recorded setting
+    assert report.ok, report.problems
