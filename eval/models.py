@@ -28,6 +28,7 @@ import torch
 from benchmark.errors import BenchError, NotFoundError, OfflineError, one_line
 from benchmark.fsutil import sha256_file
 from benchmark.hubio import OFFLINE_ROUTE
+from eval.results import PROTOCOL_OPTIONS
 
 log = logging.getLogger(__name__)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -254,7 +255,7 @@ def _create_pinned(ref: ModelRef, sha: str):
         raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model repo?") from None
 
 
-PREPROCESS = ("timm", "lance-square")
+PREPROCESS = PROTOCOL_OPTIONS["preprocess"]  # one list: eval_transform builds them, the result schema checks them
 
 
 def eval_transform(model, preprocess: str = "timm") -> tuple[dict, object]:

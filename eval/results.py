@@ -23,6 +23,8 @@ from benchmark.fsutil import atomic_write_bytes, canonical_json, sha256_bytes
 SCHEMA_VERSION = 1
 KIND = "genshift-result"
 RESULT_FILE = "result.json"
+# protocol options added after schema 1 shipped: present only when used, each with its values
+PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square")}
 MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard store uses the same limit
 MAX_JSON_DEPTH = 32              # real results nest about 6 deep
 MAX_PREDICTIONS_BYTES = 512 * 2**20
@@ -314,7 +316,8 @@ def validate(result, *, where: str) -> None:
         if (mask["sha256"] is None) != (source == "none"):
             c.fail("suite.mask", "has a sha256 exactly when its source is not 'none'")
 
-    p = c.obj(result["protocol"], "protocol", required=("topk", "limit_per_class", "skip_bad_images", "scoring"))
+    p = c.obj(result["protocol"], "protocol", required=("topk", "limit_per_class", "skip_bad_images", "scoring"),
+              optional=PROTOCOL_OPTIONS, extra=False)
     c.integer(p["topk"], "protocol.topk", lo=1, hi=1000)
     c.integer(p["limit_per_class"], "protocol.limit_per_class", lo=1, none=True)
     c.boolean(p["skip_bad_images"], "protocol.skip_bad_images")
@@ -328,8 +331,9 @@ def validate(result, *, where: str) -> None:
     c.number(sc["confidence"], "protocol.scoring.confidence", lo=0, hi=1)
     for k in set(names) - {"filter", "reference_config", "reference_accuracy", "n_boot", "seed", "confidence"}:
         c.json_value(sc[k], f"protocol.scoring.{k}")  # options added later: JSON values, checked by ScoringOptions
-    for k in set(p) - {"topk", "limit_per_class", "skip_bad_images", "scoring"}:
-        c.json_value(p[k], f"protocol.{k}")
+    for k, allowed in PROTOCOL_OPTIONS.items():
+        if k in p and p[k] not in allowed:
+            c.fail(f"protocol.{k}", f"must be one of {list(allowed)}")
 
     c.text(result["config_hash"], "config_hash", pattern=SHA256_RE)
     c.json_value(c.obj(result["run"], "run"), "run")

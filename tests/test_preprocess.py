@@ -65,5 +65,6 @@ def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path
     assert config_hash(r["model"], r["suite"], timm_protocol, r["data_config"]) != r["config_hash"]
     assert config_hash(r["model"], r["suite"], r["protocol"], {**r["data_config"], "crop_mode": "center"}) != \
         r["config_hash"]
-    report = verify_result(path, recheck=4, checkpoint=str(tiny_checkpoint))  # re-runs with the recorded setting
+    report = verify_result(path, recheck=4, checkpoint=str(tiny_checkpoint),
+                           suite=str(toy_suite))  # re-runs with the recorded setting
     assert report.ok, report.problems

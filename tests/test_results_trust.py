@@ -427,7 +427,8 @@ def _mutate(original, data):
         if not path or not isinstance(parent, (dict, list)):
             continue
         key = path[-1]
-        if isinstance(parent, dict) and key not in parent or isinstance(parent, list) and key >= len(parent):
+        if isinstance(parent, dict) and key not in parent or isinstance(parent, list) and (
+                not isinstance(key, int) or key >= len(parent)):  # an earlier edit changed the parent's type
             continue
         action = data.draw(st.sampled_from(["replace", "delete", "add"]))
         if action == "delete":
