@@ -49,6 +49,8 @@ class InferenceOptions:
     decode: str = "cpu"               # "cpu": PIL in the workers; "device": torchvision.io.decode_jpeg batches
 
     def device_normalizes(self) -> bool:
+        if self.decode == "device":  # decoded on the device as uint8: it normalises too
+            return True
         return self.device.startswith("cuda") if self.normalize_on_device is None else self.normalize_on_device
 
     def resolved_batch_size(self) -> int:
@@ -115,6 +117,7 @@ class UnitDataset(torch.utils.data.Dataset):
 
     def __init__(self, root: Path, groups: list[RowGroup], units: list[Unit], transform,
                  carried: tuple[str, ...]) -> None:
+        # transform None: ship the encoded bytes (``--decode device`` decodes them in the main process)
         self.root, self.groups, self.units, self.transform, self.carried = root, groups, units, transform, carried
 
     def __len__(self) -> int:
@@ -132,6 +135,11 @@ class UnitDataset(torch.utils.data.Dataset):
         tensors, bad = [], []
         for g, r in unit.rows:
             row = {c: parts[g][c][r].as_py() for c in cols}
+            if self.transform is None:
+                tensors.append(torch.frombuffer(bytearray(row["image"]["bytes"]), dtype=torch.uint8))
+                for c in meta:
+                    meta[c].append(row[c])
+                continue
             try:
                 with Image.open(io.BytesIO(row["image"]["bytes"])) as im:
                     tensors.append(self.transform(im.convert("RGB")))
@@ -140,8 +148,77 @@ class UnitDataset(torch.utils.data.Dataset):
                 continue
             for c in meta:
                 meta[c].append(row[c])
+        if self.transform is None:
+            return {"unit": unit.index, "x": tensors, "meta": meta, "bad": bad}
         x = torch.stack(tensors) if tensors else torch.empty(0)
         return {"unit": unit.index, "x": x, "meta": meta, "bad": bad}
+
+
+class DeviceDecoder:
+    """``--decode device``: JPEG batches decoded by ``torchvision.io.decode_jpeg`` on the device, then
+    timm's eval geometry (shorter side to ``floor(size / crop_pct)``, centre crop) as tensor ops.
+
+    Pixels differ slightly from PIL's decode and resize (another IDCT and antialiased tensor
+    resize), so the choice is recorded in the result's protocol. Non-JPEG images are decoded on
+    the CPU by ``torchvision.io.decode_image``. Output: uint8 NCHW on the device (the model's
+    forward normalises it).
+    """
+
+    def __init__(self, data_config: dict, device: str) -> None:
+        import math
+
+        from torchvision.transforms import InterpolationMode
+
+        if data_config.get("crop_mode", "center") not in (None, "center"):
+            raise BenchError(f"--decode device supports timm's 'center' crop mode only, this model uses "
+                             f"{data_config['crop_mode']!r}; use --decode cpu")
+        _, h, w = data_config["input_size"]
+        crop_pct = data_config.get("crop_pct") or 0.875
+        self.size = (h, w)
+        self.scale = (math.floor(h / crop_pct), math.floor(w / crop_pct))
+        interp = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
+                  "nearest": InterpolationMode.NEAREST}
+        self.interpolation = interp.get(data_config.get("interpolation"), InterpolationMode.BILINEAR)
+        self.device = torch.device(device)
+
+    def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
+        from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+        from torchvision.transforms.v2 import functional as F
+
+        is_jpeg = [bool(d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8) for d in datas]
+        images: list[torch.Tensor | None] = [None] * len(datas)
+        bad: list[tuple[int, str]] = []
+        jpeg_idx = [i for i, j in enumerate(is_jpeg) if j]
+        if jpeg_idx:
+            try:
+                out = decode_jpeg([datas[i] for i in jpeg_idx], mode=ImageReadMode.RGB, device=self.device)
+                for i, im in zip(jpeg_idx, out):
+                    images[i] = im
+            except RuntimeError:  # one bad file fails the batch: decode one by one to name it
+                for i in jpeg_idx:
+                    try:
+                        images[i] = decode_jpeg(datas[i], mode=ImageReadMode.RGB, device=self.device)
+                    except RuntimeError as e:
+                        bad.append((i, f"RuntimeError: {e}"))
+        for i, j in enumerate(is_jpeg):
+            if not j:
+                try:
+                    images[i] = decode_image(datas[i], mode=ImageReadMode.RGB).to(self.device)
+                except RuntimeError as e:
+                    bad.append((i, f"RuntimeError: {e}"))
+        out = []
+        for im in images:
+            if im is None:
+                continue
+            if self.scale[0] == self.scale[1]:
+                im = F.resize(im, [self.scale[0]], interpolation=self.interpolation, antialias=True)
+            else:  # timm's ResizeKeepRatio for non-square targets: the shorter side to its target
+                ratio = max(self.scale[0] / im.shape[-2], self.scale[1] / im.shape[-1])
+                im = F.resize(im, [round(im.shape[-2] * ratio), round(im.shape[-1] * ratio)],
+                              interpolation=self.interpolation, antialias=True)
+            out.append(F.center_crop(im, list(self.size)))
+        x = torch.stack(out) if out else torch.empty(0, 3, *self.size, dtype=torch.uint8, device=self.device)
+        return x, sorted(bad)
 
 
 def make_transform(data_config: dict, *, uint8: bool):
@@ -269,7 +346,8 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
     n_models)`` reports progress. Returns the seconds spent waiting for decoded units.
     """
     carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
-    transform = make_transform(data_config, uint8=opts.device_normalizes())
+    decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
+    transform = None if decoder else make_transform(data_config, uint8=opts.device_normalizes())
     live = list(feeds)
     wanted = [u for u in units if any(u.index in f.todo for f in live)]
     decode_wait = 0.0
@@ -281,6 +359,13 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
             decode_wait += time.perf_counter() - t0
             if item is None:
                 break
+            if decoder is not None:
+                t0 = time.perf_counter()
+                item["x"], failed = decoder(item["x"])
+                decode_wait += time.perf_counter() - t0
+                drop = {i for i, _ in failed}
+                item["bad"] = [(item["meta"]["image_id"][i], err) for i, err in failed]
+                item["meta"] = {c: [v for i, v in enumerate(vals) if i not in drop] for c, vals in item["meta"].items()}
             bad = []
             for image_id, err in item["bad"]:
                 if not opts.skip_bad_images:

@@ -330,3 +330,46 @@ def test_config_names_cannot_reach_outside_out(tmp_path, suite, zoo, monkeypatch
     with pytest.raises(IntegrityError, match="not inside"):
         ck.finish(tmp_path / "runs" / "x.parquet")
     assert (victim / "keep.txt").exists() and pa is not None
+
+
+def test_decode_device_cpu_path_agrees_and_is_recorded(tmp_path, lite0_weights):
+    """--decode device (torchvision.io.decode_jpeg + tensor resize/crop) on CPU: real photos get the
+    default path's top-1, a PNG is decoded too, a broken JPEG is named and skipped; the protocol says so."""
+    import io
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    from PIL import Image
+    from skimage import data
+
+    from benchmark.writer import SuiteWriter
+
+    def enc(arr, fmt):
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        return buf.getvalue()
+
+    rows = [("chelsea", 281, enc(data.chelsea(), "JPEG")), ("coffee", 967, enc(data.coffee(), "JPEG")),
+            ("astronaut", 0, enc(data.astronaut(), "PNG")), ("rocket", 0, enc(data.rocket(), "JPEG")),
+            ("broken", 1, b"\xff\xd8\xff\xe0 truncated")]
+    with SuiteWriter(tmp_path / "photos", suite_id="photos") as w:
+        w.write_shard("real", 0, 1, ({"image": {"bytes": b, "path": None}, "label": y, "image_id": f"real/{n}",
+                                      "config": "real", "keep": True, "pair_id": None} for n, y, b in rows))
+        w.finalize(generator={})
+    res = {}
+    for mode in ("cpu", "device"):
+        res[mode], path = evaluate(EvalRequest(
+            model="tf_efficientnet_lite0", checkpoint=lite0_weights, remap_by_order=True, suite=str(tmp_path / "photos"),
+            out=str(tmp_path / mode), inference=InferenceOptions(workers=0, compile="off", decode=mode,
+                                                                 skip_bad_images=True)), progress=False)
+        res[mode + "_t"] = pq.read_table(path.parent / "predictions" / "real.parquet")
+    assert "decode" not in res["cpu"]["protocol"] and res["device"]["protocol"]["decode"] == "device"
+    assert res["cpu"]["config_hash"] != res["device"]["config_hash"]
+    assert res["device"]["counts"]["real"]["skipped_bad_ids"] == ["real/broken"]
+    a, b = res["cpu_t"], res["device_t"]
+    assert a["image_id"].to_pylist() == b["image_id"].to_pylist() == ["real/astronaut", "real/chelsea",
+                                                                        "real/coffee", "real/rocket"]
+    top_a = np.array(a["topk_idx"].to_pylist())[:, 0]
+    top_b = np.array(b["topk_idx"].to_pylist())[:, 0]
+    assert (top_a == top_b).all()
+    assert np.abs(a["true_prob"].to_numpy() - b["true_prob"].to_numpy()).max() < 0.05
