@@ -5,9 +5,12 @@ Output layout (``--out``, default ``runs/``)::
 
     runs/<suite id>/<model slug>/result.json
     runs/<suite id>/<model slug>/predictions/<config>.parquet
-    runs/<suite id>/<model slug>/.work/            checkpoints of an unfinished run (removed at the end)
+    runs/<suite id>/<model slug>/.work/            units of an unfinished run + job.json (removed at the end)
+    runs/<suite id>/<model slug>/failure.json      a model that failed in a sweep (removed by the rerun)
 
-A killed run resumes from its last flushed checkpoint; a finished run is a no-op unless ``force``.
+A killed run resumes from its last flushed units; a finished run is a no-op unless ``force``.
+Scoring many models at once, and in many processes, is ``eval.sweep``; ``evaluate`` is its
+one-model case.
 """
 
 from __future__ import annotations

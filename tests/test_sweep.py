@@ -199,11 +199,11 @@ def test_accelerate_two_processes_equal_one_process(tmp_path, suite, zoo, single
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory, zoo):
-    """A suite big enough that a signal lands mid-run (200 images of 256 px), and the reference run."""
+    """A suite big enough that a signal lands mid-run (2 x 80 images of 256 px), and the reference run."""
     from benchmark.synthetic import make_synthetic_suite
 
     d = tmp_path_factory.mktemp("big")
-    make_synthetic_suite(d / "big", suite_id="big", configs=("base", "shifted"), classes=range(20), per_class=5,
+    make_synthetic_suite(d / "big", suite_id="big", configs=("base", "shifted"), classes=range(16), per_class=5,
                          image_size=256)
     a = ARCHS[0]
     evaluate(EvalRequest(model=a, suite=str(d / "big"), checkpoint=str(zoo[a]), out=str(d / "ref"),
