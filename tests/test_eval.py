@@ -231,7 +231,7 @@ def test_bad_image_fails_naming_it_or_is_skipped(tmp_path, tiny_checkpoint):
     (["--topk", "1001"], "--topk must be in 5..1000, got 1001"),
     (["--bootstrap", "1e12"], "--bootstrap must be in 1..100000"),
     (["--batch-size", "0"], "--batch-size must be in 1..65536, got 0"),
-    (["--workers", "-1"], "--workers must be in 0..64"),
+    (["--max-resident", "0"], "--max-resident must be in 1..1024, got 0"),
     (["--limit-per-class", "x"], "--limit-per-class must be a whole number"),
     (["--checkpoint", "/nonexistent.pth"], "does not exist"),
 ])

@@ -373,3 +373,20 @@ def test_decode_device_cpu_path_agrees_and_is_recorded(tmp_path, lite0_weights):
     top_b = np.array(b["topk_idx"].to_pylist())[:, 0]
     assert (top_a == top_b).all()
     assert np.abs(a["true_prob"].to_numpy() - b["true_prob"].to_numpy()).max() < 0.05
+
+
+def test_effective_batch_size_after_oom_backoff_is_recorded(tmp_path, suite, zoo, monkeypatch):
+    from eval import inference
+
+    orig = inference.Forward.__call__
+
+    def small_memory(self, x, labels):
+        if x.shape[0] > 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return orig(self, x, labels)
+
+    monkeypatch.setattr(inference.Forward, "__call__", small_memory)
+    jobs = _sweep(tmp_path, suite, zoo, archs=ARCHS[2:])
+    r = jobs[0].result
+    assert r["run"]["batch_size"] == 4 and r["run"]["effective_batch_size"] == 2
+    assert r["run"]["timings"]["base"]["effective_batch_size"] == 2
