@@ -173,15 +173,17 @@ class CheckpointedPredictions:
         if units != sorted(units) or len(set(units)) != len(units):
             raise RuntimeError(f"units flushed out of order: {units}")
         now = time.monotonic()
-        info = {**self._pending_info, "units": units, "seconds": round(now - self._last_flush, 3),
-                "batch_size": self.batch_size, "session": self.session}
-        # one part per contiguous run of units (a process of a distributed sweep holds scattered units)
+        totals = {**self._pending_info, "seconds": round(now - self._last_flush, 3)}
+        zero = {"skipped_bad": [], "model_seconds": 0.0, "seconds": 0.0}
+        # one part per contiguous run of units (a process of a distributed sweep holds scattered units);
+        # the flush's totals go in the first part's sidecar
         start = 0
         for i in range(1, len(units) + 1):
             if i == len(units) or units[i] != units[i - 1] + 1:
                 name = f"part-{units[start]:07d}-{units[i - 1]:07d}"
-                atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info if start == 0 else
-                                                                            {**info, "skipped_bad": [], "model_seconds": 0.0, "seconds": 0.0}))
+                info = {**(totals if start == 0 else zero), "units": units[start:i], "batch_size": self.batch_size,
+                        "session": self.session}
+                atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
                 with atomic_path(self.dir / f"{name}.parquet") as tmp:
                     pq.write_table(pa.concat_tables(self._pending[start:i]), tmp)
                 start = i

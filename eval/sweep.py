@@ -27,7 +27,6 @@ How the work is shared:
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import json
 import logging
 import os
@@ -44,7 +43,9 @@ from benchmark.oom import BatchBackoff
 from eval.inference import (
     COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units,
 )
-from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, read_predictions, safe_config_dir, schema
+from eval.predictions import (
+    CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, read_predictions, safe_config_dir, schema,
+)
 from eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, config_hash, environment, load_result, write_result
 from eval.runner import _is_construction_model, _slug, open_suite
 from eval.scoring import ScoringOptions, score

@@ -37,7 +37,7 @@ def add_parser(sub):
     p.add_argument("--remap-by-order", action="store_true",
                    help="map checkpoint tensors onto the model by position when key names differ")
     p.add_argument("--mask", help="imagenet-star-upstream only: the authors' masks.npy")
-    p.add_argument("--limit-per-class", type=_int, help=f"score only the first N images of each class (1..{LIMITS['limit_per_class'][1]})")
+    p.add_argument("--limit-per-class", type=_int, help="score only the first N images of each class (1..10000000)")
     p.add_argument("--batch-size", type=_int, help="default: 8 on CPU (fastest there), 256 on CUDA (1..65536)")
     p.add_argument("--workers", type=_int, help="DataLoader decode workers (default: min(4, cpus-1); 0..64)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (under accelerate launch: each process's GPU)")
