@@ -286,7 +286,7 @@ class Sweep:
         try:
             clf = load_classifier(spec.name, checkpoint=spec.checkpoint, device="cpu",
                                   remap_by_order=req.remap_by_order, pretrained=req.pretrained)
-        except BenchError as e:
+        except Exception as e:  # noqa: BLE001 - one model's bad weights or download: recorded, the sweep goes on
             if self.single:
                 raise
             self._fail_early(spec, e)
@@ -453,7 +453,7 @@ class Sweep:
                 try:
                     job.clf = load_classifier(job.spec.name, checkpoint=job.spec.checkpoint, device="cpu",
                                               remap_by_order=self.req.remap_by_order, pretrained=self.req.pretrained)
-                except BenchError as e:
+                except Exception as e:  # noqa: BLE001 - recorded for this model
                     self._record_failure(job, e)
         live = [j for j in chunk if j.status == "todo"]
         if not live:
@@ -656,8 +656,7 @@ def plan(req: SweepRequest, *, probe: bool = True) -> dict:
     for spec in req.models:
         sw._prepare_job(spec)
     items = sw.items()
-    rates = _probe(sw) if probe else {}
-    decode_s = rates.get("decode_s_per_image")
+    rates = _probe(sw) if probe else {"decode_s_per_image": {}, "forward_s_per_image": {}}
     per_rank = [0.0] * sw.dist.world
     groups = {}
     for it in items:
@@ -665,51 +664,54 @@ def plan(req: SweepRequest, *, probe: bool = True) -> dict:
         g["models"].update(it["models"])
         g["decodes"] += it["rows"]
         g["model_images"] += it["cost"]
-        est = (it["rows"] * (decode_s or 0)) + sum(rates.get(m, 0) * it["rows"] for m in it["models"])
-        per_rank[it["rank"]] += est
+        per_rank[it["rank"]] += it["rows"] * (rates["decode_s_per_image"].get(it["group"], 0.0)
+                                              + sum(rates["forward_s_per_image"].get(m, 0.0) for m in it["models"]))
     return {
         "models": [{"model": j.model_id, "status": j.status, "group": j.state.get("group"), "error": j.error}
                    for j in sw.jobs],
         "groups": {k: {**v, "models": sorted(v["models"])} for k, v in groups.items()},
         "items": items, "processes": sw.dist.world,
         "rates": rates,
-        "estimated_seconds": round(max(per_rank), 1) if items and rates else None,
-        "estimated_seconds_per_process": [round(s, 1) for s in per_rank] if rates else None,
+        "estimated_seconds": round(max(per_rank), 1) if items and probe else None,
+        "estimated_seconds_per_process": [round(s, 1) for s in per_rank] if probe else None,
     }
 
 
 def _probe(sw: Sweep) -> dict:
-    """Seconds per image for decode+transform (one unit) and for each model's forward (one batch)."""
+    """Seconds per image: decode+transform of one unit per preprocessing group, and each model's
+    forward pass on one batch of its group's images (after a warm-up batch)."""
     import torch
 
     from eval.inference import UnitDataset, make_transform
 
-    rates = {}
-    todo = [j for j in sw.jobs if j.status == "todo" and j.clf is not None]
-    if not todo or not sw.configs:
+    rates = {"decode_s_per_image": {}, "forward_s_per_image": {}}
+    todo = [j for j in sw.jobs if j.status == "todo"]
+    if not todo or not sw.configs or not sw.units[sw.configs[0]][1]:
         return rates
-    c = sw.configs[0]
-    groups, units = sw.units[c]
-    if not units:
-        return rates
+    groups, units = sw.units[sw.configs[0]]
     carried = tuple(x for x in CARRIED_COLUMNS if x in sw.suite.manifest.features)
-    ds = UnitDataset(sw.suite.root, groups, units[:1], make_transform(todo[0].state["data_config"],
-                                                                      uint8=sw.opts.device_normalizes()), carried)
-    t0 = time.perf_counter()
-    item = ds[0]
-    n = max(1, len(item["meta"]["image_id"]))
-    rates["decode_s_per_image"] = (time.perf_counter() - t0) / n
     bs = sw.opts.resolved_batch_size()
-    for job in todo:
-        if job.state["group"] != todo[0].state["group"]:
-            continue  # other groups' inputs differ in size; probed only for the first group
-        fwd = Forward(job.clf.model, replace(sw.opts, compile="off"), n_images=0, data_config=job.state["data_config"])
+    by_group: dict[str, list[Job]] = {}
+    for j in todo:
+        by_group.setdefault(j.group_key, []).append(j)
+    for key, jobs in sorted(by_group.items()):
+        ds = UnitDataset(sw.suite.root, groups, units[:1], make_transform(jobs[0].state["data_config"],
+                                                                          uint8=sw.opts.device_normalizes()), carried)
+        t0 = time.perf_counter()
+        item = ds[0]
+        rates["decode_s_per_image"][key] = (time.perf_counter() - t0) / max(1, len(item["meta"]["image_id"]))
         x = item["x"][:bs]
         labels = torch.tensor(item["meta"]["label"][:bs], dtype=torch.long)
-        fwd(x, labels)  # warm-up
-        t0 = time.perf_counter()
-        fwd(x, labels)
-        rates[job.model_id] = (time.perf_counter() - t0) / max(1, x.shape[0])
+        for job in jobs:
+            from eval.models import load_classifier
+
+            clf = job.clf or load_classifier(job.spec.name, checkpoint=job.spec.checkpoint,
+                                             remap_by_order=sw.req.remap_by_order, pretrained=sw.req.pretrained)
+            fwd = Forward(clf.model, replace(sw.opts, compile="off"), n_images=0, data_config=job.state["data_config"])
+            fwd(x, labels)  # warm-up
+            t0 = time.perf_counter()
+            fwd(x, labels)
+            rates["forward_s_per_image"][job.model_id] = (time.perf_counter() - t0) / max(1, x.shape[0])
     return rates
 
 

@@ -219,11 +219,13 @@ def print_plan(report: dict) -> None:
                 ["process", "config", "units", "rows", "cost"])
     rates = report["rates"]
     if rates.get("decode_s_per_image"):
-        print(f"\nmeasured: decode+transform {1000 * rates['decode_s_per_image']:.1f} ms/image; forward "
-              + ", ".join(f"{k} {1000 * v:.1f} ms/image" for k, v in rates.items() if k != "decode_s_per_image"))
+        print("\nmeasured ms/image: decode+transform " + ", ".join(
+            f"{k} {1000 * v:.1f}" for k, v in rates["decode_s_per_image"].items()) + "; forward " + ", ".join(
+            f"{k} {1000 * v:.1f}" for k, v in rates["forward_s_per_image"].items()))
     if report["estimated_seconds"] is not None:
-        print(f"estimated: {report['estimated_seconds'] / 3600:.2f} h on the slowest process "
-              "(decode not overlapped; one core per process)")
+        est = report["estimated_seconds"]
+        print(f"estimated: {est:.0f} s ({est / 3600:.2f} h) on the slowest process "
+              "(decode not overlapped with the forward pass: an upper bound)")
 
 
 def _fmt(m: dict | None, *, pp: bool = True) -> str:
