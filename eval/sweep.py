@@ -462,8 +462,10 @@ class Sweep:
         forwards = {}
         for job in list(live):
             try:
-                opts = replace(self.opts, compile="on" if job.state["compile"] else "off")
-                forwards[job.model_id] = Forward(job.clf.model, opts, n_images=0, data_config=job.state["data_config"])
+                # the compile decision was made on the model's whole workload (job state); "auto" keeps
+                # its eager fallback should compile be unavailable
+                n = COMPILE_MIN_IMAGES if job.state["compile"] else 0
+                forwards[job.model_id] = Forward(job.clf.model, self.opts, n_images=n, data_config=job.state["data_config"])
             except Exception as e:  # noqa: BLE001 - recorded for this model
                 self._record_failure(job, e)
                 live.remove(job)
