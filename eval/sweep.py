@@ -306,14 +306,14 @@ class Sweep:
                     "skip_bad_images": opts.skip_bad_images, "scoring": scoring.to_dict()}
         if opts.decode != "cpu":  # only a non-default decode is recorded (keeps earlier config hashes)
             protocol["decode"] = opts.decode
-        if spec.from_wildcard:
-            protocol["sweep_wildcard"] = {"pattern": spec.from_wildcard,
-                                          "expansion": self.req.wildcards.get(spec.from_wildcard, [])}
         chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)
         run_opts = {"device": self.device, "amp": opts.amp, "amp_dtype": opts.amp_dtype if opts.amp else None,
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,
                     "compile": opts.compile, "workers": opts.resolved_workers(),
                     "normalize_on_device": opts.device_normalizes()}
+        if spec.from_wildcard:  # recorded with the run, not the protocol: the numbers are a single eval's
+            run_opts["wildcard"] = {"pattern": spec.from_wildcard,
+                                    "expansion": self.req.wildcards.get(spec.from_wildcard, [])}
         # checkpoints are reusable only under the same protocol and numerics (device, AMP, batch composition)
         pred_key = sha256_bytes(canonical_json({
             "config_hash": chash, "amp": run_opts["amp"], "batch_size": run_opts["batch_size"],

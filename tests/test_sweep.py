@@ -239,7 +239,7 @@ def test_killed_process_resumes_byte_identical(tmp_path, big, zoo, sig):
     assert r["run"]["timings"]["base"]["resumed_units"] > 0
 
 
-def test_wildcards_and_model_lists(tmp_path):
+def test_wildcards_and_model_lists(tmp_path, suite):
     specs, exp = resolve_models(["timm/test_vit*", "test_resnet.r160_in1k"])
     assert exp == {"timm/test_vit*": ["timm/test_vit.r160_in1k", "timm/test_vit2.r160_in1k",
                                       "timm/test_vit3.r160_in1k"]}
@@ -249,6 +249,13 @@ def test_wildcards_and_model_lists(tmp_path):
     assert exp == {"vit_base_patch16_224.augreg_in21k*": ["vit_base_patch16_224.augreg_in21k_ft_in1k"]}
     with pytest.raises(BenchError, match="matches 5 model.*but none has a 1000-class ImageNet head"):
         resolve_models(["convnext_*.fb_in22k"])
+    # the expansion is recorded with the run (the protocol and config hash stay a single eval's)
+    specs, exp = resolve_models(["test_vit3*"])
+    jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path), wildcards=exp,
+                                  pretrained=False, inference=InferenceOptions(**OPTS)), progress=False)
+    r = jobs[0].result
+    assert r["run"]["wildcard"] == {"pattern": "test_vit3*", "expansion": ["test_vit3.r160_in1k"]}
+    assert "wildcard" not in json.dumps(r["protocol"])
 
 
 @pytest.mark.parametrize("argv, match", [
