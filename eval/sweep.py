@@ -116,8 +116,8 @@ def expand_wildcard(pattern: str) -> list[str]:
 
 
 def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
-    """``--models FILE``: one model per line, optionally followed by whitespace and a checkpoint path;
-    ``#`` starts a comment."""
+    """``--models FILE``: one model per line, optionally followed by whitespace and a checkpoint path
+    (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
     try:
         if p.stat().st_size > 1 << 20:
@@ -137,7 +137,10 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
         parts = line.split()
         if len(parts) > 2:
             raise BenchError(f"--models file {p.name} line {n}: expected 'MODEL [CHECKPOINT]', got {line!r}")
-        out.append(ModelSpec(parts[0], parts[1] if len(parts) == 2 else None))
+        ck = None
+        if len(parts) == 2:  # a relative checkpoint path is relative to the list file, not the working directory
+            ck = parts[1] if os.path.isabs(parts[1]) else str(p.parent / parts[1])
+        out.append(ModelSpec(parts[0], ck))
     return out
 
 

@@ -29,7 +29,8 @@ def add_parser(sub):
                    help="timm name, timm/<name>, hf-hub:<repo>[@sha], a timm wildcard ('timm/convnext_*.fb_in1k', "
                         "1000-class heads only) or NAME=CHECKPOINT; repeat for a sweep")
     p.add_argument("--models", metavar="FILE",
-                   help="a file with one model per line, optionally followed by a local checkpoint path; # comments")
+                   help="a file with one model per line, optionally followed by a local checkpoint path (relative "
+                        "to the file's folder); # comments")
     p.add_argument("--suite", help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--revision", help="suite commit sha (overrides the registry's pin)")
