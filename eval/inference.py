@@ -46,8 +46,11 @@ class InferenceOptions:
     unit_rows: int = 200              # checkpoint granularity: units are whole batches of >= this many rows
     normalize_on_device: bool | None = None  # None: on for CUDA (workers ship uint8, as timm's prefetcher)
     cudnn_benchmark: bool = True      # CUDA only; recorded in the result's environment
+    decode: str = "cpu"               # "cpu": PIL in the workers; "device": torchvision.io.decode_jpeg batches
 
     def device_normalizes(self) -> bool:
+        if self.decode == "device":  # decoded on the device as uint8: it normalises too
+            return True
         return self.device.startswith("cuda") if self.normalize_on_device is None else self.normalize_on_device
 
     def resolved_batch_size(self) -> int:
@@ -114,6 +117,7 @@ class UnitDataset(torch.utils.data.Dataset):
 
     def __init__(self, root: Path, groups: list[RowGroup], units: list[Unit], transform,
                  carried: tuple[str, ...]) -> None:
+        # transform None: ship the encoded bytes (``--decode device`` decodes them in the main process)
         self.root, self.groups, self.units, self.transform, self.carried = root, groups, units, transform, carried
 
     def __len__(self) -> int:
@@ -131,6 +135,11 @@ class UnitDataset(torch.utils.data.Dataset):
         tensors, bad = [], []
         for g, r in unit.rows:
             row = {c: parts[g][c][r].as_py() for c in cols}
+            if self.transform is None:
+                tensors.append(torch.frombuffer(bytearray(row["image"]["bytes"]), dtype=torch.uint8))
+                for c in meta:
+                    meta[c].append(row[c])
+                continue
             try:
                 with Image.open(io.BytesIO(row["image"]["bytes"])) as im:
                     tensors.append(self.transform(im.convert("RGB")))
@@ -139,8 +148,77 @@ class UnitDataset(torch.utils.data.Dataset):
                 continue
             for c in meta:
                 meta[c].append(row[c])
+        if self.transform is None:
+            return {"unit": unit.index, "x": tensors, "meta": meta, "bad": bad}
         x = torch.stack(tensors) if tensors else torch.empty(0)
         return {"unit": unit.index, "x": x, "meta": meta, "bad": bad}
+
+
+class DeviceDecoder:
+    """``--decode device``: JPEG batches decoded by ``torchvision.io.decode_jpeg`` on the device, then
+    timm's eval geometry (shorter side to ``floor(size / crop_pct)``, centre crop) as tensor ops.
+
+    Pixels differ slightly from PIL's decode and resize (another IDCT and antialiased tensor
+    resize), so the choice is recorded in the result's protocol. Non-JPEG images are decoded on
+    the CPU by ``torchvision.io.decode_image``. Output: uint8 NCHW on the device (the model's
+    forward normalises it).
+    """
+
+    def __init__(self, data_config: dict, device: str) -> None:
+        import math
+
+        from torchvision.transforms import InterpolationMode
+
+        if data_config.get("crop_mode", "center") not in (None, "center"):
+            raise BenchError(f"--decode device supports timm's 'center' crop mode only, this model uses "
+                             f"{data_config['crop_mode']!r}; use --decode cpu")
+        _, h, w = data_config["input_size"]
+        crop_pct = data_config.get("crop_pct") or 0.875
+        self.size = (h, w)
+        self.scale = (math.floor(h / crop_pct), math.floor(w / crop_pct))
+        interp = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
+                  "nearest": InterpolationMode.NEAREST}
+        self.interpolation = interp.get(data_config.get("interpolation"), InterpolationMode.BILINEAR)
+        self.device = torch.device(device)
+
+    def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
+        from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+        from torchvision.transforms.v2 import functional as F
+
+        is_jpeg = [bool(d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8) for d in datas]
+        images: list[torch.Tensor | None] = [None] * len(datas)
+        bad: list[tuple[int, str]] = []
+        jpeg_idx = [i for i, j in enumerate(is_jpeg) if j]
+        if jpeg_idx:
+            try:
+                out = decode_jpeg([datas[i] for i in jpeg_idx], mode=ImageReadMode.RGB, device=self.device)
+                for i, im in zip(jpeg_idx, out):
+                    images[i] = im
+            except RuntimeError:  # one bad file fails the batch: decode one by one to name it
+                for i in jpeg_idx:
+                    try:
+                        images[i] = decode_jpeg(datas[i], mode=ImageReadMode.RGB, device=self.device)
+                    except RuntimeError as e:
+                        bad.append((i, f"RuntimeError: {e}"))
+        for i, j in enumerate(is_jpeg):
+            if not j:
+                try:
+                    images[i] = decode_image(datas[i], mode=ImageReadMode.RGB).to(self.device)
+                except RuntimeError as e:
+                    bad.append((i, f"RuntimeError: {e}"))
+        out = []
+        for im in images:
+            if im is None:
+                continue
+            if self.scale[0] == self.scale[1]:
+                im = F.resize(im, [self.scale[0]], interpolation=self.interpolation, antialias=True)
+            else:  # timm's ResizeKeepRatio for non-square targets: the shorter side to its target
+                ratio = max(self.scale[0] / im.shape[-2], self.scale[1] / im.shape[-1])
+                im = F.resize(im, [round(im.shape[-2] * ratio), round(im.shape[-1] * ratio)],
+                              interpolation=self.interpolation, antialias=True)
+            out.append(F.center_crop(im, list(self.size)))
+        x = torch.stack(out) if out else torch.empty(0, 3, *self.size, dtype=torch.uint8, device=self.device)
+        return x, sorted(bad)
 
 
 def make_transform(data_config: dict, *, uint8: bool):
@@ -225,53 +303,120 @@ def _block(meta: dict, outs: list[tuple[np.ndarray, ...]], carried: tuple[str, .
     )
 
 
-def predict_config(suite: LocalSuite, config: str, model: torch.nn.Module, data_config: dict, opts: InferenceOptions,
-                   *, work_dir: Path, out_path: Path, progress: bool = True) -> ConfigStats:
-    """Predict every (selected) image of ``config`` and write ``out_path``; resumes from ``work_dir``."""
-    from tqdm.auto import tqdm
+@dataclass
+class ModelFeed:
+    """One model's share of a streamed config: its forward pass, OOM back-off and checkpoints.
 
-    carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
-    ckpt = CheckpointedPredictions(work_dir, config, schema(opts.topk, carried))
-    groups, units = plan_units(suite, config, batch_size=opts.resolved_batch_size(), unit_rows=opts.unit_rows,
-                               limit_per_class=opts.limit_per_class)
-    todo = [u for u in units if u.index not in ckpt.done_units]
-    stats = ConfigStats(resumed_units=len(units) - len(todo))
-    n_todo = sum(len(u.rows) for u in todo)
-    start = time.perf_counter()
-    forward = Forward(model, opts, n_images=n_todo, data_config=data_config) if todo else None
-    transform = make_transform(data_config, uint8=opts.device_normalizes())
-    stats.compiled = bool(forward and forward.compiled)
+    Several feeds share one decoded stream (a preprocessing group of a sweep): each unit is
+    decoded and transformed once and handed to every feed that still needs it.
+    """
+
+    name: str
+    forward: Forward
+    ckpt: CheckpointedPredictions
+    backoff: BatchBackoff
+    todo: set[int]                       # units of this config the model still needs
+
+    def run(self, x: torch.Tensor, labels: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
+        def fn(idx: range) -> list:
+            self.forward.batch_size = self.backoff.batch_size  # compiled graphs pad to the current size
+            return [self.forward(x[idx.start:idx.stop], labels[idx.start:idx.stop])]
+        out = self.backoff.call(fn, range(x.shape[0])) if x.shape[0] else []
+        self.ckpt.batch_size = self.backoff.batch_size
+        return out
+
+
+def unit_loader(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], transform, carried: tuple[str, ...],
+                opts: InferenceOptions):
+    """DataLoader over ``units`` (workers decode and transform; pinned memory on CUDA)."""
     workers = opts.resolved_workers()
-    loader = torch.utils.data.DataLoader(
-        UnitDataset(suite.root, groups, todo, transform, carried), batch_size=None, shuffle=False,
+    return torch.utils.data.DataLoader(
+        UnitDataset(suite.root, groups, units, transform, carried), batch_size=None, shuffle=False,
         num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=opts.device.startswith("cuda"),
         collate_fn=lambda item: item,
     )
-    backoff = BatchBackoff(opts.resolved_batch_size(), what="eval batch")
-    bar = tqdm(total=n_todo, desc=config, unit="img", disable=not progress, dynamic_ncols=True)
 
-    def run_unit(x: torch.Tensor, labels: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
-        def fn(idx: range) -> list:
-            forward.batch_size = backoff.batch_size  # compiled graphs pad to the current size
-            return [forward(x[idx.start:idx.stop], labels[idx.start:idx.stop])]
-        return backoff.call(fn, range(x.shape[0])) if x.shape[0] else []
 
+def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units: list[Unit], groups: list[RowGroup],
+                  data_config: dict, opts: InferenceOptions, *, on_failure=None, on_unit=None) -> float:
+    """Decode each of ``units`` once and run it through every feed that needs it.
+
+    A feed whose model raises is handed to ``on_failure(feed, exc)`` (and dropped) when given, so
+    one broken model does not stop the others; without it the error propagates. ``on_unit(rows,
+    n_models)`` reports progress. Returns the seconds spent waiting for decoded units.
+    """
+    carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
+    decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
+    transform = None if decoder else make_transform(data_config, uint8=opts.device_normalizes())
+    live = list(feeds)
+    wanted = [u for u in units if any(u.index in f.todo for f in live)]
+    decode_wait = 0.0
     try:
-        for item in loader:
+        it = iter(unit_loader(suite, groups, wanted, transform, carried, opts))
+        while live:
+            t0 = time.perf_counter()
+            item = next(it, None)
+            decode_wait += time.perf_counter() - t0
+            if item is None:
+                break
+            if decoder is not None:
+                t0 = time.perf_counter()
+                item["x"], failed = decoder(item["x"])
+                decode_wait += time.perf_counter() - t0
+                drop = {i for i, _ in failed}
+                item["bad"] = [(item["meta"]["image_id"][i], err) for i, err in failed]
+                item["meta"] = {c: [v for i, v in enumerate(vals) if i not in drop] for c, vals in item["meta"].items()}
+            bad = []
             for image_id, err in item["bad"]:
                 if not opts.skip_bad_images:
                     raise BenchError(f"image {image_id!r} of config {config!r} does not decode ({err}); fix the suite "
                                      "or pass --skip-bad-images to skip and count such images")
-                stats.skipped_bad.append(image_id)
-            outs = run_unit(item["x"], torch.tensor(item["meta"]["label"], dtype=torch.long))
-            ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk))
-            bar.update(len(item["meta"]["image_id"]) + len(item["bad"]))
+                bad.append(image_id)
+            labels = torch.tensor(item["meta"]["label"], dtype=torch.long)
+            served = 0
+            for feed in list(live):
+                if item["unit"] not in feed.todo:
+                    continue
+                before = feed.forward.seconds
+                try:
+                    outs = feed.run(item["x"], labels)
+                    feed.ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk), skipped_bad=bad,
+                                  model_seconds=feed.forward.seconds - before)
+                except Exception as e:  # noqa: BLE001 - recorded for this model; the others go on
+                    if on_failure is None:
+                        raise
+                    live.remove(feed)
+                    on_failure(feed, e)
+                    continue
+                feed.todo.discard(item["unit"])
+                served += 1
+            if on_unit:
+                on_unit(len(item["meta"]["image_id"]) + len(item["bad"]), served)
     finally:
-        ckpt.flush()
-        bar.close()
+        for feed in feeds:
+            feed.ckpt.flush()
+    return decode_wait
+
+
+def predict_config(suite: LocalSuite, config: str, model: torch.nn.Module, data_config: dict, opts: InferenceOptions,
+                   *, work_dir: Path, out_path: Path, progress: bool = True) -> ConfigStats:
+    """Predict every (selected) image of ``config`` with one model and write ``out_path``; resumes from
+    ``work_dir`` (the one-model case of ``predict_units``, kept for the throughput benchmark)."""
+    carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
+    ckpt = CheckpointedPredictions(work_dir, config, schema(opts.topk, carried))
+    groups, units = plan_units(suite, config, batch_size=opts.resolved_batch_size(), unit_rows=opts.unit_rows,
+                               limit_per_class=opts.limit_per_class)
+    todo = {u.index for u in units} - ckpt.done_units
+    stats = ConfigStats(resumed_units=len(units) - len(todo))
+    start = time.perf_counter()
+    forward = Forward(model, opts, n_images=sum(len(u.rows) for u in units), data_config=data_config)
+    feed = ModelFeed(config, forward, ckpt, BatchBackoff(opts.resolved_batch_size(), what="eval batch"), todo)
+    predict_units(suite, config, [feed], units, groups, data_config, opts)
+    stats.compiled = forward.compiled
+    stats.skipped_bad = [i for info in ckpt.part_info() for i in info.get("skipped_bad", [])]
     stats.rows = ckpt.finish(out_path)
     stats.seconds = time.perf_counter() - start
-    stats.model_seconds = forward.seconds if forward else 0.0
+    stats.model_seconds = forward.seconds
     return stats
 
 

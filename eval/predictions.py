@@ -22,8 +22,11 @@ of these files (``eval.scoring``), so every number can be recomputed without a G
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmark.errors import IntegrityError
-from benchmark.fsutil import atomic_path
+from benchmark.fsutil import atomic_path, atomic_write_bytes, canonical_json
 
 log = logging.getLogger(__name__)
 TOPK = 10
@@ -88,59 +91,129 @@ class PredictionBlock:
         return pa.table(cols, schema=sch)
 
 
+# Names that become path components under an output folder (suite configs): one strict pattern.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def contained(path: Path, root: Path) -> Path:
+    """``path`` resolved, asserted to lie strictly inside ``root`` (nothing outside ``--out`` is
+    ever written or removed, whatever names a suite's manifest carries)."""
+    full, base = Path(path).resolve(), Path(root).resolve()
+    if full == base or base not in full.parents:
+        raise IntegrityError(f"refusing to touch {str(path)!r}: it is not inside {str(root)!r}")
+    return full
+
+
+def check_config_name(config: str) -> str:
+    if not isinstance(config, str) or not SAFE_NAME.match(config) or ".." in config:
+        raise IntegrityError(f"config name {config!r} cannot be used as a file or folder name (letters, digits, "
+                             "'.', '_', '-' only); fix the suite's manifest")
+    return config
+
+
+def safe_config_dir(work_dir: Path, config: str) -> Path:
+    return contained(Path(work_dir) / check_config_name(config), work_dir)
+
+
 class CheckpointedPredictions:
     """Collect prediction blocks for one config, flushing parts atomically so a killed run resumes.
 
-    Parts live in ``<work_dir>/<config>/part-<first unit>-<last unit>.parquet``; ``done_units``
-    tells the runner which streaming units to skip. ``finish`` merges the parts, sorted by
-    ``image_id``, into the final file and removes them.
+    Parts live in ``<work_dir>/<config>/part-<first unit>-<last unit>.parquet`` with a JSON
+    sidecar (rows skipped as undecodable, seconds, effective batch size, session); ``done_units``
+    tells the runner which streaming units to skip. Parts are flushed every ``flush_rows`` rows
+    *and* every ``flush_seconds`` seconds, so a kill -9 loses at most about that much work. Units
+    of one config may be written by several processes (each its own units); ``finish`` merges all
+    parts, sorted by ``image_id``, into the final file and removes them.
     """
 
-    def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048) -> None:
-        self.dir = Path(work_dir) / config
+    def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048,
+                 flush_seconds: float = 30.0, session: str = "") -> None:
+        self.work_dir = Path(work_dir)
+        self.dir = safe_config_dir(self.work_dir, config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.schema = sch
         self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self.session = session
         self._pending: list[pa.Table] = []
         self._pending_units: list[int] = []
-        self.done_units: set[int] = set()
+        self._pending_info = {"skipped_bad": [], "model_seconds": 0.0}
+        self._last_flush = time.monotonic()
+        self.batch_size: int | None = None
+        self.done_units: set[int] = self.scan()
+
+    def scan(self) -> set[int]:
+        """Units already on disk (from any process or an earlier run); unreadable parts are redone."""
+        done: set[int] = set()
         for part in sorted(self.dir.glob("part-*.parquet")):
             try:
                 first, last = (int(x) for x in part.stem.split("-")[1:3])
-                if pq.read_schema(part) != sch:
+                if pq.read_schema(part) != self.schema:
                     raise ValueError("schema differs")
             except Exception:  # noqa: BLE001 - a part from another version of the run: redo it
                 log.warning("ignoring unreadable checkpoint %s", part)
-                part.unlink()
+                part.unlink(missing_ok=True)
                 continue
-            self.done_units.update(range(first, last + 1))
+            done.update(range(first, last + 1))
+        return done
 
-    def add(self, unit: int, block: PredictionBlock) -> None:
+    def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0) -> None:
         self._pending.append(block.to_table(self.schema))
         self._pending_units.append(unit)
-        if sum(t.num_rows for t in self._pending) >= self.flush_rows:
+        self._pending_info["skipped_bad"].extend(skipped_bad)
+        self._pending_info["model_seconds"] += model_seconds
+        if (sum(t.num_rows for t in self._pending) >= self.flush_rows
+                or time.monotonic() - self._last_flush >= self.flush_seconds):
             self.flush()
 
     def flush(self) -> None:
         if not self._pending:
             return
         units = self._pending_units
-        if units != list(range(units[0], units[-1] + 1)):
+        if units != sorted(units) or len(set(units)) != len(units):
             raise RuntimeError(f"units flushed out of order: {units}")
-        with atomic_path(self.dir / f"part-{units[0]:07d}-{units[-1]:07d}.parquet") as tmp:
-            pq.write_table(pa.concat_tables(self._pending), tmp)
+        now = time.monotonic()
+        totals = {**self._pending_info, "seconds": round(now - self._last_flush, 3)}
+        zero = {"skipped_bad": [], "model_seconds": 0.0, "seconds": 0.0}
+        # one part per contiguous run of units (a process of a distributed sweep holds scattered units);
+        # the flush's totals go in the first part's sidecar
+        start = 0
+        for i in range(1, len(units) + 1):
+            if i == len(units) or units[i] != units[i - 1] + 1:
+                name = f"part-{units[start]:07d}-{units[i - 1]:07d}"
+                info = {**(totals if start == 0 else zero), "units": units[start:i], "batch_size": self.batch_size,
+                        "session": self.session}
+                atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
+                with atomic_path(self.dir / f"{name}.parquet") as tmp:
+                    pq.write_table(pa.concat_tables(self._pending[start:i]), tmp)
+                start = i
         self.done_units.update(units)
         self._pending, self._pending_units = [], []
+        self._pending_info = {"skipped_bad": [], "model_seconds": 0.0}
+        self._last_flush = now
+
+    def part_info(self) -> list[dict]:
+        """The sidecars of the parts on disk (one per part; missing ones read as empty)."""
+        out = []
+        for part in sorted(self.dir.glob("part-*.parquet")):
+            side = part.with_suffix(".json")
+            try:
+                out.append(json.loads(side.read_text()))
+            except (OSError, ValueError):
+                out.append({})
+        return out
 
     def finish(self, out_path: Path) -> int:
         """Merge all parts into ``out_path`` (sorted by image_id); returns the row count."""
+        parts_dir = contained(self.dir, self.work_dir)  # never remove anything outside the run's work folder
         self.flush()
         parts = sorted(self.dir.glob("part-*.parquet"))
         table = pa.concat_tables([pq.read_table(p) for p in parts]) if parts else self.schema.empty_table()
-        table = table.take(pc.sort_indices(table, [("image_id", "ascending")]))
+        # one chunk whatever the part layout, so the file's bytes do not depend on how units were split
+        table = table.take(pc.sort_indices(table, [("image_id", "ascending")])).combine_chunks()
         with atomic_path(out_path) as tmp:
             pq.write_table(table, tmp, compression="zstd")
-        shutil.rmtree(self.dir)
+        shutil.rmtree(parts_dir)
         return table.num_rows
 
 

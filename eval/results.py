@@ -24,7 +24,7 @@ SCHEMA_VERSION = 1
 KIND = "genshift-result"
 RESULT_FILE = "result.json"
 # protocol options added after schema 1 shipped: present only when used, each with its values
-PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square")}
+PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square"), "decode": ("cpu", "device")}
 MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard store uses the same limit
 MAX_JSON_DEPTH = 32              # real results nest about 6 deep
 MAX_PREDICTIONS_BYTES = 512 * 2**20

@@ -5,30 +5,28 @@ Output layout (``--out``, default ``runs/``)::
 
     runs/<suite id>/<model slug>/result.json
     runs/<suite id>/<model slug>/predictions/<config>.parquet
-    runs/<suite id>/<model slug>/.work/            checkpoints of an unfinished run (removed at the end)
+    runs/<suite id>/<model slug>/.work/            units of an unfinished run + job.json (removed at the end)
+    runs/<suite id>/<model slug>/failure.json      a model that failed in a sweep (removed by the rerun)
 
-A killed run resumes from its last flushed checkpoint; a finished run is a no-op unless ``force``.
+A killed run resumes from its last flushed units; a finished run is a no-op unless ``force``.
+Scoring many models at once, and in many processes, is ``eval.sweep``; ``evaluate`` is its
+one-model case.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
+from benchmark.fsutil import sha256_file
 from benchmark.reader import LocalSuite
-from eval.inference import InferenceOptions, check_device, predict_config
-from eval.predictions import read_predictions
-from eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, config_hash, environment, load_result, write_result
-from eval.scoring import ScoringOptions, score
+from eval.inference import InferenceOptions
+from eval.results import RESULT_FILE
+from eval.scoring import ScoringOptions
 
 log = logging.getLogger(__name__)
-RUN_STATE = "run.json"
 
 
 @dataclass(frozen=True)
@@ -122,126 +120,24 @@ def _slug(text: str) -> str:
 
 
 def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
-    """Run (or resume) an evaluation and return ``(result, result_path)``."""
-    from benchmark import upstream
-    from eval.models import load_classifier, parse_model_name
+    """Run (or resume) an evaluation and return ``(result, result_path)``: a sweep of one model
+    (``eval.sweep``), so a model scored alone and in a sweep gets the same files."""
+    from eval.models import parse_model_name
+    from eval.sweep import ModelSpec, SweepRequest, run_sweep
 
-    device = check_device(req.inference.device)
-    if req.inference.amp and not device.startswith("cuda"):
-        raise BenchError("--amp needs a CUDA device; drop --amp for CPU runs")
     parse_model_name(req.model)  # a typo in --model is reported before any suite download
-    info = open_suite(req.suite, revision=req.revision, configs=req.configs, mask=req.mask)
-    suite = info.suite
-    configs = suite.select(list(req.configs) if req.configs else None)
-    clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order,
-                          checkpoint_weights=req.checkpoint_weights, preprocess=req.preprocess)
-
-    model_desc = clf.describe()
-    suite_desc = {
-        "id": suite.suite_id, "repo_id": suite.repo_id, "revision": suite.revision, "pinned": info.pinned,
-        "manifest_sha256": suite.manifest.sha256, "suite_version": suite.manifest.suite_version,
-        "configs": configs, "metric_family": info.metric_family, "source": info.source,
-        "mask": upstream.mask_record(req.mask, suite.manifest.generator),
-    }
-    scoring = req.scoring
-    if info.metric_family == "imagenet_star" and scoring.reference_config is None:
-        scoring = ScoringOptions(**{**asdict(scoring), "reference_config": info.reference_config or "base"})
-    protocol = {
-        "topk": req.inference.topk, "limit_per_class": req.inference.limit_per_class, "preprocess": req.preprocess,
-        "skip_bad_images": req.inference.skip_bad_images, "scoring": scoring.to_dict(),
-    }
-    chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)
-    run_opts = {"device": device, "amp": req.inference.amp, "amp_dtype": req.inference.amp_dtype if req.inference.amp else None,
-                "batch_size": req.inference.resolved_batch_size(), "channels_last": req.inference.channels_last,
-                "compile": req.inference.compile, "workers": req.inference.resolved_workers(),
-                "normalize_on_device": req.inference.device_normalizes()}
-    # checkpoints are reusable only under the same protocol and numerics (device, AMP, batch composition)
-    pred_key = sha256_bytes(canonical_json({"config_hash": chash, "amp": run_opts["amp"], "batch_size": run_opts["batch_size"],
-                                            "unit_rows": req.inference.unit_rows,
-                                            "normalize_on_device": run_opts["normalize_on_device"],
-                                            "amp_dtype": run_opts["amp_dtype"], "device": device.split(":")[0]}))
-
-    run_dir = ensure_writable_dir(Path(req.out) / _slug(suite.suite_id) / _slug(clf.model_id), what="--out directory")
-    result_path = run_dir / RESULT_FILE
-    if result_path.exists() and not req.force:
-        try:
-            old = load_result(result_path)
-        except BenchError:
-            old = None
-        if old and old.get("config_hash") == chash and old.get("run", {}).get("predictions_key") == pred_key:
-            log.info("already evaluated (%s); nothing to do (use --force to re-run)", result_path)
-            return old, result_path
-    _claim_run_dir(run_dir, pred_key, force=req.force)
-
-    started = _now()
-    counts, predictions, tables, timings = {}, [], {}, {}
-    for config in configs:
-        out_path = run_dir / "predictions" / f"{config}.parquet"
-        stats = predict_config(suite, config, clf.model, clf.data_config, req.inference, work_dir=run_dir / ".work",
-                               out_path=out_path, progress=progress)
-        tables[config] = read_predictions(out_path)
-        cinfo = suite.manifest.config(config)
-        counts[config] = {"total": cinfo.rows, "kept": cinfo.kept, "predicted": stats.rows,
-                          "skipped_bad": len(stats.skipped_bad), "skipped_bad_ids": stats.skipped_bad[:100]}
-        predictions.append({"config": config, "path": f"predictions/{config}.parquet", "rows": stats.rows,
-                            "sha256": sha256_file(out_path)})
-        timings[config] = {"seconds": round(stats.seconds, 3), "model_seconds": round(stats.model_seconds, 3),
-                           "images_per_second": round(stats.images_per_second, 3) if stats.rows else None,
-                           "compiled": stats.compiled, "resumed_units": stats.resumed_units}
-    metrics = score(info.metric_family, tables, scoring)
-    analysis = {}
-    if info.metric_family == "lance":
-        from eval.lance_insight import result_clusters
-
-        clusters = result_clusters(suite, tables, seed=scoring.seed)
-        if clusters:
-            analysis["lance_edit_clusters"] = clusters
-    flags = {
-        "unpinned_suite": not info.pinned,
-        "construction_model": _is_construction_model(clf.model_id, info.construction_models),
-        "partial": bool(req.inference.limit_per_class) or set(configs) != set(suite.configs),
-        "skipped_bad_images": sum(c["skipped_bad"] for c in counts.values()) > 0,
-    }
-    result = {
-        "schema_version": SCHEMA_VERSION, "kind": KIND,
-        "model": model_desc, "data_config": clf.data_config, "suite": suite_desc,
-        "protocol": protocol, "config_hash": chash,
-        "run": {**run_opts, "predictions_key": pred_key, "timings": timings},
-        "environment": environment(), "started_at": started, "finished_at": _now(),
-        "counts": counts, "metrics": metrics, "predictions": predictions, "flags": flags,
-        "notes": req.notes,
-        "analysis": analysis,
-    }
-    write_result(result_path, result)
-    shutil.rmtree(run_dir / ".work", ignore_errors=True)
-    return result, result_path
-
-
-def _claim_run_dir(run_dir: Path, pred_key: str, *, force: bool) -> None:
-    """Resume checkpoints made with the same predictions key; refuse to clobber other settings."""
-    state_path = run_dir / RUN_STATE
-    old = None
-    if state_path.is_file():
-        try:
-            old = json.loads(state_path.read_text()).get("predictions_key")
-        except ValueError:
-            old = None
-    has_outputs = any((run_dir / p).exists() for p in (RESULT_FILE, "predictions", ".work"))
-    if old != pred_key and has_outputs:
-        if not force:
-            raise BenchError(f"{run_dir} holds a run of this model and suite with other settings; pass --force to "
-                             "replace it or choose another --out")
-    if force or old != pred_key:
-        shutil.rmtree(run_dir / ".work", ignore_errors=True)
-        shutil.rmtree(run_dir / "predictions", ignore_errors=True)
-        (run_dir / RESULT_FILE).unlink(missing_ok=True)
-    atomic_write_json(state_path, {"predictions_key": pred_key})
+    jobs = run_sweep(SweepRequest(
+        models=(ModelSpec(req.model, req.checkpoint),), suite=req.suite, configs=req.configs, revision=req.revision,
+        remap_by_order=req.remap_by_order, checkpoint_weights=req.checkpoint_weights, preprocess=req.preprocess,
+        mask=req.mask, out=req.out, force=req.force, inference=req.inference,
+        scoring=req.scoring, notes=req.notes), progress=progress)
+    job = jobs[0]
+    if job.result is None:  # distributed: another process builds the result
+        raise BenchError(f"{job.model_id}: this process's units are done; the result is built by the last process "
+                         "to finish (or `bench eval --merge OUT`)")
+    return job.result, job.run_dir / RESULT_FILE
 
 
 def _is_construction_model(model_id: str, construction: tuple[str, ...]) -> bool:
     name = model_id.split("/", 1)[1] if model_id.startswith("timm/") else model_id
     return any(name == c or model_id == c for c in construction)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -144,11 +144,11 @@ def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint
     calls = {"n": 0}
     orig_add = P.CheckpointedPredictions.add
 
-    def flaky_add(self, unit, block):
+    def flaky_add(self, unit, block, **kw):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt  # killed after two flushed units
-        orig_add(self, unit, block)
+        orig_add(self, unit, block, **kw)
 
     monkeypatch.setattr(P.CheckpointedPredictions, "__init__", _small_flush(P.CheckpointedPredictions.__init__))
     monkeypatch.setattr(P.CheckpointedPredictions, "add", flaky_add)
@@ -228,7 +228,12 @@ def test_bad_image_fails_naming_it_or_is_skipped(tmp_path, tiny_checkpoint):
     (["--configs", "base,shiftd"], "unknown config 'shiftd'. Did you mean 'shifted'"),
     (["--device", "cuda"], "CUDA is not available"),
     (["--device", "tpu"], "--device must be"),
-    (["--topk", "3"], "--topk must be at least 5"),
+    (["--topk", "3"], "--topk must be in 5..1000, got 3"),
+    (["--topk", "1001"], "--topk must be in 5..1000, got 1001"),
+    (["--bootstrap", "1e12"], "--bootstrap must be in 1..100000"),
+    (["--batch-size", "0"], "--batch-size must be in 1..65536, got 0"),
+    (["--max-resident", "0"], "--max-resident must be in 1..1024, got 0"),
+    (["--limit-per-class", "x"], "--limit-per-class must be a whole number"),
     (["--checkpoint", "/nonexistent.pth"], "does not exist"),
 ])
 def test_bad_eval_input(tmp_path, toy_suite, tiny_checkpoint, capsys, argv, match):

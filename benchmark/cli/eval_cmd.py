@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_mask_options, add_verb, csv_list, mask_arg, positive_int, print_json, print_table
+import sys
+
+from benchmark.cli._common import add_mask_options, add_verb, csv_list, mask_arg, print_json, print_table
 
 
 def add_parser(sub):
@@ -10,18 +12,30 @@ def add_parser(sub):
         sub, "eval", help="score a timm model on a suite",
         description="Score any timm ImageNet-1k classifier on a suite: per-image predictions (parquet), the "
                     "suite family's metrics with bootstrap intervals, and a result JSON with full provenance. "
-                    "A killed run resumes; a finished run is a no-op unless --force.",
+                    "Several models (repeat --model, --models FILE, timm wildcards) share each image decode; under "
+                    "`accelerate launch` the work is split over processes. A killed run resumes (SIGTERM too); a "
+                    "finished run is a no-op unless --force.",
         examples=(
             "  bench eval --model timm/resnet50.a1_in1k --suite imagenet-star-upstream --configs base,in_the_snow\n"
             "  bench eval --model resnet50.a1_in1k --suite ./my-suite --device cuda --amp --batch-size 256\n"
             "  bench eval --model tf_efficientnet_lite0 --checkpoint lite0.pth --remap-by-order --suite ./photos-suite\n"
             "  HF_HUB_OFFLINE=1 bench eval --model hf-hub:timm/resnet50.a1_in1k@<sha> --suite lance-hardimagenet\n"
+            "  bench eval --model 'timm/convnext_*.fb_in1k' --model resnet50.a1_in1k --suite imagenet-star --plan\n"
+            "  bench eval --models zoo.txt --suite ./my-suite --max-resident 8\n"
+            "  accelerate launch -m benchmark eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
+            "  bench eval --merge runs/\n"
         ))
-    p.add_argument("--model", required=True, help="timm name, timm/<name> or hf-hub:<repo>[@sha]")
-    p.add_argument("--suite", required=True, help="registry id (see `bench suites`), Hub repo id, or a suite folder")
+    p.add_argument("--model", action="append", metavar="MODEL",
+                   help="timm name, timm/<name>, hf-hub:<repo>[@sha], a timm wildcard ('timm/convnext_*.fb_in1k', "
+                        "1000-class heads only) or NAME=CHECKPOINT; repeat for a sweep")
+    p.add_argument("--models", metavar="FILE",
+                   help="a file with one model per line, optionally followed by a local checkpoint path (relative "
+                        "to the file's folder); # comments")
+    p.add_argument("--suite", help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--revision", help="suite commit sha (overrides the registry's pin)")
-    p.add_argument("--checkpoint", help="local weights: safetensors, a PyTorch state dict or a timm training checkpoint")
+    p.add_argument("--checkpoint", help="local weights of the one --model: safetensors, a PyTorch state dict or a "
+                                        "timm training checkpoint")
     p.add_argument("--checkpoint-weights", choices=("model", "ema"), default="model",
                    help="which weights of a timm training checkpoint: model (default, as timm's validate.py) or ema")
     p.add_argument("--remap-by-order", action="store_true",
@@ -30,63 +44,196 @@ def add_parser(sub):
                    help="timm: the model's own eval transform (resize + centre crop); lance-square: LANCE's "
                         "evaluation setting, the whole image squashed to 224x224, no crop (recorded in the result)")
     add_mask_options(p)
-    p.add_argument("--limit-per-class", type=positive_int, help="score only the first N images of each class")
-    p.add_argument("--batch-size", type=positive_int, help="default: 8 on CPU (fastest there), 256 on CUDA")
-    p.add_argument("--workers", type=int, help="DataLoader decode workers (default: min(4, cpus-1))")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--limit-per-class", type=_int, help="score only the first N images of each class (1..10000000)")
+    p.add_argument("--batch-size", type=_int, help="default: 8 on CPU (fastest there), 256 on CUDA (1..65536)")
+    p.add_argument("--workers", type=_int, help="DataLoader decode workers (default: min(4, cpus-1); 0..64)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (under accelerate launch: each process's GPU)")
+    p.add_argument("--decode", choices=("cpu", "device"), default="cpu",
+                   help="cpu: PIL decode in the workers (default); device: JPEG batches decoded with "
+                        "torchvision.io.decode_jpeg on --device (pixels differ slightly; recorded in the protocol)")
     p.add_argument("--amp", action="store_true", help="autocast on CUDA")
-    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16",
-                   help="autocast dtype with --amp (default: bfloat16)")
+    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16", help="autocast dtype with --amp")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the model (auto: only when the run is long enough to pay it back)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
-                   help="keep the default memory format (channels-last is usually faster)")
-    p.add_argument("--topk", type=positive_int, default=10, help="predictions stored per image (>= 5)")
+                   help="keep the default NCHW memory format")
+    p.add_argument("--topk", type=_int, default=10, help="predictions stored per image (5..1000)")
     p.add_argument("--no-filter", dest="filter", action="store_false", help="score filtered (keep=false) rows too")
     p.add_argument("--reference-accuracy", type=float,
                    help="ImageNet*: absolute impact against this in-distribution accuracy (0..1) instead of base")
-    p.add_argument("--bootstrap", type=positive_int, default=1000, help="bootstrap replicates for the intervals")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--bootstrap", type=_int, default=1000, help="bootstrap replicates for the intervals (1..100000)")
+    p.add_argument("--seed", type=_int, default=0, help="bootstrap seed (0..2**63-1)")
     p.add_argument("--skip-bad-images", action="store_true", help="skip and count images that do not decode")
+    p.add_argument("--max-resident", type=_int, default=4,
+                   help="sweep: models loaded at once; a larger preprocessing group is run in chunks (1..1024)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the sweep's models, preprocessing groups, work items per process and an estimated "
+                        "cost (measured on one unit and one batch per model), then stop")
+    p.add_argument("--merge", metavar="OUT",
+                   help="build the results of a (distributed) sweep in OUT from its units; names missing units")
     p.add_argument("--out", default="runs", help="output directory (default: runs/)")
     p.add_argument("--force", action="store_true", help="re-run even if a finished result exists")
-    p.add_argument("--notes", default="", help="free text stored in the result")
+    p.add_argument("--notes", default="", help="free text stored in the result (up to 10000 characters)")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
 
-def run(args) -> int:
-    from benchmark.errors import BenchError
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
-    from eval.scoring import ScoringOptions
+# every numeric option's bounds, checked before anything is read or loaded
+LIMITS = {"topk": (5, 1000), "bootstrap": (1, 100_000), "batch_size": (1, 65536), "workers": (0, 64),
+          "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024)}
 
-    if args.topk < 5:
-        raise BenchError(f"--topk must be at least 5 (acc@5 needs it), got {args.topk}")
+
+def _int(text: str):
+    """An integer option value; '1e3' is accepted when it is a whole number. Bounds are checked in
+    ``check_bounds`` so that a bad value is one ``error:`` line."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            v = float(text)
+        except ValueError:
+            return text  # reported by check_bounds
+        return int(v) if v.is_integer() and abs(v) < 1e300 else text
+
+
+def check_bounds(args) -> None:
+    from benchmark.errors import BenchError
+
+    for name, (lo, hi) in LIMITS.items():
+        v = getattr(args, name)
+        if v is None:
+            continue
+        opt = "--" + name.replace("_", "-")
+        if not isinstance(v, int):
+            raise BenchError(f"{opt} must be a whole number in {lo}..{hi}, got {v!r}")
+        if not lo <= v <= hi:
+            hint = " (acc@5 needs at least 5)" if name == "topk" and v < lo else ""
+            raise BenchError(f"{opt} must be in {lo}..{hi}, got {v}{hint}")
     if args.reference_accuracy is not None and not 0 <= args.reference_accuracy <= 1:
         raise BenchError(f"--reference-accuracy is a fraction in [0, 1], got {args.reference_accuracy}")
-    if args.workers is not None and args.workers < 0:
-        raise BenchError(f"--workers must be >= 0, got {args.workers}")
-    req = EvalRequest(
-        model=args.model, suite=args.suite, configs=tuple(args.configs) if args.configs else None,
-        revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order,
-        checkpoint_weights=args.checkpoint_weights, mask=mask_arg(args), preprocess=args.preprocess,
-        out=args.out, force=args.force, notes=args.notes,
+    if len(args.notes) > 10_000:
+        raise BenchError(f"--notes is {len(args.notes)} characters; keep it under 10000")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: checkpoints are flushed on the way out."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def run(args) -> int:
+    import signal
+
+    check_bounds(args)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _run(args)
+    except Terminated:
+        print("terminated; finished units are flushed and a rerun resumes", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
+    from benchmark.errors import BenchError
+    from eval.inference import InferenceOptions
+    from eval.sweep import SweepRequest, merge, plan, resolve_models, run_sweep
+    from eval.scoring import ScoringOptions
+
+    if args.merge:
+        if args.model or args.models or args.plan:
+            raise BenchError("--merge OUT builds results from a sweep's units; give it without --model/--models/--plan")
+        for path, result in merge(args.merge):
+            print(f"{result['model']['id']}: {path}")
+        return 0
+    specs, expansions = resolve_models(args.model, models_file=args.models, checkpoint=args.checkpoint)
+    for pattern, names in expansions.items():
+        print(f"{pattern} -> {len(names)} model(s): {', '.join(names)}", file=sys.stderr)
+    if not args.suite:
+        raise BenchError("--suite is required: a registry id (see `bench suites`), a Hub repo id or a suite folder")
+    req = SweepRequest(
+        models=tuple(specs), suite=args.suite, configs=tuple(args.configs) if args.configs else None,
+        revision=args.revision, remap_by_order=args.remap_by_order, checkpoint_weights=args.checkpoint_weights,
+        preprocess=args.preprocess, mask=mask_arg(args),
+        out=args.out, force=args.force, notes=args.notes, max_resident=args.max_resident, wildcards=expansions,
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
             amp_dtype=args.amp_dtype, channels_last=args.channels_last, compile=args.compile, topk=args.topk,
-            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images),
+            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, decode=args.decode),
         scoring=ScoringOptions(filter=args.filter, reference_accuracy=args.reference_accuracy,
                                n_boot=args.bootstrap, seed=args.seed),
     )
-    result, path = evaluate(req, progress=args.progress)
+    if args.plan:
+        report = plan(req)
+        print_json(report) if args.json else print_plan(report)
+        return 0
+    jobs = run_sweep(req, progress=args.progress)
+    if len(jobs) == 1 and jobs[0].result is not None:
+        if args.json:
+            print_json(jobs[0].result)
+        else:
+            print_summary(jobs[0].result)
+            print(f"\nresult: {jobs[0].run_dir / 'result.json'}")
+        return 0
     if args.json:
-        print_json(result)
+        print_json([{"model": j.model_id, "status": j.status, "error": j.error,
+                     "result": str(j.run_dir / "result.json") if j.result else None} for j in jobs])
     else:
-        print_summary(result)
-        print(f"\nresult: {path}")
-    return 0
+        print_sweep(jobs)
+    return 1 if any(j.status == "failed" for j in jobs) else 0
+
+
+def print_sweep(jobs) -> None:
+    """The end-of-sweep table: one row per model (mean acc@1 over configs, result path or error)."""
+    rows = []
+    for j in jobs:
+        row = {"model": j.model_id, "status": j.status}
+        if j.result:
+            accs = [m["acc1"]["value"] for m in j.result["metrics"]["configs"].values() if m["acc1"].get("value") is not None]
+            row["mean acc@1 %"] = f"{100 * sum(accs) / len(accs):.2f}" if accs else "-"
+            row["result / error"] = str(j.run_dir / "result.json")
+        else:
+            row["result / error"] = j.error or "units done here; built by the last process (or --merge)"
+        rows.append(row)
+    print_table(rows, ["model", "status", "mean acc@1 %", "result / error"])
+    failed = [j for j in jobs if j.status == "failed"]
+    if failed:
+        print(f"\n{len(failed)} model(s) failed: " + ", ".join(j.model_id for j in failed)
+              + "; the others' results are complete, a rerun retries the failed ones")
+
+
+def print_plan(report: dict) -> None:
+    """``--plan``: models, groups, items per process and the estimated cost."""
+    print(f"{len(report['models'])} model(s), {len(report['groups'])} preprocessing group(s), "
+          f"{len(report['items'])} work item(s) over {report['processes']} process(es)")
+    print_table([{"model": m["model"], "status": m["status"], "group": m["group"] or "-", "error": m["error"] or ""}
+                 for m in report["models"]], ["model", "status", "group", "error"])
+    print()
+    rows = [{"group": k, "models": len(g["models"]), "image decodes": g["decodes"], "model-images": g["model_images"]}
+            for k, g in report["groups"].items()]
+    print_table(rows, ["group", "models", "image decodes", "model-images"])
+    per = {}
+    for it in report["items"]:
+        r = per.setdefault((it["rank"], it["config"]), {"units": 0, "rows": 0, "cost": 0})
+        r["units"] += 1
+        r["rows"] += it["rows"]
+        r["cost"] += it["cost"]
+    print()
+    print_table([{"process": k[0], "config": k[1], **v} for k, v in sorted(per.items())],
+                ["process", "config", "units", "rows", "cost"])
+    rates = report["rates"]
+    if rates.get("decode_s_per_image"):
+        print("\nmeasured ms/image: decode+transform " + ", ".join(
+            f"{k} {1000 * v:.1f}" for k, v in rates["decode_s_per_image"].items()) + "; forward " + ", ".join(
+            f"{k} {1000 * v:.1f}" for k, v in rates["forward_s_per_image"].items()))
+    if report["estimated_seconds"] is not None:
+        est = report["estimated_seconds"]
+        print(f"estimated: {est:.0f} s ({est / 3600:.2f} h) on the slowest process "
+              "(decode not overlapped with the forward pass: an upper bound)")
 
 
 def _fmt(m: dict | None, *, pp: bool = True) -> str:

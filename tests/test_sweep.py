@@ -1,0 +1,397 @@
+"""Sweeps: many models per decode, many processes; every model's files equal a single bench eval's.
+
+Tiny random-weight timm models saved as checkpoints (so every load is the same model), a small
+synthetic suite, real subprocesses for kill -9 / SIGTERM and ``accelerate launch --cpu``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmark.cli import main
+from benchmark.errors import BenchError, IntegrityError
+from eval.inference import InferenceOptions
+from eval.runner import EvalRequest, evaluate
+from eval.sweep import ModelSpec, SweepRequest, resolve_models, run_sweep
+
+ARCHS = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_resnet.r160_in1k")  # 2 + 1 share a data config
+OPTS = dict(batch_size=4, workers=0, compile="off", unit_rows=4)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """Random weights of three tiny 1000-class timm models, as safetensors."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("zoo")
+    out = {}
+    for i, arch in enumerate(ARCHS):
+        torch.manual_seed(i)
+        m = timm.create_model(arch, pretrained=False)
+        out[arch] = d / f"{arch}.safetensors"
+        save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(out[arch]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    from benchmark.synthetic import make_synthetic_suite
+
+    root = tmp_path_factory.mktemp("s") / "toy"
+    make_synthetic_suite(root, configs=("base", "shifted"), classes=range(6), per_class=3, num_shards=2)
+    return root
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("predictions/*.parquet"))}
+
+
+def _sweep(out, suite, zoo, archs=ARCHS, **kw):
+    return run_sweep(SweepRequest(models=tuple(ModelSpec(a, str(zoo[a])) for a in archs), suite=str(suite),
+                                  out=str(out), inference=InferenceOptions(**OPTS), **kw), progress=False)
+
+
+@pytest.fixture(scope="module")
+def singles(tmp_path_factory, suite, zoo):
+    """Each model scored alone by bench eval's library entry point: the reference bytes."""
+    out = tmp_path_factory.mktemp("single")
+    for a in ARCHS:
+        evaluate(EvalRequest(model=a, suite=str(suite), checkpoint=str(zoo[a]), out=str(out),
+                             inference=InferenceOptions(**OPTS)), progress=False)
+    return out
+
+
+def test_sweep_equals_single_runs_byte_for_byte(tmp_path, suite, zoo, singles):
+    jobs = _sweep(tmp_path, suite, zoo, max_resident=1)  # chunks of one model: the bound is honoured
+    assert [j.status for j in jobs] == ["done"] * 3
+    ref = _files(singles)
+    assert len(ref) == 6 and _files(tmp_path) == ref
+    for a in ARCHS:
+        r = json.loads((tmp_path / "toy" / a / "result.json").read_text())
+        s = json.loads((singles / "toy" / a / "result.json").read_text())
+        assert r["config_hash"] == s["config_hash"] and r["metrics"] == s["metrics"]
+        assert r["run"]["effective_batch_size"] == 4
+        assert not (tmp_path / "toy" / a / ".work").exists()
+    # a rerun is a no-op, whatever the grouping
+    mtime = (tmp_path / "toy" / ARCHS[0] / "result.json").stat().st_mtime_ns
+    _sweep(tmp_path, suite, zoo)
+    assert (tmp_path / "toy" / ARCHS[0] / "result.json").stat().st_mtime_ns == mtime
+
+
+def test_one_decode_feeds_every_model_of_a_group(tmp_path, suite, zoo, monkeypatch):
+    from eval import inference
+
+    seen = []
+    orig = inference.UnitDataset.__getitem__
+    monkeypatch.setattr(inference.UnitDataset, "__getitem__", lambda self, i: seen.append(i) or orig(self, i))
+    _sweep(tmp_path, suite, zoo)
+    # 2 configs x 5 units of <= 4 rows, decoded once per group (2 groups) -> 20, not 30
+    assert len(seen) == 20
+
+
+def test_plan_lists_items_and_writes_nothing(tmp_path, suite, zoo, capsys):
+    models = tmp_path / "zoo.txt"
+    models.write_text("".join(f"{a} {zoo[a]}  # tiny\n" for a in ARCHS) + "# comment\n\n")
+    assert main(["eval", "--models", str(models), "--suite", str(suite), "--out", str(tmp_path / "runs"),
+                 "--plan", "--json", "--workers", "0", "--batch-size", "4"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert len(rep["groups"]) == 2 and rep["processes"] == 1
+    assert sum(i["cost"] for i in rep["items"]) == 3 * 36 and rep["estimated_seconds"] > 0
+    assert not list((tmp_path / "runs").rglob("*.json"))
+
+
+def test_failing_model_leaves_the_others_intact(tmp_path, suite, zoo, singles, monkeypatch, capsys):
+    from eval import inference
+
+    orig = inference.Forward.__call__
+    calls = {"n": 0}
+
+    def broken(self, x, labels):
+        if type(self.model).__name__ == "VisionTransformer":
+            calls["n"] += 1
+            if calls["n"] == 3:  # fails mid-sweep, after some of its units were written
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return orig(self, x, labels)
+
+    monkeypatch.setattr(inference.Forward, "__call__", broken)
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes(b"not weights")
+    models = tmp_path / "zoo.txt"
+    models.write_text("".join(f"{a} {zoo[a]}\n" for a in ARCHS) + f"test_efficientnet.r160_in1k {bad}\n")
+    code = main(["eval", "--models", str(models), "--suite", str(suite), "--out", str(tmp_path), "--no-progress",
+                 "--workers", "0", "--batch-size", "4", "--compile", "off"])
+    out = capsys.readouterr().out
+    assert code == 1 and "2 model(s) failed: test_vit.r160_in1k, test_efficientnet.r160_in1k" in out
+    ref = _files(singles)
+    got = _files(tmp_path)
+    assert {k: v for k, v in ref.items() if "test_vit" not in k} == got
+    fail = json.loads((tmp_path / "toy" / "test_vit.r160_in1k" / "failure.json").read_text())
+    assert "illegal memory access" in fail["error"]
+    # the rerun retries the failed model only, resuming its written units
+    monkeypatch.setattr(inference.Forward, "__call__", orig)
+    models.write_text("".join(f"{a} {zoo[a]}\n" for a in ARCHS))
+    assert main(["eval", "--models", str(models), "--suite", str(suite), "--out", str(tmp_path), "--no-progress",
+                 "--workers", "0", "--batch-size", "4", "--compile", "off"]) == 0
+    assert _files(tmp_path) == ref
+    assert not (tmp_path / "toy" / "test_vit.r160_in1k" / "failure.json").exists()
+
+
+def test_interrupted_sweep_resumes_identically(tmp_path, suite, zoo, singles, monkeypatch):
+    from eval import predictions as P
+
+    orig_add = P.CheckpointedPredictions.add
+    calls = {"n": 0}
+
+    def flaky(self, unit, block, **kw):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt
+        orig_add(self, unit, block, **kw)
+
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", flaky)
+    monkeypatch.setattr(P.CheckpointedPredictions, "__init__", _flush_every_unit(P.CheckpointedPredictions.__init__))
+    with pytest.raises(KeyboardInterrupt):
+        _sweep(tmp_path, suite, zoo)
+    assert list(tmp_path.rglob("part-*.parquet"))
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", orig_add)
+    jobs = _sweep(tmp_path, suite, zoo)
+    assert _files(tmp_path) == _files(singles)
+    resumed = sum(t["resumed_units"] for j in jobs for t in j.result["run"]["timings"].values())
+    assert resumed == 8
+
+
+def _flush_every_unit(init):
+    def wrapped(self, *a, **kw):
+        kw["flush_rows"] = 1
+        init(self, *a, **kw)
+    return wrapped
+
+
+def _cli(*args, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TQDM_DISABLE": "1"}
+    env.update(env_extra or {})
+    return env, [sys.executable, "-m", "benchmark", "eval", *args]
+
+
+def test_accelerate_two_processes_equal_one_process(tmp_path, suite, zoo, singles):
+    models = tmp_path / "zoo.txt"
+    models.write_text("".join(f"{a} {zoo[a]}\n" for a in ARCHS))
+    env, cmd = _cli("--models", str(models), "--suite", str(suite), "--out", str(tmp_path / "two"), "--workers", "0",
+                    "--batch-size", "4", "--compile", "off", "--no-progress")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "benchmark", *cmd[3:]]
+    p = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _files(tmp_path / "two") == _files(singles)
+    assert not list((tmp_path / "two").rglob(".work"))
+    # both processes worked: each wrote some units (recorded in the result's timings)
+    r = json.loads((tmp_path / "two" / "toy" / ARCHS[0] / "result.json").read_text())
+    assert r["counts"]["base"]["predicted"] == 18
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory, zoo):
+    """A suite big enough that a signal lands mid-run (2 x 80 images of 256 px), and the reference run."""
+    from benchmark.synthetic import make_synthetic_suite
+
+    d = tmp_path_factory.mktemp("big")
+    make_synthetic_suite(d / "big", suite_id="big", configs=("base", "shifted"), classes=range(16), per_class=5,
+                         image_size=256)
+    a = ARCHS[0]
+    evaluate(EvalRequest(model=a, suite=str(d / "big"), checkpoint=str(zoo[a]), out=str(d / "ref"),
+                         inference=InferenceOptions(**OPTS)), progress=False)
+    return d / "big", _files(d / "ref")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_process_resumes_byte_identical(tmp_path, big, zoo, sig):
+    suite, ref = big
+    a = ARCHS[0]
+    env, cmd = _cli("--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path), "--workers", "0",
+                    "--batch-size", "4", "--compile", "off", "--no-progress")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work = tmp_path / "big" / a / ".work"
+    deadline = time.time() + 300
+    while not list(work.glob("base/part-*.parquet")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    if (tmp_path / "big" / a / "result.json").exists():
+        pytest.skip("the run finished before the signal landed")
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143 and "rerun resumes" in err, err
+    # leftovers of a killed run: a temp file is cleaned, finished units are kept
+    stray = work / "base" / "part-0000009-0000009.parquet.abc.incomplete"
+    stray.write_bytes(b"half")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert not stray.exists() and not work.exists()
+    assert _files(tmp_path) == ref
+    r = json.loads((tmp_path / "big" / a / "result.json").read_text())
+    assert r["run"]["timings"]["base"]["resumed_units"] > 0
+
+
+def test_wildcards_and_model_lists(tmp_path, suite):
+    specs, exp = resolve_models(["timm/test_vit*", "test_resnet.r160_in1k"])
+    assert exp == {"timm/test_vit*": ["timm/test_vit.r160_in1k", "timm/test_vit2.r160_in1k",
+                                      "timm/test_vit3.r160_in1k"]}
+    assert [s.name for s in specs][-1] == "test_resnet.r160_in1k" and specs[0].from_wildcard == "timm/test_vit*"
+    # the 21k-class head is dropped from an expansion, and a pattern of only such heads is refused
+    _, exp = resolve_models(["vit_base_patch16_224.augreg_in21k*"])
+    assert exp == {"vit_base_patch16_224.augreg_in21k*": ["vit_base_patch16_224.augreg_in21k_ft_in1k"]}
+    with pytest.raises(BenchError, match="matches 5 model.*but none has a 1000-class ImageNet head"):
+        resolve_models(["convnext_*.fb_in22k"])
+    # the expansion is recorded with the run (the protocol and config hash stay a single eval's)
+    specs, exp = resolve_models(["test_vit3*"])
+    jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path), wildcards=exp,
+                                  pretrained=False, inference=InferenceOptions(**OPTS)), progress=False)
+    r = jobs[0].result
+    assert r["run"]["wildcard"] == {"pattern": "test_vit3*", "expansion": ["test_vit3.r160_in1k"]}
+    assert "wildcard" not in json.dumps(r["protocol"])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--models", "EMPTY"], "lists no model"),
+    ([], "no model given"),
+    (["--model", "resnet_nope_*"], "matches no timm pretrained model"),
+    (["--model", "test_resnet.r160_in1k", "--model", "timm/test_resnet.r160_in1k"], "is listed twice"),
+    (["--model", "test_resnet.r160_in1k", "--model", "test_vit.r160_in1k", "--checkpoint", "x.pth"],
+     "--checkpoint applies to one model"),
+    (["--models", "TYPO"], "unknown timm model 'resnet5O'. Did you mean"),
+    (["--model", "test_vit.r160_in1k="], "needs a checkpoint path"),
+    (["--merge", "OUT"], "nothing to merge"),
+])
+def test_bad_sweep_input(tmp_path, capsys, argv, match):
+    (tmp_path / "empty.txt").write_text("# nothing\n\n")
+    (tmp_path / "typo.txt").write_text("test_resnet.r160_in1k\nresnet5O\n")
+    subs = {"EMPTY": str(tmp_path / "empty.txt"), "TYPO": str(tmp_path / "typo.txt"), "OUT": str(tmp_path)}
+    argv = [subs.get(a, a) for a in argv]
+    # the suite does not exist: every model problem must be reported before any data is touched
+    code = main(["eval", *argv, "--suite", str(tmp_path / "no-such-suite"), "--out", str(tmp_path / "runs"),
+                 "--no-progress"] + ([] if "--merge" not in argv else []))
+    err = capsys.readouterr().err
+    assert code != 0 and match in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, monkeypatch):
+    from eval import sweep
+
+    a = ARCHS[2]
+    # a 2-process sweep where only process 0 ran: half the units are missing
+    monkeypatch.setattr(sweep._Distributed, "__init__", _fake_world(2, 0))
+    jobs = _sweep(tmp_path, suite, zoo, archs=(a,))
+    assert jobs[0].result is None and (tmp_path / "toy" / a / ".work").is_dir()
+    with pytest.raises(BenchError, match=r"units missing: toy/test_resnet.r160_in1k: config base: unit\(s\) "):
+        sweep.merge(tmp_path)
+    monkeypatch.undo()
+    _sweep(tmp_path, suite, zoo, archs=(a,))  # the rerun (one process here) does the rest and builds the result
+    assert _files(tmp_path) == {k: v for k, v in _files(singles).items() if a in k}
+
+
+def _fake_world(world, rank):
+    def init(self):
+        self.world, self.rank, self.local_rank, self.state, self.is_main = world, rank, rank, None, rank == 0
+    return init
+
+
+def test_config_names_cannot_reach_outside_out(tmp_path, suite, zoo, monkeypatch):
+    from eval.predictions import CheckpointedPredictions, schema
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    work = tmp_path / "runs" / "toy" / "m" / ".work"
+    for name in ("../../../../victim", "..", "/etc", "a/b"):
+        with pytest.raises(IntegrityError, match="cannot be used as a file or folder name"):
+            CheckpointedPredictions(work, name, schema())
+    from eval import sweep
+
+    real_open = sweep.open_suite
+
+    def hostile_open(*a, **kw):  # a verified suite whose manifest then names a config '../../../victim'
+        info = real_open(*a, **kw)
+        cfgs = info.suite.manifest.configs
+        cfgs["../../../victim"] = cfgs.pop("base")
+        return info
+
+    monkeypatch.setattr(sweep, "open_suite", hostile_open)
+    with pytest.raises(IntegrityError, match="cannot be used as a file or folder name"):
+        _sweep(tmp_path / "runs", suite, zoo, archs=ARCHS[:1])
+    assert (victim / "keep.txt").read_text() == "precious"
+    # the containment check itself, for a path that escapes through a symlink
+    (work).mkdir(parents=True, exist_ok=True)
+    (work / "link").symlink_to(victim)
+    ck = CheckpointedPredictions.__new__(CheckpointedPredictions)
+    ck.work_dir, ck.dir, ck.schema, ck._pending = work, work / "link", schema(), []
+    with pytest.raises(IntegrityError, match="not inside"):
+        ck.finish(tmp_path / "runs" / "x.parquet")
+    assert (victim / "keep.txt").read_text() == "precious"
+
+
+def test_decode_device_cpu_path_agrees_and_is_recorded(tmp_path, lite0_weights):
+    """--decode device (torchvision.io.decode_jpeg + tensor resize/crop) on CPU: real photos get the
+    default path's top-1, a PNG is decoded too, a broken JPEG is named and skipped; the protocol says so."""
+    import io
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    from PIL import Image
+    from skimage import data
+
+    from benchmark.writer import SuiteWriter
+
+    def enc(arr, fmt):
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        return buf.getvalue()
+
+    rows = [("chelsea", 281, enc(data.chelsea(), "JPEG")), ("coffee", 967, enc(data.coffee(), "JPEG")),
+            ("astronaut", 0, enc(data.astronaut(), "PNG")), ("rocket", 0, enc(data.rocket(), "JPEG")),
+            ("broken", 1, b"\xff\xd8\xff\xe0 truncated")]
+    with SuiteWriter(tmp_path / "photos", suite_id="photos") as w:
+        w.write_shard("real", 0, 1, ({"image": {"bytes": b, "path": None}, "label": y, "image_id": f"real/{n}",
+                                      "config": "real", "keep": True, "pair_id": None} for n, y, b in rows))
+        w.finalize(generator={})
+    res = {}
+    for mode in ("cpu", "device"):
+        res[mode], path = evaluate(EvalRequest(
+            model="tf_efficientnet_lite0", checkpoint=lite0_weights, remap_by_order=True, suite=str(tmp_path / "photos"),
+            out=str(tmp_path / mode), inference=InferenceOptions(workers=0, compile="off", decode=mode,
+                                                                 skip_bad_images=True)), progress=False)
+        res[mode + "_t"] = pq.read_table(path.parent / "predictions" / "real.parquet")
+    assert "decode" not in res["cpu"]["protocol"] and res["device"]["protocol"]["decode"] == "device"
+    assert res["cpu"]["config_hash"] != res["device"]["config_hash"]
+    assert res["device"]["counts"]["real"]["skipped_bad_ids"] == ["real/broken"]
+    a, b = res["cpu_t"], res["device_t"]
+    assert a["image_id"].to_pylist() == b["image_id"].to_pylist() == ["real/astronaut", "real/chelsea",
+                                                                        "real/coffee", "real/rocket"]
+    top_a = np.array(a["topk_idx"].to_pylist())[:, 0]
+    top_b = np.array(b["topk_idx"].to_pylist())[:, 0]
+    assert (top_a == top_b).all()
+    assert np.abs(a["true_prob"].to_numpy() - b["true_prob"].to_numpy()).max() < 0.05
+
+
+def test_effective_batch_size_after_oom_backoff_is_recorded(tmp_path, suite, zoo, monkeypatch):
+    from eval import inference
+
+    orig = inference.Forward.__call__
+
+    def small_memory(self, x, labels):
+        if x.shape[0] > 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return orig(self, x, labels)
+
+    monkeypatch.setattr(inference.Forward, "__call__", small_memory)
+    jobs = _sweep(tmp_path, suite, zoo, archs=ARCHS[2:])
+    r = jobs[0].result
+    assert r["run"]["batch_size"] == 4 and r["run"]["effective_batch_size"] == 2
+    assert r["run"]["timings"]["base"]["effective_batch_size"] == 2
