@@ -533,7 +533,7 @@ def test_multi_shift_folder_is_scored_as_imagenet_star(tmp_path, tiny_checkpoint
     assert sorted(impact) == ["fog", "gray"]
     for s in ("fog", "gray"):
         assert impact[s]["value"] == pytest.approx(acc["base"] - acc[s])
-    assert result["metrics"]["imagenet_star"]["mean_absolute_impact"]["value"] == pytest.approx(
+    assert result["metrics"]["imagenet_star"]["model_mean_impact"]["value"] == pytest.approx(
         np.mean([acc["base"] - acc["fog"], acc["base"] - acc["gray"]]))
     # the suite and the result both verify (the declared family is recomputed from the result)
     assert run(["verify", str(tmp_path / "suite")], capsys)[0] == 0
