@@ -447,7 +447,7 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
 
     from benchmark.errors import OfflineError
     from benchmark.fsutil import atomic_path
-    from benchmark.hub import _offline
+    from benchmark.hubio import OFFLINE_ROUTE, _offline
 
     dest = released_mask_path(cache_dir)
     where = (f"download {MASK_URL} ({MASK_SIZE:,} bytes, sha256 {MASK_SHA256}) and put it at {dest}, pass another "
@@ -456,7 +456,8 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
         _check_released_mask(dest, f"the cached {dest}", "delete it (it is downloaded again) or " + where)
         return dest
     if _offline():
-        raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and the authors' masks.npy is not cached; {where}")
+        raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and the authors' masks.npy is not cached; {where}"
+                           f"{OFFLINE_ROUTE}")
     with atomic_path(dest) as tmp:
         try:
             with urllib.request.urlopen(MASK_URL, timeout=timeout) as r, open(tmp, "wb") as f:
@@ -466,7 +467,7 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
                         break
         except OSError as e:  # URLError and timeouts are OSErrors
             raise OfflineError(f"could not download the authors' masks.npy ({type(e).__name__}: "
-                               f"{getattr(e, 'reason', e)}); {where}") from None
+                               f"{getattr(e, 'reason', e)}); {where}{OFFLINE_ROUTE}") from None
         _check_released_mask(tmp, f"the masks.npy downloaded from {MASK_URL}", where)
     log.info("downloaded the authors' masks.npy (%s) to %s", MASK_COMMIT[:12], dest)
     return dest

@@ -323,7 +323,7 @@ def test_released_mask_is_downloaded_checked_cached_and_refused_when_wrong(tmp_p
     import threading
     from functools import partial
 
-    from benchmark import hub, upstream
+    from benchmark import hubio, upstream
     from benchmark.errors import OfflineError
 
     served = tmp_path / "www"
@@ -339,12 +339,12 @@ def test_released_mask_is_downloaded_checked_cached_and_refused_when_wrong(tmp_p
     assert dest == tmp_path / "cache" / "masks" / upstream.MASK_COMMIT / "masks.npy"
     try:
         # offline: one error naming the URL, the sha256 and exactly where to put the file; nothing fetched
-        monkeypatch.setattr(hub, "_offline", lambda: True)
+        monkeypatch.setattr(hubio, "_offline", lambda: True)
         with pytest.raises(OfflineError) as info:
             upstream.released_mask(cache_dir=cache)
         assert f"put it at {dest}" in str(info.value) and url in str(info.value) and "--no-mask" in str(info.value)
         assert not dest.exists()
-        monkeypatch.setattr(hub, "_offline", lambda: False)
+        monkeypatch.setattr(hubio, "_offline", lambda: False)
         # online: downloaded once, checked, cached
         assert upstream.released_mask(cache_dir=cache) == dest
         assert sha256_file(dest) == upstream.MASK_SHA256
