@@ -23,6 +23,7 @@ VERBS = (
     "verify",
     "slope",
     "submit",
+    "review",
     "leaderboard_cmd",
     "build",
     "publish",

@@ -1,0 +1,125 @@
+"""`bench review` end to end against the local Hub server: PRs, stamps, comments, merges."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.fakehub import FakeHub
+
+
+def _forge(path):
+    """A forger's result: every true-class probability edited, sha256 and metrics recomputed."""
+    from benchmark.fsutil import sha256_file
+    from eval.predictions import read_predictions
+    from eval.scoring import ScoringOptions, score
+
+    r = json.loads(path.read_text())
+    for p in r["predictions"]:
+        f = path.parent / p["path"]
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("true_prob"), "true_prob",
+                         pa.array(np.full(t.num_rows, 0.5, np.float32)))
+        pq.write_table(t, f)
+        p["sha256"] = sha256_file(f)
+    tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
+    r["metrics"] = score(r["suite"]["metric_family"], tables, ScoringOptions(**r["protocol"]["scoring"]))
+    path.write_text(json.dumps(r))
+
+
+def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suite, tiny_checkpoint, capsys):
+    from huggingface_hub import HfApi
+
+    from eval import stamps
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+    from eval.verify import verify_result
+    from leaderboard.review import MARKER, review
+    from leaderboard.submit import submit
+
+    _, good = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                                   out=str(tmp_path / "runs"), inference=InferenceOptions(batch_size=40, workers=0,
+                                                                                         compile="off")), progress=False)
+    forged_dir = tmp_path / "forged" / good.parent.name
+    shutil.copytree(good.parent, forged_dir)
+    forged = forged_dir / "result.json"
+    _forge(forged)
+    assert verify_result(forged).ok  # hashes and metrics agree: only a re-run can catch it
+    stamps.generate_key(tmp_path / "maintainer.key")
+    trusted = stamps.load_trusted_keys(tmp_path / "maintainer.key.pub")
+
+    with FakeHub() as hub:
+        hub.create("dataset", "org/results")
+        api = HfApi(endpoint=hub.endpoint)
+        submit(good, "org/results", endpoint=hub.endpoint)
+        submit(forged, "org/results", endpoint=hub.endpoint)
+        kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=True, checkpoint=str(tiny_checkpoint),
+                  endpoint=hub.endpoint)
+        first = {o.pr: o for o in review("org/results", **kw)}
+        assert first[1].status == "passed" and first[1].merged, first[1].problems
+        assert first[2].status == "failed" and not first[2].merged
+        assert any("true-class probability" in p for p in first[2].problems), first[2].problems
+
+        repo = hub.repos[("dataset", "org/results")]
+        main = repo.commits[repo.refs["main"]].files
+        entry = first[1].entries[0]
+        stamp = json.loads(main[f"{entry}/verification.json"])
+        assert stamps.check_signature(stamp, trusted) is None and stamp["recheck"] == 80
+        assert isinstance(stamp["seed"], int) and stamp["result_sha256"]
+        assert main[f"{entry}/result.json"] == good.read_bytes()
+        d1 = api.get_discussion_details("org/results", 1, repo_type="dataset")
+        d2 = api.get_discussion_details("org/results", 2, repo_type="dataset")
+        assert d1.status == "merged" and d2.status == "open"
+        c1 = [e.content for e in d1.events if e.type == "comment"]
+        c2 = [e.content for e in d2.events if e.type == "comment"]
+        assert "Verification passed" in c1[0] and MARKER.search(c1[0])
+        assert "Verification failed" in c2[0] and "true-class probability" in c2[0]
+        assert "verification.json" not in "".join(repo.commits[repo.refs["refs/pr/2"]].files)
+
+        # a rerun does nothing new: no commit, no comment, no merge
+        posts = sum(m == "POST" for m, _ in hub.requests)
+        second = review("org/results", **kw)
+        assert [o.status for o in second] == ["skipped"]  # PR 1 is merged, PR 2 reviewed at its head
+        assert sum(m == "POST" for m, _ in hub.requests) == posts
+
+        # the merged store shows the entry as verified by the trusted key
+        from leaderboard.store import load_store
+        snap = api.snapshot_download("org/results", repo_type="dataset", local_dir=tmp_path / "snap")
+        try:
+            store = load_store(snap, trusted_keys=trusted)
+        except TypeError:  # a store without signed-stamp support
+            store = load_store(snap)
+        assert [e.verified for e in store.entries] == [True]
+
+
+def test_review_one_broken_pr_never_stops_the_others(tmp_path, tiny_checkpoint):
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from eval import stamps
+    from leaderboard.review import review
+
+    stamps.generate_key(tmp_path / "k")
+    with FakeHub() as hub:
+        hub.create("dataset", "org/results")
+        api = HfApi(endpoint=hub.endpoint)
+        api.create_commit("org/results", [CommitOperationAdd("s/m/result.json", b"{not json")], repo_type="dataset",
+                          create_pr=True, commit_message="broken")
+        api.create_commit("org/results", [CommitOperationAdd("README.md", b"[x](javascript:1)")], repo_type="dataset",
+                          create_pr=True, commit_message="stray file")
+        out = review("org/results", key_path=str(tmp_path / "k"), recheck=5, endpoint=hub.endpoint)
+        assert [o.status for o in out] == ["failed", "failed"]
+        assert "rejected by the store" in out[0].problems[0]
+        assert "changes README.md" in out[1].problems[0]
+        comment = [e.content for e in api.get_discussion_details("org/results", 2, repo_type="dataset").events
+                   if e.type == "comment"][0]
+        assert "```text\nchanges README.md" in comment  # data-derived text quoted, never live Markdown
+
+
+def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
+    from benchmark.cli import main
+    assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "nope.key")]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "bench keygen" in err and len(err.strip().splitlines()) == 1
