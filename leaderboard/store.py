@@ -268,8 +268,28 @@ def write_stamp(result_path: Path, *, recheck: int, checked: list[str]) -> Path:
     return out
 
 
-def load_store(source: str, *, cache_dir: str | None = None) -> Store:
-    """Load and check every entry of a store; never raises for a bad entry (it is rejected)."""
+def assemble(store: Store, checked: list[Entry]) -> Store:
+    """Sort checked entries into the store's shown / rejected / superseded lists: of several entries of
+    one model on one board, the verified one wins, then the newest."""
+    candidates: dict[tuple[str, str, str], list[Entry]] = {}
+    for e in checked:
+        if e.status == "rejected":
+            store.rejected.append(e)
+        else:
+            candidates.setdefault((e.suite_id, e.board, e.model_id), []).append(e)
+    for group in candidates.values():
+        group.sort(key=lambda e: (e.verified, e.result.get("finished_at", "")), reverse=True)
+        store.entries.append(group[0])
+        for other in group[1:]:
+            other.status, other.reason = "superseded", f"another entry of {other.model_id} wins ({group[0].path.parent.name})"
+            store.superseded.append(other)
+    return store
+
+
+def load_store(source: str, *, cache_dir: str | None = None, progress=None) -> Store:
+    """Load and check every entry of a store; never raises for a bad entry (it is rejected).
+    ``progress(done, total, entry)`` is called after each entry is checked (the leaderboard's
+    background check paints the first rows from it)."""
     root, revision = resolve_source(source, cache_dir=cache_dir)
     cache_file = _cache_path(root)
     cache: dict = {}
@@ -282,21 +302,16 @@ def load_store(source: str, *, cache_dir: str | None = None) -> Store:
             cache = {}
     before = dict(cache)
     store = Store(source=source, root=root, revision=revision)
-    candidates: dict[tuple[str, str, str], list[Entry]] = {}
     hits_dir = cache_file.parent / (cache_file.stem + "-hits")
-    for path in sorted(root.glob("*/*/result.json")):
+    checked = []
+    paths = sorted(root.glob("*/*/result.json"))
+    for i, path in enumerate(paths):
         e = _check_entry(path, cache)
         e.cache_dir = hits_dir
-        if e.status == "rejected":
-            store.rejected.append(e)
-        else:
-            candidates.setdefault((e.suite_id, e.board, e.model_id), []).append(e)
-    for group in candidates.values():
-        group.sort(key=lambda e: (e.verified, e.result.get("finished_at", "")), reverse=True)
-        store.entries.append(group[0])
-        for other in group[1:]:
-            other.status, other.reason = "superseded", f"another entry of {other.model_id} wins ({group[0].path.parent.name})"
-            store.superseded.append(other)
+        checked.append(e)
+        if progress is not None:
+            progress(i + 1, len(paths), e)
+    assemble(store, checked)
     if cache != before:
         try:
             cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ def add_parser(sub):
                  description="Fit per class a linear SVM on CLIP embeddings that predicts the model's mistakes "
                              "(Jain et al., ICLR 2023); report each direction's strength (CV balanced accuracy vs a "
                              "permutation null), the hardest images and the captions naming the hard subpopulation. "
-                             "Writes diagnose.json next to the result; never changes scores.",
+                             "Writes diagnose.json and a self-contained diagnose.html (thumbnails of the hardest and "
+                             "easiest images) next to the result; never changes scores.",
                  examples="  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k\n"
                           "  bench diagnose runs/in-g-rn/timm--vit_base_patch16_224.augreg_in1k --criterion parent\n")
     p.add_argument("result", help="result.json or its run folder")
@@ -18,15 +19,17 @@ def add_parser(sub):
     p.add_argument("--classes", type=csv_list, help="class indices or wnids (default: all present)")
     p.add_argument("--criterion", choices=("top1", "top3", "parent"), default="top1",
                    help="what counts as correct (IN-G suites: top3 or parent)")
-    p.add_argument("--clip-model", default="ViT-B-32-quickgelu")
-    p.add_argument("--clip-pretrained", default="openai")
-    p.add_argument("--reference-caption", choices=("code", "paper"), default="code")
-    p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false")
+    p.add_argument("--clip-model", default="ViT-B-32-quickgelu", help="open_clip model name (default: ViT-B-32-quickgelu)")
+    p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag (default: openai)")
+    p.add_argument("--reference-caption", choices=("code", "paper"), default="code",
+                   help="caption the directions are measured from: the authors' code or the paper (default: code)")
+    p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false",
+                   help="compare captions on normalised rather than whitened text embeddings")
     p.add_argument("--null", type=int, default=10, help="permutation repeats for the null strength")
     p.add_argument("--suite", help="where to read the suite (default: as recorded in the result)")
     p.add_argument("--mask", help="ImageNet* upstream masks.npy (default: the file the result recorded)")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default: <HF_HOME>/genshift/embeddings)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="device for CLIP embeddings (default: cpu)")
     p.add_argument("--top", type=int, default=10, help="classes to print")
     return p
 
@@ -68,5 +71,5 @@ def run(args) -> int:
                      "null p95": "-" if d["null_p95"] is None else f"{d['null_p95']:.3f}",
                      "hardest caption": d["hard_captions"][0][0] if d["hard_captions"] else d["status"]})
     print_table(rows, ["class", "n", "errors", "strength", "null p95", "hardest caption"])
-    print(f"\nreport: {path}")
+    print(f"\nreport: {path}\npictures: {path.with_name('diagnose.html')}")
     return 0
