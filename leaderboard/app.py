@@ -194,7 +194,8 @@ def main() -> None:
         st.stop()
     st.caption("Robustness of ImageNet classifiers to generated distribution shifts. All numbers recompute from "
                "stored per-image predictions (bench verify).")
-    st.text(f"results store: {store.source}" + (f" @ {store.revision}" if store.revision else "") +
+    st.text(f"results store: {store.source}" + (f" @ {store.revision}" if store.revision and store.revision not in
+                                                 store.source else "") +
             f" | {len(store.entries)} results, {len(store.rejected)} rejected, {len(store.superseded)} superseded"
             + (f" | trusted keys: {os.path.basename(keys)}" if keys else ""))
     if not store.entries:
