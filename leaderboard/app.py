@@ -34,6 +34,9 @@ SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$
 FIRST_PAINT_WAIT_S = 2.5   # a small store is painted complete; a large one shows progress and first rows
 TABS = ["Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
 PP = "%.2f pp"             # differences of accuracies/probabilities are percentage points
+# viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
+# viewer mode, see `bench leaderboard`); a fixed style sheet, no data in it
+VIEWER_CSS = "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
 st.set_page_config(page_title="genshift-bench leaderboard", layout="wide")
 
 
@@ -173,6 +176,7 @@ def main() -> None:
     keys = os.environ.get("GENSHIFT_TRUSTED_KEYS") or None
     if "_url" not in st.session_state:  # the URL this session was opened with (see from_url)
         st.session_state["_url"] = {k: st.query_params.get_all(k) for k in st.query_params}
+    st.html(VIEWER_CSS)
     st.title("genshift-bench leaderboard")
     try:
         loader = get_loader(source, keys, _signature(source))

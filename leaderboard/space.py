@@ -12,7 +12,8 @@ pinned results and the pinned packages:
 - ``space.json``: the results repo **pinned to a commit sha**, and the file names below;
 - ``trusted_keys`` (and ``id_accuracy.csv``): copies of the files given;
 - ``.streamlit/config.toml``: viewer mode (``client.toolbarMode = "viewer"``: no developer menu,
-  no Deploy button), headless, no usage statistics.
+  no Deploy button; ``client.disableDataExport``: no grid CSV export, the app's own downloads are
+  formula-safe), headless, no usage statistics.
 
 Push it with ``huggingface-cli upload --repo-type space ORG/NAME DIR .`` (``docs/leaderboard.md``).
 """
@@ -31,6 +32,7 @@ REQUIREMENTS = ("streamlit", "plotly", "pandas", "numpy", "pyarrow", "scipy", "h
                 "pyyaml", "pillow", "cryptography", "tqdm")
 STREAMLIT_CONFIG = """[client]
 toolbarMode = "viewer"
+disableDataExport = true
 showErrorDetails = "none"
 
 [server]

@@ -113,7 +113,8 @@ def test_data_text_is_never_markdown_and_grids_are_formula_safe(tmp_path):
     assert any(LINK in t.value for t in at.text)  # shown, literally
     grid = at.dataframe[0].value
     assert LINK in set(grid["model"]) and "'=HYPERLINK(\"https://evil.example\")" in set(grid["model"])
-    assert not at.get("html")
+    assert all(h.proto.body == "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
+               for h in at.get("html"))
 
 
 def test_config_names_are_escaped_in_plots(tmp_path):
@@ -302,3 +303,97 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
     assert ok[0]["hardest"][0] not in view["thumbnails"]
     (rpath.parent / "diagnose.json").write_text("[" * 100000)
     assert load_report_for_view(rpath.parent) is None
+
+
+def _fake_diagnose(run_dir, model_id):
+    """A diagnose.json as `bench diagnose` writes it (two classes, thumbnails of real JPEGs)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    def jpeg(color):
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 48), color).save(buf, format="JPEG")
+        return base64.b64encode(buf.getvalue()).decode()
+    classes = [{"label": 207, "name": "golden retriever", "wnid": "n02099601", "status": "ok", "n": 40, "n_errors": 12,
+                "strength": 0.81, "null_p95": 0.55, "null_mean": 0.5, "hardest": ["h1", "h2"], "easiest": ["e1"],
+                "hard_captions": [["a photo of a canine in the snow", -1.0]], "easy_captions": []}]
+    report = {"kind": "genshift-diagnose", "schema_version": 1, "model": model_id, "classes": classes,
+              "thumbnails": {"h1": jpeg("red"), "h2": jpeg("blue"), "e1": jpeg("green")}}
+    (run_dir / "diagnose.json").write_text(json.dumps(report))
+
+
+def _chrome():
+    import shutil
+    return shutil.which("chromium") and shutil.which("chromedriver")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
+def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
+    pytest.importorskip("selenium")
+    import shutil
+    import subprocess
+    import sys
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from tests.hubtools import free_port
+    from tests.test_leaderboard import APP
+
+    root = _board(tmp_path / "s")
+    _fake_diagnose(root / "imagenet-star" / "timm--tie_b.in1k", "timm/tie_b.in1k")
+    port = free_port()
+    env = {**os.environ, "GENSHIFT_RESULTS": str(root)}
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
+                               "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1600,1200"):
+        opts.add_argument(flag)
+    opts.binary_location = shutil.which("chromium")
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
+    try:
+        url = f"http://127.0.0.1:{port}/?suite=imagenet-star&tab=Model+drilldown&model=timm%2Ftie_b.in1k&params=5.0&params=20.0"
+        deadline = time.time() + 60
+        while True:
+            try:
+                driver.get(url)
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+        WebDriverWait(driver, 90).until(lambda d: "Failure directions" in body(d) and "Top 10 as text" in body(d))
+        text = body(driver)
+        assert "golden retriever" in text and "strength 0.810" in text, text
+        boxes = driver.execute_script("return Array.from(document.querySelectorAll('[data-testid=stSelectbox]'))"
+                                      ".map(s => s.textContent + ' ' + Array.from(s.querySelectorAll('input'))"
+                                      ".map(i => i.value + ' ' + (i.getAttribute('aria-label') || '')).join(' '))")
+        assert any("timm/tie_b.in1k" in b for b in boxes), boxes
+        imgs = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stImage'] img")
+        WebDriverWait(driver, 30).until(lambda d: all(i.get_property("naturalWidth") > 0 for i in imgs) and imgs)
+        assert len(imgs) == 3
+        assert "Deploy" not in text and "Stop" not in body(driver)  # viewer mode
+        # the deep link survived: still in the URL, the slider shows it
+        assert "model=timm%2Ftie_b.in1k" in driver.current_url and "params=5.0" in driver.current_url
+        # the table's interval columns (the grid's header is drawn on a canvas; its accessible table has them)
+        grid = driver.find_element(By.CSS_SELECTOR, "[data-testid='stDataFrame']")
+        headers = driver.execute_script(
+            "return Array.from(arguments[0].querySelectorAll('[role=columnheader]')).map(h => h.textContent)", grid)
+        assert any("95% lo" in h for h in headers) and any("95% hi" in h for h in headers), headers
+        cells = driver.execute_script(
+            "return Array.from(arguments[0].querySelectorAll('[role=gridcell]')).map(c => c.textContent)", grid)
+        assert cells and "None" not in cells
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait(timeout=10)

@@ -232,7 +232,8 @@ def test_app_shows_rejected_entries_and_keeps_user_text_inert(store_dir):
     for el in list(at.markdown) + list(at.caption) + list(at.title) + list(at.subheader):
         assert "<script>" not in el.value and "javascript:" not in el.value
     assert any("javascript:alert(1)" in t.value for t in at.text)  # the note is shown, as plain text
-    assert not at.get("html")
+    # the only HTML is the app's fixed style sheet
+    assert [h.proto.body for h in at.get("html")] == ["<style>[data-testid='stStatusWidget'] button {display: none}</style>"]
     heat = next(el for el in at.get("plotly_chart") if el.proto.id.endswith("heatmap"))
     assert "<script>" not in heat.proto.spec
 

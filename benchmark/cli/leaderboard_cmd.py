@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from benchmark.cli._common import add_verb
 
-# viewer mode: no developer menu, no Deploy button (the same settings the exported Space ships)
+# viewer mode: no developer menu, no Deploy button, no grid CSV export (the app offers formula-safe
+# downloads of its own); the same settings the exported Space ships in .streamlit/config.toml
 STREAMLIT_FLAGS = ("--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode",
-                   "viewer", "--server.runOnSave", "false")
+                   "viewer", "--client.disableDataExport", "true", "--server.runOnSave", "false")
 
 
 def add_parser(sub):
