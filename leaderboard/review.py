@@ -36,7 +36,7 @@ from pathlib import Path
 from benchmark.errors import BenchError
 
 log = logging.getLogger(__name__)
-MARKER = re.compile(r"<!-- genshift-review head=([0-9a-f]{7,64}) -->")
+MARKER = re.compile(r"<!-- genshift-review head=([0-9a-f]{7,64}) outcome=(passed|failed) -->")
 ENTRY_FILE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)/"
                         r"(result\.json|predictions/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet)$")
 
@@ -53,8 +53,8 @@ class Outcome:
     stamp_commit: str = ""
 
 
-def _marker(head: str) -> str:
-    return f"<!-- genshift-review head={head} -->"
+def _marker(head: str, outcome: str) -> str:
+    return f"<!-- genshift-review head={head} outcome={outcome} -->"
 
 
 def _block(lines: list[str]) -> str:
@@ -121,10 +121,12 @@ class Reviewer:
         head = self.api.repo_info(self.repo_id, repo_type="dataset", revision=pr_ref).sha
         outcome = Outcome(num, head=head)
         details = self.api.get_discussion_details(self.repo_id, num, repo_type="dataset")
-        reviewed = {m for ev in details.events if ev.type == "comment"
-                    for m in MARKER.findall(getattr(ev, "content", "") or "")}
+        reviewed = dict(m for ev in details.events if ev.type == "comment"
+                        for m in MARKER.findall(getattr(ev, "content", "") or ""))
         if head in reviewed:
             outcome.status = "skipped"
+            if reviewed[head] == "passed" and self.merge and details.status == "open":
+                self._merge(outcome)  # passed earlier, but the merge did not happen (e.g. run without --merge)
             return outcome
         base = self._merge_base(pr_ref)
         entries, problems = self._changed_entries(base, head)
@@ -149,10 +151,18 @@ class Reviewer:
         outcome.status = "passed"
         self._comment(num, outcome.stamp_commit, outcome)
         if self.merge:
-            self.api.merge_pull_request(self.repo_id, num, repo_type="dataset",
+            self._merge(outcome)
+        return outcome
+
+    def _merge(self, outcome: Outcome) -> None:
+        from huggingface_hub import errors
+
+        try:
+            self.api.merge_pull_request(self.repo_id, outcome.pr, repo_type="dataset",
                                         comment="Merged by `bench review`: every check passed.")
             outcome.merged = True
-        return outcome
+        except errors.HfHubHTTPError as e:  # e.g. a conflict: reported, retried on the next run
+            outcome.problems.append(f"merge failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
     # -- steps --------------------------------------------------------------------------------
     def _merge_base(self, pr_ref: str) -> str:
@@ -234,7 +244,8 @@ class Reviewer:
             text = ("**Verification failed**; this pull request will not be merged as it is. What did not match:\n\n"
                     + _block(outcome.problems) + "\n\nFix the submission (re-run `bench eval`, then `bench submit`) "
                     "and push again; the new head commit is reviewed on the next run.")
-        self.api.comment_discussion(self.repo_id, num, text + "\n\n" + _marker(head), repo_type="dataset")
+        self.api.comment_discussion(self.repo_id, num, text + "\n\n" + _marker(head, outcome.status),
+                                    repo_type="dataset")
 
 
 def review(repo_id: str, **kw) -> list[Outcome]:

@@ -56,16 +56,21 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         api = HfApi(endpoint=hub.endpoint)
         submit(good, "org/results", endpoint=hub.endpoint)
         submit(forged, "org/results", endpoint=hub.endpoint)
-        kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=True, checkpoint=str(tiny_checkpoint),
+        kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=False, checkpoint=str(tiny_checkpoint),
                   endpoint=hub.endpoint)
-        first = {o.pr: o for o in review("org/results", **kw)}
-        assert first[1].status == "passed" and first[1].merged, first[1].problems
+        dry = {o.pr: o for o in review("org/results", **kw)}  # reviewed, stamped, commented, not merged
+        assert dry[1].status == "passed" and not dry[1].merged
+        kw["merge"] = True
+        first = {o.pr: o for o in review("org/results", **kw)}  # a later run with --merge merges it, no re-review
+        assert first[1].status == "skipped" and first[2].status == "skipped"
+        first[2] = dry[2]
+        assert first[1].merged and dry[1].problems == []
         assert first[2].status == "failed" and not first[2].merged
         assert any("true-class probability" in p for p in first[2].problems), first[2].problems
 
         repo = hub.repos[("dataset", "org/results")]
         main = repo.commits[repo.refs["main"]].files
-        entry = first[1].entries[0]
+        entry = dry[1].entries[0]
         stamp = json.loads(main[f"{entry}/verification.json"])
         assert stamps.check_signature(stamp, trusted) is None and stamp["recheck"] == 80
         assert isinstance(stamp["seed"], int) and stamp["result_sha256"]
