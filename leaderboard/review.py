@@ -132,10 +132,11 @@ class Reviewer:
         entries, problems = self._changed_entries(base, head)
         outcome.entries = sorted(entries)
         with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
-            results = {}
+            stamps: dict[str, dict] = {}
             if not problems:
                 results = self._download(head, entries, Path(tmp))
-                problems += self._check(results, outcome)
+                more, stamps = self._check(results, outcome)
+                problems += more
             if problems:
                 outcome.status, outcome.problems = "failed", problems
                 self._comment(num, head, outcome)
@@ -144,7 +145,7 @@ class Reviewer:
 
             ops = [CommitOperationAdd(f"{entry}/verification.json",
                                       (json.dumps(stamp, indent=1, sort_keys=True) + "\n").encode())
-                   for entry, stamp in outcome._stamps.items()]  # type: ignore[attr-defined]
+                   for entry, stamp in stamps.items()]
             info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=pr_ref, parent_commit=head,
                                           commit_message=f"Verification stamps ({self.recheck} images re-run)")
             outcome.stamp_commit = info.oid
@@ -211,7 +212,8 @@ class Reviewer:
                 self.api.hf_hub_download(self.repo_id, f, repo_type="dataset", revision=head, local_dir=root)
         return {entry: root / entry / "result.json" for entry in entries}
 
-    def _check(self, results: dict[str, Path], outcome: Outcome) -> list[str]:
+    def _check(self, results: dict[str, Path], outcome: Outcome) -> tuple[list[str], dict[str, dict]]:
+        """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
         from eval.verify import verify_result
         from leaderboard.store import load_store
 
@@ -232,8 +234,7 @@ class Reviewer:
                 continue
             outcome.checked += [f"{entry}: {c}" for c in report.checked]
             stamps[entry] = make_stamp(path, recheck=self.recheck, seed=seed, checked=report.checked, key=self.key)
-        outcome._stamps = stamps  # type: ignore[attr-defined]
-        return problems
+        return problems, stamps
 
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:
         if outcome.status == "passed":

@@ -6,7 +6,6 @@ import os
 import time
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from leaderboard import aggregate
@@ -186,20 +185,28 @@ def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path):
     assert dropped == 1 and len(store.entries) == 11  # the changed entry waits for its check
 
 
-def test_cold_store_shows_progress_then_the_full_table(tmp_path):
-    from leaderboard.index import Loader
+def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
+    from leaderboard import index
 
     root = tmp_path / "s"
-    make_store(root, models=30, configs=3, rows=40, seed=4)
-    seen = []
-    loader = Loader.__new__(Loader)
-    Loader.__init__(loader, str(root))
-    while not loader.finished:
-        store, s = loader.snapshot()
-        seen.append((s["kind"], s["done"], len(store.entries) if store else 0))
-        time.sleep(0.05)
-    assert loader.snapshot()[1]["kind"] == "full" and len(loader.store.entries) == 30
-    assert any(kind == "partial" and 0 < n < 30 for kind, _, n in seen) or len(seen) < 3  # rows before the end
+    make_store(root, models=20, configs=3, rows=40, seed=4)
+    seen, real = [], index.load_store
+
+    def recording(source, progress=None, **kw):  # what the app would paint after each checked entry
+        loader = progress.__self__
+
+        def p(i, n, e):
+            progress(i, n, e)
+            store, s = loader.snapshot()
+            seen.append((s["kind"], s["done"], s["total"], len(store.entries)))
+        return real(source, progress=p, **kw)
+    monkeypatch.setattr(index, "load_store", recording)
+    monkeypatch.setattr(index.Loader, "PUBLISH_EVERY_S", 0.0)
+    loader = index.Loader(str(root))
+    assert loader.wait(60)
+    assert seen[:3] == [("partial", 1, 20, 1), ("partial", 2, 20, 2), ("partial", 3, 20, 3)]
+    store, state = loader.snapshot()
+    assert state["kind"] == "full" and state["finished"] and len(store.entries) == 20
 
 
 def test_export_space_builds_and_renders(tmp_path, monkeypatch):
