@@ -31,7 +31,7 @@ from leaderboard.index import Loader
 from leaderboard.store import STAMP, Store
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-FIRST_PAINT_WAIT_S = 2.5   # a small store is painted complete; a large one shows progress and first rows
+FIRST_PAINT_WAIT_S = 1.0   # a small store is painted complete; a large one shows progress and first rows
 TABS = ["Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
 PP = "%.2f pp"             # differences of accuracies/probabilities are percentage points
 # viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in

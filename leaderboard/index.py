@@ -108,6 +108,7 @@ class Loader:
     """One store, checked in a background thread; :meth:`snapshot` gives the best state to paint now."""
 
     PUBLISH_EVERY_S = 1.0
+    INDEX_GRACE_S = 3.0  # painted from the index: let the first page render before the check competes for CPU
 
     def __init__(self, source: str, *, trusted_keys_file: str | None = None):
         self.source, self.trusted_keys_file = source, trusted_keys_file
@@ -155,6 +156,8 @@ class Loader:
                 self._last_publish = now
 
     def _run(self) -> None:
+        if self.kind == "index":
+            time.sleep(self.INDEX_GRACE_S)
         try:
             full = load_store(self.source, **self._load_kwargs())
         except Exception as e:  # noqa: BLE001 - shown in the app, never a dead thread without a word
