@@ -99,11 +99,12 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         assert [e.verified for e in store.entries] == [True]
 
 
-def test_review_one_broken_pr_never_stops_the_others(tmp_path, tiny_checkpoint):
-    from huggingface_hub import CommitOperationAdd, HfApi
+def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import CommitOperationAdd, HfApi, constants
 
+    from benchmark.cli import main
     from eval import stamps
-    from leaderboard.review import review
+    from leaderboard.review import Reviewer, review, watch
 
     stamps.generate_key(tmp_path / "k")
     with FakeHub() as hub:
@@ -120,6 +121,16 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, tiny_checkpoint):
         comment = [e.content for e in api.get_discussion_details("org/results", 2, repo_type="dataset").events
                    if e.type == "comment"][0]
         assert "```text\nchanges README.md" in comment  # data-derived text quoted, never live Markdown
+
+        # the CLI (HF_ENDPOINT, read by huggingface_hub) and the --watch loop: both PRs already reviewed
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "k"), "--recheck", "5"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("skipped") == 2 and "#1" in out and "#2" in out
+        passes = []
+        watch(Reviewer("org/results", key_path=str(tmp_path / "k"), endpoint=hub.endpoint), 0.01,
+              report=passes.append, passes=2)
+        assert [[o.status for o in p] for p in passes] == [["skipped", "skipped"]] * 2
 
 
 def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
