@@ -217,7 +217,7 @@ def main() -> None:
     board = boards[0]
     if len(boards) > 1:  # results on other suite revisions / protocols are never mixed into one table
         from_url("board", boards, final=final)
-        board = st.sidebar.selectbox("Board: <manifest sha256>-<protocol sha256>", boards, key="board",
+        board = st.sidebar.selectbox("Board (manifest sha256 - protocol sha256)", boards, key="board",
                                      bind="query-params")
         st.sidebar.text("\n".join(f"{b}: {len(store.for_suite(suite, b))} models" for b in boards) +
                         "\nResults on other suite revisions or\nprotocols are not comparable and\nare shown on "

@@ -88,6 +88,8 @@ class Reviewer:
 
         from eval.stamps import load_private_key
 
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", repo_id or ""):
+            raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
         if recheck < 1:
             raise BenchError(f"--recheck must be at least 1 image, got {recheck}")
         self.repo_id, self.recheck, self.merge = repo_id, recheck, merge

@@ -138,3 +138,5 @@ def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "nope.key")]) != 0
     err = capsys.readouterr().err
     assert err.startswith("error:") and "bench keygen" in err and len(err.strip().splitlines()) == 1
+    assert main(["review", "--repo", "../x", "--key", str(tmp_path / "nope.key")]) != 0
+    assert "is not a Hub repo id" in capsys.readouterr().err
