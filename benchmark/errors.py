@@ -8,7 +8,11 @@ a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour/cursor codes
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class BenchError(Exception):
@@ -32,6 +36,15 @@ class IntegrityError(BenchError):
 
 class OfflineError(BenchError):
     """Something needs the network (or a cached snapshot) that is not there."""
+
+
+def one_line(text: object, limit: int | None = None) -> str:
+    """``text`` as one printable line: terminal escapes and control characters removed, lines joined.
+
+    Messages quote outside text (exception texts, file names) that may hold newlines or colour codes.
+    """
+    line = " ".join(part.strip() for part in _CONTROL.sub("\n", _ESCAPE.sub("", str(text))).split("\n") if part.strip())
+    return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
 
 
 def did_you_mean(name: str, choices: Iterable[str], *, n: int = 3) -> str:

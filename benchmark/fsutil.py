@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, IntegrityError
 
 INCOMPLETE = ".incomplete"
 _CHUNK = 1 << 20
@@ -36,6 +36,69 @@ def sha256_bytes(data: bytes) -> str:
 def canonical_json(obj) -> bytes:
     """The one JSON encoding used for everything that is hashed: sorted keys, no NaN."""
     return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str) -> bytes:
+    """The bytes of a file from outside, refused (one line) when larger than ``max_bytes``."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise IntegrityError(f"{what} {str(path)!r} cannot be read ({e.strerror}); check the file") from None
+    if len(data) > max_bytes:
+        raise IntegrityError(f"{what} {str(path)!r} is larger than {max_bytes} bytes; it cannot be a valid {what} "
+                             "(re-download or rebuild it)")
+    return data
+
+
+def json_depth(obj) -> int:
+    """The deepest nesting of lists/dicts in a parsed JSON value (iterative: no recursion)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, d)
+        stack.extend((child, d + 1) for child in node if isinstance(child, (dict, list)))
+    return deepest
+
+
+def parse_json_limited(data: bytes, *, what: str, where: str, max_bytes: int, max_depth: int):
+    """Parse JSON from outside with size and nesting limits; every failure is one ``IntegrityError``.
+
+    Refuses: more than ``max_bytes``, nesting deeper than ``max_depth`` (checked before parsing, so a
+    100k-deep file is one error and never a ``RecursionError``), invalid UTF-8 or JSON, NaN/Infinity
+    and duplicate object keys (which parsers resolve differently).
+    """
+    if len(data) > max_bytes:
+        raise IntegrityError(f"{where}: {what} is {len(data)} bytes, more than the limit of {max_bytes}; "
+                             "re-download or rebuild it")
+    too_deep = IntegrityError(f"{where}: {what} nests deeper than {max_depth} levels; it was not written by "
+                              "genshift-bench (re-download or rebuild it)")
+
+    def no_constants(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            raise ValueError(f"duplicate key {dup[:64]!r}")
+        return dict(pairs)
+
+    try:
+        # json's C scanner guards its recursion: a very deep file raises RecursionError, cleanly
+        obj = json.loads(data.decode("utf-8"), parse_constant=no_constants, object_pairs_hook=no_duplicates)
+    except RecursionError:
+        raise too_deep from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise IntegrityError(f"{where}: {what} is not valid JSON ({str(e)[:200]}); re-download or rebuild it") from None
+    if json_depth(obj) > max_depth:
+        raise too_deep
+    return obj
 
 
 @contextlib.contextmanager

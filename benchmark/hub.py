@@ -1,148 +1,32 @@
 """Hub I/O: download suites at pinned commits, open any suite the user names, publish a build.
 
-Consumption follows the offline-safe pattern of ``specs/ecosystem.md`` s2.3-2.4: resolve the
-revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and the
-requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
-``HF_ENDPOINT`` / ``HF_HUB_OFFLINE`` / ``HF_TOKEN`` are honoured (huggingface_hub reads them at
-import; ``endpoint=`` / ``token=`` arguments override them per call).
+Consumption follows the offline-safe pattern of ``benchmark.hubio`` (``docs/hub.md``): resolve
+the revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and
+the requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
 
-Publishing uploads a built suite in **one** commit (``upload_folder`` against the expected
-parent commit), then tags it.
+Publishing uploads a small suite in **one** commit (against the expected parent commit) and a
+large one resumably in several commits, then tags it and turns gating on when the card asks.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
-from benchmark.errors import BenchError, IntegrityError, NotFoundError, OfflineError
+from benchmark.errors import BenchError, IntegrityError, OfflineError
+from benchmark.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through benchmark.hub
+    REPO_RE, SHA_RE, _api, _check_repo_id, _endpoint, _hub_error, _offline, _unreachable, resolve_or_cache,
+    resolve_revision, snapshot,
+)
 from benchmark.reader import LocalSuite
 from benchmark.suite_format import CARD, MANIFEST
 
 log = logging.getLogger(__name__)
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    check = getattr(constants, "is_offline_mode", None)
-    return bool(check() if check else constants.HF_HUB_OFFLINE)
-
-
-def _endpoint(endpoint: str | None) -> str:
-    from huggingface_hub import constants
-
-    return (endpoint or constants.ENDPOINT).rstrip("/")
-
-
-def _api(endpoint: str | None, token: str | None):
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint, token=token)
-
-
-def _check_repo_id(repo_id: str) -> None:
-    if not REPO_RE.match(repo_id):
-        raise BenchError(f"{repo_id!r} is not a Hub repo id; use ORG/NAME")
-
-
-def _hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str | None) -> BenchError:
-    """One clear line for the errors huggingface_hub raises."""
-    from huggingface_hub import errors
-
-    where = f"datasets/{repo_id} on {_endpoint(endpoint)}"
-    if isinstance(e, errors.GatedRepoError):
-        return BenchError(f"{where} is gated: request access at {_endpoint(endpoint)}/datasets/{repo_id} and log in "
-                          "(`hf auth login` or HF_TOKEN)")
-    if isinstance(e, errors.RevisionNotFoundError):
-        return NotFoundError(f"revision {revision!r} does not exist in {where}; pass an existing commit sha or tag")
-    if isinstance(e, errors.RepositoryNotFoundError):
-        return NotFoundError(f"dataset repo {where} not found (a private repo needs a token: HF_TOKEN or `hf auth login`)")
-    incomplete = getattr(errors, "IncompleteSnapshotError", ())
-    if incomplete and isinstance(e, incomplete):
-        return OfflineError(f"the cached snapshot of {repo_id}@{revision} is incomplete and the Hub is not reachable; "
-                            f"run `bench download {repo_id} --revision {revision}` (with the same --configs) once "
-                            "with network")
-    if isinstance(e, errors.LocalEntryNotFoundError) or (_offline() and isinstance(e, (OSError, ValueError))):
-        return OfflineError(f"no cached snapshot of {repo_id}@{revision} and the Hub is not reachable (HF_HUB_OFFLINE=1 "
-                            f"or no network); run `bench download {repo_id} --revision {revision}` once with network")
-    if isinstance(e, errors.HfHubHTTPError):
-        return BenchError(f"the Hub answered an error for {where}: {str(e).splitlines()[0]}")
-    return OfflineError(f"cannot reach {_endpoint(endpoint)} ({type(e).__name__}); check the network or HF_ENDPOINT, "
-                        "or use a local suite folder")
-
-
-def _unreachable(e: BaseException) -> bool:
-    """True for transport failures (no network, refused, timeout), whatever HTTP client raised them."""
-    names = {c.__name__ for c in type(e).__mro__}
-    return bool(names & {"TransportError", "ConnectionError", "Timeout", "TimeoutException", "OfflineModeIsEnabled"})
-
-
-def resolve_revision(repo_id: str, revision: str | None, *, endpoint: str | None = None,
-                     token: str | None = None) -> str:
-    """The 40-character commit sha of a dataset repo at ``revision`` (default ``main``).
-
-    Online, a branch or tag is resolved with ``dataset_info`` (a sha is checked to exist). Offline
-    (``HF_HUB_OFFLINE=1``, or the endpoint unreachable) only a sha can be used: it is returned
-    as is, so a cached snapshot at that sha still opens; a branch or tag is an ``OfflineError``.
-    """
-    return resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)[0]
-
-
-def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None = None,
-                     token: str | None = None, pin_hint: str = "with --revision") -> tuple[str, bool]:
-    """Like :func:`resolve_revision`, returning ``(sha, reachable)``.
-
-    ``pin_hint`` tells the user how to give a sha on the command at hand (in the offline errors).
-
-    ``reachable`` is False when only the local cache can be used (offline, or the endpoint did
-    not answer): pass ``local_only=True`` to :func:`snapshot` then.
-    """
-    rev = revision or "main"
-    if _offline():
-        if SHA_RE.match(rev):
-            return rev, False
-        raise OfflineError(f"offline (HF_HUB_OFFLINE=1): cannot resolve {repo_id}@{rev} to a commit; pass the "
-                           f"40-character commit sha {pin_hint}")
-    try:  # also for a sha: checks that it exists and that we may read the repo
-        return _api(endpoint, token).dataset_info(repo_id, revision=rev).sha, True
-    except Exception as e:  # noqa: BLE001 - mapped to one clear line
-        if _unreachable(e):
-            if SHA_RE.match(rev):  # a cached snapshot at this sha is still usable
-                log.warning("cannot reach %s (%s); using the cached snapshot of %s@%s if there is one",
-                            _endpoint(endpoint), type(e).__name__, repo_id, rev[:12])
-                return rev, False
-            raise OfflineError(f"cannot reach {_endpoint(endpoint)} to resolve {repo_id}@{rev} to a commit "
-                               f"({type(e).__name__}); check the network or HF_ENDPOINT, or pin the 40-character "
-                               f"commit sha {pin_hint} to use a cached snapshot") from None
-        raise _hub_error(e, repo_id, rev, endpoint) from None
 
 
 def _patterns(configs: list[str] | None) -> list[str]:
     pats = [MANIFEST, CARD]
     return pats + (["data/**"] if configs is None else [f"data/{c}/*" for c in configs])
-
-
-def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str | None = None,
-             endpoint: str | None = None, token: str | None = None, force_download: bool = False,
-             local_only: bool = False) -> Path:
-    """``snapshot_download`` of a dataset repo at a sha; errors become one clear line.
-
-    ``local_only`` reads the cache without any request (used once the Hub proved unreachable,
-    which spares huggingface_hub's ~25 s of connection retries).
-    """
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=patterns,
-                                      cache_dir=cache_dir, endpoint=endpoint, token=token,
-                                      force_download=force_download and not local_only,
-                                      local_files_only=local_only))
-    except Exception as e:  # noqa: BLE001 - mapped to one clear line
-        raise _hub_error(e, repo_id, revision, endpoint) from None
 
 
 def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | None = None,
@@ -212,6 +96,9 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
         _no_mask(mask, suite)
         local = LocalSuite.open(path)
         local.verify(local.select(configs))
+        if is_noise_demo(local):
+            log.warning("note: %s is a synthetic demo suite of random-noise images: any model scores ~0%% on it; it "
+                        "checks the plumbing, not the model (score real images: bench import-folder)", suite)
         return local
     if suite in SUITES:
         spec = SUITES.get(suite)
@@ -240,6 +127,12 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
                   "or the path of a suite folder.")
 
 
+def is_noise_demo(suite: LocalSuite) -> bool:
+    """A suite written by ``benchmark.synthetic``: coloured noise, no class in any image."""
+    gen = suite.manifest.generator or {}
+    return gen.get("builder") == "benchmark.synthetic" or gen.get("images") == "noise"
+
+
 def _no_mask(mask: str | None, suite: str) -> None:
     if mask:
         raise BenchError(f"--mask applies to the upstream ImageNet* release only (imagenet-star-upstream or a folder "
@@ -254,28 +147,101 @@ def publish_files(suite: LocalSuite) -> list[str]:
     return [CARD, MANIFEST, *sorted(suite.manifest.files)]
 
 
-def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, endpoint: str | None = None,
-                  token: str | None = None, private: bool = False, commit_message: str | None = None) -> str:
-    """Upload a built suite in one commit, tag it, and return the commit sha.
+LARGE_UPLOAD_BYTES = 5 * 1024**3  # above this a suite is uploaded resumably, in several commits
+GATING = ("auto", "manual")
 
-    The suite is verified first. The commit is made against the repo's current head
-    (``parent_commit``), so a concurrent commit makes it fail instead of mixing releases; the tag
-    (default ``v<suite_version>``) must not exist yet and is checked before anything is uploaded.
+
+def card_gating(folder: str | Path) -> bool:
+    """Whether the suite's dataset card asks for gated access (``extra_gated_prompt``, e.g. LANCE)."""
+    from huggingface_hub import DatasetCard
+
+    try:
+        data = DatasetCard.load(Path(folder) / CARD).data
+    except Exception as e:  # noqa: BLE001 - a card that does not parse is the user's file
+        raise BenchError(f"{Path(folder) / CARD} is not a readable dataset card ({type(e).__name__}); rebuild the "
+                         "suite or render the card with data_cards") from None
+    return bool(data.get("extra_gated_prompt") or data.get("extra_gated_fields"))
+
+
+def _upload_one_commit(api, repo_id: str, folder: Path, files: list[str], *, parent: str, message: str) -> str:
+    """All files in ONE commit against ``parent``: a concurrent commit makes it fail instead of mixing releases."""
+    from huggingface_hub import CommitOperationAdd
+
+    ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files]
+    return api.create_commit(repo_id=repo_id, repo_type="dataset", operations=ops, parent_commit=parent,
+                             commit_message=message).oid
+
+
+def _upload_large(api, repo_id: str, folder: Path, files: list[str], *, message: str) -> str:
+    """A large suite, resumably, in as many commits as the Hub needs; returns the head commit after it.
+
+    ``HfApi.upload_large_folder`` (huggingface_hub 0.25-1.x) keeps its progress in
+    ``<folder>/.cache/huggingface`` and a rerun resumes. huggingface_hub 2 folded that into
+    ``upload_folder``, which (with ``hf_xet``) commits in batches and skips on a rerun what is
+    already committed. Either way the upload spans several commits, so the head is checked file by
+    file against the manifest before it is tagged.
+    """
+    large = getattr(api, "upload_large_folder", None)
+    if large is not None:
+        large(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files)
+    else:
+        api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files,
+                          commit_message=message)
+    return api.dataset_info(repo_id, revision="main").sha
+
+
+def _check_remote(api, repo_id: str, sha: str, folder: Path, suite: LocalSuite, files: list[str]) -> None:
+    """Every published file is at ``sha`` with the local size (and sha256, for LFS files)."""
+    from huggingface_hub.hf_api import RepoFile
+
+    remote = {e.path: e for e in api.list_repo_tree(repo_id, repo_type="dataset", revision=sha, recursive=True)
+              if isinstance(e, RepoFile)}
+    for f in files:
+        e = remote.get(f)
+        size = (folder / f).stat().st_size
+        want = suite.manifest.files[f].sha256 if f in suite.manifest.files else None
+        lfs_sha = e.lfs.sha256 if e is not None and e.lfs else None
+        if e is None or e.size != size or (want and lfs_sha and lfs_sha != want):
+            raise BenchError(f"after the upload, {f} at datasets/{repo_id}@{sha[:12]} is "
+                             f"{'missing' if e is None else 'different'}; rerun `bench publish` to resume (nothing "
+                             "was tagged)")
+
+
+def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, endpoint: str | None = None,
+                  token: str | None = None, private: bool = False, commit_message: str | None = None,
+                  large_threshold: int = LARGE_UPLOAD_BYTES, gating: str = "auto") -> str:
+    """Upload a built suite, tag it, gate it when its card asks, and return the tagged commit sha.
+
+    The suite is verified first, and the tag (default ``v<suite_version>``) must not exist yet.
+    A suite of at most ``large_threshold`` bytes goes up in ONE commit against the repo's current
+    head (``parent_commit``), so a concurrent commit makes it fail instead of mixing releases;
+    a larger one goes up resumably in several commits (:func:`_upload_large`), checked file by file
+    before the tag. A card with ``extra_gated_prompt`` turns on gated access (``gating``: the
+    Hub's ``auto`` or ``manual`` approval).
     """
     from huggingface_hub import errors
 
     _check_repo_id(repo_id)
+    if gating not in GATING:
+        raise BenchError(f"gating must be one of {', '.join(GATING)}, got {gating!r}")
+    if large_threshold < 0:
+        raise BenchError(f"the large-upload threshold must be >= 0 bytes, got {large_threshold}")
     if _offline():
         raise OfflineError("publishing needs the network; unset HF_HUB_OFFLINE")
+    folder = Path(folder)
     suite = LocalSuite.open(folder)
     suite.verify()
-    if not (Path(folder) / CARD).is_file():
+    if not (folder / CARD).is_file():
         raise BenchError(f"{folder} has no {CARD} (dataset card); rebuild the suite or render one with data_cards")
+    gated = card_gating(folder)
     tag = tag or f"v{suite.manifest.suite_version}"
     files = publish_files(suite)
-    if len(files) > 100:
+    total = sum((folder / f).stat().st_size for f in files)
+    large = total > large_threshold
+    if len(files) > 100 and not large:
         log.warning("one commit of %d files: above the Hub's recommended 100 files per commit; it still works over "
                     "HTTP but is slow to process (use larger shards to have fewer files)", len(files))
+    message = commit_message or f"{suite.suite_id} {tag} (manifest {suite.manifest.sha256[:12]})"
     api = _api(endpoint, token)
     sha = None
     try:
@@ -284,19 +250,23 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
         existing = {t.name for t in api.list_repo_refs(repo_id, repo_type="dataset").tags}
         if tag in existing:
             raise BenchError(f"tag {tag!r} already exists in datasets/{repo_id}; bump the suite version or pass --tag")
-        info = api.upload_folder(
-            repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files,
-            parent_commit=parent,
-            commit_message=commit_message or f"{suite.suite_id} {tag} (manifest {suite.manifest.sha256[:12]})",
-        )
-        sha = info.oid
+        if large:
+            log.info("%.1f GB in %d files: resumable upload in several commits (rerun to resume)", total / 1e9,
+                     len(files))
+            head = _upload_large(api, repo_id, folder, files, message=message)
+            _check_remote(api, repo_id, head, folder, suite, files)
+            sha = head
+        else:
+            sha = _upload_one_commit(api, repo_id, folder, files, parent=parent, message=message)
         api.create_tag(repo_id, repo_type="dataset", tag=tag, revision=sha,
                        tag_message=f"manifest sha256 {suite.manifest.sha256}")
+        if gated:
+            api.update_repo_settings(repo_id, repo_type="dataset", gated=gating)
     except BenchError:
         raise
     except errors.HfHubHTTPError as e:
-        done = (f" (commit {sha} was made but not tagged; tag it: `hf repos tag create {repo_id} {tag} "
-                f"--repo-type dataset --revision {sha}`)" if sha else "")
+        done = (f" (commit {sha} was made; check that it is tagged {tag}: `hf repos tag create {repo_id} {tag} "
+                f"--repo-type dataset --revision {sha}`" + (", and gated" if gated else "") + ")" if sha else "")
         status = getattr(getattr(e, "response", None), "status_code", None)
         if status in (401, 403):
             raise BenchError(f"publishing to datasets/{repo_id} was refused ({status}){done}: log in with a token "

@@ -20,7 +20,7 @@ from importlib import resources
 
 import numpy as np
 
-from benchmark.errors import unknown
+from benchmark.errors import BenchError, unknown
 
 NUM_CLASSES = 1000
 _HIERARCHY = "imagenet_hierarchy.json"
@@ -31,7 +31,7 @@ class ImageNetClass:
     """One ImageNet-1k class.
 
     ``parent`` is the IN-G prompt parent (the grandparent with the smallest offset, Wiles et al.
-    as reconstructed in ``specs/in_g.md``); ``ancestors`` is the full hypernym closure.
+    as ``scripts/make_imagenet_hierarchy.py`` reconstructs it); ``ancestors`` is the full hypernym closure.
     """
 
     index: int
@@ -95,6 +95,16 @@ def index_of(wnid: str) -> int:
     except KeyError:
         raise unknown("ImageNet-1k wnid", wnid, (), hint="Wnids look like 'n01440764' "
                       "and must be one of the 1000 ImageNet-1k classes.") from None
+
+
+def parse_class(text: str) -> int:
+    """A class as a user writes it, an index (``"283"``) or a wnid (``"n02123394"``) -> its index."""
+    text = str(text).strip()
+    if text.isdigit():
+        if not 0 <= int(text) < NUM_CLASSES:
+            raise BenchError(f"class {text} is not an ImageNet-1k index (0..999)")
+        return int(text)
+    return index_of(text)
 
 
 def get_class(index: int) -> ImageNetClass:

@@ -1,36 +1,101 @@
 """``bench import-folder``: your own images as a suite in format 1.
 
-Input: a folder with one sub-folder per class named by its ImageNet-1k wnid (``n01440764/...``),
-or a CSV of ``path,label`` (label = wnid or class index; paths relative to the folder). Image
-bytes are embedded as they are (nothing is re-encoded); ``image_id`` = ``<config>/<wnid>/<file
-stem>``; ``keep`` = true; the relative source path is kept as provenance. The suite is written to
-a temporary folder next to ``out`` and renamed at the end, so a failure leaves nothing behind.
+Layouts (``docs/format.md``, "Folders of your own images"):
+
+- ``<wnid>/<image>``: one config (``--config``, default ``default``), metric family ``accuracy``;
+- ``<shift>/<wnid>/<image>``: "bring your own shifts", one config per shift folder, one of them
+  the in-distribution reference (``base``, or ``--base NAME``). The manifest declares the
+  ImageNet* metric family, so ``bench eval`` reports per-shift accuracy and absolute impact;
+- a CSV of ``path,label`` (label = wnid or class index; paths relative to the folder), UTF-8
+  with or without a byte-order mark (Excel's "CSV UTF-8"); with the header ``path,label,shift``
+  its third column names each row's shift (a multi-shift import, as the folders above).
+
+Images are hostile input: every file is fully decoded before anything is written (a truncated
+JPEG is refused, naming it, or skipped and counted with ``skip_bad_images``), then stored in the
+form ``bench eval`` decodes pixel for pixel (``Image.open(...).convert("RGB")``):
+
+- a JPEG in RGB or grayscale without an EXIF rotation is stored byte for byte (no second lossy
+  encoding);
+- everything else is decoded, converted to 8-bit RGB or grayscale and stored as a lossless PNG:
+  EXIF orientation applied (``PIL.ImageOps.exif_transpose``); 16-bit and 32-bit integer
+  grayscale (``I;16``, ``I;16B``, ``I``) scaled to 8 bits (``round(v / 257)``, not clipped);
+  16-bit RGB keeps Pillow's high byte; transparency (RGBA, LA, palette with transparency)
+  composited on white; palette, 1-bit, CMYK and YCbCr converted by Pillow; the first frame of
+  an animation. Embedded colour profiles are not applied (pixels are taken as sRGB, as timm's
+  loaders do).
+
+Each row records ``source_path``, ``source_format``, ``source_mode``, ``exif_orientation`` (1 =
+none) and ``reencoded``. The suite is written to ``.<out name>.<pid>.incomplete`` beside ``out``
+(with the user's umask) and renamed at the end; leftovers of killed imports are removed by the
+next import to the same ``out``.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import logging
+import os
+import re
 import shutil
-import tempfile
+import time
+import warnings
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark import imagenet
 from benchmark.errors import BenchError
 from benchmark.fsutil import prepare_fresh_dir
-from benchmark.suite_format import MANIFEST, check_config_name
+from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
 
 log = logging.getLogger(__name__)
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+# A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
+SUITE_ID_RE = CONFIG_RE
+MAX_SHARD_SIZE = 100_000
+MAX_CSV_BYTES = 1 << 30
+MAX_IMAGE_BYTES = 1 << 28
+DEFAULT_WORKERS = 8
+CHUNK = 16  # images per worker task
+MAX_WORKERS = 256
+_GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
+_EXIF_ORIENTATION = 0x0112
+
+
+def check_suite_id(name: str) -> str:
+    """Refuse a suite id that is not a safe, short path component (``..``, ``a/b``, 400 chars)."""
+    if not isinstance(name, str) or not SUITE_ID_RE.fullmatch(name):
+        text = display(str(name))
+        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
+        raise BenchError(f"--name {shown} is not a valid suite id: use lower-case letters, digits, '_' or '-' "
+                         "(at most 64 characters, starting with a letter or digit)")
+    return name
+
+
+def display(path: str | os.PathLike) -> str:
+    """A file name as text that prints and encodes as UTF-8: bytes that are not UTF-8 (names on
+    Linux file systems are bytes) are shown as ``\\xe9`` escapes instead of lone surrogates."""
+    return os.fsencode(os.fspath(path)).decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
 class Item:
     path: Path
-    rel: str
+    rel: str  # display form of the path relative to the import folder
     label: int
     image_id: str
+    config: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What an import folder holds: its items (sorted by image id) and, for multi-shift folders,
+    the reference config."""
+
+    items: list[Item]
+    configs: tuple[str, ...]
+    reference: str | None
 
 
 def _label(text: str, where: str) -> int:
@@ -42,133 +107,489 @@ def _label(text: str, where: str) -> int:
     try:
         return imagenet.index_of(text)
     except KeyError:
-        raise BenchError(f"{where}: label {text!r} is not an ImageNet-1k wnid (like n01440764) or index") from None
+        raise BenchError(f"{where}: label {text[:40]!r} is not an ImageNet-1k wnid (like n01440764) or index") from None
 
 
-def list_items(src: Path, *, config: str, csv_path: Path | None = None) -> list[Item]:
-    """The images to import, sorted by image id; every naming problem is one clear error."""
+def read_csv_rows(csv_path: Path) -> list[list[str]]:
+    """The rows of a UTF-8 CSV (a byte-order mark, as Excel writes, is dropped); any other
+    encoding is one error naming the file and how to convert it."""
+    name = display(csv_path.name)
+    if not csv_path.is_file():
+        raise BenchError(f"--csv {display(csv_path)!r} does not exist")
+    if csv_path.stat().st_size > MAX_CSV_BYTES:
+        raise BenchError(f"{name} is larger than {MAX_CSV_BYTES >> 20} MiB; a path,label list is far smaller, "
+                         "check that --csv names the right file")
+    data = csv_path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise BenchError(f"{name} is not UTF-8 (byte 0x{data[e.start]:02x} on line {line}); save it as UTF-8 "
+                         f"(Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} > utf8-{name})") from None
+    try:
+        return list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise BenchError(f"{name} is not a readable CSV ({e}); write one 'path,label' pair per line") from None
+
+
+def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
+    """``path,label`` rows under the key ``None``; with a header ``path,label,shift`` the rows
+    grouped by their shift (a multi-shift import)."""
+    by_shift: dict[str | None, list[tuple[Path, int]]] = {}
+    name = display(csv_path.name)
+    with_shift = False
+    for i, row in enumerate(read_csv_rows(csv_path), 1):
+        if not row or not "".join(row).strip():
+            continue
+        if i == 1 and row[0].strip().lower() == "path":
+            with_shift = len(row) >= 3 and row[2].strip().lower() in ("shift", "config")
+            continue
+        if len(row) < (3 if with_shift else 2):
+            raise BenchError(f"{name} line {i}: expected '{'path,label,shift' if with_shift else 'path,label'}', "
+                             f"got {row!r}")
+        shift = row[2].strip() if with_shift else None
+        if shift is not None and not CONFIG_RE.fullmatch(shift):
+            raise BenchError(f"{name} line {i}: shift {shift[:70]!r} is not a valid config name; use lower-case "
+                             "letters, digits, '_' or '-' (at most 64 characters)")
+        p = Path(row[0].strip())
+        by_shift.setdefault(shift, []).append((p if p.is_absolute() else src / p, _label(row[1], f"{name} line {i}")))
+    return by_shift
+
+
+def _subdirs(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _top_files(d: Path) -> list[str]:
+    return sorted(display(p.name) for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _names(paths, n: int = 5) -> str:
+    names = [f"'{display(p.name)}'" for p in paths]  # not repr: it would double the \\x escapes
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
+
+
+def _class_pairs(d: Path) -> list[tuple[Path, int]]:
+    """``<wnid>/<image>`` files of one folder (images in nested folders count for their wnid)."""
+    dirs = _subdirs(d)
+    wnids = set(imagenet.wnids())
+    bad = [x for x in dirs if x.name not in wnids]
+    if bad:
+        raise BenchError(f"sub-folders of {display(d)} must be ImageNet-1k wnids (e.g. n01440764), or shift folders "
+                         f"holding wnid folders (<shift>/<wnid>/<image>); found {_names(bad)}; rename them or use "
+                         "--csv path,label")
+    top = _top_files(d)
+    if top and not dirs:
+        raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use --csv")
+    if top:
+        log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
+                    len(top), display(d), top[0])
+    pairs = []
+    for x in dirs:
+        label = imagenet.index_of(x.name)
+        pairs += [(p, label) for p in sorted(x.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    return pairs
+
+
+def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path | None = None,
+             base: str | None = None) -> Layout:
+    """The images to import and the suite's configs; every naming problem is one clear error.
+
+    ``<wnid>/`` sub-folders (or a ``path,label`` CSV) make one config named ``config``;
+    sub-folders that hold ``<wnid>/`` folders themselves (or a ``path,label,shift`` CSV) are
+    shifts, one config each, with ``base`` (default ``"base"``) as the reference.
+    """
+    src = Path(src)
     if not src.is_dir():
-        raise BenchError(f"import folder {str(src)!r} does not exist or is not a folder")
-    pairs: list[tuple[Path, int]] = []
+        raise BenchError(f"import folder {display(src)!r} does not exist or is not a folder")
+    wnids = set(imagenet.wnids())
     if csv_path is not None:
-        if not csv_path.is_file():
-            raise BenchError(f"--csv {str(csv_path)!r} does not exist")
-        with open(csv_path, newline="") as f:
-            reader = csv.reader(f)
-            for i, row in enumerate(reader, 1):
-                if i == 1 and row and row[0].strip().lower() == "path":
-                    continue
-                if len(row) < 2:
-                    raise BenchError(f"{csv_path.name} line {i}: expected 'path,label', got {row!r}")
-                p = Path(row[0].strip())
-                pairs.append((p if p.is_absolute() else src / p, _label(row[1], f"{csv_path.name} line {i}")))
+        by_shift = _csv_pairs(src, Path(csv_path))
+        multi = bool(by_shift) and None not in by_shift
+        where = f"the shift column of {display(Path(csv_path).name)}"
     else:
-        top_files = [p.name for p in src.iterdir() if p.is_file() and not p.name.startswith(".")]
-        dirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
-        bad = [d.name for d in dirs if d.name not in set(imagenet.wnids())]
-        if bad:
-            raise BenchError(f"sub-folders of {src} must be ImageNet-1k wnids (e.g. n01440764); found "
-                             f"{', '.join(repr(b) for b in bad[:5])}{' ...' if len(bad) > 5 else ''}; rename them or "
-                             "use --csv path,label")
-        if top_files and not dirs:
-            raise BenchError(f"{src} holds files but no wnid sub-folders; put images in <wnid>/ folders or use --csv")
-        if top_files:
-            log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
-                        len(top_files), src, sorted(top_files)[0])
-        for d in dirs:
-            label = imagenet.index_of(d.name)
-            pairs += [(p, label) for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith(".")]
-    if not pairs:
-        raise BenchError(f"no images found in {src}; expected <wnid>/<image> files or a --csv list")
+        dirs = _subdirs(src)
+        others = [d for d in dirs if d.name not in wnids]
+        multi = any(x.name in wnids for d in others for x in _subdirs(d))
+        if multi and len(others) < len(dirs):
+            raise BenchError(f"{display(src)} mixes class folders ({_names([d for d in dirs if d.name in wnids])}) "
+                             f"with shift folders ({_names(others)}); use either <wnid>/<image> or <shift>/<wnid>/<image>")
+        where = f"the shift folders of {display(src)}"
+    if not multi:
+        if base is not None:
+            raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
+                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop --base")
+        config = check_config_name(config or "default")
+        per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
+        reference = None
+    else:
+        if config is not None:
+            raise BenchError(f"{where} name the configs of this multi-shift import; drop --config")
+        if csv_path is not None:
+            per_config = {s: by_shift[s] for s in sorted(by_shift)}
+        else:
+            bad = [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]
+            if bad:
+                raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename "
+                                 "them with lower-case letters, digits, '_' or '-' (at most 64 characters)")
+            if _top_files(src):
+                log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
+                            len(_top_files(src)), display(src))
+            per_config = {d.name: _class_pairs(d) for d in dirs}
+        reference = check_config_name(base or "base")
+        if reference not in per_config:
+            raise BenchError(f"{where} have no shift {reference!r} (found {', '.join(map(repr, per_config))}); name "
+                             "the in-distribution shift base or pass --base NAME")
+        if len(per_config) < 2:
+            raise BenchError(f"{where} hold only the reference {reference!r}; add at least one shift beside it, or "
+                             "import it as one config")
+        empty = [c for c, p in per_config.items() if not p]
+        if empty:
+            raise BenchError(f"shift(s) {', '.join(map(repr, empty))} hold no images; add images or remove them")
     items, seen = [], {}
-    for path, label in pairs:
-        if not path.is_file():
-            raise BenchError(f"{path} is listed but does not exist")
-        wnid = imagenet.wnids()[label]
-        iid = f"{config}/{wnid}/{path.stem}"
-        if iid in seen:
-            raise BenchError(f"duplicate image id {iid!r}: {seen[iid]} and {path} share a class and file stem; "
-                             "rename one of them")
-        seen[iid] = path
-        try:
-            rel = str(path.relative_to(src))
-        except ValueError:
-            rel = str(path)
-        items.append(Item(path, rel, label, iid))
-    return sorted(items, key=lambda it: it.image_id)
+    for cfg, pairs in per_config.items():
+        for path, label in pairs:
+            if not path.is_file():
+                raise BenchError(f"{display(path)} is listed but does not exist")
+            iid = f"{cfg}/{imagenet.wnids()[label]}/{display(path.stem)}"
+            if iid in seen:
+                raise BenchError(f"duplicate image id {iid!r}: {display(seen[iid])} and {display(path)} share a class "
+                                 "and file stem; rename one of them")
+            seen[iid] = path
+            try:
+                rel = display(path.relative_to(src))
+            except ValueError:
+                rel = display(path)
+            items.append(Item(path, rel, label, iid, cfg))
+    if not items:
+        raise BenchError(f"no images found in {display(src)}; expected <wnid>/<image> files, "
+                         "<shift>/<wnid>/<image> files or a --csv list")
+    return Layout(sorted(items, key=lambda it: it.image_id), tuple(per_config), reference)
 
 
-def _check_image(data: bytes) -> str | None:
-    """None if the bytes decode as an image, else the reason."""
-    import io
+# -- images -------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class ImageInfo:
+    """How one source file is stored (recorded per row)."""
+
+    source_format: str
+    source_mode: str
+    exif_orientation: int
+    reencoded: bool
+
+
+def _to_8bit(im):
+    """Pillow image of any mode -> 8-bit ``RGB`` or ``L`` with the same picture."""
+    import numpy as np
     from PIL import Image
 
+    mode = im.mode
+    if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        a = np.asarray(im)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise ValueError(f"{mode} image with values outside 0..65535; save it with 8 or 16 bits per channel")
+        a = (a.astype(np.uint32) * 255 + 32767) // 65535  # round(v / 257): 16 bits scaled, not clipped
+        return Image.fromarray(a.astype(np.uint8), "L")
+    if mode == "F":
+        raise ValueError("floating-point image; save it with 8 or 16 bits per channel")
+    if mode == "1":
+        return im.convert("L")
+    if mode in ("L", "RGB"):
+        if "transparency" not in im.info:
+            return im
+    if mode in ("LA", "La", "RGBA", "RGBa", "PA", "P", "L", "RGB"):
+        if mode == "P" and "transparency" not in im.info:
+            return im.convert("RGB")
+        rgba = im.convert("RGBA")  # palette/tRNS transparency become alpha
+        flat = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        flat.alpha_composite(rgba)  # composite on white: what a viewer shows
+        out = flat.convert("RGB")
+        return out.convert("L") if mode in _GRAY_MODES else out
+    return im.convert("RGB")  # CMYK, YCbCr, LAB, HSV, ...
+
+
+def decode_image(data: bytes, *, pixels: bool = True):
+    """Fully decode ``data`` -> ``(8-bit RGB/L PIL image, ImageInfo)``; raise on any decoder error.
+    With ``pixels=False`` only the check runs and the image returned is ``None``."""
+    from PIL import Image, ImageFile, ImageOps
+
+    truncated_ok = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file must fail, whoever set this
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.verify()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data": the pixels still decode
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # > 89 Mpx: refused, bounded memory
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                fmt, mode = im.format or "unknown", im.mode
+                orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+                orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+                passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
+                out = None
+                if pixels or not passthrough:  # conversions can fail too (e.g. 32-bit values out of range)
+                    out = _to_8bit(ImageOps.exif_transpose(im) if orientation != 1 else im)
+                    out = (out.copy() if out is im else out) if pixels else None
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = truncated_ok
+    return out, ImageInfo(fmt, mode, int(orientation), not passthrough)
+
+
+def check_image(data: bytes) -> tuple[ImageInfo | None, str | None]:
+    """``(info, None)`` if ``data`` decodes completely, else ``(None, reason)``."""
+    try:
+        return decode_image(data, pixels=False)[1], None
+    except Exception as e:  # noqa: BLE001 - any decoder failure means "not a usable image"
+        return None, f"{type(e).__name__}: {e}"
+
+
+def stored_bytes(data: bytes, info: ImageInfo | None = None) -> tuple[bytes, ImageInfo]:
+    """The bytes to store for a source file: itself (a plain JPEG) or a lossless PNG of its
+    converted pixels; decoding them as ``bench eval`` does gives exactly those pixels. ``info``
+    from an earlier ``check_image`` of the same bytes saves decoding a stored-as-is JPEG again."""
+    if info is not None and not info.reencoded:
+        return data, info
+    im, info = decode_image(data)
+    if not info.reencoded:
+        return data, info
+    buf = io.BytesIO()
+    # zlib level 1: ~3x faster than Pillow's default 6 for ~10% more bytes (512x512 photo);
+    # no metadata is written, so the same pixels always give the same bytes
+    im.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue(), info
+
+
+def _check_file(path: Path) -> tuple[ImageInfo | None, str | None, bytes | None]:
+    """``(info, reason, sha256)`` of one file (runs in worker processes)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            return None, f"{size} bytes, over the {MAX_IMAGE_BYTES >> 20} MiB limit for one image", None
+        data = path.read_bytes()
+    except OSError as e:
+        return None, f"cannot be read: {e.strerror}", None
+    info, why = check_image(data)
+    return info, why, hashlib.sha256(data).digest() if info is not None else None
+
+
+def _store_file(path: Path, digest: bytes, info: ImageInfo) -> bytes | None:
+    """The bytes to store for a checked file, or ``None`` if it changed or went since (worker processes)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
         return None
-    except Exception as e:  # noqa: BLE001 - any decoder failure means "not an image"
-        return f"{type(e).__name__}: {e}"
+    if hashlib.sha256(data).digest() != digest:  # the bytes stored are the bytes checked
+        return None
+    return stored_bytes(data, info)[0]
 
 
-def import_folder(src: str | Path, *, name: str, out: str | Path, config: str = "default",
-                  csv_path: str | Path | None = None, overwrite: bool = False, skip_bad_images: bool = False,
-                  shard_size: int = 1000, progress: bool = True):
-    """Import images into a new suite at ``out``; returns its ``Manifest``."""
+def _worker_init(parent: int) -> None:
+    """Worker processes end when the import dies, even by ``kill -9`` (they would wait forever)."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _check_files(paths: list[Path]) -> list:
+    return [_check_file(p) for p in paths]
+
+
+def _store_files(args: list[tuple]) -> list:
+    return [_store_file(*a) for a in args]
+
+
+def _chunks(seq: list, n: int) -> list[list]:
+    return [seq[a:a + n] for a in range(0, len(seq), n)]
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _ordered_map(calls, pool, ahead: int):
+    """Results of ``(fn, args, heavy)`` calls, in order. Heavy calls go to the pool (if any), at
+    most ``ahead`` in flight (bounded memory); light ones run here (no pickling of their bytes)."""
+    window = deque()
+    for fn, args, heavy in calls:
+        window.append(pool.submit(fn, *args) if pool is not None and heavy else _Done(fn(*args)))
+        while len(window) >= ahead or (window and isinstance(window[0], _Done)):
+            yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
+
+
+# -- output folder ------------------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process starts an import only after its previous one ended
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_leftovers(out: Path) -> list[Path]:
+    """Remove ``.<out name>.<pid>[.old].incomplete`` folders of imports to ``out`` that were
+    killed (their process is gone); returns what was removed."""
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(\d+)(\.old)?\.incomplete$")
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for p in out.parent.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m and not _pid_alive(int(m.group(1))):
+            log.warning("removing %s left by an interrupted import", display(p))
+            _remove(p)
+            removed.append(p)
+    return removed
+
+
+# -- import -------------------------------------------------------------------------------------
+
+def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | None = None,
+                  csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
+                  skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
+                  progress: bool = True):
+    """Import images into a new suite at ``out``; returns its ``Manifest``.
+
+    ``workers`` processes decode and convert images (default: one per CPU, at most
+    ``DEFAULT_WORKERS``; 0 = in this process). Rows and shards are the same for any number.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+
+    # every option is checked before any file is read
+    check_suite_id(name)
+    if config is not None:
+        check_config_name(config)
+    if base is not None:
+        check_config_name(base)
+    if not isinstance(shard_size, int) or not 1 <= shard_size <= MAX_SHARD_SIZE:
+        raise BenchError(f"--shard-size must be between 1 and {MAX_SHARD_SIZE}, got {shard_size}")
+    if workers is None:
+        workers = min(DEFAULT_WORKERS, os.cpu_count() or 1)
+    if not isinstance(workers, int) or not 0 <= workers <= MAX_WORKERS:
+        raise BenchError(f"--workers must be between 0 and {MAX_WORKERS}, got {workers}")
+    src, out = Path(src), Path(out)
+    if out.name in ("", ".", ".."):
+        raise BenchError(f"--out {display(out)!r} must name a folder to create (like ./my-suite)")
+    clean_leftovers(out)
+    layout = discover(src, config=config, csv_path=csv_path, base=base)
+    # checks only: an existing output is replaced at the very end, so a failed import keeps it
+    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
+    pool = (ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),))
+            if workers > 0 and len(layout.items) > CHUNK else None)
+    try:
+        return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
+                       shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool, skip_bad_images: bool,
+            shard_size: int, pool, ahead: int, progress: bool):
     from datasets import Value
     from tqdm.auto import tqdm
 
+    from benchmark.suite_format import Manifest
     from benchmark.writer import SuiteWriter
     from data_cards import render_card
 
-    check_config_name(config)
-    if shard_size < 1:
-        raise BenchError(f"--shard-size must be >= 1, got {shard_size}")
-    src, out = Path(src), Path(out)
-    items = list_items(src, config=config, csv_path=Path(csv_path) if csv_path else None)
-    # checks only: an existing output is replaced at the very end, so a failed import keeps it
-    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
-    good, skipped = [], []
-    for it in tqdm(items, desc="check images", unit="img", disable=not progress):
-        why = _check_image(it.path.read_bytes())
-        if why is None:
+    good, skipped, checked = [], [], {}
+    # work goes to the pool in chunks of CHUNK images (one task per image costs more than a small image)
+    results = (r for chunk in _ordered_map(((_check_files, ([it.path for it in c],), True)
+                                            for c in _chunks(layout.items, CHUNK)), pool, ahead) for r in chunk)
+    for it, (info, why, digest) in tqdm(zip(layout.items, results), total=len(layout.items), desc="decode images",
+                                        unit="img", disable=not progress):
+        if info is not None:
             good.append(it)
+            checked[it.image_id] = (digest, info)
         elif skip_bad_images:
             skipped.append(it.rel)
         else:
             raise BenchError(f"{it.rel} is not a readable image ({why}); remove it or pass --skip-bad-images")
     if not good:
-        raise BenchError(f"none of the {len(items)} files in {src} is a readable image")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".incomplete", dir=out.parent))
+        raise BenchError(f"none of the {len(layout.items)} files in {display(src)} is a readable image")
+    by_config = {c: [it for it in good if it.config == c] for c in layout.configs}
+    empty = [c for c, its in by_config.items() if not its]
+    if empty:
+        raise BenchError(f"config(s) {', '.join(map(repr, empty))} have no readable image left; fix or add images")
+
+    tmp = out.parent / f".{out.name}.{os.getpid()}.incomplete"
+    tmp.mkdir()  # mode 0777 & ~umask: the suite gets the user's normal permissions
     try:
-        shards = [good[a:a + shard_size] for a in range(0, len(good), shard_size)]
         bar = tqdm(total=len(good), desc=f"import {name}", unit="img", disable=not progress)
 
         def rows(block):
-            for it in block:
+            # a JPEG stored as is needs no decoding: chunks of those are read and hashed here
+            calls = ((_store_files, ([(it.path, *checked[it.image_id]) for it in c],),
+                      any(checked[it.image_id][1].reencoded for it in c)) for c in _chunks(block, CHUNK))
+            stored = (r for chunk in _ordered_map(calls, pool, ahead) for r in chunk)
+            for it, data in zip(block, stored):
+                if data is None:
+                    raise BenchError(f"{it.rel} changed during the import; rerun when the folder is not being written")
+                info = checked[it.image_id][1]
                 bar.update(1)
-                yield {"image": {"bytes": it.path.read_bytes(), "path": None}, "label": it.label,
-                       "image_id": it.image_id, "config": config, "keep": True, "pair_id": None,
-                       "source_path": it.rel}
+                yield {"image": {"bytes": data, "path": None}, "label": it.label, "image_id": it.image_id,
+                       "config": it.config, "keep": True, "pair_id": None, "source_path": it.rel,
+                       "source_format": info.source_format, "source_mode": info.source_mode,
+                       "exif_orientation": info.exif_orientation, "reencoded": info.reencoded}
 
-        with SuiteWriter(tmp, suite_id=name, extra_features={"source_path": Value("string")}) as w:
-            for i, block in enumerate(shards):
-                w.write_shard(config, i, len(shards), rows(block))
+        extra = {"source_path": Value("string"), "source_format": Value("string"), "source_mode": Value("string"),
+                 "exif_orientation": Value("int8"), "reencoded": Value("bool")}
+        with SuiteWriter(tmp, suite_id=name, extra_features=extra) as w:
+            for cfg, its in by_config.items():
+                shards = [its[a:a + shard_size] for a in range(0, len(its), shard_size)]
+                for i, block in enumerate(shards):
+                    w.write_shard(cfg, i, len(shards), rows(block))
             bar.close()
-            generator = {"builder": "bench import-folder", "images": len(good), "n_skipped_bad_images": len(skipped),
-                         "skipped_bad_images": skipped[:1000]}
+            generator = {"builder": "bench import-folder", "images": len(good),
+                         "n_skipped_bad_images": len(skipped), "skipped_bad_images": skipped[:1000],
+                         "image_storage": "JPEG (RGB/L, no EXIF rotation) as is; all else 8-bit PNG"}
+            if layout.reference is not None:
+                # read by bench eval for suites outside the registry: score as ImageNet*
+                generator.update(metric_family="imagenet_star", reference_config=layout.reference)
+            shifts = ", ".join(c for c in layout.configs if c != layout.reference)
+            note = (f"Imported with `bench import-folder` ({len(good)} images)." if layout.reference is None else
+                    f"Imported with `bench import-folder` ({len(good)} images): reference `{layout.reference}`, "
+                    f"shifts {shifts}; scored as ImageNet* (per-shift accuracy, absolute impact).")
             w.finalize(generator=generator, card=lambda m: render_card(
-                m, template="generic", pretty_name=name,
-                context={"note": f"Imported with `bench import-folder` ({len(good)} images)."}))
+                m, template="generic", pretty_name=name, context={"note": note}))
         (tmp / "build.json").unlink(missing_ok=True)
-        prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out")
-        tmp.rename(out)
+        _swap_into_place(tmp, out, overwrite=overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    from benchmark.suite_format import Manifest
-
     if skipped:
         log.warning("skipped %d unreadable file(s), e.g. %s", len(skipped), skipped[0])
     return Manifest.load(out)
+
+
+def _swap_into_place(tmp: Path, out: Path, *, overwrite: bool) -> None:
+    """Rename the finished suite to ``out``; a replaced suite is moved aside first and removed
+    last, so a kill at any point leaves either suite plus leftovers the next run cleans."""
+    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
+    old = out.parent / f".{out.name}.{os.getpid()}.old.incomplete"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink():  # an --out that was a link: the link goes, never what it points to
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,7 +1,16 @@
-"""Read a suite in format 1 from a local folder (a build output or a Hub snapshot).
+"""Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot).
 
-Nothing is scored before :meth:`LocalSuite.verify` has checked the selected configs' files
-against the manifest. Rows can be read two ways:
+This is the one validation layer for suites from outside; every consumer (eval, verify,
+diagnose, download, publish) goes through it:
+
+- :meth:`LocalSuite.open` parses the manifest (size, depth and schema limits, strict names and
+  shard paths) and the card when present, and refuses any listed path that resolves outside the
+  suite root (``..``, absolute paths, symlinks leaving the folder);
+- :meth:`LocalSuite.verify` checks the selected configs' files (size, sha256, embedded features)
+  and their rows (:func:`benchmark.suite_format.check_rows`: types, labels, unique ids, counts,
+  rows digest) before any model is loaded.
+
+Rows can then be read two ways:
 
 - :meth:`LocalSuite.dataset` gives a ``datasets.Dataset`` through the offline-safe pattern
   (``load_dataset("parquet", data_files=...)``) for users and tests;
@@ -16,9 +25,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.suite_format import CARD, Manifest, check_features, read_parquet_features, verify_files
+from benchmark.fsutil import read_limited
+from benchmark.suite_format import (CARD, MANIFEST, SPLIT, Manifest, check_features, check_rows, read_parquet_features,
+                                    read_row_table, verify_files)
+
+MAX_CARD_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -45,7 +60,9 @@ class LocalSuite:
     revision: str | None = None
     redownload_hint: str | None = None
     pinned: bool = True  # False when taken from an unpinned registry entry (resolved at download)
+    card: dict | None = None  # the card's YAML header, checked against the manifest (None: no card)
     _verified: set[str] = field(default_factory=set)
+    _digests: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def open(cls, root: str | Path, *, repo_id: str | None = None, revision: str | None = None,
@@ -56,8 +73,19 @@ class LocalSuite:
                              "or the path of a suite folder")
         if not root.is_dir():
             raise BenchError(f"suite path {str(root)!r} is not a folder")
-        return cls(root=root, manifest=Manifest.load(root), repo_id=repo_id, revision=revision,
-                   redownload_hint=redownload_hint)
+        # huggingface_hub's cache links snapshots/<sha>/<file> to ../../blobs/<hash>: for a Hub snapshot
+        # the links may lead anywhere inside that repo's cache folder, and nowhere else.
+        base = root.resolve()
+        inside = base.parent.parent if repo_id and base.parent.name == "snapshots" else base
+        _check_inside(root, MANIFEST, inside)
+        manifest = Manifest.load(root)
+        for rel in (CARD, *manifest.files):
+            _check_inside(root, rel, inside)
+        suite = cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision,
+                    redownload_hint=redownload_hint)
+        if (root / CARD).is_file():
+            suite.card = parse_card(root / CARD, manifest)
+        return suite
 
     @property
     def suite_id(self) -> str:
@@ -81,7 +109,12 @@ class LocalSuite:
         return list(dict.fromkeys(configs))
 
     def verify(self, configs: list[str] | None = None) -> None:
-        """Check sizes, hashes and embedded features of the selected configs' files."""
+        """Check the selected configs' files (size, sha256, embedded features) and rows.
+
+        Rows: required columns and types, labels in [0, 1000), unique ``image_id``, row and kept
+        counts and the rows digest equal to the manifest's (:func:`~benchmark.suite_format.check_rows`).
+        Cheap next to scoring (no image bytes are read); run before any model is loaded.
+        """
         todo = [c for c in self.select(configs) if c not in self._verified]
         if not todo:
             return
@@ -89,7 +122,30 @@ class LocalSuite:
         for c in todo:
             for rel in self.manifest.config(c).files:
                 check_features(read_parquet_features(self.root / rel), where=rel)
+            self._digests[c] = self.validate_rows(c)
         self._verified.update(todo)
+
+    def validate_rows(self, config: str) -> str:
+        """Check one config's rows against the manifest (files must be verified); returns its rows digest."""
+        info = self.manifest.config(config)
+        return check_rows(info, [(rel, read_row_table(self.root / rel, rel)) for rel in info.files])
+
+    def rows_digest(self, config: str) -> str:
+        """The config's rows digest (format 1.1): the manifest's, or for a format-1 suite computed
+        from its verified rows (no image bytes are read)."""
+        recorded = self.manifest.config(config).rows_digest
+        if recorded is not None:
+            return recorded
+        self.verify([config])
+        return self._digests[config]
+
+    def require_card(self) -> dict:
+        """The card's YAML header; a suite without ``README.md`` is refused (it is part of the format)."""
+        if self.card is None:
+            raise IntegrityError(f"{self.root} has no {CARD} (dataset card), which the format requires so that "
+                                 "datasets.load_dataset(folder, config) works; rebuild the suite or render one "
+                                 "with data_cards.render_card")
+        return self.card
 
     def _require_verified(self, config: str) -> None:
         if config not in self._verified:
@@ -124,3 +180,70 @@ class LocalSuite:
 def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None = None) -> pa.Table:
     """Read one row group (used inside DataLoader workers; opens the file itself)."""
     return pq.ParquetFile(Path(root) / group.path).read_row_group(group.index, columns=columns)
+
+
+def _check_inside(root: Path, rel: str, inside: Path) -> None:
+    try:
+        target = (root / rel).resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise IntegrityError(f"{rel} in {root} is a symlink loop; replace the link with the file") from None
+    if not target.is_relative_to(inside):
+        raise IntegrityError(f"{rel} in {root} resolves to {target}, outside the suite folder (a symlink leaving "
+                             "it); a suite's files must live inside its folder: replace the link with the file")
+
+
+def parse_card(path: Path, manifest: Manifest) -> dict:
+    """The card's YAML header, parsed with size, depth and alias limits and checked against the manifest.
+
+    The header must list one ``configs`` entry per manifest config, with its own shards as the
+    ``test`` split, so that ``datasets.load_dataset(folder, config)`` loads exactly that config.
+    """
+    where = str(path)
+    data = read_limited(path, max_bytes=MAX_CARD_BYTES, what="dataset card")
+
+    def bad(what: str) -> IntegrityError:
+        return IntegrityError(f"{where}: {what}; re-render the card with data_cards.render_card (docs/format.md "
+                              "section 5)")
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad("the card is not UTF-8") from None
+    lines = text.split("\n")
+    if lines[0].strip() != "---" or "---" not in (ln.strip() for ln in lines[1:]):
+        raise bad("the card has no YAML header between '---' lines")
+    end = next(i for i, ln in enumerate(lines[1:], 1) if ln.strip() == "---")
+    header = "\n".join(lines[1:end])
+    try:
+        depth = 0
+        for event in yaml.parse(header, Loader=yaml.SafeLoader):  # events: no recursion, no object built yet
+            if isinstance(event, yaml.AliasEvent):
+                raise bad("the card's YAML uses aliases ('*name'), which cards never need")
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise bad(f"the card's YAML nests deeper than {MAX_YAML_DEPTH} levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        head = yaml.safe_load(header)
+    except yaml.YAMLError as e:
+        raise bad(f"the card's YAML header does not parse ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(head, dict):
+        raise bad("the card's YAML header is not a mapping")
+    entries = head.get("configs")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise bad("the card's header has no 'configs' list")
+    named = {}
+    for e in entries:
+        name = e.get("config_name")
+        if not isinstance(name, str) or name in named:
+            raise bad(f"the card's configs have a missing or repeated config_name {str(name)[:64]!r}")
+        named[name] = e.get("data_files")
+    if set(named) != set(manifest.configs):
+        diff = sorted(set(named) ^ set(manifest.configs))
+        raise bad(f"the card's configs differ from the manifest's (e.g. {diff[0][:64]!r})")
+    for name, files in named.items():
+        want = [{"split": SPLIT, "path": f"data/{name}/*.parquet"}]
+        if files != want and files != want[0]:
+            raise bad(f"config {name!r} in the card must have data_files {want} (its own shards as the test split)")
+    return head

@@ -25,7 +25,7 @@ from benchmark.registry import Registry
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 METRIC_FAMILIES = ("imagenet_star", "lance", "in_g", "accuracy")
 
-# The 15 Hard ImageNet classes by wnid, in HardImageNet's class order (specs/lance.md s4).
+# The 15 Hard ImageNet classes by wnid, in HardImageNet's class order (Moayeri et al. 2022).
 HARD_IMAGENET_WNIDS = (
     "n03218198", "n02492660", "n04162706", "n04228054", "n04356056", "n02807133", "n02777292",
     "n03535780", "n03899768", "n04019541", "n03770439", "n04264628", "n04540053", "n09835506",

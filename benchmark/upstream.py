@@ -8,7 +8,7 @@ like any other suite:
 
 - ``image_id`` = ``<shift>/<wnid>/<NN>``; ``label`` from the class folder, mapped explicitly;
 - ``keep`` = ``mask[shift][50 * class + NN]``, indexed by (class, image number), never by file
-  position (``specs/imagenet_star.md`` s7-8: one missing file shifts every later entry otherwise);
+  position (``docs/hub.md`` s5: one missing file shifts every later entry otherwise);
 - missing and unexpected files are counted per shift, recorded in the manifest's provenance and
   reported (``strict=True`` makes them an error).
 
@@ -214,16 +214,20 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     sources = {s: known_sha.get(s) or sha256_file(root / f"{s}.zip") for s in shifts if (root / f"{s}.zip").is_file()}
     fingerprint = {"zips_sha256": sources, "mask_sha256": sha256_file(mask) if mask else None,
                    "shifts": shifts, "per_class": per_class, "classes": classes if len(classes) < 1000 else "all"}
-    with SuiteWriter(out, suite_id="imagenet-star-upstream", extra_features={"source_file": Value("string")},
-                     fingerprint=fingerprint, overwrite=overwrite) as w:
+    from tqdm.auto import tqdm
+
+    # the full release is ~1.2 M images (25-35 min): a bar on a terminal, silent otherwise (disable=None)
+    bar = tqdm(total=sum(len(indexed[s]) for s in shifts), desc="convert ImageNet*", unit="img", disable=None)
+    with bar, SuiteWriter(out, suite_id="imagenet-star-upstream", extra_features={"source_file": Value("string")},
+                          fingerprint=fingerprint, overwrite=overwrite) as w:
         for s in shifts:
             items = sorted(indexed[s].values(), key=lambda r: (r.label, r.number))
             blocks = _blocks(items, classes)
             for shard, block in enumerate(blocks):
                 n_shards = len(blocks)
-                if w.shard_done(s, shard, n_shards):
-                    continue
-                w.write_shard(s, shard, n_shards, _rows(block, masks, per_class))
+                if not w.shard_done(s, shard, n_shards):
+                    w.write_shard(s, shard, n_shards, _rows(block, masks, per_class))
+                bar.update(len(block))
         generator = {"builder": "benchmark.upstream", "source": source or {"folder": root.name},
                      "mask": None if mask is None else {"file": Path(mask).name, "sha256": fingerprint["mask_sha256"],
                                                         "index": "50 * class + image number"},
@@ -380,7 +384,7 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
                   strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
                   token: str | None = None) -> LocalSuite:
     """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open."""
-    from benchmark.hub import resolve_or_cache, snapshot
+    from benchmark.hubio import resolve_or_cache, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)

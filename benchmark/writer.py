@@ -8,10 +8,11 @@ Usage::
                 w.write_shard(config, shard, n, rows)
         w.finalize(generator=provenance, card=render)
 
-Each shard is written with ``datasets``' ``ParquetWriter`` (the HF features go into the parquet
-metadata, so ``Image`` and ``ClassLabel`` survive) to a temporary name and renamed. A rerun with
-the same fingerprint skips finished shards; a different fingerprint is refused unless
-``overwrite``. The manifest is written last.
+Each shard is written with pyarrow under ``Features.arrow_schema`` (the ``datasets`` features go
+into the parquet metadata key ``huggingface`` exactly as ``datasets`` writes it, so ``Image`` and
+``ClassLabel`` survive) to a temporary name and renamed. A rerun with the same fingerprint skips
+finished shards; a different fingerprint is refused unless ``overwrite``. The manifest (format
+1.1, with each config's rows digest) is written last.
 """
 
 from __future__ import annotations
@@ -21,19 +22,28 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from datasets import Features
-from datasets.arrow_writer import ParquetWriter
+from datasets import Features, Image
 
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import (INCOMPLETE, atomic_path, atomic_write_bytes, atomic_write_json, canonical_json,
                               ensure_writable_dir, sha256_bytes)
 from benchmark.suite_format import (BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest, build_manifest,
-                                    check_config_name, shard_name, suite_features)
+                                    check_config_name, check_name, rows_digest_table, shard_name, suite_features)
 
 log = logging.getLogger(__name__)
 IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
+
+
+def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
+    """Parquet's leaf column paths of one column (``img.bytes``, ``emb.list.element``)."""
+    if pa.types.is_struct(t):
+        return [leaf for f in t for leaf in _leaf_paths(f"{path}.{f.name}", f.type)]
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _leaf_paths(f"{path}.list.element", t.value_type)
+    return [path]
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class SuiteWriter:
                  overwrite: bool = False, rows_per_group: int = IMAGE_ROWS_PER_GROUP,
                  clean_incomplete: bool = True) -> None:
         self.root = Path(root)
-        self.suite_id = suite_id
+        self.suite_id = check_name(suite_id, "suite id")
         self.suite_version = suite_version
         self.features = suite_features(extra_features)
         self.fingerprint = dict(fingerprint or {})
@@ -144,21 +154,40 @@ class SuiteWriter:
                 raise BenchError(f"{other} was written with {int(m.group(2))} shards, this run asks for "
                                  f"{num_shards}; keep the shard count of a build, or pass --overwrite")
         n = kept = 0
+        schema = self.features.arrow_schema  # carries the 'huggingface' features metadata
         with atomic_path(self.root / rel) as tmp:
-            writer = ParquetWriter(features=self.features, path=str(tmp), writer_batch_size=self.rows_per_group)
-            try:
+            with pq.ParquetWriter(tmp, schema, **self._parquet_options()) as writer:
+                batch: list[dict] = []
                 for row in rows:
                     self._check_row(row, config, rel)
-                    writer.write(dict(row))
+                    batch.append(self.features.encode_example(dict(row)))
                     n += 1
                     kept += bool(row["keep"])
+                    if len(batch) == self.rows_per_group:
+                        writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=self.rows_per_group)
+                        batch = []
+                if batch:
+                    writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=self.rows_per_group)
                 if n == 0:
                     raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
                                      "(use fewer shards)")
-                writer.finalize()
-            finally:
-                writer.close()
         return ShardStats(rel, n, kept)
+
+    def _parquet_options(self) -> dict:
+        """The column options ``datasets`` uses for parquet: encoded images stored plain and
+        uncompressed (JPEG/PNG bytes do not compress), every other column snappy + dictionary;
+        content-defined chunking so that re-uploads of similar shards deduplicate on the Hub."""
+        schema = self.features.arrow_schema
+        compression, dictionary, encoding = {}, [], {}
+        for name, feat in self.features.items():
+            for leaf in _leaf_paths(name, schema.field(name).type):
+                if isinstance(feat, Image):
+                    compression[leaf], encoding[leaf] = "none", "PLAIN"
+                else:
+                    compression[leaf] = "snappy"
+                    dictionary.append(leaf)
+        return {"compression": compression, "use_dictionary": dictionary, "column_encoding": encoding,
+                "write_page_index": True, "use_content_defined_chunking": True}
 
     def _check_row(self, row: Mapping, config: str, rel: str) -> None:
         missing = [c for c in self.features if c not in row]
@@ -174,6 +203,10 @@ class SuiteWriter:
             raise ValueError(f"row {row['image_id']!r}: label must be an ImageNet-1k index 0..999, got {label!r}")
         if not isinstance(row["image_id"], str) or not row["image_id"]:
             raise ValueError(f"row in {rel}: image_id must be a non-empty string, got {row['image_id']!r}")
+        image = row["image"]
+        if not isinstance(image, Mapping) or not isinstance(image.get("bytes"), bytes) or image.get("path") is not None:
+            raise ValueError(f"row {row['image_id']!r}: image must be embedded as {{'bytes': <encoded image>, "
+                             "'path': None}")
 
     # -- finish ---------------------------------------------------------------------------------
     def finalize(self, *, generator: Mapping, card: Callable[[Manifest], str] | None = None) -> Manifest:
@@ -194,18 +227,19 @@ class SuiteWriter:
             if missing:
                 raise BenchError(f"config {cdir.name!r} is missing shard(s) {missing[:10]} of {total}; "
                                  "rerun the build to finish them")
-            rows = kept = 0
+            tables = []
             for p in files:
-                table = pq.read_table(p, columns=["image_id", "keep"])
-                rows += table.num_rows
-                kept += int(pc.sum(table["keep"]).as_py() or 0)
+                table = pq.read_table(p, columns=["image_id", "label", "keep"])
+                tables.append(table)
                 for iid in table["image_id"].to_pylist():
                     if iid in seen:
                         raise IntegrityError(f"duplicate image_id {iid!r} in {p.relative_to(self.root)} and "
                                              f"{seen[iid]}; image ids must be unique across the suite")
                     seen[iid] = str(p.relative_to(self.root))
-            configs[cdir.name] = {"rows": rows, "kept": kept,
-                                  "files": [str(p.relative_to(self.root)) for p in files]}
+            table = pa.concat_tables(tables)
+            configs[cdir.name] = {"rows": table.num_rows, "kept": int(pc.sum(table["keep"]).as_py() or 0),
+                                  "files": [p.relative_to(self.root).as_posix() for p in files],
+                                  "rows_digest": rows_digest_table(table)}
         manifest_bytes = build_manifest(self.root, suite_id=self.suite_id, suite_version=self.suite_version,
                                         configs=configs, features=self.features, generator=dict(generator))
         manifest = Manifest.from_bytes(manifest_bytes, where=str(self.root / MANIFEST))

@@ -7,7 +7,7 @@ On the same 512x512 JPEGs (the size the ImageNet* release ships), in one process
    image_id and label, into one plain pyarrow parquet file: the least any ingest must do;
 2. ``benchmark.upstream.convert_release`` on a ``<shift>.zip`` in the release layout (zip hash,
    scan, format-1 shards written with ``datasets``, manifest, card) with a mask;
-3. ``benchmark.importer.import_folder`` on ``<wnid>/<file>.jpg`` folders (decode check of every
+3. ``benchmark.importer.import_folder`` on ``<wnid>/<file>.jpg`` folders (full decode of every
    file, shards, manifest, card, atomic rename).
 Reports images/s and the ratio to the baseline of the same source, best of ``--repeat``, as JSON.
 """

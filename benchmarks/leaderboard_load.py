@@ -56,7 +56,8 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         make_store(root, models=args.models, configs=args.configs, rows=args.rows)
         report["store_build"] = time.perf_counter() - t
-    cache = root / ".genshift-leaderboard-cache.json"
+    from leaderboard.store import _cache_path
+    cache = _cache_path(root, None)  # the verification cache lives in the user's cache folder, not the store
     cache.unlink(missing_ok=True)
     t = time.perf_counter()
     store = load_store(str(root))
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     from leaderboard.index import index_path
     cache.unlink(missing_ok=True)
     index_path(root).unlink(missing_ok=True)
-    shutil.rmtree(root / ".genshift-leaderboard-cache-hits", ignore_errors=True)
+    shutil.rmtree(cache.parent / (cache.stem + "-hits"), ignore_errors=True)
     st.cache_data.clear()
     st.cache_resource.clear()
     at = AppTest.from_file(str(app), default_timeout=600)

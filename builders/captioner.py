@@ -5,8 +5,14 @@ prompt): IN-G forces the class prompt ("a realistic photograph of a fly (insect)
 LANCE uses "a photo of". Decoding defaults follow the LANCE paper (Table 6): beam search with 5
 beams, 20-100 new tokens, repetition penalty 1.0. The returned text always starts with the prefix.
 
-``Captioner.tiny()`` is the same model class built from a config with random weights and a byte-
-level BPE tokenizer trained in memory: no download, for tests and ``--smoke``.
+Both kinds of BLIP-2 language model work: decoder-only (OPT: the prompt is the start of the
+generated sequence, whose continuation is read after it) and encoder-decoder (Flan-T5: the
+prompt goes to the encoder, as in the BLIP-2 processor, and the decoder is started with
+``decoder_start_token`` + the prefix's tokens, so it continues the prefix; the returned ids are
+the decoder's, read after that start).
+
+``Captioner.tiny(lm="opt" | "t5")`` is the same model class built from a config with random
+weights and a byte-level BPE tokenizer trained in memory: no download, for tests and ``--smoke``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class Captioner:
         self.model_id = model_id
         self.device = torch.device(device)
         self.dtype = dtype or next(model.parameters()).dtype
+        self.is_encoder_decoder = bool(model.config.text_config.is_encoder_decoder)
 
     @classmethod
     def from_pretrained(cls, model_id: str = DEFAULT_MODEL, *, device: str = "cpu", dtype: str | None = None):
@@ -43,10 +50,11 @@ class Captioner:
         return cls(model, processor, model_id=model_id, device=device, dtype=torch_dtype)
 
     @classmethod
-    def tiny(cls, *, seed: int = 0) -> "Captioner":
+    def tiny(cls, *, seed: int = 0, lm: str = "opt") -> "Captioner":
+        """Random weights; ``lm="opt"`` (decoder-only) or ``"t5"`` (encoder-decoder, as Flan-T5)."""
         from tokenizers import ByteLevelBPETokenizer
         from transformers import (Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, Blip2QFormerConfig,
-                                  Blip2VisionConfig, BlipImageProcessor, OPTConfig, PreTrainedTokenizerFast)
+                                  Blip2VisionConfig, BlipImageProcessor, OPTConfig, PreTrainedTokenizerFast, T5Config)
 
         corpus = ["a photo of a dog on the grass in the snow", "a realistic photograph of a fly (insect).",
                   "the background is blurred. it is on a yellow flower. the background is green."] * 20
@@ -57,20 +65,27 @@ class Captioner:
                                       pad_token="<pad>", unk_token="<unk>")
         n_query = 4
         vocab = len(tok)
+        ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        if lm == "opt":
+            text_config = OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
+                                    num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32, **ids)
+        elif lm == "t5":
+            text_config = T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                   decoder_start_token_id=tok.pad_token_id, **ids)
+        else:
+            raise BenchError(f"unknown tiny language model {lm!r}; use opt or t5")
         cfg = Blip2Config(
             vision_config=Blip2VisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                                             num_attention_heads=4, image_size=32, patch_size=8),
             qformer_config=Blip2QFormerConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                               intermediate_size=37, encoder_hidden_size=32, vocab_size=vocab),
-            text_config=OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
-                                  num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32,
-                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                                  eos_token_id=tok.eos_token_id),
+            text_config=text_config,
             num_query_tokens=n_query, image_token_index=tok.convert_tokens_to_ids("<image>"))
         torch.manual_seed(seed)
         model = Blip2ForConditionalGeneration(cfg)
         processor = Blip2Processor(BlipImageProcessor(size={"height": 32, "width": 32}), tok, num_query_tokens=n_query)
-        return cls(model, processor, model_id=f"tiny-random-blip2(seed={seed})")
+        name = "tiny-random-blip2" if lm == "opt" else "tiny-random-blip2-t5"
+        return cls(model, processor, model_id=f"{name}(seed={seed})")
 
     @torch.inference_mode()
     def caption(self, images: Sequence, *, prefix: str | None = None, num_beams: int = 5, min_new_tokens: int = 20,
@@ -83,13 +98,21 @@ class Captioner:
         text = [prefix or ""] * len(images)
         inputs = self.processor(images=images, text=text, return_tensors="pt").to(self.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
+        start = inputs["input_ids"].shape[1]  # decoder-only: the output repeats the prompt
+        if self.is_encoder_decoder:  # the output is the decoder's: start it with the prefix to continue
+            lm_config = self.model.config.text_config
+            forced = [lm_config.decoder_start_token_id]
+            if prefix:
+                forced += self.processor.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+            inputs["decoder_input_ids"] = torch.tensor([forced] * len(images), device=self.device)
+            start = len(forced)
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(**inputs, num_beams=num_beams, min_new_tokens=min_new_tokens,
                                       max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty,
                                       do_sample=do_sample)
-        new = out[:, inputs["input_ids"].shape[1]:]
+        new = out[:, start:]
         tails = self.processor.tokenizer.batch_decode(new, skip_special_tokens=True)
         return [normalize(f"{prefix or ''} {t}") for t in tails]
 

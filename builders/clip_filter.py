@@ -1,6 +1,6 @@
 """The ImageNet* CLIP quality filter: scores stored per image, and a calibrated ``keep`` rule.
 
-Scores (``specs/imagenet_star.md`` s5): open_clip ViT-H-14 (laion2b_s32b_b79k), cosine of
+Scores (Vendrow et al. 2023; ``docs/builders.md``): open_clip ViT-H-14 (laion2b_s32b_b79k), cosine of
 L2-normalised image and text embeddings, no logit scale:
 
 - class presence ``clip_class_score``: ``"a photo of a <class name>"``;

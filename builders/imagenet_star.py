@@ -1,6 +1,6 @@
 """``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces).
 
-Pipeline (``specs/imagenet_star.md``): class tokens (the released ones by default, tokens trained
+Pipeline (Vendrow et al. 2023): class tokens (the released ones by default, tokens trained
 here with ``--train-tokens``, or the class names with ``--no-tokens``) -> Stable Diffusion 2 with
 the shift prompts (Euler, 50 steps, guidance 7.5, 768 px, stored as 512 px JPEG) -> CLIP presence
 scores -> ``keep`` (``builders.clip_filter``). Guide: ``docs/builders.md``.
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from benchmark.cli._common import csv_list, positive_int
+from builders import determinism
 
 log = logging.getLogger(__name__)
 SUITE_ID = "imagenet-star"
@@ -46,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shifts", type=csv_list, help="shift keys (default: base + the 23 shifts)")
     p.add_argument("--shifts-file", help="YAML prompt table (list of {key, prompt, group, status}) to use instead")
     p.add_argument("--classes", type=csv_list, help="class indices or wnids, or a range like 0-99 (default: all 1000)")
-    p.add_argument("--samples-per-class", type=positive_int, default=50)
+    p.add_argument("--samples-per-class", type=positive_int, default=50, help="images generated per class and shift")
     p.add_argument("--images-per-shard", type=positive_int, default=2500, help="sets the number of shards per shift")
     p.add_argument("--num-shards", type=positive_int, help="shards per shift (overrides --images-per-shard)")
     p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
@@ -56,23 +57,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "checked), a tokens.zip / token folder, or 'none' (class names)")
     tok.add_argument("--train-tokens", metavar="DIR", help="train tokens by textual inversion on DIR/<wnid>/ images")
     tok.add_argument("--no-tokens", action="store_true", help="prompt with class names instead of tokens")
-    p.add_argument("--ti-steps", type=positive_int, default=3000)
-    p.add_argument("--ti-lr", type=float, default=5e-4)
-    p.add_argument("--model", default="stabilityai/stable-diffusion-2")
+    p.add_argument("--ti-steps", type=positive_int, default=3000,
+                   help="textual-inversion steps per class (--train-tokens)")
+    p.add_argument("--ti-lr", type=float, default=5e-4, help="textual-inversion learning rate (--train-tokens)")
+    p.add_argument("--model", default="stabilityai/stable-diffusion-2",
+                   help="Stable Diffusion checkpoint (Hub repo) of the generator")
     p.add_argument("--model-revision", help="commit sha to pin (recommended; default: main, resolved sha recorded)")
     p.add_argument("--variant", default="fp16", help="Hub weight variant (fp16 = the authors' weights, half download)")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--guidance", type=float, default=7.5)
-    p.add_argument("--height", type=positive_int, default=768)
-    p.add_argument("--width", type=positive_int, default=768)
-    p.add_argument("--output-size", type=positive_int, default=512)
+    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
+    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
+    p.add_argument("--height", type=positive_int, default=768, help="generated image height in pixels")
+    p.add_argument("--width", type=positive_int, default=768, help="generated image width in pixels")
+    p.add_argument("--output-size", type=positive_int, default=512,
+                   help="stored image size in pixels (resized from the generated size)")
     p.add_argument("--jpeg-quality", type=int, default=75,
                    help="PIL's default, as the upstream release (~45-57 KB per 512 px image)")
-    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+                   help="generator weights dtype")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per generation batch")
     p.add_argument("--device", help="default: cuda when available (each accelerate process gets its local GPU)")
-    p.add_argument("--clip-model", default="ViT-H-14")
-    p.add_argument("--clip-pretrained", default="laion2b_s32b_b79k")
+    p.add_argument("--clip-model", default="ViT-H-14", help="open_clip architecture of the presence filter")
+    p.add_argument("--clip-pretrained", default="laion2b_s32b_b79k", help="open_clip pretrained tag of --clip-model")
     p.add_argument("--keep-rule", choices=("class", "class+shift"), default="class",
                    help="class: class presence >= per-shift threshold; class+shift: also a shift-presence gate")
     p.add_argument("--shift-gate-quantile", type=float, default=0.1,
@@ -80,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kept-fractions", help="JSON {shift: fraction} targets (default: the released masks' fractions)")
     p.add_argument("--wait-timeout", type=float, default=4 * 3600,
                    help="multi-process: seconds the main process waits for a new staged shard before giving up")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    determinism.add_arguments(p)
 
 
 def _parse_classes(items: list[str] | None) -> list[int]:
@@ -178,7 +184,7 @@ def _train(args, run, classes: list[int], work: Path, data: str | Path, *, steps
            model_id: str, timeout: float):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
     from builders.sharding import current_process
-    from builders.textual_inversion import TIConfig, train_tokens
+    from builders.textual_inversion import TIConfig, folder_classes, train_tokens
 
     cfg = TIConfig(steps=steps, lr=lr, resolution=resolution)
     proc = current_process()
@@ -187,7 +193,9 @@ def _train(args, run, classes: list[int], work: Path, data: str | Path, *, steps
     if len(tokens) < len(classes):  # other processes train the rest: wait for their files
         _wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)", timeout)
         tokens = train_tokens(data, work, run, cfg, classes=classes, model_id=model_id, progress=False)
-    return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "data": str(data), "model": model_id,
+    used = [f for c in folder_classes(data, classes=classes) for f in c.files]
+    return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "model": model_id,
+                    "data": determinism.files_digest(data, used),
                     "settings": "builders.textual_inversion.TIConfig defaults otherwise"}
 
 
@@ -241,8 +249,9 @@ def _features():
             "clip_image_embedding": Sequence(Value("float32"))}
 
 
-def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar):
-    """Generate, score and yield the rows of one shard, in batches."""
+def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar, record_batch_size):
+    """Generate, score and yield the rows of one shard, in batches; then record the batch size
+    (this runs before the shard's file is renamed into place)."""
     import io
 
     from PIL import Image
@@ -272,6 +281,7 @@ def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar
                    "clip_image_embedding": sc["embedding"][j].tolist()}
         if progress_bar is not None:
             progress_bar.update(len(chunk))
+    record_batch_size(gen.backoff.batch_size)
 
 
 def _plans(args, shifts, classes, samples) -> dict[str, list[list[int]]]:
@@ -282,6 +292,11 @@ def _plans(args, shifts, classes, samples) -> dict[str, list[list[int]]]:
 
 
 def run(args) -> int:
+    with determinism.fixed_threads(args.cpu_threads):
+        return _run(args)
+
+
+def _run(args) -> int:
     import torch  # noqa: F401 - fail early if the builder extras are missing
     from tqdm.auto import tqdm
 
@@ -310,7 +325,7 @@ def run(args) -> int:
                    "tokens": token_kind, "tokens_sha256": _fingerprint_tokens(token_kind, token_path),
                    "ti": [args.ti_steps, args.ti_lr] if token_kind == "trained" else None, "smoke": args.smoke,
                    "clip": None if args.smoke else [args.clip_model, args.clip_pretrained],
-                   "keep_rule": args.keep_rule, "shift_gate_quantile": args.shift_gate_quantile
+                   "cpu_threads": args.cpu_threads, "keep_rule": args.keep_rule, "shift_gate_quantile": args.shift_gate_quantile
                    if args.keep_rule == "class+shift" else None, "kept_fractions": fractions}
     writer_kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
     if proc.is_main:
@@ -338,8 +353,9 @@ def run(args) -> int:
     try:
         for shift, i, shard in mine:
             items = [(c, k) for c in shard for k in range(samples)]
-            stage.write_shard(shift, i, len(plans[shift]), _shard_rows(items, shift, shifts[shift], gen, clip, args,
-                                                                        token_names, bar))
+            rows = _shard_rows(items, shift, shifts[shift], gen, clip, args, token_names, bar,
+                               lambda b: _record_batch_size(out, proc.index, b))
+            stage.write_shard(shift, i, len(plans[shift]), rows)
     finally:
         bar.close()
     if not proc.is_main:
@@ -347,7 +363,8 @@ def run(args) -> int:
     if proc.count > 1:
         _wait_for_stage(stage, work, plans, timeout=args.wait_timeout)
     provenance = {"builder": "builders.imagenet_star", "paper": "Vendrow et al., Dataset Interfaces (2023)",
-                  "generation": gen.provenance(), "clip_filter": {"model": clip.model_id, "rule": args.keep_rule},
+                  "generation": {**gen.provenance(), "batch_size_effective": _effective_batch_sizes(out)},
+                  "determinism": determinism.provenance(args.cpu_threads, device), "clip_filter": {"model": clip.model_id, "rule": args.keep_rule},
                   "seed": args.seed, "seed_rule": "derive_seed(seed, shift, class, sample) = sha256 -> 63 bits",
                   "samples_per_class": samples, "classes": len(classes), "shifts": shifts, **token_info,
                   "library_versions": _versions()}
@@ -361,6 +378,20 @@ def run(args) -> int:
     print(f"built {out}: {sum(v.rows for v in manifest.configs.values())} images; kept {kept}; "
           f"manifest sha256 {manifest.sha256}")
     return 0
+
+
+def _record_batch_size(out: Path, index: int, size: int) -> None:
+    from benchmark.fsutil import atomic_write_json
+
+    atomic_write_json(out / STAGE / f"batch-size-{index}.json", {"process": index, "batch_size": size})
+
+
+def _effective_batch_sizes(out: Path) -> dict[str, int]:
+    """``{process index: generation batch size it ended with}`` (below ``batch_size`` after an
+    out-of-memory back-off), for every process that generated a shard. Each process records its
+    size before its shard file appears (``_shard_rows``), so once all shards exist so do the records."""
+    found = {int(p.stem.rsplit("-", 1)[1]): p for p in (out / STAGE).glob("batch-size-*.json")}
+    return {str(i): json.loads(found[i].read_text())["batch_size"] for i in sorted(found)}
 
 
 def _fingerprint_tokens(kind: str, path: str | None) -> str | None:

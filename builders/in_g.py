@@ -1,7 +1,7 @@
 """``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
 
 No code or data was released for these sets; this is an open re-creation with substitutes
-(``specs/in_g.md`` s4): seed captions from ImageNet-A images (a BLIP-2 captioner forced to
+(``docs/builders.md``): seed captions from ImageNet-A images (a BLIP-2 captioner forced to
 continue the class prompt, at most two sentences) or from a caption file; Stable Diffusion 2.1-base
 as the generator; the timm target (``resnet50.tv_in1k`` / ``vit_base_patch16_224.augreg_in1k``);
 failures kept by the WordNet-parent rule up to a cap per caption. Mining is resumable per caption
@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from benchmark.cli._common import positive_int
+from builders import determinism
 
 log = logging.getLogger(__name__)
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
@@ -38,17 +39,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-checkpoint", help="local weights for the target")
     p.add_argument("--n-max", type=positive_int, default=1000, help="images sampled per caption at most")
     p.add_argument("--cap", type=int, default=2, help="failures kept per caption")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--generator", default="stabilityai/stable-diffusion-2-1-base")
-    p.add_argument("--generator-revision")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--guidance", type=float, default=7.5)
-    p.add_argument("--size", type=positive_int, default=512)
-    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--captions-per-shard", type=positive_int, default=500)
+    p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
+    p.add_argument("--generator", default="stabilityai/stable-diffusion-2-1-base",
+                   help="Stable Diffusion checkpoint (Hub repo) of the generator")
+    p.add_argument("--generator-revision",
+                   help="commit sha of --generator to pin (default: main, resolved sha recorded)")
+    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
+    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
+    p.add_argument("--size", type=positive_int, default=512, help="generated image size in pixels")
+    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+                   help="generator weights dtype")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per generation batch")
+    p.add_argument("--captions-per-shard", type=positive_int, default=500, help="failing captions per output parquet shard")
     p.add_argument("--device", help="default: cuda when available")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    determinism.add_arguments(p)
 
 
 def _features():
@@ -110,9 +115,13 @@ def _captions(args, out: Path, device: str) -> tuple[list[tuple[int, str]], dict
 
 
 def run(args) -> int:
+    with determinism.fixed_threads(args.cpu_threads):
+        return _run(args)
 
+
+def _run(args) -> int:
     from benchmark.errors import BenchError
-    from benchmark.fsutil import canonical_json, sha256_bytes
+    from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes
     from benchmark.writer import SuiteWriter
     from builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from builders.sd_generate import GenerationSettings, SDGenerator
@@ -134,7 +143,8 @@ def run(args) -> int:
                                       output_size=args.size, dtype=args.dtype, batch_size=args.batch_size)
     captions, caption_info = _captions(args, out, device)
     fingerprint = {"suite": suite_id, "target": target, "captions": sha256_bytes(canonical_json(captions)),
-                   "mining": cfg.__dict__, "generation": settings.to_dict(), "an": args.an, "smoke": args.smoke}
+                   "mining": cfg.__dict__, "generation": settings.to_dict(), "an": args.an, "smoke": args.smoke,
+                   "cpu_threads": args.cpu_threads}
     kw = dict(suite_id=suite_id, extra_features=_features(), fingerprint=fingerprint)
     if proc.is_main:
         writer = SuiteWriter(out, overwrite=args.overwrite, **kw)
@@ -146,7 +156,11 @@ def run(args) -> int:
         writer = SuiteWriter(out, clean_incomplete=False, **kw)
 
     if args.smoke:
-        classify, target_desc = classifier_from_timm("test_resnet.r160_in1k", pretrained=False)
+        import torch
+
+        with torch.random.fork_rng(devices=[]):  # seeded random weights: the smoke suite is reproducible
+            torch.manual_seed(0)
+            classify, target_desc = classifier_from_timm("test_resnet.r160_in1k", pretrained=False)
         target = "test_resnet.r160_in1k (random weights, smoke)"
         gen = SDGenerator.tiny(settings, prediction_type="epsilon")
     else:
@@ -154,6 +168,8 @@ def run(args) -> int:
         gen = SDGenerator.from_pretrained(settings, device=device)
     results = mine_all(captions, out / WORK / "captions", generate=gen.generate, classify=classify, cfg=cfg,
                        owns=lambda cid: shard_of(cid, proc.count) == proc.index, progress=args.progress)
+    # the generation batch size this process ended with (after any out-of-memory back-off)
+    atomic_write_json(out / WORK / f"batch-size-{proc.index}.json", {"batch_size": gen.backoff.batch_size})
     proc.wait()
     if not proc.is_main:
         return 0
@@ -171,7 +187,11 @@ def run(args) -> int:
     sampled = sum(s["sampled"] for s in stats.values())
     kept = sum(s["kept"] for s in stats.values())
     provenance = {"builder": "builders.in_g", "paper": "Wiles, Albuquerque, Gowal (2022)", "suite": suite_id,
-                  "target": {"model": target, **target_desc}, "generation": gen.provenance(),
+                  "target": {"model": target, **target_desc},
+                  "generation": {**gen.provenance(), "batch_size_effective": {
+                      str(i): json.loads((out / WORK / f"batch-size-{i}.json").read_text())["batch_size"]
+                      for i in range(proc.count)}},
+                  "determinism": determinism.provenance(args.cpu_threads, device),
                   "mining": {**cfg.__dict__, "failure": "none of the target's top-3 predictions is under the WordNet parent of the label",
                              "seed_rule": "derive_seed(seed, caption_id, attempt)"},
                   "captions": {**caption_info, "count": len(results), "with_failures": len(with_failures)},

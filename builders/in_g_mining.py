@@ -1,4 +1,4 @@
-"""Failure mining for IN-G (Wiles et al. s4.2; ``specs/in_g.md`` s3-4).
+"""Failure mining for IN-G (Wiles et al. s4.2; ``docs/builders.md``).
 
 For each seed caption: sample images (one seed per attempt, derived from the caption id), classify
 them with the target model, and keep those that fail by the paper's definition — none of the top-3

@@ -1,4 +1,4 @@
-"""IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``specs/in_g.md`` s1-2, s4).
+"""IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``docs/builders.md``).
 
 Class prompt: ``"a realistic photograph of a {class} ({parent})."`` with class = the first WordNet
 lemma and parent = the WordNet 3.0 grandparent with the smallest synset offset (the shipped

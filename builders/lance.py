@@ -1,9 +1,11 @@
 """``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
 
-Per source image (Prabhu et al., Algorithm 1; ``specs/lance.md`` s1): 512 px centre crop ->
-caption (BLIP-2, "a photo of ...") -> caption edits of six types from an instruction LLM ->
-text filter (the class must not change) -> null-text inversion once -> prompt-to-prompt for every
-kept edit with the f sweep in one batched pass -> CLIP checks -> the best passing f.
+Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop ->
+caption (BLIP-2, "a photo of ...") -> caption edits from an instruction LLM (six prompts; the
+paper's five types, weather within background) -> edits drawn as Algorithm 1 does (a seeded draw
+of the type, then of an edit of it) through the text filter (the class must not change) until
+``--max-edits`` pass -> null-text inversion once -> prompt-to-prompt for every kept edit with the f
+sweep in one batched pass -> CLIP checks -> the best passing f.
 
 Rows: ``original`` (the 512 crop the classifier sees), ``reconstruction`` (null-text inversion
 without edit: the control) and ``counterfactual`` (one per accepted edit), joined by ``pair_id`` =
@@ -22,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmark.cli._common import csv_list, positive_int
+from builders import determinism
+from builders.lance_perturb import SAMPLING, sampling_record
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
@@ -29,8 +33,8 @@ WORK = ".work"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--out", required=True, help="output suite folder (resumable; see --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace a different build in --out")
     p.add_argument("--smoke", action="store_true", help="whole pipeline with tiny random models on CPU")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--imagenet-val", help="ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
@@ -39,34 +43,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hub-val-files", default="data/validation-*.parquet",
                    help="glob of its validation parquet files (image + label columns)")
     p.add_argument("--allow-partial", action="store_true", help="build from an incomplete validation folder")
-    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco")
+    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco",
+                   help="BLIP-2 checkpoint (Hub repo) that captions the source images")
     p.add_argument("--perturber", default="Qwen/Qwen2.5-7B-Instruct",
                    help="an instruction LLM (Table 5 prompts with examples), or 'lance-release': the authors' "
                         "fine-tuned LLaMA-7B + LoRA from LANCE-release/checkpoints, converted once (~27 GB)")
     p.add_argument("--edit-types", type=csv_list, default=["subject", "object", "adjective", "domain", "background",
-                                                           "weather"])
-    p.add_argument("--max-edits", type=positive_int, default=10, help="edits tried per source image")
-    p.add_argument("--text-filter", choices=("sbert", "clip"), default="sbert")
-    p.add_argument("--editor", default="CompVis/stable-diffusion-v1-4")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--guidance", type=float, default=7.5)
+                                                           "weather"],
+                   help="perturber prompts to run (the fine types; weather is a background edit unless "
+                        "--separate-weather)")
+    p.add_argument("--separate-weather", action="store_true",
+                   help="report weather as a sixth edit_type instead of within background (the paper has five)")
+    p.add_argument("--edit-sampling", choices=SAMPLING, default="type-uniform",
+                   help="type-uniform: each draw picks a type uniformly, then one of its edits (Algorithm 1); "
+                        "pool-uniform: a seeded shuffle of all edits (the released code's, unseeded there)")
+    p.add_argument("--max-edits", type=positive_int, default=10,
+                   help="edits kept per source image: drawing stops once this many passed the text filter")
+    p.add_argument("--text-filter", choices=("sbert", "clip"), default="sbert",
+                   help="text model that rejects edits changing the class: sbert or clip")
+    p.add_argument("--editor", default="CompVis/stable-diffusion-v1-4",
+                   help="Stable Diffusion checkpoint (Hub repo) for null-text inversion and prompt-to-prompt")
+    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
+    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
     p.add_argument("--fs", type=csv_list, default=["0.4", "0.5", "0.6", "0.7", "0.8"],
                    help="self-attention injection fractions swept in one pass (code: 0.4..0.8; paper: ..0.9)")
-    p.add_argument("--reweight", type=float, default=2.0)
+    p.add_argument("--reweight", type=float, default=2.0,
+                   help="prompt-to-prompt attention reweighting of the edited words")
     p.add_argument("--eq-bug-compat", action="store_true",
                    help="reproduce the released code's bug (reweighting only for the first f)")
-    p.add_argument("--clip-model", default="ViT-L-14")
-    p.add_argument("--clip-pretrained", default="openai")
-    p.add_argument("--images-per-shard", type=positive_int, default=250)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip-model", default="ViT-L-14", help="open_clip architecture of the CLIP checks")
+    p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
+    p.add_argument("--images-per-shard", type=positive_int, default=250, help="source images per parquet shard")
+    p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
     p.add_argument("--device", help="default: cuda when available")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    determinism.add_arguments(p)
 
 
 def _features():
     from datasets import Sequence, Value
 
     return {"source_image_id": Value("string"), "role": Value("string"), "edit_type": Value("string"),
+            "edit_type_fine": Value("string"), "edit_sampling_seed": Value("int64"), "edit_draw": Value("int32"),
             "caption": Value("string"), "edited_caption": Value("string"), "original_words": Value("string"),
             "edit_words": Value("string"), "f": Value("float64"), "clip_img_sim": Value("float32"),
             "clip_sim_0": Value("float32"), "clip_sim_1": Value("float32"), "clip_dir_sim": Value("float32"),
@@ -85,14 +103,15 @@ class SmokePerturber:
 
     model_id = "smoke rule-based perturber"
 
-    def perturb(self, caption: str, **_):
+    def perturb(self, caption: str, *, edit_types=("weather", "domain", "background"), **_):
         from builders.lance_perturb import edits_from_answer
 
-        answer = f"### Variations:\n1. {caption} in the snow\n"
-        edits = edits_from_answer(caption, "weather", answer)
-        if caption.startswith("a photo of"):
-            edits += edits_from_answer(caption, "domain", "1. a painting of" + caption[len("a photo of"):])
-        return edits, {"weather": answer}
+        body = caption[len("a photo of"):] if caption.startswith("a photo of") else None
+        answers = {"weather": f"### Variations:\n1. {caption} in the snow\n",
+                   "background": f"### Variations:\n1. {caption} on a sunny beach\n",
+                   "domain": f"### Variations:\n1. a painting of{body}\n" if body is not None else ""}
+        raw = {t: answers[t] for t in edit_types if t in answers}
+        return [e for t, a in raw.items() for e in edits_from_answer(caption, t, a)], raw
 
 
 def _smoke_sources(tmp: Path):
@@ -140,6 +159,7 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
 
     from benchmark import imagenet
     from builders.lance_checks import CheckThresholds, choose, score_edits
+    from builders.lance_perturb import paper_type, sample_edits
     from builders.lance_sources import load_crop
     from builders.seeding import derive_seed
 
@@ -150,17 +170,16 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
     edits, _raw = perturber.perturb(caption, edit_types=args.edit_types,
                                     seed_fn=lambda t: derive_seed(args.seed, src.source_id, t))
     class_name = imagenet.get_class(src.label).name
-    kept = []
-    for e in edits:
-        ok, ts = text_filter.check(e, class_name)
-        if ok:
-            kept.append((e, ts))
-        if len(kept) >= args.max_edits:
-            break
+    sampling_seed = derive_seed(args.seed, src.source_id, "edit-sampling")
+    draws = sample_edits(edits, seed=sampling_seed, max_edits=args.max_edits, method=args.edit_sampling,
+                         accept=lambda e: text_filter.check(e, class_name),
+                         type_of=lambda e: paper_type(e.edit_type, separate_weather=args.separate_weather))
+    kept = [d for d in draws if d.accepted]
     base = {"label": src.label, "pair_id": src.source_id, "source_image_id": src.source_id, "keep": True,
             "caption": caption, "edited_caption": None, "original_words": None, "edit_words": None, "edit_type": None,
             "f": None, "clip_img_sim": None, "clip_sim_0": None, "clip_sim_1": None, "clip_dir_sim": None,
-            "text_class_sim": None, "text_same_sim": None, "edit_text_direction": None, "seed": 0}
+            "text_class_sim": None, "text_same_sim": None, "edit_text_direction": None, "seed": 0,
+            "edit_type_fine": None, "edit_sampling_seed": sampling_seed, "edit_draw": None}
     rows = [{**base, "image": {"bytes": _png(crop), "path": None}, "image_id": f"original/{src.source_id}",
              "config": "original", "role": "original"}]
     inv = editor.null_text_inversion(crop, caption)
@@ -168,7 +187,8 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
     rows.append({**base, "image": {"bytes": _png(recon), "path": None}, "image_id": f"reconstruction/{src.source_id}",
                  "config": "reconstruction", "role": "reconstruction"})
     th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if smoke else CheckThresholds()
-    for k, (e, ts) in enumerate(kept):
+    for k, d in enumerate(kept):
+        e, ts = d.edit, d.scores
         z, _ = editor.edit(inv, e.edited_caption, e.edit)
         images = editor.decode(z[1:])
         scores = score_edits(clip, recon, images, list(editor.cfg.fs), caption, e.edited_caption, e.original, e.edit, th)
@@ -179,33 +199,53 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
         img = images[[s.f for s in scores].index(best.f)]
         rows.append({**base, "image": {"bytes": _png(img), "path": None},
                      "image_id": f"counterfactual/{src.source_id}/{k:02d}", "config": "counterfactual",
-                     "role": "counterfactual", "edit_type": e.edit_type, "edited_caption": e.edited_caption,
+                     "role": "counterfactual", "edit_type": d.edit_type, "edit_type_fine": e.edit_type,
+                     "edit_draw": d.index, "edited_caption": e.edited_caption,
                      "original_words": e.original, "edit_words": e.edit, "f": best.f,
                      "clip_img_sim": best.clip_img_sim, "clip_sim_0": best.clip_sim_0, "clip_sim_1": best.clip_sim_1,
                      "clip_dir_sim": best.clip_dir_sim, "text_class_sim": ts["class_sim"],
                      "text_same_sim": ts["same_sim"], "edit_text_direction": np.asarray(tdir, np.float32).tolist(),
                      "seed": derive_seed(args.seed, src.source_id, e.edit_type)})
-    return rows
+    tried = [[d.edit_type, d.edit.edit_type] for d in kept]  # sent to the editor: (type, fine type)
+    return rows, tried
 
 
-def _save_rows(rows: list[dict], path: Path) -> None:
+def _save_rows(rows: list[dict], tried: list, path: Path) -> None:
+    """One source image's rows, with the types of the edits it tried in the file's metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from benchmark.fsutil import atomic_path
 
     table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])
+    table = table.replace_schema_metadata({b"tried": json.dumps(tried).encode()})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
 
 
-def _load_rows(path: Path) -> list[dict]:
+def _load_rows(path: Path) -> tuple[list[dict], list]:
     import pyarrow.parquet as pq
 
-    return [{**r, "image": {"bytes": r["image"], "path": None}} for r in pq.read_table(path).to_pylist()]
+    table = pq.read_table(path)
+    tried = json.loads((table.schema.metadata or {}).get(b"tried", b"[]"))
+    return [{**r, "image": {"bytes": r["image"], "path": None}} for r in table.to_pylist()], tried
+
+
+def _type_counts(pairs) -> dict:
+    """``{"edit_type": {type: n}, "edit_type_fine": {fine type: n}}`` of (type, fine type) pairs."""
+    from collections import Counter
+
+    pairs = list(pairs)
+    return {"edit_type": dict(sorted(Counter(t for t, _ in pairs).items())),
+            "edit_type_fine": dict(sorted(Counter(f for _, f in pairs).items()))}
 
 
 def run(args) -> int:
+    with determinism.fixed_threads(args.cpu_threads):
+        return _run(args)
+
+
+def _run(args) -> int:
     from tqdm.auto import tqdm
 
     from benchmark.errors import BenchError
@@ -232,7 +272,8 @@ def run(args) -> int:
         raise BenchError("give the ImageNet validation images with --imagenet-val DIR or --hub-val ORG/NAME[@SHA] "
                          "(or --smoke)")
     fingerprint = {k: v for k, v in vars(args).items() if k not in ("progress", "overwrite", "_builder", "_run",
-                                                                      "verbose", "quiet", "device", "hub_val")}
+                                                                      "verbose", "quiet", "device", "hub_val", "out",
+                                                                      "imagenet_val")}
     fingerprint["hub_source"] = hub_source  # the resolved commit, not the ref the user typed
     kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
     if proc.is_main:
@@ -250,17 +291,20 @@ def run(args) -> int:
     todo = [s for s in mine if not (work / f"{s.source_id}.parquet").is_file()]
     bar = tqdm(total=len(todo), desc="lance", unit="image", disable=not args.progress, dynamic_ncols=True)
     for src in todo:
-        rows = process_image(src, captioner=captioner, perturber=perturber, text_filter=text_filter, editor=editor,
-                             clip=clip, args=args, smoke=args.smoke)
-        _save_rows(rows, work / f"{src.source_id}.parquet")
+        rows, tried = process_image(src, captioner=captioner, perturber=perturber, text_filter=text_filter,
+                                    editor=editor, clip=clip, args=args, smoke=args.smoke)
+        _save_rows(rows, tried, work / f"{src.source_id}.parquet")
         bar.update(1)
     bar.close()
     proc.wait()
     if not proc.is_main:
         return 0
     by_config: dict[str, list] = {"original": [], "reconstruction": [], "counterfactual": []}
+    tried_all: list = []
     for s in sources:
-        for r in _load_rows(work / f"{s.source_id}.parquet"):
+        rows, tried = _load_rows(work / f"{s.source_id}.parquet")
+        tried_all += tried
+        for r in rows:
             by_config[r["config"]].append(r)
     if not by_config["counterfactual"]:
         raise BenchError("no counterfactual passed the checks; nothing to evaluate (check the models and thresholds)")
@@ -273,7 +317,13 @@ def run(args) -> int:
     provenance = {"builder": "builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
                   "captioner": captioner.model_id, "perturber": perturber.model_id, "text_filter": text_filter.model_id,
                   "editor": asdict(cfg), "clip": clip.model_id, "seed": args.seed, "edit_types": args.edit_types,
-                  "max_edits": args.max_edits, "smoke_relaxed_thresholds": bool(args.smoke),
+                  "max_edits": args.max_edits,
+                  "edit_sampling": sampling_record(args.edit_sampling, separate_weather=args.separate_weather),
+                  "edits_tried": _type_counts(tried_all),
+                  "counterfactuals": _type_counts((r["edit_type"], r["edit_type_fine"])
+                                                  for r in by_config["counterfactual"]),
+                  "determinism": determinism.provenance(args.cpu_threads, device),
+                  "smoke_relaxed_thresholds": bool(args.smoke),
                   "eq_bug_compat": args.eq_bug_compat, "counts": counts, "sources": len(sources),
                   "source_dataset": hub_source or ("local ImageNet validation folder" if args.imagenet_val else "smoke")}
     manifest = writer.finalize(generator=provenance, card=lambda m: _card(m, provenance))

@@ -14,7 +14,7 @@
   ONE batched denoising pass: branch 0 is the source (its output is the null-text
   reconstruction), branch j the edit with fraction f_j.
 - ``eq_bug_compat=True`` reproduces the released code's generator-exhaustion bug (only the first
-  f gets the reweighting; ``specs/lance.md`` s9); the default fixes it. LocalBlend is not applied
+  f gets the reweighting; ``docs/builders.md``); the default fixes it. LocalBlend is not applied
   (inert in the released code).
 
 Attention probabilities are only materialised where they are edited (cross-attention, and

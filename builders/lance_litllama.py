@@ -2,7 +2,7 @@
 
 ``--perturber lance-release`` uses the authors' own caption editor instead of an open instruction
 LLM. The weights are in the Hub dataset ``LANCE-release/checkpoints``, folder ``caption_editing/``
-(``specs/lance.md`` s3): ``lit-llama.pth`` (full LLaMA-7B, lit-llama layout, fp32),
+(``docs/builders.md``): ``lit-llama.pth`` (full LLaMA-7B, lit-llama layout, fp32),
 ``lit-llama-lora-finetuned.pth`` (the LoRA, bf16) and ``tokenizer.model`` (sentencepiece). No
 transformers/PEFT format exists, so they are converted once into a cached transformers folder:
 

@@ -1,9 +1,11 @@
 """LANCE's caption perturber and edit filter.
 
 **Perturber**: an open instruction LLM through transformers (default ``Qwen/Qwen2.5-7B-Instruct``;
-the paper's fine-tuned LLaMA-7B is not usable with transformers, ``specs/lance.md`` s3, s8) driven
+the paper's fine-tuned LLaMA-7B needs a conversion, ``--perturber lance-release``; ``docs/builders.md``) driven
 by the paper's Table 5 prompts **with** their examples in the released code's Alpaca frame, one
 edit type at a time (subject, object, adjective, domain, background, weather), sampled with a seed.
+The paper reports five types (Algorithm 1, Fig. 3): weather is a background edit there, so
+``paper_type`` folds it into ``background``; the prompt's own type stays available as the fine type.
 The answer is parsed as the released code does (text after "### Variations:", lines, leading
 "N." numbering stripped, lines longer than 5 characters) and each variation is word-diffed against
 the caption: the longest run of removed words is ``original``, the longest run of added words is
@@ -28,7 +30,9 @@ import yaml
 
 from benchmark.errors import BenchError
 
-EDIT_TYPES = ("subject", "object", "adjective", "domain", "background", "weather")
+EDIT_TYPES = ("subject", "object", "adjective", "domain", "background", "weather")  # prompts (fine types)
+PAPER_TYPES = ("subject", "object", "adjective", "domain", "background")  # Algorithm 1 line 4, Fig. 3
+SAMPLING = ("type-uniform", "pool-uniform")
 DEFAULT_LLM = "Qwen/Qwen2.5-7B-Instruct"
 NUMBERING = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*")
 
@@ -76,7 +80,7 @@ def word_diff(caption: str, edited: str, *, merge_gap: int = 1) -> tuple[str, st
     """``(original words, edit words)``: the removed and the added words of one change block.
 
     The released code keeps the longest run of removed words and, independently, the longest run
-    of added words (``specs/lance.md`` s2). That splits a phrase replaced around a shared word
+    of added words (the LANCE release's caption-diff code). That splits a phrase replaced around a shared word
     ("in the snow" -> "on the beach" gives "in" -> "on") and, with two changes, can pair the
     removed words of one with the added words of the other. Here ``SequenceMatcher`` change
     blocks separated by at most ``merge_gap`` shared words are merged, and the largest block
@@ -118,6 +122,82 @@ def edits_from_answer(caption: str, edit_type: str, answer: str, *, min_overlap:
         if edit:
             out.append(Edit(edit_type, caption, v, original, edit))
     return out
+
+
+def paper_type(fine: str, *, separate_weather: bool = False) -> str:
+    """The paper's five-way type of a prompt type: ``weather`` is a ``background`` edit (Table 1's
+    background row lists "during a thunderstorm"; Table 5 gives weather as background prompt 2)."""
+    return fine if separate_weather or fine != "weather" else "background"
+
+
+def _below(rng, n: int) -> int:
+    """A uniform index in ``range(n)`` from ``rng.random()`` alone: the one method of Python's
+    ``random.Random`` whose sequence is guaranteed not to change across Python versions."""
+    return min(int(rng.random() * n), n - 1)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One draw of :func:`sample_edits`: the edit, its (coarse) type, and the text filter's verdict."""
+
+    index: int
+    edit: Edit
+    edit_type: str
+    accepted: bool
+    scores: dict
+
+
+def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Callable[[Edit], tuple[bool, dict]],
+                 type_of: Callable[[Edit], str] = lambda e: paper_type(e.edit_type),
+                 method: str = "type-uniform") -> list[Draw]:
+    """Algorithm 1 (Prabhu et al.), lines 8-11: draw edits, keep those that pass the text filter.
+
+    ``type-uniform`` (default, line 9 "p ~ P"): each draw picks a type uniformly among the types
+    that still have an undrawn candidate (types with replacement, equal weights), then one of that
+    type's undrawn candidates uniformly (candidates without replacement). ``pool-uniform``: each
+    draw picks uniformly among all undrawn candidates, i.e. a seeded shuffle of the pool, as the
+    released code does unseeded (types weighted by how many variations the LLM wrote).
+
+    Every draw is checked with ``accept`` (the text filter, line 11); drawing stops when
+    ``max_edits`` draws have passed or the pool is empty, so the cap applies after sampling and
+    counts edits that passed the filter (the paper's N counts tries; the pool here is the LLM's
+    variations of every type, written once per image, so a rejected edit does not use up a try).
+    The randomness is ``random.Random(seed).random()`` only. Returns every draw, in order.
+    """
+    import random
+
+    if method not in SAMPLING:
+        raise BenchError(f"unknown edit sampling {method!r}; use one of {', '.join(SAMPLING)}")
+    rng = random.Random(int(seed))
+    pools: dict[str, list[Edit]] = {}
+    for e in edits:
+        pools.setdefault(type_of(e), []).append(e)
+    draws: list[Draw] = []
+    kept = 0
+    while kept < max_edits and any(pools.values()):
+        if method == "type-uniform":
+            types = [t for t, pool in pools.items() if pool]
+            t = types[_below(rng, len(types))]
+            e = pools[t].pop(_below(rng, len(pools[t])))
+        else:
+            flat = [(t, i) for t, pool in pools.items() for i in range(len(pool))]
+            t, i = flat[_below(rng, len(flat))]
+            e = pools[t].pop(i)
+        ok, scores = accept(e)
+        draws.append(Draw(len(draws), e, t, bool(ok), scores))
+        kept += bool(ok)
+    return draws
+
+
+def sampling_record(method: str, *, separate_weather: bool = False) -> dict:
+    """How :func:`sample_edits` drew the edits, for the manifest."""
+    rule = {"type-uniform": "each draw: a type uniformly among the types with undrawn edits, then one of its "
+                            "undrawn edits uniformly",
+            "pool-uniform": "each draw: one undrawn edit uniformly (a seeded shuffle of the pool)"}[method]
+    return {"method": method, "rule": rule, "rng": "random.Random(seed).random()",
+            "seed_rule": "derive_seed(seed, source_image_id, 'edit-sampling')",
+            "cap": "draws stop once max_edits edits passed the text filter",
+            "weather": "own edit_type" if separate_weather else "within background (edit_type_fine keeps it)"}
 
 
 RELEASED = "lance-release"  # --perturber value for the authors' released model
@@ -251,5 +331,5 @@ class TextFilter:
         return True, scores
 
 
-__all__ = ["EDIT_TYPES", "Edit", "Perturber", "TextFilter", "edits_from_answer", "parse_variations", "perturb_prompt",
-           "word_diff"]
+__all__ = ["EDIT_TYPES", "PAPER_TYPES", "SAMPLING", "Draw", "Edit", "Perturber", "TextFilter", "edits_from_answer",
+           "paper_type", "parse_variations", "perturb_prompt", "sample_edits", "sampling_record", "word_diff"]

@@ -4,8 +4,8 @@ Every image has its own ``torch.Generator`` seeded from its ids (``builders.seed
 starting latents are drawn from it in float32 on the CPU, so an image depends neither on the
 other images of its batch nor on the device or dtype the UNet runs in. Generation runs in
 batches with the pipeline's default SDPA attention (``AttnProcessor2_0``) and fp16/bf16 UNet and
-VAE on GPU; the text encoder stays float32 (the authors' ImageNet* build requires it,
-``specs/imagenet_star.md`` s1), its embeddings are cached per prompt and cast to the UNet's dtype
+VAE on GPU; the text encoder stays float32 (the authors' ImageNet* build requires it;
+``docs/builders.md``), its embeddings are cached per prompt and cast to the UNet's dtype
 before they reach the denoising loop. Out-of-memory batches are retried at half size
 (``benchmark.oom.BatchBackoff``); the output is stored-size JPEG bytes (PIL bicubic resize,
 recorded quality).
@@ -93,7 +93,7 @@ class SDGenerator:
         except (OSError, ValueError) as e:
             raise BenchError(f"cannot load {settings.model_id}: {str(e).splitlines()[0]}; check the model id and "
                              "that the weights are cached or the Hub reachable") from None
-        pipe.text_encoder.to(torch.float32)  # fp32 text encoder under fp16 UNet/VAE (specs/imagenet_star.md s1)
+        pipe.text_encoder.to(torch.float32)  # fp32 text encoder under fp16 UNet/VAE, as the authors' build
         gen = cls._finish(pipe, settings, device=device, tokens=tokens)
         gen.resolved_revision = snapshot_revision(getattr(pipe.unet.config, "_name_or_path", "")) or settings.revision
         return gen

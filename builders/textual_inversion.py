@@ -1,6 +1,6 @@
 """Textual inversion: learn one token per class (a "dataset interface" for any image collection).
 
-The settings of Dataset Interfaces (Vendrow et al. 2023; ``specs/imagenet_star.md`` s1), all
+The settings of Dataset Interfaces (Vendrow et al. 2023; ``docs/builders.md``), all
 overridable (:class:`TIConfig`): 3000 steps, batch 1, AdamW (lr 5e-4 constant, betas 0.9/0.999,
 weight decay 1e-2, eps 1e-8); 768 px centre square crop + PIL bicubic resize + horizontal flip
 (p = 0.5), pixels in [-1, 1]; a random one of the 27 textual-inversion "object" templates per

@@ -2,7 +2,7 @@
 
 The release (``madrylab/imagenet-star-tokens``, a Hub *dataset* repo, file ``tokens.zip``) holds
 ``tokens/<class index>.bin``, one ``torch.save``d float tensor of shape (1024,) per class
-(``specs/imagenet_star.md`` s2). Each is loaded with ``torch.load(weights_only=True)`` (no
+(Vendrow et al. 2023's release; ``docs/builders.md``). Each is loaded with ``torch.load(weights_only=True)`` (no
 arbitrary unpickling) and validated; (1024,) and (1, 1024), float16 and float32 are accepted.
 Our textual-inversion trainer writes the same layout (a zip, or a folder ``tokens/<idx>.bin``).
 
@@ -31,7 +31,7 @@ from benchmark.fsutil import atomic_path, sha256_file
 MEMBER_RE = re.compile(r"^(?:.*/)?(\d+)\.bin$")
 TOKENS_REPO = "madrylab/imagenet-star-tokens"
 TOKENS_FILE = "tokens.zip"
-# LFS sha256 of the released tokens.zip (uploaded 2023-02-16; specs/imagenet_star.md s2).
+# LFS sha256 of the released tokens.zip (uploaded 2023-02-16 with Vendrow et al.'s release).
 TOKENS_SHA256 = "c54f0a89cd838cad4067c8b0a365c813f1a0db199dabbcfd5c31506ac99c427d"
 _ZIP_DATE = (2023, 2, 16, 0, 0, 0)  # fixed member timestamps: the same tokens give the same zip bytes
 

@@ -1,8 +1,11 @@
 """Dataset card templates, rendered when a suite is finalised or published.
 
-A card is YAML front matter built from the manifest (one ``config`` per shift / edit family,
-``dataset_info`` with one entry per config, as ``push_to_hub`` writes it) followed by a Markdown
-body rendered from ``<template>.md.j2`` in this package.
+A card is YAML front matter built from the manifest with the public Hub and ``datasets`` APIs
+(``huggingface_hub.DatasetCardData``; ``MetadataConfigs`` for one ``configs`` entry per shift /
+edit family, so ``datasets.load_dataset(folder, config)`` loads that config alone;
+``DatasetInfosDict`` for per-config split sizes) followed by a Markdown body rendered from
+``<template>.md.j2`` in this package. The header stays compact: the features live in each
+parquet file's ``huggingface`` metadata (and in the manifest), not once per config in the card.
 """
 
 from __future__ import annotations
@@ -10,40 +13,59 @@ from __future__ import annotations
 from importlib import resources
 
 import jinja2
-import yaml
 from datasets import DatasetInfo, SplitDict, SplitInfo
+from datasets.info import DatasetInfosDict
+from datasets.utils.metadata import MetadataConfigs
+from huggingface_hub import DatasetCardData
 
 IMAGENET_TERMS = (
     "Images that derive from ImageNet are subject to the ImageNet terms of access "
     "(https://image-net.org/download): non-commercial research and educational use only."
 )
+# license: other needs a name and a link on the Hub; the suites' images derive from ImageNet.
+IMAGENET_LICENSE = ("imagenet-terms-of-access", "https://image-net.org/download")
+# The Hub's size_categories buckets (upper bounds, exclusive).
+SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+                   (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"))
 
 
-def front_matter(manifest, *, license: str = "other", pretty_name: str | None = None,
-                 tags: list[str] | None = None, gated: bool = False) -> dict:
-    """The card's YAML header for a suite manifest (``benchmark.suite_format.Manifest``)."""
-    features = manifest.datasets_features()
-    infos = []
-    configs = []
+def size_category(rows: int) -> str:
+    """The Hub's ``size_categories`` bucket for a number of rows."""
+    return next((name for bound, name in SIZE_CATEGORIES if rows < bound), "100M<n<1B")
+
+
+def card_data(manifest, *, license: str = "other", license_name: str | None = None, license_link: str | None = None,
+              pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> DatasetCardData:
+    """The card's header for a suite manifest (``benchmark.suite_format.Manifest``)."""
+    if license == "other":
+        license_name = license_name or IMAGENET_LICENSE[0]
+        license_link = license_link or IMAGENET_LICENSE[1]
+    data = DatasetCardData(
+        license=license, license_name=license_name, license_link=license_link,
+        task_categories=["image-classification"],
+        size_categories=[size_category(sum(c.rows for c in manifest.configs.values()))],
+        pretty_name=pretty_name or manifest.suite_id,
+        tags=["genshift-bench", "distribution-shift", "imagenet", *(tags or [])],
+    )
+    infos = {}
     for name in sorted(manifest.configs):
         c = manifest.configs[name]
-        configs.append({"config_name": name, "data_files": [{"split": "test", "path": f"data/{name}/*.parquet"}]})
-        info = DatasetInfo(features=features, config_name=name)
+        info = DatasetInfo(config_name=name)  # no features: they travel in the parquet metadata
         info.splits = SplitDict()
         info.splits.add(SplitInfo(name="test", num_examples=c.rows,
                                   num_bytes=sum(manifest.files[f].size for f in c.files)))
-        infos.append(info._to_yaml_dict())
-    head = {
-        "license": license,
-        "task_categories": ["image-classification"],
-        "pretty_name": pretty_name or manifest.suite_id,
-        "tags": ["genshift-bench", "distribution-shift", "imagenet", *(tags or [])],
-        "configs": configs,
-        "dataset_info": infos,
-    }
+        infos[name] = info
+    MetadataConfigs({name: {"data_files": [{"split": "test", "path": f"data/{name}/*.parquet"}]}
+                     for name in sorted(manifest.configs)}).to_dataset_card_data(data)
+    DatasetInfosDict(infos).to_dataset_card_data(data)
     if gated:
-        head["extra_gated_prompt"] = IMAGENET_TERMS
-    return head
+        data["extra_gated_prompt"] = IMAGENET_TERMS
+    return data
+
+
+def front_matter(manifest, **kw) -> dict:
+    """The card's YAML header as a dict (see :func:`card_data` for the arguments)."""
+    return card_data(manifest, **kw).to_dict()
 
 
 def _env() -> jinja2.Environment:
@@ -55,11 +77,15 @@ def _env() -> jinja2.Environment:
 
 
 def render_card(manifest, *, template: str = "generic", context: dict | None = None,
-                license: str = "other", pretty_name: str | None = None, tags: list[str] | None = None,
-                gated: bool = False) -> str:
-    """Render a complete README.md for a suite: YAML front matter + the template's body."""
-    head = front_matter(manifest, license=license, pretty_name=pretty_name, tags=tags, gated=gated)
+                license: str = "other", license_name: str | None = None, license_link: str | None = None,
+                pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> str:
+    """Render a complete README.md for a suite: YAML front matter + the template's body.
+
+    ``license="other"`` gets ``license_name``/``license_link`` (default: the ImageNet terms).
+    """
+    head = card_data(manifest, license=license, license_name=license_name, license_link=license_link,
+                     pretty_name=pretty_name, tags=tags, gated=gated)
     body = _env().get_template(f"{template}.md.j2").render(
         manifest=manifest, configs=manifest.configs, generator=manifest.generator,
         imagenet_terms=IMAGENET_TERMS, **(context or {}))
-    return "---\n" + yaml.safe_dump(head, sort_keys=False, allow_unicode=True) + "---\n\n" + body
+    return "---\n" + head.to_yaml() + "\n---\n\n" + body

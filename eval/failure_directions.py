@@ -6,7 +6,7 @@ accuracy the direction's *strength* (Sec. 2.1), and the captions whose embedding
 reference caption has the most negative / positive SVM decision value name the hard / easy
 subpopulation (Sec. 2.2, :math:`\hat c = (c - r)/\lVert c - r\rVert_2`).
 
-Implemented as the authors' code does it (``specs/failure_directions.md`` s1; paper config
+Implemented as the authors' code does it (MadryLab/failure-directions; paper config
 ``normalized_svm_base_config``):
 
 - pre-processing: :math:`z = (e - \mu)/\sigma`, then :math:`z \leftarrow z/\lVert z\rVert_2`, with

@@ -58,7 +58,7 @@ def absolute_impact(acc_reference: float, acc_shift: float) -> float:
     .. math:: \mathrm{impact}(s) = \mathrm{acc}(\mathrm{ref}) - \mathrm{acc}(s)
 
     with ref = ImageNet* ``base`` by default (same tokens and pipeline, only the prompt differs;
-    ``specs/imagenet_star.md`` s9), or a given in-distribution accuracy. Positive = the shift hurts.
+    the paper gives no formula, ``docs/results.md``), or a given in-distribution accuracy. Positive = the shift hurts.
 
     >>> round(absolute_impact(0.9, 0.75), 6)
     0.15
@@ -125,7 +125,7 @@ def top3_failure_rate(y_true, topk) -> float:
 
 
 def parent_failures(y_true, topk) -> np.ndarray:
-    """Per-image IN-G failure (Wiles et al. s3, as specified in ``specs/in_g.md`` s3), (n,) bool.
+    """Per-image IN-G failure (Wiles et al. s3; ``docs/results.md``), (n,) bool.
 
     fail(x, y) holds iff none of the top-3 predicted classes is under P(y), the WordNet parent
     of y used in the class prompt (the grandparent with the smallest offset); "under" uses the

@@ -11,7 +11,7 @@ The Hub revision is always resolved to a 40-character commit sha before loading 
 Hub API; offline: the local cache's refs), the weights are loaded at that sha, and the sha256 of
 the weight file is recorded. Preprocessing is ``resolve_data_config({}, model=m,
 use_test_size=True)`` + ``create_transform`` (what timm's ``validate.py`` and results tables use;
-``specs/ecosystem.md`` s1.1).
+see ``docs/results.md``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from benchmark.errors import BenchError, NotFoundError, OfflineError
+from benchmark.errors import BenchError, NotFoundError, OfflineError, one_line
 from benchmark.fsutil import sha256_file
+from benchmark.hubio import OFFLINE_ROUTE
 
 log = logging.getLogger(__name__)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -60,9 +61,12 @@ class LoadedClassifier:
     weights_file: str | None
     num_params: int
     pretrained_cfg: dict = field(default_factory=dict)
+    checkpoint_weights: str | None = None  # "model" | "ema" when --checkpoint was a training checkpoint
 
     def describe(self) -> dict:
-        return {
+        # checkpoint_weights only when it applies, so other results keep their config hash
+        extra = {"checkpoint_weights": self.checkpoint_weights} if self.checkpoint_weights else {}
+        return {**extra,
             "id": self.model_id, "architecture": self.architecture, "tag": self.tag, "source": self.source,
             "weights_revision": self.weights_revision, "weights_sha256": self.weights_sha256,
             "num_params": self.num_params,
@@ -134,7 +138,7 @@ def resolve_model_revision(repo_id: str, revision: str | None) -> str:
         if cached:
             return cached
         raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and no cached copy of model repo {repo_id}@{rev}; "
-                           f"run once with network, or pass a local file with --checkpoint")
+                           f"run once with network, or pass a local file with --checkpoint{OFFLINE_ROUTE}")
     try:
         return HfApi().model_info(repo_id, revision=rev).sha
     except errors.RepositoryNotFoundError:
@@ -146,7 +150,8 @@ def resolve_model_revision(repo_id: str, revision: str | None) -> str:
             log.warning("Hub unreachable (%s); using the cached %s@%s = %s", type(e).__name__, repo_id, rev, cached)
             return cached
         raise OfflineError(f"cannot reach the Hub to resolve {repo_id}@{rev} ({type(e).__name__}) and nothing is "
-                           "cached; check the network or HF_ENDPOINT, or pass --checkpoint FILE") from None
+                           f"cached; check the network or HF_ENDPOINT, or pass --checkpoint FILE"
+                           f"{OFFLINE_ROUTE}") from None
 
 
 def _cached_ref(repo_id: str, rev: str) -> str | None:
@@ -170,7 +175,8 @@ def _cached_weights(repo_id: str, sha: str, preferred: str | None) -> str | None
 
 
 def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
-                    remap_by_order: bool = False, pretrained: bool = True) -> LoadedClassifier:
+                    remap_by_order: bool = False, pretrained: bool = True,
+                    checkpoint_weights: str = "model") -> LoadedClassifier:
     """Create the model, load pinned weights, check the label space, resolve preprocessing.
 
     Parameters
@@ -178,22 +184,27 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     name : str
         timm name, ``timm/<name>`` or ``hf-hub:<repo>[@rev]`` (see module docstring).
     checkpoint : path, optional
-        Local weights (safetensors or a plain PyTorch state dict, loaded with ``weights_only``).
+        Local weights: safetensors, a plain PyTorch state dict or a timm training checkpoint, always
+        loaded weights-only (:func:`read_checkpoint`).
     remap_by_order : bool
         Map checkpoint tensors onto the model's state dict by position when key names differ
         (e.g. a port whose tensors are in timm's order); shapes must still match one to one.
     pretrained : bool
         ``False`` builds random weights (tests, throughput benchmarks).
+    checkpoint_weights : {"model", "ema"}
+        Which weights of a training checkpoint to score (default ``model``, as timm's ``validate.py``).
     """
     import timm
 
     ref = parse_model_name(name)
+    picked = None
     if checkpoint is not None:
         arch_name = ref.name or (ref.repo_id.split("/", 1)[1] if ref.repo_id else None)
         if arch_name is None or not timm.is_model(arch_name.split(".", 1)[0]):
             raise BenchError(f"--checkpoint needs a timm architecture name as --model, got {name!r}")
         model = timm.create_model(arch_name, pretrained=False)
-        load_checkpoint(model, checkpoint, remap_by_order=remap_by_order)
+        entry = load_checkpoint(model, checkpoint, remap_by_order=remap_by_order, weights=checkpoint_weights)
+        picked = checkpoint_weights if entry is not None else None
         source, rev, wfile = "checkpoint", None, str(checkpoint)
         wsha = sha256_file(checkpoint)
         model_id = arch_name
@@ -220,6 +231,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         model=model, transform=transform, data_config=data_config, model_id=model_id, architecture=arch,
         tag=tag or cfg.get("tag"), source=source, weights_revision=rev, weights_sha256=wsha, weights_file=wfile,
         num_params=sum(p.numel() for p in model.parameters()), pretrained_cfg=_jsonable(cfg),
+        checkpoint_weights=picked,
     )
 
 
@@ -235,7 +247,7 @@ def _create_pinned(ref: ModelRef, sha: str):
         return timm.create_model(f"hf-hub:{ref.repo_id}@{sha}", pretrained=True)
     except errors.LocalEntryNotFoundError:
         raise OfflineError(f"weights of {ref.repo_id}@{sha[:12]} are not in the local cache and the Hub is not "
-                           "reachable; run once with network or pass --checkpoint FILE") from None
+                           f"reachable; run once with network or pass --checkpoint FILE{OFFLINE_ROUTE}") from None
     except errors.EntryNotFoundError as e:
         raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model repo?") from None
 
@@ -256,9 +268,57 @@ def check_label_space(model, model_id: str) -> None:
                          "ImageNet-1k classifiers only (pick an *_in1k or *_ft_in1k tag)")
 
 
-def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by_order: bool = False) -> None:
-    """Load a local state dict safely and strictly; mismatches are one clear error."""
+CHECKPOINT_WEIGHTS = ("model", "ema")
+# Entries of a training checkpoint, in the order timm's ``load_state_dict`` looks for them.
+_EMA_ENTRIES = ("state_dict_ema", "model_ema")
+_MODEL_ENTRIES = ("state_dict", "model", "model_state_dict")
+
+
+def _first_line(e: Exception) -> str:
+    """The first line of an exception text (torch's pickle errors are paragraphs with colour codes)."""
+    return one_line(next((ln for ln in str(e).splitlines() if ln.strip()), ""), limit=200)
+
+
+def _torch_load_safely(path: Path):
+    """``torch.load(weights_only=True)`` with the harmless globals of timm training checkpoints allowed.
+
+    timm's ``train.py`` (``CheckpointSaver``) stores its ``argparse.Namespace`` under ``args``; a
+    Namespace only holds attributes, and weights-only unpickling still checks each of its values.
+    Nothing is ever fully unpickled: any other global is refused and named.
+    """
+    import argparse
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        except Exception:  # noqa: BLE001 - not a pickle torch can scan: the file is damaged, said below
+            unsafe = []
+        unsafe = [g for g in unsafe if g != "argparse.Namespace"]
+        if not unsafe:
+            raise
+        raise BenchError(f"checkpoint {str(path)!r} holds Python objects ({', '.join(unsafe[:3])}) that weights-only "
+                         "loading refuses (bench never unpickles arbitrary code); save the weights alone: "
+                         "torch.save(model.state_dict(), 'weights.pth') or safetensors") from None
+
+
+def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple[dict, str | None]:
+    """A checkpoint file -> ``(state_dict, entry)``; ``entry`` names the training-checkpoint key used.
+
+    Reads safetensors files, plain state dicts and training checkpoints as timm's ``train.py``
+    writes them (``state_dict``, ``state_dict_ema``, ``args``, ``optimizer``, ``epoch`` ...), always
+    weights-only. ``weights`` picks ``"model"`` (the trained weights, timm ``validate.py``'s default)
+    or ``"ema"`` (``state_dict_ema``, as ``validate.py --use-ema``). ``module.``/``_orig_mod.``
+    prefixes (DDP, torch.compile) are removed with timm's ``clean_state_dict``.
+    """
+    from timm.models import clean_state_dict
+
     path = Path(path)
+    if weights not in CHECKPOINT_WEIGHTS:
+        raise BenchError(f"--checkpoint-weights must be one of {', '.join(CHECKPOINT_WEIGHTS)}, got {weights!r}")
     if not path.is_file():
         raise BenchError(f"checkpoint {str(path)!r} does not exist")
     try:
@@ -266,16 +326,41 @@ def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by
             from safetensors.torch import load_file
             sd = load_file(str(path))
         else:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = _torch_load_safely(path)
+    except BenchError:
+        raise
     except Exception as e:  # noqa: BLE001 - any decode failure is the user's file
-        raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {e}); expected a safetensors "
-                         "file or a plain PyTorch state dict") from None
-    for key in ("state_dict", "model", "model_state_dict"):
-        if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
-            sd = sd[key]
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise BenchError(f"checkpoint {str(path)!r} is not a state dict of tensors")
-    sd = {k.removeprefix("module."): v for k, v in sd.items()}
+        raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {_first_line(e)}); expected a "
+                         "safetensors file, a PyTorch state dict or a timm training checkpoint") from None
+    entry = None
+    if isinstance(sd, dict):
+        ema = next((k for k in _EMA_ENTRIES if isinstance(sd.get(k), dict)), None)
+        plain = next((k for k in _MODEL_ENTRIES if isinstance(sd.get(k), dict)), None)
+        if weights == "ema":
+            if ema is None:
+                raise BenchError(f"checkpoint {path.name} has no EMA weights (no state_dict_ema entry); drop "
+                                 "--checkpoint-weights ema to score its model weights")
+            entry = ema
+        elif plain is not None:
+            entry = plain
+        elif ema is not None:
+            raise BenchError(f"checkpoint {path.name} holds only EMA weights ({ema}); pass --checkpoint-weights ema")
+    if entry is not None:
+        sd = sd[entry]
+    if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise BenchError(f"checkpoint {str(path)!r} is not a state dict of tensors (nor a training checkpoint with "
+                         "a state_dict entry)")
+    return clean_state_dict(sd), entry
+
+
+def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by_order: bool = False,
+                    weights: str = "model") -> str | None:
+    """Load a local checkpoint safely and strictly (see :func:`read_checkpoint`); mismatches are one error.
+
+    Returns the training-checkpoint entry that was loaded (``None`` for a plain state dict).
+    """
+    path = Path(path)
+    sd, entry = read_checkpoint(path, weights=weights)
     own = model.state_dict()
     if remap_by_order and set(sd) != set(own):
         if len(sd) != len(own):
@@ -297,6 +382,8 @@ def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by
             not remap_by_order and len(sd) == len(own) and not shapes) else ""
         raise BenchError(f"checkpoint {path.name} does not fit {type(model).__name__}: {'; '.join(parts)}{hint}")
     model.load_state_dict(sd, strict=True)
+    return entry
+
 
 
 def _jsonable(obj):

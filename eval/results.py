@@ -8,8 +8,12 @@ metrics with intervals, and the predictions files with their sha256. Numbers sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import platform
+import re
+from datetime import datetime
 import subprocess
 from pathlib import Path
 
@@ -19,19 +23,26 @@ from benchmark.fsutil import atomic_write_bytes, canonical_json, sha256_bytes
 SCHEMA_VERSION = 1
 KIND = "genshift-result"
 RESULT_FILE = "result.json"
-REQUIRED = {
-    "schema_version": int, "kind": str, "model": dict, "data_config": dict, "suite": dict, "protocol": dict,
-    "config_hash": str, "run": dict, "environment": dict, "started_at": str, "finished_at": str,
-    "counts": dict, "metrics": dict, "predictions": list, "flags": dict,
-}
-MAX_RESULT_BYTES = 20 * 1024 * 1024
+MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard store uses the same limit
+MAX_JSON_DEPTH = 32              # real results nest about 6 deep
+MAX_PREDICTIONS_BYTES = 512 * 2**20
+MAX_TEXT = 10_000                # notes
+MAX_NAME = 300                   # ids, names
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+CONFIG_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")  # = benchmark.suite_format.CONFIG_RE
+MODEL_SOURCES = ("hf-hub", "checkpoint", "random")
+FLAGS = ("unpinned_suite", "construction_model", "partial", "skipped_bad_images")
+COUNT_KEYS = ("total", "kept", "predicted", "skipped_bad", "skipped_bad_ids")
+MAX_SKIPPED_IDS = 100
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def config_hash(model: dict, suite: dict, protocol: dict, data_config: dict) -> str:
     """sha256 of the canonical JSON of what defines the evaluation (not how fast it ran)."""
     ident = {
-        "model": {k: model.get(k) for k in ("id", "weights_revision", "weights_sha256")},
-        "suite": {k: suite.get(k) for k in ("id", "manifest_sha256", "configs")},
+        "model": {k: model.get(k) for k in ("id", "source", "weights_revision", "weights_sha256")},
+        "suite": {k: suite.get(k) for k in ("id", "manifest_sha256", "configs", "pinned", "revision")},
         "protocol": protocol,
         "data_config": data_config,
     }
@@ -99,34 +110,259 @@ def load_result(path: str | Path) -> dict:
 
 def parse_result(raw: bytes, *, where: str) -> dict:
     """A result from the bytes of its file (for callers that also hash them), validated."""
-    try:
-        result = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IntegrityError(f"result file {where} is not valid JSON ({e})") from None
+    result = parse_json(raw, where=f"result file {where}", max_bytes=MAX_RESULT_BYTES)
     validate(result, where=where)
     return result
 
 
+def json_depth(obj) -> int:
+    """Deepest list/object nesting of a parsed JSON value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def parse_json(raw: bytes, *, where: str, max_bytes: int, max_depth: int = MAX_JSON_DEPTH):
+    """JSON from untrusted bytes under a size and a nesting-depth limit, finite numbers only.
+
+    A file nested deeper than Python's JSON decoder goes (about 1000 levels) stops it with a
+    ``RecursionError``, which is reported as too deep like any file over ``max_depth``: a
+    100 000-deep file is one clear error. ``NaN``/``Infinity`` (not JSON) and integers over 4300
+    digits are refused. Linear in the size of the file.
+    """
+    if len(raw) > max_bytes:
+        raise IntegrityError(f"{where} is {len(raw) / 2**20:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
+
+    def no_constant(name):
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        obj = json.loads(raw, parse_constant=no_constant)
+    except RecursionError:
+        obj, depth = None, None
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise IntegrityError(f"{where} is not valid JSON ({str(e)[:200]})") from None
+    else:
+        depth = json_depth(obj)
+    if depth is None or depth > max_depth:
+        raise IntegrityError(f"{where} nests {'more than ' + str(max_depth) if depth is None else depth} levels deep, "
+                             f"over the limit of {max_depth}; not a genshift-bench file")
+    return obj
+
+
+class _Checker:
+    """Collects the first schema violation with its JSON path."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, path: str, what: str):
+        raise IntegrityError(f"{self.where}: {path} {what}; a result must be written by `bench eval` "
+                             "(schema in docs/results.md)")
+
+    def obj(self, v, path: str, *, required=(), optional=(), extra: bool = True) -> dict:
+        if not isinstance(v, dict):
+            self.fail(path, f"must be an object, got {_tname(v)}")
+        for k in required:
+            if k not in v:
+                field_name = k if path == "result" else f"{path}.{k}"
+                raise IntegrityError(f"{self.where}: field {field_name!r} is missing; a result must be written by "
+                                     "`bench eval` (schema in docs/results.md)")
+        if not extra:
+            unknown_keys = sorted(set(v) - set(required) - set(optional))
+            if unknown_keys:
+                self.fail(path, f"has unknown field(s) {unknown_keys[:5]}")
+        return v
+
+    def text(self, v, path: str, *, max_len: int = MAX_NAME, none: bool = False, empty: bool = False,
+             pattern: re.Pattern | None = None, control: bool = False) -> str | None:
+        if v is None and none:
+            return None
+        if not isinstance(v, str):
+            self.fail(path, f"must be a string{' or null' if none else ''}, got {_tname(v)}")
+        if not v and not empty:
+            self.fail(path, "must not be empty")
+        if len(v) > max_len:
+            self.fail(path, f"is {len(v)} characters, over the limit of {max_len}")
+        if pattern is not None and not pattern.match(v):
+            self.fail(path, f"{v[:80]!r} is not of the expected form")
+        if not control and _CONTROL.search(v):
+            self.fail(path, "contains control characters")
+        return v
+
+    def integer(self, v, path: str, *, lo: int = 0, hi: int | None = None, none: bool = False) -> int | None:
+        if v is None and none:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            self.fail(path, f"must be an integer{' or null' if none else ''}, got {_tname(v)}")
+        if v < lo or (hi is not None and v > hi):
+            self.fail(path, f"is {v}, outside [{lo}, {hi if hi is not None else 'inf'}]")
+        return v
+
+    def number(self, v, path: str, *, lo: float | None = None, hi: float | None = None, none: bool = False):
+        if v is None and none:
+            return None
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            self.fail(path, f"must be a finite number{' or null' if none else ''}, got {_tname(v)}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            self.fail(path, f"is {v}, outside [{lo}, {hi}]")
+        return v
+
+    def boolean(self, v, path: str) -> bool:
+        if not isinstance(v, bool):
+            self.fail(path, f"must be true or false, got {_tname(v)}")
+        return v
+
+    def timestamp(self, v, path: str) -> None:
+        self.text(v, path, max_len=64)
+        try:
+            datetime.fromisoformat(v)
+        except ValueError:
+            self.fail(path, f"{v[:40]!r} is not an ISO 8601 time")
+
+    def json_value(self, v, path: str) -> None:
+        """Free-form JSON (metrics, analysis, run): finite numbers, bounded strings."""
+        if isinstance(v, dict):
+            for k, x in v.items():
+                self.text(k, f"{path} key", max_len=MAX_NAME, empty=True)
+                self.json_value(x, f"{path}.{k}")
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                self.json_value(x, f"{path}[{i}]")
+        elif isinstance(v, str):
+            self.text(v, path, max_len=MAX_TEXT, empty=True, control=True)
+        elif isinstance(v, float) and not math.isfinite(v):
+            self.fail(path, "is not a finite number")
+
+
+def _tname(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
 def validate(result, *, where: str) -> None:
+    """Check every field's type and range (``docs/results.md``); one ``IntegrityError`` naming the field.
+
+    After this, consumers (verify, the store, the leaderboard, submit) can index the result
+    without further type checks.
+    """
+    from eval.scoring import ScoringOptions
+    from benchmark.suites import METRIC_FAMILIES
+
+    c = _Checker(where)
     if not isinstance(result, dict):
-        raise IntegrityError(f"{where}: a result is a JSON object, got {type(result).__name__}")
+        raise IntegrityError(f"{where}: a result is a JSON object, got {_tname(result)}")
     if result.get("kind") != KIND:
-        raise IntegrityError(f"{where}: not a genshift-bench result (kind {result.get('kind')!r})")
+        raise IntegrityError(f"{where}: not a genshift-bench result (kind {repr(result.get('kind'))[:40]})")
     version = result.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise IntegrityError(f"{where}: result schema_version {version!r} is not supported (this genshift-bench "
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise IntegrityError(f"{where}: result schema_version {repr(version)[:20]} is not supported (this genshift-bench "
                              f"reads {SCHEMA_VERSION}); upgrade genshift-bench or re-run the eval")
-    for key, typ in REQUIRED.items():
-        if not isinstance(result.get(key), typ):
-            raise IntegrityError(f"{where}: field {key!r} is missing or not a {typ.__name__}")
-    for p in result["predictions"]:
-        if not (isinstance(p, dict) and isinstance(p.get("config"), str) and isinstance(p.get("path"), str)
-                and isinstance(p.get("sha256"), str) and isinstance(p.get("rows"), int)):
-            raise IntegrityError(f"{where}: malformed predictions entry {p!r}")
-        if p["path"].startswith("/") or ".." in p["path"].split("/"):
-            raise IntegrityError(f"{where}: predictions path {p['path']!r} must be relative to the result file")
-    for key in ("id", "manifest_sha256", "configs", "metric_family"):
-        if key not in result["suite"]:
-            raise IntegrityError(f"{where}: suite.{key} is missing")
-    if "id" not in result["model"]:
-        raise IntegrityError(f"{where}: model.id is missing")
+    c.obj(result, "result", required=("schema_version", "kind", "model", "data_config", "suite", "protocol",
+                                      "config_hash", "run", "environment", "started_at", "finished_at", "counts",
+                                      "metrics", "predictions", "flags"),
+          optional=("notes", "analysis"), extra=False)
+
+    m = c.obj(result["model"], "model", required=("id", "source", "weights_revision", "weights_sha256"))
+    c.text(m["id"], "model.id")
+    c.text(m.get("architecture"), "model.architecture", none=True)
+    c.text(m.get("tag"), "model.tag", none=True, empty=True)
+    if m["source"] not in MODEL_SOURCES:
+        c.fail("model.source", f"must be one of {list(MODEL_SOURCES)}")
+    c.text(m["weights_revision"], "model.weights_revision", none=True, pattern=SHA1_RE)
+    c.text(m["weights_sha256"], "model.weights_sha256", none=True, pattern=SHA256_RE)
+    if m["source"] == "hf-hub" and m["weights_revision"] is None:
+        c.fail("model.weights_revision", "is required for Hub weights (a 40-character commit sha)")
+    if m["source"] == "checkpoint" and m["weights_sha256"] is None:
+        c.fail("model.weights_sha256", "is required for local weights")
+    if m["source"] != "hf-hub" and m["weights_revision"] is not None:
+        c.fail("model.weights_revision", "must be null unless the weights come from the Hub")
+    c.integer(m.get("num_params"), "model.num_params", none=True)
+    c.json_value(c.obj(m.get("pretrained_cfg", {}), "model.pretrained_cfg"), "model.pretrained_cfg")
+
+    dc = c.obj(result["data_config"], "data_config")
+    c.json_value(dc, "data_config")
+
+    s = c.obj(result["suite"], "suite", required=("id", "manifest_sha256", "configs", "metric_family", "pinned"))
+    c.text(s["id"], "suite.id")
+    c.text(s["manifest_sha256"], "suite.manifest_sha256", pattern=SHA256_RE)
+    c.boolean(s["pinned"], "suite.pinned")
+    c.text(s.get("repo_id"), "suite.repo_id", none=True)
+    c.text(s.get("revision"), "suite.revision", none=True, pattern=SHA1_RE)
+    c.text(s.get("suite_version"), "suite.suite_version", none=True, empty=True)
+    c.text(s.get("source"), "suite.source", none=True, max_len=4096)
+    if s["metric_family"] not in METRIC_FAMILIES:
+        c.fail("suite.metric_family", f"must be one of {list(METRIC_FAMILIES)}")
+    if not isinstance(s["configs"], list) or not s["configs"]:
+        c.fail("suite.configs", "must be a non-empty list of config names")
+    for i, name in enumerate(s["configs"]):
+        c.text(name, f"suite.configs[{i}]", pattern=CONFIG_RE)
+    if len(set(s["configs"])) != len(s["configs"]):
+        c.fail("suite.configs", "lists a config twice")
+    mask = s.get("mask")
+    if mask is not None:
+        c.obj(mask, "suite.mask", required=("path", "sha256"), extra=False)
+        c.text(mask["path"], "suite.mask.path", max_len=4096)
+        c.text(mask["sha256"], "suite.mask.sha256", pattern=SHA256_RE)
+
+    p = c.obj(result["protocol"], "protocol", required=("topk", "limit_per_class", "skip_bad_images", "scoring"))
+    c.integer(p["topk"], "protocol.topk", lo=1, hi=1000)
+    c.integer(p["limit_per_class"], "protocol.limit_per_class", lo=1, none=True)
+    c.boolean(p["skip_bad_images"], "protocol.skip_bad_images")
+    names = [f.name for f in dataclasses.fields(ScoringOptions)]
+    sc = c.obj(p["scoring"], "protocol.scoring", required=names, extra=False)
+    c.boolean(sc["filter"], "protocol.scoring.filter")
+    c.text(sc["reference_config"], "protocol.scoring.reference_config", none=True, pattern=CONFIG_RE)
+    c.number(sc["reference_accuracy"], "protocol.scoring.reference_accuracy", lo=0, hi=1, none=True)
+    c.integer(sc["n_boot"], "protocol.scoring.n_boot", hi=100_000)
+    c.integer(sc["seed"], "protocol.scoring.seed", lo=-(2**63), hi=2**64)
+    c.number(sc["confidence"], "protocol.scoring.confidence", lo=0, hi=1)
+    for k in set(names) - {"filter", "reference_config", "reference_accuracy", "n_boot", "seed", "confidence"}:
+        c.json_value(sc[k], f"protocol.scoring.{k}")  # options added later: JSON values, checked by ScoringOptions
+    for k in set(p) - {"topk", "limit_per_class", "skip_bad_images", "scoring"}:
+        c.json_value(p[k], f"protocol.{k}")
+
+    c.text(result["config_hash"], "config_hash", pattern=SHA256_RE)
+    c.json_value(c.obj(result["run"], "run"), "run")
+    c.json_value(c.obj(result["environment"], "environment"), "environment")
+    c.timestamp(result["started_at"], "started_at")
+    c.timestamp(result["finished_at"], "finished_at")
+    c.text(result.get("notes", ""), "notes", max_len=MAX_TEXT, empty=True, control=True)
+    c.json_value(c.obj(result.get("analysis", {}), "analysis"), "analysis")
+
+    configs = s["configs"]
+    counts = c.obj(result["counts"], "counts", required=configs, extra=False)
+    for cfg in configs:
+        n = c.obj(counts[cfg], f"counts.{cfg}", required=COUNT_KEYS, extra=False)
+        for k in COUNT_KEYS[:-1]:
+            c.integer(n[k], f"counts.{cfg}.{k}")
+        ids = n["skipped_bad_ids"]
+        if not isinstance(ids, list) or len(ids) > MAX_SKIPPED_IDS:
+            c.fail(f"counts.{cfg}.skipped_bad_ids", f"must be a list of at most {MAX_SKIPPED_IDS} image ids")
+        for i, iid in enumerate(ids):
+            c.text(iid, f"counts.{cfg}.skipped_bad_ids[{i}]", max_len=4096)
+
+    metrics = c.obj(result["metrics"], "metrics", required=("configs",))
+    c.json_value(metrics, "metrics")
+
+    preds = result["predictions"]
+    if not isinstance(preds, list):
+        c.fail("predictions", f"must be a list, got {_tname(preds)}")
+    for i, e in enumerate(preds):
+        c.obj(e, f"predictions[{i}]", required=("config", "path", "rows", "sha256"), extra=False)
+        c.text(e["config"], f"predictions[{i}].config", pattern=CONFIG_RE)
+        # the only path `bench eval` writes: relative, inside the run folder, no `..`
+        if e["path"] != f"predictions/{e['config']}.parquet":
+            c.fail(f"predictions[{i}].path", f"must be 'predictions/{e['config']}.parquet', got {str(e['path'])[:80]!r}")
+        c.integer(e["rows"], f"predictions[{i}].rows")
+        c.text(e["sha256"], f"predictions[{i}].sha256", pattern=SHA256_RE)
+    if sorted(e["config"] for e in preds) != sorted(configs):
+        c.fail("predictions", "must hold exactly one file per config in suite.configs")
+
+    flags = c.obj(result["flags"], "flags", required=FLAGS, extra=False)
+    for k in FLAGS:
+        c.boolean(flags[k], f"flags.{k}")

@@ -41,6 +41,7 @@ class EvalRequest:
     revision: str | None = None
     checkpoint: str | None = None
     remap_by_order: bool = False
+    checkpoint_weights: str = "model"   # "model" | "ema": which weights of a training checkpoint
     mask: str | None = None
     out: str = "runs"
     force: bool = False
@@ -68,13 +69,28 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
     suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
     key = text if text in SUITES else suite.suite_id
     spec = get_suite(key) if key in SUITES else None
+    family, reference = (spec.metric_family, spec.reference_config) if spec else _declared_scoring(suite)
     return SuiteInfo(
         suite=suite,
-        metric_family=spec.metric_family if spec else "accuracy",
-        reference_config=spec.reference_config if spec else None,
+        metric_family=family,
+        reference_config=reference,
         construction_models=spec.construction_models if spec else (),
         pinned=suite.pinned, source=text,
     )
+
+
+def _declared_scoring(suite: LocalSuite) -> tuple[str, str | None]:
+    """Metric family and reference config a suite outside the registry declares in its manifest's
+    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
+    from benchmark.suites import METRIC_FAMILIES
+
+    gen = suite.manifest.generator if isinstance(suite.manifest.generator, dict) else {}
+    family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
+    if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str) and reference in suite.manifest.configs)):
+        raise IntegrityError(f"suite {suite.suite_id!r} declares metric family {str(family)[:40]!r} with reference "
+                             f"config {str(reference)[:70]!r}; expected one of {', '.join(METRIC_FAMILIES)} and one "
+                             "of its configs; fix or re-import the suite")
+    return family, reference
 
 
 def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = None,
@@ -118,7 +134,8 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     info = open_suite(req.suite, revision=req.revision, configs=req.configs, mask=req.mask)
     suite = info.suite
     configs = suite.select(list(req.configs) if req.configs else None)
-    clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order)
+    clf = load_classifier(req.model, checkpoint=req.checkpoint, device=device, remap_by_order=req.remap_by_order,
+                          checkpoint_weights=req.checkpoint_weights)
 
     model_desc = clf.describe()
     suite_desc = {

@@ -18,7 +18,7 @@ from benchmark import imagenet
 from eval import bootstrap, metrics
 from eval.predictions import topk_matrix
 
-LANCE_HEADLINE_T = "originals_with_counterfactual"  # Table 2's arithmetic fits N = 576 (specs/lance.md s6)
+LANCE_HEADLINE_T = "originals_with_counterfactual"  # Table 2's numbers are fractions of N = 576 (Prabhu et al.)
 
 
 @dataclass(frozen=True)

@@ -148,3 +148,65 @@ def check_signature(stamp, trusted: dict[str, PublicKey]) -> str | None:
     except (binascii.Error, ValueError, InvalidSignature):
         return "the stamp's signature does not match its content (edited after signing, or forged)"
     return None
+
+
+STAMP_FILE = "verification.json"
+
+
+def make_stamp(report) -> dict:
+    """The (unsigned) stamp body for a passed ``eval.verify.VerifyReport`` with a recheck."""
+    from datetime import datetime, timezone
+
+    from benchmark import __version__
+
+    if not report.ok or not report.recheck or not report.suite_checked or not report.suite.trusted:
+        raise BenchError("only a verification that passed, re-ran images and checked the predictions against a "
+                         "trusted suite manifest can be stamped")
+    result = report.result
+    return {
+        "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
+        "result_sha256": report.result_sha256,
+        "predictions_sha256": dict(sorted(report.predictions_sha256.items())),
+        "model": {"id": result["model"]["id"], "weights_sha256": result["model"]["weights_sha256"]},
+        "suite": {"id": result["suite"]["id"], "manifest_sha256": report.suite.sha256,
+                  "trust_root": report.suite.origin, "rows_digests": dict(sorted(report.rows_digests.items()))},
+        "recheck": report.recheck,
+        "checks": list(report.checked),
+        "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "genshift_bench": __version__,
+    }
+
+
+def write_stamp(report, private_key) -> Path:
+    """Sign the stamp of ``report`` and write it next to the result (temp name + rename)."""
+    out = report.path.parent / STAMP_FILE
+    atomic_write_bytes(out, canonical_json(sign(make_stamp(report), private_key)))
+    return out
+
+
+def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str, str],
+                trusted: dict[str, PublicKey]) -> tuple[dict | None, str]:
+    """``(stamp, "")`` if the stamp bytes are a stamp signed by a trusted key for exactly these files,
+    else ``(None, why not)``: unsigned, unknown key, bad signature, stale, or not a stamp."""
+    from eval.results import parse_json
+
+    try:
+        stamp = parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)
+    except BenchError as e:
+        return None, str(e)
+    if not isinstance(stamp, dict) or stamp.get("kind") != STAMP_KIND or stamp.get("version") != STAMP_VERSION:
+        return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} stamp (re-verify with `bench verify --sign`)"
+    why = check_signature(stamp, trusted)
+    if why:
+        return None, why
+    if stamp.get("ok") is not True:
+        return None, "the stamp does not record a passed verification"
+    if stamp.get("result_sha256") != result_sha256:
+        return None, "the stamp is stale: result.json changed after it was verified"
+    if stamp.get("predictions_sha256") != predictions_sha256:
+        return None, "the stamp is stale: the predictions files changed after they were verified"
+    recheck = stamp.get("recheck")
+    if not (isinstance(recheck, dict) and isinstance(recheck.get("n"), int) and recheck["n"] >= 1
+            and isinstance(recheck.get("seed"), int) and isinstance(recheck.get("images"), list)):
+        return None, "the stamp records no re-run of images"
+    return stamp, ""

@@ -1,30 +1,51 @@
-"""``bench verify``: check a result against its predictions files, and optionally against the model.
+"""``bench verify``: check a result against the suite it claims, and optionally against the model.
 
-Checks, each reported by what differs:
+A result is never checked only against itself: a forger can recompute every hash and metric.
+Checks, each reported by what differs (``docs/results.md``, "Verification"):
 
-1. every predictions file exists, has the recorded row count and sha256;
-2. the config hash recomputes from the recorded model, suite, protocol and preprocessing;
-3. every metric recomputes, from the stored predictions with the recorded options, to the
-   stored value (floats within 1e-9 relative);
-4. with ``recheck=N``: N seeded random images are re-run through the model (at the recorded
-   weights) on the suite (whose manifest hash must match) and must give the stored top-1 class
-   and true-class probability (within ``prob_tol``; ties within the tolerance are accepted).
+1. schema: every field's type and range (``eval.results.validate``), under size/depth limits;
+2. every predictions file: exists inside the run folder, recorded sha256 and row count, the
+   predictions schema (column types, top-k width = ``protocol.topk``), ``image_id`` sorted and
+   unique, and each row internally consistent: labels and classes in [0, 1000), top-k classes
+   distinct, probabilities in [0, 1] and descending, ``true_prob``/``true_rank`` agreeing with the
+   stored top-k (``check_rows``);
+3. against the **suite** (a trusted manifest, ``eval.suite_trust``): the manifest hash, suite id
+   and configs; each config's predictions reproduce the suite's rows digest over
+   ``(image_id, label, keep)`` (dropped, duplicated or relabelled rows are found); ``counts`` and
+   ``flags`` recomputed, never trusted;
+4. the config hash (model id, source, weights, suite id/manifest/configs/pinned/revision,
+   protocol, preprocessing) recomputes;
+5. every metric recomputes from the predictions (floats within 1e-9 relative);
+6. ``recheck=N``: N images drawn from the **suite's** rows (seed fresh from ``secrets`` unless
+   given, recorded) are re-run through the model at the recorded weights; the whole stored row
+   must match: top-k classes and probabilities, ``true_prob`` and ``true_rank`` (within
+   ``prob_tol``, ties within the tolerance accepted). An image of the suite missing from the
+   predictions is a mismatch.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import math
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import sha256_file
-from eval.predictions import read_predictions, topk_matrix
-from eval.results import RESULT_FILE, config_hash, load_result
+from benchmark.fsutil import sha256_bytes
+from benchmark.suite_format import rows_digest
+from eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
+from eval.results import (MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash,
+                          parse_result)
 from eval.scoring import ScoringOptions, score
+from eval.suite_trust import SuiteRef, TrustedSuites, open_ref
+
+NUM_CLASSES = 1000
+MAX_PROBLEMS = 20
 
 
 @dataclass
@@ -32,10 +53,20 @@ class VerifyReport:
     path: Path
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    result: dict | None = None
+    result_sha256: str = ""
+    predictions_sha256: dict[str, str] = field(default_factory=dict)  # path -> sha256 of the file as checked
+    suite: SuiteRef | None = None          # what the predictions were checked against
+    rows_digests: dict[str, str] = field(default_factory=dict)
+    recheck: dict | None = None            # {"n", "seed", "images": [[config, image_id], ...]}
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def suite_checked(self) -> bool:
+        return self.suite is not None and bool(self.rows_digests)
 
 
 def result_path(path: str | Path) -> Path:
@@ -43,30 +74,44 @@ def result_path(path: str | Path) -> Path:
     return p / RESULT_FILE if p.is_dir() else p
 
 
-def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, mask: str | None = None,
-                  checkpoint: str | None = None, device: str = "cpu", seed: int = 0,
-                  prob_tol: float = 1e-3) -> VerifyReport:
+def read_result_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise BenchError(f"result file {str(path)!r} does not exist")
+    size = path.stat().st_size
+    if size > MAX_RESULT_BYTES:
+        raise IntegrityError(f"result file {path} is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES >> 20} MiB "
+                             "limit; not a result")
+    return path.read_bytes()
+
+
+def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, suites: TrustedSuites | None = None,
+                  mask: str | None = None, checkpoint: str | None = None, device: str = "cpu", seed: int | None = None,
+                  prob_tol: float = 1e-3, use_recorded_suite: bool = False, require_suite: bool = True,
+                  raw: bytes | None = None) -> VerifyReport:
+    """Verify one result (see the module docstring). Raises ``IntegrityError`` when the result
+    file itself is unreadable or breaks the schema; everything else is a listed problem.
+
+    ``suite`` names the suite (a trust root); ``suites`` holds trusted manifests (default: the
+    registry's pinned manifests). ``use_recorded_suite=True`` (plain ``bench verify``, ``bench
+    submit``: one's own results) falls back to the suite the result recorded, which is not a
+    trust root; a verifier of other people's results leaves it off.
+    ``require_suite=False`` (the leaderboard store without ``--suites``): a result whose suite is
+    not found is not a problem, ``report.suite_checked`` is then False.
+    """
     path = result_path(path)
-    result = load_result(path)
-    report = VerifyReport(path)
-    base = path.parent
-    tables = {}
-    for entry in result["predictions"]:
-        f = base / entry["path"]
-        if not f.is_file():
-            report.problems.append(f"{entry['path']} is missing")
-            continue
-        digest = sha256_file(f)
-        if digest != entry["sha256"]:
-            report.problems.append(f"{entry['path']} sha256 {digest[:12]}… differs from the result's "
-                                   f"{entry['sha256'][:12]}… (file replaced or tampered)")
-            continue
-        table = read_predictions(f)
-        if table.num_rows != entry["rows"]:
-            report.problems.append(f"{entry['path']} has {table.num_rows} rows, the result says {entry['rows']}")
-            continue
-        tables[entry["config"]] = table
-    report.checked.append(f"{len(tables)}/{len(result['predictions'])} predictions files (sha256, rows)")
+    raw = read_result_bytes(path) if raw is None else raw
+    result = parse_result(raw, where=str(path))
+    report = VerifyReport(path, result=result, result_sha256=sha256_bytes(raw))
+    tables = check_predictions_files(path.parent, result, report)
+
+    ref, why = find_suite(result, suite=suite, suites=suites, use_recorded=use_recorded_suite, mask=mask)
+    if ref is None:
+        if require_suite:
+            report.problems.append(f"the predictions could not be checked against the suite: {why}")
+    else:
+        report.suite = ref
+        if len(tables) == len(result["predictions"]):
+            report.problems += check_against_suite(result, tables, ref, report)
 
     want = config_hash(result["model"], result["suite"], result["protocol"], result["data_config"])
     if want != result["config_hash"]:
@@ -75,15 +120,267 @@ def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = Non
     report.checked.append("config hash")
 
     if len(tables) == len(result["predictions"]):
-        recomputed = score(result["suite"]["metric_family"], tables, ScoringOptions(**result["protocol"]["scoring"]))
-        diffs = compare(result["metrics"], recomputed, "metrics")
-        report.problems += diffs[:20] + ([f"... and {len(diffs) - 20} more metric differences"] if len(diffs) > 20 else [])
-        report.checked.append("every metric recomputed from the predictions")
+        try:
+            recomputed = score(result["suite"]["metric_family"], tables, ScoringOptions(**result["protocol"]["scoring"]))
+        except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as e:
+            report.problems.append(f"the metrics could not be recomputed from the predictions ({type(e).__name__}: "
+                                   f"{str(e)[:200]})")
+        else:
+            diffs = compare(result["metrics"], recomputed, "metrics")
+            report.problems += _capped(diffs, "metric differences")
+            report.checked.append("every metric recomputed from the predictions")
     if recheck and not report.problems:
-        report.problems += _recheck(result, tables, n=recheck, suite=suite, mask=mask, checkpoint=checkpoint, device=device,
-                                    seed=seed, prob_tol=prob_tol)
-        report.checked.append(f"{recheck} images re-run through the model")
+        report.problems += _recheck(result, tables, report, n=recheck, suite=suite, mask=mask, checkpoint=checkpoint,
+                                    device=device, seed=seed, prob_tol=prob_tol)
     return report
+
+
+def _capped(problems: list[str], what: str) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    return problems[:MAX_PROBLEMS] + [f"... and {len(problems) - MAX_PROBLEMS} more {what}"]
+
+
+def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> dict[str, pa.Table]:
+    """Hash, read and check each predictions file; returns the tables that passed, by config."""
+    from benchmark.fsutil import sha256_file
+
+    tables = {}
+    topk = result["protocol"]["topk"]
+    for entry in result["predictions"]:
+        rel = entry["path"]
+        f = base / rel
+        if not f.is_file():  # a regular file (or a link to one: Hub snapshots link to blobs); never a device or fifo
+            report.problems.append(f"{rel} is missing")
+            continue
+        size = f.stat().st_size
+        if size > MAX_PREDICTIONS_BYTES:
+            report.problems.append(f"{rel} is {size >> 20} MiB, over the {MAX_PREDICTIONS_BYTES >> 20} MiB limit")
+            continue
+        digest = sha256_file(f)
+        report.predictions_sha256[rel] = digest
+        if digest != entry["sha256"]:
+            report.problems.append(f"{rel} sha256 {digest[:12]}… differs from the result's "
+                                   f"{entry['sha256'][:12]}… (file replaced or tampered)")
+            continue
+        try:
+            table = read_predictions(f)
+        except IntegrityError as e:
+            report.problems.append(str(e))
+            continue
+        if table.num_rows != entry["rows"]:
+            report.problems.append(f"{rel} has {table.num_rows} rows, the result says {entry['rows']}")
+            continue
+        problems = check_rows(table, topk=min(topk, NUM_CLASSES), where=rel)
+        if problems:
+            report.problems += _capped(problems, f"row problems in {rel}")
+            continue
+        tables[entry["config"]] = table
+    report.checked.append(f"{len(tables)}/{len(result['predictions'])} predictions files (sha256, rows, schema, "
+                          "each row's consistency)")
+    return tables
+
+
+def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> list[str]:
+    """Schema and internal consistency of a predictions table (no model, no suite needed)."""
+    want = predictions_schema(topk)
+    problems = []
+    for name in BASE_COLUMNS:
+        got = table.schema.field(name).type
+        if got != want.field(name).type:
+            problems.append(f"{where}: column {name!r} has type {got}, expected {want.field(name).type}")
+        elif not want.field(name).nullable and table[name].null_count:
+            problems.append(f"{where}: column {name!r} has {table[name].null_count} null value(s)")
+    if problems:
+        return problems
+    if table.num_rows == 0:
+        return []
+    ids = table["image_id"].to_pylist()
+    for a, b in zip(ids, ids[1:]):
+        if not a < b:
+            return [f"{where}: image_id {b[:80]!r} " + ("is duplicated" if a == b else "is out of order")
+                    + " (predictions are one row per image, sorted by image_id)"]
+    labels = table["label"].to_numpy().astype(np.int64)
+    top = topk_matrix(table).astype(np.int64)
+    probs = table["topk_prob"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, topk)
+    tp = table["true_prob"].to_numpy(zero_copy_only=False)
+    tr = table["true_rank"].to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def bad(mask: np.ndarray, what: str) -> None:
+        if mask.any():
+            i = int(np.flatnonzero(mask)[0])
+            problems.append(f"{where}: {int(mask.sum())} row(s) {what} (first: {ids[i][:80]!r})")
+
+    bad((labels < 0) | (labels >= NUM_CLASSES), "have a label outside [0, 1000)")
+    bad(((top < 0) | (top >= NUM_CLASSES)).any(axis=1), "have a top-k class outside [0, 1000)")
+    bad((np.diff(np.sort(top, axis=1), axis=1) == 0).any(axis=1), "repeat a class in their top-k")
+    bad(~np.isfinite(probs).all(axis=1) | (probs < 0).any(axis=1) | (probs > 1).any(axis=1),
+        "have a top-k probability outside [0, 1]")
+    bad((np.diff(probs, axis=1) > 0).any(axis=1), "have top-k probabilities that are not in descending order")
+    bad(probs.sum(axis=1) > 1 + 1e-3, "have top-k probabilities summing to more than 1")
+    bad(~np.isfinite(tp) | (tp < 0) | (tp > 1), "have true_prob outside [0, 1]")
+    bad((tr < 0) | (tr >= NUM_CLASSES), "have true_rank outside [0, 1000)")
+    if problems:
+        return problems
+    hit = top == labels[:, None]
+    found = hit.any(axis=1)
+    pos = hit.argmax(axis=1)
+    rows = np.arange(len(ids))
+    p_at = probs[rows, pos]
+    # found in the top-k: true_prob is the stored probability there, true_rank counts the strictly larger ones
+    bad(found & (np.abs(tp - p_at) > tol), "have true_prob different from the top-k probability of the label")
+    greater = (probs > np.where(found, p_at, tp)[:, None]).sum(axis=1)
+    bad(found & (tr != greater), "have true_rank different from the number of more probable top-k classes")
+    # not in the top-k: the label is at most as probable as the last one, ranks at least after the larger ones
+    last = probs[:, -1]
+    bad(~found & (tp > last + tol), "have true_prob above the last top-k probability, yet the label is not in the top-k")
+    bad(~found & (tr < greater), "have true_rank below the number of more probable top-k classes")
+    bad(~found & (tp < last - tol) & (tr < topk), "have true_rank inside the top-k but the label is not there")
+    bad(~found & (tp > 1 - probs.sum(axis=1) + 1e-3), "have true_prob larger than the probability left outside the top-k")
+    return problems
+
+
+def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites | None = None,
+               use_recorded: bool = False, mask: str | None = None) -> tuple[SuiteRef | None, str]:
+    """The manifest to check ``result`` against, or ``(None, why not)`` (``eval.suite_trust``)."""
+    rec = result["suite"]
+    if suite is not None:
+        try:
+            ref = open_ref(suite, trusted=True, mask=mask)
+        except BenchError as e:
+            return None, f"--suite {suite}: {e}"
+        return ref, ""
+    trusted = suites if suites is not None else TrustedSuites(registry=True, download=True)
+    ref = trusted.lookup(rec)
+    if ref is not None:
+        return ref, ""
+    src = rec.get("source")
+    if use_recorded and isinstance(src, str):
+        from eval.runner import reopen_suite
+        from eval.suite_trust import hub_manifest
+
+        if rec.get("repo_id") and rec.get("revision") and not Path(src).exists():  # the manifest alone, if it is one
+            ref = hub_manifest(rec["repo_id"], rec["revision"], download=True, trusted=False)
+            if ref is not None and ref.sha256 == rec["manifest_sha256"]:
+                return ref, ""
+        # as recorded (folder, registry id or Hub repo at its revision; an upstream ImageNet* mask too);
+        # what cannot be opened is the user's to fix (--suite, --mask): one error line
+        info = reopen_suite(result, mask=mask, configs=tuple(rec["configs"]))
+        return SuiteRef(info.suite.manifest, f"suite {src[:200]} (as recorded)", False, info.suite), ""
+    return None, (f"no trusted manifest with sha256 {rec['manifest_sha256'][:12]}… (suite {rec['id']!r}); pass the "
+                  "suite with --suite PATH|ID or a folder of trusted manifests with --suites DIR")
+
+
+def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
+    """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
+    from benchmark.suites import SUITES
+    from eval.runner import _is_construction_model
+
+    rec, m = result["suite"], ref.manifest
+    trust = "" if ref.trusted else " (the folder recorded in the result: not a trust root; use --suite to choose)"
+    if m.sha256 != rec["manifest_sha256"]:
+        return [f"the result was made on suite manifest {rec['manifest_sha256'][:12]}…, {ref.origin} has "
+                f"{m.sha256[:12]}…; pass the suite the result claims with --suite"]
+    problems = []
+    if rec["id"] != m.suite_id:
+        problems.append(f"suite.id {rec['id'][:80]!r} is not the manifest's suite id {m.suite_id!r}")
+    if rec.get("suite_version") not in (None, m.suite_version):
+        problems.append(f"suite.suite_version {rec['suite_version'][:40]!r} is not the manifest's {m.suite_version!r}")
+    unknown = [c for c in rec["configs"] if c not in m.configs]
+    if unknown:
+        return problems + [f"configs {unknown[:5]} are not in the suite (it has {sorted(m.configs)[:10]})"]
+    protocol = result["protocol"]
+    limited = protocol["limit_per_class"] is not None
+    for cfg in rec["configs"]:
+        t = tables[cfg]
+        total, kept = ref.config_counts(cfg)
+        stored = result["counts"][cfg]
+        pids = t["image_id"].to_pylist()
+        plabels = t["label"].to_pylist()
+        pkeeps = t["keep"].to_pylist()
+        rows = ref.rows(cfg) if (limited or stored["skipped_bad"] or len(pids) != total) else None
+        if rows is None:
+            if limited or stored["skipped_bad"]:
+                problems.append(f"{cfg}: a run with --limit-per-class or skipped images can only be checked with the "
+                                "suite's rows; pass the suite folder with --suite")
+                continue
+            want = ref.rows_digest(cfg)
+            if want is None:
+                problems.append(f"{cfg}: {ref.origin} records no rows digest (format 1); pass the suite folder")
+                continue
+            got = rows_digest(pids, plabels, pkeeps)
+            if got != want:
+                problems.append(f"{cfg}: the predictions' (image_id, label, keep) rows do not reproduce the suite's rows "
+                                f"digest ({got[:12]}… vs {want[:12]}…): rows dropped, added, duplicated or relabelled")
+                continue
+            report.rows_digests[cfg] = want
+            expected_n, skipped = total, 0
+        else:
+            sids, slabels, skeeps = rows
+            suite_rows = dict(zip(sids, zip(slabels, skeeps)))
+            if len(suite_rows) != len(sids):
+                problems.append(f"{cfg}: the suite has duplicated image_ids; it cannot be a trust root")
+                continue
+            expected = _limited_ids(sids, slabels, protocol["limit_per_class"]) if limited else set(sids)
+            extra = [i for i in pids if i not in expected]
+            wrong = [i for i, lab, k in zip(pids, plabels, pkeeps) if i in suite_rows and suite_rows[i] != (lab, k)]
+            if extra or wrong:
+                first = (extra or wrong)[0]
+                problems.append(f"{cfg}: {len(extra)} predicted image(s) not in the suite{' selection' if limited else ''} "
+                                f"and {len(wrong)} with another label/keep than the suite (first: {first[:80]!r})")
+                continue
+            missing = expected - set(pids)
+            expected_n, skipped = len(expected), len(missing)
+            listed = stored["skipped_bad_ids"]
+            ids_ok = set(listed) <= missing and len(set(listed)) == len(listed) == min(skipped, MAX_SKIPPED_IDS)
+            if skipped and not protocol["skip_bad_images"]:
+                problems.append(f"{cfg}: {skipped} image(s) of the suite are missing from the predictions "
+                                f"(first: {sorted(missing)[0][:80]!r})")
+                continue
+            if not ids_ok:
+                problems.append(f"{cfg}: counts.{cfg}.skipped_bad_ids does not list the images missing from the predictions")
+            report.rows_digests[cfg] = rows_digest(pids, plabels, pkeeps)
+        want_counts = {"total": total, "kept": kept, "predicted": len(pids), "skipped_bad": skipped}
+        if not limited and expected_n != total:
+            problems.append(f"{cfg}: expected {total} rows")
+        for k, v in want_counts.items():
+            if stored[k] != v:
+                problems.append(f"counts.{cfg}.{k} is {stored[k]}, recomputed {v}")
+    spec = SUITES.get(rec["id"]) if rec["id"] in SUITES else None
+    flags = {
+        "unpinned_suite": not rec["pinned"],
+        "construction_model": _is_construction_model(result["model"]["id"], spec.construction_models if spec else ()),
+        "partial": limited or set(rec["configs"]) != set(m.configs),
+        "skipped_bad_images": any(result["counts"][c]["skipped_bad"] > 0 for c in rec["configs"]),
+    }
+    for k, v in flags.items():
+        if result["flags"][k] != v:
+            problems.append(f"flags.{k} is {result['flags'][k]}, recomputed {v}")
+    family = spec.metric_family if spec else "accuracy"
+    if rec["metric_family"] != family:
+        problems.append(f"suite.metric_family is {rec['metric_family']!r}; suite {rec['id']!r} is scored as {family!r}")
+    if rec.get("repo_id") is None and not rec["pinned"]:
+        problems.append("suite.pinned is false for a local suite folder (pinned by its manifest hash)")
+    if rec.get("repo_id") is None and rec.get("revision") is not None:
+        problems.append("suite.revision is set but suite.repo_id is not (a local suite has no Hub revision)")
+    if rec["pinned"] and rec.get("repo_id") is not None and rec.get("revision") is None:
+        problems.append("suite.pinned is true but no suite.revision (a 40-character sha) is recorded")
+    if spec is not None and rec.get("repo_id") == spec.repo_id and rec["pinned"] and spec.revision is None:
+        problems.append(f"suite.pinned is true but the registry entry {rec['id']!r} is not pinned")
+    report.checked.append(f"predictions against the suite ({len(report.rows_digests)}/{len(rec['configs'])} configs' "
+                          f"rows; counts and flags recomputed) from {ref.origin}{trust}")
+    return problems
+
+
+def _limited_ids(ids: list[str], labels: list[int], limit: int) -> set[str]:
+    """The first ``limit`` image ids per class in image_id order (as ``eval.inference.plan_units``)."""
+    chosen, per_class = set(), {}
+    for i in sorted(range(len(ids)), key=ids.__getitem__):
+        c = int(labels[i])
+        if per_class.get(c, 0) < limit:
+            per_class[c] = per_class.get(c, 0) + 1
+            chosen.add(ids[i])
+    return chosen
 
 
 def compare(stored, recomputed, where: str, *, rel: float = 1e-9) -> list[str]:
@@ -104,51 +401,110 @@ def compare(stored, recomputed, where: str, *, rel: float = 1e-9) -> list[str]:
             return []
     elif stored == recomputed:
         return []
-    return [f"{where}: stored {stored!r}, recomputed {recomputed!r}"]
+    return [f"{where}: stored {str(stored)[:80]}, recomputed {str(recomputed)[:80]}"]
 
 
-def _recheck(result: dict, tables: dict, *, n: int, suite: str | None, mask: str | None, checkpoint: str | None,
-             device: str, seed: int, prob_tol: float) -> list[str]:
+def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite: str | None, mask: str | None,
+             checkpoint: str | None, device: str, seed: int | None, prob_tol: float) -> list[str]:
     import torch
     from PIL import Image
 
     from eval.models import load_classifier
     from eval.runner import reopen_suite
 
-    try:
-        info = reopen_suite(result, suite=suite, mask=mask, configs=tuple(tables))
-    except IntegrityError as e:
-        return [str(e)]
+    local = report.suite.local if report.suite is not None else None  # the suite the rows were checked against
+    if local is None:
+        try:
+            local = reopen_suite(result, suite=suite, mask=mask, configs=tuple(tables)).suite
+        except IntegrityError as e:
+            return [str(e)]
+    if local.manifest.sha256 != result["suite"]["manifest_sha256"]:
+        return [f"the suite's manifest {local.manifest.sha256[:12]}… is not the result's; pass the right suite with --suite"]
+    local.verify(sorted(tables))  # images are read only from files that match the manifest
     m = result["model"]
     if m["source"] == "checkpoint" and not checkpoint:
         raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")
     name = m["id"] if m["source"] != "hf-hub" else f"hf-hub:{m['id']}@{m['weights_revision']}"
-    clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True)
-    if m.get("weights_sha256") and clf.weights_sha256 and clf.weights_sha256 != m["weights_sha256"]:
-        return [f"weights sha256 {clf.weights_sha256[:12]}… differ from the result's {m['weights_sha256'][:12]}…"]
+    clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True,
+                          checkpoint_weights=m.get("checkpoint_weights") or "model")
+    if clf.source != m["source"]:
+        return [f"model.source is {m['source']!r}, the model loads as {clf.source!r}"]
+    if m["weights_sha256"] != clf.weights_sha256:
+        return [f"weights sha256 {str(clf.weights_sha256)[:12]}… differ from the result's {str(m['weights_sha256'])[:12]}…"]
+    # the model's description and preprocessing as the model itself gives them, not as the result says
+    loaded = {**clf.describe(), "data_config": clf.data_config}
+    stored = {**m, "data_config": result["data_config"]}
+    differ = [k for k in loaded if k != "id" and json.loads(json.dumps(loaded[k])) != stored.get(k)]
+    if differ:
+        return [f"the model loads with other {', '.join(differ)} than the result records"]
 
+    # the pool is the suite's rows (not the predictions'), so an image dropped from the predictions can be drawn
+    pool = []
+    limit = result["protocol"]["limit_per_class"]
+    for cfg in sorted(tables):
+        t = local.read_columns(cfg, ["image_id", "label"])
+        ids = t["image_id"].to_pylist()
+        if limit:
+            chosen = _limited_ids(ids, t["label"].to_pylist(), limit)
+            ids = [i for i in ids if i in chosen]
+        pool += [(cfg, i) for i in sorted(ids)]
+    seed = secrets.randbits(63) if seed is None else int(seed)
     rng = np.random.default_rng(seed)
-    pool = [(cfg, i) for cfg, t in sorted(tables.items()) for i in range(t.num_rows)]
-    picks = [pool[i] for i in rng.choice(len(pool), size=min(n, len(pool)), replace=False)]
+    picks = [pool[i] for i in sorted(rng.choice(len(pool), size=min(n, len(pool)), replace=False))]
+    report.recheck = {"n": len(picks), "seed": seed, "images": [list(p) for p in picks]}
+    skipped = {c: set(result["counts"][c]["skipped_bad_ids"]) for c in tables}
     problems = []
     for cfg in sorted({c for c, _ in picks}):
         t = tables[cfg]
-        rows = [i for c, i in picks if c == cfg]
-        ids = [t["image_id"][i].as_py() for i in rows]
-        images = _images_by_id(info.suite, cfg, set(ids))
+        index = {iid: r for r, iid in enumerate(t["image_id"].to_pylist())}
+        ids = [i for c, i in picks if c == cfg]
+        missing = [i for i in ids if i not in index and i not in skipped[cfg]]
+        problems += [f"{cfg}/{i}: in the suite but missing from the predictions" for i in missing]
+        ids = [i for i in ids if i in index]
+        if not ids:
+            continue
+        images = _images_by_id(local, cfg, set(ids))
         x = torch.stack([clf.transform(Image.open(io.BytesIO(images[i])).convert("RGB")) for i in ids]).to(device)
         with torch.inference_mode():
             probs = clf.model(x).float().softmax(-1).cpu().numpy()
-        top = topk_matrix(t.take(rows))
-        stored_p = t["true_prob"].to_numpy()[rows]
-        labels = t["label"].to_numpy()[rows]
-        for j, iid in enumerate(ids):
-            p = probs[j]
-            if abs(p[labels[j]] - stored_p[j]) > prob_tol:
-                problems.append(f"{cfg}/{iid}: true-class probability {p[labels[j]]:.5f} re-run vs {stored_p[j]:.5f} stored")
-            elif int(p.argmax()) != int(top[j, 0]) and p.max() - p[top[j, 0]] > prob_tol:
-                problems.append(f"{cfg}/{iid}: top-1 class {int(p.argmax())} re-run vs {int(top[j, 0])} stored")
+        sub = t.take([index[i] for i in ids])
+        problems += compare_rows(cfg, ids, probs, sub, tol=prob_tol)
+    report.checked.append(f"{len(picks)} images drawn from the suite (seed {seed}) re-run through the model; whole rows compared")
     return problems
+
+
+def compare_rows(cfg: str, ids: list[str], probs: np.ndarray, sub: pa.Table, *, tol: float) -> list[str]:
+    """Stored rows against re-run softmax outputs ``probs`` (n, 1000): top-k classes and
+    probabilities, true_prob and true_rank, each within ``tol`` (ties within ``tol`` accepted)."""
+    top = topk_matrix(sub)
+    k = top.shape[1]
+    tprobs = sub["topk_prob"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
+    labels = sub["label"].to_numpy().astype(np.int64)
+    tp = sub["true_prob"].to_numpy(zero_copy_only=False)
+    tr = sub["true_rank"].to_numpy(zero_copy_only=False)
+    out = []
+    for j, iid in enumerate(ids):
+        p = probs[j]
+        y = labels[j]
+        where = f"{cfg}/{iid}"
+        if abs(p[y] - tp[j]) > tol:
+            out.append(f"{where}: true-class probability {p[y]:.5f} re-run vs {tp[j]:.5f} stored")
+            continue
+        diff = np.abs(p[top[j]] - tprobs[j])
+        if (diff > tol).any():
+            c = int(np.argmax(diff))
+            out.append(f"{where}: top-{c + 1} class {int(top[j, c])} has probability {p[top[j, c]]:.5f} re-run vs "
+                       f"{tprobs[j, c]:.5f} stored")
+            continue
+        others = np.delete(p, top[j])
+        if others.size and others.max() > tprobs[j, -1] + tol:
+            out.append(f"{where}: class {int(np.argmax(np.where(np.isin(np.arange(p.size), top[j]), -1, p)))} "
+                       f"(p {others.max():.5f}) belongs in the top-{k} but is not stored there")
+            continue
+        lo, hi = int((p > p[y] + tol).sum()), int((p > p[y] - tol).sum())
+        if not lo <= tr[j] <= hi:
+            out.append(f"{where}: true_rank {int(tr[j])} stored, re-run {int((p > p[y]).sum())}")
+    return out
 
 
 def _images_by_id(suite, config: str, ids: set[str]) -> dict[str, bytes]:
@@ -164,12 +520,14 @@ def _images_by_id(suite, config: str, ids: set[str]) -> dict[str, bytes]:
 
 
 def verify_suite_dir(path: str | Path) -> str:
-    """Verify a suite folder against its manifest; returns a one-line summary."""
+    """Verify a suite folder against its manifest (files, rows, rows digests) and require its
+    dataset card (part of the format); returns a one-line summary."""
     from benchmark.reader import LocalSuite
 
     suite = LocalSuite.open(path)
+    suite.require_card()
     suite.verify()
     m = suite.manifest
     rows = sum(c.rows for c in m.configs.values())
-    return (f"{path}: suite {m.suite_id} v{m.suite_version}, {len(m.configs)} configs, {rows} rows, "
-            f"{len(m.files)} files verified; manifest sha256 {m.sha256}")
+    return (f"{path}: suite {m.suite_id} v{m.suite_version} (format {m.format_version}), {len(m.configs)} configs, "
+            f"{rows} rows, {len(m.files)} files and every row verified, card present; manifest sha256 {m.sha256}")

@@ -370,10 +370,8 @@ def slope_fits(entries, *, reference_config: str | None = None,
 def per_class_accuracy(entry, config: str) -> pd.DataFrame:
     """acc@1 per class of one model on one config (for the drilldown's worst classes)."""
     from benchmark import imagenet
-    from eval.predictions import read_predictions
 
-    p = next(x for x in entry.result["predictions"] if x["config"] == config)
-    t = read_predictions(entry.run_dir / p["path"], columns=["label", "keep", "true_rank"])
+    t = entry.read_predictions(config, ["label", "keep", "true_rank"])  # re-checks the files first
     if entry.result["protocol"]["scoring"]["filter"]:
         t = t.filter(t["keep"])
     df = pd.DataFrame({"label": t["label"].to_numpy(), "hit": t["true_rank"].to_numpy() == 0})

@@ -451,9 +451,12 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
     if entry.verified:
         st.success("Verified: images re-run through the model match the stored predictions (signed stamp).")
         s = entry.stamp or {}
-        st.text(f"stamp: {s.get('recheck', '?')} images re-run, verified at {s.get('verified_at', '?')}")
+        n = s.get("recheck", {}).get("n", "?") if isinstance(s.get("recheck"), dict) else s.get("recheck", "?")
+        st.text(f"stamp: {n} images re-run, verified at {s.get('verified_at', '?')}")
     else:
         st.warning("Not verified by a model re-run (hashes and recomputed metrics check out).")
+        if getattr(entry, "note", ""):
+            st.text(f"why: {entry.note}")
     cm = r["metrics"]["configs"]
     vals = [100 * aggregate._v(cm[c]["acc1"]) for c in configs if c in cm]
     lo = [100 * aggregate._ci(cm[c]["acc1"], 0) for c in configs if c in cm]

@@ -1,7 +1,7 @@
 """Fast first paint: the store's last checked state, and the full check running in the background.
 
 After every full check (``leaderboard.store.load_store``) the leaderboard writes a small
-**index** next to the store's verification cache: for each entry its path, status, reason,
+**index** next to the store's verification cache (in the user's cache folder, never in the store): for each entry its path, status, reason,
 stamp, the sha256 of its ``result.json`` and the parsed result. A restarted server paints its
 table from the index at once; an index entry is used only while its ``result.json`` still has
 the recorded sha256 (new or changed entries wait for the check), and everything is checked
@@ -34,8 +34,8 @@ MAX_INDEX_BYTES = 256 * 2**20
 ENTRY_PATH = re.compile(r"^[^/\\]+/[^/\\]+/result\.json$")
 
 
-def index_path(root: Path) -> Path:
-    cache = store_mod._cache_path(root)
+def index_path(root: Path, cache_dir: str | None = None) -> Path:
+    cache = store_mod._cache_path(root, cache_dir)
     return cache.with_name(cache.name.replace("-cache", "-index"))
 
 
@@ -45,7 +45,8 @@ def _keys_digest(trusted_keys_file: str | None) -> str:
 
 def _record(e: Entry, root: Path) -> dict:
     return {"path": e.path.relative_to(root).as_posix(), "status": e.status, "reason": e.reason,
-            "stamp": e.stamp, "result_sha256": e.result_sha256, "result": e.result}
+            "stamp": e.stamp, "result_sha256": e.result_sha256, "result": e.result,
+            "predictions_sha256": e.predictions_sha256, "note": e.note, "suite_checked": e.suite_checked}
 
 
 def write_index(store: Store, *, keys_digest: str = "") -> Path | None:
@@ -81,7 +82,7 @@ def read_index(source: str, root: Path, revision: str | None, *, keys_digest: st
             return None
     except (OSError, ValueError, RecursionError):
         return None
-    cache = store_mod._cache_path(root)
+    cache = store_mod._cache_path(root, None)
     hits = cache.parent / (cache.stem + "-hits")
     checked, dropped = [], 0
     for rec in data["entries"]:
@@ -97,7 +98,9 @@ def read_index(source: str, root: Path, revision: str | None, *, keys_digest: st
             status = rec["status"] if rec["status"] in ("verified", "accepted", "rejected", "superseded") else "rejected"
             checked.append(Entry(p, result=rec["result"], status="accepted" if status == "superseded" else status,
                                  reason=str(rec.get("reason") or ""), stamp=rec.get("stamp"),
-                                 result_sha256=rec["result_sha256"], cache_dir=hits))
+                                 result_sha256=rec["result_sha256"], cache_dir=hits,
+                                 predictions_sha256=dict(rec.get("predictions_sha256") or {}),
+                                 note=str(rec.get("note") or ""), suite_checked=bool(rec.get("suite_checked"))))
         except (OSError, KeyError, TypeError):
             dropped += 1
     store = assemble(Store(source=source, root=root, revision=revision), checked)

@@ -10,11 +10,11 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
 3. download each changed entry at the PR head and check it exactly as the leaderboard store
    does (``leaderboard.store.load_store``: schema, hashes, every metric recomputed);
 4. re-run a fresh random sample of images through the model at the recorded weights on the
-   suite at the recorded manifest (``eval.verify.verify_result`` with ``recheck``; the seed is
-   drawn at review time with :mod:`secrets` and recorded in the stamp, so a submitter cannot
-   know which images are re-run);
+   suite at the recorded manifest, checked against a trusted suite manifest
+   (``eval.verify.verify_result`` with ``recheck``; the seed is drawn at review time and recorded
+   in the stamp, so a submitter cannot know which images are re-run);
 5. if everything passed, sign one verification stamp per entry with the maintainer key
-   (``eval.stamps.sign``) and commit the stamps to the PR (``refs/pr/N``); comment the outcome
+   (``eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the outcome
    (checks, images re-run, every mismatch) and, with ``merge``, merge the PR.
 
 One PR's failure (a bad submission, a download error, a crash in a check) is recorded for that
@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import secrets
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -63,27 +62,11 @@ def _block(lines: list[str]) -> str:
     return f"```text\n{body}\n```"
 
 
-def make_stamp(result_path: Path, *, recheck: int, seed: int, checked: list[str], key) -> dict:
-    """A signed stamp (``docs/leaderboard.md``, "Signing") for a result that passed every check."""
-    from benchmark import __version__
-    from benchmark.fsutil import sha256_bytes, sha256_file
-    from eval import stamps
-
-    raw = result_path.read_bytes()
-    result = json.loads(raw)
-    stamp = {"kind": stamps.STAMP_KIND, "stamp_version": stamps.STAMP_VERSION, "ok": True,
-             "result_sha256": sha256_bytes(raw), "recheck": int(recheck), "seed": int(seed), "checked": checked,
-             "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-             "genshift_bench": __version__, "verified_by": "bench review",
-             "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"])
-                                    for p in result["predictions"]}}
-    return stamps.sign(stamp, key)
-
-
 class Reviewer:
     def __init__(self, repo_id: str, *, key_path: str, recheck: int = 50, merge: bool = False,
-                 suite: str | None = None, checkpoint: str | None = None, device: str = "cpu",
-                 endpoint: str | None = None, token: str | None = None, work_dir: str | None = None):
+                 suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
+                 device: str = "cpu", endpoint: str | None = None, token: str | None = None,
+                 work_dir: str | None = None):
         from huggingface_hub import HfApi
 
         from eval.stamps import load_private_key
@@ -96,6 +79,11 @@ class Reviewer:
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.key = load_private_key(key_path)
         self.api = HfApi(endpoint=endpoint, token=token)
+        self.suites = None  # trusted suite manifests (eval.suite_trust); default: the registry's pinned ones
+        if suites:
+            from eval.suite_trust import TrustedSuites
+
+            self.suites = TrustedSuites.from_paths([suites], registry=True, download=True)
 
     # -- one pass over the open pull requests ------------------------------------------------
     def run_once(self) -> list[Outcome]:
@@ -145,9 +133,10 @@ class Reviewer:
                 return outcome
             from huggingface_hub import CommitOperationAdd
 
-            ops = [CommitOperationAdd(f"{entry}/verification.json",
-                                      (json.dumps(stamp, indent=1, sort_keys=True) + "\n").encode())
-                   for entry, stamp in stamps.items()]
+            from benchmark.fsutil import canonical_json
+            from eval.stamps import STAMP_FILE
+
+            ops = [CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)) for entry, stamp in stamps.items()]
             info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=pr_ref, parent_commit=head,
                                           commit_message=f"Verification stamps ({self.recheck} images re-run)")
             outcome.stamp_commit = info.oid
@@ -216,26 +205,31 @@ class Reviewer:
 
     def _check(self, results: dict[str, Path], outcome: Outcome) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
+        from eval.stamps import make_stamp, sign
         from eval.verify import verify_result
         from leaderboard.store import load_store
 
         problems, stamps = [], {}
         root = next(iter(results.values())).parent.parent.parent if results else None
-        store = load_store(str(root)) if root else None  # the store's own checks, on the PR's entries only
+        store = load_store(str(root), suites=self.suites) if root else None  # the store's checks, on the PR's entries
         status = {e.path.resolve(): e for e in (store.entries + store.rejected + store.superseded if store else [])}
         for entry, path in sorted(results.items()):
             e = status.get(path.resolve())
             if e is None or e.status in ("rejected", "superseded"):
                 problems.append(f"{entry}: rejected by the store: {e.reason if e else 'not loaded'}")
                 continue
-            seed = secrets.randbelow(2**63)
-            report = verify_result(path, recheck=self.recheck, suite=self.suite, checkpoint=self.checkpoint,
-                                   device=self.device, seed=seed)
+            # seed=None: verify_result draws a fresh seed and records it (report.recheck, then the stamp)
+            report = verify_result(path, recheck=self.recheck, suite=self.suite, suites=self.suites,
+                                   checkpoint=self.checkpoint, device=self.device)
             if not report.ok:
                 problems += [f"{entry}: {p}" for p in report.problems[:20]]
                 continue
+            try:
+                stamps[entry] = sign(make_stamp(report), self.key)
+            except BenchError as e:  # e.g. the suite it was checked against is not a trust root
+                problems.append(f"{entry}: {e}")
+                continue
             outcome.checked += [f"{entry}: {c}" for c in report.checked]
-            stamps[entry] = make_stamp(path, recheck=self.recheck, seed=seed, checked=report.checked, key=self.key)
         return problems, stamps
 
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:

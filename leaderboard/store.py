@@ -4,13 +4,21 @@ Layout (what ``bench eval --out`` writes, and what ``bench submit`` proposes in 
 
     <suite id>/<model slug>/result.json
     <suite id>/<model slug>/predictions/<config>.parquet
-    <suite id>/<model slug>/verification.json     optional: written by `bench verify --recheck N --stamp`
+    <suite id>/<model slug>/verification.json     optional: signed by `bench verify --recheck N --sign KEY`
 
-Loading checks every entry the way ``bench verify`` does (schema, predictions hashes, every
-metric recomputed from the predictions). Entries that fail are listed as **rejected** with the
-reason and never shown as results. An entry is **verified** when it also carries a verification
-stamp (a model re-run, ``--recheck``) whose hashes match the files as they are now; a stamp that
-does not match is ignored.
+Loading checks every entry on its own, the way ``bench verify`` does (schema under size and
+depth limits, predictions hashes and rows, the predictions against the suite's trusted manifest,
+counts and flags recomputed, every metric recomputed). Any failure puts that entry in the
+**rejected** list with the reason; nothing about one entry can take the board down. An entry is
+**verified** only when its ``verification.json`` is signed by a key in ``trusted_keys`` and names
+the result and predictions files exactly as they are now; otherwise it is accepted and unverified,
+with the reason (unsigned, unknown key, bad signature, stale).
+
+Suites: an entry is checked against the manifest with its ``suite.manifest_sha256`` among the
+trusted ones (``suites``: suite folders / manifest files the maintainers keep, plus registry
+suites pinned to a sha whose manifest is in the local Hub cache; ``eval.suite_trust``). With
+``suites`` given, entries on any other suite data are rejected; without it, they are accepted
+and marked as not checked against their suite (``Entry.note``).
 
 Results are compared only on one **board**: the same suite data (manifest hash) scored under
 the same protocol (filter, reference, top-k, limits). A suite with results on several revisions
@@ -18,27 +26,27 @@ or protocols has several boards, never mixed; the one with the most models is th
 several entries for one model on one board, the verified one wins, then the newest; the others
 are listed as superseded.
 
-Verification outcomes are cached by content (result sha256 + predictions sizes and mtimes), so a
-store of hundreds of models loads in well under a second once seen.
+Verification outcomes are cached by content (sha256 of the result and of every predictions file,
+and the trusted manifest used) in the user's cache folder, never in the store (whose files are
+the submitters'). A running app calls :meth:`Entry.recheck` before it reads an entry's files for
+a view, so a file replaced after loading is refused, not shown under the old badge.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from benchmark.errors import BenchError
 from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
+from eval.stamps import STAMP_FILE as STAMP
 
 log = logging.getLogger(__name__)
-MAX_RESULT_BYTES = 5 * 2**20
-MAX_PREDICTIONS_BYTES = 512 * 2**20
-STAMP = "verification.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass
@@ -49,16 +57,40 @@ class Entry:
     reason: str = ""
     stamp: dict | None = None
     result_sha256: str = ""
+    predictions_sha256: dict = field(default_factory=dict)  # path -> sha256, as checked at load
+    note: str = ""              # why an accepted entry is not verified / not checked against its suite
+    suite_checked: bool = False
     cache_dir: Path | None = None
     _ranks: dict | None = field(default=None, repr=False)
 
     @property
     def model_id(self) -> str:
-        return (self.result or {}).get("model", {}).get("id", "?")
+        return self.result["model"]["id"] if self.result else "?"
 
     @property
     def suite_id(self) -> str:
-        return (self.result or {}).get("suite", {}).get("id", "?")
+        return self.result["suite"]["id"] if self.result else "?"
+
+    @property
+    def content_key(self) -> str:
+        """sha256 over the result's and every predictions file's sha256: what the entry's numbers are."""
+        return sha256_bytes(canonical_json([self.result_sha256, self.predictions_sha256]))
+
+    def recheck(self) -> None:
+        """Raise ``IntegrityError`` unless the result and predictions files still have the content
+        checked at load (the app calls this before reading an entry's files for a view)."""
+        from benchmark.errors import IntegrityError
+
+        try:
+            now = _file_sha256(self.path, MAX_RESULT_BYTES)
+            changed = now != self.result_sha256 or any(
+                _file_sha256(self.run_dir / rel, MAX_PREDICTIONS_BYTES) != sha
+                for rel, sha in self.predictions_sha256.items())
+        except (OSError, BenchError):
+            changed = True
+        if changed:
+            raise IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
+                                 "reload the leaderboard to check them again")
 
     @property
     def verified(self) -> bool:
@@ -84,12 +116,17 @@ class Entry:
             self._ranks = self._load_ranks()
         return self._ranks[config]
 
-    def pair_ids(self, config: str) -> list:
-        """``pair_id`` of the scored rows of ``config``, in the order of :meth:`true_ranks`."""
+    def read_predictions(self, config: str, columns: list[str] | None = None):
+        """One predictions table of this entry, after :meth:`recheck` (the way views should read them)."""
         from eval.predictions import read_predictions
 
         p = next(p for p in self.result["predictions"] if p["config"] == config)
-        t = read_predictions(self.run_dir / p["path"], columns=["keep", "pair_id"])
+        self.recheck()
+        return read_predictions(self.run_dir / p["path"], columns=columns)
+
+    def pair_ids(self, config: str) -> list:
+        """``pair_id`` of the scored rows of ``config``, in the order of :meth:`true_ranks`."""
+        t = self.read_predictions(config, ["keep", "pair_id"])
         if self.result["protocol"]["scoring"]["filter"]:
             t = t.filter(t["keep"])
         return t["pair_id"].to_pylist()
@@ -100,13 +137,14 @@ class Entry:
         from benchmark.fsutil import atomic_path
         from eval.predictions import read_predictions
 
-        cache = self.cache_dir / f"{self.result_sha256[:32]}-ranks.npz" if self.cache_dir else None
+        cache = self.cache_dir / f"{self.content_key[:32]}-ranks.npz" if self.cache_dir else None
         if cache is not None and cache.is_file():
             with np.load(cache, allow_pickle=False) as z:
                 configs, ids, n, ranks = z["configs"].tolist(), z["ids"].tolist(), z["n"], z["ranks"]
             starts = np.concatenate([[0], np.cumsum(n)])
             return {c: (ids[i], ranks[starts[i]:starts[i + 1]]) for i, c in enumerate(configs)}
         out = {}
+        self.recheck()
         for p in self.result["predictions"]:
             t = read_predictions(self.run_dir / p["path"], columns=["image_id", "keep", "true_rank"])
             if self.result["protocol"]["scoring"]["filter"]:
@@ -137,8 +175,7 @@ class Store:
     @property
     def fingerprint(self) -> str:
         """Content key for caches: changes whenever any accepted entry or stamp changes."""
-        keys = sorted(f"{e.path}|{e.status}|{e.result.get('finished_at')}|{e.result.get('config_hash')}"
-                      for e in self.entries)
+        keys = sorted(f"{e.path}|{e.status}|{e.content_key}" for e in self.entries)
         return sha256_bytes("\n".join([self.revision or "", *keys]).encode())
 
     def suites(self) -> list[str]:
@@ -181,91 +218,93 @@ def resolve_source(source: str, *, cache_dir: str | None = None) -> tuple[Path, 
                      "dataset repo ORG/NAME[@sha]")
 
 
-def _cache_path(root: Path) -> Path:
-    if os.access(root, os.W_OK):
-        return root / ".genshift-leaderboard-cache.json"
-    from huggingface_hub import constants
+def _cache_path(root: Path, cache_dir: str | None) -> Path:
+    """Outside the store: a store's files are the submitters', a cache there could claim anything."""
+    if cache_dir:
+        base = Path(cache_dir)
+    else:
+        from huggingface_hub import constants
 
-    return Path(constants.HF_HOME) / "genshift" / f"leaderboard-cache-{sha256_bytes(str(root).encode())[:16]}.json"
+        base = Path(constants.HF_HOME) / "genshift"
+    return base / f"leaderboard-cache-{sha256_bytes(str(root.resolve()).encode())[:16]}.json"
 
 
-def _check_entry(path: Path, cache: dict) -> Entry:
-    """Validate one result.json like `bench verify` (cached by content)."""
+def _file_sha256(path: Path, limit: int) -> str:
+    st = path.stat()
+    if st.st_size > limit:
+        raise BenchError(f"{path.name} is over the {limit >> 20} MiB limit")
+    return sha256_file(path)
+
+
+def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_suites: bool) -> Entry:
+    """Check one result.json on its own (cached by content); never raises."""
     from eval.results import parse_result
+    from eval.stamps import check_stamp
     from eval.verify import verify_result
 
     entry = Entry(path)
     try:
+        if not path.is_file():  # a fifo or device would block or never end
+            entry.reason = "result.json is not a regular file"
+            return entry
         size = path.stat().st_size
         if size > MAX_RESULT_BYTES:
             entry.reason = f"result file is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES // 2**20} MiB limit"
             return entry
         raw = path.read_bytes()
         entry.result_sha256 = sha256_bytes(raw)
-        entry.result = parse_result(raw, where=str(path))
-        stats = []
-        for p in entry.result["predictions"]:
-            try:
-                st = os.stat(os.path.join(path.parent, p["path"]))
-            except OSError:
-                stats.append(None)
-                continue
-            if st.st_size > MAX_PREDICTIONS_BYTES:
-                entry.reason = f"{p['path']} is over the {MAX_PREDICTIONS_BYTES // 2**20} MiB limit"
+        result = parse_result(raw, where=str(path))
+        for p in result["predictions"]:
+            f = path.parent / p["path"]
+            if not f.is_file():
+                entry.reason = f"{p['path']} is missing"
                 return entry
-            stats.append([st.st_size, st.st_mtime_ns])
-        key = json.dumps([entry.result_sha256, stats])
+            entry.predictions_sha256[p["path"]] = _file_sha256(f, MAX_PREDICTIONS_BYTES)
+        ref = suites.lookup(result["suite"])
+        key = f"{entry.content_key}|{ref.sha256 if ref else '-'}"
         if key in cache:
-            ok, reason = cache[key]
+            ok, reason, checked = cache[key]
         else:
-            report = verify_result(path)
-            ok, reason = report.ok, "; ".join(report.problems[:3])
-            cache[key] = (ok, reason)
+            report = verify_result(path, suites=suites, use_recorded_suite=False, require_suite=False, raw=raw)
+            # verify hashed the files itself: a swap between our hashing and its reading is a mismatch
+            if report.predictions_sha256 != entry.predictions_sha256:
+                report.problems.append("a predictions file changed while it was being checked")
+            ok, reason, checked = report.ok, "; ".join(report.problems[:3]), report.suite_checked
+            cache[key] = (ok, reason, checked)
+        entry.result = result
         if not ok:
             entry.reason = f"does not verify: {reason}"
             return entry
+        entry.suite_checked = checked
+        if not checked:
+            why = (f"made on suite data this leaderboard does not trust (manifest {result['suite']['manifest_sha256'][:12]}…); "
+                   "maintainers add the suite with --suites")
+            if strict_suites:
+                entry.reason = why
+                return entry
+            entry.note = f"not checked against its suite: {why}"
         entry.status = "accepted"
-        entry.stamp = _valid_stamp(path, raw, entry.result)
-        if entry.stamp:
-            entry.status = "verified"
+        sp = path.parent / STAMP
+        if not sp.is_file():
+            entry.note = entry.note or "no verification stamp"
+            return entry
+        if sp.stat().st_size > 1 << 20:
+            entry.note = "the verification stamp is over 1 MiB; not a stamp"
+            return entry
+        stamp, why = check_stamp(sp.read_bytes(), result_sha256=entry.result_sha256,
+                                 predictions_sha256=entry.predictions_sha256, trusted=trusted_keys)
+        if stamp is None:
+            entry.note = f"unverified: {why}"
+        else:
+            entry.stamp, entry.status = stamp, "verified"
     except BenchError as e:
+        entry.result = None
         entry.reason = str(e)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        entry.reason = f"unreadable ({type(e).__name__}: {e})"
+    except Exception as e:  # noqa: BLE001 - whatever one hostile entry does, it never takes the board down
+        log.debug("entry %s", path, exc_info=True)
+        entry.result = None
+        entry.reason = f"unreadable ({type(e).__name__}: {str(e)[:200]})"
     return entry
-
-
-def _valid_stamp(path: Path, raw: bytes, result: dict) -> dict | None:
-    """The verification stamp if it matches the result and predictions exactly as they are now."""
-    sp = path.parent / STAMP
-    if not sp.is_file() or sp.stat().st_size > 1 * 2**20:
-        return None
-    try:
-        stamp = json.loads(sp.read_bytes())
-    except ValueError:
-        return None
-    if not isinstance(stamp, dict) or stamp.get("ok") is not True or stamp.get("result_sha256") != sha256_bytes(raw):
-        return None
-    if not isinstance(stamp.get("recheck"), int) or stamp["recheck"] < 1:
-        return None
-    return stamp
-
-
-def write_stamp(result_path: Path, *, recheck: int, checked: list[str]) -> Path:
-    """Record a successful `bench verify --recheck N` next to the result (maintainers' CI)."""
-    from datetime import datetime, timezone
-
-    from benchmark import __version__
-
-    raw = result_path.read_bytes()
-    stamp = {"ok": True, "result_sha256": sha256_bytes(raw), "recheck": int(recheck), "checked": checked,
-             "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-             "genshift_bench": __version__,
-             "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"])
-                                    for p in json.loads(raw)["predictions"]}}
-    out = result_path.parent / STAMP
-    atomic_write_json(out, stamp)
-    return out
 
 
 def assemble(store: Store, checked: list[Entry]) -> Store:
@@ -278,7 +317,7 @@ def assemble(store: Store, checked: list[Entry]) -> Store:
         else:
             candidates.setdefault((e.suite_id, e.board, e.model_id), []).append(e)
     for group in candidates.values():
-        group.sort(key=lambda e: (e.verified, e.result.get("finished_at", "")), reverse=True)
+        group.sort(key=lambda e: (e.verified, e.result["finished_at"]), reverse=True)
         store.entries.append(group[0])
         for other in group[1:]:
             other.status, other.reason = "superseded", f"another entry of {other.model_id} wins ({group[0].path.parent.name})"
@@ -286,19 +325,36 @@ def assemble(store: Store, checked: list[Entry]) -> Store:
     return store
 
 
-def load_store(source: str, *, cache_dir: str | None = None, progress=None) -> Store:
+def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, suites=None, progress=None) -> Store:
     """Load and check every entry of a store; never raises for a bad entry (it is rejected).
-    ``progress(done, total, entry)`` is called after each entry is checked (the leaderboard's
-    background check paints the first rows from it)."""
+    ``progress(done, total, entry)`` is called after each entry is checked.
+
+    ``trusted_keys``: a trusted-keys file or ``eval.stamps.load_trusted_keys``'s dict; stamps signed
+    by other keys (or none given) leave entries unverified. ``suites``: trusted suite folders or
+    manifest files (paths), or an ``eval.suite_trust.TrustedSuites``; given, entries on other suite
+    data are rejected.
+    """
+    from eval.stamps import load_trusted_keys
+    from eval.suite_trust import TrustedSuites
+
+    if trusted_keys is None:
+        keys = {}
+    elif isinstance(trusted_keys, dict):
+        keys = trusted_keys
+    else:
+        keys = load_trusted_keys(trusted_keys)
+    strict = suites is not None
+    if not isinstance(suites, TrustedSuites):
+        suites = TrustedSuites.from_paths(suites or (), registry=True, download=False)
     root, revision = resolve_source(source, cache_dir=cache_dir)
-    cache_file = _cache_path(root)
+    cache_file = _cache_path(root, cache_dir)
     cache: dict = {}
     if cache_file.is_file():
         try:
             data = json.loads(cache_file.read_text())
             if data.get("version") == CACHE_VERSION:
                 cache = {k: tuple(v) for k, v in data["entries"].items()}
-        except (ValueError, KeyError, AttributeError):
+        except (ValueError, KeyError, AttributeError, TypeError):
             cache = {}
     before = dict(cache)
     store = Store(source=source, root=root, revision=revision)
@@ -306,7 +362,7 @@ def load_store(source: str, *, cache_dir: str | None = None, progress=None) -> S
     checked = []
     paths = sorted(root.glob("*/*/result.json"))
     for i, path in enumerate(paths):
-        e = _check_entry(path, cache)
+        e = _check_entry(path, cache, trusted_keys=keys, suites=suites, strict_suites=strict)
         e.cache_dir = hits_dir
         checked.append(e)
         if progress is not None:

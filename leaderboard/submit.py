@@ -4,7 +4,7 @@ The result is checked locally first exactly as the leaderboard will check it (sc
 predictions hashes, every metric recomputed) and against the size limits; then its
 ``result.json`` and predictions files are committed to ``<suite id>/<model slug>/`` of the results
 dataset repo in **one** pull request. Maintainers review the PR, CI runs
-``bench verify --recheck N --stamp`` on it, and merging publishes it (``docs/leaderboard.md``).
+``bench verify --recheck N --sign KEY`` on it, and merging publishes it (``docs/leaderboard.md``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmark.errors import BenchError, OfflineError
-from eval.results import load_result
+from eval.results import MAX_PREDICTIONS_BYTES
 from eval.verify import result_path, verify_result
-from leaderboard.store import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
 
 
 def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in text)
+    """A path component for the results repo: never empty, ``.`` or ``..``, at most 96 characters."""
+    slug = "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in text)[:96]
+    return slug if slug.strip(".") else "_" + slug
 
 
 def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, token: str | None = None,
@@ -27,10 +28,9 @@ def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, tok
     from huggingface_hub import CommitOperationAdd, HfApi, errors
 
     path = result_path(result)
-    res = load_result(path)
-    if path.stat().st_size > MAX_RESULT_BYTES:
-        raise BenchError(f"{path} is over the {MAX_RESULT_BYTES // 2**20} MiB limit for results")
-    report = verify_result(path)
+    # the schema (types and ranges) first: one clear error for a malformed result; the submitter's own suite
+    report = verify_result(path, use_recorded_suite=True)
+    res = report.result
     if not report.ok:
         raise BenchError(f"{path} does not verify ({report.problems[0]}); fix it before submitting")
     if res["flags"].get("partial"):

@@ -25,9 +25,12 @@ ARCHS = [("resnet50", "a1_in1k", 25.6e6), ("vit_base_patch16_224", "augreg_in21k
          ("deit3_small_patch16_224", "fb_in22k_ft_in1k", 22.1e6), ("tf_efficientnet_lite0", "in1k", 4.7e6)]
 
 
+SYNTHETIC_MANIFEST = "5" * 64  # no suite has this manifest: synthetic entries are never checked against one
+
+
 def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str, architecture: str, tag: str,
                 num_params: float, skill: float, difficulty: dict, rng: np.random.Generator,
-                family: str = "imagenet_star", manifest: str = "synthetic-manifest", notes: str = "",
+                family: str = "imagenet_star", manifest: str = SYNTHETIC_MANIFEST, notes: str = "",
                 flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00") -> Path:
     slug = "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in model_id)
     run = root / suite_id / slug
@@ -39,13 +42,18 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
         p_hit = 1 / (1 + np.exp(-(skill - d - 0.3 * (ci > 0))))
         hit = rng.random(n) < p_hit
         labels = (np.arange(n) * 7 + ci) % 1000
-        topk = rng.integers(0, 1000, (n, 10))
-        topk[hit, 0] = labels[hit]
-        topk[~hit, 0] = (labels[~hit] + 1) % 1000
+        # internally consistent rows (as `bench verify` checks them): distinct top-10 classes, descending
+        # probabilities summing to 0.9; a hit has the label first, a miss ranks it 20th below the top-10
+        rng.integers(0, 1000, (n, 10))  # the draw earlier versions used: keeps every model's hits as they were
+        others = (labels[:, None] + 1 + np.arange(10) * 37) % 1000
+        topk = np.where(hit[:, None], np.concatenate([labels[:, None], others[:, :9]], axis=1), others)
+        r = np.sort(rng.random((n, 10)), axis=1)[:, ::-1] + 0.01
+        probs = (r / r.sum(axis=1, keepdims=True) * 0.9).astype(np.float32)
         block = PredictionBlock(
             image_id=[f"{c}/{i:06d}" for i in range(n)], label=labels, keep=np.arange(n) % 10 != 0,
-            pair_id=[None] * n, topk_idx=topk, topk_prob=np.sort(rng.random((n, 10)), axis=1)[:, ::-1].astype(np.float32),
-            true_prob=np.where(hit, 0.8, 0.05).astype(np.float32), true_rank=np.where(hit, 0, 20), carried={})
+            pair_id=[None] * n, topk_idx=topk, topk_prob=probs,
+            true_prob=np.where(hit, probs[:, 0], probs[:, -1] / 2).astype(np.float32),
+            true_rank=np.where(hit, 0, 20), carried={})
         t = block.to_table(schema(10))
         import pyarrow.parquet as pq
         path = run / "predictions" / f"{c}.parquet"
@@ -65,7 +73,8 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
         "protocol": protocol, "config_hash": config_hash(model, suite, protocol, data_config),
         "run": {"device": "cpu", "synthetic": True}, "environment": {"genshift_bench": "synthetic"},
         "started_at": finished_at, "finished_at": finished_at,
-        "counts": {c: {"total": t.num_rows} for c, t in tables.items()},
+        "counts": {c: {"total": t.num_rows, "kept": int(np.sum(t["keep"].to_numpy(zero_copy_only=False))),
+                       "predicted": t.num_rows, "skipped_bad": 0, "skipped_bad_ids": []} for c, t in tables.items()},
         "metrics": score(family, tables, opts), "predictions": preds,
         "flags": {"unpinned_suite": False, "construction_model": False, "partial": False, "skipped_bad_images": False,
                   **(flags or {})},

@@ -17,13 +17,13 @@ Inputs:
 
 Per class it records the lemmas, the direct hypernyms, the hypernym closure with the minimum
 hop distance, the grandparents (two hops up) and the IN-G parent chosen by the rule of Wiles
-et al. as reconstructed in ``specs/in_g.md`` section 2: the grandparent with the smallest
+et al. as reconstructed here: the grandparent with the smallest
 synset offset. Hypernyms are ``@`` and ``@i`` pointers, always sorted by offset, so the output
 does not depend on hash order (the NLTK pitfall noted in the spec).
 
 It also records, for failure directions (Jain et al.), the closest ancestor from the authors'
-ancestor list by breadth-first search, ties broken by name (``specs/failure_directions.md``
-section 2, the recommended deterministic reconstruction).
+ancestor list by breadth-first search, ties broken by name (a deterministic reconstruction of the
+released code's choice).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Test configuration. Environment variables that huggingface_hub reads at import are set here,
-before anything imports it (specs/ecosystem.md s2.4)."""
+before anything imports it (``docs/hub.md`` s3)."""
 
 import os
 import tempfile

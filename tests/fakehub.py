@@ -1,9 +1,11 @@
-"""A small in-memory Hugging Face Hub for upload tests (stdlib only; specs/ecosystem.md s3.3).
+"""A small in-memory Hugging Face Hub for upload tests (stdlib only; the Hub's HTTP API as huggingface_hub uses it).
 
-Speaks what huggingface_hub's ``create_repo``, ``upload_folder`` (with ``parent_commit`` and
-``create_pr``), ``create_tag``, ``list_repo_refs``, ``dataset_info`` / ``model_info``,
-``list_repo_files``, ``list_repo_commits``, ``hf_hub_download`` and ``snapshot_download`` need, and the pull-request side of
-the discussions API (``get_repo_discussions``, ``get_discussion_details``, ``comment_discussion``,
+Speaks what huggingface_hub's ``create_repo``, ``create_commit`` / ``upload_folder`` (with
+``parent_commit`` and ``create_pr``; the preupload + commit endpoints), ``create_tag``,
+``list_repo_refs``, ``dataset_info`` / ``model_info``, ``list_repo_files`` / ``list_repo_tree``,
+``list_repo_commits``, ``update_repo_settings`` (``gated``), ``hf_hub_download`` and
+``snapshot_download`` need, and the pull-request side of the discussions API
+(``get_repo_discussions``, ``get_discussion_details``, ``comment_discussion``,
 ``merge_pull_request``, ``change_discussion_status``; commits to ``refs/pr/N``). Files are sent inline
 ("regular" upload mode), so no LFS/xet. A stale ``parentCommit`` is rejected (412), like the Hub.
 ``gate(repo_type, repo_id, tokens)`` makes a repo gated: its metadata stays readable, file downloads
@@ -41,6 +43,7 @@ class Repo:
     prs: int = 0
     discussions: dict[int, dict] = field(default_factory=dict)
     gated_tokens: set[str] | None = None  # None: not gated
+    gated_mode: str | bool = False        # what update_repo_settings(gated=...) set: "auto" | "manual" | False
 
     def resolve(self, rev: str) -> str | None:
         rev = urllib.parse.unquote(rev)
@@ -185,7 +188,8 @@ class _Handler(BaseHTTPRequestHandler):
             if oid is None:
                 return self._error(404, "RevisionNotFound", f"revision {rev} not found")
             files = repo.commits[oid].files
-            return self._send(200, {"id": repo_id, "sha": oid, "private": False, "disabled": False, "gated": False,
+            return self._send(200, {"id": repo_id, "sha": oid, "private": False, "disabled": False,
+                                    "gated": repo.gated_mode,
                                     "siblings": [{"rfilename": p, "size": len(b)} for p, b in sorted(files.items())]})
         if tail.startswith("tree/"):
             rest = tail[len("tree/"):]
@@ -276,6 +280,22 @@ class _Handler(BaseHTTPRequestHandler):
             event("status-change", {"status": "merged"})
             return self._send(200, {})
         return self._error(404, "EntryNotFound", f"unknown discussion action {action}")
+
+    def do_PUT(self) -> None:
+        path = urllib.parse.unquote(urllib.parse.urlparse(self.path).path)
+        self.hub.requests.append(("PUT", path))
+        body = json.loads(self._body() or b"{}")
+        with self.hub.lock:
+            type_plural, _, rest = path[len("/api/"):].partition("/")
+            repo_id, tail = self._split_repo(rest)
+            repo = self._repo(type_plural, repo_id)
+            if not path.startswith("/api/") or repo is None or tail != "settings":
+                return self._error(404, "RepoNotFound", f"unknown repo or route {path}")
+            if "gated" in body:
+                if body["gated"] not in ("auto", "manual", False):
+                    return self._error(400, "BadRequest", f"invalid gated value {body['gated']!r}")
+                repo.gated_mode = body["gated"]
+            return self._send(200, {})
 
     def do_POST(self) -> None:
         url = urllib.parse.urlparse(self.path)

@@ -1,7 +1,7 @@
 """Local Hub stand-ins for tests: olah (read-only, serving local git repos) and helpers.
 
 olah 0.5.4 in offline mode serves ``<root>/{datasets,models}/<org>/<name>`` git repos as Hub
-repos (specs/ecosystem.md s3.1); git commit shas are the Hub revisions.
+repos (``docs/hub.md`` s8); git commit shas are the Hub revisions.
 """
 
 from __future__ import annotations

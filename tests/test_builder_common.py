@@ -82,3 +82,60 @@ def test_clip_scorer_tiny_embeddings_are_normalised():
     assert e.shape == t.shape == (2, 32)
     assert torch.allclose(e.norm(dim=-1), torch.ones(2), atol=1e-5)
     assert torch.allclose(cosine(e, e), torch.ones(2), atol=1e-5)
+
+
+def test_fixed_threads_sets_and_restores_the_thread_count():
+    from builders.determinism import fixed_threads
+
+    before = torch.get_num_threads()
+    with fixed_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_files_digest_names_content_not_location(tmp_path):
+    from builders.determinism import files_digest
+
+    for root in (tmp_path / "a" / "imgs", tmp_path / "b" / "imgs"):
+        (root / "n01").mkdir(parents=True)
+        (root / "n01" / "0.png").write_bytes(b"x")
+    a = files_digest(tmp_path / "a" / "imgs", [tmp_path / "a" / "imgs" / "n01" / "0.png"])
+    assert a == files_digest(tmp_path / "b" / "imgs", [tmp_path / "b" / "imgs" / "n01" / "0.png"])
+    import hashlib
+    line = f"n01/0.png:{hashlib.sha256(b'x').hexdigest()}\n"  # hand-computed
+    assert a == {"name": "imgs", "files": 1, "sha256": hashlib.sha256(line.encode()).hexdigest()}
+    (tmp_path / "b" / "imgs" / "n01" / "0.png").write_bytes(b"y")
+    assert a != files_digest(tmp_path / "b" / "imgs", [tmp_path / "b" / "imgs" / "n01" / "0.png"])
+
+
+SMALLEST = {"imagenet-star": ["--shifts", "base", "--samples-per-class", "1"],
+            "lance-hardimagenet": ["--max-edits", "1"],
+            "in-g-rn": ["--n-max", "4"]}
+
+
+@pytest.mark.parametrize("suite", sorted(SMALLEST))
+def test_smoke_builds_do_not_depend_on_the_folder_or_the_thread_count(suite, tmp_path):
+    """Two builds to different --out folders under 1 and 2 torch threads: the same files, byte for
+    byte, and the same manifest (no local path in it; model steps run with --cpu-threads)."""
+    from benchmark.cli import main
+    from benchmark.reader import LocalSuite
+
+    before = torch.get_num_threads()
+    outs = [tmp_path / "first" / "suite", tmp_path / "elsewhere" / "other-name"]
+    try:
+        for out, threads in zip(outs, (1, 2)):
+            torch.set_num_threads(threads)
+            assert main(["build", suite, "--smoke", "--out", str(out), "--no-progress", *SMALLEST[suite]]) == 0
+    finally:
+        torch.set_num_threads(before)
+
+    def tree(root):
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    a, b = tree(outs[0]), tree(outs[1])
+    assert a.keys() == b.keys() and "manifest.json" in a
+    assert [k for k in a if a[k] != b[k]] == []
+    assert LocalSuite.open(outs[0]).manifest.sha256 == LocalSuite.open(outs[1]).manifest.sha256
+    text = a["manifest.json"].decode()
+    assert str(tmp_path) not in text and "first" not in text
+    assert LocalSuite.open(outs[0]).manifest.generator["determinism"]["cpu_intra_op_threads"] == 1

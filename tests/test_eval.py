@@ -68,7 +68,7 @@ def test_eval_writes_predictions_metrics_and_provenance(tmp_path, toy_suite, tin
     assert result["metrics"]["configs"]["base"]["n_scored"] == kept
     acc = top1[preds["keep"].to_numpy(zero_copy_only=False)].mean()
     assert result["metrics"]["configs"]["base"]["acc1"]["value"] == pytest.approx(acc)
-    assert verify_result(path).ok
+    assert verify_result(path, suite=str(toy_suite)).ok
 
 
 def test_rerun_is_a_noop_and_other_settings_are_refused(tmp_path, toy_suite, tiny_checkpoint):
@@ -92,7 +92,7 @@ def test_verify_catches_tampered_predictions_and_metrics(tmp_path, toy_suite, ti
     result = json.loads(path.read_text())
     result["metrics"]["configs"]["shifted"]["acc1"]["value"] += 0.01
     path.write_text(json.dumps(result))
-    rep = verify_result(path)
+    rep = verify_result(path, suite=str(toy_suite))
     assert not rep.ok and any("metrics.configs.shifted.acc1.value" in p for p in rep.problems)
     # a predictions file edited and its hash "fixed" in the result is still caught by the recomputation
     _, path2 = _eval(tmp_path / "b", toy_suite, tiny_checkpoint)
@@ -107,13 +107,13 @@ def test_verify_catches_tampered_predictions_and_metrics(tmp_path, toy_suite, ti
     r2 = json.loads(path2.read_text())
     r2["predictions"][0]["sha256"] = sha256_file(pfile)
     path2.write_text(json.dumps(r2))
-    rep = verify_result(path2)
-    assert not rep.ok and any("metrics.configs.base.acc1" in p for p in rep.problems)
+    rep = verify_result(path2, suite=str(toy_suite))  # each row's true_rank no longer agrees with its stored top-k
+    assert not rep.ok and any("base.parquet" in p and "true_rank" in p for p in rep.problems)
 
 
 def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     _, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
-    assert verify_result(path, recheck=6, checkpoint=str(tiny_checkpoint)).ok
+    assert verify_result(path, recheck=6, checkpoint=str(tiny_checkpoint), suite=str(toy_suite)).ok
     t = pq.read_table(path.parent / "predictions" / "base.parquet")
     import pyarrow as pa
     probs = t["true_prob"].to_numpy().copy()
@@ -128,8 +128,9 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
     r["metrics"] = score("accuracy", tables, ScoringOptions(**r["protocol"]["scoring"]))
     path.write_text(json.dumps(r))
-    rep = verify_result(path, recheck=40, checkpoint=str(tiny_checkpoint))
-    assert not rep.ok and any("true-class probability" in p for p in rep.problems)
+    rep = verify_result(path, recheck=40, checkpoint=str(tiny_checkpoint), suite=str(toy_suite))
+    # caught before any re-run: true_prob no longer agrees with the row's own top-k (re-runs: test_results_trust.py)
+    assert not rep.ok and any("true_prob" in p for p in rep.problems)
 
 
 def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, monkeypatch):
@@ -301,11 +302,24 @@ def test_malformed_result_files(tmp_path, capsys, content, match):
 
 def test_slope_cli_over_results(tmp_path, capsys):
     from eval.results import KIND
-    def fake(model, base, snow):
-        return {"schema_version": 1, "kind": KIND, "model": {"id": model}, "data_config": {},
-                "suite": {"id": "s", "manifest_sha256": "m", "configs": ["base", "snow"], "metric_family": "imagenet_star"},
-                "protocol": {"scoring": {"reference_config": "base"}}, "config_hash": "h", "run": {}, "environment": {},
-                "started_at": "", "finished_at": "", "counts": {}, "predictions": [], "flags": {},
+    from eval.scoring import ScoringOptions
+
+    def fake(model, base, snow):  # schema-valid (eval.results.validate), numbers made up
+        configs = ["base", "snow"]
+        return {"schema_version": 1, "kind": KIND, "data_config": {},
+                "model": {"id": model, "source": "random", "weights_revision": None, "weights_sha256": None},
+                "suite": {"id": "s", "manifest_sha256": "0" * 64, "configs": configs, "metric_family": "imagenet_star",
+                          "pinned": True},
+                "protocol": {"topk": 10, "limit_per_class": None, "skip_bad_images": False,
+                             "scoring": ScoringOptions(reference_config="base").to_dict()},
+                "config_hash": "0" * 64, "run": {}, "environment": {},
+                "started_at": "2026-01-01T00:00:00+00:00", "finished_at": "2026-01-01T00:00:00+00:00",
+                "counts": {c: {"total": 1, "kept": 1, "predicted": 1, "skipped_bad": 0, "skipped_bad_ids": []}
+                           for c in configs},
+                "predictions": [{"config": c, "path": f"predictions/{c}.parquet", "rows": 1, "sha256": "0" * 64}
+                                for c in configs],
+                "flags": {"unpinned_suite": False, "construction_model": False, "partial": False,
+                          "skipped_bad_images": False},
                 "metrics": {"configs": {"base": {"acc1": {"value": base}}, "snow": {"acc1": {"value": snow}}}}}
     paths = []
     for i, (b, s) in enumerate([(0.6, 0.5), (0.7, 0.55), (0.8, 0.6)]):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmark import hub
-from benchmark.errors import BenchError, NotFoundError
+from benchmark.errors import BenchError, NotFoundError, OfflineError
 from benchmark.suite_format import Manifest
 from benchmark.synthetic import make_synthetic_suite
 from data_cards import render_card
@@ -281,3 +281,117 @@ def test_offline_mode_with_a_partial_cache(tmp_path, monkeypatch):
         with pytest.raises(OfflineError, match=r"cached snapshot of org/toy@[0-9a-f]{40} is incomplete .*bench download"):
             hub.download_suite("org/toy", revision=sha, endpoint=fh.endpoint, cache_dir=cache)  # 'shifted' not fetched
         assert len(fh.requests) == n  # nothing went to the server
+
+
+def _gated_suite(tmp_path) -> Path:
+    """A suite whose card asks for gated access, as LANCE's does."""
+    folder = _built_suite(tmp_path)
+    (folder / "README.md").write_text(render_card(Manifest.load(folder), gated=True))
+    return folder
+
+
+def test_large_suite_uploads_resumably_checks_the_head_and_tags_it(tmp_path, monkeypatch):
+    """Above the threshold: the resumable path (huggingface_hub's upload_large_folder, or upload_folder on 2.x)."""
+    from huggingface_hub import HfApi
+
+    folder = _built_suite(tmp_path)
+    used = []
+    for name in ("upload_large_folder", "upload_folder", "create_commit"):
+        if hasattr(HfApi, name):
+            real = getattr(HfApi, name)
+            monkeypatch.setattr(HfApi, name,
+                                lambda self, *a, _n=name, _r=real, **kw: used.append(_n) or _r(self, *a, **kw))
+    shards = sorted(Manifest.load(folder).files)
+    with FakeHub() as fh:
+        api = HfApi(endpoint=fh.endpoint, token="t")
+        api.create_repo("org/big", repo_type="dataset")
+        # an earlier run that died after committing one shard: the rerun completes the release
+        api.upload_file(path_or_fileobj=str(folder / shards[0]), path_in_repo=shards[0], repo_id="org/big",
+                        repo_type="dataset")
+        used.clear()
+        sha = hub.publish_suite(folder, "org/big", endpoint=fh.endpoint, token="t", large_threshold=0)
+        assert used[0] in ("upload_large_folder", "upload_folder")
+        head = api.dataset_info("org/big", revision="main").sha
+        assert sha == head and fh.repos[("dataset", "org/big")].tags == {"v1.0.0": sha}
+        files = set(api.list_repo_files("org/big", repo_type="dataset", revision=sha))
+        assert files == {".gitattributes", "README.md", "manifest.json", *shards}
+        assert fh.repos[("dataset", "org/big")].gated_mode is False  # the card does not ask for gating
+        got = hub.download_suite("org/big", revision=sha, endpoint=fh.endpoint, cache_dir=str(tmp_path / "c"))
+        assert got.manifest.sha256 == Manifest.load(folder).sha256
+
+
+def test_large_upload_that_left_a_file_out_is_not_tagged(tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+
+    folder = _built_suite(tmp_path)
+    real = HfApi.upload_folder
+    monkeypatch.delattr(HfApi, "upload_large_folder", raising=False)
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: real(
+        self, **{**kw, "allow_patterns": [p for p in kw["allow_patterns"] if p != "manifest.json"]}))
+    with FakeHub() as fh:
+        with pytest.raises(BenchError, match="manifest.json at datasets/org/big@.* is missing; rerun `bench publish`"):
+            hub.publish_suite(folder, "org/big", endpoint=fh.endpoint, token="t", large_threshold=0)
+        assert fh.repos[("dataset", "org/big")].tags == {}
+
+
+def test_small_suite_is_one_commit_and_a_gated_card_gates_the_repo(tmp_path, capsys):
+    from benchmark.cli import main
+
+    folder = _gated_suite(tmp_path)
+    assert hub.card_gating(folder) and not hub.card_gating(_built_suite(tmp_path / "plain"))
+    with FakeHub() as fh:
+        assert main(["publish", str(folder), "--repo", "org/lance", "--endpoint", fh.endpoint,
+                     "--gating", "manual"]) == 0
+        sha = capsys.readouterr().out.strip()
+        repo = fh.repos[("dataset", "org/lance")]
+        assert len([p for m, p in fh.requests if m == "POST" and "/commit/" in p]) == 1
+        assert repo.tags == {"v1.0.0": sha} and repo.gated_mode == "manual"
+        from huggingface_hub import HfApi
+        assert HfApi(endpoint=fh.endpoint).dataset_info("org/lance").gated == "manual"
+        with pytest.raises(SystemExit):  # argparse's usage error
+            main(["publish", str(folder), "--repo", "org/x", "--endpoint", fh.endpoint, "--large-threshold", "-1"])
+        assert "expected a number >= 0" in capsys.readouterr().err
+
+
+def test_hub_and_upstream_do_not_import_each_other():
+    """Layers: hubio (transport) <- upstream (release adapter) <- hub (open/download/publish suites)."""
+    import ast
+
+    def imports(module: str) -> set[str]:
+        tree = ast.parse(Path(__file__).parents[1].joinpath(*module.split(".")).with_suffix(".py").read_text())
+        out = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+        return out
+
+    assert "benchmark.hub" not in imports("benchmark.upstream")
+    assert not {"benchmark.hub", "benchmark.upstream"} & imports("benchmark.hubio")
+
+
+def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    from benchmark.cli import main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
+    monkeypatch.setattr(constants, "is_offline_mode", lambda: True, raising=False)
+    code = main(["eval", "--model", "timm/resnet50.a1_in1k", "--suite", "imagenet-star-upstream", "--configs",
+                 "base,in_the_snow"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and err.startswith("error: offline")
+    assert 'README.md, "Offline route"' in err
+    from eval.models import resolve_model_revision
+
+    with pytest.raises(OfflineError, match="Offline route"):
+        resolve_model_revision("timm/not-cached-anywhere", "main")
+
+
+def test_the_noise_demo_suite_says_that_0_percent_is_expected(tmp_path, caplog):
+    folder = _built_suite(tmp_path)
+    assert Manifest.load(folder).generator["images"] == "noise"
+    with caplog.at_level("WARNING", logger="benchmark.hub"):
+        hub.open_suite(str(folder))
+    assert "random-noise images: any model scores ~0%" in caplog.text

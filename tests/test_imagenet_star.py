@@ -89,6 +89,21 @@ def test_generation_backs_off_on_out_of_memory(tiny_gen):
     assert gen.backoff.batch_size == 1 and sizes == [3, 2, 1, 1, 1]
 
 
+def test_build_records_the_batch_size_left_after_out_of_memory_back_off(tmp_path, monkeypatch):
+    real = SDGenerator._batch
+
+    def oom_above_two(self, items):
+        if len(items) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, items)
+
+    monkeypatch.setattr(SDGenerator, "_batch", oom_above_two)
+    out = tmp_path / "suite"
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(out), "--no-progress", "--shifts", "base"]) == 0
+    generation = LocalSuite.open(out).manifest.generator["generation"]
+    assert generation["batch_size"] == 4 and generation["batch_size_effective"] == {"0": 2}
+
+
 # -- tokens -------------------------------------------------------------------------------------
 def test_token_round_trip_injection_and_case_preserving_names(tmp_path):
     from builders.tiny import tiny_sd_components

@@ -71,6 +71,34 @@ def test_tiny_captioner_continues_the_forced_prefix():
     assert half.caption([img], prefix=prefix, num_beams=2, min_new_tokens=3, max_new_tokens=6)[0].startswith(prefix)
 
 
+@pytest.mark.parametrize("lm", ["opt", "t5"])
+def test_captioner_reads_every_new_token_of_decoder_only_and_encoder_decoder_lms(lm):
+    """BLIP-2 with OPT (the output repeats the prompt) and with T5 (the output is the decoder's,
+    started with the prefix): the caption is the prefix + exactly the tokens of a by-hand greedy
+    decoding through the model's forward pass (slicing T5's output by the prompt length lost them)."""
+    from builders.captioner import Captioner, normalize
+
+    cap = Captioner.tiny(lm=lm)
+    assert cap.is_encoder_decoder == (lm == "t5")
+    img, prefix, n = Image.new("RGB", (40, 40), (10, 200, 30)), "a photo of", 5
+    got = cap.caption([img], prefix=prefix, num_beams=1, min_new_tokens=n, max_new_tokens=n)[0]
+    tok = cap.processor.tokenizer
+    inputs = cap.processor(images=[img], text=[prefix], return_tensors="pt")
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(n):  # greedy; EOS barred until n tokens (min_new_tokens)
+            if lm == "t5":
+                dec = [cap.model.config.text_config.decoder_start_token_id, *tok(prefix, add_special_tokens=False)["input_ids"]]
+                logits = cap.model(**inputs, decoder_input_ids=torch.tensor([dec + new])).logits[0, -1]
+            else:
+                ids = torch.cat([inputs["input_ids"], torch.tensor([new], dtype=torch.long)], 1)
+                logits = cap.model(pixel_values=inputs["pixel_values"], input_ids=ids).logits[0, -1]
+            logits[tok.eos_token_id] = -float("inf")
+            new.append(int(logits.argmax()))
+    tail = tok.decode(new, skip_special_tokens=True).strip()
+    assert tail and got == normalize(f"{prefix} {tail}")
+
+
 def _fake_generate(prompts, seeds):
     out = []
     for p, s in zip(prompts, seeds):
@@ -158,6 +186,7 @@ def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint):
     assert set(ds["label"]) <= set(imagenet.imagenet_a_indices())
     gen = suite.manifest.generator
     assert gen["yield"]["kept"] == len(ds) and gen["mining"]["cap"] == 2
+    assert gen["generation"]["batch_size_effective"] == {"0": 4} and gen["determinism"]["cpu_intra_op_threads"] == 1
     assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(out),
                  "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
     result = json.loads((tmp_path / "runs/in-g-vit/test_resnet.r160_in1k/result.json").read_text())

@@ -11,7 +11,9 @@ from benchmark.cli import main
 from benchmark.errors import BenchError
 from benchmark.reader import LocalSuite
 from builders.lance_editor import Editor, EditorConfig, align_tokens
-from builders.lance_perturb import Edit, edits_from_answer, parse_variations, word_diff
+from builders.lance_perturb import (PAPER_TYPES, Edit, edits_from_answer, paper_type, parse_variations, sample_edits,
+                                    word_diff)
+from builders.seeding import derive_seed
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +203,52 @@ def test_clusters_rank_by_mean_delta_p():
     assert [c["size"] for c in out] == [12, 10] and out[0]["mean_delta_p"] == pytest.approx(0.6)
 
 
+def _candidates():
+    """17 planted candidates in the perturber's fixed type order (the order the old cut kept)."""
+    counts = {"subject": 5, "object": 5, "adjective": 3, "domain": 2, "background": 1, "weather": 1}
+    return [Edit(t, "a photo of a dog", f"a photo of a dog {t} {i}", "", f"{t} {i}") for t, n in counts.items()
+            for i in range(n)]
+
+
+def _sample(source_id, *, accept=lambda e: (True, {}), **kw):
+    kw.setdefault("max_edits", 10)
+    return sample_edits(_candidates(), seed=derive_seed(0, source_id, "edit-sampling"), accept=accept, **kw)
+
+
+def test_edit_sampling_draws_types_as_algorithm_1_and_caps_after_sampling():
+    draws = _sample("ILSVRC2012_val_00000001")
+    kept = [d for d in draws if d.accepted]
+    assert len(kept) == len(draws) == 10
+    types = [d.edit_type for d in kept]
+    assert len(set(types)) >= 4 and set(types) <= set(PAPER_TYPES)  # not the fixed-order 5 subject + 5 object
+    assert [d.edit for d in draws] == [d.edit for d in _sample("ILSVRC2012_val_00000001")]  # same seed, same draws
+    assert [d.edit for d in draws] != [d.edit for d in _sample("ILSVRC2012_val_00000002")]  # another image differs
+    # weather is a background edit: the fine type stays on the edit
+    assert all(d.edit_type == paper_type(d.edit.edit_type) for d in draws)
+    assert paper_type("weather") == "background" and paper_type("weather", separate_weather=True) == "weather"
+    # candidates are drawn without replacement: an uncapped run draws each of the 17 exactly once
+    everything = _sample("ILSVRC2012_val_00000001", max_edits=100)
+    assert sorted(d.edit.edited_caption for d in everything) == sorted(e.edited_caption for e in _candidates())
+    # the cap counts edits that passed the text filter: rejected subjects are drawn but do not count
+    no_subject = _sample("ILSVRC2012_val_00000001", accept=lambda e: (e.edit_type != "subject", {}))
+    assert sum(d.accepted for d in no_subject) == 10 and len(no_subject) > 10
+    assert {d.edit_type for d in no_subject if not d.accepted} == {"subject"}
+    with pytest.raises(BenchError, match="unknown edit sampling"):
+        _sample("x", method="round-robin")
+
+
+def test_type_uniform_weights_types_equally_and_pool_uniform_weights_edits():
+    """Hand-computed: with 16 subject edits and 1 background edit, the first draw is the background
+    edit with probability 1/2 (a type uniformly, Algorithm 1) or 1/17 (an edit uniformly)."""
+    pool = [Edit("subject", "c", f"c s{i}", "", f"s{i}") for i in range(16)] + [Edit("background", "c", "c b", "", "b")]
+    n = 3000
+    for method, p in (("type-uniform", 1 / 2), ("pool-uniform", 1 / 17)):
+        first = [sample_edits(pool, seed=s, max_edits=1, accept=lambda e: (True, {}), method=method)[0].edit_type
+                 for s in range(n)]
+        freq = first.count("background") / n
+        assert abs(freq - p) < 4 * (p * (1 - p) / n) ** 0.5, (method, freq)
+
+
 @pytest.fixture(scope="module")
 def smoke_suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("lance") / "suite"
@@ -212,12 +260,20 @@ def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
     suite = LocalSuite.open(smoke_suite)
     suite.verify()
     assert suite.configs == ["counterfactual", "original", "reconstruction"]
-    cf = suite.read_columns("counterfactual", ["pair_id", "edit_type", "f", "edit_text_direction"]).to_pylist()
+    cf = suite.read_columns("counterfactual", ["pair_id", "edit_type", "edit_type_fine", "f", "edit_text_direction",
+                                               "edit_sampling_seed", "source_image_id"]).to_pylist()
     originals = set(suite.read_columns("original", ["pair_id"])["pair_id"].to_pylist())
     recons = set(suite.read_columns("reconstruction", ["pair_id"])["pair_id"].to_pylist())
     assert cf and originals == recons and {r["pair_id"] for r in cf} <= originals
     assert all(r["f"] in (0.4, 0.6, 0.8) and len(r["edit_text_direction"]) == 32 for r in cf)
     assert suite.manifest.generator["smoke_relaxed_thresholds"] is True
+    # five paper types (weather within background), the fine type kept, the sampling seed per row
+    assert {r["edit_type"] for r in cf} <= set(PAPER_TYPES) and "weather" in {r["edit_type_fine"] for r in cf}
+    assert all(r["edit_type"] == paper_type(r["edit_type_fine"]) for r in cf)
+    assert all(r["edit_sampling_seed"] == derive_seed(0, r["source_image_id"], "edit-sampling") for r in cf)
+    counts = suite.manifest.generator["counterfactuals"]
+    assert counts["edit_type"] == {t: sum(r["edit_type"] == t for r in cf) for t in counts["edit_type"]}
+    assert sum(suite.manifest.generator["edits_tried"]["edit_type"].values()) >= len(cf)
     assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
                  str(smoke_suite), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
     result = json.loads((tmp_path / "runs/lance-hardimagenet/test_resnet.r160_in1k/result.json").read_text())

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from leaderboard import aggregate
-from leaderboard.store import load_store, write_stamp
+from leaderboard.store import load_store
 from leaderboard.synthetic import ARCHS, make_store, write_model
 
 APP = os.path.join(os.path.dirname(__file__), "..", "leaderboard", "app.py")
@@ -58,14 +58,31 @@ def store_dir(tmp_path):
     shutil.move(str(dup_old.parent), str(root / "imagenet-star" / "timm--resnet50.a1_in1k-v0-old"))
     shutil.rmtree(root / "old")
     verified = next(p for p in root.glob("imagenet-star/*efficientnet_b0*/result.json"))
-    write_stamp(verified, recheck=20, checked=["test"])
+    _sign_stamp(verified, tmp_path / "maintainer.key")
+    os.environ["GENSHIFT_TRUSTED_KEYS"] = str(tmp_path / "maintainer.key.pub")
     write_model(root, model_id="timm/resnet50.tv_in1k", architecture="resnet50", tag="tv_in1k", num_params=25e6,
                 skill=0.5, flags={"construction_model": True}, **common)
     return root
 
 
+def _sign_stamp(result_path, key_path):
+    """A maintainer's signed stamp for a synthetic entry (no model to re-run; the format of `bench verify --sign`)."""
+    from benchmark.fsutil import canonical_json, sha256_bytes, sha256_file
+    from eval import stamps
+
+    if not key_path.exists():
+        stamps.generate_key(key_path)
+    r = json.loads(result_path.read_bytes())
+    body = {"kind": stamps.STAMP_KIND, "version": stamps.STAMP_VERSION, "ok": True,
+            "result_sha256": sha256_bytes(result_path.read_bytes()),
+            "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"]) for p in r["predictions"]},
+            "recheck": {"n": 20, "seed": 1, "images": []}, "verified_at": "2026-11-01T00:00:00+00:00"}
+    (result_path.parent / "verification.json").write_bytes(
+        canonical_json(stamps.sign(body, stamps.load_private_key(key_path))))
+
+
 def test_store_rejects_and_supersedes_with_reasons(store_dir):
-    store = load_store(str(store_dir))
+    store = load_store(str(store_dir), trusted_keys=os.environ["GENSHIFT_TRUSTED_KEYS"])
     reasons = {e.path.parent.name: e.reason for e in store.rejected}
     assert "does not verify" in reasons["timm--tampered.model"]
     assert "predictions/shift_01.parquet sha256" in reasons["timm--tampered.model"]
@@ -157,10 +174,14 @@ def _settle(at, timeout: float = 90):
     return _Settling(at)
 
 
-def _app(source, trusted_keys=None, id_accuracy=None):
+def _app(source, trusted_keys=..., id_accuracy=None):
+    """AppTest of the app over ``source``; ``trusted_keys``: a keys file, None for none, or (default) the
+    environment as it is (the ``store_dir`` fixture sets it)."""
     from streamlit.testing.v1 import AppTest
     os.environ["GENSHIFT_RESULTS"] = str(source)
     for name, value in (("GENSHIFT_TRUSTED_KEYS", trusted_keys), ("GENSHIFT_ID_ACCURACY", id_accuracy)):
+        if value is ...:
+            continue
         if value:
             os.environ[name] = str(value)
         else:
@@ -300,6 +321,9 @@ def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
                 time.sleep(1)
         WebDriverWait(driver, 90).until(lambda d: "ranked by" in d.find_element(By.TAG_NAME, "body").text)
         WebDriverWait(driver, 30).until(lambda d: "Top 10 as text" in d.find_element(By.TAG_NAME, "body").text)
+        # the background check has finished (no progress bar): the table is complete
+        WebDriverWait(driver, 90).until(lambda d: "Checking results" not in d.find_element(By.TAG_NAME, "body").text)
+        time.sleep(1)
         driver.find_element(By.XPATH, "//*[contains(text(), 'Top 10 as text')]").click()
         WebDriverWait(driver, 30).until(lambda d: "timm/convnext" in d.find_element(By.TAG_NAME, "body").text
                                         or "timm/vit" in d.find_element(By.TAG_NAME, "body").text)
@@ -369,11 +393,14 @@ def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoi
                                     out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
                         progress=False)
     store = tmp_path / "runs"
-    assert not load_store(str(store)).entries[0].verified
+    key = tmp_path / "maintainer.key"
+    assert main(["keygen", str(key)]) == 0
+    assert not load_store(str(store), trusted_keys=f"{key}.pub").entries[0].verified
     assert main(["verify", str(rpath), "--stamp"]) != 0
-    assert "--stamp needs --recheck" in capsys.readouterr().err
-    assert main(["verify", str(rpath), "--recheck", "5", "--checkpoint", str(tiny_checkpoint), "--stamp"]) == 0
-    assert load_store(str(store)).entries[0].verified
+    assert "--stamp needs --sign" in capsys.readouterr().err
+    assert main(["verify", str(rpath), "--recheck", "5", "--checkpoint", str(tiny_checkpoint), "--sign", str(key),
+                 "--suite", str(toy_suite)]) == 0
+    assert load_store(str(store), trusted_keys=f"{key}.pub").entries[0].verified
 
 
 def test_csv_download_defuses_spreadsheet_formulas():

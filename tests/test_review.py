@@ -11,7 +11,9 @@ from tests.fakehub import FakeHub
 
 
 def _forge(path):
-    """A forger's result: every true-class probability edited, sha256 and metrics recomputed."""
+    """A forger's result: every image made a confident top-1 hit (label moved to the front of the top-k
+    at probability 0.9; rows stay self-consistent), sha256 and metrics recomputed: only a re-run of
+    the images through the model can tell."""
     from benchmark.fsutil import sha256_file
     from eval.predictions import read_predictions
     from eval.scoring import ScoringOptions, score
@@ -20,8 +22,13 @@ def _forge(path):
     for p in r["predictions"]:
         f = path.parent / p["path"]
         t = pq.read_table(f)
-        t = t.set_column(t.schema.get_field_index("true_prob"), "true_prob",
-                         pa.array(np.full(t.num_rows, 0.5, np.float32)))
+        idx, probs = t["topk_idx"].to_pylist(), t["topk_prob"].to_pylist()
+        labels = t["label"].to_pylist()
+        idx = [[y] + [i for i in row if i != y][:len(row) - 1] for y, row in zip(labels, idx)]
+        probs = [[0.9] + row[:-1] for row in probs]
+        for name, values in (("topk_idx", idx), ("topk_prob", probs), ("true_prob", [0.9] * t.num_rows),
+                             ("true_rank", [0] * t.num_rows)):
+            t = t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type))
         pq.write_table(t, f)
         p["sha256"] = sha256_file(f)
     tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
@@ -46,7 +53,7 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
     shutil.copytree(good.parent, forged_dir)
     forged = forged_dir / "result.json"
     _forge(forged)
-    assert verify_result(forged).ok  # hashes and metrics agree: only a re-run can catch it
+    assert verify_result(forged, suite=str(toy_suite)).ok  # hashes, rows and metrics agree: only a re-run can tell
     stamps.generate_key(tmp_path / "maintainer.key")
     trusted = stamps.load_trusted_keys(tmp_path / "maintainer.key.pub")
 
@@ -55,7 +62,7 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         api = HfApi(endpoint=hub.endpoint)
         submit(good, "org/results", endpoint=hub.endpoint)
         submit(forged, "org/results", endpoint=hub.endpoint)
-        kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=False, checkpoint=str(tiny_checkpoint),
+        kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=False, checkpoint=str(tiny_checkpoint), suite=str(toy_suite),
                   endpoint=hub.endpoint)
         dry = {o.pr: o for o in review("org/results", **kw)}  # reviewed, stamped, commented, not merged
         assert dry[1].status == "passed" and not dry[1].merged
@@ -71,8 +78,8 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         main = repo.commits[repo.refs["main"]].files
         entry = dry[1].entries[0]
         stamp = json.loads(main[f"{entry}/verification.json"])
-        assert stamps.check_signature(stamp, trusted) is None and stamp["recheck"] == 80
-        assert isinstance(stamp["seed"], int) and stamp["result_sha256"]
+        assert stamps.check_signature(stamp, trusted) is None and stamp["recheck"]["n"] == 80
+        assert isinstance(stamp["recheck"]["seed"], int) and stamp["result_sha256"]
         assert main[f"{entry}/result.json"] == good.read_bytes()
         d1 = api.get_discussion_details("org/results", 1, repo_type="dataset")
         d2 = api.get_discussion_details("org/results", 2, repo_type="dataset")
@@ -92,11 +99,9 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         # the merged store shows the entry as verified by the trusted key
         from leaderboard.store import load_store
         snap = api.snapshot_download("org/results", repo_type="dataset", local_dir=tmp_path / "snap")
-        try:
-            store = load_store(snap, trusted_keys=trusted)
-        except TypeError:  # a store without signed-stamp support
-            store = load_store(snap)
-        assert [e.verified for e in store.entries] == [True]
+        store = load_store(snap, trusted_keys=trusted, suites=[str(toy_suite)])
+        assert [e.verified for e in store.entries] == [True], [e.note for e in store.entries]
+        assert [e.verified for e in load_store(snap).entries] == [False]  # no trusted keys: no badge
 
 
 def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, capsys):

@@ -81,7 +81,7 @@ def test_missing_shard_and_truncated_shard(toy_suite):
     (b"{not json", "not valid JSON"),
     (json.dumps({"format": "genshift-suite", "format_version": 99}).encode(), "format_version 99 is not supported"),
     (json.dumps({"format": "something-else"}).encode(), "not a genshift-suite manifest"),
-    (json.dumps({"format": "genshift-suite", "format_version": FORMAT_VERSION}).encode(), "malformed"),
+    (json.dumps({"format": "genshift-suite", "format_version": FORMAT_VERSION}).encode(), "field .suite_id. is missing"),
 ])
 def test_bad_manifest(toy_suite, content, match):
     path = toy_suite / "manifest.json"
@@ -185,3 +185,30 @@ def test_manifest_hash_is_hash_of_file_bytes(toy_suite):
     from benchmark.fsutil import sha256_file
     m = Manifest.load(toy_suite)
     assert m.sha256 == sha256_file(toy_suite / "manifest.json")
+
+
+def test_vectorised_rows_digest_equals_the_reference():
+    from benchmark.suite_format import rows_digest, rows_digest_table
+
+    ids = ['a"b', "é/ü", "x\\y", "tab\there", "\x01ctrl", "z", "€uro", "😀", "ab", "a", "new\nline", "ｆｕｌｌ"]
+    labels = [(7 * i) % 1000 for i in range(len(ids))]
+    keeps = [i % 3 != 0 for i in range(len(ids))]
+    table = pa.table({"image_id": ids, "label": pa.array(labels, pa.int64()), "keep": keeps})
+    assert rows_digest_table(table) == rows_digest(ids, labels, keeps)
+    # chunked input (several shards) and an empty config
+    assert rows_digest_table(pa.concat_tables([table.slice(0, 5), table.slice(5)])) == rows_digest(ids, labels, keeps)
+    assert rows_digest_table(table.slice(0, 0)) == rows_digest([], [], [])
+    # the worked example of docs/format.md section 4.1
+    assert rows_digest(["snow/n01443537/00", "snow/n01440764/01", "snow/n01440764/00"], [1, 0, 0],
+                       [True, False, True]) == WORKED_EXAMPLE
+
+
+WORKED_EXAMPLE = "7add674a465aed9d1a1232b3f4215b09646d825f0e3b9ca22e1d3f9250f781aa"  # = printf ... | sha256sum
+
+
+@pytest.mark.parametrize("rows, bucket", [(0, "n<1K"), (999, "n<1K"), (1000, "1K<n<10K"), (40_000, "10K<n<100K"),
+                                          (1_200_000, "1M<n<10M")])
+def test_card_size_categories(rows, bucket):
+    from data_cards import size_category
+
+    assert size_category(rows) == bucket

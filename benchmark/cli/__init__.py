@@ -13,7 +13,7 @@ import logging
 import sys
 
 from benchmark import __version__
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, one_line
 
 # Verb modules under benchmark.cli, in the order `bench --help` lists them.
 VERBS = (
@@ -21,10 +21,11 @@ VERBS = (
     "download",
     "eval_cmd",
     "verify",
+    "keygen",           # results: signing keys for verification stamps
     "slope",
     "submit",
-    "review",
     "leaderboard_cmd",
+    "review",           # board: maintainers' review of submissions
     "build",
     "publish",
     "diagnose",
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # `bench suites --json | head`
         sys.stderr.close()

@@ -32,6 +32,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return v
+
+
 def print_table(rows: list[dict], columns: list[str], *, file=None) -> None:
     """A plain aligned text table on stdout (results go to stdout, logs to stderr)."""
     file = file or sys.stdout

@@ -8,24 +8,50 @@ import importlib
 from benchmark.cli._common import add_verb
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each option's help; the description and examples kept as written."""
+
+
+def _examples(suite_id: str, module) -> str:
+    """The builder's own EXAMPLES, else the three ways every builder runs."""
+    own = getattr(module, "EXAMPLES", None)
+    if own:
+        return own
+    return (f"  bench build {suite_id} --smoke --out /tmp/{suite_id}-smoke      # whole pipeline, tiny models, CPU\n"
+            f"  bench build {suite_id} --out {suite_id}/                        # one GPU; rerun to resume\n"
+            f"  accelerate launch -m benchmark build {suite_id} --out {suite_id}/   # every GPU (and node)\n")
+
+
+def _description(module) -> str:
+    """The builder module's docstring, its first two paragraphs (what it builds, and how)."""
+    doc = (module.__doc__ or "").strip()
+    return "\n\n".join(doc.split("\n\n")[:2]).replace("``", "`")
+
+
 def add_parser(sub):
     from builders import BUILDERS
 
     p = add_verb(sub, "build", help="regenerate a benchmark suite into a folder (format 1)",
                  description="Regenerate a suite with its builder. Shards are written atomically and a rerun "
-                             "resumes; `accelerate launch -m benchmark build ...` spreads shards over GPUs.",
+                             "resumes; `accelerate launch -m benchmark build ...` spreads shards over GPUs. "
+                             "`bench build <suite> --help` lists that builder's options.",
                  examples="  bench build imagenet-star --smoke --out /tmp/star-smoke\n"
                           "  accelerate launch -m benchmark build imagenet-star --out star/ --tokens tokens.zip\n"
                           "  bench build in-g-rn --smoke --out /tmp/ing\n")
     builders = p.add_subparsers(dest="suite", metavar="<suite>", required=True)
     for suite_id in BUILDERS:
-        bp = builders.add_parser(suite_id, help=f"build {suite_id}",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         try:
             module = importlib.import_module(BUILDERS.get(suite_id))
         except ModuleNotFoundError as e:  # builder not available in this checkout
+            bp = builders.add_parser(suite_id, help=f"build {suite_id}",
+                                     description=f"Build {suite_id} (not available here: {e}).",
+                                     epilog="examples:\n" + _examples(suite_id, None).rstrip(),
+                                     formatter_class=_Formatter)
             bp.set_defaults(_builder_error=str(e))
             continue
+        bp = builders.add_parser(suite_id, help=f"build {suite_id}", description=_description(module),
+                                 epilog="examples:\n" + _examples(suite_id, module).rstrip(),
+                                 formatter_class=_Formatter)
         module.add_arguments(bp)
         bp.set_defaults(_builder=module)
     return p

@@ -19,17 +19,18 @@ def add_parser(sub):
     p.add_argument("--classes", type=csv_list, help="class indices or wnids (default: all present)")
     p.add_argument("--criterion", choices=("top1", "top3", "parent"), default="top1",
                    help="what counts as correct (IN-G suites: top3 or parent)")
-    p.add_argument("--clip-model", default="ViT-B-32-quickgelu", help="open_clip model name (default: ViT-B-32-quickgelu)")
-    p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag (default: openai)")
+    p.add_argument("--clip-model", default="ViT-B-32-quickgelu",
+                   help="open_clip architecture for the image and caption embeddings")
+    p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
     p.add_argument("--reference-caption", choices=("code", "paper"), default="code",
-                   help="caption the directions are measured from: the authors' code or the paper (default: code)")
+                   help="reference caption: 'a photo of a <class>' (code) or 'a photo of a <ancestor>' (paper)")
     p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false",
-                   help="compare captions on normalised rather than whitened text embeddings")
+                   help="the paper's plain caption normalisation instead of the code's image pre-processing")
     p.add_argument("--null", type=int, default=10, help="permutation repeats for the null strength")
     p.add_argument("--suite", help="where to read the suite (default: as recorded in the result)")
     p.add_argument("--mask", help="ImageNet* upstream masks.npy (default: the file the result recorded)")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default: <HF_HOME>/genshift/embeddings)")
-    p.add_argument("--device", default="cpu", help="device for CLIP embeddings (default: cpu)")
+    p.add_argument("--device", default="cpu", help="device for CLIP (cpu, cuda or cuda:N)")
     p.add_argument("--top", type=int, default=10, help="classes to print")
     return p
 

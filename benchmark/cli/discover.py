@@ -16,43 +16,36 @@ def add_parser(sub):
     p.add_argument("--checkpoint", help="local weights for --model")
     p.add_argument("--class", dest="klass", required=True, help="class index or wnid")
     p.add_argument("--target", help="count predictions of this class (index or wnid) instead of any failure")
-    p.add_argument("--n-baseline", type=positive_int, default=200)
-    p.add_argument("--n-per-caption", type=positive_int, default=100)
-    p.add_argument("--max-captions", type=positive_int, default=10)
-    p.add_argument("--no-refine", dest="refine", action="store_false")
-    p.add_argument("--generator", default="stabilityai/stable-diffusion-2-1-base")
-    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b")
-    p.add_argument("--steps", type=positive_int, default=50)
-    p.add_argument("--size", type=positive_int, default=512)
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-baseline", type=positive_int, default=200, help="images generated from the class prompt")
+    p.add_argument("--n-per-caption", type=positive_int, default=100, help="images generated per candidate caption")
+    p.add_argument("--max-captions", type=positive_int, default=10, help="candidate captions tested at most")
+    p.add_argument("--no-refine", dest="refine", action="store_false",
+                   help="skip refining the winning caption sentence by sentence")
+    p.add_argument("--generator", default="stabilityai/stable-diffusion-2-1-base",
+                   help="Stable Diffusion checkpoint (Hub repo) that generates the images")
+    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b",
+                   help="BLIP-2 checkpoint (Hub repo) that captions the failures")
+    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
+    p.add_argument("--size", type=positive_int, default=512, help="generated image size in pixels")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per generation batch")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generation")
     p.add_argument("--device", help="default: cuda when available")
     p.add_argument("--smoke", action="store_true", help="tiny random generator/captioner/model on CPU (plumbing check)")
     p.add_argument("--out", help="write the JSON report here")
     return p
 
 
-def _cls(text: str) -> int:
-    from benchmark import imagenet
-    from benchmark.errors import BenchError
-
-    if text.isdigit():
-        if not 0 <= int(text) < 1000:
-            raise BenchError(f"class {text} is not an ImageNet-1k index (0..999)")
-        return int(text)
-    return imagenet.index_of(text)
-
-
 def run(args) -> int:
     import torch
 
+    from benchmark import imagenet
     from benchmark.fsutil import atomic_write_json
     from builders.captioner import Captioner
     from builders.discover import DiscoverConfig, captioner_fn, discover, format_report
     from builders.in_g_mining import classifier_from_timm
     from builders.sd_generate import GenerationSettings, SDGenerator
 
-    label, target = _cls(args.klass), (_cls(args.target) if args.target else None)
+    label, target = imagenet.parse_class(args.klass), (imagenet.parse_class(args.target) if args.target else None)
     device = "cpu" if args.smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.smoke:
         settings = GenerationSettings(model_id="tiny", scheduler="default", steps=2, height=64, width=64,

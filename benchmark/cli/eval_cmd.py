@@ -21,7 +21,9 @@ def add_parser(sub):
     p.add_argument("--suite", required=True, help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--revision", help="suite commit sha (overrides the registry's pin)")
-    p.add_argument("--checkpoint", help="local weights (safetensors or a PyTorch state dict)")
+    p.add_argument("--checkpoint", help="local weights: safetensors, a PyTorch state dict or a timm training checkpoint")
+    p.add_argument("--checkpoint-weights", choices=("model", "ema"), default="model",
+                   help="which weights of a timm training checkpoint: model (default, as timm's validate.py) or ema")
     p.add_argument("--remap-by-order", action="store_true",
                    help="map checkpoint tensors onto the model by position when key names differ")
     p.add_argument("--mask", help="imagenet-star-upstream only: the authors' masks.npy")
@@ -30,10 +32,12 @@ def add_parser(sub):
     p.add_argument("--workers", type=int, help="DataLoader decode workers (default: min(4, cpus-1))")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--amp", action="store_true", help="autocast on CUDA")
-    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                   help="autocast dtype with --amp (default: bfloat16)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the model (auto: only when the run is long enough to pay it back)")
-    p.add_argument("--no-channels-last", dest="channels_last", action="store_false")
+    p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
+                   help="keep the default memory format (channels-last is usually faster)")
     p.add_argument("--topk", type=positive_int, default=10, help="predictions stored per image (>= 5)")
     p.add_argument("--no-filter", dest="filter", action="store_false", help="score filtered (keep=false) rows too")
     p.add_argument("--reference-accuracy", type=float,
@@ -45,7 +49,7 @@ def add_parser(sub):
     p.add_argument("--force", action="store_true", help="re-run even if a finished result exists")
     p.add_argument("--notes", default="", help="free text stored in the result")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
 
@@ -63,7 +67,8 @@ def run(args) -> int:
         raise BenchError(f"--workers must be >= 0, got {args.workers}")
     req = EvalRequest(
         model=args.model, suite=args.suite, configs=tuple(args.configs) if args.configs else None,
-        revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order, mask=args.mask,
+        revision=args.revision, checkpoint=args.checkpoint, remap_by_order=args.remap_by_order,
+        checkpoint_weights=args.checkpoint_weights, mask=args.mask,
         out=args.out, force=args.force, notes=args.notes,
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,

@@ -21,7 +21,7 @@ def add_parser(sub):
                           "  bench leaderboard --results my-org/genshift-results --trusted-keys trusted "
                           "--export-space space/\n")
     p.add_argument("--results", default="runs", help="results folder or ORG/NAME[@sha] (default: runs)")
-    p.add_argument("--port", type=int, default=8501, help="port to listen on (default: 8501)")
+    p.add_argument("--port", type=int, default=8501, help="port to serve on (default: 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--trusted-keys", metavar="FILE",
                    help="maintainers' public keys (KEY.pub lines); only stamps signed by one count as verified")

@@ -21,7 +21,9 @@ def add_parser(sub):
     p.add_argument("--merge", action="store_true", help="merge the pull requests that pass every check")
     p.add_argument("--watch", type=float, metavar="SECONDS",
                    help="keep running: review again every SECONDS (default: one pass, for scheduled CI)")
-    p.add_argument("--suite", help="where to read the suites (default: as each result records them)")
+    p.add_argument("--suite", help="the suite the entries were scored on, a trusted folder or Hub repo (default: found "
+                                   "among --suites / the registry's pinned suites)")
+    p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
     p.add_argument("--checkpoint", help="local weights for results scored with --checkpoint (default: the "
                                         "recorded Hub weights)")
     p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
@@ -45,7 +47,7 @@ def run(args) -> int:
     if args.watch is not None and not 1 <= args.watch <= 7 * 86400:
         raise BenchError(f"--watch must be 1..604800 seconds, got {args.watch}")
     reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
-                        checkpoint=args.checkpoint, device=args.device)
+                        suites=args.suites, checkpoint=args.checkpoint, device=args.device)
     if args.watch is not None:
         watch(reviewer, args.watch, report=_print)
         return 0

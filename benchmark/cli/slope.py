@@ -16,8 +16,9 @@ def add_parser(sub):
     p.add_argument("results", nargs="+", help="result.json files (or run folders)")
     p.add_argument("--reference", help="in-distribution config (default: the suite's, e.g. base)")
     p.add_argument("--id-accuracy", help="CSV of model,top1 (fraction or percent) to use as the ID axis instead")
-    p.add_argument("--scale", choices=("linear", "probit", "both"), default="both")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--scale", choices=("linear", "probit", "both"), default="both",
+                   help="accuracy scale of the fit: linear, probit or both (default: both)")
+    p.add_argument("--json", action="store_true", help="print the full table as JSON")
     return p
 
 

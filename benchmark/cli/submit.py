@@ -9,7 +9,7 @@ def add_parser(sub):
     p = add_verb(sub, "submit", help="propose a result to the leaderboard (a pull request)",
                  description="Check a result locally (schema, hashes, recomputed metrics, size limits), then open ONE "
                              "pull request adding it and its predictions to the results dataset repo. Maintainers "
-                             "verify with `bench verify --recheck N --stamp` and merge (docs/leaderboard.md).",
+                             "verify with `bench verify --recheck N --sign KEY` and merge (docs/leaderboard.md).",
                  examples="  bench submit runs/imagenet-star/timm--resnet50.a1_in1k --repo genshift-bench/results\n")
     p.add_argument("result", help="result.json or its run folder")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME")

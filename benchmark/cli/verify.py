@@ -1,32 +1,65 @@
-"""`bench verify`: check a result (hashes, recomputed metrics, optional re-run) or a suite folder."""
+"""`bench verify`: check a result against its suite (hashes, rows, recomputed metrics, optional re-run
+and signed stamp) or a suite folder against its manifest."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from benchmark.cli._common import add_verb, print_json
 
+MAX_RECHECK = 100_000
+
+
+def _recheck_count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of images, got {text!r}") from None
+    if not 0 <= v <= MAX_RECHECK:
+        raise argparse.ArgumentTypeError(f"expected 0 to {MAX_RECHECK} images, got {v}")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= v < 2**63:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2^63), got {v}")
+    return v
+
 
 def add_parser(sub):
     p = add_verb(
-        sub, "verify", help="verify a result or a suite folder",
-        description="Verify a result: predictions files match their sha256, the config hash recomputes, and every "
-                    "metric recomputes from the stored predictions; --recheck N also re-runs N random images "
-                    "through the model. Given a suite folder, check every file against its manifest. "
-                    "Exits 1 on any mismatch, naming what differs.",
-        examples="  bench verify runs/imagenet-star/timm--resnet50.a1_in1k/result.json\n"
-                 "  bench verify runs/imagenet-star/timm--resnet50.a1_in1k --recheck 50\n"
+        sub, "verify", help="verify a result against its suite, or a suite folder",
+        description="Verify a result against the suite it claims: the schema, the predictions files (sha256, rows, "
+                    "each row's consistency), the predictions against the suite's trusted manifest (rows digest, "
+                    "counts, flags), the config hash and every metric recomputed. --recheck N re-runs N images "
+                    "drawn from the suite (fresh random seed, printed) through the model and compares whole rows; "
+                    "--sign KEY then writes a signed verification.json (the leaderboard's verified badge). "
+                    "Given a suite folder, check every file against its manifest. Exits 1 on any mismatch, "
+                    "naming what differs. Trust roots: docs/results.md.",
+        examples="  bench verify runs/imagenet-star/timm--resnet50.a1_in1k --suite imagenet-star\n"
+                 "  bench verify ENTRY --suites trusted-suites/ --recheck 50 --sign ~/.genshift/maintainer.key\n"
                  "  bench verify ./my-suite\n")
     p.add_argument("path", help="result.json, a run folder holding one, or a suite folder")
-    p.add_argument("--recheck", type=int, default=0, metavar="N", help="re-run N random images through the model")
-    p.add_argument("--suite", help="where to read the suite for --recheck (default: as recorded)")
+    p.add_argument("--recheck", type=_recheck_count, default=0, metavar="N",
+                   help="re-run N images drawn from the suite through the model and compare the stored rows")
+    p.add_argument("--suite", help="the suite to check against (a trust root): a suite folder, a manifest.json, a "
+                                   "registry id or a Hub repo; also where --recheck reads images")
+    p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
     p.add_argument("--mask", help="ImageNet* upstream masks.npy for --recheck (default: the file the result recorded)")
     p.add_argument("--checkpoint", help="local weights, for results made with --checkpoint")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--seed", type=int, default=0, help="which images --recheck picks")
-    p.add_argument("--stamp", action="store_true",
-                   help="with --recheck: on success write verification.json (the leaderboard's verified badge)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default="cpu", help="device for --recheck (cpu, cuda, cuda:1)")
+    p.add_argument("--seed", type=_seed, default=None,
+                   help="which images --recheck draws (default: a fresh random seed, printed and recorded)")
+    p.add_argument("--sign", metavar="KEY", help="with --recheck: on success write verification.json signed with "
+                                                 "this private key (bench keygen)")
+    p.add_argument("--stamp", action="store_true", help="kept for old scripts: needs --sign KEY (an unsigned "
+                                                        "stamp is never verified)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
@@ -38,22 +71,38 @@ def run(args) -> int:
     if target.is_dir() and (target / "manifest.json").is_file():
         print(verify_suite_dir(target))
         return 0
-    if args.recheck < 0:
-        raise BenchError(f"--recheck must be >= 0, got {args.recheck}")
-    if args.stamp and args.recheck < 1:
-        raise BenchError("--stamp needs --recheck N (a verified badge means images were re-run through the model)")
-    report = verify_result(target, recheck=args.recheck, suite=args.suite, mask=args.mask, checkpoint=args.checkpoint,
-                           device=args.device, seed=args.seed)
-    if args.stamp and report.ok:
-        from leaderboard.store import write_stamp
+    if args.stamp and not args.sign:
+        raise BenchError("--stamp needs --sign KEY: an unsigned stamp is never shown as verified "
+                         "(create a key with `bench keygen KEY`)")
+    key = None
+    if args.sign:
+        from eval.stamps import load_private_key
 
-        print(f"stamp: {write_stamp(report.path, recheck=args.recheck, checked=report.checked)}")
+        if args.recheck < 1:
+            raise BenchError("--sign needs --recheck N (a verified badge means images were re-run through the model)")
+        key = load_private_key(args.sign)  # before minutes of work
+    suites = None
+    if args.suites:
+        from eval.suite_trust import TrustedSuites
+
+        suites = TrustedSuites.from_paths([args.suites], registry=True, download=True)
+    report = verify_result(target, recheck=args.recheck, suite=args.suite, suites=suites, mask=args.mask,
+                           checkpoint=args.checkpoint, device=args.device, seed=args.seed,
+                           use_recorded_suite=key is None)
+    stamp = None
+    if key is not None and report.ok:
+        from eval.stamps import write_stamp
+
+        stamp = write_stamp(report, key)
     if args.json:
-        print_json({"path": str(report.path), "ok": report.ok, "problems": report.problems, "checked": report.checked})
+        print_json({"path": str(report.path), "ok": report.ok, "problems": report.problems, "checked": report.checked,
+                    "recheck": report.recheck, "stamp": str(stamp) if stamp else None})
     else:
         for line in report.checked:
             print(f"checked: {line}")
         for line in report.problems:
             print(f"MISMATCH: {line}")
+        if stamp:
+            print(f"stamp: {stamp}")
         print(("OK: " if report.ok else "FAILED: ") + str(report.path))
     return 0 if report.ok else 1

@@ -1,0 +1,196 @@
+"""Which suite manifests a verifier trusts, and what a result is checked against (``docs/results.md``).
+
+A result names its suite by the sha256 of the suite's ``manifest.json``. The manifest carries,
+per config, the row count, the kept count and the **rows digest**
+(``benchmark.suite_format.rows_digest`` over ``(image_id, label, keep)``), so a result's
+predictions can be checked against the suite with the manifest alone, no images.
+
+Trust roots (a manifest is trusted only when it comes from one of these; a manifest shipped
+next to a result, or found where the result says its suite was, is not one):
+
+1. ``--suite PATH|ID``: a suite folder, a ``manifest.json`` file, a registry id or a Hub repo the
+   verifier names;
+2. ``--suites DIR``: a folder of trusted manifests (``*.json``) and/or suite folders
+   (``*/manifest.json``) that the maintainers keep;
+3. the registry: a registered suite pinned to a commit sha, its ``manifest.json`` fetched at that
+   sha (only that file; the leaderboard store reads it from the local Hub cache and never
+   downloads while loading).
+
+``bench verify`` without any of these falls back to the folder the result recorded as its
+source, says so, and may not ``--sign``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmark.errors import BenchError, IntegrityError
+from benchmark.suite_format import MANIFEST, Manifest, rows_digest
+
+log = logging.getLogger(__name__)
+MAX_MANIFEST_BYTES = 64 * 2**20
+
+
+@dataclass
+class SuiteRef:
+    """A suite manifest with where it came from; ``local`` when the suite's rows are at hand too."""
+
+    manifest: Manifest
+    origin: str
+    trusted: bool
+    local: object | None = None  # benchmark.reader.LocalSuite
+    _rows: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def sha256(self) -> str:
+        return self.manifest.sha256
+
+    def config_counts(self, config: str) -> tuple[int, int]:
+        c = self.manifest.configs[config]
+        return c.rows, c.kept
+
+    def rows_digest(self, config: str) -> str | None:
+        """The config's rows digest: recorded in the manifest (format 1.1), else computed from the rows."""
+        info = self.manifest.configs[config]
+        recorded = getattr(info, "rows_digest", None)
+        if recorded is None:
+            raw = self.manifest.raw.get("configs", {}).get(config, {})
+            recorded = raw.get("rows_digest") if isinstance(raw, dict) else None
+        if isinstance(recorded, str):
+            return recorded
+        if self.local is not None and hasattr(self.local, "rows_digest"):
+            return self.local.rows_digest(config)
+        rows = self.rows(config)
+        return None if rows is None else rows_digest(*rows)
+
+    def rows(self, config: str) -> tuple[list, list, list] | None:
+        """``(image_ids, labels, keeps)`` of a config, read from the suite folder (files verified first)."""
+        if self.local is None:
+            return None
+        if config not in self._rows:
+            self.local.verify([config])
+            t = self.local.read_columns(config, ["image_id", "label", "keep"])
+            self._rows[config] = (t["image_id"].to_pylist(), t["label"].to_pylist(), t["keep"].to_pylist())
+        return self._rows[config]
+
+
+def load_manifest_file(path: Path, *, where: str | None = None) -> Manifest:
+    from eval.results import parse_json
+
+    where = where or str(path)
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise IntegrityError(f"{where} is over {MAX_MANIFEST_BYTES >> 20} MiB; not a suite manifest")
+    data = path.read_bytes()
+    parse_json(data, where=where, max_bytes=MAX_MANIFEST_BYTES)  # size and depth limits before the real parser
+    return Manifest.from_bytes(data, where=where)
+
+
+def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: str | None = None) -> SuiteRef:
+    """A suite folder, a manifest file, or (downloaded) a registry id / Hub repo."""
+    from benchmark.reader import LocalSuite
+
+    path = Path(source)
+    if path.is_dir() and (path / MANIFEST).is_file():
+        load_manifest_file(path / MANIFEST)
+        local = LocalSuite.open(path)
+        return SuiteRef(local.manifest, f"suite folder {path}", trusted, local)
+    if path.is_file():
+        return SuiteRef(load_manifest_file(path), f"manifest {path}", trusted)
+    from eval.runner import open_suite
+
+    info = open_suite(source, revision=revision, mask=mask)
+    return SuiteRef(info.suite.manifest, f"suite {source}", trusted, info.suite)
+
+
+@dataclass
+class TrustedSuites:
+    """Trusted manifests by sha256 (``--suite``, ``--suites DIR``), plus registry-pinned manifests.
+
+    ``download``: whether a registry manifest may be fetched from the Hub (``bench verify``) or
+    only read from the local Hub cache (the leaderboard store, which never blocks on the network).
+    """
+
+    by_sha: dict[str, SuiteRef] = field(default_factory=dict)
+    registry: bool = True
+    download: bool = False
+    _registry_seen: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_paths(cls, paths, *, registry: bool = True, download: bool = False) -> "TrustedSuites":
+        out = cls(registry=registry, download=download)
+        for p in paths or ():
+            out.add_path(Path(p))
+        return out
+
+    def add(self, ref: SuiteRef) -> None:
+        self.by_sha.setdefault(ref.sha256, ref)
+
+    def add_path(self, path: Path) -> None:
+        """A suite folder, a manifest file, or a folder of them (one level)."""
+        if not path.exists():
+            raise BenchError(f"trusted suites path {str(path)!r} does not exist; give suite folders or manifest files")
+        if path.is_file() or (path / MANIFEST).is_file():
+            self.add(open_ref(str(path), trusted=True))
+            return
+        found = 0
+        for child in sorted(path.iterdir()):
+            if child.is_dir() and (child / MANIFEST).is_file() or child.is_file() and child.suffix == ".json":
+                try:
+                    self.add(open_ref(str(child), trusted=True))
+                    found += 1
+                except BenchError as e:
+                    log.warning("skipping %s in the trusted suites: %s", child, e)
+        if not found:
+            raise BenchError(f"{path} holds no suite folders or manifest files; give the folder of trusted manifests")
+
+    def lookup(self, suite: dict) -> SuiteRef | None:
+        """The trusted manifest with the result's ``suite.manifest_sha256``, if any."""
+        sha = suite.get("manifest_sha256")
+        if sha in self.by_sha:
+            return self.by_sha[sha]
+        if self.registry:
+            ref = self._registry_ref(suite.get("id"))
+            if ref is not None and ref.sha256 == sha:
+                return ref
+        return None
+
+    def _registry_ref(self, suite_id) -> SuiteRef | None:
+        if suite_id in self._registry_seen:
+            return self._registry_seen[suite_id]
+        self._registry_seen[suite_id] = ref = _registry_manifest(suite_id, download=self.download)
+        if ref is not None:
+            self.add(ref)
+        return ref
+
+
+def _registry_manifest(suite_id, *, download: bool) -> SuiteRef | None:
+    """The manifest of a registered suite at its pinned sha (only ``manifest.json``), or None."""
+    from benchmark.suites import SUITES
+
+    if not isinstance(suite_id, str) or suite_id not in SUITES:
+        return None
+    spec = SUITES.get(suite_id)
+    if not spec.revision or spec.source != "format1":
+        return None
+    return hub_manifest(spec.repo_id, spec.revision, download=download, trusted=True,
+                        origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
+
+
+def hub_manifest(repo_id: str, revision: str, *, download: bool, trusted: bool, origin: str | None = None):
+    """The ``manifest.json`` of a Hub dataset repo at a commit sha (only that file), or None."""
+    import huggingface_hub as hf
+
+    try:
+        if download:
+            path = hf.hf_hub_download(repo_id, MANIFEST, repo_type="dataset", revision=revision)
+        else:
+            path = hf.try_to_load_from_cache(repo_id, MANIFEST, repo_type="dataset", revision=revision)
+            if not isinstance(path, str):
+                return None
+        manifest = load_manifest_file(Path(path), where=f"{repo_id}@{revision[:12]}/{MANIFEST}")
+    except (OSError, ValueError, BenchError, hf.errors.HfHubHTTPError) as e:
+        log.debug("manifest of %s@%s unavailable: %s", repo_id, revision, e)
+        return None
+    return SuiteRef(manifest, origin or f"{repo_id}@{revision[:12]}", trusted)

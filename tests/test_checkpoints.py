@@ -1,0 +1,142 @@
+"""Checkpoints as timm's train.py writes them: loaded weights-only, EMA or model weights, one-line errors."""
+
+import argparse
+import copy
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from benchmark.cli import main
+from benchmark.errors import BenchError
+from eval.models import load_checkpoint, read_checkpoint
+
+ARCH = "test_resnet.r160_in1k"
+
+
+@pytest.fixture(scope="module")
+def train_checkpoint(tmp_path_factory):
+    """A checkpoint saved by timm's own CheckpointSaver (what train.py uses), with args, optimizer and EMA.
+
+    Returns (checkpoint path, plain model state dict path, plain EMA state dict path).
+    """
+    import timm
+    from timm.utils import CheckpointSaver, ModelEmaV3
+
+    d = tmp_path_factory.mktemp("train")
+    torch.manual_seed(1)
+    model = timm.create_model(ARCH, pretrained=False)
+    ema = ModelEmaV3(model, decay=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with torch.no_grad():  # one step so that model, EMA and optimizer state all differ from init
+        loss = model(torch.randn(2, 3, 64, 64)).logsumexp(1).mean()
+    loss = model(torch.randn(2, 3, 64, 64)).logsumexp(1).mean()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ema.update(model)
+    # args exactly as train.py holds them: an argparse.Namespace from its parser
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=ARCH)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--model-ema", action="store_true", default=True)
+    parser.add_argument("--input-size", type=int, nargs=3, default=None)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args([])
+    saver = CheckpointSaver(model, opt, args=args, model_ema=ema, checkpoint_dir=str(d), recovery_dir=str(d))
+    saver.save_checkpoint(epoch=3, metric=0.5)
+    ckpt = d / "last.pth.tar"
+    assert ckpt.is_file()
+    raw = torch.load(ckpt, map_location="cpu", weights_only=False)  # the test's own file, to check its layout
+    assert isinstance(raw["args"], argparse.Namespace) and {"optimizer", "epoch", "state_dict_ema"} <= set(raw)
+    plain, plain_ema = d / "model.pth", d / "ema.pth"
+    torch.save(copy.deepcopy(model.state_dict()), plain)
+    torch.save({f"module.{k}": v for k, v in ema.module.state_dict().items()}, plain_ema)  # DDP-style prefixes
+    return ckpt, plain, plain_ema
+
+
+def test_training_checkpoint_loads_weights_only_with_model_default_and_ema(train_checkpoint, monkeypatch):
+    ckpt, plain, plain_ema = train_checkpoint
+    seen = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: seen.append(kw.get("weights_only")) or real_load(*a, **kw))
+    sd, entry = read_checkpoint(ckpt)
+    assert entry == "state_dict" and seen == [True]  # never a full unpickling
+    ref = torch.load(plain, weights_only=True)
+    assert sd.keys() == ref.keys() and all(torch.equal(sd[k], ref[k]) for k in ref)
+    sd_ema, entry = read_checkpoint(ckpt, weights="ema")
+    ema_ref, _ = read_checkpoint(plain_ema)  # module. prefixes stripped as timm's clean_state_dict does
+    assert entry == "state_dict_ema" and sd_ema.keys() == ema_ref.keys()
+    assert all(torch.equal(sd_ema[k], ema_ref[k]) for k in ema_ref)
+    assert not all(torch.equal(sd_ema[k], sd[k]) for k in sd)  # the two choices really differ
+
+
+def _eval(tmp_path, suite, ckpt, *extra):
+    out = tmp_path / "runs"
+    rc = main(["-q", "eval", "--model", ARCH, "--suite", str(suite), "--checkpoint", str(ckpt), "--out", str(out),
+               "--batch-size", "16", "--workers", "0", "--compile", "off", "--bootstrap", "10", "--no-progress",
+               "--json", *extra])
+    assert rc == 0
+    (path,) = out.rglob("result.json")
+    return path.parent
+
+
+def _top(run):
+    t = pq.read_table(run / "predictions" / "base.parquet")
+    return t["topk_idx"].to_pylist(), t["true_prob"].to_pylist()
+
+
+def test_bench_eval_scores_a_train_checkpoint_as_its_plain_state_dicts(tmp_path, toy_suite, train_checkpoint, capsys):
+    ckpt, plain, plain_ema = train_checkpoint
+    runs = {name: _eval(tmp_path / name, toy_suite, path, *extra) for name, path, extra in (
+        ("train", ckpt, ()), ("plain", plain, ()), ("train-ema", ckpt, ("--checkpoint-weights", "ema")),
+        ("plain-ema", plain_ema, ()))}
+    capsys.readouterr()
+    assert _top(runs["train"]) == _top(runs["plain"])
+    assert _top(runs["train-ema"]) == _top(runs["plain-ema"])
+    assert _top(runs["train"]) != _top(runs["train-ema"])
+    import json
+
+    model = json.loads((runs["train-ema"] / "result.json").read_text())["model"]
+    assert model["checkpoint_weights"] == "ema"
+    assert "checkpoint_weights" not in json.loads((runs["plain"] / "result.json").read_text())["model"]
+    from eval.verify import verify_result
+
+    assert verify_result(runs["train-ema"], recheck=3, checkpoint=str(ckpt)).ok  # recheck re-reads the EMA weights
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("\x1b[31mpwned\x1b[0m",))
+
+
+@pytest.mark.parametrize("content, match", [
+    ({"state_dict": {"w": torch.zeros(1)}, "hook": _Evil()}, r"holds Python objects \(builtins.print\)"),
+    ({"state_dict_ema": {"conv1.weight": torch.zeros(1)}}, "only EMA weights.*--checkpoint-weights ema"),
+    ({"epoch": 3}, "not a state dict of tensors"),
+    (b"\x1b[31mnot a\ncheckpoint", "cannot read checkpoint"),
+])
+def test_bad_checkpoints_are_one_clean_line(tmp_path, capsys, toy_suite, content, match):
+    path = tmp_path / "bad.pth"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    rc = main(["eval", "--model", ARCH, "--suite", str(toy_suite), "--checkpoint", str(path), "--out",
+               str(tmp_path / "runs"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and err.startswith("error: ") and "\n" not in err and "\x1b" not in err, err
+    import re
+
+    assert re.search(match, err), err
+    assert "pwned" not in capsys.readouterr().out
+
+
+def test_ema_requested_on_a_plain_state_dict(train_checkpoint):
+    import timm
+
+    _, plain, _ = train_checkpoint
+    with pytest.raises(BenchError, match="no EMA weights"):
+        load_checkpoint(timm.create_model(ARCH), plain, weights="ema")
