@@ -100,7 +100,7 @@ def is_pp(col: str) -> bool:
                            "effective_robustness"))
 
 
-def from_url(key: str, options=None, *, multi: bool = False, parse=None, final: bool = True) -> None:
+def from_url(key: str, options=None, *, multi: bool = False, parse=None, final: bool | None = None) -> None:
     """Restore a widget's value from the URL the session was opened with.
 
     Widgets are bound to query parameters (``bind="query-params"``), but Streamlit reads a bound
@@ -111,6 +111,8 @@ def from_url(key: str, options=None, *, multi: bool = False, parse=None, final: 
     url = st.session_state.get("_url", {})
     if key not in url:
         return
+    if final is None:  # default: whether this run shows the whole board (not a partial check)
+        final = st.session_state.get("_board_final", True)
     try:
         value = parse(url[key]) if parse else (list(url[key]) if multi else url[key][-1])
     except (ValueError, TypeError, IndexError):
@@ -210,6 +212,7 @@ def main() -> None:
         st.stop()
 
     final = state["kind"] != "partial"
+    st.session_state["_board_final"] = final
     suites = store.suites()
     from_url("suite", suites, final=final)
     suite = st.sidebar.selectbox("Suite", suites, key="suite", bind="query-params")
