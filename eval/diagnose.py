@@ -4,7 +4,8 @@ Joins a result's stored predictions with CLIP embeddings of the suite images, fi
 failure-direction SVM of Jain et al. (``eval.failure_directions``) and writes ``diagnose.json``
 next to the result: per class the direction's strength with a permutation null, the hardest and
 easiest image ids, the captions that name the hard and easy subpopulations, and the validation
-proxy. It never changes benchmark scores.
+proxy; thumbnails of the strongest classes' hardest and easiest images, and a self-contained
+``diagnose.html`` of all of it (``eval.diagnose_report``). It never changes benchmark scores.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from benchmark import imagenet
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import atomic_write_json, sha256_file
+from eval import diagnose_report
 from eval.embeddings import ClipEncoder, suite_image_embeddings
 from eval.failure_directions import DirectionOptions, Whitening, class_direction
 from eval.metrics import parent_failures
@@ -59,6 +61,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     info = reopen_suite(result, suite=suite, mask=mask, configs=tuple(configs))
 
     ids_all, emb_all, labels_all, right_all = [], [], [], []
+    where: dict[str, str] = {}  # image id -> the config it was read from (for thumbnails)
     for c in configs:
         t = read_predictions(path.parent / entries[c]["path"])
         if result["protocol"]["scoring"]["filter"]:
@@ -67,6 +70,8 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         pos = {i: k for k, i in enumerate(ids)}
         rows = [pos[i] for i in t["image_id"].to_pylist()]
         ids_all += t["image_id"].to_pylist()
+        for i in t["image_id"].to_pylist():
+            where.setdefault(i, c)
         emb_all.append(emb[rows])
         labels_all.append(t["label"].to_numpy().astype(np.int64))
         right_all.append(correctness(t, criterion))
@@ -99,6 +104,8 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         "whitening_reference": "embeddings of the scored images of the analysed configs",
         "n_images": int(labels.size), "classes": out,
     }
-    out_path = path.parent / "diagnose.json"
+    report["thumbnails"] = diagnose_report.thumbnails(info.suite, where, out)
+    out_path = path.parent / diagnose_report.REPORT
     atomic_write_json(out_path, report)
+    diagnose_report.write_html(report, path.parent / diagnose_report.HTML_REPORT)
     return report, out_path

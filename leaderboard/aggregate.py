@@ -58,58 +58,70 @@ def _ci(metric: dict | None, i: int) -> float:
 
 
 def model_table(entries) -> pd.DataFrame:
-    """One row per model for one suite: identity, flags, headline metric with CI, per-config metrics."""
-    rows = []
+    """One row per model for one suite: identity, flags, headline metric with CI, per-config metrics.
+
+    An entry whose result cannot be tabulated is left out and named in ``df.attrs["skipped"]``
+    (model id, reason): one odd entry never takes the board down."""
+    rows, skipped = [], []
     for e in entries:
-        r = e.result
-        fam = r["suite"]["metric_family"]
-        m = r["metrics"]
-        row = {
-            "model": r["model"]["id"], "architecture": r["model"].get("architecture", ""),
-            "family": family_of(r["model"].get("architecture") or r["model"]["id"].split("/")[-1]),
-            "pretraining": pretraining_of(r["model"].get("tag")),
-            "params_m": (r["model"].get("num_params") or 0) / 1e6,
-            "verified": e.verified, "construction_model": bool(r["flags"].get("construction_model")),
-            "partial": bool(r["flags"].get("partial")), "unpinned_suite": bool(r["flags"].get("unpinned_suite")),
-            "img_size": (r["data_config"].get("input_size") or [None, None, None])[-1],
-            "dataset_revision": r["suite"].get("revision") or "", "manifest_sha256": r["suite"]["manifest_sha256"],
-            "weights_sha256": r["model"].get("weights_sha256") or "", "config_hash": r["config_hash"],
-            "finished_at": r.get("finished_at", ""),
-        }
-        configs = m["configs"]
-        for c, cm in configs.items():
-            row[f"acc1/{c}"] = _v(cm["acc1"])
-            row[f"acc5/{c}"] = _v(cm["acc5"])
-        if fam == "imagenet_star":
-            star = m.get("imagenet_star", {})
-            ref = r["protocol"]["scoring"].get("reference_config") or "base"
-            shifts = [c for c in configs if c != ref]
-            vals = [row[f"acc1/{c}"] for c in shifts if not np.isnan(row[f"acc1/{c}"])]
-            row["mean_shift_acc1"] = float(np.mean(vals)) if vals else np.nan
-            mean_impact = star.get("model_mean_impact", star.get("mean_absolute_impact"))  # older results: old name
-            row["model_mean_impact"] = _v(mean_impact)
-            row["model_mean_impact_lo"] = _ci(mean_impact, 0)
-            row["model_mean_impact_hi"] = _ci(mean_impact, 1)
-            for s, im in star.get("absolute_impact", {}).items():
-                row[f"impact/{s}"] = _v(im)
-        elif fam == "lance":
-            lance = m.get("lance", {})
-            t = lance.get("headline_T", "originals_with_counterfactual")
-            for k in (1, 5):
-                d = lance.get(f"delta_acc{k}", {}).get(t)
-                row[f"delta_acc{k}"], row[f"delta_acc{k}_lo"], row[f"delta_acc{k}_hi"] = _v(d), _ci(d, 0), _ci(d, 1)
-            row["mean_delta_p"] = _v(lance.get("delta_p"))
-            for et, dm in lance.get("delta_p_by_edit_type", {}).items():
-                row[f"delta_p/{et}"] = _v(dm)
-        elif fam == "in_g":
-            for c, rates in m.get("in_g", {}).items():
-                for k, v in rates.items():
-                    row[k if len(m["in_g"]) == 1 else f"{k}/{c}"] = _v(v)
-                    row[f"{k}_lo"], row[f"{k}_hi"] = _ci(v, 0), _ci(v, 1)
-        vals = [v for k, v in row.items() if k.startswith("acc1/") and not np.isnan(v)]
-        row["mean_acc1"] = float(np.mean(vals)) if vals else np.nan
-        rows.append(row)
-    return pd.DataFrame(rows)
+        try:
+            rows.append(_row(e))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as ex:
+            skipped.append((str(e.model_id), f"cannot be tabulated ({type(ex).__name__}: {ex})"))
+    df = pd.DataFrame(rows)
+    df.attrs["skipped"] = skipped
+    return df
+
+
+def _row(e) -> dict:
+    r = e.result
+    fam = r["suite"]["metric_family"]
+    m = r["metrics"]
+    row = {
+        "model": str(r["model"]["id"]), "architecture": str(r["model"].get("architecture") or ""),
+        "family": family_of(str(r["model"].get("architecture") or str(r["model"]["id"]).split("/")[-1])),
+        "pretraining": pretraining_of(r["model"].get("tag")),
+        "params_m": (r["model"].get("num_params") or 0) / 1e6,
+        "verified": e.verified, "construction_model": bool(r["flags"].get("construction_model")),
+        "partial": bool(r["flags"].get("partial")), "unpinned_suite": bool(r["flags"].get("unpinned_suite")),
+        "img_size": (r["data_config"].get("input_size") or [None, None, None])[-1],
+        "dataset_revision": r["suite"].get("revision") or "", "manifest_sha256": r["suite"]["manifest_sha256"],
+        "weights_sha256": r["model"].get("weights_sha256") or "", "config_hash": r["config_hash"],
+        "finished_at": r.get("finished_at", ""),
+    }
+    configs = m["configs"]
+    for c, cm in configs.items():
+        row[f"acc1/{c}"] = _v(cm["acc1"])
+        row[f"acc5/{c}"] = _v(cm["acc5"])
+    if fam == "imagenet_star":
+        star = m.get("imagenet_star", {})
+        ref = r["protocol"]["scoring"].get("reference_config") or "base"
+        shifts = [c for c in configs if c != ref]
+        vals = [row[f"acc1/{c}"] for c in shifts if not np.isnan(row[f"acc1/{c}"])]
+        row["mean_shift_acc1"] = float(np.mean(vals)) if vals else np.nan
+        mean_impact = star.get("model_mean_impact", star.get("mean_absolute_impact"))  # older results: old name
+        row["model_mean_impact"] = _v(mean_impact)
+        row["model_mean_impact_lo"] = _ci(mean_impact, 0)
+        row["model_mean_impact_hi"] = _ci(mean_impact, 1)
+        for s, im in star.get("absolute_impact", {}).items():
+            row[f"impact/{s}"] = _v(im)
+    elif fam == "lance":
+        lance = m.get("lance", {})
+        t = lance.get("headline_T", "originals_with_counterfactual")
+        for k in (1, 5):
+            d = lance.get(f"delta_acc{k}", {}).get(t)
+            row[f"delta_acc{k}"], row[f"delta_acc{k}_lo"], row[f"delta_acc{k}_hi"] = _v(d), _ci(d, 0), _ci(d, 1)
+        row["mean_delta_p"] = _v(lance.get("delta_p"))
+        for et, dm in lance.get("delta_p_by_edit_type", {}).items():
+            row[f"delta_p/{et}"] = _v(dm)
+    elif fam == "in_g":
+        for c, rates in m.get("in_g", {}).items():
+            for k, v in rates.items():
+                row[k if len(m["in_g"]) == 1 else f"{k}/{c}"] = _v(v)
+                row[f"{k}_lo"], row[f"{k}_hi"] = _ci(v, 0), _ci(v, 1)
+    vals = [v for k, v in row.items() if k.startswith("acc1/") and not np.isnan(v)]
+    row["mean_acc1"] = float(np.mean(vals)) if vals else np.nan
+    return row
 
 
 def headline(family: str) -> tuple[str, bool, str]:
@@ -131,7 +143,8 @@ def topk_matrix(entries, config: str, k: int = 1) -> np.ndarray | None:
     return np.stack(cols, axis=1) if cols else None
 
 
-RANK_METHOD = 2  # bump when the ranking changes: cached intervals of older code are not reused
+RANK_METHOD = 3  # bump when the ranking changes: cached intervals of older code are not reused
+SCORE_DECIMALS = 12  # scores equal to 12 decimals are ties (float noise never splits a tie)
 
 
 @dataclass
@@ -139,6 +152,8 @@ class RankInterval:
     rank: int
     lo: int
     hi: int
+    value_lo: float = float("nan")   # percentile interval of the headline metric itself
+    value_hi: float = float("nan")
 
 
 def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
@@ -163,7 +178,7 @@ def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 10
     if out is not None and path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, {m: [r.rank, r.lo, r.hi] for m, r in out.items()})
+            atomic_write_json(path, {m: [r.rank, r.lo, r.hi, r.value_lo, r.value_hi] for m, r in out.items()})
         except OSError:
             pass
     return out
@@ -210,7 +225,10 @@ def compute_rank_intervals(entries, *, family: str, configs: list[str], n_boot: 
                            confidence: float = 0.95) -> dict[str, RankInterval] | None:
     """Ranks by the family's headline metric (:func:`headline_replicates`) with percentile intervals
     of each model's rank over the shared bootstrap replicates. Rank 1 = best; tied models share
-    the better rank. ``None`` if the models were not scored on identical image sets."""
+    the better rank; scores are compared to ``SCORE_DECIMALS`` decimals so float noise never splits a
+    tie. Each model also gets the percentile interval of its headline value over the same
+    replicates (``value_lo``, ``value_hi``). ``None`` if the models were not scored on identical
+    image sets."""
     if not entries or (family != "lance" and not configs):
         return None
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
@@ -219,24 +237,133 @@ def compute_rank_intervals(entries, *, family: str, configs: list[str], n_boot: 
     from scipy.stats import rankdata
 
     score, rep, higher = h
+    score, rep = np.round(score, SCORE_DECIMALS), np.round(rep, SCORE_DECIMALS)
     sign = -1.0 if higher else 1.0
     ranks = rankdata(sign * score, method="min").astype(int)  # ties share the better rank (1, 1, 3)
     alpha = (1 - confidence) / 2
     # a tie spans the ranks it could take: the interval runs from the best to the worst of them
     lo = np.floor(np.quantile(rankdata(sign * rep, method="min", axis=1), alpha, axis=0)).astype(int)
     hi = np.ceil(np.quantile(rankdata(sign * rep, method="max", axis=1), 1 - alpha, axis=0)).astype(int)
-    return {e.model_id: RankInterval(int(ranks[i]), int(lo[i]), int(hi[i])) for i, e in enumerate(entries)}
+    vlo, vhi = np.quantile(rep, alpha, axis=0), np.quantile(rep, 1 - alpha, axis=0)
+    return {e.model_id: RankInterval(int(ranks[i]), int(lo[i]), int(hi[i]), float(vlo[i]), float(vhi[i]))
+            for i, e in enumerate(entries)}
 
 
-def slope_fits(entries, *, reference_config: str | None = None) -> dict | None:
-    """ID/OOD fits per shift (``eval.slope.slope_table``); None with fewer than 2 comparable models."""
+def point_ranks(values, *, higher: bool) -> np.ndarray:
+    """Competition ranks (1, 1, 3) of values (NaN: unranked), ties to ``SCORE_DECIMALS`` decimals."""
+    from scipy.stats import rankdata
+
+    v = np.round(np.asarray(values, dtype=np.float64), SCORE_DECIMALS)
+    out = np.full(v.shape, np.nan)
+    ok = ~np.isnan(v)
+    if ok.any():
+        out[ok] = rankdata(-v[ok] if higher else v[ok], method="min")
+    return out
+
+
+MIN_FIT_MODELS = 5  # fewer models than this: the ID/OOD line is shown with a warning
+
+
+def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    r"""Pointwise confidence band of the least-squares ID/OOD line (``eval.metrics.id_ood_fit``) at ``grid``.
+
+    On the fit's scale :math:`g` (identity or probit), the mean response at :math:`x_0` has standard
+    error (ordinary least squares, e.g. Montgomery et al., *Introduction to Linear Regression
+    Analysis*, eq. 2.43)
+
+    .. math:: \mathrm{se}(x_0) = s\sqrt{1/n + (x_0-\bar x)^2 / S_{xx}}, \qquad s^2 = \mathrm{SS_{res}}/(n-2)
+
+    and the band is :math:`\hat y(x_0) \pm t_{1-\alpha/2,\,n-2}\,\mathrm{se}(x_0)`, mapped back to
+    accuracy with :math:`g^{-1}`. NaN with fewer than 3 models (no residual degrees of freedom).
+    """
+    from scipy.stats import norm, t
+
+    from eval.metrics import probit
+
+    gx, gy, gg = (np.asarray(x, float), np.asarray(y, float), np.asarray(grid, float))
+    if scale == "probit":
+        gx, gy, gg = probit(gx), probit(gy), probit(gg)
+    n = gx.size
+    nan = np.full(gg.shape, np.nan)
+    if n < 3 or np.ptp(gx) == 0:
+        return nan, nan
+    slope, intercept = np.polyfit(gx, gy, 1)
+    s2 = float(((gy - (slope * gx + intercept)) ** 2).sum()) / (n - 2)
+    sxx = float(((gx - gx.mean()) ** 2).sum())
+    se = np.sqrt(s2 * (1 / n + (gg - gx.mean()) ** 2 / sxx))
+    q = t.ppf(1 - (1 - confidence) / 2, n - 2)
+    lo, hi = slope * gg + intercept - q * se, slope * gg + intercept + q * se
+    return (lo, hi) if scale == "linear" else (norm.cdf(lo), norm.cdf(hi))
+
+
+MAX_ID_ACCURACY_BYTES = 16 * 2**20
+
+
+def read_id_accuracy(path) -> dict[str, float]:
+    """ImageNet-val top-1 per model from timm's ``results-imagenet.csv`` (or any CSV with ``model`` and
+    ``top1`` columns, top-1 in percent), as fractions. Raises ``BenchError`` naming the bad row."""
+    import csv
+    import io
+    import math
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise BenchError(f"--id-accuracy {path}: no such file; give timm's results-imagenet.csv or a CSV of model,top1")
+    data = p.read_bytes()
+    if len(data) > MAX_ID_ACCURACY_BYTES:
+        raise BenchError(f"--id-accuracy {path} is over {MAX_ID_ACCURACY_BYTES >> 20} MiB")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise BenchError(f"--id-accuracy {path} is not UTF-8 text; save it as UTF-8 CSV") from None
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames or not {"model", "top1"} <= {f.strip() for f in reader.fieldnames}:
+        raise BenchError(f"--id-accuracy {path}: needs columns 'model' and 'top1' (percent), found "
+                         f"{', '.join(reader.fieldnames or []) or 'none'}")
+    out = {}
+    for n, row in enumerate(reader, 2):
+        row = {(k or "").strip(): (v or "").strip() for k, v in row.items() if isinstance(v, str)}
+        try:
+            top1 = float(row.get("top1", ""))
+        except ValueError:
+            raise BenchError(f"--id-accuracy {path}:{n}: top1 {row.get('top1', '')[:20]!r} is not a number") from None
+        if not math.isfinite(top1) or not 0 <= top1 <= 100:
+            raise BenchError(f"--id-accuracy {path}:{n}: top1 {top1} is not a percentage in [0, 100]")
+        if row.get("model"):
+            out[row["model"]] = top1 / 100
+    if not out:
+        raise BenchError(f"--id-accuracy {path} has no rows")
+    return out
+
+
+def join_id_accuracy(models, table: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """Match result model ids to the CSV's names: exact, then without a ``timm/`` or ``hf-hub:`` prefix.
+    Returns (model id -> accuracy for the matched, unmatched model ids)."""
+    matched, unmatched = {}, []
+    for m in models:
+        bare = re.sub(r"^(hf-hub:|hf_hub:)?(timm/)?", "", m).split("@")[0]
+        hit = next((table[k] for k in (m, bare) if k in table), None)
+        if hit is None:
+            unmatched.append(m)
+        else:
+            matched[m] = hit
+    return matched, unmatched
+
+
+def slope_fits(entries, *, reference_config: str | None = None,
+               id_accuracy: dict[str, float] | None = None) -> dict | None:
+    """ID/OOD fits per shift (``eval.slope.slope_table``); None with fewer than 2 comparable models.
+    With ``id_accuracy`` (model id -> ImageNet-val top-1) only the models it names are fitted."""
     from eval.slope import slope_table
 
+    if id_accuracy is not None:
+        entries = [e for e in entries if e.model_id in id_accuracy]
     results = [e.result for e in entries]
     if len(results) < 2:
         return None
     try:
-        return slope_table(results, reference_config=reference_config)
+        return slope_table(results, reference_config=reference_config, id_accuracy=id_accuracy)
     except BenchError:
         return None
 
@@ -244,10 +371,8 @@ def slope_fits(entries, *, reference_config: str | None = None) -> dict | None:
 def per_class_accuracy(entry, config: str) -> pd.DataFrame:
     """acc@1 per class of one model on one config (for the drilldown's worst classes)."""
     from benchmark import imagenet
-    from eval.predictions import read_predictions
 
-    p = next(x for x in entry.result["predictions"] if x["config"] == config)
-    t = read_predictions(entry.run_dir / p["path"], columns=["label", "keep", "true_rank"])
+    t = entry.read_predictions(config, ["label", "keep", "true_rank"])  # re-checks the files first
     if entry.result["protocol"]["scoring"]["filter"]:
         t = t.filter(t["keep"])
     df = pd.DataFrame({"label": t["label"].to_numpy(), "hit": t["true_rank"].to_numpy() == 0})

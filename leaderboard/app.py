@@ -1,30 +1,48 @@
 """The genshift-bench leaderboard (Streamlit).
 
 Launched by ``bench leaderboard [--results DIR|ORG/NAME[@sha]]``, which passes the store in the
-``GENSHIFT_RESULTS`` environment variable. Everything shown comes from ``leaderboard.store`` and
-``leaderboard.aggregate``; text from results (model names, notes) is only ever rendered as plain
-text (dataframe cells, ``st.text``, ``st.code``), never as Markdown or HTML.
+``GENSHIFT_RESULTS`` environment variable (``GENSHIFT_TRUSTED_KEYS``: the trusted keys file;
+``GENSHIFT_ID_ACCURACY``: a CSV of ImageNet-val top-1 per model). Everything shown comes from
+``leaderboard.store`` (checked in the background by ``leaderboard.index``) and
+``leaderboard.aggregate``.
+
+Text from results and stores (model ids, suite ids, config names, notes, stamp fields, reasons)
+is never rendered as Markdown or HTML: it goes into dataframe cells, ``st.text``, widget options
+and escaped plot labels only; text cells a spreadsheet would evaluate get a leading apostrophe,
+so the grid's own CSV export is formula-safe too. Every view is in the URL (widgets bound to
+query parameters), so a shared link restores it.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import re
+import time
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 from leaderboard import aggregate
-from leaderboard.export import to_csv_bytes
-from leaderboard.store import STAMP, Store, load_store
+from leaderboard.export import defuse_frame, to_csv_bytes
+from leaderboard.index import Loader
+from leaderboard.store import STAMP, Store
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+FIRST_PAINT_WAIT_S = 1.0   # a small store is painted complete; a large one shows progress and first rows
+TABS = ["Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
+PP = "%.2f pp"             # differences of accuracies/probabilities are percentage points
+# viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
+# viewer mode, see `bench leaderboard`); a fixed style sheet, no data in it
+VIEWER_CSS = "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
 st.set_page_config(page_title="genshift-bench leaderboard", layout="wide")
 
 
 def _signature(source: str) -> str:
-    """Content key for the store cache: sizes and mtimes of every result/stamp (or the Hub source)."""
+    """Content key for the loader: sizes and mtimes of every result/stamp (or the Hub source). A change
+    starts a new background check (painted meanwhile from the index of unchanged entries)."""
     root = os.path.abspath(source)
     if not os.path.isdir(root):
         return source
@@ -37,9 +55,14 @@ def _signature(source: str) -> str:
     return "|".join(sorted(parts))
 
 
-@st.cache_resource(show_spinner="Loading and checking results ...", max_entries=4)
-def get_store(source: str, signature: str) -> Store:
-    return load_store(source, trusted_keys=os.environ.get("GENSHIFT_TRUSTED_KEYS") or None)
+@st.cache_resource(show_spinner=False, max_entries=4)
+def get_loader(source: str, trusted_keys: str | None, signature: str) -> Loader:
+    return Loader(source, trusted_keys_file=trusted_keys)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def get_id_accuracy(path: str, mtime: float) -> dict[str, float]:
+    return aggregate.read_id_accuracy(path)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -52,77 +75,183 @@ def get_ranks(_store: Store, fingerprint: str, suite: str, board: str, models: t
               configs: tuple[str, ...], family: str) -> dict | None:
     entries = [e for e in _store.for_suite(suite, board) if e.model_id in set(models)]
     out = aggregate.rank_intervals(entries, family=family, configs=list(configs))
-    return None if out is None else {k: (v.rank, v.lo, v.hi) for k, v in out.items()}
+    return None if out is None else {k: (v.rank, v.lo, v.hi, v.value_lo, v.value_hi) for k, v in out.items()}
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def get_fits(_store: Store, fingerprint: str, suite: str, board: str, models: tuple[str, ...]) -> dict | None:
+def get_fits(_store: Store, fingerprint: str, suite: str, board: str, models: tuple[str, ...],
+             id_accuracy: tuple | None) -> dict | None:
     entries = [e for e in _store.for_suite(suite, board) if e.model_id in set(models)]
-    return aggregate.slope_fits(entries)
+    return aggregate.slope_fits(entries, id_accuracy=dict(id_accuracy) if id_accuracy is not None else None)
 
 
-def plot_label(text: str) -> str:
+def plot_label(text) -> str:
     """Plot tick/hover labels: plotly interprets a few HTML tags in strings, so neutralise them."""
-    return text.replace("<", "‹").replace(">", "›").replace("&", "＆")
+    return str(text).replace("&", "＆").replace("<", "‹").replace(">", "›")
 
 
-def _qp_list(name: str, allowed: list[str]) -> list[str]:
-    return [v for v in st.query_params.get_all(name) if v in allowed]
+def safe_filename(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:80] or "board"
+
+
+def is_pp(col: str) -> bool:
+    """Columns that are differences of two accuracies or probabilities: percentage points, not percent."""
+    return col.startswith(("impact/", "delta_p", "delta_acc", "model_mean_impact", "mean_delta_p",
+                           "effective_robustness"))
+
+
+def from_url(key: str, options=None, *, multi: bool = False, parse=None, final: bool | None = None) -> None:
+    """Restore a widget's value from the URL the session was opened with.
+
+    Widgets are bound to query parameters (``bind="query-params"``), but Streamlit reads a bound
+    parameter only when the session starts: a widget drawn later (after the background check, in
+    a tab, once its options exist) would lose it. So the opening URL is kept and applied when
+    the widget is first drawn with a valid value; while the board is still partial (``final``
+    False) an unknown value waits for more entries instead of being dropped."""
+    url = st.session_state.get("_url", {})
+    if key not in url:
+        return
+    if final is None:  # default: whether this run shows the whole board (not a partial check)
+        final = st.session_state.get("_board_final", True)
+    try:
+        value = parse(url[key]) if parse else (list(url[key]) if multi else url[key][-1])
+    except (ValueError, TypeError, IndexError):
+        value = None
+    ok = value is not None and (options is None or (set(value) <= set(options) if multi else value in options))
+    if ok:
+        st.session_state[key] = value
+    if ok or final:
+        del url[key]
+
+
+def _bool(values: list[str]) -> bool:
+    if values[-1].lower() not in ("true", "false"):
+        raise ValueError(values[-1])
+    return values[-1].lower() == "true"
+
+
+def _range(values: list[str], top: float) -> tuple[float, float]:
+    lo, hi = (float(v) for v in values[-2:])
+    if not 0.0 <= lo <= hi <= top:
+        raise ValueError("out of range")
+    return lo, hi
+
+
+def show_df(df: pd.DataFrame, **kw) -> None:
+    """Every dataframe goes through here: data-derived text stays text and the grid's own CSV export
+    cannot carry a spreadsheet formula."""
+    st.dataframe(defuse_frame(df), hide_index=True, **kw)
+
+
+def guarded(title: str):
+    """One view that fails to draw shows why, and the rest of the board stays up."""
+    def wrap(fn):
+        def inner(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            except Exception as e:  # noqa: BLE001 - a view's failure must not take the board down
+                if type(e).__name__ in ("StopException", "RerunException"):
+                    raise
+                st.error(f"The {title} view could not be drawn for this selection.")
+                st.text(f"{type(e).__name__}: {e}")
+        return inner
+    return wrap
+
+
+@st.fragment(run_every=1.0)
+def progress_panel(loader: Loader, painted_version: int) -> None:
+    """The background check's progress; repaints the board when more entries are checked."""
+    _, s = loader.snapshot()
+    if s["version"] != painted_version and (s["finished"] or
+                                            time.monotonic() - st.session_state.get("_painted_at", 0) > 2.0):
+        st.rerun(scope="app")
+    if s["finished"]:
+        return
+    frac = s["done"] / s["total"] if s["total"] else 0.0
+    what = {"index": "the table shows the last checked state",
+            "partial": "the table shows the results checked so far"}.get(s["kind"], "nothing checked yet")
+    st.progress(frac, text=f"Checking results in the background: {s['done']} of {s['total'] or '?'} ({what}).")
 
 
 def main() -> None:
     source = os.environ.get("GENSHIFT_RESULTS", "runs")
+    keys = os.environ.get("GENSHIFT_TRUSTED_KEYS") or None
+    if "_url" not in st.session_state:  # the URL this session was opened with (see from_url)
+        st.session_state["_url"] = {k: st.query_params.get_all(k) for k in st.query_params}
+    st.html(VIEWER_CSS)
     st.title("genshift-bench leaderboard")
     try:
-        store = get_store(source, _signature(source))
+        loader = get_loader(source, keys, _signature(source))
     except Exception as e:  # noqa: BLE001 - the app must show the problem, not a traceback
         st.error("Could not open the results store.")
         st.text(f"{type(e).__name__}: {e}")
         st.stop()
+    if not loader.finished and loader.kind != "index" and time.monotonic() - loader.started < FIRST_PAINT_WAIT_S:
+        loader.wait(FIRST_PAINT_WAIT_S - (time.monotonic() - loader.started))
+    store, state = loader.snapshot()
+    st.session_state["_painted_at"] = time.monotonic()
+    if not state["finished"]:
+        progress_panel(loader, state["version"])
+    if state["error"] and store is None:
+        st.error("Could not open the results store.")
+        st.text(state["error"])
+        st.stop()
+    if store is None:
+        st.stop()
     st.caption("Robustness of ImageNet classifiers to generated distribution shifts. All numbers recompute from "
                "stored per-image predictions (bench verify).")
-    st.text(f"results store: {store.source}" + (f" @ {store.revision}" if store.revision else "") +
-            f" | {len(store.entries)} results, {len(store.rejected)} rejected, {len(store.superseded)} superseded")
+    st.text(f"results store: {store.source}" + (f" @ {store.revision}" if store.revision and store.revision not in
+                                                 store.source else "") +
+            f" | {len(store.entries)} results, {len(store.rejected)} rejected, {len(store.superseded)} superseded"
+            + (f" | trusted keys: {os.path.basename(keys)}" if keys else ""))
     if not store.entries:
-        st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out <store>` "
-                "or open a pull request with `bench submit`.")
-        _rejected(store)
+        if state["finished"]:
+            st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out "
+                    "<store>` or open a pull request with `bench submit`.")
+        _rejected(store, [])
         st.stop()
 
+    final = state["kind"] != "partial"
+    st.session_state["_board_final"] = final
     suites = store.suites()
-    qp_suite = st.query_params.get("suite")
-    suite = st.sidebar.selectbox("Suite", suites, index=suites.index(qp_suite) if qp_suite in suites else 0, key="suite")
+    from_url("suite", suites, final=final)
+    suite = st.sidebar.selectbox("Suite", suites, key="suite", bind="query-params")
     boards = store.boards(suite)
     board = boards[0]
     if len(boards) > 1:  # results on other suite revisions / protocols are never mixed into one table
-        sizes = {b: len(store.for_suite(suite, b)) for b in boards}
-        qp_board = st.query_params.get("board")
-        board = st.sidebar.selectbox("Suite revision · protocol", boards,
-                                     index=boards.index(qp_board) if qp_board in boards else 0,
-                                     format_func=lambda b: f"manifest {b.split('-')[0]}… · protocol {b.split('-')[1]} "
-                                                           f"({sizes[b]} models)", key="board")
-        st.sidebar.caption(f"{len(boards) - 1} other revision/protocol board(s) of {suite}: their results are not "
-                           "comparable with these and are shown on their own.")
-    df = get_table(store, store.fingerprint, suite, board)
+        from_url("board", boards, final=final)
+        board = st.sidebar.selectbox("Board (manifest sha256 - protocol sha256)", boards, key="board",
+                                     bind="query-params")
+        st.sidebar.text("\n".join(f"{b}: {len(store.for_suite(suite, b))} models" for b in boards) +
+                        "\nResults on other suite revisions or\nprotocols are not comparable and\nare shown on "
+                        "their own boards.")
+    board_df = get_table(store, store.fingerprint, suite, board)
+    skipped = board_df.attrs.get("skipped", [])
     family_kind = store.for_suite(suite, board)[0].result["suite"]["metric_family"]
     metric, higher, metric_label = aggregate.headline(family_kind)
+    configs = sorted(c[len("acc1/"):] for c in board_df.columns if c.startswith("acc1/"))
+    rank_configs = [c for c in configs if family_kind != "imagenet_star" or c != "base"]
+    board_df = _ranked(store, suite, board, board_df, metric, higher, family_kind, rank_configs,
+                       intervals=state["kind"] != "partial")
 
-    families = sorted(df["family"].unique())
-    pretrain = sorted(df["pretraining"].unique())
-    fam_sel = st.sidebar.multiselect("Architecture family", families, default=_qp_list("family", families), key="family")
-    pre_sel = st.sidebar.multiselect("Pretraining data", pretrain, default=_qp_list("pretraining", pretrain),
-                                     key="pretraining")
-    pmax = float(np.ceil(df["params_m"].max() + 1e-9))
-    params = st.sidebar.slider("Parameters (M)", 0.0, max(pmax, 1.0), (0.0, max(pmax, 1.0)), key="params")
-    verified_only = st.sidebar.checkbox("Verified only", value=st.query_params.get("verified") == "1", key="verified")
+    families = sorted(board_df["family"].unique())
+    pretrain = sorted(board_df["pretraining"].unique())
+    from_url("family", families, multi=True, final=final)
+    fam_sel = st.sidebar.multiselect("Architecture family", families, key="family", bind="query-params")
+    from_url("pretraining", pretrain, multi=True, final=final)
+    pre_sel = st.sidebar.multiselect("Pretraining data", pretrain, key="pretraining", bind="query-params")
+    pmax = max(float(np.ceil(board_df["params_m"].max() + 1e-9)), 1.0)
+    from_url("params", parse=lambda v: _range(v, pmax), final=final)
+    params = st.sidebar.slider("Parameters (M)", 0.0, pmax, key="params", bind="query-params",
+                               **({} if "params" in st.session_state else {"value": (0.0, pmax)}))
+    from_url("verified", parse=_bool)
+    verified_only = st.sidebar.checkbox("Verified only", key="verified", bind="query-params")
+    from_url("construction", parse=_bool)
     construction = st.sidebar.checkbox("Show construction models (biased by construction, never ranked)",
-                                       value=st.query_params.get("construction") == "1", key="construction")
-    st.query_params.from_dict({k: v for k, v in {
-        "suite": suite, "board": board if len(boards) > 1 else None, "family": fam_sel, "pretraining": pre_sel,
-        "verified": "1" if verified_only else None, "construction": "1" if construction else None,
-    }.items() if v})
+                                       key="construction", bind="query-params")
 
-    view = df[(df["params_m"] >= params[0]) & (df["params_m"] <= params[1])]
+    # ranks were computed once on the whole board: filters select rows, never re-rank
+    view = board_df[(board_df["params_m"] >= params[0]) & (board_df["params_m"] <= params[1])]
     if fam_sel:
         view = view[view["family"].isin(fam_sel)]
     if pre_sel:
@@ -131,136 +260,220 @@ def main() -> None:
         view = view[view["verified"]]
     if not construction:
         view = view[~view["construction_model"]]
-    view = view.sort_values(metric, ascending=not higher, na_position="last").reset_index(drop=True)
+    view = view.reset_index(drop=True)
+    view["hub"] = [f"https://huggingface.co/{m}" if SAFE_REPO.match(m) else "" for m in view["model"]]
 
-    ranked = view[~view["construction_model"]]
-    configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
-    rank_configs = [c for c in configs if family_kind != "imagenet_star" or c != "base"]
-    ranks = get_ranks(store, store.fingerprint, suite, board, tuple(ranked["model"]), tuple(rank_configs),
-                      family_kind) if len(ranked) else None
-    view.insert(0, "rank", [ranks[m][0] if ranks and m in ranks else np.nan for m in view["model"]])
-    view.insert(1, "rank_lo", [ranks[m][1] if ranks and m in ranks else np.nan for m in view["model"]])
-    view.insert(2, "rank_hi", [ranks[m][2] if ranks and m in ranks else np.nan for m in view["model"]])
-    view["hub"] = [f"https://huggingface.co/{m}" if SAFE_REPO.match(m) else None for m in view["model"]]
-
-    st.subheader(f"{suite}: ranked by {metric_label}")
-    st.caption("Ranks come with 95% intervals from a paired bootstrap over images (same resamples for every "
-               "model). Accuracies and rates are fractions shown in percent.")
-    pct = st.column_config.NumberColumn
-    config_cols = {c: pct(c.split("/", 1)[1], format="percent") for c in view.columns
-                   if c.startswith(("acc1/", "impact/", "delta_p/"))}
-    column_config = {
-        "rank": st.column_config.NumberColumn("rank", format="%d"),
-        "rank_lo": st.column_config.NumberColumn("rank lo", format="%d"),
-        "rank_hi": st.column_config.NumberColumn("rank hi", format="%d"),
-        "model": st.column_config.TextColumn("model"),
-        "params_m": st.column_config.NumberColumn("params (M)", format="%.1f"),
-        "hub": st.column_config.LinkColumn("hub", display_text="open"),
-        metric: pct(metric_label, format="percent"),
-        **config_cols,
-    }
-    main_cols = ["rank", "rank_lo", "rank_hi", "model", "family", "params_m", "pretraining", "verified",
-                 "construction_model", metric] + [c for c in ("model_mean_impact", "mean_delta_p",
-                                                              "parent_failure_rate")
-                                                 if c in view.columns]
-    main_cols += [c for c in view.columns if c.startswith("acc1/")] + ["hub"]
-    for c in ("model_mean_impact", "mean_delta_p", "parent_failure_rate", "top1_error"):
-        column_config.setdefault(c, pct(c.replace("_", " "), format="percent"))
-    st.dataframe(view[main_cols], column_config=column_config, hide_index=True, key="main_table",
-                 width="stretch")
+    st.subheader("Ranking")
+    st.text(f"suite {suite}, ranked by {metric_label}" + (" (lower is better)" if not higher else ""))
+    st.caption("Ranks are computed once per board (filters never change them); tied models share a rank. Rank "
+               "and metric intervals are 95% paired-bootstrap intervals over images. Accuracies and rates are in "
+               "percent; differences (impact, Δ) in percentage points (pp).")
+    _table(view, metric, metric_label, configs)
     c1, c2 = st.columns(2)
-    c1.download_button("Download CSV", to_csv_bytes(view), file_name=f"{suite}-leaderboard.csv",
+    c1.download_button("Download CSV", to_csv_bytes(view), file_name=f"{safe_filename(suite)}-leaderboard.csv",
                        mime="text/csv", key="download_csv")
     c2.download_button("Download JSON", view.to_json(orient="records", indent=1).encode(),
-                       file_name=f"{suite}-leaderboard.json", mime="application/json", key="download_json")
+                       file_name=f"{safe_filename(suite)}-leaderboard.json", mime="application/json",
+                       key="download_json")
     # a plain-text rendering of the top rows (accessible, and readable without the canvas grid)
     with st.expander("Top 10 as text"):
-        st.text("\n".join(f"{i + 1:>3}  {row.model}  {100 * row[metric]:.2f}" if pd.notna(row[metric]) else
-                          f"{i + 1:>3}  {row.model}  -" for i, row in view.head(10).iterrows()))
+        lines = []
+        for row in view.head(10).itertuples():
+            rank = "-" if pd.isna(row.rank) else str(int(row.rank))
+            value = getattr(row, metric)
+            lines.append(f"{rank:>3}  {row.model}  " + ("-" if pd.isna(value) else f"{100 * value:.2f}"))
+        st.text("\n".join(lines))
 
-    tabs = st.tabs(["Shift heatmap", "ID/OOD", "Model drilldown", f"Rejected ({len(store.rejected)})"])
+    from_url("tab", TABS)
+    tabs = st.tabs(TABS, key="tab", bind="query-params")
     with tabs[0]:
         _heatmap(view, configs)
     with tabs[1]:
         _id_ood(store, suite, board, view, family_kind)
     with tabs[2]:
-        _drilldown(store, suite, board, view, configs)
+        _drilldown(store, suite, board, view, configs, metric)
     with tabs[3]:
-        _rejected(store)
+        _rejected(store, skipped)
 
 
+def _ranked(store, suite, board, df, metric, higher, family_kind, rank_configs, *, intervals: bool) -> pd.DataFrame:
+    """The board with rank, rank interval and headline interval columns, sorted by rank (ties: by model)."""
+    df = df.copy()
+    ranked = df[~df["construction_model"]]
+    ranks = get_ranks(store, store.fingerprint, suite, board, tuple(ranked["model"]), tuple(rank_configs),
+                      family_kind) if intervals and len(ranked) else None
+    if ranks:
+        get = lambda i: [ranks[m][i] if m in ranks else np.nan for m in df["model"]]  # noqa: E731
+        df["rank"], df["rank_lo"], df["rank_hi"] = get(0), get(1), get(2)
+        for col, i in ((f"{metric}_lo", 3), (f"{metric}_hi", 4)):
+            if col not in df.columns or df[col].isna().all():
+                df[col] = get(i)
+    else:  # image sets differ (or a partial board): point ranks only
+        point = aggregate.point_ranks(ranked[metric], higher=higher)
+        by_model = dict(zip(ranked["model"], point))
+        df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
+        df["rank_lo"] = df["rank_hi"] = np.nan
+    for col in (f"{metric}_lo", f"{metric}_hi"):
+        if col not in df.columns:
+            df[col] = np.nan
+    df["_unranked"] = df["rank"].isna()
+    df = df.sort_values(["_unranked", "rank", metric, "model"], ascending=[True, True, not higher, True],
+                        na_position="last").drop(columns="_unranked").reset_index(drop=True)
+    return df
+
+
+def _table(view: pd.DataFrame, metric: str, metric_label: str, configs: list[str]) -> None:
+    num = st.column_config.NumberColumn
+    pct = lambda label: num(label, format="percent")  # noqa: E731
+    pp = lambda label: num(label, format=PP)          # noqa: E731
+    shown = view.copy()
+    secondary = [c for c in ("model_mean_impact", "mean_delta_p", "parent_failure_rate", "top1_error")
+                 if c in shown.columns and c != metric]
+    shift_cols = [c for c in shown.columns if c.startswith("acc1/")]
+    cols = (["rank", "rank_lo", "rank_hi", "model", metric, f"{metric}_lo", f"{metric}_hi"] + secondary + shift_cols
+            + ["family", "params_m", "pretraining", "verified", "construction_model", "hub"])
+    for c in cols:
+        if is_pp(c) and c in shown.columns:
+            shown[c] = shown[c] * 100  # fractions -> percentage points for display
+    fmt = pp if is_pp(metric) else pct
+    column_config = {
+        "rank": num("rank", format="%d", pinned=True),
+        "rank_lo": num("rank lo", format="%d"), "rank_hi": num("rank hi", format="%d"),
+        "model": st.column_config.TextColumn("model", pinned=True),
+        metric: fmt(metric_label), f"{metric}_lo": fmt(f"{metric_label}: 95% lo"),
+        f"{metric}_hi": fmt(f"{metric_label}: 95% hi"),
+        "params_m": num("params (M)", format="%.1f"),
+        "construction_model": st.column_config.CheckboxColumn("construction model"),
+        "hub": st.column_config.LinkColumn("hub", display_text="open"),
+        **{c: (pp if is_pp(c) else pct)(c.replace("_", " ")) for c in secondary},
+        **{c: pct(c.split("/", 1)[1]) for c in shift_cols},
+    }
+    show_df(shown[cols], column_config=column_config, key="main_table", width="stretch")
+
+
+@guarded("heatmap")
 def _heatmap(view: pd.DataFrame, configs: list[str]) -> None:
     import plotly.graph_objects as go
 
     if view.empty:
         st.info("No model matches the filters.")
         return
-    top = view.head(40)
-    z = np.array([[row[f"acc1/{c}"] * 100 for c in configs] for _, row in top.iterrows()])
-    fig = go.Figure(go.Heatmap(z=z, x=configs, y=[plot_label(m) for m in top["model"]], colorscale="Viridis",
-                               colorbar={"title": "acc@1 %"}))
-    fig.update_layout(height=max(300, 22 * len(top) + 120), yaxis={"autorange": "reversed"})
+    st.caption("Colour = acc@1 on a fixed 0–100% scale, chosen on purpose so that colours mean the same on every "
+               "board and a few points of difference look like a few points. Every model of the view is a row "
+               "(scroll the chart); hover for the value.")
+    z = view[[f"acc1/{c}" for c in configs]].to_numpy(dtype=float) * 100
+    labels = [f"{i + 1}. {plot_label(m)}" for i, m in enumerate(view["model"])]
+    fig = go.Figure(go.Heatmap(z=z, x=[plot_label(c) for c in configs], y=labels, colorscale="Viridis",
+                               zmin=0, zmax=100, colorbar={"title": {"text": "acc@1 % (fixed 0–100)"}},
+                               hovertemplate="%{y}<br>%{x}: %{z:.1f}%<extra></extra>"))
+    fig.update_layout(height=max(320, 18 * len(view) + 160), yaxis={"autorange": "reversed", "dtick": 1},
+                      margin={"l": 10, "r": 10, "t": 30, "b": 10})
     st.plotly_chart(fig, key="heatmap")
 
 
+@guarded("ID/OOD")
 def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kind: str) -> None:
     import plotly.graph_objects as go
     from scipy.stats import norm
 
     ranked = view[~view["construction_model"]]
-    fits = get_fits(store, store.fingerprint, suite, board, tuple(ranked["model"])) if family_kind == "imagenet_star" else None
-    if not fits or not fits["shifts"]:
-        st.info("ID/OOD fits need ImageNet* results of at least two models on the same suite revision.")
+    if family_kind != "imagenet_star":
+        st.info("ID/OOD fits need ImageNet* results (a reference config and shifts).")
         return
+    id_file = os.environ.get("GENSHIFT_ID_ACCURACY") or None
+    axes = ["suite reference config"] + (["ImageNet-val top-1 (--id-accuracy)"] if id_file else [])
+    from_url("x", axes)
+    axis = st.radio("In-distribution axis", axes, key="x", bind="query-params", horizontal=True)
+    id_acc = None
+    if axis != axes[0]:
+        table = get_id_accuracy(id_file, os.path.getmtime(id_file))
+        matched, unmatched = aggregate.join_id_accuracy(list(ranked["model"]), table)
+        st.text(f"ImageNet-val accuracy from {os.path.basename(id_file)}: {len(matched)} of {len(ranked)} models "
+                f"matched, {len(unmatched)} unmatched (left out of the fit).")
+        if unmatched:
+            with st.expander("Unmatched models"):
+                show_df(pd.DataFrame({"model": unmatched}), key="id_unmatched")
+        id_acc = tuple(sorted(matched.items()))
+    fits = get_fits(store, store.fingerprint, suite, board, tuple(ranked["model"]), id_acc)
+    if not fits or not fits["shifts"]:
+        st.info("ID/OOD fits need results of at least two models on the same suite revision.")
+        return
+    n = len(fits["models"])
+    if n < aggregate.MIN_FIT_MODELS:
+        st.warning(f"Only {n} models: a line through fewer than {aggregate.MIN_FIT_MODELS} points is poorly "
+                   "determined. Read the slope and the effective robustness with the confidence band in mind.")
     shifts = list(fits["shifts"])
-    qp_shift = st.query_params.get("shift")
-    shift = st.selectbox("Shift", shifts, index=shifts.index(qp_shift) if qp_shift in shifts else 0, key="shift")
+    from_url("shift", shifts)
+    shift = st.selectbox("Shift", shifts, key="shift", bind="query-params")
     f = fits["shifts"][shift]
     x = np.array(fits["id_accuracy"])
     y = ranked.set_index("model")[f"acc1/{shift}"].reindex(fits["models"]).to_numpy()
     fig = go.Figure(go.Scatter(x=100 * x, y=100 * y, mode="markers", name="models",
                                text=[plot_label(m) for m in fits["models"]], hoverinfo="text+x+y"))
-    grid = np.linspace(max(0.001, x.min() - 0.02), min(0.999, x.max() + 0.02), 50)
-    lin, pro = f["linear"], f["probit"]
-    if np.isfinite(lin["slope"]):
-        fig.add_trace(go.Scatter(x=100 * grid, y=100 * (lin["slope"] * grid + lin["intercept"]), mode="lines",
-                                 name=f"linear fit (slope {lin['slope']:.2f}, R² {lin['r2']:.2f})"))
-    if np.isfinite(pro["slope"]):
-        fig.add_trace(go.Scatter(x=100 * grid, y=100 * norm.cdf(pro["slope"] * norm.ppf(grid) + pro["intercept"]),
-                                 mode="lines", name=f"probit fit (slope {pro['slope']:.2f}, R² {pro['r2']:.2f})"))
-    fig.update_layout(xaxis_title=f"in-distribution acc@1 % ({fits['id_axis']})", yaxis_title=f"{shift} acc@1 %")
+    grid = np.linspace(max(0.001, x.min() - 0.02), min(0.999, x.max() + 0.02), 60)
+    ok = ~np.isnan(y)
+    for scale, fn in (("linear", lambda g, a, b: a * g + b),
+                      ("probit", lambda g, a, b: norm.cdf(a * norm.ppf(g) + b))):
+        fit = f[scale]
+        if not np.isfinite(fit["slope"]):
+            continue
+        lo, hi = aggregate.fit_band(x[ok], y[ok], grid, scale=scale)
+        if np.isfinite(lo).all():
+            fig.add_trace(go.Scatter(x=np.concatenate([100 * grid, 100 * grid[::-1]]),
+                                     y=np.concatenate([100 * hi, 100 * lo[::-1]]), fill="toself", mode="lines",
+                                     line={"width": 0}, opacity=0.2, name=f"{scale} fit: 95% confidence band",
+                                     hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=100 * grid, y=100 * fn(grid, fit["slope"], fit["intercept"]), mode="lines",
+                                 name=f"{scale} fit (slope {fit['slope']:.2f}, R² {fit['r2']:.2f}, n {fit['n']})"))
+    fig.update_layout(xaxis_title=plot_label(f"in-distribution acc@1 % ({fits['id_axis']})"),
+                      yaxis_title=plot_label(f"{shift} acc@1 %"))
     st.plotly_chart(fig, key="id_ood")
-    er = pd.DataFrame({"model": f["linear"]["models"], "effective_robustness_linear": f["linear"]["effective_robustness"],
-                       "effective_robustness_probit": f["probit"]["effective_robustness"]})
-    st.dataframe(er, hide_index=True, key="effective_robustness", column_config={
-        "effective_robustness_linear": st.column_config.NumberColumn("eff. robustness (linear)", format="percent"),
-        "effective_robustness_probit": st.column_config.NumberColumn("eff. robustness (probit)", format="percent")})
+    er = pd.DataFrame({"model": f["linear"]["models"],
+                       "effective_robustness_linear": 100 * np.array(f["linear"]["effective_robustness"], float),
+                       "effective_robustness_probit": 100 * np.array(f["probit"]["effective_robustness"], float)})
+    er = er.sort_values(["effective_robustness_linear", "model"], ascending=[False, True], na_position="last")
+    st.caption("Effective robustness: a model's shift accuracy minus the fitted line's prediction at its "
+               "in-distribution accuracy (Taori et al., 2020), in percentage points, most robust first.")
+    show_df(er, key="effective_robustness", column_config={
+        "effective_robustness_linear": st.column_config.NumberColumn("eff. robustness, linear (pp)", format=PP),
+        "effective_robustness_probit": st.column_config.NumberColumn("eff. robustness, probit (pp)", format=PP)})
 
 
-def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs: list[str]) -> None:
+@guarded("drilldown")
+def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs: list[str], metric: str) -> None:
     import plotly.graph_objects as go
 
     models = list(view["model"])
     if not models:
         st.info("No model matches the filters.")
         return
-    qp_model = st.query_params.get("model")
-    model = st.selectbox("Model", models, index=models.index(qp_model) if qp_model in models else 0, key="model")
-    entry = next(e for e in store.for_suite(suite, board) if e.model_id == model)
+    from_url("model", models)
+    model = st.selectbox("Model", models, key="model", bind="query-params")
+    entry = next(e for e in store.for_suite(suite, board) if str(e.model_id) == model)
     r = entry.result
     if entry.verified:
-        st.success(f"verified: {entry.stamp['recheck']['n']} images re-run through the model match the stored predictions "
-                   f"({entry.stamp.get('verified_at', '')})")
+        st.success("Verified: images re-run through the model match the stored predictions (signed stamp).")
+        s = entry.stamp or {}
+        n = s.get("recheck", {}).get("n", "?") if isinstance(s.get("recheck"), dict) else s.get("recheck", "?")
+        st.text(f"stamp: {n} images re-run, verified at {s.get('verified_at', '?')}")
     else:
-        st.warning("not verified by a model re-run (hashes and recomputed metrics check out)")
-    row = view.set_index("model").loc[model]
-    fig = go.Figure(go.Bar(x=configs, y=[100 * row[f"acc1/{c}"] for c in configs]))
-    fig.update_layout(yaxis_title="acc@1 %", height=320)
+        st.warning("Not verified by a model re-run (hashes and recomputed metrics check out).")
+        if getattr(entry, "note", ""):
+            st.text(f"why: {entry.note}")
+    cm = r["metrics"]["configs"]
+    vals = [100 * aggregate._v(cm[c]["acc1"]) for c in configs if c in cm]
+    lo = [100 * aggregate._ci(cm[c]["acc1"], 0) for c in configs if c in cm]
+    hi = [100 * aggregate._ci(cm[c]["acc1"], 1) for c in configs if c in cm]
+    names = [plot_label(c) for c in configs if c in cm]
+    fig = go.Figure(go.Bar(x=names, y=vals, error_y={"type": "data", "symmetric": False,
+                                                     "array": np.subtract(hi, vals), "arrayminus": np.subtract(vals, lo)}))
+    fig.update_layout(yaxis_title="acc@1 % (95% interval)", height=340)
     st.plotly_chart(fig, key="drill_bars")
-    config = st.selectbox("Worst classes on", configs, key="drill_config")
+    from_url("drill_config", configs)
+    config = st.selectbox("Worst classes on", configs, key="drill_config", bind="query-params")
     worst = aggregate.per_class_accuracy(entry, config).head(15)
-    st.dataframe(worst[["class", "acc1", "n"]], hide_index=True, key="worst_classes",
-                 column_config={"acc1": st.column_config.NumberColumn("acc@1", format="percent")})
+    show_df(worst[["class", "acc1", "n"]], key="worst_classes",
+            column_config={"acc1": st.column_config.NumberColumn("acc@1", format="percent")})
     prov = {
         "model id": r["model"]["id"], "weights revision": r["model"].get("weights_revision") or "-",
         "weights sha256": r["model"].get("weights_sha256") or "-", "suite": r["suite"]["id"],
@@ -270,17 +483,44 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
         "preprocessing": ", ".join(f"{k}={v}" for k, v in r["data_config"].items()),
         "finished": r.get("finished_at", ""), "flags": ", ".join(k for k, v in r["flags"].items() if v) or "-",
     }
-    st.dataframe(pd.DataFrame({"field": list(prov), "value": [str(v) for v in prov.values()]}), hide_index=True,
-                 key="provenance")
+    show_df(pd.DataFrame({"field": list(prov), "value": [str(v) for v in prov.values()]}), key="provenance")
     if r.get("notes"):
         st.text("notes: " + str(r["notes"]))
+    _failure_directions(entry)
 
 
-def _rejected(store: Store) -> None:
+def _failure_directions(entry) -> None:
+    from eval.diagnose_report import load_report_for_view
+
+    report = load_report_for_view(entry.run_dir)
+    if report is None:
+        return
+    st.subheader("Failure directions")
+    st.caption("Where the model fails, in pictures (bench diagnose; Jain et al., ICLR 2023): per class, a direction "
+               "in CLIP space that separates its mistakes, its strength (cross-validated balanced accuracy) against "
+               "a permutation null, and the hardest and easiest images along it.")
+    for d in report["classes"][:5]:
+        with st.container(border=True):
+            st.text(f"class {d['label']} {d['name']}: strength {d['strength_text']} vs null p95 {d['null_text']}; "
+                    f"{d['n_errors']} errors of {d['n']}")
+            if d["hard_caption"]:
+                st.text(f"hard images: {d['hard_caption']}")
+            for kind in ("hardest", "easiest"):
+                imgs = [(i, report["thumbnails"][i]) for i in d[kind] if i in report["thumbnails"]]
+                if imgs:
+                    st.text(kind)
+                    cols = st.columns(max(len(imgs), 1))
+                    for col, (iid, data) in zip(cols, imgs):
+                        col.image(io.BytesIO(base64.b64decode(data)), width=96)
+                        col.text(iid[:24])
+
+
+def _rejected(store: Store, skipped: list) -> None:
     rows = [{"entry": str(e.path.relative_to(store.root)) if store.root in e.path.parents else str(e.path),
              "status": e.status, "reason": e.reason} for e in store.rejected + store.superseded]
+    rows += [{"entry": m, "status": "not shown", "reason": why} for m, why in skipped]
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="rejected")
+        show_df(pd.DataFrame(rows), key="rejected")
     else:
         st.text("No rejected or superseded entries.")
 

@@ -3,7 +3,10 @@
 Speaks what huggingface_hub's ``create_repo``, ``create_commit`` / ``upload_folder`` (with
 ``parent_commit`` and ``create_pr``; the preupload + commit endpoints), ``create_tag``,
 ``list_repo_refs``, ``dataset_info`` / ``model_info``, ``list_repo_files`` / ``list_repo_tree``,
-``update_repo_settings`` (``gated``), ``hf_hub_download`` and ``snapshot_download`` need. Files are sent inline
+``list_repo_commits``, ``update_repo_settings`` (``gated``), ``hf_hub_download`` and
+``snapshot_download`` need, and the pull-request side of the discussions API
+(``get_repo_discussions``, ``get_discussion_details``, ``comment_discussion``,
+``merge_pull_request``, ``change_discussion_status``; commits to ``refs/pr/N``). Files are sent inline
 ("regular" upload mode), so no LFS/xet. A stale ``parentCommit`` is rejected (412), like the Hub.
 ``gate(repo_type, repo_id, tokens)`` makes a repo gated: its metadata stays readable, file downloads
 without one of ``tokens`` get 403 ``GatedRepo`` (as on the Hub).
@@ -202,14 +205,34 @@ class _Handler(BaseHTTPRequestHandler):
             entries = [{"type": "file", "path": p, "oid": hashlib.sha1(b).hexdigest(), "size": len(b)}
                        for p, b in sorted(repo.commits[oid].files.items()) if not sub or p.startswith(sub.rstrip("/") + "/")]
             return self._send(200, entries)
+        if tail.startswith("commits/"):
+            oid = repo.resolve(tail[len("commits/"):])
+            if oid is None:
+                return self._error(404, "RevisionNotFound", f"revision {tail} not found")
+            history = []
+            while oid:
+                c = repo.commits[oid]
+                history.append({"id": oid, "title": c.message, "message": c.message, "authors": [{"user": "tester"}],
+                                "date": "2026-01-01T00:00:00.000Z"})
+                oid = c.parent
+            return self._send(200, history)
+        if tail == "discussions":
+            items = [self._discussion(repo, n) for n in sorted(repo.discussions, reverse=True)]
+            status = (query.get("status") or ["all"])[0]
+            kind = (query.get("type") or ["all"])[0]
+            items = [d for d in items if status in ("all", d["status"])
+                     and kind in ("all", "pull_request" if d["isPullRequest"] else "discussion")]
+            return self._send(200, {"discussions": items, "count": len(items), "start": 0,
+                                    "numClosedDiscussions": sum(d["status"] != "open" for d in items)})
         if tail.startswith("discussions/"):
             num = int(tail.split("/")[1])
-            d = repo.discussions.get(num)
-            if d is None:
+            if num not in repo.discussions:
                 return self._error(404, "EntryNotFound", f"discussion {num} not found")
-            return self._send(200, {**d, "num": num, "author": {"name": "tester"}, "createdAt": "2026-01-01T00:00:00.000Z",
-                                    "status": "open", "repo": {"name": repo.repo_id, "type": repo.repo_type},
-                                    "events": [], "changes": {"base": "refs/heads/main"}, "filesWithConflicts": []})
+            d = repo.discussions[num]
+            return self._send(200, {**self._discussion(repo, num), "events": d.get("events", []),
+                                    "changes": {"base": "refs/heads/main",
+                                                **({"mergeCommitId": d["merge_commit"]} if d.get("merge_commit") else {})},
+                                    "filesWithConflicts": []})
         if tail == "refs":
             return self._send(200, {
                 "branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": o} for b, o in repo.refs.items()
@@ -220,6 +243,43 @@ class _Handler(BaseHTTPRequestHandler):
                                  if b.startswith("refs/pr/")],
             })
         return self._error(404, "EntryNotFound", f"unknown api route {tail}")
+
+    def _discussion(self, repo: Repo, num: int) -> dict:
+        d = repo.discussions[num]
+        return {"num": num, "title": d.get("title", ""), "isPullRequest": d.get("isPullRequest", False),
+                "status": d.get("status", "open"), "author": {"name": "tester"},
+                "createdAt": "2026-01-01T00:00:00.000Z", "repo": {"name": repo.repo_id, "type": repo.repo_type}}
+
+    def _discussion_post(self, repo: Repo, num: int, action: str, req: dict) -> None:
+        d = repo.discussions.get(num)
+        if d is None:
+            return self._error(404, "EntryNotFound", f"discussion {num} not found")
+        events = d.setdefault("events", [])
+
+        def event(kind: str, data: dict) -> dict:
+            ev = {"id": f"{num}-{len(events)}", "type": kind, "createdAt": "2026-01-01T00:00:00.000Z",
+                  "author": {"name": "reviewer"}, "data": data}
+            events.append(ev)
+            return ev
+        if action == "comment":
+            ev = event("comment", {"edited": False, "hidden": False, "latest": {"raw": req.get("comment", "")}})
+            return self._send(200, {"newMessage": ev})
+        if action == "status":
+            d["status"] = req.get("status", "open")
+            return self._send(200, {"newStatus": event("status-change", {"status": d["status"]})})
+        if action == "merge":
+            if not d.get("isPullRequest") or d.get("status", "open") != "open":
+                return self._error(400, "BadRequest", f"discussion {num} is not an open pull request")
+            base, head = repo.commits[d["base"]].files, repo.commits[repo.refs[f"refs/pr/{num}"]].files
+            changed = {p: b for p, b in head.items() if base.get(p) != b}
+            gone = [p for p in base if p not in head]
+            d["merge_commit"] = self.hub.commit(repo, changed, gone, repo.refs["main"], f"Merge PR #{num}", "main")
+            d["status"] = "merged"
+            if req.get("comment"):
+                event("comment", {"edited": False, "hidden": False, "latest": {"raw": req["comment"]}})
+            event("status-change", {"status": "merged"})
+            return self._send(200, {})
+        return self._error(404, "EntryNotFound", f"unknown discussion action {action}")
 
     def do_PUT(self) -> None:
         path = urllib.parse.unquote(urllib.parse.urlparse(self.path).path)
@@ -268,12 +328,16 @@ class _Handler(BaseHTTPRequestHandler):
                                                   for f in files]})
             if tail.startswith("commit/"):
                 return self._commit(repo, tail[len("commit/"):], body, create_pr=query.get("create_pr", ["0"])[0] in ("1", "true"))
+            if tail.startswith("discussions/") and tail.count("/") == 2:
+                _, num, action = tail.split("/")
+                return self._discussion_post(repo, int(num), action, json.loads(body or b"{}") or {})
             if tail == "discussions":
                 req = json.loads(body or b"{}")
                 repo.prs += 1
                 repo.refs[f"refs/pr/{repo.prs}"] = repo.refs["main"]
                 repo.discussions[repo.prs] = {"title": req.get("title", ""), "description": req.get("description", ""),
-                                              "isPullRequest": bool(req.get("pullRequest"))}
+                                              "isPullRequest": bool(req.get("pullRequest")), "status": "open",
+                                              "base": repo.refs["main"]}
                 return self._send(200, {"num": repo.prs})
             if tail.startswith("tag/"):
                 oid = repo.resolve(tail[len("tag/"):])
@@ -309,7 +373,8 @@ class _Handler(BaseHTTPRequestHandler):
         if create_pr:  # older clients: commit with ?create_pr=1
             repo.prs += 1
             branch = f"refs/pr/{repo.prs}"
-            repo.discussions[repo.prs] = {"title": header.get("summary", ""), "description": "", "isPullRequest": True}
+            repo.discussions[repo.prs] = {"title": header.get("summary", ""), "description": "", "isPullRequest": True,
+                                          "status": "open", "base": head}
             pr_url = f"{self.hub.endpoint}/{'datasets/' if repo.repo_type == 'dataset' else ''}{repo.repo_id}/discussions/{repo.prs}"
         oid = self.hub.commit(repo, files, deleted, head, header.get("summary", ""), branch)
         self._send(200, {"commitUrl": f"{self.hub.endpoint}/{repo.repo_id}/commit/{oid}", "commitOid": oid,

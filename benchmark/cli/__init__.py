@@ -25,7 +25,7 @@ VERBS = (
     "slope",
     "submit",
     "leaderboard_cmd",
-    "review",           # board: maintainers' review of submissions (skipped until it exists)
+    "review",           # board: maintainers' review of submissions
     "build",
     "publish",
     "diagnose",

@@ -10,7 +10,8 @@ def add_parser(sub):
                  description="Fit per class a linear SVM on CLIP embeddings that predicts the model's mistakes "
                              "(Jain et al., ICLR 2023); report each direction's strength (CV balanced accuracy vs a "
                              "permutation null), the hardest images and the captions naming the hard subpopulation. "
-                             "Writes diagnose.json next to the result; never changes scores.",
+                             "Writes diagnose.json and a self-contained diagnose.html (thumbnails of the hardest and "
+                             "easiest images) next to the result; never changes scores.",
                  examples="  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k\n"
                           "  bench diagnose runs/in-g-rn/timm--vit_base_patch16_224.augreg_in1k --criterion parent\n")
     p.add_argument("result", help="result.json or its run folder")
@@ -71,5 +72,5 @@ def run(args) -> int:
                      "null p95": "-" if d["null_p95"] is None else f"{d['null_p95']:.3f}",
                      "hardest caption": d["hard_captions"][0][0] if d["hard_captions"] else d["status"]})
     print_table(rows, ["class", "n", "errors", "strength", "null p95", "hardest caption"])
-    print(f"\nreport: {path}")
+    print(f"\nreport: {path}\npictures: {path.with_name('diagnose.html')}")
     return 0

@@ -1,19 +1,36 @@
-"""`bench leaderboard`: serve the Streamlit leaderboard over a results store."""
+"""`bench leaderboard`: serve the Streamlit leaderboard over a results store, or export it as a Space."""
 
 from __future__ import annotations
 
 from benchmark.cli._common import add_verb
 
+# viewer mode: no developer menu, no Deploy button, no grid CSV export (the app offers formula-safe
+# downloads of its own); the same settings the exported Space ships in .streamlit/config.toml
+STREAMLIT_FLAGS = ("--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode",
+                   "viewer", "--client.disableDataExport", "true", "--server.runOnSave", "false")
+
 
 def add_parser(sub):
-    p = add_verb(sub, "leaderboard", help="serve the Streamlit leaderboard",
+    p = add_verb(sub, "leaderboard", help="serve the Streamlit leaderboard (or export it as a Hugging Face Space)",
                  description="Serve the leaderboard app over a results store: a folder of `bench eval --out` runs, or "
-                             "a Hub dataset repo ORG/NAME[@sha] of results (pin a sha for a reproducible board).",
+                             "a Hub dataset repo ORG/NAME[@sha] of results (pin a sha for a reproducible board). "
+                             "With --export-space, write a deployable Streamlit Space instead.",
                  examples="  bench leaderboard --results runs\n"
-                          "  bench leaderboard --results my-org/genshift-results@3f2a...c9 --port 8600\n")
+                          "  bench leaderboard --results my-org/genshift-results@3f2a...c9 --trusted-keys trusted "
+                          "--port 8600\n"
+                          "  bench leaderboard --results my-org/genshift-results --trusted-keys trusted "
+                          "--export-space space/\n")
     p.add_argument("--results", default="runs", help="results folder or ORG/NAME[@sha] (default: runs)")
     p.add_argument("--port", type=int, default=8501, help="port to serve on (default: 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
+    p.add_argument("--trusted-keys", metavar="FILE",
+                   help="maintainers' public keys (KEY.pub lines); only stamps signed by one count as verified")
+    p.add_argument("--id-accuracy", metavar="FILE",
+                   help="ImageNet-val top-1 per model for the ID/OOD x-axis: timm's results-imagenet.csv or any "
+                        "CSV with columns model,top1 (percent)")
+    p.add_argument("--export-space", metavar="DIR",
+                   help="write a deployable Hugging Face Space (Streamlit) for --results ORG/NAME pinned to its "
+                        "current commit, then exit")
     return p
 
 
@@ -39,6 +56,29 @@ def run(args) -> int:
 
     if not 1 <= args.port <= 65535:
         raise BenchError(f"--port must be 1..65535, got {args.port}")
+    if args.trusted_keys:
+        from eval.stamps import load_trusted_keys
+
+        load_trusted_keys(args.trusted_keys)  # a bad file is one error line now, not a broken board later
+    if args.id_accuracy:
+        from leaderboard.aggregate import read_id_accuracy
+
+        read_id_accuracy(args.id_accuracy)
+    if args.export_space:
+        from leaderboard.space import export_space
+
+        if Path(args.results).exists():
+            raise BenchError("--export-space needs --results ORG/NAME[@sha] of a Hub dataset repo (a Space cannot "
+                             "read a local folder); push the results first")
+        from benchmark.hub import resolve_revision
+
+        repo, _, rev = args.results.partition("@")
+        sha = resolve_revision(repo, rev or None)
+        out = export_space(args.export_space, results=repo, revision=sha, trusted_keys=args.trusted_keys,
+                           id_accuracy=args.id_accuracy)
+        print(f"Space for {repo}@{sha} written to {out}; push it with: "
+              f"huggingface-cli upload --repo-type space ORG/NAME {out} .")
+        return 0
     root, revision = resolve_source(args.results)  # checks the store exists (or downloads it) first
     if not port_free(args.host, args.port):
         raise BenchError(f"port {args.port} on {args.host} is in use; pass another --port")
@@ -47,7 +87,12 @@ def run(args) -> int:
     app = Path(importlib.util.find_spec("leaderboard").origin).parent / "app.py"
     source = str(root) if revision is None else f"{args.results.partition('@')[0]}@{revision}"
     env = {**os.environ, "GENSHIFT_RESULTS": source}
+    for name, value in (("GENSHIFT_TRUSTED_KEYS", args.trusted_keys), ("GENSHIFT_ID_ACCURACY", args.id_accuracy)):
+        if value:
+            env[name] = os.path.abspath(value)
+        else:
+            env.pop(name, None)
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
-           "--server.address", args.host, "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+           "--server.address", args.host, *STREAMLIT_FLAGS]
     print(f"leaderboard for {source} on http://{args.host}:{args.port}", flush=True)
     return subprocess.call(cmd, env=env)

@@ -1,0 +1,56 @@
+"""`bench review`: verify, sign, comment on and merge pull requests to the results repo."""
+
+from __future__ import annotations
+
+from benchmark.cli._common import add_verb, positive_int, print_table
+
+
+def add_parser(sub):
+    p = add_verb(sub, "review", help="verify every open pull request on the results repo (maintainers)",
+                 description="For each open pull request on the results dataset repo not yet reviewed at its head "
+                             "commit: check every new entry as the leaderboard store does, re-run a fresh random "
+                             "sample of its images through the model, sign a verification stamp with the maintainer "
+                             "key and commit it to the PR, comment the outcome and (--merge) merge what passed. "
+                             "One failing PR never stops the others. Needs HF_TOKEN with write access.",
+                 examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
+                          "  bench review --repo my-org/genshift-results --key maintainer.key --watch 600\n")
+    p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME on the Hub")
+    p.add_argument("--key", required=True, help="maintainer's ed25519 private key (bench keygen) that signs stamps")
+    p.add_argument("--recheck", type=positive_int, default=50,
+                   help="images per entry re-run through the model, drawn with a fresh seed (default: 50)")
+    p.add_argument("--merge", action="store_true", help="merge the pull requests that pass every check")
+    p.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="keep running: review again every SECONDS (default: one pass, for scheduled CI)")
+    p.add_argument("--suite", help="the suite the entries were scored on, a trusted folder or Hub repo (default: found "
+                                   "among --suites / the registry's pinned suites)")
+    p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
+    p.add_argument("--checkpoint", help="local weights for results scored with --checkpoint (default: the "
+                                        "recorded Hub weights)")
+    p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
+    return p
+
+
+def _print(outcomes) -> None:
+    rows = [{"PR": f"#{o.pr}", "head": o.head[:12], "outcome": o.status + (" + merged" if o.merged else ""),
+             "entries": ", ".join(o.entries) or "-", "first problem": (o.problems[0][:100] if o.problems else "-")}
+            for o in outcomes]
+    if rows:
+        print_table(rows, ["PR", "head", "outcome", "entries", "first problem"])
+    else:
+        print("no open pull requests")
+
+
+def run(args) -> int:
+    from benchmark.errors import BenchError
+    from leaderboard.review import Reviewer, watch
+
+    if args.watch is not None and not 1 <= args.watch <= 7 * 86400:
+        raise BenchError(f"--watch must be 1..604800 seconds, got {args.watch}")
+    reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
+                        suites=args.suites, checkpoint=args.checkpoint, device=args.device)
+    if args.watch is not None:
+        watch(reviewer, args.watch, report=_print)
+        return 0
+    outcomes = reviewer.run_once()
+    _print(outcomes)
+    return 1 if any(o.status == "error" for o in outcomes) else 0

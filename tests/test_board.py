@@ -1,0 +1,418 @@
+"""The board's own pieces: uncertainty, ranks once per board, URL views, escaping, the index, the Space,
+ImageNet-val accuracy, failure-direction pictures."""
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from leaderboard import aggregate
+from leaderboard.synthetic import make_store, write_model
+from tests.test_leaderboard import _app, clear_streamlit_caches  # noqa: F401  (autouse fixture)
+
+CONFIGS = ["base", "shift_01", "shift_02"]
+LINK = "[m](https://evil.example) ![i](https://evil.example/a.png)"
+CFG_LINK = "[c](javascript:alert(1))"
+
+
+def _board(root, *, models=8, extra=()):
+    """A board of ``models`` models, two of them tied exactly, plus ``extra`` (model_id, kw) entries."""
+    make_store(root, models=models, configs=len(CONFIGS), rows=60, seed=3)
+    first = json.loads(next(root.glob("*/*/result.json")).read_text())
+    difficulty = {c: np.random.default_rng(3).normal(0, 1.2, 60) for c in CONFIGS}
+    common = dict(suite_id="imagenet-star", configs=CONFIGS, difficulty=difficulty,
+                  manifest=first["suite"]["manifest_sha256"])
+    for mid in ("timm/tie_a.in1k", "timm/tie_b.in1k"):  # same rng, same skill: identical predictions
+        write_model(root, model_id=mid, architecture="resnet18", tag="in1k", num_params=11e6, skill=1.0,
+                    rng=np.random.default_rng(42), **common)
+    for mid, kw in extra:
+        write_model(root, model_id=mid, rng=np.random.default_rng(7), **{**common, **kw})
+    return root
+
+
+def _array(v):
+    """A plotly spec array: a list, or numpy's bytes in base64 (``{"bdata", "dtype"}``)."""
+    import base64
+    return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist() if isinstance(v, dict) else v
+
+
+def test_fit_band_matches_a_hand_computed_case():
+    # x = .1 .2 .3, y = .1 .3 .2: slope .5, intercept .1, residuals -.05 .1 -.05, SSres .015, s² = .015 (n-2 = 1),
+    # Sxx = .02; at x0 = .2: se = sqrt(.015/3) = .0707107, t(.975, 1) = 12.7062 -> half-width .898464;
+    # at x0 = .3: se = sqrt(.015 (1/3 + .01/.02)) = .1118034 -> half-width 1.420598
+    lo, hi = aggregate.fit_band([0.1, 0.2, 0.3], [0.1, 0.3, 0.2], [0.2, 0.3])
+    assert lo == pytest.approx([0.2 - 0.898464, 0.25 - 1.420598], abs=1e-5)
+    assert hi == pytest.approx([0.2 + 0.898464, 0.25 + 1.420598], abs=1e-5)
+    assert np.isnan(aggregate.fit_band([0.1, 0.2], [0.1, 0.3], [0.2])[0]).all()  # 2 points: no band
+
+
+def test_point_ranks_share_float_ties():
+    assert aggregate.point_ranks([0.3, 0.1 + 0.2, 0.5, np.nan], higher=True)[:3].tolist() == [2, 2, 1]
+    assert aggregate.point_ranks([0.3, 0.1 + 0.2, 0.5], higher=False).tolist() == [1, 1, 3]
+
+
+def test_ranks_once_per_board_ties_order_intervals_and_units(tmp_path):
+    root = _board(tmp_path / "s")
+    at = _app(root, trusted_keys=None).run()
+    assert not at.exception
+    t = at.dataframe[0].value
+    assert list(t["rank"]) == sorted(t["rank"])  # 0 inversions: row order follows rank
+    ties = t.set_index("model").loc[["timm/tie_a.in1k", "timm/tie_b.in1k"]]
+    assert ties["rank"].nunique() == 1  # exact ties share a rank
+    assert ((t["mean_shift_acc1_lo"] <= t["mean_shift_acc1"]) & (t["mean_shift_acc1"] <= t["mean_shift_acc1_hi"])).all()
+    assert (t["mean_shift_acc1_hi"] > t["mean_shift_acc1_lo"]).all()
+    cols = json.loads(at.dataframe[0].proto.columns)
+    assert cols["model_mean_impact"]["type_config"]["format"] == "%.2f pp"  # a difference: percentage points
+    assert cols["mean_shift_acc1"]["type_config"]["format"] == "percent"
+    assert cols["construction_model"]["label"] == "construction model"
+    text = next(x.value for x in at.text if x.value.lstrip().startswith(str(int(t["rank"].iloc[0]))))
+    lines = text.splitlines()
+    assert [int(line.split()[0]) for line in lines] == [int(r) for r in t["rank"].head(10)]  # numbered by rank
+    all_ranks = dict(zip(t["model"], t["rank"]))
+    at.multiselect(key="family").select("resnet").run()
+    f = at.dataframe[0].value
+    assert set(f["family"]) == {"resnet"} and all(all_ranks[m] == r for m, r in zip(f["model"], f["rank"]))
+    heat = next(el for el in at.get("plotly_chart") if el.proto.id.endswith("heatmap"))
+    spec = json.loads(heat.proto.spec)["data"][0]
+    assert spec["zmin"] == 0 and spec["zmax"] == 100 and len(spec["y"]) == len(f)  # anchored, every row
+
+
+def test_deep_links_restore_every_view(tmp_path):
+    root = _board(tmp_path / "s")
+    at = _app(root, trusted_keys=None)
+    for k, v in {"suite": "imagenet-star", "family": ["resnet", "vit"], "params": ["10.0", "80.0"], "tab": "ID/OOD",
+                 "model": "timm/tie_b.in1k", "shift": "shift_02", "drill_config": "shift_01",
+                 "verified": "false"}.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception
+    assert at.multiselect(key="family").value == ["resnet", "vit"]
+    assert at.slider(key="params").value == (10.0, 80.0)
+    assert at.selectbox(key="model").value == "timm/tie_b.in1k"
+    assert at.selectbox(key="shift").value == "shift_02"
+    assert at.selectbox(key="drill_config").value == "shift_01"
+    assert at.session_state["tab"] == "ID/OOD"
+    assert set(at.dataframe[0].value["family"]) <= {"resnet", "vit"}
+
+
+def test_data_text_is_never_markdown_and_grids_are_formula_safe(tmp_path):
+    root = _board(tmp_path / "s", models=4, extra=[
+        (LINK, dict(architecture="resnet50", tag="a1_in1k", num_params=25e6, skill=2.0, notes=LINK)),
+        ("=HYPERLINK(\"https://evil.example\")", dict(architecture="resnet50", tag="a1_in1k", num_params=25e6,
+                                                      skill=0.0))])
+    at = _app(root, trusted_keys=None)
+    at.query_params["model"] = LINK
+    at.run()
+    assert not at.exception and at.selectbox(key="model").value == LINK
+    md = [el.value for kind in ("markdown", "caption", "title", "subheader", "success", "warning", "info", "error")
+          for el in at.get(kind)]
+    assert md and not any("evil.example" in v or "javascript:" in v for v in md)
+    assert any(LINK in t.value for t in at.text)  # shown, literally
+    grid = at.dataframe[0].value
+    assert LINK in set(grid["model"]) and "'=HYPERLINK(\"https://evil.example\")" in set(grid["model"])
+    assert all(h.proto.body == "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
+               for h in at.get("html"))
+
+
+def test_data_text_is_escaped_in_plots(tmp_path):
+    # config names are held to one strict pattern by the result schema; model ids are free text
+    root = tmp_path / "s"
+    difficulty = {c: np.random.default_rng(1).normal(0, 1, 30) for c in ["base", "shift_01"]}
+    for i in range(3):
+        write_model(root, suite_id="imagenet-star", configs=list(difficulty), model_id=f"<i>m{i}" + CFG_LINK,
+                    architecture="resnet50", tag="in1k", num_params=25e6, skill=i, difficulty=difficulty,
+                    rng=np.random.default_rng(i))
+    at = _app(root, trusted_keys=None).run()
+    assert not at.exception
+    for el in at.get("plotly_chart"):
+        spec = json.dumps(json.loads(el.proto.spec), ensure_ascii=False)
+        assert "<i>" not in spec
+        assert "‹i›m" in spec or el.proto.id.endswith("drill_bars")  # the bars name configs, not models
+    assert any("few" in w.value.lower() or "Only 3 models" in w.value for w in at.warning)  # under the minimum
+
+
+def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
+    root = _board(tmp_path / "s")
+    csv = tmp_path / "results-imagenet.csv"
+    csv.write_text("\ufeffmodel,img_size,top1,top1_err,top5\nresnet50.a1_in1k-v0,224,80.1,19.9,95\n"
+                   "vit_base_patch16_224.augreg_in21k_ft_in1k-v1,224,81.2,18.8,96\ntie_a.in1k,224,70.0,30,90\n"
+                   "tie_b.in1k,224,70.0,30,90\nconvnext_tiny.fb_in1k-v2,224,82.0,18,96\n")
+    table = aggregate.read_id_accuracy(csv)
+    assert table["tie_a.in1k"] == pytest.approx(0.70)
+    matched, unmatched = aggregate.join_id_accuracy(["timm/tie_a.in1k", "hf-hub:timm/tie_b.in1k", "x/y"], table)
+    assert set(matched) == {"timm/tie_a.in1k", "hf-hub:timm/tie_b.in1k"} and unmatched == ["x/y"]
+    at = _app(root, trusted_keys=None, id_accuracy=csv)
+    at.query_params["x"] = "ImageNet-val top-1 (--id-accuracy)"
+    at.run()
+    assert not at.exception
+    assert any("5 of 10 models matched, 5 unmatched" in t.value for t in at.text)
+    chart = next(el for el in at.get("plotly_chart") if el.proto.id.endswith("id_ood"))
+    assert sorted(_array(json.loads(chart.proto.spec)["data"][0]["x"])) == pytest.approx([70, 70, 80.1, 81.2, 82])
+    er = next(d.value for d in at.dataframe if "effective_robustness_linear" in d.value.columns)
+    assert list(er["effective_robustness_linear"]) == sorted(er["effective_robustness_linear"], reverse=True)
+
+    from benchmark.cli import main
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,top1\nresnet50,eighty\n")
+    assert main(["leaderboard", "--results", str(root), "--id-accuracy", str(bad)]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "bad.csv:2" in err and len(err.strip().splitlines()) == 1
+    bad.write_text("name,acc\nresnet50,80\n")
+    with pytest.raises(Exception, match="needs columns 'model' and 'top1'"):
+        aggregate.read_id_accuracy(bad)
+
+
+def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path):
+    from leaderboard.index import Loader, index_path, read_index
+    from leaderboard.store import load_store
+
+    root = tmp_path / "s"
+    make_store(root, models=12, configs=3, rows=40, seed=2)
+    calls = []
+    load_store(str(root), progress=lambda i, n, e: calls.append((i, n, e.status)))
+    assert [c[:2] for c in calls] == [(i, 12) for i in range(1, 13)]
+    first = Loader(str(root))
+    assert first.wait(60) and first.kind == "full" and index_path(root).is_file()
+    second = Loader(str(root))  # a restarted server: painted from the index before any check
+    store, state = second.snapshot()
+    assert state["kind"] in ("index", "full") and len(store.entries) == 12
+    second.wait(60)
+    r = next(root.glob("*/*/result.json"))
+    data = json.loads(r.read_text())
+    data["notes"] = "changed"
+    r.write_text(json.dumps(data))
+    store, dropped = read_index(str(root), root, None)
+    assert dropped == 1 and len(store.entries) == 11  # the changed entry waits for its check
+
+
+def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
+    from leaderboard import index
+
+    root = tmp_path / "s"
+    make_store(root, models=20, configs=3, rows=40, seed=4)
+    seen, real = [], index.load_store
+
+    def recording(source, progress=None, **kw):  # what the app would paint after each checked entry
+        loader = progress.__self__
+
+        def p(i, n, e):
+            progress(i, n, e)
+            store, s = loader.snapshot()
+            seen.append((s["kind"], s["done"], s["total"], len(store.entries)))
+        return real(source, progress=p, **kw)
+    monkeypatch.setattr(index, "load_store", recording)
+    monkeypatch.setattr(index.Loader, "PUBLISH_EVERY_S", 0.0)
+    loader = index.Loader(str(root))
+    assert loader.wait(60)
+    assert seen[:3] == [("partial", 1, 20, 1), ("partial", 2, 20, 2), ("partial", 3, 20, 3)]
+    store, state = loader.snapshot()
+    assert state["kind"] == "full" and state["finished"] and len(store.entries) == 20
+
+
+def test_export_space_builds_and_renders(tmp_path, monkeypatch):
+    from huggingface_hub import HfApi, constants
+
+    from benchmark.cli import main
+    from eval import stamps
+    from tests.fakehub import FakeHub
+
+    root = _board(tmp_path / "s", models=4)
+    stamps.generate_key(tmp_path / "k")
+    with FakeHub() as hub:
+        hub.create("dataset", "org/results")
+        HfApi(endpoint=hub.endpoint).upload_folder(repo_id="org/results", repo_type="dataset", folder_path=str(root),
+                                                   ignore_patterns=[".*"])
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        out = tmp_path / "space"
+        assert main(["leaderboard", "--results", "org/results", "--trusted-keys", str(tmp_path / "k.pub"),
+                     "--export-space", str(out)]) == 0
+        sha = hub.repos[("dataset", "org/results")].refs["main"]
+        card = (out / "README.md").read_text()
+        assert card.startswith("---\n") and "sdk: streamlit" in card and "app_file: app.py" in card
+        config = json.loads((out / "space.json").read_text())
+        assert config["results"] == f"org/results@{sha}" and (out / config["trusted_keys"]).is_file()
+        reqs = (out / "requirements.txt").read_text().split()
+        assert all("==" in r for r in reqs) and any(r.startswith("streamlit==") for r in reqs)
+        assert 'toolbarMode = "viewer"' in (out / ".streamlit" / "config.toml").read_text()
+        assert (out / "genshift" / "leaderboard" / "app.py").is_file()
+        assert (out / "genshift" / "benchmark" / "_data" / "imagenet_hierarchy.json").is_file()
+        assert main(["leaderboard", "--results", str(root), "--export-space", str(tmp_path / "x")]) != 0
+
+        from streamlit.testing.v1 import AppTest
+        from tests.test_leaderboard import _settle
+        at = _settle(AppTest.from_file(str(out / "app.py"), default_timeout=120))
+        assert not at.exception
+        assert len(at.dataframe[0].value) == 6
+        assert any(f"results store: org/results@{sha} |" in t.value for t in at.text)
+    for k in ("GENSHIFT_TRUSTED_KEYS", "GENSHIFT_ID_ACCURACY"):
+        os.environ.pop(k, None)
+
+
+def test_leaderboard_serves_in_viewer_mode():
+    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    i = STREAMLIT_FLAGS.index("--client.toolbarMode")
+    assert STREAMLIT_FLAGS[i + 1] == "viewer"
+
+
+def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
+    from benchmark.cli import main
+    from builders.tiny import tiny_open_clip
+    from eval import embeddings
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+
+    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
+                        progress=False)
+    # random weights get every image wrong; a failure direction needs both outcomes in a class, so the
+    # stored predictions are made right on every other image, consistently (the label moved to the
+    # front of the top-k), with hashes and metrics recomputed: diagnose and the store check them
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from benchmark.fsutil import sha256_file
+    r = json.loads(rpath.read_text())
+    for p in r["predictions"]:
+        f = rpath.parent / p["path"]
+        t = pq.read_table(f)
+        cols = {n: t[n].to_pylist() for n in ("topk_idx", "topk_prob", "true_prob", "true_rank", "label")}
+        for j in range(0, t.num_rows, 2):
+            y = cols["label"][j]
+            cols["topk_idx"][j] = [y] + [i for i in cols["topk_idx"][j] if i != y][:len(cols["topk_idx"][j]) - 1]
+            cols["topk_prob"][j] = [0.9] + cols["topk_prob"][j][:-1]
+            cols["true_prob"][j], cols["true_rank"][j] = 0.9, 0
+        for n in ("topk_idx", "topk_prob", "true_prob", "true_rank"):
+            t = t.set_column(t.schema.get_field_index(n), n, pa.array(cols[n], type=t.schema.field(n).type))
+        pq.write_table(t, f)
+        p["sha256"] = sha256_file(f)
+    from eval.predictions import read_predictions
+    from eval.scoring import ScoringOptions, score
+    r["metrics"] = score(r["suite"]["metric_family"], {p["config"]: read_predictions(rpath.parent / p["path"])
+                                                       for p in r["predictions"]}, ScoringOptions(**r["protocol"]["scoring"]))
+    rpath.write_text(json.dumps(r))
+    model, _, _ = tiny_open_clip()
+    import open_clip
+    enc = embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "<b>clip</b>")
+    monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
+    assert main(["diagnose", str(rpath.parent), "--cache-dir", str(tmp_path / "cache"), "--null", "2",
+                 "--criterion", "top3"]) == 0
+    rep = json.loads((rpath.parent / "diagnose.json").read_text())
+    ok = [c for c in rep["classes"] if c["status"] == "ok"]
+    assert ok and rep["thumbnails"] and all(i in rep["thumbnails"] for i in ok[0]["hardest"][:6])
+    page = (rpath.parent / "diagnose.html").read_text()
+    assert "&lt;b&gt;clip&lt;/b&gt;" in page and "<b>clip</b>" not in page  # data text escaped
+    assert page.count("data:image/jpeg;base64,") >= len(ok[0]["hardest"][:6]) and "http" not in page.split("<body>")[1]
+    assert "strength" in page and "permutation null" in page
+
+    at = _app(tmp_path / "runs", trusted_keys=None).run()
+    assert not at.exception
+    assert any("Failure directions" in s.value for s in at.subheader), ([e.value for e in at.error], [t.value for t in at.text])
+    assert len(at.get("image")) >= 1
+    assert any("strength" in t.value and "null p95" in t.value for t in at.text)
+
+    bad = dict(rep, thumbnails={ok[0]["hardest"][0]: "PHN2Zz48L3N2Zz4="})  # "<svg></svg>", not a raster image
+    (rpath.parent / "diagnose.json").write_text(json.dumps(bad))
+    from eval.diagnose_report import load_report_for_view
+    view = load_report_for_view(rpath.parent)
+    assert ok[0]["hardest"][0] not in view["thumbnails"]
+    (rpath.parent / "diagnose.json").write_text("[" * 100000)
+    assert load_report_for_view(rpath.parent) is None
+
+
+def _fake_diagnose(run_dir, model_id):
+    """A diagnose.json as `bench diagnose` writes it (two classes, thumbnails of real JPEGs)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    def jpeg(color):
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 48), color).save(buf, format="JPEG")
+        return base64.b64encode(buf.getvalue()).decode()
+    classes = [{"label": 207, "name": "golden retriever", "wnid": "n02099601", "status": "ok", "n": 40, "n_errors": 12,
+                "strength": 0.81, "null_p95": 0.55, "null_mean": 0.5, "hardest": ["h1", "h2"], "easiest": ["e1"],
+                "hard_captions": [["a photo of a canine in the snow", -1.0]], "easy_captions": []}]
+    report = {"kind": "genshift-diagnose", "schema_version": 1, "model": model_id, "classes": classes,
+              "thumbnails": {"h1": jpeg("red"), "h2": jpeg("blue"), "e1": jpeg("green")}}
+    (run_dir / "diagnose.json").write_text(json.dumps(report))
+
+
+def _chrome():
+    import shutil
+    return shutil.which("chromium") and shutil.which("chromedriver")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
+def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
+    pytest.importorskip("selenium")
+    import shutil
+    import subprocess
+    import sys
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from tests.hubtools import free_port
+    from tests.test_leaderboard import APP
+
+    root = _board(tmp_path / "s")
+    _fake_diagnose(root / "imagenet-star" / "timm--tie_b.in1k", "timm/tie_b.in1k")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("GENSHIFT_TRUSTED_KEYS", "GENSHIFT_ID_ACCURACY")}
+    env["GENSHIFT_RESULTS"] = str(root)
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
+                               "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1600,1200"):
+        opts.add_argument(flag)
+    opts.binary_location = shutil.which("chromium")
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
+    try:
+        url = f"http://127.0.0.1:{port}/?suite=imagenet-star&tab=Model+drilldown&model=timm%2Ftie_b.in1k&params=5.0&params=20.0"
+        deadline = time.time() + 60
+        while True:
+            try:
+                driver.get(url)
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+        WebDriverWait(driver, 90).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
+                                        and "Top 10 as text" in body(d))
+        text = body(driver)
+        assert "golden retriever" in text and "strength 0.810" in text, text
+        boxes = driver.execute_script("return Array.from(document.querySelectorAll('[data-testid=stSelectbox]'))"
+                                      ".map(s => s.textContent + ' ' + Array.from(s.querySelectorAll('input'))"
+                                      ".map(i => i.value + ' ' + (i.getAttribute('aria-label') || '')).join(' '))")
+        assert any("timm/tie_b.in1k" in b for b in boxes), boxes
+        imgs = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stImage'] img")
+        WebDriverWait(driver, 30).until(lambda d: all(i.get_property("naturalWidth") > 0 for i in imgs) and imgs)
+        assert len(imgs) == 3
+        assert "Deploy" not in text and "Stop" not in body(driver)  # viewer mode
+        # the deep link survived: still in the URL, the slider shows it
+        assert "model=timm%2Ftie_b.in1k" in driver.current_url and "params=5.0" in driver.current_url
+        # the table's interval columns (the grid's header is drawn on a canvas; its accessible table has them)
+        grid = driver.find_element(By.CSS_SELECTOR, "[data-testid='stDataFrame']")
+        headers = driver.execute_script(
+            "return Array.from(arguments[0].querySelectorAll('[role=columnheader]')).map(h => h.textContent)", grid)
+        assert any("95% lo" in h for h in headers) and any("95% hi" in h for h in headers), headers
+        cells = driver.execute_script(
+            "return Array.from(arguments[0].querySelectorAll('[role=gridcell]')).map(c => c.textContent)", grid)
+        assert cells and "None" not in cells
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait(timeout=10)
