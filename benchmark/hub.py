@@ -46,7 +46,7 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
     if not (root / MANIFEST).is_file():
         raise OfflineError(f"the snapshot of {repo_id}@{sha[:12]} has no {MANIFEST}" + (
             "; the cache holds only part of it and the Hub is not reachable" if not reachable else
-            "; it is not a genshift suite (format 1)"))
+            "; it is not a genshift suite (format 1 or 1.1)"))
     hint = f"re-download with `bench download {repo_id} --revision {sha} --force-download`"
     suite = LocalSuite.open(root, repo_id=repo_id, revision=sha, redownload_hint=hint)
     selected = suite.select(configs)
@@ -80,7 +80,7 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
     - a registry id (``bench suites``): its Hub repo at the registry's pinned sha (``revision``
       overrides; an unpinned entry resolves ``main``); ``imagenet-star-upstream`` downloads the
       requested shifts' zips and converts them;
-    - ``ORG/NAME``: a Hub dataset repo in format 1 at ``revision`` (default ``main``).
+    - ``ORG/NAME``: a Hub dataset repo in format 1 or 1.1 at ``revision`` (default ``main``).
 
     ``LocalSuite.revision`` is the resolved commit sha (``None`` for local folders) and
     ``LocalSuite.pinned`` is False when the sha was not chosen by a pin (an unpinned registry

@@ -1,4 +1,4 @@
-"""``bench import-folder``: your own images as a suite in format 1.
+"""``bench import-folder``: your own images as a suite in format 1.1.
 
 Layouts (``docs/format.md``, "Folders of your own images"):
 
