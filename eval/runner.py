@@ -16,7 +16,7 @@ one-model case.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from benchmark.errors import BenchError, IntegrityError
@@ -126,11 +126,9 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     from eval.sweep import ModelSpec, SweepRequest, run_sweep
 
     parse_model_name(req.model)  # a typo in --model is reported before any suite download
-    jobs = run_sweep(SweepRequest(
-        models=(ModelSpec(req.model, req.checkpoint),), suite=req.suite, configs=req.configs, revision=req.revision,
-        remap_by_order=req.remap_by_order, checkpoint_weights=req.checkpoint_weights, preprocess=req.preprocess,
-        mask=req.mask, out=req.out, force=req.force, inference=req.inference,
-        scoring=req.scoring, notes=req.notes), progress=progress)
+    # every other field means the same in both requests: copied by name, so a new option cannot be dropped here
+    same = {f.name: getattr(req, f.name) for f in fields(EvalRequest) if f.name not in ("model", "checkpoint")}
+    jobs = run_sweep(SweepRequest(models=(ModelSpec(req.model, req.checkpoint),), **same), progress=progress)
     job = jobs[0]
     if job.result is None:  # distributed: another process builds the result
         raise BenchError(f"{job.model_id}: this process's units are done; the result is built by the last process "

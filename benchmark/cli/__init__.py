@@ -43,8 +43,16 @@ def _available_verbs():
                 raise
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the project's error style: one ``error:`` line naming the option and the fix
+    (argparse's default prints the whole usage block first), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {one_line(message)} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="bench",
         description="Benchmarks and a leaderboard for ImageNet classifiers under generated distribution shifts.",
         epilog="Run `bench <verb> --help` for a verb's options and examples.",
@@ -52,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genshift-bench {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
-    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser)
     for module in _available_verbs():
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
