@@ -27,7 +27,7 @@ import torch
 
 from benchmark.errors import BenchError, NotFoundError, OfflineError, one_line
 from benchmark.fsutil import sha256_file
-from benchmark.hubio import OFFLINE_ROUTE
+from benchmark.hubio import OFFLINE_ROUTE, _unreachable
 from eval.results import PROTOCOL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,9 @@ def resolve_model_revision(repo_id: str, revision: str | None) -> str:
         raise NotFoundError(f"model repo {repo_id!r} does not exist on the Hub (or needs a token: set HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
         raise NotFoundError(f"revision {rev!r} does not exist in model repo {repo_id!r}") from None
-    except (OSError, errors.HfHubHTTPError) as e:
+    except Exception as e:  # noqa: BLE001 - transport errors of whichever HTTP client huggingface_hub uses
+        if not (isinstance(e, (OSError, errors.HfHubHTTPError)) or _unreachable(e)):
+            raise
         if cached:
             log.warning("Hub unreachable (%s); using the cached %s@%s = %s", type(e).__name__, repo_id, rev, cached)
             return cached

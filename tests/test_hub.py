@@ -389,6 +389,25 @@ def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, ca
         resolve_model_revision("timm/not-cached-anywhere", "main")
 
 
+def test_hub_model_with_no_network_is_one_line_pointing_to_the_offline_route(tmp_path, toy_suite):
+    """No network and no HF_HUB_OFFLINE (a careless user on a plane): the Hub model cannot be resolved.
+    The endpoint is a closed loopback port, so the HTTP client raises its own transport error."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"), HF_HUB_ETAG_TIMEOUT="2",
+               HF_HUB_DOWNLOAD_TIMEOUT="2")
+    p = subprocess.run([sys.executable, "-m", "benchmark", "eval", "--model", "timm/resnet50.a1_in1k", "--suite",
+                        str(toy_suite), "--out", str(tmp_path / "runs"), "--no-progress"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert len(errors) == 1 and "cannot reach the Hub" in errors[0] and 'README.md, "Offline route"' in errors[0]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("result.json"))
+
+
 def test_the_noise_demo_suite_says_that_0_percent_is_expected(tmp_path, caplog):
     folder = _built_suite(tmp_path)
     assert Manifest.load(folder).generator["images"] == "noise"
