@@ -437,6 +437,18 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
     show_df(er, key="effective_robustness", column_config={
         "effective_robustness_linear": st.column_config.NumberColumn("eff. robustness, linear (pp)", format=PP),
         "effective_robustness_probit": st.column_config.NumberColumn("eff. robustness, probit (pp)", format=PP)})
+    impact = fits.get("shift_impact") or {}
+    if impact:
+        rows = [{"shift": sh, "shift_impact": 100 * v["value"] if v["value"] is not None else np.nan,
+                 "ci_lo": 100 * v["ci"][0] if v["ci"] else np.nan, "ci_hi": 100 * v["ci"][1] if v["ci"] else np.nan,
+                 "models": v["n"]} for sh, v in impact.items()]
+        st.caption("Shift impact (Vendrow et al.): per shift, the drop acc(reference) − acc(shift) averaged over "
+                   "the models on this board, with a 95% t interval over models, in percentage points. Not a "
+                   "model's own mean impact over shifts (the table's 'model mean impact').")
+        show_df(pd.DataFrame(rows).sort_values(["shift_impact", "shift"], ascending=[False, True]), key="shift_impact",
+                column_config={"shift_impact": st.column_config.NumberColumn("shift impact (pp)", format=PP),
+                               "ci_lo": st.column_config.NumberColumn("95% CI lo (pp)", format=PP),
+                               "ci_hi": st.column_config.NumberColumn("95% CI hi (pp)", format=PP)})
 
 
 @guarded("drilldown")

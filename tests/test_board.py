@@ -152,6 +152,14 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
     assert sorted(_array(json.loads(chart.proto.spec)["data"][0]["x"])) == pytest.approx([70, 70, 80.1, 81.2, 82])
     er = next(d.value for d in at.dataframe if "effective_robustness_linear" in d.value.columns)
     assert list(er["effective_robustness_linear"]) == sorted(er["effective_robustness_linear"], reverse=True)
+    # the paper's shift impact: a shift's drop averaged over the fitted models, from their own impacts
+    imp = next(d.value for d in at.dataframe if "shift_impact" in d.value.columns).set_index("shift")
+    results = [json.loads(p.read_text()) for p in root.glob("*/*/result.json")]
+    fitted = [r for r in results if r["model"]["id"].split(":")[-1].split("/")[-1] in table]
+    for sh in ("shift_01", "shift_02"):
+        drops = [r["metrics"]["imagenet_star"]["absolute_impact"][sh]["value"] for r in fitted]
+        assert imp.loc[sh, "shift_impact"] == pytest.approx(100 * np.mean(drops))
+        assert imp.loc[sh, "models"] == len(drops) == 5
 
     from benchmark.cli import main
     bad = tmp_path / "bad.csv"
