@@ -2,7 +2,8 @@
 
 Launched by ``bench leaderboard [--results DIR|ORG/NAME[@sha]]``, which passes the store in the
 ``GENSHIFT_RESULTS`` environment variable (``GENSHIFT_TRUSTED_KEYS``: the trusted keys file;
-``GENSHIFT_ID_ACCURACY``: a CSV of ImageNet-val top-1 per model). Everything shown comes from
+``GENSHIFT_ID_ACCURACY``: a CSV of ImageNet-val top-1 per model; ``GENSHIFT_SUITES``: a folder of
+trusted suite manifests). Everything shown comes from
 ``leaderboard.store`` (checked in the background by ``leaderboard.index``) and
 ``leaderboard.aggregate``.
 
@@ -56,8 +57,8 @@ def _signature(source: str) -> str:
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def get_loader(source: str, trusted_keys: str | None, signature: str) -> Loader:
-    return Loader(source, trusted_keys_file=trusted_keys)
+def get_loader(source: str, trusted_keys: str | None, suites: str | None, signature: str) -> Loader:
+    return Loader(source, trusted_keys_file=trusted_keys, suites_dir=suites)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -176,12 +177,13 @@ def progress_panel(loader: Loader, painted_version: int) -> None:
 def main() -> None:
     source = os.environ.get("GENSHIFT_RESULTS", "runs")
     keys = os.environ.get("GENSHIFT_TRUSTED_KEYS") or None
+    suites = os.environ.get("GENSHIFT_SUITES") or None
     if "_url" not in st.session_state:  # the URL this session was opened with (see from_url)
         st.session_state["_url"] = {k: st.query_params.get_all(k) for k in st.query_params}
     st.html(VIEWER_CSS)
     st.title("genshift-bench leaderboard")
     try:
-        loader = get_loader(source, keys, _signature(source))
+        loader = get_loader(source, keys, suites, _signature(source))
     except Exception as e:  # noqa: BLE001 - the app must show the problem, not a traceback
         st.error("Could not open the results store.")
         st.text(f"{type(e).__name__}: {e}")

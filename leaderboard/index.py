@@ -16,7 +16,6 @@ The index is keyed by the store source, its revision and the trusted keys: anoth
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import re
@@ -113,10 +112,11 @@ class Loader:
     PUBLISH_EVERY_S = 1.0
     INDEX_GRACE_S = 3.0  # painted from the index: let the first page render before the check competes for CPU
 
-    def __init__(self, source: str, *, trusted_keys_file: str | None = None):
-        self.source, self.trusted_keys_file = source, trusted_keys_file
+    def __init__(self, source: str, *, trusted_keys_file: str | None = None, suites_dir: str | None = None):
+        self.source, self.trusted_keys_file, self.suites_dir = source, trusted_keys_file, suites_dir
         self.root, self.revision = resolve_source(source)
-        self.keys_digest = _keys_digest(trusted_keys_file)
+        # an index is reused only under the same trust settings (keys and trusted suites)
+        self.keys_digest = _keys_digest(trusted_keys_file) + (f"|suites:{Path(suites_dir).resolve()}" if suites_dir else "")
         self.trusted = None
         if trusted_keys_file:
             from eval.stamps import load_trusted_keys
@@ -140,11 +140,8 @@ class Loader:
         self.thread.start()
 
     def _load_kwargs(self) -> dict:
-        params = inspect.signature(load_store).parameters
-        kw = {"progress": self._progress} if "progress" in params else {}
-        if self.trusted is not None and "trusted_keys" in params:
-            kw["trusted_keys"] = self.trusted
-        return kw
+        return {"progress": self._progress, "trusted_keys": self.trusted,
+                "suites": [self.suites_dir] if self.suites_dir else None}
 
     def _progress(self, done: int, total: int, entry: Entry) -> None:
         with self.lock:

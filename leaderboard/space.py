@@ -54,7 +54,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "genshift"))
 config = json.loads((HERE / "space.json").read_text())
 os.environ["GENSHIFT_RESULTS"] = config["results"]
-for key, env in (("trusted_keys", "GENSHIFT_TRUSTED_KEYS"), ("id_accuracy", "GENSHIFT_ID_ACCURACY")):
+for key, env in (("trusted_keys", "GENSHIFT_TRUSTED_KEYS"), ("id_accuracy", "GENSHIFT_ID_ACCURACY"),
+                 ("suites", "GENSHIFT_SUITES")):
     if config.get(key):
         os.environ[env] = str(HERE / config[key])
     else:
@@ -100,7 +101,8 @@ To update the board, export the Space again at the new results commit and push i
 
 
 def export_space(out: str | Path, *, results: str, revision: str | None, trusted_keys: str | None = None,
-                 id_accuracy: str | None = None, title: str = "genshift-bench leaderboard") -> Path:
+                 id_accuracy: str | None = None, suites: str | None = None,
+                 title: str = "genshift-bench leaderboard") -> Path:
     """Write the Space folder (temp name + rename: never half-written). ``results`` is a Hub dataset repo
     ``ORG/NAME`` resolved to ``revision`` (a commit sha); a local folder cannot be served by a Space."""
     repo = results.partition("@")[0]
@@ -123,7 +125,7 @@ def export_space(out: str | Path, *, results: str, revision: str | None, trusted
             src = Path(importlib.util.find_spec(pkg).origin).parent
             shutil.copytree(src, tmp / "genshift" / pkg,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".*"))
-        config = {"results": f"{repo}@{revision}", "trusted_keys": None, "id_accuracy": None}
+        config = {"results": f"{repo}@{revision}", "trusted_keys": None, "id_accuracy": None, "suites": None}
         if trusted_keys:
             from eval.stamps import load_trusted_keys
 
@@ -136,6 +138,9 @@ def export_space(out: str | Path, *, results: str, revision: str | None, trusted
             read_id_accuracy(id_accuracy)
             shutil.copyfile(id_accuracy, tmp / "id_accuracy.csv")
             config["id_accuracy"] = "id_accuracy.csv"
+        if suites:
+            _copy_trusted_manifests(Path(suites), tmp / "suites")
+            config["suites"] = "suites"
         (tmp / "space.json").write_text(json.dumps(config, indent=1) + "\n")
         (tmp / "app.py").write_text(APP)
         (tmp / "requirements.txt").write_text("\n".join(pins) + "\n")
@@ -150,3 +155,20 @@ def export_space(out: str | Path, *, results: str, revision: str | None, trusted
         if tmp.exists():
             shutil.rmtree(tmp)
     return out
+
+
+def _copy_trusted_manifests(src: Path, dst: Path) -> None:
+    """The trusted suites' manifests only (no data), each as ``<manifest sha256>.json``, bytes unchanged
+    (the sha256 a result records is of these bytes)."""
+    from eval.suite_trust import TrustedSuites
+
+    from benchmark.fsutil import sha256_file
+    from benchmark.suite_format import MANIFEST
+
+    TrustedSuites.from_paths([src], registry=False)  # every file parses as a manifest, else one error line
+    files = [src / MANIFEST] if (src / MANIFEST).is_file() else \
+        [c / MANIFEST if c.is_dir() else c for c in sorted(src.iterdir())
+         if c.is_dir() and (c / MANIFEST).is_file() or c.is_file() and c.suffix == ".json"]
+    dst.mkdir()
+    for f in files:
+        shutil.copyfile(f, dst / f"{sha256_file(f)}.json")

@@ -424,3 +424,33 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
         driver.quit()
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_trusted_suites_reject_entries_on_other_suite_data(tmp_path, toy_suite, capsys, monkeypatch):
+    """`bench leaderboard --suites DIR`: every entry is checked against a trusted manifest; the synthetic
+    board's entries name a suite that is not among them, so all are rejected with the reason."""
+    from benchmark.cli import main
+    from leaderboard.index import Loader
+    from leaderboard.space import _copy_trusted_manifests
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the index lives there: no state from other tests
+    root = _board(tmp_path / "s", models=3)
+    open_loader = Loader(str(root))
+    assert open_loader.wait(120)
+    store, _ = open_loader.snapshot()
+    assert len(store.entries) == 5 and not store.rejected  # no trusted suites given: shown, not checked
+    strict = Loader(str(root), suites_dir=str(toy_suite))
+    assert strict.wait(120)
+    store, _ = strict.snapshot()
+    assert not store.entries and len(store.rejected) == 5
+    assert all("trusted" in e.reason or "suite" in e.reason for e in store.rejected)
+
+    assert main(["leaderboard", "--results", str(root), "--suites", str(tmp_path / "nowhere")]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1
+    # a Space gets the trusted manifests only, byte for byte, named by their sha256
+    _copy_trusted_manifests(toy_suite, tmp_path / "space-suites")
+    (copied,) = (tmp_path / "space-suites").iterdir()
+    from benchmark.fsutil import sha256_file
+    assert copied.name == f"{sha256_file(toy_suite / 'manifest.json')}.json"
+    assert copied.read_bytes() == (toy_suite / "manifest.json").read_bytes()

@@ -25,6 +25,11 @@ def add_parser(sub):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--trusted-keys", metavar="FILE",
                    help="maintainers' public keys (KEY.pub lines); only stamps signed by one count as verified")
+    p.add_argument("--suites", metavar="DIR",
+                   help="trusted suite manifests (*.json) and/or suite folders: every entry is checked against its "
+                        "suite's manifest (rows digest, counts) and entries on other suite data are rejected "
+                        "(default: the registry's manifests in the local Hub cache; entries of other suites are "
+                        "shown as not checked against their suite)")
     p.add_argument("--id-accuracy", metavar="FILE",
                    help="ImageNet-val top-1 per model for the ID/OOD x-axis: timm's results-imagenet.csv or any "
                         "CSV with columns model,top1 (percent)")
@@ -64,6 +69,10 @@ def run(args) -> int:
         from leaderboard.aggregate import read_id_accuracy
 
         read_id_accuracy(args.id_accuracy)
+    if args.suites:
+        from eval.suite_trust import TrustedSuites
+
+        TrustedSuites.from_paths([args.suites], registry=False)  # a bad folder is one error line now
     if args.export_space:
         from leaderboard.space import export_space
 
@@ -75,7 +84,7 @@ def run(args) -> int:
         repo, _, rev = args.results.partition("@")
         sha = resolve_revision(repo, rev or None)
         out = export_space(args.export_space, results=repo, revision=sha, trusted_keys=args.trusted_keys,
-                           id_accuracy=args.id_accuracy)
+                           id_accuracy=args.id_accuracy, suites=args.suites)
         print(f"Space for {repo}@{sha} written to {out}; push it with: "
               f"huggingface-cli upload --repo-type space ORG/NAME {out} .")
         return 0
@@ -87,7 +96,8 @@ def run(args) -> int:
     app = Path(importlib.util.find_spec("leaderboard").origin).parent / "app.py"
     source = str(root) if revision is None else f"{args.results.partition('@')[0]}@{revision}"
     env = {**os.environ, "GENSHIFT_RESULTS": source}
-    for name, value in (("GENSHIFT_TRUSTED_KEYS", args.trusted_keys), ("GENSHIFT_ID_ACCURACY", args.id_accuracy)):
+    for name, value in (("GENSHIFT_TRUSTED_KEYS", args.trusted_keys), ("GENSHIFT_ID_ACCURACY", args.id_accuracy),
+                        ("GENSHIFT_SUITES", args.suites)):
         if value:
             env[name] = os.path.abspath(value)
         else:
