@@ -12,7 +12,7 @@ Layouts (``docs/format.md``, "Folders of your own images"):
 
 Images are hostile input: every file is fully decoded before anything is written (a truncated
 JPEG is refused, naming it, or skipped and counted with ``skip_bad_images``), then stored in the
-form ``bench eval`` decodes pixel for pixel (``Image.open(...).convert("RGB")``):
+form ``bench eval`` decodes pixel for pixel (``benchmark.pixels.to_rgb``):
 
 - a JPEG in RGB or grayscale without an EXIF rotation is stored byte for byte (no second lossy
   encoding);
@@ -48,6 +48,7 @@ from pathlib import Path
 from benchmark import imagenet
 from benchmark.errors import BenchError
 from benchmark.fsutil import prepare_fresh_dir
+from benchmark.pixels import to_8bit
 from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ MAX_IMAGE_BYTES = 1 << 28
 DEFAULT_WORKERS = 8
 CHUNK = 16  # images per worker task
 MAX_WORKERS = 256
-_GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
 _EXIF_ORIENTATION = 0x0112
 
 
@@ -279,36 +279,6 @@ class ImageInfo:
     reencoded: bool
 
 
-def _to_8bit(im):
-    """Pillow image of any mode -> 8-bit ``RGB`` or ``L`` with the same picture."""
-    import numpy as np
-    from PIL import Image
-
-    mode = im.mode
-    if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
-        a = np.asarray(im)
-        if a.size and (a.min() < 0 or a.max() > 65535):
-            raise ValueError(f"{mode} image with values outside 0..65535; save it with 8 or 16 bits per channel")
-        a = (a.astype(np.uint32) * 255 + 32767) // 65535  # round(v / 257): 16 bits scaled, not clipped
-        return Image.fromarray(a.astype(np.uint8), "L")
-    if mode == "F":
-        raise ValueError("floating-point image; save it with 8 or 16 bits per channel")
-    if mode == "1":
-        return im.convert("L")
-    if mode in ("L", "RGB"):
-        if "transparency" not in im.info:
-            return im
-    if mode in ("LA", "La", "RGBA", "RGBa", "PA", "P", "L", "RGB"):
-        if mode == "P" and "transparency" not in im.info:
-            return im.convert("RGB")
-        rgba = im.convert("RGBA")  # palette/tRNS transparency become alpha
-        flat = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        flat.alpha_composite(rgba)  # composite on white: what a viewer shows
-        out = flat.convert("RGB")
-        return out.convert("L") if mode in _GRAY_MODES else out
-    return im.convert("RGB")  # CMYK, YCbCr, LAB, HSV, ...
-
-
 def decode_image(data: bytes, *, pixels: bool = True):
     """Fully decode ``data`` -> ``(8-bit RGB/L PIL image, ImageInfo)``; raise on any decoder error.
     With ``pixels=False`` only the check runs and the image returned is ``None``."""
@@ -328,7 +298,7 @@ def decode_image(data: bytes, *, pixels: bool = True):
                 passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
                 out = None
                 if pixels or not passthrough:  # conversions can fail too (e.g. 32-bit values out of range)
-                    out = _to_8bit(ImageOps.exif_transpose(im) if orientation != 1 else im)
+                    out = to_8bit(ImageOps.exif_transpose(im) if orientation != 1 else im)
                     out = (out.copy() if out is im else out) if pixels else None
     finally:
         ImageFile.LOAD_TRUNCATED_IMAGES = truncated_ok

@@ -33,11 +33,13 @@ def _thumb(data: bytes) -> str | None:
     """A base64 JPEG thumbnail of an encoded image, or None if it does not decode."""
     from PIL import Image
 
+    from benchmark.pixels import to_rgb
+
     try:
         with Image.open(io.BytesIO(data)) as im:
             if im.width * im.height > MAX_IMAGE_PIXELS:
                 return None
-            im = im.convert("RGB")
+            im = to_rgb(im)
             im.thumbnail((THUMB_PX, THUMB_PX))
             buf = io.BytesIO()
             im.save(buf, format="JPEG", quality=80)

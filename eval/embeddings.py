@@ -19,6 +19,7 @@ import torch
 
 from benchmark.errors import BenchError
 from benchmark.fsutil import atomic_path
+from benchmark.pixels import to_rgb
 from benchmark.reader import LocalSuite, read_row_group
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class ClipEncoder:
         from torchvision.transforms import functional as F
 
         with Image.open(io.BytesIO(data)) as im:
-            im = im.convert("RGB")
+            im = to_rgb(im)
             side = min(im.size)
             im = F.center_crop(im, [side, side]).resize((self.image_size, self.image_size), Image.BICUBIC)
             return F.normalize(F.to_tensor(im), self.mean, self.std)

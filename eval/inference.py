@@ -21,6 +21,7 @@ import torch
 
 from benchmark.errors import BenchError
 from benchmark.oom import BatchBackoff
+from benchmark.pixels import to_rgb
 from benchmark.reader import LocalSuite, RowGroup, read_row_group
 from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, schema
 
@@ -142,7 +143,7 @@ class UnitDataset(torch.utils.data.Dataset):
                 continue
             try:
                 with Image.open(io.BytesIO(row["image"]["bytes"])) as im:
-                    tensors.append(self.transform(im.convert("RGB")))
+                    tensors.append(self.transform(to_rgb(im)))
             except Exception as e:  # noqa: BLE001 - reported per image id in the main process
                 bad.append((row["image_id"], f"{type(e).__name__}: {e}"))
                 continue
@@ -160,7 +161,7 @@ class DeviceDecoder:
 
     Pixels differ slightly from PIL's decode and resize (another IDCT and antialiased tensor
     resize), so the choice is recorded in the result's protocol. Non-JPEG images are decoded on
-    the CPU by ``torchvision.io.decode_image``. Output: uint8 NCHW on the device (the model's
+    the CPU by PIL through ``benchmark.pixels.to_rgb``, as the default path does. Output: uint8 NCHW on the device (the model's
     forward normalises it).
     """
 
@@ -182,7 +183,8 @@ class DeviceDecoder:
         self.device = torch.device(device)
 
     def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
-        from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+        from PIL import Image
+        from torchvision.io import ImageReadMode, decode_jpeg
         from torchvision.transforms.v2 import functional as F
 
         is_jpeg = [bool(d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8) for d in datas]
@@ -201,11 +203,13 @@ class DeviceDecoder:
                     except RuntimeError as e:
                         bad.append((i, f"RuntimeError: {e}"))
         for i, j in enumerate(is_jpeg):
-            if not j:
+            if not j:  # other formats: decoded on the CPU exactly as the default path does (benchmark.pixels)
                 try:
-                    images[i] = decode_image(datas[i], mode=ImageReadMode.RGB).to(self.device)
-                except RuntimeError as e:
-                    bad.append((i, f"RuntimeError: {e}"))
+                    with Image.open(io.BytesIO(datas[i].numpy().tobytes())) as im:
+                        rgb = np.asarray(to_rgb(im))
+                    images[i] = torch.from_numpy(rgb.copy()).permute(2, 0, 1).to(self.device)
+                except Exception as e:  # noqa: BLE001 - any decoder failure is this image's, named
+                    bad.append((i, f"{type(e).__name__}: {e}"))
         out = []
         for im in images:
             if im is None:

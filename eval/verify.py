@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import sha256_bytes
+from benchmark.pixels import to_rgb
 from benchmark.suite_format import rows_digest
 from eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
 from eval.results import (MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash,
@@ -467,7 +468,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
         if not ids:
             continue
         images = _images_by_id(local, cfg, set(ids))
-        x = torch.stack([clf.transform(Image.open(io.BytesIO(images[i])).convert("RGB")) for i in ids]).to(device)
+        x = torch.stack([clf.transform(to_rgb(Image.open(io.BytesIO(images[i])))) for i in ids]).to(device)
         with torch.inference_mode():
             probs = clf.model(x).float().softmax(-1).cpu().numpy()
         sub = t.take([index[i] for i in ids])

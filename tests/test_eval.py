@@ -336,3 +336,41 @@ def test_slope_cli_over_results(tmp_path, capsys):
     assert out["shifts"]["snow"]["linear"]["slope"] == pytest.approx(0.5)
     assert out["shifts"]["snow"]["linear"]["r2"] == pytest.approx(1.0)
     assert main(["slope", paths[0]]) == 2
+
+
+@pytest.mark.parametrize("decode", ["cpu", "device"])
+def test_odd_images_in_a_suite_from_elsewhere_are_read_as_import_stores_them(tmp_path, lite0_weights, decode):
+    """A suite not made by import-folder may hold a raw 16-bit PNG or a transparent RGBA PNG. Eval reads
+    every image through benchmark.pixels (16 bits scaled, transparency on white), as import stores
+    them: the 16-bit photo scores as its 8-bit original (PIL's convert('RGB') made it all white,
+    the true class ranked ~200th), on the default decode path and on --decode device's CPU path."""
+    from PIL import Image
+    from skimage import data
+
+    from benchmark.writer import SuiteWriter
+
+    def png(im):
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        return buf.getvalue()
+
+    gray = np.asarray(Image.fromarray(data.coffee()).convert("L"))
+    rgba = np.dstack([data.coffee(), np.full(gray.shape, 255, np.uint8)])
+    images = {"eight": png(Image.fromarray(gray)), "sixteen": png(Image.fromarray(gray.astype(np.uint16) * 257)),
+              "rgba": png(Image.fromarray(rgba, "RGBA")), "rgb": png(Image.fromarray(data.coffee()))}
+    assert Image.open(io.BytesIO(images["sixteen"])).mode == "I;16"
+    with SuiteWriter(tmp_path / "odd", suite_id="odd") as w:
+        w.write_shard("real", 0, 1, ({"image": {"bytes": b, "path": None}, "label": 967, "image_id": f"real/{n}",
+                                      "config": "real", "keep": True, "pair_id": None} for n, b in images.items()))
+        w.finalize(generator={})
+    code = main(["eval", "--model", "tf_efficientnet_lite0", "--checkpoint", lite0_weights, "--remap-by-order",
+                 "--suite", str(tmp_path / "odd"), "--out", str(tmp_path / "runs"), "--workers", "0",
+                 "--no-progress", "--compile", "off", "--decode", decode])
+    assert code == 0
+    (path,) = (tmp_path / "runs").rglob("real.parquet")
+    t = pq.read_table(path)
+    row = {i: (k, p, r) for i, k, p, r in zip(t["image_id"].to_pylist(), t["topk_idx"].to_pylist(),
+                                               t["true_prob"].to_pylist(), t["true_rank"].to_pylist())}
+    assert row["real/sixteen"][0] == row["real/eight"][0]
+    assert row["real/sixteen"][1] == pytest.approx(row["real/eight"][1], abs=1e-3)
+    assert row["real/rgba"][0] == row["real/rgb"][0] and row["real/rgb"][2] == 0  # opaque alpha: the RGB photo
