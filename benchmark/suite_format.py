@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from datasets import ClassLabel, Features, Image, Value
 
 from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError, unknown
+from benchmark.errors import BenchError, IntegrityError, one_line, unknown
 from benchmark.fsutil import canonical_json, parse_json_limited, sha256_bytes, sha256_file
 
 FORMAT_NAME = "genshift-suite"
@@ -241,7 +241,7 @@ def _field(obj: dict, key: str, kind, where: str, *, default=None, required: boo
 def _count(obj: dict, key: str, where: str) -> int:
     value = _field(obj, key, int, where)
     if not 0 <= value < 1 << 53:
-        raise _bad(where, f"field {key!r} is {value}, outside 0..2^53")
+        raise _bad(where, f"field {key!r} is {one_line(value, limit=24)}, outside 0..2^53")
     return value
 
 
