@@ -13,6 +13,15 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import pytest  # noqa: E402
 
+try:  # CI runs the fuzz tests on a fixed example sequence (a red CI must be reproducible); locally they explore
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("ci", derandomize=True, database=None)
+    if os.environ.get("CI"):
+        _hyp_settings.load_profile("ci")
+except ImportError:  # hypothesis is in the test extra; its tests skip without it
+    pass
+
 
 @pytest.fixture
 def toy_suite(tmp_path):
