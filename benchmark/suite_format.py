@@ -336,7 +336,7 @@ class Manifest:
             raise IntegrityError(f"{where}: not a {FORMAT_NAME} manifest (field 'format' is "
                                  f"{found if not isinstance(found, str) else found[:64]!r})")
         version = raw.get("format_version")
-        if not ((type(version) is int and version == 1) or version == "1.1"):
+        if type(version) not in (int, str) or version not in READABLE_VERSIONS:  # not True, 1.0 or "1"
             shown = version if not isinstance(version, str) else version[:20]
             raise IntegrityError(f"{where}: manifest format_version {shown!r} is not supported by this "
                                  f"genshift-bench (reads 1 and '1.1'); upgrade genshift-bench or use a "

@@ -342,31 +342,26 @@ def unit_loader(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], tr
 
 
 def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units: list[Unit], groups: list[RowGroup],
-                  data_config: dict, opts: InferenceOptions, *, on_failure=None, on_unit=None) -> float:
+                  data_config: dict, opts: InferenceOptions, *, on_failure=None, on_unit=None) -> None:
     """Decode each of ``units`` once and run it through every feed that needs it.
 
     A feed whose model raises is handed to ``on_failure(feed, exc)`` (and dropped) when given, so
     one broken model does not stop the others; without it the error propagates. ``on_unit(rows,
-    n_models)`` reports progress. Returns the seconds spent waiting for decoded units.
+    n_models)`` reports progress.
     """
     carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
     decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
     transform = None if decoder else make_transform(data_config, uint8=opts.device_normalizes())
     live = list(feeds)
     wanted = [u for u in units if any(u.index in f.todo for f in live)]
-    decode_wait = 0.0
     try:
         it = iter(unit_loader(suite, groups, wanted, transform, carried, opts))
         while live:
-            t0 = time.perf_counter()
             item = next(it, None)
-            decode_wait += time.perf_counter() - t0
             if item is None:
                 break
             if decoder is not None:
-                t0 = time.perf_counter()
                 item["x"], failed = decoder(item["x"])
-                decode_wait += time.perf_counter() - t0
                 drop = {i for i, _ in failed}
                 item["bad"] = [(item["meta"]["image_id"][i], err) for i, err in failed]
                 item["meta"] = {c: [v for i, v in enumerate(vals) if i not in drop] for c, vals in item["meta"].items()}
@@ -399,7 +394,6 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
     finally:
         for feed in feeds:
             feed.ckpt.flush()
-    return decode_wait
 
 
 def predict_config(suite: LocalSuite, config: str, model: torch.nn.Module, data_config: dict, opts: InferenceOptions,

@@ -18,7 +18,8 @@ import subprocess
 from pathlib import Path
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import atomic_write_bytes, canonical_json, sha256_bytes
+from benchmark.fsutil import atomic_write_bytes, canonical_json, json_depth, sha256_bytes
+from benchmark.suite_format import CONFIG_RE, MAX_JSON_DEPTH, SHA256_RE  # one set of names and limits
 
 SCHEMA_VERSION = 1
 KIND = "genshift-result"
@@ -26,13 +27,10 @@ RESULT_FILE = "result.json"
 # protocol options added after schema 1 shipped: present only when used, each with its values
 PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square"), "decode": ("cpu", "device")}
 MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard store uses the same limit
-MAX_JSON_DEPTH = 32              # real results nest about 6 deep
 MAX_PREDICTIONS_BYTES = 512 * 2**20
 MAX_TEXT = 10_000                # notes
 MAX_NAME = 300                   # ids, names
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
-CONFIG_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")  # = benchmark.suite_format.CONFIG_RE
 MODEL_SOURCES = ("hf-hub", "checkpoint", "random")
 FLAGS = ("unpinned_suite", "construction_model", "partial", "skipped_bad_images")
 COUNT_KEYS = ("total", "kept", "predicted", "skipped_bad", "skipped_bad_ids")
@@ -115,17 +113,6 @@ def parse_result(raw: bytes, *, where: str) -> dict:
     result = parse_json(raw, where=f"result file {where}", max_bytes=MAX_RESULT_BYTES)
     validate(result, where=where)
     return result
-
-
-def json_depth(obj) -> int:
-    """Deepest list/object nesting of a parsed JSON value (iterative: no recursion limit)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, d)
-            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return deepest
 
 
 def parse_json(raw: bytes, *, where: str, max_bytes: int, max_depth: int = MAX_JSON_DEPTH):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_write_bytes, canonical_json, sha256_bytes
+from benchmark.fsutil import atomic_write_bytes, canonical_json, read_limited, sha256_bytes
 
 STAMP_KIND = "genshift-verification"
 STAMP_VERSION = 2
@@ -102,9 +102,7 @@ def load_trusted_keys(path: str | os.PathLike) -> dict[str, PublicKey]:
     path = Path(path)
     if not path.is_file():
         raise BenchError(f"trusted keys file {str(path)!r} does not exist; it holds the maintainers' KEY.pub lines")
-    data = path.read_bytes()
-    if len(data) > MAX_TRUSTED_KEYS_BYTES:
-        raise BenchError(f"trusted keys file {path} is over {MAX_TRUSTED_KEYS_BYTES >> 10} KiB")
+    data = read_limited(path, max_bytes=MAX_TRUSTED_KEYS_BYTES, what="trusted keys file")
     keys = {}
     for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         line = line.strip()

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.suite_format import MANIFEST, Manifest, rows_digest
+from benchmark.fsutil import read_limited
+from benchmark.suite_format import MANIFEST, MAX_MANIFEST_BYTES, Manifest
 
 log = logging.getLogger(__name__)
-MAX_MANIFEST_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -53,17 +53,8 @@ class SuiteRef:
 
     def rows_digest(self, config: str) -> str | None:
         """The config's rows digest: recorded in the manifest (format 1.1), else computed from the rows."""
-        info = self.manifest.configs[config]
-        recorded = getattr(info, "rows_digest", None)
-        if recorded is None:
-            raw = self.manifest.raw.get("configs", {}).get(config, {})
-            recorded = raw.get("rows_digest") if isinstance(raw, dict) else None
-        if isinstance(recorded, str):
-            return recorded
-        if self.local is not None and hasattr(self.local, "rows_digest"):
-            return self.local.rows_digest(config)
-        rows = self.rows(config)
-        return None if rows is None else rows_digest(*rows)
+        recorded = self.manifest.configs[config].rows_digest
+        return recorded or (self.local.rows_digest(config) if self.local is not None else None)
 
     def rows(self, config: str) -> tuple[list, list, list] | None:
         """``(image_ids, labels, keeps)`` of a config, read from the suite folder (files verified first)."""
@@ -77,14 +68,9 @@ class SuiteRef:
 
 
 def load_manifest_file(path: Path, *, where: str | None = None) -> Manifest:
-    from eval.results import parse_json
-
-    where = where or str(path)
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise IntegrityError(f"{where} is over {MAX_MANIFEST_BYTES >> 20} MiB; not a suite manifest")
-    data = path.read_bytes()
-    parse_json(data, where=where, max_bytes=MAX_MANIFEST_BYTES)  # size and depth limits before the real parser
-    return Manifest.from_bytes(data, where=where)
+    """A manifest file on its own (no data): the reader's limits and schema (``Manifest.from_bytes``)."""
+    return Manifest.from_bytes(read_limited(path, max_bytes=MAX_MANIFEST_BYTES, what="suite manifest"),
+                               where=where or str(path))
 
 
 def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: str | None = None) -> SuiteRef:
@@ -93,7 +79,6 @@ def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: s
 
     path = Path(source)
     if path.is_dir() and (path / MANIFEST).is_file():
-        load_manifest_file(path / MANIFEST)
         local = LocalSuite.open(path)
         return SuiteRef(local.manifest, f"suite folder {path}", trusted, local)
     if path.is_file():

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmark import upstream
-from benchmark.errors import BenchError, IntegrityError
+from benchmark.errors import BenchError, IntegrityError, one_line
 from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
 from benchmark.oom import BatchBackoff
 from eval.inference import (
@@ -505,7 +505,7 @@ class Sweep:
         if self.single:
             raise exc
         job.status = "failed"
-        job.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        job.error = one_line(f"{type(exc).__name__}: {exc}", limit=500)
         job.clf = None
         log.error("%s failed: %s (the sweep goes on)", job.model_id, job.error)
         if self.dist.is_main or job.state:

@@ -38,7 +38,7 @@ import pyarrow as pa
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import sha256_bytes
 from benchmark.pixels import to_rgb
-from benchmark.suite_format import rows_digest
+from benchmark.suite_format import rows_digest_table
 from eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
 from eval.results import (MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash,
                           parse_result)
@@ -296,10 +296,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
         t = tables[cfg]
         total, kept = ref.config_counts(cfg)
         stored = result["counts"][cfg]
-        pids = t["image_id"].to_pylist()
-        plabels = t["label"].to_pylist()
-        pkeeps = t["keep"].to_pylist()
-        rows = ref.rows(cfg) if (limited or stored["skipped_bad"] or len(pids) != total) else None
+        rows = ref.rows(cfg) if (limited or stored["skipped_bad"] or t.num_rows != total) else None
         if rows is None:
             if limited or stored["skipped_bad"]:
                 problems.append(f"{cfg}: a run with --limit-per-class or skipped images can only be checked with the "
@@ -309,7 +306,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
             if want is None:
                 problems.append(f"{cfg}: {ref.origin} records no rows digest (format 1); pass the suite folder")
                 continue
-            got = rows_digest(pids, plabels, pkeeps)
+            got = rows_digest_table(t)
             if got != want:
                 problems.append(f"{cfg}: the predictions' (image_id, label, keep) rows do not reproduce the suite's rows "
                                 f"digest ({got[:12]}… vs {want[:12]}…): rows dropped, added, duplicated or relabelled")
@@ -317,6 +314,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
             report.rows_digests[cfg] = want
             expected_n, skipped = total, 0
         else:
+            pids, plabels, pkeeps = (t[c].to_pylist() for c in ("image_id", "label", "keep"))
             sids, slabels, skeeps = rows
             suite_rows = dict(zip(sids, zip(slabels, skeeps)))
             if len(suite_rows) != len(sids):
@@ -340,8 +338,8 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
                 continue
             if not ids_ok:
                 problems.append(f"{cfg}: counts.{cfg}.skipped_bad_ids does not list the images missing from the predictions")
-            report.rows_digests[cfg] = rows_digest(pids, plabels, pkeeps)
-        want_counts = {"total": total, "kept": kept, "predicted": len(pids), "skipped_bad": skipped}
+            report.rows_digests[cfg] = rows_digest_table(t)
+        want_counts = {"total": total, "kept": kept, "predicted": t.num_rows, "skipped_bad": skipped}
         if not limited and expected_n != total:
             problems.append(f"{cfg}: expected {total} rows")
         for k, v in want_counts.items():

@@ -307,12 +307,12 @@ def read_id_accuracy(path) -> dict[str, float]:
     import math
     from pathlib import Path
 
+    from benchmark.fsutil import read_limited
+
     p = Path(path)
     if not p.is_file():
         raise BenchError(f"--id-accuracy {path}: no such file; give timm's results-imagenet.csv or a CSV of model,top1")
-    data = p.read_bytes()
-    if len(data) > MAX_ID_ACCURACY_BYTES:
-        raise BenchError(f"--id-accuracy {path} is over {MAX_ID_ACCURACY_BYTES >> 20} MiB")
+    data = read_limited(p, max_bytes=MAX_ID_ACCURACY_BYTES, what="--id-accuracy CSV")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -293,7 +293,7 @@ def main() -> None:
     with tabs[1]:
         _id_ood(store, suite, board, view, family_kind)
     with tabs[2]:
-        _drilldown(store, suite, board, view, configs, metric)
+        _drilldown(store, suite, board, view, configs)
     with tabs[3]:
         _rejected(store, skipped)
 
@@ -454,7 +454,7 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
 
 
 @guarded("drilldown")
-def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs: list[str], metric: str) -> None:
+def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs: list[str]) -> None:
     import plotly.graph_objects as go
 
     models = list(view["model"])
@@ -472,7 +472,7 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
         st.text(f"stamp: {n} images re-run, verified at {s.get('verified_at', '?')}")
     else:
         st.warning("Not verified by a model re-run (hashes and recomputed metrics check out).")
-        if getattr(entry, "note", ""):
+        if entry.note:
             st.text(f"why: {entry.note}")
     cm = r["metrics"]["configs"]
     vals = [100 * aggregate._v(cm[c]["acc1"]) for c in configs if c in cm]

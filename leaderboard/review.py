@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, one_line
 
 log = logging.getLogger(__name__)
 MARKER = re.compile(r"<!-- genshift-review head=([0-9a-f]{7,64}) outcome=(passed|failed) -->")
@@ -96,7 +96,7 @@ class Reviewer:
             raise BenchError(f"results repo datasets/{self.repo_id} not found (or no access: set HF_TOKEN)") from None
         except (errors.HfHubHTTPError, OSError) as e:
             raise BenchError(f"cannot list the pull requests of datasets/{self.repo_id} "
-                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+                             f"({type(e).__name__}: {one_line(e, 200)})") from None
         out = []
         for d in sorted(prs, key=lambda d: d.num):
             try:
@@ -154,7 +154,7 @@ class Reviewer:
                                         comment="Merged by `bench review`: every check passed.")
             outcome.merged = True
         except errors.HfHubHTTPError as e:  # e.g. a conflict: reported, retried on the next run
-            outcome.problems.append(f"merge failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            outcome.problems.append(f"merge failed: {one_line(e, 200) or type(e).__name__}")
 
     # -- steps --------------------------------------------------------------------------------
     def _merge_base(self, pr_ref: str) -> str:

@@ -12,6 +12,7 @@ from benchmark.errors import BenchError, NotFoundError
 from eval.inference import InferenceOptions
 from eval.runner import EvalRequest, evaluate
 from eval.verify import verify_result
+from tests.resultkit import fake_result
 
 
 def _eval(tmp_path, suite, ckpt, **kw):
@@ -306,26 +307,10 @@ def test_malformed_result_files(tmp_path, capsys, content, match):
 
 
 def test_slope_cli_over_results(tmp_path, capsys):
-    from eval.results import KIND
-    from eval.scoring import ScoringOptions
-
     def fake(model, base, snow):  # schema-valid (eval.results.validate), numbers made up
-        configs = ["base", "snow"]
-        return {"schema_version": 1, "kind": KIND, "data_config": {},
-                "model": {"id": model, "source": "random", "weights_revision": None, "weights_sha256": None},
-                "suite": {"id": "s", "manifest_sha256": "0" * 64, "configs": configs, "metric_family": "imagenet_star",
-                          "pinned": True},
-                "protocol": {"topk": 10, "limit_per_class": None, "skip_bad_images": False,
-                             "scoring": ScoringOptions(reference_config="base").to_dict()},
-                "config_hash": "0" * 64, "run": {}, "environment": {},
-                "started_at": "2026-01-01T00:00:00+00:00", "finished_at": "2026-01-01T00:00:00+00:00",
-                "counts": {c: {"total": 1, "kept": 1, "predicted": 1, "skipped_bad": 0, "skipped_bad_ids": []}
-                           for c in configs},
-                "predictions": [{"config": c, "path": f"predictions/{c}.parquet", "rows": 1, "sha256": "0" * 64}
-                                for c in configs],
-                "flags": {"unpinned_suite": False, "construction_model": False, "partial": False,
-                          "skipped_bad_images": False},
-                "metrics": {"configs": {"base": {"acc1": {"value": base}}, "snow": {"acc1": {"value": snow}}}}}
+        return fake_result(model, ["base", "snow"],
+                           {"configs": {"base": {"acc1": {"value": base}}, "snow": {"acc1": {"value": snow}}}})
+
     paths = []
     for i, (b, s) in enumerate([(0.6, 0.5), (0.7, 0.55), (0.8, 0.6)]):
         p = tmp_path / f"r{i}.json"

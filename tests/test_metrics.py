@@ -291,27 +291,12 @@ def test_doctests(module, at_least):
 
 def _star_result(model, base, shifts):
     """A minimal schema-valid ImageNet* result record: acc@1 on base and the shifts, drops as scored."""
-    from eval.results import KIND
-    from eval.scoring import ScoringOptions
+    from tests.resultkit import fake_result
 
     configs = {"base": {"acc1": {"value": base}}, **{s: {"acc1": {"value": a}} for s, a in shifts.items()}}
     impact = {s: {"value": base - a, "ci": None, "n": 10} for s, a in shifts.items()}
-    names = list(configs)
-    return {"schema_version": 1, "kind": KIND, "data_config": {},
-            "model": {"id": model, "source": "random", "weights_revision": None, "weights_sha256": None},
-            "suite": {"id": "imagenet-star", "manifest_sha256": "0" * 64, "configs": names,
-                      "metric_family": "imagenet_star", "pinned": True},
-            "protocol": {"topk": 10, "limit_per_class": None, "skip_bad_images": False,
-                         "scoring": ScoringOptions(reference_config="base").to_dict()},
-            "config_hash": "0" * 64, "run": {}, "environment": {},
-            "started_at": "2026-01-01T00:00:00+00:00", "finished_at": "2026-01-01T00:00:00+00:00",
-            "counts": {c: {"total": 1, "kept": 1, "predicted": 1, "skipped_bad": 0, "skipped_bad_ids": []}
-                       for c in names},
-            "predictions": [{"config": c, "path": f"predictions/{c}.parquet", "rows": 1, "sha256": "0" * 64}
-                            for c in names],
-            "flags": {"unpinned_suite": False, "construction_model": False, "partial": False,
-                      "skipped_bad_images": False},
-            "metrics": {"configs": configs, "imagenet_star": {"reference": "config base", "absolute_impact": impact}}}
+    return fake_result(model, list(configs), {"configs": configs, "imagenet_star": {
+        "reference": "config base", "absolute_impact": impact}}, suite_id="imagenet-star")
 
 
 def test_shift_impact_is_a_shifts_drop_averaged_over_models_by_hand(tmp_path, capsys):

@@ -276,7 +276,7 @@ def test_bad_sweep_input(tmp_path, capsys, argv, match):
     argv = [subs.get(a, a) for a in argv]
     # the suite does not exist: every model problem must be reported before any data is touched
     code = main(["eval", *argv, "--suite", str(tmp_path / "no-such-suite"), "--out", str(tmp_path / "runs"),
-                 "--no-progress"] + ([] if "--merge" not in argv else []))
+                 "--no-progress"])
     err = capsys.readouterr().err
     assert code != 0 and match in err and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists()

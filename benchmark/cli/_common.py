@@ -22,14 +22,20 @@ def csv_list(text: str) -> list[str]:
     return items
 
 
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def bounded_int(lo: int, hi: int | None = None, what: str = "an integer"):
+    """An argparse ``type`` for integers in ``lo..hi`` (``hi`` None: no upper bound)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected {what} in {lo}..{hi if hi is not None else 'any'}, got {v}")
+        return v
+    return parse
+
+
+positive_int = bounded_int(1, None, "a positive integer")
 
 
 def non_negative_float(text: str) -> float:

@@ -3,32 +3,9 @@ and signed stamp) or a suite folder against its manifest."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from benchmark.cli._common import add_verb, print_json
-
-MAX_RECHECK = 100_000
-
-
-def _recheck_count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of images, got {text!r}") from None
-    if not 0 <= v <= MAX_RECHECK:
-        raise argparse.ArgumentTypeError(f"expected 0 to {MAX_RECHECK} images, got {v}")
-    return v
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not 0 <= v < 2**63:
-        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2^63), got {v}")
-    return v
+from benchmark.cli._common import add_verb, bounded_int, print_json
 
 
 def add_parser(sub):
@@ -45,7 +22,7 @@ def add_parser(sub):
                  "  bench verify ENTRY --suites trusted-suites/ --recheck 50 --sign ~/.genshift/maintainer.key\n"
                  "  bench verify ./my-suite\n")
     p.add_argument("path", help="result.json, a run folder holding one, or a suite folder")
-    p.add_argument("--recheck", type=_recheck_count, default=0, metavar="N",
+    p.add_argument("--recheck", type=bounded_int(0, 100_000, "a number of images"), default=0, metavar="N",
                    help="re-run N images drawn from the suite through the model and compare the stored rows")
     p.add_argument("--suite", help="the suite to check against (a trust root): a suite folder, a manifest.json, a "
                                    "registry id or a Hub repo; also where --recheck reads images")
@@ -53,7 +30,7 @@ def add_parser(sub):
     p.add_argument("--mask", help="ImageNet* upstream masks.npy for --recheck (default: the file the result recorded)")
     p.add_argument("--checkpoint", help="local weights, for results made with --checkpoint")
     p.add_argument("--device", default="cpu", help="device for --recheck (cpu, cuda, cuda:1)")
-    p.add_argument("--seed", type=_seed, default=None,
+    p.add_argument("--seed", type=bounded_int(0, 2**63 - 1, "a seed"), default=None,
                    help="which images --recheck draws (default: a fresh random seed, printed and recorded)")
     p.add_argument("--sign", metavar="KEY", help="with --recheck: on success write verification.json signed with "
                                                  "this private key (bench keygen)")
