@@ -4,7 +4,7 @@ Consumption follows the offline-safe pattern of ``benchmark.hubio`` (``docs/hub.
 the revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and
 the requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
 
-Publishing uploads a small suite in **one** commit (against the expected parent commit) and a
+Publishing writes the suite's ``eval.yaml`` (``data_cards.eval_yaml``) when it is missing, then uploads a small suite in **one** commit (against the expected parent commit) and a
 large one resumably in several commits, then tags it and turns gating on when the card asks.
 """
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def _patterns(configs: list[str] | None) -> list[str]:
-    pats = [MANIFEST, CARD]
+    pats = [MANIFEST, CARD, "eval.yaml"]  # eval.yaml: checked by `bench verify` on the downloaded folder
     return pats + (["data/**"] if configs is None else [f"data/{c}/*" for c in configs])
 
 
@@ -142,11 +142,29 @@ def _no_mask(mask: str | None, suite: str) -> None:
 
 
 def publish_files(suite: LocalSuite) -> list[str]:
-    """What a release holds: the card, the manifest and exactly the data files the manifest lists.
+    """What a release holds: the card, ``eval.yaml``, the manifest and exactly the data files the manifest lists.
 
     Anything else in the folder (``build.json``, leftovers, notes) is never uploaded.
     """
-    return [CARD, MANIFEST, *sorted(suite.manifest.files)]
+    from data_cards.eval_yaml import EVAL_YAML
+
+    return [CARD, EVAL_YAML, MANIFEST, *sorted(suite.manifest.files)]
+
+
+def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
+    """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
+    manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
+    from benchmark.fsutil import atomic_write_bytes, read_limited
+    from data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
+
+    path = Path(folder) / EVAL_YAML
+    if path.is_file():
+        check_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), suite.manifest,
+                        where=str(path))
+        return path
+    name = (suite.card or {}).get("pretty_name")
+    atomic_write_bytes(path, render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None).encode())
+    return path
 
 
 LARGE_UPLOAD_BYTES = 5 * 1024**3  # above this a suite is uploaded resumably, in several commits
@@ -235,6 +253,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     suite.verify()
     if not (folder / CARD).is_file():
         raise BenchError(f"{folder} has no {CARD} (dataset card); rebuild the suite or render one with data_cards")
+    ensure_eval_yaml(folder, suite)
     gated = card_gating(folder)
     tag = tag or f"v{suite.manifest.suite_version}"
     files = publish_files(suite)

@@ -532,4 +532,18 @@ def verify_suite_dir(path: str | Path) -> str:
     m = suite.manifest
     rows = sum(c.rows for c in m.configs.values())
     return (f"{path}: suite {m.suite_id} v{m.suite_version} (format {m.format_version}), {len(m.configs)} configs, "
-            f"{rows} rows, {len(m.files)} files and every row verified, card present; manifest sha256 {m.sha256}")
+            f"{rows} rows, {len(m.files)} files and every row verified, card present, {_eval_yaml_state(suite)}; "
+            f"manifest sha256 {m.sha256}")
+
+
+def _eval_yaml_state(suite) -> str:
+    """A suite's eval.yaml (its Hub benchmark declaration) is checked when present; `bench publish` writes it."""
+    from benchmark.fsutil import read_limited
+    from data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
+
+    path = Path(suite.root) / EVAL_YAML
+    if not path.is_file():
+        return f"no {EVAL_YAML} yet (`bench publish` writes it)"
+    doc = check_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), suite.manifest,
+                          where=str(path))
+    return f"{EVAL_YAML} declares its {len(doc['tasks'])} tasks"

@@ -1,0 +1,166 @@
+"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hugging Face Hub.
+
+The Hub's eval-results system (hub-docs, "Evaluation results") reads an ``eval.yaml`` at the root
+of a dataset repo: ``name``, ``description``, ``evaluation_framework`` and ``tasks``, each task an
+``id`` with the dataset ``config`` and ``split`` it is scored on. Model repos then report scores
+for these task ids in ``.eval_results/*.yaml`` (``leaderboard.hub_results``), and the Hub shows
+them on the model page and on the dataset's leaderboard.
+
+One task per headline metric the suite family defines (the metrics the leaderboard shows):
+
+- ImageNet* (Vendrow et al., *Dataset Interfaces*): ``mean_shift_acc1``, the top-1 accuracy
+  averaged over the shift configs (every config but the reference), and ``acc1_<shift>`` for each;
+- LANCE (Prabhu et al., Table 2): ``acc1_edited``, top-1 accuracy on the edited images (config
+  ``counterfactual``, T'), and ``delta_acc1``, Δacc@1 = acc@1(T') − acc@1(T) on the originals
+  that have a counterfactual;
+- IN-G (top-3 failure rate): ``top3_failure_rate`` (``top3_failure_rate_<config>`` when the suite
+  has several configs);
+- any other suite (the ``accuracy`` family): ``mean_acc1`` and ``acc1_<config>``.
+
+Units (stated in the description, since a task has no unit field): accuracies and failure rates
+in percent (0-100), Δacc@1 in percentage points. The results store keeps fractions; the value
+written to the Hub is 100 × the stored fraction.
+
+Recorded option: a task that aggregates several configs (``mean_shift_acc1``, ``mean_acc1``,
+``delta_acc1``) names, as its ``config``, the config its value is mostly about: the first shift
+config in sorted order, the first config, and ``counterfactual`` respectively; the id says what is
+aggregated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from benchmark.errors import IntegrityError
+
+EVAL_YAML = "eval.yaml"
+FRAMEWORK = "genshift-bench"
+SPLIT = "test"            # every suite config has one split, test (data_cards.card_data)
+MAX_EVAL_YAML_BYTES = 64 << 10
+MAX_YAML_DEPTH = 8
+UNITS = "Values: accuracies and failure rates in percent (0-100)."
+DELTA_UNITS = " Δacc@1 in percentage points (acc@1 on the edited images minus acc@1 on their originals)."
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str        # the task id in eval.yaml and in .eval_results entries
+    config: str    # the dataset config it is scored on
+    column: str    # the metric's column in leaderboard.aggregate.model_table (a fraction)
+    label: str     # for people
+
+
+def tasks(family: str, configs: list[str], reference: str | None = None) -> list[Task]:
+    """The tasks of a suite of ``family`` with these configs (see the module docstring)."""
+    configs = sorted(configs)
+    if family == "imagenet_star":
+        shifts = [c for c in configs if c != (reference or "base")]
+        if not shifts:
+            raise IntegrityError("an ImageNet* suite needs at least one shift config besides its reference")
+        return [Task("mean_shift_acc1", shifts[0], "mean_shift_acc1", "mean shift acc@1"),
+                *(Task(f"acc1_{s}", s, f"acc1/{s}", f"acc@1 on {s}") for s in shifts)]
+    if family == "lance":
+        if "counterfactual" not in configs:
+            raise IntegrityError("a LANCE suite needs a 'counterfactual' config")
+        return [Task("acc1_edited", "counterfactual", "acc1/counterfactual", "acc@1 on edited images"),
+                Task("delta_acc1", "counterfactual", "delta_acc1", "Δacc@1 (edited − original)")]
+    if family == "in_g":
+        if len(configs) == 1:
+            return [Task("top3_failure_rate", configs[0], "top3_failure_rate", "top-3 failure rate")]
+        return [Task(f"top3_failure_rate_{c}", c, f"top3_failure_rate/{c}", f"top-3 failure rate on {c}")
+                for c in configs]
+    return [Task("mean_acc1", configs[0], "mean_acc1", "mean acc@1"),
+            *(Task(f"acc1_{c}", c, f"acc1/{c}", f"acc@1 on {c}") for c in configs)]
+
+
+def suite_scoring(manifest) -> tuple[str, str | None]:
+    """Metric family and reference config of a suite: the registry's entry, else what its manifest declares."""
+    from benchmark.suites import SUITES, declared_scoring, get_suite
+
+    if manifest.suite_id in SUITES:
+        spec = get_suite(manifest.suite_id)
+        return spec.metric_family, spec.reference_config
+    return declared_scoring(manifest)
+
+
+def suite_tasks(manifest) -> list[Task]:
+    family, reference = suite_scoring(manifest)
+    return tasks(family, list(manifest.configs), reference)
+
+
+def eval_yaml_dict(manifest, *, name: str | None = None, description: str | None = None) -> dict:
+    """The ``eval.yaml`` content of a suite as a dict (name and description from its card)."""
+    family, _ = suite_scoring(manifest)
+    lines = [description or f"{manifest.suite_id}: how ImageNet classifiers fail under a generated distribution "
+             f"shift (genshift-bench suite, metric family {family}).", UNITS + (DELTA_UNITS if family == "lance" else ""),
+             "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_tasks(manifest)) + "."]
+    return {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
+            "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_tasks(manifest)]}
+
+
+def render_eval_yaml(manifest, **kw) -> str:
+    return yaml.safe_dump(eval_yaml_dict(manifest, **kw), sort_keys=False, allow_unicode=True, width=100)
+
+
+def load_bounded_yaml(text: str, *, where: str, max_depth: int = MAX_YAML_DEPTH):
+    """``yaml.safe_load`` of text from outside, refusing aliases (billion-laughs) and deep nesting first."""
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # events: nothing is built yet
+            if isinstance(event, yaml.AliasEvent):
+                raise IntegrityError(f"{where}: the YAML uses aliases ('*name'), which this file never needs")
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > max_depth:
+                    raise IntegrityError(f"{where}: the YAML nests deeper than {max_depth} levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise IntegrityError(f"{where}: not valid YAML ({str(e).splitlines()[0][:160]})") from None
+
+
+def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
+    """Check an ``eval.yaml`` against the Hub's format: the four keys, non-empty strings, unique task ids."""
+    if len(data) > MAX_EVAL_YAML_BYTES:
+        raise IntegrityError(f"{where} is {len(data)} bytes, over the {MAX_EVAL_YAML_BYTES} limit; re-render it with "
+                             "`bench publish` (data_cards.eval_yaml)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise IntegrityError(f"{where} is not UTF-8; re-render it with `bench publish`") from None
+    doc = load_bounded_yaml(text, where=where)
+
+    def bad(what: str) -> IntegrityError:
+        return IntegrityError(f"{where}: {what}; re-render it with `bench publish` (data_cards.eval_yaml)")
+
+    if not isinstance(doc, dict):
+        raise bad("not a mapping")
+    for key in ("name", "description", "evaluation_framework"):
+        if not isinstance(doc.get(key), str) or not doc[key].strip():
+            raise bad(f"'{key}' must be a non-empty string")
+    ts = doc.get("tasks")
+    if not isinstance(ts, list) or not ts:
+        raise bad("'tasks' must be a non-empty list")
+    seen = set()
+    for i, t in enumerate(ts):
+        if not isinstance(t, dict) or not all(isinstance(t.get(k), str) and t[k] for k in ("id", "config", "split")):
+            raise bad(f"task {i} must have string 'id', 'config' and 'split'")
+        if t["id"] in seen:
+            raise bad(f"task id {t['id'][:64]!r} appears twice")
+        seen.add(t["id"])
+    return doc
+
+
+def check_eval_yaml(data: bytes, manifest, *, where: str = EVAL_YAML) -> dict:
+    """``parse_eval_yaml`` + the tasks are exactly the ones this suite defines (ids, configs, split)."""
+    doc = parse_eval_yaml(data, where=where)
+    want = [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_tasks(manifest)]
+    have = [{k: t[k] for k in ("id", "config", "split")} for t in doc["tasks"]]
+    if doc["evaluation_framework"] != FRAMEWORK or have != want:
+        raise IntegrityError(f"{where}: its tasks ({', '.join(t['id'][:40] for t in have)[:300]}) are not the ones "
+                             f"suite {manifest.suite_id} defines ({', '.join(t['id'] for t in want)[:300]}); "
+                             "re-render it with `bench publish` (data_cards.eval_yaml)")
+    return doc
