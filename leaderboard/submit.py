@@ -5,6 +5,9 @@ predictions hashes, every metric recomputed) and against the size limits; then i
 ``result.json`` and predictions files are committed to ``<suite id>/<model slug>/`` of the results
 dataset repo in **one** pull request. Maintainers review the PR, CI runs
 ``bench verify --recheck N --sign KEY`` on it, and merging publishes it (``docs/leaderboard.md``).
+
+Once merged, :func:`submit_to_model_repo` (``bench submit --model-repo``) reports the entry on the
+model's Hub page (``leaderboard.hub_results``, ``docs/hub.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,29 @@ def _slug(text: str) -> str:
     return slug if slug.strip(".") else "_" + slug
 
 
+def entry_prefix(result: dict) -> str:
+    """Where a result lives in the results repo: ``<suite id>/<model slug>``."""
+    return f"{_slug(result['suite']['id'])}/{_slug(result['model']['id'])}"
+
+
+def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, trusted_keys: str | None = None,
+                         endpoint: str | None = None, token: str | None = None) -> tuple[str, str]:
+    """Open (or update) a PR on ``model_repo`` adding ``.eval_results/<suite id>.yaml`` for this result, whose
+    entry must already be merged in the results repo ``repo_id`` (the source the Hub entry links to).
+    Verified only with a stamp signed by one of ``trusted_keys``. Returns ``(url, what happened)``."""
+    from benchmark.fsutil import read_limited, sha256_bytes
+    from eval.results import MAX_RESULT_BYTES, parse_result
+    from eval.stamps import load_trusted_keys
+    from leaderboard.hub_results import publish_entry
+
+    path = result_path(result)
+    raw = read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result.json")
+    res = parse_result(raw, where=str(path))
+    trusted = load_trusted_keys(trusted_keys) if trusted_keys else {}
+    return publish_entry(repo_id, entry_prefix(res), model_repo=model_repo, trusted=trusted,
+                         expect_sha256=sha256_bytes(raw), endpoint=endpoint, token=token)
+
+
 def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, token: str | None = None,
            message: str | None = None) -> str:
     """Open the pull request; returns its URL."""
@@ -36,7 +62,7 @@ def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, tok
     if res["flags"].get("partial"):
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not accepted; "
                          "evaluate every config without --limit-per-class")
-    prefix = f"{_slug(res['suite']['id'])}/{_slug(res['model']['id'])}"
+    prefix = entry_prefix(res)
     ops = [CommitOperationAdd(f"{prefix}/result.json", str(path))]
     for p in res["predictions"]:
         f = path.parent / p["path"]

@@ -8,6 +8,13 @@ Speaks what huggingface_hub's ``create_repo``, ``create_commit`` / ``upload_fold
 (``get_repo_discussions``, ``get_discussion_details``, ``comment_discussion``,
 ``merge_pull_request``, ``change_discussion_status``; commits to ``refs/pr/N``). Files are sent inline
 ("regular" upload mode), so no LFS/xet. A stale ``parentCommit`` is rejected (412), like the Hub.
+The eval-results side of the Hub (hub-docs "Evaluation results"): ``model_info(expand=["evalResults"])``
+answers the entries of the model's ``.eval_results/*.yaml`` on ``main`` (``{"filename", "data"}``, or
+``{"filename", "error"}`` for a file that does not validate), and ``get_dataset_leaderboard`` ranks the
+entries for a benchmark dataset (one with ``eval.yaml``) from every model repo's ``main`` and open pull
+requests (``pullRequest``: community results), by the first task of its ``eval.yaml``;
+``leaderboards[dataset_id] = [...]`` serves a raw payload instead (hostile-response tests).
+``whoami-v2`` names the user ``tester`` (every discussion's author here).
 ``gate(repo_type, repo_id, tokens)`` makes a repo gated: its metadata stays readable, file downloads
 without one of ``tokens`` get 403 ``GatedRepo`` (as on the Hub).
 """
@@ -61,6 +68,7 @@ class FakeHub:
         self.repos: dict[tuple[str, str], Repo] = {}
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []
+        self.leaderboards: dict[str, object] = {}  # dataset id -> raw leaderboard payload (overrides the computed one)
         handler = type("Handler", (_Handler,), {"hub": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -177,11 +185,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, raw=data, headers={"X-Repo-Commit": oid, "ETag": etag})
 
     def _api_get(self, rest: str, query: dict) -> None:
+        if rest == "whoami-v2":
+            return self._send(200, {"type": "user", "name": "tester", "fullname": "Tester", "orgs": []})
         type_plural, _, rest = rest.partition("/")
         repo_id, tail = self._split_repo(rest)
         repo = self._repo(type_plural, repo_id)
         if repo is None:
             return self._error(404, "RepoNotFound", f"repository {repo_id} not found")
+        if tail == "leaderboard" and repo.repo_type == "dataset":
+            return self._leaderboard(repo)
+        if tail == "" and "evalResults" in query.get("expand", []):
+            items = [{"filename": f, **x} for f, x in _eval_results(repo.commits[repo.refs["main"]].files)]
+            return self._send(200, {"id": repo_id, "sha": repo.refs["main"], "evalResults": items})
         if tail == "" or tail.startswith("revision/"):
             rev = tail[len("revision/"):] if tail else "main"  # (already unquoted: refs/pr/N works)
             oid = repo.resolve(rev)
@@ -243,6 +258,34 @@ class _Handler(BaseHTTPRequestHandler):
                                  if b.startswith("refs/pr/")],
             })
         return self._error(404, "EntryNotFound", f"unknown api route {tail}")
+
+    def _leaderboard(self, repo: Repo) -> None:
+        if repo.repo_id in self.hub.leaderboards:
+            return self._send(200, self.hub.leaderboards[repo.repo_id])
+        import yaml
+
+        spec = repo.commits[repo.refs["main"]].files.get("eval.yaml")
+        if spec is None:
+            return self._error(404, "EntryNotFound", f"{repo.repo_id} is not a benchmark (no eval.yaml)")
+        task = yaml.safe_load(spec)["tasks"][0]["id"]
+        rows = []
+        for m in (r for r in self.hub.repos.values() if r.repo_type == "model"):
+            heads = [(None, m.refs["main"])] + [(int(b.split("/")[-1]), o) for b, o in m.refs.items()
+                                                 if b.startswith("refs/pr/") and
+                                                 m.discussions.get(int(b.split("/")[-1]), {}).get("status") == "open"]
+            for pr, oid in heads:
+                for f, x in _eval_results(m.commits[oid].files):
+                    d = x.get("data")
+                    if d and d["dataset"]["id"] == repo.repo_id and d["dataset"]["task_id"] == task:
+                        src = d.get("source") or {}
+                        rows.append({"modelId": m.repo_id, "value": d["value"], "filename": f,
+                                     "verified": False, "author": {"type": "user", "name": "tester"},
+                                     **({"source": {"url": src["url"], "name": src.get("name"), "isExternal": True}}
+                                        if src else {}),
+                                     **({"pullRequest": pr} if pr else {}),
+                                     **({"notes": d["notes"]} if d.get("notes") else {})})
+        rows.sort(key=lambda r: -float(r["value"]))
+        return self._send(200, [{"rank": i + 1, **r} for i, r in enumerate(rows)])
 
     def _discussion(self, repo: Repo, num: int) -> dict:
         d = repo.discussions[num]
@@ -379,3 +422,24 @@ class _Handler(BaseHTTPRequestHandler):
         oid = self.hub.commit(repo, files, deleted, head, header.get("summary", ""), branch)
         self._send(200, {"commitUrl": f"{self.hub.endpoint}/{repo.repo_id}/commit/{oid}", "commitOid": oid,
                          "success": True, "pullRequestUrl": pr_url})
+
+
+def _eval_results(files: dict[str, bytes]) -> list[tuple[str, dict]]:
+    """``(filename, {"data": entry} | {"error": why})`` for each entry of ``.eval_results/*.yaml``, as the Hub
+    validates them (a file that is not a list of entries with dataset id, task_id and a numeric value fails)."""
+    import yaml
+
+    out = []
+    for f, b in sorted(files.items()):
+        if not (f.startswith(".eval_results/") and f.endswith((".yaml", ".yml"))):
+            continue
+        try:
+            doc = yaml.safe_load(b)
+            ok = isinstance(doc, list) and all(
+                isinstance(x, dict) and isinstance(x.get("dataset"), dict) and isinstance(x["dataset"].get("id"), str)
+                and isinstance(x["dataset"].get("task_id"), str) and isinstance(x.get("value"), (int, float))
+                for x in doc)
+        except yaml.YAMLError:
+            ok = False
+        out += [(f, {"data": x}) for x in doc] if ok else [(f, {"error": "invalid eval results file"})]
+    return out

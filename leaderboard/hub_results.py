@@ -1,0 +1,280 @@
+"""Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board.
+
+The Hub's eval-results system (hub-docs "Evaluation results"): a benchmark dataset declares its
+tasks in ``eval.yaml`` (``data_cards.eval_yaml``), and a model repo reports scores for them in
+``.eval_results/<name>.yaml``, a list of entries built here with huggingface_hub's
+``EvalResultEntry`` / ``eval_result_entries_to_yaml`` (never hand-formatted). An entry from a pull
+request shows as "community" until the model's owners merge it.
+
+- :func:`publish_entry` turns one entry of the project's results repo (``<suite>/<model>/``) into a
+  pull request on the model repo adding ``.eval_results/<suite id>.yaml``: the dataset id and the
+  commit sha the result was scored on, one value per task the suite's ``eval.yaml`` declares (in
+  its units: percent), the run's date, the entry in the results repo as the source, the protocol
+  in a few words as notes. Only complete results on a pinned suite. "Verified" is written only when
+  the entry's stamp is signed by a key the caller trusts and names these exact files; the notes then
+  carry the stamp's key id and seed, otherwise they say "not verified by genshift-bench". One
+  open pull request per (model repo, suite): a rerun updates it, never opens a second one.
+  ``bench submit --model-repo`` and ``bench review --publish-model-results`` both call it.
+- :func:`hub_reported` reads the benchmark's leaderboard on the Hub (``get_dataset_leaderboard``)
+  into rows for the board's separate "Reported on the Hub" table: community numbers, never merged
+  with or ranked among the verified entries. Every row is bounded and type-checked; a malformed
+  row is dropped with one line saying why.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+from benchmark.errors import BenchError, one_line
+
+MAX_HUB_ROWS = 500            # leaderboard rows read from the Hub
+MAX_HUB_TEXT = 300            # any string field of a Hub row
+MAX_EVAL_RESULTS_BYTES = 64 << 10
+TITLE = "genshift-bench: {suite} results"  # one open PR per (model repo, suite) carries exactly this title
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
+
+
+def _tasks_of(result: dict):
+    from data_cards.eval_yaml import tasks
+
+    s = result["suite"]
+    return tasks(s["metric_family"], list(s["configs"]), result["protocol"]["scoring"].get("reference_config"))
+
+
+def task_values(result: dict) -> dict[str, float]:
+    """Each task's value in the task's units (percent = 100 × the stored fraction), from the same row
+    the leaderboard shows (``leaderboard.aggregate.model_table``); undefined values are left out."""
+    from leaderboard.aggregate import model_table
+
+    df = model_table([SimpleNamespace(result=result, verified=False, model_id=result["model"]["id"])])
+    if df.attrs["skipped"] or df.empty:
+        raise BenchError(f"the result cannot be tabulated ({df.attrs['skipped'][0][1] if df.attrs['skipped'] else 'empty'})")
+    row = df.iloc[0]
+    out = {}
+    for t in _tasks_of(result):
+        v = row.get(t.column)
+        if v is not None and math.isfinite(float(v)):
+            out[t.id] = round(100.0 * float(v), 4)
+    return out
+
+
+def _notes(result: dict, stamp: dict | None) -> str:
+    p, run, mask = result["protocol"], result.get("run") or {}, result["suite"].get("mask") or {}
+    amp = f"amp {run.get('amp_dtype') or 'on'}" if run.get("amp") else "fp32"
+    parts = [f"preprocess {p.get('preprocess', 'timm')}", f"mask {mask.get('source', 'none') if mask else 'n/a'}",
+             amp, f"kept rows only" if p["scoring"].get("filter", True) else "all rows"]
+    if stamp is None:
+        parts.append("not verified by genshift-bench")
+    else:
+        sig = stamp.get("signature") or {}
+        parts.append(f"verified by genshift-bench: stamp key {str(sig.get('key_id', '?'))[:16]}, "
+                     f"{len(stamp['recheck']['images'])} images re-run, seed {stamp['recheck']['seed']}")
+    return "; ".join(parts)
+
+
+def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared: set[str]):
+    """The ``EvalResultEntry`` list for one complete result (see the module docstring)."""
+    from huggingface_hub import EvalResultEntry
+
+    s = result["suite"]
+    if result["flags"].get("partial"):
+        raise BenchError("partial results (--limit-per-class or a subset of configs) are not reported to model pages; "
+                         "evaluate every config without --limit-per-class")
+    if result["flags"].get("unpinned_suite") or not SHA_RE.match(str(s.get("revision") or "")) \
+            or not REPO_RE.match(str(s.get("repo_id") or "")):
+        raise BenchError(f"the result was not scored on a Hub dataset repo pinned to a commit (suite {s['id']!r}); "
+                         "evaluate with --suite ORG/NAME --revision <sha> (or a pinned registry suite)")
+    values = task_values(result)
+    missing = sorted(set(values) - declared)
+    if missing:
+        raise BenchError(f"datasets/{s['repo_id']}'s eval.yaml does not declare task(s) {', '.join(missing)}; "
+                         "republish the suite with `bench publish` (it writes eval.yaml)")
+    notes = _notes(result, stamp)
+    return [EvalResultEntry(dataset_id=s["repo_id"], task_id=task, value=value, dataset_revision=s["revision"],
+                            date=result["finished_at"], source_url=source_url, source_name="genshift-bench results",
+                            notes=notes) for task, value in values.items()]
+
+
+def entries_yaml(entries) -> bytes:
+    import yaml
+    from huggingface_hub import eval_result_entries_to_yaml
+
+    return yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False, allow_unicode=True).encode()
+
+
+def declared_tasks(api, dataset_id: str) -> set[str]:
+    """The task ids the benchmark's ``eval.yaml`` declares on its ``main`` (what the Hub reads)."""
+    from huggingface_hub import errors
+
+    from data_cards.eval_yaml import EVAL_YAML, parse_eval_yaml
+
+    try:
+        path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")
+    except errors.EntryNotFoundError:
+        raise BenchError(f"datasets/{dataset_id} has no {EVAL_YAML}, so the Hub does not treat it as a benchmark; "
+                         "publish the suite with `bench publish` (it writes eval.yaml)") from None
+    except (errors.HfHubHTTPError, OSError) as e:
+        raise BenchError(f"cannot read datasets/{dataset_id}/{EVAL_YAML} ({type(e).__name__}: {one_line(e, 160)})") from None
+    from data_cards.eval_yaml import MAX_EVAL_YAML_BYTES
+    from benchmark.fsutil import read_limited
+
+    doc = parse_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML),
+                          where=f"datasets/{dataset_id}/{EVAL_YAML}")
+    return {t["id"] for t in doc["tasks"]}
+
+
+def _read_entry(api, results_repo: str, prefix: str, revision: str, root: Path, trusted: dict):
+    """Download ``<prefix>/`` of the results repo at ``revision``; ``(result, stamp or None, result sha256)``
+    where the stamp counts only if signed by a ``trusted`` key for exactly these files."""
+    from benchmark.fsutil import read_limited, sha256_bytes, sha256_file
+    from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
+    from eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
+
+    files = {f for f in api.list_repo_files(results_repo, repo_type="dataset", revision=revision)
+             if f.startswith(prefix + "/")}
+    if f"{prefix}/result.json" not in files:
+        raise BenchError(f"datasets/{results_repo}@{revision[:12]} has no entry {prefix}/ (result.json); submit it with "
+                         f"`bench submit RESULT --repo {results_repo}` and have it merged first")
+
+    def get(name: str, limit: int) -> bytes:
+        p = api.hf_hub_download(results_repo, f"{prefix}/{name}", repo_type="dataset", revision=revision,
+                                local_dir=root)
+        return read_limited(p, max_bytes=limit, what=name)
+
+    raw = get("result.json", MAX_RESULT_BYTES)
+    result = parse_result(raw, where=f"{results_repo}/{prefix}/result.json")
+    stamp = None
+    if f"{prefix}/{STAMP_FILE}" in files and trusted:
+        preds = {}
+        for p in result["predictions"]:
+            get(p["path"], MAX_PREDICTIONS_BYTES)
+            preds[p["path"]] = sha256_file(root / prefix / p["path"])
+        stamp, _why = check_stamp(get(STAMP_FILE, MAX_STAMP_BYTES), result_sha256=sha256_bytes(raw),
+                                  predictions_sha256=preds, trusted=trusted)
+    return result, stamp, sha256_bytes(raw)
+
+
+def open_or_update_pr(api, model_repo: str, path_in_repo: str, data: bytes, *, title: str,
+                      description: str) -> tuple[str, str]:
+    """``(pr url, "opened" | "updated" | "unchanged")``: our open PR with ``title`` gets a new commit when
+    the file differs; otherwise a new PR is opened. Only PRs opened by the token's own user count."""
+    from huggingface_hub import CommitOperationAdd
+
+    me = api.whoami().get("name")
+    mine = [d for d in api.get_repo_discussions(model_repo, discussion_type="pull_request", discussion_status="open")
+            if d.title == title and d.author == me]
+    op = CommitOperationAdd(path_in_repo, data)
+    if mine:
+        pr = min(mine, key=lambda d: d.num)
+        url = f"{api.endpoint}/{model_repo}/discussions/{pr.num}"
+        try:
+            current = Path(api.hf_hub_download(model_repo, path_in_repo, revision=pr.git_reference)).read_bytes()
+        except Exception:  # noqa: BLE001 - absent (or unreadable): write it
+            current = None
+        if current == data:
+            return url, "unchanged"
+        api.create_commit(model_repo, [op], revision=pr.git_reference, commit_message=f"Update {path_in_repo}")
+        return url, "updated"
+    info = api.create_commit(model_repo, [op], create_pr=True, commit_message=title, commit_description=description)
+    return info.pr_url, "opened"
+
+
+def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = None, trusted: dict | None = None,
+                  revision: str = "main", expect_sha256: str | None = None, endpoint: str | None = None,
+                  token: str | None = None, api=None) -> tuple[str, str]:
+    """Open (or update) the model-repo PR for the results-repo entry ``prefix``; ``(url, what happened)``.
+
+    ``model_repo`` defaults to the result's Hub model id; ``expect_sha256``: the entry's result.json
+    must be exactly this file (``bench submit`` passes the local result's hash).
+    """
+    from huggingface_hub import HfApi, errors
+
+    api = api or HfApi(endpoint=endpoint, token=token)
+    try:
+        sha = api.dataset_info(results_repo, revision=revision).sha
+        with tempfile.TemporaryDirectory(prefix="genshift-hub-results-") as tmp:
+            result, stamp, result_sha = _read_entry(api, results_repo, prefix, sha, Path(tmp), trusted or {})
+        if expect_sha256 and result_sha != expect_sha256:
+            raise BenchError(f"{prefix}/result.json in datasets/{results_repo} is not this result (another run of the "
+                             "same model); submit this one first, or pass the merged one")
+        m = result["model"]
+        model_repo = model_repo or (m["id"] if m.get("source") == "hf-hub" else None)
+        if not model_repo or not REPO_RE.match(model_repo):
+            raise BenchError(f"model {str(m['id'])[:80]!r} is not a Hub model repo; pass --model-repo ORG/NAME")
+        entries = build_entries(result, stamp=stamp, source_url=f"{api.endpoint}/datasets/{results_repo}/tree/{sha}/{prefix}",
+                                declared=declared_tasks(api, result["suite"]["repo_id"]))
+        suite = result["suite"]["id"]
+        desc = (f"Adds `.eval_results/{suite}.yaml`: {m['id']} on the genshift-bench suite "
+                f"[{result['suite']['repo_id']}]({api.endpoint}/datasets/{result['suite']['repo_id']}) at "
+                f"`{result['suite']['revision']}`. Per-image predictions: {entries[0].source_url}. "
+                + ("Verified: a genshift-bench maintainer re-ran images through the model and signed the entry."
+                   if stamp else "Not verified by genshift-bench."))
+        return open_or_update_pr(api, model_repo, f".eval_results/{suite}.yaml", entries_yaml(entries),
+                                 title=TITLE.format(suite=suite), description=desc)
+    except errors.RepositoryNotFoundError as e:
+        raise BenchError(f"a repository was not found or is not accessible ({one_line(e, 160)}); check the ids and "
+                         "HF_TOKEN") from None
+    except errors.HfHubHTTPError as e:
+        raise BenchError(f"the Hub refused the model-repo pull request: {one_line(e, 200)}") from None
+    except OSError as e:
+        raise BenchError(f"cannot reach the Hub ({type(e).__name__}); check the network") from None
+
+
+# -- the Hub's side, on the board --------------------------------------------------------------
+HUB_COLUMNS = ("hub rank", "model", "value", "status", "notes", "source")
+
+
+def _text(v, what: str) -> str:
+    if not isinstance(v, str) or len(v) > MAX_HUB_TEXT or any(ord(c) < 32 for c in v):
+        raise ValueError(f"{what} is not a short single-line string")
+    return v
+
+
+def hub_row(e) -> dict:
+    """One ``DatasetLeaderboardEntry`` -> a board row; ``ValueError`` naming what is wrong."""
+    model = _text(e.model_id, "modelId")
+    if not REPO_RE.match(model):
+        raise ValueError(f"modelId {model[:60]!r} is not a repo id")
+    if isinstance(e.value, bool) or not isinstance(e.value, (int, float)) or not math.isfinite(e.value) \
+            or abs(e.value) > 1e6:
+        raise ValueError(f"value {str(e.value)[:40]!r} of {model} is not a finite number")
+    src = e.source if isinstance(e.source, dict) else {}
+    url = src.get("url")
+    if url is not None and not (isinstance(url, str) and URL_RE.match(url)):
+        raise ValueError(f"source url of {model} is not an http(s) URL")
+    pr = e.pull_request
+    if pr is not None and (isinstance(pr, bool) or not isinstance(pr, int) or pr < 0):
+        raise ValueError(f"pullRequest of {model} is not a number")
+    notes = "" if e.notes is None else _text(e.notes, "notes")
+    return {"hub rank": int(e.rank) if isinstance(e.rank, int) and not isinstance(e.rank, bool) else None,
+            "model": model, "value": float(e.value),
+            "status": f"community (open PR #{pr})" if pr is not None else "on the model page",
+            "notes": notes, "source": url or ""}
+
+
+def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | None = None, api=None):
+    """``(rows, problems)``: the benchmark's Hub leaderboard (``HfApi.get_dataset_leaderboard``) as board rows
+    (community, never ranked with verified entries) and one line per dropped row or failed request."""
+    from huggingface_hub import HfApi
+
+    api = api or HfApi(endpoint=endpoint, token=token)
+    try:
+        raw = api.get_dataset_leaderboard(dataset_id, base_model_only=False, timeout=30)
+    except Exception as e:  # noqa: BLE001 - the board never fails on the Hub's side (a malformed payload included)
+        return [], [f"the Hub leaderboard of {dataset_id} cannot be read ({type(e).__name__}: {one_line(e, 160)}); "
+                    "no Hub-reported rows shown"]
+    rows, problems = [], []
+    for i, item in enumerate(raw[:MAX_HUB_ROWS]):
+        try:
+            rows.append(hub_row(item))
+        except Exception as e:  # noqa: BLE001 - one hostile row is one line
+            problems.append(f"Hub row {i + 1} of {dataset_id} dropped: {one_line(e, 160)}")
+    if len(raw) > MAX_HUB_ROWS:
+        problems.append(f"the Hub leaderboard of {dataset_id} has {len(raw)} rows; the first {MAX_HUB_ROWS} are shown")
+    return rows, problems

@@ -1,0 +1,308 @@
+"""The Hub's eval-results system, through huggingface_hub against the local Hub stand-in: a published
+suite is a benchmark (eval.yaml), a merged result becomes a model-repo PR of ``.eval_results``, the
+review service opens it itself, and the board reads the Hub's leaderboard as a separate table."""
+
+import json
+import math
+
+import pytest
+import yaml
+
+from benchmark.errors import BenchError, IntegrityError
+from tests.fakehub import FakeHub
+from tests.hubtools import bench_subprocess
+from tests.resultkit import fake_result
+
+
+def _m(v):
+    return {"value": v, "ci": None, "n": 4}
+
+
+# -- eval.yaml: tasks per family, hand-computed values --------------------------------------------
+def test_tasks_and_values_per_family_are_the_headline_metrics_in_percent():
+    from data_cards.eval_yaml import tasks
+    from leaderboard.hub_results import task_values
+
+    star = fake_result("timm/a", ["base", "fog", "snow"], {"configs": {
+        "base": {"acc1": _m(0.9), "acc5": _m(1.0)}, "fog": {"acc1": _m(0.5), "acc5": _m(1.0)},
+        "snow": {"acc1": _m(0.25), "acc5": _m(1.0)}}, "imagenet_star": {}})
+    assert [(t.id, t.config) for t in tasks("imagenet_star", ["snow", "base", "fog"], "base")] == [
+        ("mean_shift_acc1", "fog"), ("acc1_fog", "fog"), ("acc1_snow", "snow")]
+    # mean over the shifts only (the reference is left out): (0.5 + 0.25) / 2 = 0.375 -> 37.5 %
+    assert task_values(star) == {"mean_shift_acc1": 37.5, "acc1_fog": 50.0, "acc1_snow": 25.0}
+
+    lance = fake_result("timm/a", ["original", "counterfactual"], {
+        "configs": {"original": {"acc1": _m(0.8), "acc5": _m(1.0)}, "counterfactual": {"acc1": _m(0.55), "acc5": _m(1.0)}},
+        "lance": {"headline_T": "originals_with_counterfactual",
+                  "delta_acc1": {"originals_with_counterfactual": _m(-0.2), "all_originals": _m(-0.25)}}},
+        metric_family="lance", reference_config="original")
+    assert [t.id for t in tasks("lance", ["original", "counterfactual"])] == ["acc1_edited", "delta_acc1"]
+    # Δacc@1 on the headline T (originals with a counterfactual), in percentage points
+    assert task_values(lance) == {"acc1_edited": 55.0, "delta_acc1": -20.0}
+
+    in_g = fake_result("timm/a", ["generated"], {
+        "configs": {"generated": {"acc1": _m(0.7), "acc5": _m(0.9)}},
+        "in_g": {"generated": {"top1_error": _m(0.3), "top3_failure_rate": _m(0.125), "parent_failure_rate": _m(0.1)}}},
+        metric_family="in_g", reference_config=None)
+    assert task_values(in_g) == {"top3_failure_rate": 12.5}
+    with pytest.raises(IntegrityError, match="counterfactual"):
+        tasks("lance", ["original"])
+
+
+def test_eval_yaml_round_trips_and_hostile_files_are_one_line(tmp_path):
+    from benchmark.synthetic import make_synthetic_suite
+    from benchmark.suite_format import Manifest
+    from data_cards.eval_yaml import check_eval_yaml, parse_eval_yaml, render_eval_yaml
+
+    make_synthetic_suite(tmp_path / "s", suite_id="toy", classes=range(2), per_class=1)
+    m = Manifest.load(tmp_path / "s")
+    text = render_eval_yaml(m, name="Toy")
+    doc = yaml.safe_load(text)
+    assert set(doc) == {"name", "description", "evaluation_framework", "tasks"}
+    assert doc["evaluation_framework"] == "genshift-bench" and doc["name"] == "Toy"
+    assert doc["tasks"] == [{"id": "mean_acc1", "config": "base", "split": "test"},
+                            {"id": "acc1_base", "config": "base", "split": "test"},
+                            {"id": "acc1_shifted", "config": "shifted", "split": "test"}]
+    assert check_eval_yaml(text.encode(), m) == doc
+    bad = {
+        b"a: &x [1]\nb: *x\n": "aliases",
+        b"[" * 50 + b"]" * 50: "deeper",
+        b"name: x\n": "'description'",
+        b"- 1\n": "not a mapping",
+        b"\xff\xfe": "not UTF-8",
+        b"x" * (70 << 10): "over the",
+        yaml.safe_dump({**doc, "tasks": [dict(t) for t in doc["tasks"] * 2]}).encode(): "appears twice",
+    }
+    for data, why in bad.items():
+        with pytest.raises(IntegrityError, match=why) as info:
+            parse_eval_yaml(data)
+        assert "\n" not in str(info.value)
+    other = yaml.safe_dump({**doc, "tasks": doc["tasks"][:2]}).encode()
+    with pytest.raises(IntegrityError, match="not the ones suite toy defines"):
+        check_eval_yaml(other, m)
+
+
+# -- end to end over the local Hub -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    """Once per module: a suite published to a local Hub (eval.yaml written), a timm model repo, a result
+    of that model on the suite at its pinned sha (`bench eval`), signed by a maintainer key (`bench verify
+    --recheck --sign`). The stand-in's commit ids depend on content only, so every test's fresh Hub
+    republishes the same shas."""
+    import timm
+    import torch
+    from timm.models._hub import save_for_hf
+
+    from benchmark.suite_format import Manifest
+    from benchmark.synthetic import make_synthetic_suite
+    from data_cards import render_card
+    from eval import stamps
+
+    tmp = tmp_path_factory.mktemp("scored")
+    suite = tmp / "suite"
+    make_synthetic_suite(suite, suite_id="toy", configs=("base", "shifted"), classes=range(4), per_class=2)
+    (suite / "README.md").write_text(render_card(Manifest.load(suite)))
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model("test_resnet.r160_in1k", pretrained=False), str(tmp / "model"),
+                safe_serialization=True)
+    with FakeHub() as hub:
+        sha = _publish(hub, suite, tmp / "model")
+        # bench eval and bench verify --sign in their own processes: HF_ENDPOINT is read at import
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp / "hf"), "HF_TOKEN": "t"}
+        r = bench_subprocess(["eval", "--model", "hf-hub:org/tiny-resnet", "--suite", "org/toy", "--revision", sha,
+                              "--out", str(tmp / "runs"), "--workers", "0", "--no-progress", "--json"],
+                             env=env, cwd=tmp)
+        assert r.returncode == 0, r.stderr[-3000:]
+        result = next((tmp / "runs").rglob("result.json"))
+        stamps.generate_key(tmp / "maintainer.key")
+        r = bench_subprocess(["verify", str(result), "--suite", str(suite), "--recheck", "2", "--sign",
+                              str(tmp / "maintainer.key")], env=env, cwd=tmp)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return {"suite": suite, "model": tmp / "model", "sha": sha, "run": result.parent, "key": tmp / "maintainer.key",
+            "trusted": tmp / "maintainer.key.pub", "hf_home": tmp / "hf"}
+
+
+def _publish(hub, suite, model_dir) -> str:
+    from huggingface_hub import HfApi
+
+    from benchmark.hub import publish_suite
+
+    sha = publish_suite(suite, "org/toy", endpoint=hub.endpoint, token="t")
+    api = HfApi(endpoint=hub.endpoint, token="t")
+    api.create_repo("org/tiny-resnet")
+    api.upload_folder(repo_id="org/tiny-resnet", folder_path=str(model_dir), commit_message="weights")
+    return sha
+
+
+@pytest.fixture
+def hub_world(scored, tmp_path, monkeypatch):
+    import shutil
+
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    run = tmp_path / "run"
+    shutil.copytree(scored["run"], run)
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_TOKEN", "t")
+        assert _publish(hub, scored["suite"], scored["model"]) == scored["sha"]
+        yield dict(scored, hub=hub, api=HfApi(endpoint=hub.endpoint, token="t"), result=run / "result.json",
+                   tmp=tmp_path, CommitOperationAdd=CommitOperationAdd)
+
+
+def _merge_into_results(w, with_stamp=True):
+    from leaderboard.submit import entry_prefix
+
+    api, result = w["api"], w["result"]
+    res = json.loads(result.read_bytes())
+    prefix = entry_prefix(res)
+    names = ["result.json", *(p["path"] for p in res["predictions"])] + (["verification.json"] if with_stamp else [])
+    api.create_repo("org/results", repo_type="dataset", exist_ok=True)
+    api.create_commit("org/results", [w["CommitOperationAdd"](f"{prefix}/{n}", str(result.parent / n)) for n in names],
+                      repo_type="dataset", commit_message="merged entry")
+    return res, prefix
+
+
+def test_published_suite_is_a_benchmark_and_a_verified_result_reaches_the_model_page(hub_world, capsys):
+    from huggingface_hub import parse_eval_result_entries
+
+    from benchmark.cli import main
+    from leaderboard.hub_results import hub_reported, task_values
+
+    w = hub_world
+    hub, api = w["hub"], w["api"]
+    # the published repo carries eval.yaml, and bench verify checks the suite folder's copy
+    files = hub.repos[("dataset", "org/toy")].commits[w["sha"]].files
+    spec = yaml.safe_load(files["eval.yaml"])
+    assert spec["evaluation_framework"] == "genshift-bench"
+    assert main(["verify", str(w["suite"])]) == 0
+    assert "eval.yaml declares its 3 tasks" in capsys.readouterr().out
+
+    res, prefix = _merge_into_results(w)
+    # not in the results repo under this name -> refused, nothing opened
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint,
+                 "--trusted-keys", str(w["trusted"])]) == 0
+    url = capsys.readouterr().out.strip()
+    assert url.endswith("/org/tiny-resnet/discussions/1 (opened)"), url
+    model = hub.repos[("model", "org/tiny-resnet")]
+    raw = model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]
+    entries = parse_eval_result_entries(yaml.safe_load(raw))
+    # task ids are exactly the benchmark's; values read back are the result's, in percent
+    assert [e.task_id for e in entries] == [t["id"] for t in spec["tasks"]]
+    assert {e.task_id: e.value for e in entries} == task_values(res)
+    e0 = entries[0]
+    assert e0.dataset_id == "org/toy" and e0.dataset_revision == w["sha"] and e0.date == res["finished_at"]
+    assert e0.source_url.startswith(f"{hub.endpoint}/datasets/org/results/tree/") and e0.source_url.endswith(prefix)
+    stamp = json.loads((w["result"].parent / "verification.json").read_text())
+    assert "verified by genshift-bench: stamp key " + stamp["signature"]["key_id"][:16] in e0.notes
+    assert f"seed {stamp['recheck']['seed']}" in e0.notes and "preprocess timm" in e0.notes
+    assert e0.verify_token is None  # the Hub's own verifyToken scheme is not ours to fill
+
+    # idempotent: a rerun changes nothing; without trusted keys the file says "not verified" and the
+    # same open PR is updated, never a second one
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint,
+                 "--trusted-keys", str(w["trusted"])]) == 0
+    assert capsys.readouterr().out.strip().endswith("(unchanged)")
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint]) == 0
+    assert capsys.readouterr().out.strip().endswith("/discussions/1 (updated)")
+    assert model.prs == 1
+    raw = model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]
+    assert all("not verified by genshift-bench" in e.notes for e in parse_eval_result_entries(yaml.safe_load(raw)))
+
+    # the Hub's leaderboard shows it as community (open PR); the board reads it as its own table
+    rows, problems = hub_reported("org/toy", endpoint=hub.endpoint)
+    assert problems == [] and [r["model"] for r in rows] == ["org/tiny-resnet"]
+    assert rows[0]["status"] == "community (open PR #1)" and rows[0]["source"] == e0.source_url
+    assert math.isclose(rows[0]["value"], task_values(res)[spec["tasks"][0]["id"]])
+    # once merged, model_info(expand=["evalResults"]) reads the entries back through huggingface_hub
+    api.merge_pull_request("org/tiny-resnet", 1)
+    info = api.model_info("org/tiny-resnet", expand=["evalResults"])
+    assert {e.task_id: e.value for e in info.eval_results} == {e.task_id: e.value for e in entries}
+
+
+def test_only_complete_pinned_results_that_are_in_the_results_repo(hub_world, capsys):
+    from benchmark.cli import main
+
+    w = hub_world
+    hub = w["hub"]
+    # not merged into the results repo yet: one line, no PR
+    w["api"].create_repo("org/results", repo_type="dataset")
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no entry toy/" in err and "bench submit RESULT --repo org/results" in err
+    # a different local run than the merged one: refused
+    _merge_into_results(w, with_stamp=False)
+    res = json.loads(w["result"].read_text())
+    res["notes"] = "another run"
+    w["result"].write_text(json.dumps(res))
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint]) == 2
+    assert "is not this result" in capsys.readouterr().err
+    assert w["hub"].repos[("model", "org/tiny-resnet")].prs == 0
+
+
+def test_partial_and_unpinned_results_never_become_entries():
+    from leaderboard.hub_results import build_entries
+
+    r = fake_result("timm/a", ["base", "fog"], {"configs": {"base": {"acc1": _m(0.9), "acc5": _m(1.0)},
+                                                            "fog": {"acc1": _m(0.5), "acc5": _m(1.0)}}})
+    r["suite"].update(repo_id="org/star", revision="a" * 40)
+    assert len(build_entries(r, stamp=None, source_url="http://x/y", declared={"mean_shift_acc1", "acc1_fog"})) == 2
+    with pytest.raises(BenchError, match="does not declare task"):
+        build_entries(r, stamp=None, source_url="http://x/y", declared={"mean_shift_acc1"})
+    r["flags"]["partial"] = True
+    with pytest.raises(BenchError, match="partial"):
+        build_entries(r, stamp=None, source_url="http://x/y", declared=set())
+    r["flags"]["partial"] = False
+    r["suite"]["revision"] = "main"
+    with pytest.raises(BenchError, match="pinned to a commit"):
+        build_entries(r, stamp=None, source_url="http://x/y", declared=set())
+
+
+def test_hostile_hub_leaderboards_are_one_line_and_never_reach_the_ranking():
+    from leaderboard.hub_results import hub_reported
+
+    good = {"rank": 1, "modelId": "org/ok", "value": 71.5, "filename": ".eval_results/toy.yaml", "verified": False,
+            "author": {"type": "user", "name": "u"}, "source": {"url": "https://example.org/x"}}
+    with FakeHub() as hub:
+        hub.create("dataset", "org/toy")
+        hub.leaderboards["org/toy"] = [
+            good,
+            {**good, "modelId": "org/nan", "value": "NaN"},
+            {**good, "modelId": "org/inf", "value": float("inf")},
+            {**good, "modelId": "org/big", "value": 1e300},
+            {**good, "modelId": "org/huge-notes", "notes": "x" * 100_000},
+            {**good, "modelId": "org/js", "source": {"url": "javascript:alert(1)"}},
+            {**good, "modelId": "../../etc"},
+            {**good, "modelId": "org/pr", "pullRequest": "7"},
+        ]
+        rows, problems = hub_reported("org/toy", endpoint=hub.endpoint)
+        assert [r["model"] for r in rows] == ["org/ok"]
+        assert len(problems) == 7 and all("\n" not in p and p.startswith("Hub row") for p in problems)
+        hub.leaderboards["org/toy"] = [{"rank": 1}]  # huggingface_hub's own parse fails: one line, no rows
+        rows, problems = hub_reported("org/toy", endpoint=hub.endpoint)
+        assert rows == [] and len(problems) == 1 and "cannot be read" in problems[0]
+        hub.leaderboards["org/toy"] = {"not": "a list"}
+        rows, problems = hub_reported("org/toy", endpoint=hub.endpoint)
+        assert rows == [] and len(problems) == 1
+        rows, problems = hub_reported("org/missing", endpoint=hub.endpoint)
+        assert rows == [] and "RepositoryNotFound" in problems[0]
+
+
+def test_malformed_and_huge_eval_results_files_on_model_repos_are_skipped(hub_world):
+    """Other model repos' broken .eval_results files: the Hub's leaderboard leaves them out (invalid) and
+    a valid file with a huge field is dropped here by the row bounds."""
+    from leaderboard.hub_results import hub_reported
+
+    w = hub_world
+    api, op = w["api"], w["CommitOperationAdd"]
+    for name, data in (("org/bad-yaml", b"- dataset: [unclosed"), ("org/not-list", b"dataset: {id: org/toy}"),
+                       ("org/junk-value", yaml.safe_dump([{"dataset": {"id": "org/toy", "task_id": "mean_acc1"},
+                                                           "value": "high"}]).encode()),
+                       ("org/huge", yaml.safe_dump([{"dataset": {"id": "org/toy", "task_id": "mean_acc1"},
+                                                     "value": 50.0, "notes": "n" * 300_000}]).encode()),
+                       ("org/fine", yaml.safe_dump([{"dataset": {"id": "org/toy", "task_id": "mean_acc1"},
+                                                     "value": 12.5}]).encode())):
+        api.create_repo(name)
+        api.create_commit(name, [op(".eval_results/toy.yaml", data)], commit_message="results")
+    rows, problems = hub_reported("org/toy", endpoint=w["hub"].endpoint)
+    assert [r["model"] for r in rows] == ["org/fine"] and rows[0]["status"] == "on the model page"
+    assert len(problems) == 1 and "org/huge" not in problems[0] and "notes is not a short" in problems[0]
