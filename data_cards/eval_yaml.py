@@ -40,6 +40,7 @@ FRAMEWORK = "genshift-bench"
 SPLIT = "test"            # every suite config has one split, test (data_cards.card_data)
 MAX_EVAL_YAML_BYTES = 64 << 10
 MAX_YAML_DEPTH = 8
+FIX = "delete it and rerun `bench publish`, which writes it from the manifest"
 UNITS = "Values: accuracies and failure rates in percent (0-100)."
 DELTA_UNITS = " Δacc@1 in percentage points (acc@1 on the edited images minus acc@1 on their originals)."
 
@@ -125,16 +126,15 @@ def load_bounded_yaml(text: str, *, where: str, max_depth: int = MAX_YAML_DEPTH)
 def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
     """Check an ``eval.yaml`` against the Hub's format: the four keys, non-empty strings, unique task ids."""
     if len(data) > MAX_EVAL_YAML_BYTES:
-        raise IntegrityError(f"{where} is {len(data)} bytes, over the {MAX_EVAL_YAML_BYTES} limit; re-render it with "
-                             "`bench publish` (data_cards.eval_yaml)")
+        raise IntegrityError(f"{where} is {len(data)} bytes, over the {MAX_EVAL_YAML_BYTES} limit; {FIX}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise IntegrityError(f"{where} is not UTF-8; re-render it with `bench publish`") from None
+        raise IntegrityError(f"{where} is not UTF-8; {FIX}") from None
     doc = load_bounded_yaml(text, where=where)
 
     def bad(what: str) -> IntegrityError:
-        return IntegrityError(f"{where}: {what}; re-render it with `bench publish` (data_cards.eval_yaml)")
+        return IntegrityError(f"{where}: {what}; {FIX}")
 
     if not isinstance(doc, dict):
         raise bad("not a mapping")
@@ -161,6 +161,5 @@ def check_eval_yaml(data: bytes, manifest, *, where: str = EVAL_YAML) -> dict:
     have = [{k: t[k] for k in ("id", "config", "split")} for t in doc["tasks"]]
     if doc["evaluation_framework"] != FRAMEWORK or have != want:
         raise IntegrityError(f"{where}: its tasks ({', '.join(t['id'][:40] for t in have)[:300]}) are not the ones "
-                             f"suite {manifest.suite_id} defines ({', '.join(t['id'] for t in want)[:300]}); "
-                             "re-render it with `bench publish` (data_cards.eval_yaml)")
+                             f"suite {manifest.suite_id} defines ({', '.join(t['id'] for t in want)[:300]}); {FIX}")
     return doc

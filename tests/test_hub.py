@@ -217,7 +217,36 @@ def test_publish_uploads_only_the_card_manifest_and_listed_shards(tmp_path):
         sha = hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
         from huggingface_hub import HfApi
         files = set(HfApi(endpoint=fh.endpoint).list_repo_files("org/toy", repo_type="dataset", revision=sha))
-    assert files == {".gitattributes", "README.md", "manifest.json", *Manifest.load(folder).files}
+    assert files == {".gitattributes", "README.md", "eval.yaml", "manifest.json", *Manifest.load(folder).files}
+
+
+def test_publish_writes_eval_yaml_and_refuses_a_wrong_one(tmp_path, capsys):
+    """The repo becomes a Hub benchmark: eval.yaml is written (temp name + rename) from the manifest, uploaded
+    in the release commit, and a hand-edited one whose tasks are not the suite's is refused before any upload."""
+    import yaml
+    from huggingface_hub import hf_hub_download
+
+    from benchmark.cli import main
+    from data_cards.eval_yaml import parse_eval_yaml, suite_tasks
+
+    folder = _built_suite(tmp_path)
+    with FakeHub() as fh:
+        sha = hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+        got = Path(hf_hub_download("org/toy", "eval.yaml", repo_type="dataset", revision=sha, endpoint=fh.endpoint,
+                                   cache_dir=str(tmp_path / "c"))).read_bytes()
+        assert got == (folder / "eval.yaml").read_bytes()
+        doc = parse_eval_yaml(got)
+        assert [t["id"] for t in doc["tasks"]] == [t.id for t in suite_tasks(Manifest.load(folder))]
+        assert not list(folder.glob("eval.yaml.*"))  # no temp file left
+        spec = yaml.safe_load(got)
+        spec["tasks"] = spec["tasks"][:1]
+        (folder / "eval.yaml").write_text(yaml.safe_dump(spec))
+        posts = len(fh.requests)
+        assert main(["publish", str(folder), "--repo", "org/toy", "--tag", "v2", "--endpoint", fh.endpoint]) == 3
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "are not the ones suite toy defines" in err and "bench publish" in err
+        assert len(fh.requests) == posts  # refused before any request
+        assert main(["verify", str(folder)]) == 3
 
 
 def test_open_suite_pins_and_mask_rules(tmp_path):
@@ -314,7 +343,7 @@ def test_large_suite_uploads_resumably_checks_the_head_and_tags_it(tmp_path, mon
         head = api.dataset_info("org/big", revision="main").sha
         assert sha == head and fh.repos[("dataset", "org/big")].tags == {"v1.0.0": sha}
         files = set(api.list_repo_files("org/big", repo_type="dataset", revision=sha))
-        assert files == {".gitattributes", "README.md", "manifest.json", *shards}
+        assert files == {".gitattributes", "README.md", "eval.yaml", "manifest.json", *shards}
         assert fh.repos[("dataset", "org/big")].gated_mode is False  # the card does not ask for gating
         got = hub.download_suite("org/big", revision=sha, endpoint=fh.endpoint, cache_dir=str(tmp_path / "c"))
         assert got.manifest.sha256 == Manifest.load(folder).sha256
