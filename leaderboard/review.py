@@ -50,6 +50,7 @@ class Outcome:
     checked: list[str] = field(default_factory=list)
     merged: bool = False
     stamp_commit: str = ""
+    model_prs: dict[str, str] = field(default_factory=dict)  # entry -> model-repo PR (--publish-model-results)
 
 
 def _marker(head: str, outcome: str) -> str:
@@ -66,7 +67,7 @@ class Reviewer:
     def __init__(self, repo_id: str, *, key_path: str, recheck: int = 50, merge: bool = False,
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
-                 work_dir: str | None = None):
+                 work_dir: str | None = None, publish_model_results: bool = False):
         from huggingface_hub import HfApi
 
         from eval.stamps import load_private_key
@@ -76,6 +77,7 @@ class Reviewer:
         if recheck < 1:
             raise BenchError(f"--recheck must be at least 1 image, got {recheck}")
         self.repo_id, self.recheck, self.merge = repo_id, recheck, merge
+        self.publish_model_results = publish_model_results  # leaderboard.hub_results, after a merge
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.key = load_private_key(key_path)
         self.api = HfApi(endpoint=endpoint, token=token)
@@ -155,6 +157,10 @@ class Reviewer:
             outcome.merged = True
         except errors.HfHubHTTPError as e:  # e.g. a conflict: reported, retried on the next run
             outcome.problems.append(f"merge failed: {one_line(e, 200) or type(e).__name__}")
+        if outcome.merged and self.publish_model_results:
+            from leaderboard.hub_results import publish_reviewed
+
+            publish_reviewed(self, outcome)
 
     # -- steps --------------------------------------------------------------------------------
     def _merge_base(self, pr_ref: str) -> str:

@@ -306,3 +306,40 @@ def test_malformed_and_huge_eval_results_files_on_model_repos_are_skipped(hub_wo
     rows, problems = hub_reported("org/toy", endpoint=w["hub"].endpoint)
     assert [r["model"] for r in rows] == ["org/fine"] and rows[0]["status"] == "on the model page"
     assert len(problems) == 1 and "org/huge" not in problems[0] and "notes is not a short" in problems[0]
+
+
+def test_review_publishes_to_the_model_repo_after_merge_and_links_it(hub_world, monkeypatch):
+    """`bench review --publish-model-results`: verify, sign, merge, then the model-repo PR is opened with the
+    stamp's key in its notes and linked in the results PR; a second review pass opens nothing new."""
+    from huggingface_hub import constants, parse_eval_result_entries
+
+    from eval import stamps
+    from leaderboard.hub_results import MODEL_PR_MARKER
+    from leaderboard.review import review
+    from leaderboard.submit import submit
+
+    w = hub_world
+    hub, api = w["hub"], w["api"]
+    # the re-run loads the recorded Hub weights in this process: point huggingface_hub's defaults at the stand-in
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(w["tmp"] / "hub-cache"))
+    (w["result"].parent / "verification.json").unlink()  # the submitter's own stamp is never sent
+    api.create_repo("org/results", repo_type="dataset")
+    submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
+    kw = dict(key_path=str(w["key"]), recheck=2, merge=True, suite=str(w["suite"]), endpoint=hub.endpoint, token="t",
+              publish_model_results=True)
+    [out] = review("org/results", **kw)
+    assert out.status == "passed" and out.merged, out.problems
+    assert list(out.model_prs.values()) == [f"{hub.endpoint}/org/tiny-resnet/discussions/1"], out.model_prs
+    model = hub.repos[("model", "org/tiny-resnet")]
+    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
+    [key] = stamps.load_trusted_keys(w["trusted"])
+    assert all(f"verified by genshift-bench: stamp key {key}" in e.notes for e in entries)
+    comments = [e.content for e in api.get_discussion_details("org/results", 1, repo_type="dataset").events
+                if e.type == "comment"]
+    assert MODEL_PR_MARKER in comments[-1] and "/org/tiny-resnet/discussions/1 (opened)" in comments[-1]
+    # rerun: PR 1 is merged, nothing is reviewed, no second model PR, no new comment
+    posts = sum(m == "POST" for m, _ in hub.requests)
+    assert [o.status for o in review("org/results", **kw)] == []
+    assert model.prs == 1 and sum(m == "POST" for m, _ in hub.requests) == posts

@@ -27,6 +27,9 @@ def add_parser(sub):
     p.add_argument("--checkpoint", help="local weights for results scored with --checkpoint (default: the "
                                         "recorded Hub weights)")
     p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
+    p.add_argument("--publish-model-results", action="store_true",
+                   help="after a merge, open (or update) a pull request on each entry's Hub model repo adding "
+                        ".eval_results/<suite id>.yaml, and link it in the PR comment (docs/hub.md)")
     return p
 
 
@@ -47,7 +50,8 @@ def run(args) -> int:
     if args.watch is not None and not 1 <= args.watch <= 7 * 86400:
         raise BenchError(f"--watch must be 1..604800 seconds, got {args.watch}")
     reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
-                        suites=args.suites, checkpoint=args.checkpoint, device=args.device)
+                        suites=args.suites, checkpoint=args.checkpoint, device=args.device,
+                        publish_model_results=args.publish_model_results)
     if args.watch is not None:
         watch(reviewer, args.watch, report=_print)
         return 0
