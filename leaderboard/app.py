@@ -285,6 +285,10 @@ def main() -> None:
             value = getattr(row, metric)
             lines.append(f"{rank:>3}  {row.model}  " + ("-" if pd.isna(value) else f"{100 * value:.2f}"))
         st.text("\n".join(lines))
+    if os.environ.get("GENSHIFT_HUB_RESULTS"):  # bench leaderboard --hub-results: the Hub's side, never ranked
+        from leaderboard.hub_results import show_hub_reported
+
+        show_hub_reported(store.for_suite(suite, board), endpoint=os.environ.get("HF_ENDPOINT") or None)
 
     from_url("tab", TABS)
     tabs = st.tabs(TABS, key="tab", bind="query-params")

@@ -309,3 +309,40 @@ def publish_reviewed(reviewer, outcome) -> None:
         reviewer.api.comment_discussion(reviewer.repo_id, outcome.pr, "**Reported on the Hub model pages** (community "
                                         "results until the model owners merge them):\n\n" + "\n".join(lines)
                                         + "\n\n" + MODEL_PR_MARKER, repo_type="dataset")
+
+
+# -- the board's table ------------------------------------------------------------------------------
+def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
+    """The "Reported on the Hub" table under the ranking (Streamlit): the Hub leaderboard of each dataset the
+    board's entries were scored on. Community numbers: never verified here, never ranked with the board."""
+    import pandas as pd
+    import streamlit as st
+
+    datasets = sorted({str(e.result["suite"].get("repo_id")) for e in entries
+                       if REPO_RE.match(str(e.result["suite"].get("repo_id") or ""))})
+    st.subheader("Reported on the Hub")
+    st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
+               "(.eval_results files; 'community' while their pull request is open). They are not verified by "
+               "this leaderboard and are never ranked with the entries above; each links to its source.")
+    if not datasets:
+        st.text("This board's results were not scored on a Hub dataset repo.")
+        return
+    for ds in datasets:
+        rows, problems = _cached_hub_reported(ds, endpoint)
+        st.text(f"datasets/{ds}: {len(rows)} reported")
+        if rows:
+            st.dataframe(pd.DataFrame(rows, columns=list(HUB_COLUMNS)), hide_index=True, key=f"hub_reported_{ds}",
+                         column_config={"source": st.column_config.LinkColumn("source"),
+                                        "value": st.column_config.NumberColumn("value (as reported)")})
+        for p in problems[:20]:
+            st.text(p)
+
+
+def _cached_hub_reported(dataset_id: str, endpoint: str | None):
+    import streamlit as st
+
+    @st.cache_data(ttl=600, show_spinner=False)
+    def read(ds: str, ep: str | None):
+        return hub_reported(ds, endpoint=ep)
+
+    return read(dataset_id, endpoint)

@@ -343,3 +343,47 @@ def test_review_publishes_to_the_model_repo_after_merge_and_links_it(hub_world, 
     posts = sum(m == "POST" for m, _ in hub.requests)
     assert [o.status for o in review("org/results", **kw)] == []
     assert model.prs == 1 and sum(m == "POST" for m, _ in hub.requests) == posts
+
+
+def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_world, monkeypatch, capsys):
+    """`bench leaderboard --hub-results`: the app (under Streamlit's AppTest) shows the Hub's leaderboard of the
+    suite's dataset below the ranking; a Hub-reported model with a higher score never enters the ranking."""
+    import shutil
+
+    from streamlit.testing.v1 import AppTest
+
+    from benchmark.cli import main
+
+    w = hub_world
+    hub, api = w["hub"], w["api"]
+    _merge_into_results(w)
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--endpoint", hub.endpoint]) == 0
+    api.create_repo("org/other")
+    api.create_commit("org/other", [w["CommitOperationAdd"](".eval_results/toy.yaml", yaml.safe_dump(
+        [{"dataset": {"id": "org/toy", "task_id": "mean_acc1"}, "value": 99.0,
+          "source": {"url": "https://example.org/other"}}]).encode())], commit_message="results")
+    store = w["tmp"] / "store" / "toy" / "org--tiny-resnet"
+    shutil.copytree(w["result"].parent, store)
+    monkeypatch.setenv("GENSHIFT_RESULTS", str(store.parent.parent))
+    monkeypatch.delenv("GENSHIFT_TRUSTED_KEYS", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    from tests.test_leaderboard import APP, _settle
+
+    monkeypatch.delenv("GENSHIFT_HUB_RESULTS", raising=False)
+    at = _settle(AppTest.from_file(APP, default_timeout=120))
+    assert not at.exception and "Reported on the Hub" not in [s.value for s in at.subheader]  # opt-in
+    monkeypatch.setenv("GENSHIFT_HUB_RESULTS", "1")
+    at = _settle(AppTest.from_file(APP, default_timeout=120))
+    assert not at.exception
+    ranking = at.dataframe[0].value
+    assert list(ranking["model"]) == ["org/tiny-resnet"]  # org/other (99 %) is not ranked
+    hub_df = next(d for d in at.dataframe if d.proto.id.endswith("hub_reported_org/toy") or
+                  "hub rank" in d.value.columns).value
+    assert list(hub_df["model"]) == ["org/other", "org/tiny-resnet"]
+    assert list(hub_df["status"]) == ["on the model page", "community (open PR #1)"]
+    assert hub_df["source"].iloc[0] == "https://example.org/other"
+    assert hub_df["source"].iloc[1].startswith(f"{hub.endpoint}/datasets/org/results/tree/")
+    cols = json.loads(next(d for d in at.dataframe if "hub rank" in d.value.columns).proto.columns)
+    assert cols["source"]["type_config"]["type"] == "link"
+    assert "Reported on the Hub" in [s.value for s in at.subheader]

@@ -33,6 +33,9 @@ def add_parser(sub):
     p.add_argument("--id-accuracy", metavar="FILE",
                    help="ImageNet-val top-1 per model for the ID/OOD x-axis: timm's results-imagenet.csv or any "
                         "CSV with columns model,top1 (percent)")
+    p.add_argument("--hub-results", action="store_true",
+                   help="also show the scores model repos report on the Hub for each suite's dataset (its Hub "
+                        "leaderboard) in a separate, never-ranked 'Reported on the Hub' table (docs/hub.md)")
     p.add_argument("--export-space", metavar="DIR",
                    help="write a deployable Hugging Face Space (Streamlit) for --results ORG/NAME pinned to its "
                         "current commit, then exit")
@@ -96,6 +99,9 @@ def run(args) -> int:
     app = Path(importlib.util.find_spec("leaderboard").origin).parent / "app.py"
     source = str(root) if revision is None else f"{args.results.partition('@')[0]}@{revision}"
     env = {**os.environ, "GENSHIFT_RESULTS": source}
+    env.pop("GENSHIFT_HUB_RESULTS", None)
+    if args.hub_results:
+        env["GENSHIFT_HUB_RESULTS"] = "1"
     for name, value in (("GENSHIFT_TRUSTED_KEYS", args.trusted_keys), ("GENSHIFT_ID_ACCURACY", args.id_accuracy),
                         ("GENSHIFT_SUITES", args.suites)):
         if value:
