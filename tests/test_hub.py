@@ -238,6 +238,8 @@ def test_publish_writes_eval_yaml_and_refuses_a_wrong_one(tmp_path, capsys):
         doc = parse_eval_yaml(got)
         assert [t["id"] for t in doc["tasks"]] == [t.id for t in suite_tasks(Manifest.load(folder))]
         assert not list(folder.glob("eval.yaml.*"))  # no temp file left
+        down = hub.download_suite("org/toy", revision=sha, endpoint=fh.endpoint, cache_dir=str(tmp_path / "d"))
+        assert (down.root / "eval.yaml").read_bytes() == got  # fetched with the manifest: bench verify checks it
         spec = yaml.safe_load(got)
         spec["tasks"] = spec["tasks"][:1]
         (folder / "eval.yaml").write_text(yaml.safe_dump(spec))

@@ -277,6 +277,9 @@ def test_hostile_hub_leaderboards_are_one_line_and_never_reach_the_ranking():
         rows, problems = hub_reported("org/toy", endpoint=hub.endpoint)
         assert [r["model"] for r in rows] == ["org/ok"]
         assert len(problems) == 7 and all("\n" not in p and p.startswith("Hub row") for p in problems)
+        hub.leaderboards["org/toy"] = [{**good, "rank": i} for i in range(501)]  # bounded
+        rows, problems = hub_reported("org/toy", endpoint=hub.endpoint)
+        assert len(rows) == 500 and problems == ["the Hub leaderboard of org/toy has 501 rows; the first 500 are shown"]
         hub.leaderboards["org/toy"] = [{"rank": 1}]  # huggingface_hub's own parse fails: one line, no rows
         rows, problems = hub_reported("org/toy", endpoint=hub.endpoint)
         assert rows == [] and len(problems) == 1 and "cannot be read" in problems[0]
