@@ -346,6 +346,18 @@ def test_review_publishes_to_the_model_repo_after_merge_and_links_it(hub_world, 
     posts = sum(m == "POST" for m, _ in hub.requests)
     assert [o.status for o in review("org/results", **kw)] == []
     assert model.prs == 1 and sum(m == "POST" for m, _ in hub.requests) == posts
+    # a new submission of the same model: reviewed and merged, and the SAME open model PR is updated
+    res = json.loads(w["result"].read_text())
+    res["notes"] = "rerun"
+    w["result"].write_text(json.dumps(res))
+    submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
+    [out2] = review("org/results", **kw)
+    assert out2.pr == 2 and out2.merged and model.prs == 1, out2.problems
+    comments = [e.content for e in api.get_discussion_details("org/results", 2, repo_type="dataset").events
+                if e.type == "comment"]
+    assert "/org/tiny-resnet/discussions/1 (updated)" in comments[-1]
+    updated = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
+    assert updated[0].source_url != entries[0].source_url  # points at the merged commit of PR 2
 
 
 def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_world, monkeypatch, capsys):
