@@ -10,7 +10,6 @@ import yaml
 
 from benchmark.errors import BenchError, IntegrityError
 from tests.fakehub import FakeHub
-from tests.hubtools import bench_subprocess
 from tests.resultkit import fake_result
 
 
@@ -97,6 +96,9 @@ def scored(tmp_path_factory):
     from benchmark.synthetic import make_synthetic_suite
     from data_cards import render_card
     from eval import stamps
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+    from eval.verify import verify_result
 
     tmp = tmp_path_factory.mktemp("scored")
     suite = tmp / "suite"
@@ -105,21 +107,30 @@ def scored(tmp_path_factory):
     torch.manual_seed(0)
     save_for_hf(timm.create_model("test_resnet.r160_in1k", pretrained=False), str(tmp / "model"),
                 safe_serialization=True)
-    with FakeHub() as hub:
+    with FakeHub() as hub, pytest.MonkeyPatch.context() as mp:
         sha = _publish(hub, suite, tmp / "model")
-        # bench eval and bench verify --sign in their own processes: HF_ENDPOINT is read at import
-        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp / "hf"), "HF_TOKEN": "t"}
-        r = bench_subprocess(["eval", "--model", "hf-hub:org/tiny-resnet", "--suite", "org/toy", "--revision", sha,
-                              "--out", str(tmp / "runs"), "--workers", "0", "--no-progress", "--json"],
-                             env=env, cwd=tmp)
-        assert r.returncode == 0, r.stderr[-3000:]
-        result = next((tmp / "runs").rglob("result.json"))
+        _point_hub_defaults_at(mp, hub, tmp / "hf")
+        _, result = evaluate(EvalRequest(model="hf-hub:org/tiny-resnet", suite="org/toy", revision=sha,
+                                         out=str(tmp / "runs"),
+                                         inference=InferenceOptions(batch_size=16, workers=0, compile="off")),
+                             progress=False)
+        assert json.loads(result.read_text())["suite"]["revision"] == sha
+        report = verify_result(result, recheck=2, suite=str(suite))
+        assert report.ok, report.problems
         stamps.generate_key(tmp / "maintainer.key")
-        r = bench_subprocess(["verify", str(result), "--suite", str(suite), "--recheck", "2", "--sign",
-                              str(tmp / "maintainer.key")], env=env, cwd=tmp)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        stamps.write_stamp(report, stamps.load_private_key(tmp / "maintainer.key"))
     return {"suite": suite, "model": tmp / "model", "sha": sha, "run": result.parent, "key": tmp / "maintainer.key",
             "trusted": tmp / "maintainer.key.pub", "hf_home": tmp / "hf"}
+
+
+def _point_hub_defaults_at(mp, hub, cache) -> None:
+    """huggingface_hub's defaults (read from HF_ENDPOINT / HF_HOME at import) pointed at the stand-in, so code
+    that takes no endpoint (timm's weight loading, snapshot downloads) talks to it in this process."""
+    from huggingface_hub import constants
+
+    mp.setattr(constants, "ENDPOINT", hub.endpoint)
+    mp.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    mp.setattr(constants, "HF_HUB_CACHE", str(cache))
 
 
 def _publish(hub, suite, model_dir) -> str:
@@ -314,7 +325,7 @@ def test_malformed_and_huge_eval_results_files_on_model_repos_are_skipped(hub_wo
 def test_review_publishes_to_the_model_repo_after_merge_and_links_it(hub_world, monkeypatch):
     """`bench review --publish-model-results`: verify, sign, merge, then the model-repo PR is opened with the
     stamp's key in its notes and linked in the results PR; a second review pass opens nothing new."""
-    from huggingface_hub import constants, parse_eval_result_entries
+    from huggingface_hub import parse_eval_result_entries
 
     from eval import stamps
     from leaderboard.hub_results import MODEL_PR_MARKER
@@ -323,10 +334,7 @@ def test_review_publishes_to_the_model_repo_after_merge_and_links_it(hub_world, 
 
     w = hub_world
     hub, api = w["hub"], w["api"]
-    # the re-run loads the recorded Hub weights in this process: point huggingface_hub's defaults at the stand-in
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(w["tmp"] / "hub-cache"))
+    _point_hub_defaults_at(monkeypatch, hub, w["tmp"] / "hub-cache")  # the re-run loads the recorded Hub weights
     (w["result"].parent / "verification.json").unlink()  # the submitter's own stamp is never sent
     api.create_repo("org/results", repo_type="dataset")
     submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
