@@ -68,7 +68,7 @@ def _notes(result: dict, stamp: dict | None) -> str:
     p, run, mask = result["protocol"], result.get("run") or {}, result["suite"].get("mask") or {}
     amp = f"amp {run.get('amp_dtype') or 'on'}" if run.get("amp") else "fp32"
     parts = [f"preprocess {p.get('preprocess', 'timm')}", f"mask {mask.get('source', 'none') if mask else 'n/a'}",
-             amp, f"kept rows only" if p["scoring"].get("filter", True) else "all rows"]
+             amp, "kept rows only" if p["scoring"].get("filter", True) else "all rows"]
     if stamp is None:
         parts.append("not verified by genshift-bench")
     else:
@@ -112,7 +112,8 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
     """The task ids the benchmark's ``eval.yaml`` declares on its ``main`` (what the Hub reads)."""
     from huggingface_hub import errors
 
-    from data_cards.eval_yaml import EVAL_YAML, parse_eval_yaml
+    from benchmark.fsutil import read_limited
+    from data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
 
     try:
         path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")
@@ -121,9 +122,6 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
                          "publish the suite with `bench publish` (it writes eval.yaml)") from None
     except (errors.HfHubHTTPError, OSError) as e:
         raise BenchError(f"cannot read datasets/{dataset_id}/{EVAL_YAML} ({type(e).__name__}: {one_line(e, 160)})") from None
-    from data_cards.eval_yaml import MAX_EVAL_YAML_BYTES
-    from benchmark.fsutil import read_limited
-
     doc = parse_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML),
                           where=f"datasets/{dataset_id}/{EVAL_YAML}")
     return {t["id"] for t in doc["tasks"]}
@@ -164,9 +162,13 @@ def open_or_update_pr(api, model_repo: str, path_in_repo: str, data: bytes, *, t
                       description: str) -> tuple[str, str]:
     """``(pr url, "opened" | "updated" | "unchanged")``: our open PR with ``title`` gets a new commit when
     the file differs; otherwise a new PR is opened. Only PRs opened by the token's own user count."""
-    from huggingface_hub import CommitOperationAdd
+    from huggingface_hub import CommitOperationAdd, errors
 
-    me = api.whoami().get("name")
+    try:
+        me = api.whoami().get("name")
+    except (errors.HfHubHTTPError, EnvironmentError, ValueError) as e:  # no token, or a refused one
+        raise BenchError(f"opening a pull request on {model_repo} needs a token with write access (`hf auth login` or "
+                         f"HF_TOKEN): {one_line(e, 120)}") from None
     mine = [d for d in api.get_repo_discussions(model_repo, discussion_type="pull_request", discussion_status="open")
             if d.title == title and d.author == me]
     op = CommitOperationAdd(path_in_repo, data)
@@ -175,7 +177,7 @@ def open_or_update_pr(api, model_repo: str, path_in_repo: str, data: bytes, *, t
         url = f"{api.endpoint}/{model_repo}/discussions/{pr.num}"
         try:
             current = Path(api.hf_hub_download(model_repo, path_in_repo, revision=pr.git_reference)).read_bytes()
-        except Exception:  # noqa: BLE001 - absent (or unreadable): write it
+        except (errors.EntryNotFoundError, errors.HfHubHTTPError, OSError):  # absent (or unreadable): write it
             current = None
         if current == data:
             return url, "unchanged"
@@ -302,7 +304,7 @@ def publish_reviewed(reviewer, outcome) -> None:
             outcome.model_prs[entry] = url
             if what != "unchanged":
                 lines.append(f"- `{entry}`: {url} ({what})")
-        except BenchError as e:
+        except Exception as e:  # noqa: BLE001 - the merge stands; the failure is reported and commented
             outcome.problems.append(f"{entry}: model-repo PR not opened: {one_line(e, 200)}")
             lines.append(f"- `{entry}`: not reported on the model page: `{one_line(e, 200).replace('`', chr(39))}`")
     if lines:
