@@ -163,7 +163,10 @@ def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
                         where=str(path))
         return path
     name = (suite.card or {}).get("pretty_name")
-    atomic_write_bytes(path, render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None).encode())
+    try:
+        atomic_write_bytes(path, render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None).encode())
+    except OSError as e:
+        raise BenchError(f"cannot write {path} ({e.strerror}); publish from a writable copy of the suite folder") from None
     return path
 
 

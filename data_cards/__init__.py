@@ -6,6 +6,8 @@ edit family, so ``datasets.load_dataset(folder, config)`` loads that config alon
 ``DatasetInfosDict`` for per-config split sizes) followed by a Markdown body rendered from
 ``<template>.md.j2`` in this package. The header stays compact: the features live in each
 parquet file's ``huggingface`` metadata (and in the manifest), not once per config in the card.
+
+``data_cards.eval_yaml`` writes the suite's other Hub file, ``eval.yaml`` (its benchmark tasks).
 """
 
 from __future__ import annotations

@@ -445,3 +445,13 @@ def test_the_noise_demo_suite_says_that_0_percent_is_expected(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="benchmark.hub"):
         hub.open_suite(str(folder))
     assert "random-noise images: any model scores ~0%" in caplog.text
+
+
+def test_publish_that_cannot_write_eval_yaml_is_one_line(tmp_path):
+    folder = _built_suite(tmp_path)
+    (folder / "eval.yaml").mkdir()  # unwritable as a file, whoever runs the test (root included)
+    with FakeHub() as fh, pytest.raises(BenchError, match="cannot write .*eval.yaml .*writable copy") as info:
+        hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
+    assert "\n" not in str(info.value)
+    assert ("dataset", "org/toy") not in fh.repos  # refused before the repo was created
+    assert not list(folder.glob("eval.yaml.*"))  # no temp file left
