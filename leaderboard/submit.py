@@ -12,14 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmark.errors import BenchError, OfflineError
-from eval.results import MAX_PREDICTIONS_BYTES
+from eval.results import MAX_PREDICTIONS_BYTES, entry_dir
 from eval.verify import result_path, verify_result
-
-
-def _slug(text: str) -> str:
-    """A path component for the results repo: never empty, ``.`` or ``..``, at most 96 characters."""
-    slug = "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in text)[:96]
-    return slug if slug.strip(".") else "_" + slug
 
 
 def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, token: str | None = None,
@@ -36,7 +30,7 @@ def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, tok
     if res["flags"].get("partial"):
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not accepted; "
                          "evaluate every config without --limit-per-class")
-    prefix = f"{_slug(res['suite']['id'])}/{_slug(res['model']['id'])}"
+    prefix = entry_dir(res)
     ops = [CommitOperationAdd(f"{prefix}/result.json", str(path))]
     for p in res["predictions"]:
         f = path.parent / p["path"]
