@@ -328,7 +328,6 @@ class Reviewer:
                base_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
         from eval.stamps import make_stamp, sign
-        from eval.verify import verify_result
         from leaderboard.store import load_store
 
         problems, stamps = [], {}
@@ -348,9 +347,7 @@ class Reviewer:
                                     "entry of its own model id and suite")
                     continue
             self._can_rerun(entry, e.result)
-            # seed=None: verify_result draws a fresh seed and records it (report.recheck, then the stamp)
-            report = verify_result(path, recheck=self.recheck, suite=self.suite, suites=self.suites,
-                                   checkpoint=self.checkpoint, device=self.device)
+            report = self._rerun(entry, path, e.model_id)
             if not report.ok:
                 problems += [f"{entry}: {p}" for p in report.problems[:20]]
                 continue
@@ -361,6 +358,25 @@ class Reviewer:
                 continue
             outcome.checked += [f"{entry}: {c}" for c in report.checked]
         return problems, stamps
+
+    def _rerun(self, entry: str, path: Path, model_id: str):
+        """``verify_result`` with a fresh re-run of images (seed=None: drawn now, recorded in the stamp). A model
+        the Hub does not have (repo, revision or weights file missing, gated) makes the PR unreviewable."""
+        from huggingface_hub import errors
+
+        from eval.verify import verify_result
+
+        try:
+            return verify_result(path, recheck=self.recheck, suite=self.suite, suites=self.suites,
+                                 checkpoint=self.checkpoint, device=self.device)
+        except OfflineError:
+            raise  # the reviewer's network: retried
+        except BenchError as ex:
+            raise BenchError(f"{entry}: {one_line(ex, 400)}") from None
+        except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError) as ex:
+            raise BenchError(f"{entry}: model {model_id} is not available on the Hub at its recorded weights "
+                             f"({type(ex).__name__}: {one_line(str(ex).splitlines()[0] if str(ex) else '', 160)}); "
+                             "publish the model repo (public) at that revision, or score a model that is") from None
 
     def _can_rerun(self, entry: str, result: dict) -> None:
         """Raise ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
