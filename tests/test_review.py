@@ -233,7 +233,7 @@ def _head(hub, num):
     return repo.refs[f"refs/pr/{num}"]
 
 
-def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint"):
+def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
     """``bench review`` through the CLI, against the local Hub as the maintainer's account."""
     from huggingface_hub import constants
 
@@ -242,7 +242,7 @@ def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint"):
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT sets at import
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setenv("HF_TOKEN", token)
-    return main(["review", "--repo", "org/results", "--key", str(made[2]), "--suite", str(made[0]),
+    return main(["review", "--repo", "org/results", "--key", str(key or made[2]), "--suite", str(made[0]),
                  "--recheck", "5", *extra])
 
 
@@ -323,6 +323,11 @@ def test_forged_and_copied_review_markers_are_not_believed(made, tmp_path, monke
         _say(hub, "tok-maint", pr2, tampered)
         events2 = HfApi(endpoint=hub.endpoint).get_discussion_details("org/results", pr2, repo_type="dataset").events
         assert list(maint.answers(pr2, events2).values()) == ["passed"]  # the edited outcome fails its signature
+
+        # a new maintainer key (rotation): no earlier answer carries it, so PR 1 is answered once more
+        stamps.generate_key(tmp_path / "new.key")
+        assert _bench_review(monkeypatch, hub, made, key=tmp_path / "new.key") == 0
+        assert "failed" in capsys.readouterr().out and len(_comments(hub, pr1)) == 6
 
 
 def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch, capsys, tiny_checkpoint, reruns):
@@ -425,6 +430,16 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
         assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "merged"
         assert len(reruns) == tried + 1
 
+        # --merge merges only the commit that was reviewed: a push between the review and the merge stops it
+        from leaderboard.review import Outcome, Reviewer
+        late = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v4", lambda r: r.update(notes="v4")), entry))
+        reviewed = _head(hub, late)
+        _push(hub, "tok-alice", late, _entry_ops(_copy(made, tmp_path, "v5", lambda r: r.update(notes="v5")), entry))
+        outcome = Outcome(late, head=reviewed, status="passed")
+        Reviewer("org/results", key_path=str(made[2]), endpoint=hub.endpoint, merge=True)._merge(outcome)
+        assert not outcome.merged and "head moved" in outcome.problems[0]
+        assert hub.repos[("dataset", "org/results")].discussions[late]["status"] == "open"
+
 
 def test_review_exits_non_zero_only_when_the_service_fails(made, monkeypatch, capsys):
     from huggingface_hub import constants
@@ -441,3 +456,35 @@ def test_review_exits_non_zero_only_when_the_service_fails(made, monkeypatch, ca
         assert _bench_review(monkeypatch, hub, made, token="tok-stolen") != 0  # a token the Hub does not know
         err = capsys.readouterr().err
         assert err.startswith("error:") and "refused the token" in err and len(err.strip().splitlines()) == 1
+        monkeypatch.setenv("HF_TOKEN", "tok-maint")
+        assert main(["review", "--repo", "org/missing", "--key", str(made[2])]) != 0
+        assert "results repo datasets/org/missing not found" in capsys.readouterr().err
+
+
+def test_a_crash_in_a_check_is_no_answer_and_is_retried(made, monkeypatch, capsys, tiny_checkpoint):
+    import eval.verify
+
+    real = eval.verify.verify_result
+
+    def crash(path, **kw):
+        if kw.get("recheck"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(path, **kw)
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], "toy/test_resnet.r160_in1k"))
+        monkeypatch.setattr(eval.verify, "verify_result", crash)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 1  # the service failed
+        assert "RuntimeError: CUDA error" in capsys.readouterr().out and _comments(hub, pr) == []  # no answer
+        monkeypatch.setattr(eval.verify, "verify_result", real)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0  # retried
+        assert "passed" in capsys.readouterr().out and "Verification passed" in _comments(hub, pr)[-1][1]
+
+
+def test_entry_folders_are_derived_from_the_ids():
+    from eval.results import entry_dir, path_slug
+
+    assert path_slug("timm/resnet50.a1_in1k") == "timm--resnet50.a1_in1k" == path_slug("timm--resnet50.a1_in1k")
+    assert path_slug("ré/x y") == "r----x--y"  # ASCII only: the folder names the results repo accepts
+    assert path_slug("..") == "_.." and path_slug("") == "_" and len(path_slug("m" * 300)) == 96
+    assert entry_dir({"suite": {"id": "imagenet-star"}, "model": {"id": "org/m"}}) == "imagenet-star/org--m"
