@@ -8,9 +8,9 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
    else wrote, or one copied from another PR or another head, is not believed; a new push is
    reviewed again;
 2. list what the PR changes against the commit of ``main`` it branched from: only
-   ``<suite>/<model>/result.json`` and ``<suite>/<model>/predictions/*.parquet`` may be added or
-   changed (no deletions, no other files, no stamps of the submitter's own), each within the
-   store's size limits;
+   ``<suite>/<model>/result.json`` and the ``<suite>/<model>/predictions/*.parquet`` files it names
+   may be added or changed (no deletions, no other files, no stamps of the submitter's own), each
+   within the store's size limits;
 3. download each changed entry at the PR head and check it exactly as the leaderboard store
    does (``leaderboard.store.load_store``: the folder is the one its result names
    (``eval.results.entry_dir``), schema, hashes, every metric recomputed); an entry already on
@@ -253,11 +253,13 @@ class Reviewer:
         """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry. Raises
         ``BenchError`` when it cannot be checked (what the reviewer is missing)."""
         base = self._merge_base(f"refs/pr/{num}")
-        entries, existing, problems = self._changed_entries(base, head)
-        outcome.entries = sorted(entries)
+        changed, existing, at_head, problems = self._changed_entries(base, head)
+        outcome.entries = sorted(changed)
         if problems:
             return problems, {}
-        results = self._download(head, entries, root / "head")
+        results, problems = self._fetch(head, changed, at_head, root / "head")
+        if problems:
+            return problems, {}
         return self._check(results, outcome, base, existing, root / "base")
 
     def _merge_base(self, pr_ref: str) -> str:
@@ -269,9 +271,9 @@ class Reviewer:
                 return c.commit_id
         raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
 
-    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, list], set[str], list[str]]:
-        """The entries the PR adds or changes (their files at the head), those of them already on main,
-        and what the PR may not do."""
+    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], set[str], set[str], list[str]]:
+        """The entries the PR adds or changes (entry -> its changed files), those of them already on main, every
+        file at the head, and what the PR may not do."""
         from huggingface_hub.hf_api import RepoFile
 
         from eval.stamps import STAMP_FILE
@@ -281,7 +283,7 @@ class Reviewer:
             return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
                                                                 recursive=True) if isinstance(f, RepoFile)}
         old, new = tree(base), tree(head)
-        entries: dict[str, list] = {}
+        changed: dict[str, set] = {}
         problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(set(old) - set(new))]
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
@@ -297,27 +299,41 @@ class Reviewer:
             limit = MAX_RESULT_BYTES if m.group(3) == "result.json" else MAX_PREDICTIONS_BYTES
             if (f.size or 0) > limit:
                 problems.append(f"{path} is {f.size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit")
-            entries.setdefault(f"{m.group(1)}/{m.group(2)}", [])
-        for entry in entries:  # the whole entry is downloaded, changed files or not
-            entries[entry] = sorted(p for p in new if p.startswith(entry + "/") and ENTRY_FILE.match(p))
-            if f"{entry}/result.json" not in new:
-                problems.append(f"{entry} has no result.json")
-        if not entries and not problems:
+            changed.setdefault(f"{m.group(1)}/{m.group(2)}", set()).add(path)
+        problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
+        if not changed and not problems:
             problems.append("the pull request adds no result")
-        existing = {e for e in entries if f"{e}/result.json" in old}
-        return entries, existing, problems
+        existing = {e for e in changed if f"{e}/result.json" in old}
+        return changed, existing, set(new), problems
 
-    def _download(self, rev: str, entries: dict[str, list], root: Path) -> dict[str, Path]:
-        for files in entries.values():
-            for f in files:
-                self.api.hf_hub_download(self.repo_id, f, repo_type="dataset", revision=rev, local_dir=root)
-        return {entry: root / entry / "result.json" for entry in entries}
+    def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
+               root: Path) -> tuple[dict[str, Path], list[str]]:
+        """Download each changed entry at the head: its result.json, then the predictions files it names
+        (nothing else). A changed file that the entry's result does not name is a problem."""
+        from eval.results import parse_result
+
+        results, problems = {}, []
+        for entry in sorted(changed):
+            results[entry] = path = self._download(head, f"{entry}/result.json", root)
+            try:
+                named = [f"{entry}/{p['path']}" for p in parse_result(path.read_bytes(), where=str(path))["predictions"]]
+            except BenchError:
+                continue  # the store check below rejects it, with the reason
+            problems += [f"changes {f}, which {entry}/result.json does not name: a submission adds only its result "
+                         "and the predictions files it names" for f in sorted(changed[entry] - {f"{entry}/result.json", *named})]
+            for f in named:
+                if f in at_head and ENTRY_FILE.match(f):
+                    self._download(head, f, root)
+        return results, problems
+
+    def _download(self, rev: str, path: str, root: Path) -> Path:
+        return Path(self.api.hf_hub_download(self.repo_id, path, repo_type="dataset", revision=rev, local_dir=root))
 
     def _owner(self, entry: str, base: str, root: Path) -> tuple[str, str] | None:
         """(model id, suite id) of the entry as it is on main, or None if that result cannot be read."""
         from eval.results import MAX_RESULT_BYTES, parse_json
 
-        path = self._download(base, {entry: [f"{entry}/result.json"]}, root)[entry]
+        path = self._download(base, f"{entry}/result.json", root)
         try:
             r = parse_json(path.read_bytes(), where=f"{entry}/result.json on main", max_bytes=MAX_RESULT_BYTES)
             return str(r["model"]["id"]), str(r["suite"]["id"])

@@ -352,6 +352,8 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
             "collide": _open_pr(hub, "tok-alice", _entry_ops(collide, "toy/org--m")),  # org--m replacing org/m
             "stamp": _open_pr(hub, "tok-alice", [CommitOperationAdd(f"{own}/verification.json", b"{}")]),
             "readme": _open_pr(hub, "tok-alice", _entry_ops(again, own) + [CommitOperationAdd("README.md", b"x")]),
+            "unnamed": _open_pr(hub, "tok-alice", _entry_ops(again, own)
+                                + [CommitOperationAdd(f"{own}/predictions/junk.parquet", b"PAR1 not named")]),
             "replace": _open_pr(hub, "tok-alice", _entry_ops(again, own)),             # same model id: allowed
         }
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
@@ -364,7 +366,9 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
         assert "replaces the entry of org/m with a result of org--m on toy" in said["collide"]
         assert "verification stamps are written only by the reviewer" in said["stamp"]
         assert "changes README.md" in said["readme"]
-        assert all("Verification failed" in said[k] for k in ("overwrite", "misfiled", "collide", "stamp", "readme"))
+        assert f"changes {own}/predictions/junk.parquet, which {own}/result.json does not name" in said["unnamed"]
+        assert all("Verification failed" in said[k]
+                   for k in ("overwrite", "misfiled", "collide", "stamp", "readme", "unnamed"))
         assert "Verification passed" in said["replace"]
         # only the allowed replacement reached the image re-run: every refusal came before it
         assert len(reruns) == 1 and reruns[0].endswith(f"{own}/result.json")
