@@ -101,17 +101,21 @@ class Reviewer:
             raise BenchError(f"--recheck must be at least 1 image, got {recheck}")
         self.repo_id, self.recheck, self.merge = repo_id, recheck, merge
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
-        self.key = load_private_key(key_path)
+        try:
+            self.key = load_private_key(key_path)
+            self.checkpoint_sha256 = None
+            if checkpoint:
+                from benchmark.fsutil import sha256_file
+
+                if not Path(checkpoint).is_file():
+                    raise BenchError(f"--checkpoint {checkpoint!r} does not exist; give the weights file results were "
+                                     "scored with")
+                self.checkpoint_sha256 = sha256_file(checkpoint)
+        except OSError as e:  # e.g. no permission: the service cannot start, one line
+            raise BenchError(f"cannot read {e.filename or key_path!r} ({e.strerror or type(e).__name__}); check the "
+                             "file and its permissions") from None
         raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.public = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}  # the only key a marker may carry
-        self.checkpoint_sha256 = None
-        if checkpoint:
-            from benchmark.fsutil import sha256_file
-
-            if not Path(checkpoint).is_file():
-                raise BenchError(f"--checkpoint {checkpoint!r} does not exist; give the weights file results were "
-                                 "scored with")
-            self.checkpoint_sha256 = sha256_file(checkpoint)
         self.api = HfApi(endpoint=endpoint, token=token)
         self.account: str | None = None
         self._account_known = False

@@ -162,6 +162,10 @@ def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     assert err.startswith("error:") and "bench keygen" in err and len(err.strip().splitlines()) == 1
     assert main(["review", "--repo", "../x", "--key", str(tmp_path / "nope.key")]) != 0
     assert "is not a Hub repo id" in capsys.readouterr().err
+    # a key file whose read fails (an I/O error, whoever runs the test): one line, no traceback
+    assert main(["review", "--repo", "org/results", "--key", "/proc/self/mem"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read '/proc/self/mem' (Input/output error)") and len(err.strip().splitlines()) == 1
 
 
 # -- attacks on the review service: markers, ownership, terminal answers --------------------------------------------
