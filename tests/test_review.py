@@ -3,7 +3,6 @@
 import json
 import shutil
 
-import numpy as np
 import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
