@@ -89,7 +89,7 @@ class Reviewer:
     def __init__(self, repo_id: str, *, key_path: str, recheck: int = 50, merge: bool = False,
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
-                 work_dir: str | None = None):
+                 work_dir: str | None = None, again: tuple[int, ...] = ()):
         from cryptography.hazmat.primitives import serialization
         from huggingface_hub import HfApi
 
@@ -101,6 +101,7 @@ class Reviewer:
             raise BenchError(f"--recheck must be at least 1 image, got {recheck}")
         self.repo_id, self.recheck, self.merge = repo_id, recheck, merge
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
+        self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
         try:
             self.key = load_private_key(key_path)
             self.checkpoint_sha256 = None
@@ -176,7 +177,7 @@ class Reviewer:
         outcome = Outcome(num, head=head)
         details = self.api.get_discussion_details(self.repo_id, num, repo_type="dataset")
         earlier = self.answers(num, details.events)
-        if head in earlier:
+        if head in earlier and num not in self.again:
             outcome.status, outcome.earlier = "skipped", earlier[head]
             if earlier[head] == "passed" and self.merge and details.status == "open":
                 self._merge(outcome)  # passed earlier, but the merge did not happen (e.g. run without --merge)

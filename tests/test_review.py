@@ -422,6 +422,11 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
         assert capsys.readouterr().out.count("skipped") == 2
         assert len(reruns) == tried and sum(m == "POST" for m, _ in hub.requests) == posts
         assert len(_comments(hub, pr)) == 1
+        # ... unless a maintainer asks for one PR again (--again): that one is re-run and answered anew
+        assert _bench_review(monkeypatch, hub, made, "--again", str(gone)) == 0
+        assert "skipped" in capsys.readouterr().out and len(reruns) == tried + 1 and len(_comments(hub, gone)) == 2
+        assert len(_comments(hub, pr)) == 1
+        tried += 1
 
         # a new push is a new head: reviewed again (other weights given: unreviewable, saying whose they are)
         _push(hub, "tok-alice", pr, _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")), entry))

@@ -17,9 +17,11 @@ def add_parser(sub):
                              "non-zero only when the service failed (Hub unreachable, token refused, a crash), never "
                              "for a bad submission. Needs HF_TOKEN with write access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
-                          "  bench review --repo my-org/genshift-results --key maintainer.key --watch 600\n")
+                          "  bench review --repo my-org/genshift-results --key maintainer.key --watch 600\n"
+                          "  bench review --repo my-org/genshift-results --key maintainer.key --again 12 --checkpoint w.pt\n")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME on the Hub")
-    p.add_argument("--key", required=True, help="maintainer's ed25519 private key (bench keygen) that signs stamps and the review answers")
+    p.add_argument("--key", required=True,
+                   help="maintainer's ed25519 private key (bench keygen) that signs stamps and the review answers")
     p.add_argument("--recheck", type=positive_int, default=50,
                    help="images per entry re-run through the model, drawn with a fresh seed (default: 50)")
     p.add_argument("--merge", action="store_true", help="merge the pull requests that pass every check")
@@ -32,6 +34,9 @@ def add_parser(sub):
                                         "recorded Hub weights); an entry scored with other local weights is "
                                         "answered 'cannot be checked'")
     p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
+    p.add_argument("--again", type=positive_int, action="append", default=[], metavar="PR",
+                   help="review pull request PR again although it was answered at its head (e.g. an entry that "
+                        "could not be checked, now with --checkpoint); repeatable")
     return p
 
 
@@ -53,7 +58,7 @@ def run(args) -> int:
     if args.watch is not None and not 1 <= args.watch <= 7 * 86400:
         raise BenchError(f"--watch must be 1..604800 seconds, got {args.watch}")
     reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
-                        suites=args.suites, checkpoint=args.checkpoint, device=args.device)
+                        suites=args.suites, checkpoint=args.checkpoint, device=args.device, again=tuple(args.again))
     if args.watch is not None:
         watch(reviewer, args.watch, report=_print)
         return 0
