@@ -402,8 +402,21 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
         source="hf-hub", id="org/no-such-model", weights_revision="a" * 40))
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
+        # a timm model repo whose weights do not fit its architecture: timm cannot load it
+        from huggingface_hub import CommitOperationAdd, HfApi
+        hub.create("model", "org/broken")
+        cfg = {"architecture": "test_resnet", "num_classes": 1000,
+               "pretrained_cfg": timm.create_model("test_resnet.r160_in1k").pretrained_cfg}
+        save_file({"junk": torch.zeros(3)}, str(tmp_path / "broken.safetensors"))
+        sha = HfApi(endpoint=hub.endpoint).create_commit(
+            "org/broken", [CommitOperationAdd("config.json", json.dumps(cfg, default=str).encode()),
+                           CommitOperationAdd("model.safetensors", str(tmp_path / "broken.safetensors"))],
+            commit_message="weights").oid
+        broken_run = _copy(made, tmp_path, "broken", lambda r: r["model"].update(
+            source="hf-hub", id="org/broken", weights_revision=sha))
         pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
         gone = _open_pr(hub, "tok-alice", _entry_ops(missing, "toy/org--no-such-model"))
+        broken = _open_pr(hub, "tok-alice", _entry_ops(broken_run, "toy/org--broken"))
 
         # no --checkpoint: the reviewer lacks the local weights; the Hub has no such model repo
         assert _bench_review(monkeypatch, hub, made) == 0  # bad submissions are answered, not a service failure
@@ -413,13 +426,15 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
         assert "is not retried" in text
         (_, text), = _comments(hub, gone)
         assert "cannot be checked" in text and "model org/no-such-model is not available on the Hub" in text
+        (_, text), = _comments(hub, broken)
+        assert "cannot be checked" in text and "model hf-hub:org/broken@" in text and "cannot be loaded (RuntimeError" in text
         tried = len(reruns)
-        assert tried == 1  # the missing model reached the re-run; the local-weights entry was refused before it
+        assert tried == 2  # both Hub models reached the re-run; the local-weights entry was refused before it
 
         # the next scheduled pass: both answered at their heads, nothing re-run, nothing posted
         posts = sum(m == "POST" for m, _ in hub.requests)
         assert _bench_review(monkeypatch, hub, made) == 0
-        assert capsys.readouterr().out.count("skipped") == 2
+        assert capsys.readouterr().out.count("skipped") == 3
         assert len(reruns) == tried and sum(m == "POST" for m, _ in hub.requests) == posts
         assert len(_comments(hub, pr)) == 1
         # ... unless a maintainer asks for one PR again (--again): that one is re-run and answered anew
