@@ -265,7 +265,7 @@ class Reviewer:
         results, problems = self._fetch(head, changed, at_head, root / "head")
         if problems:
             return problems, {}
-        return self._check(results, outcome, base, existing, root / "base")
+        return self._check(results, outcome, existing, root / "main")
 
     def _merge_base(self, pr_ref: str) -> str:
         """The newest commit of the PR's history that is also on main: the PR's changes are relative to it
@@ -276,9 +276,10 @@ class Reviewer:
                 return c.commit_id
         raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
 
-    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], set[str], set[str], list[str]]:
-        """The entries the PR adds or changes (entry -> its changed files), those of them already on main, every
-        file at the head, and what the PR may not do."""
+    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], dict[str, list], set[str], list[str]]:
+        """The entries the PR adds or changes (entry -> its changed files), those of them already on main (entry ->
+        the commits holding it: the PR's base and main now, which may have moved on), every file at the head, and
+        what the PR may not do."""
         from huggingface_hub.hf_api import RepoFile
 
         from eval.stamps import STAMP_FILE
@@ -308,7 +309,9 @@ class Reviewer:
         problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
         if not changed and not problems:
             problems.append("the pull request adds no result")
-        existing = {e for e in changed if f"{e}/result.json" in old}
+        main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
+        trees = {base: old, **({main: tree(main)} if main != base else {})}
+        existing = {e: revs for e in changed if (revs := [r for r, t in trees.items() if f"{e}/result.json" in t])}
         return changed, existing, set(new), problems
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
@@ -334,18 +337,18 @@ class Reviewer:
     def _download(self, rev: str, path: str, root: Path) -> Path:
         return Path(self.api.hf_hub_download(self.repo_id, path, repo_type="dataset", revision=rev, local_dir=root))
 
-    def _owner(self, entry: str, base: str, root: Path) -> tuple[str, str] | None:
-        """(model id, suite id) of the entry as it is on main, or None if that result cannot be read."""
+    def _owner(self, entry: str, rev: str, root: Path) -> tuple[str, str] | None:
+        """(model id, suite id) of the entry as it is on main at ``rev``, or None if that result cannot be read."""
         from eval.results import MAX_RESULT_BYTES, parse_json
 
-        path = self._download(base, f"{entry}/result.json", root)
+        path = self._download(rev, f"{entry}/result.json", root)
         try:
             r = parse_json(path.read_bytes(), where=f"{entry}/result.json on main", max_bytes=MAX_RESULT_BYTES)
             return str(r["model"]["id"]), str(r["suite"]["id"])
         except (BenchError, KeyError, TypeError):
             return None
 
-    def _check(self, results: dict[str, Path], outcome: Outcome, base: str, existing: set[str],
+    def _check(self, results: dict[str, Path], outcome: Outcome, existing: dict[str, list],
                base_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
         from eval.stamps import make_stamp, sign
@@ -360,13 +363,14 @@ class Reviewer:
             if e is None or e.status in ("rejected", "superseded"):
                 problems.append(f"{entry}: rejected by the store: {e.reason if e else 'not loaded'}")
                 continue
-            if entry in existing:  # an entry on main is replaced only by a result of the same model on the same suite
-                owner = self._owner(entry, base, base_root)
-                if owner != (e.model_id, e.suite_id):
-                    problems.append(f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} "
-                                    f"with a result of {e.model_id} on {e.suite_id}; a submission may replace only an "
-                                    "entry of its own model id and suite")
-                    continue
+            # an entry on main is replaced only by a result of the same model on the same suite
+            owners = {self._owner(entry, rev, base_root / rev) for rev in existing.get(entry, ())}
+            if owners - {(e.model_id, e.suite_id)}:
+                owner = next(iter(owners - {(e.model_id, e.suite_id)}))
+                problems.append(f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} "
+                                f"with a result of {e.model_id} on {e.suite_id}; a submission may replace only an "
+                                "entry of its own model id and suite")
+                continue
             self._can_rerun(entry, e.result)
             report = self._rerun(entry, path, e.model_id)
             if not report.ok:

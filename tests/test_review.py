@@ -358,7 +358,12 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
             "unnamed": _open_pr(hub, "tok-alice", _entry_ops(again, own)
                                 + [CommitOperationAdd(f"{own}/predictions/junk.parquet", b"PAR1 not named")]),
             "replace": _open_pr(hub, "tok-alice", _entry_ops(again, own)),             # same model id: allowed
+            "race": _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "race", lambda r: r["model"].update(
+                id="org--q")), "toy/org--q")),                                      # new at its base, but ...
         }
+        # ... main moved on after the PR was opened: another model's entry now holds that folder
+        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: r["model"].update(
+            id="org/q")), "toy/org--q"), repo_type="dataset", commit_message="merged meanwhile")
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
         capsys.readouterr()
         said = {k: _comments(hub, n)[-1][1] for k, n in prs.items()}
@@ -367,6 +372,7 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
         assert "filed under other-suite/a..b/" in said["misfiled"] and "belongs under toy/test_resnet.r160_in1k/" \
             in said["misfiled"]
         assert "replaces the entry of org/m with a result of org--m on toy" in said["collide"]
+        assert "replaces the entry of org/q with a result of org--q on toy" in said["race"]
         assert "verification stamps are written only by the reviewer" in said["stamp"]
         assert "changes README.md" in said["readme"]
         assert f"changes {own}/predictions/junk.parquet, which {own}/result.json does not name" in said["unnamed"]
