@@ -38,6 +38,20 @@ MAX_SKIPPED_IDS = 100
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def path_slug(text: str) -> str:
+    """One path component for an id: ASCII letters, digits and ``._-`` kept, anything else ``--``; never
+    empty, ``.`` or ``..``; at most 96 characters. The one folder-naming rule of ``bench eval --out``,
+    ``bench submit`` and the results store (``entry_dir``)."""
+    slug = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "._-" else "--" for ch in text)[:96]
+    return slug if slug.strip(".") else "_" + slug
+
+
+def entry_dir(result: dict) -> str:
+    """``<suite slug>/<model slug>``: the folder a result belongs in, in a run folder and in the results
+    store, derived from the result's own suite and model ids (an entry filed anywhere else is refused)."""
+    return f"{path_slug(result['suite']['id'])}/{path_slug(result['model']['id'])}"
+
+
 def config_hash(model: dict, suite: dict, protocol: dict, data_config: dict) -> str:
     """sha256 of the canonical JSON of what defines the evaluation (not how fast it ran)."""
     ident = {

@@ -23,7 +23,7 @@ from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import sha256_file
 from benchmark.reader import LocalSuite
 from eval.inference import InferenceOptions
-from eval.results import RESULT_FILE
+from eval.results import RESULT_FILE, path_slug as _slug  # the one folder rule (eval.sweep imports it here)
 from eval.scoring import ScoringOptions
 
 log = logging.getLogger(__name__)
@@ -113,10 +113,6 @@ def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = N
         raise IntegrityError(f"suite {src!r} has manifest {info.suite.manifest.sha256[:12]}…, the result was made on "
                              f"{rec['manifest_sha256'][:12]}…; pass the right suite with --suite")
     return info
-
-
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in text)
 
 
 def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:

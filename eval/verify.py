@@ -426,9 +426,19 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
     if m["source"] == "checkpoint" and not checkpoint:
         raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")
     name = m["id"] if m["source"] != "hf-hub" else f"hf-hub:{m['id']}@{m['weights_revision']}"
-    clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True,
-                          checkpoint_weights=m.get("checkpoint_weights") or "model",
-                          preprocess=result["protocol"].get("preprocess", "timm"))
+    try:
+        clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True,
+                              checkpoint_weights=m.get("checkpoint_weights") or "model",
+                              preprocess=result["protocol"].get("preprocess", "timm"))
+    except Exception as e:
+        from benchmark.errors import one_line
+        from benchmark.hubio import _unreachable
+
+        # the network, the Hub's answers and memory are the checker's own trouble; anything else is the model's
+        if isinstance(e, (BenchError, OSError, MemoryError)) or _unreachable(e) or type(e).__name__ == "OutOfMemoryError":
+            raise
+        raise BenchError(f"model {name} cannot be loaded ({type(e).__name__}: {one_line(e, 200)}); it must load with "
+                         "timm at its recorded weights") from None
     if clf.source != m["source"]:
         return [f"model.source is {m['source']!r}, the model loads as {clf.source!r}"]
     if m["weights_sha256"] != clf.weights_sha256:

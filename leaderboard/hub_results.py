@@ -290,12 +290,7 @@ def publish_reviewed(reviewer, outcome) -> None:
     them in one comment on the results PR. The maintainer key that signed the stamps is the only trusted
     key, so "verified" reaches the model page exactly when the review stamped the entry. A failure is
     recorded in the outcome and commented; the merge stands."""
-    from cryptography.hazmat.primitives import serialization
-
-    from eval.stamps import PublicKey, key_id
-
-    raw = reviewer.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    trusted = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}
+    trusted = reviewer.public  # the reviewer's own key only
     lines = []
     for entry in outcome.entries:
         try:

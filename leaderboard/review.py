@@ -2,41 +2,53 @@
 
 For each open pull request on the results dataset repo (huggingface_hub's discussions API):
 
-1. skip it if this service already reviewed it at its current head commit (a marker in its
-   comment names the head), so reruns and crashed runs resume without repeating work;
-2. list what the PR changes against the commit of ``main`` it branched from: only ``<suite>/<model>/result.json`` and
-   ``<suite>/<model>/predictions/*.parquet`` may be added or changed (no deletions, no other files,
-   no stamps of the submitter's own), each within the store's size limits;
+1. skip it if this service already answered it at its current head commit: a review marker, an
+   ed25519 signature by the maintainer key over (repo, PR number, head sha, outcome), in a comment
+   written by the reviewing account (when the Hub names it: ``HfApi.whoami``). A marker anyone
+   else wrote, or one copied from another PR or another head, is not believed; a new push is
+   reviewed again;
+2. list what the PR changes against the commit of ``main`` it branched from: only
+   ``<suite>/<model>/result.json`` and the ``<suite>/<model>/predictions/*.parquet`` files it names
+   may be added or changed (no deletions, no other files, no stamps of the submitter's own), each
+   within the store's size limits;
 3. download each changed entry at the PR head and check it exactly as the leaderboard store
-   does (``leaderboard.store.load_store``: schema, hashes, every metric recomputed);
+   does (``leaderboard.store.load_store``: the folder is the one its result names
+   (``eval.results.entry_dir``), schema, hashes, every metric recomputed); an entry already on
+   ``main`` may only be replaced by a result of the same model id on the same suite;
 4. re-run a fresh random sample of images through the model at the recorded weights on the
    suite at the recorded manifest, checked against a trusted suite manifest
    (``eval.verify.verify_result`` with ``recheck``; the seed is drawn at review time and recorded
    in the stamp, so a submitter cannot know which images are re-run);
 5. if everything passed, sign one verification stamp per entry with the maintainer key
-   (``eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the outcome
-   (checks, images re-run, every mismatch) and, with ``merge``, merge the PR.
+   (``eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the
+   outcome (checks, images re-run, every mismatch) and, with ``merge``, merge the PR.
 
-One PR's failure (a bad submission, a download error, a crash in a check) is recorded for that
-PR and never stops the others. Comments quote data-derived text inside code blocks only.
+Every PR gets a terminal answer at its head: ``passed``, ``failed`` (what did not match) or
+``unreviewable`` (what the reviewer is missing to check it: a model that does not load, weights
+it does not have); each is a comment with a signed marker, so it is not redone on the next pass.
+Only a failure of the service itself (the Hub unreachable, a crash in a check) leaves a PR without
+an answer, ``error``: it is retried on the next run, and the CLI exits non-zero. One PR's outcome
+never stops the others. Comments quote data-derived text inside code blocks only.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmark.errors import BenchError, one_line
+from benchmark.errors import BenchError, OfflineError, one_line
 
 log = logging.getLogger(__name__)
-MARKER = re.compile(r"<!-- genshift-review head=([0-9a-f]{7,64}) outcome=(passed|failed) -->")
-ENTRY_FILE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)/"
+MARKER_KIND = "genshift-review"
+OUTCOMES = ("passed", "failed", "unreviewable")  # terminal answers, each signed
+# the marker ends the comment; quoted text above it (in code blocks) can never be taken for it
+MARKER = re.compile(r"<!-- genshift-review v=2 head=(?P<head>[0-9a-f]{7,64}) outcome=(?P<outcome>passed|failed|"
+                    r"unreviewable) key=(?P<key>[0-9a-f]{16}) sig=(?P<sig>[A-Za-z0-9+/]{86}==) -->\s*\Z")
+ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)/"
                         r"(result\.json|predictions/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet)$")
 
 
@@ -44,17 +56,19 @@ ENTRY_FILE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._
 class Outcome:
     pr: int
     head: str = ""
-    status: str = "error"        # "passed" | "failed" | "skipped" | "error"
+    status: str = "error"        # "passed" | "failed" | "unreviewable" | "skipped" | "error"
     entries: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     merged: bool = False
     stamp_commit: str = ""
     model_prs: dict[str, str] = field(default_factory=dict)  # entry -> model-repo PR (--publish-model-results)
+    earlier: str = ""            # skipped: the outcome of the earlier review at this head
 
 
-def _marker(head: str, outcome: str) -> str:
-    return f"<!-- genshift-review head={head} outcome={outcome} -->"
+def _marker_body(repo_id: str, pr: int, head: str, outcome: str) -> dict:
+    """What a review marker's signature covers: the answer is bound to one repo, one PR and one head."""
+    return {"kind": MARKER_KIND, "version": 2, "repo": repo_id, "pr": pr, "head": head, "outcome": outcome}
 
 
 def _block(lines: list[str]) -> str:
@@ -63,14 +77,24 @@ def _block(lines: list[str]) -> str:
     return f"```text\n{body}\n```"
 
 
+def _hub_failure(e: BaseException) -> bool:
+    """True when ``e`` is the service's own failure (network, the Hub answering an error), not the submission's."""
+    from huggingface_hub import errors
+
+    from benchmark.hubio import _unreachable
+
+    return isinstance(e, (OfflineError, errors.HfHubHTTPError, OSError)) or _unreachable(e)
+
+
 class Reviewer:
     def __init__(self, repo_id: str, *, key_path: str, recheck: int = 50, merge: bool = False,
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
-                 work_dir: str | None = None, publish_model_results: bool = False):
+                 work_dir: str | None = None, again: tuple[int, ...] = (), publish_model_results: bool = False):
+        from cryptography.hazmat.primitives import serialization
         from huggingface_hub import HfApi
 
-        from eval.stamps import load_private_key
+        from eval.stamps import PublicKey, key_id, load_private_key
 
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", repo_id or ""):
             raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
@@ -79,8 +103,25 @@ class Reviewer:
         self.repo_id, self.recheck, self.merge = repo_id, recheck, merge
         self.publish_model_results = publish_model_results  # leaderboard.hub_results, after a merge
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
-        self.key = load_private_key(key_path)
+        self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
+        try:
+            self.key = load_private_key(key_path)
+            self.checkpoint_sha256 = None
+            if checkpoint:
+                from benchmark.fsutil import sha256_file
+
+                if not Path(checkpoint).is_file():
+                    raise BenchError(f"--checkpoint {checkpoint!r} does not exist; give the weights file results were "
+                                     "scored with")
+                self.checkpoint_sha256 = sha256_file(checkpoint)
+        except OSError as e:  # e.g. no permission: the service cannot start, one line
+            raise BenchError(f"cannot read {e.filename or key_path!r} ({e.strerror or type(e).__name__}); check the "
+                             "file and its permissions") from None
+        raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.public = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}  # the only key a marker may carry
         self.api = HfApi(endpoint=endpoint, token=token)
+        self.account: str | None = None
+        self._account_known = False
         self.suites = None  # trusted suite manifests (eval.suite_trust); default: the registry's pinned ones
         if suites:
             from eval.suite_trust import TrustedSuites
@@ -89,14 +130,21 @@ class Reviewer:
 
     # -- one pass over the open pull requests ------------------------------------------------
     def run_once(self) -> list[Outcome]:
+        """Review every open PR. Raises ``BenchError`` only when the service cannot work at all (the Hub
+        unreachable, the repo missing, an invalid token); one PR's failure is that PR's ``error`` outcome."""
         from huggingface_hub import errors
 
         try:
+            self._whoami()
             prs = [d for d in self.api.get_repo_discussions(self.repo_id, repo_type="dataset",
                                                             discussion_type="pull_request", discussion_status="open")]
         except errors.RepositoryNotFoundError:
             raise BenchError(f"results repo datasets/{self.repo_id} not found (or no access: set HF_TOKEN)") from None
-        except (errors.HfHubHTTPError, OSError) as e:
+        except BenchError:
+            raise
+        except Exception as e:
+            if not _hub_failure(e):
+                raise
             raise BenchError(f"cannot list the pull requests of datasets/{self.repo_id} "
                              f"({type(e).__name__}: {one_line(e, 200)})") from None
         out = []
@@ -105,30 +153,46 @@ class Reviewer:
                 out.append(self.review_pr(d.num))
             except Exception as e:  # noqa: BLE001 - one PR never stops the others; the next run retries it
                 log.warning("PR #%d: %s: %s", d.num, type(e).__name__, e)
-                out.append(Outcome(d.num, status="error", problems=[f"{type(e).__name__}: {e}"]))
+                out.append(Outcome(d.num, status="error", problems=[f"{type(e).__name__}: {one_line(e, 300)}"]))
         return out
 
+    def _whoami(self) -> None:
+        """The reviewing account, once: only its comments can carry review markers (defence in depth
+        behind the signatures). Without a token there is no account to compare with; signatures decide."""
+        from huggingface_hub import errors
+
+        if self._account_known:
+            return
+        try:
+            self.account = self.api.whoami()["name"]
+        except errors.LocalTokenNotFoundError:
+            self.account = None
+        except errors.HfHubHTTPError as e:
+            if getattr(e.response, "status_code", None) == 401:
+                raise BenchError("the Hub refused the token (401): set HF_TOKEN to a valid token with write access "
+                                 f"to datasets/{self.repo_id}") from None
+            raise
+        self._account_known = True
+
     def review_pr(self, num: int) -> Outcome:
-        pr_ref = f"refs/pr/{num}"
-        head = self.api.repo_info(self.repo_id, repo_type="dataset", revision=pr_ref).sha
+        head = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{num}").sha
         outcome = Outcome(num, head=head)
         details = self.api.get_discussion_details(self.repo_id, num, repo_type="dataset")
-        reviewed = dict(m for ev in details.events if ev.type == "comment"
-                        for m in MARKER.findall(getattr(ev, "content", "") or ""))
-        if head in reviewed:
-            outcome.status = "skipped"
-            if reviewed[head] == "passed" and self.merge and details.status == "open":
+        earlier = self.answers(num, details.events)
+        if head in earlier and num not in self.again:
+            outcome.status, outcome.earlier = "skipped", earlier[head]
+            if earlier[head] == "passed" and self.merge and details.status == "open":
                 self._merge(outcome)  # passed earlier, but the merge did not happen (e.g. run without --merge)
             return outcome
-        base = self._merge_base(pr_ref)
-        entries, problems = self._changed_entries(base, head)
-        outcome.entries = sorted(entries)
         with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
-            stamps: dict[str, dict] = {}
-            if not problems:
-                results = self._download(head, entries, Path(tmp))
-                more, stamps = self._check(results, outcome)
-                problems += more
+            try:
+                problems, stamps = self._examine(num, head, outcome, Path(tmp))
+            except Exception as e:
+                if _hub_failure(e) or not isinstance(e, BenchError):
+                    raise  # the service failed (network, a crash in a check): no answer, retried next run
+                outcome.status, outcome.problems = "unreviewable", [one_line(e, 500)]
+                self._comment(num, head, outcome)
+                return outcome
             if problems:
                 outcome.status, outcome.problems = "failed", problems
                 self._comment(num, head, outcome)
@@ -139,7 +203,8 @@ class Reviewer:
             from eval.stamps import STAMP_FILE
 
             ops = [CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)) for entry, stamp in stamps.items()]
-            info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=pr_ref, parent_commit=head,
+            info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=f"refs/pr/{num}",
+                                          parent_commit=head,
                                           commit_message=f"Verification stamps ({self.recheck} images re-run)")
             outcome.stamp_commit = info.oid
         outcome.status = "passed"
@@ -148,9 +213,41 @@ class Reviewer:
             self._merge(outcome)
         return outcome
 
+    # -- review markers -----------------------------------------------------------------------
+    def marker(self, num: int, head: str, outcome: str) -> str:
+        """The hidden line that ends a review comment: the outcome at ``head``, signed by the maintainer key."""
+        from eval.stamps import sign
+
+        sig = sign(_marker_body(self.repo_id, num, head, outcome), self.key)["signature"]
+        return f"<!-- genshift-review v=2 head={head} outcome={outcome} key={sig['key_id']} sig={sig['value']} -->"
+
+    def answers(self, num: int, events) -> dict[str, str]:
+        """head sha -> outcome of this service's own earlier answers on PR ``num``: markers in comments by the
+        reviewing account whose signature by the maintainer key covers this repo, this PR, that head and that
+        outcome. Anything else (unsigned, another key, copied from another PR, edited) is ignored."""
+        from eval.stamps import check_signature
+
+        out = {}
+        for ev in events:
+            if ev.type != "comment" or (self.account is not None and ev.author != self.account):
+                continue
+            m = MARKER.search(getattr(ev, "content", "") or "")
+            if m is None:
+                continue
+            signed = {**_marker_body(self.repo_id, num, m["head"], m["outcome"]),
+                      "signature": {"algorithm": "ed25519", "key_id": m["key"], "value": m["sig"]}}
+            if check_signature(signed, self.public) is None:
+                out[m["head"]] = m["outcome"]
+        return out
+
     def _merge(self, outcome: Outcome) -> None:
         from huggingface_hub import errors
 
+        reviewed = outcome.stamp_commit or outcome.head
+        now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
+        if now != reviewed:  # pushed to after the review: the next run reviews the new head
+            outcome.problems.append(f"not merged: the head moved to {now[:12]} after the review")
+            return
         try:
             self.api.merge_pull_request(self.repo_id, outcome.pr, repo_type="dataset",
                                         comment="Merged by `bench review`: every check passed.")
@@ -163,6 +260,19 @@ class Reviewer:
             publish_reviewed(self, outcome)
 
     # -- steps --------------------------------------------------------------------------------
+    def _examine(self, num: int, head: str, outcome: Outcome, root: Path) -> tuple[list[str], dict[str, dict]]:
+        """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry. Raises
+        ``BenchError`` when it cannot be checked (what the reviewer is missing)."""
+        base = self._merge_base(f"refs/pr/{num}")
+        changed, existing, at_head, problems = self._changed_entries(base, head)
+        outcome.entries = sorted(changed)
+        if problems:
+            return problems, {}
+        results, problems = self._fetch(head, changed, at_head, root / "head")
+        if problems:
+            return problems, {}
+        return self._check(results, outcome, existing, root / "main")
+
     def _merge_base(self, pr_ref: str) -> str:
         """The newest commit of the PR's history that is also on main: the PR's changes are relative to it
         (main may have moved on since, e.g. by merging other submissions)."""
@@ -170,84 +280,163 @@ class Reviewer:
         for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset", revision=pr_ref):
             if c.commit_id in on_main:
                 return c.commit_id
-        raise BenchError(f"{pr_ref} shares no history with main")
+        raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
 
-    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, list], list[str]]:
+    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], dict[str, list], set[str], list[str]]:
+        """The entries the PR adds or changes (entry -> its changed files), those of them already on main (entry ->
+        the commits holding it: the PR's base and main now, which may have moved on), every file at the head, and
+        what the PR may not do."""
         from huggingface_hub.hf_api import RepoFile
 
+        from eval.stamps import STAMP_FILE
         from leaderboard.store import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
 
         def tree(rev):
             return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
                                                                 recursive=True) if isinstance(f, RepoFile)}
         old, new = tree(base), tree(head)
-        entries: dict[str, list] = {}
+        changed: dict[str, set] = {}
         problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(set(old) - set(new))]
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
             m = ENTRY_FILE.match(path)
-            if not m:
-                problems.append(f"changes {path}: a submission may only add <suite>/<model>/result.json and "
-                                "<suite>/<model>/predictions/*.parquet (stamps are written by the reviewer)")
+            if path.endswith("/" + STAMP_FILE):
+                problems.append(f"changes {path}: verification stamps are written only by the reviewer")
+                continue
+            if not m or {m.group(1), m.group(2)} & {".", ".."}:
+                problems.append(f"changes {path}: a submission may only add or replace <suite>/<model>/result.json "
+                                "and <suite>/<model>/predictions/*.parquet, nothing else")
                 continue
             limit = MAX_RESULT_BYTES if m.group(3) == "result.json" else MAX_PREDICTIONS_BYTES
             if (f.size or 0) > limit:
                 problems.append(f"{path} is {f.size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit")
-            entries.setdefault(f"{m.group(1)}/{m.group(2)}", [])
-        for entry in entries:  # the whole entry is downloaded, changed files or not
-            entries[entry] = sorted(p for p in new if p.startswith(entry + "/") and ENTRY_FILE.match(p))
-            if f"{entry}/result.json" not in new:
-                problems.append(f"{entry} has no result.json")
-        if not entries and not problems:
+            changed.setdefault(f"{m.group(1)}/{m.group(2)}", set()).add(path)
+        problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
+        if not changed and not problems:
             problems.append("the pull request adds no result")
-        return entries, problems
+        main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
+        trees = {base: old, **({main: tree(main)} if main != base else {})}
+        existing = {e: revs for e in changed if (revs := [r for r, t in trees.items() if f"{e}/result.json" in t])}
+        return changed, existing, set(new), problems
 
-    def _download(self, head: str, entries: dict[str, list], root: Path) -> dict[str, Path]:
-        for files in entries.values():
-            for f in files:
-                self.api.hf_hub_download(self.repo_id, f, repo_type="dataset", revision=head, local_dir=root)
-        return {entry: root / entry / "result.json" for entry in entries}
+    def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
+               root: Path) -> tuple[dict[str, Path], list[str]]:
+        """Download each changed entry at the head: its result.json, then the predictions files it names
+        (nothing else). A changed file that the entry's result does not name is a problem."""
+        from eval.results import parse_result
 
-    def _check(self, results: dict[str, Path], outcome: Outcome) -> tuple[list[str], dict[str, dict]]:
+        results, problems = {}, []
+        for entry in sorted(changed):
+            results[entry] = path = self._download(head, f"{entry}/result.json", root)
+            try:
+                named = [f"{entry}/{p['path']}" for p in parse_result(path.read_bytes(), where=str(path))["predictions"]]
+            except BenchError:
+                continue  # the store check below rejects it, with the reason
+            problems += [f"changes {f}, which {entry}/result.json does not name: a submission adds only its result "
+                         "and the predictions files it names" for f in sorted(changed[entry] - {f"{entry}/result.json", *named})]
+            for f in named:
+                if f in at_head and ENTRY_FILE.match(f):
+                    self._download(head, f, root)
+        return results, problems
+
+    def _download(self, rev: str, path: str, root: Path) -> Path:
+        return Path(self.api.hf_hub_download(self.repo_id, path, repo_type="dataset", revision=rev, local_dir=root))
+
+    def _owner(self, entry: str, rev: str, root: Path) -> tuple[str, str] | None:
+        """(model id, suite id) of the entry as it is on main at ``rev``, or None if that result cannot be read."""
+        from eval.results import MAX_RESULT_BYTES, parse_json
+
+        path = self._download(rev, f"{entry}/result.json", root)
+        try:
+            r = parse_json(path.read_bytes(), where=f"{entry}/result.json on main", max_bytes=MAX_RESULT_BYTES)
+            return str(r["model"]["id"]), str(r["suite"]["id"])
+        except (BenchError, KeyError, TypeError):
+            return None
+
+    def _check(self, results: dict[str, Path], outcome: Outcome, existing: dict[str, list],
+               base_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
         from eval.stamps import make_stamp, sign
-        from eval.verify import verify_result
         from leaderboard.store import load_store
 
         problems, stamps = [], {}
-        root = next(iter(results.values())).parent.parent.parent if results else None
-        store = load_store(str(root), suites=self.suites) if root else None  # the store's checks, on the PR's entries
-        status = {e.path.resolve(): e for e in (store.entries + store.rejected + store.superseded if store else [])}
+        root = next(iter(results.values())).parent.parent.parent
+        store = load_store(str(root), suites=self.suites)  # the store's checks (folder = result ids), on the PR's entries
+        status = {e.path.resolve(): e for e in store.entries + store.rejected + store.superseded}
         for entry, path in sorted(results.items()):
             e = status.get(path.resolve())
             if e is None or e.status in ("rejected", "superseded"):
                 problems.append(f"{entry}: rejected by the store: {e.reason if e else 'not loaded'}")
                 continue
-            # seed=None: verify_result draws a fresh seed and records it (report.recheck, then the stamp)
-            report = verify_result(path, recheck=self.recheck, suite=self.suite, suites=self.suites,
-                                   checkpoint=self.checkpoint, device=self.device)
+            # an entry on main is replaced only by a result of the same model on the same suite
+            owners = {self._owner(entry, rev, base_root / rev) for rev in existing.get(entry, ())}
+            if owners - {(e.model_id, e.suite_id)}:
+                owner = next(iter(owners - {(e.model_id, e.suite_id)}))
+                problems.append(f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} "
+                                f"with a result of {e.model_id} on {e.suite_id}; a submission may replace only an "
+                                "entry of its own model id and suite")
+                continue
+            self._can_rerun(entry, e.result)
+            report = self._rerun(entry, path, e.model_id)
             if not report.ok:
                 problems += [f"{entry}: {p}" for p in report.problems[:20]]
                 continue
             try:
                 stamps[entry] = sign(make_stamp(report), self.key)
-            except BenchError as e:  # e.g. the suite it was checked against is not a trust root
-                problems.append(f"{entry}: {e}")
+            except BenchError as ex:  # e.g. the suite it was checked against is not a trust root
+                problems.append(f"{entry}: {ex}")
                 continue
             outcome.checked += [f"{entry}: {c}" for c in report.checked]
         return problems, stamps
+
+    def _rerun(self, entry: str, path: Path, model_id: str):
+        """``verify_result`` with a fresh re-run of images (seed=None: drawn now, recorded in the stamp). A model
+        the Hub does not have (repo, revision or weights file missing, gated) makes the PR unreviewable."""
+        from huggingface_hub import errors
+
+        from eval.verify import verify_result
+
+        try:
+            return verify_result(path, recheck=self.recheck, suite=self.suite, suites=self.suites,
+                                 checkpoint=self.checkpoint, device=self.device)
+        except OfflineError:
+            raise  # the reviewer's network: retried
+        except BenchError as ex:
+            raise BenchError(f"{entry}: {one_line(ex, 400)}") from None
+        except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError) as ex:
+            raise BenchError(f"{entry}: model {model_id} is not available on the Hub at its recorded weights "
+                             f"({type(ex).__name__}: {one_line(str(ex).splitlines()[0] if str(ex) else '', 160)}); "
+                             "publish the model repo (public) at that revision, or score a model that is") from None
+
+    def _can_rerun(self, entry: str, result: dict) -> None:
+        """Raise ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
+        m = result["model"]
+        if m["source"] != "checkpoint":
+            return  # Hub weights: fetched at the recorded revision (a missing repo raises from eval.models)
+        if self.checkpoint_sha256 is None:
+            raise BenchError(f"{entry} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
+                             "the reviewer does not have: publish the weights as a Hub model repo and score with "
+                             "them, or ask a maintainer to review with those weights (--checkpoint)")
+        if m["weights_sha256"] != self.checkpoint_sha256:
+            raise BenchError(f"{entry} was scored with local weights of sha256 {str(m['weights_sha256'])[:12]}…, not "
+                             f"the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
+                             "weights, or ask a maintainer to review with yours")
 
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:
         if outcome.status == "passed":
             text = (f"**Verification passed.** Every metric was recomputed from the stored predictions and "
                     f"{self.recheck} randomly drawn images per entry were re-run through the model; a signed "
                     "verification stamp was added to each entry.\n\n" + _block(outcome.checked))
+        elif outcome.status == "unreviewable":
+            text = ("**This pull request cannot be checked**, so it will not be merged as it is. What is missing:\n\n"
+                    + _block(outcome.problems) + "\n\nThis head commit is not retried. Push a new commit once what is "
+                    "missing is available; the new head is reviewed on the next run.")
         else:
             text = ("**Verification failed**; this pull request will not be merged as it is. What did not match:\n\n"
                     + _block(outcome.problems) + "\n\nFix the submission (re-run `bench eval`, then `bench submit`) "
                     "and push again; the new head commit is reviewed on the next run.")
-        self.api.comment_discussion(self.repo_id, num, text + "\n\n" + _marker(head, outcome.status),
+        self.api.comment_discussion(self.repo_id, num, text + "\n\n" + self.marker(num, head, outcome.status),
                                     repo_type="dataset")
 
 

@@ -236,6 +236,19 @@ def _file_sha256(path: Path, limit: int) -> str:
     return sha256_file(path)
 
 
+def misfiled(path: Path, result: dict) -> str:
+    """Why an entry's folder is not the one its result names (``eval.results.entry_dir``), or ``""``:
+    a folder is owned by one (suite, model), so a result filed under another model's folder (or an
+    arbitrary one) is refused instead of taking that entry's place."""
+    from eval.results import entry_dir
+
+    want, have = entry_dir(result), f"{path.parent.parent.name}/{path.parent.name}"
+    if have == want:
+        return ""
+    return (f"filed under {have}/, but its result is {result['model']['id']} on {result['suite']['id']}, which "
+            f"belongs under {want}/; move the entry there")
+
+
 def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_suites: bool) -> Entry:
     """Check one result.json on its own (cached by content); never raises."""
     from eval.results import parse_result
@@ -254,6 +267,9 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
         raw = path.read_bytes()
         entry.result_sha256 = sha256_bytes(raw)
         result = parse_result(raw, where=str(path))
+        if why := misfiled(path, result):
+            entry.reason = why
+            return entry
         for p in result["predictions"]:
             f = path.parent / p["path"]
             if not f.is_file():

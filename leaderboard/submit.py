@@ -15,19 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmark.errors import BenchError, OfflineError
-from eval.results import MAX_PREDICTIONS_BYTES
+from eval.results import MAX_PREDICTIONS_BYTES, entry_dir
 from eval.verify import result_path, verify_result
-
-
-def _slug(text: str) -> str:
-    """A path component for the results repo: never empty, ``.`` or ``..``, at most 96 characters."""
-    slug = "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in text)[:96]
-    return slug if slug.strip(".") else "_" + slug
-
-
-def entry_prefix(result: dict) -> str:
-    """Where a result lives in the results repo: ``<suite id>/<model slug>``."""
-    return f"{_slug(result['suite']['id'])}/{_slug(result['model']['id'])}"
 
 
 def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, trusted_keys: str | None = None,
@@ -44,7 +33,7 @@ def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, t
     raw = read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result.json")
     res = parse_result(raw, where=str(path))
     trusted = load_trusted_keys(trusted_keys) if trusted_keys else {}
-    return publish_entry(repo_id, entry_prefix(res), model_repo=model_repo, trusted=trusted,
+    return publish_entry(repo_id, entry_dir(res), model_repo=model_repo, trusted=trusted,
                          expect_sha256=sha256_bytes(raw), endpoint=endpoint, token=token)
 
 
@@ -62,7 +51,7 @@ def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, tok
     if res["flags"].get("partial"):
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not accepted; "
                          "evaluate every config without --limit-per-class")
-    prefix = entry_prefix(res)
+    prefix = entry_dir(res)
     ops = [CommitOperationAdd(f"{prefix}/result.json", str(path))]
     for p in res["predictions"]:
         f = path.parent / p["path"]

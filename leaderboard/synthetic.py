@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmark.fsutil import sha256_file
 from eval.predictions import PredictionBlock, schema
-from eval.results import KIND, SCHEMA_VERSION, config_hash, write_result
+from eval.results import KIND, SCHEMA_VERSION, config_hash, path_slug, write_result
 from eval.scoring import ScoringOptions, score
 
 ARCHS = [("resnet50", "a1_in1k", 25.6e6), ("vit_base_patch16_224", "augreg_in21k_ft_in1k", 86.6e6),
@@ -32,8 +32,7 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
                 num_params: float, skill: float, difficulty: dict, rng: np.random.Generator,
                 family: str = "imagenet_star", manifest: str = SYNTHETIC_MANIFEST, notes: str = "",
                 flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00") -> Path:
-    slug = "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in model_id)
-    run = root / suite_id / slug
+    run = root / path_slug(suite_id) / path_slug(model_id)
     (run / "predictions").mkdir(parents=True, exist_ok=True)
     tables, preds = {}, []
     for ci, c in enumerate(configs):

@@ -14,9 +14,12 @@ answers the entries of the model's ``.eval_results/*.yaml`` on ``main`` (``{"fil
 entries for a benchmark dataset (one with ``eval.yaml``) from every model repo's ``main`` and open pull
 requests (``pullRequest``: community results), by the first task of its ``eval.yaml``;
 ``leaderboards[dataset_id] = [...]`` serves a raw payload instead (hostile-response tests).
-``whoami-v2`` names the user ``tester`` (every discussion's author here).
 ``gate(repo_type, repo_id, tokens)`` makes a repo gated: its metadata stays readable, file downloads
 without one of ``tokens`` get 403 ``GatedRepo`` (as on the Hub).
+
+Accounts: ``FakeHub(users={token: name})``. As on the Hub, ``whoami`` (``/api/whoami-v2``) names the
+token's account (401 for an unknown token), and every discussion event and pull request records
+its author: the account of the request's token (``anonymous`` without one).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class Repo:
 class FakeHub:
     """State + server. Use as a context manager; ``endpoint`` is the base URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, users: dict[str, str] | None = None) -> None:
+        self.users = dict(users or {})  # token -> account name
         self.repos: dict[tuple[str, str], Repo] = {}
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []
@@ -131,6 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(n) if n else b""
 
+    def _user(self) -> str | None:
+        """The account of the request's ``Authorization: Bearer`` token (None: no or unknown token)."""
+        auth = self.headers.get("Authorization", "")
+        return self.hub.users.get(auth[len("Bearer "):]) if auth.startswith("Bearer ") else None
+
     def _repo(self, type_plural: str, repo_id: str) -> Repo | None:
         return self.hub.repos.get((TYPES.get(type_plural, ""), repo_id))
 
@@ -186,7 +195,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _api_get(self, rest: str, query: dict) -> None:
         if rest == "whoami-v2":
-            return self._send(200, {"type": "user", "name": "tester", "fullname": "Tester", "orgs": []})
+            user = self._user()
+            if user is None:
+                return self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+            return self._send(200, {"type": "user", "name": user, "auth": {"type": "access_token"}})
         type_plural, _, rest = rest.partition("/")
         repo_id, tail = self._split_repo(rest)
         repo = self._repo(type_plural, repo_id)
@@ -290,7 +302,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _discussion(self, repo: Repo, num: int) -> dict:
         d = repo.discussions[num]
         return {"num": num, "title": d.get("title", ""), "isPullRequest": d.get("isPullRequest", False),
-                "status": d.get("status", "open"), "author": {"name": "tester"},
+                "status": d.get("status", "open"), "author": {"name": d.get("author", "tester")},
                 "createdAt": "2026-01-01T00:00:00.000Z", "repo": {"name": repo.repo_id, "type": repo.repo_type}}
 
     def _discussion_post(self, repo: Repo, num: int, action: str, req: dict) -> None:
@@ -301,7 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         def event(kind: str, data: dict) -> dict:
             ev = {"id": f"{num}-{len(events)}", "type": kind, "createdAt": "2026-01-01T00:00:00.000Z",
-                  "author": {"name": "reviewer"}, "data": data}
+                  "author": {"name": self._user() or "anonymous"}, "data": data}
             events.append(ev)
             return ev
         if action == "comment":
@@ -380,7 +392,7 @@ class _Handler(BaseHTTPRequestHandler):
                 repo.refs[f"refs/pr/{repo.prs}"] = repo.refs["main"]
                 repo.discussions[repo.prs] = {"title": req.get("title", ""), "description": req.get("description", ""),
                                               "isPullRequest": bool(req.get("pullRequest")), "status": "open",
-                                              "base": repo.refs["main"]}
+                                              "base": repo.refs["main"], "author": self._user() or "anonymous"}
                 return self._send(200, {"num": repo.prs})
             if tail.startswith("tag/"):
                 oid = repo.resolve(tail[len("tag/"):])
@@ -417,7 +429,7 @@ class _Handler(BaseHTTPRequestHandler):
             repo.prs += 1
             branch = f"refs/pr/{repo.prs}"
             repo.discussions[repo.prs] = {"title": header.get("summary", ""), "description": "", "isPullRequest": True,
-                                          "status": "open", "base": head}
+                                          "status": "open", "base": head, "author": self._user() or "anonymous"}
             pr_url = f"{self.hub.endpoint}/{'datasets/' if repo.repo_type == 'dataset' else ''}{repo.repo_id}/discussions/{repo.prs}"
         oid = self.hub.commit(repo, files, deleted, head, header.get("summary", ""), branch)
         self._send(200, {"commitUrl": f"{self.hub.endpoint}/{repo.repo_id}/commit/{oid}", "commitOid": oid,

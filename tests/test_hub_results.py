@@ -107,7 +107,7 @@ def scored(tmp_path_factory):
     torch.manual_seed(0)
     save_for_hf(timm.create_model("test_resnet.r160_in1k", pretrained=False), str(tmp / "model"),
                 safe_serialization=True)
-    with FakeHub() as hub, pytest.MonkeyPatch.context() as mp:
+    with FakeHub(users={"t": "tester"}) as hub, pytest.MonkeyPatch.context() as mp:
         sha = _publish(hub, suite, tmp / "model")
         _point_hub_defaults_at(mp, hub, tmp / "hf")
         _, result = evaluate(EvalRequest(model="hf-hub:org/tiny-resnet", suite="org/toy", revision=sha,
@@ -153,7 +153,7 @@ def hub_world(scored, tmp_path, monkeypatch):
 
     run = tmp_path / "run"
     shutil.copytree(scored["run"], run)
-    with FakeHub() as hub:
+    with FakeHub(users={"t": "tester"}) as hub:
         monkeypatch.setenv("HF_TOKEN", "t")
         assert _publish(hub, scored["suite"], scored["model"]) == scored["sha"]
         yield dict(scored, hub=hub, api=HfApi(endpoint=hub.endpoint, token="t"), result=run / "result.json",
@@ -161,11 +161,11 @@ def hub_world(scored, tmp_path, monkeypatch):
 
 
 def _merge_into_results(w, with_stamp=True):
-    from leaderboard.submit import entry_prefix
+    from eval.results import entry_dir
 
     api, result = w["api"], w["result"]
     res = json.loads(result.read_bytes())
-    prefix = entry_prefix(res)
+    prefix = entry_dir(res)
     names = ["result.json", *(p["path"] for p in res["predictions"])] + (["verification.json"] if with_stamp else [])
     api.create_repo("org/results", repo_type="dataset", exist_ok=True)
     api.create_commit("org/results", [w["CommitOperationAdd"](f"{prefix}/{n}", str(result.parent / n)) for n in names],
@@ -273,7 +273,7 @@ def test_hostile_hub_leaderboards_are_one_line_and_never_reach_the_ranking():
 
     good = {"rank": 1, "modelId": "org/ok", "value": 71.5, "filename": ".eval_results/toy.yaml", "verified": False,
             "author": {"type": "user", "name": "u"}, "source": {"url": "https://example.org/x"}}
-    with FakeHub() as hub:
+    with FakeHub(users={"t": "tester"}) as hub:
         hub.create("dataset", "org/toy")
         hub.leaderboards["org/toy"] = [
             good,

@@ -87,7 +87,9 @@ def test_store_rejects_and_supersedes_with_reasons(store_dir):
     assert "does not verify" in reasons["timm--tampered.model"]
     assert "predictions/shift_01.parquet sha256" in reasons["timm--tampered.model"]
     assert "schema_version 2 is not supported" in reasons["future--model"]
-    assert [e.path.parent.name for e in store.superseded] == ["timm--resnet50.a1_in1k-v0-old"]
+    # an older copy of a model filed under a folder of its own is refused: a folder belongs to one (suite, model)
+    assert "belongs under imagenet-star/timm--resnet50.a1_in1k-v0/" in reasons["timm--resnet50.a1_in1k-v0-old"]
+    assert store.superseded == []
     models = {e.model_id: e for e in store.entries}
     assert XSS in models and "timm/tampered.model" not in models
     assert models["timm/resnet50.a1_in1k-v0"].result["finished_at"] > "2021"  # the newer one wins
@@ -97,30 +99,28 @@ def test_store_rejects_and_supersedes_with_reasons(store_dir):
 def test_results_on_another_suite_revision_are_never_mixed(store_dir):
     rng = np.random.default_rng(9)
     difficulty = {c: np.random.default_rng(1).normal(0, 1.2, 60) for c in ["base", "shift_01", "shift_02", "shift_03"]}
-    other = write_model(store_dir / "rev2", suite_id="imagenet-star", configs=list(difficulty), difficulty=difficulty,
-                        rng=rng, manifest="b" * 64, model_id="timm/resnet50.a1_in1k-v0", architecture="resnet50",
-                        tag="a1_in1k", num_params=25e6, skill=5.0)
-    shutil.move(str(other.parent), str(store_dir / "imagenet-star" / "resnet50-on-rev2"))
+    write_model(store_dir, suite_id="imagenet-star", configs=list(difficulty), difficulty=difficulty,
+                rng=rng, manifest="b" * 64, model_id="timm/resnet50.a1_in1k-rev2", architecture="resnet50",
+                tag="a1_in1k", num_params=25e6, skill=5.0)
     store = load_store(str(store_dir))
     main_board, rev2 = store.boards("imagenet-star")
     assert rev2.startswith("b" * 12)
-    # the same model on another revision neither supersedes nor is superseded: it sits on its own board
-    assert not any("rev2" in e.path.parent.name for e in store.superseded)
+    # a model on another revision of the suite sits on its own board, never ranked with the main one
     main_ids = [e.model_id for e in store.for_suite("imagenet-star")]
-    assert "timm/resnet50.a1_in1k-v0" in main_ids and len(main_ids) > 2
+    assert "timm/resnet50.a1_in1k-rev2" not in main_ids and len(main_ids) > 2
     assert all(e.board == main_board for e in store.for_suite("imagenet-star"))
-    assert [e.path.parent.name for e in store.for_suite("imagenet-star", rev2)] == ["resnet50-on-rev2"]
+    assert [e.path.parent.name for e in store.for_suite("imagenet-star", rev2)] == ["timm--resnet50.a1_in1k-rev2"]
 
     at = _app(store_dir).run()
     assert not at.exception
     assert len(at.dataframe[0].value) == len([e for e in store.for_suite("imagenet-star")
                                               if not e.result["flags"]["construction_model"]])
     at.selectbox(key="board").select(rev2).run()
-    assert list(at.dataframe[0].value["model"]) == ["timm/resnet50.a1_in1k-v0"]
+    assert list(at.dataframe[0].value["model"]) == ["timm/resnet50.a1_in1k-rev2"]
     shared = _app(store_dir)  # the board is in the URL (bound query parameter)
     shared.query_params["board"] = rev2
     _settle(shared)
-    assert list(shared.dataframe[0].value["model"]) == ["timm/resnet50.a1_in1k-v0"]
+    assert list(shared.dataframe[0].value["model"]) == ["timm/resnet50.a1_in1k-rev2"]
 
 
 def test_a_stamp_that_does_not_match_is_ignored(store_dir):

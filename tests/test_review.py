@@ -3,25 +3,44 @@
 import json
 import shutil
 
-import numpy as np
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.fakehub import FakeHub
 
 
+def _rewrite(run_dir, change=None, tables=None):
+    """Edit a result as a forger would and make it self-consistent again: predictions sha256, every metric and
+    the config hash recomputed (``tables``: config -> predictions table to write first)."""
+    from benchmark.fsutil import canonical_json, sha256_file
+    from eval.predictions import read_predictions
+    from eval.results import config_hash
+    from eval.scoring import ScoringOptions, score
+
+    path = run_dir / "result.json"
+    r = json.loads(path.read_text())
+    if change:
+        change(r)
+    for p in r["predictions"]:
+        f = run_dir / p["path"]
+        if tables and p["config"] in tables:
+            pq.write_table(tables[p["config"]], f)
+        p["sha256"] = sha256_file(f)
+    preds = {p["config"]: read_predictions(run_dir / p["path"]) for p in r["predictions"]}
+    r["metrics"] = score(r["suite"]["metric_family"], preds, ScoringOptions(**r["protocol"]["scoring"]))
+    r["config_hash"] = config_hash(r["model"], r["suite"], r["protocol"], r["data_config"])
+    path.write_bytes(canonical_json(r))
+
+
 def _forge(path):
     """A forger's result: every image made a confident top-1 hit (label moved to the front of the top-k
     at probability 0.9; rows stay self-consistent), sha256 and metrics recomputed: only a re-run of
     the images through the model can tell."""
-    from benchmark.fsutil import sha256_file
-    from eval.predictions import read_predictions
-    from eval.scoring import ScoringOptions, score
-
     r = json.loads(path.read_text())
+    tables = {}
     for p in r["predictions"]:
-        f = path.parent / p["path"]
-        t = pq.read_table(f)
+        t = pq.read_table(path.parent / p["path"])
         idx, probs = t["topk_idx"].to_pylist(), t["topk_prob"].to_pylist()
         labels = t["label"].to_pylist()
         idx = [[y] + [i for i in row if i != y][:len(row) - 1] for y, row in zip(labels, idx)]
@@ -29,11 +48,8 @@ def _forge(path):
         for name, values in (("topk_idx", idx), ("topk_prob", probs), ("true_prob", [0.9] * t.num_rows),
                              ("true_rank", [0] * t.num_rows)):
             t = t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type))
-        pq.write_table(t, f)
-        p["sha256"] = sha256_file(f)
-    tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
-    r["metrics"] = score(r["suite"]["metric_family"], tables, ScoringOptions(**r["protocol"]["scoring"]))
-    path.write_text(json.dumps(r))
+        tables[p["config"]] = t
+    _rewrite(path.parent, tables=tables)
 
 
 def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suite, tiny_checkpoint, capsys):
@@ -145,3 +161,363 @@ def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     assert err.startswith("error:") and "bench keygen" in err and len(err.strip().splitlines()) == 1
     assert main(["review", "--repo", "../x", "--key", str(tmp_path / "nope.key")]) != 0
     assert "is not a Hub repo id" in capsys.readouterr().err
+    # a key file whose read fails (an I/O error, whoever runs the test): one line, no traceback
+    assert main(["review", "--repo", "org/results", "--key", "/proc/self/mem"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read '/proc/self/mem' (Input/output error)") and len(err.strip().splitlines()) == 1
+
+
+# -- attacks on the review service: markers, ownership, terminal answers --------------------------------------------
+USERS = {"tok-maint": "maintainer", "tok-alice": "alice", "tok-mallory": "mallory"}  # token -> Hub account
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, tiny_checkpoint):
+    """A toy suite, one honest run of ``test_resnet.r160_in1k`` on it (local weights) and the maintainer key."""
+    from benchmark.synthetic import make_synthetic_suite
+    from eval import stamps
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+
+    root = tmp_path_factory.mktemp("review")
+    make_synthetic_suite(root / "toy", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
+    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(root / "toy"),
+                                   checkpoint=str(tiny_checkpoint), out=str(root / "runs"),
+                                   inference=InferenceOptions(batch_size=40, workers=0, compile="off")), progress=False)
+    stamps.generate_key(root / "maintainer.key")
+    return root / "toy", path.parent, root / "maintainer.key"
+
+
+def _copy(made, tmp_path, name, change=None):
+    run = tmp_path / "copies" / name
+    shutil.copytree(made[1], run)
+    if change:
+        _rewrite(run, change)
+    return run
+
+
+def _entry_ops(run, folder):
+    from huggingface_hub import CommitOperationAdd
+
+    return [CommitOperationAdd(f"{folder}/{p.relative_to(run)}", str(p))
+            for p in sorted(run.rglob("*")) if p.is_file() and (p.name == "result.json" or p.suffix == ".parquet")]
+
+
+def _open_pr(hub, token, ops, title="submission") -> int:
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=hub.endpoint, token=token).create_commit("org/results", ops, repo_type="dataset",
+                                                                   create_pr=True, commit_message=title)
+    return int(info.pr_url.rstrip("/").rsplit("/", 1)[1])
+
+
+def _push(hub, token, num, ops):
+    from huggingface_hub import HfApi
+
+    HfApi(endpoint=hub.endpoint, token=token).create_commit("org/results", ops, repo_type="dataset",
+                                                            revision=f"refs/pr/{num}", commit_message="update")
+
+
+def _say(hub, token, num, text):
+    from huggingface_hub import HfApi
+
+    HfApi(endpoint=hub.endpoint, token=token).comment_discussion("org/results", num, text, repo_type="dataset")
+
+
+def _comments(hub, num):
+    from huggingface_hub import HfApi
+
+    d = HfApi(endpoint=hub.endpoint).get_discussion_details("org/results", num, repo_type="dataset")
+    return [(e.author, e.content) for e in d.events if e.type == "comment"]
+
+
+def _head(hub, num):
+    repo = hub.repos[("dataset", "org/results")]
+    return repo.refs[f"refs/pr/{num}"]
+
+
+def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
+    """``bench review`` through the CLI, against the local Hub as the maintainer's account."""
+    from huggingface_hub import constants
+
+    from benchmark.cli import main
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT sets at import
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setenv("HF_TOKEN", token)
+    return main(["review", "--repo", "org/results", "--key", str(key or made[2]), "--suite", str(made[0]),
+                 "--recheck", "5", *extra])
+
+
+@pytest.fixture
+def reruns(monkeypatch):
+    """Every image re-run ``bench review`` asks for (``verify_result`` with ``recheck``), by result path."""
+    import eval.verify
+
+    calls, real = [], eval.verify.verify_result
+
+    def counting(path, **kw):
+        if kw.get("recheck"):
+            calls.append(str(path))
+        return real(path, **kw)
+    monkeypatch.setattr(eval.verify, "verify_result", counting)
+    return calls
+
+
+def test_forged_and_copied_review_markers_are_not_believed(made, tmp_path, monkeypatch, capsys, tiny_checkpoint,
+                                                           reruns):
+    from eval import stamps
+    from leaderboard.review import Reviewer
+
+    entry = "toy/test_resnet.r160_in1k"
+    stamps.generate_key(tmp_path / "alice.key")
+    alice_key = Reviewer("org/results", key_path=str(tmp_path / "alice.key"), endpoint="http://127.0.0.1:9")
+    maint = Reviewer("org/results", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        from huggingface_hub import CommitOperationAdd
+
+        # PR 1 (alice): replaces the README next to her entry, then marks it passed herself, three ways
+        pr1 = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry) + [CommitOperationAdd("README.md", b"# mine")])
+        h1 = _head(hub, pr1)
+        _say(hub, "tok-alice", pr1, f"lgtm\n\n<!-- genshift-review head={h1} outcome=passed -->")  # the old format
+        _say(hub, "tok-alice", pr1, "lgtm\n\n" + alice_key.marker(pr1, h1, "passed"))  # signed by her own key
+        # PR 2 (alice, honest): mallory marks it failed with her own key, and with a maintainer-signed marker that
+        # she posts herself (were one ever leaked): neither is the maintainer's account writing its own answer
+        pr2 = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        h2 = _head(hub, pr2)
+        _say(hub, "tok-mallory", pr2, "nope\n\n" + alice_key.marker(pr2, h2, "failed"))
+        _say(hub, "tok-mallory", pr2, "nope\n\n" + maint.marker(pr2, h2, "failed"))
+
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tiny_checkpoint)) == 0
+        out = capsys.readouterr().out
+        assert f"#{pr1}" in out and f"#{pr2}" in out and "skipped" not in out
+        assert sorted(reruns) and all(p.endswith("result.json") for p in reruns)  # PR 2 was really re-run
+        repo = hub.repos[("dataset", "org/results")]
+        main = repo.commits[repo.refs["main"]].files
+        assert main.get("README.md") is None                       # PR 1 not merged
+        assert f"{entry}/verification.json" in main                # PR 2 reviewed, stamped and merged
+        assert hub.repos[("dataset", "org/results")].discussions[pr2]["status"] == "merged"
+        assert hub.repos[("dataset", "org/results")].discussions[pr1]["status"] == "open"
+        author, text = _comments(hub, pr1)[-1]
+        assert author == "maintainer" and "Verification failed" in text and "changes README.md" in text
+
+        # the maintainer's genuine passed marker of PR 2, copied onto PR 1 (even by the maintainer's own account):
+        # it is signed for PR 2 and another head, so PR 1 stays unreviewed-as-passed; its own failed answer stands
+        passed2 = next(t for a, t in _comments(hub, pr2) if "Verification passed" in t)
+        _say(hub, "tok-alice", pr1, passed2)
+        _say(hub, "tok-maint", pr1, passed2)
+        # ... and a passed marker for PR 1 at an older head cannot carry over to the next push
+        n = len(reruns)
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tiny_checkpoint)) == 0
+        assert "skipped" in capsys.readouterr().out and len(reruns) == n  # its own signed failed answer: no re-run
+        assert repo.discussions[pr1]["status"] == "open" and "README.md" not in repo.commits[repo.refs["main"]].files
+
+        # the markers the service believes: its own, signed over this repo, this PR, this head and this outcome
+        from huggingface_hub import HfApi
+        maint.account = "maintainer"
+        events = HfApi(endpoint=hub.endpoint).get_discussion_details("org/results", pr1, repo_type="dataset").events
+        assert maint.answers(pr1, events) == {h1: "failed"}  # not alice's passed markers, not PR 2's copied one
+        maint.account = None  # even were the Hub to name no authors, the signatures alone decide the same
+        assert maint.answers(pr1, events) == {h1: "failed"}
+        maint.account = "maintainer"
+        tampered = passed2.replace("outcome=passed", "outcome=failed")
+        assert "outcome=failed" in tampered
+        _say(hub, "tok-maint", pr2, tampered)
+        events2 = HfApi(endpoint=hub.endpoint).get_discussion_details("org/results", pr2, repo_type="dataset").events
+        assert list(maint.answers(pr2, events2).values()) == ["passed"]  # the edited outcome fails its signature
+
+        # a new maintainer key (rotation): no earlier answer carries it, so PR 1 is answered once more
+        stamps.generate_key(tmp_path / "new.key")
+        assert _bench_review(monkeypatch, hub, made, key=tmp_path / "new.key") == 0
+        assert "failed" in capsys.readouterr().out and len(_comments(hub, pr1)) == 6
+
+
+def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch, capsys, tiny_checkpoint, reruns):
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from leaderboard.store import load_store
+
+    own = "toy/test_resnet.r160_in1k"
+    other = _copy(made, tmp_path, "other", lambda r: r["model"].update(id="timm/other_model.in1k"))
+    org_m = _copy(made, tmp_path, "org_m", lambda r: r["model"].update(id="org/m"))
+    collide = _copy(made, tmp_path, "collide", lambda r: r["model"].update(id="org--m"))  # the same folder name
+    again = _copy(made, tmp_path, "again", lambda r: r.update(notes="re-run with a newer timm"))
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        api = HfApi(endpoint=hub.endpoint, token="tok-maint")
+        api.create_commit("org/results", _entry_ops(made[1], own) + _entry_ops(org_m, "toy/org--m")
+                          + [CommitOperationAdd(f"{own}/verification.json", b'{"kind": "genshift-verification"}')],
+                          repo_type="dataset", commit_message="entries already on main")
+        prs = {
+            "overwrite": _open_pr(hub, "tok-alice", _entry_ops(other, own)),           # another model in own's folder
+            "misfiled": _open_pr(hub, "tok-alice", _entry_ops(made[1], "other-suite/a..b")),
+            "collide": _open_pr(hub, "tok-alice", _entry_ops(collide, "toy/org--m")),  # org--m replacing org/m
+            "stamp": _open_pr(hub, "tok-alice", [CommitOperationAdd(f"{own}/verification.json", b"{}")]),
+            "readme": _open_pr(hub, "tok-alice", _entry_ops(again, own) + [CommitOperationAdd("README.md", b"x")]),
+            "unnamed": _open_pr(hub, "tok-alice", _entry_ops(again, own)
+                                + [CommitOperationAdd(f"{own}/predictions/junk.parquet", b"PAR1 not named")]),
+            "replace": _open_pr(hub, "tok-alice", _entry_ops(again, own)),             # same model id: allowed
+            "race": _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "race", lambda r: r["model"].update(
+                id="org--q")), "toy/org--q")),                                      # new at its base, but ...
+        }
+        # ... main moved on after the PR was opened: another model's entry now holds that folder
+        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: r["model"].update(
+            id="org/q")), "toy/org--q"), repo_type="dataset", commit_message="merged meanwhile")
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        capsys.readouterr()
+        said = {k: _comments(hub, n)[-1][1] for k, n in prs.items()}
+        assert "filed under toy/test_resnet.r160_in1k/, but its result is timm/other_model.in1k on toy, which " \
+               "belongs under toy/timm--other_model.in1k/" in said["overwrite"]
+        assert "filed under other-suite/a..b/" in said["misfiled"] and "belongs under toy/test_resnet.r160_in1k/" \
+            in said["misfiled"]
+        assert "replaces the entry of org/m with a result of org--m on toy" in said["collide"]
+        assert "replaces the entry of org/q with a result of org--q on toy" in said["race"]
+        assert "verification stamps are written only by the reviewer" in said["stamp"]
+        assert "changes README.md" in said["readme"]
+        assert f"changes {own}/predictions/junk.parquet, which {own}/result.json does not name" in said["unnamed"]
+        assert all("Verification failed" in said[k]
+                   for k in ("overwrite", "misfiled", "collide", "stamp", "readme", "unnamed"))
+        assert "Verification passed" in said["replace"]
+        # only the allowed replacement reached the image re-run: every refusal came before it
+        assert len(reruns) == 1 and reruns[0].endswith(f"{own}/result.json")
+
+    # the store refuses a misfiled entry the same way (its folder is owned by the result's suite and model ids)
+    store = tmp_path / "store"
+    shutil.copytree(other, store / "toy" / "test_resnet.r160_in1k")
+    shutil.copytree(made[1], store / "toy" / "test_resnet.r160_in1k.v2")
+    loaded = load_store(str(store), suites=[str(made[0])])
+    assert loaded.entries == [] and len(loaded.rejected) == 2
+    reasons = {e.path.parent.name: e.reason for e in loaded.rejected}
+    assert "belongs under toy/timm--other_model.in1k/" in reasons["test_resnet.r160_in1k"]
+    assert "filed under toy/test_resnet.r160_in1k.v2/" in reasons["test_resnet.r160_in1k.v2"]
+
+
+def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monkeypatch, capsys, tiny_checkpoint,
+                                                            reruns):
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    entry = "toy/test_resnet.r160_in1k"
+    torch.manual_seed(1)  # the same architecture, other weights: not what the entry was scored with
+    other_weights = tmp_path / "other.safetensors"
+    save_file({k: v.contiguous() for k, v in timm.create_model("test_resnet.r160_in1k").state_dict().items()},
+              str(other_weights))
+    missing = _copy(made, tmp_path, "missing", lambda r: r["model"].update(
+        source="hf-hub", id="org/no-such-model", weights_revision="a" * 40))
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        # a timm model repo whose weights do not fit its architecture: timm cannot load it
+        from huggingface_hub import CommitOperationAdd, HfApi
+        hub.create("model", "org/broken")
+        cfg = {"architecture": "test_resnet", "num_classes": 1000,
+               "pretrained_cfg": timm.create_model("test_resnet.r160_in1k").pretrained_cfg}
+        save_file({"junk": torch.zeros(3)}, str(tmp_path / "broken.safetensors"))
+        sha = HfApi(endpoint=hub.endpoint).create_commit(
+            "org/broken", [CommitOperationAdd("config.json", json.dumps(cfg, default=str).encode()),
+                           CommitOperationAdd("model.safetensors", str(tmp_path / "broken.safetensors"))],
+            commit_message="weights").oid
+        broken_run = _copy(made, tmp_path, "broken", lambda r: r["model"].update(
+            source="hf-hub", id="org/broken", weights_revision=sha))
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        gone = _open_pr(hub, "tok-alice", _entry_ops(missing, "toy/org--no-such-model"))
+        broken = _open_pr(hub, "tok-alice", _entry_ops(broken_run, "toy/org--broken"))
+
+        # no --checkpoint: the reviewer lacks the local weights; the Hub has no such model repo
+        assert _bench_review(monkeypatch, hub, made) == 0  # bad submissions are answered, not a service failure
+        assert "unreviewable" in capsys.readouterr().out
+        (author, text), = _comments(hub, pr)
+        assert author == "maintainer" and "cannot be checked" in text and "scored with local weights" in text
+        assert "is not retried" in text
+        (_, text), = _comments(hub, gone)
+        assert "cannot be checked" in text and "model org/no-such-model is not available on the Hub" in text
+        (_, text), = _comments(hub, broken)
+        assert "cannot be checked" in text and "model hf-hub:org/broken@" in text and "cannot be loaded (RuntimeError" in text
+        tried = len(reruns)
+        assert tried == 2  # both Hub models reached the re-run; the local-weights entry was refused before it
+
+        # the next scheduled pass: both answered at their heads, nothing re-run, nothing posted
+        posts = sum(m == "POST" for m, _ in hub.requests)
+        assert _bench_review(monkeypatch, hub, made) == 0
+        assert capsys.readouterr().out.count("skipped") == 3
+        assert len(reruns) == tried and sum(m == "POST" for m, _ in hub.requests) == posts
+        assert len(_comments(hub, pr)) == 1
+        # ... unless a maintainer asks for one PR again (--again): that one is re-run and answered anew
+        assert _bench_review(monkeypatch, hub, made, "--again", str(gone)) == 0
+        assert "skipped" in capsys.readouterr().out and len(reruns) == tried + 1 and len(_comments(hub, gone)) == 2
+        assert len(_comments(hub, pr)) == 1
+        tried += 1
+
+        # a new push is a new head: reviewed again (other weights given: unreviewable, saying whose they are)
+        _push(hub, "tok-alice", pr, _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(other_weights)) == 0
+        capsys.readouterr()
+        assert len(_comments(hub, pr)) == 2 and "not the reviewer's --checkpoint" in _comments(hub, pr)[-1][1]
+        # ... and once more with the weights it was scored with: passed, stamped, merged
+        _push(hub, "tok-alice", pr, _entry_ops(_copy(made, tmp_path, "v3", lambda r: r.update(notes="v3")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        capsys.readouterr()
+        texts = [t for _, t in _comments(hub, pr)]
+        assert len(texts) == 4 and "Verification passed" in texts[2] and texts[3].startswith("Merged by `bench review`")
+        assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "merged"
+        assert len(reruns) == tried + 1
+
+        # --merge merges only the commit that was reviewed: a push between the review and the merge stops it
+        from leaderboard.review import Outcome, Reviewer
+        late = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v4", lambda r: r.update(notes="v4")), entry))
+        reviewed = _head(hub, late)
+        _push(hub, "tok-alice", late, _entry_ops(_copy(made, tmp_path, "v5", lambda r: r.update(notes="v5")), entry))
+        outcome = Outcome(late, head=reviewed, status="passed")
+        Reviewer("org/results", key_path=str(made[2]), endpoint=hub.endpoint, merge=True)._merge(outcome)
+        assert not outcome.merged and "head moved" in outcome.problems[0]
+        assert hub.repos[("dataset", "org/results")].discussions[late]["status"] == "open"
+
+
+def test_review_exits_non_zero_only_when_the_service_fails(made, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    from benchmark.cli import main
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("HF_TOKEN", "tok-maint")
+    assert main(["review", "--repo", "org/results", "--key", str(made[2])]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1 and "org/results" in err
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        assert _bench_review(monkeypatch, hub, made, token="tok-stolen") != 0  # a token the Hub does not know
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and "refused the token" in err and len(err.strip().splitlines()) == 1
+        monkeypatch.setenv("HF_TOKEN", "tok-maint")
+        assert main(["review", "--repo", "org/missing", "--key", str(made[2])]) != 0
+        assert "results repo datasets/org/missing not found" in capsys.readouterr().err
+
+
+def test_a_crash_in_a_check_is_no_answer_and_is_retried(made, monkeypatch, capsys, tiny_checkpoint):
+    import eval.verify
+
+    real = eval.verify.verify_result
+
+    def crash(path, **kw):
+        if kw.get("recheck"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(path, **kw)
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], "toy/test_resnet.r160_in1k"))
+        monkeypatch.setattr(eval.verify, "verify_result", crash)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 1  # the service failed
+        assert "RuntimeError: CUDA error" in capsys.readouterr().out and _comments(hub, pr) == []  # no answer
+        monkeypatch.setattr(eval.verify, "verify_result", real)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0  # retried
+        assert "passed" in capsys.readouterr().out and "Verification passed" in _comments(hub, pr)[-1][1]
+
+
+def test_entry_folders_are_derived_from_the_ids():
+    from eval.results import entry_dir, path_slug
+
+    assert path_slug("timm/resnet50.a1_in1k") == "timm--resnet50.a1_in1k" == path_slug("timm--resnet50.a1_in1k")
+    assert path_slug("ré/x y") == "r----x--y"  # ASCII only: the folder names the results repo accepts
+    assert path_slug("..") == "_.." and path_slug("") == "_" and len(path_slug("m" * 300)) == 96
+    assert entry_dir({"suite": {"id": "imagenet-star"}, "model": {"id": "org/m"}}) == "imagenet-star/org--m"

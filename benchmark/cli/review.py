@@ -7,15 +7,21 @@ from benchmark.cli._common import add_verb, positive_int, print_table
 
 def add_parser(sub):
     p = add_verb(sub, "review", help="verify every open pull request on the results repo (maintainers)",
-                 description="For each open pull request on the results dataset repo not yet reviewed at its head "
-                             "commit: check every new entry as the leaderboard store does, re-run a fresh random "
-                             "sample of its images through the model, sign a verification stamp with the maintainer "
-                             "key and commit it to the PR, comment the outcome and (--merge) merge what passed. "
-                             "One failing PR never stops the others. Needs HF_TOKEN with write access.",
+                 description="For each open pull request on the results dataset repo not yet answered at its head "
+                             "commit: check every new entry as the leaderboard store does (its folder is derived from "
+                             "its result; an existing entry may only be replaced by the same model), re-run a fresh "
+                             "random sample of its images through the model, sign a verification stamp with the "
+                             "maintainer key and commit it to the PR, and (--merge) merge what passed. Every PR gets "
+                             "one answer per head: passed, failed or cannot be checked, a comment ending with a "
+                             "marker signed by --key (only those, by the HF_TOKEN account, are believed). Exits "
+                             "non-zero only when the service failed (Hub unreachable, token refused, a crash), never "
+                             "for a bad submission. Needs HF_TOKEN with write access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
-                          "  bench review --repo my-org/genshift-results --key maintainer.key --watch 600\n")
+                          "  bench review --repo my-org/genshift-results --key maintainer.key --watch 600\n"
+                          "  bench review --repo my-org/genshift-results --key maintainer.key --again 12 --checkpoint w.pt\n")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME on the Hub")
-    p.add_argument("--key", required=True, help="maintainer's ed25519 private key (bench keygen) that signs stamps")
+    p.add_argument("--key", required=True,
+                   help="maintainer's ed25519 private key (bench keygen) that signs stamps and the review answers")
     p.add_argument("--recheck", type=positive_int, default=50,
                    help="images per entry re-run through the model, drawn with a fresh seed (default: 50)")
     p.add_argument("--merge", action="store_true", help="merge the pull requests that pass every check")
@@ -25,16 +31,21 @@ def add_parser(sub):
                                    "among --suites / the registry's pinned suites)")
     p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
     p.add_argument("--checkpoint", help="local weights for results scored with --checkpoint (default: the "
-                                        "recorded Hub weights)")
+                                        "recorded Hub weights); an entry scored with other local weights is "
+                                        "answered 'cannot be checked'")
     p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
     p.add_argument("--publish-model-results", action="store_true",
                    help="after a merge, open (or update) a pull request on each entry's Hub model repo adding "
                         ".eval_results/<suite id>.yaml, and link it in the PR comment (docs/hub.md)")
+    p.add_argument("--again", type=positive_int, action="append", default=[], metavar="PR",
+                   help="review pull request PR again although it was answered at its head (e.g. an entry that "
+                        "could not be checked, now with --checkpoint); repeatable")
     return p
 
 
 def _print(outcomes) -> None:
-    rows = [{"PR": f"#{o.pr}", "head": o.head[:12], "outcome": o.status + (" + merged" if o.merged else ""),
+    rows = [{"PR": f"#{o.pr}", "head": o.head[:12],
+             "outcome": o.status + (f" ({o.earlier} earlier)" if o.earlier else "") + (" + merged" if o.merged else ""),
              "entries": ", ".join(o.entries) or "-", "first problem": (o.problems[0][:100] if o.problems else "-")}
             for o in outcomes]
     if rows:
@@ -50,11 +61,11 @@ def run(args) -> int:
     if args.watch is not None and not 1 <= args.watch <= 7 * 86400:
         raise BenchError(f"--watch must be 1..604800 seconds, got {args.watch}")
     reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
-                        suites=args.suites, checkpoint=args.checkpoint, device=args.device,
+                        suites=args.suites, checkpoint=args.checkpoint, device=args.device, again=tuple(args.again),
                         publish_model_results=args.publish_model_results)
     if args.watch is not None:
         watch(reviewer, args.watch, report=_print)
         return 0
     outcomes = reviewer.run_once()
     _print(outcomes)
-    return 1 if any(o.status == "error" for o in outcomes) else 0
+    return 1 if any(o.status == "error" for o in outcomes) else 0  # "error": the service failed on that PR
