@@ -15,33 +15,19 @@ own weights (``bench eval --model <arch>=<file>``) and are left out of the list 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
 import yaml
 
+from benchmark.model_ids import model_key
 from benchmark.registry import Registry
 
 log = logging.getLogger(__name__)
 
 ROLES = ("model", "target", "replica", "in21k")
 _ENTRY_KEYS = {"model", "paper", "role", "suite", "replica_of", "checkpoint"}
-
-
-def model_key(model_id: str) -> str:
-    """The bare timm name of a model id, as results CSVs, populations and the board name models.
-
-    ``timm/<arch.tag>``, ``hf-hub:timm/<arch.tag>@<sha>`` and ``<arch.tag>`` all give
-    ``<arch.tag>``; a non-timm Hub repo keeps its ``org/name`` (without ``hf-hub:`` and revision).
-
-    >>> model_key("hf-hub:timm/resnet50.a1_in1k@0123abc"), model_key("timm/resnet50.a1_in1k")
-    ('resnet50.a1_in1k', 'resnet50.a1_in1k')
-    >>> model_key("hf-hub:someone/net@main")
-    'someone/net'
-    """
-    return re.sub(r"^(hf-hub:|hf_hub:)?(timm/)?", "", model_id.strip()).split("@", 1)[0]
 
 
 @dataclass(frozen=True)

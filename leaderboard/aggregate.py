@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.errors import BenchError
+from benchmark.model_ids import model_key
 from eval import bootstrap
 
 # the metric a suite family is ranked by: (column, higher_is_better, label)
@@ -342,7 +343,7 @@ def join_id_accuracy(models, table: dict[str, float]) -> tuple[dict[str, float],
     Returns (model id -> accuracy for the matched, unmatched model ids)."""
     matched, unmatched = {}, []
     for m in models:
-        bare = re.sub(r"^(hf-hub:|hf_hub:)?(timm/)?", "", m).split("@")[0]
+        bare = model_key(m)
         hit = next((table[k] for k in (m, bare) if k in table), None)
         if hit is None:
             unmatched.append(m)

@@ -8,7 +8,8 @@ from timm.models import get_pretrained_cfg
 
 from benchmark.cli import main
 from benchmark.errors import BenchError
-from benchmark.populations import get_population, list_populations, model_key
+from benchmark.model_ids import model_key
+from benchmark.populations import get_population, list_populations
 from eval.sweep import resolve_models
 
 
