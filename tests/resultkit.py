@@ -50,7 +50,7 @@ def predictions(labels, true_ranks, *, pair_ids=None, true_probs=None, edit_type
 
 def scored_result(model: str, family: str, tables: dict, *, suite_id: str, input_size: int = 224,
                   preprocess: str = "timm", reference_config: str | None = None, reference_accuracy=None,
-                  construction: bool = False) -> dict:
+                  construction: bool = False, source: str = "hf-hub") -> dict:
     """A result whose metrics are computed by ``eval.scoring.score`` from hand-built predictions."""
     from eval.scoring import ScoringOptions, score
 
@@ -61,4 +61,6 @@ def scored_result(model: str, family: str, tables: dict, *, suite_id: str, input
     r["protocol"]["preprocess"] = preprocess
     r["data_config"] = {"input_size": [3, input_size, input_size]}
     r["flags"]["construction_model"] = construction
+    r["model"].update(source=source, weights_revision="e" * 40 if source == "hf-hub" else None,
+                      weights_sha256="f" * 64 if source == "checkpoint" else None)
     return r
