@@ -342,7 +342,7 @@ class Sweep:
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
             "scoring": asdict(scoring), "metric_family": info.metric_family,
-            "construction_model": _is_construction_model(clf.model_id, info.construction_models),
+            "construction_model": _is_construction_model(clf.model_id, info.construction_models, clf.weights_sha256),
             "partial": bool(opts.limit_per_class) or set(self.configs) != set(suite.configs),
             "units": {c: len(self.units[c][1]) for c in self.configs},
             "counts": {c: {"total": suite.manifest.config(c).rows, "kept": suite.manifest.config(c).kept}
