@@ -42,9 +42,11 @@ def add_parser(sub):
                    help="which weights of a timm training checkpoint: model (default, as timm's validate.py) or ema")
     p.add_argument("--remap-by-order", action="store_true",
                    help="map checkpoint tensors onto the model by position when key names differ")
-    p.add_argument("--preprocess", choices=("timm", "lance-square"), default="timm",
+    p.add_argument("--preprocess", choices=("timm", "lance-square", "lance-square-model-norm"), default="timm",
                    help="timm: the model's own eval transform (resize + centre crop); lance-square: LANCE's "
-                        "evaluation setting, the whole image squashed to 224x224, no crop (recorded in the result)")
+                        "evaluation setting, the whole image squashed to 224x224, no crop, ImageNet mean/std for "
+                        "every model (as the authors ran it); lance-square-model-norm: the same squash with the "
+                        "model's own mean/std (recorded in the result)")
     add_mask_options(p)
     p.add_argument("--limit-per-class", type=_int, help="score only the first N images of each class (1..10000000)")
     p.add_argument("--batch-size", type=_int, help="default: 8 on CPU (fastest there), 256 on CUDA (1..65536)")
