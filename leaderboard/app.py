@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from leaderboard import aggregate
+from leaderboard import aggregate, reported
 from leaderboard.export import defuse_frame, to_csv_bytes
 from leaderboard.index import Loader
 from leaderboard.store import STAMP, Store
@@ -210,6 +210,7 @@ def main() -> None:
         if state["finished"]:
             st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out "
                     "<store>` or open a pull request with `bench submit`.")
+            reported.show(st)
         _rejected(store, [])
         st.stop()
 
@@ -285,6 +286,7 @@ def main() -> None:
             value = getattr(row, metric)
             lines.append(f"{rank:>3}  {row.model}  " + ("-" if pd.isna(value) else f"{100 * value:.2f}"))
         st.text("\n".join(lines))
+    reported.show(st, suite)
 
     from_url("tab", TABS)
     tabs = st.tabs(TABS, key="tab", bind="query-params")
