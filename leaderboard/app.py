@@ -391,7 +391,8 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
     id_acc = None
     if axis != axes[0]:
         table = get_id_accuracy(id_file, os.path.getmtime(id_file))
-        matched, unmatched = aggregate.join_id_accuracy(list(ranked["model"]), table)
+        matched, unmatched = aggregate.join_id_accuracy(list(ranked["model"]), table,
+                                                        aggregate.eval_sizes(store.for_suite(suite, board)))
         st.text(f"ImageNet-val accuracy from {os.path.basename(id_file)}: {len(matched)} of {len(ranked)} models "
                 f"matched, {len(unmatched)} unmatched (left out of the fit).")
         if unmatched:

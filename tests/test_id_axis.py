@@ -67,10 +67,24 @@ def test_rows_at_the_evals_input_size_for_every_id_form(tmp_path, csv_file, caps
     assert "each eval's input size" in out["id_axis"]
 
 
-def test_board_matching_uses_the_same_normal_form(csv_file):
+def test_board_matching_uses_the_same_normal_form_and_the_evals_size(csv_file, tmp_path):
     table = aggregate.read_id_accuracy(csv_file)
-    matched, unmatched = aggregate.join_id_accuracy(["hf-hub:timm/resnet50.tv_in1k@" + "b" * 40, "timm/x.y"], table)
-    assert matched == {"hf-hub:timm/resnet50.tv_in1k@" + "b" * 40: pytest.approx(0.76156)} and unmatched == ["timm/x.y"]
+    tv = "hf-hub:timm/resnet50.tv_in1k@" + "b" * 40
+    matched, unmatched = aggregate.join_id_accuracy([tv, "timm/x.y", "timm/resnet50.a1_in1k"], table)
+    # a model listed at two sizes is not guessed without the size its eval ran at
+    assert matched == {tv: pytest.approx(0.76156)} and unmatched == ["timm/x.y", "timm/resnet50.a1_in1k"]
+    sizes = {"timm/resnet50.a1_in1k": 288, "timm/resnet18.a1_in1k": 224, tv: 224}
+    matched, _ = aggregate.join_id_accuracy(list(sizes), table, sizes)
+    assert matched == {"timm/resnet50.a1_in1k": pytest.approx(0.8124), "timm/resnet18.a1_in1k": pytest.approx(0.71504),
+                       tv: pytest.approx(0.76156)}
+    # the board's sizes come from the results' data_config
+    entries = [type("E", (), {"model_id": "timm/resnet50.a1_in1k", "result": _star("timm/resnet50.a1_in1k", 9, 6,
+                                                                                     size=288)})()]
+    assert aggregate.eval_sizes(entries) == {"timm/resnet50.a1_in1k": 288}
+    dup = tmp_path / "dup.csv"
+    dup.write_text(TIMM_ROWS + "resnet50.tv_in1k,224,76.0,24,92,8,25.56,0.875,bilinear\n")
+    with pytest.raises(BenchError, match="listed twice"):
+        aggregate.read_id_accuracy(dup)
 
 
 def test_a_missing_size_or_model_is_one_line(tmp_path, csv_file, capsys):
