@@ -35,7 +35,6 @@ from benchmark.model_ids import model_key
 from benchmark.populations import Member, Population, get_population
 
 TABLES = ("imagenet-star-slopes", "in-g-fig4", "lance-table2")
-_POPULATION = {"imagenet-star-slopes": "imagenet-star-61", "in-g-fig4": "in-g-fig4", "lance-table2": "lance-table2"}
 _SUITES = {"imagenet-star-slopes": ("imagenet-star-upstream", "imagenet-star"), "in-g-fig4": ("in-g-rn", "in-g-vit"),
            "lance-table2": ("lance-hardimagenet",)}
 
