@@ -194,3 +194,27 @@ def declared_scoring(manifest) -> tuple[str, str | None]:
                              f"config {str(reference)[:70]!r}; expected one of {', '.join(METRIC_FAMILIES)} and one "
                              "of its configs; fix or re-import the suite")
     return family, reference
+
+
+def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
+    """The models that built, mined or filtered a suite, whose results are flagged.
+
+    What the suite recorded at build time comes first: a builder's target (``generator.target``,
+    IN-G's mining classifier) is the model that made *this* build, whatever ``--target`` it was
+    given. Local target weights are named by their sha256 (``sha256:<hex>``: the architecture
+    name alone would flag every checkpoint of it). Suites that recorded no target (released
+    suites, ImageNet* and LANCE, whose construction models are CLIP filters) fall back to the
+    registry's ``construction_models``.
+    """
+    from benchmark.model_ids import model_key
+
+    gen = manifest.generator if isinstance(manifest.generator, dict) else {}
+    target = gen.get("target")
+    if isinstance(target, dict):
+        sha, mid = target.get("weights_sha256"), target.get("id")
+        if target.get("source") == "checkpoint" and isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha):
+            return (f"sha256:{sha}",)
+        if isinstance(mid, str) and mid.strip():
+            return (model_key(mid)[:200],)
+    return spec.construction_models if spec else ()
+

@@ -3,12 +3,13 @@
 Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop ->
 caption (BLIP-2, "a photo of ...") -> caption edits from an instruction LLM (six prompts; the
 paper's five types, weather within background) -> edits drawn as Algorithm 1 does (a seeded draw
-of the type, then of an edit of it) through the text filter (the class must not change) until
-``--max-edits`` pass -> null-text inversion once -> prompt-to-prompt for every kept edit with the f
+of the type, then of an edit of it) through the text filter (the class must not change), N =
+``--max-edits`` tries (``--cap-counts kept``: until N pass) -> null-text inversion once -> prompt-to-prompt for every kept edit with the f
 sweep in one batched pass -> CLIP checks -> the best passing f.
 
 Rows: ``original`` (the 512 crop the classifier sees), ``reconstruction`` (null-text inversion
-without edit: the control) and ``counterfactual`` (one per accepted edit), joined by ``pair_id`` =
+without edit: the control) and ``counterfactual`` (one per accepted edit), stored as JPEG quality 75
+like the files the paper scored (``--image-format png``: lossless), joined by ``pair_id`` =
 the validation image id, so ``bench eval`` reports acc@k, Δacc@k and Δp per edit type and class.
 Each source image's outcome is checkpointed; ``accelerate launch`` spreads images over GPUs.
 """
@@ -25,10 +26,11 @@ from pathlib import Path
 
 from benchmark.cli._common import csv_list, positive_int
 from builders import determinism
-from builders.lance_perturb import SAMPLING, sampling_record
+from builders.lance_perturb import CAP_COUNTS, SAMPLING, sampling_record
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
+IMAGE_FORMATS = ("jpeg-q75", "png")
 WORK = ".work"
 
 
@@ -58,7 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="type-uniform: each draw picks a type uniformly, then one of its edits (Algorithm 1); "
                         "pool-uniform: a seeded shuffle of all edits (the released code's, unseeded there)")
     p.add_argument("--max-edits", type=positive_int, default=10,
-                   help="edits kept per source image: drawing stops once this many passed the text filter")
+                   help="Algorithm 1's N: edits drawn per source image (see --cap-counts)")
+    p.add_argument("--cap-counts", choices=CAP_COUNTS, default="tries",
+                   help="what --max-edits counts: tries (default, Algorithm 1: N draws, a rejected edit uses its try) "
+                        "or kept (draw until N edits passed the text filter); recorded in the manifest")
+    p.add_argument("--image-format", choices=IMAGE_FORMATS, default="jpeg-q75",
+                   help="how images are stored: jpeg-q75 (default: the files the paper scored, PIL's default JPEG "
+                        "quality 75) or png (lossless, no second JPEG pass); recorded in the manifest")
     p.add_argument("--text-filter", choices=("sbert", "clip"), default="sbert",
                    help="text model that rejects edits changing the class: sbert or clip")
     p.add_argument("--editor", default="CompVis/stable-diffusion-v1-4",
@@ -92,9 +100,16 @@ def _features():
             "edit_text_direction": Sequence(Value("float32")), "seed": Value("int64")}
 
 
-def _png(img) -> bytes:
+def encode_image(img, image_format: str) -> bytes:
+    """Stored image bytes: ``jpeg-q75`` as the authors' outputs (``img.save(path)`` of a ``.jpeg``,
+    PIL's default quality 75; the classifier scored these files) or lossless ``png``."""
     buf = io.BytesIO()
-    img.save(buf, format="PNG")
+    if image_format == "jpeg-q75":
+        img.convert("RGB").save(buf, format="JPEG", quality=75)
+    elif image_format == "png":
+        img.save(buf, format="PNG")
+    else:
+        raise ValueError(f"unknown image format {image_format!r}")
     return buf.getvalue()
 
 
@@ -172,7 +187,7 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
     class_name = imagenet.get_class(src.label).name
     sampling_seed = derive_seed(args.seed, src.source_id, "edit-sampling")
     draws = sample_edits(edits, seed=sampling_seed, max_edits=args.max_edits, method=args.edit_sampling,
-                         accept=lambda e: text_filter.check(e, class_name),
+                         cap=args.cap_counts, accept=lambda e: text_filter.check(e, class_name),
                          type_of=lambda e: paper_type(e.edit_type, separate_weather=args.separate_weather))
     kept = [d for d in draws if d.accepted]
     base = {"label": src.label, "pair_id": src.source_id, "source_image_id": src.source_id, "keep": True,
@@ -180,11 +195,11 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
             "f": None, "clip_img_sim": None, "clip_sim_0": None, "clip_sim_1": None, "clip_dir_sim": None,
             "text_class_sim": None, "text_same_sim": None, "edit_text_direction": None, "seed": 0,
             "edit_type_fine": None, "edit_sampling_seed": sampling_seed, "edit_draw": None}
-    rows = [{**base, "image": {"bytes": _png(crop), "path": None}, "image_id": f"original/{src.source_id}",
+    rows = [{**base, "image": {"bytes": encode_image(crop, args.image_format), "path": None}, "image_id": f"original/{src.source_id}",
              "config": "original", "role": "original"}]
     inv = editor.null_text_inversion(crop, caption)
     recon = editor.decode(editor.reconstruct(inv))[0]
-    rows.append({**base, "image": {"bytes": _png(recon), "path": None}, "image_id": f"reconstruction/{src.source_id}",
+    rows.append({**base, "image": {"bytes": encode_image(recon, args.image_format), "path": None}, "image_id": f"reconstruction/{src.source_id}",
                  "config": "reconstruction", "role": "reconstruction"})
     th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if smoke else CheckThresholds()
     for k, d in enumerate(kept):
@@ -197,7 +212,7 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
             continue
         tdir = (clip.encode_texts([e.edit]) - clip.encode_texts([e.original or ""]))[0].cpu().numpy()
         img = images[[s.f for s in scores].index(best.f)]
-        rows.append({**base, "image": {"bytes": _png(img), "path": None},
+        rows.append({**base, "image": {"bytes": encode_image(img, args.image_format), "path": None},
                      "image_id": f"counterfactual/{src.source_id}/{k:02d}", "config": "counterfactual",
                      "role": "counterfactual", "edit_type": d.edit_type, "edit_type_fine": e.edit_type,
                      "edit_draw": d.index, "edited_caption": e.edited_caption,
@@ -317,8 +332,9 @@ def _run(args) -> int:
     provenance = {"builder": "builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
                   "captioner": captioner.model_id, "perturber": perturber.model_id, "text_filter": text_filter.model_id,
                   "editor": asdict(cfg), "clip": clip.model_id, "seed": args.seed, "edit_types": args.edit_types,
-                  "max_edits": args.max_edits,
-                  "edit_sampling": sampling_record(args.edit_sampling, separate_weather=args.separate_weather),
+                  "max_edits": args.max_edits, "image_format": args.image_format,
+                  "edit_sampling": sampling_record(args.edit_sampling, separate_weather=args.separate_weather,
+                                                   cap=args.cap_counts),
                   "edits_tried": _type_counts(tried_all),
                   "counterfactuals": _type_counts((r["edit_type"], r["edit_type_fine"])
                                                   for r in by_config["counterfactual"]),

@@ -33,6 +33,7 @@ from benchmark.errors import BenchError
 EDIT_TYPES = ("subject", "object", "adjective", "domain", "background", "weather")  # prompts (fine types)
 PAPER_TYPES = ("subject", "object", "adjective", "domain", "background")  # Algorithm 1 line 4, Fig. 3
 SAMPLING = ("type-uniform", "pool-uniform")
+CAP_COUNTS = ("tries", "kept")  # what --max-edits counts: Algorithm 1's N (draws) or edits that passed the filter
 DEFAULT_LLM = "Qwen/Qwen2.5-7B-Instruct"
 NUMBERING = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*")
 
@@ -149,7 +150,7 @@ class Draw:
 
 def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Callable[[Edit], tuple[bool, dict]],
                  type_of: Callable[[Edit], str] = lambda e: paper_type(e.edit_type),
-                 method: str = "type-uniform") -> list[Draw]:
+                 method: str = "type-uniform", cap: str = "tries") -> list[Draw]:
     """Algorithm 1 (Prabhu et al.), lines 8-11: draw edits, keep those that pass the text filter.
 
     ``type-uniform`` (default, line 9 "p ~ P"): each draw picks a type uniformly among the types
@@ -158,23 +159,26 @@ def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Ca
     draw picks uniformly among all undrawn candidates, i.e. a seeded shuffle of the pool, as the
     released code does unseeded (types weighted by how many variations the LLM wrote).
 
-    Every draw is checked with ``accept`` (the text filter, line 11); drawing stops when
-    ``max_edits`` draws have passed or the pool is empty, so the cap applies after sampling and
-    counts edits that passed the filter (the paper's N counts tries; the pool here is the LLM's
-    variations of every type, written once per image, so a rejected edit does not use up a try).
+    Every draw is checked with ``accept`` (the text filter, line 11). ``cap`` says what
+    ``max_edits`` counts: ``tries`` (default, Algorithm 1's loop ``for i = 1..N``: N draws, a
+    rejected edit uses up its try, so an image keeps at most N edits and often fewer) or ``kept``
+    (drawing goes on until ``max_edits`` draws passed). Either way it stops when the pool is empty.
+    The paper does not state N; |T'| and T depend on both N and this choice (recorded in the manifest).
     The randomness is ``random.Random(seed).random()`` only. Returns every draw, in order.
     """
     import random
 
     if method not in SAMPLING:
         raise BenchError(f"unknown edit sampling {method!r}; use one of {', '.join(SAMPLING)}")
+    if cap not in CAP_COUNTS:
+        raise BenchError(f"unknown cap meaning {cap!r}; use one of {', '.join(CAP_COUNTS)}")
     rng = random.Random(int(seed))
     pools: dict[str, list[Edit]] = {}
     for e in edits:
         pools.setdefault(type_of(e), []).append(e)
     draws: list[Draw] = []
     kept = 0
-    while kept < max_edits and any(pools.values()):
+    while (kept if cap == "kept" else len(draws)) < max_edits and any(pools.values()):
         if method == "type-uniform":
             types = [t for t, pool in pools.items() if pool]
             t = types[_below(rng, len(types))]
@@ -189,14 +193,15 @@ def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Ca
     return draws
 
 
-def sampling_record(method: str, *, separate_weather: bool = False) -> dict:
+def sampling_record(method: str, *, separate_weather: bool = False, cap: str = "tries") -> dict:
     """How :func:`sample_edits` drew the edits, for the manifest."""
     rule = {"type-uniform": "each draw: a type uniformly among the types with undrawn edits, then one of its "
                             "undrawn edits uniformly",
             "pool-uniform": "each draw: one undrawn edit uniformly (a seeded shuffle of the pool)"}[method]
     return {"method": method, "rule": rule, "rng": "random.Random(seed).random()",
             "seed_rule": "derive_seed(seed, source_image_id, 'edit-sampling')",
-            "cap": "draws stop once max_edits edits passed the text filter",
+            "cap": {"counts": cap, "rule": "draws stop after max_edits draws (Algorithm 1's N tries)" if cap == "tries"
+                    else "draws stop once max_edits edits passed the text filter"},
             "weather": "own edit_type" if separate_weather else "within background (edit_type_fine keeps it)"}
 
 

@@ -19,7 +19,7 @@ from benchmark import imagenet
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import atomic_write_json, sha256_file
 from eval import diagnose_report
-from eval.embeddings import ClipEncoder, suite_image_embeddings
+from eval.embeddings import ClipEncoder, ImageView, suite_image_embeddings
 from eval.failure_directions import DirectionOptions, Whitening, class_direction
 from eval.metrics import parent_failures
 from eval.predictions import read_predictions, topk_matrix
@@ -40,9 +40,26 @@ def correctness(table, criterion: str) -> np.ndarray:
     raise BenchError(f"unknown criterion {criterion!r}; use one of {', '.join(CRITERIA)}")
 
 
+def parse_whiten_reference(text: str | None) -> tuple[str | None, list[str]] | None:
+    """``--whiten-reference``: None / ``analysed`` (the analysed images), ``CONFIG[,CONFIG]`` (configs
+    of the result's suite) or ``SUITE:CONFIG[,CONFIG]`` (another suite: folder, registry or Hub id)."""
+    if text is None or text == "analysed":
+        return None
+    suite, _, configs = text.rpartition(":")
+    names = [c.strip() for c in configs.split(",") if c.strip()]
+    if not names:
+        raise BenchError(f"--whiten-reference {text!r}: expected 'analysed', CONFIG[,CONFIG] or SUITE:CONFIG[,CONFIG]")
+    return suite or None, names
+
+
 def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | Path, configs: list[str] | None = None,
              classes: list[int] | None = None, criterion: str = "top1", options: DirectionOptions = DirectionOptions(),
-             suite: str | None = None, mask: str | None = None, progress: bool = True) -> tuple[dict, Path]:
+             suite: str | None = None, mask: str | None = None, progress: bool = True,
+             image_view: str = "classifier-square", whiten_reference: str | None = None) -> tuple[dict, Path]:
+    """Failure directions of one result. ``image_view``: how CLIP sees the images
+    (``eval.embeddings.ImageView``; default the authors' square resize of the classifier's input).
+    ``whiten_reference``: the images whose CLIP statistics whiten the embeddings
+    (:func:`parse_whiten_reference`; the authors used the training split; default: the analysed images)."""
     from tqdm.auto import tqdm
 
     from eval.runner import reopen_suite
@@ -58,7 +75,11 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         f = path.parent / entries[c]["path"]
         if not f.is_file() or sha256_file(f) != entries[c]["sha256"]:
             raise IntegrityError(f"{entries[c]['path']} is missing or does not match the result's sha256; run bench verify")
-    info = reopen_suite(result, suite=suite, mask=mask, configs=tuple(configs))
+    ref = parse_whiten_reference(whiten_reference)
+    own_ref = ref is not None and ref[0] is None
+    info = reopen_suite(result, suite=suite, mask=mask,
+                        configs=tuple(dict.fromkeys(configs + (ref[1] if own_ref else []))))
+    view = ImageView(image_view, result["data_config"] if image_view == "classifier-square" else None)
 
     ids_all, emb_all, labels_all, right_all = [], [], [], []
     where: dict[str, str] = {}  # image id -> the config it was read from (for thumbnails)
@@ -66,7 +87,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         t = read_predictions(path.parent / entries[c]["path"])
         if result["protocol"]["scoring"]["filter"]:
             t = t.filter(t["keep"])
-        ids, emb = suite_image_embeddings(info.suite, c, encoder, cache_dir=cache_dir)
+        ids, emb = suite_image_embeddings(info.suite, c, encoder, cache_dir=cache_dir, view=view)
         pos = {i: k for k, i in enumerate(ids)}
         rows = [pos[i] for i in t["image_id"].to_pylist()]
         ids_all += t["image_id"].to_pylist()
@@ -78,7 +99,23 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     emb = np.concatenate(emb_all)
     labels = np.concatenate(labels_all)
     right = np.concatenate(right_all)
-    white = Whitening.fit(emb, whiten=options.whiten, normalize=options.normalize)
+    if ref is None:
+        ref_emb, ref_desc = emb, {"images": "the scored images of the analysed configs", "n": int(emb.shape[0])}
+    else:
+        from eval.runner import open_suite
+
+        ref_suite = info.suite if own_ref else open_suite(ref[0], configs=tuple(ref[1])).suite
+        unknown = [c for c in ref[1] if c not in ref_suite.configs]
+        if unknown:
+            raise BenchError(f"--whiten-reference: config {unknown[0]!r} is not in suite {ref_suite.suite_id} "
+                             f"(has {', '.join(ref_suite.configs)})")
+        ref_emb = np.concatenate([suite_image_embeddings(ref_suite, c, encoder, cache_dir=cache_dir, view=view)[1]
+                                  for c in ref[1]])
+        ref_desc = {"suite": ref_suite.suite_id, "manifest_sha256": ref_suite.manifest.sha256, "configs": ref[1],
+                    "images": "every image of these configs", "n": int(ref_emb.shape[0])}
+    if ref_emb.shape[0] < 2:
+        raise BenchError(f"the whitening reference has {ref_emb.shape[0]} image(s); name a larger set with --whiten-reference")
+    white = Whitening.fit(ref_emb, whiten=options.whiten, normalize=options.normalize)
     text_cache: dict[str, np.ndarray] = {}
 
     def encode_text(texts: list[str]) -> np.ndarray:
@@ -101,7 +138,8 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         "kind": "genshift-diagnose", "schema_version": 1, "result": str(path), "model": result["model"]["id"],
         "suite": {k: result["suite"][k] for k in ("id", "manifest_sha256")}, "configs": configs,
         "criterion": criterion, "clip": encoder.model_id, "options": asdict(options),
-        "whitening_reference": "embeddings of the scored images of the analysed configs",
+        "embedding": {"image_view": view.to_dict(), "precision": encoder.resolved_precision()},
+        "whitening_reference": ref_desc,
         "n_images": int(labels.size), "classes": out,
     }
     report["thumbnails"] = diagnose_report.thumbnails(info.suite, where, out)

@@ -1,10 +1,22 @@
 """CLIP embeddings of suite images and of captions, for analyses such as failure directions.
 
-Image embeddings are model-independent, so they are computed once per (suite manifest, config,
-CLIP model) and cached as ``.npz`` (image ids + float32 embeddings, unnormalised as the
-failure-directions code uses them). Default model: OpenAI CLIP ViT-B/32 through open_clip
-(``ViT-B-32-quickgelu``/``openai``). Image path: centre square crop, bicubic resize to the CLIP
-input size, CLIP normalisation (the classifier-free analogue of the authors' pipeline).
+Embeddings are cached as ``.npz`` (image ids + float32 embeddings, unnormalised as the
+failure-directions code uses them) per (suite manifest, config, CLIP model, image view,
+precision). Default model: OpenAI CLIP ViT-B/32 through open_clip (``ViT-B-32-quickgelu``/``openai``).
+
+How a stored image becomes CLIP input (:class:`ImageView`, recorded in the report):
+
+- ``classifier-square`` (default, as the authors' code does it, Jain et al. 2023,
+  MadryLab/failure-directions): the image as the classifier saw it (the result's recorded data
+  config: timm's resize + centre crop, or LANCE's squash), un-normalised back to [0, 1], then a
+  square resize to CLIP's input size (no crop; bilinear, antialiased, torchvision's default),
+  then CLIP normalisation. Depends on the classifier's data config, so cached per data config.
+- ``center-crop``: the stored image's centre square, bicubic resize, CLIP normalisation
+  (classifier-independent: one cache entry per suite).
+
+Precision (``ClipEncoder.precision``): ``auto`` runs CLIP under fp16 autocast on a GPU, as the
+authors did, and in fp32 on the CPU; ``fp16`` / ``bf16`` / ``fp32`` force one (bf16 autocast
+runs on the CPU too).
 """
 
 from __future__ import annotations
@@ -24,6 +36,30 @@ from benchmark.reader import LocalSuite, read_row_group
 
 log = logging.getLogger(__name__)
 DEFAULT_CLIP = ("ViT-B-32-quickgelu", "openai")
+IMAGE_VIEWS = ("classifier-square", "center-crop")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class ImageView:
+    """Which pixels CLIP sees (module docstring); ``data_config`` is the classifier's, for ``classifier-square``."""
+
+    kind: str = "classifier-square"
+    data_config: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in IMAGE_VIEWS:
+            raise BenchError(f"unknown CLIP image view {self.kind!r}; use one of {', '.join(IMAGE_VIEWS)}")
+        if self.kind == "classifier-square" and not self.data_config:
+            raise BenchError("the classifier-square view needs the classifier's data config (the result's data_config)")
+
+    def key(self) -> str:
+        from benchmark.fsutil import canonical_json, sha256_bytes
+
+        return self.kind if self.kind == "center-crop" else f"{self.kind}-{sha256_bytes(canonical_json(self.data_config))[:12]}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "data_config": self.data_config}
 
 
 @dataclass
@@ -37,10 +73,11 @@ class ClipEncoder:
     std: tuple[float, float, float]
     model_id: str
     device: str = "cpu"
+    precision: str = "auto"
 
     @classmethod
     def from_pretrained(cls, name: str = DEFAULT_CLIP[0], pretrained: str = DEFAULT_CLIP[1], *,
-                        device: str = "cpu") -> "ClipEncoder":
+                        device: str = "cpu", precision: str = "auto") -> "ClipEncoder":
         import open_clip
 
         try:
@@ -53,35 +90,59 @@ class ClipEncoder:
         mean = getattr(model.visual, "image_mean", None) or open_clip.OPENAI_DATASET_MEAN
         std = getattr(model.visual, "image_std", None) or open_clip.OPENAI_DATASET_STD
         return cls(model.eval(), open_clip.get_tokenizer(name), int(size), tuple(mean), tuple(std),
-                   f"open_clip:{name}/{pretrained}", device)
+                   f"open_clip:{name}/{pretrained}", device, precision)
 
-    def _image_tensor(self, data: bytes) -> torch.Tensor:
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The autocast dtype of ``precision`` on this device (None: fp32)."""
+        if self.precision not in PRECISIONS:
+            raise BenchError(f"unknown CLIP precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+        if self.precision == "auto":
+            return torch.float16 if torch.device(self.device).type == "cuda" else None
+        return {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.precision]
+
+    def resolved_precision(self) -> str:
+        return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.autocast_dtype()]
+
+    def _image_tensor(self, data: bytes, view: ImageView) -> torch.Tensor:
         from PIL import Image
         from torchvision.transforms import functional as F
 
         with Image.open(io.BytesIO(data)) as im:
             im = to_rgb(im)
-            side = min(im.size)
-            im = F.center_crop(im, [side, side]).resize((self.image_size, self.image_size), Image.BICUBIC)
-            return F.normalize(F.to_tensor(im), self.mean, self.std)
+            if view.kind == "center-crop":
+                side = min(im.size)
+                im = F.center_crop(im, [side, side]).resize((self.image_size, self.image_size), Image.BICUBIC)
+                return F.normalize(F.to_tensor(im), self.mean, self.std)
+            from eval.inference import make_transform
+
+            x = make_transform(view.data_config, uint8=False)(im)  # what the classifier was given
+        mean = torch.tensor(view.data_config["mean"]).view(3, 1, 1)
+        std = torch.tensor(view.data_config["std"]).view(3, 1, 1)
+        x = (x * std + mean).clamp(0, 1)
+        x = F.resize(x, [self.image_size, self.image_size], antialias=True)
+        return F.normalize(x, self.mean, self.std)
 
     @torch.inference_mode()
-    def encode_images(self, images: list[bytes]) -> np.ndarray:
-        x = torch.stack([self._image_tensor(b) for b in images]).to(self.device)
-        return self.model.encode_image(x).float().cpu().numpy()
+    def encode_images(self, images: list[bytes], view: ImageView) -> np.ndarray:
+        x = torch.stack([self._image_tensor(b, view) for b in images]).to(self.device)
+        dtype = self.autocast_dtype()
+        with torch.autocast(torch.device(self.device).type, dtype=dtype, enabled=dtype is not None):
+            return self.model.encode_image(x).float().cpu().numpy()
 
     @torch.inference_mode()
     def encode_texts(self, texts: list[str]) -> np.ndarray:
-        return self.model.encode_text(self.tokenizer(list(texts)).to(self.device)).float().cpu().numpy()
+        dtype = self.autocast_dtype()
+        with torch.autocast(torch.device(self.device).type, dtype=dtype, enabled=dtype is not None):
+            return self.model.encode_text(self.tokenizer(list(texts)).to(self.device)).float().cpu().numpy()
 
 
 def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder, *, cache_dir: str | Path,
-                           batch_size: int = 64) -> tuple[list[str], np.ndarray]:
-    """Image ids and embeddings of a config (computed once, then read from the cache)."""
+                           view: ImageView, batch_size: int = 64) -> tuple[list[str], np.ndarray]:
+    """Image ids and embeddings of a config (computed once per view and precision, then read from the cache)."""
     from tqdm.auto import tqdm
 
     safe = encoder.model_id.replace("/", "_").replace(":", "_")
-    path = Path(cache_dir) / suite.manifest.sha256 / f"{config}__{safe}.npz"
+    path = Path(cache_dir) / suite.manifest.sha256 / f"{config}__{safe}__{view.key()}__{encoder.resolved_precision()}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as f:
             return f["ids"].tolist(), f["emb"]
@@ -92,7 +153,7 @@ def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder,
         t = read_row_group(suite.root, g, columns=["image_id", "image"])
         data = t["image"].combine_chunks().field("bytes").to_pylist()
         for a in range(0, len(data), batch_size):
-            chunks.append(encoder.encode_images(data[a:a + batch_size]))
+            chunks.append(encoder.encode_images(data[a:a + batch_size], view))
         ids += t["image_id"].to_pylist()
     emb = np.concatenate(chunks).astype(np.float32)
     with atomic_path(path) as tmp:

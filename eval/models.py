@@ -267,14 +267,19 @@ def eval_transform(model, preprocess: str = "timm") -> tuple[dict, object]:
       resize the shorter side, centre crop.
     - ``"lance-square"``: the setting of LANCE's released evaluation walkthrough (Prabhu et al. 2023):
       the whole image squashed to 224 x 224 (torchvision ``Resize((224, 224))``, bilinear) with no crop,
-      then the model's own normalisation. Expressed as timm's ``crop_mode="squash"`` with
+      then ImageNet mean/std (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225) for every model, as the
+      walkthrough's ``Normalize`` does. Expressed as timm's ``crop_mode="squash"`` with
       ``crop_pct=1.0``, so the data config (hashed into the result's ``config_hash``) says it.
+    - ``"lance-square-model-norm"``: the same squash with the model's own mean/std (0.5 for the
+      augreg ViTs): what the model was trained with, not what the authors ran.
     """
-    from timm.data import create_transform, resolve_data_config
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform, resolve_data_config
 
     cfg = resolve_data_config({}, model=model, use_test_size=True)
-    if preprocess == "lance-square":
+    if preprocess in ("lance-square", "lance-square-model-norm"):
         cfg = {**cfg, "input_size": (3, 224, 224), "interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
+        if preprocess == "lance-square":
+            cfg.update(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
     elif preprocess != "timm":
         raise BenchError(f"unknown preprocessing {preprocess!r}; choose one of {', '.join(PREPROCESS)}")
     transform = create_transform(**cfg, is_training=False)

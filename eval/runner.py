@@ -63,7 +63,7 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
                mask: str | None = None) -> SuiteInfo:
     """A local suite folder, a registry id or a Hub repo id -> a verified ``LocalSuite`` + its spec."""
     from benchmark import hub
-    from benchmark.suites import SUITES, declared_scoring, get_suite
+    from benchmark.suites import SUITES, construction_models, declared_scoring, get_suite
 
     suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
     key = text if text in SUITES else suite.suite_id
@@ -73,7 +73,7 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
         suite=suite,
         metric_family=family,
         reference_config=reference,
-        construction_models=spec.construction_models if spec else (),
+        construction_models=construction_models(suite.manifest, spec),
         pinned=suite.pinned, source=text,
     )
 
@@ -132,6 +132,12 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     return job.result, job.run_dir / RESULT_FILE
 
 
-def _is_construction_model(model_id: str, construction: tuple[str, ...]) -> bool:
-    name = model_id.split("/", 1)[1] if model_id.startswith("timm/") else model_id
-    return any(name == c or model_id == c for c in construction)
+def _is_construction_model(model_id: str, construction: tuple[str, ...], weights_sha256: str | None = None) -> bool:
+    """Whether a model is one of a suite's construction models (``benchmark.suites.construction_models``):
+    by id in normal form (``timm/x``, ``hf-hub:timm/x@sha`` and ``x`` are one model), or by weights
+    sha256 for an entry ``sha256:<hex>``."""
+    from benchmark.model_ids import model_key
+
+    key = model_key(model_id)
+    return any((weights_sha256 is not None and c == f"sha256:{weights_sha256}") or key == model_key(c)
+               for c in construction if c)

@@ -30,15 +30,32 @@ def _acc1(result: dict, config: str) -> float | None:
     return None if m is None else m["acc1"]["value"]
 
 
+def _scoring_but_reference(result: dict) -> tuple[dict, bool]:
+    """The scoring protocol without ``reference_accuracy`` (each model's own ImageNet-val accuracy
+    from ``bench eval --reference-accuracy A`` differs per model by design), and whether one is set."""
+    sc = dict(result["protocol"]["scoring"])
+    return sc, sc.pop("reference_accuracy", None) is not None
+
+
 def _check_comparable(results: list[dict]) -> None:
-    """One suite (same manifest hash), one scoring protocol, one result per model."""
+    """One suite (same manifest hash), one scoring protocol, one result per model. Results made
+    with ``--reference-accuracy`` combine when that per-model reference is their only difference
+    (all of them must have one: the drops of the others are against ``base``, another quantity)."""
     first = results[0]
+    first_sc, first_given = _scoring_but_reference(first)
     for r in results[1:]:
-        for key, what in ((("suite", "manifest_sha256"), "suite data (manifest hash)"),
-                          (("protocol", "scoring"), "scoring protocol")):
-            if r[key[0]][key[1]] != first[key[0]][key[1]]:
-                raise BenchError(f"result of {r['model']['id']} uses another {what} than {first['model']['id']}; "
-                                 "fit only results of the same suite revision and protocol")
+        sc, given = _scoring_but_reference(r)
+        if r["suite"]["manifest_sha256"] != first["suite"]["manifest_sha256"]:
+            raise BenchError(f"result of {r['model']['id']} uses another suite data (manifest hash) than "
+                             f"{first['model']['id']}; fit only results of the same suite revision and protocol")
+        if sc != first_sc:
+            raise BenchError(f"result of {r['model']['id']} uses another scoring protocol than {first['model']['id']}; "
+                             "fit only results of the same suite revision and protocol")
+        if given != first_given:
+            with_ref, without = (r, first) if given else (first, r)
+            raise BenchError(f"result of {with_ref['model']['id']} measures drops against a given accuracy "
+                             f"(--reference-accuracy) and {without['model']['id']} against the suite's reference "
+                             "config; re-run one of them so all use the same kind of reference")
     models = [r["model"]["id"] for r in results]
     if len(set(models)) != len(models):
         raise BenchError("two results of the same model; keep one per model")

@@ -127,7 +127,9 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
             raise BenchError(f"--models file {str(p)!r} is over 1 MiB; is it the right file?")
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise BenchError(f"--models file {str(p)!r} does not exist") from None
+        from benchmark.populations import list_populations
+        raise BenchError(f"--models {str(p)!r}: no such file and no such population (populations: "
+                         f"{', '.join(list_populations())})") from None
     except UnicodeDecodeError:
         raise BenchError(f"--models file {str(p)!r} is not UTF-8 text") from None
     except OSError as e:
@@ -161,7 +163,9 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
             raise BenchError(f"--model {m!r}: NAME=CHECKPOINT needs a checkpoint path after '='")
         raw.append(ModelSpec(name.strip(), ck or None))
     if models_file:
-        listed = parse_models_file(models_file)
+        from benchmark.populations import is_population, population_models  # a named population, unless a file
+        listed = ([ModelSpec(n, ck) for n, ck in population_models(models_file)]
+                  if is_population(models_file) and not os.path.exists(models_file) else parse_models_file(models_file))
         if not listed:
             raise BenchError(f"--models file {models_file!r} lists no model (only blank or # comment lines)")
         raw += listed
@@ -338,7 +342,7 @@ class Sweep:
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
             "scoring": asdict(scoring), "metric_family": info.metric_family,
-            "construction_model": _is_construction_model(clf.model_id, info.construction_models),
+            "construction_model": _is_construction_model(clf.model_id, info.construction_models, clf.weights_sha256),
             "partial": bool(opts.limit_per_class) or set(self.configs) != set(suite.configs),
             "units": {c: len(self.units[c][1]) for c in self.configs},
             "counts": {c: {"total": suite.manifest.config(c).rows, "kept": suite.manifest.config(c).kept}

@@ -274,7 +274,7 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
 
 def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
     """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
-    from benchmark.suites import SUITES, declared_scoring
+    from benchmark.suites import SUITES, construction_models, declared_scoring
     from eval.runner import _is_construction_model
 
     rec, m = result["suite"], ref.manifest
@@ -348,7 +348,8 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     spec = SUITES.get(rec["id"]) if rec["id"] in SUITES else None
     flags = {
         "unpinned_suite": not rec["pinned"],
-        "construction_model": _is_construction_model(result["model"]["id"], spec.construction_models if spec else ()),
+        "construction_model": _is_construction_model(result["model"]["id"], construction_models(m, spec),
+                                                     result["model"]["weights_sha256"]),
         "partial": limited or set(rec["configs"]) != set(m.configs),
         "skipped_bad_images": any(result["counts"][c]["skipped_bad"] > 0 for c in rec["configs"]),
     }

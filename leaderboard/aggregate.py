@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.errors import BenchError
+from benchmark.model_ids import model_key
 from eval import bootstrap
 
 # the metric a suite family is ranked by: (column, higher_is_better, label)
@@ -296,54 +297,41 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
     return (lo, hi) if scale == "linear" else (norm.cdf(lo), norm.cdf(hi))
 
 
-MAX_ID_ACCURACY_BYTES = 16 * 2**20
+def read_id_accuracy(path) -> dict:
+    """ImageNet-val top-1 from timm's ``results-imagenet.csv`` (or any CSV with ``model`` and ``top1``
+    columns, top-1 in percent), as fractions, read by ``eval.id_axis.read_id_table`` (a repeated
+    (model, img_size) row is one error line). Keys: ``(model, img_size)`` for every sized row, and
+    the bare model name where the model has one row (a model listed at two sizes needs the size
+    its eval ran at: :func:`join_id_accuracy`'s ``sizes``)."""
+    from eval.id_axis import read_id_table
 
-
-def read_id_accuracy(path) -> dict[str, float]:
-    """ImageNet-val top-1 per model from timm's ``results-imagenet.csv`` (or any CSV with ``model`` and
-    ``top1`` columns, top-1 in percent), as fractions. Raises ``BenchError`` naming the bad row."""
-    import csv
-    import io
-    import math
-    from pathlib import Path
-
-    from benchmark.fsutil import read_limited
-
-    p = Path(path)
-    if not p.is_file():
-        raise BenchError(f"--id-accuracy {path}: no such file; give timm's results-imagenet.csv or a CSV of model,top1")
-    data = read_limited(p, max_bytes=MAX_ID_ACCURACY_BYTES, what="--id-accuracy CSV")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise BenchError(f"--id-accuracy {path} is not UTF-8 text; save it as UTF-8 CSV") from None
-    reader = csv.DictReader(io.StringIO(text))
-    if not reader.fieldnames or not {"model", "top1"} <= {f.strip() for f in reader.fieldnames}:
-        raise BenchError(f"--id-accuracy {path}: needs columns 'model' and 'top1' (percent), found "
-                         f"{', '.join(reader.fieldnames or []) or 'none'}")
-    out = {}
-    for n, row in enumerate(reader, 2):
-        row = {(k or "").strip(): (v or "").strip() for k, v in row.items() if isinstance(v, str)}
-        try:
-            top1 = float(row.get("top1", ""))
-        except ValueError:
-            raise BenchError(f"--id-accuracy {path}:{n}: top1 {row.get('top1', '')[:20]!r} is not a number") from None
-        if not math.isfinite(top1) or not 0 <= top1 <= 100:
-            raise BenchError(f"--id-accuracy {path}:{n}: top1 {top1} is not a percentage in [0, 100]")
-        if row.get("model"):
-            out[row["model"]] = top1 / 100
-    if not out:
-        raise BenchError(f"--id-accuracy {path} has no rows")
+    out: dict = {}
+    for model, by_size in read_id_table(path).rows.items():
+        for size, row in by_size.items():
+            if size is not None:
+                out[(model, size)] = row.top1
+        if len(by_size) == 1:
+            out[model] = next(iter(by_size.values())).top1
     return out
 
 
-def join_id_accuracy(models, table: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """Match result model ids to the CSV's names: exact, then without a ``timm/`` or ``hf-hub:`` prefix.
-    Returns (model id -> accuracy for the matched, unmatched model ids)."""
+def eval_sizes(entries) -> dict[str, int | None]:
+    """Model id -> the input size its eval ran at, for :func:`join_id_accuracy`."""
+    from eval.id_axis import eval_img_size
+
+    return {e.model_id: eval_img_size(e.result) for e in entries}
+
+
+def join_id_accuracy(models, table: dict, sizes: dict[str, int | None] | None = None) -> tuple[dict[str, float], list[str]]:
+    """Match result model ids to the CSV's rows: the id in normal form (``benchmark.model_ids.model_key``)
+    at the model's eval input size (``sizes``), else its only row. Returns (model id -> accuracy for
+    the matched, unmatched model ids)."""
     matched, unmatched = {}, []
+    sized = {k[0] for k in table if isinstance(k, tuple)}
     for m in models:
-        bare = re.sub(r"^(hf-hub:|hf_hub:)?(timm/)?", "", m).split("@")[0]
-        hit = next((table[k] for k in (m, bare) if k in table), None)
+        key, size = model_key(m), (sizes or {}).get(m)
+        # a CSV with sizes: the row at the eval's size (its only row when the size is unknown)
+        hit = table.get((key, size)) if key in sized and size is not None else table.get(key)
         if hit is None:
             unmatched.append(m)
         else:

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from leaderboard import aggregate
+from leaderboard import aggregate, reported
 from leaderboard.export import defuse_frame, to_csv_bytes
 from leaderboard.index import Loader
 from leaderboard.store import STAMP, Store
@@ -210,6 +210,7 @@ def main() -> None:
         if state["finished"]:
             st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out "
                     "<store>` or open a pull request with `bench submit`.")
+            reported.show(st)
         _rejected(store, [])
         st.stop()
 
@@ -285,6 +286,7 @@ def main() -> None:
             value = getattr(row, metric)
             lines.append(f"{rank:>3}  {row.model}  " + ("-" if pd.isna(value) else f"{100 * value:.2f}"))
         st.text("\n".join(lines))
+    reported.show(st, suite)
     if os.environ.get("GENSHIFT_HUB_RESULTS"):  # bench leaderboard --hub-results: the Hub's side, never ranked
         from leaderboard.hub_results import show_hub_reported
 
@@ -393,7 +395,8 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
     id_acc = None
     if axis != axes[0]:
         table = get_id_accuracy(id_file, os.path.getmtime(id_file))
-        matched, unmatched = aggregate.join_id_accuracy(list(ranked["model"]), table)
+        matched, unmatched = aggregate.join_id_accuracy(list(ranked["model"]), table,
+                                                        aggregate.eval_sizes(store.for_suite(suite, board)))
         st.text(f"ImageNet-val accuracy from {os.path.basename(id_file)}: {len(matched)} of {len(ranked)} models "
                 f"matched, {len(unmatched)} unmatched (left out of the fit).")
         if unmatched:

@@ -22,3 +22,45 @@ def fake_result(model: str, configs: list[str], metrics: dict, *, suite_id: str 
             "flags": {"unpinned_suite": False, "construction_model": False, "partial": False,
                       "skipped_bad_images": False},
             "metrics": metrics}
+
+
+def predictions(labels, true_ranks, *, pair_ids=None, true_probs=None, edit_types=None, prefix="img"):
+    """A predictions table (``eval.predictions.schema``) from each image's label and the rank of the
+    true class among the model's predictions (0 = top-1; >= 10: outside the stored top-10)."""
+    import pyarrow as pa
+
+    from eval.predictions import schema
+
+    n = len(labels)
+    topk, probs = [], []
+    for y, r in zip(labels, true_ranks):
+        others = [c for c in range(1000) if c != y][:10]
+        row = others[:r] + [y] + others[r:9] if r < 10 else others
+        topk.append(row[:10])
+        probs.append([0.5 / (i + 1) for i in range(10)])
+    cols = {"image_id": [f"{prefix}{i:04d}" for i in range(n)], "label": list(labels), "keep": [True] * n,
+            "pair_id": list(pair_ids) if pair_ids is not None else [None] * n, "topk_idx": topk, "topk_prob": probs,
+            "true_prob": list(true_probs) if true_probs is not None else [0.0] * n,
+            "true_rank": [int(r) for r in true_ranks]}
+    carried = ()
+    if edit_types is not None:
+        cols["edit_type"], carried = list(edit_types), ("edit_type",)
+    return pa.table(cols, schema=schema(carried=carried))
+
+
+def scored_result(model: str, family: str, tables: dict, *, suite_id: str, input_size: int = 224,
+                  preprocess: str = "timm", reference_config: str | None = None, reference_accuracy=None,
+                  construction: bool = False, source: str = "hf-hub") -> dict:
+    """A result whose metrics are computed by ``eval.scoring.score`` from hand-built predictions."""
+    from eval.scoring import ScoringOptions, score
+
+    opts = ScoringOptions(reference_config=reference_config, reference_accuracy=reference_accuracy, n_boot=50)
+    r = fake_result(model, sorted(tables), score(family, tables, opts), suite_id=suite_id, metric_family=family,
+                    reference_config=reference_config)
+    r["protocol"]["scoring"] = opts.to_dict()
+    r["protocol"]["preprocess"] = preprocess
+    r["data_config"] = {"input_size": [3, input_size, input_size]}
+    r["flags"]["construction_model"] = construction
+    r["model"].update(source=source, weights_revision="e" * 40 if source == "hf-hub" else None,
+                      weights_sha256="f" * 64 if source == "checkpoint" else None)
+    return r

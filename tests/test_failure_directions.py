@@ -110,3 +110,103 @@ def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoi
     assert rep["clip"] == "tiny-clip" and rep["criterion"] == "top3" and rep["n_images"] > 0
     assert {c["label"] for c in rep["classes"]} <= set(range(10))
     assert list((tmp_path / "cache").rglob("*.npz"))  # embeddings cached for the next run
+
+
+def _tiny_encoder(precision="auto"):
+    import open_clip
+
+    from builders.tiny import tiny_open_clip
+    from eval import embeddings
+
+    model, _, _ = tiny_open_clip()
+    return embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip",
+                                  precision=precision)
+
+
+def _png(img):
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_classifier_square_view_is_what_the_classifier_saw_square_resized():
+    """The authors' path: the classifier's preprocessed image, un-normalised, square-resized to CLIP's size."""
+    from PIL import Image
+
+    from eval.embeddings import ImageView
+
+    enc = _tiny_encoder()
+    crop_cfg = {"input_size": [3, 160, 160], "interpolation": "bicubic", "mean": [0.5, 0.5, 0.5],
+                "std": [0.5, 0.5, 0.5], "crop_pct": 0.875, "crop_mode": "center"}
+    square_cfg = {**crop_cfg, "crop_pct": 1.0, "crop_mode": "squash"}
+    # a uniform grey 128/255 survives the classifier's own normalisation: by hand, CLIP's red channel is
+    # (0.50196 - 0.48) / 0.27 = 0.08133 whatever the classifier's mean/std
+    grey = enc._image_tensor(_png(Image.new("RGB", (300, 200), (128, 128, 128))), ImageView(data_config=crop_cfg))
+    assert tuple(grey.shape) == (3, 32, 32) and abs(float(grey[0].mean()) - 0.08133) < 1e-3
+    # red | grey | blue bands, 2:1: the timm crop cuts the bands off, LANCE's squash keeps them, and so does CLIP's view
+    a = np.full((200, 400, 3), 128, np.uint8)
+    a[:, :40] = (255, 0, 0)
+    a[:, -40:] = (0, 0, 255)
+    stripes = _png(Image.fromarray(a))
+    red = lambda x: float(x[0, :, :2].mean() * 0.27 + 0.48)  # noqa: E731 - back to [0, 1]
+    assert red(enc._image_tensor(stripes, ImageView(data_config=square_cfg))) > 0.9
+    assert red(enc._image_tensor(stripes, ImageView(data_config=crop_cfg))) < 0.6
+    assert ImageView(data_config=crop_cfg).key() != ImageView(data_config=square_cfg).key()
+    with pytest.raises(Exception, match="needs the classifier's data config"):
+        ImageView("classifier-square")
+
+
+def test_clip_precision_runs_under_autocast():
+    """auto: fp16 on a GPU as the authors, fp32 on the CPU; bf16 autocast exercises the half path on the CPU."""
+    import torch
+
+    from eval.embeddings import ImageView
+
+    assert _tiny_encoder().resolved_precision() == "fp32"
+    gpu = _tiny_encoder()
+    gpu.device = "cuda"
+    assert gpu.autocast_dtype() == torch.float16  # decided without touching a GPU
+    from PIL import Image
+
+    imgs = [_png(Image.effect_noise((64, 64), 60 + 20 * i).convert("RGB")) for i in range(3)]
+    view = ImageView("center-crop")
+    calls = []
+    half = _tiny_encoder("bf16")
+    half.model.visual.register_forward_hook(lambda m, i, o: calls.append(o.dtype))
+    e16, e32 = half.encode_images(imgs, view), _tiny_encoder("fp32").encode_images(imgs, view)
+    assert calls == [torch.bfloat16]  # the tower ran in bf16 under autocast
+    assert e16.dtype == np.float32 and not np.array_equal(e16, e32)
+    cos = (e16 * e32).sum(1) / np.linalg.norm(e16, axis=1) / np.linalg.norm(e32, axis=1)
+    assert cos.min() > 0.98
+
+
+def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
+    from benchmark.cli import main
+    from eval import diagnose as diag
+    from eval import embeddings
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+
+    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
+                        progress=False)
+    enc = _tiny_encoder()
+    monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
+    fitted = []
+    real_fit = diag.Whitening.fit
+    monkeypatch.setattr(diag.Whitening, "fit", classmethod(lambda cls, ref, **k: (fitted.append(ref), real_fit(ref, **k))[1]))
+    assert main(["diagnose", str(rpath.parent), "--configs", "shifted", "--whiten-reference", "base",
+                 "--cache-dir", str(tmp_path / "cache"), "--null", "0", "--criterion", "top3"]) == 0
+    import json
+    rep = json.loads((rpath.parent / "diagnose.json").read_text())
+    assert rep["whitening_reference"]["configs"] == ["base"] and rep["whitening_reference"]["n"] == 40
+    assert rep["embedding"]["image_view"]["kind"] == "classifier-square" and rep["embedding"]["precision"] == "fp32"
+    assert rep["embedding"]["image_view"]["data_config"] == json.loads(rpath.read_text())["data_config"]
+    # the statistics came from the base images' embeddings (cached under the classifier's view), not the analysed ones
+    base = next((tmp_path / "cache").rglob("base__tiny-clip__classifier-square-*__fp32.npz"))
+    with np.load(base) as f:
+        np.testing.assert_array_equal(fitted[0], f["emb"])
+    assert main(["diagnose", str(rpath.parent), "--whiten-reference", "nope", "--cache-dir", str(tmp_path / "cache"),
+                 "--null", "0"]) != 0

@@ -229,10 +229,18 @@ def test_edit_sampling_draws_types_as_algorithm_1_and_caps_after_sampling():
     # candidates are drawn without replacement: an uncapped run draws each of the 17 exactly once
     everything = _sample("ILSVRC2012_val_00000001", max_edits=100)
     assert sorted(d.edit.edited_caption for d in everything) == sorted(e.edited_caption for e in _candidates())
-    # the cap counts edits that passed the text filter: rejected subjects are drawn but do not count
-    no_subject = _sample("ILSVRC2012_val_00000001", accept=lambda e: (e.edit_type != "subject", {}))
+    # --cap-counts kept: rejected subjects are drawn but do not count
+    reject_subject = lambda e: (e.edit_type != "subject", {})  # noqa: E731
+    no_subject = _sample("ILSVRC2012_val_00000001", accept=reject_subject, cap="kept")
     assert sum(d.accepted for d in no_subject) == 10 and len(no_subject) > 10
     assert {d.edit_type for d in no_subject if not d.accepted} == {"subject"}
+    # --cap-counts tries (the default, Algorithm 1's N): 10 draws, a rejected one uses its try;
+    # the same seed draws the same sequence, so the tries are the first 10 draws of the kept run
+    tries = _sample("ILSVRC2012_val_00000001", accept=reject_subject)
+    assert len(tries) == 10 and [d.edit for d in tries] == [d.edit for d in no_subject[:10]]
+    assert sum(d.accepted for d in tries) == 10 - sum(d.edit_type == "subject" for d in tries) < 10
+    with pytest.raises(BenchError, match="unknown cap meaning 'all'"):
+        _sample("x", cap="all")
     with pytest.raises(BenchError, match="unknown edit sampling"):
         _sample("x", method="round-robin")
 
@@ -315,3 +323,25 @@ def test_bad_lance_input(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["build", "lance-hardimagenet", "--smoke", "--out", str(tmp_path / "c"), "--edit-types", "wether"]) != 0
     assert "Did you mean 'weather'" in capsys.readouterr().err
+
+
+def test_smoke_suite_stores_jpeg_q75_records_the_cap_and_tells_the_papers_eval(smoke_suite):
+    import io
+
+    from PIL import Image
+
+    suite = LocalSuite.open(smoke_suite)
+    suite.verify()
+    gen = suite.manifest.generator
+    assert gen["image_format"] == "jpeg-q75" and gen["edit_sampling"]["cap"]["counts"] == "tries"
+    # N = max_edits tries per image: never more edits sent to the editor than N per source image
+    assert sum(gen["edits_tried"]["edit_type"].values()) <= gen["max_edits"] * gen["sources"]
+    row = suite.read_columns("original", ["image"]).to_pylist()[0]["image"]
+    img = Image.open(io.BytesIO(row["bytes"]))
+    assert img.format == "JPEG"
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="JPEG", quality=75)  # PIL's default quality, as the authors saved
+    assert img.quantization == Image.open(buf).quantization
+    card = (smoke_suite / "README.md").read_text()
+    assert "--preprocess lance-square" in card and "JPEG quality 75, like the files the paper scored" in card
+    assert "tries per image (Algorithm 1" in card

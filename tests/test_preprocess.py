@@ -68,3 +68,23 @@ def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path
     report = verify_result(path, recheck=4, checkpoint=str(tiny_checkpoint),
                            suite=str(toy_suite))  # re-runs with the recorded setting
     assert report.ok, report.problems
+
+
+def test_lance_square_normalises_every_model_with_imagenet_mean_std_as_the_authors():
+    """The walkthrough applies ImageNet mean/std to every model; a ViT augreg model's own is 0.5.
+    By hand, a uniform grey of 128/255 = 0.50196: ImageNet red (0.50196 - 0.485) / 0.229 = 0.07406,
+    own (0.50196 - 0.5) / 0.5 = 0.00392."""
+    import timm
+    from PIL import Image
+
+    from eval.models import eval_transform
+
+    model = timm.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k", pretrained=False)
+    assert tuple(model.pretrained_cfg["mean"]) == (0.5, 0.5, 0.5)
+    grey = Image.new("RGB", (300, 200), (128, 128, 128))
+    cfg, tf = eval_transform(model, "lance-square")
+    own_cfg, own_tf = eval_transform(model, "lance-square-model-norm")
+    assert cfg["mean"] == [0.485, 0.456, 0.406] and cfg["std"] == [0.229, 0.224, 0.225]
+    assert own_cfg["mean"] == [0.5, 0.5, 0.5] and own_cfg["crop_mode"] == "squash"
+    assert abs(float(tf(grey)[0, 100, 100]) - 0.07406) < 1e-3
+    assert abs(float(own_tf(grey)[0, 100, 100]) - 0.00392) < 1e-3

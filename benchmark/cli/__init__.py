@@ -23,6 +23,7 @@ VERBS = (
     "verify",
     "keygen",           # results: signing keys for verification stamps
     "slope",
+    "reproduce",        # a paper's table from a population's results
     "submit",
     "leaderboard_cmd",
     "review",           # board: maintainers' review of submissions

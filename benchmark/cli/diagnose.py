@@ -13,6 +13,8 @@ def add_parser(sub):
                              "Writes diagnose.json and a self-contained diagnose.html (thumbnails of the hardest and "
                              "easiest images) next to the result; never changes scores.",
                  examples="  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k\n"
+                          "  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k --configs in_the_snow "
+                          "--whiten-reference base\n"
                           "  bench diagnose runs/in-g-rn/timm--vit_base_patch16_224.augreg_in1k --criterion parent\n")
     p.add_argument("result", help="result.json or its run folder")
     p.add_argument("--configs", type=csv_list, help="configs to pool (default: all evaluated)")
@@ -22,6 +24,15 @@ def add_parser(sub):
     p.add_argument("--clip-model", default="ViT-B-32-quickgelu",
                    help="open_clip architecture for the image and caption embeddings")
     p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
+    p.add_argument("--clip-image", choices=("classifier-square", "center-crop"), default="classifier-square",
+                   help="what CLIP sees: classifier-square (default, the authors' code: the classifier's preprocessed "
+                        "image, un-normalised, square-resized) or center-crop (the stored image's centre square)")
+    p.add_argument("--clip-precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
+                   help="CLIP autocast: auto = fp16 on a GPU (as the authors), fp32 on the CPU")
+    p.add_argument("--whiten-reference", metavar="SPEC",
+                   help="images whose CLIP statistics whiten the embeddings: 'analysed' (default: the analysed "
+                        "images), CONFIG[,CONFIG] of the result's suite, or SUITE:CONFIG[,CONFIG] (the authors "
+                        "whitened against training images)")
     p.add_argument("--reference-caption", choices=("code", "paper"), default="code",
                    help="reference caption: 'a photo of a <class>' (code) or 'a photo of a <ancestor>' (paper)")
     p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false",
@@ -59,12 +70,13 @@ def run(args) -> int:
 
     cache = args.cache_dir or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")),
                                            "genshift", "embeddings")
-    enc = ClipEncoder.from_pretrained(args.clip_model, args.clip_pretrained, device=args.device)
+    enc = ClipEncoder.from_pretrained(args.clip_model, args.clip_pretrained, device=args.device,
+                                      precision=args.clip_precision)
     opts = DirectionOptions(n_null=args.null, reference_caption=args.reference_caption,
                             caption_whitening=args.caption_whitening)
     report, path = diagnose(args.result, encoder=enc, cache_dir=cache, configs=args.configs,
                             classes=_classes(args.classes), criterion=args.criterion, options=opts, suite=args.suite,
-                            mask=args.mask)
+                            mask=args.mask, image_view=args.clip_image, whiten_reference=args.whiten_reference)
     rows = []
     for d in report["classes"][: args.top]:
         rows.append({"class": f"{d['label']} {d['name']}", "n": d["n"], "errors": d["n_errors"],

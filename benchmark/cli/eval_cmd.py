@@ -22,15 +22,17 @@ def add_parser(sub):
             "  HF_HUB_OFFLINE=1 bench eval --model hf-hub:timm/resnet50.a1_in1k@<sha> --suite lance-hardimagenet\n"
             "  bench eval --model 'timm/convnext_*.fb_in1k' --model resnet50.a1_in1k --suite imagenet-star --plan\n"
             "  bench eval --models zoo.txt --suite ./my-suite --max-resident 8\n"
+            "  bench eval --models lance-table2 --suite lance-hardimagenet --preprocess lance-square\n"
             "  accelerate launch -m benchmark eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
             "  bench eval --merge runs/\n"
         ))
     p.add_argument("--model", action="append", metavar="MODEL",
                    help="timm name, timm/<name>, hf-hub:<repo>[@sha], a timm wildcard ('timm/convnext_*.fb_in1k', "
                         "1000-class heads only) or NAME=CHECKPOINT; repeat for a sweep")
-    p.add_argument("--models", metavar="FILE",
+    p.add_argument("--models", metavar="FILE|POPULATION",
                    help="a file with one model per line, optionally followed by a local checkpoint path (relative "
-                        "to the file's folder); # comments")
+                        "to the file's folder); # comments. Or a paper's population by name (`bench suites` lists "
+                        "them), e.g. lance-table2")
     p.add_argument("--suite", help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--revision", help="suite commit sha (overrides the registry's pin)")
@@ -40,9 +42,11 @@ def add_parser(sub):
                    help="which weights of a timm training checkpoint: model (default, as timm's validate.py) or ema")
     p.add_argument("--remap-by-order", action="store_true",
                    help="map checkpoint tensors onto the model by position when key names differ")
-    p.add_argument("--preprocess", choices=("timm", "lance-square"), default="timm",
+    p.add_argument("--preprocess", choices=("timm", "lance-square", "lance-square-model-norm"), default="timm",
                    help="timm: the model's own eval transform (resize + centre crop); lance-square: LANCE's "
-                        "evaluation setting, the whole image squashed to 224x224, no crop (recorded in the result)")
+                        "evaluation setting, the whole image squashed to 224x224, no crop, ImageNet mean/std for "
+                        "every model (as the authors ran it); lance-square-model-norm: the same squash with the "
+                        "model's own mean/std (recorded in the result)")
     add_mask_options(p)
     p.add_argument("--limit-per-class", type=_int, help="score only the first N images of each class (1..10000000)")
     p.add_argument("--batch-size", type=_int, help="default: 8 on CPU (fastest there), 256 on CUDA (1..65536)")

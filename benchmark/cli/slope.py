@@ -16,31 +16,18 @@ def add_parser(sub):
                              "drop averaged over shifts.)",
                  examples="  bench slope runs/imagenet-star/*/result.json\n"
                           "  bench slope runs/imagenet-star/*/result.json --scale probit --json\n"
-                          "  bench slope r1.json r2.json r3.json --id-accuracy timm_val_top1.csv\n")
+                          "  bench slope runs/imagenet-star-upstream/*/result.json --id-accuracy results-imagenet.csv\n")
     p.add_argument("results", nargs="+", help="result.json files (or run folders)")
     p.add_argument("--reference", help="in-distribution config (default: the suite's, e.g. base)")
-    p.add_argument("--id-accuracy", help="CSV of model,top1 (fraction or percent) to use as the ID axis instead")
+    p.add_argument("--id-accuracy", metavar="CSV",
+                   help="timm's results-imagenet.csv (or any CSV of model,[img_size,]top1 in percent) as the ID axis "
+                        "instead: each result takes the row of its model (timm/ and hf-hub: forms match the bare "
+                        "name) at the input size its eval ran at")
     p.add_argument("--scale", choices=("linear", "probit", "both"), default="both",
                    help="accuracy scale of the fit: linear, probit or both (default: both)")
     p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, effective robustness, "
                                                        "shift_impact)")
     return p
-
-
-def _read_id_csv(path: str) -> dict[str, float]:
-    import csv
-
-    from benchmark.errors import BenchError
-
-    out = {}
-    try:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                v = float(str(row["top1"]).replace(",", ""))
-                out[row["model"]] = v / 100 if v > 1 else v
-    except (OSError, KeyError, ValueError) as e:
-        raise BenchError(f"--id-accuracy {path!r}: expected a CSV with columns model,top1 ({type(e).__name__}: {e})") from None
-    return out
 
 
 def _pp(m: dict | None) -> str:
@@ -57,8 +44,15 @@ def run(args) -> int:
 
     results = [load_result(result_path(p)) for p in args.results]
     scales = SCALES if args.scale == "both" else (args.scale,)
-    ids = _read_id_csv(args.id_accuracy) if args.id_accuracy else None
+    ids = sizes = None
+    if args.id_accuracy:
+        from eval.id_axis import id_accuracy, read_id_table
+
+        ids, sizes = id_accuracy(results, read_id_table(args.id_accuracy))
     table = slope_table(results, reference_config=args.reference, id_accuracy=ids, scales=scales)
+    if ids is not None:
+        table["id_axis"] = f"ImageNet-val top-1 from {args.id_accuracy} at each eval's input size"
+        table["id_rows"] = {m: {"top1": ids[m], "img_size": sizes[m]} for m in ids}
     if args.json:
         print_json(table)
         return 0

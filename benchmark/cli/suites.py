@@ -1,4 +1,4 @@
-"""`bench suites`: list the registered suites."""
+"""`bench suites`: list the registered suites and the papers' model populations."""
 
 from __future__ import annotations
 
@@ -6,17 +6,25 @@ from benchmark.cli._common import add_verb, print_json, print_table
 
 
 def add_parser(sub):
-    p = add_verb(sub, "suites", help="list the registered benchmark suites",
-                 description="List the registered suites: Hub repo, pinned revision, configs, metric family.",
-                 examples="  bench suites\n  bench suites 'in-g-*'\n  bench suites --json\n")
+    p = add_verb(sub, "suites", help="list the registered benchmark suites and model populations",
+                 description="List the registered suites (Hub repo, pinned revision, configs, metric family) and "
+                             "the papers' model populations, which `bench eval --models <population>` scores and "
+                             "`bench reproduce` reads.",
+                 examples="  bench suites\n  bench suites 'in-g-*'\n  bench suites --json\n"
+                          "  bench suites --populations\n")
     p.add_argument("pattern", nargs="?", default="*", help="shell wildcard over suite ids (default: all)")
     p.add_argument("--json", action="store_true", help="print the full specs as JSON")
+    p.add_argument("--populations", action="store_true",
+                   help="list every model of the populations (timm tag, the paper's name, role) and why each tag")
     return p
 
 
 def run(args) -> int:
+    from benchmark.populations import get_population, list_populations
     from benchmark.suites import get_suite, list_suites
 
+    if args.populations:
+        return _populations([get_population(n) for n in list_populations()], args.json)
     specs = [get_suite(s) for s in list_suites(args.pattern)]
     if args.json:
         print_json([s.to_dict() for s in specs])
@@ -34,4 +42,20 @@ def run(args) -> int:
         print(f"no suite matches {args.pattern!r}; run `bench suites` for the list")
         return 1
     print_table(rows, ["suite", "repo", "revision", "configs", "metrics", "labels", "title"])
+    pops = [get_population(n) for n in list_populations()]
+    print("\nmodel populations (bench eval --models <population>; bench suites --populations for the models):")
+    print_table([{"population": p.name, "models": len(p.members), "suites": ",".join(p.suites), "title": p.title}
+                 for p in pops], ["population", "models", "suites", "title"])
+    return 0
+
+
+def _populations(pops, as_json: bool) -> int:
+    if as_json:
+        print_json([p.to_dict() for p in pops])
+        return 0
+    for p in pops:
+        print(f"{p.name}: {p.title}\n  source: {p.source}\n  choice: {p.choice}")
+        print_table([{"model": m.model + (" (your checkpoint)" if m.local else ""), "paper": m.paper, "role": m.role}
+                     for m in p.members], ["model", "paper", "role"])
+        print()
     return 0
