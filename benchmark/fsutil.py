@@ -113,6 +113,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename is None:  # pyarrow and file.write report only the errno: name the file being written
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()

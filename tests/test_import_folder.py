@@ -706,3 +706,31 @@ def test_csv_with_a_shift_column_is_a_multi_shift_import(tmp_path, capsys):
     code, _, err = run(["import-folder", str(src), "--csv", str(tmp_path / "s.csv"), "--config", "x", "--name", "x",
                         "--out", str(tmp_path / "s3"), "--no-progress"], capsys)
     assert code != 0 and "the shift column of s.csv name the configs" in err and "drop --config" in err
+
+
+def test_full_disk_during_import_is_one_line_and_keeps_the_previous_suite(tmp_path, folder, capsys, monkeypatch):
+    """ENOSPC while a shard is written (pyarrow reports only the errno): one line naming the shard, the
+    old suite untouched, no temporary folder left; the rerun with space imports."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "suite"
+    assert run(["import-folder", str(folder), "--name", "old", "--out", str(out), "--no-progress"], capsys)[0] == 0
+    before = (out / "manifest.json").read_bytes()
+    real, refused = pq.ParquetWriter.write_table, []
+
+    def full_disk(self, *a, **k):
+        refused.append(self.where)
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
+    argv = ["import-folder", str(folder), "--name", "new", "--out", str(out), "--overwrite", "--workers", "0",
+            "--no-progress"]
+    code, _, err = run(argv, capsys)
+    assert refused and code == 74 and err.count("\n") == 1, err
+    assert err.startswith("error: No space left on device (ENOSPC) on ") and "test-00000-of-00001.parquet" in err
+    assert "free disk space or write elsewhere" in err
+    assert (out / "manifest.json").read_bytes() == before and not list(tmp_path.glob(".*incomplete"))
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", real)
+    assert run(argv, capsys)[0] == 0 and LocalSuite.open(out).suite_id == "new"
