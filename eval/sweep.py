@@ -39,7 +39,8 @@ from pathlib import Path
 
 from benchmark import upstream
 from benchmark.errors import BenchError, IntegrityError, one_line
-from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
+from benchmark.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_json, canonical_json, ensure_writable_dir,
+                              read_text_limited, sha256_bytes, sha256_file)
 from benchmark.oom import BatchBackoff
 from eval.inference import (
     COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units,
@@ -122,16 +123,7 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     """``--models FILE``: one model per line, optionally followed by whitespace and a checkpoint path
     (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
-    try:
-        if p.stat().st_size > 1 << 20:
-            raise BenchError(f"--models file {str(p)!r} is over 1 MiB; is it the right file?")
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BenchError(f"--models file {str(p)!r} does not exist") from None
-    except UnicodeDecodeError:
-        raise BenchError(f"--models file {str(p)!r} is not UTF-8 text") from None
-    except OSError as e:
-        raise BenchError(f"cannot read --models file {str(p)!r} ({e.strerror})") from None
+    text = read_text_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")  # /dev/zero: one line, at once
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

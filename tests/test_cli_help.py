@@ -136,3 +136,91 @@ def test_os_errors_name_the_errno_the_path_and_the_fix(code, fix, capsys, monkey
     assert main(["suites"]) == 74
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "/data/runs/x" in err and fix in err, err
+
+
+# -- signing keys: written 0600 in one step, never through a link; a key open to others is refused ------------
+
+def test_keygen_writes_0600_atomically_and_refuses_links(tmp_path, capsys):
+    import os
+    import stat
+
+    from eval.stamps import load_private_key
+
+    key = tmp_path / "keys" / "maintainer.key"
+    assert main(["keygen", str(key), "--name", "alice"]) == 0
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.read_bytes().startswith(b"-----BEGIN PRIVATE KEY")
+    assert sorted(p.name for p in key.parent.iterdir()) == ["maintainer.key", "maintainer.key.pub"]  # no temp left
+    assert load_private_key(key) is not None
+    capsys.readouterr()
+
+    target = tmp_path / "elsewhere" / "stolen.key"  # a dangling link: following it would write the key there
+    link = tmp_path / "link.key"
+    os.symlink(target, link)
+    assert main(["keygen", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "link.key is a symbolic link" in err and "never written through a link" in err
+    assert not target.exists() and not (tmp_path / "elsewhere").exists() and link.is_symlink()
+    before = key.read_bytes()
+    assert main(["keygen", str(key)]) == 2 and "already exists" in capsys.readouterr().err
+    assert key.read_bytes() == before
+
+
+def test_a_signing_key_open_to_group_or_others_is_refused(tmp_path, capsys):
+    import os
+
+    key = tmp_path / "maintainer.key"
+    assert main(["keygen", str(key)]) == 0
+    capsys.readouterr()
+    os.chmod(key, 0o644)
+    assert main(["verify", str(tmp_path / "no-result"), "--recheck", "1", "--sign", str(key)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has permissions 0644" in err and f"chmod 600 {key}" in err, err
+    os.chmod(key, 0o600)  # the same key, private again: accepted (the run then fails on the missing result)
+    assert main(["verify", str(tmp_path / "no-result"), "--recheck", "1", "--sign", str(key)]) != 0
+    assert "permissions" not in capsys.readouterr().err
+
+
+# -- list files from outside are read with a byte limit, whatever st_size says -----------------------------
+
+LIST_FILES = {
+    "--models": (["eval", "--models", "FILE", "--suite", "no-such-suite", "--out", "OUT", "--no-progress"],
+                 "--models file", 1 << 20),
+    "--csv": (["import-folder", "SRC", "--csv", "FILE", "--name", "x", "--out", "OUT", "--no-progress"],
+              "--csv file", 256 << 20),
+    "--id-accuracy": (["slope", "RESULT", "--id-accuracy", "FILE"], "--id-accuracy CSV", 16 << 20),
+    "--trusted-keys": (["leaderboard", "--results", "OUT", "--trusted-keys", "FILE"], "trusted keys file", 1 << 20),
+}
+
+
+@pytest.mark.parametrize("flag", list(LIST_FILES))
+def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypatch):
+    """/dev/zero has st_size 0 and never ends; it and a regular file over the limit are one line naming
+    the file and the limit. Each file goes through read_limited with its documented limit (lowered
+    to 4 KiB here so the test reads 4 KiB, not up to 256 MiB of zeros)."""
+    import time
+
+    import benchmark.fsutil as fsutil
+
+    argv_t, what, limit = LIST_FILES[flag]
+    (tmp_path / "src" / "n01440764").mkdir(parents=True)
+    (tmp_path / "r.json").write_text("{}")
+    (tmp_path / "big.txt").write_text("x" * 4097)
+    subs = {"SRC": str(tmp_path / "src"), "OUT": str(tmp_path / "out"), "RESULT": str(tmp_path / "r.json")}
+    reads, real = [], fsutil.read_limited
+
+    def spy(path, *, max_bytes, **k):
+        reads.append((str(path), max_bytes))
+        t0 = time.perf_counter()
+        try:
+            return real(path, max_bytes=min(max_bytes, 4096), **k)
+        finally:
+            assert time.perf_counter() - t0 < 0.5
+
+    monkeypatch.setattr(fsutil, "read_limited", spy)
+    for f in ("/dev/zero", str(tmp_path / "big.txt")):
+        code = main([subs.get(a, f if a == "FILE" else a) for a in argv_t])
+        err = capsys.readouterr().err
+        assert code != 0 and err.count("\n") == 1, err
+        assert f"error: {what} {f!r} is larger than 4096 bytes" in err, err
+        assert reads[-1] == (f, limit)  # read through read_limited, with the documented limit
+    assert not (tmp_path / "out").exists()

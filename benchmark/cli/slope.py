@@ -29,16 +29,19 @@ def add_parser(sub):
 
 def _read_id_csv(path: str) -> dict[str, float]:
     import csv
+    import io
 
     from benchmark.errors import BenchError
+    from benchmark.fsutil import read_text_limited
+    from leaderboard.aggregate import MAX_ID_ACCURACY_BYTES  # the same file as `bench leaderboard --id-accuracy`
 
     out = {}
+    text = read_text_limited(path, max_bytes=MAX_ID_ACCURACY_BYTES, what="--id-accuracy CSV")
     try:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                v = float(str(row["top1"]).replace(",", ""))
-                out[row["model"]] = v / 100 if v > 1 else v
-    except (OSError, KeyError, ValueError) as e:
+        for row in csv.DictReader(io.StringIO(text, newline="")):
+            v = float(str(row["top1"]).replace(",", ""))
+            out[row["model"]] = v / 100 if v > 1 else v
+    except (KeyError, ValueError) as e:
         raise BenchError(f"--id-accuracy {path!r}: expected a CSV with columns model,top1 ({type(e).__name__}: {e})") from None
     return out
 
@@ -55,9 +58,9 @@ def run(args) -> int:
     from eval.slope import SCALES, slope_table
     from eval.verify import result_path
 
+    ids = _read_id_csv(args.id_accuracy) if args.id_accuracy else None  # options before the results
     results = [load_result(result_path(p)) for p in args.results]
     scales = SCALES if args.scale == "both" else (args.scale,)
-    ids = _read_id_csv(args.id_accuracy) if args.id_accuracy else None
     table = slope_table(results, reference_config=args.reference, id_accuracy=ids, scales=scales)
     if args.json:
         print_json(table)
