@@ -16,6 +16,8 @@ form ``bench eval`` decodes pixel for pixel (``benchmark.pixels.to_rgb``):
 
 - a JPEG in RGB or grayscale without an EXIF rotation is stored byte for byte (no second lossy
   encoding);
+- an image whose header claims sides outside ``benchmark.pixels``' bounds (a side over 32768
+  pixels, over 89.5 megapixels, sides in a ratio over 50:1) is refused before it is decoded;
 - everything else is decoded, converted to 8-bit RGB or grayscale and stored as a lossless PNG:
   EXIF orientation applied (``PIL.ImageOps.exif_transpose``); 16-bit and 32-bit integer
   grayscale (``I;16``, ``I;16B``, ``I``) scaled to 8 bits (``round(v / 257)``, not clipped);
@@ -48,7 +50,7 @@ from pathlib import Path
 from benchmark import imagenet
 from benchmark.errors import BenchError
 from benchmark.fsutil import prepare_fresh_dir, read_limited
-from benchmark.pixels import to_8bit
+from benchmark.pixels import check_size, to_8bit
 from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
 
 log = logging.getLogger(__name__)
@@ -287,6 +289,7 @@ def decode_image(data: bytes, *, pixels: bool = True):
             warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data": the pixels still decode
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # > 89 Mpx: refused, bounded memory
             with Image.open(io.BytesIO(data)) as im:
+                check_size(im.size)  # from the header: a 208-byte PNG may claim 20000x2 pixels
                 im.load()
                 fmt, mode = im.format or "unknown", im.mode
                 orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
