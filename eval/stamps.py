@@ -130,7 +130,8 @@ def load_trusted_keys(path: str | os.PathLike) -> dict[str, PublicKey]:
     path = Path(path)
     if not path.exists():
         raise BenchError(f"trusted keys file {str(path)!r} does not exist; it holds the maintainers' KEY.pub lines")
-    data = read_limited(path, max_bytes=MAX_TRUSTED_KEYS_BYTES, what="trusted keys file")
+    data = read_limited(path, max_bytes=MAX_TRUSTED_KEYS_BYTES, what="trusted keys file",
+                        fix="it holds one 'ed25519 KEY name' line per maintainer: is it the right file?")
     keys = {}
     for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         line = line.strip()

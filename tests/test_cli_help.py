@@ -36,12 +36,32 @@ def test_every_verb_has_a_description_and_examples(name):
         f"{name}: no examples"
 
 
+def _without_help(parser) -> list[str]:
+    """Options, positionals and sub-command groups (`bench <verb>`, `bench build <suite>`) without help."""
+    return [a.option_strings[0] if a.option_strings else a.metavar or a.dest for a in parser._actions
+            if not isinstance(a, argparse._HelpAction) and not (a.help and a.help.strip() and a.help != argparse.SUPPRESS)]
+
+
 @pytest.mark.parametrize("name", list(PARSERS))
-def test_every_option_has_help(name):
-    missing = [a.option_strings[0] if a.option_strings else a.dest for a in PARSERS[name]._actions
-               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
-               and not (a.help and a.help.strip() and a.help != argparse.SUPPRESS)]
-    assert not missing, f"{name}: options without help: {missing}"
+def test_every_option_and_positional_has_help(name):
+    missing = _without_help(PARSERS[name])
+    assert not missing, f"{name}: options or positionals without help: {missing}"
+
+
+def test_the_help_check_fails_on_a_missing_help():
+    """The check sees a positional or a sub-command group without help (as `bench build`'s suite was)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("path")
+    p.add_argument("--flag", help="documented")
+    p.add_subparsers(dest="suite", metavar="<suite>")
+    assert _without_help(p) == ["path", "<suite>"]
+
+
+def test_build_lists_its_suites_with_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    out = capsys.readouterr().out
+    assert "which suite to build" in out
 
 
 def test_build_suite_help_prints_description_and_examples(capsys):
@@ -197,6 +217,7 @@ def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypat
     """/dev/zero has st_size 0 and never ends; it and a regular file over the limit are one line naming
     the file and the limit. Each file goes through read_limited with its documented limit (lowered
     to 4 KiB here so the test reads 4 KiB, not up to 256 MiB of zeros)."""
+    import sys
     import time
 
     import benchmark.fsutil as fsutil
@@ -216,7 +237,8 @@ def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypat
         finally:
             assert time.perf_counter() - t0 < 0.5
 
-    monkeypatch.setattr(fsutil, "read_limited", spy)
+    for module in [m for m in list(sys.modules.values()) if getattr(m, "read_limited", None) is real]:
+        monkeypatch.setattr(module, "read_limited", spy)  # also where it was imported by name
     for f in ("/dev/zero", str(tmp_path / "big.txt")):
         code = main([subs.get(a, f if a == "FILE" else a) for a in argv_t])
         err = capsys.readouterr().err

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genshift-bench {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
-    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser)
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser,
+                                help="what to do; `bench <verb> --help` shows its options and examples")
     for module in _available_verbs():
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
