@@ -6,9 +6,10 @@
 and transparency is composited on white wherever an image is read.
 
 Sizes are bounded from the header, before any pixel is decoded or resized (:func:`check_size`):
-a 208-byte PNG may claim 20000x2 pixels, which timm's resize (shorter side to 256 for a 224 crop)
-would turn into a 256x2,560,000 picture (2 GB of 8-bit RGB before the crop). The bounds admit every real
-photo: a 61-megapixel full-frame photo (9504x6336) and panoramas up to 50:1 (e.g. 20000x400).
+a PNG of a few hundred bytes may claim 20000x2 pixels, which timm's resize (shorter side to 256
+for a 224 crop) would turn into a 256x2,560,000 picture (2 GB of 8-bit RGB before the crop).
+The bounds admit real photos: a 61-megapixel full-frame photo (9504x6336) and panoramas up to
+50:1 (e.g. 20000x400).
 
 - ``MAX_SIDE`` = 32768 pixels per side;
 - ``MAX_PIXELS`` = 89,478,485 pixels (Pillow's own decompression-bomb threshold);

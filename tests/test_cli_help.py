@@ -246,3 +246,17 @@ def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypat
         assert f"error: {what} {f!r} is larger than 4096 bytes" in err, err
         assert reads[-1] == (f, limit)  # read through read_limited, with the documented limit
     assert not (tmp_path / "out").exists()
+
+
+def test_os_error_traceback_with_vv(capsys, monkeypatch):
+    """-vv keeps the traceback of an OSError (a bug may raise one too), then the same one line."""
+    import benchmark.cli.suites as suites_cli
+
+    def fail(args):
+        raise OSError(28, "No space left on device", "/data/x")
+
+    monkeypatch.setattr(suites_cli, "run", fail)
+    assert main(["-vv", "suites"]) == 74
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in fail" in err
+    assert err.rstrip().splitlines()[-1].startswith("error: No space left on device (ENOSPC) on '/data/x'")

@@ -823,3 +823,17 @@ def test_device_decode_checks_jpeg_sides_before_decoding():
     assert x.shape == (1, 3, 64, 64)
     assert bad == [(1, "ImageSizeError: 20000x2 pixels: sides in a ratio of 10000:1, over the 50:1 limit; "
                        "crop the image")]
+
+
+@pytest.mark.parametrize("size, ok", [((9504, 6336), True), ((20000, 400), True), ((1, 1), True), ((32768, 2000), True),
+                                      ((20001, 400), False), ((32769, 1000), False), ((10000, 9000), False),
+                                      ((0, 5), False)])
+def test_size_bounds_admit_real_photos(size, ok):
+    """The documented bounds: a 61-megapixel photo and a 50:1 panorama pass; one pixel over any bound fails."""
+    from benchmark.pixels import ImageSizeError, check_size
+
+    if ok:
+        check_size(size)
+    else:
+        with pytest.raises(ImageSizeError, match=rf"{size[0]}x{size[1]} pixels: "):
+            check_size(size)
