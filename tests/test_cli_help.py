@@ -39,7 +39,8 @@ def test_every_verb_has_a_description_and_examples(name):
 def _without_help(parser) -> list[str]:
     """Options, positionals and sub-command groups (`bench <verb>`, `bench build <suite>`) without help."""
     return [a.option_strings[0] if a.option_strings else a.metavar or a.dest for a in parser._actions
-            if not isinstance(a, argparse._HelpAction) and not (a.help and a.help.strip() and a.help != argparse.SUPPRESS)]
+            if not isinstance(a, argparse._HelpAction)
+            and not (a.help and a.help.strip() and a.help != argparse.SUPPRESS)]
 
 
 @pytest.mark.parametrize("name", list(PARSERS))
@@ -123,8 +124,9 @@ def test_full_disk_during_eval_is_one_line_nothing_half_written_and_the_rerun_re
     import json
 
     out = tmp_path / "runs"
-    argv = ["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(toy_suite), "--out",
-            str(out), "--batch-size", "8", "--workers", "0", "--compile", "off", "--bootstrap", "10", "--no-progress"]
+    argv = ["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(toy_suite),
+            "--out", str(out), "--batch-size", "8", "--workers", "0", "--compile", "off", "--bootstrap", "10",
+            "--no-progress"]
     refused = _enospc_on(monkeypatch, "/shifted/part-")  # the second config's checkpoint: the first one is done
     assert main(argv) == 74
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -142,7 +144,8 @@ def test_full_disk_during_eval_is_one_line_nothing_half_written_and_the_rerun_re
     assert timings["base"]["resumed_units"] >= 1 and timings["shifted"]["resumed_units"] == 0  # base was not re-run
 
 
-@pytest.mark.parametrize("code, fix", [(30, r"Read-only file system (EROFS) on '/data/runs/x\n.parquet'; choose a writable path"),
+@pytest.mark.parametrize("code, fix", [(30, r"Read-only file system (EROFS) on '/data/runs/x\n.parquet'; choose a "
+                                            "writable path"),
                                        (13, "fix its permissions or choose another path"),
                                        (122, "disk quota"), (5, "input/output error")])
 def test_os_errors_name_the_errno_the_path_and_the_fix(code, fix, capsys, monkeypatch):

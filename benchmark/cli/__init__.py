@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `bench suites --json | head`
         sys.stderr.close()
         return 0
-    except OSError as e:  # ENOSPC, EACCES, EROFS, ...: the environment, not a bug; writes are atomic, nothing half-written
+    except OSError as e:  # ENOSPC, EACCES, EROFS: the environment, not a bug (writes are atomic: nothing half-written)
         if args.verbose >= 2:
             traceback.print_exc()
         print(f"error: {os_error_message(e)}", file=sys.stderr)
