@@ -41,6 +41,7 @@ class OfflineError(BenchError):
 
 
 # What to do about an OSError from the environment, by errno (the CLI prints one line, never a traceback).
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] [^:\n]*(?:: '([^'\n]*)')?")
 _RERUN = "then rerun: finished outputs are kept and the rerun resumes"
 _OS_FIXES = {
     errno.ENOSPC: f"free disk space or write elsewhere (--out), {_RERUN}",
@@ -62,12 +63,19 @@ def os_error_message(e: OSError) -> str:
     ``e.filename`` names the path; writes through :func:`benchmark.fsutil.atomic_path` add it
     when the library that failed did not (pyarrow and ``file.write`` report only the errno).
     """
-    code = e.errno
+    code, filename, filename2 = e.errno, e.filename, e.filename2
+    if code is None:  # re-raised from a DataLoader worker: the original error is the traceback's last line
+        m = _ERRNO_TEXT.search(str(e))
+        if m:
+            code, filename = int(m.group(1)), m.group(2)
     # os.strerror: pyarrow's strerror is "Error writing bytes to file. Detail: [errno 28] ..."
-    reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code is not None else (e.strerror or str(e))
-    where = f" on {str(e.filename)!r}" if e.filename is not None else ""
-    if e.filename2 is not None:
-        where += f" -> {str(e.filename2)!r}"
+    if code is not None:
+        reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    else:
+        reason = (e.strerror or str(e) or type(e).__name__).strip().splitlines()[-1]
+    where = f" on {str(filename)!r}" if filename is not None else ""
+    if filename2 is not None:
+        where += f" -> {str(filename2)!r}"
     fix = _OS_FIXES.get(code, f"check the path and the disk, {_RERUN}")
     return one_line(f"{reason}{where}; {fix}")
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark import imagenet
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import prepare_fresh_dir, read_limited
 from benchmark.pixels import check_size, to_8bit
 from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
@@ -334,9 +334,11 @@ def _check_file(path: Path) -> tuple[ImageInfo | None, str | None, bytes | None]
         size = path.stat().st_size
         if size > MAX_IMAGE_BYTES:
             return None, f"{size} bytes, over the {MAX_IMAGE_BYTES >> 20} MiB limit for one image", None
-        data = path.read_bytes()
+        data = read_limited(path, max_bytes=MAX_IMAGE_BYTES, what="image")  # bounded if it grew since the stat
     except OSError as e:
         return None, f"cannot be read: {e.strerror}", None
+    except IntegrityError as e:
+        return None, str(e), None
     info, why = check_image(data)
     return info, why, hashlib.sha256(data).digest() if info is not None else None
 
@@ -344,8 +346,8 @@ def _check_file(path: Path) -> tuple[ImageInfo | None, str | None, bytes | None]
 def _store_file(path: Path, digest: bytes, info: ImageInfo) -> bytes | None:
     """The bytes to store for a checked file, or ``None`` if it changed or went since (worker processes)."""
     try:
-        data = path.read_bytes()
-    except OSError:
+        data = read_limited(path, max_bytes=MAX_IMAGE_BYTES, what="image")
+    except IntegrityError:
         return None
     if hashlib.sha256(data).digest() != digest:  # the bytes stored are the bytes checked
         return None

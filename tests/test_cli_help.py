@@ -263,3 +263,24 @@ def test_os_error_traceback_with_vv(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "in fail" in err
     assert err.rstrip().splitlines()[-1].startswith("error: No space left on device (ENOSPC) on '/data/x'")
+
+
+def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
+    """torch re-raises a worker's OSError with the worker's traceback as its text and no errno: the
+    line is the original error (errno, path, fix), not the traceback."""
+    from torch._utils import ExceptionWrapper
+
+    import benchmark.cli.suites as suites_cli
+
+    def fail(args):
+        try:
+            raise OSError(5, "Input/output error", "/data/suite/test-00000-of-00002.parquet")
+        except OSError:
+            wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+        wrapped.reraise()
+
+    monkeypatch.setattr(suites_cli, "run", fail)
+    assert main(["suites"]) == 74
+    err = capsys.readouterr().err
+    assert err == ("error: Input/output error (EIO) on '/data/suite/test-00000-of-00002.parquet'; the disk reported "
+                   "an input/output error; check it, then rerun: finished outputs are kept and the rerun resumes\n")
