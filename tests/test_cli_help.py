@@ -284,3 +284,12 @@ def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err == ("error: Input/output error (EIO) on '/data/suite/test-00000-of-00002.parquet'; the disk reported "
                    "an input/output error; check it, then rerun: finished outputs are kept and the rerun resumes\n")
+
+
+def test_slope_id_accuracy_csv_is_read_through_the_bounded_reader(tmp_path):
+    """What the bounded reader returns is parsed as before: Excel's BOM dropped, percent or fraction."""
+    from benchmark.cli.slope import _read_id_csv
+
+    path = tmp_path / "top1.csv"
+    path.write_bytes("\ufeffmodel,top1\r\ntimm/a,81.5\r\ntimm/b,0.7\r\n".encode())
+    assert _read_id_csv(str(path)) == {"timm/a": pytest.approx(0.815), "timm/b": pytest.approx(0.7)}
