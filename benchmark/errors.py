@@ -55,6 +55,9 @@ _OS_FIXES = {
     errno.EIO: f"the disk reported an input/output error; check it, {_RERUN}",
     errno.ENOENT: "check the path (a folder may have been removed while bench ran)",
 }
+_NETWORK = "the network or the Hub did not answer; check the connection and HF_ENDPOINT, then rerun"
+_OS_FIXES.update({code: _NETWORK for code in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT,
+                                               errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNABORTED)})
 
 
 def os_error_message(e: OSError) -> str:
@@ -76,7 +79,8 @@ def os_error_message(e: OSError) -> str:
     where = f" on {str(filename)!r}" if filename is not None else ""
     if filename2 is not None:
         where += f" -> {str(filename2)!r}"
-    fix = _OS_FIXES.get(code, f"check the path and the disk, {_RERUN}")
+    fix = _OS_FIXES.get(code, _NETWORK if isinstance(e, (ConnectionError, TimeoutError)) else
+                        f"check the path and the disk, {_RERUN}")
     return one_line(f"{reason}{where}; {fix}")
 
 

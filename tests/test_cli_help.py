@@ -147,7 +147,9 @@ def test_full_disk_during_eval_is_one_line_nothing_half_written_and_the_rerun_re
 @pytest.mark.parametrize("code, fix", [(30, r"Read-only file system (EROFS) on '/data/runs/x\n.parquet'; choose a "
                                             "writable path"),
                                        (13, "fix its permissions or choose another path"),
-                                       (122, "disk quota"), (5, "input/output error")])
+                                       (122, "disk quota"), (5, "input/output error"),
+                                       (111, "Connection refused (ECONNREFUSED) on '/data/runs/x\\n.parquet'; the "
+                                             "network or the Hub did not answer")])
 def test_os_errors_name_the_errno_the_path_and_the_fix(code, fix, capsys, monkeypatch):
     """EROFS, EACCES, EDQUOT, EIO raised by a verb: one line through the CLI's funnel, exit 74."""
     import benchmark.cli.suites as suites_cli
