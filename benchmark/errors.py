@@ -8,6 +8,8 @@ a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import re
 from collections.abc import Iterable
 
@@ -36,6 +38,50 @@ class IntegrityError(BenchError):
 
 class OfflineError(BenchError):
     """Something needs the network (or a cached snapshot) that is not there."""
+
+
+# What to do about an OSError from the environment, by errno (the CLI prints one line, never a traceback).
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] [^:\n]*(?:: '([^'\n]*)')?")
+_RERUN = "then rerun: finished outputs are kept and the rerun resumes"
+_OS_FIXES = {
+    errno.ENOSPC: f"free disk space or write elsewhere (--out), {_RERUN}",
+    errno.EDQUOT: f"free space under your disk quota or write elsewhere (--out), {_RERUN}",
+    errno.EFBIG: f"the file system refuses files this large; write elsewhere (--out), {_RERUN}",
+    errno.EACCES: f"fix its permissions or choose another path, {_RERUN}",
+    errno.EPERM: f"fix its permissions or choose another path, {_RERUN}",
+    errno.EROFS: f"choose a writable path (e.g. another --out), {_RERUN}",
+    errno.EMFILE: f"too many open files; raise the limit (ulimit -n) or use fewer --workers, {_RERUN}",
+    errno.ENFILE: f"too many open files on the system; close some programs, {_RERUN}",
+    errno.EIO: f"the disk reported an input/output error; check it, {_RERUN}",
+    errno.ENOENT: "check the path (a folder may have been removed while bench ran)",
+}
+_NETWORK = "the network or the Hub did not answer; check the connection and HF_ENDPOINT, then rerun"
+_OS_FIXES.update({code: _NETWORK for code in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT,
+                                               errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNABORTED)})
+
+
+def os_error_message(e: OSError) -> str:
+    """One line for an ``OSError`` that reached the CLI: what failed, on which path, and the fix.
+
+    ``e.filename`` names the path; writes through :func:`benchmark.fsutil.atomic_path` add it
+    when the library that failed did not (pyarrow and ``file.write`` report only the errno).
+    """
+    code, filename, filename2 = e.errno, e.filename, e.filename2
+    if code is None:  # re-raised from a DataLoader worker: the original error is the traceback's last line
+        m = _ERRNO_TEXT.search(str(e))
+        if m:
+            code, filename = int(m.group(1)), m.group(2)
+    # os.strerror: pyarrow's strerror is "Error writing bytes to file. Detail: [errno 28] ..."
+    if code is not None:
+        reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    else:
+        reason = (e.strerror or str(e) or type(e).__name__).strip().splitlines()[-1]
+    where = f" on {str(filename)!r}" if filename is not None else ""
+    if filename2 is not None:
+        where += f" -> {str(filename2)!r}"
+    fix = _OS_FIXES.get(code, _NETWORK if isinstance(e, (ConnectionError, TimeoutError)) else
+                        f"check the path and the disk, {_RERUN}")
+    return one_line(f"{reason}{where}; {fix}")
 
 
 def one_line(text: object, limit: int | None = None) -> str:

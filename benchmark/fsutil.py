@@ -18,6 +18,7 @@ from pathlib import Path
 from benchmark.errors import BenchError, IntegrityError
 
 INCOMPLETE = ".incomplete"
+MAX_LIST_BYTES = 1 << 20  # a list file (models, keys, CSV of model,top1): thousands of lines fit in far less
 _CHUNK = 1 << 20
 
 
@@ -38,18 +39,39 @@ def canonical_json(obj) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
 
 
-def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str) -> bytes:
-    """The bytes of a file from outside, refused (one line) when larger than ``max_bytes``."""
+def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
+                 fix: str = "it cannot be a valid {what} (re-download or rebuild it)") -> bytes:
+    """The bytes of a file from outside, refused (one line) when larger than ``max_bytes``.
+
+    At most ``max_bytes + 1`` bytes are read whatever ``st_size`` says, so ``/dev/zero``, a pipe or
+    a file still growing cost ``max_bytes`` and a moment, never memory without end. ``fix`` (with
+    ``{what}`` filled in) tells the user what to do about a file over the limit.
+    """
     path = Path(path)
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise IntegrityError(f"{what} {str(path)!r} does not exist; check the path") from None
     except OSError as e:
         raise IntegrityError(f"{what} {str(path)!r} cannot be read ({e.strerror}); check the file") from None
     if len(data) > max_bytes:
-        raise IntegrityError(f"{what} {str(path)!r} is larger than {max_bytes} bytes; it cannot be a valid {what} "
-                             "(re-download or rebuild it)")
+        raise IntegrityError(f"{what} {str(path)!r} is larger than {max_bytes} bytes; {fix.format(what=what)}")
     return data
+
+
+def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
+                      fix: str = "is it the right file?") -> str:
+    """A UTF-8 text file from outside (list files: ``--models``, trusted keys, CSVs), read with
+    :func:`read_limited`; a byte-order mark (Excel's "CSV UTF-8") is dropped, anything not UTF-8 is
+    one line naming the byte and line."""
+    data = read_limited(path, max_bytes=max_bytes, what=what, fix=fix)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise IntegrityError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); "
+                             "save it as UTF-8") from None
 
 
 def json_depth(obj) -> int:
@@ -113,6 +135,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename is None:  # pyarrow and file.write report only the errno: name the file being written
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -16,6 +16,8 @@ form ``bench eval`` decodes pixel for pixel (``benchmark.pixels.to_rgb``):
 
 - a JPEG in RGB or grayscale without an EXIF rotation is stored byte for byte (no second lossy
   encoding);
+- an image whose header claims sides outside ``benchmark.pixels``' bounds (a side over 32768
+  pixels, over 89.5 megapixels, sides in a ratio over 50:1) is refused before it is decoded;
 - everything else is decoded, converted to 8-bit RGB or grayscale and stored as a lossless PNG:
   EXIF orientation applied (``PIL.ImageOps.exif_transpose``); 16-bit and 32-bit integer
   grayscale (``I;16``, ``I;16B``, ``I``) scaled to 8 bits (``round(v / 257)``, not clipped);
@@ -46,16 +48,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark import imagenet
-from benchmark.errors import BenchError
-from benchmark.fsutil import prepare_fresh_dir
-from benchmark.pixels import to_8bit
+from benchmark.errors import BenchError, IntegrityError
+from benchmark.fsutil import prepare_fresh_dir, read_limited
+from benchmark.pixels import check_size, to_8bit
 from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
 
 log = logging.getLogger(__name__)
 # A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
 SUITE_ID_RE = CONFIG_RE
 MAX_SHARD_SIZE = 100_000
-MAX_CSV_BYTES = 1 << 30
+MAX_CSV_BYTES = 256 << 20  # a path,label line per image: ImageNet-train (1.28M images) is ~60 MiB
 MAX_IMAGE_BYTES = 1 << 28
 DEFAULT_WORKERS = 8
 CHUNK = 16  # images per worker task
@@ -114,12 +116,8 @@ def read_csv_rows(csv_path: Path) -> list[list[str]]:
     """The rows of a UTF-8 CSV (a byte-order mark, as Excel writes, is dropped); any other
     encoding is one error naming the file and how to convert it."""
     name = display(csv_path.name)
-    if not csv_path.is_file():
-        raise BenchError(f"--csv {display(csv_path)!r} does not exist")
-    if csv_path.stat().st_size > MAX_CSV_BYTES:
-        raise BenchError(f"{name} is larger than {MAX_CSV_BYTES >> 20} MiB; a path,label list is far smaller, "
-                         "check that --csv names the right file")
-    data = csv_path.read_bytes()
+    data = read_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
+                        fix="a path,label list is far smaller, check that --csv names the right file")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -291,6 +289,7 @@ def decode_image(data: bytes, *, pixels: bool = True):
             warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data": the pixels still decode
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # > 89 Mpx: refused, bounded memory
             with Image.open(io.BytesIO(data)) as im:
+                check_size(im.size)  # from the header: a 208-byte PNG may claim 20000x2 pixels
                 im.load()
                 fmt, mode = im.format or "unknown", im.mode
                 orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
@@ -335,9 +334,11 @@ def _check_file(path: Path) -> tuple[ImageInfo | None, str | None, bytes | None]
         size = path.stat().st_size
         if size > MAX_IMAGE_BYTES:
             return None, f"{size} bytes, over the {MAX_IMAGE_BYTES >> 20} MiB limit for one image", None
-        data = path.read_bytes()
+        data = read_limited(path, max_bytes=MAX_IMAGE_BYTES, what="image")  # bounded if it grew since the stat
     except OSError as e:
         return None, f"cannot be read: {e.strerror}", None
+    except IntegrityError as e:
+        return None, str(e), None
     info, why = check_image(data)
     return info, why, hashlib.sha256(data).digest() if info is not None else None
 
@@ -345,8 +346,8 @@ def _check_file(path: Path) -> tuple[ImageInfo | None, str | None, bytes | None]
 def _store_file(path: Path, digest: bytes, info: ImageInfo) -> bytes | None:
     """The bytes to store for a checked file, or ``None`` if it changed or went since (worker processes)."""
     try:
-        data = path.read_bytes()
-    except OSError:
+        data = read_limited(path, max_bytes=MAX_IMAGE_BYTES, what="image")
+    except IntegrityError:
         return None
     if hashlib.sha256(data).digest() != digest:  # the bytes stored are the bytes checked
         return None

@@ -4,18 +4,65 @@
 16-bit, transparent, palette or CMYK images. Both sides convert with :func:`to_8bit` /
 :func:`to_rgb`, so a 16-bit PNG is scaled (not clipped to white, as ``Image.convert("RGB")`` does)
 and transparency is composited on white wherever an image is read.
+
+Sizes are bounded from the header, before any pixel is decoded or resized (:func:`check_size`):
+a PNG of a few hundred bytes may claim 20000x2 pixels, which timm's resize (shorter side to 256
+for a 224 crop) would turn into a 256x2,560,000 picture (2 GB of 8-bit RGB before the crop).
+The bounds admit real photos: a 61-megapixel full-frame photo (9504x6336) and panoramas up to
+50:1 (e.g. 20000x400).
+
+- ``MAX_SIDE`` = 32768 pixels per side;
+- ``MAX_PIXELS`` = 89,478,485 pixels (Pillow's own decompression-bomb threshold);
+- ``MAX_ASPECT`` = 50: the longer side at most 50 times the shorter, so resizing the shorter
+  side to a model's input (<= 600 pixels) costs at most 600 x 30000 x 3 bytes (54 MB).
 """
 
 from __future__ import annotations
+
+MAX_SIDE = 32768
+MAX_PIXELS = 89_478_485
+MAX_ASPECT = 50
+
+
+class ImageSizeError(ValueError):
+    """An image whose header claims sides outside the bounds (see the module docstring)."""
+
+
+def check_size(size: tuple[int, int]) -> None:
+    """Refuse an image size (``(width, height)`` from its header) outside the bounds, one line
+    with the value and the limit; the caller names the file."""
+    w, h = size
+    if w < 1 or h < 1:
+        raise ImageSizeError(f"{w}x{h} pixels: an image needs at least one pixel per side")
+    if max(w, h) > MAX_SIDE:
+        raise ImageSizeError(f"{w}x{h} pixels: a side over the {MAX_SIDE}-pixel limit; resize the image")
+    if w * h > MAX_PIXELS:
+        raise ImageSizeError(f"{w}x{h} pixels: {w * h} pixels, over the {MAX_PIXELS}-pixel limit; resize the image")
+    if max(w, h) > MAX_ASPECT * min(w, h):
+        raise ImageSizeError(f"{w}x{h} pixels: sides in a ratio of {max(w, h) / min(w, h):.0f}:1, over the "
+                             f"{MAX_ASPECT}:1 limit; crop the image")
+
+
+def size_of(data: bytes) -> tuple[int, int]:
+    """``(width, height)`` from an encoded image's header, without decoding its pixels."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return im.size
+
 
 _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
 
 
 def to_8bit(im):
-    """Pillow image of any mode -> 8-bit ``RGB`` or ``L`` with the same picture."""
+    """Pillow image of any mode -> 8-bit ``RGB`` or ``L`` with the same picture; its size is
+    checked first (:func:`check_size`), before Pillow decodes it or a transform resizes it."""
     import numpy as np
     from PIL import Image
 
+    check_size(im.size)
     mode = im.mode
     if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
         a = np.asarray(im)

@@ -167,6 +167,7 @@ def read_parquet_features(path: str | Path) -> dict:
     hostile dict can take any time or memory (``ClassLabel(num_classes=10**12)``), so the
     required columns are compared as dicts (:func:`check_features`).
     """
+    check_parquet_footer(path, str(path))
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError) as e:
@@ -449,13 +450,43 @@ ROW_COLUMNS = {"image_id": (pa.string(), pa.large_string()), "label": (pa.int64(
 IMAGE_TYPES = tuple(pa.struct([("bytes", b), ("path", s)]) for b in (pa.binary(), pa.large_binary())
                     for s in (pa.string(), pa.large_string()))
 MAX_ROW_GROUP_ROWS = 1000  # the format writes 100; eval streams one row group at a time
+# Row groups per shard: the format writes 100 rows per group, so import's largest shard (100,000
+# rows) has 1000. Footer: at most ~9.3 KB per 100-row group (images just under parquet's 4 KiB
+# statistics cap; ~1.3 KB for photos), so 2048 groups fit in 19 MB (`python
+# benchmarks/parquet_bounds.py`). A shard of 40,000 one-row groups (a 35 MB footer, ~1 s to
+# parse) is refused before pyarrow parses it.
+MAX_ROW_GROUPS = 2048
+MAX_FOOTER_BYTES = 32 << 20
+_PARQUET_MAGIC = b"PAR1"
+
+
+def check_parquet_footer(path: str | Path, where: str) -> None:
+    """Refuse a parquet file whose footer (metadata) is over ``MAX_FOOTER_BYTES``, from the
+    8-byte tail that gives its length, before pyarrow parses it; one ``IntegrityError`` line."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(size - 8, 0))
+            tail = f.read(8)
+    except OSError as e:
+        raise IntegrityError(f"{where}: cannot be read ({e.strerror}); re-download or rebuild the suite") from None
+    if len(tail) < 8 or tail[4:] != _PARQUET_MAGIC:
+        raise IntegrityError(f"{where}: not a parquet file (no PAR1 footer); re-download or rebuild it")
+    footer = int.from_bytes(tail[:4], "little")
+    if footer > MAX_FOOTER_BYTES:
+        raise IntegrityError(f"{where}: parquet footer is {footer} bytes, over the limit of {MAX_FOOTER_BYTES}; "
+                             "rewrite it with benchmark.writer.SuiteWriter (100 rows per row group)")
 
 
 def read_row_table(path: Path, rel: str) -> pa.Table:
     """The required non-image columns of one shard, each checked to have its type (the image
     column's type and the row-group sizes are checked from the footer, without reading images)."""
+    check_parquet_footer(path, rel)
     try:
         meta = pq.read_metadata(path)
+        if meta.num_row_groups > MAX_ROW_GROUPS:
+            raise IntegrityError(f"{rel}: {meta.num_row_groups} row groups, over the limit of {MAX_ROW_GROUPS} per "
+                                 "shard; write shards with benchmark.writer.SuiteWriter (100 rows per group)")
         schema = meta.schema.to_arrow_schema()
         missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
         if missing:

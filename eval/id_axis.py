@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.errors import BenchError
-from benchmark.fsutil import read_limited
+from benchmark.fsutil import read_text_limited
 from benchmark.model_ids import model_key
 
 MAX_BYTES = 16 * 2**20
@@ -40,13 +40,10 @@ class IdTable:
 def read_id_table(path) -> IdTable:
     """Parse a results CSV (``model``, ``top1`` in percent, optional ``img_size``)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise BenchError(f"--id-accuracy {path}: no such file; give timm's results-imagenet.csv or a CSV of "
                          "model,img_size,top1")
-    try:
-        text = read_limited(p, max_bytes=MAX_BYTES, what="--id-accuracy CSV").decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise BenchError(f"--id-accuracy {path} is not UTF-8 text; save it as UTF-8 CSV") from None
+    text = read_text_limited(p, max_bytes=MAX_BYTES, what="--id-accuracy CSV")  # bounded whatever st_size says
     reader = csv.DictReader(io.StringIO(text))
     fields = {(f or "").strip() for f in reader.fieldnames or []}
     if not {"model", "top1"} <= fields:

@@ -21,7 +21,7 @@ import torch
 
 from benchmark.errors import BenchError
 from benchmark.oom import BatchBackoff
-from benchmark.pixels import to_rgb
+from benchmark.pixels import check_size, size_of, to_rgb
 from benchmark.reader import LocalSuite, RowGroup, read_row_group
 from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, schema
 
@@ -190,7 +190,13 @@ class DeviceDecoder:
         is_jpeg = [bool(d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8) for d in datas]
         images: list[torch.Tensor | None] = [None] * len(datas)
         bad: list[tuple[int, str]] = []
-        jpeg_idx = [i for i, j in enumerate(is_jpeg) if j]
+        jpeg_idx = []
+        for i in (i for i, j in enumerate(is_jpeg) if j):
+            try:  # sides from the header, before the device allocates them (benchmark.pixels bounds)
+                check_size(size_of(datas[i].numpy().tobytes()))
+                jpeg_idx.append(i)
+            except Exception as e:  # noqa: BLE001 - this image's, named
+                bad.append((i, f"{type(e).__name__}: {e}"))
         if jpeg_idx:
             try:
                 out = decode_jpeg([datas[i] for i in jpeg_idx], mode=ImageReadMode.RGB, device=self.device)

@@ -20,6 +20,7 @@ import difflib
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+# The largest timm ImageNet classifiers hold ~1B parameters (eva_giant: 4 GB in fp32); a training
+# checkpoint with EMA weights and Adam state is ~4x that. Anything larger is not a checkpoint.
+MAX_CHECKPOINT_BYTES = 32 << 30
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,8 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     """
     import timm
 
+    if checkpoint is not None:
+        check_checkpoint_file(checkpoint)  # before any architecture is built (eva_giant: 3.7 GB of RAM)
     ref = parse_model_name(name)
     picked = None
     if checkpoint is not None:
@@ -330,6 +336,33 @@ def _torch_load_safely(path: Path):
                          "torch.save(model.state_dict(), 'weights.pth') or safetensors") from None
 
 
+def check_checkpoint_file(path: str | os.PathLike) -> Path:
+    """A local checkpoint exists, is a regular file, is readable, is not empty and is at most
+    ``MAX_CHECKPOINT_BYTES``; anything else is one line naming the file. Cheap (a stat and a
+    1-byte read): called before the architecture is built."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise BenchError(f"checkpoint {str(path)!r} does not exist; check the path") from None
+    except OSError as e:
+        raise BenchError(f"checkpoint {str(path)!r} cannot be read ({e.strerror}); check the path") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, pipe or socket)"
+        raise BenchError(f"checkpoint {str(path)!r} is {kind}; give the weights file (.safetensors, .pth, .bin)")
+    if st.st_size == 0:
+        raise BenchError(f"checkpoint {str(path)!r} is empty (0 bytes); the download or copy did not finish")
+    if st.st_size > MAX_CHECKPOINT_BYTES:
+        raise BenchError(f"checkpoint {str(path)!r} is {st.st_size} bytes, over the {MAX_CHECKPOINT_BYTES >> 30} GiB "
+                         "limit for a classifier's weights; is it the right file?")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise BenchError(f"checkpoint {str(path)!r} cannot be read ({e.strerror}); fix its permissions") from None
+    return path
+
+
 def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple[dict, str | None]:
     """A checkpoint file -> ``(state_dict, entry)``; ``entry`` names the training-checkpoint key used.
 
@@ -344,8 +377,7 @@ def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple
     path = Path(path)
     if weights not in CHECKPOINT_WEIGHTS:
         raise BenchError(f"--checkpoint-weights must be one of {', '.join(CHECKPOINT_WEIGHTS)}, got {weights!r}")
-    if not path.is_file():
-        raise BenchError(f"checkpoint {str(path)!r} does not exist")
+    check_checkpoint_file(path)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from benchmark.errors import IntegrityError
 from benchmark.fsutil import atomic_path, atomic_write_bytes, canonical_json
+from benchmark.suite_format import check_parquet_footer
 
 log = logging.getLogger(__name__)
 TOPK = 10
@@ -218,7 +219,8 @@ class CheckpointedPredictions:
 
 
 def read_predictions(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    """Read one predictions file, checking it has the base columns."""
+    """Read one predictions file, checking it has the base columns (its footer bounded first)."""
+    check_parquet_footer(path, f"predictions file {path}")
     try:
         table = pq.read_table(path, columns=columns)
     except (OSError, pa.ArrowInvalid) as e:

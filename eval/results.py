@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import atomic_write_bytes, canonical_json, json_depth, sha256_bytes
+from benchmark.fsutil import atomic_write_bytes, canonical_json, json_depth, read_limited, sha256_bytes
 from benchmark.suite_format import CONFIG_RE, MAX_JSON_DEPTH, SHA256_RE  # one set of names and limits
 
 SCHEMA_VERSION = 1
@@ -119,7 +119,8 @@ def load_result(path: str | Path) -> dict:
         raise BenchError(f"result file {str(path)!r} does not exist")
     if path.stat().st_size > MAX_RESULT_BYTES:
         raise IntegrityError(f"result file {path} is larger than {MAX_RESULT_BYTES // 2**20} MiB; not a result")
-    return parse_result(path.read_bytes(), where=str(path))
+    return parse_result(read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file", fix="not a result"),
+                        where=str(path))  # bounded even if it grew since the stat
 
 
 def parse_result(raw: bytes, *, where: str) -> dict:

@@ -20,17 +20,20 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_write_bytes, canonical_json, read_limited, sha256_bytes
+from benchmark.fsutil import INCOMPLETE, atomic_write_bytes, canonical_json, read_limited, sha256_bytes
 
 STAMP_KIND = "genshift-verification"
 STAMP_VERSION = 2
 ALGORITHM = "ed25519"
 MAX_STAMP_BYTES = 1 << 20
 MAX_TRUSTED_KEYS_BYTES = 1 << 20
+MAX_PRIVATE_KEY_BYTES = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -48,20 +51,37 @@ def key_id(raw: bytes) -> str:
 
 
 def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
-    """Write a new private key to ``path`` (0600, refused if it exists) and its public line to ``path.pub``."""
+    """Write a new private key to ``path`` (0600, refused if it exists) and its public line to ``path.pub``.
+
+    The key is written to a 0600 temporary file beside ``path`` and hard-linked into place: the
+    link is atomic, never replaces anything (an existing file or a symlink, dangling or not) and
+    never follows a link, so a key is whole or absent and cannot be written somewhere else.
+    """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     path = Path(path)
+    if path.is_symlink():
+        raise BenchError(f"{path} is a symbolic link (to {os.readlink(path)!r}); a private key is never written "
+                         "through a link: give the path of a new plain file")
     if path.exists():
         raise BenchError(f"{path} already exists; choose another path (a key is never overwritten)")
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=INCOMPLETE, dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path, follow_symlinks=False)
+        except FileExistsError:  # created meanwhile (or a link placed there): refused, never replaced
+            raise BenchError(f"{path} already exists; choose another path (a key is never overwritten)") from None
+    finally:
+        os.unlink(tmp)
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     pub = PublicKey(key_id(raw), raw, name or path.stem)
     atomic_write_bytes(Path(str(path) + ".pub"), (pub.line() + "\n").encode())
@@ -69,14 +89,22 @@ def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
 
 
 def load_private_key(path: str | os.PathLike):
+    """The ed25519 signing key at ``path``; refused, as ssh does, when group or others may read or
+    write it (``chmod 600``): a key others can read may sign stamps that are not the maintainer's."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     path = Path(path)
     if not path.is_file():
         raise BenchError(f"signing key {str(path)!r} does not exist; create one with `bench keygen {path}`")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if os.name == "posix" and mode & 0o077:
+        raise BenchError(f"signing key {str(path)!r} has permissions {mode:04o}, open to group or others (allowed: "
+                         f"0600 or stricter); run: chmod 600 {path}")
+    data = read_limited(path, max_bytes=MAX_PRIVATE_KEY_BYTES, what="signing key",
+                        fix="an ed25519 PEM key is about 120 bytes: is it the right file?")
     try:
-        key = serialization.load_pem_private_key(path.read_bytes()[:MAX_STAMP_BYTES], password=None)
+        key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
         raise BenchError(f"{path} is not an unencrypted PEM private key ({e}); create one with `bench keygen`") from None
     if not isinstance(key, Ed25519PrivateKey):
@@ -100,9 +128,10 @@ def parse_public_key(line: str, *, where: str) -> PublicKey:
 def load_trusted_keys(path: str | os.PathLike) -> dict[str, PublicKey]:
     """Public keys from a trusted-keys file, by key id."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise BenchError(f"trusted keys file {str(path)!r} does not exist; it holds the maintainers' KEY.pub lines")
-    data = read_limited(path, max_bytes=MAX_TRUSTED_KEYS_BYTES, what="trusted keys file")
+    data = read_limited(path, max_bytes=MAX_TRUSTED_KEYS_BYTES, what="trusted keys file",
+                        fix="it holds one 'ed25519 KEY name' line per maintainer: is it the right file?")
     keys = {}
     for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         line = line.strip()

@@ -39,7 +39,8 @@ from pathlib import Path
 
 from benchmark import upstream
 from benchmark.errors import BenchError, IntegrityError, one_line
-from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
+from benchmark.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_json, canonical_json, ensure_writable_dir,
+                              read_text_limited, sha256_bytes, sha256_file)
 from benchmark.oom import BatchBackoff
 from eval.inference import (
     COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units,
@@ -122,18 +123,11 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     """``--models FILE``: one model per line, optionally followed by whitespace and a checkpoint path
     (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
-    try:
-        if p.stat().st_size > 1 << 20:
-            raise BenchError(f"--models file {str(p)!r} is over 1 MiB; is it the right file?")
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not p.exists():
         from benchmark.populations import list_populations
         raise BenchError(f"--models {str(p)!r}: no such file and no such population (populations: "
-                         f"{', '.join(list_populations())})") from None
-    except UnicodeDecodeError:
-        raise BenchError(f"--models file {str(p)!r} is not UTF-8 text") from None
-    except OSError as e:
-        raise BenchError(f"cannot read --models file {str(p)!r} ({e.strerror})") from None
+                         f"{', '.join(list_populations())})")
+    text = read_text_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")  # /dev/zero: one line, at once
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

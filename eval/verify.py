@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import sha256_bytes
+from benchmark.fsutil import read_limited, sha256_bytes
 from benchmark.pixels import to_rgb
 from benchmark.suite_format import rows_digest_table
 from eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
@@ -82,7 +82,7 @@ def read_result_bytes(path: Path) -> bytes:
     if size > MAX_RESULT_BYTES:
         raise IntegrityError(f"result file {path} is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES >> 20} MiB "
                              "limit; not a result")
-    return path.read_bytes()
+    return read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file", fix="not a result")
 
 
 def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, suites: TrustedSuites | None = None,

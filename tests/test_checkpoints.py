@@ -140,3 +140,58 @@ def test_ema_requested_on_a_plain_state_dict(train_checkpoint):
     _, plain, _ = train_checkpoint
     with pytest.raises(BenchError, match="no EMA weights"):
         load_checkpoint(timm.create_model(ARCH), plain, weights="ema")
+
+
+def _missing(tmp_path):
+    return "/nonexistent.pth"
+
+
+def _folder(tmp_path):
+    (tmp_path / "weights").mkdir()
+    return str(tmp_path / "weights")
+
+
+def _empty(tmp_path):
+    (tmp_path / "empty.pth").write_bytes(b"")
+    return str(tmp_path / "empty.pth")
+
+
+def _over_limit(tmp_path):
+    """A sparse file one byte over the limit: no disk used, nothing read."""
+    from eval.models import MAX_CHECKPOINT_BYTES
+
+    path = tmp_path / "huge.pth"
+    with open(path, "wb") as f:
+        f.truncate(MAX_CHECKPOINT_BYTES + 1)
+    return str(path)
+
+
+@pytest.mark.parametrize("make, match", [
+    (_missing, r"checkpoint '/nonexistent\.pth' does not exist"),
+    (_folder, r"checkpoint '.*/weights' is a folder; give the weights file"),
+    (lambda tmp_path: "/dev/zero", r"checkpoint '/dev/zero' is not a regular file \(a device, pipe or socket\)"),
+    (_empty, r"checkpoint '.*empty\.pth' is empty \(0 bytes\)"),
+    (_over_limit, r"checkpoint '.*huge\.pth' is 34359738369 bytes, over the 32 GiB limit"),
+])
+def test_checkpoint_is_checked_before_the_architecture_is_built(tmp_path, toy_suite, capsys, monkeypatch, make, match):
+    """`--model eva_giant_patch14_224 --checkpoint BAD` is one line at once: the 1B-parameter model
+    (3.7 GB) is never built, and nothing is read from the file beyond a stat."""
+    import re
+    import time
+
+    import timm
+
+    import eval.models
+
+    path = make(tmp_path)
+    built = []
+    monkeypatch.setattr(timm, "create_model", lambda *a, **k: built.append(a) or pytest.fail("model built"))
+    t0 = time.perf_counter()
+    with pytest.raises(BenchError, match=match):
+        eval.models.load_classifier("eva_giant_patch14_224", checkpoint=path)
+    assert time.perf_counter() - t0 < 0.5
+    rc = main(["eval", "--model", "eva_giant_patch14_224", "--checkpoint", path, "--suite", str(toy_suite),
+               "--out", str(tmp_path / "runs"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and re.search(match, err), err
+    assert not built and not list((tmp_path / "runs").rglob("*.json"))

@@ -36,12 +36,33 @@ def test_every_verb_has_a_description_and_examples(name):
         f"{name}: no examples"
 
 
+def _without_help(parser) -> list[str]:
+    """Options, positionals and sub-command groups (`bench <verb>`, `bench build <suite>`) without help."""
+    return [a.option_strings[0] if a.option_strings else a.metavar or a.dest for a in parser._actions
+            if not isinstance(a, argparse._HelpAction)
+            and not (a.help and a.help.strip() and a.help != argparse.SUPPRESS)]
+
+
 @pytest.mark.parametrize("name", list(PARSERS))
-def test_every_option_has_help(name):
-    missing = [a.option_strings[0] if a.option_strings else a.dest for a in PARSERS[name]._actions
-               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
-               and not (a.help and a.help.strip() and a.help != argparse.SUPPRESS)]
-    assert not missing, f"{name}: options without help: {missing}"
+def test_every_option_and_positional_has_help(name):
+    missing = _without_help(PARSERS[name])
+    assert not missing, f"{name}: options or positionals without help: {missing}"
+
+
+def test_the_help_check_fails_on_a_missing_help():
+    """The check sees a positional or a sub-command group without help (as `bench build`'s suite was)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("path")
+    p.add_argument("--flag", help="documented")
+    p.add_subparsers(dest="suite", metavar="<suite>")
+    assert _without_help(p) == ["path", "<suite>"]
+
+
+def test_build_lists_its_suites_with_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    out = capsys.readouterr().out
+    assert "which suite to build" in out
 
 
 def test_build_suite_help_prints_description_and_examples(capsys):
@@ -75,3 +96,203 @@ def test_classes_as_users_write_them():
         imagenet.parse_class("1000")
     with pytest.raises(BenchError, match="wnid"):
         imagenet.parse_class("n99999999")
+
+
+# -- the environment's OSErrors (full disk, read-only folder) are one line, and a rerun resumes ----------------
+
+def _enospc_on(monkeypatch, needle: str):
+    """pyarrow's write_table raising what it raises on a full disk (errno 28, no file name) for paths
+    containing ``needle``; returns the paths it refused."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    real, refused = pq.write_table, []
+
+    def full_disk(table, where, *a, **k):
+        if needle in str(where):
+            refused.append(str(where))
+            raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+        return real(table, where, *a, **k)
+
+    monkeypatch.setattr(pq, "write_table", full_disk)
+    return refused
+
+
+def test_full_disk_during_eval_is_one_line_nothing_half_written_and_the_rerun_resumes(tmp_path, toy_suite, capsys,
+                                                                                         monkeypatch, tiny_checkpoint):
+    import json
+
+    out = tmp_path / "runs"
+    argv = ["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(toy_suite),
+            "--out", str(out), "--batch-size", "8", "--workers", "0", "--compile", "off", "--bootstrap", "10",
+            "--no-progress"]
+    refused = _enospc_on(monkeypatch, "/shifted/part-")  # the second config's checkpoint: the first one is done
+    assert main(argv) == 74
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert refused, "the write that fails was never attempted"
+    assert err.startswith("error: No space left on device (ENOSPC) on ") and "shifted/part-" in err, err
+    assert "free disk space or write elsewhere (--out)" in err and "rerun resumes" in err
+    assert not list(out.rglob("*.incomplete")) and not list(out.rglob("result.json"))  # nothing half-written
+    (work,) = out.rglob(".work")
+    assert list((work / "base").glob("part-*.parquet")) and not list((work / "shifted").glob("part-*.parquet"))
+
+    monkeypatch.undo()
+    assert main(argv) == 0
+    (result,) = out.rglob("result.json")
+    timings = json.loads(result.read_text())["run"]["timings"]
+    assert timings["base"]["resumed_units"] >= 1 and timings["shifted"]["resumed_units"] == 0  # base was not re-run
+
+
+@pytest.mark.parametrize("code, fix", [(30, r"Read-only file system (EROFS) on '/data/runs/x\n.parquet'; choose a "
+                                            "writable path"),
+                                       (13, "fix its permissions or choose another path"),
+                                       (122, "disk quota"), (5, "input/output error"),
+                                       (111, "Connection refused (ECONNREFUSED) on '/data/runs/x\\n.parquet'; the "
+                                             "network or the Hub did not answer")])
+def test_os_errors_name_the_errno_the_path_and_the_fix(code, fix, capsys, monkeypatch):
+    """EROFS, EACCES, EDQUOT, EIO raised by a verb: one line through the CLI's funnel, exit 74."""
+    import benchmark.cli.suites as suites_cli
+
+    def fail(args):
+        raise OSError(code, "ignored", "/data/runs/x\n.parquet")
+
+    monkeypatch.setattr(suites_cli, "run", fail)
+    assert main(["suites"]) == 74
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "/data/runs/x" in err and fix in err, err
+
+
+# -- signing keys: written 0600 in one step, never through a link; a key open to others is refused ------------
+
+def test_keygen_writes_0600_atomically_and_refuses_links(tmp_path, capsys):
+    import os
+    import stat
+
+    from eval.stamps import load_private_key
+
+    key = tmp_path / "keys" / "maintainer.key"
+    assert main(["keygen", str(key), "--name", "alice"]) == 0
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.read_bytes().startswith(b"-----BEGIN PRIVATE KEY")
+    assert sorted(p.name for p in key.parent.iterdir()) == ["maintainer.key", "maintainer.key.pub"]  # no temp left
+    assert load_private_key(key) is not None
+    capsys.readouterr()
+
+    target = tmp_path / "elsewhere" / "stolen.key"  # a dangling link: following it would write the key there
+    link = tmp_path / "link.key"
+    os.symlink(target, link)
+    assert main(["keygen", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "link.key is a symbolic link" in err and "never written through a link" in err
+    assert not target.exists() and not (tmp_path / "elsewhere").exists() and link.is_symlink()
+    before = key.read_bytes()
+    assert main(["keygen", str(key)]) == 2 and "already exists" in capsys.readouterr().err
+    assert key.read_bytes() == before
+
+
+def test_a_signing_key_open_to_group_or_others_is_refused(tmp_path, capsys):
+    import os
+
+    key = tmp_path / "maintainer.key"
+    assert main(["keygen", str(key)]) == 0
+    capsys.readouterr()
+    os.chmod(key, 0o644)
+    assert main(["verify", str(tmp_path / "no-result"), "--recheck", "1", "--sign", str(key)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has permissions 0644" in err and f"chmod 600 {key}" in err, err
+    os.chmod(key, 0o600)  # the same key, private again: accepted (the run then fails on the missing result)
+    assert main(["verify", str(tmp_path / "no-result"), "--recheck", "1", "--sign", str(key)]) != 0
+    assert "permissions" not in capsys.readouterr().err
+
+
+# -- list files from outside are read with a byte limit, whatever st_size says -----------------------------
+
+LIST_FILES = {
+    "--models": (["eval", "--models", "FILE", "--suite", "no-such-suite", "--out", "OUT", "--no-progress"],
+                 "--models file", 1 << 20),
+    "--csv": (["import-folder", "SRC", "--csv", "FILE", "--name", "x", "--out", "OUT", "--no-progress"],
+              "--csv file", 256 << 20),
+    "--id-accuracy": (["slope", "RESULT", "--id-accuracy", "FILE"], "--id-accuracy CSV", 16 << 20),
+    "--trusted-keys": (["leaderboard", "--results", "OUT", "--trusted-keys", "FILE"], "trusted keys file", 1 << 20),
+}
+
+
+@pytest.mark.parametrize("flag", list(LIST_FILES))
+def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypatch):
+    """/dev/zero has st_size 0 and never ends; it and a regular file over the limit are one line naming
+    the file and the limit. Each file goes through read_limited with its documented limit (lowered
+    to 4 KiB here so the test reads 4 KiB, not up to 256 MiB of zeros)."""
+    import sys
+    import time
+
+    import benchmark.fsutil as fsutil
+
+    argv_t, what, limit = LIST_FILES[flag]
+    (tmp_path / "src" / "n01440764").mkdir(parents=True)
+    (tmp_path / "r.json").write_text("{}")
+    (tmp_path / "big.txt").write_text("x" * 4097)
+    subs = {"SRC": str(tmp_path / "src"), "OUT": str(tmp_path / "out"), "RESULT": str(tmp_path / "r.json")}
+    reads, real = [], fsutil.read_limited
+
+    def spy(path, *, max_bytes, **k):
+        reads.append((str(path), max_bytes))
+        t0 = time.perf_counter()
+        try:
+            return real(path, max_bytes=min(max_bytes, 4096), **k)
+        finally:
+            assert time.perf_counter() - t0 < 0.5
+
+    for module in [m for m in list(sys.modules.values()) if getattr(m, "read_limited", None) is real]:
+        monkeypatch.setattr(module, "read_limited", spy)  # also where it was imported by name
+    for f in ("/dev/zero", str(tmp_path / "big.txt")):
+        code = main([subs.get(a, f if a == "FILE" else a) for a in argv_t])
+        err = capsys.readouterr().err
+        assert code != 0 and err.count("\n") == 1, err
+        assert f"error: {what} {f!r} is larger than 4096 bytes" in err, err
+        assert reads[-1] == (f, limit)  # read through read_limited, with the documented limit
+    assert not (tmp_path / "out").exists()
+
+
+def test_os_error_traceback_with_vv(capsys, monkeypatch):
+    """-vv keeps the traceback of an OSError (a bug may raise one too), then the same one line."""
+    import benchmark.cli.suites as suites_cli
+
+    def fail(args):
+        raise OSError(28, "No space left on device", "/data/x")
+
+    monkeypatch.setattr(suites_cli, "run", fail)
+    assert main(["-vv", "suites"]) == 74
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in fail" in err
+    assert err.rstrip().splitlines()[-1].startswith("error: No space left on device (ENOSPC) on '/data/x'")
+
+
+def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
+    """torch re-raises a worker's OSError with the worker's traceback as its text and no errno: the
+    line is the original error (errno, path, fix), not the traceback."""
+    from torch._utils import ExceptionWrapper
+
+    import benchmark.cli.suites as suites_cli
+
+    def fail(args):
+        try:
+            raise OSError(5, "Input/output error", "/data/suite/test-00000-of-00002.parquet")
+        except OSError:
+            wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+        wrapped.reraise()
+
+    monkeypatch.setattr(suites_cli, "run", fail)
+    assert main(["suites"]) == 74
+    err = capsys.readouterr().err
+    assert err == ("error: Input/output error (EIO) on '/data/suite/test-00000-of-00002.parquet'; the disk reported "
+                   "an input/output error; check it, then rerun: finished outputs are kept and the rerun resumes\n")
+
+
+def test_slope_id_accuracy_csv_is_read_through_the_bounded_reader(tmp_path):
+    """What the bounded reader returns is parsed as before: Excel's BOM and CRLF dropped, top-1 in percent."""
+    from eval.id_axis import read_id_table
+
+    path = tmp_path / "top1.csv"
+    path.write_bytes("\ufeffmodel,top1\r\ntimm/a,81.5\r\ntimm/b,0.7\r\n".encode())
+    rows = read_id_table(str(path)).rows
+    assert {m: r[None].top1 for m, r in rows.items()} == {"a": pytest.approx(0.815), "b": pytest.approx(0.007)}

@@ -706,3 +706,134 @@ def test_csv_with_a_shift_column_is_a_multi_shift_import(tmp_path, capsys):
     code, _, err = run(["import-folder", str(src), "--csv", str(tmp_path / "s.csv"), "--config", "x", "--name", "x",
                         "--out", str(tmp_path / "s3"), "--no-progress"], capsys)
     assert code != 0 and "the shift column of s.csv name the configs" in err and "drop --config" in err
+
+
+def test_full_disk_during_import_is_one_line_and_keeps_the_previous_suite(tmp_path, folder, capsys, monkeypatch):
+    """ENOSPC while a shard is written (pyarrow reports only the errno): one line naming the shard, the
+    old suite untouched, no temporary folder left; the rerun with space imports."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "suite"
+    assert run(["import-folder", str(folder), "--name", "old", "--out", str(out), "--no-progress"], capsys)[0] == 0
+    before = (out / "manifest.json").read_bytes()
+    real, refused = pq.ParquetWriter.write_table, []
+
+    def full_disk(self, *a, **k):
+        refused.append(self.where)
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
+    argv = ["import-folder", str(folder), "--name", "new", "--out", str(out), "--overwrite", "--workers", "0",
+            "--no-progress"]
+    code, _, err = run(argv, capsys)
+    assert refused and code == 74 and err.count("\n") == 1, err
+    assert err.startswith("error: No space left on device (ENOSPC) on ") and "test-00000-of-00001.parquet" in err
+    assert "free disk space or write elsewhere" in err
+    assert (out / "manifest.json").read_bytes() == before and not list(tmp_path.glob(".*incomplete"))
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", real)
+    assert run(argv, capsys)[0] == 0 and LocalSuite.open(out).suite_id == "new"
+
+
+# -- image sides are bounded from the header, at import and at eval, before anything is decoded or resized ----
+
+def _zeros_png(w: int, h: int) -> bytes:
+    """A valid 8-bit grayscale PNG of w x h black pixels: tiny bytes, any sides (compressed row by row)."""
+    def chunk(t, x):
+        return struct.pack(">I", len(x)) + t + x + struct.pack(">I", zlib.crc32(t + x))
+    z, row = zlib.compressobj(9), b"\x00" * (w + 1)
+    idat = b"".join(z.compress(row) for _ in range(h)) + z.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+OVERSIZED = {  # file name: (sides, the one line's reason)
+    "wide.png": ((20000, 2), "20000x2 pixels: sides in a ratio of 10000:1, over the 50:1 limit; crop the image"),
+    "tall.png": ((2, 20000), "2x20000 pixels: sides in a ratio of 10000:1, over the 50:1 limit"),
+    "long.png": ((60000, 2), "60000x2 pixels: a side over the 32768-pixel limit; resize the image"),
+    "side.png": ((32769, 1000), "32769x1000 pixels: a side over the 32768-pixel limit"),
+}
+
+
+def test_image_sides_are_bounded_at_import(tmp_path, capsys):
+    """Crafted PNGs of a few hundred bytes claiming huge sides are refused (one line naming the file, the
+    sides and the limit) or skipped and counted; a 50:1 panorama and a 1x1 image are real images."""
+    d = tmp_path / "src" / "n02123045"
+    d.mkdir(parents=True)
+    Image.fromarray(_photo("chelsea", (32, 32))).save(d / "a-ok.png")
+    (d / "panorama.png").write_bytes(_zeros_png(20000, 400))
+    (d / "pixel.png").write_bytes(_zeros_png(1, 1))
+    for name, ((w, h), reason) in OVERSIZED.items():  # one at a time, beside the good images
+        (d / name).write_bytes(_zeros_png(w, h))
+        code, _, err = run(["import-folder", str(tmp_path / "src"), "--name", "x", "--out", str(tmp_path / "s"),
+                            "--workers", "0", "--no-progress"], capsys)
+        assert code != 0 and err.count("\n") == 1, err
+        assert f"n02123045/{name} is not a readable image (ImageSizeError: {reason}" in err, err
+        (d / name).rename(tmp_path / name)
+    assert len((tmp_path / "wide.png").read_bytes()) < 300  # the issue's 208-byte file: tiny bytes, 40000 pixels
+    for name in OVERSIZED:
+        (tmp_path / name).rename(d / name)
+    out = _import(tmp_path, tmp_path / "src", capsys, "--skip-bad-images")
+    m = LocalSuite.open(out).manifest
+    assert m.generator["n_skipped_bad_images"] == len(OVERSIZED)
+    assert sorted(m.generator["skipped_bad_images"]) == sorted(f"n02123045/{n}" for n in OVERSIZED)
+    assert set(_stored(out)) == {f"default/n02123045/{n}" for n in ("a-ok", "panorama", "pixel")}
+
+
+def test_image_sides_are_bounded_at_eval_before_any_resize(tmp_path, tiny_checkpoint, capsys):
+    """A suite from elsewhere holding the 20000x2 PNG (2 GB once resized) and a 90-megapixel one (over
+    Pillow's warning threshold, under its error): one line naming the image, or skipped and counted."""
+    from benchmark.writer import SuiteWriter
+    from data_cards import render_card
+
+    photo = io.BytesIO()
+    Image.fromarray(_photo("chelsea", (32, 32))).save(photo, format="JPEG")
+    images = {"a": photo.getvalue(), "b": _zeros_png(20000, 2), "c": _zeros_png(10000, 9000)}
+    root = tmp_path / "suite"
+    with SuiteWriter(root, suite_id="sides") as w:
+        w.write_shard("base", 0, 1, ({"image": {"bytes": b, "path": None}, "label": 281, "image_id": f"base/{k}",
+                                      "config": "base", "keep": True, "pair_id": None} for k, b in images.items()))
+        w.finalize(generator={}, card=lambda m: render_card(m, license="other"))
+    argv = ["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(root),
+            "--out", str(tmp_path / "runs"), "--workers", "0", "--compile", "off", "--bootstrap", "10", "--no-progress"]
+    code, _, err = run(argv, capsys)
+    assert code != 0 and err.count("\n") == 1, err
+    assert "base/b" in err and "20000x2 pixels: sides in a ratio of 10000:1, over the 50:1 limit" in err, err
+    assert not list((tmp_path / "runs").rglob("result.json"))
+    code, _, err = run([*argv, "--skip-bad-images", "--force", "--json"], capsys)
+    assert code == 0, err
+    (result,) = (tmp_path / "runs").rglob("result.json")
+    counts = json.loads(result.read_text())["counts"]["base"]
+    assert counts["predicted"] == 1 and counts["skipped_bad_ids"] == ["base/b", "base/c"]
+
+
+def test_device_decode_checks_jpeg_sides_before_decoding():
+    """--decode device reads a JPEG's sides from its header before the device decodes it."""
+    import torch
+
+    from eval.inference import DeviceDecoder
+
+    datas = []
+    for size in ((32, 32), (20000, 2)):
+        buf = io.BytesIO()
+        Image.new("RGB", size, (200, 10, 10)).save(buf, format="JPEG")
+        datas.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+    x, bad = DeviceDecoder({"input_size": (3, 64, 64), "crop_pct": 0.875, "interpolation": "bicubic"}, "cpu")(datas)
+    assert x.shape == (1, 3, 64, 64)
+    assert bad == [(1, "ImageSizeError: 20000x2 pixels: sides in a ratio of 10000:1, over the 50:1 limit; "
+                       "crop the image")]
+
+
+@pytest.mark.parametrize("size, ok", [((9504, 6336), True), ((20000, 400), True), ((1, 1), True), ((32768, 2000), True),
+                                      ((20001, 400), False), ((32769, 1000), False), ((10000, 9000), False),
+                                      ((0, 5), False)])
+def test_size_bounds_admit_real_photos(size, ok):
+    """The documented bounds: a 61-megapixel photo and a 50:1 panorama pass; one pixel over any bound fails."""
+    from benchmark.pixels import ImageSizeError, check_size
+
+    if ok:
+        check_size(size)
+    else:
+        with pytest.raises(ImageSizeError, match=rf"{size[0]}x{size[1]} pixels: "):
+            check_size(size)

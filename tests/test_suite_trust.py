@@ -50,11 +50,12 @@ def _save_manifest(root, raw):
     (root / "manifest.json").write_text(json.dumps(raw))
 
 
-def _forge(root: Path, rel: str, edit) -> None:
-    """Rewrite one shard's rows with ``edit(table) -> table`` and recompute, as a forger would, every
-    number the manifest holds for it: size, sha256, rows, kept and rows digest."""
+def _forge(root: Path, rel: str, edit, **write) -> None:
+    """Rewrite one shard's rows with ``edit(table) -> table`` (``write``: pq.write_table options) and
+    recompute, as a forger would, every number the manifest holds for it: size, sha256, rows, kept
+    and rows digest."""
     t = pq.read_table(root / rel)
-    pq.write_table(edit(t), root / rel)  # keeps the 'huggingface' schema metadata
+    pq.write_table(edit(t), root / rel, **write)  # keeps the 'huggingface' schema metadata
     raw = _load_manifest(root)
     raw["files"][rel] = {"size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
     config = rel.split("/")[1]
@@ -92,6 +93,20 @@ def _replace_column(name: str, make):
 
 def _duplicate_row(row: int):
     return lambda t: pa.concat_tables([t, t.slice(row, 1)])
+
+
+def _grow_to(rows: int):
+    """The shard's first row repeated under new image ids up to ``rows`` rows."""
+    def edit(t):
+        grown = pa.concat_tables([t.slice(0, 1)] * rows)
+        ids = pa.array([f"base/many/{i:05d}" for i in range(rows)])
+        return grown.set_column(grown.schema.get_field_index("image_id"), grown.schema.field("image_id"), ids)
+    return edit
+
+
+def _huge_footer(t):
+    """33 MiB of schema metadata: the footer, not the rows, is over the limit."""
+    return t.replace_schema_metadata({**t.schema.metadata, b"padding": b"0" * (33 << 20)})
 
 
 # -- every writer's suite is a Hub dataset: load_dataset(folder, config), one config at a time ------------
@@ -280,6 +295,10 @@ HOSTILE = {
     "row count 50000": (_wrong_row_count, r"config 'base' has 40 rows, the manifest says 50000"),
     "kept count": (_wrong_kept_count, r"config 'base' has \d+ rows with keep=true, the manifest says"),
     "rows digest": (_relabelled_without_digest, r"config 'base': rows digest .* differs from the manifest's"),
+    "2049 row groups": (lambda r, o: _forge(r, SHARD, _grow_to(2049), row_group_size=1),
+                        r"data/base/test-00000-of-00002\.parquet: 2049 row groups, over the limit of 2048 per shard"),
+    "33 MiB footer": (lambda r, o: _forge(r, SHARD, _huge_footer),
+                      r"test-00000-of-00002\.parquet: parquet footer is \d+ bytes, over the limit of 33554432"),
     "card yaml bomb": (_card_bomb, r"README\.md: the card's YAML nests deeper than 32 levels"),
     "card configs": (_card_for_other_configs, r"the card's configs differ from the manifest's"),
 }
@@ -401,3 +420,49 @@ def test_any_mutated_manifest_is_accepted_or_one_bench_error(fuzz_sandbox):
     finally:
         (root / "manifest.json").write_bytes(pristine)
     assert outcomes["refused"] > 50  # the mutations did reach the checks
+
+
+# -- many small row groups read in linear time: each shard's footer is parsed once per process -------------
+
+def test_row_groups_are_read_with_the_shard_opened_once(tmp_path, monkeypatch):
+    """600 one-row groups (within the bounds): reading every group opens the shard once, not 600
+    times (each open parses the whole footer: quadratic); a shard replaced at the same path is
+    opened anew, never read through a stale handle."""
+    from benchmark import reader
+
+    root = tmp_path / "s"
+
+    def write(label):
+        with SuiteWriter(root, suite_id="small-groups", rows_per_group=1, overwrite=True) as w:
+            w.write_shard("base", 0, 1, ({"image": {"bytes": _jpeg(i), "path": None}, "label": label,
+                                          "image_id": f"base/{i:04d}", "config": "base", "keep": True,
+                                          "pair_id": None} for i in range(600)))
+            w.finalize(generator={}, card=lambda m: render_card(m, license="other"))
+
+    write(7)
+    opened = []
+    real = pq.ParquetFile
+    monkeypatch.setattr(pq, "ParquetFile", lambda path, *a, **k: opened.append(path) or real(path, *a, **k))
+    suite = LocalSuite.open(root)
+    suite.verify()
+    groups = suite.row_groups("base")
+    assert len(groups) == 600
+    labels = [reader.read_row_group(root, g, ["label"])["label"][0].as_py() for g in groups]
+    assert labels == [7] * 600 and len(opened) == 1
+    write(9)  # same path, new file
+    assert reader.read_row_group(root, groups[0], ["label"])["label"][0].as_py() == 9 and len(opened) == 2
+
+
+def test_a_predictions_file_with_a_huge_footer_is_one_line(tmp_path):
+    """Predictions are read through the same footer bound as suites (bench verify, the board)."""
+    from eval.predictions import read_predictions
+
+    path = tmp_path / "base.parquet"
+    pq.write_table(pa.table({"image_id": ["a"]}).replace_schema_metadata({b"pad": b"0" * (33 << 20)}), path)
+    with pytest.raises(IntegrityError, match=r"predictions file .*base\.parquet: parquet footer is \d+ bytes, over the "
+                                             r"limit of 33554432") as e:
+        read_predictions(path)
+    assert "\n" not in str(e.value)
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(IntegrityError, match="not a parquet file"):
+        read_predictions(tmp_path / "junk.parquet")

@@ -1,8 +1,9 @@
 """The ``bench`` command: one module per verb, each with ``add_parser`` and ``run``.
 
 Heavy imports live inside each verb's ``run`` so ``bench --help`` and ``bench suites`` are fast.
-A ``BenchError`` becomes ``error: <one line>`` on stderr and a non-zero exit; anything else is a
-bug and keeps its traceback.
+A ``BenchError`` becomes ``error: <one line>`` on stderr and a non-zero exit; so does an ``OSError``
+from the environment (a full disk, a read-only or forbidden folder: the line names the errno, the
+path and the fix; ``-vv`` adds the traceback). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 from benchmark import __version__
-from benchmark.errors import BenchError, one_line
+from benchmark.errors import BenchError, one_line, os_error_message
+
+OS_ERROR_EXIT = 74  # sysexits.h EX_IOERR: an input/output error from the environment
 
 # Verb modules under benchmark.cli, in the order `bench --help` lists them.
 VERBS = (
@@ -61,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genshift-bench {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
-    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser)
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser,
+                                help="what to do; `bench <verb> --help` shows its options and examples")
     for module in _available_verbs():
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
@@ -88,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `bench suites --json | head`
         sys.stderr.close()
         return 0
+    except OSError as e:  # ENOSPC, EACCES, EROFS: the environment, not a bug (writes are atomic: nothing half-written)
+        if args.verbose >= 2:
+            traceback.print_exc()
+        print(f"error: {os_error_message(e)}", file=sys.stderr)
+        return OS_ERROR_EXIT
     except KeyboardInterrupt:
         print("interrupted; finished outputs are kept and a rerun resumes", file=sys.stderr)
         return 130

@@ -42,13 +42,14 @@ def run(args) -> int:
     from eval.slope import SCALES, slope_table
     from eval.verify import result_path
 
+    from eval.id_axis import id_accuracy, read_id_table
+
+    id_table = read_id_table(args.id_accuracy) if args.id_accuracy else None  # options before the results
     results = [load_result(result_path(p)) for p in args.results]
     scales = SCALES if args.scale == "both" else (args.scale,)
     ids = sizes = None
-    if args.id_accuracy:
-        from eval.id_axis import id_accuracy, read_id_table
-
-        ids, sizes = id_accuracy(results, read_id_table(args.id_accuracy))
+    if id_table is not None:
+        ids, sizes = id_accuracy(results, id_table)
     table = slope_table(results, reference_config=args.reference, id_accuracy=ids, scales=scales)
     if ids is not None:
         table["id_axis"] = f"ImageNet-val top-1 from {args.id_accuracy} at each eval's input size"
