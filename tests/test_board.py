@@ -10,15 +10,23 @@ import pytest
 
 from leaderboard import aggregate
 from leaderboard.synthetic import make_store, write_model
-from tests.test_leaderboard import _app, clear_streamlit_caches  # noqa: F401  (autouse fixture)
+from tests.test_leaderboard import _app, _grid, _sign_stamp, clear_streamlit_caches  # noqa: F401  (autouse fixture)
 
 CONFIGS = ["base", "shift_01", "shift_02"]
 LINK = "[m](https://evil.example) ![i](https://evil.example/a.png)"
 CFG_LINK = "[c](javascript:alert(1))"
 
 
-def _board(root, *, models=8, extra=()):
-    """A board of ``models`` models, two of them tied exactly, plus ``extra`` (model_id, kw) entries."""
+def sign_all(root, key):
+    """A maintainer's signed stamp on every entry under ``root``; the board trusts ``key`` from now on."""
+    for p in sorted(root.glob("*/*/result.json")):
+        _sign_stamp(p, key)
+    os.environ["GENSHIFT_TRUSTED_KEYS"] = f"{key}.pub"
+
+
+def _board(root, *, models=8, extra=(), signed=True):
+    """A board of ``models`` models, two of them tied exactly, plus ``extra`` (model_id, kw) entries; every
+    entry verified (signed with ``<root>.key``, trusted through ``GENSHIFT_TRUSTED_KEYS``) unless not ``signed``."""
     make_store(root, models=models, configs=len(CONFIGS), rows=60, seed=3)
     first = json.loads(next(root.glob("*/*/result.json")).read_text())
     difficulty = {c: np.random.default_rng(3).normal(0, 1.2, 60) for c in CONFIGS}
@@ -29,6 +37,8 @@ def _board(root, *, models=8, extra=()):
                     rng=np.random.default_rng(42), **common)
     for mid, kw in extra:
         write_model(root, model_id=mid, rng=np.random.default_rng(7), **{**common, **kw})
+    if signed:
+        sign_all(root, root.parent / f"{root.name}.key")
     return root
 
 
@@ -55,7 +65,7 @@ def test_point_ranks_share_float_ties():
 
 def test_ranks_once_per_board_ties_order_intervals_and_units(tmp_path):
     root = _board(tmp_path / "s")
-    at = _app(root, trusted_keys=None).run()
+    at = _app(root).run()
     assert not at.exception
     t = at.dataframe[0].value
     assert list(t["rank"]) == sorted(t["rank"])  # 0 inversions: row order follows rank
@@ -81,7 +91,7 @@ def test_ranks_once_per_board_ties_order_intervals_and_units(tmp_path):
 
 def test_deep_links_restore_every_view(tmp_path):
     root = _board(tmp_path / "s")
-    at = _app(root, trusted_keys=None)
+    at = _app(root)
     for k, v in {"suite": "imagenet-star", "family": ["resnet", "vit"], "params": ["10.0", "80.0"], "tab": "ID/OOD",
                  "model": "timm/tie_b.in1k", "shift": "shift_02", "drill_config": "shift_01",
                  "verified": "false"}.items():
@@ -102,7 +112,7 @@ def test_data_text_is_never_markdown_and_grids_are_formula_safe(tmp_path):
         (LINK, dict(architecture="resnet50", tag="a1_in1k", num_params=25e6, skill=2.0, notes=LINK)),
         ("=HYPERLINK(\"https://evil.example\")", dict(architecture="resnet50", tag="a1_in1k", num_params=25e6,
                                                       skill=0.0))])
-    at = _app(root, trusted_keys=None)
+    at = _app(root)
     at.query_params["model"] = LINK
     at.run()
     assert not at.exception and at.selectbox(key="model").value == LINK
@@ -111,7 +121,13 @@ def test_data_text_is_never_markdown_and_grids_are_formula_safe(tmp_path):
     assert md and not any("evil.example" in v or "javascript:" in v for v in md)
     assert any(LINK in t.value for t in at.text)  # shown, literally
     grid = at.dataframe[0].value
-    assert LINK in set(grid["model"]) and "'=HYPERLINK(\"https://evil.example\")" in set(grid["model"])
+    # the page shows text as it is; only the CSV download defuses formula-like cells, and "-" is not one
+    assert LINK in set(grid["model"]) and "=HYPERLINK(\"https://evil.example\")" in set(grid["model"])
+    from tests.test_leaderboard import _download
+    csv = _download(at, "download_csv").decode()
+    assert "'=HYPERLINK(" in csv and "\n=HYPERLINK" not in csv and ",=HYPERLINK" not in csv
+    prov = next(d.value for d in at.dataframe if "field" in d.value.columns)
+    assert dict(zip(prov["field"], prov["value"]))["code version"] == "-"  # the placeholder, plainly
     assert all(h.proto.body == "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
                for h in at.get("html"))
 
@@ -143,7 +159,7 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
     assert table["tie_a.in1k"] == pytest.approx(0.70)
     matched, unmatched = aggregate.join_id_accuracy(["timm/tie_a.in1k", "hf-hub:timm/tie_b.in1k", "x/y"], table)
     assert set(matched) == {"timm/tie_a.in1k", "hf-hub:timm/tie_b.in1k"} and unmatched == ["x/y"]
-    at = _app(root, trusted_keys=None, id_accuracy=csv)
+    at = _app(root, id_accuracy=csv)
     at.query_params["x"] = "ImageNet-val top-1 (--id-accuracy)"
     at.run()
     assert not at.exception
@@ -374,7 +390,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
     root = _board(tmp_path / "s")
     _fake_diagnose(root / "imagenet-star" / "timm--tie_b.in1k", "timm/tie_b.in1k")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("GENSHIFT_TRUSTED_KEYS", "GENSHIFT_ID_ACCURACY")}
+    env = {k: v for k, v in os.environ.items() if k != "GENSHIFT_ID_ACCURACY"}  # trusts _board's key
     env["GENSHIFT_RESULTS"] = str(root)
     server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
                                "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
