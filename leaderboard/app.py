@@ -277,8 +277,8 @@ def main() -> None:
     st.subheader("Official ranking (verified, complete entries)")
     st.text(f"suite {suite}, ranked by {metric_label}" + (" (lower is better)" if not higher else ""))
     if not final:
-        st.text(f"ranking {n_ranked} of {state['total'] or '?'} entries checked so far: ranks may change until the "
-                "check is complete (point ranks; intervals follow).")
+        st.text(f"ranking the {state['done']} of {state['total'] or '?'} entries checked so far: ranks may change "
+                "until the check is complete (point ranks; intervals follow).")
     if n_ranked == 0:
         st.info("No verified, complete entry on this board yet, so nothing is ranked. The entries below are "
                 "community entries: not verified, not ranked.")

@@ -31,8 +31,9 @@ signature); then the entry path that sorts first. Result fields (``finished_at``
 The others are listed as superseded. Two shown entries with the same ``model.weights_sha256`` under
 different model ids are **flagged** (``Entry.flags``): one set of weights submitted twice.
 
-**Files follow the badge**: each entry records a stat key (size, mtime_ns, inode) of every file it
-depends on (result.json, predictions, verification.json, diagnose.json) when it is checked;
+**The badge follows the files**: each entry records a stat key of every file it
+depends on (result.json, predictions, verification.json, diagnose.json) when it is checked
+(size, mtime_ns, ctime_ns, inode);
 :func:`refresh_store` stats them again (cheap) and re-checks only the entries whose keys changed
 (hashing their files), so a running board never shows a swapped file under an old badge.
 
@@ -72,7 +73,7 @@ class Entry:
     note: str = ""              # why an accepted entry is not verified / not checked against its suite
     suite_checked: bool = False
     cache_dir: Path | None = None
-    file_keys: dict = field(default_factory=dict)  # file name -> [size, mtime_ns, inode] (or None: absent)
+    file_keys: dict = field(default_factory=dict)  # file name -> [size, mtime_ns, ctime_ns, inode] (None: absent)
     flags: list = field(default_factory=list)       # board warnings, e.g. weights shared with another model id
     _ranks: dict | None = field(default=None, repr=False)
 
@@ -263,12 +264,13 @@ DEPENDS = ("result.json", STAMP, "diagnose.json")  # besides the predictions fil
 
 
 def _stat_keys(run_dir: Path, names) -> dict:
-    """``name -> [size, mtime_ns, inode]`` (None if absent) for files of an entry folder: a cheap change key."""
+    """``name -> [size, mtime_ns, ctime_ns, inode]`` (None if absent) for files of an entry folder: a cheap
+    change key (ctime too: an in-place rewrite that restores size and mtime still moves it)."""
     out = {}
     for name in names:
         try:
             st = (run_dir / name).stat()
-            out[name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+            out[name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         except OSError:
             out[name] = None
     return out
