@@ -3,13 +3,16 @@ ImageNet-val accuracy, failure-direction pictures."""
 
 import json
 import os
+import re
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from leaderboard import aggregate
-from leaderboard.synthetic import make_store, write_model
+from leaderboard.synthetic import ARCHS, make_store, write_model
 from tests.test_leaderboard import _app, _grid, _sign_stamp, clear_streamlit_caches  # noqa: F401  (autouse fixture)
 
 CONFIGS = ["base", "shift_01", "shift_02"]
@@ -470,3 +473,116 @@ def test_trusted_suites_reject_entries_on_other_suite_data(tmp_path, toy_suite, 
     from benchmark.fsutil import sha256_file
     assert copied.name == f"{sha256_file(toy_suite / 'manifest.json')}.json"
     assert copied.read_bytes() == (toy_suite / "manifest.json").read_bytes()
+
+
+WHAT_IS_RANKED = re.compile(r"^## What is ranked\n(.*?)\n## ", re.S | re.M)
+
+
+def _mixed_store(root, key):
+    """One board with every kind of entry, and a second suite with more (unverified) entries than it."""
+    make_store(root, models=4, configs=3, rows=30, seed=6)
+    first = json.loads(next(root.glob("*/*/result.json")).read_text())
+    difficulty = {c: np.random.default_rng(6).normal(0, 1.2, 30) for c in CONFIGS}
+    common = dict(suite_id="imagenet-star", difficulty=difficulty, manifest=first["suite"]["manifest_sha256"],
+                  architecture="resnet50", tag="a1_in1k", num_params=25e6)
+    # make_store's image ids and labels, so rank intervals can pair every entry
+    sign_all(root, key)
+    write_model(root, model_id="timm/community.model", configs=CONFIGS, skill=5.0, rng=np.random.default_rng(1),
+                **common)
+    partial = write_model(root, model_id="timm/partial.model", configs=CONFIGS[:2], skill=5.0,
+                          rng=np.random.default_rng(2), flags={"partial": True}, **common)
+    stale = write_model(root, model_id="timm/stale.model", configs=CONFIGS, skill=5.0, rng=np.random.default_rng(3),
+                        **common)
+    construction = write_model(root, model_id="timm/construction.model", configs=CONFIGS, skill=5.0,
+                               rng=np.random.default_rng(4), flags={"construction_model": True}, **common)
+    for p in (partial, stale, construction):
+        _sign_stamp(p, key)  # a maintainer's stamp: partial, construction and stale entries are still not ranked
+    r = json.loads(stale.read_text())
+    r["notes"] = "edited after signing"
+    stale.write_text(json.dumps(r))
+    v0 = first["model"]
+    copy = write_model(root, model_id="timm/renamed.copy", configs=CONFIGS, skill=1.0, rng=np.random.default_rng(5),
+                       weights_sha256=v0["weights_sha256"], **common)
+    _sign_stamp(copy, key)
+    # a resubmission of a verified model: unsigned, claims to be the newest
+    newest = write_model(root / "_dup", model_id=v0["id"], configs=CONFIGS, skill=9.0, rng=np.random.default_rng(8),
+                         finished_at="9999-12-31T23:59:59+00:00", **common)
+    os.rename(newest.parent, root / "imagenet-star" / "aaa-newest-copy")
+    shutil.rmtree(root / "_dup")
+    # more entries (none verified) on a suite whose id sorts first
+    make_store(root, models=6, configs=2, rows=20, seed=9, suite_id="aaa-suite")
+    return root
+
+
+def test_what_is_ranked_as_documented(tmp_path):
+    """Each numbered sentence of docs/leaderboard.md "What is ranked", shown on one store in the app."""
+    from leaderboard.store import load_store
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "leaderboard.md").read_text()
+    claims = re.findall(r"^(\d+)\. (.+)$", WHAT_IS_RANKED.search(doc).group(1), re.M)
+    assert [int(n) for n, _ in claims] == list(range(1, 12))  # a new sentence needs a check below
+    key = tmp_path / "maintainer.key"
+    root = _mixed_store(tmp_path / "s", key)
+    store = load_store(str(root), trusted_keys=f"{key}.pub")
+    at = _app(root).run()
+    assert not at.exception
+    main, community = _grid(at, "main_table"), _grid(at, "community_table")
+    honest = {f"timm/{a}.{t}-v{i}" for i, (a, t, _) in enumerate(ARCHS[:4])}
+
+    # 1. only verified and complete entries, ranked among themselves (1..n)
+    assert set(main["model"]) == honest | {"timm/renamed.copy"} and list(main["rank"]) == list(range(1, 6))
+    # 2. a stale stamp does not count
+    why = community.set_index("model")["not_ranked_because"]
+    assert why["timm/stale.model"].startswith("not verified") and "stale" in why["timm/stale.model"]
+    # 3. complete: a signed partial entry is not ranked, and `verify --sign` refuses one (make_stamp's rule)
+    assert "partial" in why["timm/partial.model"] and community.set_index("model").loc["timm/partial.model", "partial"]
+    from eval.stamps import unrankable
+    assert unrankable(json.loads((root / "imagenet-star" / "timm--partial.model" / "result.json").read_text()))
+    # 4. rank intervals over the same set: exactly what the ranked entries alone give
+    ranked = [e for e in store.for_suite("imagenet-star") if e.model_id in set(main["model"])]
+    alone = aggregate.rank_intervals(ranked, family="imagenet_star", configs=CONFIGS[1:])
+    assert {m: (r.rank, r.lo, r.hi) for m, r in alone.items()} == {
+        m: (r, lo, hi) for m, r, lo, hi in zip(main["model"], main["rank"], main["rank_lo"], main["rank_hi"])}
+    # 5. everything else: a separate, labelled table with numbers and flags, no rank (construction models on demand)
+    assert set(community["model"]) == {"timm/community.model", "timm/partial.model", "timm/stale.model"}
+    assert "rank" not in community.columns and community["mean_shift_acc1"].notna().all()
+    assert community["mean_shift_acc1"].min() > main["mean_shift_acc1"].max()  # better numbers, still unranked
+    assert any(s.value == "Community entries (not verified, not ranked)" for s in at.subheader)
+    at.checkbox(key="construction").check().run()
+    assert "timm/construction.model" in set(_grid(at, "community_table")["model"])
+    assert _grid(at, "main_table").equals(main)
+    at.checkbox(key="construction").uncheck().run()
+    # 6. a board with no verified entries says so and ranks nothing
+    at.selectbox(key="suite").select("aaa-suite").run()
+    assert any("nothing is ranked" in i.value for i in at.info) and _grid(at, "main_table") is None
+    assert len(_grid(at, "community_table")) == 6
+    at.selectbox(key="suite").select("imagenet-star").run()
+    # 7. filters hide rows, never re-rank, and the caption says how many ranked entries are shown
+    at.multiselect(key="family").select("convnext").run()
+    f = _grid(at, "main_table")
+    assert len(f) == 1 and f["rank"].iloc[0] == main.set_index("model").loc[f["model"].iloc[0], "rank"]
+    assert any("Ranks are among the 5 verified, complete entries of this board; 1 shown after the filters" in c.value
+               for c in at.caption)
+    at.multiselect(key="family").unselect("convnext").run()
+    # 8. the signed, verified entry wins over a newer-claiming unsigned copy; finished_at plays no part
+    (sup,) = store.superseded
+    assert sup.path.parent.name == "aaa-newest-copy" and "verified" in sup.reason
+    shown = next(e for e in store.for_suite("imagenet-star") if e.model_id == sup.model_id)
+    assert shown.verified and shown.result["finished_at"] < sup.result["finished_at"]
+    # 9. the same weights under two ids: flagged in the table and in the Rejected tab
+    flagged = main.set_index("model")["flags"]
+    assert "timm/renamed.copy" in flagged[sup.model_id] and sup.model_id in flagged["timm/renamed.copy"]
+    rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    flagged_entries = set(rejected.loc[rejected["status"] == "flagged", "entry"])
+    assert {str(shown.path.relative_to(root)), "imagenet-star/timm--renamed.copy/result.json"} <= flagged_entries
+    # 10. the default suite has the most verified entries (aaa-suite has more entries and sorts first)
+    assert store.suites()[0] == "imagenet-star" and _app(root).run().selectbox(key="suite").value == "imagenet-star"
+    # 11. a running board re-checks changed files before drawing: a swapped predictions file loses its rank
+    victim = main["model"].iloc[0]
+    vdir = next(e.run_dir for e in store.for_suite("imagenet-star") if e.model_id == victim)
+    donor = next(e.run_dir for e in store.for_suite("imagenet-star") if e.model_id == main["model"].iloc[-1])
+    shutil.copyfile(donor / "predictions" / "shift_01.parquet", vdir / "predictions" / "shift_01.parquet")
+    at.run()
+    assert victim not in set(_grid(at, "main_table")["model"])
+    rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    assert any(vdir.name in e and "does not verify" in r for e, r in zip(rejected["entry"], rejected["reason"]))
