@@ -586,3 +586,69 @@ def test_what_is_ranked_as_documented(tmp_path):
     assert victim not in set(_grid(at, "main_table")["model"])
     rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
     assert any(vdir.name in e and "does not verify" in r for e, r in zip(rejected["entry"], rejected["reason"]))
+
+
+def test_badge_follows_the_files_under_a_running_board(tmp_path, monkeypatch):
+    """The loader re-checks exactly the entries whose files changed (a stat per file otherwise), before the
+    app draws: a removed stamp, an in-place rewrite that keeps size and mtime, a new diagnose.json; and a
+    restarted server painting from its index re-checks files changed while it was down."""
+    from leaderboard import index, store as store_mod
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the index lives there: no state from other tests
+    root = _board(tmp_path / "s", models=3)
+    rechecked, real = [], store_mod._check_entry
+    monkeypatch.setattr(store_mod, "_check_entry", lambda path, *a, **k: rechecked.append(path) or real(path, *a, **k))
+    at = _app(root).run()
+    main = _grid(at, "main_table")
+    assert len(main) == 5 and main["verified"].all()
+    rechecked.clear()
+    at.run()
+    assert rechecked == []  # nothing changed: stat keys only, no hashing, no check
+    run = {m: root / "imagenet-star" / m.replace("/", "--") for m in main["model"]}
+    stamp_gone, rewritten = main["model"].iloc[0], main["model"].iloc[1]
+    f = run[rewritten] / "predictions" / "shift_02.parquet"
+    st_ = f.stat()
+    with open(f, "r+b") as fh:  # same size, same inode, and the mtime put back: only ctime moves
+        fh.seek(st_.st_size // 2)
+        b = fh.read(1)
+        fh.seek(st_.st_size // 2)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    os.utime(f, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ino) == (st_.st_size, st_.st_mtime_ns, st_.st_ino)
+    at.run()
+    assert [p.parent.name for p in rechecked] == [run[rewritten].name]  # only the changed entry
+    assert rewritten not in set(_grid(at, "main_table")["model"])
+    (run[stamp_gone] / "verification.json").unlink()  # (a stamp change also starts a full background check)
+    at.run()
+    main, community = _grid(at, "main_table"), _grid(at, "community_table")
+    assert stamp_gone not in set(main["model"]) and rewritten not in set(main["model"])
+    assert community.set_index("model").loc[stamp_gone, "not_ranked_because"].startswith("not verified")
+    rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    assert any(run[rewritten].name in e and "sha256" in r for e, r in zip(rejected["entry"], rejected["reason"]))
+
+    # a diagnose.json added under the running board: re-checked, drawn, a weak direction marked as such
+    target = main["model"].iloc[0]
+    _fake_diagnose(run[target], target)
+    report = json.loads((run[target] / "diagnose.json").read_text())
+    report["classes"].append(dict(report["classes"][0], label=1, name="goldfish", strength=0.52, null_p95=0.55,
+                                  hard_captions=[["a photo of noise", -1.0]]))
+    (run[target] / "diagnose.json").write_text(json.dumps(report))
+    rechecked.clear()
+    at.selectbox(key="model").select(target).run()
+    assert [p.parent.name for p in rechecked] == [run[target].name]
+    texts = [t.value for t in at.text]
+    assert "hard images: a photo of a canine in the snow" in texts and not any("a photo of noise" in t for t in texts)
+    assert any(t.startswith("not significant") for t in texts)
+
+    # a restarted server paints from its index; a file changed while it was down is re-checked before drawing
+    full = index.Loader(str(root), trusted_keys_file=os.environ["GENSHIFT_TRUSTED_KEYS"])
+    assert full.wait(60) and index.index_path(root).is_file()
+    victim = main["model"].iloc[-1]
+    shutil.copyfile(run[rewritten] / "predictions" / "base.parquet", run[victim] / "predictions" / "base.parquet")
+    restarted = index.Loader(str(root), trusted_keys_file=os.environ["GENSHIFT_TRUSTED_KEYS"])
+    painted, state = restarted.snapshot()
+    assert state["kind"] == "index" and any(e.model_id == victim and e.verified for e in painted.entries)
+    fresh = restarted.refresh()
+    assert not any(e.model_id == victim for e in fresh.entries)
+    assert any(e.model_id == victim and "does not verify" in e.reason for e in fresh.rejected)
+    assert restarted.snapshot()[0] is fresh
