@@ -652,3 +652,72 @@ def test_badge_follows_the_files_under_a_running_board(tmp_path, monkeypatch):
     assert not any(e.model_id == victim for e in fresh.entries)
     assert any(e.model_id == victim and "does not verify" in e.reason for e in fresh.rejected)
     assert restarted.snapshot()[0] is fresh
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
+def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_path):
+    """A real server and headless Chromium: a model's predictions file replaced by another model's while the
+    server runs; on reload the model is no longer ranked (and the server was never restarted)."""
+    pytest.importorskip("selenium")
+    import subprocess
+    import sys
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from tests.hubtools import free_port
+    from tests.test_leaderboard import APP
+
+    root = _board(tmp_path / "s", models=4)
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if k != "GENSHIFT_ID_ACCURACY"}, "GENSHIFT_RESULTS": str(root),
+           "HF_HOME": str(tmp_path / "hf")}
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
+                               "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1000"):
+        opts.add_argument(flag)
+    opts.binary_location = shutil.which("chromium")
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
+
+    def top10():
+        WebDriverWait(driver, 90).until(lambda d: "Top 10 as text" in body(d) and "Checking results" not in body(d))
+        time.sleep(1)
+        driver.find_element(By.XPATH, "//*[contains(text(), 'Top 10 as text')]").click()
+        WebDriverWait(driver, 30).until(lambda d: "timm/" in d.find_element(
+            By.CSS_SELECTOR, "[data-testid='stExpander']").text)
+        text = driver.find_element(By.CSS_SELECTOR, "[data-testid='stExpander']").text
+        return [line.split()[1] for line in text.splitlines() if line.strip()[:1].isdigit()]
+
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                driver.get(f"http://127.0.0.1:{port}/?suite=imagenet-star")
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+        before = top10()
+        assert len(before) == 6, before
+        victim, donor = before[0], before[-1]
+        slug = lambda m: m.replace("/", "--")  # noqa: E731
+        shutil.copyfile(root / "imagenet-star" / slug(donor) / "predictions" / "shift_01.parquet",
+                        root / "imagenet-star" / slug(victim) / "predictions" / "shift_01.parquet")
+        driver.refresh()
+        after = top10()
+        assert victim not in after and len(after) == 5, after
+        assert server.poll() is None  # the same server process throughout
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait(timeout=10)
