@@ -129,6 +129,13 @@ def from_url(key: str, options=None, *, multi: bool = False, parse=None, final: 
         del url[key]
 
 
+def binding(key: str) -> str | None:
+    """Bind a widget to its query parameter, except while the opening URL's value for it is still pending
+    (a cold board has not checked the entry it names yet): a bound widget would rewrite the address bar
+    with its default and the shared link would lose that selection."""
+    return None if key in st.session_state.get("_url", {}) else "query-params"
+
+
 def _bool(values: list[str]) -> bool:
     if values[-1].lower() not in ("true", "false"):
         raise ValueError(values[-1])
@@ -223,13 +230,13 @@ def main() -> None:
     st.session_state["_board_final"] = final
     suites = store.suites()  # the suite with the most verified entries first: the default
     from_url("suite", suites, final=final)
-    suite = st.sidebar.selectbox("Suite", suites, key="suite", bind="query-params")
+    suite = st.sidebar.selectbox("Suite", suites, key="suite", bind=binding("suite"))
     boards = store.boards(suite)
     board = boards[0]
     if len(boards) > 1:  # results on other suite revisions / protocols are never mixed into one table
         from_url("board", boards, final=final)
         board = st.sidebar.selectbox("Board (manifest sha256 - protocol sha256)", boards, key="board",
-                                     bind="query-params")
+                                     bind=binding("board"))
         st.sidebar.text("\n".join(f"{b}: {len(store.for_suite(suite, b))} models, "
                                   f"{sum(e.verified for e in store.for_suite(suite, b))} verified" for b in boards) +
                         "\nResults on other suite revisions or\nprotocols are not comparable and\nare shown on "
@@ -245,19 +252,24 @@ def main() -> None:
     families = sorted(board_df["family"].unique())
     pretrain = sorted(board_df["pretraining"].unique())
     from_url("family", families, multi=True, final=final)
-    fam_sel = st.sidebar.multiselect("Architecture family", families, key="family", bind="query-params")
+    fam_sel = st.sidebar.multiselect("Architecture family", families, key="family", bind=binding("family"))
     from_url("pretraining", pretrain, multi=True, final=final)
-    pre_sel = st.sidebar.multiselect("Pretraining data", pretrain, key="pretraining", bind="query-params")
+    pre_sel = st.sidebar.multiselect("Pretraining data", pretrain, key="pretraining", bind=binding("pretraining"))
     pmax = max(float(np.ceil(board_df["params_m"].max() + 1e-9)), 1.0)
     from_url("params", parse=lambda v: _range(v, pmax), final=final)
-    params = st.sidebar.slider("Parameters (M)", 0.0, pmax, key="params", bind="query-params",
+    # the full range grows while a cold board is checked: an untouched full-range slider follows it
+    prev = st.session_state.get("_pmax")
+    if prev is not None and prev != pmax and tuple(st.session_state.get("params", ())) == (0.0, prev):
+        st.session_state["params"] = (0.0, pmax)
+    st.session_state["_pmax"] = pmax
+    params = st.sidebar.slider("Parameters (M)", 0.0, pmax, key="params", bind=binding("params"),
                                **({} if "params" in st.session_state else {"value": (0.0, pmax)}))
     from_url("verified", parse=_bool)
     verified_only = st.sidebar.checkbox("Verified only (hide the community entries)", key="verified",
-                                        bind="query-params")
+                                        bind=binding("verified"))
     from_url("construction", parse=_bool)
     construction = st.sidebar.checkbox("Show construction models (biased by construction, never ranked)",
-                                       key="construction", bind="query-params")
+                                       key="construction", bind=binding("construction"))
 
     # ranks were computed once over the board's ranked entries: filters select rows, never re-rank
     view = board_df[(board_df["params_m"] >= params[0]) & (board_df["params_m"] <= params[1])]
@@ -309,7 +321,7 @@ def main() -> None:
         st.text("\n".join(lines) or "nothing is ranked on this board")
 
     from_url("tab", TABS)
-    tabs = st.tabs(TABS, key="tab", bind="query-params")
+    tabs = st.tabs(TABS, key="tab", bind=binding("tab"))
     with tabs[0]:
         _heatmap(pd.concat([official, community], ignore_index=True), configs)
     with tabs[1]:
@@ -418,7 +430,7 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
     id_file = os.environ.get("GENSHIFT_ID_ACCURACY") or None
     axes = ["suite reference config"] + (["ImageNet-val top-1 (--id-accuracy)"] if id_file else [])
     from_url("x", axes)
-    axis = st.radio("In-distribution axis", axes, key="x", bind="query-params", horizontal=True)
+    axis = st.radio("In-distribution axis", axes, key="x", bind=binding("x"), horizontal=True)
     id_acc = None
     if axis != axes[0]:
         table = get_id_accuracy(id_file, os.path.getmtime(id_file))
@@ -439,7 +451,7 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
                    "determined. Read the slope and the effective robustness with the confidence band in mind.")
     shifts = list(fits["shifts"])
     from_url("shift", shifts)
-    shift = st.selectbox("Shift", shifts, key="shift", bind="query-params")
+    shift = st.selectbox("Shift", shifts, key="shift", bind=binding("shift"))
     f = fits["shifts"][shift]
     x = np.array(fits["id_accuracy"])
     y = ranked.set_index("model")[f"acc1/{shift}"].reindex(fits["models"]).to_numpy()
@@ -495,7 +507,7 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
         st.info("No model matches the filters.")
         return
     from_url("model", models)
-    model = st.selectbox("Model", models, key="model", bind="query-params")
+    model = st.selectbox("Model", models, key="model", bind=binding("model"))
     entry = next(e for e in store.for_suite(suite, board) if str(e.model_id) == model)
     r = entry.result
     if entry.verified:
@@ -517,7 +529,7 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
     fig.update_layout(yaxis_title="acc@1 % (95% interval)", height=340)
     st.plotly_chart(fig, key="drill_bars")
     from_url("drill_config", configs)
-    config = st.selectbox("Worst classes on", configs, key="drill_config", bind="query-params")
+    config = st.selectbox("Worst classes on", configs, key="drill_config", bind=binding("drill_config"))
     worst = aggregate.per_class_accuracy(entry, config).head(15)
     show_df(worst[["class", "acc1", "n"]], key="worst_classes",
             column_config={"acc1": st.column_config.NumberColumn("acc@1", format="percent")})

@@ -721,3 +721,40 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
         driver.quit()
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_cold_board_says_how_much_is_ranked_and_keeps_pending_selections(tmp_path, monkeypatch):
+    """A never-seen store is painted while it is checked: the board says it ranks only what was checked so
+    far, and a shared link's model/family (naming entries not checked yet) stay in the URL until they apply."""
+    from streamlit.testing.v1 import AppTest
+
+    from leaderboard import index
+    from tests.test_leaderboard import APP
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no index: a cold start
+    root = _board(tmp_path / "s")
+    real = index.load_store
+
+    def slow(source, progress=None, **kw):  # a big store: every entry takes a while to check
+        return real(source, progress=lambda i, n, e: (time.sleep(0.4), progress(i, n, e)), **kw)
+    monkeypatch.setattr(index, "load_store", slow)
+    monkeypatch.setattr(index.Loader, "PUBLISH_EVERY_S", 0.0)
+    os.environ["GENSHIFT_RESULTS"] = str(root)
+    at = AppTest.from_file(APP, default_timeout=120)
+    late = "timm/vit_base_patch16_224.augreg_in21k_ft_in1k-v7"  # its folder sorts last: checked last
+    at.query_params["family"] = "vit"
+    at.query_params["model"] = late
+    at.query_params["tab"] = "Model drilldown"
+    at.run()
+    assert not at.exception and at.get("progress")
+    cold = [t.value for t in at.text if t.value.startswith("ranking the ")]
+    assert cold and " of 10 entries checked so far" in cold[0], [t.value for t in at.text]
+    assert dict(at.query_params) == {"family": "vit", "model": late, "tab": "Model drilldown"}  # pending: kept
+    deadline = time.time() + 60
+    while at.get("progress") and time.time() < deadline:
+        time.sleep(0.5)
+        at.run()
+    assert not at.get("progress") and not any(t.value.startswith("ranking the ") for t in at.text)
+    assert at.slider(key="params").value == (0.0, 87.0)  # the untouched range grew with the board (vit: 86.6 M)
+    assert at.multiselect(key="family").value == ["vit"] and at.selectbox(key="model").value == late
+    assert set(_grid(at, "main_table")["family"]) == {"vit"}
