@@ -383,10 +383,10 @@ def assemble(store: Store, checked: list[Entry]) -> Store:
         group.sort(key=precedence)
         store.entries.append(group[0])
         for other in group[1:]:
-            other.status = "superseded"
             other.reason = (f"another entry of {other.model_id} wins ({group[0].path.parent.name}: "
                             + ("verified, stamp signed later" if group[0].verified and other.verified else
                                "verified" if group[0].verified else "first path") + ")")
+            other.status = "superseded"
             store.superseded.append(other)
     by_weights: dict[str, list[Entry]] = {}
     for e in store.entries:

@@ -90,6 +90,16 @@ def test_ranks_once_per_board_ties_order_intervals_and_units(tmp_path):
     heat = next(el for el in at.get("plotly_chart") if el.proto.id.endswith("heatmap"))
     spec = json.loads(heat.proto.spec)["data"][0]
     assert spec["zmin"] == 0 and spec["zmax"] == 100 and len(spec["y"]) == len(f)  # anchored, every row
+    # rows are labelled by the official rank, not by position: the two tied models both read "#r"
+    assert list(spec["y"]) == [f"#{int(r)} {m}" for r, m in zip(f["rank"], f["model"])]
+    tie = {y.split()[1]: y.split()[0] for y in spec["y"]}
+    assert tie["timm/tie_a.in1k"] == tie["timm/tie_b.in1k"]  # a position would differ
+    # the About tab: what is ranked, how entries are verified, every metric with its paper, how to submit
+    about = " ".join(m.value for m in at.markdown)
+    for needle in ("What is ranked", "How entries are verified", "How to submit", "Vendrow et al., 2023",
+                   "Prabhu et al., 2023", "Wiles et al., 2022", "Taori et al., 2020", "Jain et al., ICLR 2023",
+                   "verified* and *complete*", "bench submit"):
+        assert needle in about, needle
 
 
 def test_deep_links_restore_every_view(tmp_path):

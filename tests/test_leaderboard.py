@@ -500,3 +500,49 @@ def test_tied_models_share_a_rank_and_their_interval_spans_the_tie():
     assert (ranks["a"].rank, ranks["a"].lo, ranks["a"].hi) == (1, 1, 2) == (ranks["b"].rank, ranks["b"].lo,
                                                                             ranks["b"].hi)
     assert (ranks["worse"].rank, ranks["worse"].lo, ranks["worse"].hi) == (3, 3, 3)
+
+
+def test_superseding_is_decided_by_the_maintainers_signature_never_by_result_fields(tmp_path):
+    """Copies of one model on one board: an unsigned or foreign-signed copy claiming year 9999 loses to the
+    verified entry; of two verified entries the later signed stamp wins although its result is older; of
+    two unverified ones the first path wins, whatever their finished_at."""
+    from eval import stamps
+
+    root = tmp_path / "store"
+    difficulty = {c: np.random.default_rng(1).normal(0, 1.2, 30) for c in ["base", "shift_01"]}
+    key, foreign = tmp_path / "maintainer.key", tmp_path / "forger.key"
+    stamps.generate_key(foreign)
+
+    def entry(folder, model_id, finished_at, signer=None, verified_at=None):
+        p = write_model(tmp_path / "tmp", suite_id="imagenet-star", configs=list(difficulty), difficulty=difficulty,
+                        rng=np.random.default_rng(len(folder)), model_id=model_id, architecture="resnet50",
+                        tag="a1_in1k", num_params=25e6, skill=1.0, finished_at=finished_at)
+        dst = root / "imagenet-star" / folder
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(p.parent), str(dst))
+        if signer:
+            _sign_stamp(dst / "result.json", signer)
+            if verified_at:  # the maintainer re-signs with this time (covered by the signature)
+                s = json.loads((dst / "verification.json").read_text())
+                s["verified_at"] = verified_at
+                (dst / "verification.json").write_bytes(
+                    canonical_json(stamps.sign(s, stamps.load_private_key(signer))))
+
+    from benchmark.fsutil import canonical_json
+    entry("m-genuine", "timm/m", "2026-01-01T00:00:00+00:00", key, "2026-02-01T00:00:00+00:00")
+    entry("m-resigned", "timm/m", "2025-01-01T00:00:00+00:00", key, "2026-03-01T00:00:00+00:00")
+    entry("a-m-9999", "timm/m", "9999-12-31T23:59:59+00:00")                   # unsigned, sorts first
+    entry("a-m-forged", "timm/m", "9999-12-31T23:59:59+00:00", foreign)       # signed by an untrusted key
+    entry("u-b", "timm/u", "9999-01-01T00:00:00+00:00")
+    entry("u-a", "timm/u", "2020-01-01T00:00:00+00:00")
+    store = load_store(str(root), trusted_keys=f"{key}.pub")
+    shown = {e.model_id: e.path.parent.name for e in store.entries}
+    assert shown == {"timm/m": "m-resigned", "timm/u": "u-a"}
+    reasons = {e.path.parent.name: e.reason for e in store.superseded}
+    assert set(reasons) == {"m-genuine", "a-m-9999", "a-m-forged", "u-b"}
+    assert "stamp signed later" in reasons["m-genuine"] and "first path" in reasons["u-b"]
+    # the same order whatever order the entries were checked in (the index and the cold board reassemble them)
+    from leaderboard.store import Store, assemble
+    every = store.entries + store.superseded
+    again = assemble(Store(source="x", root=root, revision=None), list(reversed(every)))
+    assert {e.model_id: e.path.parent.name for e in again.entries} == shown
