@@ -87,6 +87,27 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
     return path
 
 
+def sign_entry(result_path: str | Path, key_path: str | Path) -> Path:
+    """A maintainer's signed stamp (the format ``bench verify --sign`` writes) for a synthetic entry, which
+    has no model to re-run: for tests and benchmarks of the verified path. Creates the key if absent."""
+    import json
+
+    from benchmark.fsutil import atomic_write_bytes, canonical_json
+    from eval import stamps
+
+    result_path, key_path = Path(result_path), Path(key_path)
+    if not key_path.exists():
+        stamps.generate_key(key_path)
+    r = json.loads(result_path.read_bytes())
+    body = {"kind": stamps.STAMP_KIND, "version": stamps.STAMP_VERSION, "ok": True,
+            "result_sha256": sha256_file(result_path),
+            "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"]) for p in r["predictions"]},
+            "recheck": {"n": 20, "seed": 1, "images": []}, "verified_at": "2026-11-01T00:00:00+00:00"}
+    out = result_path.parent / stamps.STAMP_FILE
+    atomic_write_bytes(out, canonical_json(stamps.sign(body, stamps.load_private_key(key_path))))
+    return out
+
+
 def make_store(root: str | Path, *, models: int = 12, configs: int = 6, rows: int = 200, seed: int = 0,
                suite_id: str = "imagenet-star") -> list[Path]:
     root = Path(root)

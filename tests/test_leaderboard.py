@@ -75,18 +75,8 @@ VERIFIED = sorted([f"timm/{a}.{t}-v{i}" for i, (a, t, _) in enumerate(ARCHS)] + 
 
 def _sign_stamp(result_path, key_path):
     """A maintainer's signed stamp for a synthetic entry (no model to re-run; the format of `bench verify --sign`)."""
-    from benchmark.fsutil import canonical_json, sha256_bytes, sha256_file
-    from eval import stamps
-
-    if not key_path.exists():
-        stamps.generate_key(key_path)
-    r = json.loads(result_path.read_bytes())
-    body = {"kind": stamps.STAMP_KIND, "version": stamps.STAMP_VERSION, "ok": True,
-            "result_sha256": sha256_bytes(result_path.read_bytes()),
-            "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"]) for p in r["predictions"]},
-            "recheck": {"n": 20, "seed": 1, "images": []}, "verified_at": "2026-11-01T00:00:00+00:00"}
-    (result_path.parent / "verification.json").write_bytes(
-        canonical_json(stamps.sign(body, stamps.load_private_key(key_path))))
+    from leaderboard.synthetic import sign_entry
+    sign_entry(result_path, key_path)
 
 
 def test_store_rejects_and_supersedes_with_reasons(store_dir):
