@@ -524,7 +524,7 @@ def _mixed_store(root, key):
     return root
 
 
-def test_what_is_ranked_as_documented(tmp_path):
+def test_what_is_ranked_as_documented(tmp_path, capsys):
     """Each numbered sentence of docs/leaderboard.md "What is ranked", shown on one store in the app."""
     from leaderboard.store import load_store
 
@@ -546,8 +546,11 @@ def test_what_is_ranked_as_documented(tmp_path):
     assert why["timm/stale.model"].startswith("not verified") and "stale" in why["timm/stale.model"]
     # 3. complete: a signed partial entry is not ranked, and `verify --sign` refuses one (make_stamp's rule)
     assert "partial" in why["timm/partial.model"] and community.set_index("model").loc["timm/partial.model", "partial"]
-    from eval.stamps import unrankable
-    assert unrankable(json.loads((root / "imagenet-star" / "timm--partial.model" / "result.json").read_text()))
+    from benchmark.cli import main as bench
+    capsys.readouterr()
+    assert bench(["verify", str(root / "imagenet-star" / "timm--partial.model"), "--recheck", "1", "--sign",
+                  str(key)]) != 0
+    assert "--sign refused" in capsys.readouterr().err and "partial" in why["timm/partial.model"]
     # 4. rank intervals over the same set: exactly what the ranked entries alone give
     ranked = [e for e in store.for_suite("imagenet-star") if e.model_id in set(main["model"])]
     alone = aggregate.rank_intervals(ranked, family="imagenet_star", configs=CONFIGS[1:])
