@@ -434,11 +434,13 @@ def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoi
 
 def test_csv_download_defuses_spreadsheet_formulas():
     from leaderboard.export import to_csv_bytes
-    view = pd.DataFrame({"model": ["=HYPERLINK(\"http://x\")", "@SUM(A1)", "resnet50.a1_in1k", "-2+3"],
-                         "acc1": [0.5, -0.25, 0.75, float("nan")], "verified": [True, False, True, True]})
-    back = pd.read_csv(io.BytesIO(to_csv_bytes(view)))
-    assert back["model"].tolist() == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "resnet50.a1_in1k", "'-2+3"]
-    assert back["acc1"].tolist()[:3] == [0.5, -0.25, 0.75] and back["verified"].tolist() == [True, False, True, True]
+    view = pd.DataFrame({"model": ["=HYPERLINK(\"http://x\")", "@SUM(A1)", "resnet50.a1_in1k", "-2+3", "-"],
+                         "acc1/base": [0.5, -0.25, 0.75, float("nan"), 0.1], "verified": [True, False, True, True, True]})
+    back = pd.read_csv(io.BytesIO(to_csv_bytes(view)), keep_default_na=False, na_values=[""])
+    assert back["model"].tolist() == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "resnet50.a1_in1k", "'-2+3", "-"]
+    # numbers stay numbers, in the unit the header names (the page's percent)
+    assert back["acc@1/base (%)"].tolist()[:3] == [50.0, -25.0, 75.0]
+    assert back["verified"].tolist() == [True, False, True, True, True]
 
 
 class _Entry:
