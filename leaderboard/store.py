@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -111,8 +112,25 @@ class Entry:
         return self.status == "verified"
 
     def files_changed(self) -> bool:
-        """Whether any file the entry depends on has another stat key than when it was checked."""
-        return not self.file_keys or _stat_keys(self.run_dir, self.file_keys) != self.file_keys
+        """Whether any file the entry depends on has another stat key than when it was checked (runs on
+        every repaint for every entry: plain ``os.stat`` on strings, first difference wins)."""
+        if not self.file_keys:
+            return True
+        base = str(self.path.parent) + os.sep
+        for name, key in self.file_keys.items():
+            try:
+                st = os.stat(base + name)
+            except OSError:
+                if key is not None:
+                    return True
+                continue
+            try:
+                if key is None or key[0] != st.st_size or key[1] != st.st_mtime_ns or key[2] != st.st_ctime_ns \
+                        or key[3] != st.st_ino:
+                    return True
+            except (TypeError, IndexError, KeyError):  # a key from an older index: check again
+                return True
+        return False
 
     @cached_property
     def board(self) -> str:
