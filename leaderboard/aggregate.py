@@ -95,6 +95,7 @@ def _row(e) -> dict:
     r = e.result
     fam = r["suite"]["metric_family"]
     m = r["metrics"]
+    why = not_ranked_because(e)
     row = {
         "model": str(r["model"]["id"]), "architecture": str(r["model"].get("architecture") or ""),
         "family": family_of(str(r["model"].get("architecture") or str(r["model"]["id"]).split("/")[-1])),
@@ -103,7 +104,7 @@ def _row(e) -> dict:
         "verified": e.verified, "construction_model": bool(r["flags"].get("construction_model")),
         "partial": bool(r["flags"].get("partial")) or r["protocol"]["limit_per_class"] is not None,
         "pinned_suite": not r["flags"].get("unpinned_suite"),
-        "ranked": not not_ranked_because(e), "not_ranked_because": not_ranked_because(e),
+        "ranked": not why, "not_ranked_because": why,
         "flags": "; ".join(getattr(e, "flags", []) or []),
         "img_size": (r["data_config"].get("input_size") or [None, None, None])[-1],
         "dataset_revision": r["suite"].get("revision") or "", "manifest_sha256": r["suite"]["manifest_sha256"],

@@ -55,7 +55,8 @@ from pathlib import Path
 
 from benchmark.errors import BenchError
 from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
-from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
+from eval.diagnose_report import REPORT as DIAGNOSE
+from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE
 from eval.stamps import STAMP_FILE as STAMP
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ def _file_sha256(path: Path, limit: int) -> str:
     return sha256_file(path)
 
 
-DEPENDS = ("result.json", STAMP, "diagnose.json")  # besides the predictions files the result lists
+DEPENDS = (RESULT_FILE, STAMP, DIAGNOSE)  # besides the predictions files the result lists
 
 
 def _stat_keys(run_dir: Path, names) -> dict:
