@@ -427,7 +427,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
                 if time.time() > deadline:
                     raise
                 time.sleep(1)
-        WebDriverWait(driver, 90).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
+        WebDriverWait(driver, 180).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
                                         and "Top 10 as text" in body(d))
         text = body(driver)
         assert "golden retriever" in text and "strength 0.810" in text, text
@@ -702,7 +702,7 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
     body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
 
     def top10():
-        WebDriverWait(driver, 90).until(lambda d: "Top 10 as text" in body(d) and "Checking results" not in body(d))
+        WebDriverWait(driver, 180).until(lambda d: "Top 10 as text" in body(d) and "Checking results" not in body(d))
         time.sleep(1)
         driver.find_element(By.XPATH, "//*[contains(text(), 'Top 10 as text')]").click()
         WebDriverWait(driver, 30).until(lambda d: "timm/" in d.find_element(
