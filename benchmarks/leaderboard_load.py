@@ -16,7 +16,14 @@ Reports (seconds):
   store: time to the first full run of the app, which paints from the store's index;
 - cold_first_table: a never-seen store (verification cache, index and rank caches removed): time
   to the app's first run, with the number of rows in that first table (the background check goes
-  on) and cold_full_check, the time until the background check has finished.
+  on) and cold_full_check, the time until the background check has finished;
+- repaint_stat_check: what every repaint adds to notice changed files (``store.refresh_store`` on an
+  unchanged store: a stat of every file of every entry; median of 5), and repaint_one_changed: the
+  same after one predictions file was replaced (that entry hashed and checked again, the board
+  reassembled).
+
+Every entry carries a signed stamp trusted through ``GENSHIFT_TRUSTED_KEYS`` (only verified entries
+are ranked, so an unsigned store would measure a board without a ranking).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ def main(argv=None) -> int:
 
     from leaderboard import aggregate
     from leaderboard.store import load_store
-    from leaderboard.synthetic import make_store
+    from leaderboard.synthetic import make_store, sign_entry
 
     report = {"models": args.models, "configs": args.configs, "rows_per_config": args.rows}
     root = Path(args.store) if args.store else Path(tempfile.mkdtemp(prefix="genshift-board-")) / "store"
@@ -56,14 +63,19 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         make_store(root, models=args.models, configs=args.configs, rows=args.rows)
         report["store_build"] = time.perf_counter() - t
+    key = root.parent / "maintainer.key"
+    if not key.exists():
+        for p in sorted(root.glob("*/*/result.json")):
+            sign_entry(p, key)
+    os.environ["GENSHIFT_TRUSTED_KEYS"] = f"{key}.pub"
     from leaderboard.store import _cache_path
     cache = _cache_path(root, None)  # the verification cache lives in the user's cache folder, not the store
     cache.unlink(missing_ok=True)
     t = time.perf_counter()
-    store = load_store(str(root))
+    store = load_store(str(root), trusted_keys=f"{key}.pub")
     report["load_cold"] = time.perf_counter() - t
     t = time.perf_counter()
-    store = load_store(str(root))
+    store = load_store(str(root), trusted_keys=f"{key}.pub")
     report["load_warm"] = time.perf_counter() - t
     entries = store.for_suite("imagenet-star")
     t = time.perf_counter()
@@ -123,6 +135,24 @@ def main(argv=None) -> int:
     report["cold_first_table_progress_bar"] = bool(at.get("progress"))
     _join_background_checks()
     report["cold_full_check"] = time.perf_counter() - t
+
+    import statistics
+
+    from leaderboard.store import refresh_store
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        assert refresh_store(store, trusted_keys=f"{key}.pub") is store  # nothing changed: the same store
+        times.append(time.perf_counter() - t)
+    report["repaint_stat_check"] = statistics.median(times)
+    a, b = store.entries[0].run_dir, store.entries[1].run_dir
+    cfg = store.entries[0].result["predictions"][-1]["path"]
+    shutil.copyfile(b / cfg, a / cfg)
+    t = time.perf_counter()
+    fresh = refresh_store(store, trusted_keys=f"{key}.pub")
+    report["repaint_one_changed"] = time.perf_counter() - t
+    assert len(fresh.rejected) == len(store.rejected) + 1
+    report["files_per_entry"] = len(store.entries[0].file_keys)
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in report.items()}, indent=1))
     return 0
 

@@ -165,5 +165,9 @@ def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSE
         classes.append({"label": str(d.get("label", "?")), "name": str(d.get("name", "")),
                         "strength_text": _num(d.get("strength")), "null_text": _num(d.get("null_p95")),
                         "n": str(d.get("n", "?")), "n_errors": str(d.get("n_errors", "?")),
-                        "hard_caption": hard[0] if hard else "", **ids})
+                        "hard_caption": hard[0] if hard else "", **ids,
+                        # a direction no stronger than its permutation null is not a finding
+                        "significant": (isinstance(d.get("strength"), (int, float))
+                                        and isinstance(d.get("null_p95"), (int, float))
+                                        and d["strength"] > d["null_p95"])})
     return {"model": str(data.get("model", "")), "classes": classes, "thumbnails": thumbs}

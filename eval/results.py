@@ -13,6 +13,7 @@ import json
 import math
 import platform
 import re
+import unicodedata
 from datetime import datetime
 import subprocess
 from pathlib import Path
@@ -36,6 +37,10 @@ FLAGS = ("unpinned_suite", "construction_model", "partial", "skipped_bad_images"
 COUNT_KEYS = ("total", "kept", "predicted", "skipped_bad", "skipped_bad_ids")
 MAX_SKIPPED_IDS = 100
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# bidi overrides/isolates and marks: they reorder what is displayed around them (a model id shown reversed)
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# the largest ImageNet classifiers have ~10^10 parameters; a count over 10^12 is not a real model
+MAX_NUM_PARAMS = 10**12
 
 
 def path_slug(text: str) -> str:
@@ -196,6 +201,11 @@ class _Checker:
             self.fail(path, f"{v[:80]!r} is not of the expected form")
         if not control and _CONTROL.search(v):
             self.fail(path, "contains control characters")
+        if not control and any(unicodedata.category(ch) == "Cf" for ch in v):
+            # format characters (U+202E, zero-width joiners, ...) make one id display as another
+            self.fail(path, "contains Unicode format characters (category Cf, e.g. U+202E); use plain text")
+        if _BIDI.search(v):
+            self.fail(path, "contains Unicode bidirectional control characters (e.g. U+202E); use plain text")
         return v
 
     def integer(self, v, path: str, *, lo: int = 0, hi: int | None = None, none: bool = False) -> int | None:
@@ -285,7 +295,7 @@ def validate(result, *, where: str) -> None:
         c.fail("model.weights_sha256", "is required for local weights")
     if m["source"] != "hf-hub" and m["weights_revision"] is not None:
         c.fail("model.weights_revision", "must be null unless the weights come from the Hub")
-    c.integer(m.get("num_params"), "model.num_params", none=True)
+    c.integer(m.get("num_params"), "model.num_params", hi=MAX_NUM_PARAMS, none=True)
     c.json_value(c.obj(m.get("pretrained_cfg", {}), "model.pretrained_cfg"), "model.pretrained_cfg")
 
     dc = c.obj(result["data_config"], "data_config")

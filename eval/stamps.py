@@ -180,6 +180,18 @@ def check_signature(stamp, trusted: dict[str, PublicKey]) -> str | None:
 STAMP_FILE = "verification.json"
 
 
+def unrankable(result: dict) -> str:
+    """Why a (schema-valid) result can never be ranked and so is never signed, or "" if it can be: a
+    partial run (``--limit-per-class``, or not every config of the suite; ``flags.partial`` as
+    ``bench verify`` recomputes it). A stamp on it would put a subset of the images on the board."""
+    if result["protocol"]["limit_per_class"] is not None:
+        return (f"the result was scored with --limit-per-class {result['protocol']['limit_per_class']} (a partial run); "
+                "re-run `bench eval` on every image of every config")
+    if result["flags"]["partial"]:
+        return "the result is partial (not every config of the suite); re-run `bench eval` on every config"
+    return ""
+
+
 def make_stamp(report) -> dict:
     """The (unsigned) stamp body for a passed ``eval.verify.VerifyReport`` with a recheck."""
     from datetime import datetime, timezone
@@ -190,6 +202,9 @@ def make_stamp(report) -> dict:
         raise BenchError("only a verification that passed, re-ran images and checked the predictions against a "
                          "trusted suite manifest can be stamped")
     result = report.result
+    why = unrankable(result)
+    if why:
+        raise BenchError(f"not signed: {why}")
     return {
         "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
         "result_sha256": report.result_sha256,

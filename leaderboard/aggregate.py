@@ -50,6 +50,24 @@ def pretraining_of(tag: str | None) -> str:
     return "in1k"
 
 
+def not_ranked_because(entry) -> str:
+    """Why an accepted entry is not in the official ranking, or "" if it is: only **verified** (a stamp
+    signed by a trusted key for the files as they are now, ``leaderboard.store``), **complete** (every
+    config of the suite, no ``--limit-per-class``: ``eval.stamps.unrankable``) entries of models that
+    did not help build the suite are ranked, among themselves."""
+    from eval.stamps import unrankable
+
+    r = entry.result
+    if r["flags"]["construction_model"]:
+        return "construction model (used to build the suite: biased by construction, never ranked)"
+    partial = unrankable(r)
+    if partial:
+        return partial.split(";")[0]
+    if not entry.verified:
+        return "not verified" + (f" ({entry.note})" if entry.note else "")
+    return ""
+
+
 def _v(metric: dict | None) -> float:
     return np.nan if not metric or metric.get("value") is None else float(metric["value"])
 
@@ -78,13 +96,17 @@ def _row(e) -> dict:
     r = e.result
     fam = r["suite"]["metric_family"]
     m = r["metrics"]
+    why = not_ranked_because(e)
     row = {
         "model": str(r["model"]["id"]), "architecture": str(r["model"].get("architecture") or ""),
         "family": family_of(str(r["model"].get("architecture") or str(r["model"]["id"]).split("/")[-1])),
         "pretraining": pretraining_of(r["model"].get("tag")),
         "params_m": (r["model"].get("num_params") or 0) / 1e6,
         "verified": e.verified, "construction_model": bool(r["flags"].get("construction_model")),
-        "partial": bool(r["flags"].get("partial")), "unpinned_suite": bool(r["flags"].get("unpinned_suite")),
+        "partial": bool(r["flags"].get("partial")) or r["protocol"]["limit_per_class"] is not None,
+        "pinned_suite": not r["flags"].get("unpinned_suite"),
+        "ranked": not why, "not_ranked_because": why,
+        "flags": "; ".join(getattr(e, "flags", []) or []),
         "img_size": (r["data_config"].get("input_size") or [None, None, None])[-1],
         "dataset_revision": r["suite"].get("revision") or "", "manifest_sha256": r["suite"]["manifest_sha256"],
         "weights_sha256": r["model"].get("weights_sha256") or "", "config_hash": r["config_hash"],

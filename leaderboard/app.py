@@ -9,9 +9,14 @@ trusted suite manifests). Everything shown comes from
 
 Text from results and stores (model ids, suite ids, config names, notes, stamp fields, reasons)
 is never rendered as Markdown or HTML: it goes into dataframe cells, ``st.text``, widget options
-and escaped plot labels only; text cells a spreadsheet would evaluate get a leading apostrophe,
-so the grid's own CSV export is formula-safe too. Every view is in the URL (widgets bound to
-query parameters), so a shared link restores it.
+and escaped plot labels only; in the CSV download, text cells a spreadsheet would evaluate get a
+leading apostrophe. Every view is in the URL (widgets bound to query parameters), so a shared
+link restores it.
+
+What is ranked (``aggregate.not_ranked_because``): only verified, complete entries, among
+themselves; everything else is listed, with its numbers and flags but no rank, in the community
+table. Before drawing, the app re-checks every entry whose files changed on disk
+(``Loader.refresh``), so badges and numbers always belong to the files as they are.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ import pandas as pd
 import streamlit as st
 
 from leaderboard import aggregate, reported
-from leaderboard.export import defuse_frame, to_csv_bytes
+from leaderboard.about import ABOUT
+from leaderboard.export import to_csv_bytes, to_json_bytes, unit
 from leaderboard.index import Loader
 from leaderboard.store import STAMP, Store
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 FIRST_PAINT_WAIT_S = 1.0   # a small store is painted complete; a large one shows progress and first rows
-TABS = ["Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
+TABS = ["Shift heatmap", "ID/OOD", "Model drilldown", "Rejected", "About"]
 PP = "%.2f pp"             # differences of accuracies/probabilities are percentage points
 # viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
 # viewer mode, see `bench leaderboard`); a fixed style sheet, no data in it
@@ -97,8 +103,7 @@ def safe_filename(text: str) -> str:
 
 def is_pp(col: str) -> bool:
     """Columns that are differences of two accuracies or probabilities: percentage points, not percent."""
-    return col.startswith(("impact/", "delta_p", "delta_acc", "model_mean_impact", "mean_delta_p",
-                           "effective_robustness"))
+    return unit(col) == "pp"
 
 
 def from_url(key: str, options=None, *, multi: bool = False, parse=None, final: bool | None = None) -> None:
@@ -125,6 +130,13 @@ def from_url(key: str, options=None, *, multi: bool = False, parse=None, final: 
         del url[key]
 
 
+def binding(key: str) -> str | None:
+    """Bind a widget to its query parameter, except while the opening URL's value for it is still pending
+    (a cold board has not checked the entry it names yet): a bound widget would rewrite the address bar
+    with its default and the shared link would lose that selection."""
+    return None if key in st.session_state.get("_url", {}) else "query-params"
+
+
 def _bool(values: list[str]) -> bool:
     if values[-1].lower() not in ("true", "false"):
         raise ValueError(values[-1])
@@ -139,9 +151,9 @@ def _range(values: list[str], top: float) -> tuple[float, float]:
 
 
 def show_df(df: pd.DataFrame, **kw) -> None:
-    """Every dataframe goes through here: data-derived text stays text and the grid's own CSV export
-    cannot carry a spreadsheet formula."""
-    st.dataframe(defuse_frame(df), hide_index=True, **kw)
+    """Every dataframe goes through here: data-derived text stays text (a cell, never Markdown), shown as
+    it is (the grid's own CSV export is off; the app's CSV download defuses formulas)."""
+    st.dataframe(df, hide_index=True, **kw)
 
 
 def guarded(title: str):
@@ -190,6 +202,7 @@ def main() -> None:
         st.stop()
     if not loader.finished and loader.kind != "index" and time.monotonic() - loader.started < FIRST_PAINT_WAIT_S:
         loader.wait(FIRST_PAINT_WAIT_S - (time.monotonic() - loader.started))
+    loader.refresh()  # entries whose files changed on disk are checked again before anything is drawn
     store, state = loader.snapshot()
     st.session_state["_painted_at"] = time.monotonic()
     if not state["finished"]:
@@ -201,10 +214,11 @@ def main() -> None:
     if store is None:
         st.stop()
     st.caption("Robustness of ImageNet classifiers to generated distribution shifts. All numbers recompute from "
-               "stored per-image predictions (bench verify).")
+               "stored per-image predictions (bench verify). Only verified, complete entries are ranked (see About).")
     st.text(f"results store: {store.source}" + (f" @ {store.revision}" if store.revision and store.revision not in
                                                  store.source else "") +
-            f" | {len(store.entries)} results, {len(store.rejected)} rejected, {len(store.superseded)} superseded"
+            f" | {len(store.entries)} results ({sum(e.verified for e in store.entries)} verified), "
+            f"{len(store.rejected)} rejected, {len(store.superseded)} superseded"
             + (f" | trusted keys: {os.path.basename(keys)}" if keys else ""))
     if not store.entries:
         if state["finished"]:
@@ -216,16 +230,17 @@ def main() -> None:
 
     final = state["kind"] != "partial"
     st.session_state["_board_final"] = final
-    suites = store.suites()
+    suites = store.suites()  # the suite with the most verified entries first: the default
     from_url("suite", suites, final=final)
-    suite = st.sidebar.selectbox("Suite", suites, key="suite", bind="query-params")
+    suite = st.sidebar.selectbox("Suite", suites, key="suite", bind=binding("suite"))
     boards = store.boards(suite)
     board = boards[0]
     if len(boards) > 1:  # results on other suite revisions / protocols are never mixed into one table
         from_url("board", boards, final=final)
         board = st.sidebar.selectbox("Board (manifest sha256 - protocol sha256)", boards, key="board",
-                                     bind="query-params")
-        st.sidebar.text("\n".join(f"{b}: {len(store.for_suite(suite, b))} models" for b in boards) +
+                                     bind=binding("board"))
+        st.sidebar.text("\n".join(f"{b}: {len(store.for_suite(suite, b))} models, "
+                                  f"{sum(e.verified for e in store.for_suite(suite, b))} verified" for b in boards) +
                         "\nResults on other suite revisions or\nprotocols are not comparable and\nare shown on "
                         "their own boards.")
     board_df = get_table(store, store.fingerprint, suite, board)
@@ -234,26 +249,31 @@ def main() -> None:
     metric, higher, metric_label = aggregate.headline(family_kind)
     configs = sorted(c[len("acc1/"):] for c in board_df.columns if c.startswith("acc1/"))
     rank_configs = [c for c in configs if family_kind != "imagenet_star" or c != "base"]
-    board_df = _ranked(store, suite, board, board_df, metric, higher, family_kind, rank_configs,
-                       intervals=state["kind"] != "partial")
+    board_df = _ranked(store, suite, board, board_df, metric, higher, family_kind, rank_configs, intervals=final)
 
     families = sorted(board_df["family"].unique())
     pretrain = sorted(board_df["pretraining"].unique())
     from_url("family", families, multi=True, final=final)
-    fam_sel = st.sidebar.multiselect("Architecture family", families, key="family", bind="query-params")
+    fam_sel = st.sidebar.multiselect("Architecture family", families, key="family", bind=binding("family"))
     from_url("pretraining", pretrain, multi=True, final=final)
-    pre_sel = st.sidebar.multiselect("Pretraining data", pretrain, key="pretraining", bind="query-params")
+    pre_sel = st.sidebar.multiselect("Pretraining data", pretrain, key="pretraining", bind=binding("pretraining"))
     pmax = max(float(np.ceil(board_df["params_m"].max() + 1e-9)), 1.0)
     from_url("params", parse=lambda v: _range(v, pmax), final=final)
-    params = st.sidebar.slider("Parameters (M)", 0.0, pmax, key="params", bind="query-params",
+    # the full range grows while a cold board is checked: an untouched full-range slider follows it
+    prev = st.session_state.get("_pmax")
+    if prev is not None and prev != pmax and tuple(st.session_state.get("params", ())) == (0.0, prev):
+        st.session_state["params"] = (0.0, pmax)
+    st.session_state["_pmax"] = pmax
+    params = st.sidebar.slider("Parameters (M)", 0.0, pmax, key="params", bind=binding("params"),
                                **({} if "params" in st.session_state else {"value": (0.0, pmax)}))
     from_url("verified", parse=_bool)
-    verified_only = st.sidebar.checkbox("Verified only", key="verified", bind="query-params")
+    verified_only = st.sidebar.checkbox("Verified only (hide the community entries)", key="verified",
+                                        bind=binding("verified"))
     from_url("construction", parse=_bool)
     construction = st.sidebar.checkbox("Show construction models (biased by construction, never ranked)",
-                                       key="construction", bind="query-params")
+                                       key="construction", bind=binding("construction"))
 
-    # ranks were computed once on the whole board: filters select rows, never re-rank
+    # ranks were computed once over the board's ranked entries: filters select rows, never re-rank
     view = board_df[(board_df["params_m"] >= params[0]) & (board_df["params_m"] <= params[1])]
     if fam_sel:
         view = view[view["family"].isin(fam_sel)]
@@ -265,27 +285,42 @@ def main() -> None:
         view = view[~view["construction_model"]]
     view = view.reset_index(drop=True)
     view["hub"] = [f"https://huggingface.co/{m}" if SAFE_REPO.match(m) else "" for m in view["model"]]
+    official, community = view[view["ranked"]].reset_index(drop=True), view[~view["ranked"]].reset_index(drop=True)
+    n_ranked = int(board_df["ranked"].sum())
 
-    st.subheader("Ranking")
+    st.subheader("Official ranking (verified, complete entries)")
     st.text(f"suite {suite}, ranked by {metric_label}" + (" (lower is better)" if not higher else ""))
-    st.caption("Ranks are computed once per board (filters never change them); tied models share a rank. Rank "
-               "and metric intervals are 95% paired-bootstrap intervals over images. Accuracies and rates are in "
-               "percent; differences (impact, Δ) in percentage points (pp).")
-    _table(view, metric, metric_label, configs)
+    if not final:
+        st.text(f"ranking the {state['done']} of {state['total'] or '?'} entries checked so far: ranks may change "
+                "until the check is complete (point ranks; intervals follow).")
+    if n_ranked == 0:
+        st.info("No verified, complete entry on this board yet, so nothing is ranked. The entries below are "
+                "community entries: not verified, not ranked.")
+    else:
+        shown = f"; {len(official)} shown after the filters" if len(official) != n_ranked else ""
+        st.caption(f"Ranks are among the {n_ranked} verified, complete entries of this board{shown}. Filters hide "
+                   "rows and never re-rank; tied models share a rank. Rank and metric intervals are 95% "
+                   "paired-bootstrap intervals over images, computed over the same ranked entries. Accuracies and "
+                   "rates are in percent; differences (impact, Δ) in percentage points (pp).")
+        _table(official, metric, metric_label, configs, key="main_table", ranked=True)
+    if not verified_only and len(community):
+        st.subheader("Community entries (not verified, not ranked)")
+        st.caption("Unverified, partial or stale entries, and construction models: their numbers recompute from "
+                   "their predictions, but no maintainer has re-run their images, so they hold no rank.")
+        _table(community, metric, metric_label, configs, key="community_table", ranked=False)
     c1, c2 = st.columns(2)
-    c1.download_button("Download CSV", to_csv_bytes(view), file_name=f"{safe_filename(suite)}-leaderboard.csv",
+    export = view.drop(columns=[c for c in ("hub",) if c in view.columns])
+    c1.download_button("Download CSV", to_csv_bytes(export), file_name=f"{safe_filename(suite)}-leaderboard.csv",
                        mime="text/csv", key="download_csv")
-    c2.download_button("Download JSON", view.to_json(orient="records", indent=1).encode(),
-                       file_name=f"{safe_filename(suite)}-leaderboard.json", mime="application/json",
-                       key="download_json")
+    c2.download_button("Download JSON", to_json_bytes(export), file_name=f"{safe_filename(suite)}-leaderboard.json",
+                       mime="application/json", key="download_json")
     # a plain-text rendering of the top rows (accessible, and readable without the canvas grid)
     with st.expander("Top 10 as text"):
         lines = []
-        for row in view.head(10).itertuples():
-            rank = "-" if pd.isna(row.rank) else str(int(row.rank))
+        for row in official.head(10).itertuples():
             value = getattr(row, metric)
-            lines.append(f"{rank:>3}  {row.model}  " + ("-" if pd.isna(value) else f"{100 * value:.2f}"))
-        st.text("\n".join(lines))
+            lines.append(f"{int(row.rank):>3}  {row.model}  " + ("-" if pd.isna(value) else f"{100 * value:.2f}"))
+        st.text("\n".join(lines) or "nothing is ranked on this board")
     reported.show(st, suite)
     if os.environ.get("GENSHIFT_HUB_RESULTS"):  # bench leaderboard --hub-results: the Hub's side, never ranked
         from leaderboard.hub_results import show_hub_reported
@@ -293,21 +328,24 @@ def main() -> None:
         show_hub_reported(store.for_suite(suite, board), endpoint=os.environ.get("HF_ENDPOINT") or None)
 
     from_url("tab", TABS)
-    tabs = st.tabs(TABS, key="tab", bind="query-params")
+    tabs = st.tabs(TABS, key="tab", bind=binding("tab"))
     with tabs[0]:
-        _heatmap(view, configs)
+        _heatmap(pd.concat([official, community], ignore_index=True), configs)
     with tabs[1]:
         _id_ood(store, suite, board, view, family_kind)
     with tabs[2]:
         _drilldown(store, suite, board, view, configs)
     with tabs[3]:
         _rejected(store, skipped)
+    with tabs[4]:
+        _about()
 
 
 def _ranked(store, suite, board, df, metric, higher, family_kind, rank_configs, *, intervals: bool) -> pd.DataFrame:
-    """The board with rank, rank interval and headline interval columns, sorted by rank (ties: by model)."""
+    """The board with rank, rank interval and headline interval columns over its ranked entries only
+    (``aggregate.not_ranked_because``), sorted by rank (ties: by model); other rows have no rank."""
     df = df.copy()
-    ranked = df[~df["construction_model"]]
+    ranked = df[df["ranked"]]
     ranks = get_ranks(store, store.fingerprint, suite, board, tuple(ranked["model"]), tuple(rank_configs),
                       family_kind) if intervals and len(ranked) else None
     if ranks:
@@ -330,16 +368,21 @@ def _ranked(store, suite, board, df, metric, higher, family_kind, rank_configs, 
     return df
 
 
-def _table(view: pd.DataFrame, metric: str, metric_label: str, configs: list[str]) -> None:
+def _table(view: pd.DataFrame, metric: str, metric_label: str, configs: list[str], *, key: str,
+           ranked: bool) -> None:
     num = st.column_config.NumberColumn
     pct = lambda label: num(label, format="percent")  # noqa: E731
     pp = lambda label: num(label, format=PP)          # noqa: E731
+    check = st.column_config.CheckboxColumn
     shown = view.copy()
     secondary = [c for c in ("model_mean_impact", "mean_delta_p", "parent_failure_rate", "top1_error")
                  if c in shown.columns and c != metric]
     shift_cols = [c for c in shown.columns if c.startswith("acc1/")]
-    cols = (["rank", "rank_lo", "rank_hi", "model", metric, f"{metric}_lo", f"{metric}_hi"] + secondary + shift_cols
-            + ["family", "params_m", "pretraining", "verified", "construction_model", "hub"])
+    # trust columns right after rank / model / headline: in the first screen
+    head = (["rank", "model", metric] if ranked else ["model", metric, "not_ranked_because"])
+    cols = (head + ["verified", "partial", "pinned_suite", "flags"]
+            + (["rank_lo", "rank_hi"] if ranked else []) + [f"{metric}_lo", f"{metric}_hi"] + secondary + shift_cols
+            + ["family", "params_m", "pretraining", "construction_model", "hub"])
     for c in cols:
         if is_pp(c) and c in shown.columns:
             shown[c] = shown[c] * 100  # fractions -> percentage points for display
@@ -350,13 +393,15 @@ def _table(view: pd.DataFrame, metric: str, metric_label: str, configs: list[str
         "model": st.column_config.TextColumn("model", pinned=True),
         metric: fmt(metric_label), f"{metric}_lo": fmt(f"{metric_label}: 95% lo"),
         f"{metric}_hi": fmt(f"{metric_label}: 95% hi"),
+        "not_ranked_because": st.column_config.TextColumn("not ranked because"),
+        "verified": check("verified"), "partial": check("partial"), "pinned_suite": check("pinned suite"),
         "params_m": num("params (M)", format="%.1f"),
-        "construction_model": st.column_config.CheckboxColumn("construction model"),
+        "construction_model": check("construction model"),
         "hub": st.column_config.LinkColumn("hub", display_text="open"),
         **{c: (pp if is_pp(c) else pct)(c.replace("_", " ")) for c in secondary},
         **{c: pct(c.split("/", 1)[1]) for c in shift_cols},
     }
-    show_df(shown[cols], column_config=column_config, key="main_table", width="stretch")
+    show_df(shown[cols], column_config=column_config, key=key, width="stretch")
 
 
 @guarded("heatmap")
@@ -368,9 +413,10 @@ def _heatmap(view: pd.DataFrame, configs: list[str]) -> None:
         return
     st.caption("Colour = acc@1 on a fixed 0–100% scale, chosen on purpose so that colours mean the same on every "
                "board and a few points of difference look like a few points. Every model of the view is a row "
-               "(scroll the chart); hover for the value.")
+               "(scroll the chart), labelled by its official rank or '(not ranked)'; hover for the value.")
     z = view[[f"acc1/{c}" for c in configs]].to_numpy(dtype=float) * 100
-    labels = [f"{i + 1}. {plot_label(m)}" for i, m in enumerate(view["model"])]
+    labels = [("(not ranked)" if pd.isna(r) else f"#{int(r)}") + f" {plot_label(m)}"
+              for r, m in zip(view["rank"], view["model"])]
     fig = go.Figure(go.Heatmap(z=z, x=[plot_label(c) for c in configs], y=labels, colorscale="Viridis",
                                zmin=0, zmax=100, colorbar={"title": {"text": "acc@1 % (fixed 0–100)"}},
                                hovertemplate="%{y}<br>%{x}: %{z:.1f}%<extra></extra>"))
@@ -391,7 +437,7 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
     id_file = os.environ.get("GENSHIFT_ID_ACCURACY") or None
     axes = ["suite reference config"] + (["ImageNet-val top-1 (--id-accuracy)"] if id_file else [])
     from_url("x", axes)
-    axis = st.radio("In-distribution axis", axes, key="x", bind="query-params", horizontal=True)
+    axis = st.radio("In-distribution axis", axes, key="x", bind=binding("x"), horizontal=True)
     id_acc = None
     if axis != axes[0]:
         table = get_id_accuracy(id_file, os.path.getmtime(id_file))
@@ -413,7 +459,7 @@ def _id_ood(store: Store, suite: str, board: str, view: pd.DataFrame, family_kin
                    "determined. Read the slope and the effective robustness with the confidence band in mind.")
     shifts = list(fits["shifts"])
     from_url("shift", shifts)
-    shift = st.selectbox("Shift", shifts, key="shift", bind="query-params")
+    shift = st.selectbox("Shift", shifts, key="shift", bind=binding("shift"))
     f = fits["shifts"][shift]
     x = np.array(fits["id_accuracy"])
     y = ranked.set_index("model")[f"acc1/{shift}"].reindex(fits["models"]).to_numpy()
@@ -469,7 +515,7 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
         st.info("No model matches the filters.")
         return
     from_url("model", models)
-    model = st.selectbox("Model", models, key="model", bind="query-params")
+    model = st.selectbox("Model", models, key="model", bind=binding("model"))
     entry = next(e for e in store.for_suite(suite, board) if str(e.model_id) == model)
     r = entry.result
     if entry.verified:
@@ -491,7 +537,7 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
     fig.update_layout(yaxis_title="acc@1 % (95% interval)", height=340)
     st.plotly_chart(fig, key="drill_bars")
     from_url("drill_config", configs)
-    config = st.selectbox("Worst classes on", configs, key="drill_config", bind="query-params")
+    config = st.selectbox("Worst classes on", configs, key="drill_config", bind=binding("drill_config"))
     worst = aggregate.per_class_accuracy(entry, config).head(15)
     show_df(worst[["class", "acc1", "n"]], key="worst_classes",
             column_config={"acc1": st.column_config.NumberColumn("acc@1", format="percent")})
@@ -524,7 +570,10 @@ def _failure_directions(entry) -> None:
         with st.container(border=True):
             st.text(f"class {d['label']} {d['name']}: strength {d['strength_text']} vs null p95 {d['null_text']}; "
                     f"{d['n_errors']} errors of {d['n']}")
-            if d["hard_caption"]:
+            if not d["significant"]:
+                st.text("not significant: the direction is no stronger than its permutation null's 95th percentile, "
+                        "so its caption and images may describe noise")
+            elif d["hard_caption"]:
                 st.text(f"hard images: {d['hard_caption']}")
             for kind in ("hardest", "easiest"):
                 imgs = [(i, report["thumbnails"][i]) for i in d[kind] if i in report["thumbnails"]]
@@ -537,13 +586,20 @@ def _failure_directions(entry) -> None:
 
 
 def _rejected(store: Store, skipped: list) -> None:
-    rows = [{"entry": str(e.path.relative_to(store.root)) if store.root in e.path.parents else str(e.path),
-             "status": e.status, "reason": e.reason} for e in store.rejected + store.superseded]
+    def name(e):
+        return str(e.path.relative_to(store.root)) if store.root in e.path.parents else str(e.path)
+
+    rows = [{"entry": name(e), "status": e.status, "reason": e.reason} for e in store.rejected + store.superseded]
     rows += [{"entry": m, "status": "not shown", "reason": why} for m, why in skipped]
+    rows += [{"entry": name(e), "status": "flagged", "reason": f} for e in store.entries for f in e.flags]
     if rows:
         show_df(pd.DataFrame(rows), key="rejected")
     else:
-        st.text("No rejected or superseded entries.")
+        st.text("No rejected, superseded or flagged entries.")
+
+
+def _about() -> None:
+    st.markdown(ABOUT)  # fixed text (leaderboard/about.py), no data in it
 
 
 main()

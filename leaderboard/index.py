@@ -45,7 +45,8 @@ def _keys_digest(trusted_keys_file: str | None) -> str:
 def _record(e: Entry, root: Path) -> dict:
     return {"path": e.path.relative_to(root).as_posix(), "status": e.status, "reason": e.reason,
             "stamp": e.stamp, "result_sha256": e.result_sha256, "result": e.result,
-            "predictions_sha256": e.predictions_sha256, "note": e.note, "suite_checked": e.suite_checked}
+            "predictions_sha256": e.predictions_sha256, "note": e.note, "suite_checked": e.suite_checked,
+            "file_keys": e.file_keys}
 
 
 def write_index(store: Store, *, keys_digest: str = "") -> Path | None:
@@ -99,7 +100,8 @@ def read_index(source: str, root: Path, revision: str | None, *, keys_digest: st
                                  reason=str(rec.get("reason") or ""), stamp=rec.get("stamp"),
                                  result_sha256=rec["result_sha256"], cache_dir=hits,
                                  predictions_sha256=dict(rec.get("predictions_sha256") or {}),
-                                 note=str(rec.get("note") or ""), suite_checked=bool(rec.get("suite_checked"))))
+                                 note=str(rec.get("note") or ""), suite_checked=bool(rec.get("suite_checked")),
+                                 file_keys=rec["file_keys"] if isinstance(rec.get("file_keys"), dict) else {}))
         except (OSError, KeyError, TypeError):
             dropped += 1
     store = assemble(Store(source=source, root=root, revision=revision), checked)
@@ -173,6 +175,24 @@ class Loader:
             self.done = self.total = max(self.total, len(full.entries) + len(full.rejected) + len(full.superseded))
             if changed:
                 self.version += 1
+
+    def refresh(self) -> Store | None:
+        """The store to paint, after re-checking the entries whose files changed on disk since they were
+        checked (``store.refresh_store``: a stat per file; hashing and checks only for changed ones)."""
+        with self.lock:
+            current = self.store
+        if current is None:
+            return None
+        fresh = store_mod.refresh_store(current, trusted_keys=self.trusted or {},
+                                        suites=[self.suites_dir] if self.suites_dir else None)
+        if fresh is not current:
+            with self.lock:
+                if self.store is current:  # else the background check replaced it meanwhile: keep that one
+                    self.store = fresh
+                    self.version += 1
+                else:
+                    fresh = self.store
+        return fresh
 
     def wait(self, timeout: float) -> bool:
         self.thread.join(timeout)

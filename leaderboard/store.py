@@ -22,9 +22,20 @@ and marked as not checked against their suite (``Entry.note``).
 
 Results are compared only on one **board**: the same suite data (manifest hash) scored under
 the same protocol (filter, reference, top-k, limits). A suite with results on several revisions
-or protocols has several boards, never mixed; the one with the most models is the default. Of
-several entries for one model on one board, the verified one wins, then the newest; the others
-are listed as superseded.
+or protocols has several boards, never mixed; the one with the most verified entries is the default.
+
+**Superseding** is decided only by what a submitter cannot set (:func:`precedence`): of several
+entries for one model on one board, a verified one wins over an unverified one; among verified
+ones the one whose stamp was signed last (the stamp's ``verified_at``, covered by the maintainer's
+signature); then the entry path that sorts first. Result fields (``finished_at`` ...) play no part.
+The others are listed as superseded. Two shown entries with the same ``model.weights_sha256`` under
+different model ids are **flagged** (``Entry.flags``): one set of weights submitted twice.
+
+**The badge follows the files**: each entry records a stat key of every file it
+depends on (result.json, predictions, verification.json, diagnose.json) when it is checked
+(size, mtime_ns, ctime_ns, inode);
+:func:`refresh_store` stats them again (cheap) and re-checks only the entries whose keys changed
+(hashing their files), so a running board never shows a swapped file under an old badge.
 
 Verification outcomes are cached by content (sha256 of the result and of every predictions file,
 and the trusted manifest used) in the user's cache folder, never in the store (whose files are
@@ -34,15 +45,18 @@ a view, so a file replaced after loading is refused, not shown under the old bad
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from benchmark.errors import BenchError
 from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
-from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
+from eval.diagnose_report import REPORT as DIAGNOSE
+from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE
 from eval.stamps import STAMP_FILE as STAMP
 
 log = logging.getLogger(__name__)
@@ -61,6 +75,8 @@ class Entry:
     note: str = ""              # why an accepted entry is not verified / not checked against its suite
     suite_checked: bool = False
     cache_dir: Path | None = None
+    file_keys: dict = field(default_factory=dict)  # file name -> [size, mtime_ns, ctime_ns, inode] (None: absent)
+    flags: list = field(default_factory=list)       # board warnings, e.g. weights shared with another model id
     _ranks: dict | None = field(default=None, repr=False)
 
     @property
@@ -95,6 +111,27 @@ class Entry:
     @property
     def verified(self) -> bool:
         return self.status == "verified"
+
+    def files_changed(self) -> bool:
+        """Whether any file the entry depends on has another stat key than when it was checked (runs on
+        every repaint for every entry: plain ``os.stat`` on strings, first difference wins)."""
+        if not self.file_keys:
+            return True
+        base = str(self.path.parent) + os.sep
+        for name, key in self.file_keys.items():
+            try:
+                st = os.stat(base + name)
+            except OSError:
+                if key is not None:
+                    return True
+                continue
+            try:
+                if key is None or key[0] != st.st_size or key[1] != st.st_mtime_ns or key[2] != st.st_ctime_ns \
+                        or key[3] != st.st_ino:
+                    return True
+            except (TypeError, IndexError, KeyError):  # a key from an older index: check again
+                return True
+        return False
 
     @cached_property
     def board(self) -> str:
@@ -179,16 +216,22 @@ class Store:
         return sha256_bytes("\n".join([self.revision or "", *keys]).encode())
 
     def suites(self) -> list[str]:
-        return sorted({e.suite_id for e in self.entries})
+        """Suite ids, the one with the most verified entries first (ties: most entries, then by id)."""
+        n: dict[str, list[int]] = {}
+        for e in self.entries:
+            c = n.setdefault(e.suite_id, [0, 0])
+            c[0] += e.verified
+            c[1] += 1
+        return sorted(n, key=lambda s: (-n[s][0], -n[s][1], s))
 
     def boards(self, suite_id: str) -> list[str]:
-        """The suite's boards, the one with the most models first (ties: the newest result)."""
+        """The suite's boards, the one with the most verified entries first (ties: most entries, then
+        the board id); never ordered by a field a submitter writes."""
         groups: dict[str, list[Entry]] = {}
         for e in self.entries:
             if e.suite_id == suite_id:
                 groups.setdefault(e.board, []).append(e)
-        return sorted(groups, key=lambda b: (len(groups[b]), max(e.result.get("finished_at", "") for e in groups[b])),
-                      reverse=True)
+        return sorted(groups, key=lambda b: (-sum(e.verified for e in groups[b]), -len(groups[b]), b))
 
     def for_suite(self, suite_id: str, board: str | None = None) -> list[Entry]:
         """The entries of one board of the suite (default: its main board), sorted by model id."""
@@ -249,6 +292,22 @@ def misfiled(path: Path, result: dict) -> str:
             f"belongs under {want}/; move the entry there")
 
 
+DEPENDS = (RESULT_FILE, STAMP, DIAGNOSE)  # besides the predictions files the result lists
+
+
+def _stat_keys(run_dir: Path, names) -> dict:
+    """``name -> [size, mtime_ns, ctime_ns, inode]`` (None if absent) for files of an entry folder: a cheap
+    change key (ctime too: an in-place rewrite that restores size and mtime still moves it)."""
+    out = {}
+    for name in names:
+        try:
+            st = (run_dir / name).stat()
+            out[name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        except OSError:
+            out[name] = None
+    return out
+
+
 def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_suites: bool) -> Entry:
     """Check one result.json on its own (cached by content); never raises."""
     from eval.results import parse_result
@@ -256,6 +315,8 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
     from eval.verify import verify_result
 
     entry = Entry(path)
+    # stat before reading: a change after this point shows as a changed key on the next refresh
+    entry.file_keys = _stat_keys(path.parent, DEPENDS)
     try:
         if not path.is_file():  # a fifo or device would block or never end
             entry.reason = "result.json is not a regular file"
@@ -270,6 +331,7 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
         if why := misfiled(path, result):
             entry.reason = why
             return entry
+        entry.file_keys.update(_stat_keys(path.parent, [p["path"] for p in result["predictions"]]))
         for p in result["predictions"]:
             f = path.parent / p["path"]
             if not f.is_file():
@@ -323,33 +385,61 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
     return entry
 
 
+def _signed_time(e: Entry) -> float:
+    """The stamp's ``verified_at`` (signed by the maintainer) as a POSIX time; -inf if none or unreadable."""
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.fromisoformat(str((e.stamp or {})["verified_at"]))
+        return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return float("-inf")
+
+
+def precedence(e: Entry) -> tuple:
+    """Sort key, first wins: verified before unverified, then the latest signed stamp time, then the
+    entry path. Nothing in it is a field a submitter writes (``finished_at`` is not used)."""
+    return (not e.verified, -_signed_time(e) if e.verified else 0.0, e.path.as_posix())
+
+
 def assemble(store: Store, checked: list[Entry]) -> Store:
-    """Sort checked entries into the store's shown / rejected / superseded lists: of several entries of
-    one model on one board, the verified one wins, then the newest."""
+    """Sort checked entries into the store's shown / rejected / superseded lists (one shown entry per
+    model and board, by :func:`precedence`), and flag shown entries whose weights sha256 is also
+    under another model id."""
     candidates: dict[tuple[str, str, str], list[Entry]] = {}
     for e in checked:
+        e.flags = []
         if e.status == "rejected":
             store.rejected.append(e)
         else:
+            e.status, e.reason = ("verified" if e.stamp is not None else "accepted"), ""  # a stamp is set only if checked
             candidates.setdefault((e.suite_id, e.board, e.model_id), []).append(e)
     for group in candidates.values():
-        group.sort(key=lambda e: (e.verified, e.result["finished_at"]), reverse=True)
+        group.sort(key=precedence)
         store.entries.append(group[0])
         for other in group[1:]:
-            other.status, other.reason = "superseded", f"another entry of {other.model_id} wins ({group[0].path.parent.name})"
+            other.reason = (f"another entry of {other.model_id} wins ({group[0].path.parent.name}: "
+                            + ("verified, stamp signed later" if group[0].verified and other.verified else
+                               "verified" if group[0].verified else "first path") + ")")
+            other.status = "superseded"
             store.superseded.append(other)
+    by_weights: dict[str, list[Entry]] = {}
+    for e in store.entries:
+        sha = e.result["model"].get("weights_sha256")
+        if sha:
+            by_weights.setdefault(sha, []).append(e)
+    for sha, group in by_weights.items():
+        ids = sorted({e.model_id for e in group})
+        if len(ids) > 1:
+            for e in group:
+                others = [m for m in ids if m != e.model_id]
+                e.flags.append(f"same weights (sha256 {sha[:12]}…) as {', '.join(others[:3])}"
+                               + (f" and {len(others) - 3} more" if len(others) > 3 else ""))
     return store
 
 
-def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, suites=None, progress=None) -> Store:
-    """Load and check every entry of a store; never raises for a bad entry (it is rejected).
-    ``progress(done, total, entry)`` is called after each entry is checked.
-
-    ``trusted_keys``: a trusted-keys file or ``eval.stamps.load_trusted_keys``'s dict; stamps signed
-    by other keys (or none given) leave entries unverified. ``suites``: trusted suite folders or
-    manifest files (paths), or an ``eval.suite_trust.TrustedSuites``; given, entries on other suite
-    data are rejected.
-    """
+def _trust(trusted_keys, suites):
+    """(trusted keys by id, TrustedSuites, whether suites were given) from load_store's arguments."""
     from eval.stamps import load_trusted_keys
     from eval.suite_trust import TrustedSuites
 
@@ -362,16 +452,55 @@ def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, 
     strict = suites is not None
     if not isinstance(suites, TrustedSuites):
         suites = TrustedSuites.from_paths(suites or (), registry=True, download=False)
-    root, revision = resolve_source(source, cache_dir=cache_dir)
-    cache_file = _cache_path(root, cache_dir)
-    cache: dict = {}
-    if cache_file.is_file():
-        try:
+    return keys, suites, strict
+
+
+def _read_cache(cache_file: Path) -> dict:
+    try:
+        if cache_file.is_file():
             data = json.loads(cache_file.read_text())
             if data.get("version") == CACHE_VERSION:
-                cache = {k: tuple(v) for k, v in data["entries"].items()}
-        except (ValueError, KeyError, AttributeError, TypeError):
-            cache = {}
+                return {k: tuple(v) for k, v in data["entries"].items()}
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        pass
+    return {}
+
+
+def refresh_store(store: Store, *, trusted_keys=None, suites=None, cache_dir: str | None = None) -> Store:
+    """``store`` itself if no file of any entry changed since it was checked (a stat per file), else a
+    new store in which the changed entries are checked again (``trusted_keys``/``suites`` as for
+    :func:`load_store`) and everything is assembled anew (superseding and flags may change)."""
+    every = store.entries + store.superseded + store.rejected
+    changed = {id(e) for e in every if e.files_changed()}
+    if not changed:
+        return store
+    keys, suites, strict = _trust(trusted_keys, suites)
+    cache = _read_cache(_cache_path(store.root, cache_dir))
+    checked = []
+    for e in every:
+        if id(e) in changed:
+            fresh = _check_entry(e.path, cache, trusted_keys=keys, suites=suites, strict_suites=strict)
+            fresh.cache_dir = e.cache_dir
+            log.info("entry %s changed on disk: checked again (%s)", e.run_dir.name, fresh.status)
+            checked.append(fresh)
+        else:
+            checked.append(dataclasses.replace(e))  # a copy: the old store stays as it was for its readers
+    return assemble(Store(source=store.source, root=store.root, revision=store.revision), checked)
+
+
+def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, suites=None, progress=None) -> Store:
+    """Load and check every entry of a store; never raises for a bad entry (it is rejected).
+    ``progress(done, total, entry)`` is called after each entry is checked.
+
+    ``trusted_keys``: a trusted-keys file or ``eval.stamps.load_trusted_keys``'s dict; stamps signed
+    by other keys (or none given) leave entries unverified. ``suites``: trusted suite folders or
+    manifest files (paths), or an ``eval.suite_trust.TrustedSuites``; given, entries on other suite
+    data are rejected.
+    """
+    keys, suites, strict = _trust(trusted_keys, suites)
+    root, revision = resolve_source(source, cache_dir=cache_dir)
+    cache_file = _cache_path(root, cache_dir)
+    cache = _read_cache(cache_file)
     before = dict(cache)
     store = Store(source=source, root=root, revision=revision)
     hits_dir = cache_file.parent / (cache_file.stem + "-hits")

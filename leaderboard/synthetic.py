@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.fsutil import sha256_file
+from benchmark.fsutil import sha256_bytes, sha256_file
 from eval.predictions import PredictionBlock, schema
 from eval.results import KIND, SCHEMA_VERSION, config_hash, path_slug, write_result
 from eval.scoring import ScoringOptions, score
@@ -31,7 +31,8 @@ SYNTHETIC_MANIFEST = "5" * 64  # no suite has this manifest: synthetic entries a
 def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str, architecture: str, tag: str,
                 num_params: float, skill: float, difficulty: dict, rng: np.random.Generator,
                 family: str = "imagenet_star", manifest: str = SYNTHETIC_MANIFEST, notes: str = "",
-                flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00") -> Path:
+                flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00",
+                weights_sha256: str | None = None) -> Path:
     run = root / path_slug(suite_id) / path_slug(model_id)
     (run / "predictions").mkdir(parents=True, exist_ok=True)
     tables, preds = {}, []
@@ -61,7 +62,8 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
         preds.append({"config": c, "path": f"predictions/{c}.parquet", "rows": t.num_rows, "sha256": sha256_file(path)})
     opts = ScoringOptions(reference_config="base" if family == "imagenet_star" else None, n_boot=200)
     model = {"id": model_id, "architecture": architecture, "tag": tag, "source": "hf-hub",
-             "weights_revision": "0" * 40, "weights_sha256": "f" * 64, "num_params": int(num_params), "pretrained_cfg": {}}
+             "weights_revision": "0" * 40, "weights_sha256": weights_sha256 or sha256_bytes(model_id.encode()),
+             "num_params": int(num_params), "pretrained_cfg": {}}
     suite = {"id": suite_id, "repo_id": None, "revision": None, "pinned": True, "manifest_sha256": manifest,
              "suite_version": "1.0.0", "configs": configs, "metric_family": family, "source": suite_id}
     data_config = {"input_size": [3, 224, 224], "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],
@@ -82,6 +84,27 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
     path = run / "result.json"
     write_result(path, result)
     return path
+
+
+def sign_entry(result_path: str | Path, key_path: str | Path) -> Path:
+    """A maintainer's signed stamp (the format ``bench verify --sign`` writes) for a synthetic entry, which
+    has no model to re-run: for tests and benchmarks of the verified path. Creates the key if absent."""
+    import json
+
+    from benchmark.fsutil import atomic_write_bytes, canonical_json
+    from eval import stamps
+
+    result_path, key_path = Path(result_path), Path(key_path)
+    if not key_path.exists():
+        stamps.generate_key(key_path)
+    r = json.loads(result_path.read_bytes())
+    body = {"kind": stamps.STAMP_KIND, "version": stamps.STAMP_VERSION, "ok": True,
+            "result_sha256": sha256_file(result_path),
+            "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"]) for p in r["predictions"]},
+            "recheck": {"n": 20, "seed": 1, "images": []}, "verified_at": "2026-11-01T00:00:00+00:00"}
+    out = result_path.parent / stamps.STAMP_FILE
+    atomic_write_bytes(out, canonical_json(stamps.sign(body, stamps.load_private_key(key_path))))
+    return out
 
 
 def make_store(root: str | Path, *, models: int = 12, configs: int = 6, rows: int = 200, seed: int = 0,

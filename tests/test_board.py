@@ -3,22 +3,33 @@ ImageNet-val accuracy, failure-direction pictures."""
 
 import json
 import os
+import re
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from leaderboard import aggregate
-from leaderboard.synthetic import make_store, write_model
-from tests.test_leaderboard import _app, clear_streamlit_caches  # noqa: F401  (autouse fixture)
+from leaderboard.synthetic import ARCHS, make_store, write_model
+from tests.test_leaderboard import _app, _grid, _sign_stamp, clear_streamlit_caches  # noqa: F401  (autouse fixture)
 
 CONFIGS = ["base", "shift_01", "shift_02"]
 LINK = "[m](https://evil.example) ![i](https://evil.example/a.png)"
 CFG_LINK = "[c](javascript:alert(1))"
 
 
-def _board(root, *, models=8, extra=()):
-    """A board of ``models`` models, two of them tied exactly, plus ``extra`` (model_id, kw) entries."""
+def sign_all(root, key):
+    """A maintainer's signed stamp on every entry under ``root``; the board trusts ``key`` from now on."""
+    for p in sorted(root.glob("*/*/result.json")):
+        _sign_stamp(p, key)
+    os.environ["GENSHIFT_TRUSTED_KEYS"] = f"{key}.pub"
+
+
+def _board(root, *, models=8, extra=(), signed=True):
+    """A board of ``models`` models, two of them tied exactly, plus ``extra`` (model_id, kw) entries; every
+    entry verified (signed with ``<root>.key``, trusted through ``GENSHIFT_TRUSTED_KEYS``) unless not ``signed``."""
     make_store(root, models=models, configs=len(CONFIGS), rows=60, seed=3)
     first = json.loads(next(root.glob("*/*/result.json")).read_text())
     difficulty = {c: np.random.default_rng(3).normal(0, 1.2, 60) for c in CONFIGS}
@@ -29,6 +40,8 @@ def _board(root, *, models=8, extra=()):
                     rng=np.random.default_rng(42), **common)
     for mid, kw in extra:
         write_model(root, model_id=mid, rng=np.random.default_rng(7), **{**common, **kw})
+    if signed:
+        sign_all(root, root.parent / f"{root.name}.key")
     return root
 
 
@@ -55,7 +68,7 @@ def test_point_ranks_share_float_ties():
 
 def test_ranks_once_per_board_ties_order_intervals_and_units(tmp_path):
     root = _board(tmp_path / "s")
-    at = _app(root, trusted_keys=None).run()
+    at = _app(root).run()
     assert not at.exception
     t = at.dataframe[0].value
     assert list(t["rank"]) == sorted(t["rank"])  # 0 inversions: row order follows rank
@@ -77,11 +90,21 @@ def test_ranks_once_per_board_ties_order_intervals_and_units(tmp_path):
     heat = next(el for el in at.get("plotly_chart") if el.proto.id.endswith("heatmap"))
     spec = json.loads(heat.proto.spec)["data"][0]
     assert spec["zmin"] == 0 and spec["zmax"] == 100 and len(spec["y"]) == len(f)  # anchored, every row
+    # rows are labelled by the official rank, not by position: the two tied models both read "#r"
+    assert list(spec["y"]) == [f"#{int(r)} {m}" for r, m in zip(f["rank"], f["model"])]
+    tie = {y.split()[1]: y.split()[0] for y in spec["y"]}
+    assert tie["timm/tie_a.in1k"] == tie["timm/tie_b.in1k"]  # a position would differ
+    # the About tab: what is ranked, how entries are verified, every metric with its paper, how to submit
+    about = " ".join(m.value for m in at.markdown)
+    for needle in ("What is ranked", "How entries are verified", "How to submit", "Vendrow et al., 2023",
+                   "Prabhu et al., 2023", "Wiles et al., 2022", "Taori et al., 2020", "Jain et al., ICLR 2023",
+                   "verified* and *complete*", "bench submit"):
+        assert needle in about, needle
 
 
 def test_deep_links_restore_every_view(tmp_path):
     root = _board(tmp_path / "s")
-    at = _app(root, trusted_keys=None)
+    at = _app(root)
     for k, v in {"suite": "imagenet-star", "family": ["resnet", "vit"], "params": ["10.0", "80.0"], "tab": "ID/OOD",
                  "model": "timm/tie_b.in1k", "shift": "shift_02", "drill_config": "shift_01",
                  "verified": "false"}.items():
@@ -102,7 +125,7 @@ def test_data_text_is_never_markdown_and_grids_are_formula_safe(tmp_path):
         (LINK, dict(architecture="resnet50", tag="a1_in1k", num_params=25e6, skill=2.0, notes=LINK)),
         ("=HYPERLINK(\"https://evil.example\")", dict(architecture="resnet50", tag="a1_in1k", num_params=25e6,
                                                       skill=0.0))])
-    at = _app(root, trusted_keys=None)
+    at = _app(root)
     at.query_params["model"] = LINK
     at.run()
     assert not at.exception and at.selectbox(key="model").value == LINK
@@ -111,7 +134,13 @@ def test_data_text_is_never_markdown_and_grids_are_formula_safe(tmp_path):
     assert md and not any("evil.example" in v or "javascript:" in v for v in md)
     assert any(LINK in t.value for t in at.text)  # shown, literally
     grid = at.dataframe[0].value
-    assert LINK in set(grid["model"]) and "'=HYPERLINK(\"https://evil.example\")" in set(grid["model"])
+    # the page shows text as it is; only the CSV download defuses formula-like cells, and "-" is not one
+    assert LINK in set(grid["model"]) and "=HYPERLINK(\"https://evil.example\")" in set(grid["model"])
+    from tests.test_leaderboard import _download
+    csv = _download(at, "download_csv").decode()
+    assert "'=HYPERLINK(" in csv and "\n=HYPERLINK" not in csv and ",=HYPERLINK" not in csv
+    prov = next(d.value for d in at.dataframe if "field" in d.value.columns)
+    assert dict(zip(prov["field"], prov["value"]))["code version"] == "-"  # the placeholder, plainly
     assert all(h.proto.body == "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
                for h in at.get("html"))
 
@@ -143,7 +172,7 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
     assert table["tie_a.in1k"] == pytest.approx(0.70)
     matched, unmatched = aggregate.join_id_accuracy(["timm/tie_a.in1k", "hf-hub:timm/tie_b.in1k", "x/y"], table)
     assert set(matched) == {"timm/tie_a.in1k", "hf-hub:timm/tie_b.in1k"} and unmatched == ["x/y"]
-    at = _app(root, trusted_keys=None, id_accuracy=csv)
+    at = _app(root, id_accuracy=csv)
     at.query_params["x"] = "ImageNet-val top-1 (--id-accuracy)"
     at.run()
     assert not at.exception
@@ -374,7 +403,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
     root = _board(tmp_path / "s")
     _fake_diagnose(root / "imagenet-star" / "timm--tie_b.in1k", "timm/tie_b.in1k")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("GENSHIFT_TRUSTED_KEYS", "GENSHIFT_ID_ACCURACY")}
+    env = {k: v for k, v in os.environ.items() if k != "GENSHIFT_ID_ACCURACY"}  # trusts _board's key
     env["GENSHIFT_RESULTS"] = str(root)
     server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
                                "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
@@ -398,7 +427,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
                 if time.time() > deadline:
                     raise
                 time.sleep(1)
-        WebDriverWait(driver, 90).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
+        WebDriverWait(driver, 180).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
                                         and "Top 10 as text" in body(d))
         text = body(driver)
         assert "golden retriever" in text and "strength 0.810" in text, text
@@ -454,3 +483,291 @@ def test_trusted_suites_reject_entries_on_other_suite_data(tmp_path, toy_suite, 
     from benchmark.fsutil import sha256_file
     assert copied.name == f"{sha256_file(toy_suite / 'manifest.json')}.json"
     assert copied.read_bytes() == (toy_suite / "manifest.json").read_bytes()
+
+
+WHAT_IS_RANKED = re.compile(r"^## What is ranked\n(.*?)\n## ", re.S | re.M)
+
+
+def _mixed_store(root, key):
+    """One board with every kind of entry, and a second suite with more (unverified) entries than it."""
+    make_store(root, models=4, configs=3, rows=30, seed=6)
+    first = json.loads(next(root.glob("*/*/result.json")).read_text())
+    difficulty = {c: np.random.default_rng(6).normal(0, 1.2, 30) for c in CONFIGS}
+    common = dict(suite_id="imagenet-star", difficulty=difficulty, manifest=first["suite"]["manifest_sha256"],
+                  architecture="resnet50", tag="a1_in1k", num_params=25e6)
+    # make_store's image ids and labels, so rank intervals can pair every entry
+    sign_all(root, key)
+    write_model(root, model_id="timm/community.model", configs=CONFIGS, skill=5.0, rng=np.random.default_rng(1),
+                **common)
+    partial = write_model(root, model_id="timm/partial.model", configs=CONFIGS[:2], skill=5.0,
+                          rng=np.random.default_rng(2), flags={"partial": True}, **common)
+    stale = write_model(root, model_id="timm/stale.model", configs=CONFIGS, skill=5.0, rng=np.random.default_rng(3),
+                        **common)
+    construction = write_model(root, model_id="timm/construction.model", configs=CONFIGS, skill=5.0,
+                               rng=np.random.default_rng(4), flags={"construction_model": True}, **common)
+    for p in (partial, stale, construction):
+        _sign_stamp(p, key)  # a maintainer's stamp: partial, construction and stale entries are still not ranked
+    r = json.loads(stale.read_text())
+    r["notes"] = "edited after signing"
+    stale.write_text(json.dumps(r))
+    v0 = first["model"]
+    copy = write_model(root, model_id="timm/renamed.copy", configs=CONFIGS, skill=1.0, rng=np.random.default_rng(5),
+                       weights_sha256=v0["weights_sha256"], **common)
+    _sign_stamp(copy, key)
+    # a resubmission of a verified model: unsigned, claims to be the newest
+    newest = write_model(root / "_dup", model_id=v0["id"], configs=CONFIGS, skill=9.0, rng=np.random.default_rng(8),
+                         finished_at="9999-12-31T23:59:59+00:00", **common)
+    os.rename(newest.parent, root / "imagenet-star" / "aaa-newest-copy")
+    shutil.rmtree(root / "_dup")
+    # more entries (none verified) on a suite whose id sorts first
+    make_store(root, models=6, configs=2, rows=20, seed=9, suite_id="aaa-suite")
+    return root
+
+
+def test_what_is_ranked_as_documented(tmp_path, capsys):
+    """Each numbered sentence of docs/leaderboard.md "What is ranked", shown on one store in the app."""
+    from leaderboard.store import load_store
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "leaderboard.md").read_text()
+    claims = re.findall(r"^(\d+)\. (.+)$", WHAT_IS_RANKED.search(doc).group(1), re.M)
+    assert [int(n) for n, _ in claims] == list(range(1, 12))  # a new sentence needs a check below
+    key = tmp_path / "maintainer.key"
+    root = _mixed_store(tmp_path / "s", key)
+    store = load_store(str(root), trusted_keys=f"{key}.pub")
+    at = _app(root).run()
+    assert not at.exception
+    main, community = _grid(at, "main_table"), _grid(at, "community_table")
+    honest = {f"timm/{a}.{t}-v{i}" for i, (a, t, _) in enumerate(ARCHS[:4])}
+
+    # 1. only verified and complete entries, ranked among themselves (1..n)
+    assert set(main["model"]) == honest | {"timm/renamed.copy"} and list(main["rank"]) == list(range(1, 6))
+    # 2. a stale stamp does not count
+    why = community.set_index("model")["not_ranked_because"]
+    assert why["timm/stale.model"].startswith("not verified") and "stale" in why["timm/stale.model"]
+    # 3. complete: a signed partial entry is not ranked, and `verify --sign` refuses one (make_stamp's rule)
+    assert "partial" in why["timm/partial.model"] and community.set_index("model").loc["timm/partial.model", "partial"]
+    from benchmark.cli import main as bench
+    capsys.readouterr()
+    assert bench(["verify", str(root / "imagenet-star" / "timm--partial.model"), "--recheck", "1", "--sign",
+                  str(key)]) != 0
+    assert "--sign refused" in capsys.readouterr().err and "partial" in why["timm/partial.model"]
+    # 4. rank intervals over the same set: exactly what the ranked entries alone give
+    ranked = [e for e in store.for_suite("imagenet-star") if e.model_id in set(main["model"])]
+    alone = aggregate.rank_intervals(ranked, family="imagenet_star", configs=CONFIGS[1:])
+    assert {m: (r.rank, r.lo, r.hi) for m, r in alone.items()} == {
+        m: (r, lo, hi) for m, r, lo, hi in zip(main["model"], main["rank"], main["rank_lo"], main["rank_hi"])}
+    # 5. everything else: a separate, labelled table with numbers and flags, no rank (construction models on demand)
+    assert set(community["model"]) == {"timm/community.model", "timm/partial.model", "timm/stale.model"}
+    assert "rank" not in community.columns and community["mean_shift_acc1"].notna().all()
+    assert community["mean_shift_acc1"].min() > main["mean_shift_acc1"].max()  # better numbers, still unranked
+    assert any(s.value == "Community entries (not verified, not ranked)" for s in at.subheader)
+    at.checkbox(key="construction").check().run()
+    assert "timm/construction.model" in set(_grid(at, "community_table")["model"])
+    assert _grid(at, "main_table").equals(main)
+    at.checkbox(key="construction").uncheck().run()
+    # 6. a board with no verified entries says so and ranks nothing
+    at.selectbox(key="suite").select("aaa-suite").run()
+    assert any("nothing is ranked" in i.value for i in at.info) and _grid(at, "main_table") is None
+    assert len(_grid(at, "community_table")) == 6
+    at.selectbox(key="suite").select("imagenet-star").run()
+    # 7. filters hide rows, never re-rank, and the caption says how many ranked entries are shown
+    at.multiselect(key="family").select("convnext").run()
+    f = _grid(at, "main_table")
+    assert len(f) == 1 and f["rank"].iloc[0] == main.set_index("model").loc[f["model"].iloc[0], "rank"]
+    assert any("Ranks are among the 5 verified, complete entries of this board; 1 shown after the filters" in c.value
+               for c in at.caption)
+    at.multiselect(key="family").unselect("convnext").run()
+    # 8. the signed, verified entry wins over a newer-claiming unsigned copy; finished_at plays no part
+    (sup,) = store.superseded
+    assert sup.path.parent.name == "aaa-newest-copy" and "verified" in sup.reason
+    shown = next(e for e in store.for_suite("imagenet-star") if e.model_id == sup.model_id)
+    assert shown.verified and shown.result["finished_at"] < sup.result["finished_at"]
+    # 9. the same weights under two ids: flagged in the table and in the Rejected tab
+    flagged = main.set_index("model")["flags"]
+    assert "timm/renamed.copy" in flagged[sup.model_id] and sup.model_id in flagged["timm/renamed.copy"]
+    rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    flagged_entries = set(rejected.loc[rejected["status"] == "flagged", "entry"])
+    assert {str(shown.path.relative_to(root)), "imagenet-star/timm--renamed.copy/result.json"} <= flagged_entries
+    # 10. the default suite has the most verified entries (aaa-suite has more entries and sorts first)
+    assert store.suites()[0] == "imagenet-star" and _app(root).run().selectbox(key="suite").value == "imagenet-star"
+    # 11. a running board re-checks changed files before drawing: a swapped predictions file loses its rank
+    victim = main["model"].iloc[0]
+    vdir = next(e.run_dir for e in store.for_suite("imagenet-star") if e.model_id == victim)
+    donor = next(e.run_dir for e in store.for_suite("imagenet-star") if e.model_id == main["model"].iloc[-1])
+    shutil.copyfile(donor / "predictions" / "shift_01.parquet", vdir / "predictions" / "shift_01.parquet")
+    at.run()
+    assert victim not in set(_grid(at, "main_table")["model"])
+    rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    assert any(vdir.name in e and "does not verify" in r for e, r in zip(rejected["entry"], rejected["reason"]))
+
+
+def test_badge_follows_the_files_under_a_running_board(tmp_path, monkeypatch):
+    """The loader re-checks exactly the entries whose files changed (a stat per file otherwise), before the
+    app draws: a removed stamp, an in-place rewrite that keeps size and mtime, a new diagnose.json; and a
+    restarted server painting from its index re-checks files changed while it was down."""
+    from leaderboard import index, store as store_mod
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the index lives there: no state from other tests
+    root = _board(tmp_path / "s", models=3)
+    rechecked, real = [], store_mod._check_entry
+    monkeypatch.setattr(store_mod, "_check_entry", lambda path, *a, **k: rechecked.append(path) or real(path, *a, **k))
+    at = _app(root).run()
+    main = _grid(at, "main_table")
+    assert len(main) == 5 and main["verified"].all()
+    rechecked.clear()
+    at.run()
+    assert rechecked == []  # nothing changed: stat keys only, no hashing, no check
+    run = {m: root / "imagenet-star" / m.replace("/", "--") for m in main["model"]}
+    stamp_gone, rewritten = main["model"].iloc[0], main["model"].iloc[1]
+    f = run[rewritten] / "predictions" / "shift_02.parquet"
+    st_ = f.stat()
+    with open(f, "r+b") as fh:  # same size, same inode, and the mtime put back: only ctime moves
+        fh.seek(st_.st_size // 2)
+        b = fh.read(1)
+        fh.seek(st_.st_size // 2)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    os.utime(f, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ino) == (st_.st_size, st_.st_mtime_ns, st_.st_ino)
+    at.run()
+    assert [p.parent.name for p in rechecked] == [run[rewritten].name]  # only the changed entry
+    assert rewritten not in set(_grid(at, "main_table")["model"])
+    (run[stamp_gone] / "verification.json").unlink()  # (a stamp change also starts a full background check)
+    at.run()
+    main, community = _grid(at, "main_table"), _grid(at, "community_table")
+    assert stamp_gone not in set(main["model"]) and rewritten not in set(main["model"])
+    assert community.set_index("model").loc[stamp_gone, "not_ranked_because"].startswith("not verified")
+    rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    assert any(run[rewritten].name in e and "sha256" in r for e, r in zip(rejected["entry"], rejected["reason"]))
+
+    # a diagnose.json added under the running board: re-checked, drawn, a weak direction marked as such
+    target = main["model"].iloc[0]
+    _fake_diagnose(run[target], target)
+    report = json.loads((run[target] / "diagnose.json").read_text())
+    report["classes"].append(dict(report["classes"][0], label=1, name="goldfish", strength=0.52, null_p95=0.55,
+                                  hard_captions=[["a photo of noise", -1.0]]))
+    (run[target] / "diagnose.json").write_text(json.dumps(report))
+    rechecked.clear()
+    at.selectbox(key="model").select(target).run()
+    assert [p.parent.name for p in rechecked] == [run[target].name]
+    texts = [t.value for t in at.text]
+    assert "hard images: a photo of a canine in the snow" in texts and not any("a photo of noise" in t for t in texts)
+    assert any(t.startswith("not significant") for t in texts)
+
+    # a restarted server paints from its index; a file changed while it was down is re-checked before drawing
+    full = index.Loader(str(root), trusted_keys_file=os.environ["GENSHIFT_TRUSTED_KEYS"])
+    assert full.wait(60) and index.index_path(root).is_file()
+    victim = main["model"].iloc[-1]
+    shutil.copyfile(run[rewritten] / "predictions" / "base.parquet", run[victim] / "predictions" / "base.parquet")
+    restarted = index.Loader(str(root), trusted_keys_file=os.environ["GENSHIFT_TRUSTED_KEYS"])
+    painted, state = restarted.snapshot()
+    assert state["kind"] == "index" and any(e.model_id == victim and e.verified for e in painted.entries)
+    fresh = restarted.refresh()
+    assert not any(e.model_id == victim for e in fresh.entries)
+    assert any(e.model_id == victim and "does not verify" in e.reason for e in fresh.rejected)
+    assert restarted.snapshot()[0] is fresh
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
+def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_path):
+    """A real server and headless Chromium: a model's predictions file replaced by another model's while the
+    server runs; on reload the model is no longer ranked (and the server was never restarted)."""
+    pytest.importorskip("selenium")
+    import subprocess
+    import sys
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from tests.hubtools import free_port
+    from tests.test_leaderboard import APP
+
+    root = _board(tmp_path / "s", models=4)
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if k != "GENSHIFT_ID_ACCURACY"}, "GENSHIFT_RESULTS": str(root),
+           "HF_HOME": str(tmp_path / "hf")}
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
+                               "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1000"):
+        opts.add_argument(flag)
+    opts.binary_location = shutil.which("chromium")
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
+
+    def top10():
+        WebDriverWait(driver, 180).until(lambda d: "Top 10 as text" in body(d) and "Checking results" not in body(d))
+        time.sleep(1)
+        driver.find_element(By.XPATH, "//*[contains(text(), 'Top 10 as text')]").click()
+        WebDriverWait(driver, 30).until(lambda d: "timm/" in d.find_element(
+            By.CSS_SELECTOR, "[data-testid='stExpander']").text)
+        text = driver.find_element(By.CSS_SELECTOR, "[data-testid='stExpander']").text
+        return [line.split()[1] for line in text.splitlines() if line.strip()[:1].isdigit()]
+
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                driver.get(f"http://127.0.0.1:{port}/?suite=imagenet-star")
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+        before = top10()
+        assert len(before) == 6, before
+        victim, donor = before[0], before[-1]
+        slug = lambda m: m.replace("/", "--")  # noqa: E731
+        shutil.copyfile(root / "imagenet-star" / slug(donor) / "predictions" / "shift_01.parquet",
+                        root / "imagenet-star" / slug(victim) / "predictions" / "shift_01.parquet")
+        driver.refresh()
+        after = top10()
+        assert victim not in after and len(after) == 5, after
+        assert server.poll() is None  # the same server process throughout
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_cold_board_says_how_much_is_ranked_and_keeps_pending_selections(tmp_path, monkeypatch):
+    """A never-seen store is painted while it is checked: the board says it ranks only what was checked so
+    far, and a shared link's model/family (naming entries not checked yet) stay in the URL until they apply."""
+    from streamlit.testing.v1 import AppTest
+
+    from leaderboard import index
+    from tests.test_leaderboard import APP
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no index: a cold start
+    root = _board(tmp_path / "s")
+    real = index.load_store
+
+    def slow(source, progress=None, **kw):  # a big store: every entry takes a while to check
+        return real(source, progress=lambda i, n, e: (time.sleep(0.4), progress(i, n, e)), **kw)
+    monkeypatch.setattr(index, "load_store", slow)
+    monkeypatch.setattr(index.Loader, "PUBLISH_EVERY_S", 0.0)
+    os.environ["GENSHIFT_RESULTS"] = str(root)
+    at = AppTest.from_file(APP, default_timeout=120)
+    late = "timm/vit_base_patch16_224.augreg_in21k_ft_in1k-v7"  # its folder sorts last: checked last
+    at.query_params["family"] = "vit"
+    at.query_params["model"] = late
+    at.query_params["tab"] = "Model drilldown"
+    at.run()
+    assert not at.exception and at.get("progress")
+    cold = [t.value for t in at.text if t.value.startswith("ranking the ")]
+    assert cold and " of 10 entries checked so far" in cold[0], [t.value for t in at.text]
+    assert dict(at.query_params) == {"family": "vit", "model": late, "tab": "Model drilldown"}  # pending: kept
+    deadline = time.time() + 60
+    while at.get("progress") and time.time() < deadline:
+        time.sleep(0.5)
+        at.run()
+    assert not at.get("progress") and not any(t.value.startswith("ranking the ") for t in at.text)
+    assert at.slider(key="params").value == (0.0, 87.0)  # the untouched range grew with the board (vit: 86.6 M)
+    assert at.multiselect(key="family").value == ["vit"] and at.selectbox(key="model").value == late
+    assert set(_grid(at, "main_table")["family"]) == {"vit"}

@@ -31,7 +31,9 @@ def clear_streamlit_caches():
 
 @pytest.fixture
 def store_dir(tmp_path):
-    """6 models x 4 configs + special entries: XSS name, tampered, duplicate, bad schema, verified, construction."""
+    """6 models x 4 configs + special entries: XSS name, tampered, duplicate, bad schema, construction, one
+    unverified entry. Every honest entry but ``timm/community.model`` and the old duplicate carries a
+    maintainer's signed stamp (the key is in ``GENSHIFT_TRUSTED_KEYS``)."""
     root = tmp_path / "store"
     make_store(root, models=6, configs=4, rows=60, seed=1)
     rng = np.random.default_rng(5)
@@ -57,28 +59,24 @@ def store_dir(tmp_path):
                           num_params=25e6, skill=-1.0, finished_at="2020-01-01T00:00:00+00:00", **common)
     shutil.move(str(dup_old.parent), str(root / "imagenet-star" / "timm--resnet50.a1_in1k-v0-old"))
     shutil.rmtree(root / "old")
-    verified = next(p for p in root.glob("imagenet-star/*efficientnet_b0*/result.json"))
-    _sign_stamp(verified, tmp_path / "maintainer.key")
-    os.environ["GENSHIFT_TRUSTED_KEYS"] = str(tmp_path / "maintainer.key.pub")
     write_model(root, model_id="timm/resnet50.tv_in1k", architecture="resnet50", tag="tv_in1k", num_params=25e6,
                 skill=0.5, flags={"construction_model": True}, **common)
+    for p in root.glob("imagenet-star/*/result.json"):
+        if p.parent.name not in ("timm--tampered.model", "future--model", "timm--resnet50.a1_in1k-v0-old"):
+            _sign_stamp(p, tmp_path / "maintainer.key")
+    write_model(root, model_id="timm/community.model", architecture="resnet50", tag="a1_in1k", num_params=25e6,
+                skill=4.0, **common)  # the best numbers on the board, but unverified: never ranked
+    os.environ["GENSHIFT_TRUSTED_KEYS"] = str(tmp_path / "maintainer.key.pub")
     return root
+
+
+VERIFIED = sorted([f"timm/{a}.{t}-v{i}" for i, (a, t, _) in enumerate(ARCHS)] + [XSS, "timm/resnet50.tv_in1k"])
 
 
 def _sign_stamp(result_path, key_path):
     """A maintainer's signed stamp for a synthetic entry (no model to re-run; the format of `bench verify --sign`)."""
-    from benchmark.fsutil import canonical_json, sha256_bytes, sha256_file
-    from eval import stamps
-
-    if not key_path.exists():
-        stamps.generate_key(key_path)
-    r = json.loads(result_path.read_bytes())
-    body = {"kind": stamps.STAMP_KIND, "version": stamps.STAMP_VERSION, "ok": True,
-            "result_sha256": sha256_bytes(result_path.read_bytes()),
-            "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"]) for p in r["predictions"]},
-            "recheck": {"n": 20, "seed": 1, "images": []}, "verified_at": "2026-11-01T00:00:00+00:00"}
-    (result_path.parent / "verification.json").write_bytes(
-        canonical_json(stamps.sign(body, stamps.load_private_key(key_path))))
+    from leaderboard.synthetic import sign_entry
+    sign_entry(result_path, key_path)
 
 
 def test_store_rejects_and_supersedes_with_reasons(store_dir):
@@ -92,8 +90,8 @@ def test_store_rejects_and_supersedes_with_reasons(store_dir):
     assert store.superseded == []
     models = {e.model_id: e for e in store.entries}
     assert XSS in models and "timm/tampered.model" not in models
-    assert models["timm/resnet50.a1_in1k-v0"].result["finished_at"] > "2021"  # the newer one wins
-    assert [m for m, e in models.items() if e.verified] == ["timm/efficientnet_b0.ra_in1k-v3"]
+    assert models["timm/resnet50.a1_in1k-v0"].verified  # the verified one wins
+    assert sorted(m for m, e in models.items() if e.verified) == VERIFIED
 
 
 def test_results_on_another_suite_revision_are_never_mixed(store_dir):
@@ -102,7 +100,7 @@ def test_results_on_another_suite_revision_are_never_mixed(store_dir):
     write_model(store_dir, suite_id="imagenet-star", configs=list(difficulty), difficulty=difficulty,
                 rng=rng, manifest="b" * 64, model_id="timm/resnet50.a1_in1k-rev2", architecture="resnet50",
                 tag="a1_in1k", num_params=25e6, skill=5.0)
-    store = load_store(str(store_dir))
+    store = load_store(str(store_dir), trusted_keys=os.environ["GENSHIFT_TRUSTED_KEYS"])
     main_board, rev2 = store.boards("imagenet-star")
     assert rev2.startswith("b" * 12)
     # a model on another revision of the suite sits on its own board, never ranked with the main one
@@ -113,9 +111,12 @@ def test_results_on_another_suite_revision_are_never_mixed(store_dir):
 
     at = _app(store_dir).run()
     assert not at.exception
-    assert len(at.dataframe[0].value) == len([e for e in store.for_suite("imagenet-star")
-                                              if not e.result["flags"]["construction_model"]])
+    assert sorted(at.dataframe[0].value["model"]) == sorted(
+        e.model_id for e in store.for_suite("imagenet-star") if e.verified and not e.result["flags"]["construction_model"])
     at.selectbox(key="board").select(rev2).run()
+    # its one entry is unverified: no ranking, a community table only, and the board says so
+    assert any("nothing is ranked" in i.value for i in at.info)
+    assert "rank" not in at.dataframe[0].value.columns
     assert list(at.dataframe[0].value["model"]) == ["timm/resnet50.a1_in1k-rev2"]
     shared = _app(store_dir)  # the board is in the URL (bound query parameter)
     shared.query_params["board"] = rev2
@@ -199,24 +200,49 @@ def _download(at, key):
     raise AssertionError("download content not found")
 
 
+def _grid(at, key):
+    """The official ranking (``main_table``: its first column is the rank) or the community table (its
+    rows say why they are not ranked); None if not drawn. AppTest gives dataframes no key."""
+    want = {"main_table": lambda c: c[0] == "rank", "community_table": lambda c: "not_ranked_because" in c}[key]
+    return next((d.value for d in at.dataframe if want(list(d.value.columns))), None)
+
+
 def test_app_table_order_filters_downloads_and_drilldown(store_dir):
     at = _app(store_dir).run()
     assert not at.exception
-    table = at.dataframe[0].value
+    table = _grid(at, "main_table")
+    assert table is at.dataframe[0].value or table.equals(at.dataframe[0].value)  # the ranking comes first
     assert XSS in set(table["model"])  # shown as a plain dataframe cell
     assert "timm/resnet50.tv_in1k" not in set(table["model"])  # construction models hidden by default
+    assert sorted(table["model"]) == sorted(set(VERIFIED) - {"timm/resnet50.tv_in1k"})  # only verified entries
     assert list(table["mean_shift_acc1"]) == sorted(table["mean_shift_acc1"], reverse=True)
     assert list(table["rank"]) == list(range(1, len(table) + 1))
+    assert list(table.columns[:7]) == ["rank", "model", "mean_shift_acc1", "verified", "partial", "pinned_suite",
+                                       "flags"]  # trust columns in the first screen
+    community = _grid(at, "community_table")
+    assert list(community["model"]) == ["timm/community.model"] and "rank" not in community.columns
+    assert community["not_ranked_because"].iloc[0].startswith("not verified")
+    # the unverified entry has the best numbers of the board and still holds no rank
+    assert community["mean_shift_acc1"].iloc[0] > table["mean_shift_acc1"].max()
+    assert any(s.value == "Community entries (not verified, not ranked)" for s in at.subheader)
     cols = json.loads(at.dataframe[0].proto.columns)
     assert cols["mean_shift_acc1"]["type_config"]["format"] == "percent"
     assert table["mean_shift_acc1"].dtype.kind == "f"  # numbers stay numbers
     csv = pd.read_csv(io.BytesIO(_download(at, "download_csv")))
-    assert list(csv["model"]) == list(table["model"])
+    assert list(csv["model"]) == list(table["model"]) + list(community["model"])
+    assert list(csv["rank"].iloc[:len(table)]) == list(table["rank"]) and csv["rank"].iloc[len(table):].isna().all()
+    # units in every header: the page's percent, said so
+    assert csv["mean_shift_acc1 (%)"].tolist()[:len(table)] == pytest.approx(list(100 * table["mean_shift_acc1"]))
+    assert "acc@1/shift_01 (%)" in csv.columns and "model_mean_impact (pp)" in csv.columns
+    assert "mean_shift_acc1" not in csv.columns and "params (M)" in csv.columns
     data = json.loads(_download(at, "download_json"))
-    assert [d["model"] for d in data] == list(table["model"])
+    assert [d["model"] for d in data] == list(csv["model"]) and "mean_shift_acc1 (%)" in data[0]
 
     at.multiselect(key="family").select("vit").run()
     assert set(at.dataframe[0].value["family"]) == {"vit"}
+    assert list(at.dataframe[0].value["rank"]) == list(table.set_index("model").loc[at.dataframe[0].value["model"],
+                                                                                   "rank"])  # never re-ranked
+    assert any("shown after the filters" in c.value for c in at.caption)  # and the page says so
     shared = _app(store_dir)  # a shared URL restores the view
     shared.query_params["family"] = "vit"
     shared.query_params["suite"] = "imagenet-star"
@@ -224,12 +250,13 @@ def test_app_table_order_filters_downloads_and_drilldown(store_dir):
     assert set(shared.dataframe[0].value["family"]) == {"vit"}
     at.multiselect(key="family").unselect("vit").run()
     at.checkbox(key="verified").check().run()
-    assert list(at.dataframe[0].value["model"]) == ["timm/efficientnet_b0.ra_in1k-v3"]
+    assert _grid(at, "community_table") is None and _grid(at, "main_table").equals(table)
     at.checkbox(key="verified").uncheck().run()
     at.checkbox(key="construction").check().run()
-    t2 = at.dataframe[0].value
-    assert "timm/resnet50.tv_in1k" in set(t2["model"])
-    assert t2.set_index("model").loc["timm/resnet50.tv_in1k", "rank"] != t2.set_index("model").loc["timm/resnet50.tv_in1k", "rank"]  # NaN: not ranked
+    assert _grid(at, "main_table").equals(table)  # a verified construction model is still never ranked
+    community = _grid(at, "community_table").set_index("model")
+    assert community.loc["timm/resnet50.tv_in1k", "not_ranked_because"].startswith("construction model")
+    assert community.loc["timm/resnet50.tv_in1k", "verified"]
 
     at.selectbox(key="model").select("timm/efficientnet_b0.ra_in1k-v3").run()
     assert not at.exception
@@ -332,11 +359,13 @@ def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         top = [line.split()[1] for line in body.splitlines() if line.strip()[:1].isdigit() and "timm/" in line]
-        store = load_store(str(store_dir))
+        store = load_store(str(store_dir), trusted_keys=os.environ["GENSHIFT_TRUSTED_KEYS"])
         df = aggregate.model_table([e for e in store.for_suite("imagenet-star")
                                     if not e.result["flags"]["construction_model"]])
-        expected = list(df.sort_values("mean_shift_acc1", ascending=False)["model"])
+        expected = list(df[df["ranked"]].sort_values("mean_shift_acc1", ascending=False)["model"])
         assert top[:3] == [m for m in expected if m.startswith("timm/")][:3]
+        assert "timm/community.model" not in top  # the best numbers, unverified: listed, never ranked
+        assert "Community entries (not verified, not ranked)" in body and "timm/community.model" not in expected
         # the model named <script>alert(1)</script> stayed text: no such script element, no alert open
         assert not driver.execute_script(
             "return Array.from(document.scripts).some(s => (s.text || '').includes('alert(1)'))")
@@ -405,11 +434,13 @@ def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoi
 
 def test_csv_download_defuses_spreadsheet_formulas():
     from leaderboard.export import to_csv_bytes
-    view = pd.DataFrame({"model": ["=HYPERLINK(\"http://x\")", "@SUM(A1)", "resnet50.a1_in1k", "-2+3"],
-                         "acc1": [0.5, -0.25, 0.75, float("nan")], "verified": [True, False, True, True]})
-    back = pd.read_csv(io.BytesIO(to_csv_bytes(view)))
-    assert back["model"].tolist() == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "resnet50.a1_in1k", "'-2+3"]
-    assert back["acc1"].tolist()[:3] == [0.5, -0.25, 0.75] and back["verified"].tolist() == [True, False, True, True]
+    view = pd.DataFrame({"model": ["=HYPERLINK(\"http://x\")", "@SUM(A1)", "resnet50.a1_in1k", "-2+3", "-"],
+                         "acc1/base": [0.5, -0.25, 0.75, float("nan"), 0.1], "verified": [True, False, True, True, True]})
+    back = pd.read_csv(io.BytesIO(to_csv_bytes(view)), keep_default_na=False, na_values=[""])
+    assert back["model"].tolist() == ["'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "resnet50.a1_in1k", "'-2+3", "-"]
+    # numbers stay numbers, in the unit the header names (the page's percent)
+    assert back["acc@1/base (%)"].tolist()[:3] == [50.0, -25.0, 75.0]
+    assert back["verified"].tolist() == [True, False, True, True, True]
 
 
 class _Entry:
@@ -461,3 +492,56 @@ def test_tied_models_share_a_rank_and_their_interval_spans_the_tie():
     assert (ranks["a"].rank, ranks["a"].lo, ranks["a"].hi) == (1, 1, 2) == (ranks["b"].rank, ranks["b"].lo,
                                                                             ranks["b"].hi)
     assert (ranks["worse"].rank, ranks["worse"].lo, ranks["worse"].hi) == (3, 3, 3)
+
+
+def test_superseding_is_decided_by_the_maintainers_signature_never_by_result_fields(tmp_path, monkeypatch):
+    """Copies of one model on one board: an unsigned or foreign-signed copy claiming year 9999 loses to the
+    verified entry; of two verified entries the later signed stamp wins although its result is older; of
+    two unverified ones the first path wins, whatever their finished_at.
+
+    A store's folder belongs to one (suite, model) (``store.misfiled``), so such copies cannot sit side by
+    side in a store today; the rule is checked on its own here, with the folder rule switched off, as the
+    defence behind it."""
+    from eval import stamps
+    from leaderboard import store as store_mod
+
+    monkeypatch.setattr(store_mod, "misfiled", lambda path, result: "")
+
+    root = tmp_path / "store"
+    difficulty = {c: np.random.default_rng(1).normal(0, 1.2, 30) for c in ["base", "shift_01"]}
+    key, foreign = tmp_path / "maintainer.key", tmp_path / "forger.key"
+    stamps.generate_key(foreign)
+
+    def entry(folder, model_id, finished_at, signer=None, verified_at=None):
+        p = write_model(tmp_path / "tmp", suite_id="imagenet-star", configs=list(difficulty), difficulty=difficulty,
+                        rng=np.random.default_rng(len(folder)), model_id=model_id, architecture="resnet50",
+                        tag="a1_in1k", num_params=25e6, skill=1.0, finished_at=finished_at)
+        dst = root / "imagenet-star" / folder
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(p.parent), str(dst))
+        if signer:
+            _sign_stamp(dst / "result.json", signer)
+            if verified_at:  # the maintainer re-signs with this time (covered by the signature)
+                s = json.loads((dst / "verification.json").read_text())
+                s["verified_at"] = verified_at
+                (dst / "verification.json").write_bytes(
+                    canonical_json(stamps.sign(s, stamps.load_private_key(signer))))
+
+    from benchmark.fsutil import canonical_json
+    entry("m-genuine", "timm/m", "2026-01-01T00:00:00+00:00", key, "2026-02-01T00:00:00+00:00")
+    entry("m-resigned", "timm/m", "2025-01-01T00:00:00+00:00", key, "2026-03-01T00:00:00+00:00")
+    entry("a-m-9999", "timm/m", "9999-12-31T23:59:59+00:00")                   # unsigned, sorts first
+    entry("a-m-forged", "timm/m", "9999-12-31T23:59:59+00:00", foreign)       # signed by an untrusted key
+    entry("u-b", "timm/u", "9999-01-01T00:00:00+00:00")
+    entry("u-a", "timm/u", "2020-01-01T00:00:00+00:00")
+    store = load_store(str(root), trusted_keys=f"{key}.pub")
+    shown = {e.model_id: e.path.parent.name for e in store.entries}
+    assert shown == {"timm/m": "m-resigned", "timm/u": "u-a"}
+    reasons = {e.path.parent.name: e.reason for e in store.superseded}
+    assert set(reasons) == {"m-genuine", "a-m-9999", "a-m-forged", "u-b"}
+    assert "stamp signed later" in reasons["m-genuine"] and "first path" in reasons["u-b"]
+    # the same order whatever order the entries were checked in (the index and the cold board reassemble them)
+    from leaderboard.store import Store, assemble
+    every = store.entries + store.superseded
+    again = assemble(Store(source="x", root=root, revision=None), list(reversed(every)))
+    assert {e.model_id: e.path.parent.name for e in again.entries} == shown

@@ -577,3 +577,46 @@ def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trus
     assert e.status == "rejected" and "does not trust" in e.reason
     e = _entry(tmp_path / "store")  # no suites configured: shown, never as checked, never verified
     assert e.status == "accepted" and not e.suite_checked and "not checked against its suite" in e.note
+
+
+def test_signing_refuses_a_partial_run_with_one_line(made, tiny_checkpoint, tmp_path, capsys):
+    """A run with --limit-per-class is honest but partial: `verify --sign` refuses it before re-running any
+    image, and the stamp maker behind `bench review` refuses it too, so it can never carry a badge."""
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+
+    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(made[0]), checkpoint=str(tiny_checkpoint),
+                                   out=str(tmp_path / "runs"),
+                                   inference=InferenceOptions(batch_size=16, workers=0, compile="off",
+                                                              limit_per_class=2)), progress=False)
+    assert json.loads(path.read_text())["flags"]["partial"] is True
+    key = tmp_path / "m.key"
+    stamps.generate_key(key)
+    capsys.readouterr()
+    code = main(["verify", str(path.parent), "--recheck", "2", "--checkpoint", str(tiny_checkpoint), "--suite",
+                 str(made[0]), "--sign", str(key)])
+    err = capsys.readouterr().err
+    assert code != 0 and not (path.parent / "verification.json").exists()
+    assert len(err.strip().splitlines()) == 1 and "--limit-per-class 2" in err and "partial" in err
+    report = verify_result(path.parent, recheck=2, checkpoint=str(tiny_checkpoint), suite=str(made[0]))
+    assert report.ok and report.recheck["n"] == 2  # the checks pass: only the signing is refused
+    with pytest.raises(BenchError, match="not signed: .*partial"):
+        stamps.make_stamp(report)
+
+
+@pytest.mark.parametrize("where,value,why", [
+    ("id", "timm/resnet50\u202e1k_ni", "format characters"),
+    ("id", "timm/a\u2066b", "format characters"),
+    ("num_params", 10**15, "outside"),
+])
+def test_schema_rejects_display_tricks_and_absurd_sizes(run, where, value, why):
+    from eval.results import MAX_NUM_PARAMS, parse_result
+
+    r = json.loads((run / "result.json").read_text())
+    parse_result(canonical_json(r), where="ok")  # the honest result passes
+    r["model"][where] = value
+    with pytest.raises(IntegrityError, match=f"model.{where} .*{why}"):
+        parse_result(canonical_json(r), where="x")
+    r["model"]["num_params"] = MAX_NUM_PARAMS  # the bound itself is allowed
+    r["model"]["id"] = "timm/resnet50.a1_in1k"
+    parse_result(canonical_json(r), where="ok")

@@ -40,6 +40,19 @@ def add_parser(sub):
     return p
 
 
+def _refuse_partial(target: Path) -> None:
+    """--sign on a partial result: one line, before any image is re-run (make_stamp refuses it too)."""
+    from benchmark.errors import BenchError
+    from eval.results import RESULT_FILE, load_result
+    from eval.stamps import unrankable
+
+    path = target / RESULT_FILE if target.is_dir() else target
+    if path.is_file():
+        why = unrankable(load_result(path))
+        if why:
+            raise BenchError(f"--sign refused for {target}: {why}")
+
+
 def run(args) -> int:
     from benchmark.errors import BenchError
     from eval.verify import verify_result, verify_suite_dir
@@ -58,6 +71,7 @@ def run(args) -> int:
         if args.recheck < 1:
             raise BenchError("--sign needs --recheck N (a verified badge means images were re-run through the model)")
         key = load_private_key(args.sign)  # before minutes of work
+        _refuse_partial(target)
     suites = None
     if args.suites:
         from eval.suite_trust import TrustedSuites
