@@ -45,7 +45,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
              suite: str | None = None, mask: str | None = None, progress: bool = True) -> tuple[dict, Path]:
     from tqdm.auto import tqdm
 
-    from eval.runner import reopen_suite
+    from eval.suite_open import reopen_suite
 
     path = Path(result_path)
     path = path / "result.json" if path.is_dir() else path

@@ -18,7 +18,8 @@ from benchmark.cli import main
 from benchmark.errors import BenchError, IntegrityError
 from eval.inference import InferenceOptions
 from eval.runner import EvalRequest, evaluate
-from eval.sweep import ModelSpec, SweepRequest, resolve_models, run_sweep
+from eval.model_list import ModelSpec, resolve_models
+from eval.sweep import SweepRequest, run_sweep
 
 ARCHS = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_resnet.r160_in1k")  # 2 + 1 share a data config
 OPTS = dict(batch_size=4, workers=0, compile="off", unit_rows=4)
@@ -283,15 +284,15 @@ def test_bad_sweep_input(tmp_path, capsys, argv, match):
 
 
 def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, monkeypatch):
-    from eval import sweep
+    from eval import merging, work_split
 
     a = ARCHS[2]
     # a 2-process sweep where only process 0 ran: half the units are missing
-    monkeypatch.setattr(sweep._Distributed, "__init__", _fake_world(2, 0))
+    monkeypatch.setattr(work_split.Distributed, "__init__", _fake_world(2, 0))
     jobs = _sweep(tmp_path, suite, zoo, archs=(a,))
     assert jobs[0].result is None and (tmp_path / "toy" / a / ".work").is_dir()
     with pytest.raises(BenchError, match=r"units missing: toy/test_resnet.r160_in1k: config base: unit\(s\) "):
-        sweep.merge(tmp_path)
+        merging.merge(tmp_path)
     monkeypatch.undo()
     _sweep(tmp_path, suite, zoo, archs=(a,))  # the rerun (one process here) does the rest and builds the result
     assert _files(tmp_path) == {k: v for k, v in _files(singles).items() if a in k}

@@ -141,7 +141,10 @@ def run(args) -> int:
 def _run(args) -> int:
     from benchmark.errors import BenchError
     from eval.inference import InferenceOptions
-    from eval.sweep import SweepRequest, merge, plan, resolve_models, run_sweep
+    from eval.merging import merge
+    from eval.model_list import resolve_models
+    from eval.sweep import SweepRequest, run_sweep
+    from eval.sweep_plan import plan
     from eval.scoring import ScoringOptions
 
     if args.merge:

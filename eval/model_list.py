@@ -1,0 +1,134 @@
+"""The models of a sweep: ``--model`` (repeatable, ``NAME=CHECKPOINT``, timm wildcards) and
+``--models FILE``, resolved and checked before any data is touched."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from benchmark.errors import BenchError
+
+WILDCARD_CHARS = "*?["
+MAX_MODELS = 5000
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a sweep: a name (as ``--model`` takes it) and optional local weights."""
+
+    name: str
+    checkpoint: str | None = None
+    from_wildcard: str | None = None  # the pattern it was expanded from
+
+
+def is_wildcard(name: str) -> bool:
+    return any(c in name for c in WILDCARD_CHARS)
+
+
+def expand_wildcard(pattern: str) -> list[str]:
+    """timm's ``list_pretrained`` for a pattern, 1000-class ImageNet heads only."""
+    import timm
+    from timm.models import get_pretrained_cfg
+
+    prefix = "timm/" if pattern.startswith("timm/") else ""
+    body = pattern[len(prefix):]
+    if "/" in body or "@" in body or body.startswith("hf-hub:"):
+        raise BenchError(f"wildcard {pattern!r}: only timm registry names can be expanded (e.g. "
+                         "'timm/convnext_*.fb_in1k'); list Hub repos one by one")
+    names = timm.list_pretrained(body)
+    if not names:
+        raise BenchError(f"wildcard {pattern!r} matches no timm pretrained model; check the pattern with "
+                         "python -c \"import timm; print(timm.list_pretrained('...'))\"")
+    keep = [n for n in names if getattr(get_pretrained_cfg(n), "num_classes", None) == 1000]
+    if not keep:
+        raise BenchError(f"wildcard {pattern!r} matches {len(names)} model(s) (e.g. {names[0]!r}) but none has a "
+                         "1000-class ImageNet head; bench scores ImageNet-1k classifiers only (try an *_in1k tag)")
+    return sorted(prefix + n for n in keep)
+
+
+def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
+    """``--models FILE``: one model per line, optionally followed by whitespace and a checkpoint path
+    (relative paths are taken from the file's folder); ``#`` starts a comment."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > 1 << 20:
+            raise BenchError(f"--models file {str(p)!r} is over 1 MiB; is it the right file?")
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BenchError(f"--models file {str(p)!r} does not exist") from None
+    except UnicodeDecodeError:
+        raise BenchError(f"--models file {str(p)!r} is not UTF-8 text") from None
+    except OSError as e:
+        raise BenchError(f"cannot read --models file {str(p)!r} ({e.strerror})") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) > 2:
+            raise BenchError(f"--models file {p.name} line {n}: expected 'MODEL [CHECKPOINT]', got {line!r}")
+        ck = None
+        if len(parts) == 2:  # a relative checkpoint path is relative to the list file, not the working directory
+            ck = parts[1] if os.path.isabs(parts[1]) else str(p.parent / parts[1])
+        out.append(ModelSpec(parts[0], ck))
+    return out
+
+
+def resolve_models(models: list[str] | None, *, models_file: str | None = None,
+                   checkpoint: str | None = None) -> tuple[list[ModelSpec], dict[str, list[str]]]:
+    """The sweep's model list from ``--model`` (repeatable; ``NAME=CHECKPOINT``; timm wildcards) and
+    ``--models FILE``. Every name is checked (timm's close matches for unknown ones) before any
+    data is touched. Returns the specs and the wildcard expansions."""
+    from eval.models import parse_model_name
+
+    raw: list[ModelSpec] = []
+    for m in models or []:
+        name, sep, ck = m.partition("=")
+        if sep and not ck:
+            raise BenchError(f"--model {m!r}: NAME=CHECKPOINT needs a checkpoint path after '='")
+        raw.append(ModelSpec(name.strip(), ck or None))
+    if models_file:
+        listed = parse_models_file(models_file)
+        if not listed:
+            raise BenchError(f"--models file {models_file!r} lists no model (only blank or # comment lines)")
+        raw += listed
+    if not raw:
+        raise BenchError("no model given; pass --model NAME (repeatable) or --models FILE")
+    if checkpoint is not None:
+        if len(raw) != 1 or is_wildcard(raw[0].name):
+            raise BenchError("--checkpoint applies to one model; with several models give each its weights as "
+                             "--model NAME=CHECKPOINT or on its line of --models FILE")
+        if raw[0].checkpoint:
+            raise BenchError(f"model {raw[0].name!r} has a checkpoint twice (NAME=PATH and --checkpoint); give one")
+        raw = [replace(raw[0], checkpoint=checkpoint)]
+    specs: list[ModelSpec] = []
+    expansions: dict[str, list[str]] = {}
+    for spec in raw:
+        if is_wildcard(spec.name):
+            if spec.checkpoint:
+                raise BenchError(f"wildcard {spec.name!r} cannot take a checkpoint; list the models one by one")
+            names = expand_wildcard(spec.name)
+            expansions[spec.name] = names
+            specs += [ModelSpec(n, None, spec.name) for n in names]
+        else:
+            specs.append(spec)
+    if len(specs) > MAX_MODELS:
+        raise BenchError(f"{len(specs)} models in one sweep (limit {MAX_MODELS}); split the list")
+    seen: dict[str, str] = {}
+    for spec in specs:
+        ref = parse_model_name(spec.name)  # unknown names fail here, with timm's close matches
+        key = _canonical_id(ref, spec.checkpoint)
+        if key in seen:
+            raise BenchError(f"model {key!r} is listed twice (as {seen[key]!r} and {spec.name!r}); "
+                             "each model is scored once per sweep, remove the duplicate")
+        seen[key] = spec.name
+    return specs, expansions
+
+
+def _canonical_id(ref, checkpoint: str | None) -> str:
+    """The id ``load_classifier`` will give the model (its output folder), without loading it."""
+    if checkpoint is not None:
+        return ref.name or (ref.repo_id.split("/", 1)[1] if ref.repo_id else ref.text)
+    return f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text)
