@@ -90,7 +90,9 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
                            "images_per_second": round(rows / seconds, 3) if rows and seconds > 0 else None,
                            "compiled": state["compile"],
                            "resumed_units": sum(len(i.get("units", [])) for i in infos if i.get("session") != session),
-                           "effective_batch_size": min(sizes) if sizes else None}
+                           "effective_batch_size": min(sizes) if sizes else None,
+                           # which process wrote how many units: the evidence that a split run was split
+                           "units_by_rank": _units_by_rank(infos)}
     scoring = ScoringOptions(**state["scoring"])
     metrics = score(state["metric_family"], tables, scoring)
     analysis = {}
@@ -120,6 +122,14 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     write_result(run_dir / RESULT_FILE, result)
     shutil.rmtree(contained(work, out))
     return result
+
+
+def _units_by_rank(infos: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in infos:
+        key = str(i.get("rank", 0))
+        out[key] = out.get(key, 0) + len(i.get("units", []))
+    return dict(sorted(out.items()))
 
 
 def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:

@@ -12,11 +12,13 @@ pair_id            string (nullable)           the suite's pair id (LANCE joins)
 topk_idx           fixed_size_list<int16>[K]   the K most probable classes, most probable first
 topk_prob          fixed_size_list<float32>[K] their softmax probabilities
 true_prob          float32                     softmax probability of the true class
-true_rank          int32                       number of classes more probable than the true one
+true_rank          int32                       position of the true class, ties by class index
 =================  ==========================  ==============================================
 
-plus string columns copied from the suite when present (``CARRIED_COLUMNS``). ``true_rank``
-makes acc@k exact for every k (``true_rank < k``), not only k <= K. Metrics are pure functions
+plus string columns copied from the suite when present (``CARRIED_COLUMNS``). Classes are ordered
+by probability, descending, ties by lower class index (``eval.inference.rank_classes``); the
+top-k is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is
+exact for every k (``true_rank < k``), not only k <= K, and agrees with the stored top-k. Metrics are pure functions
 of these files (``eval.scoring``), so every number can be recomputed without a GPU.
 """
 
@@ -127,14 +129,14 @@ class CheckpointedPredictions:
     """
 
     def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048,
-                 flush_seconds: float = 30.0, session: str = "") -> None:
+                 flush_seconds: float = 30.0, session: str = "", rank: int = 0, run_key: str = "") -> None:
         self.work_dir = Path(work_dir)
         self.dir = safe_config_dir(self.work_dir, config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.schema = sch
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
-        self.session = session
+        self.session, self.rank, self.run_key = session, rank, run_key
         self._pending: list[pa.Table] = []
         self._pending_units: list[int] = []
         self._pending_info = {"skipped_bad": [], "model_seconds": 0.0}
@@ -182,7 +184,7 @@ class CheckpointedPredictions:
             if i == len(units) or units[i] != units[i - 1] + 1:
                 name = f"part-{units[start]:07d}-{units[i - 1]:07d}"
                 info = {**(totals if start == 0 else zero), "units": units[start:i], "batch_size": self.batch_size,
-                        "session": self.session}
+                        "session": self.session, "rank": self.rank, "run_key": self.run_key}
                 atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
                 with atomic_path(self.dir / f"{name}.parquet") as tmp:
                     pq.write_table(pa.concat_tables(self._pending[start:i]), tmp)

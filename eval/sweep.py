@@ -39,6 +39,7 @@ from benchmark import upstream
 from benchmark.errors import BenchError, one_line
 from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
 from benchmark.oom import BatchBackoff
+from builders.determinism import fixed_threads
 from eval.inference import COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units
 from eval.merging import (
     JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json,
@@ -117,12 +118,10 @@ class Sweep:
         self.req = req
         self.progress = progress
         self.opts = req.inference
-        self.dist = Distributed()
+        self.dist = Distributed(self.opts.device)
         if self.dist.world > 1 and self.opts.device.startswith("cuda") and ":" not in self.opts.device:
             self.opts = replace(self.opts, device=f"cuda:{self.dist.local_rank}")
         self.device = check_device(self.opts.device)
-        if self.opts.amp and not self.device.startswith("cuda"):
-            raise BenchError("--amp needs a CUDA device; drop --amp for CPU runs")
         self.single = len(req.models) == 1
         self.jobs: list[Job] = []
 
@@ -185,18 +184,24 @@ class Sweep:
         run_opts = {"device": self.device, "amp": opts.amp, "amp_dtype": opts.amp_dtype if opts.amp else None,
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,
                     "compile": opts.compile, "workers": opts.resolved_workers(),
-                    "normalize_on_device": opts.device_normalizes()}
+                    "normalize_on_device": opts.device_normalizes(), "cpu_threads": opts.cpu_threads,
+                    "processes": self.dist.world}
         if spec.from_wildcard:  # recorded with the run, not the protocol: the numbers are a single eval's
             run_opts["wildcard"] = {"pattern": spec.from_wildcard,
                                     "expansion": self.req.wildcards.get(spec.from_wildcard, [])}
-        # checkpoints are reusable only under the same protocol and numerics (device, AMP, batch composition)
+        n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
+        # compile decided from the model's whole workload, not what is left: a resumed or split
+        # run uses the numerics of an uninterrupted one
+        compiled = opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES)
+        # checkpoints are reusable only under the same protocol and everything that changes the numbers:
+        # device type, AMP and its dtype, batch composition, CPU threads, compile, decode normalisation
         pred_key = sha256_bytes(canonical_json({
             "config_hash": chash, "amp": run_opts["amp"], "batch_size": run_opts["batch_size"],
             "unit_rows": opts.unit_rows, "normalize_on_device": run_opts["normalize_on_device"],
-            "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0]}))
+            "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0],
+            "cpu_threads": opts.cpu_threads, "compiled": compiled}))
         run_dir = self.suite_dir / slug(clf.model_id)
         contained(run_dir, self.out)
-        n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
         state = {
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
@@ -210,9 +215,7 @@ class Sweep:
             "topk": opts.topk, "notes": req.notes, "started_at": now(),
             "reopen": {"suite": req.suite, "revision": req.revision, "mask": req.mask,
                        "configs": list(self.configs)},
-            # compile decided from the model's whole workload, not what is left: a resumed or split
-            # run uses the numerics of an uninterrupted one
-            "compile": opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES),
+            "compile": compiled,
             "group": _group_key(clf.data_config, opts),
         }
         job = Job(spec, clf, clf.model_id, run_dir, state)
@@ -290,6 +293,10 @@ class Sweep:
     # ---- running -----------------------------------------------------------------------------
 
     def run(self) -> list[Job]:
+        with fixed_threads(self.opts.cpu_threads):
+            return self._run()
+
+    def _run(self) -> list[Job]:
         self.prepare()
         # every process computes the same split from the same state on disk: nobody writes before all planned
         items = [i for i in self.items() if i["rank"] == self.dist.rank]
@@ -346,7 +353,8 @@ class Sweep:
             for job in live:
                 if job.status != "todo":
                     continue
-                ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"])
+                ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"],
+                                               rank=self.dist.rank, run_key=job.state["run"]["predictions_key"])
                 todo = {u for u in wanted if job.model_id in next(i["models"] for i in mine if i["unit"] == u)}
                 todo -= ckpt.done_units
                 feeds.append(ModelFeed(job.model_id, forwards[job.model_id], ckpt,

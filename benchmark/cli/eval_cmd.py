@@ -23,6 +23,7 @@ def add_parser(sub):
             "  bench eval --model 'timm/convnext_*.fb_in1k' --model resnet50.a1_in1k --suite imagenet-star --plan\n"
             "  bench eval --models zoo.txt --suite ./my-suite --max-resident 8\n"
             "  accelerate launch -m benchmark eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
+            "  torchrun --nproc_per_node 4 -m benchmark eval --models zoo.txt --suite ./my-suite --cpu-threads 1\n"
             "  bench eval --merge runs/\n"
         ))
     p.add_argument("--model", action="append", metavar="MODEL",
@@ -51,8 +52,13 @@ def add_parser(sub):
     p.add_argument("--decode", choices=("cpu", "device"), default="cpu",
                    help="cpu: PIL decode in the workers (default); device: JPEG batches decoded with "
                         "torchvision.io.decode_jpeg on --device (pixels differ slightly; recorded in the protocol)")
-    p.add_argument("--amp", action="store_true", help="autocast on CUDA")
+    p.add_argument("--amp", action="store_true",
+                   help="autocast (bf16 by default) on CUDA, or on CPU to check the GPU numerics path there")
     p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16", help="autocast dtype with --amp")
+    p.add_argument("--cpu-threads", type=_int, default=1,
+                   help="torch intra-op threads per process (default 1: the bytes of CPU predictions depend on the "
+                        "thread count, so one value makes 1 and N processes write the same bytes; recorded; a resume "
+                        "with another value is refused) (1..1024)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the model (auto: only when the run is long enough to pay it back)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
@@ -81,7 +87,8 @@ def add_parser(sub):
 
 # every numeric option's bounds, checked before anything is read or loaded
 LIMITS = {"topk": (5, 1000), "bootstrap": (1, 100_000), "batch_size": (1, 65536), "workers": (0, 64),
-          "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024)}
+          "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024),
+          "cpu_threads": (1, 1024)}
 
 
 def _int(text: str):
@@ -166,7 +173,8 @@ def _run(args) -> int:
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
             amp_dtype=args.amp_dtype, channels_last=args.channels_last, compile=args.compile, topk=args.topk,
-            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, decode=args.decode),
+            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, decode=args.decode,
+            cpu_threads=args.cpu_threads),
         scoring=ScoringOptions(filter=args.filter, reference_accuracy=args.reference_accuracy,
                                n_boot=args.bootstrap, seed=args.seed),
     )
