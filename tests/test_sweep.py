@@ -182,20 +182,90 @@ def _cli(*args, env_extra=None):
     return env, [sys.executable, "-m", "benchmark", "eval", *args]
 
 
-def test_accelerate_two_processes_equal_one_process(tmp_path, suite, zoo, singles):
+LAUNCHERS = {
+    "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    # accelerate's multi-process launcher; with --device cpu the sweep asks accelerate for a CPU (gloo) group
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"],
+    # accelerate's --cpu launcher starts ONE process (without an MPI host file): a world of one, all units rank 0
+    "accelerate-cpu": ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+                       "--mixed_precision", "no", "--dynamo_backend", "no"],
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_launched_processes_each_do_their_units_and_equal_one_process(tmp_path, suite, zoo, singles, launcher):
     models = tmp_path / "zoo.txt"
     models.write_text("".join(f"{a} {zoo[a]}\n" for a in ARCHS))
     env, cmd = _cli("--models", str(models), "--suite", str(suite), "--out", str(tmp_path / "two"), "--workers", "0",
-                    "--batch-size", "4", "--compile", "off", "--no-progress")
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "benchmark", *cmd[3:]]
-    p = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=600)
+                    "--batch-size", "4", "--compile", "off", "--no-progress", "--device", "cpu", "--cpu-threads", "1")
+    env.pop("WORLD_SIZE", None), env.pop("RANK", None), env.pop("LOCAL_RANK", None)
+    p = subprocess.run([sys.executable, *LAUNCHERS[launcher], "-m", "benchmark", *cmd[3:]], env=env,
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    # the bytes of one process at the same (recorded) thread count
     assert _files(tmp_path / "two") == _files(singles)
-    assert not list((tmp_path / "two").rglob(".work"))
-    # both processes worked: each wrote some units (recorded in the result's timings)
-    r = json.loads((tmp_path / "two" / "toy" / ARCHS[0] / "result.json").read_text())
-    assert r["counts"]["base"]["predicted"] == 18
+    assert not list((tmp_path / "two").rglob(".work")) and not list((tmp_path / "two").rglob("part-*"))
+    world = 1 if launcher == "accelerate-cpu" else 2
+    for a in ARCHS:
+        r = json.loads((tmp_path / "two" / "toy" / a / "result.json").read_text())
+        assert r["run"]["processes"] == world and r["run"]["cpu_threads"] == 1
+        assert r["counts"]["base"]["predicted"] == 18
+        # which process wrote which units, from the part sidecars each process wrote
+        by_rank = {k: sum(t["units_by_rank"].get(k, 0) for t in r["run"]["timings"].values()) for k in ("0", "1")}
+        assert sum(by_rank.values()) == 2  # 2 configs x 1 unit of up to 200 rows
+        assert by_rank == ({"0": 1, "1": 1} if world == 2 else {"0": 2, "1": 0}), by_rank
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"WORLD_SIZE": "2"}, "is set but no rank (RANK)"),
+    ({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"}, "disagree (a rank is below the world size)"),
+    ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE='two' is not a whole number"),
+    ({"RANK": "1"}, "RANK=1 is set but no world size"),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "no local rank (LOCAL_RANK)"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "disagree"),
+    ({"WORLD_SIZE": "99999999999", "RANK": "0"}, "is not a whole number in 0..4096"),
+])
+def test_unreadable_launcher_environment_is_one_line(tmp_path, suite, zoo, capsys, monkeypatch, env, match):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    a = ARCHS[0]
+    code = main(["eval", "--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path / "runs"),
+                 "--no-progress", "--workers", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and match in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_with_another_thread_count_is_refused(tmp_path, suite, zoo, monkeypatch, capsys):
+    from eval import predictions as P
+
+    a = ARCHS[0]
+    orig_add = P.CheckpointedPredictions.add
+
+    def stop(self, unit, block, **kw):
+        if self.dir.name == "shifted":  # killed after config base was written
+            raise KeyboardInterrupt
+        orig_add(self, unit, block, **kw)
+
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", stop)
+    monkeypatch.setattr(P.CheckpointedPredictions, "__init__", _flush_every_unit(P.CheckpointedPredictions.__init__))
+    argv = ["eval", "--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path), "--no-progress",
+            "--workers", "0", "--batch-size", "4", "--compile", "off"]
+    assert main(argv) != 0
+    parts = sorted(p.name for p in tmp_path.rglob("part-*.parquet"))
+    assert parts
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", orig_add)
+    capsys.readouterr()
+    assert main([*argv, "--cpu-threads", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "holds a run of this model and suite with other settings" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.rglob("part-*.parquet")) == parts  # nothing mixed, nothing removed
+    assert main(argv) == 0  # the same thread count resumes
+    r = json.loads((tmp_path / "toy" / a / "result.json").read_text())
+    assert r["run"]["cpu_threads"] == 1 and r["run"]["timings"]["base"]["resumed_units"] == len(parts)
 
 
 @pytest.fixture(scope="module")
