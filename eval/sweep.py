@@ -42,10 +42,10 @@ from benchmark.oom import BatchBackoff
 from builders.determinism import fixed_threads
 from eval.inference import COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units
 from eval.merging import (
-    JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json,
+    JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
 )
 from eval.model_list import ModelSpec
-from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema
+from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
 from eval.progress import Progress
 from eval.results import RESULT_FILE, config_hash, load_result
 from eval.scoring import ScoringOptions
@@ -95,6 +95,16 @@ class Job:
         return self.state["group"]
 
 
+def unit_digests(suite, config: str, groups, units) -> list[str]:
+    """Per streaming unit, the digest of the image ids it holds (job.json): what lets a merge check
+    that a part's rows are its units' images."""
+    ids = suite.read_columns(config, ["image_id"])["image_id"].to_pylist()
+    offsets = [0]
+    for g in groups:
+        offsets.append(offsets[-1] + g.num_rows)
+    return [unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
+
+
 def load_model(req: SweepRequest, spec: ModelSpec):
     """One model of a sweep, loaded on the CPU with the sweep's weight and preprocessing options."""
     from eval.models import load_classifier
@@ -140,6 +150,7 @@ class Sweep:
             groups, units = plan_units(suite, c, batch_size=self.opts.resolved_batch_size(),
                                        unit_rows=self.opts.unit_rows, limit_per_class=self.opts.limit_per_class)
             self.units[c] = (groups, units)
+        self.unit_ids = {c: unit_digests(suite, c, *self.units[c]) for c in self.configs}
         self.out = ensure_writable_dir(Path(req.out), what="--out directory")
         self.suite_dir = self.out / slug(suite.suite_id)
         self.session = None
@@ -209,6 +220,7 @@ class Sweep:
             "construction_model": is_construction_model(clf.model_id, info.construction_models),
             "partial": bool(opts.limit_per_class) or set(self.configs) != set(suite.configs),
             "units": {c: len(self.units[c][1]) for c in self.configs},
+            "unit_ids": self.unit_ids,
             "counts": {c: {"total": suite.manifest.config(c).rows, "kept": suite.manifest.config(c).kept}
                        for c in self.configs},
             "carried": [c for c in CARRIED_COLUMNS if c in suite.manifest.features],
@@ -256,7 +268,7 @@ class Sweep:
         if self.req.force or old != pred_key:
             for name in (WORK, "predictions"):
                 if (run_dir / name).exists():
-                    shutil.rmtree(contained(run_dir / name, self.out))
+                    shutil.rmtree(refuse_links(run_dir / name, self.out))
             (run_dir / RESULT_FILE).unlink(missing_ok=True)
         _clean_leftovers(run_dir, self.out, work_too=False)
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)
@@ -282,7 +294,7 @@ class Sweep:
         items = []
         for ci, chunk in enumerate(self.chunks()):
             for c in self.configs:
-                done = {j.model_id: done_units(j.run_dir / WORK, c) for j in chunk}
+                done = {j.model_id: done_units(j.run_dir / WORK, c, len(self.units[c][1])) for j in chunk}
                 for u in self.units[c][1]:
                     need = [j.model_id for j in chunk if u.index not in done[j.model_id]]
                     if need:
@@ -354,7 +366,8 @@ class Sweep:
                 if job.status != "todo":
                     continue
                 ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"],
-                                               rank=self.dist.rank, run_key=job.state["run"]["predictions_key"])
+                                               rank=self.dist.rank, run_key=job.state["run"]["predictions_key"],
+                                               n_units=len(units))
                 todo = {u for u in wanted if job.model_id in next(i["models"] for i in mine if i["unit"] == u)}
                 todo -= ckpt.done_units
                 feeds.append(ModelFeed(job.model_id, forwards[job.model_id], ckpt,
@@ -382,7 +395,7 @@ class Sweep:
                 job.status, job.result = "done", load_result(job.run_dir / RESULT_FILE)  # another process built it
                 bar.model_done()
                 return
-            missing = missing_units(job.run_dir)
+            missing = missing_units(job.run_dir, self.out)
             if missing:
                 if self.dist.world == 1:
                     raise BenchError(f"{job.model_id}: units missing after the run ({describe_missing(missing)})")
@@ -399,9 +412,9 @@ def _clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:
         return
     for p in run_dir.rglob(f"*{INCOMPLETE}"):
         if p.is_file() and not p.is_symlink():
-            contained(p, out).unlink(missing_ok=True)
+            refuse_links(p, out).unlink(missing_ok=True)
     if work_too and (run_dir / WORK).is_dir():
-        shutil.rmtree(contained(run_dir / WORK, out))
+        shutil.rmtree(refuse_links(run_dir / WORK, out))
 
 
 def run_sweep(req: SweepRequest, *, progress: bool = True) -> list[Job]:

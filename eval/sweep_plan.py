@@ -7,10 +7,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from builders.determinism import fixed_threads
 from eval.inference import Forward, plan_units
 from eval.predictions import CARRIED_COLUMNS
 from eval.suite_open import open_suite, slug
-from eval.sweep import Job, Sweep, SweepRequest, load_model
+from eval.sweep import Job, Sweep, SweepRequest, load_model, unit_digests
 
 
 def plan(req: SweepRequest, *, probe: bool = True) -> dict:
@@ -23,12 +24,14 @@ def plan(req: SweepRequest, *, probe: bool = True) -> dict:
     sw.configs = sw.suite.select(list(req.configs) if req.configs else None)
     sw.units = {c: plan_units(sw.suite, c, batch_size=sw.opts.resolved_batch_size(), unit_rows=sw.opts.unit_rows,
                               limit_per_class=sw.opts.limit_per_class) for c in sw.configs}
+    sw.unit_ids = {c: unit_digests(sw.suite, c, *sw.units[c]) for c in sw.configs}
     sw.out = Path(req.out)
     sw.suite_dir = sw.out / slug(sw.suite.suite_id)
     for spec in req.models:
         sw._prepare_job(spec)
     items = sw.items()
-    rates = measure_rates(sw) if probe else {"decode_s_per_image": {}, "forward_s_per_image": {}}
+    with fixed_threads(sw.opts.cpu_threads):  # measured at the thread count the run will use
+        rates = measure_rates(sw) if probe else {"decode_s_per_image": {}, "forward_s_per_image": {}}
     per_rank = [0.0] * sw.dist.world
     groups = {}
     for it in items:

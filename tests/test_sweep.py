@@ -369,7 +369,7 @@ def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, mo
 
 
 def _fake_world(world, rank):
-    def init(self):
+    def init(self, device="cpu"):
         self.world, self.rank, self.local_rank, self.state, self.is_main = world, rank, rank, None, rank == 0
     return init
 
