@@ -6,6 +6,7 @@ synthetic suite, real subprocesses for kill -9 / SIGTERM and ``accelerate launch
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -466,3 +467,135 @@ def test_effective_batch_size_after_oom_backoff_is_recorded(tmp_path, suite, zoo
     r = jobs[0].result
     assert r["run"]["batch_size"] == 4 and r["run"]["effective_batch_size"] == 2
     assert r["run"]["timings"]["base"]["effective_batch_size"] == 2
+
+
+@pytest.fixture(scope="module")
+def split_run(tmp_path_factory, suite, zoo):
+    """A finished 2-process sweep of one model whose result was not built yet: parts of both processes."""
+    from eval import merging, sweep, work_split
+
+    out = tmp_path_factory.mktemp("split")
+    a = ARCHS[2]
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(sweep, "finish_run", lambda *a, **kw: {})  # leave the parts for --merge
+        # the processes one after the other: each splits what is left, so alternate until all is done
+        for rank in (0, 1, 0, 1, 0, 1):
+            mp.setattr(work_split.Distributed, "__init__", _fake_world(2, rank))
+            _sweep(out, suite, zoo, archs=(a,))
+            if not merging.missing_units(out / "toy" / a, out):
+                break
+    finally:
+        mp.undo()
+    work = out / "toy" / a / ".work"
+    assert {p.parent.name for p in work.rglob("part-*.parquet")} == {"base", "shifted"}
+    return out
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"<link>")
+            for p in sorted(root.rglob("*"))}
+
+
+def _rename_part(d: Path, old: str, new: str) -> None:
+    (d / f"{old}.parquet").rename(d / f"{new}.parquet")
+    (d / f"{old}.json").rename(d / f"{new}.json")
+
+
+def _hostile(case: str, run: Path, other: Path) -> None:
+    import pyarrow.parquet as pq
+
+    base = run / ".work" / "base"
+    parts = sorted(p.stem for p in base.glob("part-*.parquet"))
+    first = base / f"{parts[0]}.parquet"
+    if case == "truncated":
+        first.write_bytes(first.read_bytes()[: first.stat().st_size // 2])
+    elif case == "schema":
+        t = pq.read_table(first)
+        pq.write_table(t.drop_columns(["pair_id"]), first)
+    elif case == "overlap":  # a copy of the first part under a name that overlaps it
+        lo = int(parts[0].split("-")[1])
+        side = json.loads((base / f"{parts[0]}.json").read_text())
+        first.with_name(f"part-{lo:07d}-{lo + 1:07d}.parquet").write_bytes(first.read_bytes())
+        (base / f"part-{lo:07d}-{lo + 1:07d}.json").write_text(json.dumps({**side, "units": [lo, lo + 1]}))
+    elif case in ("more_units_than_rows", "more_units_forged_sidecar"):
+        # the part after the first is removed and the first renamed to cover its units too
+        lo, hi = (int(x) for x in parts[0].split("-")[1:])
+        nxt = next(p for p in parts if int(p.split("-")[1]) == hi + 1)
+        end = int(nxt.split("-")[2])
+        (base / f"{nxt}.parquet").unlink()
+        (base / f"{nxt}.json").unlink()
+        _rename_part(base, parts[0], f"part-{lo:07d}-{end:07d}")
+        if case == "more_units_forged_sidecar":
+            side_path = base / f"part-{lo:07d}-{end:07d}.json"
+            side = json.loads(side_path.read_text())
+            extra = end - hi
+            side_path.write_text(json.dumps({**side, "units": list(range(lo, end + 1)),
+                                             "rows_per_unit": side["rows_per_unit"] + [0] * extra,
+                                             "skipped_per_unit": side["skipped_per_unit"] + [[]] * extra}))
+    elif case == "other_model":  # another model's part (same units) in place of this one's
+        o = other / ".work" / "base" / f"{parts[0]}.parquet"
+        first.write_bytes(o.read_bytes())
+        (base / f"{parts[0]}.json").write_bytes(o.with_suffix(".json").read_bytes())
+    elif case == "huge_name":
+        (base / "part-0000000-9999999999.parquet").write_bytes(b"x")
+    elif case == "beyond_units":
+        (base / "part-0000000-9999999.parquet").write_bytes(b"x")
+    elif case in ("job_huge_units", "job_missing_key", "job_wrong_type"):
+        job = json.loads((run / ".work" / "job.json").read_text())
+        if case == "job_huge_units":
+            job["units"]["base"] = 1e12
+        elif case == "job_missing_key":
+            del job["units"]
+        else:
+            job["counts"] = "many"
+        (run / ".work" / "job.json").write_text(json.dumps(job))
+    elif case == "work_symlink":  # this run's .work is a link to another run's
+        shutil.rmtree(run / ".work")
+        (run / ".work").symlink_to(other / ".work")
+
+
+@pytest.mark.parametrize("case, match", [
+    ("truncated", "is not readable parquet"),
+    ("schema", "has another schema"),
+    ("overlap", "overlaps part"),
+    ("more_units_than_rows", "its sidecar lists other units than its name"),
+    ("more_units_forged_sidecar", "are not that unit's images"),
+    ("other_model", "was written by another run"),
+    ("huge_name", "not a part name"),
+    ("beyond_units", "are not inside this run's 0..4"),
+    ("job_huge_units", "units of config 'base' is not a whole number in 0..1000000"),
+    ("job_missing_key", "key 'units' is missing"),
+    ("job_wrong_type", "key 'counts' is not a dict"),
+    ("work_symlink", "is a symbolic link"),
+])
+def test_hostile_merge_is_one_line_and_touches_nothing(tmp_path, split_run, suite, zoo, capsys, case, match):
+    out = tmp_path / "out"
+    shutil.copytree(split_run, out, symlinks=True)
+    a = ARCHS[2]
+    run = out / "toy" / a
+    # another model's unfinished run (same suite, same units), outside this --out
+    other_out = tmp_path / "other"
+    shutil.copytree(split_run, other_out, symlinks=True)
+    other = other_out / "toy" / a
+    for side in (other / ".work").rglob("part-*.json"):  # as another model's run would have written them
+        side.write_text(json.dumps({**json.loads(side.read_text()), "run_key": "0" * 64}))
+    _hostile(case, run, other)
+    before, before_other = _snapshot(out), _snapshot(other_out)
+    code = main(["eval", "--merge", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert match in err, err
+    assert _snapshot(out) == before and _snapshot(other_out) == before_other
+    assert not (run / "result.json").exists()
+
+
+def test_merge_of_a_split_run_builds_the_single_run_bytes(tmp_path, split_run, singles):
+    out = tmp_path / "out"
+    shutil.copytree(split_run, out)
+    assert main(["eval", "--merge", str(out)]) == 0
+    a = ARCHS[2]
+    assert _files(out) == {k: v for k, v in _files(singles).items() if a in k}
+    r = json.loads((out / "toy" / a / "result.json").read_text())
+    assert not r["flags"]["partial"] and r["counts"]["base"]["predicted"] == 18
+    assert set(r["run"]["timings"]["base"]["units_by_rank"]) == {"0", "1"}
