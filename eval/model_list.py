@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmark.errors import BenchError
+from benchmark.fsutil import sha256_file
 
 WILDCARD_CHARS = "*?["
 MAX_MODELS = 5000
@@ -81,7 +83,7 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
     """The sweep's model list from ``--model`` (repeatable; ``NAME=CHECKPOINT``; timm wildcards) and
     ``--models FILE``. Every name is checked (timm's close matches for unknown ones) before any
     data is touched. Returns the specs and the wildcard expansions."""
-    from eval.models import parse_model_name
+    from eval.models import given_name, parse_model_name
 
     raw: list[ModelSpec] = []
     for m in models or []:
@@ -117,18 +119,36 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
     if len(specs) > MAX_MODELS:
         raise BenchError(f"{len(specs)} models in one sweep (limit {MAX_MODELS}); split the list")
     seen: dict[str, str] = {}
+    weights: dict[tuple, str] = {}
     for spec in specs:
         ref = parse_model_name(spec.name)  # unknown names fail here, with timm's close matches
-        key = _canonical_id(ref, spec.checkpoint)
+        key = _canonical_id(ref, spec)
         if key in seen:
             raise BenchError(f"model {key!r} is listed twice (as {seen[key]!r} and {spec.name!r}); "
-                             "each model is scored once per sweep, remove the duplicate")
+                             "each model is scored once per sweep, remove the duplicate (two checkpoints of one "
+                             "architecture: give the bare architecture name, their ids are then the files' sha256)")
         seen[key] = spec.name
+        if spec.checkpoint is not None:  # the same weights under two names are scored once
+            same = (given_name(spec.name).split(".", 1)[0], _sha256_of(spec.checkpoint))
+            if same in weights:
+                raise BenchError(f"checkpoint {spec.checkpoint!r} of {spec.name!r} holds the same weights (sha256 "
+                                 f"{same[1][:12]}…) as {weights[same]!r}; each model is scored once, remove one")
+            weights[same] = spec.name
     return specs, expansions
 
 
-def _canonical_id(ref, checkpoint: str | None) -> str:
+@functools.lru_cache(maxsize=MAX_MODELS)
+def _sha256_of(path: str) -> str:
+    try:
+        return sha256_file(path)
+    except OSError as e:
+        raise BenchError(f"checkpoint {path!r} cannot be read ({e.strerror}); check the path") from None
+
+
+def _canonical_id(ref, spec: ModelSpec) -> str:
     """The id ``load_classifier`` will give the model (its output folder), without loading it."""
-    if checkpoint is not None:
-        return ref.name or (ref.repo_id.split("/", 1)[1] if ref.repo_id else ref.text)
+    from eval.models import checkpoint_model_id
+
+    if spec.checkpoint is not None:
+        return checkpoint_model_id(spec.name, _sha256_of(spec.checkpoint))
     return f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text)

@@ -599,3 +599,37 @@ def test_merge_of_a_split_run_builds_the_single_run_bytes(tmp_path, split_run, s
     r = json.loads((out / "toy" / a / "result.json").read_text())
     assert not r["flags"]["partial"] and r["counts"]["base"]["predicted"] == 18
     assert set(r["run"]["timings"]["base"]["units_by_rank"]) == {"0", "1"}
+
+
+def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
+    """A checkpoint's id is the name given with it or the architecture + the file's sha256 prefix, never
+    the registry's default tag; the same weights under two names are scored once."""
+    import hashlib
+
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    a = ARCHS[2]
+    other = tmp_path / "other.safetensors"
+    torch.manual_seed(7)
+    save_file({k: v.contiguous() for k, v in timm.create_model(a, pretrained=False).state_dict().items()}, str(other))
+    sha = {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (zoo[a], other)}
+    specs, _ = resolve_models([f"test_resnet={zoo[a]}", f"test_resnet={other}"])
+    jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
+                                  inference=InferenceOptions(**OPTS)), progress=False)
+    ids = sorted(j.model_id for j in jobs)
+    assert ids == sorted(f"test_resnet@sha256:{s[:12]}" for s in sha.values())
+    for j in jobs:
+        assert j.status == "done" and "r160_in1k" not in j.model_id and j.result["model"]["tag"] is None
+        assert j.result["model"]["weights_sha256"] == sha[j.spec.checkpoint]
+    # a name with a tag is the user's name for the weights, kept as given
+    specs, _ = resolve_models([f"{a}={zoo[a]}"])
+    assert run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
+                                  inference=InferenceOptions(**OPTS)), progress=False)[0].model_id == a
+    with pytest.raises(BenchError, match="is listed twice"):
+        resolve_models([f"test_resnet={zoo[a]}", f"timm/test_resnet={zoo[a]}"])
+    with pytest.raises(BenchError, match=r"holds the same weights \(sha256 .*\) as 'test_resnet.r160_in1k'"):
+        resolve_models([f"{a}={zoo[a]}", f"test_resnet={zoo[a]}"])
+    with pytest.raises(BenchError, match="cannot be read"):
+        resolve_models([f"test_resnet={tmp_path / 'missing.pth'}"])
