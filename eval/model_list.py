@@ -141,6 +141,8 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
 def _sha256_of(path: str) -> str:
     try:
         return sha256_file(path)
+    except FileNotFoundError:
+        raise BenchError(f"checkpoint {path!r} does not exist; check the path") from None
     except OSError as e:
         raise BenchError(f"checkpoint {path!r} cannot be read ({e.strerror}); check the path") from None
 

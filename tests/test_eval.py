@@ -196,9 +196,15 @@ def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights)
                  "--suite", str(tmp_path / "photos"), "--out", str(tmp_path / "runs"), "--workers", "0",
                  "--no-progress", "--compile", "off"])
     assert code == 0
-    result = json.loads((tmp_path / "runs/photos/tf_efficientnet_lite0.in1k/result.json").read_text())
+    # local weights under a bare architecture name: the id is the file's sha256 prefix, not timm's default tag
+    import hashlib
+
+    sha = hashlib.sha256(open(lite0_weights, "rb").read()).hexdigest()
+    run = tmp_path / "runs/photos" / f"tf_efficientnet_lite0--sha256--{sha[:12]}"
+    result = json.loads((run / "result.json").read_text())
+    assert result["model"]["id"] == f"tf_efficientnet_lite0@sha256:{sha[:12]}" and result["model"]["tag"] is None
     assert result["metrics"]["configs"]["real"]["acc5"]["value"] == 1.0
-    t = pq.read_table(tmp_path / "runs/photos/tf_efficientnet_lite0.in1k/predictions/real.parquet")
+    t = pq.read_table(run / "predictions/real.parquet")
     top = dict(zip(t["image_id"].to_pylist(), t["topk_idx"].to_pylist()))
     assert top["real/coffee"][0] == 967  # espresso is top-1
     assert 281 in top["real/chelsea"][:5] and set(top["real/chelsea"][:3]) <= {281, 282, 285, 287, 283}
