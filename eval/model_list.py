@@ -9,10 +9,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmark.errors import BenchError
-from benchmark.fsutil import sha256_file
+from benchmark.fsutil import read_limited, sha256_file
 
 WILDCARD_CHARS = "*?["
 MAX_MODELS = 5000
+MAX_LIST_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,14 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     """``--models FILE``: one model per line, optionally followed by whitespace and a checkpoint path
     (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
+    if not p.exists():
+        raise BenchError(f"--models file {str(p)!r} does not exist")
+    # read with a byte limit whatever st_size says (/dev/zero, a pipe)
+    data = read_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")
     try:
-        if p.stat().st_size > 1 << 20:
-            raise BenchError(f"--models file {str(p)!r} is over 1 MiB; is it the right file?")
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BenchError(f"--models file {str(p)!r} does not exist") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise BenchError(f"--models file {str(p)!r} is not UTF-8 text") from None
-    except OSError as e:
-        raise BenchError(f"cannot read --models file {str(p)!r} ({e.strerror})") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

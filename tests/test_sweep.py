@@ -340,6 +340,7 @@ def test_wildcards_and_model_lists(tmp_path, suite):
     (["--models", "TYPO"], "unknown timm model 'resnet5O'. Did you mean"),
     (["--model", "test_vit.r160_in1k="], "needs a checkpoint path"),
     (["--merge", "OUT"], "nothing to merge"),
+    (["--models", "/dev/zero"], "is larger than 1048576 bytes"),
 ])
 def test_bad_sweep_input(tmp_path, capsys, argv, match):
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
