@@ -226,15 +226,18 @@ def test_launched_processes_each_do_their_units_and_equal_one_process(tmp_path, 
     ({"WORLD_SIZE": "2", "RANK": "1"}, "no local rank (LOCAL_RANK)"),
     ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "disagree"),
     ({"WORLD_SIZE": "99999999999", "RANK": "0"}, "is not a whole number in 0..4096"),
+    ({"ACCELERATE_USE_CPU": "True", "DEVICE": "cuda"}, "launched with `accelerate launch --cpu` but --device cuda"),
 ])
 def test_unreadable_launcher_environment_is_one_line(tmp_path, suite, zoo, capsys, monkeypatch, env, match):
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ACCELERATE_USE_CPU"):
         monkeypatch.delenv(k, raising=False)
+    env = dict(env)
+    device = env.pop("DEVICE", "cpu")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     a = ARCHS[0]
     code = main(["eval", "--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path / "runs"),
-                 "--no-progress", "--workers", "0"])
+                 "--no-progress", "--workers", "0", "--device", device])
     err = capsys.readouterr().err
     assert code != 0 and match in err and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists()
