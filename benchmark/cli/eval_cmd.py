@@ -13,7 +13,7 @@ def add_parser(sub):
         description="Score any timm ImageNet-1k classifier on a suite: per-image predictions (parquet), the "
                     "suite family's metrics with bootstrap intervals, and a result JSON with full provenance. "
                     "Several models (repeat --model, --models FILE, timm wildcards) share each image decode; under "
-                    "`accelerate launch` the work is split over processes. A killed run resumes (SIGTERM too); a "
+                    "torchrun or `accelerate launch` the work is split over processes. A killed run resumes (SIGTERM too); a "
                     "finished run is a no-op unless --force.",
         examples=(
             "  bench eval --model timm/resnet50.a1_in1k --suite imagenet-star-upstream --configs base,in_the_snow\n"
@@ -76,7 +76,8 @@ def add_parser(sub):
                    help="print the sweep's models, preprocessing groups, work items per process and an estimated "
                         "cost (measured on one unit and one batch per model), then stop")
     p.add_argument("--merge", metavar="OUT",
-                   help="build the results of a (distributed) sweep in OUT from its units; names missing units")
+                   help="build the results of a (distributed) sweep in OUT from its units, after checking what "
+                        "every part holds (this run's, its units' images, no overlaps); names missing units")
     p.add_argument("--out", default="runs", help="output directory (default: runs/)")
     p.add_argument("--force", action="store_true", help="re-run even if a finished result exists")
     p.add_argument("--notes", default="", help="free text stored in the result (up to 10000 characters)")
