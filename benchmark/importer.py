@@ -256,8 +256,9 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
             seen[iid] = path
             try:
                 rel = display(path.relative_to(src))
-            except ValueError:
-                rel = display(path)
+            except ValueError:  # a CSV's absolute path outside the folder: relative to the CSV, never the
+                # machine's absolute path (source_path is published with the suite)
+                rel = display(Path(os.path.relpath(path, Path(csv_path).resolve().parent))) if csv_path else display(path)
             items.append(Item(path, rel, label, iid, cfg))
     if not items:
         raise BenchError(f"no images found in {display(src)}; expected <wnid>/<image> files, "

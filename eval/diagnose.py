@@ -62,7 +62,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     (:func:`parse_whiten_reference`; the authors used the training split; default: the analysed images)."""
     from tqdm.auto import tqdm
 
-    from eval.runner import reopen_suite
+    from eval.suite_open import reopen_suite
 
     path = Path(result_path)
     path = path / "result.json" if path.is_dir() else path
@@ -102,7 +102,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     if ref is None:
         ref_emb, ref_desc = emb, {"images": "the scored images of the analysed configs", "n": int(emb.shape[0])}
     else:
-        from eval.runner import open_suite
+        from eval.suite_open import open_suite
 
         ref_suite = info.suite if own_ref else open_suite(ref[0], configs=tuple(ref[1])).suite
         unknown = [c for c in ref[1] if c not in ref_suite.configs]

@@ -37,7 +37,7 @@ class InferenceOptions:
     batch_size: int | None = None     # None: 8 on CPU (small batches are fastest there), 256 on CUDA
     workers: int | None = None        # None: min(4, cpus - 1)
     device: str = "cpu"
-    amp: bool = False                 # autocast on CUDA
+    amp: bool = False                 # autocast (CUDA, or bf16 on CPU: the GPU numerics path, testable anywhere)
     amp_dtype: str = "bfloat16"
     channels_last: bool = True
     compile: str = "auto"             # "auto" | "on" | "off"
@@ -48,6 +48,8 @@ class InferenceOptions:
     normalize_on_device: bool | None = None  # None: on for CUDA (workers ship uint8, as timm's prefetcher)
     cudnn_benchmark: bool = True      # CUDA only; recorded in the result's environment
     decode: str = "cpu"               # "cpu": PIL in the workers; "device": torchvision.io.decode_jpeg batches
+    cpu_threads: int = 1              # torch intra-op threads of each process: CPU kernels' reduction order
+                                      # (so the bytes) depends on it; fixed, recorded, part of the resume key
 
     def device_normalizes(self) -> bool:
         if self.decode == "device":  # decoded on the device as uint8: it normalises too
@@ -293,14 +295,25 @@ class Forward:
             logits = self.model(x)
         probs = logits[:n].float().softmax(dim=-1)
         labels = labels.to(self.device)
-        top_p, top_i = probs.topk(self.topk, dim=-1)
-        true_p = probs.gather(1, labels[:, None])[:, 0]
-        true_rank = (probs > true_p[:, None]).sum(dim=1)
+        top_i, top_p, true_p, true_rank = rank_classes(probs, labels, self.topk)
         out = tuple(t.cpu().numpy() for t in (top_i, top_p, true_p, true_rank))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start
         return out
+
+
+def rank_classes(probs: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """Top-k classes and the true class's rank from one ordering of the classes: probability
+    descending, ties by lower class index (a stable sort). ``true_rank`` is the true class's
+    position in that order, so ``true_rank < k`` exactly when the label is in the stored top-k, for
+    every k, and a tie (frequent under bf16) never counts in the true class's favour:
+    rank = #{c : p_c > p_y} + #{c < y : p_c = p_y}.
+    Returns ``(topk_idx, topk_prob, true_prob, true_rank)``."""
+    values, order = probs.sort(dim=-1, descending=True, stable=True)
+    true_rank = (order == labels[:, None]).int().argmax(dim=1)
+    true_p = probs.gather(1, labels[:, None])[:, 0]
+    return order[:, :k], values[:, :k], true_p, true_rank
 
 
 def _block(meta: dict, outs: list[tuple[np.ndarray, ...]], carried: tuple[str, ...], k: int) -> PredictionBlock:

@@ -111,6 +111,23 @@ def parse_model_name(text: str) -> ModelRef:
     return ModelRef(raw, full, repo, rev)
 
 
+def given_name(text: str) -> str:
+    """The timm name as the user wrote it: no ``hf-hub:`` / ``timm/`` prefix, no ``@revision``, and no
+    default tag filled in."""
+    body = text.strip().partition("@")[0]
+    body = body[len("hf-hub:"):] if body.startswith("hf-hub:") else body
+    return body[len("timm/"):] if body.startswith("timm/") else body
+
+
+def checkpoint_model_id(text: str, weights_sha256: str) -> str:
+    """The id of local weights: the name the user gave when it names a tag (``NAME=CHECKPOINT``, a
+    list's ``NAME CHECKPOINT``), otherwise the architecture and the file's sha256 prefix
+    (``resnet18@sha256:1a2b3c4d5e6f``); never the registry's default pretrained tag, which these
+    weights were not loaded from. Two checkpoints of one architecture thus get two ids."""
+    name = given_name(text)
+    return name if "." in name else f"{name}@sha256:{weights_sha256[:12]}"
+
+
 def _pretrained_cfg(name: str):
     from timm.models import get_pretrained_cfg
 
@@ -218,7 +235,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         picked = checkpoint_weights if entry is not None else None
         source, rev, wfile = "checkpoint", None, str(checkpoint)
         wsha = sha256_file(checkpoint)
-        model_id = arch_name
+        model_id = checkpoint_model_id(name, wsha)
     elif not pretrained:
         arch_name = ref.name or name
         model = timm.create_model(arch_name, pretrained=False)
@@ -238,9 +255,11 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     cfg = dict(model.pretrained_cfg or {})
     data_config, transform = eval_transform(model, preprocess)
     arch, _, tag = (ref.name or arch_name).partition(".")
+    if source == "checkpoint":  # only a tag the user named: the registry's default tag is not these weights
+        tag = given_name(name).partition(".")[2]
     return LoadedClassifier(
         model=model, transform=transform, data_config=data_config, model_id=model_id, architecture=arch,
-        tag=tag or cfg.get("tag"), source=source, weights_revision=rev, weights_sha256=wsha, weights_file=wfile,
+        tag=tag or (None if source == "checkpoint" else cfg.get("tag")), source=source, weights_revision=rev, weights_sha256=wsha, weights_file=wfile,
         num_params=sum(p.numel() for p in model.parameters()), pretrained_cfg=_jsonable(cfg),
         checkpoint_weights=picked,
     )

@@ -12,11 +12,13 @@ pair_id            string (nullable)           the suite's pair id (LANCE joins)
 topk_idx           fixed_size_list<int16>[K]   the K most probable classes, most probable first
 topk_prob          fixed_size_list<float32>[K] their softmax probabilities
 true_prob          float32                     softmax probability of the true class
-true_rank          int32                       number of classes more probable than the true one
+true_rank          int32                       position of the true class, ties by class index
 =================  ==========================  ==============================================
 
-plus string columns copied from the suite when present (``CARRIED_COLUMNS``). ``true_rank``
-makes acc@k exact for every k (``true_rank < k``), not only k <= K. Metrics are pure functions
+plus string columns copied from the suite when present (``CARRIED_COLUMNS``). Classes are ordered
+by probability, descending, ties by lower class index (``eval.inference.rank_classes``); the
+top-k is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is
+exact for every k (``true_rank < k``), not only k <= K, and agrees with the stored top-k. Metrics are pure functions
 of these files (``eval.scoring``), so every number can be recomputed without a GPU.
 """
 
@@ -36,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmark.errors import IntegrityError
-from benchmark.fsutil import atomic_path, atomic_write_bytes, canonical_json
+from benchmark.fsutil import atomic_path, atomic_write_bytes, canonical_json, sha256_bytes
 from benchmark.suite_format import check_parquet_footer
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,26 @@ class PredictionBlock:
 
 # Names that become path components under an output folder (suite configs): one strict pattern.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PART_NAME = re.compile(r"^part-(\d{7})-(\d{7})\.parquet$")
+
+
+def part_range(part: Path, n_units: int | None = None) -> tuple[int, int]:
+    """``(first, last)`` unit of a part file from its name, checked against the run's unit count
+    before anything is built from it (a name cannot make a huge range)."""
+    m = PART_NAME.match(part.name)
+    if not m:
+        raise IntegrityError(f"checkpoint {str(part)!r}: not a part name (part-NNNNNNN-NNNNNNN.parquet); it was not "
+                             "written by bench eval, remove it or rerun with --force")
+    first, last = int(m.group(1)), int(m.group(2))
+    if first > last or (n_units is not None and last >= n_units):
+        raise IntegrityError(f"checkpoint {str(part)!r}: units {first}..{last} are not inside this run's 0..{(n_units or 0) - 1}; "
+                             "it was not written by this run, remove it or rerun with --force")
+    return first, last
+
+
+def unit_digest(image_ids) -> str:
+    """What a unit holds, independent of order: sha256 over its sorted image ids (16 hex)."""
+    return sha256_bytes("\n".join(sorted(image_ids)).encode("utf-8"))[:16]
 
 
 def contained(path: Path, root: Path) -> Path:
@@ -128,40 +150,36 @@ class CheckpointedPredictions:
     """
 
     def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048,
-                 flush_seconds: float = 30.0, session: str = "") -> None:
+                 flush_seconds: float = 30.0, session: str = "", rank: int = 0, run_key: str = "",
+                 n_units: int | None = None) -> None:
         self.work_dir = Path(work_dir)
         self.dir = safe_config_dir(self.work_dir, config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.schema = sch
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
-        self.session = session
+        self.session, self.rank, self.run_key, self.n_units = session, rank, run_key, n_units
         self._pending: list[pa.Table] = []
         self._pending_units: list[int] = []
-        self._pending_info = {"skipped_bad": [], "model_seconds": 0.0}
+        self._pending_skipped: list[list[str]] = []
+        self._pending_info = {"model_seconds": 0.0}
         self._last_flush = time.monotonic()
         self.batch_size: int | None = None
         self.done_units: set[int] = self.scan()
 
     def scan(self) -> set[int]:
-        """Units already on disk (from any process or an earlier run); unreadable parts are redone."""
+        """Units already on disk (from any process or an earlier run), from the part names; what the
+        parts hold is checked when they are merged (``eval.merging``)."""
         done: set[int] = set()
         for part in sorted(self.dir.glob("part-*.parquet")):
-            try:
-                first, last = (int(x) for x in part.stem.split("-")[1:3])
-                if pq.read_schema(part) != self.schema:
-                    raise ValueError("schema differs")
-            except Exception:  # noqa: BLE001 - a part from another version of the run: redo it
-                log.warning("ignoring unreadable checkpoint %s", part)
-                part.unlink(missing_ok=True)
-                continue
+            first, last = part_range(part, self.n_units)
             done.update(range(first, last + 1))
         return done
 
     def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0) -> None:
         self._pending.append(block.to_table(self.schema))
         self._pending_units.append(unit)
-        self._pending_info["skipped_bad"].extend(skipped_bad)
+        self._pending_skipped.append(list(skipped_bad))
         self._pending_info["model_seconds"] += model_seconds
         if (sum(t.num_rows for t in self._pending) >= self.flush_rows
                 or time.monotonic() - self._last_flush >= self.flush_seconds):
@@ -175,22 +193,26 @@ class CheckpointedPredictions:
             raise RuntimeError(f"units flushed out of order: {units}")
         now = time.monotonic()
         totals = {**self._pending_info, "seconds": round(now - self._last_flush, 3)}
-        zero = {"skipped_bad": [], "model_seconds": 0.0, "seconds": 0.0}
+        zero = {"model_seconds": 0.0, "seconds": 0.0}
         # one part per contiguous run of units (a process of a distributed sweep holds scattered units);
-        # the flush's totals go in the first part's sidecar
+        # the flush's timings go in the first part's sidecar; rows and skipped images are per unit, so a
+        # merge can check every part against the units it names (eval.merging)
         start = 0
         for i in range(1, len(units) + 1):
             if i == len(units) or units[i] != units[i - 1] + 1:
                 name = f"part-{units[start]:07d}-{units[i - 1]:07d}"
+                skipped = self._pending_skipped[start:i]
                 info = {**(totals if start == 0 else zero), "units": units[start:i], "batch_size": self.batch_size,
-                        "session": self.session}
+                        "session": self.session, "rank": self.rank, "run_key": self.run_key,
+                        "rows_per_unit": [t.num_rows for t in self._pending[start:i]],
+                        "skipped_per_unit": skipped, "skipped_bad": [x for s in skipped for x in s]}
                 atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
                 with atomic_path(self.dir / f"{name}.parquet") as tmp:
                     pq.write_table(pa.concat_tables(self._pending[start:i]), tmp)
                 start = i
         self.done_units.update(units)
-        self._pending, self._pending_units = [], []
-        self._pending_info = {"skipped_bad": [], "model_seconds": 0.0}
+        self._pending, self._pending_units, self._pending_skipped = [], [], []
+        self._pending_info = {"model_seconds": 0.0}
         self._last_flush = now
 
     def part_info(self) -> list[dict]:

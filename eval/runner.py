@@ -10,23 +10,19 @@ Output layout (``--out``, default ``runs/``)::
 
 A killed run resumes from its last flushed units; a finished run is a no-op unless ``force``.
 Scoring many models at once, and in many processes, is ``eval.sweep``; ``evaluate`` is its
-one-model case.
+one-model case. Opening the suite is ``eval.suite_open`` (shared with the sweep).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import sha256_file
-from benchmark.reader import LocalSuite
+from benchmark.errors import BenchError
 from eval.inference import InferenceOptions
-from eval.results import RESULT_FILE, path_slug as _slug  # the one folder rule (eval.sweep imports it here)
+from eval.results import RESULT_FILE
 from eval.scoring import ScoringOptions
-
-log = logging.getLogger(__name__)
+from eval.sweep import ModelSpec, SweepRequest, run_sweep
 
 
 @dataclass(frozen=True)
@@ -49,77 +45,10 @@ class EvalRequest:
     notes: str = ""
 
 
-@dataclass(frozen=True)
-class SuiteInfo:
-    suite: LocalSuite
-    metric_family: str
-    reference_config: str | None
-    construction_models: tuple[str, ...]
-    pinned: bool
-    source: str  # what the user gave
-
-
-def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ...] | None = None,
-               mask: str | None = None) -> SuiteInfo:
-    """A local suite folder, a registry id or a Hub repo id -> a verified ``LocalSuite`` + its spec."""
-    from benchmark import hub
-    from benchmark.suites import SUITES, construction_models, declared_scoring, get_suite
-
-    suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
-    key = text if text in SUITES else suite.suite_id
-    spec = get_suite(key) if key in SUITES else None
-    family, reference = (spec.metric_family, spec.reference_config) if spec else declared_scoring(suite.manifest)
-    return SuiteInfo(
-        suite=suite,
-        metric_family=family,
-        reference_config=reference,
-        construction_models=construction_models(suite.manifest, spec),
-        pinned=suite.pinned, source=text,
-    )
-
-
-def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = None,
-                 configs: tuple[str, ...] | None = None) -> SuiteInfo:
-    """The suite a result was made on (for ``bench verify --recheck`` and ``bench diagnose``).
-
-    By default it is opened as recorded (source, revision and, for the upstream ImageNet*
-    adapter, the mask file); ``suite`` / ``mask`` point elsewhere. The opened suite must have
-    the result's manifest hash.
-    """
-    from benchmark import upstream
-
-    rec = result["suite"]
-    rec_mask = rec.get("mask") or {}
-    src = suite or rec.get("source") or rec["id"]
-    upstream_source = src == "imagenet-star-upstream" or upstream.is_release_folder(src)
-    if mask is None and upstream_source and (not rec_mask or rec_mask.get("source") == "none"):
-        mask = upstream.NO_MASK  # scored unfiltered (--no-mask, or before the released mask was the default)
-        rec_mask = {}
-    elif mask is None and rec_mask.get("source") == "released":
-        rec_mask = {}  # the pinned file: fetched again if needed, and its sha256 is checked on use
-    if mask is None and rec_mask:
-        mask = rec_mask["path"]
-        if mask is None:
-            raise BenchError(f"the result was scored with a mask file of sha256 {rec_mask['sha256'][:12]}… whose "
-                             "path was not recorded; pass that file with --mask")
-        if not Path(mask).is_file():
-            raise BenchError(f"the result was scored with the mask {mask} (sha256 {rec_mask['sha256'][:12]}…), which is "
-                             "not there any more; pass the same file with --mask")
-    if mask is not None and rec_mask and sha256_file(mask) != rec_mask["sha256"]:
-        raise IntegrityError(f"mask {mask} is not the one the result was scored with (sha256 "
-                             f"{rec_mask['sha256'][:12]}…); pass that file with --mask")
-    info = open_suite(src, revision=None if suite else rec.get("revision"), configs=configs, mask=mask)
-    if info.suite.manifest.sha256 != rec["manifest_sha256"]:
-        raise IntegrityError(f"suite {src!r} has manifest {info.suite.manifest.sha256[:12]}…, the result was made on "
-                             f"{rec['manifest_sha256'][:12]}…; pass the right suite with --suite")
-    return info
-
-
 def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     """Run (or resume) an evaluation and return ``(result, result_path)``: a sweep of one model
     (``eval.sweep``), so a model scored alone and in a sweep gets the same files."""
     from eval.models import parse_model_name
-    from eval.sweep import ModelSpec, SweepRequest, run_sweep
 
     parse_model_name(req.model)  # a typo in --model is reported before any suite download
     # every other field means the same in both requests: copied by name, so a new option cannot be dropped here
@@ -130,14 +59,3 @@ def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
         raise BenchError(f"{job.model_id}: this process's units are done; the result is built by the last process "
                          "to finish (or `bench eval --merge OUT`)")
     return job.result, job.run_dir / RESULT_FILE
-
-
-def _is_construction_model(model_id: str, construction: tuple[str, ...], weights_sha256: str | None = None) -> bool:
-    """Whether a model is one of a suite's construction models (``benchmark.suites.construction_models``):
-    by id in normal form (``timm/x``, ``hf-hub:timm/x@sha`` and ``x`` are one model), or by weights
-    sha256 for an entry ``sha256:<hex>``."""
-    from benchmark.model_ids import model_key
-
-    key = model_key(model_id)
-    return any((weights_sha256 is not None and c == f"sha256:{weights_sha256}") or key == model_key(c)
-               for c in construction if c)

@@ -77,7 +77,7 @@ class _Config:
         return int(self.labels.size)
 
     def hits(self, k: int) -> np.ndarray:
-        return self.true_rank < k  # exact for every k (true_rank counts more probable classes)
+        return self.true_rank < k  # exact for every k (true_rank: position in the top-k's order)
 
 
 def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> dict:

@@ -83,7 +83,7 @@ def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: s
         return SuiteRef(local.manifest, f"suite folder {path}", trusted, local)
     if path.is_file():
         return SuiteRef(load_manifest_file(path), f"manifest {path}", trusted)
-    from eval.runner import open_suite
+    from eval.suite_open import open_suite
 
     info = open_suite(source, revision=revision, mask=mask)
     return SuiteRef(info.suite.manifest, f"suite {source}", trusted, info.suite)

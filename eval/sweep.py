@@ -22,52 +22,39 @@ How the work is shared:
   already finished, and cleans temp files left by killed runs. Predictions files are sorted by
   ``image_id`` and written from one chunk, so their bytes do not depend on the process count or
   on where a run was interrupted.
+
+Model lists are ``eval.model_list``, the process split ``eval.work_split``, building results from
+parts ``eval.merging``, ``--plan`` ``eval.sweep_plan`` and the bar ``eval.progress``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
 import shutil
-import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmark import upstream
-from benchmark.errors import BenchError, IntegrityError, one_line
-from benchmark.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_json, canonical_json, ensure_writable_dir,
-                              read_text_limited, sha256_bytes, sha256_file)
+from benchmark.errors import BenchError, one_line
+from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
 from benchmark.oom import BatchBackoff
-from eval.inference import (
-    COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units,
+from builders.determinism import fixed_threads
+from eval.inference import COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units
+from eval.merging import (
+    JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
 )
-from eval.predictions import (
-    CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, read_predictions, safe_config_dir, schema,
-)
-from eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, config_hash, environment, load_result, write_result
-from eval.runner import _is_construction_model, _slug, open_suite
-from eval.scoring import ScoringOptions, score
+from eval.model_list import ModelSpec
+from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
+from eval.progress import Progress
+from eval.results import RESULT_FILE, config_hash, load_result, path_slug as slug  # the one folder rule
+from eval.scoring import ScoringOptions
+from eval.suite_open import is_construction_model, open_suite
+from eval.work_split import Distributed, balance
 
 log = logging.getLogger(__name__)
 RUN_STATE = "run.json"
-JOB_FILE = "job.json"          # in .work/: everything needed to build the result from the parts
 FAILURE_FILE = "failure.json"  # a model that failed in a sweep: the error, for the summary
-WORK = ".work"
-WILDCARD_CHARS = "*?["
-MAX_MODELS = 5000
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One model of a sweep: a name (as ``--model`` takes it) and optional local weights."""
-
-    name: str
-    checkpoint: str | None = None
-    from_wildcard: str | None = None  # the pattern it was expanded from
 
 
 @dataclass(frozen=True)
@@ -90,123 +77,6 @@ class SweepRequest:
     wildcards: dict = field(default_factory=dict)  # pattern -> expansion, recorded in each result
 
 
-# --------------------------------------------------------------------------------------------
-# model lists
-
-
-def is_wildcard(name: str) -> bool:
-    return any(c in name for c in WILDCARD_CHARS)
-
-
-def expand_wildcard(pattern: str) -> list[str]:
-    """timm's ``list_pretrained`` for a pattern, 1000-class ImageNet heads only."""
-    import timm
-    from timm.models import get_pretrained_cfg
-
-    prefix = "timm/" if pattern.startswith("timm/") else ""
-    body = pattern[len(prefix):]
-    if "/" in body or "@" in body or body.startswith("hf-hub:"):
-        raise BenchError(f"wildcard {pattern!r}: only timm registry names can be expanded (e.g. "
-                         "'timm/convnext_*.fb_in1k'); list Hub repos one by one")
-    names = timm.list_pretrained(body)
-    if not names:
-        raise BenchError(f"wildcard {pattern!r} matches no timm pretrained model; check the pattern with "
-                         "python -c \"import timm; print(timm.list_pretrained('...'))\"")
-    keep = [n for n in names if getattr(get_pretrained_cfg(n), "num_classes", None) == 1000]
-    if not keep:
-        raise BenchError(f"wildcard {pattern!r} matches {len(names)} model(s) (e.g. {names[0]!r}) but none has a "
-                         "1000-class ImageNet head; bench scores ImageNet-1k classifiers only (try an *_in1k tag)")
-    return sorted(prefix + n for n in keep)
-
-
-def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
-    """``--models FILE``: one model per line, optionally followed by whitespace and a checkpoint path
-    (relative paths are taken from the file's folder); ``#`` starts a comment."""
-    p = Path(path)
-    if not p.exists():
-        from benchmark.populations import list_populations
-        raise BenchError(f"--models {str(p)!r}: no such file and no such population (populations: "
-                         f"{', '.join(list_populations())})")
-    text = read_text_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")  # /dev/zero: one line, at once
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) > 2:
-            raise BenchError(f"--models file {p.name} line {n}: expected 'MODEL [CHECKPOINT]', got {line!r}")
-        ck = None
-        if len(parts) == 2:  # a relative checkpoint path is relative to the list file, not the working directory
-            ck = parts[1] if os.path.isabs(parts[1]) else str(p.parent / parts[1])
-        out.append(ModelSpec(parts[0], ck))
-    return out
-
-
-def resolve_models(models: list[str] | None, *, models_file: str | None = None,
-                   checkpoint: str | None = None) -> tuple[list[ModelSpec], dict[str, list[str]]]:
-    """The sweep's model list from ``--model`` (repeatable; ``NAME=CHECKPOINT``; timm wildcards) and
-    ``--models FILE``. Every name is checked (timm's close matches for unknown ones) before any
-    data is touched. Returns the specs and the wildcard expansions."""
-    from eval.models import parse_model_name
-
-    raw: list[ModelSpec] = []
-    for m in models or []:
-        name, sep, ck = m.partition("=")
-        if sep and not ck:
-            raise BenchError(f"--model {m!r}: NAME=CHECKPOINT needs a checkpoint path after '='")
-        raw.append(ModelSpec(name.strip(), ck or None))
-    if models_file:
-        from benchmark.populations import is_population, population_models  # a named population, unless a file
-        listed = ([ModelSpec(n, ck) for n, ck in population_models(models_file)]
-                  if is_population(models_file) and not os.path.exists(models_file) else parse_models_file(models_file))
-        if not listed:
-            raise BenchError(f"--models file {models_file!r} lists no model (only blank or # comment lines)")
-        raw += listed
-    if not raw:
-        raise BenchError("no model given; pass --model NAME (repeatable) or --models FILE")
-    if checkpoint is not None:
-        if len(raw) != 1 or is_wildcard(raw[0].name):
-            raise BenchError("--checkpoint applies to one model; with several models give each its weights as "
-                             "--model NAME=CHECKPOINT or on its line of --models FILE")
-        if raw[0].checkpoint:
-            raise BenchError(f"model {raw[0].name!r} has a checkpoint twice (NAME=PATH and --checkpoint); give one")
-        raw = [replace(raw[0], checkpoint=checkpoint)]
-    specs: list[ModelSpec] = []
-    expansions: dict[str, list[str]] = {}
-    for spec in raw:
-        if is_wildcard(spec.name):
-            if spec.checkpoint:
-                raise BenchError(f"wildcard {spec.name!r} cannot take a checkpoint; list the models one by one")
-            names = expand_wildcard(spec.name)
-            expansions[spec.name] = names
-            specs += [ModelSpec(n, None, spec.name) for n in names]
-        else:
-            specs.append(spec)
-    if len(specs) > MAX_MODELS:
-        raise BenchError(f"{len(specs)} models in one sweep (limit {MAX_MODELS}); split the list")
-    seen: dict[str, str] = {}
-    for spec in specs:
-        ref = parse_model_name(spec.name)  # unknown names fail here, with timm's close matches
-        key = _canonical_id(ref, spec.checkpoint)
-        if key in seen:
-            raise BenchError(f"model {key!r} is listed twice (as {seen[key]!r} and {spec.name!r}); "
-                             "each model is scored once per sweep, remove the duplicate")
-        seen[key] = spec.name
-    return specs, expansions
-
-
-def _canonical_id(ref, checkpoint: str | None) -> str:
-    """The id ``load_classifier`` will give the model (its output folder), without loading it."""
-    if checkpoint is not None:
-        return ref.name or (ref.repo_id.split("/", 1)[1] if ref.repo_id else ref.text)
-    return f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text)
-
-
-# --------------------------------------------------------------------------------------------
-# planning
-
-
 @dataclass
 class Job:
     """One model of the sweep: what its result records and where it goes."""
@@ -225,8 +95,14 @@ class Job:
         return self.state["group"]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def unit_digests(suite, config: str, groups, units) -> list[str]:
+    """Per streaming unit, the digest of the image ids it holds (job.json): what lets a merge check
+    that a part's rows are its units' images."""
+    ids = suite.read_columns(config, ["image_id"])["image_id"].to_pylist()
+    offsets = [0]
+    for g in groups:
+        offsets.append(offsets[-1] + g.num_rows)
+    return [unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
 
 
 def load_model(req: SweepRequest, spec: ModelSpec):
@@ -252,12 +128,10 @@ class Sweep:
         self.req = req
         self.progress = progress
         self.opts = req.inference
-        self.dist = _Distributed()
+        self.dist = Distributed(self.opts.device)
         if self.dist.world > 1 and self.opts.device.startswith("cuda") and ":" not in self.opts.device:
             self.opts = replace(self.opts, device=f"cuda:{self.dist.local_rank}")
         self.device = check_device(self.opts.device)
-        if self.opts.amp and not self.device.startswith("cuda"):
-            raise BenchError("--amp needs a CUDA device; drop --amp for CPU runs")
         self.single = len(req.models) == 1
         self.jobs: list[Job] = []
 
@@ -276,8 +150,9 @@ class Sweep:
             groups, units = plan_units(suite, c, batch_size=self.opts.resolved_batch_size(),
                                        unit_rows=self.opts.unit_rows, limit_per_class=self.opts.limit_per_class)
             self.units[c] = (groups, units)
+        self.unit_ids = {c: unit_digests(suite, c, *self.units[c]) for c in self.configs}
         self.out = ensure_writable_dir(Path(req.out), what="--out directory")
-        self.suite_dir = self.out / _slug(suite.suite_id)
+        self.suite_dir = self.out / slug(suite.suite_id)
         self.session = None
         for spec in req.models:
             self._prepare_job(spec)
@@ -290,7 +165,7 @@ class Sweep:
         self.dist.barrier()
         for job in self.jobs:
             if job.status == "todo":
-                job.state["session"] = _read_json(job.run_dir / WORK / "session.json", {}).get("session", "")
+                job.state["session"] = read_json(job.run_dir / WORK / "session.json", {}).get("session", "")
 
     def _prepare_job(self, spec: ModelSpec) -> None:
         req, suite, info = self.req, self.suite, self.info
@@ -320,34 +195,39 @@ class Sweep:
         run_opts = {"device": self.device, "amp": opts.amp, "amp_dtype": opts.amp_dtype if opts.amp else None,
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,
                     "compile": opts.compile, "workers": opts.resolved_workers(),
-                    "normalize_on_device": opts.device_normalizes()}
+                    "normalize_on_device": opts.device_normalizes(), "cpu_threads": opts.cpu_threads,
+                    "processes": self.dist.world}
         if spec.from_wildcard:  # recorded with the run, not the protocol: the numbers are a single eval's
             run_opts["wildcard"] = {"pattern": spec.from_wildcard,
                                     "expansion": self.req.wildcards.get(spec.from_wildcard, [])}
-        # checkpoints are reusable only under the same protocol and numerics (device, AMP, batch composition)
+        n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
+        # compile decided from the model's whole workload, not what is left: a resumed or split
+        # run uses the numerics of an uninterrupted one
+        compiled = opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES)
+        # checkpoints are reusable only under the same protocol and everything that changes the numbers:
+        # device type, AMP and its dtype, batch composition, CPU threads, compile, decode normalisation
         pred_key = sha256_bytes(canonical_json({
             "config_hash": chash, "amp": run_opts["amp"], "batch_size": run_opts["batch_size"],
             "unit_rows": opts.unit_rows, "normalize_on_device": run_opts["normalize_on_device"],
-            "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0]}))
-        run_dir = self.suite_dir / _slug(clf.model_id)
+            "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0],
+            "cpu_threads": opts.cpu_threads, "compiled": compiled}))
+        run_dir = self.suite_dir / slug(clf.model_id)
         contained(run_dir, self.out)
-        n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
         state = {
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
             "scoring": asdict(scoring), "metric_family": info.metric_family,
-            "construction_model": _is_construction_model(clf.model_id, info.construction_models, clf.weights_sha256),
+            "construction_model": is_construction_model(clf.model_id, info.construction_models, clf.weights_sha256),
             "partial": bool(opts.limit_per_class) or set(self.configs) != set(suite.configs),
             "units": {c: len(self.units[c][1]) for c in self.configs},
+            "unit_ids": self.unit_ids,
             "counts": {c: {"total": suite.manifest.config(c).rows, "kept": suite.manifest.config(c).kept}
                        for c in self.configs},
             "carried": [c for c in CARRIED_COLUMNS if c in suite.manifest.features],
-            "topk": opts.topk, "notes": req.notes, "started_at": _now(),
+            "topk": opts.topk, "notes": req.notes, "started_at": now(),
             "reopen": {"suite": req.suite, "revision": req.revision, "mask": req.mask,
                        "configs": list(self.configs)},
-            # compile decided from the model's whole workload, not what is left: a resumed or split
-            # run uses the numerics of an uninterrupted one
-            "compile": opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES),
+            "compile": compiled,
             "group": _group_key(clf.data_config, opts),
         }
         job = Job(spec, clf, clf.model_id, run_dir, state)
@@ -369,7 +249,7 @@ class Sweep:
         self.jobs.append(job)
 
     def _fail_early(self, spec: ModelSpec, exc: BaseException) -> None:
-        job = Job(spec, None, spec.name, contained(self.suite_dir / _slug(spec.name), self.out), {})
+        job = Job(spec, None, spec.name, contained(self.suite_dir / slug(spec.name), self.out), {})
         self.jobs.append(job)
         if self.dist.is_main:
             self._record_failure(job, exc)
@@ -380,7 +260,7 @@ class Sweep:
         """Resume checkpoints made with the same predictions key; refuse to clobber other settings."""
         run_dir = ensure_writable_dir(job.run_dir, what="--out directory")
         pred_key = job.state["run"]["predictions_key"]
-        old = _read_json(run_dir / RUN_STATE, {}).get("predictions_key")
+        old = read_json(run_dir / RUN_STATE, {}).get("predictions_key")
         has_outputs = any((run_dir / p).exists() for p in (RESULT_FILE, "predictions", WORK))
         if old != pred_key and has_outputs and not self.req.force:
             raise BenchError(f"{run_dir} holds a run of this model and suite with other settings; pass --force to "
@@ -388,7 +268,7 @@ class Sweep:
         if self.req.force or old != pred_key:
             for name in (WORK, "predictions"):
                 if (run_dir / name).exists():
-                    shutil.rmtree(contained(run_dir / name, self.out))
+                    shutil.rmtree(refuse_links(run_dir / name, self.out))
             (run_dir / RESULT_FILE).unlink(missing_ok=True)
         _clean_leftovers(run_dir, self.out, work_too=False)
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)
@@ -414,29 +294,27 @@ class Sweep:
         items = []
         for ci, chunk in enumerate(self.chunks()):
             for c in self.configs:
-                done = {j.model_id: _done_units(j.run_dir / WORK, c) for j in chunk}
+                done = {j.model_id: done_units(j.run_dir / WORK, c, len(self.units[c][1])) for j in chunk}
                 for u in self.units[c][1]:
                     need = [j.model_id for j in chunk if u.index not in done[j.model_id]]
                     if need:
                         items.append({"chunk": ci, "group": chunk[0].group_key, "config": c, "unit": u.index,
                                       "rows": len(u.rows), "models": need, "cost": len(need) * len(u.rows)})
-        # deterministic greedy balance: largest cost first onto the least-loaded process
-        load = [0] * self.dist.world
-        for it in sorted(items, key=lambda i: (-i["cost"], i["chunk"], i["config"], i["unit"])):
-            rank = min(range(self.dist.world), key=lambda r: (load[r], r))
-            it["rank"] = rank
-            load[rank] += it["cost"]
-        return items
+        return balance(items, self.dist.world)
 
     # ---- running -----------------------------------------------------------------------------
 
     def run(self) -> list[Job]:
+        with fixed_threads(self.opts.cpu_threads):
+            return self._run()
+
+    def _run(self) -> list[Job]:
         self.prepare()
         # every process computes the same split from the same state on disk: nobody writes before all planned
         items = [i for i in self.items() if i["rank"] == self.dist.rank]
         self.dist.barrier()
         total = sum(i["cost"] for i in items)
-        bar = _Progress(total, len(self.jobs), sum(j.status == "done" for j in self.jobs), enabled=self.progress,
+        bar = Progress(total, len(self.jobs), sum(j.status == "done" for j in self.jobs), enabled=self.progress,
                         rank=self.dist.rank)
         try:
             for ci, chunk in enumerate(self.chunks()):
@@ -487,7 +365,9 @@ class Sweep:
             for job in live:
                 if job.status != "todo":
                     continue
-                ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"])
+                ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"],
+                                               rank=self.dist.rank, run_key=job.state["run"]["predictions_key"],
+                                               n_units=len(units))
                 todo = {u for u in wanted if job.model_id in next(i["models"] for i in mine if i["unit"] == u)}
                 todo -= ckpt.done_units
                 feeds.append(ModelFeed(job.model_id, forwards[job.model_id], ckpt,
@@ -507,284 +387,22 @@ class Sweep:
         job.clf = None
         log.error("%s failed: %s (the sweep goes on)", job.model_id, job.error)
         if self.dist.is_main or job.state:
-            atomic_write_json(job.run_dir / FAILURE_FILE, {"model": job.model_id, "error": job.error, "at": _now()})
+            atomic_write_json(job.run_dir / FAILURE_FILE, {"model": job.model_id, "error": job.error, "at": now()})
 
     def _try_finish(self, job: Job, bar) -> None:
-        with _locked(job.run_dir / ".lock"):
+        with locked(job.run_dir / ".lock"):
             if (job.run_dir / RESULT_FILE).is_file() and not (job.run_dir / WORK / JOB_FILE).is_file():
                 job.status, job.result = "done", load_result(job.run_dir / RESULT_FILE)  # another process built it
                 bar.model_done()
                 return
-            missing = missing_units(job.run_dir)
+            missing = missing_units(job.run_dir, self.out)
             if missing:
                 if self.dist.world == 1:
-                    raise BenchError(f"{job.model_id}: units missing after the run ({_describe_missing(missing)})")
+                    raise BenchError(f"{job.model_id}: units missing after the run ({describe_missing(missing)})")
                 return
             job.result = finish_run(job.run_dir, self.out, suite=self.suite)
             job.status = "done"
             bar.model_done()
-
-
-# --------------------------------------------------------------------------------------------
-# building results from parts (any process, or `bench eval --merge`)
-
-
-def _done_units(work: Path, config: str) -> set[int]:
-    d = work / config
-    done: set[int] = set()
-    for part in d.glob("part-*.parquet") if d.is_dir() else ():
-        try:
-            first, last = (int(x) for x in part.stem.split("-")[1:3])
-        except ValueError:
-            continue
-        done.update(range(first, last + 1))
-    return done
-
-
-def missing_units(run_dir: Path) -> dict[str, list[int]]:
-    state = _read_json(run_dir / WORK / JOB_FILE, None)
-    if state is None:
-        raise IntegrityError(f"{run_dir} has no {WORK}/{JOB_FILE}; it is not an unfinished bench eval run")
-    out = {}
-    for config, n in state["units"].items():
-        safe_config_dir(run_dir / WORK, config)
-        miss = sorted(set(range(n)) - _done_units(run_dir / WORK, config))
-        if miss:
-            out[config] = miss
-    return out
-
-
-def _describe_missing(missing: dict[str, list[int]]) -> str:
-    parts = []
-    for c, units in missing.items():
-        shown = ", ".join(map(str, units[:8])) + (f" … ({len(units)} in all)" if len(units) > 8 else "")
-        parts.append(f"config {c}: unit(s) {shown}")
-    return "; ".join(parts)
-
-
-def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
-    """Merge a model's parts into its predictions files, score, and write its result."""
-    work = run_dir / WORK
-    state = _read_json(work / JOB_FILE, None)
-    session = _read_json(work / "session.json", {}).get("session")
-    sch = schema(state["topk"], tuple(state["carried"]))
-    counts, predictions, tables, timings = {}, [], {}, {}
-    eff_batch = []
-    for config in state["suite"]["configs"]:
-        ckpt = CheckpointedPredictions(work, config, sch)
-        infos = ckpt.part_info()
-        out_path = contained(run_dir / "predictions" / f"{config}.parquet", out)
-        rows = ckpt.finish(out_path)
-        tables[config] = read_predictions(out_path)
-        skipped = [i for info in infos for i in info.get("skipped_bad", [])]
-        counts[config] = {**state["counts"][config], "predicted": rows, "skipped_bad": len(skipped),
-                          "skipped_bad_ids": sorted(skipped)[:100]}
-        predictions.append({"config": config, "path": f"predictions/{config}.parquet", "rows": rows,
-                            "sha256": sha256_file(out_path)})
-        seconds = sum(i.get("seconds", 0.0) for i in infos)
-        sizes = [i["batch_size"] for i in infos if i.get("batch_size")]
-        eff_batch += sizes
-        timings[config] = {"seconds": round(seconds, 3),
-                           "model_seconds": round(sum(i.get("model_seconds", 0.0) for i in infos), 3),
-                           "images_per_second": round(rows / seconds, 3) if rows and seconds > 0 else None,
-                           "compiled": state["compile"],
-                           "resumed_units": sum(len(i.get("units", [])) for i in infos if i.get("session") != session),
-                           "effective_batch_size": min(sizes) if sizes else None}
-    scoring = ScoringOptions(**state["scoring"])
-    metrics = score(state["metric_family"], tables, scoring)
-    analysis = {}
-    if state["metric_family"] == "lance":
-        from eval.lance_insight import result_clusters
-
-        if suite is None:
-            r = state["reopen"]
-            suite = open_suite(r["suite"], revision=r["revision"], configs=tuple(r["configs"]), mask=r["mask"]).suite
-        clusters = result_clusters(suite, tables, seed=scoring.seed)
-        if clusters:
-            analysis["lance_edit_clusters"] = clusters
-    flags = {
-        "unpinned_suite": not state["suite"]["pinned"], "construction_model": state["construction_model"],
-        "partial": state["partial"],
-        "skipped_bad_images": sum(c["skipped_bad"] for c in counts.values()) > 0,
-    }
-    result = {
-        "schema_version": SCHEMA_VERSION, "kind": KIND,
-        "model": state["model"], "data_config": state["data_config"], "suite": state["suite"],
-        "protocol": state["protocol"], "config_hash": state["config_hash"],
-        "run": {**state["run"], "timings": timings, "effective_batch_size": min(eff_batch) if eff_batch else None},
-        "environment": environment(), "started_at": state["started_at"], "finished_at": _now(),
-        "counts": counts, "metrics": metrics, "predictions": predictions, "flags": flags,
-        "notes": state["notes"], "analysis": analysis,
-    }
-    write_result(run_dir / RESULT_FILE, result)
-    shutil.rmtree(contained(work, out))
-    return result
-
-
-def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
-    """``bench eval --merge OUT``: build the result of every run under ``OUT`` whose units are all
-    there; a run with missing units is an error that names them."""
-    out = Path(out)
-    if not out.is_dir():
-        raise BenchError(f"--merge {str(out)!r} is not a folder; give the --out of the sweep")
-    runs = sorted(p.parent.parent for p in out.glob(f"*/*/{WORK}/{JOB_FILE}"))
-    if not runs:
-        raise BenchError(f"nothing to merge under {str(out)!r}: no unfinished run (no */*/{WORK}/{JOB_FILE})")
-    problems = []
-    for run_dir in runs:
-        contained(run_dir, out)
-        miss = missing_units(run_dir)
-        if miss:
-            problems.append(f"{run_dir.relative_to(out)}: {_describe_missing(miss)}")
-    if problems:
-        raise BenchError("cannot merge, units missing: " + " | ".join(problems) + "; rerun the sweep to fill them")
-    done = []
-    for run_dir in runs:
-        with _locked(run_dir / ".lock"):
-            if (run_dir / WORK / JOB_FILE).is_file():
-                done.append((run_dir / RESULT_FILE, finish_run(run_dir, out)))
-    return done
-
-
-# --------------------------------------------------------------------------------------------
-# plan, progress, helpers
-
-
-def plan(req: SweepRequest, *, probe: bool = True) -> dict:
-    """``bench eval --plan``: groups, work items per process and an estimated cost, measured on a
-    probe (one unit decoded, one batch through each model) — nothing is written."""
-    sw = Sweep(req, progress=False)
-    sw.dist.is_main = False  # claim nothing
-    sw.info = open_suite(req.suite, revision=req.revision, configs=req.configs, mask=req.mask)
-    sw.suite = sw.info.suite
-    sw.configs = sw.suite.select(list(req.configs) if req.configs else None)
-    sw.units = {c: plan_units(sw.suite, c, batch_size=sw.opts.resolved_batch_size(), unit_rows=sw.opts.unit_rows,
-                              limit_per_class=sw.opts.limit_per_class) for c in sw.configs}
-    sw.out = Path(req.out)
-    sw.suite_dir = sw.out / _slug(sw.suite.suite_id)
-    for spec in req.models:
-        sw._prepare_job(spec)
-    items = sw.items()
-    rates = _probe(sw) if probe else {"decode_s_per_image": {}, "forward_s_per_image": {}}
-    per_rank = [0.0] * sw.dist.world
-    groups = {}
-    for it in items:
-        g = groups.setdefault(it["group"], {"models": set(), "decodes": 0, "model_images": 0})
-        g["models"].update(it["models"])
-        g["decodes"] += it["rows"]
-        g["model_images"] += it["cost"]
-        per_rank[it["rank"]] += it["rows"] * (rates["decode_s_per_image"].get(it["group"], 0.0)
-                                              + sum(rates["forward_s_per_image"].get(m, 0.0) for m in it["models"]))
-    return {
-        "models": [{"model": j.model_id, "status": j.status, "group": j.state.get("group"), "error": j.error}
-                   for j in sw.jobs],
-        "groups": {k: {**v, "models": sorted(v["models"])} for k, v in groups.items()},
-        "items": items, "processes": sw.dist.world,
-        "rates": rates,
-        "estimated_seconds": round(max(per_rank), 1) if items and probe else None,
-        "estimated_seconds_per_process": [round(s, 1) for s in per_rank] if probe else None,
-    }
-
-
-def _probe(sw: Sweep) -> dict:
-    """Seconds per image: decode+transform of one unit per preprocessing group, and each model's
-    forward pass on one batch of its group's images (after a warm-up batch)."""
-    import torch
-
-    from eval.inference import UnitDataset, make_transform
-
-    rates = {"decode_s_per_image": {}, "forward_s_per_image": {}}
-    todo = [j for j in sw.jobs if j.status == "todo"]
-    if not todo or not sw.configs or not sw.units[sw.configs[0]][1]:
-        return rates
-    groups, units = sw.units[sw.configs[0]]
-    carried = tuple(x for x in CARRIED_COLUMNS if x in sw.suite.manifest.features)
-    bs = sw.opts.resolved_batch_size()
-    by_group: dict[str, list[Job]] = {}
-    for j in todo:
-        by_group.setdefault(j.group_key, []).append(j)
-    for key, jobs in sorted(by_group.items()):
-        ds = UnitDataset(sw.suite.root, groups, units[:1], make_transform(jobs[0].state["data_config"],
-                                                                          uint8=sw.opts.device_normalizes()), carried)
-        t0 = time.perf_counter()
-        item = ds[0]
-        rates["decode_s_per_image"][key] = (time.perf_counter() - t0) / max(1, len(item["meta"]["image_id"]))
-        x = item["x"][:bs]
-        labels = torch.tensor(item["meta"]["label"][:bs], dtype=torch.long)
-        for job in jobs:
-            clf = job.clf or load_model(sw.req, job.spec)
-            fwd = Forward(clf.model, replace(sw.opts, compile="off"), n_images=0, data_config=job.state["data_config"])
-            fwd(x, labels)  # warm-up
-            t0 = time.perf_counter()
-            fwd(x, labels)
-            rates["forward_s_per_image"][job.model_id] = (time.perf_counter() - t0) / max(1, x.shape[0])
-    return rates
-
-
-class _Progress:
-    """One bar for the whole sweep: model-images done, images/s, ETA, models finished."""
-
-    def __init__(self, total: int, n_models: int, done: int, *, enabled: bool, rank: int) -> None:
-        from tqdm.auto import tqdm
-
-        self.n_models, self.done = n_models, done
-        self.config = ""
-        self.bar = tqdm(total=total, unit="img·model", disable=not enabled, dynamic_ncols=True,
-                        desc=f"sweep[{rank}]" if rank else "sweep")
-        self._post()
-
-    def _post(self) -> None:
-        self.bar.set_postfix_str(f"models done {self.done}/{self.n_models} {self.config}", refresh=False)
-
-    def update(self, rows: int, n_models: int) -> None:
-        self.bar.update(rows * n_models)
-        self._post()
-
-    def model_done(self) -> None:
-        self.done += 1
-        self._post()
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-class _Distributed:
-    """Process rank and world under ``accelerate launch`` / torchrun, through accelerate's
-    ``PartialState``; one process otherwise (no process group is created)."""
-
-    def __init__(self) -> None:
-        self.world, self.rank, self.local_rank, self.state = 1, 0, 0, None
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from accelerate import PartialState
-
-            self.state = PartialState()
-            self.world, self.rank = self.state.num_processes, self.state.process_index
-            self.local_rank = self.state.local_process_index
-        self.is_main = self.rank == 0
-
-    def barrier(self) -> None:
-        if self.state is not None:
-            self.state.wait_for_everyone()
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _read_json(path: Path, default):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return default
 
 
 def _clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:
@@ -794,9 +412,9 @@ def _clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:
         return
     for p in run_dir.rglob(f"*{INCOMPLETE}"):
         if p.is_file() and not p.is_symlink():
-            contained(p, out).unlink(missing_ok=True)
+            refuse_links(p, out).unlink(missing_ok=True)
     if work_too and (run_dir / WORK).is_dir():
-        shutil.rmtree(contained(run_dir / WORK, out))
+        shutil.rmtree(refuse_links(run_dir / WORK, out))
 
 
 def run_sweep(req: SweepRequest, *, progress: bool = True) -> list[Job]:

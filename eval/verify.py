@@ -228,15 +228,17 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
     pos = hit.argmax(axis=1)
     rows = np.arange(len(ids))
     p_at = probs[rows, pos]
-    # found in the top-k: true_prob is the stored probability there, true_rank counts the strictly larger ones
+    # one order for both (eval.inference.rank_classes): probability descending, ties by class index
+    bad(((np.diff(probs, axis=1) == 0) & (np.diff(top, axis=1) < 0)).any(axis=1),
+        "list tied top-k classes out of class-index order")
+    # found in the top-k: true_prob is the stored probability there, true_rank its position (ties never
+    # counted in the true class's favour, so true_rank < k exactly when the label is in the top k)
     bad(found & (np.abs(tp - p_at) > tol), "have true_prob different from the top-k probability of the label")
-    greater = (probs > np.where(found, p_at, tp)[:, None]).sum(axis=1)
-    bad(found & (tr != greater), "have true_rank different from the number of more probable top-k classes")
+    bad(found & (tr != pos), "have true_rank different from the label's position in the top-k")
+    bad(~found & (tr < topk), "have true_rank inside the top-k but the label is not there")
     # not in the top-k: the label is at most as probable as the last one, ranks at least after the larger ones
     last = probs[:, -1]
     bad(~found & (tp > last + tol), "have true_prob above the last top-k probability, yet the label is not in the top-k")
-    bad(~found & (tr < greater), "have true_rank below the number of more probable top-k classes")
-    bad(~found & (tp < last - tol) & (tr < topk), "have true_rank inside the top-k but the label is not there")
     bad(~found & (tp > 1 - probs.sum(axis=1) + 1e-3), "have true_prob larger than the probability left outside the top-k")
     return problems
 
@@ -257,7 +259,7 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
         return ref, ""
     src = rec.get("source")
     if use_recorded and isinstance(src, str):
-        from eval.runner import reopen_suite
+        from eval.suite_open import reopen_suite
         from eval.suite_trust import hub_manifest
 
         if rec.get("repo_id") and rec.get("revision") and not Path(src).exists():  # the manifest alone, if it is one
@@ -275,7 +277,7 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
 def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
     """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
     from benchmark.suites import SUITES, construction_models, declared_scoring
-    from eval.runner import _is_construction_model
+    from eval.suite_open import is_construction_model
 
     rec, m = result["suite"], ref.manifest
     trust = "" if ref.trusted else " (the folder recorded in the result: not a trust root; use --suite to choose)"
@@ -348,8 +350,8 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     spec = SUITES.get(rec["id"]) if rec["id"] in SUITES else None
     flags = {
         "unpinned_suite": not rec["pinned"],
-        "construction_model": _is_construction_model(result["model"]["id"], construction_models(m, spec),
-                                                     result["model"]["weights_sha256"]),
+        "construction_model": is_construction_model(result["model"]["id"], construction_models(m, spec),
+                                                    result["model"]["weights_sha256"]),
         "partial": limited or set(rec["configs"]) != set(m.configs),
         "skipped_bad_images": any(result["counts"][c]["skipped_bad"] > 0 for c in rec["configs"]),
     }
@@ -412,7 +414,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
     from PIL import Image
 
     from eval.models import load_classifier
-    from eval.runner import reopen_suite
+    from eval.suite_open import reopen_suite
 
     local = report.suite.local if report.suite is not None else None  # the suite the rows were checked against
     if local is None:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from benchmark.cli import main
 from benchmark.suites import construction_models, get_suite
-from eval.runner import _is_construction_model, open_suite
+from eval.suite_open import is_construction_model as _is_construction_model, open_suite
 from eval.verify import verify_result
 
 

@@ -4,6 +4,7 @@ import io
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -195,9 +196,15 @@ def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights)
                  "--suite", str(tmp_path / "photos"), "--out", str(tmp_path / "runs"), "--workers", "0",
                  "--no-progress", "--compile", "off"])
     assert code == 0
-    result = json.loads((tmp_path / "runs/photos/tf_efficientnet_lite0.in1k/result.json").read_text())
+    # local weights under a bare architecture name: the id is the file's sha256 prefix, not timm's default tag
+    import hashlib
+
+    sha = hashlib.sha256(open(lite0_weights, "rb").read()).hexdigest()
+    run = tmp_path / "runs/photos" / f"tf_efficientnet_lite0--sha256--{sha[:12]}"
+    result = json.loads((run / "result.json").read_text())
+    assert result["model"]["id"] == f"tf_efficientnet_lite0@sha256:{sha[:12]}" and result["model"]["tag"] is None
     assert result["metrics"]["configs"]["real"]["acc5"]["value"] == 1.0
-    t = pq.read_table(tmp_path / "runs/photos/tf_efficientnet_lite0.in1k/predictions/real.parquet")
+    t = pq.read_table(run / "predictions/real.parquet")
     top = dict(zip(t["image_id"].to_pylist(), t["topk_idx"].to_pylist()))
     assert top["real/coffee"][0] == 967  # espresso is top-1
     assert 281 in top["real/chelsea"][:5] and set(top["real/chelsea"][:3]) <= {281, 282, 285, 287, 283}
@@ -359,3 +366,81 @@ def test_odd_images_in_a_suite_from_elsewhere_are_read_as_import_stores_them(tmp
     assert row["real/sixteen"][0] == row["real/eight"][0]
     assert row["real/sixteen"][1] == pytest.approx(row["real/eight"][1], abs=1e-3)
     assert row["real/rgba"][0] == row["real/rgb"][0] and row["real/rgb"][2] == 0  # opaque alpha: the RGB photo
+
+
+@pytest.fixture(scope="module")
+def near_tie_checkpoint(tmp_path_factory):
+    """test_resnet whose head makes the toy suite's ten classes (0..9) the most probable, apart by
+    tiny amounts: fp32 tells them apart, bf16 (8-bit mantissa) ties many of them."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model("test_resnet.r160_in1k", pretrained=False)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    w, b = sd["fc.weight"].clone(), sd["fc.bias"].clone()
+    g = torch.Generator().manual_seed(1)
+    w[:10] = w[0] + 1e-3 * torch.randn(10, w.shape[1], generator=g)
+    b[:10] = 8.0 + 2e-3 * torch.randn(10, generator=g)
+    sd["fc.weight"], sd["fc.bias"] = w, b
+    path = tmp_path_factory.mktemp("ties") / "near_tie.safetensors"
+    save_file(sd, str(path))
+    return path
+
+
+def _rows(path, config):
+    t = pq.read_table(path.parent / "predictions" / f"{config}.parquet")
+    top = np.array(t["topk_idx"].to_pylist())
+    probs = np.array(t["topk_prob"].to_pylist())
+    return t, top, probs, t["label"].to_numpy(), t["true_rank"].to_numpy(), t["true_prob"].to_numpy()
+
+
+def test_ties_rank_like_the_topk_in_fp32_and_bf16(tmp_path, toy_suite, near_tie_checkpoint):
+    """bf16 autocast on CPU (the --amp path) ties classes; true_rank must break ties as the stored top-k does
+    (by class index, never in the true class's favour), so acc@1 moves only where top-1 really moved."""
+    from eval.verify import check_rows
+
+    fp32, p32 = _eval(tmp_path / "fp32", toy_suite, near_tie_checkpoint)
+    bf16, p16 = _eval(tmp_path / "bf16", toy_suite, near_tie_checkpoint, amp=True, amp_dtype="bfloat16")
+    assert bf16["run"]["amp"] and bf16["run"]["amp_dtype"] == "bfloat16" and bf16["run"]["device"] == "cpu"
+    ties_at_label = 0
+    for c in ("base", "shifted"):
+        t32, top32, _, y, r32, _ = _rows(p32, c)
+        t16, top16, pr16, y16, r16, tp16 = _rows(p16, c)
+        assert (y == y16).all()
+        for top, r in ((top32, r32), (top16, r16)):
+            assert ((r == 0) == (top[:, 0] == y)).all()  # rank and top-k agree on every row
+            assert ((r < 3) == (top[:, :3] == y[:, None]).any(axis=1)).all()  # top-3 failure == from the top-k
+            hit = top == y[:, None]
+            assert (r[hit.any(axis=1)] == hit.argmax(axis=1)[hit.any(axis=1)]).all()
+        # the bf16 run really tied the true class with another top-k class (the case the old rule miscounted)
+        ties_at_label += int(((pr16 == tp16[:, None]).sum(axis=1) > 1).sum())
+        changed = int((top32[:, 0] != top16[:, 0]).sum())
+        acc32 = fp32["metrics"]["configs"][c]["acc1"]["value"]
+        acc16 = bf16["metrics"]["configs"][c]["acc1"]["value"]
+        n = fp32["metrics"]["configs"][c]["n_scored"]
+        assert abs(acc16 - acc32) * n <= changed + 1e-9
+        assert check_rows(t16, topk=10, where=c) == [] and check_rows(t32, topk=10, where=c) == []
+    assert ties_at_label > 0
+    # verify catches a row whose rank counts a tie in the true class's favour
+    t16, top16, _, y16, r16, _ = _rows(p16, "base")
+    i = int(np.flatnonzero(top16[:, 0] != y16)[0])
+    bad = t16.set_column(t16.schema.get_field_index("true_rank"), "true_rank",
+                         pa.array(np.where(np.arange(len(r16)) == i, 0, r16).astype(np.int32)))
+    problems = check_rows(bad, topk=10, where="base")
+    assert len(problems) == 1 and "true_rank different from the label's position in the top-k" in problems[0]
+
+
+def test_rank_classes_hand_computed_ties():
+    """rank = #{p > p_y} + #{c < y : p_c = p_y}; the top-k lists tied classes by index."""
+    import torch
+
+    from eval.inference import rank_classes
+
+    probs = torch.tensor([[0.1, 0.3, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25, 0.0]])
+    top_i, top_p, true_p, rank = rank_classes(probs, torch.tensor([2, 0]), 3)
+    assert top_i.tolist() == [[1, 2, 3], [0, 1, 2]]
+    assert rank.tolist() == [1, 0] and true_p.tolist() == pytest.approx([0.3, 0.25])
+    _, _, _, rank = rank_classes(probs, torch.tensor([4, 3]), 3)
+    assert rank.tolist() == [4, 3]  # class 4 ties class 0 at 0.1 and comes after it; class 3 after 0, 1, 2

@@ -837,3 +837,24 @@ def test_size_bounds_admit_real_photos(size, ok):
     else:
         with pytest.raises(ImageSizeError, match=rf"{size[0]}x{size[1]} pixels: "):
             check_size(size)
+
+
+def test_csv_absolute_paths_are_stored_relative_to_the_csv(tmp_path, capsys):
+    """source_path is published with the suite: an absolute CSV path outside the folder is stored relative to
+    the CSV, never as this machine's absolute path."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    src, elsewhere, lists = tmp_path / "src", tmp_path / "photos", tmp_path / "lists"
+    for d in (src, elsewhere, lists):
+        d.mkdir()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(src / "a.jpg")
+    Image.new("RGB", (32, 32), (10, 200, 10)).save(elsewhere / "b.jpg")
+    (lists / "labels.csv").write_text(f"path,label\na.jpg,n01440764\n{elsewhere / 'b.jpg'},967\n")
+    code, _, err = run(["import-folder", str(src), "--csv", str(lists / "labels.csv"), "--name", "x", "--out",
+                        str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    paths = sorted(p for f in (tmp_path / "out").rglob("*.parquet")
+                   for p in pq.read_table(f, columns=["source_path"])["source_path"].to_pylist())
+    assert paths == ["../photos/b.jpg", "a.jpg"]
+    assert not any(str(tmp_path) in p for p in paths)

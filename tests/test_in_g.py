@@ -192,9 +192,9 @@ def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint):
     result = json.loads((tmp_path / "runs/in-g-vit/test_resnet.r160_in1k/result.json").read_text())
     rates = result["metrics"]["in_g"]["generated"]
     assert set(rates) == {"top1_error", "top3_failure_rate", "parent_failure_rate"}
-    from eval.runner import _is_construction_model
-    assert _is_construction_model("timm/vit_base_patch16_224.augreg_in1k", ("vit_base_patch16_224.augreg_in1k",))
-    assert not _is_construction_model("timm/resnet50.a1_in1k", ("resnet50.tv_in1k",))
+    from eval.suite_open import is_construction_model
+    assert is_construction_model("timm/vit_base_patch16_224.augreg_in1k", ("vit_base_patch16_224.augreg_in1k",))
+    assert not is_construction_model("timm/resnet50.a1_in1k", ("resnet50.tv_in1k",))
 
 
 def test_unknown_target_and_missing_captions(tmp_path, capsys):

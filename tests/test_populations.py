@@ -10,7 +10,7 @@ from benchmark.cli import main
 from benchmark.errors import BenchError
 from benchmark.model_ids import model_key
 from benchmark.populations import get_population, list_populations
-from eval.sweep import resolve_models
+from eval.model_list import resolve_models
 
 
 def test_every_public_member_is_a_pretrained_1000_class_timm_tag():

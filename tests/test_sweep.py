@@ -6,6 +6,7 @@ synthetic suite, real subprocesses for kill -9 / SIGTERM and ``accelerate launch
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from benchmark.cli import main
 from benchmark.errors import BenchError, IntegrityError
 from eval.inference import InferenceOptions
 from eval.runner import EvalRequest, evaluate
-from eval.sweep import ModelSpec, SweepRequest, resolve_models, run_sweep
+from eval.model_list import ModelSpec, resolve_models
+from eval.sweep import SweepRequest, run_sweep
 
 ARCHS = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_resnet.r160_in1k")  # 2 + 1 share a data config
 OPTS = dict(batch_size=4, workers=0, compile="off", unit_rows=4)
@@ -181,20 +183,93 @@ def _cli(*args, env_extra=None):
     return env, [sys.executable, "-m", "benchmark", "eval", *args]
 
 
-def test_accelerate_two_processes_equal_one_process(tmp_path, suite, zoo, singles):
+LAUNCHERS = {
+    "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    # accelerate's multi-process launcher; with --device cpu the sweep asks accelerate for a CPU (gloo) group
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"],
+    # accelerate's --cpu launcher starts ONE process (without an MPI host file): a world of one, all units rank 0
+    "accelerate-cpu": ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+                       "--mixed_precision", "no", "--dynamo_backend", "no"],
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_launched_processes_each_do_their_units_and_equal_one_process(tmp_path, suite, zoo, singles, launcher):
     models = tmp_path / "zoo.txt"
     models.write_text("".join(f"{a} {zoo[a]}\n" for a in ARCHS))
     env, cmd = _cli("--models", str(models), "--suite", str(suite), "--out", str(tmp_path / "two"), "--workers", "0",
-                    "--batch-size", "4", "--compile", "off", "--no-progress")
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "benchmark", *cmd[3:]]
-    p = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=600)
+                    "--batch-size", "4", "--compile", "off", "--no-progress", "--device", "cpu", "--cpu-threads", "1")
+    env.pop("WORLD_SIZE", None), env.pop("RANK", None), env.pop("LOCAL_RANK", None)
+    p = subprocess.run([sys.executable, *LAUNCHERS[launcher], "-m", "benchmark", *cmd[3:]], env=env,
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    # the bytes of one process at the same (recorded) thread count
     assert _files(tmp_path / "two") == _files(singles)
-    assert not list((tmp_path / "two").rglob(".work"))
-    # both processes worked: each wrote some units (recorded in the result's timings)
-    r = json.loads((tmp_path / "two" / "toy" / ARCHS[0] / "result.json").read_text())
-    assert r["counts"]["base"]["predicted"] == 18
+    assert not list((tmp_path / "two").rglob(".work")) and not list((tmp_path / "two").rglob("part-*"))
+    world = 1 if launcher == "accelerate-cpu" else 2
+    for a in ARCHS:
+        r = json.loads((tmp_path / "two" / "toy" / a / "result.json").read_text())
+        assert r["run"]["processes"] == world and r["run"]["cpu_threads"] == 1
+        assert r["counts"]["base"]["predicted"] == 18
+        # which process wrote which units, from the part sidecars each process wrote
+        by_rank = {k: sum(t["units_by_rank"].get(k, 0) for t in r["run"]["timings"].values()) for k in ("0", "1")}
+        assert sum(by_rank.values()) == 2  # 2 configs x 1 unit of up to 200 rows
+        assert by_rank == ({"0": 1, "1": 1} if world == 2 else {"0": 2, "1": 0}), by_rank
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"WORLD_SIZE": "2"}, "is set but no rank (RANK)"),
+    ({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"}, "disagree (a rank is below the world size)"),
+    ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE='two' is not a whole number"),
+    ({"RANK": "1"}, "RANK=1 is set but no world size"),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "no local rank (LOCAL_RANK)"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "disagree"),
+    ({"WORLD_SIZE": "99999999999", "RANK": "0"}, "is not a whole number in 0..4096"),
+    ({"ACCELERATE_USE_CPU": "True", "DEVICE": "cuda"}, "launched with `accelerate launch --cpu` but --device cuda"),
+])
+def test_unreadable_launcher_environment_is_one_line(tmp_path, suite, zoo, capsys, monkeypatch, env, match):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(k, raising=False)
+    env = dict(env)
+    device = env.pop("DEVICE", "cpu")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    a = ARCHS[0]
+    code = main(["eval", "--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path / "runs"),
+                 "--no-progress", "--workers", "0", "--device", device])
+    err = capsys.readouterr().err
+    assert code != 0 and match in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_with_another_thread_count_is_refused(tmp_path, suite, zoo, monkeypatch, capsys):
+    from eval import predictions as P
+
+    a = ARCHS[0]
+    orig_add = P.CheckpointedPredictions.add
+
+    def stop(self, unit, block, **kw):
+        if self.dir.name == "shifted":  # killed after config base was written
+            raise KeyboardInterrupt
+        orig_add(self, unit, block, **kw)
+
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", stop)
+    monkeypatch.setattr(P.CheckpointedPredictions, "__init__", _flush_every_unit(P.CheckpointedPredictions.__init__))
+    argv = ["eval", "--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path), "--no-progress",
+            "--workers", "0", "--batch-size", "4", "--compile", "off"]
+    assert main(argv) != 0
+    parts = sorted(p.name for p in tmp_path.rglob("part-*.parquet"))
+    assert parts
+    monkeypatch.setattr(P.CheckpointedPredictions, "add", orig_add)
+    capsys.readouterr()
+    assert main([*argv, "--cpu-threads", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "holds a run of this model and suite with other settings" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.rglob("part-*.parquet")) == parts  # nothing mixed, nothing removed
+    assert main(argv) == 0  # the same thread count resumes
+    r = json.loads((tmp_path / "toy" / a / "result.json").read_text())
+    assert r["run"]["cpu_threads"] == 1 and r["run"]["timings"]["base"]["resumed_units"] == len(parts)
 
 
 @pytest.fixture(scope="module")
@@ -268,6 +343,7 @@ def test_wildcards_and_model_lists(tmp_path, suite):
     (["--models", "TYPO"], "unknown timm model 'resnet5O'. Did you mean"),
     (["--model", "test_vit.r160_in1k="], "needs a checkpoint path"),
     (["--merge", "OUT"], "nothing to merge"),
+    (["--models", "/dev/zero"], "is larger than 1048576 bytes"),
 ])
 def test_bad_sweep_input(tmp_path, capsys, argv, match):
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
@@ -283,22 +359,22 @@ def test_bad_sweep_input(tmp_path, capsys, argv, match):
 
 
 def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, monkeypatch):
-    from eval import sweep
+    from eval import merging, work_split
 
     a = ARCHS[2]
     # a 2-process sweep where only process 0 ran: half the units are missing
-    monkeypatch.setattr(sweep._Distributed, "__init__", _fake_world(2, 0))
+    monkeypatch.setattr(work_split.Distributed, "__init__", _fake_world(2, 0))
     jobs = _sweep(tmp_path, suite, zoo, archs=(a,))
     assert jobs[0].result is None and (tmp_path / "toy" / a / ".work").is_dir()
     with pytest.raises(BenchError, match=r"units missing: toy/test_resnet.r160_in1k: config base: unit\(s\) "):
-        sweep.merge(tmp_path)
+        merging.merge(tmp_path)
     monkeypatch.undo()
     _sweep(tmp_path, suite, zoo, archs=(a,))  # the rerun (one process here) does the rest and builds the result
     assert _files(tmp_path) == {k: v for k, v in _files(singles).items() if a in k}
 
 
 def _fake_world(world, rank):
-    def init(self):
+    def init(self, device="cpu"):
         self.world, self.rank, self.local_rank, self.state, self.is_main = world, rank, rank, None, rank == 0
     return init
 
@@ -395,3 +471,169 @@ def test_effective_batch_size_after_oom_backoff_is_recorded(tmp_path, suite, zoo
     r = jobs[0].result
     assert r["run"]["batch_size"] == 4 and r["run"]["effective_batch_size"] == 2
     assert r["run"]["timings"]["base"]["effective_batch_size"] == 2
+
+
+@pytest.fixture(scope="module")
+def split_run(tmp_path_factory, suite, zoo):
+    """A finished 2-process sweep of one model whose result was not built yet: parts of both processes."""
+    from eval import merging, sweep, work_split
+
+    out = tmp_path_factory.mktemp("split")
+    a = ARCHS[2]
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(sweep, "finish_run", lambda *a, **kw: {})  # leave the parts for --merge
+        # the processes one after the other: each splits what is left, so alternate until all is done
+        for rank in (0, 1, 0, 1, 0, 1):
+            mp.setattr(work_split.Distributed, "__init__", _fake_world(2, rank))
+            _sweep(out, suite, zoo, archs=(a,))
+            if not merging.missing_units(out / "toy" / a, out):
+                break
+    finally:
+        mp.undo()
+    work = out / "toy" / a / ".work"
+    assert {p.parent.name for p in work.rglob("part-*.parquet")} == {"base", "shifted"}
+    return out
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"<link>")
+            for p in sorted(root.rglob("*"))}
+
+
+def _rename_part(d: Path, old: str, new: str) -> None:
+    (d / f"{old}.parquet").rename(d / f"{new}.parquet")
+    (d / f"{old}.json").rename(d / f"{new}.json")
+
+
+def _hostile(case: str, run: Path, other: Path) -> None:
+    import pyarrow.parquet as pq
+
+    base = run / ".work" / "base"
+    parts = sorted(p.stem for p in base.glob("part-*.parquet"))
+    first = base / f"{parts[0]}.parquet"
+    if case == "truncated":
+        first.write_bytes(first.read_bytes()[: first.stat().st_size // 2])
+    elif case == "schema":
+        t = pq.read_table(first)
+        pq.write_table(t.drop_columns(["pair_id"]), first)
+    elif case == "overlap":  # a copy of the first part under a name that overlaps it
+        lo = int(parts[0].split("-")[1])
+        side = json.loads((base / f"{parts[0]}.json").read_text())
+        first.with_name(f"part-{lo:07d}-{lo + 1:07d}.parquet").write_bytes(first.read_bytes())
+        (base / f"part-{lo:07d}-{lo + 1:07d}.json").write_text(json.dumps({**side, "units": [lo, lo + 1]}))
+    elif case in ("more_units_than_rows", "more_units_forged_sidecar"):
+        # the part after the first is removed and the first renamed to cover its units too
+        lo, hi = (int(x) for x in parts[0].split("-")[1:])
+        nxt = next(p for p in parts if int(p.split("-")[1]) == hi + 1)
+        end = int(nxt.split("-")[2])
+        (base / f"{nxt}.parquet").unlink()
+        (base / f"{nxt}.json").unlink()
+        _rename_part(base, parts[0], f"part-{lo:07d}-{end:07d}")
+        if case == "more_units_forged_sidecar":
+            side_path = base / f"part-{lo:07d}-{end:07d}.json"
+            side = json.loads(side_path.read_text())
+            extra = end - hi
+            side_path.write_text(json.dumps({**side, "units": list(range(lo, end + 1)),
+                                             "rows_per_unit": side["rows_per_unit"] + [0] * extra,
+                                             "skipped_per_unit": side["skipped_per_unit"] + [[]] * extra}))
+    elif case == "other_model":  # another model's part (same units) in place of this one's
+        o = other / ".work" / "base" / f"{parts[0]}.parquet"
+        first.write_bytes(o.read_bytes())
+        (base / f"{parts[0]}.json").write_bytes(o.with_suffix(".json").read_bytes())
+    elif case == "huge_name":
+        (base / "part-0000000-9999999999.parquet").write_bytes(b"x")
+    elif case == "beyond_units":
+        (base / "part-0000000-9999999.parquet").write_bytes(b"x")
+    elif case in ("job_huge_units", "job_missing_key", "job_wrong_type"):
+        job = json.loads((run / ".work" / "job.json").read_text())
+        if case == "job_huge_units":
+            job["units"]["base"] = 1e12
+        elif case == "job_missing_key":
+            del job["units"]
+        else:
+            job["counts"] = "many"
+        (run / ".work" / "job.json").write_text(json.dumps(job))
+    elif case == "work_symlink":  # this run's .work is a link to another run's
+        shutil.rmtree(run / ".work")
+        (run / ".work").symlink_to(other / ".work")
+
+
+@pytest.mark.parametrize("case, match", [
+    ("truncated", "is not readable parquet"),
+    ("schema", "has another schema"),
+    ("overlap", "overlaps part"),
+    ("more_units_than_rows", "its sidecar lists other units than its name"),
+    ("more_units_forged_sidecar", "are not that unit's images"),
+    ("other_model", "was written by another run"),
+    ("huge_name", "not a part name"),
+    ("beyond_units", "are not inside this run's 0..4"),
+    ("job_huge_units", "units of config 'base' is not a whole number in 0..1000000"),
+    ("job_missing_key", "key 'units' is missing"),
+    ("job_wrong_type", "key 'counts' is not a dict"),
+    ("work_symlink", "is a symbolic link"),
+])
+def test_hostile_merge_is_one_line_and_touches_nothing(tmp_path, split_run, suite, zoo, capsys, case, match):
+    out = tmp_path / "out"
+    shutil.copytree(split_run, out, symlinks=True)
+    a = ARCHS[2]
+    run = out / "toy" / a
+    # another model's unfinished run (same suite, same units), outside this --out
+    other_out = tmp_path / "other"
+    shutil.copytree(split_run, other_out, symlinks=True)
+    other = other_out / "toy" / a
+    for side in (other / ".work").rglob("part-*.json"):  # as another model's run would have written them
+        side.write_text(json.dumps({**json.loads(side.read_text()), "run_key": "0" * 64}))
+    _hostile(case, run, other)
+    before, before_other = _snapshot(out), _snapshot(other_out)
+    code = main(["eval", "--merge", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert match in err, err
+    assert _snapshot(out) == before and _snapshot(other_out) == before_other
+    assert not (run / "result.json").exists()
+
+
+def test_merge_of_a_split_run_builds_the_single_run_bytes(tmp_path, split_run, singles):
+    out = tmp_path / "out"
+    shutil.copytree(split_run, out)
+    assert main(["eval", "--merge", str(out)]) == 0
+    a = ARCHS[2]
+    assert _files(out) == {k: v for k, v in _files(singles).items() if a in k}
+    r = json.loads((out / "toy" / a / "result.json").read_text())
+    assert not r["flags"]["partial"] and r["counts"]["base"]["predicted"] == 18
+    assert set(r["run"]["timings"]["base"]["units_by_rank"]) == {"0", "1"}
+
+
+def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
+    """A checkpoint's id is the name given with it or the architecture + the file's sha256 prefix, never
+    the registry's default tag; the same weights under two names are scored once."""
+    import hashlib
+
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    a = ARCHS[2]
+    other = tmp_path / "other.safetensors"
+    torch.manual_seed(7)
+    save_file({k: v.contiguous() for k, v in timm.create_model(a, pretrained=False).state_dict().items()}, str(other))
+    sha = {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (zoo[a], other)}
+    specs, _ = resolve_models([f"test_resnet={zoo[a]}", f"test_resnet={other}"])
+    jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
+                                  inference=InferenceOptions(**OPTS)), progress=False)
+    ids = sorted(j.model_id for j in jobs)
+    assert ids == sorted(f"test_resnet@sha256:{s[:12]}" for s in sha.values())
+    for j in jobs:
+        assert j.status == "done" and "r160_in1k" not in j.model_id and j.result["model"]["tag"] is None
+        assert j.result["model"]["weights_sha256"] == sha[j.spec.checkpoint]
+    # a name with a tag is the user's name for the weights, kept as given
+    specs, _ = resolve_models([f"{a}={zoo[a]}"])
+    assert run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
+                                  inference=InferenceOptions(**OPTS)), progress=False)[0].model_id == a
+    with pytest.raises(BenchError, match="is listed twice"):
+        resolve_models([f"test_resnet={zoo[a]}", f"timm/test_resnet={zoo[a]}"])
+    with pytest.raises(BenchError, match=r"holds the same weights \(sha256 .*\) as 'test_resnet.r160_in1k'"):
+        resolve_models([f"{a}={zoo[a]}", f"test_resnet={zoo[a]}"])
+    with pytest.raises(BenchError, match="does not exist"):
+        resolve_models([f"test_resnet={tmp_path / 'missing.pth'}"])

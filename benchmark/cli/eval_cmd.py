@@ -13,7 +13,7 @@ def add_parser(sub):
         description="Score any timm ImageNet-1k classifier on a suite: per-image predictions (parquet), the "
                     "suite family's metrics with bootstrap intervals, and a result JSON with full provenance. "
                     "Several models (repeat --model, --models FILE, timm wildcards) share each image decode; under "
-                    "`accelerate launch` the work is split over processes. A killed run resumes (SIGTERM too); a "
+                    "torchrun or `accelerate launch` the work is split over processes. A killed run resumes (SIGTERM too); a "
                     "finished run is a no-op unless --force.",
         examples=(
             "  bench eval --model timm/resnet50.a1_in1k --suite imagenet-star-upstream --configs base,in_the_snow\n"
@@ -24,6 +24,7 @@ def add_parser(sub):
             "  bench eval --models zoo.txt --suite ./my-suite --max-resident 8\n"
             "  bench eval --models lance-table2 --suite lance-hardimagenet --preprocess lance-square\n"
             "  accelerate launch -m benchmark eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
+            "  torchrun --nproc_per_node 4 -m benchmark eval --models zoo.txt --suite ./my-suite --cpu-threads 1\n"
             "  bench eval --merge runs/\n"
         ))
     p.add_argument("--model", action="append", metavar="MODEL",
@@ -55,8 +56,13 @@ def add_parser(sub):
     p.add_argument("--decode", choices=("cpu", "device"), default="cpu",
                    help="cpu: PIL decode in the workers (default); device: JPEG batches decoded with "
                         "torchvision.io.decode_jpeg on --device (pixels differ slightly; recorded in the protocol)")
-    p.add_argument("--amp", action="store_true", help="autocast on CUDA")
+    p.add_argument("--amp", action="store_true",
+                   help="autocast (bf16 by default) on CUDA, or on CPU to check the GPU numerics path there")
     p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16", help="autocast dtype with --amp")
+    p.add_argument("--cpu-threads", type=_int, default=1,
+                   help="torch intra-op threads per process (default 1: the bytes of CPU predictions depend on the "
+                        "thread count, so one value makes 1 and N processes write the same bytes; recorded; a resume "
+                        "with another value is refused) (1..1024)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the model (auto: only when the run is long enough to pay it back)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
@@ -74,7 +80,8 @@ def add_parser(sub):
                    help="print the sweep's models, preprocessing groups, work items per process and an estimated "
                         "cost (measured on one unit and one batch per model), then stop")
     p.add_argument("--merge", metavar="OUT",
-                   help="build the results of a (distributed) sweep in OUT from its units; names missing units")
+                   help="build the results of a (distributed) sweep in OUT from its units, after checking what "
+                        "every part holds (this run's, its units' images, no overlaps); names missing units")
     p.add_argument("--out", default="runs", help="output directory (default: runs/)")
     p.add_argument("--force", action="store_true", help="re-run even if a finished result exists")
     p.add_argument("--notes", default="", help="free text stored in the result (up to 10000 characters)")
@@ -85,7 +92,8 @@ def add_parser(sub):
 
 # every numeric option's bounds, checked before anything is read or loaded
 LIMITS = {"topk": (5, 1000), "bootstrap": (1, 100_000), "batch_size": (1, 65536), "workers": (0, 64),
-          "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024)}
+          "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024),
+          "cpu_threads": (1, 1024)}
 
 
 def _int(text: str):
@@ -145,7 +153,10 @@ def run(args) -> int:
 def _run(args) -> int:
     from benchmark.errors import BenchError
     from eval.inference import InferenceOptions
-    from eval.sweep import SweepRequest, merge, plan, resolve_models, run_sweep
+    from eval.merging import merge
+    from eval.model_list import resolve_models
+    from eval.sweep import SweepRequest, run_sweep
+    from eval.sweep_plan import plan
     from eval.scoring import ScoringOptions
 
     if args.merge:
@@ -167,7 +178,8 @@ def _run(args) -> int:
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
             amp_dtype=args.amp_dtype, channels_last=args.channels_last, compile=args.compile, topk=args.topk,
-            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, decode=args.decode),
+            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, decode=args.decode,
+            cpu_threads=args.cpu_threads),
         scoring=ScoringOptions(filter=args.filter, reference_accuracy=args.reference_accuracy,
                                n_boot=args.bootstrap, seed=args.seed),
     )
