@@ -42,7 +42,7 @@ from benchmark.errors import BenchError, IntegrityError, one_line
 from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
 from benchmark.oom import BatchBackoff
 from eval.inference import (
-    COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units,
+    Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units, wants_compile,
 )
 from eval.predictions import (
     CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, read_predictions, safe_config_dir, schema,
@@ -349,7 +349,7 @@ class Sweep:
                        "configs": list(self.configs)},
             # compile decided from the model's whole workload, not what is left: a resumed or split
             # run uses the numerics of an uninterrupted one
-            "compile": opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES),
+            "compile": wants_compile(clf.model, opts, n_images=n_images, data_config=clf.data_config),
             "group": _group_key(clf.data_config, opts),
         }
         job = Job(spec, clf, clf.model_id, run_dir, state)
@@ -473,8 +473,8 @@ class Sweep:
             try:
                 # the compile decision was made on the model's whole workload (job state); "auto" keeps
                 # its eager fallback should compile be unavailable
-                n = COMPILE_MIN_IMAGES if job.state["compile"] else 0
-                forwards[job.model_id] = Forward(job.clf.model, self.opts, n_images=n, data_config=job.state["data_config"])
+                forwards[job.model_id] = Forward(job.clf.model, self.opts, n_images=0, compile=job.state["compile"],
+                                                 data_config=job.state["data_config"])
             except Exception as e:  # noqa: BLE001 - recorded for this model
                 self._record_failure(job, e)
                 live.remove(job)
