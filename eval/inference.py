@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, one_line
 from benchmark.oom import BatchBackoff
 from benchmark.pixels import check_size, size_of, to_rgb
 from benchmark.reader import LocalSuite, RowGroup, read_row_group
@@ -242,11 +242,39 @@ def make_transform(data_config: dict, *, uint8: bool):
     return create_transform(**cfg, is_training=False, use_prefetcher=uint8)
 
 
+def _cpu_freezing(device: torch.device) -> None:
+    if device.type == "cpu":
+        # weights as constants: conv-bn folding + prepacked kernels, ~25% faster on CPU
+        # (docs/performance.md); process-wide, fine for an inference-only process
+        import torch._inductor.config as inductor_config
+        inductor_config.freezing = True
+
+
+def wants_compile(model: torch.nn.Module, opts: InferenceOptions, *, n_images: int,
+                  data_config: dict | None = None) -> bool:
+    """``--compile``: on; off; auto = when the run pays back a cold compile or a compiled package of
+    this model at this batch shape is already on the machine (eval.compile_cache)."""
+    if opts.compile != "auto":
+        return opts.compile == "on"
+    if n_images >= COMPILE_MIN_IMAGES:
+        return True
+    if opts.amp or not data_config or "input_size" not in data_config:
+        return False
+    from eval.compile_cache import cached
+
+    example = torch.zeros(opts.resolved_batch_size(), *data_config["input_size"], device=opts.device)
+    if opts.channels_last:
+        example = example.contiguous(memory_format=torch.channels_last)
+    return cached(model, example)
+
+
 class Forward:
     """The model's forward pass as configured: channels-last, compile, AMP, top-k + true class."""
 
     def __init__(self, model: torch.nn.Module, opts: InferenceOptions, *, n_images: int,
-                 data_config: dict | None = None) -> None:
+                 data_config: dict | None = None, compile: bool | None = None) -> None:
+        """``compile``: a decision already made (a sweep's job state, so a resumed run keeps its numerics);
+        None decides here with ``wants_compile``."""
         self.device = torch.device(opts.device)
         self.norm = None
         if opts.device_normalizes():
@@ -262,23 +290,54 @@ class Forward:
         model = model.to(self.device).eval()
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        want = opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES)
         self.compiled = False
-        if want:
-            try:
-                if self.device.type == "cpu":
-                    # weights as constants: conv-bn folding + prepacked kernels, ~25% faster on CPU
-                    # (docs/performance.md); process-wide, fine for an inference-only process
-                    import torch._inductor.config as inductor_config
-                    inductor_config.freezing = True
-                model = torch.compile(model, dynamic=False)
+        self.compile_info: dict = {"mode": "eager"}
+        self._aot = None  # (batch size, compiled fn) once the ahead-of-time package is loaded
+        self._compile_opt = opts.compile
+        self.eager = model
+        if compile if compile is not None else wants_compile(model, opts, n_images=n_images, data_config=data_config):
+            if self.amp_dtype is None:
+                # ahead of time, once per machine (eval.compile_cache); built or loaded on the first batch,
+                # whose padded shape is the package's shape
                 self.compiled = True
-            except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
-                if opts.compile == "on":
-                    raise BenchError(f"torch.compile failed ({type(e).__name__}: {e}); rerun with --compile off") from None
-                log.warning("torch.compile unavailable (%s); running eager", e)
+                self.compile_info = {"mode": "aot"}
+            else:  # autocast regions do not export: the JIT compiler (inductor's own caches apply)
+                model = self._jit(model, opts)
         self.model = model
         self.seconds = 0.0
+
+    def _jit(self, model: torch.nn.Module, opts: InferenceOptions) -> torch.nn.Module:
+        try:
+            _cpu_freezing(self.device)
+            model = torch.compile(model, dynamic=False)
+            self.compiled = True
+            self.compile_info = {"mode": "jit"}
+        except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
+            if opts.compile == "on":
+                raise BenchError(f"torch.compile failed ({type(e).__name__}: {e}); rerun with --compile off") from None
+            log.warning("torch.compile unavailable (%s); running eager", e)
+        return model
+
+    def _aot_model(self, x: torch.Tensor):
+        """The ahead-of-time compiled model for ``x``'s shape (one package per batch size, e.g. after OOM back-off)."""
+        if self._aot is not None and self._aot[0] == x.shape[0]:
+            return self._aot[1]
+        from eval.compile_cache import load_or_compile
+
+        try:
+            with torch.inference_mode(False):  # export traces ordinary tensors, not inference-mode ones
+                got = load_or_compile(self.eager, x.clone())
+        except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
+            if self._compile_opt == "on":
+                raise BenchError(f"ahead-of-time compile failed ({type(e).__name__}: {one_line(e, 200)}); "
+                                 "rerun with --compile off") from None
+            log.warning("ahead-of-time compile unavailable (%s: %s); running eager", type(e).__name__, one_line(e, 200))
+            self.compiled, self.compile_info, self.model = False, {"mode": "eager"}, self.eager
+            return self.eager
+        self.compile_info = {"mode": "aot", "source": got.source, "seconds": round(got.seconds, 3), "key": got.key}
+        log.info("model compiled ahead of time (%s, %.2f s)", got.source, got.seconds)
+        self._aot = (x.shape[0], got.fn)
+        return got.fn
 
     @torch.inference_mode()
     def __call__(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, ...]:
@@ -290,9 +349,10 @@ class Forward:
             x = x.float().sub_(self.norm[0]).div_(self.norm[1])
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
+        model = self._aot_model(x) if self.compile_info["mode"] == "aot" else self.model  # compile time is not model time
         start = time.perf_counter()
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            logits = self.model(x)
+            logits = model(x)
         probs = logits[:n].float().softmax(dim=-1)
         labels = labels.to(self.device)
         top_i, top_p, true_p, true_rank = rank_classes(probs, labels, self.topk)

@@ -40,7 +40,7 @@ from benchmark.errors import BenchError, one_line
 from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
 from benchmark.oom import BatchBackoff
 from builders.determinism import fixed_threads
-from eval.inference import COMPILE_MIN_IMAGES, Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units
+from eval.inference import Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units, wants_compile
 from eval.merging import (
     JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
 )
@@ -203,7 +203,7 @@ class Sweep:
         n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
         # compile decided from the model's whole workload, not what is left: a resumed or split
         # run uses the numerics of an uninterrupted one
-        compiled = opts.compile == "on" or (opts.compile == "auto" and n_images >= COMPILE_MIN_IMAGES)
+        compiled = wants_compile(clf.model, opts, n_images=n_images, data_config=clf.data_config)
         # checkpoints are reusable only under the same protocol and everything that changes the numbers:
         # device type, AMP and its dtype, batch composition, CPU threads, compile, decode normalisation
         pred_key = sha256_bytes(canonical_json({
@@ -349,8 +349,8 @@ class Sweep:
             try:
                 # the compile decision was made on the model's whole workload (job state); "auto" keeps
                 # its eager fallback should compile be unavailable
-                n = COMPILE_MIN_IMAGES if job.state["compile"] else 0
-                forwards[job.model_id] = Forward(job.clf.model, self.opts, n_images=n, data_config=job.state["data_config"])
+                forwards[job.model_id] = Forward(job.clf.model, self.opts, n_images=0, compile=job.state["compile"],
+                                                 data_config=job.state["data_config"])
             except Exception as e:  # noqa: BLE001 - recorded for this model
                 self._record_failure(job, e)
                 live.remove(job)
