@@ -577,14 +577,16 @@ def test_what_is_ranked_as_documented(tmp_path, capsys):
     assert any("Ranks are among the 5 verified, complete entries of this board; 1 shown after the filters" in c.value
                for c in at.caption)
     at.multiselect(key="family").unselect("convnext").run()
-    # 8. the signed, verified entry wins over a newer-claiming unsigned copy; finished_at plays no part
-    (sup,) = store.superseded
-    assert sup.path.parent.name == "aaa-newest-copy" and "verified" in sup.reason
-    shown = next(e for e in store.for_suite("imagenet-star") if e.model_id == sup.model_id)
-    assert shown.verified and shown.result["finished_at"] < sup.result["finished_at"]
+    # 8. a newer-claiming unsigned copy filed under another folder is rejected; the verified entry is shown
+    (copy,) = [e for e in store.rejected if e.path.parent.name == "aaa-newest-copy"]
+    assert "belongs under imagenet-star/" in copy.reason and not store.superseded
+    claimed = json.loads(copy.path.read_text())
+    shown = next(e for e in store.for_suite("imagenet-star") if e.model_id == claimed["model"]["id"])
+    assert shown.verified and shown.result["finished_at"] < claimed["finished_at"]
+    # (the precedence among entries that still meet: tests/test_leaderboard.py::test_superseding_is_decided_by_...)
     # 9. the same weights under two ids: flagged in the table and in the Rejected tab
     flagged = main.set_index("model")["flags"]
-    assert "timm/renamed.copy" in flagged[sup.model_id] and sup.model_id in flagged["timm/renamed.copy"]
+    assert "timm/renamed.copy" in flagged[shown.model_id] and shown.model_id in flagged["timm/renamed.copy"]
     rejected = next(d.value for d in at.dataframe if "reason" in d.value.columns)
     flagged_entries = set(rejected.loc[rejected["status"] == "flagged", "entry"])
     assert {str(shown.path.relative_to(root)), "imagenet-star/timm--renamed.copy/result.json"} <= flagged_entries

@@ -63,7 +63,7 @@ def test_reported_rows_sit_beside_the_ranked_table_never_in_it(tmp_path):
     at = _app(tmp_path / "store")
     assert not at.exception
     heads = [s.value for s in at.subheader]
-    assert "Ranking" in heads and HEADING in heads
+    assert "Official ranking (verified, complete entries)" in heads and HEADING in heads
     ranked = at.dataframe[0].value
     assert len(ranked) == 2 and not ranked.astype(str).apply(lambda c: c.str.contains("RN2")).any().any()
     shown = next(d.value for d in at.dataframe if "reported" in d.value.columns)
