@@ -182,7 +182,7 @@ class Reviewer:
         if head in earlier and num not in self.again:
             outcome.status, outcome.earlier = "skipped", earlier[head]
             if earlier[head] == "passed" and self.merge and details.status == "open":
-                self._merge(outcome)  # passed earlier, but the merge did not happen (e.g. run without --merge)
+                self._merge_later(num, head, outcome)  # passed earlier, not merged then (e.g. run without --merge)
             return outcome
         with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
             try:
@@ -240,6 +240,28 @@ class Reviewer:
                 out[m["head"]] = m["outcome"]
         return out
 
+    def _merge_later(self, num: int, head: str, outcome: Outcome) -> None:
+        """Merge a PR that passed on an earlier run. ``main`` may have moved on since, so what the PR changes is
+        listed again and its ownership re-checked against ``main`` as it is now (no image re-run: ``head`` is the
+        stamped commit that was reviewed). A PR that would now replace another model's entry gets a new
+        ``failed`` answer at this head instead of the merge; one that still owns its folders is merged, and its
+        entries are known to the publishing step."""
+        with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
+            changed, existing, _, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head,
+                                                                   stamped=True)
+            outcome.entries = sorted(changed)
+            for entry in [] if problems else outcome.entries:
+                ids = self._owner(entry, head, Path(tmp) / "head")
+                if ids is None:
+                    problems.append(f"{entry}/result.json at the reviewed head cannot be read")
+                elif why := self._replaces_other(entry, ids, existing.get(entry, ()), Path(tmp) / "main"):
+                    problems.append(why)
+        if problems:
+            outcome.status, outcome.earlier, outcome.problems = "failed", "", problems
+            self._comment(num, head, outcome)
+            return
+        self._merge(outcome)
+
     def _merge(self, outcome: Outcome) -> None:
         from huggingface_hub import errors
 
@@ -282,10 +304,12 @@ class Reviewer:
                 return c.commit_id
         raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
 
-    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], dict[str, list], set[str], list[str]]:
+    def _changed_entries(self, base: str, head: str, *, stamped: bool = False
+                         ) -> tuple[dict[str, set], dict[str, list], set[str], list[str]]:
         """The entries the PR adds or changes (entry -> its changed files), those of them already on main (entry ->
         the commits holding it: the PR's base and main now, which may have moved on), every file at the head, and
-        what the PR may not do."""
+        what the PR may not do. ``stamped``: ``head`` is this service's own stamp commit (its signed answer says
+        so), whose stamps are the reviewer's."""
         from huggingface_hub.hf_api import RepoFile
 
         from eval.stamps import STAMP_FILE
@@ -302,6 +326,8 @@ class Reviewer:
                 continue
             m = ENTRY_FILE.match(path)
             if path.endswith("/" + STAMP_FILE):
+                if stamped:
+                    continue
                 problems.append(f"changes {path}: verification stamps are written only by the reviewer")
                 continue
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
@@ -354,6 +380,16 @@ class Reviewer:
         except (BenchError, KeyError, TypeError):
             return None
 
+    def _replaces_other(self, entry: str, ids: tuple[str, str], revs, root: Path) -> str | None:
+        """Why the entry with ``ids`` (model id, suite id) may not replace ``entry`` as it is at the commits
+        ``revs`` of main, or None: an entry on main is replaced only by a result of the same model on the same suite."""
+        others = {self._owner(entry, rev, root / rev) for rev in revs} - {ids}
+        if not others:
+            return None
+        owner = next(iter(others))
+        return (f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} with a result of "
+                f"{ids[0]} on {ids[1]}; a submission may replace only an entry of its own model id and suite")
+
     def _check(self, results: dict[str, Path], outcome: Outcome, existing: dict[str, list],
                base_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
@@ -369,13 +405,8 @@ class Reviewer:
             if e is None or e.status in ("rejected", "superseded"):
                 problems.append(f"{entry}: rejected by the store: {e.reason if e else 'not loaded'}")
                 continue
-            # an entry on main is replaced only by a result of the same model on the same suite
-            owners = {self._owner(entry, rev, base_root / rev) for rev in existing.get(entry, ())}
-            if owners - {(e.model_id, e.suite_id)}:
-                owner = next(iter(owners - {(e.model_id, e.suite_id)}))
-                problems.append(f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} "
-                                f"with a result of {e.model_id} on {e.suite_id}; a submission may replace only an "
-                                "entry of its own model id and suite")
+            if why := self._replaces_other(entry, (e.model_id, e.suite_id), existing.get(entry, ()), base_root):
+                problems.append(why)
                 continue
             self._can_rerun(entry, e.result)
             report = self._rerun(entry, path, e.model_id)

@@ -521,3 +521,39 @@ def test_entry_folders_are_derived_from_the_ids():
     assert path_slug("ré/x y") == "r----x--y"  # ASCII only: the folder names the results repo accepts
     assert path_slug("..") == "_.." and path_slug("") == "_" and len(path_slug("m" * 300)) == 96
     assert entry_dir({"suite": {"id": "imagenet-star"}, "model": {"id": "org/m"}}) == "imagenet-star/org--m"
+
+
+def test_a_pr_merged_on_a_later_run_is_checked_against_main_as_it_is_then(made, tmp_path, monkeypatch, capsys,
+                                                                          tiny_checkpoint, reruns):
+    """Passed without --merge, then main moved on: another model's entry now holds the PR's folder. The later
+    --merge run re-checks ownership against main (no image re-run) and answers 'failed' instead of merging,
+    once, rather than overwriting that entry."""
+    from huggingface_hub import HfApi
+
+    entry = "toy/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        api = HfApi(endpoint=hub.endpoint, token="tok-maint")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0  # no --merge
+        assert "passed" in capsys.readouterr().out and len(reruns) == 1
+        # meanwhile main got org/q's entry in that folder (a maintainer's direct commit)
+        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: r["model"].update(
+            id="org/q")), entry), repo_type="dataset", commit_message="merged meanwhile")
+        repo = hub.repos[("dataset", "org/results")]
+        before = repo.commits[repo.refs["main"]].files[f"{entry}/result.json"]
+
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        out = capsys.readouterr().out
+        assert len(reruns) == 1  # the ownership re-check needs no image re-run
+        assert repo.discussions[pr]["status"] == "open", out
+        assert repo.commits[repo.refs["main"]].files[f"{entry}/result.json"] == before  # org/q's entry stands
+        author, text = _comments(hub, pr)[-1]
+        assert author == "maintainer" and "Verification failed" in text
+        assert "replaces the entry of org/q with a result of test_resnet.r160_in1k on toy" in text
+
+        # its new (failed) answer at the same head is the one believed from now on: nothing more is done
+        posts = sum(m == "POST" for m, _ in hub.requests)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        assert "skipped (failed earlier)" in capsys.readouterr().out
+        assert sum(m == "POST" for m, _ in hub.requests) == posts and repo.discussions[pr]["status"] == "open"
