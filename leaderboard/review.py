@@ -26,7 +26,8 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
 Every PR gets a terminal answer at its head: ``passed``, ``failed`` (what did not match) or
 ``unreviewable`` (what the reviewer is missing to check it: a model that does not load, weights
 it does not have); each is a comment with a signed marker, so it is not redone on the next pass.
-Only a failure of the service itself (the Hub unreachable, a crash in a check) leaves a PR without
+A PR pushed to while it is reviewed gets no answer (``moved``: its stamps are not committed on top
+of the unreviewed push) and is reviewed at its new head on the next run. Only a failure of the service itself (the Hub unreachable, a crash in a check) leaves a PR without
 an answer, ``error``: it is retried on the next run, and the CLI exits non-zero. One PR's outcome
 never stops the others. Comments quote data-derived text inside code blocks only.
 """
@@ -56,7 +57,7 @@ ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)/"
 class Outcome:
     pr: int
     head: str = ""
-    status: str = "error"        # "passed" | "failed" | "unreviewable" | "skipped" | "error"
+    status: str = "error"        # "passed" | "failed" | "unreviewable" | "skipped" | "moved" | "error"
     entries: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
@@ -197,15 +198,23 @@ class Reviewer:
                 outcome.status, outcome.problems = "failed", problems
                 self._comment(num, head, outcome)
                 return outcome
-            from huggingface_hub import CommitOperationAdd
+            from huggingface_hub import CommitOperationAdd, errors
 
             from benchmark.fsutil import canonical_json
             from eval.stamps import STAMP_FILE
 
             ops = [CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)) for entry, stamp in stamps.items()]
-            info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=f"refs/pr/{num}",
-                                          parent_commit=head,
-                                          commit_message=f"Verification stamps ({self.recheck} images re-run)")
+            try:  # on top of the reviewed head only: the Hub refuses a stale parent (412)
+                info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=f"refs/pr/{num}",
+                                              parent_commit=head,
+                                              commit_message=f"Verification stamps ({self.recheck} images re-run)")
+            except errors.HfHubHTTPError as e:
+                if getattr(e.response, "status_code", None) not in (409, 412):
+                    raise
+                # pushed to during the review: a submission's doing, not the service's failure; no answer
+                outcome.status = "moved"
+                outcome.problems = ["the head moved during the review; the new head is reviewed on the next run"]
+                return outcome
             outcome.stamp_commit = info.oid
         outcome.status = "passed"
         self._comment(num, outcome.stamp_commit, outcome)

@@ -557,3 +557,35 @@ def test_a_pr_merged_on_a_later_run_is_checked_against_main_as_it_is_then(made, 
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
         assert "skipped (failed earlier)" in capsys.readouterr().out
         assert sum(m == "POST" for m, _ in hub.requests) == posts and repo.discussions[pr]["status"] == "open"
+
+
+def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_path, monkeypatch, capsys,
+                                                                       tiny_checkpoint):
+    """The submitter pushes while the images are re-run: the stamps are not committed on top of the unreviewed
+    push (the Hub refuses the stale parent), nothing is commented, the run exits 0; the next run reviews the
+    new head."""
+    import eval.verify
+
+    entry = "toy/test_resnet.r160_in1k"
+    real = eval.verify.verify_result
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        v2 = _copy(made, tmp_path, "v2", lambda r: r.update(notes="pushed during the review"))
+
+        def push_meanwhile(path, **kw):
+            if kw.get("recheck"):
+                _push(hub, "tok-alice", pr, _entry_ops(v2, entry))
+            return real(path, **kw)
+        monkeypatch.setattr(eval.verify, "verify_result", push_meanwhile)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        assert "moved" in capsys.readouterr().out
+        repo = hub.repos[("dataset", "org/results")]
+        assert _comments(hub, pr) == [] and repo.discussions[pr]["status"] == "open"
+        assert not any(p.endswith("verification.json") for p in repo.commits[_head(hub, pr)].files)
+
+        monkeypatch.setattr(eval.verify, "verify_result", real)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        capsys.readouterr()
+        assert repo.discussions[pr]["status"] == "merged"
+        assert b"pushed during the review" in repo.commits[repo.refs["main"]].files[f"{entry}/result.json"]
