@@ -446,3 +446,19 @@ def test_a_pr_merged_on_a_later_review_run_is_published_once(hub_world, monkeypa
     assert main(cli + ["--merge", "--publish-model-results"]) == 0
     assert "no open pull requests" in capsys.readouterr().out
     assert model.prs == 1 and sum(m == "POST" for m, _ in hub.requests) == posts
+
+
+def test_a_verified_result_is_reported_only_on_its_own_model_repo(hub_world, capsys):
+    """Mallory takes a verified entry of org/tiny-resnet and asks for it on her own model repo: refused, one line,
+    nothing opened there, so no model page says "verified by genshift-bench" about numbers of another model."""
+    from benchmark.cli import main
+
+    w = hub_world
+    hub = w["hub"]
+    _merge_into_results(w)
+    w["api"].create_repo("org/mallory")
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/mallory",
+                 "--trusted-keys", str(w["trusted"]), "--endpoint", hub.endpoint]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "org/tiny-resnet" in err and "--model-repo org/tiny-resnet" in err
+    assert hub.repos[("model", "org/mallory")].prs == 0
