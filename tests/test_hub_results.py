@@ -462,3 +462,30 @@ def test_a_verified_result_is_reported_only_on_its_own_model_repo(hub_world, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "org/tiny-resnet" in err and "--model-repo org/tiny-resnet" in err
     assert hub.repos[("model", "org/mallory")].prs == 0
+
+
+def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(hub_world, capsys):
+    """A result scored from a local weights file, signed by the maintainer: its stamp vouches for a sha256, not for
+    whatever the named model repo holds, so the model-repo PR says "not verified by genshift-bench"."""
+    from huggingface_hub import parse_eval_result_entries
+
+    from benchmark.cli import main
+    from benchmark.fsutil import canonical_json, sha256_file
+    from eval.results import config_hash
+    from eval.stamps import load_private_key, sign
+
+    w = hub_world
+    run = w["result"].parent
+    res = json.loads(w["result"].read_text())
+    res["model"].update(source="checkpoint", weights_revision=None)
+    res["config_hash"] = config_hash(res["model"], res["suite"], res["protocol"], res["data_config"])
+    w["result"].write_bytes(canonical_json(res))
+    stamp = json.loads((run / "verification.json").read_text())
+    stamp["result_sha256"] = sha256_file(w["result"])
+    (run / "verification.json").write_bytes(canonical_json(sign(stamp, load_private_key(str(w["key"])))))
+    _merge_into_results(w)
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--trusted-keys", str(w["trusted"]), "--endpoint", w["hub"].endpoint]) == 0, capsys.readouterr().err
+    model = w["hub"].repos[("model", "org/tiny-resnet")]
+    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
+    assert entries and all("not verified by genshift-bench" in e.notes for e in entries)
