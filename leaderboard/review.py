@@ -72,9 +72,16 @@ def _marker_body(repo_id: str, pr: int, head: str, outcome: str) -> dict:
     return {"kind": MARKER_KIND, "version": 2, "repo": repo_id, "pr": pr, "head": head, "outcome": outcome}
 
 
+MAX_COMMENT_LINES = 50  # a comment stays readable (and within the Hub's size limits) however big the PR
+
+
 def _block(lines: list[str]) -> str:
-    """Data-derived lines inside a fenced block: the Hub renders comments as Markdown."""
-    body = "\n".join(line.replace("```", "'''") for line in lines)
+    """Data-derived lines inside a fenced block: the Hub renders comments as Markdown. At most
+    ``MAX_COMMENT_LINES`` lines of at most 500 characters; the rest is counted."""
+    shown = [one_line(line, 500) for line in lines[:MAX_COMMENT_LINES]]
+    if len(lines) > MAX_COMMENT_LINES:
+        shown.append(f"… and {len(lines) - MAX_COMMENT_LINES} more")
+    body = "\n".join(line.replace("```", "'''") for line in shown)
     return f"```text\n{body}\n```"
 
 

@@ -589,3 +589,19 @@ def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_
         capsys.readouterr()
         assert repo.discussions[pr]["status"] == "merged"
         assert b"pushed during the review" in repo.commits[repo.refs["main"]].files[f"{entry}/result.json"]
+
+
+def test_a_pr_of_thousands_of_files_gets_one_bounded_answer(made, monkeypatch, capsys):
+    """A flood of stray files: answered once ('failed'), with the first offending paths and a count of the rest,
+    never a comment that grows with the PR."""
+    from huggingface_hub import CommitOperationAdd
+
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"junk/{i:05d}-{'x' * 80}.txt", b"x")
+                                           for i in range(2000)])
+        assert _bench_review(monkeypatch, hub, made) == 0
+        assert "failed" in capsys.readouterr().out
+        [(author, text)] = _comments(hub, pr)
+        assert author == "maintainer" and "Verification failed" in text and "changes junk/00000-" in text
+        assert "… and 1950 more" in text and len(text) < 20_000, len(text)
