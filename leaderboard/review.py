@@ -336,15 +336,15 @@ class Reviewer:
                                                                 recursive=True) if isinstance(f, RepoFile)}
         old, new = tree(base), tree(head)
         changed: dict[str, set] = {}
+        stamp_files: list[str] = []
         problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(set(old) - set(new))]
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
             m = ENTRY_FILE.match(path)
             if path.endswith("/" + STAMP_FILE):
-                if stamped:
-                    continue
-                problems.append(f"changes {path}: verification stamps are written only by the reviewer")
+                if not stamped:
+                    stamp_files.append(path)  # checked below, once the changed results are known
                 continue
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
                 problems.append(f"changes {path}: a submission may only add or replace <suite>/<model>/result.json "
@@ -354,6 +354,11 @@ class Reviewer:
             if (f.size or 0) > limit:
                 problems.append(f"{path} is {f.size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit")
             changed.setdefault(f"{m.group(1)}/{m.group(2)}", set()).add(path)
+        # the reviewer's own stamps from an earlier pass of this PR may stay next to a result the PR changes
+        # again: that entry is re-stamped if it passes (or not merged); any other stamp is the submitter's
+        problems += [f"changes {p}: verification stamps are written only by the reviewer" for p in stamp_files
+                     if f"{p.rsplit('/', 1)[0]}/result.json" not in changed.get(p.rsplit("/", 1)[0], ())
+                     or not self._signed_by_reviewer(head, new[p])]
         problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
         if not changed and not problems:
             problems.append("the pull request adds no result")
@@ -361,6 +366,21 @@ class Reviewer:
         trees = {base: old, **({main: tree(main)} if main != base else {})}
         existing = {e: revs for e in changed if (revs := [r for r, t in trees.items() if f"{e}/result.json" in t])}
         return changed, existing, set(new), problems
+
+    def _signed_by_reviewer(self, head: str, f) -> bool:
+        """True when the file ``f`` at ``head`` is a stamp signed by this service's key."""
+        from eval.results import parse_json
+        from eval.stamps import MAX_STAMP_BYTES, STAMP_KIND, check_signature
+
+        if (f.size or 0) > MAX_STAMP_BYTES:
+            return False
+        with tempfile.TemporaryDirectory(prefix="genshift-review-stamp-", dir=self.work_dir) as tmp:
+            raw = self._download(head, f.path, Path(tmp)).read_bytes()
+        try:
+            stamp = parse_json(raw, where=f.path, max_bytes=MAX_STAMP_BYTES)
+        except BenchError:
+            return False
+        return isinstance(stamp, dict) and stamp.get("kind") == STAMP_KIND and check_signature(stamp, self.public) is None
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
                root: Path) -> tuple[dict[str, Path], list[str]]:

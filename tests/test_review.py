@@ -605,3 +605,34 @@ def test_a_pr_of_thousands_of_files_gets_one_bounded_answer(made, monkeypatch, c
         [(author, text)] = _comments(hub, pr)
         assert author == "maintainer" and "Verification failed" in text and "changes junk/00000-" in text
         assert "… and 1950 more" in text and len(text) < 20_000, len(text)
+
+
+def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, monkeypatch, capsys, tiny_checkpoint,
+                                                                reruns):
+    """The PR holds the reviewer's own stamps from its earlier pass; the submitter pushes a new run of the same
+    model: the new head is reviewed (images re-run), re-stamped and merged, not failed for the old stamps. A
+    stamp the reviewer did not sign is still refused."""
+    from huggingface_hub import CommitOperationAdd
+
+    entry = "toy/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        capsys.readouterr()
+        repo = hub.repos[("dataset", "org/results")]
+        old_stamp = repo.commits[_head(hub, pr)].files[f"{entry}/verification.json"]
+        _push(hub, "tok-alice", pr, _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        out = capsys.readouterr().out
+        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "merged", out
+        main = repo.commits[repo.refs["main"]].files
+        assert b'"v2"' in main[f"{entry}/result.json"] and main[f"{entry}/verification.json"] != old_stamp
+
+        # a stamp signed by anyone else (here: an unsigned one) in a later push still fails the PR
+        pr2 = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v3", lambda r: r.update(notes="v3")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        _push(hub, "tok-alice", pr2, [CommitOperationAdd(f"{entry}/verification.json", b'{"kind": "x"}')])
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        capsys.readouterr()
+        assert "verification stamps are written only by the reviewer" in _comments(hub, pr2)[-1][1]
