@@ -636,3 +636,32 @@ def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, 
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
         capsys.readouterr()
         assert "verification stamps are written only by the reviewer" in _comments(hub, pr2)[-1][1]
+
+
+def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download(made, monkeypatch, capsys, reruns):
+    """`.gitattributes` changed or deleted, a predictions file whose name has a space or non-ASCII letters, a
+    result over the size limit: each fails with the offending path, and nothing reaches the image re-run."""
+    import leaderboard.store
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    entry = "toy/test_resnet.r160_in1k"
+    monkeypatch.setattr(leaderboard.store, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        prs = {
+            "attrs": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry) + [
+                CommitOperationAdd(".gitattributes", b"*.json filter=lfs diff=lfs merge=lfs -text\n")]),
+            "unattrs": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry) + [CommitOperationDelete(".gitattributes")]),
+            "space": _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"{entry}/predictions/a b.parquet", b"PAR1")]),
+            "unicode": _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"{entry}/predictions/bäse.parquet", b"PAR1")]),
+            "big": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry)),
+        }
+        assert _bench_review(monkeypatch, hub, made) == 0
+        capsys.readouterr()
+        said = {k: _comments(hub, n)[-1][1] for k, n in prs.items()}
+        assert all("Verification failed" in t for t in said.values()), said
+        assert "changes .gitattributes" in said["attrs"] and "deletes .gitattributes" in said["unattrs"]
+        assert f"changes {entry}/predictions/a b.parquet" in said["space"]
+        assert f"changes {entry}/predictions/bäse.parquet" in said["unicode"]
+        assert f"{entry}/result.json is" in said["big"] and "over the 0 MiB limit" in said["big"]
+        assert reruns == []
