@@ -49,6 +49,7 @@ OUTCOMES = ("passed", "failed", "unreviewable")  # terminal answers, each signed
 # the marker ends the comment; quoted text above it (in code blocks) can never be taken for it
 MARKER = re.compile(r"<!-- genshift-review v=2 head=(?P<head>[0-9a-f]{7,64}) outcome=(?P<outcome>passed|failed|"
                     r"unreviewable) key=(?P<key>[0-9a-f]{16}) sig=(?P<sig>[A-Za-z0-9+/]{86}==) -->\s*\Z")
+MAX_ENTRIES_PER_PR = 20  # each entry is an image re-run: a bigger PR would hold the service for hours
 ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)/"
                         r"(result\.json|predictions/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet)$")
 
@@ -356,10 +357,14 @@ class Reviewer:
             changed.setdefault(f"{m.group(1)}/{m.group(2)}", set()).add(path)
         # the reviewer's own stamps from an earlier pass of this PR may stay next to a result the PR changes
         # again: that entry is re-stamped if it passes (or not merged); any other stamp is the submitter's
+        too_many = len(changed) > MAX_ENTRIES_PER_PR  # then no stamp is downloaded: the PR fails anyway
         problems += [f"changes {p}: verification stamps are written only by the reviewer" for p in stamp_files
                      if f"{p.rsplit('/', 1)[0]}/result.json" not in changed.get(p.rsplit("/", 1)[0], ())
-                     or not self._signed_by_reviewer(head, new[p])]
+                     or not (too_many or self._signed_by_reviewer(head, new[p]))]
         problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
+        if too_many:
+            problems.insert(0, f"adds or changes {len(changed)} entries; at most {MAX_ENTRIES_PER_PR} per pull request "
+                               "(each is re-run through its model): split it into several pull requests")
         if not changed and not problems:
             problems.append("the pull request adds no result")
         main = self.api.repo_info(self.repo_id, repo_type="dataset").sha

@@ -665,3 +665,23 @@ def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download
         assert f"changes {entry}/predictions/bäse.parquet" in said["unicode"]
         assert f"{entry}/result.json is" in said["big"] and "over the 0 MiB limit" in said["big"]
         assert reruns == []
+
+
+def test_a_pr_with_too_many_entries_is_refused_before_any_download(made, monkeypatch, capsys, reruns):
+    """Every entry costs an image re-run: a PR adding more than MAX_ENTRIES_PER_PR entries would hold the service
+    for hours; it is answered at once, saying to split it."""
+    from huggingface_hub import CommitOperationAdd
+
+    from leaderboard.review import MAX_ENTRIES_PER_PR
+
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"toy/m{i}/result.json", b"{}")
+                                           for i in range(MAX_ENTRIES_PER_PR + 1)])
+        downloads = sum("/resolve/" in p for _, p in hub.requests)
+        assert _bench_review(monkeypatch, hub, made) == 0
+        capsys.readouterr()
+        text = _comments(hub, pr)[-1][1]
+        assert "Verification failed" in text and f"adds or changes {MAX_ENTRIES_PER_PR + 1} entries" in text
+        assert f"at most {MAX_ENTRIES_PER_PR} per pull request" in text
+        assert reruns == [] and sum("/resolve/" in p for _, p in hub.requests) == downloads
