@@ -685,3 +685,23 @@ def test_a_pr_with_too_many_entries_is_refused_before_any_download(made, monkeyp
         assert "Verification failed" in text and f"adds or changes {MAX_ENTRIES_PER_PR + 1} entries" in text
         assert f"at most {MAX_ENTRIES_PER_PR} per pull request" in text
         assert reruns == [] and sum("/resolve/" in p for _, p in hub.requests) == downloads
+
+
+def test_publishing_a_model_that_is_not_on_the_hub_is_a_line_and_the_merge_stands(made, monkeypatch, capsys,
+                                                                                   tiny_checkpoint):
+    """--publish-model-results on an entry scored with local weights: merged, and the results PR says in one line
+    why it was not reported on a model page; the run exits 0 and a rerun posts nothing."""
+    entry = "toy/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        args = ("--checkpoint", str(tiny_checkpoint), "--merge", "--publish-model-results")
+        assert _bench_review(monkeypatch, hub, made, *args) == 0
+        capsys.readouterr()
+        assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "merged"
+        author, text = _comments(hub, pr)[-1]
+        assert author == "maintainer" and f"`{entry}`: not reported on the model page" in text
+        assert "is not a Hub model repo" in text and text.count("\n- ") == 1
+        posts = sum(m == "POST" for m, _ in hub.requests)
+        assert _bench_review(monkeypatch, hub, made, *args) == 0
+        assert sum(m == "POST" for m, _ in hub.requests) == posts
