@@ -9,8 +9,9 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
    reviewed again;
 2. list what the PR changes against the commit of ``main`` it branched from: only
    ``<suite>/<model>/result.json`` and the ``<suite>/<model>/predictions/*.parquet`` files it names
-   may be added or changed (no deletions, no other files, no stamps of the submitter's own), each
-   within the store's size limits;
+   may be added or changed (no deletions, no other files, no stamps of the submitter's own: only
+   this service's, from an earlier pass, next to a result the PR changes again), each within the
+   store's size limits, at most ``MAX_ENTRIES_PER_PR`` entries;
 3. download each changed entry at the PR head and check it exactly as the leaderboard store
    does (``leaderboard.store.load_store``: the folder is the one its result names
    (``eval.results.entry_dir``), schema, hashes, every metric recomputed); an entry already on
@@ -21,7 +22,9 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
    in the stamp, so a submitter cannot know which images are re-run);
 5. if everything passed, sign one verification stamp per entry with the maintainer key
    (``eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the
-   outcome (checks, images re-run, every mismatch) and, with ``merge``, merge the PR.
+   outcome (checks, images re-run, every mismatch) and, with ``merge``, merge the PR. A PR that
+   passed on an earlier run without ``merge`` is merged by a later one only after steps 2-3 are
+   re-checked against ``main`` as it is then (no image re-run; ``_merge_later``).
 
 Every PR gets a terminal answer at its head: ``passed``, ``failed`` (what did not match) or
 ``unreviewable`` (what the reviewer is missing to check it: a model that does not load, weights
