@@ -705,3 +705,19 @@ def test_publishing_a_model_that_is_not_on_the_hub_is_a_line_and_the_merge_stand
         posts = sum(m == "POST" for m, _ in hub.requests)
         assert _bench_review(monkeypatch, hub, made, *args) == 0
         assert sum(m == "POST" for m, _ in hub.requests) == posts
+
+
+def test_a_marker_is_bound_to_its_repo(made):
+    """The same key reviewing two results repos (e.g. a staging copy): a genuine answer of one, posted on the
+    same PR number and head of the other by the same account, is not believed there."""
+    from types import SimpleNamespace
+
+    from leaderboard.review import Reviewer
+
+    head = "ab" * 20
+    staging = Reviewer("org/staging", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
+    results = Reviewer("org/results", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
+    results.account = staging.account = "maintainer"
+    events = [SimpleNamespace(type="comment", author="maintainer", content="ok\n\n" + staging.marker(3, head, "passed"))]
+    assert staging.answers(3, events) == {head: "passed"}
+    assert results.answers(3, events) == {} and staging.answers(4, events) == {}
