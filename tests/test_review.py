@@ -721,3 +721,33 @@ def test_a_marker_is_bound_to_its_repo(made):
     events = [SimpleNamespace(type="comment", author="maintainer", content="ok\n\n" + staging.marker(3, head, "passed"))]
     assert staging.answers(3, events) == {head: "passed"}
     assert results.answers(3, events) == {} and staging.answers(4, events) == {}
+
+
+def test_a_failed_comment_after_the_stamp_commit_is_recovered_on_the_next_run(made, monkeypatch, capsys,
+                                                                              tiny_checkpoint, reruns):
+    """The Hub fails the answer's comment right after the stamps were committed: that run fails (exit 1, no
+    answer); the next one reviews the stamped head again, its own stamps are no reason to fail, and answers once."""
+    import requests
+    from huggingface_hub import HfApi, errors
+
+    entry = "toy/test_resnet.r160_in1k"
+    real = HfApi.comment_discussion
+
+    def down(self, *a, **kw):
+        r = requests.Response()
+        r.status_code, r.url = 503, "http://hub/comment"
+        raise errors.HfHubHTTPError("503 Service Unavailable", response=r)
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        monkeypatch.setattr(HfApi, "comment_discussion", down)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 1
+        capsys.readouterr()
+        repo = hub.repos[("dataset", "org/results")]
+        assert f"{entry}/verification.json" in repo.commits[_head(hub, pr)].files and _comments(hub, pr) == []
+        monkeypatch.setattr(HfApi, "comment_discussion", real)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        capsys.readouterr()
+        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "merged"
+        assert [t for _, t in _comments(hub, pr) if "Verification" in t][0].startswith("**Verification passed")
+        assert len([t for _, t in _comments(hub, pr) if "Verification" in t]) == 1
