@@ -30,9 +30,9 @@ Every PR gets a terminal answer at its head: ``passed``, ``failed`` (what did no
 ``unreviewable`` (what the reviewer is missing to check it: a model that does not load, weights
 it does not have); each is a comment with a signed marker, so it is not redone on the next pass.
 A PR pushed to while it is reviewed gets no answer (``moved``: its stamps are not committed on top
-of the unreviewed push) and is reviewed at its new head on the next run. Only a failure of the service itself (the Hub unreachable, a crash in a check) leaves a PR without
-an answer, ``error``: it is retried on the next run, and the CLI exits non-zero. One PR's outcome
-never stops the others. Comments quote data-derived text inside code blocks only.
+of the unreviewed push) and is reviewed at its new head on the next run. Only a failure of the
+service itself (the Hub unreachable, a crash in a check) leaves a PR without an answer, ``error``:
+it is retried on the next run, and the CLI exits non-zero. One PR's outcome never stops the others. Comments quote data-derived text inside code blocks only.
 """
 
 from __future__ import annotations
