@@ -10,8 +10,10 @@ request shows as "community" until the model's owners merge it.
   pull request on the model repo adding ``.eval_results/<suite id>.yaml``: the dataset id and the
   commit sha the result was scored on, one value per task the suite's ``eval.yaml`` declares (in
   its units: percent), the run's date, the entry in the results repo as the source, the protocol
-  in a few words as notes. Only complete results on a pinned suite. "Verified" is written only when
-  the entry's stamp is signed by a key the caller trusts and names these exact files; the notes then
+  in a few words as notes. Only complete results on a pinned suite, and a result of a Hub model only
+  on that model's own repo. "Verified" is written only when the entry's stamp is signed by a key the
+  caller trusts and names these exact files, and the weights were the repo's own (``model.source``
+  ``hf-hub``: a stamp over local weights says nothing about a repo's files); the notes then
   carry the stamp's key id and seed, otherwise they say "not verified by genshift-bench". One
   open pull request per (model repo, suite): a rerun updates it, never opens a second one.
   ``bench submit --model-repo`` and ``bench review --publish-model-results`` both call it.
@@ -208,6 +210,11 @@ def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = No
         model_repo = model_repo or (m["id"] if m.get("source") == "hf-hub" else None)
         if not model_repo or not REPO_RE.match(model_repo):
             raise BenchError(f"model {str(m['id'])[:80]!r} is not a Hub model repo; pass --model-repo ORG/NAME")
+        if m.get("source") == "hf-hub" and model_repo != m["id"]:  # another model's numbers on this page: never
+            raise BenchError(f"the entry is a result of the Hub model {m['id']}, not {model_repo}; it is reported only "
+                             f"on its own model repo (--model-repo {m['id']})")
+        if m.get("source") != "hf-hub":
+            stamp = None  # the stamp vouches for local weights by hash; nothing ties them to this repo's files
         entries = build_entries(result, stamp=stamp, source_url=f"{api.endpoint}/datasets/{results_repo}/tree/{sha}/{prefix}",
                                 declared=declared_tasks(api, result["suite"]["repo_id"]))
         suite = result["suite"]["id"]

@@ -9,8 +9,9 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
    reviewed again;
 2. list what the PR changes against the commit of ``main`` it branched from: only
    ``<suite>/<model>/result.json`` and the ``<suite>/<model>/predictions/*.parquet`` files it names
-   may be added or changed (no deletions, no other files, no stamps of the submitter's own), each
-   within the store's size limits;
+   may be added or changed (no deletions, no other files, no stamps of the submitter's own: only
+   this service's, from an earlier pass, next to a result the PR changes again), each within the
+   store's size limits, at most ``MAX_ENTRIES_PER_PR`` entries;
 3. download each changed entry at the PR head and check it exactly as the leaderboard store
    does (``leaderboard.store.load_store``: the folder is the one its result names
    (``eval.results.entry_dir``), schema, hashes, every metric recomputed); an entry already on
@@ -21,14 +22,17 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
    in the stamp, so a submitter cannot know which images are re-run);
 5. if everything passed, sign one verification stamp per entry with the maintainer key
    (``eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the
-   outcome (checks, images re-run, every mismatch) and, with ``merge``, merge the PR.
+   outcome (checks, images re-run, every mismatch) and, with ``merge``, merge the PR. A PR that
+   passed on an earlier run without ``merge`` is merged by a later one only after steps 2-3 are
+   re-checked against ``main`` as it is then (no image re-run; ``_merge_later``).
 
 Every PR gets a terminal answer at its head: ``passed``, ``failed`` (what did not match) or
 ``unreviewable`` (what the reviewer is missing to check it: a model that does not load, weights
 it does not have); each is a comment with a signed marker, so it is not redone on the next pass.
-Only a failure of the service itself (the Hub unreachable, a crash in a check) leaves a PR without
-an answer, ``error``: it is retried on the next run, and the CLI exits non-zero. One PR's outcome
-never stops the others. Comments quote data-derived text inside code blocks only.
+A PR pushed to while it is reviewed gets no answer (``moved``: its stamps are not committed on top
+of the unreviewed push) and is reviewed at its new head on the next run. Only a failure of the
+service itself (the Hub unreachable, a crash in a check) leaves a PR without an answer, ``error``:
+it is retried on the next run, and the CLI exits non-zero. One PR's outcome never stops the others. Comments quote data-derived text inside code blocks only.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ OUTCOMES = ("passed", "failed", "unreviewable")  # terminal answers, each signed
 # the marker ends the comment; quoted text above it (in code blocks) can never be taken for it
 MARKER = re.compile(r"<!-- genshift-review v=2 head=(?P<head>[0-9a-f]{7,64}) outcome=(?P<outcome>passed|failed|"
                     r"unreviewable) key=(?P<key>[0-9a-f]{16}) sig=(?P<sig>[A-Za-z0-9+/]{86}==) -->\s*\Z")
+MAX_ENTRIES_PER_PR = 20  # each entry is an image re-run: a bigger PR would hold the service for hours
 ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)/"
                         r"(result\.json|predictions/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet)$")
 
@@ -56,7 +61,7 @@ ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)/"
 class Outcome:
     pr: int
     head: str = ""
-    status: str = "error"        # "passed" | "failed" | "unreviewable" | "skipped" | "error"
+    status: str = "error"        # "passed" | "failed" | "unreviewable" | "skipped" | "moved" | "error"
     entries: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
@@ -71,9 +76,16 @@ def _marker_body(repo_id: str, pr: int, head: str, outcome: str) -> dict:
     return {"kind": MARKER_KIND, "version": 2, "repo": repo_id, "pr": pr, "head": head, "outcome": outcome}
 
 
+MAX_COMMENT_LINES = 50  # a comment stays readable (and within the Hub's size limits) however big the PR
+
+
 def _block(lines: list[str]) -> str:
-    """Data-derived lines inside a fenced block: the Hub renders comments as Markdown."""
-    body = "\n".join(line.replace("```", "'''") for line in lines)
+    """Data-derived lines inside a fenced block: the Hub renders comments as Markdown. At most
+    ``MAX_COMMENT_LINES`` lines of at most 500 characters; the rest is counted."""
+    shown = [one_line(line, 500) for line in lines[:MAX_COMMENT_LINES]]
+    if len(lines) > MAX_COMMENT_LINES:
+        shown.append(f"… and {len(lines) - MAX_COMMENT_LINES} more")
+    body = "\n".join(line.replace("```", "'''") for line in shown)
     return f"```text\n{body}\n```"
 
 
@@ -182,7 +194,7 @@ class Reviewer:
         if head in earlier and num not in self.again:
             outcome.status, outcome.earlier = "skipped", earlier[head]
             if earlier[head] == "passed" and self.merge and details.status == "open":
-                self._merge(outcome)  # passed earlier, but the merge did not happen (e.g. run without --merge)
+                self._merge_later(num, head, outcome)  # passed earlier, not merged then (e.g. run without --merge)
             return outcome
         with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
             try:
@@ -197,15 +209,23 @@ class Reviewer:
                 outcome.status, outcome.problems = "failed", problems
                 self._comment(num, head, outcome)
                 return outcome
-            from huggingface_hub import CommitOperationAdd
+            from huggingface_hub import CommitOperationAdd, errors
 
             from benchmark.fsutil import canonical_json
             from eval.stamps import STAMP_FILE
 
             ops = [CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)) for entry, stamp in stamps.items()]
-            info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=f"refs/pr/{num}",
-                                          parent_commit=head,
-                                          commit_message=f"Verification stamps ({self.recheck} images re-run)")
+            try:  # on top of the reviewed head only: the Hub refuses a stale parent (412)
+                info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=f"refs/pr/{num}",
+                                              parent_commit=head,
+                                              commit_message=f"Verification stamps ({self.recheck} images re-run)")
+            except errors.HfHubHTTPError as e:
+                if getattr(e.response, "status_code", None) not in (409, 412):
+                    raise
+                # pushed to during the review: a submission's doing, not the service's failure; no answer
+                outcome.status = "moved"
+                outcome.problems = ["the head moved during the review; the new head is reviewed on the next run"]
+                return outcome
             outcome.stamp_commit = info.oid
         outcome.status = "passed"
         self._comment(num, outcome.stamp_commit, outcome)
@@ -239,6 +259,28 @@ class Reviewer:
             if check_signature(signed, self.public) is None:
                 out[m["head"]] = m["outcome"]
         return out
+
+    def _merge_later(self, num: int, head: str, outcome: Outcome) -> None:
+        """Merge a PR that passed on an earlier run. ``main`` may have moved on since, so what the PR changes is
+        listed again and its ownership re-checked against ``main`` as it is now (no image re-run: ``head`` is the
+        stamped commit that was reviewed). A PR that would now replace another model's entry gets a new
+        ``failed`` answer at this head instead of the merge; one that still owns its folders is merged, and its
+        entries are known to the publishing step."""
+        with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
+            changed, existing, _, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head,
+                                                                   stamped=True)
+            outcome.entries = sorted(changed)
+            for entry in [] if problems else outcome.entries:
+                ids = self._owner(entry, head, Path(tmp) / "head")
+                if ids is None:
+                    problems.append(f"{entry}/result.json at the reviewed head cannot be read")
+                elif why := self._replaces_other(entry, ids, existing.get(entry, ()), Path(tmp) / "main"):
+                    problems.append(why)
+        if problems:
+            outcome.status, outcome.earlier, outcome.problems = "failed", "", problems
+            self._comment(num, head, outcome)
+            return
+        self._merge(outcome)
 
     def _merge(self, outcome: Outcome) -> None:
         from huggingface_hub import errors
@@ -282,10 +324,12 @@ class Reviewer:
                 return c.commit_id
         raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
 
-    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], dict[str, list], set[str], list[str]]:
+    def _changed_entries(self, base: str, head: str, *, stamped: bool = False
+                         ) -> tuple[dict[str, set], dict[str, list], set[str], list[str]]:
         """The entries the PR adds or changes (entry -> its changed files), those of them already on main (entry ->
         the commits holding it: the PR's base and main now, which may have moved on), every file at the head, and
-        what the PR may not do."""
+        what the PR may not do. ``stamped``: ``head`` is this service's own stamp commit (its signed answer says
+        so), whose stamps are the reviewer's."""
         from huggingface_hub.hf_api import RepoFile
 
         from eval.stamps import STAMP_FILE
@@ -296,13 +340,15 @@ class Reviewer:
                                                                 recursive=True) if isinstance(f, RepoFile)}
         old, new = tree(base), tree(head)
         changed: dict[str, set] = {}
+        stamp_files: list[str] = []
         problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(set(old) - set(new))]
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
             m = ENTRY_FILE.match(path)
             if path.endswith("/" + STAMP_FILE):
-                problems.append(f"changes {path}: verification stamps are written only by the reviewer")
+                if not stamped:
+                    stamp_files.append(path)  # checked below, once the changed results are known
                 continue
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
                 problems.append(f"changes {path}: a submission may only add or replace <suite>/<model>/result.json "
@@ -312,13 +358,37 @@ class Reviewer:
             if (f.size or 0) > limit:
                 problems.append(f"{path} is {f.size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit")
             changed.setdefault(f"{m.group(1)}/{m.group(2)}", set()).add(path)
+        # the reviewer's own stamps from an earlier pass of this PR may stay next to a result the PR changes
+        # again: that entry is re-stamped if it passes (or not merged); any other stamp is the submitter's
+        too_many = len(changed) > MAX_ENTRIES_PER_PR  # then no stamp is downloaded: the PR fails anyway
+        problems += [f"changes {p}: verification stamps are written only by the reviewer" for p in stamp_files
+                     if f"{p.rsplit('/', 1)[0]}/result.json" not in changed.get(p.rsplit("/", 1)[0], ())
+                     or not (too_many or self._signed_by_reviewer(head, new[p]))]
         problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
+        if too_many:
+            problems.insert(0, f"adds or changes {len(changed)} entries; at most {MAX_ENTRIES_PER_PR} per pull request "
+                               "(each is re-run through its model): split it into several pull requests")
         if not changed and not problems:
             problems.append("the pull request adds no result")
         main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
         trees = {base: old, **({main: tree(main)} if main != base else {})}
         existing = {e: revs for e in changed if (revs := [r for r, t in trees.items() if f"{e}/result.json" in t])}
         return changed, existing, set(new), problems
+
+    def _signed_by_reviewer(self, head: str, f) -> bool:
+        """True when the file ``f`` at ``head`` is a stamp signed by this service's key."""
+        from eval.results import parse_json
+        from eval.stamps import MAX_STAMP_BYTES, STAMP_KIND, check_signature
+
+        if (f.size or 0) > MAX_STAMP_BYTES:
+            return False
+        with tempfile.TemporaryDirectory(prefix="genshift-review-stamp-", dir=self.work_dir) as tmp:
+            raw = self._download(head, f.path, Path(tmp)).read_bytes()
+        try:
+            stamp = parse_json(raw, where=f.path, max_bytes=MAX_STAMP_BYTES)
+        except BenchError:
+            return False
+        return isinstance(stamp, dict) and stamp.get("kind") == STAMP_KIND and check_signature(stamp, self.public) is None
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
                root: Path) -> tuple[dict[str, Path], list[str]]:
@@ -354,6 +424,16 @@ class Reviewer:
         except (BenchError, KeyError, TypeError):
             return None
 
+    def _replaces_other(self, entry: str, ids: tuple[str, str], revs, root: Path) -> str | None:
+        """Why the entry with ``ids`` (model id, suite id) may not replace ``entry`` as it is at the commits
+        ``revs`` of main, or None: an entry on main is replaced only by a result of the same model on the same suite."""
+        others = {self._owner(entry, rev, root / rev) for rev in revs} - {ids}
+        if not others:
+            return None
+        owner = next(iter(others))
+        return (f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} with a result of "
+                f"{ids[0]} on {ids[1]}; a submission may replace only an entry of its own model id and suite")
+
     def _check(self, results: dict[str, Path], outcome: Outcome, existing: dict[str, list],
                base_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
@@ -369,13 +449,8 @@ class Reviewer:
             if e is None or e.status in ("rejected", "superseded"):
                 problems.append(f"{entry}: rejected by the store: {e.reason if e else 'not loaded'}")
                 continue
-            # an entry on main is replaced only by a result of the same model on the same suite
-            owners = {self._owner(entry, rev, base_root / rev) for rev in existing.get(entry, ())}
-            if owners - {(e.model_id, e.suite_id)}:
-                owner = next(iter(owners - {(e.model_id, e.suite_id)}))
-                problems.append(f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} "
-                                f"with a result of {e.model_id} on {e.suite_id}; a submission may replace only an "
-                                "entry of its own model id and suite")
+            if why := self._replaces_other(entry, (e.model_id, e.suite_id), existing.get(entry, ()), base_root):
+                problems.append(why)
                 continue
             self._can_rerun(entry, e.result)
             report = self._rerun(entry, path, e.model_id)

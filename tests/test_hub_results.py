@@ -410,3 +410,82 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
     cols = json.loads(next(d for d in at.dataframe if "hub rank" in d.value.columns).proto.columns)
     assert cols["source"]["type_config"]["type"] == "link"
     assert "Reported on the Hub" in [s.value for s in at.subheader]
+
+
+def test_a_pr_merged_on_a_later_review_run_is_published_once(hub_world, monkeypatch, capsys):
+    """`bench review` without --merge passes a PR; a later `--merge --publish-model-results` run merges it without
+    re-running images and then opens the model-repo PR and links it; a third run adds nothing."""
+    from huggingface_hub import parse_eval_result_entries
+
+    from benchmark.cli import main
+    from leaderboard.hub_results import MODEL_PR_MARKER
+    from leaderboard.submit import submit
+
+    w = hub_world
+    hub, api = w["hub"], w["api"]
+    _point_hub_defaults_at(monkeypatch, hub, w["tmp"] / "hub-cache")
+    (w["result"].parent / "verification.json").unlink()
+    api.create_repo("org/results", repo_type="dataset")
+    submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
+    cli = ["review", "--repo", "org/results", "--key", str(w["key"]), "--suite", str(w["suite"]), "--recheck", "2"]
+    assert main(cli) == 0 and "passed" in capsys.readouterr().out
+    assert ("model", "org/tiny-resnet") in hub.repos and hub.repos[("model", "org/tiny-resnet")].prs == 0
+
+    assert main(cli + ["--merge", "--publish-model-results"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped (passed earlier) + merged" in out, out
+    model = hub.repos[("model", "org/tiny-resnet")]
+    assert model.prs == 1
+    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
+    assert entries and all("verified by genshift-bench: stamp key" in e.notes for e in entries)
+    comments = [e.content for e in api.get_discussion_details("org/results", 1, repo_type="dataset").events
+                if e.type == "comment"]
+    assert MODEL_PR_MARKER in comments[-1] and "/org/tiny-resnet/discussions/1 (opened)" in comments[-1]
+
+    posts = sum(m == "POST" for m, _ in hub.requests)
+    assert main(cli + ["--merge", "--publish-model-results"]) == 0
+    assert "no open pull requests" in capsys.readouterr().out
+    assert model.prs == 1 and sum(m == "POST" for m, _ in hub.requests) == posts
+
+
+def test_a_verified_result_is_reported_only_on_its_own_model_repo(hub_world, capsys):
+    """Mallory takes a verified entry of org/tiny-resnet and asks for it on her own model repo: refused, one line,
+    nothing opened there, so no model page says "verified by genshift-bench" about numbers of another model."""
+    from benchmark.cli import main
+
+    w = hub_world
+    hub = w["hub"]
+    _merge_into_results(w)
+    w["api"].create_repo("org/mallory")
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/mallory",
+                 "--trusted-keys", str(w["trusted"]), "--endpoint", hub.endpoint]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "org/tiny-resnet" in err and "--model-repo org/tiny-resnet" in err
+    assert hub.repos[("model", "org/mallory")].prs == 0
+
+
+def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(hub_world, capsys):
+    """A result scored from a local weights file, signed by the maintainer: its stamp vouches for a sha256, not for
+    whatever the named model repo holds, so the model-repo PR says "not verified by genshift-bench"."""
+    from huggingface_hub import parse_eval_result_entries
+
+    from benchmark.cli import main
+    from benchmark.fsutil import canonical_json, sha256_file
+    from eval.results import config_hash
+    from eval.stamps import load_private_key, sign
+
+    w = hub_world
+    run = w["result"].parent
+    res = json.loads(w["result"].read_text())
+    res["model"].update(source="checkpoint", weights_revision=None)
+    res["config_hash"] = config_hash(res["model"], res["suite"], res["protocol"], res["data_config"])
+    w["result"].write_bytes(canonical_json(res))
+    stamp = json.loads((run / "verification.json").read_text())
+    stamp["result_sha256"] = sha256_file(w["result"])
+    (run / "verification.json").write_bytes(canonical_json(sign(stamp, load_private_key(str(w["key"])))))
+    _merge_into_results(w)
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--trusted-keys", str(w["trusted"]), "--endpoint", w["hub"].endpoint]) == 0, capsys.readouterr().err
+    model = w["hub"].repos[("model", "org/tiny-resnet")]
+    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
+    assert entries and all("not verified by genshift-bench" in e.notes for e in entries)

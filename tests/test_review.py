@@ -521,3 +521,233 @@ def test_entry_folders_are_derived_from_the_ids():
     assert path_slug("ré/x y") == "r----x--y"  # ASCII only: the folder names the results repo accepts
     assert path_slug("..") == "_.." and path_slug("") == "_" and len(path_slug("m" * 300)) == 96
     assert entry_dir({"suite": {"id": "imagenet-star"}, "model": {"id": "org/m"}}) == "imagenet-star/org--m"
+
+
+def test_a_pr_merged_on_a_later_run_is_checked_against_main_as_it_is_then(made, tmp_path, monkeypatch, capsys,
+                                                                          tiny_checkpoint, reruns):
+    """Passed without --merge, then main moved on: another model's entry now holds the PR's folder. The later
+    --merge run re-checks ownership against main (no image re-run) and answers 'failed' instead of merging,
+    once, rather than overwriting that entry."""
+    from huggingface_hub import HfApi
+
+    entry = "toy/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        api = HfApi(endpoint=hub.endpoint, token="tok-maint")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0  # no --merge
+        assert "passed" in capsys.readouterr().out and len(reruns) == 1
+        # meanwhile main got org/q's entry in that folder (a maintainer's direct commit)
+        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: r["model"].update(
+            id="org/q")), entry), repo_type="dataset", commit_message="merged meanwhile")
+        repo = hub.repos[("dataset", "org/results")]
+        before = repo.commits[repo.refs["main"]].files[f"{entry}/result.json"]
+
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        out = capsys.readouterr().out
+        assert len(reruns) == 1  # the ownership re-check needs no image re-run
+        assert repo.discussions[pr]["status"] == "open", out
+        assert repo.commits[repo.refs["main"]].files[f"{entry}/result.json"] == before  # org/q's entry stands
+        author, text = _comments(hub, pr)[-1]
+        assert author == "maintainer" and "Verification failed" in text
+        assert "replaces the entry of org/q with a result of test_resnet.r160_in1k on toy" in text
+
+        # its new (failed) answer at the same head is the one believed from now on: nothing more is done
+        posts = sum(m == "POST" for m, _ in hub.requests)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        assert "skipped (failed earlier)" in capsys.readouterr().out
+        assert sum(m == "POST" for m, _ in hub.requests) == posts and repo.discussions[pr]["status"] == "open"
+
+
+def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_path, monkeypatch, capsys,
+                                                                       tiny_checkpoint):
+    """The submitter pushes while the images are re-run: the stamps are not committed on top of the unreviewed
+    push (the Hub refuses the stale parent), nothing is commented, the run exits 0; the next run reviews the
+    new head."""
+    import eval.verify
+
+    entry = "toy/test_resnet.r160_in1k"
+    real = eval.verify.verify_result
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        v2 = _copy(made, tmp_path, "v2", lambda r: r.update(notes="pushed during the review"))
+
+        def push_meanwhile(path, **kw):
+            if kw.get("recheck"):
+                _push(hub, "tok-alice", pr, _entry_ops(v2, entry))
+            return real(path, **kw)
+        monkeypatch.setattr(eval.verify, "verify_result", push_meanwhile)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        assert "moved" in capsys.readouterr().out
+        repo = hub.repos[("dataset", "org/results")]
+        assert _comments(hub, pr) == [] and repo.discussions[pr]["status"] == "open"
+        assert not any(p.endswith("verification.json") for p in repo.commits[_head(hub, pr)].files)
+
+        monkeypatch.setattr(eval.verify, "verify_result", real)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        capsys.readouterr()
+        assert repo.discussions[pr]["status"] == "merged"
+        assert b"pushed during the review" in repo.commits[repo.refs["main"]].files[f"{entry}/result.json"]
+
+
+def test_a_pr_of_thousands_of_files_gets_one_bounded_answer(made, monkeypatch, capsys):
+    """A flood of stray files: answered once ('failed'), with the first offending paths and a count of the rest,
+    never a comment that grows with the PR."""
+    from huggingface_hub import CommitOperationAdd
+
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"junk/{i:05d}-{'x' * 80}.txt", b"x")
+                                           for i in range(2000)])
+        assert _bench_review(monkeypatch, hub, made) == 0
+        assert "failed" in capsys.readouterr().out
+        [(author, text)] = _comments(hub, pr)
+        assert author == "maintainer" and "Verification failed" in text and "changes junk/00000-" in text
+        assert "… and 1950 more" in text and len(text) < 20_000, len(text)
+
+
+def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, monkeypatch, capsys, tiny_checkpoint,
+                                                                reruns):
+    """The PR holds the reviewer's own stamps from its earlier pass; the submitter pushes a new run of the same
+    model: the new head is reviewed (images re-run), re-stamped and merged, not failed for the old stamps. A
+    stamp the reviewer did not sign is still refused."""
+    from huggingface_hub import CommitOperationAdd
+
+    entry = "toy/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        capsys.readouterr()
+        repo = hub.repos[("dataset", "org/results")]
+        old_stamp = repo.commits[_head(hub, pr)].files[f"{entry}/verification.json"]
+        _push(hub, "tok-alice", pr, _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        out = capsys.readouterr().out
+        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "merged", out
+        main = repo.commits[repo.refs["main"]].files
+        assert b'"v2"' in main[f"{entry}/result.json"] and main[f"{entry}/verification.json"] != old_stamp
+
+        # a stamp signed by anyone else (here: an unsigned one) in a later push still fails the PR
+        pr2 = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v3", lambda r: r.update(notes="v3")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        _push(hub, "tok-alice", pr2, [CommitOperationAdd(f"{entry}/verification.json", b'{"kind": "x"}')])
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        capsys.readouterr()
+        assert "verification stamps are written only by the reviewer" in _comments(hub, pr2)[-1][1]
+
+
+def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download(made, monkeypatch, capsys, reruns):
+    """`.gitattributes` changed or deleted, a predictions file whose name has a space or non-ASCII letters, a
+    result over the size limit: each fails with the offending path, and nothing reaches the image re-run."""
+    import leaderboard.store
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    entry = "toy/test_resnet.r160_in1k"
+    monkeypatch.setattr(leaderboard.store, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        prs = {
+            "attrs": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry) + [
+                CommitOperationAdd(".gitattributes", b"*.json filter=lfs diff=lfs merge=lfs -text\n")]),
+            "unattrs": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry) + [CommitOperationDelete(".gitattributes")]),
+            "space": _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"{entry}/predictions/a b.parquet", b"PAR1")]),
+            "unicode": _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"{entry}/predictions/bäse.parquet", b"PAR1")]),
+            "big": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry)),
+        }
+        assert _bench_review(monkeypatch, hub, made) == 0
+        capsys.readouterr()
+        said = {k: _comments(hub, n)[-1][1] for k, n in prs.items()}
+        assert all("Verification failed" in t for t in said.values()), said
+        assert "changes .gitattributes" in said["attrs"] and "deletes .gitattributes" in said["unattrs"]
+        assert f"changes {entry}/predictions/a b.parquet" in said["space"]
+        assert f"changes {entry}/predictions/bäse.parquet" in said["unicode"]
+        assert f"{entry}/result.json is" in said["big"] and "over the 0 MiB limit" in said["big"]
+        assert reruns == []
+
+
+def test_a_pr_with_too_many_entries_is_refused_before_any_download(made, monkeypatch, capsys, reruns):
+    """Every entry costs an image re-run: a PR adding more than MAX_ENTRIES_PER_PR entries would hold the service
+    for hours; it is answered at once, saying to split it."""
+    from huggingface_hub import CommitOperationAdd
+
+    from leaderboard.review import MAX_ENTRIES_PER_PR
+
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"toy/m{i}/result.json", b"{}")
+                                           for i in range(MAX_ENTRIES_PER_PR + 1)])
+        downloads = sum("/resolve/" in p for _, p in hub.requests)
+        assert _bench_review(monkeypatch, hub, made) == 0
+        capsys.readouterr()
+        text = _comments(hub, pr)[-1][1]
+        assert "Verification failed" in text and f"adds or changes {MAX_ENTRIES_PER_PR + 1} entries" in text
+        assert f"at most {MAX_ENTRIES_PER_PR} per pull request" in text
+        assert reruns == [] and sum("/resolve/" in p for _, p in hub.requests) == downloads
+
+
+def test_publishing_a_model_that_is_not_on_the_hub_is_a_line_and_the_merge_stands(made, monkeypatch, capsys,
+                                                                                   tiny_checkpoint):
+    """--publish-model-results on an entry scored with local weights: merged, and the results PR says in one line
+    why it was not reported on a model page; the run exits 0 and a rerun posts nothing."""
+    entry = "toy/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        args = ("--checkpoint", str(tiny_checkpoint), "--merge", "--publish-model-results")
+        assert _bench_review(monkeypatch, hub, made, *args) == 0
+        capsys.readouterr()
+        assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "merged"
+        author, text = _comments(hub, pr)[-1]
+        assert author == "maintainer" and f"`{entry}`: not reported on the model page" in text
+        assert "is not a Hub model repo" in text and text.count("\n- ") == 1
+        posts = sum(m == "POST" for m, _ in hub.requests)
+        assert _bench_review(monkeypatch, hub, made, *args) == 0
+        assert sum(m == "POST" for m, _ in hub.requests) == posts
+
+
+def test_a_marker_is_bound_to_its_repo(made):
+    """The same key reviewing two results repos (e.g. a staging copy): a genuine answer of one, posted on the
+    same PR number and head of the other by the same account, is not believed there."""
+    from types import SimpleNamespace
+
+    from leaderboard.review import Reviewer
+
+    head = "ab" * 20
+    staging = Reviewer("org/staging", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
+    results = Reviewer("org/results", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
+    results.account = staging.account = "maintainer"
+    events = [SimpleNamespace(type="comment", author="maintainer", content="ok\n\n" + staging.marker(3, head, "passed"))]
+    assert staging.answers(3, events) == {head: "passed"}
+    assert results.answers(3, events) == {} and staging.answers(4, events) == {}
+
+
+def test_a_failed_comment_after_the_stamp_commit_is_recovered_on_the_next_run(made, monkeypatch, capsys,
+                                                                              tiny_checkpoint, reruns):
+    """The Hub fails the answer's comment right after the stamps were committed: that run fails (exit 1, no
+    answer); the next one reviews the stamped head again, its own stamps are no reason to fail, and answers once."""
+    import requests
+    from huggingface_hub import HfApi, errors
+
+    entry = "toy/test_resnet.r160_in1k"
+    real = HfApi.comment_discussion
+
+    def down(self, *a, **kw):
+        r = requests.Response()
+        r.status_code, r.url = 503, "http://hub/comment"
+        raise errors.HfHubHTTPError("503 Service Unavailable", response=r)
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        monkeypatch.setattr(HfApi, "comment_discussion", down)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 1
+        capsys.readouterr()
+        repo = hub.repos[("dataset", "org/results")]
+        assert f"{entry}/verification.json" in repo.commits[_head(hub, pr)].files and _comments(hub, pr) == []
+        monkeypatch.setattr(HfApi, "comment_discussion", real)
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
+        capsys.readouterr()
+        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "merged"
+        assert [t for _, t in _comments(hub, pr) if "Verification" in t][0].startswith("**Verification passed")
+        assert len([t for _, t in _comments(hub, pr) if "Verification" in t]) == 1

@@ -11,9 +11,11 @@ def add_parser(sub):
                              "commit: check every new entry as the leaderboard store does (its folder is derived from "
                              "its result; an existing entry may only be replaced by the same model), re-run a fresh "
                              "random sample of its images through the model, sign a verification stamp with the "
-                             "maintainer key and commit it to the PR, and (--merge) merge what passed. Every PR gets "
+                             "maintainer key and commit it to the PR, and (--merge) merge what passed (a PR that passed on an "
+                             "earlier run is merged only after its ownership is re-checked against main). Every PR gets "
                              "one answer per head: passed, failed or cannot be checked, a comment ending with a "
-                             "marker signed by --key (only those, by the HF_TOKEN account, are believed). Exits "
+                             "marker signed by --key (only those, by the HF_TOKEN account, are believed); a PR pushed to "
+                             "during its review is 'moved' and reviewed at its new head next time. Exits "
                              "non-zero only when the service failed (Hub unreachable, token refused, a crash), never "
                              "for a bad submission. Needs HF_TOKEN with write access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
