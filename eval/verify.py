@@ -257,7 +257,7 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
         return ref, ""
     src = rec.get("source")
     if use_recorded and isinstance(src, str):
-        from eval.runner import reopen_suite
+        from eval.suite_open import reopen_suite
         from eval.suite_trust import hub_manifest
 
         if rec.get("repo_id") and rec.get("revision") and not Path(src).exists():  # the manifest alone, if it is one
@@ -275,7 +275,7 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
 def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
     """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
     from benchmark.suites import SUITES, declared_scoring
-    from eval.runner import _is_construction_model
+    from eval.suite_open import is_construction_model
 
     rec, m = result["suite"], ref.manifest
     trust = "" if ref.trusted else " (the folder recorded in the result: not a trust root; use --suite to choose)"
@@ -348,7 +348,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     spec = SUITES.get(rec["id"]) if rec["id"] in SUITES else None
     flags = {
         "unpinned_suite": not rec["pinned"],
-        "construction_model": _is_construction_model(result["model"]["id"], spec.construction_models if spec else ()),
+        "construction_model": is_construction_model(result["model"]["id"], spec.construction_models if spec else ()),
         "partial": limited or set(rec["configs"]) != set(m.configs),
         "skipped_bad_images": any(result["counts"][c]["skipped_bad"] > 0 for c in rec["configs"]),
     }
@@ -411,7 +411,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
     from PIL import Image
 
     from eval.models import load_classifier
-    from eval.runner import reopen_suite
+    from eval.suite_open import reopen_suite
 
     local = report.suite.local if report.suite is not None else None  # the suite the rows were checked against
     if local is None:

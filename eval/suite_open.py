@@ -1,0 +1,91 @@
+"""Opening the suite a run scores: a local folder, a registry id or a Hub repo id, verified, with
+its scoring spec (metric family, reference config, construction models); and the suite a stored
+result was made on (``bench verify --recheck``, ``bench diagnose``).
+
+A module of its own so that the one-model entry point (``eval.runner``) and the sweep
+(``eval.sweep``) both depend on it and not on each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmark.errors import BenchError, IntegrityError
+from benchmark.fsutil import sha256_file
+from benchmark.reader import LocalSuite
+
+
+@dataclass(frozen=True)
+class SuiteInfo:
+    suite: LocalSuite
+    metric_family: str
+    reference_config: str | None
+    construction_models: tuple[str, ...]
+    pinned: bool
+    source: str  # what the user gave
+
+
+def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ...] | None = None,
+               mask: str | None = None) -> SuiteInfo:
+    """A local suite folder, a registry id or a Hub repo id -> a verified ``LocalSuite`` + its spec."""
+    from benchmark import hub
+    from benchmark.suites import SUITES, declared_scoring, get_suite
+
+    suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
+    key = text if text in SUITES else suite.suite_id
+    spec = get_suite(key) if key in SUITES else None
+    family, reference = (spec.metric_family, spec.reference_config) if spec else declared_scoring(suite.manifest)
+    return SuiteInfo(
+        suite=suite,
+        metric_family=family,
+        reference_config=reference,
+        construction_models=spec.construction_models if spec else (),
+        pinned=suite.pinned, source=text,
+    )
+
+
+def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = None,
+                 configs: tuple[str, ...] | None = None) -> SuiteInfo:
+    """The suite a result was made on (for ``bench verify --recheck`` and ``bench diagnose``).
+
+    By default it is opened as recorded (source, revision and, for the upstream ImageNet*
+    adapter, the mask file); ``suite`` / ``mask`` point elsewhere. The opened suite must have
+    the result's manifest hash.
+    """
+    from benchmark import upstream
+
+    rec = result["suite"]
+    rec_mask = rec.get("mask") or {}
+    src = suite or rec.get("source") or rec["id"]
+    upstream_source = src == "imagenet-star-upstream" or upstream.is_release_folder(src)
+    if mask is None and upstream_source and (not rec_mask or rec_mask.get("source") == "none"):
+        mask = upstream.NO_MASK  # scored unfiltered (--no-mask, or before the released mask was the default)
+        rec_mask = {}
+    elif mask is None and rec_mask.get("source") == "released":
+        rec_mask = {}  # the pinned file: fetched again if needed, and its sha256 is checked on use
+    if mask is None and rec_mask:
+        mask = rec_mask["path"]
+        if mask is None:
+            raise BenchError(f"the result was scored with a mask file of sha256 {rec_mask['sha256'][:12]}… whose "
+                             "path was not recorded; pass that file with --mask")
+        if not Path(mask).is_file():
+            raise BenchError(f"the result was scored with the mask {mask} (sha256 {rec_mask['sha256'][:12]}…), which is "
+                             "not there any more; pass the same file with --mask")
+    if mask is not None and rec_mask and sha256_file(mask) != rec_mask["sha256"]:
+        raise IntegrityError(f"mask {mask} is not the one the result was scored with (sha256 "
+                             f"{rec_mask['sha256'][:12]}…); pass that file with --mask")
+    info = open_suite(src, revision=None if suite else rec.get("revision"), configs=configs, mask=mask)
+    if info.suite.manifest.sha256 != rec["manifest_sha256"]:
+        raise IntegrityError(f"suite {src!r} has manifest {info.suite.manifest.sha256[:12]}…, the result was made on "
+                             f"{rec['manifest_sha256'][:12]}…; pass the right suite with --suite")
+    return info
+
+
+def slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "--" for ch in text)
+
+
+def is_construction_model(model_id: str, construction: tuple[str, ...]) -> bool:
+    name = model_id.split("/", 1)[1] if model_id.startswith("timm/") else model_id
+    return any(name == c or model_id == c for c in construction)
