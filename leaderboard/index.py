@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -42,15 +43,21 @@ def _keys_digest(trusted_keys_file: str | None) -> str:
     return sha256_bytes(Path(trusted_keys_file).read_bytes()) if trusted_keys_file else ""
 
 
+def _absolute(path: Path) -> Path:
+    """Absolute without following links (a Hub snapshot's files link to blobs outside the root): a relative
+    ``--results`` and its entries' paths compare as the same folder."""
+    return Path(os.path.abspath(path))
+
+
 def _record(e: Entry, root: Path) -> dict:
-    return {"path": e.path.relative_to(root).as_posix(), "status": e.status, "reason": e.reason,
+    return {"path": _absolute(e.path).relative_to(root).as_posix(), "status": e.status, "reason": e.reason,
             "stamp": e.stamp, "result_sha256": e.result_sha256, "result": e.result,
             "predictions_sha256": e.predictions_sha256, "note": e.note, "suite_checked": e.suite_checked}
 
 
 def write_index(store: Store, *, keys_digest: str = "") -> Path | None:
     """Record a fully checked store (called after each full check); None if it cannot be written."""
-    root = store.root.resolve()
+    root = _absolute(store.root)
     records = []
     for e in store.entries + store.superseded + store.rejected:
         try:

@@ -4,6 +4,7 @@ ImageNet-val accuracy, failure-direction pictures."""
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,21 +173,27 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
         aggregate.read_id_accuracy(bad)
 
 
-def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path):
+@pytest.mark.parametrize("relative", [True, False], ids=["relative-results", "absolute-results"])
+def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path, monkeypatch, relative):
     from leaderboard.index import Loader, index_path, read_index
     from leaderboard.store import load_store
 
-    root = tmp_path / "s"
+    monkeypatch.chdir(tmp_path)
+    root = Path("s") if relative else tmp_path / "s"  # `bench leaderboard --results s` passes the folder as given
     make_store(root, models=12, configs=3, rows=40, seed=2)
     calls = []
     load_store(str(root), progress=lambda i, n, e: calls.append((i, n, e.status)))
     assert [c[:2] for c in calls] == [(i, 12) for i in range(1, 13)]
     first = Loader(str(root))
     assert first.wait(60) and first.kind == "full" and index_path(root).is_file()
+    recorded = json.loads(index_path(root).read_bytes())["entries"]
+    assert sorted(r["path"] for r in recorded) == sorted(p.relative_to(root).as_posix()
+                                                         for p in root.glob("*/*/result.json"))
     second = Loader(str(root))  # a restarted server: painted from the index before any check
     store, state = second.snapshot()
-    assert state["kind"] in ("index", "full") and len(store.entries) == 12
-    second.wait(60)
+    # evidence that it came from the index: nothing checked yet (the check waits INDEX_GRACE_S)
+    assert state["kind"] == "index" and state["done"] == 0 and len(store.entries) == 12
+    assert second.wait(60) and second.snapshot()[1]["kind"] == "full"
     r = next(root.glob("*/*/result.json"))
     data = json.loads(r.read_text())
     data["notes"] = "changed"
