@@ -273,6 +273,78 @@ def test_leaderboard_serves_in_viewer_mode():
     assert STREAMLIT_FLAGS[i + 1] == "viewer"
 
 
+def _children(pid: int) -> set[int]:
+    """Every descendant of ``pid`` (Linux /proc)."""
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += list(kids - out)
+            out |= kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads process trees from Linux /proc")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
+    """`bench leaderboard` in a real process: the Streamlit server it started serves the port; after the
+    signal the port is closed and no process of the tree is left (SIGKILL: the server gets SIGTERM from
+    the kernel when its parent dies)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.hubtools import free_port
+
+    root = tmp_path / "s"
+    make_store(root, models=2, configs=2, rows=20, seed=1)
+    port = free_port()
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    bench = subprocess.Popen([sys.executable, "-m", "benchmark", "leaderboard", "--results", str(root), "--port",
+                              str(port)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    assert r.read() == b"ok"
+                break
+            except OSError:
+                assert bench.poll() is None and time.time() < deadline, "the server never came up"
+                time.sleep(0.3)
+        tree = _children(bench.pid)
+        assert tree, "the Streamlit server runs as a child of bench leaderboard"
+        bench.send_signal(getattr(signal, sig))
+        rc = bench.wait(timeout=30)
+        assert rc == (-signal.SIGKILL if sig == "SIGKILL" else 128 + getattr(signal, sig))
+        deadline = time.time() + 20
+        while any(_alive(p) for p in tree) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in tree if _alive(p)], "a server process outlived bench leaderboard"
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", port))
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        for p in tree:  # what this test started, if it survived
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
 def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
     from benchmark.cli import main
     from builders.tiny import tiny_open_clip
