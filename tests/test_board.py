@@ -267,6 +267,107 @@ def test_export_space_builds_and_renders(tmp_path, monkeypatch):
         os.environ.pop(k, None)
 
 
+# Runs an exported Space in the environment its requirements.txt makes: the distributions it pins and,
+# from installed metadata, what they depend on (markers evaluated, no extras) stay importable; every
+# other installed distribution (torch, timm, this checkout's own install, optional extras such as
+# trio) is hidden as if not installed. Prints what the board showed and what was hidden.
+SPACE_AS_DEPLOYED = r"""
+import importlib.metadata as md, json, re, sys, time
+from pathlib import Path
+from packaging.requirements import Requirement
+
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+todo, installs = [Requirement(r).name for r in Path("requirements.txt").read_text().split()], set()
+while todo:
+    name = norm(todo.pop())
+    if name not in installs:
+        installs.add(name)
+        todo += [r.name for r in map(Requirement, md.requires(name) or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+own = {p.name for p in Path("genshift").iterdir()}
+hidden = {m for m, ds in md.packages_distributions().items() if m not in own and not {norm(d) for d in ds} & installs}
+asked = set()
+
+class NotInstalled:
+    def __init__(self, finder): self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in hidden:
+            asked.add(name.partition(".")[0])
+            return None
+        find = getattr(self.finder, "find_spec", None)
+        return find(name, path, target) if find else None
+    def __getattr__(self, name): return getattr(self.finder, name)
+
+before = set(sys.modules)
+sys.meta_path[:] = [NotInstalled(f) for f in sys.meta_path]
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file("app.py", default_timeout=120)
+at.run()
+deadline = time.time() + 90
+while at.get("progress") and time.time() < deadline:
+    time.sleep(0.3)
+    at.run()
+tables = [d.value for d in at.dataframe]
+df = next((t for t in tables if "verified" in t), None)  # the ranking (a board of rejected entries has none)
+print(json.dumps({
+    "exception": [str(e.value) for e in at.exception], "texts": [t.value for t in at.text],
+    "tables": [t.astype(str).values.tolist() for t in tables],
+    "models": [] if df is None else df["model"].tolist(), "verified": [] if df is None else df["verified"].tolist(),
+    "leaderboard_from": sys.modules["leaderboard"].__file__, "torch_installed": "torch" in installs,
+    "hidden_loaded": sorted({m.partition(".")[0] for m in set(sys.modules) - before} & hidden),
+    "hidden_asked": sorted(asked),
+}))
+"""
+
+
+def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
+    """The Space as deployed: its own requirements.txt has no torch, and checking stored entries (hashes,
+    rows against the trusted suite, every metric recomputed, the stamp) must not need it. A real entry
+    scored on a trusted suite and signed (`bench verify --recheck --sign`) is on the Hub stand-in; the
+    exported app runs in a fresh process where only what requirements.txt installs can be imported
+    (so a missing pin fails here too) and shows the entry verified."""
+    import subprocess
+    import sys
+
+    from huggingface_hub import HfApi, constants
+
+    from benchmark.cli import main
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+    from tests.fakehub import FakeHub
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
+                        progress=False)
+    key = tmp_path / "maintainer.key"
+    assert main(["keygen", str(key)]) == 0
+    assert main(["verify", str(rpath), "--recheck", "4", "--checkpoint", str(tiny_checkpoint), "--sign", str(key),
+                 "--suite", str(toy_suite)]) == 0
+    with FakeHub() as hub:
+        hub.create("dataset", "org/results")
+        HfApi(endpoint=hub.endpoint).upload_folder(repo_id="org/results", repo_type="dataset",
+                                                   folder_path=str(tmp_path / "runs"), ignore_patterns=[".*"])
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        out = tmp_path / "space"
+        assert main(["leaderboard", "--results", "org/results", "--trusted-keys", f"{key}.pub", "--suites",
+                     str(toy_suite), "--export-space", str(out)]) == 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GENSHIFT_", "PYTHON"))}
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "space-hf"))  # a fresh Space: empty caches
+        run = subprocess.run([sys.executable, "-c", SPACE_AS_DEPLOYED], cwd=out, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    shown = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not shown["exception"], shown["exception"]
+    assert shown["leaderboard_from"].startswith(str(out / "genshift")), shown["leaderboard_from"]  # the Space's copy
+    # torch is not installed there, and the hiding ran: something asked for it (datasets probes for torch)
+    assert not shown["torch_installed"] and shown["hidden_loaded"] == [] and "torch" in shown["hidden_asked"]
+    assert shown["models"] == ["test_resnet.r160_in1k"] and shown["verified"] == [True], shown["tables"]
+    assert any("1 results, 0 rejected" in t for t in shown["texts"]), shown["texts"]
+
+
 def test_leaderboard_serves_in_viewer_mode():
     from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
     i = STREAMLIT_FLAGS.index("--client.toolbarMode")
