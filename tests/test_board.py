@@ -202,6 +202,50 @@ def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path, monk
     assert dropped == 1 and len(store.entries) == 11  # the changed entry waits for its check
 
 
+def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
+    """Entry.recheck (before every read of an entry's files for a view) hashes a file again only when its
+    stat key (size, mtime_ns, inode, ctime_ns) changed; a swapped or rewritten file is still refused."""
+    from benchmark.errors import IntegrityError
+    from leaderboard import store as store_mod
+
+    root = tmp_path / "s"
+    make_store(root, models=2, configs=3, rows=40, seed=2)
+    entry = store_mod.load_store(str(root)).entries[0]
+    hashed = []
+    real = store_mod._file_sha256
+    monkeypatch.setattr(store_mod, "_file_sha256", lambda p, limit: hashed.append(p.name) or real(p, limit))
+    entry.read_predictions("base")
+    assert sorted(hashed) == sorted(["result.json", *(p.rsplit("/", 1)[1] for p in entry.predictions_sha256)])
+    hashed.clear()
+    for _ in range(3):  # later views: a stat per file, no hashing
+        entry.read_predictions("base")
+        entry.recheck()
+    assert hashed == []
+    f = entry.run_dir / "predictions" / "base.parquet"
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1))  # touched, same bytes: hashed again, accepted
+    entry.recheck()
+    assert hashed == ["base.parquet"]
+    hashed.clear()
+    st = f.stat()  # rewritten in place, same size, mtime set back: the ctime still moves
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(IntegrityError, match="changed since the leaderboard loaded them"):
+        entry.recheck()
+    assert hashed == ["base.parquet"]
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))  # the checked bytes back: accepted again
+    entry.recheck()
+    other = store_mod.load_store(str(root)).entries[1].run_dir / "predictions" / "base.parquet"
+    swapped = f.with_name("swap.tmp")
+    swapped.write_bytes(other.read_bytes())
+    os.utime(swapped, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns))  # same mtime; a new inode (and bytes)
+    swapped.replace(f)
+    with pytest.raises(IntegrityError, match="changed since the leaderboard loaded them"):
+        entry.read_predictions("base")
+
+
 def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
     from leaderboard import index
 
