@@ -452,6 +452,7 @@ def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
     import sys
     import urllib.request
 
+    from benchmark.cli.leaderboard_cmd import port_free
     from tests.hubtools import free_port
 
     root = tmp_path / "s"
@@ -473,6 +474,10 @@ def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
                 time.sleep(0.3)
         tree = _children(bench.pid)
         assert tree, "the Streamlit server runs as a child of bench leaderboard"
+        # a viewer's open connection: the stopping server closes it first, leaving its port in TIME_WAIT
+        viewer = socket.create_connection(("127.0.0.1", port))
+        viewer.sendall(b"GET /_stcore/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b" 200 " in viewer.recv(4096)
         bench.send_signal(getattr(signal, sig))
         rc = bench.wait(timeout=30)
         assert rc == (-signal.SIGKILL if sig == "SIGKILL" else 128 + getattr(signal, sig))
@@ -482,6 +487,9 @@ def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
         assert not [p for p in tree if _alive(p)], "a server process outlived bench leaderboard"
         with socket.socket() as s, pytest.raises(ConnectionRefusedError):
             s.connect(("127.0.0.1", port))
+        # and a restart may take the port at once (the served connections' TIME_WAIT does not block it)
+        assert port_free("127.0.0.1", port)
+        viewer.close()
     finally:
         if bench.poll() is None:
             bench.kill()
