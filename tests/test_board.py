@@ -632,6 +632,12 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
                 if time.time() > deadline:
                     raise
                 time.sleep(1)
+        # first paint: the ranking table before any chart (the charts come in the run after it was painted)
+        cell = "return !!document.querySelector(\"[data-testid='stDataFrame'] [role=gridcell]\")"
+        charts = "return document.querySelectorAll('[data-testid=stPlotlyChart]').length"
+        WebDriverWait(driver, 90, poll_frequency=0.02).until(lambda d: d.execute_script(cell))
+        assert driver.execute_script(charts) == 0
+        WebDriverWait(driver, 90).until(lambda d: d.execute_script(charts) > 0)
         WebDriverWait(driver, 90).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
                                         and "Top 10 as text" in body(d))
         text = body(driver)
