@@ -12,7 +12,8 @@ row of the ranking table visible in the page (a cell of the data grid). Reports 
   rows that first view counts (``cold_first_rows``: "N results" in the page) and cold_full_check,
   until the background check has finished (the progress bar is gone);
 - restart_first_row (``--restarts`` times): the server stopped with SIGTERM and started again over
-  the checked store: painted from the index (``restart_first_rows``);
+  the checked store: painted from the index (``restart_first_rows``); restart_server_up: the part
+  until the server answered its health check (Streamlit's start-up, before any page);
 - view_first_row: a new page (a new session) on the running server, caches warm;
 - stop_s: SIGTERM to `bench leaderboard` until its port is closed.
 """
@@ -62,9 +63,10 @@ def _serve(store: Path, port: int, env: dict) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
-def _first_row(driver, url: str, t0: float, timeout: float = 600) -> tuple[float, int | None]:
+def _first_row(driver, url: str, t0: float, timeout: float = 600, up: dict | None = None) -> tuple[float, int | None]:
     """Seconds from ``t0`` until the table's first cell is visible in a newly opened page, and the
-    "N results" of that view. The page is opened as soon as the server answers its health check."""
+    "N results" of that view. The page is opened as soon as the server answers its health check
+    (``up["s"]``: seconds from ``t0`` until it did)."""
     import urllib.request
 
     driver.get("about:blank")  # no page of an earlier server left reconnecting
@@ -78,6 +80,8 @@ def _first_row(driver, url: str, t0: float, timeout: float = 600) -> tuple[float
         if time.perf_counter() - t0 > timeout:
             raise TimeoutError("the server never answered")
         time.sleep(0.02)
+    if up is not None:
+        up["s"] = time.perf_counter() - t0
     driver.get(url)
     while not driver.execute_script(GRID_CELL):
         if time.perf_counter() - t0 > timeout:
@@ -115,10 +119,11 @@ def main(argv=None) -> int:
     from leaderboard.store import _cache_path
     from leaderboard.synthetic import make_store
 
-    report = {"models": args.models, "configs": args.configs, "rows_per_config": args.rows}
     work = Path(tempfile.mkdtemp(prefix="genshift-board-"))
     root = Path(args.store).resolve() if args.store else work / "store"
+    report = {"store": str(root)}
     if not (root / "imagenet-star").exists():
+        report.update(models=args.models, configs=args.configs, rows_per_config=args.rows)
         t = time.perf_counter()
         make_store(root, models=args.models, configs=args.configs, rows=args.rows)
         report["store_build"] = time.perf_counter() - t
@@ -149,7 +154,10 @@ def main(argv=None) -> int:
         for i in range(args.restarts):
             t0 = time.perf_counter()
             server = _serve(root, port, env)
-            report[f"restart_first_row_{i + 1}"], report[f"restart_first_rows_{i + 1}"] = _first_row(driver, url, t0)
+            up: dict = {}
+            report[f"restart_first_row_{i + 1}"], report[f"restart_first_rows_{i + 1}"] = _first_row(driver, url, t0,
+                                                                                                     up=up)
+            report[f"restart_server_up_{i + 1}"] = up["s"]
             _log(report)
             while CHECKING in driver.execute_script("return document.body.innerText"):
                 time.sleep(0.2)  # the background re-check ends before the next measurement
