@@ -366,6 +366,26 @@ print(json.dumps({
 """
 
 
+def test_checking_and_painting_import_no_torch_and_no_datasets():
+    """Import structure, in a fresh interpreter: the board (store, index, aggregate) and checking stored
+    entries (eval.verify, stamps, suite_trust) import neither torch nor timm (a Space has neither)
+    nor datasets (seconds of a restart's first paint; only reading suite rows needs it)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; import {}; print(json.dumps(sorted({{m.partition('.')[0] for m in sys.modules}} & "
+            "{{'torch', 'timm', 'torchvision', 'datasets'}})))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    loaded = {}
+    for mods in ("leaderboard.store, leaderboard.index, leaderboard.aggregate, leaderboard.export",
+                 "eval.verify, eval.stamps, eval.suite_trust"):
+        out = subprocess.run([sys.executable, "-c", code.format(mods)], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        loaded[mods] = json.loads(out.stdout)
+    assert list(loaded.values()) == [[], []], loaded
+
+
 def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
     """The Space as deployed: its own requirements.txt has no torch, and checking stored entries (hashes,
     rows against the trusted suite, every metric recomputed, the stamp) must not need it. A real entry
