@@ -26,7 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from datasets import ClassLabel, Features, Image, Value
 
 from benchmark import imagenet
 from benchmark.errors import BenchError, IntegrityError, one_line, unknown
@@ -56,6 +55,8 @@ REQUIRED_COLUMNS = ("image", "label", "image_id", "config", "keep", "pair_id")
 
 def base_features() -> Features:
     """Features of the required columns. ``label`` is a ClassLabel over the 1000 wnids."""
+    from datasets import ClassLabel, Features, Image, Value  # here: the leaderboard reads results without it
+
     return Features({
         "image": Image(),
         "label": ClassLabel(names=list(imagenet.wnids())),
@@ -192,8 +193,11 @@ def _base_feature_dict() -> dict:
 
 def check_features(features: dict | Features, *, where: str) -> None:
     """Raise unless ``features`` (a ``Features`` or its dict) holds the required columns with the required types."""
-    if isinstance(features, Features):
-        features = features.to_dict()
+    if type(features) is not dict:  # a datasets.Features (a dict subclass): its plain form
+        from datasets import Features
+
+        if isinstance(features, Features):
+            features = features.to_dict()
     missing = [c for c in REQUIRED_COLUMNS if c not in features]
     if missing:
         raise IntegrityError(f"{where}: missing required column(s) {', '.join(missing)}; see docs/format.md")
@@ -316,6 +320,8 @@ class Manifest:
 
     def datasets_features(self):
         """The rows' ``datasets.Features`` in column order."""
+        from datasets import Features
+
         try:
             feats = Features.from_dict(self.features)
             order = self.raw.get("columns") or list(feats)

@@ -186,6 +186,28 @@ def progress_panel(loader: Loader, painted_version: int) -> None:
     st.progress(frac, text=f"Checking results in the background: {s['done']} of {s['total'] or '?'} ({what}).")
 
 
+@st.fragment(run_every=0.3)
+def _after_first_paint() -> None:
+    """Inline in a full run it arms; its next run on its own is the browser's timer tick, which fires
+    only when the page's main thread is free, i.e. after the table was painted: the board is drawn then."""
+    if st.session_state.get("_first_paint_armed") == st.session_state["_full_runs"]:  # no full run since
+        st.session_state["_first_painted"] = True
+        st.rerun(scope="app")
+    st.session_state["_first_paint_armed"] = st.session_state["_full_runs"]
+
+
+def _table_first() -> bool:
+    """Whether this run stops after the ranking table: a browser session's runs until its first paint.
+    Drawing the charts in the same run makes the browser load and run plotly before it paints the
+    table's grid (seconds at 500 models, docs/performance.md). A session without HTTP headers is no
+    browser (Streamlit's AppTest, scripted clients): it gets the whole board in one run."""
+    if st.session_state.get("_first_painted") or not st.context.headers:
+        return False
+    st.session_state["_full_runs"] = st.session_state.get("_full_runs", 0) + 1
+    _after_first_paint()
+    return True
+
+
 def main() -> None:
     source = os.environ.get("GENSHIFT_RESULTS", "runs")
     keys = os.environ.get("GENSHIFT_TRUSTED_KEYS") or None
@@ -327,6 +349,8 @@ def main() -> None:
 
         show_hub_reported(store.for_suite(suite, board), endpoint=os.environ.get("HF_ENDPOINT") or None)
 
+    if _table_first():
+        st.stop()
     from_url("tab", TABS)
     tabs = st.tabs(TABS, key="tab", bind=binding("tab"))
     with tabs[0]:

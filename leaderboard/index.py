@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -42,8 +43,14 @@ def _keys_digest(trusted_keys_file: str | None) -> str:
     return sha256_bytes(Path(trusted_keys_file).read_bytes()) if trusted_keys_file else ""
 
 
+def _absolute(path: Path) -> Path:
+    """Absolute without following links (a Hub snapshot's files link to blobs outside the root): a relative
+    ``--results`` and its entries' paths compare as the same folder."""
+    return Path(os.path.abspath(path))
+
+
 def _record(e: Entry, root: Path) -> dict:
-    return {"path": e.path.relative_to(root).as_posix(), "status": e.status, "reason": e.reason,
+    return {"path": _absolute(e.path).relative_to(root).as_posix(), "status": e.status, "reason": e.reason,
             "stamp": e.stamp, "result_sha256": e.result_sha256, "result": e.result,
             "predictions_sha256": e.predictions_sha256, "note": e.note, "suite_checked": e.suite_checked,
             "file_keys": e.file_keys}
@@ -51,7 +58,7 @@ def _record(e: Entry, root: Path) -> dict:
 
 def write_index(store: Store, *, keys_digest: str = "") -> Path | None:
     """Record a fully checked store (called after each full check); None if it cannot be written."""
-    root = store.root.resolve()
+    root = _absolute(store.root)
     records = []
     for e in store.entries + store.superseded + store.rejected:
         try:
@@ -112,6 +119,9 @@ class Loader:
     """One store, checked in a background thread; :meth:`snapshot` gives the best state to paint now."""
 
     PUBLISH_EVERY_S = 1.0
+    # each publish repaints the whole board (seconds of CPU at 500 models, taken from the check itself):
+    # publish again only once the checked count grew by this factor, so a cold store repaints ~30 times
+    PUBLISH_GROWTH = 1.25
     INDEX_GRACE_S = 3.0  # painted from the index: let the first page render before the check competes for CPU
 
     def __init__(self, source: str, *, trusted_keys_file: str | None = None, suites_dir: str | None = None):
@@ -133,6 +143,7 @@ class Loader:
         self.kind = "none"       # what the current store is: "index" | "partial" | "full" | "none"
         self._checked: list[Entry] = []
         self._last_publish = 0.0
+        self._published_done = 0
         self.started = time.monotonic()
         found = read_index(source, self.root, self.revision, keys_digest=self.keys_digest)
         self.store: Store | None = found[0] if found else None
@@ -150,12 +161,13 @@ class Loader:
             self.done, self.total = done, total
             self._checked.append(dataclasses.replace(entry))  # a copy: assembling marks losers superseded
             now = time.monotonic()
-            if self.kind in ("none", "partial") and (now - self._last_publish >= self.PUBLISH_EVERY_S or done == total):
+            due = now - self._last_publish >= self.PUBLISH_EVERY_S and done >= self._published_done * self.PUBLISH_GROWTH
+            if self.kind in ("none", "partial") and (due or done == total):
                 self.store = assemble(Store(source=self.source, root=self.root, revision=self.revision),
                                       [dataclasses.replace(e) for e in self._checked])
                 self.kind = "partial"
                 self.version += 1
-                self._last_publish = now
+                self._last_publish, self._published_done = now, done
 
     def _run(self) -> None:
         if self.kind == "index":

@@ -78,6 +78,7 @@ class Entry:
     file_keys: dict = field(default_factory=dict)  # file name -> [size, mtime_ns, ctime_ns, inode] (None: absent)
     flags: list = field(default_factory=list)       # board warnings, e.g. weights shared with another model id
     _ranks: dict | None = field(default=None, repr=False)
+    _hashed: dict = field(default_factory=dict, repr=False)  # file -> stat key when it last hashed as checked
 
     @property
     def model_id(self) -> str:
@@ -94,19 +95,26 @@ class Entry:
 
     def recheck(self) -> None:
         """Raise ``IntegrityError`` unless the result and predictions files still have the content
-        checked at load (the app calls this before reading an entry's files for a view)."""
+        checked at load (the app calls this before reading an entry's files for a view). A file is
+        hashed again only when its stat key (size, mtime_ns, inode, ctime_ns) differs from the one it
+        had when it last hashed right, so a view re-reads only what changed on disk; ctime catches an
+        in-place rewrite whose mtime was set back (it cannot be set)."""
         from benchmark.errors import IntegrityError
 
+        files = [(self.path, self.result_sha256, MAX_RESULT_BYTES)] + [
+            (self.run_dir / rel, sha, MAX_PREDICTIONS_BYTES) for rel, sha in self.predictions_sha256.items()]
         try:
-            now = _file_sha256(self.path, MAX_RESULT_BYTES)
-            changed = now != self.result_sha256 or any(
-                _file_sha256(self.run_dir / rel, MAX_PREDICTIONS_BYTES) != sha
-                for rel, sha in self.predictions_sha256.items())
+            for f, sha, limit in files:
+                st = f.stat()  # before hashing: a write during the hash changes the key seen next time
+                key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+                if self._hashed.get(f) == key:
+                    continue
+                if _file_sha256(f, limit) != sha:
+                    raise IntegrityError(f"{f.name} changed")
+                self._hashed[f] = key
         except (OSError, BenchError):
-            changed = True
-        if changed:
             raise IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
-                                 "reload the leaderboard to check them again")
+                                 "reload the leaderboard to check them again") from None
 
     @property
     def verified(self) -> bool:

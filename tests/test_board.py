@@ -201,27 +201,77 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
         aggregate.read_id_accuracy(bad)
 
 
-def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path):
+@pytest.mark.parametrize("relative", [True, False], ids=["relative-results", "absolute-results"])
+def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path, monkeypatch, relative):
     from leaderboard.index import Loader, index_path, read_index
     from leaderboard.store import load_store
 
-    root = tmp_path / "s"
+    monkeypatch.chdir(tmp_path)
+    root = Path("s") if relative else tmp_path / "s"  # `bench leaderboard --results s` passes the folder as given
     make_store(root, models=12, configs=3, rows=40, seed=2)
     calls = []
     load_store(str(root), progress=lambda i, n, e: calls.append((i, n, e.status)))
     assert [c[:2] for c in calls] == [(i, 12) for i in range(1, 13)]
     first = Loader(str(root))
     assert first.wait(60) and first.kind == "full" and index_path(root).is_file()
+    recorded = json.loads(index_path(root).read_bytes())["entries"]
+    assert sorted(r["path"] for r in recorded) == sorted(p.relative_to(root).as_posix()
+                                                         for p in root.glob("*/*/result.json"))
     second = Loader(str(root))  # a restarted server: painted from the index before any check
     store, state = second.snapshot()
-    assert state["kind"] in ("index", "full") and len(store.entries) == 12
-    second.wait(60)
+    # evidence that it came from the index: nothing checked yet (the check waits INDEX_GRACE_S)
+    assert state["kind"] == "index" and state["done"] == 0 and len(store.entries) == 12
+    assert second.wait(60) and second.snapshot()[1]["kind"] == "full"
     r = next(root.glob("*/*/result.json"))
     data = json.loads(r.read_text())
     data["notes"] = "changed"
     r.write_text(json.dumps(data))
     store, dropped = read_index(str(root), root, None)
     assert dropped == 1 and len(store.entries) == 11  # the changed entry waits for its check
+
+
+def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
+    """Entry.recheck (before every read of an entry's files for a view) hashes a file again only when its
+    stat key (size, mtime_ns, inode, ctime_ns) changed; a swapped or rewritten file is still refused."""
+    from benchmark.errors import IntegrityError
+    from leaderboard import store as store_mod
+
+    root = tmp_path / "s"
+    make_store(root, models=2, configs=3, rows=40, seed=2)
+    entry = store_mod.load_store(str(root)).entries[0]
+    hashed = []
+    real = store_mod._file_sha256
+    monkeypatch.setattr(store_mod, "_file_sha256", lambda p, limit: hashed.append(p.name) or real(p, limit))
+    entry.read_predictions("base")
+    assert sorted(hashed) == sorted(["result.json", *(p.rsplit("/", 1)[1] for p in entry.predictions_sha256)])
+    hashed.clear()
+    for _ in range(3):  # later views: a stat per file, no hashing
+        entry.read_predictions("base")
+        entry.recheck()
+    assert hashed == []
+    f = entry.run_dir / "predictions" / "base.parquet"
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1))  # touched, same bytes: hashed again, accepted
+    entry.recheck()
+    assert hashed == ["base.parquet"]
+    hashed.clear()
+    st = f.stat()  # rewritten in place, same size, mtime set back: the ctime still moves
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(IntegrityError, match="changed since the leaderboard loaded them"):
+        entry.recheck()
+    assert hashed == ["base.parquet"]
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))  # the checked bytes back: accepted again
+    entry.recheck()
+    other = store_mod.load_store(str(root)).entries[1].run_dir / "predictions" / "base.parquet"
+    swapped = f.with_name("swap.tmp")
+    swapped.write_bytes(other.read_bytes())
+    os.utime(swapped, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns))  # same mtime; a new inode (and bytes)
+    swapped.replace(f)
+    with pytest.raises(IntegrityError, match="changed since the leaderboard loaded them"):
+        entry.read_predictions("base")
 
 
 def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
@@ -244,6 +294,8 @@ def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
     loader = index.Loader(str(root))
     assert loader.wait(60)
     assert seen[:3] == [("partial", 1, 20, 1), ("partial", 2, 20, 2), ("partial", 3, 20, 3)]
+    # later repaints come once the checked count grew by a quarter (each costs a whole board's render)
+    assert [done for _, done, _, shown in seen if shown == done] == [1, 2, 3, 4, 5, 7, 9, 12, 15, 19, 20]
     store, state = loader.snapshot()
     assert state["kind"] == "full" and state["finished"] and len(store.entries) == 20
 
@@ -289,10 +341,219 @@ def test_export_space_builds_and_renders(tmp_path, monkeypatch):
         os.environ.pop(k, None)
 
 
+# Runs an exported Space in the environment its requirements.txt makes: the distributions it pins and,
+# from installed metadata, what they depend on (markers evaluated, no extras) stay importable; every
+# other installed distribution (torch, timm, this checkout's own install, optional extras such as
+# trio) is hidden as if not installed. Prints what the board showed and what was hidden.
+SPACE_AS_DEPLOYED = r"""
+import importlib.metadata as md, json, re, sys, time
+from pathlib import Path
+from packaging.requirements import Requirement
+
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+todo, installs = [Requirement(r).name for r in Path("requirements.txt").read_text().split()], set()
+while todo:
+    name = norm(todo.pop())
+    if name not in installs:
+        installs.add(name)
+        todo += [r.name for r in map(Requirement, md.requires(name) or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+own = {p.name for p in Path("genshift").iterdir()}
+hidden = {m for m, ds in md.packages_distributions().items() if m not in own and not {norm(d) for d in ds} & installs}
+asked = set()
+
+class NotInstalled:
+    def __init__(self, finder): self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in hidden:
+            asked.add(name.partition(".")[0])
+            return None
+        find = getattr(self.finder, "find_spec", None)
+        return find(name, path, target) if find else None
+    def __getattr__(self, name): return getattr(self.finder, name)
+
+before = set(sys.modules)
+sys.meta_path[:] = [NotInstalled(f) for f in sys.meta_path]
+import importlib.util
+torch_findable = importlib.util.find_spec("torch") is not None
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file("app.py", default_timeout=120)
+at.run()
+deadline = time.time() + 90
+while at.get("progress") and time.time() < deadline:
+    time.sleep(0.3)
+    at.run()
+tables = [d.value for d in at.dataframe]
+df = next((t for t in tables if "verified" in t), None)  # the ranking (a board of rejected entries has none)
+print(json.dumps({
+    "exception": [str(e.value) for e in at.exception], "texts": [t.value for t in at.text],
+    "tables": [t.astype(str).values.tolist() for t in tables],
+    "models": [] if df is None else df["model"].tolist(), "verified": [] if df is None else df["verified"].tolist(),
+    "leaderboard_from": sys.modules["leaderboard"].__file__, "torch_installed": "torch" in installs,
+    "hidden_loaded": sorted({m.partition(".")[0] for m in set(sys.modules) - before} & hidden),
+    "hidden_asked": sorted(asked), "torch_findable": torch_findable, "python": sys.executable,
+}))
+"""
+
+
+def test_checking_and_painting_import_no_torch_and_no_datasets():
+    """Import structure, in a fresh interpreter: the board (store, index, aggregate) and checking stored
+    entries (eval.verify, stamps, suite_trust) import neither torch nor timm (a Space has neither)
+    nor datasets (seconds of a restart's first paint; only reading suite rows needs it)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; import {}; print(json.dumps(sorted({{m.partition('.')[0] for m in sys.modules}} & "
+            "{{'torch', 'timm', 'torchvision', 'datasets'}})))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    loaded = {}
+    for mods in ("leaderboard.store, leaderboard.index, leaderboard.aggregate, leaderboard.export",
+                 "eval.verify, eval.stamps, eval.suite_trust"):
+        out = subprocess.run([sys.executable, "-c", code.format(mods)], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        loaded[mods] = json.loads(out.stdout)
+    assert list(loaded.values()) == [[], []], loaded
+
+
+def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
+    """The Space as deployed: its own requirements.txt has no torch, and checking stored entries (hashes,
+    rows against the trusted suite, every metric recomputed, the stamp) must not need it. A real entry
+    scored on a trusted suite and signed (`bench verify --recheck --sign`) is on the Hub stand-in; the
+    exported app runs in a fresh process where only what requirements.txt installs can be imported
+    (so a missing pin fails here too) and shows the entry verified."""
+    import subprocess
+    import sys
+
+    from huggingface_hub import HfApi, constants
+
+    from benchmark.cli import main
+    from eval.inference import InferenceOptions
+    from eval.runner import EvalRequest, evaluate
+    from tests.fakehub import FakeHub
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
+                        progress=False)
+    key = tmp_path / "maintainer.key"
+    assert main(["keygen", str(key)]) == 0
+    assert main(["verify", str(rpath), "--recheck", "4", "--checkpoint", str(tiny_checkpoint), "--sign", str(key),
+                 "--suite", str(toy_suite)]) == 0
+    with FakeHub() as hub:
+        hub.create("dataset", "org/results")
+        HfApi(endpoint=hub.endpoint).upload_folder(repo_id="org/results", repo_type="dataset",
+                                                   folder_path=str(tmp_path / "runs"), ignore_patterns=[".*"])
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        out = tmp_path / "space"
+        assert main(["leaderboard", "--results", "org/results", "--trusted-keys", f"{key}.pub", "--suites",
+                     str(toy_suite), "--export-space", str(out)]) == 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GENSHIFT_", "PYTHON"))}
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "space-hf"))  # a fresh Space: empty caches
+        # GENSHIFT_SPACE_PYTHON: the python of a fresh venv made from an exported requirements.txt
+        # (docs/leaderboard.md); by default this interpreter, with everything not pinned hidden
+        python = os.environ.get("GENSHIFT_SPACE_PYTHON") or sys.executable
+        run = subprocess.run([python, "-c", SPACE_AS_DEPLOYED], cwd=out, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    shown = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not shown["exception"], shown["exception"]
+    assert shown["leaderboard_from"].startswith(str(out / "genshift")), shown["leaderboard_from"]  # the Space's copy
+    # torch is not among what requirements.txt installs, and the hiding ran: installed here, not found there
+    import importlib.util
+    assert importlib.util.find_spec("torch") is not None and not shown["torch_findable"]
+    assert shown["python"] == (os.environ.get("GENSHIFT_SPACE_PYTHON") or sys.executable)
+    assert not shown["torch_installed"] and shown["hidden_loaded"] == []
+    assert shown["models"] == ["test_resnet.r160_in1k"] and shown["verified"] == [True], shown["tables"]
+    assert any("1 results (1 verified), 0 rejected" in t for t in shown["texts"]), shown["texts"]
+
+
 def test_leaderboard_serves_in_viewer_mode():
     from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
     i = STREAMLIT_FLAGS.index("--client.toolbarMode")
     assert STREAMLIT_FLAGS[i + 1] == "viewer"
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of ``pid`` (Linux /proc)."""
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += list(kids - out)
+            out |= kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads process trees from Linux /proc")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
+    """`bench leaderboard` in a real process: the Streamlit server it started serves the port; after the
+    signal the port is closed and no process of the tree is left (SIGKILL: the server gets SIGTERM from
+    the kernel when its parent dies)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from benchmark.cli.leaderboard_cmd import port_free
+    from tests.hubtools import free_port
+
+    root = tmp_path / "s"
+    make_store(root, models=2, configs=2, rows=20, seed=1)
+    port = free_port()
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    bench = subprocess.Popen([sys.executable, "-m", "benchmark", "leaderboard", "--results", str(root), "--port",
+                              str(port)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    assert r.read() == b"ok"
+                break
+            except OSError:
+                assert bench.poll() is None and time.time() < deadline, "the server never came up"
+                time.sleep(0.3)
+        tree = _children(bench.pid)
+        assert tree, "the Streamlit server runs as a child of bench leaderboard"
+        # a viewer's open connection: the stopping server closes it first, leaving its port in TIME_WAIT
+        viewer = socket.create_connection(("127.0.0.1", port))
+        viewer.sendall(b"GET /_stcore/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b" 200 " in viewer.recv(4096)
+        bench.send_signal(getattr(signal, sig))
+        rc = bench.wait(timeout=30)
+        assert rc == (-signal.SIGKILL if sig == "SIGKILL" else 128 + getattr(signal, sig))
+        deadline = time.time() + 20
+        while any(_alive(p) for p in tree) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in tree if _alive(p)], "a server process outlived bench leaderboard"
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", port))
+        # and a restart may take the port at once (the served connections' TIME_WAIT does not block it)
+        assert port_free("127.0.0.1", port)
+        viewer.close()
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        for p in tree:  # what this test started, if it survived
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
 
 
 def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
@@ -427,6 +688,12 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
                 if time.time() > deadline:
                     raise
                 time.sleep(1)
+        # first paint: the ranking table before any chart (the charts come in the run after it was painted)
+        cell = "return !!document.querySelector(\"[data-testid='stDataFrame'] [role=gridcell]\")"
+        charts = "return document.querySelectorAll('[data-testid=stPlotlyChart]').length"
+        WebDriverWait(driver, 180, poll_frequency=0.02).until(lambda d: d.execute_script(cell))
+        assert driver.execute_script(charts) == 0
+        WebDriverWait(driver, 180).until(lambda d: d.execute_script(charts) > 0)
         WebDriverWait(driver, 180).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
                                         and "Top 10 as text" in body(d))
         text = body(driver)

@@ -43,9 +43,12 @@ def add_parser(sub):
 
 
 def port_free(host: str, port: int) -> bool:
+    import os
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if os.name == "posix":  # as the server binds: a just-stopped server's TIME_WAIT connections do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -111,4 +114,59 @@ def run(args) -> int:
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
            "--server.address", args.host, *STREAMLIT_FLAGS]
     print(f"leaderboard for {source} on http://{args.host}:{args.port}", flush=True)
-    return subprocess.call(cmd, env=env)
+    return serve(cmd, env)
+
+
+STOP_GRACE_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when `bench leaderboard` dies, even by SIGKILL."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(cmd: list[str], env: dict) -> int:
+    """Run the Streamlit server as a child and stop it with us: SIGTERM, SIGINT or SIGHUP to `bench
+    leaderboard` is passed on as SIGTERM (killed after STOP_GRACE_S), so no orphaned server keeps the
+    port; returns the server's exit status, or 128 + the signal number when stopped by one."""
+    import signal
+    import subprocess
+    import sys
+
+    linux = sys.platform.startswith("linux")
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if linux else None)
+    stopped: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, _frame):
+        if not stopped:  # a second signal while stopping changes nothing
+            stopped.append(signum)
+            proc.send_signal(signal.SIGTERM)
+            raise Stop
+
+    signals = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)]
+    previous = {s: signal.signal(s, stop) for s in signals}
+    try:
+        try:
+            rc = proc.wait()
+        except Stop:
+            try:
+                rc = proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:  # any other way out of this process: never leave the server behind
+            proc.kill()
+            proc.wait()
+    return 128 + stopped[0] if stopped else rc
