@@ -12,6 +12,7 @@ builders' code paths can be shape-checked at real size (``builders.preflight``);
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 from pathlib import Path
 
@@ -144,11 +145,17 @@ def open_clip_model(name: str, *, device: str = "meta", dtype: torch.dtype = tor
 
     if name not in open_clip.list_models():
         raise unknown("open_clip architecture", name, open_clip.list_models())
-    with torch.device(device):
-        model = open_clip.create_model(name, pretrained=None, device=device).to(dtype).eval()
+    quiet = logging.root.manager.disable
+    logging.disable(logging.INFO)  # open_clip narrates every step at INFO on the root logger
+    try:
+        with torch.device(device):
+            model = open_clip.create_model(name, pretrained=None, device=device).to(dtype).eval()
+        tokenizer = open_clip.get_tokenizer(name)
+    finally:
+        logging.disable(quiet)
     size = model.visual.image_size
     preprocess = image_transform(size if isinstance(size, int) else size[0], is_train=False)
-    return model, preprocess, open_clip.get_tokenizer(name)
+    return model, preprocess, tokenizer
 
 
 def timm_model(name: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
