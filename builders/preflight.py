@@ -66,10 +66,12 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
-                if storage._cdata not in self._storages:  # views share their base's storage
+                # a view or an in-place result shares a storage it was given: nothing new allocated
+                if storage._cdata not in self._storages and storage._cdata not in given:
                     self._sweep()
                     self._storages[storage._cdata] = (storage, storage.nbytes())
                     self.live += storage.nbytes()
@@ -519,6 +521,17 @@ def measure_stage(st: Stage, rep: Report, device: str) -> None:
     torch.cuda.empty_cache()
 
 
+def advise(rep: Report, st: Stage, capacity: int) -> None:
+    """Whether the stage fits ``capacity`` bytes (``USABLE`` of them), and the largest batch that does
+    (peak = weights + fixed activations + batch x per-image activations)."""
+    usable = USABLE * capacity
+    if rep.fits is None:
+        rep.fits = rep.peak <= usable
+    if st.scales and rep.per_image:
+        base = rep.peak - rep.per_image * rep.batch
+        rep.max_batch = int((usable - base) // rep.per_image)
+
+
 def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = None, measure: bool = False
               ) -> tuple[list[Report], str]:
     capacity, where = _capacity(device, memory_gib)
@@ -531,12 +544,7 @@ def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = No
             except torch.cuda.OutOfMemoryError:
                 rep.fits = False
         if rep.ok and capacity:
-            usable = USABLE * capacity
-            if rep.fits is None:
-                rep.fits = rep.peak <= usable
-            if st.scales:
-                base = rep.peak - rep.per_image * rep.batch
-                rep.max_batch = int((usable - base) // rep.per_image) if rep.per_image else None
+            advise(rep, st, capacity)
         reports.append(rep)
     return reports, where
 

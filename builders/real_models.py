@@ -146,7 +146,7 @@ def open_clip_model(name: str, *, device: str = "meta", dtype: torch.dtype = tor
     if name not in open_clip.list_models():
         raise unknown("open_clip architecture", name, open_clip.list_models())
     quiet = logging.root.manager.disable
-    logging.disable(logging.INFO)  # open_clip narrates every step at INFO on the root logger
+    logging.disable(logging.WARNING)  # open_clip narrates every step (and "no pretrained weights") on the root logger
     try:
         with torch.device(device):
             model = open_clip.create_model(name, pretrained=None, device=device).to(dtype).eval()
