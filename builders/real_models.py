@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -50,6 +51,18 @@ def _clean(config: dict) -> dict:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
+@contextmanager
+def building(device: str, dtype: torch.dtype):
+    """Create tensors on ``device`` in ``dtype`` (a 7B model in bf16 never exists in fp32 first)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def _class(dotted: str):
     import importlib
 
@@ -69,11 +82,11 @@ def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype 
     if s["kind"] != "stable-diffusion":
         raise BenchError(f"{model_id} is a {s['kind']} model, not Stable Diffusion")
     c = s["components"]
-    with torch.device(device):
-        unet = _class(c["unet"]["class"])(**_clean(c["unet"]["config"])).to(dtype)
-        vae = _class(c["vae"]["class"])(**_clean(c["vae"]["config"])).to(dtype)
+    with building(device, dtype):
+        unet = _class(c["unet"]["class"])(**_clean(c["unet"]["config"]))
+        vae = _class(c["vae"]["class"])(**_clean(c["vae"]["config"]))
+    with building(device, text_encoder_dtype):
         text_encoder = _class(c["text_encoder"]["class"])(CLIPTextConfig(**c["text_encoder"]["config"]))
-        text_encoder.to(text_encoder_dtype)
     scheduler = _class(s["scheduler"]["class"]).from_config(s["scheduler"]["config"])
     tok = s["tokenizer"]
     return {"unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder.eval(), "scheduler": scheduler,
@@ -86,8 +99,15 @@ def blip2(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.flo
     s = spec(model_id)
     if s["kind"] != "blip2":
         raise BenchError(f"{model_id} is a {s['kind']} model, not BLIP-2; give a Salesforce/blip2-* captioner")
-    with torch.device(device):
-        return Blip2ForConditionalGeneration(Blip2Config(**s["config"])).to(dtype).eval()
+    with building(device, dtype):
+        model = Blip2ForConditionalGeneration(Blip2Config(**s["config"])).eval()
+    for name in getattr(model, "_keep_in_fp32_modules", None) or []:  # as from_pretrained keeps them
+        part = getattr(model, name)
+        if isinstance(part, torch.nn.Parameter):
+            part.data = part.data.float()
+        else:
+            part.float()
+    return model
 
 
 def lit_llama_state_dict(config: dict, *, device: str = "meta", dtype: torch.dtype = torch.float32
@@ -134,8 +154,8 @@ def causal_lm(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch
         raise BenchError(f"{model_id} is a {s['kind']} model, not a causal LM")
     cfg = dict(s["config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    with building(device, dtype):
+        return AutoModelForCausalLM.from_config(config).eval()
 
 
 def open_clip_model(name: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
@@ -148,8 +168,8 @@ def open_clip_model(name: str, *, device: str = "meta", dtype: torch.dtype = tor
     quiet = logging.root.manager.disable
     logging.disable(logging.WARNING)  # open_clip narrates every step (and "no pretrained weights") on the root logger
     try:
-        with torch.device(device):
-            model = open_clip.create_model(name, pretrained=None, device=device).to(dtype).eval()
+        with building(device, dtype):
+            model = open_clip.create_model(name, pretrained=None, device=device).eval()
         tokenizer = open_clip.get_tokenizer(name)
     finally:
         logging.disable(quiet)
@@ -162,5 +182,5 @@ def timm_model(name: str, *, device: str = "meta", dtype: torch.dtype = torch.fl
     """A timm model from timm's registry (architecture only; ``pretrained=False`` downloads nothing)."""
     import timm
 
-    with torch.device(device):
-        return timm.create_model(name, pretrained=False).to(dtype).eval()
+    with building(device, dtype):
+        return timm.create_model(name, pretrained=False).eval()
