@@ -51,12 +51,14 @@ class LiveBytes(TorchDispatchMode):
     """Peak bytes of the storages alive at once among those created inside the mode.
 
     A storage is alive while anything but this tracker holds it (a tensor, a view, a parameter, a
-    tensor autograd saved for the backward): its use count, read before each new allocation."""
+    tensor autograd saved for the backward): its use count, read whenever the running total would
+    pass the peak."""
 
     def __init__(self) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
+        self.active = True  # off while models are built (their weights are counted from the modules)
         self._storages: dict[int, tuple[torch.UntypedStorage, int]] = {}
 
     def _sweep(self) -> None:
@@ -66,16 +68,19 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if not self.active:
+            return out
         given = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
                 # a view or an in-place result shares a storage it was given: nothing new allocated
                 if storage._cdata not in self._storages and storage._cdata not in given:
-                    self._sweep()
                     self._storages[storage._cdata] = (storage, storage.nbytes())
-                    self.live += storage.nbytes()
-                    self.peak = max(self.peak, self.live)
+                    self.live += storage.nbytes()  # an upper bound until swept
+                    if self.live > self.peak:  # a new peak only if it survives a sweep
+                        self._sweep()
+                        self.peak = max(self.peak, self.live)
         return out
 
 
@@ -119,10 +124,11 @@ class Probe:
     def __init__(self, device: str) -> None:
         self.device = device
         self.mem = LiveBytes() if device == "meta" else None
+        if self.mem is not None:
+            self.mem.active = False
         self.params: dict[str, int] = {}
         self.total = 0
         self.weights = 0
-        self.base = 0
         self.t0 = 0.0
 
     @contextmanager
@@ -139,8 +145,7 @@ class Probe:
         self.total = rm.param_count(*models.values())
         self.weights = weight_bytes(*models.values())
         if self.mem is not None:
-            self.mem._sweep()
-            self.base = self.mem.peak = self.mem.live
+            self.mem.active = True
             return
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -155,7 +160,7 @@ class Probe:
         """Weights + the activation peak of the pass (bytes)."""
         if self.mem is None:
             return torch.cuda.max_memory_allocated(self.device)
-        return self.weights + max(0, self.mem.peak - self.base)
+        return self.weights + self.mem.peak
 
 
 def weight_bytes(*modules: torch.nn.Module) -> int:
