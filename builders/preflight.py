@@ -184,7 +184,8 @@ class Report:
     dtype: str = ""
     batch: int = 1
     weights: int = 0            # bytes
-    peak: int = 0               # bytes: weights + activation peak at ``batch``
+    peak: int = 0               # bytes: weights + activation peak at ``batch`` (measured when ``measured``)
+    estimate: int = 0           # bytes: the meta pass's estimate of ``peak``
     per_image: int = 0          # activation bytes one more image adds
     seconds: float | None = None  # per image, when measured on a real device
     measured: bool = False
@@ -504,7 +505,7 @@ def check_stage(st: Stage, *, batch: int | None = None) -> Report:
             rep.checks = st.run("meta", b, probe)
         rep.components, rep.weights = probe.params, probe.weights
         rep.params = probe.total
-        rep.peak = probe.peak
+        rep.peak = rep.estimate = probe.peak
         if st.scales and b > 1:
             one = Probe("meta")
             with one.watching():
@@ -556,7 +557,8 @@ def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = No
 
 def render(suite_id: str, reports: list[Report], device: str, where: str) -> str:
     lines = [f"preflight of {suite_id} on {device} ({where}); real architectures, random weights, meta-device pass",
-             f"{'stage':<34} {'model':<40} {'params':>15} {'dtype':<9} {'batch':>5} {'peak GiB':>9} {'s/img':>7}  fit"]
+             f"{'stage':<34} {'model':<40} {'params':>15} {'dtype':<9} {'batch':>5} {'est. GiB':>8} {'meas. GiB':>9} "
+             f"{'s/img':>7}  fit"]
     for r in reports:
         if not r.ok:
             lines.append(f"{r.stage:<34} {r.model:<40} FAILED: {r.error}")
@@ -566,13 +568,13 @@ def render(suite_id: str, reports: list[Report], device: str, where: str) -> str
             fit += (f" (batch <= {r.max_batch} fits)" if r.max_batch and r.max_batch >= 1
                     else " (at no batch size: use a bigger device or a smaller dtype)")
         secs = f"{r.seconds:7.3f}" if r.seconds is not None else "      -"
-        kind = "measured" if r.measured else "est."
+        measured = f"{r.peak / GiB:9.2f}" if r.measured else "        -"
         lines.append(f"{r.stage:<34} {r.model:<40} {r.params:>15,} {r.dtype:<9} {r.batch:>5} "
-                     f"{r.peak / GiB:>8.2f}{kind[0]} {secs}  {fit}")
+                     f"{r.estimate / GiB:8.2f} {measured} {secs}  {fit}")
         if len(r.components) > 1:
             lines += [f"{'':<36}{name:<38} {n:>15,}" for name, n in r.components.items() if name != "model"]
-    lines.append("peak: e = estimated from the meta pass (weights + activation peak, fused attention), "
-                 "m = measured on the device")
+    lines.append("est.: peak memory estimated from the meta pass (weights + activation peak, fused attention); "
+                 "meas.: measured on the device (--measure); fit: against the device memory")
     for r in reports:
         if r.ok and r.not_on_meta:
             lines.append(f"  {r.stage}: checked {'; '.join(r.checks)}; not on meta: {r.not_on_meta}")
