@@ -311,10 +311,11 @@ def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2):
     return run
 
 
-def blip2_caption(model_id: str, dtype: torch.dtype, *, prefix_tokens: int = 12, new_tokens: int = 100):
+def blip2_caption(model_id: str, dtype: torch.dtype, *, prefix_tokens: int = 12, new_tokens: int = 100, beams: int = 5):
     """BLIP-2 at the processor's layout: the image through the vision tower and the Q-Former's
     ``num_query_tokens`` queries, projected to the language model's width, in front of the prompt
-    (decoder-only), or as the encoder's input with the prefix starting the decoder (Flan-T5).
+    (decoder-only), or as the encoder's input with the prefix starting the decoder (Flan-T5); the
+    language model runs ``beams`` sequences per image, as beam search does.
 
     By parts on meta: ``Blip2ForConditionalGeneration.forward`` reads the values of the all-ones
     Q-Former mask it builds (``.all()``), which meta tensors do not have; the whole forward and beam
@@ -332,11 +333,12 @@ def blip2_caption(model_id: str, dtype: torch.dtype, *, prefix_tokens: int = 12,
             _check(image.shape == (batch, patches, cfg.vision_config.hidden_size), f"{patches} image tokens", checks)
             queries = cfg.num_query_tokens
             q = model.qformer(query_embeds=model.query_tokens.expand(batch, -1, -1), encoder_hidden_states=image)[0]
-            lm_in = model.language_projection(q[:, :queries])
+            lm_in = model.language_projection(q[:, :queries]).repeat_interleave(beams, 0)
             lm = model.language_model
             width = lm.get_input_embeddings().embedding_dim
-            _check(lm_in.shape == (batch, queries, width), f"{queries} queries projected to the LM width {width}", checks)
-            text = lm.get_input_embeddings()(torch.full((batch, prefix_tokens + new_tokens), 5, device=device))
+            _check(lm_in.shape == (batch * beams, queries, width), f"{queries} queries projected to the LM width {width}",
+                   checks)
+            text = lm.get_input_embeddings()(torch.full((batch * beams, prefix_tokens + new_tokens), 5, device=device))
             if cfg.text_config.is_encoder_decoder:
                 out = lm(inputs_embeds=torch.cat([lm_in, text[:, :prefix_tokens]], 1), decoder_inputs_embeds=text)
             else:
@@ -464,8 +466,8 @@ def stages(suite_id: str, args, device: str) -> list[Stage]:
         gen_dtype = getattr(torch, args.dtype) if gpu else f32
         target = args.target or TARGETS[suite_id]
         return [
-            Stage("caption (--imagenet-a)", args.captioner, torch.float16 if gpu else f32, batch,
-                  blip2_caption(args.captioner, torch.float16 if gpu else f32, new_tokens=40),
+            Stage("caption (--imagenet-a)", args.captioner, torch.float16 if gpu else f32, 16,
+                  blip2_caption(args.captioner, torch.float16 if gpu else f32, new_tokens=40), scales=False,
                   not_on_meta="the one-call forward (its Q-Former mask is read) and beam search"),
             Stage("generation", args.generator, gen_dtype, batch,
                   sd_generation(args.generator, args.size, args.size, gen_dtype, class_tokens=False,
@@ -475,6 +477,21 @@ def stages(suite_id: str, args, device: str) -> list[Stage]:
             Stage("target", f"timm:{target}", f32, batch, timm_classify(target, f32), not_on_meta="top-3 test"),
         ]
     raise BenchError(f"no preflight for {suite_id!r}")
+
+
+# stages whose models a builder holds on the device at the same time (the others load and free theirs)
+RESIDENT = {"imagenet-star": ("generation", "CLIP filter"),
+            "lance-hardimagenet": ("caption", "perturbation prompting", "NTI + P2P editing", "CLIP checks"),
+            "in-g-rn": ("generation", "target"), "in-g-vit": ("generation", "target")}
+
+
+def together(suite_id: str, reports: list[Report]) -> tuple[list[str], int]:
+    """(stage names, peak bytes) of the models the builder keeps loaded at once: all their weights
+    plus the largest activation peak among them (one stage runs at a time)."""
+    group = [r for r in reports if r.ok and r.stage in RESIDENT.get(suite_id, ())]
+    if not group:
+        return [], 0
+    return [r.stage for r in group], sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
 
 
 def _capacity(device: str, memory_gib: float | None) -> tuple[int | None, str]:
@@ -555,7 +572,7 @@ def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = No
     return reports, where
 
 
-def render(suite_id: str, reports: list[Report], device: str, where: str) -> str:
+def render(suite_id: str, reports: list[Report], device: str, where: str, capacity: int | None = None) -> str:
     lines = [f"preflight of {suite_id} on {device} ({where}); real architectures, random weights, meta-device pass",
              f"{'stage':<34} {'model':<40} {'params':>15} {'dtype':<9} {'batch':>5} {'est. GiB':>8} {'meas. GiB':>9} "
              f"{'s/img':>7}  fit"]
@@ -573,6 +590,11 @@ def render(suite_id: str, reports: list[Report], device: str, where: str) -> str
                      f"{r.estimate / GiB:8.2f} {measured} {secs}  {fit}")
         if len(r.components) > 1:
             lines += [f"{'':<36}{name:<38} {n:>15,}" for name, n in r.components.items() if name != "model"]
+    names, peak = together(suite_id, reports)
+    if len(names) > 1:
+        verdict = "" if not capacity else ("; fits" if peak <= USABLE * capacity else
+                                           "; does NOT fit: the builder holds these models at once")
+        lines.append(f"loaded together ({', '.join(names)}): {peak / GiB:.2f} GiB{verdict}")
     lines.append("est.: peak memory estimated from the meta pass (weights + activation peak, fused attention); "
                  "meas.: measured on the device (--measure); fit: against the device memory")
     for r in reports:
@@ -585,7 +607,7 @@ def run(suite_id: str, args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     reports, where = preflight(suite_id, args, device=device, memory_gib=args.device_memory,
                                measure=args.measure)
-    print(render(suite_id, reports, device, where))
+    print(render(suite_id, reports, device, where, _capacity(device, args.device_memory)[0]))
     failed = [r.stage for r in reports if not r.ok]
     if failed:
         raise BenchError(f"preflight: {len(failed)} stage(s) failed their shape pass ({', '.join(failed)}); "

@@ -84,6 +84,18 @@ def _stage(suite, args, name):
     return next(s for s in pf.stages(suite, args, "cuda") if s.name.startswith(name))
 
 
+def test_models_loaded_together_add_their_weights():
+    reports = [pf.Report("caption", "a", weights=4 * pf.GiB, peak=5 * pf.GiB),
+               pf.Report("perturbation prompting", "b", weights=14 * pf.GiB, peak=14 * pf.GiB + 2 ** 20),
+               pf.Report("NTI + P2P editing", "c", weights=4 * pf.GiB, peak=9 * pf.GiB),
+               pf.Report("CLIP checks", "d", weights=pf.GiB, peak=pf.GiB)]
+    names, peak = pf.together("lance-hardimagenet", reports)
+    assert len(names) == 4 and peak == (4 + 14 + 4 + 1) * pf.GiB + 5 * pf.GiB  # all weights + the largest activation
+    text = pf.render("lance-hardimagenet", reports, "cuda", "24 GiB", capacity=24 * pf.GiB)
+    assert "loaded together (caption, perturbation prompting, NTI + P2P editing, CLIP checks): 28.00 GiB; does NOT fit" in text
+    assert "fits" in pf.render("lance-hardimagenet", reports, "cuda", "80 GiB", capacity=80 * pf.GiB).splitlines()[-2]
+
+
 def test_batch_advice_is_the_largest_batch_that_fits():
     from types import SimpleNamespace
 
@@ -115,7 +127,8 @@ EVIDENCE = {
                       "image and text embeddings of width 1024"],
     "lance-hardimagenet": ["32 queries projected to the LM width 2560", "6 branches in one pass",
                            "controller ran on all 32 attention layers (16 cross) every step", "next-token logits",
-                           "null-text embedding optimised", "image and text embeddings of width 768"],
+                           "null-text embedding optimised", "image and text embeddings of width 768",
+                           "loaded together (caption, perturbation prompting, NTI + P2P editing, CLIP checks)"],
     "in-g-rn": ["latents (2, 4, 64, 64)", "decoded images 512x512", "224 px input -> 1000 logits"],
 }
 
