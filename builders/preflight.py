@@ -558,7 +558,7 @@ def advise(rep: Report, st: Stage, capacity: int) -> None:
 def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = None, measure: bool = False
               ) -> tuple[list[Report], str]:
     capacity, where = _capacity(device, memory_gib)
-    reports = []
+    checked = []
     for st in stages(suite_id, args, device):
         rep = check_stage(st, batch=getattr(args, "batch_size", None))
         if rep.ok and measure and _gpu(device) and torch.cuda.is_available():
@@ -566,9 +566,13 @@ def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = No
                 measure_stage(st, rep, device)
             except torch.cuda.OutOfMemoryError:
                 rep.fits = False
-        if rep.ok and capacity:
-            advise(rep, st, capacity)
-        reports.append(rep)
+        checked.append((st, rep))
+    reports = [rep for _, rep in checked]
+    resident = [r for r in reports if r.ok and r.stage in RESIDENT.get(suite_id, ())]
+    for st, rep in checked:
+        if rep.ok and capacity:  # a stage shares the device with the weights of the models loaded with it
+            others = sum(r.weights for r in resident if r is not rep) if rep in resident else 0
+            advise(rep, st, capacity - int(others / USABLE))
     return reports, where
 
 
@@ -581,9 +585,10 @@ def render(suite_id: str, reports: list[Report], device: str, where: str, capaci
             lines.append(f"{r.stage:<34} {r.model:<40} FAILED: {r.error}")
             continue
         fit = "?" if r.fits is None else ("yes" if r.fits else "NO")
-        if r.fits is False:
-            fit += (f" (batch <= {r.max_batch} fits)" if r.max_batch and r.max_batch >= 1
-                    else " (at no batch size: use a bigger device or a smaller dtype)")
+        if r.max_batch is not None and r.max_batch >= 1:
+            fit += f" (batch <= {r.max_batch} fits)"
+        elif r.fits is False:
+            fit += " (at no batch size: use a bigger device or a smaller dtype)"
         secs = f"{r.seconds:7.3f}" if r.seconds is not None else "      -"
         measured = f"{r.peak / GiB:9.2f}" if r.measured else "        -"
         lines.append(f"{r.stage:<34} {r.model:<40} {r.params:>15,} {r.dtype:<9} {r.batch:>5} "
