@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmark.cli import main
+from builders import meta_memory
 from builders import preflight as pf
 from builders import real_models as rm
 
@@ -68,7 +69,7 @@ def test_live_bytes_on_a_hand_computed_case():
     output (40,000) are alive together; a 1000 x 1000 attention (4 MB) is not counted when fused."""
     with torch.device("meta"):
         lin = torch.nn.Linear(1000, 1000)
-    probe = pf.Probe("meta")
+    probe = meta_memory.Probe("meta")
     with probe.watching(), torch.no_grad():
         probe.built(lin=lin)
         x = torch.empty(10, 1000, device="meta")
