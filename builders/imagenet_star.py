@@ -40,7 +40,7 @@ SMOKE_CLASSES = [0, 207]  # tench, Golden Retriever (a name with a space and cap
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output suite folder (resumable; see --overwrite)")
+    p.add_argument("--out", help="output suite folder (resumable; see --overwrite); required unless --preflight")
     p.add_argument("--overwrite", action="store_true", help="replace a different build in --out")
     p.add_argument("--smoke", action="store_true",
                    help="whole pipeline with tiny random models on CPU: 2 classes x 2 shifts x 2 samples")

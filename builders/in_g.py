@@ -25,7 +25,7 @@ WORK = ".work"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output suite folder (resumable; see --overwrite)")
+    p.add_argument("--out", help="output suite folder (resumable; see --overwrite); required unless --preflight")
     p.add_argument("--overwrite", action="store_true", help="replace a different build in --out")
     p.add_argument("--smoke", action="store_true", help="whole pipeline with tiny random models on CPU")
     src = p.add_mutually_exclusive_group()

@@ -303,6 +303,18 @@ class Editor:
             traj.append(z)
         return traj
 
+    def nti_step(self, z: torch.Tensor, t: int, uncond: torch.Tensor, eps_c: torch.Tensor, target: torch.Tensor,
+                 opt: torch.optim.Optimizer) -> torch.Tensor:
+        """One inner step of Eq. 1: a guided DDIM step with ``uncond``, its distance to ``target``, one
+        optimiser step on ``uncond``; returns the (detached) loss."""
+        eps_u = self._unet(z, t, uncond)
+        eps = eps_u + self.cfg.guidance * (eps_c - eps_u)
+        loss = F.mse_loss(self._prev(eps, t, z), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
     def null_text_inversion(self, image, prompt: str) -> Inversion:
         """DDIM-invert the image, then fit one null-text embedding per step (Eq. 1)."""
         z0 = self.encode(image)
@@ -320,13 +332,7 @@ class Editor:
                 eps_c = self._unet(z, t, cond)
             loss_v = float("nan")
             for _ in range(self.cfg.nti_inner_steps):
-                eps_u = self._unet(z, t, uncond)
-                eps = eps_u + self.cfg.guidance * (eps_c - eps_u)
-                loss = F.mse_loss(self._prev(eps, t, z), target)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                loss_v = float(loss.detach())
+                loss_v = float(self.nti_step(z, t, uncond, eps_c, target, opt))
                 if loss_v < self.cfg.nti_early_stop + i * 2e-5:
                     break
             losses.append(loss_v)

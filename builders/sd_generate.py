@@ -102,13 +102,20 @@ class SDGenerator:
     def tiny(cls, settings: GenerationSettings, *, seed: int = 0, prediction_type: str = "v_prediction",
              tokens: dict | None = None):
         """The same pipeline on tiny random-weight components (``--smoke`` and tests; CPU)."""
-        from diffusers import StableDiffusionPipeline
-
         from builders.tiny import tiny_sd_components
 
-        pipe = StableDiffusionPipeline(**tiny_sd_components(seed=seed, prediction_type=prediction_type),
-                                       safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-        return cls._finish(pipe, settings, device="cpu", tokens=tokens)
+        return cls.from_components(tiny_sd_components(seed=seed, prediction_type=prediction_type), settings,
+                                   device="cpu", tokens=tokens)
+
+    @classmethod
+    def from_components(cls, components: dict, settings: GenerationSettings, *, device: str = "cpu",
+                        tokens: dict | None = None):
+        """The same pipeline on given components (``builders.tiny``, ``builders.real_models``)."""
+        from diffusers import StableDiffusionPipeline
+
+        pipe = StableDiffusionPipeline(**components, safety_checker=None, feature_extractor=None,
+                                       requires_safety_checker=False)
+        return cls._finish(pipe, settings, device=device, tokens=tokens)
 
     @classmethod
     def _finish(cls, pipe, settings: GenerationSettings, *, device: str, tokens: dict | None):

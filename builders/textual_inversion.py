@@ -27,6 +27,7 @@ a rerun skips it) and refuses a work folder trained with other settings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
@@ -250,7 +251,7 @@ class TIRun:
                           generator=gen).to(self.device)
         noisy = self.noise_scheduler.add_noise(latents, noise, t)
         amp = self.device.type == "cuda" and self.dtype != torch.float32  # fp32 text encoder under autocast
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=amp):
+        with torch.autocast("cuda", dtype=self.dtype) if amp else contextlib.nullcontext():
             hidden = self.text_encoder(ids)[0]
         pred = self.unet(noisy.to(self.dtype), t, hidden.to(self.dtype)).sample
         if self.noise_scheduler.config.prediction_type == "v_prediction":

@@ -55,8 +55,28 @@ def add_parser(sub):
                                  epilog="examples:\n" + _examples(suite_id, module).rstrip(),
                                  formatter_class=_Formatter)
         module.add_arguments(bp)
+        _add_preflight(bp)
         bp.set_defaults(_builder=module)
     return p
+
+
+def _add_preflight(bp) -> None:
+    """``--preflight`` and its options, on every builder."""
+    from benchmark.cli._common import positive_int
+
+    g = bp.add_argument_group("preflight (no download, no output: the real architectures with random weights)")
+    g.add_argument("--preflight", action="store_true",
+                   help="check every stage at the real models' sizes on the meta device and print per stage the "
+                        "model, parameters, dtype, peak memory at --batch-size on --device and whether it fits")
+    g.add_argument("--device-memory", type=float, metavar="GIB",
+                   help="--preflight: plan for a device with this much memory (e.g. 24 for a GPU not present here)")
+    g.add_argument("--measure", action="store_true",
+                   help="--preflight on a CUDA device: also run every stage there with random weights and report "
+                        "the measured peak memory and seconds per image")
+    try:
+        g.add_argument("--batch-size", type=positive_int, default=1, help="--preflight: batch to size memory for")
+    except argparse.ArgumentError:
+        pass  # the builder's own --batch-size
 
 
 def run(args) -> int:
@@ -65,4 +85,10 @@ def run(args) -> int:
     if getattr(args, "_builder_error", None):
         raise BenchError(f"builder for {args.suite!r} is not available: {args._builder_error}; "
                          "install the builder extras: pip install 'genshift-bench[builders]'")
+    if getattr(args, "preflight", False):
+        from builders import preflight
+        return preflight.run(args.suite, args)
+    if not args.out:
+        raise BenchError(f"bench build {args.suite}: --out is required (the output suite folder), "
+                         "unless --preflight")
     return args._builder.run(args)

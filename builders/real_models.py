@@ -1,0 +1,186 @@
+"""The real architectures of the builders' default models, with random weights, without the weights.
+
+``builders/_data/real_models.json`` holds the published configs (diffusers ``config.json`` keys,
+transformers configs) of every Hub model a builder loads by default, each with its source repo
+and file; open_clip and timm models are built from those libraries' own registries by name
+(``open_clip.create_model``, ``timm.create_model``: both ship their model configs). Everything is
+built under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory and a second, so the
+builders' code paths can be shape-checked at real size (``builders.preflight``); on ``"cpu"`` or
+``"cuda"`` the same call gives real random-weight models to time and measure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from benchmark.errors import BenchError, unknown
+
+DATA = Path(__file__).parent / "_data" / "real_models.json"
+
+
+@lru_cache(maxsize=1)
+def published() -> dict[str, dict]:
+    """``{model id: spec}`` of the Hub models whose configs ship with the package."""
+    return json.loads(DATA.read_text(encoding="utf-8"))["models"]
+
+
+def spec(model_id: str) -> dict:
+    table = published()
+    if model_id not in table:
+        raise unknown("model with a shipped config", model_id, table)
+    return table[model_id]
+
+
+def param_count(*modules: torch.nn.Module) -> int:
+    """Parameters of the modules, each tensor counted once (tied weights are one tensor)."""
+    seen: dict[int, int] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def _clean(config: dict) -> dict:
+    """A diffusers config without its bookkeeping keys (``_class_name``, ``_diffusers_version``)."""
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+@contextmanager
+def building(device: str, dtype: torch.dtype):
+    """Create tensors on ``device`` in ``dtype`` (a 7B model in bf16 never exists in fp32 first)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _class(dotted: str):
+    import importlib
+
+    module, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32,
+                     text_encoder_dtype: torch.dtype = torch.float32) -> dict:
+    """UNet, VAE, text encoder (random weights), tokenizer and scheduler of a Stable Diffusion
+    checkpoint, as ``StableDiffusionPipeline(**components)`` takes them."""
+    from transformers import CLIPTextConfig
+
+    from builders.tiny import clip_tokenizer
+
+    s = spec(model_id)
+    if s["kind"] != "stable-diffusion":
+        raise BenchError(f"{model_id} is a {s['kind']} model, not Stable Diffusion")
+    c = s["components"]
+    with building(device, dtype):
+        unet = _class(c["unet"]["class"])(**_clean(c["unet"]["config"]))
+        vae = _class(c["vae"]["class"])(**_clean(c["vae"]["config"]))
+    with building(device, text_encoder_dtype):
+        text_encoder = _class(c["text_encoder"]["class"])(CLIPTextConfig(**c["text_encoder"]["config"]))
+    scheduler = _class(s["scheduler"]["class"]).from_config(s["scheduler"]["config"])
+    tok = s["tokenizer"]
+    return {"unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder.eval(), "scheduler": scheduler,
+            "tokenizer": clip_tokenizer(model_max_length=tok["model_max_length"], pad_token=tok["pad_token"])}
+
+
+def blip2(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
+    from transformers import Blip2Config, Blip2ForConditionalGeneration
+
+    s = spec(model_id)
+    if s["kind"] != "blip2":
+        raise BenchError(f"{model_id} is a {s['kind']} model, not BLIP-2; give a Salesforce/blip2-* captioner")
+    with building(device, dtype):
+        model = Blip2ForConditionalGeneration(Blip2Config(**s["config"])).eval()
+    for name in getattr(model, "_keep_in_fp32_modules", None) or []:  # as from_pretrained keeps them
+        part = getattr(model, name)
+        if isinstance(part, torch.nn.Parameter):
+            part.data = part.data.float()
+        else:
+            part.float()
+    return model
+
+
+def lit_llama_state_dict(config: dict, *, device: str = "meta", dtype: torch.dtype = torch.float32
+                         ) -> tuple[dict, dict]:
+    """(base, LoRA) state dicts with the released lit-llama checkpoint's names and shapes (random values)."""
+    d, v, r, h = config["n_embd"], config["vocab_size"], config["lora_r"], config["mlp_hidden"]
+
+    def t(*shape):
+        return torch.empty(shape, device=device, dtype=dtype)
+
+    base = {"transformer.wte.weight": t(v, d), "transformer.ln_f.scale": t(d), "lm_head.weight": t(v, d)}
+    lora = {}
+    for i in range(config["n_layer"]):
+        p = f"transformer.h.{i}."
+        base.update({p + "attn.c_attn.weight": t(3 * d, d), p + "attn.c_proj.weight": t(d, d),
+                     p + "mlp.c_fc1.weight": t(h, d), p + "mlp.c_fc2.weight": t(h, d), p + "mlp.c_proj.weight": t(d, h),
+                     p + "rms_1.scale": t(d), p + "rms_2.scale": t(d)})
+        lora.update({p + "attn.c_attn.lora_A": t(2 * r, d), p + "attn.c_attn.lora_B": t(2 * d, r)})
+    return base, lora
+
+
+def causal_lm(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
+    """The perturber LLM. ``lance-release`` goes through the project's own lit-llama conversion
+    (``builders.lance_litllama.lit_llama_to_hf``) from a checkpoint of the released shapes."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    s = spec(model_id)
+    if s["kind"] == "lit-llama":
+        from builders.lance_litllama import lit_llama_to_hf
+
+        base, lora = lit_llama_state_dict(s["config"], device=device, dtype=dtype)
+        cfg, sd = lit_llama_to_hf(base, lora, r=s["config"]["lora_r"], dtype=dtype)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(LlamaConfig(**cfg))
+        missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+        missing = [k for k in missing if "rotary" not in k]
+        if missing or unexpected:
+            raise BenchError(f"converted lit-llama does not fit LLaMA: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        if device != "meta":  # the rotary table is a buffer computed at init, not in the checkpoint
+            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+            model.model.rotary_emb = LlamaRotaryEmbedding(config=model.config, device=device)
+        return model.eval()
+    if s["kind"] != "causal-lm":
+        raise BenchError(f"{model_id} is a {s['kind']} model, not a causal LM")
+    cfg = dict(s["config"])
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with building(device, dtype):
+        return AutoModelForCausalLM.from_config(config).eval()
+
+
+def open_clip_model(name: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
+    """(model, eval preprocess, tokenizer) of an open_clip architecture from open_clip's registry."""
+    import open_clip
+    from open_clip.transform import image_transform
+
+    if name not in open_clip.list_models():
+        raise unknown("open_clip architecture", name, open_clip.list_models())
+    quiet = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # open_clip narrates every step (and "no pretrained weights") on the root logger
+    try:
+        with building(device, dtype):
+            model = open_clip.create_model(name, pretrained=None, device=device).eval()
+        tokenizer = open_clip.get_tokenizer(name)
+    finally:
+        logging.disable(quiet)
+    size = model.visual.image_size
+    preprocess = image_transform(size if isinstance(size, int) else size[0], is_train=False)
+    return model, preprocess, tokenizer
+
+
+def timm_model(name: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
+    """A timm model from timm's registry (architecture only; ``pretrained=False`` downloads nothing)."""
+    import timm
+
+    with building(device, dtype):
+        return timm.create_model(name, pretrained=False).eval()
