@@ -637,3 +637,30 @@ def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
         resolve_models([f"{a}={zoo[a]}", f"test_resnet={zoo[a]}"])
     with pytest.raises(BenchError, match="does not exist"):
         resolve_models([f"test_resnet={tmp_path / 'missing.pth'}"])
+
+
+def test_each_weights_file_is_hashed_once_per_sweep(tmp_path, suite, zoo, monkeypatch):
+    """The model list check, the first load and the reload of a dropped model (max_resident=1) all
+    reuse one digest per file; a file rewritten in place is hashed again."""
+    from eval import models
+
+    archs = ARCHS[:2]
+    copies = {a: tmp_path / f"{i}.safetensors" for i, a in enumerate(archs)}  # fresh files: no earlier test's memo
+    for a in archs:
+        shutil.copy(zoo[a], copies[a])
+    hashed = []
+    orig = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p: hashed.append(Path(p).name) or orig(p))
+    specs, _ = resolve_models([f"{a}={copies[a]}" for a in archs])
+    assert sorted(hashed) == ["0.safetensors", "1.safetensors"]  # the list check hashed each once
+    jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
+                                  inference=InferenceOptions(**OPTS), max_resident=1), progress=False)
+    assert [j.status for j in jobs] == ["done", "done"]
+    assert sorted(hashed) == ["0.safetensors", "1.safetensors"]  # two loads each, no second read
+    for j in jobs:
+        assert j.result["model"]["weights_sha256"] == orig(copies[j.spec.name])
+    data = copies[archs[0]].read_bytes()
+    copies[archs[0]].write_bytes(data)  # same bytes, new mtime: the memo cannot know, so it reads again
+    os.utime(copies[archs[0]], ns=(1, 1))
+    assert models.weights_sha256(copies[archs[0]]) == orig(copies[archs[0]])
+    assert hashed.count("0.safetensors") == 2
