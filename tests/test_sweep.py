@@ -664,3 +664,43 @@ def test_each_weights_file_is_hashed_once_per_sweep(tmp_path, suite, zoo, monkey
     os.utime(copies[archs[0]], ns=(1, 1))
     assert models.weights_sha256(copies[archs[0]]) == orig(copies[archs[0]])
     assert hashed.count("0.safetensors") == 2
+
+
+def test_each_predictions_file_is_read_back_once(tmp_path, suite, zoo, singles, monkeypatch):
+    """Finishing a model reads each predictions file it wrote once: the table it scores and the sha256
+    it records come from the same read (counted at every way a file is opened: Python and Arrow)."""
+    import builtins
+    import io
+
+    import pyarrow.parquet as pq
+
+    reads = []
+
+    def note(src):
+        if isinstance(src, (str, os.PathLike)) and Path(src).parent.name == "predictions":
+            reads.append(Path(src).parent.parent.name + "/" + Path(src).name)
+
+    def counted(orig):
+        def wrapper(src, *a, **kw):
+            mode = a[0] if a else kw.get("mode", "r")
+            if "r" in mode and "+" not in mode:
+                note(src)
+            return orig(src, *a, **kw)
+        return wrapper
+
+    def counted_arrow(orig):
+        return lambda src, *a, **kw: note(src) or orig(src, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", counted(builtins.open))
+    monkeypatch.setattr(io, "open", counted(io.open))
+    for name in ("read_table", "ParquetFile", "read_metadata", "read_schema"):
+        monkeypatch.setattr(pq, name, counted_arrow(getattr(pq, name)))
+    jobs = _sweep(tmp_path, suite, zoo)
+    assert [j.status for j in jobs] == ["done"] * 3
+    assert sorted(reads) == sorted(f"{a}/{c}.parquet" for a in ARCHS for c in ("base", "shifted"))
+    monkeypatch.undo()
+    assert _files(tmp_path) == _files(singles)
+    for j in jobs:  # the recorded digest is the file's
+        from benchmark.fsutil import sha256_file
+        for p in j.result["predictions"]:
+            assert p["sha256"] == sha256_file(j.run_dir / p["path"])
