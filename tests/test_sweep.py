@@ -704,3 +704,70 @@ def test_each_predictions_file_is_read_back_once(tmp_path, suite, zoo, singles, 
         from benchmark.fsutil import sha256_file
         for p in j.result["predictions"]:
             assert p["sha256"] == sha256_file(j.run_dir / p["path"])
+
+
+def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monkeypatch):
+    """Three preprocessing groups, max_resident=2: while one chunk's forward runs, the next model loads
+    in a background thread (its load starts before that forward ends) and the models loaded never exceed
+    the bound; the files are byte-identical to the sequential path's."""
+    import threading
+
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    from eval import sweep
+
+    torch.manual_seed(3)
+    m = timm.create_model("test_efficientnet.r160_in1k", pretrained=False)  # a third data config
+    third = tmp_path / "effnet.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(third))
+    specs = (ModelSpec(ARCHS[0], str(zoo[ARCHS[0]])), ModelSpec(ARCHS[2], str(zoo[ARCHS[2]])),
+             ModelSpec("test_efficientnet.r160_in1k", str(third)))
+
+    def run(out, preload):
+        events, resident, lock = [], set(), threading.Lock()
+        orig_load, orig_predict = sweep.load_model, sweep.predict_units
+
+        def load(req, spec):
+            with lock:
+                events.append(("load", spec.name, threading.current_thread().name))
+            clf = orig_load(req, spec)
+            with lock:
+                resident.add(id(clf.model))
+            import weakref
+            weakref.finalize(clf.model, resident.discard, id(clf.model))
+            return clf
+
+        def predict(suite_, config, feeds, *a, **kw):
+            names = tuple(f.name for f in feeds)
+            with lock:
+                events.append(("forward", names, len(resident)))
+            orig_predict(suite_, config, feeds, *a, **kw)
+            with lock:
+                events.append(("forward end", names, len(resident)))
+
+        monkeypatch.setattr(sweep, "load_model", load)
+        monkeypatch.setattr(sweep, "predict_units", predict)
+        jobs = run_sweep(SweepRequest(models=specs, suite=str(suite), out=str(out), max_resident=2, preload=preload,
+                                      inference=InferenceOptions(**OPTS)), progress=False)
+        monkeypatch.undo()
+        assert [j.status for j in jobs] == ["done"] * 3
+        return events
+
+    seq, pre = run(tmp_path / "seq", False), run(tmp_path / "pre", True)
+    assert _files(tmp_path / "pre") == _files(tmp_path / "seq") and len(_files(tmp_path / "seq")) == 6
+    for a in ("seq", "pre"):
+        for j in (tmp_path / a / "toy").iterdir():
+            assert json.loads((j / "result.json").read_text())["metrics"] == \
+                json.loads((tmp_path / "seq" / "toy" / j.name / "result.json").read_text())["metrics"]
+    assert not any(e[0] == "load" and e[2].startswith("sweep-preload") for e in seq)
+    # the background load of the third chunk's model started while the second chunk's forward ran
+    forwards = [e[1] for e in pre if e[0] == "forward"]
+    assert len({f for f in forwards}) == 3
+    last = forwards[-1][0]
+    bg = [i for i, e in enumerate(pre) if e[0] == "load" and e[1] == last and e[2].startswith("sweep-preload")]
+    assert len(bg) == 1
+    prev_end = max(i for i, e in enumerate(pre) if e[0] == "forward end" and e[1] != forwards[-1])
+    assert bg[0] < prev_end
+    assert max(e[2] for e in pre if e[0].startswith("forward")) <= 2  # the bound holds with the preload
