@@ -706,24 +706,29 @@ def test_each_predictions_file_is_read_back_once(tmp_path, suite, zoo, singles, 
             assert p["sha256"] == sha256_file(j.run_dir / p["path"])
 
 
+def _three_groups(tmp_path, zoo) -> tuple[ModelSpec, ...]:
+    """Three models, three data configs: chunks of one model each."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    m = timm.create_model("test_efficientnet.r160_in1k", pretrained=False)  # a third data config
+    third = tmp_path / "effnet.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(third))
+    return (ModelSpec(ARCHS[0], str(zoo[ARCHS[0]])), ModelSpec(ARCHS[2], str(zoo[ARCHS[2]])),
+            ModelSpec("test_efficientnet.r160_in1k", str(third)))
+
+
 def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monkeypatch):
     """Three preprocessing groups, max_resident=2: while one chunk's forward runs, the next model loads
     in a background thread (its load starts before that forward ends) and the models loaded never exceed
     the bound; the files are byte-identical to the sequential path's."""
     import threading
 
-    import timm
-    import torch
-    from safetensors.torch import save_file
-
     from eval import sweep
 
-    torch.manual_seed(3)
-    m = timm.create_model("test_efficientnet.r160_in1k", pretrained=False)  # a third data config
-    third = tmp_path / "effnet.safetensors"
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(third))
-    specs = (ModelSpec(ARCHS[0], str(zoo[ARCHS[0]])), ModelSpec(ARCHS[2], str(zoo[ARCHS[2]])),
-             ModelSpec("test_efficientnet.r160_in1k", str(third)))
+    specs = _three_groups(tmp_path, zoo)
 
     def run(out, preload):
         events, resident, lock = [], set(), threading.Lock()
@@ -771,3 +776,28 @@ def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monke
     prev_end = max(i for i, e in enumerate(pre) if e[0] == "forward end" and e[1] != forwards[-1])
     assert bg[0] < prev_end
     assert max(e[2] for e in pre if e[0].startswith("forward")) <= 2  # the bound holds with the preload
+
+
+def test_a_failed_background_load_fails_that_model_only(tmp_path, suite, zoo, monkeypatch):
+    """Models whose background load raises are recorded as failed when their chunk starts; the others finish."""
+    import threading
+
+    from eval import sweep
+
+    orig, background = sweep.load_model, []
+
+    def load(req, spec):
+        if threading.current_thread().name.startswith("sweep-preload"):
+            background.append(spec.name)
+            raise OSError("weights vanished")
+        return orig(req, spec)
+
+    specs = _three_groups(tmp_path, zoo)
+    monkeypatch.setattr(sweep, "load_model", load)
+    jobs = run_sweep(SweepRequest(models=specs, suite=str(suite), out=str(tmp_path / "runs"), max_resident=2,
+                                  inference=InferenceOptions(**OPTS)), progress=False)
+    failed = [j for j in jobs if j.status == "failed"]
+    assert background and sorted(j.spec.name for j in failed) == sorted(background)
+    for j in failed:
+        assert "weights vanished" in j.error and "weights vanished" in (j.run_dir / "failure.json").read_text()
+    assert sum(j.status == "done" for j in jobs) == 3 - len(failed)
