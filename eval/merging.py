@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmark.errors import BenchError, IntegrityError, one_line
-from benchmark.fsutil import parse_json_limited, read_limited, sha256_file
+from benchmark.fsutil import parse_json_limited, read_limited, sha256_bytes
 from eval.predictions import (
-    CheckpointedPredictions, check_config_name, contained, part_range, read_predictions, safe_config_dir, schema,
+    CheckpointedPredictions, check_config_name, contained, part_range, safe_config_dir, schema,
     unit_digest,
 )
 from eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, environment, write_result
@@ -212,12 +212,12 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
         infos = parts[config]
         out_path = contained(run_dir / "predictions" / f"{config}.parquet", out)
         rows = ckpt.finish(out_path)
-        tables[config] = read_predictions(out_path)
+        tables[config], digest = _read_back(out_path)
         skipped = [i for info in infos for i in info.get("skipped_bad", [])]
         counts[config] = {**state["counts"][config], "predicted": rows, "skipped_bad": len(skipped),
                           "skipped_bad_ids": sorted(skipped)[:100]}
         predictions.append({"config": config, "path": f"predictions/{config}.parquet", "rows": rows,
-                            "sha256": sha256_file(out_path)})
+                            "sha256": digest})
         seconds = sum(i.get("seconds", 0.0) for i in infos)
         sizes = [i["batch_size"] for i in infos if i.get("batch_size")]
         eff_batch += sizes
@@ -258,6 +258,13 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     write_result(run_dir / RESULT_FILE, result)
     shutil.rmtree(refuse_links(work, out))
     return result
+
+
+def _read_back(path: Path) -> tuple[pa.Table, str]:
+    """A predictions file just written, read once: the table scored and the sha256 recorded are of
+    the same bytes (no second read for the hash)."""
+    data = path.read_bytes()
+    return pq.read_table(pa.BufferReader(data)), sha256_bytes(data)
 
 
 def _units_by_rank(infos: list[dict]) -> dict[str, int]:

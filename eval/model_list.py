@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmark.errors import BenchError
-from benchmark.fsutil import MAX_LIST_BYTES, read_text_limited, sha256_file
+from benchmark.fsutil import MAX_LIST_BYTES, read_text_limited
 
 WILDCARD_CHARS = "*?["
 MAX_MODELS = 5000
@@ -134,13 +133,12 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
     return specs, expansions
 
 
-@functools.lru_cache(maxsize=MAX_MODELS)
 def _sha256_of(path: str) -> str:
-    from eval.models import check_checkpoint_file
+    from eval.models import check_checkpoint_file, weights_sha256
 
     check_checkpoint_file(path)  # exists, a regular readable file, not empty, within the size limit: one line
     try:
-        return sha256_file(path)
+        return weights_sha256(path)  # the one memo: loading the model later reuses this digest
     except OSError as e:
         raise BenchError(f"checkpoint {path!r} cannot be read ({e.strerror}); check the path") from None
 

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import stat
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,7 +235,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         entry = load_checkpoint(model, checkpoint, remap_by_order=remap_by_order, weights=checkpoint_weights)
         picked = checkpoint_weights if entry is not None else None
         source, rev, wfile = "checkpoint", None, str(checkpoint)
-        wsha = sha256_file(checkpoint)
+        wsha = weights_sha256(checkpoint)
         model_id = checkpoint_model_id(name, wsha)
     elif not pretrained:
         arch_name = ref.name or name
@@ -248,7 +249,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         arch_name = ref.name or model.pretrained_cfg.get("architecture", ref.repo_id)
         preferred = model.pretrained_cfg.get("hf_hub_filename")
         wfile = _cached_weights(ref.repo_id, rev, preferred)
-        wsha = sha256_file(wfile) if wfile else None
+        wsha = weights_sha256(wfile) if wfile else None
         source, model_id = "hf-hub", ref.repo_id
     check_label_space(model, model_id)
     model.eval().to(device)
@@ -353,6 +354,33 @@ def _torch_load_safely(path: Path):
         raise BenchError(f"checkpoint {str(path)!r} holds Python objects ({', '.join(unsafe[:3])}) that weights-only "
                          "loading refuses (bench never unpickles arbitrary code); save the weights alone: "
                          "torch.save(model.state_dict(), 'weights.pth') or safetensors") from None
+
+
+_SHA_MEMO: dict[tuple, str] = {}
+_SHA_LOCK = threading.Lock()
+_SHA_MEMO_MAX = 4096
+
+
+def weights_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a weights file, read once per process for each (file, size, mtime_ns).
+
+    A sweep needs it when it checks the model list, when it loads each model and when a chunk
+    reloads a model it had to drop (``max_resident``): one read of a multi-GB file instead of three.
+    A file rewritten in place has a new size or mtime and is hashed again. Thread-safe (the next
+    chunk's models load in a background thread).
+    """
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    key = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _SHA_LOCK:
+        digest = _SHA_MEMO.get(key)
+    if digest is None:
+        digest = sha256_file(real)
+        with _SHA_LOCK:
+            if len(_SHA_MEMO) >= _SHA_MEMO_MAX:
+                _SHA_MEMO.clear()
+            _SHA_MEMO[key] = digest
+    return digest
 
 
 def check_checkpoint_file(path: str | os.PathLike) -> Path:

@@ -10,7 +10,10 @@ How the work is shared:
 - **Preprocessing groups.** Models are grouped by their resolved data config (input size, crop,
   interpolation, and mean/std unless the device normalises); each streaming unit of a config is
   decoded and transformed once per group and fed to every model of the group. At most
-  ``max_resident`` models are loaded at once (a larger group is processed in chunks).
+  ``max_resident`` models are loaded at once (a larger group is processed in chunks). While a
+  chunk runs, a background thread loads the next chunks' models into the slots left free
+  (``max_resident`` minus the models loaded), so a model's start-up overlaps another's forward;
+  the loaded weights are the same, so the predictions are too.
 - **Work items** are ``(chunk, config, unit)`` with cost = models still needing the unit x rows.
   Under ``accelerate launch`` (or torchrun) they are split across processes by a deterministic
   greedy balance of cost (largest first onto the least-loaded process). Each process writes its
@@ -32,6 +35,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -75,6 +79,7 @@ class SweepRequest:
     max_resident: int = 4
     pretrained: bool = True       # False: random weights (benchmarks); never from the CLI
     wildcards: dict = field(default_factory=dict)  # pattern -> expansion, recorded in each result
+    preload: bool = True          # load the next chunk's models in the background (free slots only)
 
 
 @dataclass
@@ -134,6 +139,7 @@ class Sweep:
         self.device = check_device(self.opts.device)
         self.single = len(req.models) == 1
         self.jobs: list[Job] = []
+        self._loading: dict[str, Future] = {}  # model id -> its background load (req.preload)
 
     # ---- planning ----------------------------------------------------------------------------
 
@@ -156,6 +162,11 @@ class Sweep:
         self.session = None
         for spec in req.models:
             self._prepare_job(spec)
+        # the models kept loaded are the first to run, not the first listed
+        lead = set(list(dict.fromkeys(j.model_id for chunk in self.chunks() for j in chunk))[:req.max_resident])
+        for job in self.jobs:
+            if job.model_id not in lead:
+                job.clf = None
         # the main process claims folders and cleans leftovers; the others start after it
         if self.dist.is_main:
             session = uuid.uuid4().hex
@@ -316,31 +327,52 @@ class Sweep:
         total = sum(i["cost"] for i in items)
         bar = Progress(total, len(self.jobs), sum(j.status == "done" for j in self.jobs), enabled=self.progress,
                         rank=self.dist.rank)
+        chunks = self.chunks()
+        ahead = [j for ci, chunk in enumerate(chunks) if any(i["chunk"] == ci for i in items) for j in chunk]
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-preload") if self.req.preload else None
         try:
-            for ci, chunk in enumerate(self.chunks()):
+            for ci, chunk in enumerate(chunks):
                 mine = [i for i in items if i["chunk"] == ci]
                 if mine:
-                    self._run_chunk(chunk, mine, bar)
+                    ids = {j.model_id for j in chunk}
+                    ahead = [j for j in ahead if j.model_id not in ids]
+                    self._run_chunk(chunk, mine, bar, preload=(pool, ahead) if pool else None)
                 for job in chunk:
                     if job.status == "todo":
                         job.clf = None  # free the weights before the next chunk loads
                         self._try_finish(job, bar)
         finally:
             bar.close()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         # the last process to finish builds what the others left (a no-op on one process)
         for job in self.jobs:
             if job.status == "todo":
                 self._try_finish(job, bar)
         return self.jobs
 
-    def _run_chunk(self, chunk: list[Job], items: list[dict], bar) -> None:
+    def _preload(self, pool: ThreadPoolExecutor, ahead: list[Job]) -> None:
+        """Start loading the next chunks' models, in run order, into the slots left free: models
+        loaded plus models loading never exceed ``max_resident``."""
+        busy = sum(j.clf is not None for j in self.jobs) + len(self._loading)
+        for job in ahead:
+            if busy >= self.req.max_resident:
+                return
+            if job.status == "todo" and job.clf is None and job.model_id not in self._loading:
+                self._loading[job.model_id] = pool.submit(load_model, self.req, job.spec)
+                busy += 1
+
+    def _run_chunk(self, chunk: list[Job], items: list[dict], bar, preload=None) -> None:
         for job in chunk:
             if job.clf is None and job.status == "todo":
                 try:
-                    job.clf = load_model(self.req, job.spec)
+                    pending = self._loading.pop(job.model_id, None)
+                    job.clf = pending.result() if pending else load_model(self.req, job.spec)
                 except Exception as e:  # noqa: BLE001 - recorded for this model
                     self._record_failure(job, e)
         live = [j for j in chunk if j.status == "todo"]
+        if preload:
+            self._preload(*preload)  # the next chunks' models load while this chunk's forward runs
         if not live:
             return
         data_config = live[0].state["data_config"]

@@ -637,3 +637,167 @@ def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
         resolve_models([f"{a}={zoo[a]}", f"test_resnet={zoo[a]}"])
     with pytest.raises(BenchError, match="does not exist"):
         resolve_models([f"test_resnet={tmp_path / 'missing.pth'}"])
+
+
+def test_each_weights_file_is_hashed_once_per_sweep(tmp_path, suite, zoo, monkeypatch):
+    """The model list check, the first load and the reload of a dropped model (max_resident=1) all
+    reuse one digest per file; a file rewritten in place is hashed again."""
+    from eval import models
+
+    archs = ARCHS[:2]
+    copies = {a: tmp_path / f"{i}.safetensors" for i, a in enumerate(archs)}  # fresh files: no earlier test's memo
+    for a in archs:
+        shutil.copy(zoo[a], copies[a])
+    hashed = []
+    orig = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p: hashed.append(Path(p).name) or orig(p))
+    specs, _ = resolve_models([f"{a}={copies[a]}" for a in archs])
+    assert sorted(hashed) == ["0.safetensors", "1.safetensors"]  # the list check hashed each once
+    jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
+                                  inference=InferenceOptions(**OPTS), max_resident=1), progress=False)
+    assert [j.status for j in jobs] == ["done", "done"]
+    assert sorted(hashed) == ["0.safetensors", "1.safetensors"]  # two loads each, no second read
+    for j in jobs:
+        assert j.result["model"]["weights_sha256"] == orig(copies[j.spec.name])
+    data = copies[archs[0]].read_bytes()
+    copies[archs[0]].write_bytes(data)  # same bytes, new mtime: the memo cannot know, so it reads again
+    os.utime(copies[archs[0]], ns=(1, 1))
+    assert models.weights_sha256(copies[archs[0]]) == orig(copies[archs[0]])
+    assert hashed.count("0.safetensors") == 2
+
+
+def test_each_predictions_file_is_read_back_once(tmp_path, suite, zoo, singles, monkeypatch):
+    """Finishing a model reads each predictions file it wrote once: the table it scores and the sha256
+    it records come from the same read (counted at every way a file is opened: Python and Arrow)."""
+    import builtins
+    import io
+
+    import pyarrow.parquet as pq
+
+    reads = []
+
+    def note(src):
+        if isinstance(src, (str, os.PathLike)) and Path(src).parent.name == "predictions":
+            reads.append(Path(src).parent.parent.name + "/" + Path(src).name)
+
+    def counted(orig):
+        def wrapper(src, *a, **kw):
+            mode = a[0] if a else kw.get("mode", "r")
+            if "r" in mode and "+" not in mode:
+                note(src)
+            return orig(src, *a, **kw)
+        return wrapper
+
+    def counted_arrow(orig):
+        return lambda src, *a, **kw: note(src) or orig(src, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", counted(builtins.open))
+    monkeypatch.setattr(io, "open", counted(io.open))
+    for name in ("read_table", "ParquetFile", "read_metadata", "read_schema"):
+        monkeypatch.setattr(pq, name, counted_arrow(getattr(pq, name)))
+    jobs = _sweep(tmp_path, suite, zoo)
+    assert [j.status for j in jobs] == ["done"] * 3
+    assert sorted(reads) == sorted(f"{a}/{c}.parquet" for a in ARCHS for c in ("base", "shifted"))
+    monkeypatch.undo()
+    assert _files(tmp_path) == _files(singles)
+    for j in jobs:  # the recorded digest is the file's
+        from benchmark.fsutil import sha256_file
+        for p in j.result["predictions"]:
+            assert p["sha256"] == sha256_file(j.run_dir / p["path"])
+
+
+def _three_groups(tmp_path, zoo) -> tuple[ModelSpec, ...]:
+    """Three models, three data configs: chunks of one model each."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    m = timm.create_model("test_efficientnet.r160_in1k", pretrained=False)  # a third data config
+    third = tmp_path / "effnet.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(third))
+    return (ModelSpec(ARCHS[0], str(zoo[ARCHS[0]])), ModelSpec(ARCHS[2], str(zoo[ARCHS[2]])),
+            ModelSpec("test_efficientnet.r160_in1k", str(third)))
+
+
+def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monkeypatch):
+    """Three preprocessing groups, max_resident=2: while one chunk's forward runs, the next model loads
+    in a background thread (its load starts before that forward ends) and the models loaded never exceed
+    the bound; the files are byte-identical to the sequential path's."""
+    import threading
+
+    from eval import sweep
+
+    specs = _three_groups(tmp_path, zoo)
+
+    def run(out, preload):
+        events, resident, lock = [], set(), threading.Lock()
+        orig_load, orig_predict = sweep.load_model, sweep.predict_units
+
+        def load(req, spec):
+            with lock:
+                events.append(("load", spec.name, threading.current_thread().name))
+            clf = orig_load(req, spec)
+            with lock:
+                resident.add(id(clf.model))
+            import weakref
+            weakref.finalize(clf.model, resident.discard, id(clf.model))
+            return clf
+
+        def predict(suite_, config, feeds, *a, **kw):
+            names = tuple(f.name for f in feeds)
+            with lock:
+                events.append(("forward", names, len(resident)))
+            orig_predict(suite_, config, feeds, *a, **kw)
+            with lock:
+                events.append(("forward end", names, len(resident)))
+
+        monkeypatch.setattr(sweep, "load_model", load)
+        monkeypatch.setattr(sweep, "predict_units", predict)
+        jobs = run_sweep(SweepRequest(models=specs, suite=str(suite), out=str(out), max_resident=2, preload=preload,
+                                      inference=InferenceOptions(**OPTS)), progress=False)
+        monkeypatch.undo()
+        assert [j.status for j in jobs] == ["done"] * 3
+        return events
+
+    seq, pre = run(tmp_path / "seq", False), run(tmp_path / "pre", True)
+    assert _files(tmp_path / "pre") == _files(tmp_path / "seq") and len(_files(tmp_path / "seq")) == 6
+    for a in ("seq", "pre"):
+        for j in (tmp_path / a / "toy").iterdir():
+            assert json.loads((j / "result.json").read_text())["metrics"] == \
+                json.loads((tmp_path / "seq" / "toy" / j.name / "result.json").read_text())["metrics"]
+    assert not any(e[0] == "load" and e[2].startswith("sweep-preload") for e in seq)
+    # the background load of the third chunk's model started while the second chunk's forward ran
+    forwards = [e[1] for e in pre if e[0] == "forward"]
+    assert len({f for f in forwards}) == 3
+    last = forwards[-1][0]
+    bg = [i for i, e in enumerate(pre) if e[0] == "load" and e[1] == last and e[2].startswith("sweep-preload")]
+    assert len(bg) == 1
+    prev_end = max(i for i, e in enumerate(pre) if e[0] == "forward end" and e[1] != forwards[-1])
+    assert bg[0] < prev_end
+    assert max(e[2] for e in pre if e[0].startswith("forward")) <= 2  # the bound holds with the preload
+
+
+def test_a_failed_background_load_fails_that_model_only(tmp_path, suite, zoo, monkeypatch):
+    """Models whose background load raises are recorded as failed when their chunk starts; the others finish."""
+    import threading
+
+    from eval import sweep
+
+    orig, background = sweep.load_model, []
+
+    def load(req, spec):
+        if threading.current_thread().name.startswith("sweep-preload"):
+            background.append(spec.name)
+            raise OSError("weights vanished")
+        return orig(req, spec)
+
+    specs = _three_groups(tmp_path, zoo)
+    monkeypatch.setattr(sweep, "load_model", load)
+    jobs = run_sweep(SweepRequest(models=specs, suite=str(suite), out=str(tmp_path / "runs"), max_resident=2,
+                                  inference=InferenceOptions(**OPTS)), progress=False)
+    failed = [j for j in jobs if j.status == "failed"]
+    assert background and sorted(j.spec.name for j in failed) == sorted(background)
+    for j in failed:
+        assert "weights vanished" in j.error and "weights vanished" in (j.run_dir / "failure.json").read_text()
+    assert sum(j.status == "done" for j in jobs) == 3 - len(failed)
