@@ -1,8 +1,11 @@
 """Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders).
 
 Every image has its own ``torch.Generator`` seeded from its ids (``builders.seeding``); its
-starting latents are drawn from it in float32 on the CPU, so an image depends neither on the
-other images of its batch nor on the device or dtype the UNet runs in. Generation runs in
+starting latents are drawn from it in float32 on the CPU, so an image's noise depends neither on
+the other images of its batch nor on the device or dtype the UNet runs in. The UNet's arithmetic
+can: CPU kernels chosen by batch size may differ in the last bits (a pixel level or two after
+JPEG), so equal bytes need an equal batch composition, and the batch size a build really used
+is recorded (``batch_size_effective`` in the manifest). Generation runs in
 batches with the pipeline's default SDPA attention (``AttnProcessor2_0``) and fp16/bf16 UNet and
 VAE on GPU; the text encoder stays float32 (the authors' ImageNet* build requires it;
 ``docs/builders.md``), its embeddings are cached per prompt and cast to the UNet's dtype

@@ -29,7 +29,6 @@ import math
 import re
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 from benchmark.errors import BenchError, one_line
 
@@ -52,8 +51,10 @@ def task_values(result: dict) -> dict[str, float]:
     """Each task's value in the task's units (percent = 100 × the stored fraction), from the same row
     the leaderboard shows (``leaderboard.aggregate.model_table``); undefined values are left out."""
     from leaderboard.aggregate import model_table
+    from leaderboard.store import Entry
 
-    df = model_table([SimpleNamespace(result=result, verified=False, model_id=result["model"]["id"])])
+    # the board's own row builder over an unchecked entry (status accepted: never shown as verified)
+    df = model_table([Entry(Path("result.json"), result=result, status="accepted")])
     if df.attrs["skipped"] or df.empty:
         raise BenchError(f"the result cannot be tabulated ({df.attrs['skipped'][0][1] if df.attrs['skipped'] else 'empty'})")
     row = df.iloc[0]

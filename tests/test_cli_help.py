@@ -244,13 +244,18 @@ def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypat
 
     for module in [m for m in list(sys.modules.values()) if getattr(m, "read_limited", None) is real]:
         monkeypatch.setattr(module, "read_limited", spy)  # also where it was imported by name
-    for f in ("/dev/zero", str(tmp_path / "big.txt")):
-        code = main([subs.get(a, f if a == "FILE" else a) for a in argv_t])
-        err = capsys.readouterr().err
-        assert code != 0 and err.count("\n") == 1, err
-        assert f"error: {what} {f!r} is larger than 4096 bytes" in err, err
-        assert reads[-1] == (f, limit)  # read through read_limited, with the documented limit
-    assert not (tmp_path / "out").exists()
+    try:
+        for f in ("/dev/zero", str(tmp_path / "big.txt")):
+            code = main([subs.get(a, f if a == "FILE" else a) for a in argv_t])
+            err = capsys.readouterr().err
+            assert code != 0 and err.count("\n") == 1, err
+            assert f"error: {what} {f!r} is larger than 4096 bytes" in err, err
+            assert reads[-1] == (f, limit)  # read through read_limited, with the documented limit
+        assert not (tmp_path / "out").exists()
+    finally:  # a module first imported during the test took the spy by name: give it the real one back
+        for module in list(sys.modules.values()):
+            if getattr(module, "read_limited", None) is spy:
+                module.read_limited = real
 
 
 def test_os_error_traceback_with_vv(capsys, monkeypatch):

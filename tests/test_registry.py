@@ -41,6 +41,7 @@ def test_cli_suites(capsys):
     assert main(["suites", "in-g-*"]) == 0
     out = capsys.readouterr().out
     assert "in-g-rn" in out and "in-g-vit" in out and "imagenet-star" not in out
+    assert "in-g-fig4" in out and "lance-table2" not in out  # only the populations that score a listed suite
     assert main(["suites", "--json"]) == 0
     import json
     data = json.loads(capsys.readouterr().out)

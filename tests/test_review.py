@@ -164,7 +164,7 @@ def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     # a key file whose read fails (an I/O error, whoever runs the test): one line, no traceback
     assert main(["review", "--repo", "org/results", "--key", "/proc/self/mem"]) != 0
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot read '/proc/self/mem' (Input/output error)") and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: signing key '/proc/self/mem' cannot be read (Input/output error)") and len(err.strip().splitlines()) == 1
 
 
 # -- attacks on the review service: markers, ownership, terminal answers --------------------------------------------

@@ -42,7 +42,10 @@ def run(args) -> int:
         print(f"no suite matches {args.pattern!r}; run `bench suites` for the list")
         return 1
     print_table(rows, ["suite", "repo", "revision", "configs", "metrics", "labels", "title"])
-    pops = [get_population(n) for n in list_populations()]
+    listed = {sp.id for sp in specs}  # the populations that score a listed suite
+    pops = [p for p in (get_population(n) for n in list_populations()) if listed & set(p.suites)]
+    if not pops:
+        return 0
     print("\nmodel populations (bench eval --models <population>; bench suites --populations for the models):")
     print_table([{"population": p.name, "models": len(p.members), "suites": ",".join(p.suites), "title": p.title}
                  for p in pops], ["population", "models", "suites", "title"])
