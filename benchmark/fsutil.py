@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
+
 from benchmark.errors import BenchError, IntegrityError
 
 INCOMPLETE = ".incomplete"
@@ -121,6 +123,28 @@ def parse_json_limited(data: bytes, *, what: str, where: str, max_bytes: int, ma
     if json_depth(obj) > max_depth:
         raise too_deep
     return obj
+
+
+def load_yaml_limited(text: str, *, what: str, where: str, max_depth: int, fix: str = ""):
+    """``yaml.safe_load`` of text from outside, refusing aliases (billion-laughs) and deep nesting first.
+
+    Walks the parser's events before anything is built, so a bomb or a 100k-deep file is one
+    ``IntegrityError`` (``{where}: {what} ...{fix}``) and never a memory blow-up or ``RecursionError``.
+    """
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                raise IntegrityError(f"{where}: {what} uses aliases ('*name'), which this file never needs{fix}")
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > max_depth:
+                    raise IntegrityError(f"{where}: {what} nests deeper than {max_depth} levels{fix}")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise IntegrityError(f"{where}: {what} does not parse ({str(e).splitlines()[0][:160]}){fix}") from None
 
 
 @contextlib.contextmanager

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import read_limited
+from benchmark.fsutil import load_yaml_limited, read_limited
 from benchmark.suite_format import (CARD, MANIFEST, SPLIT, Manifest, check_features, check_rows, read_parquet_features,
                                     read_row_table, verify_files)
 
@@ -231,20 +230,8 @@ def parse_card(path: Path, manifest: Manifest) -> dict:
         raise bad("the card has no YAML header between '---' lines")
     end = next(i for i, ln in enumerate(lines[1:], 1) if ln.strip() == "---")
     header = "\n".join(lines[1:end])
-    try:
-        depth = 0
-        for event in yaml.parse(header, Loader=yaml.SafeLoader):  # events: no recursion, no object built yet
-            if isinstance(event, yaml.AliasEvent):
-                raise bad("the card's YAML uses aliases ('*name'), which cards never need")
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                depth += 1
-                if depth > MAX_YAML_DEPTH:
-                    raise bad(f"the card's YAML nests deeper than {MAX_YAML_DEPTH} levels")
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                depth -= 1
-        head = yaml.safe_load(header)
-    except yaml.YAMLError as e:
-        raise bad(f"the card's YAML header does not parse ({str(e).splitlines()[0][:200]})") from None
+    head = load_yaml_limited(header, what="the card's YAML", where=where, max_depth=MAX_YAML_DEPTH,
+                             fix="; re-render the card with data_cards.render_card (docs/format.md section 5)")
     if not isinstance(head, dict):
         raise bad("the card's YAML header is not a mapping")
     entries = head.get("configs")

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import yaml
 
 from benchmark.errors import IntegrityError
+from benchmark.fsutil import load_yaml_limited
 
 EVAL_YAML = "eval.yaml"
 FRAMEWORK = "genshift-bench"
@@ -105,24 +106,6 @@ def render_eval_yaml(manifest, **kw) -> str:
     return yaml.safe_dump(eval_yaml_dict(manifest, **kw), sort_keys=False, allow_unicode=True, width=100)
 
 
-def load_bounded_yaml(text: str, *, where: str, max_depth: int = MAX_YAML_DEPTH):
-    """``yaml.safe_load`` of text from outside, refusing aliases (billion-laughs) and deep nesting first."""
-    try:
-        depth = 0
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # events: nothing is built yet
-            if isinstance(event, yaml.AliasEvent):
-                raise IntegrityError(f"{where}: the YAML uses aliases ('*name'), which this file never needs")
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                depth += 1
-                if depth > max_depth:
-                    raise IntegrityError(f"{where}: the YAML nests deeper than {max_depth} levels")
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                depth -= 1
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise IntegrityError(f"{where}: not valid YAML ({str(e).splitlines()[0][:160]})") from None
-
-
 def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
     """Check an ``eval.yaml`` against the Hub's format: the four keys, non-empty strings, unique task ids."""
     if len(data) > MAX_EVAL_YAML_BYTES:
@@ -131,7 +114,7 @@ def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise IntegrityError(f"{where} is not UTF-8; {FIX}") from None
-    doc = load_bounded_yaml(text, where=where)
+    doc = load_yaml_limited(text, what="the YAML", where=where, max_depth=MAX_YAML_DEPTH)
 
     def bad(what: str) -> IntegrityError:
         return IntegrityError(f"{where}: {what}; {FIX}")
