@@ -19,13 +19,13 @@ from benchmark.hubio import (  # noqa: F401 - re-exported: builders resolve and 
     resolve_revision, snapshot,
 )
 from benchmark.reader import LocalSuite
-from benchmark.suite_format import CARD, MANIFEST
+from benchmark.suite_format import CARD, EVAL_YAML, MANIFEST
 
 log = logging.getLogger(__name__)
 
 
 def _patterns(configs: list[str] | None) -> list[str]:
-    pats = [MANIFEST, CARD, "eval.yaml"]  # eval.yaml: checked by `bench verify` on the downloaded folder
+    pats = [MANIFEST, CARD, EVAL_YAML]  # eval.yaml: checked by `bench verify` on the downloaded folder
     return pats + (["data/**"] if configs is None else [f"data/{c}/*" for c in configs])
 
 
@@ -146,8 +146,6 @@ def publish_files(suite: LocalSuite) -> list[str]:
 
     Anything else in the folder (``build.json``, leftovers, notes) is never uploaded.
     """
-    from data_cards.eval_yaml import EVAL_YAML
-
     return [CARD, EVAL_YAML, MANIFEST, *sorted(suite.manifest.files)]
 
 
@@ -155,7 +153,7 @@ def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
     from benchmark.fsutil import atomic_write_bytes, read_limited
-    from data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
+    from data_cards.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
 
     path = Path(folder) / EVAL_YAML
     if path.is_file():

@@ -35,10 +35,9 @@ import yaml
 
 from benchmark.errors import IntegrityError
 from benchmark.fsutil import load_yaml_limited
+from benchmark.suite_format import EVAL_YAML, SPLIT
 
-EVAL_YAML = "eval.yaml"
 FRAMEWORK = "genshift-bench"
-SPLIT = "test"            # every suite config has one split, test (data_cards.card_data)
 MAX_EVAL_YAML_BYTES = 64 << 10
 MAX_YAML_DEPTH = 8
 FIX = "delete it and rerun `bench publish`, which writes it from the manifest"

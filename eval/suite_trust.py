@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmark.errors import BenchError, IntegrityError
+from benchmark.errors import BenchError
 from benchmark.fsutil import read_limited
 from benchmark.suite_format import MANIFEST, MAX_MANIFEST_BYTES, Manifest
 
