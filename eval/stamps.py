@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.errors import BenchError
-from benchmark.fsutil import INCOMPLETE, atomic_write_bytes, canonical_json, read_limited, sha256_bytes
+from benchmark.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_bytes, canonical_json, read_limited,
+                            read_text_limited, sha256_bytes)
 
 STAMP_KIND = "genshift-verification"
 STAMP_VERSION = 2
 ALGORITHM = "ed25519"
 MAX_STAMP_BYTES = 1 << 20
-MAX_TRUSTED_KEYS_BYTES = 1 << 20
 MAX_PRIVATE_KEY_BYTES = 1 << 14
 
 
@@ -130,10 +130,10 @@ def load_trusted_keys(path: str | os.PathLike) -> dict[str, PublicKey]:
     path = Path(path)
     if not path.exists():
         raise BenchError(f"trusted keys file {str(path)!r} does not exist; it holds the maintainers' KEY.pub lines")
-    data = read_limited(path, max_bytes=MAX_TRUSTED_KEYS_BYTES, what="trusted keys file",
-                        fix="it holds one 'ed25519 KEY name' line per maintainer: is it the right file?")
+    text = read_text_limited(path, max_bytes=MAX_LIST_BYTES, what="trusted keys file",
+                             fix="it holds one 'ed25519 KEY name' line per maintainer: is it the right file?")
     keys = {}
-    for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if line and not line.startswith("#"):
             k = parse_public_key(line, where=f"{path}:{n}")
