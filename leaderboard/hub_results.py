@@ -132,7 +132,7 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
 def _read_entry(api, results_repo: str, prefix: str, revision: str, root: Path, trusted: dict):
     """Download ``<prefix>/`` of the results repo at ``revision``; ``(result, stamp or None, result sha256)``
     where the stamp counts only if signed by a ``trusted`` key for exactly these files."""
-    from benchmark.fsutil import read_limited, sha256_bytes, sha256_file
+    from benchmark.fsutil import read_limited, sha256_bytes
     from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
     from eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
 
@@ -148,16 +148,15 @@ def _read_entry(api, results_repo: str, prefix: str, revision: str, root: Path, 
         return read_limited(p, max_bytes=limit, what=name)
 
     raw = get("result.json", MAX_RESULT_BYTES)
+    result_sha256 = sha256_bytes(raw)
     result = parse_result(raw, where=f"{results_repo}/{prefix}/result.json")
     stamp = None
     if f"{prefix}/{STAMP_FILE}" in files and trusted:
-        preds = {}
-        for p in result["predictions"]:
-            get(p["path"], MAX_PREDICTIONS_BYTES)
-            preds[p["path"]] = sha256_file(root / prefix / p["path"])
-        stamp, _why = check_stamp(get(STAMP_FILE, MAX_STAMP_BYTES), result_sha256=sha256_bytes(raw),
+        # hashed from the bytes already read (bounded), not read from disk a second time
+        preds = {p["path"]: sha256_bytes(get(p["path"], MAX_PREDICTIONS_BYTES)) for p in result["predictions"]}
+        stamp, _why = check_stamp(get(STAMP_FILE, MAX_STAMP_BYTES), result_sha256=result_sha256,
                                   predictions_sha256=preds, trusted=trusted)
-    return result, stamp, sha256_bytes(raw)
+    return result, stamp, result_sha256
 
 
 def open_or_update_pr(api, model_repo: str, path_in_repo: str, data: bytes, *, title: str,
