@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
 OUTCOMES = ("passed", "failed", "unreviewable")  # terminal answers, each signed
 # the marker ends the comment; quoted text above it (in code blocks) can never be taken for it
-MARKER = re.compile(r"<!-- genshift-review v=2 head=(?P<head>[0-9a-f]{7,64}) outcome=(?P<outcome>passed|failed|"
-                    r"unreviewable) key=(?P<key>[0-9a-f]{16}) sig=(?P<sig>[A-Za-z0-9+/]{86}==) -->\s*\Z")
+MARKER = re.compile(r"<!-- genshift-review v=2 head=(?P<head>[0-9a-f]{7,64}) outcome=(?P<outcome>"
+                    + "|".join(OUTCOMES) + r") key=(?P<key>[0-9a-f]{16}) sig=(?P<sig>[A-Za-z0-9+/]{86}==) -->\s*\Z")
 MAX_ENTRIES_PER_PR = 20  # each entry is an image re-run: a bigger PR would hold the service for hours
 ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)/"
                         r"(result\.json|predictions/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet)$")
