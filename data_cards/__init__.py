@@ -65,11 +65,6 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
     return data
 
 
-def front_matter(manifest, **kw) -> dict:
-    """The card's YAML header as a dict (see :func:`card_data` for the arguments)."""
-    return card_data(manifest, **kw).to_dict()
-
-
 def _env() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FunctionLoader(
