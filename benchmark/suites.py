@@ -20,9 +20,9 @@ from importlib import resources
 import yaml
 
 from benchmark import imagenet
+from benchmark.hubio import SHA_RE
 from benchmark.registry import Registry
 
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 METRIC_FAMILIES = ("imagenet_star", "lance", "in_g", "accuracy")
 
 # The 15 Hard ImageNet classes by wnid, in HardImageNet's class order (Moayeri et al. 2022).

@@ -19,7 +19,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import re
 import stat
 import threading
 from dataclasses import dataclass, field
@@ -29,11 +28,10 @@ import torch
 
 from benchmark.errors import BenchError, NotFoundError, OfflineError, one_line
 from benchmark.fsutil import sha256_file
-from benchmark.hubio import OFFLINE_ROUTE, _unreachable
+from benchmark.hubio import OFFLINE_ROUTE, SHA_RE, _unreachable
 from eval.results import PROTOCOL_OPTIONS
 
 log = logging.getLogger(__name__)
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 # The largest timm ImageNet classifiers hold ~1B parameters (eva_giant: 4 GB in fp32); a training

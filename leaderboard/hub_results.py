@@ -31,12 +31,11 @@ import tempfile
 from pathlib import Path
 
 from benchmark.errors import BenchError, one_line
+from benchmark.hubio import REPO_RE, SHA_RE
 
 MAX_HUB_ROWS = 500            # leaderboard rows read from the Hub
 MAX_HUB_TEXT = 300            # any string field of a Hub row
 TITLE = "genshift-bench: {suite} results"  # one open PR per (model repo, suite) carries exactly this title
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
 
 
