@@ -18,8 +18,9 @@ from datetime import datetime
 import subprocess
 from pathlib import Path
 
-from benchmark.errors import BenchError, IntegrityError
+from benchmark.errors import CONTROL_CHARS, BenchError, IntegrityError
 from benchmark.fsutil import atomic_write_bytes, canonical_json, json_depth, read_limited, sha256_bytes
+from benchmark.hubio import SHA_RE
 from benchmark.suite_format import CONFIG_RE, MAX_JSON_DEPTH, SHA256_RE  # one set of names and limits
 
 SCHEMA_VERSION = 1
@@ -31,12 +32,10 @@ MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard
 MAX_PREDICTIONS_BYTES = 512 * 2**20
 MAX_TEXT = 10_000                # notes
 MAX_NAME = 300                   # ids, names
-SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 MODEL_SOURCES = ("hf-hub", "checkpoint", "random")
 FLAGS = ("unpinned_suite", "construction_model", "partial", "skipped_bad_images")
 COUNT_KEYS = ("total", "kept", "predicted", "skipped_bad", "skipped_bad_ids")
 MAX_SKIPPED_IDS = 100
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # bidi overrides/isolates and marks: they reorder what is displayed around them (a model id shown reversed)
 _BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 # the largest ImageNet classifiers have ~10^10 parameters; a count over 10^12 is not a real model
@@ -199,7 +198,7 @@ class _Checker:
             self.fail(path, f"is {len(v)} characters, over the limit of {max_len}")
         if pattern is not None and not pattern.match(v):
             self.fail(path, f"{v[:80]!r} is not of the expected form")
-        if not control and _CONTROL.search(v):
+        if not control and CONTROL_CHARS.search(v):
             self.fail(path, "contains control characters")
         if not control and any(unicodedata.category(ch) == "Cf" for ch in v):
             # format characters (U+202E, zero-width joiners, ...) make one id display as another
@@ -287,7 +286,7 @@ def validate(result, *, where: str) -> None:
     c.text(m.get("tag"), "model.tag", none=True, empty=True)
     if m["source"] not in MODEL_SOURCES:
         c.fail("model.source", f"must be one of {list(MODEL_SOURCES)}")
-    c.text(m["weights_revision"], "model.weights_revision", none=True, pattern=SHA1_RE)
+    c.text(m["weights_revision"], "model.weights_revision", none=True, pattern=SHA_RE)
     c.text(m["weights_sha256"], "model.weights_sha256", none=True, pattern=SHA256_RE)
     if m["source"] == "hf-hub" and m["weights_revision"] is None:
         c.fail("model.weights_revision", "is required for Hub weights (a 40-character commit sha)")
@@ -306,7 +305,7 @@ def validate(result, *, where: str) -> None:
     c.text(s["manifest_sha256"], "suite.manifest_sha256", pattern=SHA256_RE)
     c.boolean(s["pinned"], "suite.pinned")
     c.text(s.get("repo_id"), "suite.repo_id", none=True)
-    c.text(s.get("revision"), "suite.revision", none=True, pattern=SHA1_RE)
+    c.text(s.get("revision"), "suite.revision", none=True, pattern=SHA_RE)
     c.text(s.get("suite_version"), "suite.suite_version", none=True, empty=True)
     c.text(s.get("source"), "suite.source", none=True, max_len=4096)
     if s["metric_family"] not in METRIC_FAMILIES:

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from benchmark.errors import BenchError, IntegrityError
 from benchmark.fsutil import read_limited, sha256_bytes
+from benchmark.imagenet import NUM_CLASSES
 from benchmark.pixels import to_rgb
 from benchmark.suite_format import rows_digest_table
 from eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
@@ -45,7 +46,6 @@ from eval.results import (MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, MAX_SKIPPED_I
 from eval.scoring import ScoringOptions, score
 from eval.suite_trust import SuiteRef, TrustedSuites, open_ref
 
-NUM_CLASSES = 1000
 MAX_PROBLEMS = 20
 
 
