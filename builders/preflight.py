@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, one_line
 from builders import real_models as rm
 from builders.meta_memory import GiB, Probe
 
@@ -370,7 +370,7 @@ def _capacity(device: str, memory_gib: float | None) -> tuple[int | None, str]:
 
 
 def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    return f"{type(e).__name__}: {one_line(e, 300)}"
 
 
 def check_stage(st: Stage, *, batch: int | None = None) -> Report:
