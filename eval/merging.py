@@ -8,7 +8,6 @@ sidecars, one per contiguous run of streaming units.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -300,17 +299,12 @@ def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
     return done
 
 
-@contextlib.contextmanager
 def locked(path: Path):
-    import fcntl
+    """An exclusive lock across processes on ``path``: filelock's, as eval.compile_cache takes it."""
+    from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return FileLock(str(path))
 
 
 def read_json(path: Path, default):
