@@ -84,6 +84,12 @@ def os_error_message(e: OSError) -> str:
     return one_line(f"{reason}{where}; {fix}")
 
 
+def first_line(text: object, limit: int | None = 200) -> str:
+    """The first non-blank line of ``text`` (an exception's paragraph: torch, YAML, the Hub) through
+    :func:`one_line`; ``""`` for an empty text, never an ``IndexError``."""
+    return one_line(next((ln for ln in str(text).splitlines() if ln.strip()), ""), limit)
+
+
 def one_line(text: object, limit: int | None = None) -> str:
     """``text`` as one printable line: terminal escapes and control characters removed, lines joined.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmark.errors import BenchError, IntegrityError
+from benchmark.errors import BenchError, IntegrityError, first_line
 
 INCOMPLETE = ".incomplete"
 MAX_LIST_BYTES = 1 << 20  # a list file (models, keys, CSV of model,top1): thousands of lines fit in far less
@@ -144,7 +144,7 @@ def load_yaml_limited(text: str, *, what: str, where: str, max_depth: int, fix: 
                 depth -= 1
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise IntegrityError(f"{where}: {what} does not parse ({str(e).splitlines()[0][:160]}){fix}") from None
+        raise IntegrityError(f"{where}: {what} does not parse ({first_line(e, 160)}){fix}") from None
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from benchmark.errors import BenchError, IntegrityError, OfflineError
+from benchmark.errors import BenchError, IntegrityError, OfflineError, first_line
 from benchmark.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through benchmark.hub
     REPO_RE, SHA_RE, _api, _check_repo_id, _endpoint, _hub_error, _offline, _unreachable, resolve_or_cache,
     resolve_revision, snapshot,
@@ -293,7 +293,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
         if status in (401, 403):
             raise BenchError(f"publishing to datasets/{repo_id} was refused ({status}){done}: log in with a token "
                              "that can write to it (`hf auth login` or HF_TOKEN)") from None
-        raise BenchError(f"publishing to datasets/{repo_id} failed{done}: {str(e).splitlines()[0]}") from None
+        raise BenchError(f"publishing to datasets/{repo_id} failed{done}: {first_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - transport errors of whichever HTTP client
         if not _unreachable(e) and not isinstance(e, OSError):
             raise

@@ -16,7 +16,7 @@ import logging
 import re
 from pathlib import Path
 
-from benchmark.errors import BenchError, NotFoundError, OfflineError
+from benchmark.errors import BenchError, NotFoundError, OfflineError, first_line
 
 log = logging.getLogger(__name__)
 # Appended to the errors of a Hub that cannot be reached: the way to work with no network at all.
@@ -71,7 +71,7 @@ def _hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str |
                             f"or no network); run `bench download {repo_id} --revision {revision}` once with network"
                             f"{OFFLINE_ROUTE}")
     if isinstance(e, errors.HfHubHTTPError):
-        return BenchError(f"the Hub answered an error for {where}: {str(e).splitlines()[0]}")
+        return BenchError(f"the Hub answered an error for {where}: {first_line(e)}")
     return OfflineError(f"cannot reach {_endpoint(endpoint)} ({type(e).__name__}); check the network or HF_ENDPOINT, "
                         f"or use a local suite folder{OFFLINE_ROUTE}")
 

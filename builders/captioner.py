@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, first_line
 
 DEFAULT_MODEL = "Salesforce/blip2-opt-2.7b-coco"
 
@@ -45,7 +45,7 @@ class Captioner:
             processor = Blip2Processor.from_pretrained(model_id)
             model = Blip2ForConditionalGeneration.from_pretrained(model_id, torch_dtype=torch_dtype)
         except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load captioner {model_id!r}: {str(e).splitlines()[0]}; check the id (a BLIP-2 "
+            raise BenchError(f"cannot load captioner {model_id!r}: {first_line(e)}; check the id (a BLIP-2 "
                              "checkpoint such as Salesforce/blip2-opt-2.7b-coco) and that it is cached") from None
         return cls(model, processor, model_id=model_id, device=device, dtype=torch_dtype)
 

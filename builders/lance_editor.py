@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class Editor:
                                                            torch_dtype=getattr(torch, cfg.dtype),
                                                            safety_checker=None, requires_safety_checker=False)
         except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load editor {cfg.model_id!r}: {str(e).splitlines()[0]}; check the id (SD 1.4 is "
+            raise BenchError(f"cannot load editor {cfg.model_id!r}: {first_line(e)}; check the id (SD 1.4 is "
                              "CompVis/stable-diffusion-v1-4) and that the weights are cached") from None
         return cls(pipe, cfg, device=device)
 

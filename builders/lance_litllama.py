@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, first_line
 
 log = logging.getLogger(__name__)
 RELEASE_REPO = "LANCE-release/checkpoints"
@@ -143,6 +143,6 @@ def released_perturber_dir(*, revision: str | None = None, cache_dir: str | None
                  for k, f in FILES.items()}
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
         raise BenchError(f"cannot get the released LANCE perturber from {RELEASE_REPO}@{sha[:12]} "
-                         f"({type(e).__name__}: {str(e).splitlines()[0]}); it needs ~27 GB and the network") from None
+                         f"({type(e).__name__}: {first_line(e)}); it needs ~27 GB and the network") from None
     log.info("converting the released LANCE perturber into %s (once)", out)
     return convert_release(paths["base"], paths["lora"], paths["tokenizer"], out)

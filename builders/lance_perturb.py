@@ -28,7 +28,7 @@ from importlib import resources
 
 import yaml
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, first_line
 
 EDIT_TYPES = ("subject", "object", "adjective", "domain", "background", "weather")  # prompts (fine types)
 PAPER_TYPES = ("subject", "object", "adjective", "domain", "background")  # Algorithm 1 line 4, Fig. 3
@@ -236,7 +236,7 @@ class Perturber:
             tok = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch_dtype)
         except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load perturber {model_id!r}: {str(e).splitlines()[0]}; check the id and that the "
+            raise BenchError(f"cannot load perturber {model_id!r}: {first_line(e)}; check the id and that the "
                              "weights are cached") from None
         if released:  # the released code's prompt (no examples) and decoding (lit-llama generate, 400 tokens)
             return cls(model, tok, model_id=f"{model_id} ({path})", device=device, max_new_tokens=400, examples=False)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from benchmark.errors import BenchError
+from benchmark.errors import BenchError, first_line
 from benchmark.oom import BatchBackoff
 from builders.seeding import generator
 
@@ -94,7 +94,7 @@ class SDGenerator:
                                                            variant=settings.variant, torch_dtype=dtype,
                                                            safety_checker=None, requires_safety_checker=False)
         except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load {settings.model_id}: {str(e).splitlines()[0]}; check the model id and "
+            raise BenchError(f"cannot load {settings.model_id}: {first_line(e)}; check the model id and "
                              "that the weights are cached or the Hub reachable") from None
         pipe.text_encoder.to(torch.float32)  # fp32 text encoder under fp16 UNet/VAE, as the authors' build
         gen = cls._finish(pipe, settings, device=device, tokens=tokens)

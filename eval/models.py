@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.errors import BenchError, NotFoundError, OfflineError, one_line
+from benchmark.errors import BenchError, NotFoundError, OfflineError, first_line
 from benchmark.fsutil import sha256_file
 from benchmark.hubio import OFFLINE_ROUTE, SHA_RE, _unreachable
 from eval.results import PROTOCOL_OPTIONS
@@ -323,11 +323,6 @@ _EMA_ENTRIES = ("state_dict_ema", "model_ema")
 _MODEL_ENTRIES = ("state_dict", "model", "model_state_dict")
 
 
-def _first_line(e: Exception) -> str:
-    """The first line of an exception text (torch's pickle errors are paragraphs with colour codes)."""
-    return one_line(next((ln for ln in str(e).splitlines() if ln.strip()), ""), limit=200)
-
-
 def _torch_load_safely(path: Path):
     """``torch.load(weights_only=True)`` with the harmless globals of timm training checkpoints allowed.
 
@@ -432,7 +427,7 @@ def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple
     except BenchError:
         raise
     except Exception as e:  # noqa: BLE001 - any decode failure is the user's file
-        raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {_first_line(e)}); expected a "
+        raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {first_line(e)}); expected a "
                          "safetensors file, a PyTorch state dict or a timm training checkpoint") from None
     entry = None
     if isinstance(sd, dict):

@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmark.errors import BenchError, OfflineError, one_line
+from benchmark.errors import BenchError, OfflineError, first_line, one_line
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
@@ -481,7 +481,7 @@ class Reviewer:
             raise BenchError(f"{entry}: {one_line(ex, 400)}") from None
         except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError) as ex:
             raise BenchError(f"{entry}: model {model_id} is not available on the Hub at its recorded weights "
-                             f"({type(ex).__name__}: {one_line(str(ex).splitlines()[0] if str(ex) else '', 160)}); "
+                             f"({type(ex).__name__}: {first_line(ex, 160)}); "
                              "publish the model repo (public) at that revision, or score a model that is") from None
 
     def _can_rerun(self, entry: str, result: dict) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmark.errors import BenchError, OfflineError
+from benchmark.errors import BenchError, OfflineError, first_line
 from eval.results import MAX_PREDICTIONS_BYTES, entry_dir
 from eval.verify import result_path, verify_result
 
@@ -68,7 +68,7 @@ def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, tok
     except errors.RepositoryNotFoundError:
         raise BenchError(f"results repo datasets/{repo_id} not found (or no access: set HF_TOKEN)") from None
     except errors.HfHubHTTPError as e:
-        raise BenchError(f"the Hub refused the pull request: {str(e).splitlines()[0]}") from None
+        raise BenchError(f"the Hub refused the pull request: {first_line(e)}") from None
     except OSError as e:
         raise OfflineError(f"cannot reach the Hub to submit ({type(e).__name__}); check the network") from None
     return info.pr_url or info.commit_url
