@@ -20,7 +20,7 @@ import yaml
 from benchmark.errors import BenchError, IntegrityError, first_line
 
 INCOMPLETE = ".incomplete"
-MAX_LIST_BYTES = 1 << 20  # a list file (models, keys, CSV of model,top1): thousands of lines fit in far less
+MAX_LIST_BYTES = 1 << 20  # a list file (--models, trusted keys): thousands of lines fit in far less
 _CHUNK = 1 << 20
 
 
