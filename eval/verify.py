@@ -399,8 +399,10 @@ def compare(stored, recomputed, where: str, *, rel: float = 1e-9) -> list[str]:
         return out
     if isinstance(stored, list) and isinstance(recomputed, list) and len(stored) == len(recomputed):
         return [d for i, (a, b) in enumerate(zip(stored, recomputed)) for d in compare(a, b, f"{where}[{i}]", rel=rel)]
-    if isinstance(stored, (int, float)) and isinstance(recomputed, (int, float)) \
-            and not isinstance(stored, bool) and not isinstance(recomputed, bool):
+    if isinstance(stored, bool) or isinstance(recomputed, bool):  # JSON false is not the number 0
+        if type(stored) is type(recomputed) and stored == recomputed:
+            return []
+    elif isinstance(stored, (int, float)) and isinstance(recomputed, (int, float)):
         if math.isclose(stored, recomputed, rel_tol=rel, abs_tol=1e-12):
             return []
     elif stored == recomputed:

@@ -445,6 +445,25 @@ def _mutate(original, data):
     return r
 
 
+def test_a_boolean_in_place_of_a_metric_number_does_not_verify(fuzz_run, trusted):
+    """JSON ``false`` equals 0 in Python: a metric bound replaced by ``false`` where the recomputed value is
+    0.0 must still be a mismatch (found by the fuzz test below)."""
+    original = json.loads((fuzz_run / "result.json").read_text())
+    r = json.loads(json.dumps(original))
+    config, name = next((c, k) for c, ms in r["metrics"]["configs"].items() for k, v in ms.items()
+                        if isinstance(v, dict) and isinstance(v.get("ci"), list) and v["ci"][0] == 0)
+    r["metrics"]["configs"][config][name]["ci"][0] = False  # == 0.0 in Python, not in the result
+    (fuzz_run / "result.json").write_bytes(json.dumps(r).encode())
+    try:
+        try:
+            rep = verify_result(fuzz_run, suites=trusted)
+        except BenchError:
+            return  # refused at the schema: also fine
+        assert not rep.ok and any(f"{config}.{name}.ci[0]" in p for p in rep.problems), rep.problems
+    finally:
+        (fuzz_run / "result.json").write_bytes(canonical_json(original))
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzzed_results_never_crash_and_never_pass_as_changed(fuzz_run, trusted, data):
