@@ -679,6 +679,15 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
     body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
     try:
         url = f"http://127.0.0.1:{port}/?suite=imagenet-star&tab=Model+drilldown&model=timm%2Ftie_b.in1k&params=5.0&params=20.0"
+        # the page itself notes when the first table cell and the first chart enter the DOM (polling from
+        # here could miss the moment on a loaded machine)
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
+            window.__first = {};
+            new MutationObserver(() => {
+              const t = performance.now(), f = window.__first;
+              if (f.cell === undefined && document.querySelector("[data-testid='stDataFrame'] [role=gridcell]")) f.cell = t;
+              if (f.chart === undefined && document.querySelector("[data-testid=stPlotlyChart]")) f.chart = t;
+            }).observe(document, {childList: true, subtree: true});"""})
         deadline = time.time() + 60
         while True:
             try:
@@ -689,11 +698,10 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
                     raise
                 time.sleep(1)
         # first paint: the ranking table before any chart (the charts come in the run after it was painted)
-        cell = "return !!document.querySelector(\"[data-testid='stDataFrame'] [role=gridcell]\")"
         charts = "return document.querySelectorAll('[data-testid=stPlotlyChart]').length"
-        WebDriverWait(driver, 180, poll_frequency=0.02).until(lambda d: d.execute_script(cell))
-        assert driver.execute_script(charts) == 0
         WebDriverWait(driver, 180).until(lambda d: d.execute_script(charts) > 0)
+        first = driver.execute_script("return window.__first")
+        assert first.get("cell") is not None and first["cell"] < first["chart"], first
         WebDriverWait(driver, 180).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
                                         and "Top 10 as text" in body(d))
         text = body(driver)
