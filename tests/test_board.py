@@ -648,14 +648,13 @@ def _chrome():
 @pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
 def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
     pytest.importorskip("selenium")
-    import shutil
     import subprocess
     import sys
 
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.browser import chromium, open_when_serving
 
     from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
     from tests.hubtools import free_port
@@ -669,13 +668,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
                                "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    opts = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1600,1200"):
-        opts.add_argument(flag)
-    opts.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    driver = chromium(tmp_path / "chrome")
     body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
     try:
         url = f"http://127.0.0.1:{port}/?suite=imagenet-star&tab=Model+drilldown&model=timm%2Ftie_b.in1k&params=5.0&params=20.0"
@@ -688,15 +681,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
               if (f.cell === undefined && document.querySelector("[data-testid='stDataFrame'] [role=gridcell]")) f.cell = t;
               if (f.chart === undefined && document.querySelector("[data-testid=stPlotlyChart]")) f.chart = t;
             }).observe(document, {childList: true, subtree: true});"""})
-        deadline = time.time() + 60
-        while True:
-            try:
-                driver.get(url)
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(1)
+        open_when_serving(driver, url)
         # first paint: the ranking table before any chart (the charts come in the run after it was painted)
         charts = "return document.querySelectorAll('[data-testid=stPlotlyChart]').length"
         WebDriverWait(driver, 180).until(lambda d: d.execute_script(charts) > 0)
@@ -953,10 +938,10 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
     import subprocess
     import sys
 
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.browser import chromium, open_when_serving
 
     from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
     from tests.hubtools import free_port
@@ -969,13 +954,7 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
     server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
                                "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    opts = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1000"):
-        opts.add_argument(flag)
-    opts.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    driver = chromium(tmp_path / "chrome", window="1400,1000")
     body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
 
     def top10():
@@ -988,15 +967,7 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
         return [line.split()[1] for line in text.splitlines() if line.strip()[:1].isdigit()]
 
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                driver.get(f"http://127.0.0.1:{port}/?suite=imagenet-star")
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(1)
+        open_when_serving(driver, f"http://127.0.0.1:{port}/?suite=imagenet-star")
         before = top10()
         assert len(before) == 6, before
         victim, donor = before[0], before[-1]

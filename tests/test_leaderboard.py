@@ -317,10 +317,10 @@ def _chrome():
 @pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
 def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
     pytest.importorskip("selenium")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.browser import chromium, open_when_serving
 
     from tests.hubtools import free_port
     port = free_port()
@@ -329,23 +329,9 @@ def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
                                "--server.address", "127.0.0.1", "--server.headless", "true",
                                "--browser.gatherUsageStats", "false"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    opts = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1600,1200"):
-        opts.add_argument(flag)
-    opts.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    driver = chromium(tmp_path / "chrome")
     try:
-        deadline = time.time() + 60
-        while True:  # wait for the server
-            try:
-                driver.get(f"http://127.0.0.1:{port}/?suite=imagenet-star")
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(1)
+        open_when_serving(driver, f"http://127.0.0.1:{port}/?suite=imagenet-star")
         WebDriverWait(driver, 90).until(lambda d: "ranked by" in d.find_element(By.TAG_NAME, "body").text)
         WebDriverWait(driver, 30).until(lambda d: "Top 10 as text" in d.find_element(By.TAG_NAME, "body").text)
         # the background check has finished (no progress bar): the table is complete
