@@ -52,12 +52,14 @@ class BatchBackoff:
         self.batch_size = batch_size
         self.what = what
 
-    def call(self, fn: Callable[[Sequence[T]], list[R]], items: Sequence[T]) -> list[R]:
-        """``fn`` applied to ``items`` in chunks of the current size; results concatenated."""
+    def call(self, fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], *, batches_per_call: int = 1) -> list[R]:
+        """``fn`` applied to ``items`` in chunks of the current size (``batches_per_call`` batches per
+        call, for a ``fn`` that runs several at once); results concatenated. A chunk that runs out of
+        memory is run again whole at half the size."""
         out: list[R] = []
         start = 0
         while start < len(items):
-            chunk = items[start:start + self.batch_size]
+            chunk = items[start:start + self.batch_size * max(1, batches_per_call)]
             try:
                 out.extend(fn(chunk))
             except Exception as e:  # noqa: BLE001 - only OOM is handled, the rest re-raised

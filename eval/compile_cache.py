@@ -10,7 +10,8 @@ every run, sweep and process on the machine; loading one takes a fraction of a s
 The key is the sha256 of everything the compiled code depends on: the model's code and structure
 (class and ``repr``), every weight and buffer (the package embeds them as constants), the input
 shape, dtype and memory format, the device type and the CPU's vector ISA (or the GPU's compute
-capability), torch's version and this module's format version. Two different models, weights or
+capability), the intra-op thread count (the generated kernels' parallel loops are laid out for it,
+and the reduction order with them), torch's version and this module's format version. Two different models, weights or
 shapes can never share a package.
 
 Concurrency: a per-key file lock lets one process compile while the others wait for it and then
@@ -34,7 +35,7 @@ import torch
 from benchmark.fsutil import canonical_json, sha256_bytes
 
 log = logging.getLogger(__name__)
-FORMAT = "aoti-1"
+FORMAT = "aoti-2"  # 2: the intra-op thread count is part of the key
 DEFAULT_LIMIT_GB = 20.0
 
 
@@ -86,6 +87,7 @@ def package_key(model: torch.nn.Module, example: torch.Tensor, *, weights: str |
                   "channels_last": example.is_contiguous(memory_format=torch.channels_last)
                   and not example.is_contiguous()},
         "device": _device_fingerprint(example.device),
+        "intra_op_threads": torch.get_num_threads() if example.device.type == "cpu" else None,
     }))
 
 
@@ -103,10 +105,12 @@ class Compiled:
     seconds: float       # wall time to obtain ``fn`` (lock wait + export + compile + load)
 
 
-def _load(path: Path):
-    from torch._inductor import aoti_load_package
+def _load(path: Path, runners: int = 1):
+    # aoti_load_package's own loader, with ``num_runners``: that many calls may run at once (eval's
+    # forward threads); a single runner would serialise them
+    from torch._inductor.package import load_package
 
-    fn = aoti_load_package(str(path))
+    fn = load_package(str(path), num_runners=max(1, runners))
     os.utime(path)  # least recently used eviction reads mtime
     return fn
 
@@ -156,8 +160,10 @@ def cached(model: torch.nn.Module, example: torch.Tensor, *, weights: str | None
     return package_path(package_key(model, example, weights=weights)).is_file()
 
 
-def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: str | None = None) -> Compiled:
-    """The compiled forward pass of ``model`` at ``example``'s shape: from the cache, or compiled once."""
+def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: str | None = None,
+                    runners: int = 1) -> Compiled:
+    """The compiled forward pass of ``model`` at ``example``'s shape: from the cache, or compiled once;
+    ``runners`` calls of it may run at once from different threads."""
     from filelock import FileLock
 
     start = time.perf_counter()
@@ -167,7 +173,7 @@ def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: s
     with FileLock(str(path.with_suffix(".lock"))):
         if path.is_file():
             try:
-                fn = _load(path)
+                fn = _load(path, runners)
                 return Compiled(fn, key, "cache", time.perf_counter() - start)
             except Exception as e:  # noqa: BLE001 - a damaged package is rebuilt, never trusted
                 log.warning("compiled package %s could not be loaded (%s: %s); compiling again",
@@ -176,6 +182,6 @@ def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: s
         log.info("compiling %s ahead of time for inputs %s (once per machine)", type(model).__name__,
                  tuple(example.shape))
         _compile_to(model, example, path)
-        fn = _load(path)
+        fn = _load(path, runners)
     evict(keep=path)
     return Compiled(fn, key, "compiled", time.perf_counter() - start)

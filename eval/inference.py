@@ -12,7 +12,9 @@ from __future__ import annotations
 import io
 import logging
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,8 @@ class InferenceOptions:
     decode: str = "cpu"               # "cpu": PIL in the workers; "device": torchvision.io.decode_jpeg batches
     cpu_threads: int = 1              # torch intra-op threads of each process: CPU kernels' reduction order
                                       # (so the bytes) depends on it; fixed, recorded, part of the resume key
+    forward_threads: int | None = None  # CPU: batches in flight at once, each at cpu_threads (None: the
+                                        # process's share of the cores); bytes do not depend on it
 
     def device_normalizes(self) -> bool:
         if self.decode == "device":  # decoded on the device as uint8: it normalises too
@@ -65,6 +69,17 @@ class InferenceOptions:
         if self.workers is not None:
             return self.workers
         return max(1, min(4, (os.cpu_count() or 2) - 1))
+
+    def resolved_forward_threads(self) -> int:
+        """Batches of one model computed at once on CPU threads, each at ``cpu_threads`` intra-op
+        threads: a batch's kernels, so its bytes, are those of a one-thread run (a GPU runs one stream)."""
+        if not self.device.startswith("cpu"):
+            return 1
+        if self.forward_threads is not None:
+            return self.forward_threads
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        per_process = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # torchrun, accelerate
+        return max(1, min(16, per_process // self.cpu_threads))
 
 
 @dataclass(frozen=True)
@@ -285,6 +300,10 @@ class Forward:
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark
         self.topk = opts.topk
         self.batch_size = opts.resolved_batch_size()
+        self.threads = opts.resolved_forward_threads()
+        self.cpu_threads = opts.cpu_threads
+        self.thread_ids: set[int] = set()  # threads that ran a batch: the evidence --forward-threads ran
+        self._lock = threading.Lock()
         self.amp_dtype = getattr(torch, opts.amp_dtype) if opts.amp else None
         self.channels_last = opts.channels_last
         model = model.to(self.device).eval()
@@ -320,13 +339,17 @@ class Forward:
 
     def _aot_model(self, x: torch.Tensor):
         """The ahead-of-time compiled model for ``x``'s shape (one package per batch size, e.g. after OOM back-off)."""
+        with self._lock:  # one load per shape, whichever thread gets there first
+            return self._aot_model_locked(x)
+
+    def _aot_model_locked(self, x: torch.Tensor):
         if self._aot is not None and self._aot[0] == x.shape[0]:
             return self._aot[1]
         from eval.compile_cache import load_or_compile
 
         try:
             with torch.inference_mode(False):  # export traces ordinary tensors, not inference-mode ones
-                got = load_or_compile(self.eager, x.clone())
+                got = load_or_compile(self.eager, x.clone(), runners=self.threads)
         except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
             if self._compile_opt == "on":
                 raise BenchError(f"ahead-of-time compile failed ({type(e).__name__}: {one_line(e, 200)}); "
@@ -359,8 +382,41 @@ class Forward:
         out = tuple(t.cpu().numpy() for t in (top_i, top_p, true_p, true_rank))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.seconds += time.perf_counter() - start
+        with self._lock:
+            self.seconds += time.perf_counter() - start  # summed over the threads that ran batches
+            self.thread_ids.add(threading.get_ident())
         return out
+
+    def map(self, x: torch.Tensor, labels: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
+        """The batches of ``x`` (``batch_size`` rows each, in order), up to ``threads`` of them at once.
+
+        Each batch is the same forward pass at ``cpu_threads`` intra-op threads whichever thread runs it,
+        so the bytes equal a one-thread run's; two cores then compute two batches where one intra-op
+        team of two would change the reduction order (docs/performance.md, "forward threads")."""
+        spans = [(a, min(a + self.batch_size, x.shape[0])) for a in range(0, x.shape[0], self.batch_size)]
+
+        def one(span: tuple[int, int]) -> tuple[np.ndarray, ...]:
+            return self(x[span[0]:span[1]], labels[span[0]:span[1]])
+
+        if self.threads == 1:
+            return [one(s) for s in spans]
+        pool = _pool(self.threads, self.cpu_threads)
+        out = []
+        if self.compile_info["mode"] == "aot" and self._aot is None and spans:  # load the package once, first
+            out.append(pool.submit(one, spans.pop(0)).result())
+        return out + list(pool.map(one, spans))
+
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+
+
+def _pool(threads: int, cpu_threads: int) -> ThreadPoolExecutor:
+    """One pool per (threads, intra-op threads) for the process: its threads run torch at ``cpu_threads``."""
+    key = (threads, cpu_threads)
+    if key not in _POOLS:
+        _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="forward", initializer=torch.set_num_threads,
+                                         initargs=(cpu_threads,))
+    return _POOLS[key]
 
 
 def rank_classes(probs: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
@@ -403,8 +459,10 @@ class ModelFeed:
     def run(self, x: torch.Tensor, labels: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
         def fn(idx: range) -> list:
             self.forward.batch_size = self.backoff.batch_size  # compiled graphs pad to the current size
-            return [self.forward(x[idx.start:idx.stop], labels[idx.start:idx.stop])]
-        out = self.backoff.call(fn, range(x.shape[0])) if x.shape[0] else []
+            return self.forward.map(x[idx.start:idx.stop], labels[idx.start:idx.stop])
+        # one batch per call on a GPU (an OOM re-runs that batch); the whole unit on CPU threads
+        per_call = 1 if self.forward.threads == 1 else -(-x.shape[0] // self.backoff.batch_size)
+        out = self.backoff.call(fn, range(x.shape[0]), batches_per_call=per_call) if x.shape[0] else []
         self.ckpt.batch_size = self.backoff.batch_size
         return out
 
@@ -459,7 +517,8 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
                 try:
                     outs = feed.run(item["x"], labels)
                     feed.ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk), skipped_bad=bad,
-                                  model_seconds=feed.forward.seconds - before)
+                                  model_seconds=feed.forward.seconds - before,
+                                  threads_used=len(feed.forward.thread_ids))
                 except Exception as e:  # noqa: BLE001 - recorded for this model; the others go on
                     if on_failure is None:
                         raise

@@ -222,6 +222,8 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
         eff_batch += sizes
         timings[config] = {"seconds": round(seconds, 3),
                            "model_seconds": round(sum(i.get("model_seconds", 0.0) for i in infos), 3),
+                           # threads that ran batches (per process; model_seconds sums over them)
+                           "forward_threads_used": max((i.get("forward_threads_used", 0) for i in infos), default=0),
                            "images_per_second": round(rows / seconds, 3) if rows and seconds > 0 else None,
                            "compiled": state["compile"],
                            "resumed_units": sum(len(i.get("units", [])) for i in infos if i.get("session") != session),

@@ -176,11 +176,15 @@ class CheckpointedPredictions:
             done.update(range(first, last + 1))
         return done
 
-    def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0) -> None:
+    def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0,
+            threads_used: int = 1) -> None:
         self._pending.append(block.to_table(self.schema))
         self._pending_units.append(unit)
         self._pending_skipped.append(list(skipped_bad))
         self._pending_info["model_seconds"] += model_seconds
+        # how many threads had run this model's batches so far: the evidence that --forward-threads ran
+        self._pending_info["forward_threads_used"] = max(self._pending_info.get("forward_threads_used", 0),
+                                                         threads_used)
         if (sum(t.num_rows for t in self._pending) >= self.flush_rows
                 or time.monotonic() - self._last_flush >= self.flush_seconds):
             self.flush()

@@ -207,7 +207,7 @@ class Sweep:
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,
                     "compile": opts.compile, "workers": opts.resolved_workers(),
                     "normalize_on_device": opts.device_normalizes(), "cpu_threads": opts.cpu_threads,
-                    "processes": self.dist.world}
+                    "forward_threads": opts.resolved_forward_threads(), "processes": self.dist.world}
         if spec.from_wildcard:  # recorded with the run, not the protocol: the numbers are a single eval's
             run_opts["wildcard"] = {"pattern": spec.from_wildcard,
                                     "expansion": self.req.wildcards.get(spec.from_wildcard, [])}

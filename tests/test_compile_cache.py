@@ -89,3 +89,40 @@ def test_eviction_keeps_the_folder_under_its_bound_least_recently_used_first(cac
     assert [p.name for p in removed] == ["old.pt2"]
     assert sorted(p.name for p in cache.iterdir()) == [".tmp-1-busy.pt2", "mid.pt2", "new.pt2"]
     assert compile_cache.evict(limit=0, keep=cache / "new.pt2") == [cache / "mid.pt2"]
+
+
+def test_one_package_serves_batches_on_several_threads_with_the_bytes_of_one(cache, monkeypatch):
+    model, dc = _model()
+    x, labels = torch.randn(12, *dc["input_size"]), torch.arange(12)
+    runners = []
+    real = compile_cache._load
+    monkeypatch.setattr(compile_cache, "_load", lambda path, n=1: (runners.append(n), real(path, n))[1])
+
+    def run(threads):
+        fwd = Forward(model, InferenceOptions(batch_size=4, workers=0, compile="on", forward_threads=threads),
+                      n_images=12, data_config=dc)
+        return fwd, fwd.map(x, labels)
+
+    from builders.determinism import fixed_threads
+
+    with fixed_threads(1):  # as a run does: every batch at --cpu-threads, on whichever thread it runs
+        two, outs_two = run(2)
+        one, outs_one = run(1)
+    assert two.compile_info["source"] == "compiled" and one.compile_info["source"] == "cache"
+    assert runners == [2, 1]  # the package loaded with a runner per thread, so calls do not queue
+    assert len(two.thread_ids) == 2 and len(one.thread_ids) == 1
+    for a, b in zip(outs_one, outs_two):
+        for u, v in zip(a, b):
+            assert (u == v).all()
+
+
+def test_key_covers_the_intra_op_thread_count():
+    from builders.determinism import fixed_threads
+
+    model, dc = _model()
+    x = torch.zeros(8, *dc["input_size"])
+    with fixed_threads(1):
+        one = compile_cache.package_key(model, x)
+    with fixed_threads(2):
+        two = compile_cache.package_key(model, x)
+    assert one != two  # the generated loops are laid out for the thread count

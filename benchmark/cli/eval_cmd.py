@@ -63,6 +63,9 @@ def add_parser(sub):
                    help="torch intra-op threads per process (default 1: the bytes of CPU predictions depend on the "
                         "thread count, so one value makes 1 and N processes write the same bytes; recorded; a resume "
                         "with another value is refused) (1..1024)")
+    p.add_argument("--forward-threads", type=_int,
+                   help="CPU: batches computed at once, each on its own thread at --cpu-threads (default: this "
+                        "process's share of the cores / --cpu-threads; the bytes do not depend on it; recorded) (1..256)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the model (auto: only when the run is long enough to pay it back)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
@@ -93,7 +96,7 @@ def add_parser(sub):
 # every numeric option's bounds, checked before anything is read or loaded
 LIMITS = {"topk": (5, 1000), "bootstrap": (1, 100_000), "batch_size": (1, 65536), "workers": (0, 64),
           "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024),
-          "cpu_threads": (1, 1024)}
+          "cpu_threads": (1, 1024), "forward_threads": (1, 256)}
 
 
 def _int(text: str):
@@ -179,7 +182,7 @@ def _run(args) -> int:
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
             amp_dtype=args.amp_dtype, channels_last=args.channels_last, compile=args.compile, topk=args.topk,
             limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, decode=args.decode,
-            cpu_threads=args.cpu_threads),
+            cpu_threads=args.cpu_threads, forward_threads=args.forward_threads),
         scoring=ScoringOptions(filter=args.filter, reference_accuracy=args.reference_accuracy,
                                n_boot=args.bootstrap, seed=args.seed),
     )
