@@ -105,12 +105,10 @@ class Compiled:
     seconds: float       # wall time to obtain ``fn`` (lock wait + export + compile + load)
 
 
-def _load(path: Path, runners: int = 1):
-    # aoti_load_package's own loader, with ``num_runners``: that many calls may run at once (eval's
-    # forward threads); a single runner would serialise them
-    from torch._inductor.package import load_package
+def _load(path: Path):
+    from torch._inductor import aoti_load_package
 
-    fn = load_package(str(path), num_runners=max(1, runners))
+    fn = aoti_load_package(str(path))
     os.utime(path)  # least recently used eviction reads mtime
     return fn
 
@@ -160,10 +158,8 @@ def cached(model: torch.nn.Module, example: torch.Tensor, *, weights: str | None
     return package_path(package_key(model, example, weights=weights)).is_file()
 
 
-def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: str | None = None,
-                    runners: int = 1) -> Compiled:
-    """The compiled forward pass of ``model`` at ``example``'s shape: from the cache, or compiled once;
-    ``runners`` calls of it may run at once from different threads."""
+def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: str | None = None) -> Compiled:
+    """The compiled forward pass of ``model`` at ``example``'s shape: from the cache, or compiled once."""
     from filelock import FileLock
 
     start = time.perf_counter()
@@ -173,7 +169,7 @@ def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: s
     with FileLock(str(path.with_suffix(".lock"))):
         if path.is_file():
             try:
-                fn = _load(path, runners)
+                fn = _load(path)
                 return Compiled(fn, key, "cache", time.perf_counter() - start)
             except Exception as e:  # noqa: BLE001 - a damaged package is rebuilt, never trusted
                 log.warning("compiled package %s could not be loaded (%s: %s); compiling again",
@@ -182,6 +178,6 @@ def load_or_compile(model: torch.nn.Module, example: torch.Tensor, *, weights: s
         log.info("compiling %s ahead of time for inputs %s (once per machine)", type(model).__name__,
                  tuple(example.shape))
         _compile_to(model, example, path)
-        fn = _load(path, runners)
+        fn = _load(path)
     evict(keep=path)
     return Compiled(fn, key, "compiled", time.perf_counter() - start)

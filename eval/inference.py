@@ -70,10 +70,12 @@ class InferenceOptions:
             return self.workers
         return max(1, min(4, (os.cpu_count() or 2) - 1))
 
-    def resolved_forward_threads(self) -> int:
+    def resolved_forward_threads(self, *, compiled: bool = False) -> int:
         """Batches of one model computed at once on CPU threads, each at ``cpu_threads`` intra-op
-        threads: a batch's kernels, so its bytes, are those of a one-thread run (a GPU runs one stream)."""
-        if not self.device.startswith("cpu"):
+        threads: a batch's kernels, so its bytes, are those of a one-thread run (a GPU runs one stream).
+        A compiled model runs one batch at a time: a package's call holds the GIL for the whole
+        forward, so batches on threads would queue behind it (docs/performance.md, "forward threads")."""
+        if not self.device.startswith("cpu") or compiled:
             return 1
         if self.forward_threads is not None:
             return self.forward_threads
@@ -271,6 +273,10 @@ def wants_compile(model: torch.nn.Module, opts: InferenceOptions, *, n_images: i
     this model at this batch shape is already on the machine (eval.compile_cache)."""
     if opts.compile != "auto":
         return opts.compile == "on"
+    if opts.resolved_forward_threads() > 1:
+        # eager batches side by side use every core at the same bytes; a compiled forward holds the GIL,
+        # so it runs on one core: on two cores they are even, beyond that eager wins (docs/performance.md)
+        return False
     if n_images >= COMPILE_MIN_IMAGES:
         return True
     if opts.amp or not data_config or "input_size" not in data_config:
@@ -300,7 +306,7 @@ class Forward:
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark
         self.topk = opts.topk
         self.batch_size = opts.resolved_batch_size()
-        self.threads = opts.resolved_forward_threads()
+        self.threads = opts.resolved_forward_threads()  # one once compiled, below
         self.cpu_threads = opts.cpu_threads
         self.thread_ids: set[int] = set()  # threads that ran a batch: the evidence --forward-threads ran
         self._lock = threading.Lock()
@@ -323,6 +329,8 @@ class Forward:
             else:  # autocast regions do not export: the JIT compiler (inductor's own caches apply)
                 model = self._jit(model, opts)
         self.model = model
+        if self.compiled:
+            self.threads = 1
         self.seconds = 0.0
 
     def _jit(self, model: torch.nn.Module, opts: InferenceOptions) -> torch.nn.Module:
@@ -349,7 +357,7 @@ class Forward:
 
         try:
             with torch.inference_mode(False):  # export traces ordinary tensors, not inference-mode ones
-                got = load_or_compile(self.eager, x.clone(), runners=self.threads)
+                got = load_or_compile(self.eager, x.clone())
         except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
             if self._compile_opt == "on":
                 raise BenchError(f"ahead-of-time compile failed ({type(e).__name__}: {one_line(e, 200)}); "

@@ -207,7 +207,7 @@ class Sweep:
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,
                     "compile": opts.compile, "workers": opts.resolved_workers(),
                     "normalize_on_device": opts.device_normalizes(), "cpu_threads": opts.cpu_threads,
-                    "forward_threads": opts.resolved_forward_threads(), "processes": self.dist.world}
+                    "processes": self.dist.world}
         if spec.from_wildcard:  # recorded with the run, not the protocol: the numbers are a single eval's
             run_opts["wildcard"] = {"pattern": spec.from_wildcard,
                                     "expansion": self.req.wildcards.get(spec.from_wildcard, [])}
@@ -215,6 +215,7 @@ class Sweep:
         # compile decided from the model's whole workload, not what is left: a resumed or split
         # run uses the numerics of an uninterrupted one
         compiled = wants_compile(clf.model, opts, n_images=n_images, data_config=clf.data_config)
+        run_opts["forward_threads"] = opts.resolved_forward_threads(compiled=compiled)
         # checkpoints are reusable only under the same protocol and everything that changes the numbers:
         # device type, AMP and its dtype, batch composition, CPU threads, compile, decode normalisation
         pred_key = sha256_bytes(canonical_json({
