@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from benchmark.errors import BenchError, IntegrityError
+from benchmark.errors import BenchError, IntegrityError, one_line
 from benchmark.fsutil import read_limited, sha256_bytes
 from benchmark.imagenet import NUM_CLASSES
 from benchmark.pixels import to_rgb
@@ -436,7 +436,6 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
                               checkpoint_weights=m.get("checkpoint_weights") or "model",
                               preprocess=result["protocol"].get("preprocess", "timm"))
     except Exception as e:
-        from benchmark.errors import one_line
         from benchmark.hubio import _unreachable
 
         # the network, the Hub's answers and memory are the checker's own trouble; anything else is the model's
@@ -481,7 +480,18 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
         if not ids:
             continue
         images = _images_by_id(local, cfg, set(ids))
-        x = torch.stack([clf.transform(to_rgb(Image.open(io.BytesIO(images[i])))) for i in ids]).to(device)
+        decoded = []
+        for i in list(ids):
+            try:  # sides checked from the header by to_rgb before any decode (benchmark.pixels)
+                with Image.open(io.BytesIO(images[i])) as im:
+                    decoded.append(clf.transform(to_rgb(im)))
+            except Exception as e:  # noqa: BLE001 - a stored prediction for an image that cannot be decoded
+                problems.append(f"{cfg}/{i}: has a stored prediction but the image does not decode "
+                                f"({type(e).__name__}: {one_line(e, 160)})")
+                ids.remove(i)
+        if not ids:
+            continue
+        x = torch.stack(decoded).to(device)
         with torch.inference_mode():
             probs = clf.model(x).float().softmax(-1).cpu().numpy()
         sub = t.take([index[i] for i in ids])

