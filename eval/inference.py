@@ -347,10 +347,6 @@ class Forward:
 
     def _aot_model(self, x: torch.Tensor):
         """The ahead-of-time compiled model for ``x``'s shape (one package per batch size, e.g. after OOM back-off)."""
-        with self._lock:  # one load per shape, whichever thread gets there first
-            return self._aot_model_locked(x)
-
-    def _aot_model_locked(self, x: torch.Tensor):
         if self._aot is not None and self._aot[0] == x.shape[0]:
             return self._aot[1]
         from eval.compile_cache import load_or_compile
@@ -406,13 +402,9 @@ class Forward:
         def one(span: tuple[int, int]) -> tuple[np.ndarray, ...]:
             return self(x[span[0]:span[1]], labels[span[0]:span[1]])
 
-        if self.threads == 1:
+        if self.threads == 1:  # also every compiled model (resolved_forward_threads)
             return [one(s) for s in spans]
-        pool = _pool(self.threads, self.cpu_threads)
-        out = []
-        if self.compile_info["mode"] == "aot" and self._aot is None and spans:  # load the package once, first
-            out.append(pool.submit(one, spans.pop(0)).result())
-        return out + list(pool.map(one, spans))
+        return list(_pool(self.threads, self.cpu_threads).map(one, spans))
 
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
