@@ -346,6 +346,7 @@ def test_wildcards_and_model_lists(tmp_path, suite):
     (["--model", "test_vit.r160_in1k="], "needs a checkpoint path"),
     (["--merge", "OUT"], "nothing to merge"),
     (["--models", "/dev/zero"], "is larger than 1048576 bytes"),
+    (["--model", "test_resnet.r160_in1k", "--groups-in-flight", "0"], "--groups-in-flight must be in 1..64"),
 ])
 def test_bad_sweep_input(tmp_path, capsys, argv, match):
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
@@ -804,3 +805,109 @@ def test_a_failed_background_load_fails_that_model_only(tmp_path, suite, zoo, mo
     for j in failed:
         assert "weights vanished" in j.error and "weights vanished" in (j.run_dir / "failure.json").read_text()
     assert sum(j.status == "done" for j in jobs) == 3 - len(failed)
+
+
+def _timed_sweep(out, suite, specs, workers=0, **kw):
+    """A sweep whose timeline (eval.busy) the test reads; every model must finish."""
+    from eval.sweep import Sweep
+
+    sw = Sweep(SweepRequest(models=specs, suite=str(suite), out=str(out),
+                            inference=InferenceOptions(**{**OPTS, "workers": workers}), **kw), progress=False)
+    assert [j.status for j in sw.run()] == ["done"] * len(specs)
+    return sw
+
+
+def _single_runs(out, suite, specs):
+    for spec in specs:  # a single bench eval is a sweep of one model
+        run_sweep(SweepRequest(models=(spec,), suite=str(suite), out=str(out), inference=InferenceOptions(**OPTS)),
+                  progress=False)
+    return _files(out)
+
+
+def test_groups_in_flight_overlap_and_write_single_run_bytes(tmp_path, suite, zoo):
+    """Three preprocessing groups, two in flight: the second group's loader starts and its first unit is
+    decoded before the first group's last forward ends, and two groups' forwards run at the same time;
+    one in flight without decode-ahead runs each group after the previous one's last forward. Every
+    model's files are a single run's bytes either way, and max_resident=1 keeps groups apart."""
+    from eval.busy import chunk_spans
+
+    specs = _three_groups(tmp_path, zoo)
+    par = _timed_sweep(tmp_path / "par", suite, specs, groups_in_flight=2)
+    seq = _timed_sweep(tmp_path / "seq", suite, specs, groups_in_flight=1, decode_ahead=False)
+    bound = _timed_sweep(tmp_path / "bound", suite, specs, groups_in_flight=2, max_resident=1)
+    ref = _single_runs(tmp_path / "single", suite, specs)
+    assert len(ref) == 6 and _files(tmp_path / "par") == ref == _files(tmp_path / "seq") == _files(tmp_path / "bound")
+    for j in par.jobs:
+        assert j.result["metrics"] == json.loads((tmp_path / "single" / "toy" / j.run_dir.name / "result.json")
+                                                 .read_text())["metrics"]
+
+    spans = chunk_spans(par.timeline)
+    assert sorted(spans) == [0, 1, 2] and len(par.timeline) == 3 * 2 * 5  # chunks x configs x units
+    assert spans[1]["first_decode"] < spans[0]["last_forward_end"]
+    fwd = {c: [s for e in par.timeline if e["chunk"] == c for s in e["forward"].values()] for c in spans}
+    assert any(a0 < b1 and b0 < a1 for a0, a1 in fwd[0] for b0, b1 in fwd[1])  # two groups computed at once
+    for run in (seq, bound):
+        spans = chunk_spans(run.timeline)
+        for k in (1, 2):
+            assert spans[k]["first_decode"] > spans[k - 1]["last_forward_end"]
+    assert par.busy["units"] == 30 and par.busy["model_s"] > 0 and par.busy["decode_s"] > 0
+
+
+def test_next_stream_decodes_while_the_current_one_runs(tmp_path, suite, zoo):
+    """One group at a time, one DataLoader worker per stream: with decode-ahead each stream (a chunk's
+    config) starts its loader, whose worker decodes at once, before the previous stream's last forward
+    ends; without it, only after. Same bytes."""
+    specs = _three_groups(tmp_path, zoo)
+    on = _timed_sweep(tmp_path / "on", suite, specs, workers=1, groups_in_flight=1)
+    off = _timed_sweep(tmp_path / "off", suite, specs, workers=1, groups_in_flight=1, decode_ahead=False)
+    assert _files(tmp_path / "on") == _files(tmp_path / "off") and len(_files(tmp_path / "on")) == 6
+
+    def streams(sw):
+        out = {}
+        for e in sw.timeline:
+            s = out.setdefault((e["chunk"], e["config"]), {"started": e["loader_started"], "end": 0.0, "pids": set()})
+            s["end"] = max([s["end"], *(b for _, b in e["forward"].values())])
+            s["pids"].add(e["decoded"][2])
+        return [out[k] for k in sw._stream_order]
+
+    a, b = streams(on), streams(off)
+    assert len(a) == len(b) == 6
+    assert all(os.getpid() not in s["pids"] for s in a)  # decoded by the workers
+    for prev, nxt in zip(a, a[1:]):
+        assert nxt["started"] < prev["end"]
+    for prev, nxt in zip(b, b[1:]):
+        assert nxt["started"] > prev["end"]
+
+
+def test_costliest_group_runs_first(tmp_path):
+    """Chunks start in order of models x input pixels, largest first (ties by group key)."""
+    from eval.sweep import Job, Sweep
+
+    sw = Sweep(SweepRequest(models=(), suite="unused", max_resident=2), progress=False)
+    sizes = {"a": (224, 1), "b": (260, 1), "c": (240, 1), "d": (160, 3)}  # group -> (pixels, models)
+    for g, (px, n) in sizes.items():
+        for i in range(n):
+            sw.jobs.append(Job(ModelSpec(f"{g}{i}"), None, f"{g}{i}", tmp_path,
+                               {"group": g, "data_config": {"input_size": [3, px, px]}}))
+    # d: 3 x 160^2 = 76,800 > b: 67,600 > c: 57,600 > a: 50,176; d's three models in chunks of 2
+    assert [[j.model_id for j in c] for c in sw.chunks()] == [["d0", "d1"], ["d2"], ["b0"], ["c0"], ["a0"]]
+
+
+def test_busy_shares_of_a_hand_made_timeline():
+    """eval.busy on a timeline computed by hand: two units of one loader (one worker), one model."""
+    from eval.busy import busy_shares
+
+    timeline = [
+        {"chunk": 0, "config": "c", "unit": 0, "loader_started": 0.0, "decoded": (0.5, 2.0, 7),
+         "waited": (0.0, 2.0), "forward": {"m": (2.0, 6.0)}},
+        {"chunk": 0, "config": "c", "unit": 1, "loader_started": 0.0, "decoded": (2.0, 3.0, 7),
+         "waited": (6.0, 6.0), "forward": {"m": (6.0, 8.0)}},
+    ]
+    b = busy_shares(timeline, 10.0)
+    # forward 4 + 2 = 6 s; decode 1.5 + 1 = 2.5 s; the model waited 2 s for the first unit; the worker
+    # went straight from unit 0 to unit 1 (no gap); its loader took 0.5 s to start
+    assert (b["model_s"], b["decode_s"], b["model_wait_s"], b["worker_wait_s"], b["loader_start_s"]) == \
+        (6.0, 2.5, 2.0, 0.0, 0.5)
+    assert (b["model_busy"], b["decode_busy"], b["model_wait_share"]) == (0.6, 0.25, 0.2)
+    timeline[1]["decoded"] = (5.0, 6.0, 7)  # the prefetch queue was full: the worker waited 3 s
+    assert busy_shares(timeline, 10.0)["worker_wait_s"] == 3.0
