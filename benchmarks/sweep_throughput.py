@@ -202,6 +202,33 @@ def bench_logged(args: list[str], env: dict) -> tuple[float, dict]:
     return wall, ast.literal_eval(line.split(BUSY_LOG, 1)[1]) if line else {}
 
 
+def decode_split_ms(suite: Path, data_config: dict, n: int = 40) -> dict:
+    """Process-time ms per image of the JPEG decode alone and of timm's transform alone: what decoding
+    each JPEG once for several groups could save (only the decode part is shared)."""
+    import io
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from benchmark.pixels import to_rgb
+    from eval.inference import make_transform
+
+    shard = next(suite.rglob("*.parquet"))
+    blobs = [r["bytes"] for r in pq.read_table(shard, columns=["image"]).column("image").to_pylist()[:n]]
+    transform = make_transform(data_config, uint8=False)
+    t0 = time.process_time()
+    images = []
+    for b in blobs:
+        with Image.open(io.BytesIO(b)) as im:
+            im.load()  # the decode itself (PIL decodes lazily)
+            images.append(to_rgb(im))
+    t1 = time.process_time()
+    for im in images:
+        transform(im)
+    t2 = time.process_time()
+    return {"decode_ms": round(1000 * (t1 - t0) / len(blobs), 2), "transform_ms": round(1000 * (t2 - t1) / len(blobs), 2)}
+
+
 def lite_models() -> list[tuple[str, str]]:
     import importlib
 
@@ -254,6 +281,11 @@ def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: in
         "images_models_per_s_3_groups": {"singles": round(3 * n / single_s, 2), "sweep": round(3 * n / sweep_s, 2),
                                          "sweep_one_group_at_a_time": round(3 * n / seq_s, 2)},
     }
+    from eval.models import load_classifier
+
+    report["decode_vs_transform_ms"] = {
+        name: decode_split_ms(suite, load_classifier(name, checkpoint=ck, remap_by_order=True).data_config)
+        for name, ck in models}
     # a 1-group zoo of the same size: real Lite0 and two random models with its data config
     one = [models[0]] + [(a, str(save_random(a, tmp / f"{a}.safetensors", 10 + i))) for i, a in enumerate(LITE0_GROUP)]
     mfile = tmp / "E1.txt"
