@@ -191,15 +191,13 @@ BUSY_LOG = "sweep busy: "
 
 def bench_logged(args: list[str], env: dict) -> tuple[float, dict]:
     """A whole ``bench eval`` process: wall seconds and the busy shares it logged (eval.busy)."""
-    import ast
-
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "benchmark", "eval", *args], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode:
         raise SystemExit(f"bench eval failed: {p.stderr[-2000:]}")
     line = next((x for x in p.stderr.splitlines() if BUSY_LOG in x), None)
-    return wall, ast.literal_eval(line.split(BUSY_LOG, 1)[1]) if line else {}
+    return wall, json.loads(line.split(BUSY_LOG, 1)[1]) if line else {}
 
 
 def decode_split_ms(suite: Path, data_config: dict, n: int = 40) -> dict:

@@ -43,6 +43,7 @@ parts ``eval.merging``, ``--plan`` ``eval.sweep_plan`` and the bar ``eval.progre
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
@@ -406,7 +407,7 @@ class Sweep:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         self.busy = busy_shares(self.timeline, time.perf_counter() - start)
-        log.info("sweep busy: %s", self.busy)
+        log.info("sweep busy: %s", json.dumps(self.busy))  # eval.busy: shares of the wall time, waits in seconds
         # the last process to finish builds what the others left (a no-op on one process)
         for job in self.jobs:
             if job.status == "todo":
