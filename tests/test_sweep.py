@@ -944,3 +944,45 @@ def test_sigterm_stops_every_group_in_flight_at_a_unit_and_resumes(tmp_path, big
     for a in archs:
         r = json.loads((out / "big" / a / "result.json").read_text())
         assert r["run"]["timings"]["base"]["resumed_units"] > 0
+
+
+def test_groups_in_flight_and_preload_never_hold_more_than_max_resident(tmp_path, suite, zoo, monkeypatch):
+    """Two groups in flight, the background preload on, max_resident=2, three one-model groups: the
+    models alive (loaded, by the preload or by a chunk) never exceed 2 at any forward; the third
+    group waits for a slot, and the bytes are the one-at-a-time run's."""
+    import threading
+    import weakref
+
+    from eval import sweep
+
+    specs = _three_groups(tmp_path, zoo)
+    alive, peak, lock = set(), [0], threading.Lock()
+    orig_load, orig_predict = sweep.load_model, sweep.predict_units
+
+    def load(req, spec):
+        clf = orig_load(req, spec)
+        with lock:
+            alive.add(id(clf.model))
+        weakref.finalize(clf.model, alive.discard, id(clf.model))
+        return clf
+
+    def predict(*a, **kw):
+        import gc
+
+        gc.collect()  # a model dropped by the sweep is gone, not merely unreferenced
+        with lock:
+            peak[0] = max(peak[0], len(alive))
+        return orig_predict(*a, **kw)
+
+    monkeypatch.setattr(sweep, "load_model", load)
+    monkeypatch.setattr(sweep, "predict_units", predict)
+    par = _timed_sweep(tmp_path / "par", suite, specs, max_resident=2, groups_in_flight=2)
+    monkeypatch.undo()
+    seq = _timed_sweep(tmp_path / "seq", suite, specs, groups_in_flight=1, decode_ahead=False)
+    assert _files(tmp_path / "par") == _files(tmp_path / "seq") and len(_files(tmp_path / "seq")) == 6
+    assert 1 <= peak[0] <= 2
+    from eval.busy import chunk_spans
+
+    spans = chunk_spans(par.timeline)
+    assert spans[1]["first_decode"] < spans[0]["last_forward_end"]  # two groups did run at once
+    assert spans[2]["first_decode"] > min(spans[0]["last_forward_end"], spans[1]["last_forward_end"])
