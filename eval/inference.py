@@ -146,6 +146,7 @@ class UnitDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         from PIL import Image
 
+        start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across the worker and the main process
         unit = self.units[i]
         cols = ["image", "image_id", "label", "keep", "pair_id", *self.carried]
         parts = {}
@@ -168,10 +169,9 @@ class UnitDataset(torch.utils.data.Dataset):
                 continue
             for c in meta:
                 meta[c].append(row[c])
-        if self.transform is None:
-            return {"unit": unit.index, "x": tensors, "meta": meta, "bad": bad}
-        x = torch.stack(tensors) if tensors else torch.empty(0)
-        return {"unit": unit.index, "x": x, "meta": meta, "bad": bad}
+        x = tensors if self.transform is None else torch.stack(tensors) if tensors else torch.empty(0)
+        return {"unit": unit.index, "x": x, "meta": meta, "bad": bad,
+                "decoded": (start, time.perf_counter(), os.getpid())}
 
 
 class DeviceDecoder:
@@ -478,25 +478,57 @@ def unit_loader(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], tr
     )
 
 
+@dataclass
+class UnitStream:
+    """Units of one config being decoded for one data config: the DataLoader's iterator (its workers
+    start decoding, ``prefetch_factor`` units each, as soon as it exists), the device decoder for
+    ``--decode device``, and when it started. A sweep starts the next group's stream while the
+    current group still runs, so its first units are decoded by the time its models start."""
+
+    units: frozenset[int]
+    batches: object
+    decoder: DeviceDecoder | None
+    started: float
+
+
+def start_stream(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], data_config: dict,
+                 opts: InferenceOptions) -> UnitStream:
+    """Start decoding ``units`` now (see ``UnitStream``)."""
+    carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
+    decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
+    transform = None if decoder else make_transform(data_config, uint8=opts.device_normalizes())
+    started = time.perf_counter()
+    return UnitStream(frozenset(u.index for u in units),
+                      iter(unit_loader(suite, groups, units, transform, carried, opts)), decoder, started)
+
+
 def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units: list[Unit], groups: list[RowGroup],
-                  data_config: dict, opts: InferenceOptions, *, on_failure=None, on_unit=None) -> None:
+                  data_config: dict, opts: InferenceOptions, *, on_failure=None, on_unit=None,
+                  timeline: list | None = None, stream: UnitStream | None = None) -> None:
     """Decode each of ``units`` once and run it through every feed that needs it.
 
     A feed whose model raises is handed to ``on_failure(feed, exc)`` (and dropped) when given, so
     one broken model does not stop the others; without it the error propagates. ``on_unit(rows,
-    n_models)`` reports progress.
+    n_models)`` reports progress. ``timeline`` (a list) receives one ``eval.busy`` event per unit:
+    when the loader started, when the unit was decoded, how long the models waited for it, and
+    each model's forward span (perf_counter seconds). ``stream``: the same units' decode, started
+    earlier with ``start_stream`` (it may hold units no feed needs any more: they are skipped).
     """
     carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
-    decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
-    transform = None if decoder else make_transform(data_config, uint8=opts.device_normalizes())
     live = list(feeds)
     wanted = [u for u in units if any(u.index in f.todo for f in live)]
+    if stream is not None and not {u.index for u in wanted} <= stream.units:
+        raise BenchError(f"config {config!r}: the stream started for it lacks units the models need")  # a bug
     try:
-        it = iter(unit_loader(suite, groups, wanted, transform, carried, opts))
+        stream = stream or start_stream(suite, groups, wanted, data_config, opts)
+        decoder, started, it = stream.decoder, stream.started, stream.batches
         while live:
+            asked = time.perf_counter()
             item = next(it, None)
             if item is None:
                 break
+            event = {"config": config, "unit": item["unit"], "loader_started": started, "decoded": item["decoded"],
+                     "waited": (asked, time.perf_counter()), "forward": {}}
             if decoder is not None:
                 item["x"], failed = decoder(item["x"])
                 drop = {i for i, _ in failed}
@@ -513,9 +545,10 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
             for feed in list(live):
                 if item["unit"] not in feed.todo:
                     continue
-                before = feed.forward.seconds
+                before, span_start = feed.forward.seconds, time.perf_counter()
                 try:
                     outs = feed.run(item["x"], labels)
+                    event["forward"][feed.name] = (span_start, time.perf_counter())
                     feed.ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk), skipped_bad=bad,
                                   model_seconds=feed.forward.seconds - before,
                                   threads_used=len(feed.forward.thread_ids))
@@ -527,6 +560,8 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
                     continue
                 feed.todo.discard(item["unit"])
                 served += 1
+            if timeline is not None:
+                timeline.append(event)
             if on_unit:
                 on_unit(len(item["meta"]["image_id"]) + len(item["bad"]), served)
     finally:

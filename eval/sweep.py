@@ -14,6 +14,17 @@ How the work is shared:
   chunk runs, a background thread loads the next chunks' models into the slots left free
   (``max_resident`` minus the models loaded), so a model's start-up overlaps another's forward;
   the loaded weights are the same, so the predictions are too.
+- **Groups in flight.** Up to ``groups_in_flight`` chunks run at once, each on its own thread with
+  its own DataLoader, as long as their models fit in ``max_resident``: the next group's workers
+  decode, and its models compute on the cores the current group leaves idle, while the current
+  group still runs, instead of the next loader starting cold at the group boundary. Chunks start
+  largest first (models x input pixels), so the last to start is the cheapest and the groups in
+  flight end together. Each model still sees the same batches at the same ``--cpu-threads``, so
+  its bytes are a single run's. ``Sweep.timeline`` records every unit's decode, wait and forward
+  spans (``eval.busy``).
+- **Decode ahead.** Streams (a chunk's config) run in a fixed order; once a stream has its first
+  unit, the next stream not yet started starts its DataLoader, so its workers decode its first
+  units while the current models compute and its models never wait for a cold loader.
 - **Work items** are ``(chunk, config, unit)`` with cost = models still needing the unit x rows.
   Under ``accelerate launch`` (or torchrun) they are split across processes by a deterministic
   greedy balance of cost (largest first onto the least-loaded process). Each process writes its
@@ -32,10 +43,13 @@ parts ``eval.merging``, ``--plan`` ``eval.sweep_plan`` and the bar ``eval.progre
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import threading
+import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -44,7 +58,10 @@ from benchmark.errors import BenchError, one_line
 from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
 from benchmark.oom import BatchBackoff
 from builders.determinism import fixed_threads
-from eval.inference import Forward, InferenceOptions, ModelFeed, check_device, plan_units, predict_units, wants_compile
+from eval.busy import busy_shares
+from eval.inference import (
+    Forward, InferenceOptions, ModelFeed, UnitStream, check_device, plan_units, predict_units, start_stream, wants_compile,
+)
 from eval.merging import (
     JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
 )
@@ -80,6 +97,12 @@ class SweepRequest:
     pretrained: bool = True       # False: random weights (benchmarks); never from the CLI
     wildcards: dict = field(default_factory=dict)  # pattern -> expansion, recorded in each result
     preload: bool = True          # load the next chunk's models in the background (free slots only)
+    groups_in_flight: int = 2     # chunks run at once (each its own loader and thread), within max_resident
+    decode_ahead: bool = True     # start the next stream's decode once the current one has its first unit
+
+
+class Interrupted(KeyboardInterrupt):
+    """A chunk stopped because the sweep was (Ctrl-C, SIGTERM, another chunk's error)."""
 
 
 @dataclass
@@ -140,6 +163,14 @@ class Sweep:
         self.single = len(req.models) == 1
         self.jobs: list[Job] = []
         self._loading: dict[str, Future] = {}  # model id -> its background load (req.preload)
+        self._slots = threading.Lock()         # models held (loaded, loading, reserved), read and changed by threads
+        self._reserved: set[str] = set()       # models of the chunks started and not finished
+        self._stop = threading.Event()         # set when the run is interrupted: running chunks stop at a unit
+        self.timeline: list[dict] = []         # eval.busy events, one per unit streamed
+        self.busy: dict | None = None          # eval.busy.busy_shares of the run
+        self._streams: dict[tuple[int, str], UnitStream | None] = {}  # started ahead (None: taken by its chunk)
+        self._stream_order: list[tuple[int, str]] = []                # (chunk, config) in run order
+        self._stream_lock = threading.Lock()
 
     # ---- planning ----------------------------------------------------------------------------
 
@@ -291,12 +322,19 @@ class Sweep:
     # ---- work items --------------------------------------------------------------------------
 
     def chunks(self) -> list[list[Job]]:
-        """Models to run, by preprocessing group, in chunks of at most ``max_resident``."""
+        """Models to run, by preprocessing group, in chunks of at most ``max_resident``; the costliest
+        group first (models x input pixels: a proxy of forward cost known before any forward), so
+        that with groups in flight the last chunk to start is a cheap one."""
         todo = sorted((j for j in self.jobs if j.status == "todo"), key=lambda j: (j.group_key, j.model_id))
         out, by_group = [], {}
         for j in todo:
             by_group.setdefault(j.group_key, []).append(j)
-        for key in sorted(by_group):
+
+        def cost(key: str) -> int:
+            _, h, w = by_group[key][0].state["data_config"]["input_size"]
+            return len(by_group[key]) * h * w
+
+        for key in sorted(by_group, key=lambda k: (-cost(k), k)):
             js = by_group[key]
             out += [js[i:i + self.req.max_resident] for i in range(0, len(js), self.req.max_resident)]
         return out
@@ -330,45 +368,142 @@ class Sweep:
                         rank=self.dist.rank)
         chunks = self.chunks()
         ahead = [j for ci, chunk in enumerate(chunks) if any(i["chunk"] == ci for i in items) for j in chunk]
+        self._chunks, self._items = chunks, items
+        keys = {(i["chunk"], i["config"]) for i in items}
+        self._stream_order = [(ci, c) for ci in range(len(chunks)) for c in self.configs if (ci, c) in keys]
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-preload") if self.req.preload else None
+        # one chunk at a time runs on this thread, as a single bench eval always does
+        n_lanes = min(self.req.groups_in_flight, len({i["chunk"] for i in items}))
+        lanes = ThreadPoolExecutor(max_workers=n_lanes, thread_name_prefix="sweep-group") if n_lanes > 1 else None
+        in_flight: set[Future] = set()
+        start = time.perf_counter()
         try:
             for ci, chunk in enumerate(chunks):
                 mine = [i for i in items if i["chunk"] == ci]
-                if mine:
-                    ids = {j.model_id for j in chunk}
-                    ahead = [j for j in ahead if j.model_id not in ids]
-                    self._run_chunk(chunk, mine, bar, preload=(pool, ahead) if pool else None)
-                for job in chunk:
-                    if job.status == "todo":
-                        job.clf = None  # free the weights before the next chunk loads
-                        self._try_finish(job, bar)
+                if not mine:
+                    self._finish_chunk(chunk, bar)
+                    continue
+                while in_flight and not self._room_for(chunk, len(in_flight)):
+                    in_flight = self._wait_one(in_flight)
+                with self._slots:
+                    self._reserved |= {j.model_id for j in chunk if j.status == "todo"}
+                ids = {j.model_id for j in chunk}
+                ahead = [j for j in ahead if j.model_id not in ids]
+                args = (ci, chunk, mine, bar, (pool, list(ahead)) if pool else None)
+                if lanes is None:
+                    self._lane(*args)
+                else:
+                    in_flight.add(lanes.submit(self._lane, *args))
+            while in_flight:
+                in_flight = self._wait_one(in_flight)
+        except BaseException:
+            self._stop.set()  # Ctrl-C, SIGTERM or a failed chunk: the others stop at their next unit
+            raise
         finally:
+            if lanes is not None:
+                lanes.shutdown(wait=True, cancel_futures=True)
+            with self._stream_lock:
+                self._streams = {k: None for k in self._streams}  # unused streams' workers end with them
             bar.close()
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+        self.busy = busy_shares(self.timeline, time.perf_counter() - start)
+        log.info("sweep busy: %s", json.dumps(self.busy))  # eval.busy: shares of the wall time, waits in seconds
         # the last process to finish builds what the others left (a no-op on one process)
         for job in self.jobs:
             if job.status == "todo":
                 self._try_finish(job, bar)
         return self.jobs
 
+    def _held(self) -> set[str]:
+        """Models that count against ``max_resident``: loaded, loading, or in a chunk that has started."""
+        return {j.model_id for j in self.jobs if j.clf is not None} | set(self._loading) | self._reserved
+
+    def _room_for(self, chunk: list[Job], running: int) -> bool:
+        """Another chunk may start: fewer than ``groups_in_flight`` run and its models fit in
+        ``max_resident`` next to those held."""
+        with self._slots:
+            held = self._held()
+            new = {j.model_id for j in chunk if j.status == "todo"} - held
+            return running < self.req.groups_in_flight and len(held) + len(new) <= self.req.max_resident
+
+    @staticmethod
+    def _wait_one(in_flight: set[Future]) -> set[Future]:
+        """Wait for a running chunk to end; its error (a single run's) is raised here."""
+        done, rest = wait(in_flight, return_when=FIRST_COMPLETED)
+        for f in done:
+            f.result()
+        return rest
+
+    def _lane(self, ci: int, chunk: list[Job], items: list[dict], bar, preload) -> None:
+        """One chunk, on its own thread: load, stream, then build its models' results."""
+        events: list[dict] = []
+        try:
+            self._run_chunk(chunk, items, bar, preload=preload, timeline=events, ci=ci)
+        finally:
+            for e in events:
+                e["chunk"] = ci
+            self.timeline.extend(events)
+        self._finish_chunk(chunk, bar)
+
+    def _finish_chunk(self, chunk: list[Job], bar) -> None:
+        for job in chunk:
+            with self._slots:
+                if job.status == "todo":
+                    job.clf = None  # free the weights before the next chunk loads
+                self._reserved.discard(job.model_id)
+            if job.status == "todo":
+                self._try_finish(job, bar)
+
     def _preload(self, pool: ThreadPoolExecutor, ahead: list[Job]) -> None:
         """Start loading the next chunks' models, in run order, into the slots left free: models
         loaded plus models loading never exceed ``max_resident``."""
-        busy = sum(j.clf is not None for j in self.jobs) + len(self._loading)
-        for job in ahead:
-            if busy >= self.req.max_resident:
-                return
-            if job.status == "todo" and job.clf is None and job.model_id not in self._loading:
-                self._loading[job.model_id] = pool.submit(load_model, self.req, job.spec)
-                busy += 1
+        with self._slots:
+            busy = len(self._held())
+            for job in ahead:
+                if busy >= self.req.max_resident:
+                    return
+                if job.status == "todo" and job.clf is None and job.model_id not in self._loading:
+                    self._loading[job.model_id] = pool.submit(load_model, self.req, job.spec)
+                    busy += 1
 
-    def _run_chunk(self, chunk: list[Job], items: list[dict], bar, preload=None) -> None:
+    def _stream_units(self, key: tuple[int, str]) -> list:
+        ci, config = key
+        wanted = {i["unit"] for i in self._items if i["chunk"] == ci and i["config"] == config}
+        return [u for u in self.units[config][1] if u.index in wanted]
+
+    def _decode_ahead(self) -> None:
+        """Start the first stream in run order that has not started (``decode_ahead``)."""
+        if not self.req.decode_ahead or self._stop.is_set():
+            return
+        with self._stream_lock:
+            key = next((k for k in self._stream_order if k not in self._streams), None)
+            if key is None:
+                return
+            chunk = [j for j in self._chunks[key[0]] if j.state]
+            self._streams[key] = start_stream(self.suite, self.units[key[1]][0], self._stream_units(key),
+                                              chunk[0].state["data_config"], self.opts)
+
+    def _take_stream(self, key: tuple[int, str]) -> UnitStream | None:
+        """The stream started ahead for ``key``, if any; from now on it is this chunk's."""
+        with self._stream_lock:
+            stream = self._streams.get(key)
+            self._streams[key] = None
+            return stream
+
+    def _run_chunk(self, chunk: list[Job], items: list[dict], bar, preload=None, timeline=None, ci=None) -> None:
         for job in chunk:
             if job.clf is None and job.status == "todo":
                 try:
-                    pending = self._loading.pop(job.model_id, None)
-                    job.clf = pending.result() if pending else load_model(self.req, job.spec)
+                    with self._slots:
+                        pending = self._loading.get(job.model_id)
+                    try:
+                        clf = pending.result() if pending else load_model(self.req, job.spec)
+                    finally:
+                        with self._slots:
+                            self._loading.pop(job.model_id, None)
+                    with self._slots:
+                        job.clf = clf
                 except Exception as e:  # noqa: BLE001 - recorded for this model
                     self._record_failure(job, e)
         live = [j for j in chunk if j.status == "todo"]
@@ -410,7 +545,19 @@ class Sweep:
             predict_units(self.suite, config, feeds, [u for u in units if u.index in wanted], groups, data_config,
                           self.opts, on_failure=None if self.single else
                           (lambda feed, exc: self._record_failure(by_id[feed.name], exc)),
-                          on_unit=bar.update)
+                          on_unit=self._on_unit(bar), timeline=timeline, stream=self._take_stream((ci, config)))
+
+    def _on_unit(self, bar):
+        first = [True]
+
+        def on_unit(rows: int, n_models: int) -> None:
+            if self._stop.is_set():  # another chunk failed or the run was interrupted: flush and stop here
+                raise Interrupted("the sweep was stopped")
+            bar.update(rows, n_models)
+            if first[0]:  # this stream is under way: the next one starts decoding
+                first[0] = False
+                self._decode_ahead()
+        return on_unit
 
     def _record_failure(self, job: Job, exc: BaseException) -> None:
         if self.single:

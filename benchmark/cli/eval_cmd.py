@@ -79,6 +79,10 @@ def add_parser(sub):
     p.add_argument("--skip-bad-images", action="store_true", help="skip and count images that do not decode")
     p.add_argument("--max-resident", type=_int, default=4,
                    help="sweep: models loaded at once; a larger preprocessing group is run in chunks (1..1024)")
+    p.add_argument("--groups-in-flight", type=_int, default=2,
+                   help="sweep: preprocessing groups (chunks) run at once, each with its own decode workers, within "
+                        "--max-resident: the next group decodes and computes while the current one still runs; "
+                        "1 runs them one after the other; predictions are the same bytes either way (1..64)")
     p.add_argument("--plan", action="store_true",
                    help="print the sweep's models, preprocessing groups, work items per process and an estimated "
                         "cost (measured on one unit and one batch per model), then stop")
@@ -96,7 +100,7 @@ def add_parser(sub):
 # every numeric option's bounds, checked before anything is read or loaded
 LIMITS = {"topk": (5, 1000), "bootstrap": (1, 100_000), "batch_size": (1, 65536), "workers": (0, 64),
           "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024),
-          "cpu_threads": (1, 1024), "forward_threads": (1, 256)}
+          "cpu_threads": (1, 1024), "forward_threads": (1, 256), "groups_in_flight": (1, 64)}
 
 
 def _int(text: str):
@@ -178,6 +182,7 @@ def _run(args) -> int:
         revision=args.revision, remap_by_order=args.remap_by_order, checkpoint_weights=args.checkpoint_weights,
         preprocess=args.preprocess, mask=mask_arg(args),
         out=args.out, force=args.force, notes=args.notes, max_resident=args.max_resident, wildcards=expansions,
+        groups_in_flight=args.groups_in_flight,
         inference=InferenceOptions(
             batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
             amp_dtype=args.amp_dtype, channels_last=args.channels_last, compile=args.compile, topk=args.topk,
