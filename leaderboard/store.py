@@ -122,24 +122,8 @@ class Entry:
 
     def files_changed(self) -> bool:
         """Whether any file the entry depends on has another stat key than when it was checked (runs on
-        every repaint for every entry: plain ``os.stat`` on strings, first difference wins)."""
-        if not self.file_keys:
-            return True
-        base = str(self.path.parent) + os.sep
-        for name, key in self.file_keys.items():
-            try:
-                st = os.stat(base + name)
-            except OSError:
-                if key is not None:
-                    return True
-                continue
-            try:
-                if key is None or key[0] != st.st_size or key[1] != st.st_mtime_ns or key[2] != st.st_ctime_ns \
-                        or key[3] != st.st_ino:
-                    return True
-            except (TypeError, IndexError, KeyError):  # a key from an older index: check again
-                return True
-        return False
+        every repaint for every entry)."""
+        return keys_changed(self.path.parent, self.file_keys)
 
     @cached_property
     def board(self) -> str:
@@ -314,6 +298,29 @@ def _stat_keys(run_dir: Path, names) -> dict:
         except OSError:
             out[name] = None
     return out
+
+
+def keys_changed(run_dir: Path, file_keys: dict) -> bool:
+    """Whether any file of ``file_keys`` (``name -> [size, mtime_ns, ctime_ns, inode]`` or None: absent, as
+    :func:`_stat_keys` records them) has another stat key in ``run_dir`` now; no keys: changed. Plain
+    ``os.stat`` on strings, first difference wins (it runs for every entry on every repaint)."""
+    if not file_keys:
+        return True
+    base = str(run_dir) + os.sep
+    for name, key in file_keys.items():
+        try:
+            st = os.stat(base + name)
+        except OSError:
+            if key is not None:
+                return True
+            continue
+        try:
+            if key is None or key[0] != st.st_size or key[1] != st.st_mtime_ns or key[2] != st.st_ctime_ns \
+                    or key[3] != st.st_ino:
+                return True
+        except (TypeError, IndexError, KeyError):  # a key from an older index: check again
+            return True
+    return False
 
 
 def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_suites: bool) -> Entry:

@@ -201,33 +201,153 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
         aggregate.read_id_accuracy(bad)
 
 
+def _index_parts(path):
+    """The index file's three lines: MAC, head, body (leaderboard.index)."""
+    mac, head, body = path.read_bytes().split(b"\n", 2)
+    return mac, json.loads(head), json.loads(body)
+
+
+class _Reads:
+    """Every file opened or hashed under ``root`` (Python's open, pathlib, the hashing helpers)."""
+
+    def __init__(self, monkeypatch, root):
+        import builtins
+        import io
+
+        from benchmark import fsutil
+        from leaderboard import store as store_mod
+
+        self.paths, root = [], str(Path(root).resolve()) + os.sep
+        real_open, real_sha = io.open, fsutil.sha256_file
+
+        def opening(file, *a, **k):
+            if isinstance(file, (str, os.PathLike)) and str(Path(file).resolve()).startswith(root):
+                self.paths.append(Path(file).name)
+            return real_open(file, *a, **k)
+        monkeypatch.setattr(builtins, "open", opening)
+        monkeypatch.setattr(io, "open", opening)
+        monkeypatch.setattr(store_mod, "sha256_file", lambda p: self.paths.append(Path(p).name) or real_sha(p))
+
+
 @pytest.mark.parametrize("relative", [True, False], ids=["relative-results", "absolute-results"])
 def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path, monkeypatch, relative):
-    from leaderboard.index import Loader, index_path, read_index
+    """A restarted board paints its first view from the index's head without opening or hashing any file
+    of the store (stat keys only), the same table the full store gives; the body follows and is the whole
+    board, still without hashing; a changed entry makes the head unusable and is dropped from the body."""
+    from leaderboard.index import Loader, index_path, read_head, read_index, view_frame
     from leaderboard.store import load_store
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     root = Path("s") if relative else tmp_path / "s"  # `bench leaderboard --results s` passes the folder as given
-    make_store(root, models=12, configs=3, rows=40, seed=2)
+    _board(root, models=10)
+    keys = os.environ["GENSHIFT_TRUSTED_KEYS"]
     calls = []
-    load_store(str(root), progress=lambda i, n, e: calls.append((i, n, e.status)))
+    full = load_store(str(root), trusted_keys=keys, progress=lambda i, n, e: calls.append((i, n, e.status)))
     assert [c[:2] for c in calls] == [(i, 12) for i in range(1, 13)]
-    first = Loader(str(root))
+    first = Loader(str(root), trusted_keys_file=keys)
     assert first.wait(60) and first.kind == "full" and index_path(root).is_file()
-    recorded = json.loads(index_path(root).read_bytes())["entries"]
-    assert sorted(r["path"] for r in recorded) == sorted(p.relative_to(root).as_posix()
-                                                         for p in root.glob("*/*/result.json"))
-    second = Loader(str(root))  # a restarted server: painted from the index before any check
+    _, head, body = _index_parts(index_path(root))
+    assert sorted(r["path"] for r in body["entries"]) == sorted(p.relative_to(root).as_posix()
+                                                                for p in root.glob("*/*/result.json"))
+    monkeypatch.setattr(Loader, "HEAD_GRACE_S", 30.0)  # the body waits: the first view alone is painted
+    reads = _Reads(monkeypatch, root)
+    second = Loader(str(root), trusted_keys_file=keys)  # a restarted server
     store, state = second.snapshot()
-    # evidence that it came from the index: nothing checked yet (the check waits INDEX_GRACE_S)
-    assert state["kind"] == "index" and state["done"] == 0 and len(store.entries) == 12
+    view = second.first_view()
+    assert state["kind"] == "head" and store is None and view is not None and reads.paths == []
+    expected, meta = aggregate.board_table(full.for_suite(full.suites()[0]), intervals=True)
+    painted = view_frame(view)
+    assert view["counts"] == {"results": 12, "verified": 12, "rejected": 0, "superseded": 0}
+    assert view["meta"] == json.loads(json.dumps(meta)) and painted["ranked"].sum() == 12
+    assert painted["rank_lo"].notna().all()  # rank intervals, not point ranks
+    import pandas as pd
+    pd.testing.assert_frame_equal(painted, expected)
+    second.want_store(wait=30)  # a view that needs more: the body is read, nothing hashed
+    store, state = second.snapshot()
+    assert state["kind"] == "index" and len(store.entries) == 12 and reads.paths == []
     assert second.wait(60) and second.snapshot()[1]["kind"] == "full"
+    monkeypatch.undo()  # reads are no longer counted
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     r = next(root.glob("*/*/result.json"))
     data = json.loads(r.read_text())
     data["notes"] = "changed"
     r.write_text(json.dumps(data))
-    store, dropped = read_index(str(root), root, None)
+    digest = Loader(str(root), trusted_keys_file=keys).keys_digest
+    assert read_head(root, None, keys_digest=digest) is None  # the head is only for an unchanged store
+    store, dropped = read_index(str(root), root, None, keys_digest=digest)
     assert dropped == 1 and len(store.entries) == 11  # the changed entry waits for its check
+
+
+def test_index_is_used_only_as_written_under_the_same_keys_and_files(tmp_path, monkeypatch):
+    """The index makes nothing verified that the full check would not: an edited index (an unsigned entry's
+    status flipped to verified), one written under other trusted keys, one signed by another board's
+    secret, and one whose files were touched (same bytes, new mtime) or rewritten in place with size and
+    mtime put back (only ctime moves) are not used."""
+    from leaderboard import index
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    root = _board(tmp_path / "s", models=4)
+    victim = next(root.glob("*/*/verification.json"))
+    victim.unlink()  # one entry unsigned: accepted, not verified, not ranked
+    keys = os.environ["GENSHIFT_TRUSTED_KEYS"]
+    loader = index.Loader(str(root), trusted_keys_file=keys)
+    assert loader.wait(60)
+    path, digest = index.index_path(root), loader.keys_digest
+    assert index.read_head(root, None, keys_digest=digest) is not None
+    good = path.read_bytes()
+    mac, head, body = _index_parts(path)
+    rel = victim.parent.relative_to(root).as_posix()
+    rec = next(r for r in body["entries"] if r["path"].startswith(rel + "/"))
+    assert rec["status"] == "accepted"
+    rec["status"], rec["stamp"] = "verified", {"verified_at": "2026-11-01T00:00:00+00:00"}
+    row = head["view"]["columns"].index("verified")
+    for r in head["view"]["rows"]:
+        r[row] = True
+    forged_body = json.dumps(body).encode()
+    head["body_sha256"] = index.sha256_bytes(forged_body)
+    path.write_bytes(mac + b"\n" + json.dumps(head).encode() + b"\n" + forged_body)
+    assert index.read_head(root, None, keys_digest=digest) is None
+    assert index.read_index(str(root), root, None, keys_digest=digest) is None
+    forged = index.Loader(str(root), trusted_keys_file=keys)
+    assert forged.kind == "none" and forged.first_view() is None  # checked from scratch, not painted from it
+    assert forged.wait(60)
+    store = forged.snapshot()[0]
+    assert not next(e for e in store.entries if e.run_dir == victim.parent).verified
+
+    path.write_bytes(good)  # the body alone edited (its sha256 is in the signed head): not used either
+    mac, head, body = _index_parts(path)
+    path.write_bytes(good.rsplit(b"\n", 1)[0] + b"\n" + json.dumps(body).replace('"accepted"', '"verified"').encode())
+    assert index.read_index(str(root), root, None, keys_digest=digest) is None
+
+    path.write_bytes(good)
+    other_keys = tmp_path / "other.pub"
+    other_keys.write_text("")
+    assert index.read_head(root, None, keys_digest=index._keys_digest(str(other_keys))) is None
+    assert index.read_index(str(root), root, None, keys_digest=index._keys_digest(str(other_keys))) is None
+    (path.parent / "leaderboard-index.key").unlink()  # another board's secret (or a copied index)
+    assert index.read_head(root, None, keys_digest=digest) is None
+
+    index.write_index(forged.snapshot()[0], keys_digest=digest)  # written anew by this board: used again
+    assert index.read_head(root, None, keys_digest=digest) is not None
+    f = next(root.glob("*/*/predictions/shift_01.parquet"))
+    st_ = f.stat()
+    os.utime(f, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1))  # touched, same bytes
+    assert index.read_head(root, None, keys_digest=digest) is None
+    index.write_index(forged.snapshot()[0], keys_digest=digest)
+    _, head, _ = _index_parts(path)
+    head["files"][f.parent.parent.relative_to(root).as_posix()]["predictions/shift_01.parquet"] = [
+        f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ctime_ns, f.stat().st_ino]
+    st_ = f.stat()
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st_.st_atime_ns, st_.st_mtime_ns))  # size and mtime as before: only ctime moved
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st_.st_size, st_.st_mtime_ns)
+    assert index.read_head(root, None, keys_digest=digest) is None
+    store, dropped = index.read_index(str(root), root, None, keys_digest=digest)
+    assert dropped == 1 and f.parent.parent not in {e.run_dir for e in store.entries}
 
 
 def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
@@ -922,11 +1042,14 @@ def test_badge_follows_the_files_under_a_running_board(tmp_path, monkeypatch):
     shutil.copyfile(run[rewritten] / "predictions" / "base.parquet", run[victim] / "predictions" / "base.parquet")
     restarted = index.Loader(str(root), trusted_keys_file=os.environ["GENSHIFT_TRUSTED_KEYS"])
     painted, state = restarted.snapshot()
-    assert state["kind"] == "index" and any(e.model_id == victim and e.verified for e in painted.entries)
-    fresh = restarted.refresh()
+    # no first view from the head (a file changed); from the body, the changed entry is left out until checked
+    assert restarted.first_view() is None and state["kind"] == "index"
+    assert not any(e.model_id == victim for e in painted.entries)
+    assert len(painted.entries) == len(full.snapshot()[0].entries) - 1
+    assert restarted.wait(60)
+    fresh = restarted.snapshot()[0]
     assert not any(e.model_id == victim for e in fresh.entries)
     assert any(e.model_id == victim and "does not verify" in e.reason for e in fresh.rejected)
-    assert restarted.snapshot()[0] is fresh
 
 
 @pytest.mark.browser
