@@ -34,11 +34,12 @@ import streamlit as st
 from leaderboard import aggregate, reported
 from leaderboard.about import ABOUT
 from leaderboard.export import to_csv_bytes, to_json_bytes, unit
-from leaderboard.index import Loader, view_frame
+from leaderboard.index import Loader, open_loader, view_frame
 from leaderboard.store import STAMP, Store
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 FIRST_PAINT_WAIT_S = 1.0   # a small store is painted complete; a large one shows progress and first rows
+AFTER_PAINT_S = 1.0        # a browser's first page: the tabs follow the table after at least this long
 TABS = ["Shift heatmap", "ID/OOD", "Model drilldown", "Rejected", "About"]
 PP = "%.2f pp"             # differences of accuracies/probabilities are percentage points
 # viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
@@ -64,7 +65,7 @@ def _signature(source: str) -> str:
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def get_loader(source: str, trusted_keys: str | None, suites: str | None, signature: str) -> Loader:
-    return Loader(source, trusted_keys_file=trusted_keys, suites_dir=suites)
+    return open_loader(source, trusted_keys, suites)  # the one `bench leaderboard` opened while starting, if any
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -181,9 +182,13 @@ def progress_panel(loader: Loader, painted_version: int) -> None:
 
 @st.fragment(run_every=0.3)
 def _after_first_paint() -> None:
-    """Inline in a full run it arms; its next run on its own is the browser's timer tick, which fires
-    only when the page's main thread is free, i.e. after the table was painted: the board is drawn then."""
+    """Inline in a full run it arms; a later run on its own is the browser's timer tick, which fires only
+    when the page's main thread is free: the board is drawn then, and at least AFTER_PAINT_S after the
+    table was sent (the grid's script loads asynchronously, so a free main thread alone does not mean the
+    table is painted; the tabs' run would take the CPU the browser paints with)."""
     if st.session_state.get("_first_paint_armed") == st.session_state["_full_runs"]:  # no full run since
+        if time.monotonic() - st.session_state.get("_table_sent_at", 0.0) < AFTER_PAINT_S:
+            return
         st.session_state["_first_painted"] = True
         st.rerun(scope="app")
     st.session_state["_first_paint_armed"] = st.session_state["_full_runs"]
@@ -197,6 +202,7 @@ def _table_first() -> bool:
     if st.session_state.get("_first_painted") or not st.context.headers:
         return False
     st.session_state["_full_runs"] = st.session_state.get("_full_runs", 0) + 1
+    st.session_state["_table_sent_at"] = time.monotonic()
     _after_first_paint()
     return True
 

@@ -253,6 +253,21 @@ def read_index(source: str, root: Path, revision: str | None, *, keys_digest: st
     return store, dropped
 
 
+_PRELOADED: dict[tuple, "Loader"] = {}
+
+
+def preload(source: str, trusted_keys_file: str | None, suites_dir: str | None) -> None:
+    """Open the store's loader before any page asks for it (``leaderboard.serve``, while Streamlit starts)."""
+    key = (source, trusted_keys_file, suites_dir)
+    _PRELOADED[key] = Loader(source, trusted_keys_file=trusted_keys_file, suites_dir=suites_dir)
+
+
+def open_loader(source: str, trusted_keys_file: str | None = None, suites_dir: str | None = None) -> "Loader":
+    """The preloaded loader for these settings (once), else a new one."""
+    found = _PRELOADED.pop((source, trusted_keys_file, suites_dir), None)
+    return found or Loader(source, trusted_keys_file=trusted_keys_file, suites_dir=suites_dir)
+
+
 class Loader:
     """One store, checked in a background thread; :meth:`snapshot` gives the best state to paint now."""
 
@@ -262,6 +277,7 @@ class Loader:
     PUBLISH_GROWTH = 1.25
     HEAD_GRACE_S = 1.5   # painted from the head: the body's parse (GIL-bound) waits until the first page rendered
     INDEX_GRACE_S = 3.0  # painted from the index: let the first page render before the check competes for CPU
+    UNSERVED_S = 30.0    # a preloaded loader no page asked for reads its body and checks the store after this
 
     def __init__(self, source: str, *, trusted_keys_file: str | None = None, suites_dir: str | None = None):
         self.source, self.trusted_keys_file, self.suites_dir = source, trusted_keys_file, suites_dir
@@ -285,6 +301,7 @@ class Loader:
         self._published_done = 0
         self._store_wanted = threading.Event()
         self._store_read = threading.Event()  # set once nothing is painted from the head any more
+        self._served = threading.Event()      # set once a page was painted from the head
         self.started = time.monotonic()
         self.store: Store | None = None
         self.head = read_head(self.root, self.revision, keys_digest=self.keys_digest)
@@ -311,11 +328,13 @@ class Loader:
                                                            for rel, keys in head[0]["files"].items()):
             self.want_store()
             return None
+        self._served.set()
         return head[0]["view"]
 
     def want_store(self, wait: float = 0.0) -> None:
         """A view needs the whole store (more than the first view): read the index's body now (and wait up
         to ``wait`` seconds until it was read)."""
+        self._served.set()
         self._store_wanted.set()
         if wait:
             self._store_read.wait(wait)
@@ -339,6 +358,7 @@ class Loader:
 
     def _run(self) -> None:
         if self.kind == "head":
+            self._served.wait(self.UNSERVED_S)  # preloaded: the grace counts from the first page
             self._store_wanted.wait(self.HEAD_GRACE_S)
             found = read_index(self.source, self.root, self.revision, keys_digest=self.keys_digest, head=self.head)
             with self.lock:
