@@ -165,10 +165,11 @@ def guarded(title: str):
 
 
 @st.fragment(run_every=1.0)
-def progress_panel(loader: Loader, painted_version: int) -> None:
-    """The background check's progress; repaints the board when more entries are checked."""
+def progress_panel(loader: Loader, painted_version: int, empty: bool = False) -> None:
+    """The background check's progress; repaints the board when more entries are checked (at once when the
+    page shows no table yet, else at most every 2 s: each repaint takes CPU from the check)."""
     _, s = loader.snapshot()
-    if s["version"] != painted_version and (s["finished"] or
+    if s["version"] != painted_version and (s["finished"] or empty or
                                             time.monotonic() - st.session_state.get("_painted_at", 0) > 2.0):
         st.rerun(scope="app")
     if s["finished"]:
@@ -232,7 +233,7 @@ def main() -> None:
     first = loader.first_view() if store is None else None
     st.session_state["_painted_at"] = time.monotonic()
     if not state["finished"]:
-        progress_panel(loader, state["version"])
+        progress_panel(loader, state["version"], store is None and first is None)
     if state["error"] and store is None:
         st.error("Could not open the results store.")
         st.text(state["error"])

@@ -350,6 +350,39 @@ def test_index_is_used_only_as_written_under_the_same_keys_and_files(tmp_path, m
     assert dropped == 1 and f.parent.parent not in {e.run_dir for e in store.entries}
 
 
+def test_store_checked_by_a_pool_of_processes_as_by_one(tmp_path, monkeypatch):
+    """load_store with worker processes: both workers checked entries (none in this process), and every
+    entry's status, reason and note, the verification cache and the progress calls are the serial check's;
+    a tampered entry is rejected by a worker as it is serially."""
+    import multiprocessing
+
+    from leaderboard.store import _cache_path, load_store
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    root = _board(tmp_path / "s", models=6)
+    f = next(root.glob("*/*/predictions/shift_02.parquet"))
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    next(root.glob("*/*-v3/verification.json")).unlink()  # one unsigned: accepted, not verified
+    keys = os.environ["GENSHIFT_TRUSTED_KEYS"]
+    seen = {}
+    for workers in (2, 1):
+        _cache_path(root, None).unlink(missing_ok=True)
+        calls = []
+        store = load_store(str(root), trusted_keys=keys, workers=workers,
+                           progress=lambda i, n, e: calls.append((i, n)))
+        state = {e.path: (e.status, e.reason, e.note) for e in store.entries + store.rejected + store.superseded}
+        seen[workers] = (state, json.loads(_cache_path(root, None).read_text()), calls, store.checked_by)
+    (pool, pool_cache, pool_calls, by_pid), (serial, serial_cache, serial_calls, _) = seen[2], seen[1]
+    assert pool == serial and pool_cache == serial_cache and pool_calls == serial_calls == [(i, 8) for i in range(1, 9)]
+    assert len(by_pid) == 2 and os.getpid() not in by_pid and sum(by_pid.values()) == 8, by_pid
+    assert not multiprocessing.active_children()
+    statuses = sorted(s for s, _, _ in pool.values())
+    assert statuses == ["accepted"] + ["rejected"] + ["verified"] * 6
+    assert any("sha256" in r for s, r, _ in pool.values() if s == "rejected")
+
+
 def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
     """Entry.recheck (before every read of an entry's files for a view) hashes a file again only when its
     stat key (size, mtime_ns, inode, ctime_ns) changed; a swapped or rewritten file is still refused."""

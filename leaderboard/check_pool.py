@@ -1,0 +1,65 @@
+"""The store's entries checked in a pool of processes (``load_store`` on a large store).
+
+Each entry's check (``store._check_entry``: hashing its files, parsing, recomputing every metric
+from its predictions) is independent of the others and CPU-bound, so a pool of processes (one per
+core; "spawn": the Streamlit server that runs the check has threads, which forking would copy
+mid-flight) checks them in chunks. Workers get the verification cache as it was read and send
+back the outcomes they added, so the parent writes the cache once, as the serial check does. A
+store below ``MIN_ENTRIES`` is checked in the calling process: a worker's start-up (a fresh
+interpreter importing the checking code, about a second) costs more than it saves there.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+MIN_ENTRIES = 48
+_TRUST: dict = {}  # per worker process: the trust settings, built once
+
+
+def pool_size(entries: int, workers: int | None) -> int:
+    """Processes to check ``entries`` with: ``workers`` if given, else one per core the process may use;
+    1 (no pool) for a small store."""
+    if workers is None:
+        if entries < MIN_ENTRIES:
+            return 1
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(workers, entries))
+
+
+def _check_chunk(paths: list[str], cache: dict, trusted_keys: dict, suites, strict: bool) -> tuple[list, dict, int]:
+    """In a worker: check ``paths``; returns their entries, the cache outcomes added, and this process's id."""
+    from leaderboard import store
+
+    key = (tuple(sorted(trusted_keys)), tuple(suites) if suites is not None else None)
+    if key not in _TRUST:
+        _TRUST[key] = store._trust(trusted_keys, suites)[1]
+    known = set(cache)
+    entries = [store._check_entry(Path(p), cache, trusted_keys=trusted_keys, suites=_TRUST[key], strict_suites=strict)
+               for p in paths]
+    return entries, {k: v for k, v in cache.items() if k not in known}, os.getpid()
+
+
+def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites, strict: bool, workers: int,
+                  on_checked) -> dict[int, int]:
+    """Check ``paths`` in ``workers`` processes; ``on_checked(entry)`` in the calling thread as each is done
+    (chunks complete in any order), ``cache`` updated with what the workers added. Returns entries
+    checked per worker process id (evidence of the split, for logs and tests)."""
+    chunk = max(1, min(16, len(paths) // (workers * 8) or 1))
+    per_pid: dict[int, int] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        snapshot = dict(cache)
+        futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + chunk]], snapshot, trusted_keys,
+                               [str(s) for s in suites] if suites is not None else None, strict)
+                   for i in range(0, len(paths), chunk)]
+        for fut in as_completed(futures):
+            entries, added, pid = fut.result()
+            cache.update(added)
+            per_pid[pid] = per_pid.get(pid, 0) + len(entries)
+            for e in entries:
+                on_checked(e)
+    return per_pid
