@@ -6,7 +6,9 @@ core; "spawn": the Streamlit server that runs the check has threads, which forki
 mid-flight) checks them in chunks. Workers get the verification cache as it was read and send
 back the outcomes they added, so the parent writes the cache once, as the serial check does. A
 store below ``MIN_ENTRIES`` is checked in the calling process: a worker's start-up (a fresh
-interpreter importing the checking code, about a second) costs more than it saves there.
+interpreter importing the checking code, about a second) costs more than it saves there. Workers
+run at a lower priority (``NICE``): on a machine with few cores the board's first rows, painted
+while the check goes on, get the CPU first.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 MIN_ENTRIES = 48
+CHUNK = 4        # entries per task: the first rows of a cold board arrive after one chunk per worker
+NICE = 10        # workers yield the CPU to the server and the browser painting what was checked so far
 _TRUST: dict = {}  # per worker process: the trust settings, built once
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(NICE)
+    except (AttributeError, OSError):
+        pass
 
 
 def pool_size(entries: int, workers: int | None) -> int:
@@ -48,10 +59,10 @@ def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites,
     """Check ``paths`` in ``workers`` processes; ``on_checked(entry)`` in the calling thread as each is done
     (chunks complete in any order), ``cache`` updated with what the workers added. Returns entries
     checked per worker process id (evidence of the split, for logs and tests)."""
-    chunk = max(1, min(16, len(paths) // (workers * 8) or 1))
+    chunk = CHUNK
     per_pid: dict[int, int] = {}
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_lower_priority) as pool:
         snapshot = dict(cache)
         futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + chunk]], snapshot, trusted_keys,
                                [str(s) for s in suites] if suites is not None else None, strict)

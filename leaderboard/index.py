@@ -273,8 +273,9 @@ class Loader:
 
     PUBLISH_EVERY_S = 1.0
     # each publish repaints the whole board (seconds of CPU at 500 models, taken from the check itself):
-    # publish again only once the checked count grew by this factor, so a cold store repaints ~30 times
-    PUBLISH_GROWTH = 1.25
+    # publish again only once the checked count doubled, so a cold store of 500 repaints ~10 times (the
+    # progress bar counts every entry)
+    PUBLISH_GROWTH = 2.0
     HEAD_GRACE_S = 1.5   # painted from the head: the body's parse (GIL-bound) waits until the first page rendered
     INDEX_GRACE_S = 3.0  # painted from the index: let the first page render before the check competes for CPU
     UNSERVED_S = 30.0    # a preloaded loader no page asked for reads its body and checks the store after this
