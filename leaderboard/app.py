@@ -368,6 +368,9 @@ def main() -> None:
         if not _table_first():
             loader.want_store()
         st.stop()
+    if not final:  # a board still being checked: charts of a partial board would mislead, and cost its repaints
+        st.caption("The charts, the model drilldown and the rejected entries follow when the check is complete.")
+        st.stop()
     if _table_first():
         st.stop()
     from_url("tab", TABS)
