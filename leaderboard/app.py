@@ -621,4 +621,7 @@ def _about() -> None:
     st.markdown(ABOUT)  # fixed text (leaderboard/about.py), no data in it
 
 
-main()
+# Streamlit runs this script as "__main__"; a worker process of the store check (spawn) imports the parent's
+# main module again as "__mp_main__", and must not run the app (and its own check) there
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,19 @@ NICE = 10        # workers yield the CPU to the server and the browser painting 
 _TRUST: dict = {}  # per worker process: the trust settings, built once
 
 
-def _lower_priority() -> None:
+def die_with_parent() -> None:
+    """In a child process (Linux): SIGTERM when the parent dies, even by SIGKILL (no orphaned workers or server)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_start() -> None:
+    die_with_parent()  # a stopped board leaves no worker behind
     try:
         os.nice(NICE)
     except (AttributeError, OSError):
@@ -62,7 +74,7 @@ def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites,
     chunk = CHUNK
     per_pid: dict[int, int] = {}
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_lower_priority) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start) as pool:
         snapshot = dict(cache)
         futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + chunk]], snapshot, trusted_keys,
                                [str(s) for s in suites] if suites is not None else None, strict)

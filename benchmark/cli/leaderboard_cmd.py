@@ -125,17 +125,6 @@ def run(args) -> int:
 STOP_GRACE_S = 10.0
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec (Linux): SIGTERM when `bench leaderboard` dies, even by SIGKILL."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def serve(cmd: list[str], env: dict) -> int:
     """Run the Streamlit server as a child and stop it with us: SIGTERM, SIGINT or SIGHUP to `bench
     leaderboard` is passed on as SIGTERM (killed after STOP_GRACE_S), so no orphaned server keeps the
@@ -144,8 +133,10 @@ def serve(cmd: list[str], env: dict) -> int:
     import subprocess
     import sys
 
+    from leaderboard.check_pool import die_with_parent
+
     linux = sys.platform.startswith("linux")
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if linux else None)
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent if linux else None)
     stopped: list[int] = []
 
     class Stop(Exception):
