@@ -383,6 +383,29 @@ def test_store_checked_by_a_pool_of_processes_as_by_one(tmp_path, monkeypatch):
     assert any("sha256" in r for s, r, _ in pool.values() if s == "rejected")
 
 
+def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
+    """A spawned worker of the store check imports the parent's ``__main__`` again as ``__mp_main__``; in
+    the Streamlit server that is app.py, which must not open a store (and start a check of its own) there.
+    As ``__main__`` (how Streamlit runs it) it does."""
+    import subprocess
+    import sys
+
+    from tests.test_leaderboard import APP
+
+    code = ("import runpy, sys; import leaderboard.index as i; calls = []\n"
+            "i.open_loader = lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(RuntimeError('stop'))\n"
+            "try:\n    runpy.run_path(sys.argv[1], run_name=sys.argv[2])\nfinally:\n    print('OPENED', len(calls))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "GENSHIFT_RESULTS": str(tmp_path)}
+    opened = {}
+    for name in ("__mp_main__", "__main__"):
+        out = subprocess.run([sys.executable, "-c", code, APP, name], env=env, capture_output=True, text=True,
+                             timeout=120)
+        found = re.findall(r"^OPENED (\d+)$", out.stdout, re.M)  # (bare mode: the app's st.stop() may raise)
+        assert found, out.stderr[-2000:]
+        opened[name] = int(found[-1])
+    assert opened == {"__mp_main__": 0, "__main__": 1}
+
+
 def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
     """Entry.recheck (before every read of an entry's files for a view) hashes a file again only when its
     stat key (size, mtime_ns, inode, ctime_ns) changed; a swapped or rewritten file is still refused."""
