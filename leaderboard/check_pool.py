@@ -3,7 +3,8 @@
 Each entry's check (``store._check_entry``: hashing its files, parsing, recomputing every metric
 from its predictions) is independent of the others and CPU-bound, so a pool of processes (one per
 core; "spawn": the Streamlit server that runs the check has threads, which forking would copy
-mid-flight) checks them in chunks. Workers get the verification cache as it was read and send
+mid-flight) checks them in chunks; the calling process checks the first chunk while the workers
+start, so a cold board's first rows do not wait for them. Workers get the verification cache as it was read and send
 back the outcomes they added, so the parent writes the cache once, as the serial check does. A
 store below ``MIN_ENTRIES`` is checked in the calling process: a worker's start-up (a fresh
 interpreter importing the checking code, about a second) costs more than it saves there. Workers
@@ -69,8 +70,9 @@ def _check_chunk(paths: list[str], cache: dict, trusted_keys: dict, suites, stri
 def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites, strict: bool, workers: int,
                   on_checked) -> dict[int, int]:
     """Check ``paths`` in ``workers`` processes; ``on_checked(entry)`` in the calling thread as each is done
-    (chunks complete in any order), ``cache`` updated with what the workers added. Returns entries
-    checked per worker process id (evidence of the split, for logs and tests)."""
+    (chunks complete in any order), ``cache`` updated with what the workers added. The calling process
+    checks the first chunk itself while the workers start (a cold board's first rows do not wait for
+    them). Returns entries checked per process id (evidence of the split, for logs and tests)."""
     chunk = CHUNK
     per_pid: dict[int, int] = {}
     ctx = multiprocessing.get_context("spawn")
@@ -78,7 +80,13 @@ def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites,
         snapshot = dict(cache)
         futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + chunk]], snapshot, trusted_keys,
                                [str(s) for s in suites] if suites is not None else None, strict)
-                   for i in range(0, len(paths), chunk)]
+                   for i in range(chunk, len(paths), chunk)]
+        own, added, pid = _check_chunk([str(p) for p in paths[:chunk]], dict(snapshot), trusted_keys,
+                                       [str(s) for s in suites] if suites is not None else None, strict)
+        cache.update(added)
+        per_pid[pid] = len(own)
+        for e in own:
+            on_checked(e)
         for fut in as_completed(futures):
             entries, added, pid = fut.result()
             cache.update(added)
