@@ -1114,8 +1114,10 @@ def test_badge_follows_the_files_under_a_running_board(tmp_path, monkeypatch):
 @pytest.mark.browser
 @pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
 def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_path):
-    """A real server and headless Chromium: a model's predictions file replaced by another model's while the
-    server runs; on reload the model is no longer ranked (and the server was never restarted)."""
+    """A real server and headless Chromium: restarted over its checked store, the server paints its first
+    page from the index's head (the page says so) with the same ranking; then a model's predictions file
+    replaced by another model's while the server runs: on reload the model is no longer ranked (and the
+    server was not restarted again)."""
     pytest.importorskip("selenium")
     import subprocess
     import sys
@@ -1130,12 +1132,15 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
     from tests.test_leaderboard import APP
 
     root = _board(tmp_path / "s", models=4)
-    port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k != "GENSHIFT_ID_ACCURACY"}, "GENSHIFT_RESULTS": str(root),
            "HF_HOME": str(tmp_path / "hf")}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
-                               "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start():
+        port = free_port()
+        return port, subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
+                                       "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port, server = start()
     driver = chromium(tmp_path / "chrome", window="1400,1000")
     body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
 
@@ -1152,6 +1157,13 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
         open_when_serving(driver, f"http://127.0.0.1:{port}/?suite=imagenet-star")
         before = top10()
         assert len(before) == 6, before
+        server.terminate()
+        server.wait(timeout=30)
+        port, server = start()  # restarted: the first page comes from the head, then the whole board
+        open_when_serving(driver, f"http://127.0.0.1:{port}/?suite=imagenet-star")
+        WebDriverWait(driver, 120).until(lambda d: "the rest of the board follows" in body(d))
+        assert driver.execute_script("return !!document.querySelector(\"[data-testid='stDataFrame']\")")
+        assert top10() == before
         victim, donor = before[0], before[-1]
         slug = lambda m: m.replace("/", "--")  # noqa: E731
         shutil.copyfile(root / "imagenet-star" / slug(donor) / "predictions" / "shift_01.parquet",
