@@ -62,6 +62,20 @@ def _keys_digest(trusted_keys_file: str | None) -> str:
     return sha256_bytes(Path(trusted_keys_file).read_bytes()) if trusted_keys_file else ""
 
 
+def _suites_digest(suites_dir: str) -> str:
+    """The trusted suites as the check would see them: the folder, and the stat key of every file in it and
+    one level down (a manifest added, removed or replaced changes what is rejected)."""
+    root = Path(suites_dir).resolve()
+    keys = []
+    for p in sorted([root, *root.glob("*"), *root.glob("*/*")]):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        keys.append([p.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+    return f"{root}:{sha256_bytes(json.dumps(keys).encode())}"
+
+
 def _absolute(path: Path) -> Path:
     """Absolute without following links (a Hub snapshot's files link to blobs outside the root): a relative
     ``--results`` and its entries' paths compare as the same folder."""
@@ -284,7 +298,7 @@ class Loader:
         self.source, self.trusted_keys_file, self.suites_dir = source, trusted_keys_file, suites_dir
         self.root, self.revision = resolve_source(source)
         # an index is reused only under the same trust settings (keys and trusted suites)
-        self.keys_digest = _keys_digest(trusted_keys_file) + (f"|suites:{Path(suites_dir).resolve()}" if suites_dir else "")
+        self.keys_digest = _keys_digest(trusted_keys_file) + (f"|suites:{_suites_digest(suites_dir)}" if suites_dir else "")
         self.trusted = None
         if trusted_keys_file:
             from eval.stamps import load_trusted_keys

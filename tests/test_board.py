@@ -912,6 +912,15 @@ def test_trusted_suites_reject_entries_on_other_suite_data(tmp_path, toy_suite, 
     store, _ = strict.snapshot()
     assert not store.entries and len(store.rejected) == 5
     assert all("trusted" in e.reason or "suite" in e.reason for e in store.rejected)
+    # the index is used again under the same trusted suites, and not once a manifest of them changed
+    assert Loader(str(root), suites_dir=str(toy_suite)).kind == "index"  # (no first view: nothing shown)
+    manifest = toy_suite / "manifest.json"
+    saved = manifest.read_bytes()
+    try:
+        manifest.write_bytes(saved)  # the same bytes rewritten: its stat key moved, the index is not trusted
+        assert Loader(str(root), suites_dir=str(toy_suite)).kind == "none"
+    finally:
+        manifest.write_bytes(saved)
 
     assert main(["leaderboard", "--results", str(root), "--suites", str(tmp_path / "nowhere")]) != 0
     err = capsys.readouterr().err
