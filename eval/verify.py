@@ -88,7 +88,7 @@ def read_result_bytes(path: Path) -> bytes:
 def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, suites: TrustedSuites | None = None,
                   mask: str | None = None, checkpoint: str | None = None, device: str = "cpu", seed: int | None = None,
                   prob_tol: float = 1e-3, use_recorded_suite: bool = False, require_suite: bool = True,
-                  raw: bytes | None = None) -> VerifyReport:
+                  raw: bytes | None = None, result: dict | None = None) -> VerifyReport:
     """Verify one result (see the module docstring). Raises ``IntegrityError`` when the result
     file itself is unreadable or breaks the schema; everything else is a listed problem.
 
@@ -97,11 +97,13 @@ def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = Non
     submit``: one's own results) falls back to the suite the result recorded, which is not a
     trust root; a verifier of other people's results leaves it off.
     ``require_suite=False`` (the leaderboard store without ``--suites``): a result whose suite is
-    not found is not a problem, ``report.suite_checked`` is then False.
+    not found is not a problem, ``report.suite_checked`` is then False. ``raw``: the result file's bytes,
+    read already; ``result``: what ``parse_result(raw)`` returned for them (not parsed again).
     """
     path = result_path(path)
     raw = read_result_bytes(path) if raw is None else raw
-    result = parse_result(raw, where=str(path))
+    if result is None:  # else parse_result(raw) was done by the caller (the leaderboard), not done twice
+        result = parse_result(raw, where=str(path))
     report = VerifyReport(path, result=result, result_sha256=sha256_bytes(raw))
     tables = check_predictions_files(path.parent, result, report)
 

@@ -274,14 +274,51 @@ def compute_rank_intervals(entries, *, family: str, configs: list[str], n_boot: 
 
 def point_ranks(values, *, higher: bool) -> np.ndarray:
     """Competition ranks (1, 1, 3) of values (NaN: unranked), ties to ``SCORE_DECIMALS`` decimals."""
-    from scipy.stats import rankdata
-
     v = np.round(np.asarray(values, dtype=np.float64), SCORE_DECIMALS)
     out = np.full(v.shape, np.nan)
     ok = ~np.isnan(v)
-    if ok.any():
-        out[ok] = rankdata(-v[ok] if higher else v[ok], method="min")
+    if ok.any():  # pandas' "min" ranks (scipy's rankdata is the same; importing scipy.stats costs a first paint ~1 s)
+        out[ok] = pd.Series(v[ok]).rank(method="min", ascending=not higher).to_numpy()
     return out
+
+
+def board_table(entries, *, intervals: bool = True) -> tuple[pd.DataFrame, dict]:
+    """One board as the leaderboard shows it: :func:`model_table` with rank, rank interval and headline
+    interval columns over its ranked entries only (:func:`not_ranked_because`), sorted by rank (ties: by
+    model); other rows have no rank. Rank intervals (:func:`rank_intervals`) where the ranked entries
+    share their images; point ranks where they do not, or without ``intervals`` (a board still being
+    checked). Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``,
+    ``metric_label`` (:func:`headline`), ``configs``, ``rank_configs`` and ``skipped`` (as model_table)."""
+    df = model_table(entries)
+    family = entries[0].result["suite"]["metric_family"]
+    metric, higher, label = headline(family)
+    configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
+    rank_configs = [c for c in configs if family != "imagenet_star" or c != "base"]
+    meta = {"family": family, "metric": metric, "higher": higher, "metric_label": label, "configs": configs,
+            "rank_configs": rank_configs, "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
+    df = df.copy()
+    ranked = df[df["ranked"]]
+    ranks = None
+    if intervals and len(ranked):
+        models = set(ranked["model"])
+        ranks = rank_intervals([e for e in entries if e.model_id in models], family=family, configs=rank_configs)
+    if ranks:
+        get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
+        df["rank"], df["rank_lo"], df["rank_hi"] = get("rank"), get("lo"), get("hi")
+        for col, f in ((f"{metric}_lo", "value_lo"), (f"{metric}_hi", "value_hi")):
+            if col not in df.columns or df[col].isna().all():
+                df[col] = get(f)
+    else:  # image sets differ (or a partial board): point ranks only
+        by_model = dict(zip(ranked["model"], point_ranks(ranked[metric], higher=higher)))
+        df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
+        df["rank_lo"] = df["rank_hi"] = np.nan
+    for col in (f"{metric}_lo", f"{metric}_hi"):
+        if col not in df.columns:
+            df[col] = np.nan
+    df["_unranked"] = df["rank"].isna()
+    df = df.sort_values(["_unranked", "rank", metric, "model"], ascending=[True, True, not higher, True],
+                        na_position="last").drop(columns="_unranked").reset_index(drop=True)
+    return df, meta
 
 
 MIN_FIT_MODELS = 5  # fewer models than this: the ID/OOD line is shown with a warning

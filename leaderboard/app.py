@@ -34,11 +34,12 @@ import streamlit as st
 from leaderboard import aggregate, reported
 from leaderboard.about import ABOUT
 from leaderboard.export import to_csv_bytes, to_json_bytes, unit
-from leaderboard.index import Loader
+from leaderboard.index import Loader, open_loader, view_frame
 from leaderboard.store import STAMP, Store
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 FIRST_PAINT_WAIT_S = 1.0   # a small store is painted complete; a large one shows progress and first rows
+AFTER_PAINT_S = 1.0        # a browser's first page: the tabs follow the table after at least this long
 TABS = ["Shift heatmap", "ID/OOD", "Model drilldown", "Rejected", "About"]
 PP = "%.2f pp"             # differences of accuracies/probabilities are percentage points
 # viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
@@ -64,7 +65,7 @@ def _signature(source: str) -> str:
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def get_loader(source: str, trusted_keys: str | None, suites: str | None, signature: str) -> Loader:
-    return Loader(source, trusted_keys_file=trusted_keys, suites_dir=suites)
+    return open_loader(source, trusted_keys, suites)  # the one `bench leaderboard` opened while starting, if any
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -72,17 +73,9 @@ def get_id_accuracy(path: str, mtime: float) -> dict[str, float]:
     return aggregate.read_id_accuracy(path)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def get_table(_store: Store, fingerprint: str, suite: str, board: str) -> pd.DataFrame:
-    return aggregate.model_table(_store.for_suite(suite, board))
-
-
 @st.cache_data(show_spinner="Ranking with the paired bootstrap ...", max_entries=32)
-def get_ranks(_store: Store, fingerprint: str, suite: str, board: str, models: tuple[str, ...],
-              configs: tuple[str, ...], family: str) -> dict | None:
-    entries = [e for e in _store.for_suite(suite, board) if e.model_id in set(models)]
-    out = aggregate.rank_intervals(entries, family=family, configs=list(configs))
-    return None if out is None else {k: (v.rank, v.lo, v.hi, v.value_lo, v.value_hi) for k, v in out.items()}
+def get_board(_store: Store, fingerprint: str, suite: str, board: str, intervals: bool) -> tuple[pd.DataFrame, dict]:
+    return aggregate.board_table(_store.for_suite(suite, board), intervals=intervals)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -172,25 +165,31 @@ def guarded(title: str):
 
 
 @st.fragment(run_every=1.0)
-def progress_panel(loader: Loader, painted_version: int) -> None:
-    """The background check's progress; repaints the board when more entries are checked."""
+def progress_panel(loader: Loader, painted_version: int, empty: bool = False) -> None:
+    """The background check's progress; repaints the board when more entries are checked (at once when the
+    page shows no table yet, else at most every 2 s: each repaint takes CPU from the check)."""
     _, s = loader.snapshot()
-    if s["version"] != painted_version and (s["finished"] or
+    if s["version"] != painted_version and (s["finished"] or empty or
                                             time.monotonic() - st.session_state.get("_painted_at", 0) > 2.0):
         st.rerun(scope="app")
     if s["finished"]:
         return
     frac = s["done"] / s["total"] if s["total"] else 0.0
-    what = {"index": "the table shows the last checked state",
+    what = {"head": "the table shows the last checked state; the rest of the board follows",
+            "index": "the table shows the last checked state",
             "partial": "the table shows the results checked so far"}.get(s["kind"], "nothing checked yet")
     st.progress(frac, text=f"Checking results in the background: {s['done']} of {s['total'] or '?'} ({what}).")
 
 
 @st.fragment(run_every=0.3)
 def _after_first_paint() -> None:
-    """Inline in a full run it arms; its next run on its own is the browser's timer tick, which fires
-    only when the page's main thread is free, i.e. after the table was painted: the board is drawn then."""
+    """Inline in a full run it arms; a later run on its own is the browser's timer tick, which fires only
+    when the page's main thread is free: the board is drawn then, and at least AFTER_PAINT_S after the
+    table was sent (the grid's script loads asynchronously, so a free main thread alone does not mean the
+    table is painted; the tabs' run would take the CPU the browser paints with)."""
     if st.session_state.get("_first_paint_armed") == st.session_state["_full_runs"]:  # no full run since
+        if time.monotonic() - st.session_state.get("_table_sent_at", 0.0) < AFTER_PAINT_S:
+            return
         st.session_state["_first_painted"] = True
         st.rerun(scope="app")
     st.session_state["_first_paint_armed"] = st.session_state["_full_runs"]
@@ -204,6 +203,7 @@ def _table_first() -> bool:
     if st.session_state.get("_first_painted") or not st.context.headers:
         return False
     st.session_state["_full_runs"] = st.session_state.get("_full_runs", 0) + 1
+    st.session_state["_table_sent_at"] = time.monotonic()
     _after_first_paint()
     return True
 
@@ -222,27 +222,35 @@ def main() -> None:
         st.error("Could not open the results store.")
         st.text(f"{type(e).__name__}: {e}")
         st.stop()
-    if not loader.finished and loader.kind != "index" and time.monotonic() - loader.started < FIRST_PAINT_WAIT_S:
+    if not st.context.headers:  # no browser (AppTest, scripted clients): the whole board in one run
+        loader.want_store(wait=60)
+    if not loader.finished and loader.kind not in ("head", "index") and \
+            time.monotonic() - loader.started < FIRST_PAINT_WAIT_S:
         loader.wait(FIRST_PAINT_WAIT_S - (time.monotonic() - loader.started))
     loader.refresh()  # entries whose files changed on disk are checked again before anything is drawn
     store, state = loader.snapshot()
+    # a restarted server's first page: painted from the index's head, before the rest of the index is read
+    first = loader.first_view() if store is None else None
     st.session_state["_painted_at"] = time.monotonic()
     if not state["finished"]:
-        progress_panel(loader, state["version"])
+        progress_panel(loader, state["version"], store is None and first is None)
     if state["error"] and store is None:
         st.error("Could not open the results store.")
         st.text(state["error"])
         st.stop()
-    if store is None:
+    if store is None and first is None:
         st.stop()
+    counts = first["counts"] if first is not None else {
+        "results": len(store.entries), "verified": sum(e.verified for e in store.entries),
+        "rejected": len(store.rejected), "superseded": len(store.superseded)}
     st.caption("Robustness of ImageNet classifiers to generated distribution shifts. All numbers recompute from "
                "stored per-image predictions (bench verify). Only verified, complete entries are ranked (see About).")
-    st.text(f"results store: {store.source}" + (f" @ {store.revision}" if store.revision and store.revision not in
-                                                 store.source else "") +
-            f" | {len(store.entries)} results ({sum(e.verified for e in store.entries)} verified), "
-            f"{len(store.rejected)} rejected, {len(store.superseded)} superseded"
+    st.text(f"results store: {loader.source}" + (f" @ {loader.revision}" if loader.revision and loader.revision not in
+                                                  loader.source else "") +
+            f" | {counts['results']} results ({counts['verified']} verified), "
+            f"{counts['rejected']} rejected, {counts['superseded']} superseded"
             + (f" | trusted keys: {os.path.basename(keys)}" if keys else ""))
-    if not store.entries:
+    if store is not None and not store.entries:
         if state["finished"]:
             st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out "
                     "<store>` or open a pull request with `bench submit`.")
@@ -252,26 +260,32 @@ def main() -> None:
 
     final = state["kind"] != "partial"
     st.session_state["_board_final"] = final
-    suites = store.suites()  # the suite with the most verified entries first: the default
+    suites = first["suites"] if first is not None else store.suites()  # most verified entries first: the default
     from_url("suite", suites, final=final)
     suite = st.sidebar.selectbox("Suite", suites, key="suite", bind=binding("suite"))
-    boards = store.boards(suite)
+    if first is not None and suite != first["suite"]:  # the first view holds the default suite's board only
+        loader.want_store()
+        st.stop()
+    boards = first["boards"] if first is not None else store.boards(suite)
     board = boards[0]
     if len(boards) > 1:  # results on other suite revisions / protocols are never mixed into one table
         from_url("board", boards, final=final)
         board = st.sidebar.selectbox("Board (manifest sha256 - protocol sha256)", boards, key="board",
                                      bind=binding("board"))
-        st.sidebar.text("\n".join(f"{b}: {len(store.for_suite(suite, b))} models, "
-                                  f"{sum(e.verified for e in store.for_suite(suite, b))} verified" for b in boards) +
+        per_board = first["board_counts"] if first is not None else {
+            b: [len(es := store.for_suite(suite, b)), sum(e.verified for e in es)] for b in boards}
+        st.sidebar.text("\n".join(f"{b}: {per_board[b][0]} models, {per_board[b][1]} verified" for b in boards) +
                         "\nResults on other suite revisions or\nprotocols are not comparable and\nare shown on "
                         "their own boards.")
-    board_df = get_table(store, store.fingerprint, suite, board)
-    skipped = board_df.attrs.get("skipped", [])
-    family_kind = store.for_suite(suite, board)[0].result["suite"]["metric_family"]
-    metric, higher, metric_label = aggregate.headline(family_kind)
-    configs = sorted(c[len("acc1/"):] for c in board_df.columns if c.startswith("acc1/"))
-    rank_configs = [c for c in configs if family_kind != "imagenet_star" or c != "base"]
-    board_df = _ranked(store, suite, board, board_df, metric, higher, family_kind, rank_configs, intervals=final)
+    if first is not None and board != first["board"]:
+        loader.want_store()
+        st.stop()
+    # ranks are computed once over the board's ranked entries (point ranks while a cold board is checked)
+    board_df, meta = (view_frame(first), first["meta"]) if first is not None else \
+        get_board(store, store.fingerprint, suite, board, final)
+    skipped = meta["skipped"]
+    family_kind, metric, higher, metric_label = meta["family"], meta["metric"], meta["higher"], meta["metric_label"]
+    configs = meta["configs"]
 
     families = sorted(board_df["family"].unique())
     pretrain = sorted(board_df["pretraining"].unique())
@@ -332,10 +346,11 @@ def main() -> None:
         _table(community, metric, metric_label, configs, key="community_table", ranked=False)
     c1, c2 = st.columns(2)
     export = view.drop(columns=[c for c in ("hub",) if c in view.columns])
-    c1.download_button("Download CSV", to_csv_bytes(export), file_name=f"{safe_filename(suite)}-leaderboard.csv",
+    # the files are made when clicked, not on every run (a 500-model CSV and JSON cost a first paint ~0.2 s)
+    c1.download_button("Download CSV", lambda: to_csv_bytes(export), file_name=f"{safe_filename(suite)}-leaderboard.csv",
                        mime="text/csv", key="download_csv")
-    c2.download_button("Download JSON", to_json_bytes(export), file_name=f"{safe_filename(suite)}-leaderboard.json",
-                       mime="application/json", key="download_json")
+    c2.download_button("Download JSON", lambda: to_json_bytes(export),
+                       file_name=f"{safe_filename(suite)}-leaderboard.json", mime="application/json", key="download_json")
     # a plain-text rendering of the top rows (accessible, and readable without the canvas grid)
     with st.expander("Top 10 as text"):
         lines = []
@@ -344,11 +359,18 @@ def main() -> None:
             lines.append(f"{int(row.rank):>3}  {row.model}  " + ("-" if pd.isna(value) else f"{100 * value:.2f}"))
         st.text("\n".join(lines) or "nothing is ranked on this board")
     reported.show(st, suite)
-    if os.environ.get("GENSHIFT_HUB_RESULTS"):  # bench leaderboard --hub-results: the Hub's side, never ranked
+    if store is not None and os.environ.get("GENSHIFT_HUB_RESULTS"):  # --hub-results: the Hub's side, never ranked
         from leaderboard.hub_results import show_hub_reported
 
         show_hub_reported(store.for_suite(suite, board), endpoint=os.environ.get("HF_ENDPOINT") or None)
 
+    if first is not None:  # the first view: the tabs need the whole store, read once this page has rendered
+        if not _table_first():
+            loader.want_store()
+        st.stop()
+    if not final:  # a board still being checked: charts of a partial board would mislead, and cost its repaints
+        st.caption("The charts, the model drilldown and the rejected entries follow when the check is complete.")
+        st.stop()
     if _table_first():
         st.stop()
     from_url("tab", TABS)
@@ -363,33 +385,6 @@ def main() -> None:
         _rejected(store, skipped)
     with tabs[4]:
         _about()
-
-
-def _ranked(store, suite, board, df, metric, higher, family_kind, rank_configs, *, intervals: bool) -> pd.DataFrame:
-    """The board with rank, rank interval and headline interval columns over its ranked entries only
-    (``aggregate.not_ranked_because``), sorted by rank (ties: by model); other rows have no rank."""
-    df = df.copy()
-    ranked = df[df["ranked"]]
-    ranks = get_ranks(store, store.fingerprint, suite, board, tuple(ranked["model"]), tuple(rank_configs),
-                      family_kind) if intervals and len(ranked) else None
-    if ranks:
-        get = lambda i: [ranks[m][i] if m in ranks else np.nan for m in df["model"]]  # noqa: E731
-        df["rank"], df["rank_lo"], df["rank_hi"] = get(0), get(1), get(2)
-        for col, i in ((f"{metric}_lo", 3), (f"{metric}_hi", 4)):
-            if col not in df.columns or df[col].isna().all():
-                df[col] = get(i)
-    else:  # image sets differ (or a partial board): point ranks only
-        point = aggregate.point_ranks(ranked[metric], higher=higher)
-        by_model = dict(zip(ranked["model"], point))
-        df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
-        df["rank_lo"] = df["rank_hi"] = np.nan
-    for col in (f"{metric}_lo", f"{metric}_hi"):
-        if col not in df.columns:
-            df[col] = np.nan
-    df["_unranked"] = df["rank"].isna()
-    df = df.sort_values(["_unranked", "rank", metric, "model"], ascending=[True, True, not higher, True],
-                        na_position="last").drop(columns="_unranked").reset_index(drop=True)
-    return df
 
 
 def _table(view: pd.DataFrame, metric: str, metric_label: str, configs: list[str], *, key: str,
@@ -626,4 +621,7 @@ def _about() -> None:
     st.markdown(ABOUT)  # fixed text (leaderboard/about.py), no data in it
 
 
-main()
+# Streamlit runs this script as "__main__"; a worker process of the store check (spawn) imports the parent's
+# main module again as "__mp_main__", and must not run the app (and its own check) there
+if __name__ == "__main__":
+    main()

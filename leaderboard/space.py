@@ -60,7 +60,8 @@ for key, env in (("trusted_keys", "GENSHIFT_TRUSTED_KEYS"), ("id_accuracy", "GEN
         os.environ[env] = str(HERE / config[key])
     else:
         os.environ.pop(env, None)
-runpy.run_path(str(HERE / "genshift" / "leaderboard" / "app.py"), run_name="__main__")
+if __name__ == "__main__":  # a worker of the store check (spawn) imports this file as "__mp_main__": no app there
+    runpy.run_path(str(HERE / "genshift" / "leaderboard" / "app.py"), run_name="__main__")
 '''
 
 

@@ -122,24 +122,8 @@ class Entry:
 
     def files_changed(self) -> bool:
         """Whether any file the entry depends on has another stat key than when it was checked (runs on
-        every repaint for every entry: plain ``os.stat`` on strings, first difference wins)."""
-        if not self.file_keys:
-            return True
-        base = str(self.path.parent) + os.sep
-        for name, key in self.file_keys.items():
-            try:
-                st = os.stat(base + name)
-            except OSError:
-                if key is not None:
-                    return True
-                continue
-            try:
-                if key is None or key[0] != st.st_size or key[1] != st.st_mtime_ns or key[2] != st.st_ctime_ns \
-                        or key[3] != st.st_ino:
-                    return True
-            except (TypeError, IndexError, KeyError):  # a key from an older index: check again
-                return True
-        return False
+        every repaint for every entry)."""
+        return keys_changed(self.path.parent, self.file_keys)
 
     @cached_property
     def board(self) -> str:
@@ -216,6 +200,7 @@ class Store:
     entries: list[Entry] = field(default_factory=list)      # shown: one per (model, suite)
     rejected: list[Entry] = field(default_factory=list)
     superseded: list[Entry] = field(default_factory=list)
+    checked_by: dict = field(default_factory=dict, repr=False)  # process id -> entries it checked (load_store)
 
     @property
     def fingerprint(self) -> str:
@@ -316,6 +301,29 @@ def _stat_keys(run_dir: Path, names) -> dict:
     return out
 
 
+def keys_changed(run_dir: Path, file_keys: dict) -> bool:
+    """Whether any file of ``file_keys`` (``name -> [size, mtime_ns, ctime_ns, inode]`` or None: absent, as
+    :func:`_stat_keys` records them) has another stat key in ``run_dir`` now; no keys: changed. Plain
+    ``os.stat`` on strings, first difference wins (it runs for every entry on every repaint)."""
+    if not file_keys:
+        return True
+    base = str(run_dir) + os.sep
+    for name, key in file_keys.items():
+        try:
+            st = os.stat(base + name)
+        except OSError:
+            if key is not None:
+                return True
+            continue
+        try:
+            if key is None or key[0] != st.st_size or key[1] != st.st_mtime_ns or key[2] != st.st_ctime_ns \
+                    or key[3] != st.st_ino:
+                return True
+        except (TypeError, IndexError, KeyError):  # a key from an older index: check again
+            return True
+    return False
+
+
 def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_suites: bool) -> Entry:
     """Check one result.json on its own (cached by content); never raises."""
     from eval.results import parse_result
@@ -351,7 +359,8 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
         if key in cache:
             ok, reason, checked = cache[key]
         else:
-            report = verify_result(path, suites=suites, use_recorded_suite=False, require_suite=False, raw=raw)
+            report = verify_result(path, suites=suites, use_recorded_suite=False, require_suite=False, raw=raw,
+                                   result=result)
             # verify hashed the files itself: a swap between our hashing and its reading is a mismatch
             if report.predictions_sha256 != entry.predictions_sha256:
                 report.problems.append("a predictions file changed while it was being checked")
@@ -496,15 +505,21 @@ def refresh_store(store: Store, *, trusted_keys=None, suites=None, cache_dir: st
     return assemble(Store(source=store.source, root=store.root, revision=store.revision), checked)
 
 
-def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, suites=None, progress=None) -> Store:
+def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, suites=None, progress=None,
+               workers: int | None = None) -> Store:
     """Load and check every entry of a store; never raises for a bad entry (it is rejected).
-    ``progress(done, total, entry)`` is called after each entry is checked.
+    ``progress(done, total, entry)`` is called after each entry is checked (in the calling thread).
 
     ``trusted_keys``: a trusted-keys file or ``eval.stamps.load_trusted_keys``'s dict; stamps signed
     by other keys (or none given) leave entries unverified. ``suites``: trusted suite folders or
     manifest files (paths), or an ``eval.suite_trust.TrustedSuites``; given, entries on other suite
-    data are rejected.
+    data are rejected. ``workers``: processes checking entries (``leaderboard.check_pool``; default:
+    one per core for a large store, none for a small one; a ``TrustedSuites`` object is checked in
+    this process). ``Store.checked_by``: entries checked per process id.
     """
+    from leaderboard import check_pool
+
+    suite_paths = suites  # paths (or None) can go to worker processes; a TrustedSuites object stays here
     keys, suites, strict = _trust(trusted_keys, suites)
     root, revision = resolve_source(source, cache_dir=cache_dir)
     cache_file = _cache_path(root, cache_dir)
@@ -512,15 +527,24 @@ def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, 
     before = dict(cache)
     store = Store(source=source, root=root, revision=revision)
     hits_dir = cache_file.parent / (cache_file.stem + "-hits")
-    checked = []
     paths = sorted(root.glob("*/*/result.json"))
-    for i, path in enumerate(paths):
-        e = _check_entry(path, cache, trusted_keys=keys, suites=suites, strict_suites=strict)
+    by_path: dict[Path, Entry] = {}
+
+    def checked(e: Entry) -> None:
         e.cache_dir = hits_dir
-        checked.append(e)
+        by_path[e.path] = e
         if progress is not None:
-            progress(i + 1, len(paths), e)
-    assemble(store, checked)
+            progress(len(by_path), len(paths), e)
+
+    n = check_pool.pool_size(len(paths), workers)
+    if n > 1 and (suite_paths is None or isinstance(suite_paths, (list, tuple))):
+        store.checked_by = check_pool.check_in_pool(paths, cache, trusted_keys=keys, suites=suite_paths,
+                                                    strict=strict, workers=n, on_checked=checked)
+    else:
+        for path in paths:
+            checked(_check_entry(path, cache, trusted_keys=keys, suites=suites, strict_suites=strict))
+        store.checked_by = {os.getpid(): len(paths)} if paths else {}
+    assemble(store, [by_path[p] for p in paths])
     if cache != before:
         try:
             cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -201,33 +201,212 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
         aggregate.read_id_accuracy(bad)
 
 
+def _index_parts(path):
+    """The index file's three lines: MAC, head, body (leaderboard.index)."""
+    mac, head, body = path.read_bytes().split(b"\n", 2)
+    return mac, json.loads(head), json.loads(body)
+
+
+class _Reads:
+    """Every file opened or hashed under ``root`` (Python's open, pathlib, the hashing helpers)."""
+
+    def __init__(self, monkeypatch, root):
+        import builtins
+        import io
+
+        from benchmark import fsutil
+        from leaderboard import store as store_mod
+
+        self.paths, root = [], str(Path(root).resolve()) + os.sep
+        real_open, real_sha = io.open, fsutil.sha256_file
+
+        def opening(file, *a, **k):
+            if isinstance(file, (str, os.PathLike)) and str(Path(file).resolve()).startswith(root):
+                self.paths.append(Path(file).name)
+            return real_open(file, *a, **k)
+        monkeypatch.setattr(builtins, "open", opening)
+        monkeypatch.setattr(io, "open", opening)
+        monkeypatch.setattr(store_mod, "sha256_file", lambda p: self.paths.append(Path(p).name) or real_sha(p))
+
+
 @pytest.mark.parametrize("relative", [True, False], ids=["relative-results", "absolute-results"])
 def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path, monkeypatch, relative):
-    from leaderboard.index import Loader, index_path, read_index
+    """A restarted board paints its first view from the index's head without opening or hashing any file
+    of the store (stat keys only), the same table the full store gives; the body follows and is the whole
+    board, still without hashing; a changed entry makes the head unusable and is dropped from the body."""
+    from leaderboard.index import Loader, index_path, read_head, read_index, view_frame
     from leaderboard.store import load_store
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     root = Path("s") if relative else tmp_path / "s"  # `bench leaderboard --results s` passes the folder as given
-    make_store(root, models=12, configs=3, rows=40, seed=2)
+    _board(root, models=10)
+    keys = os.environ["GENSHIFT_TRUSTED_KEYS"]
     calls = []
-    load_store(str(root), progress=lambda i, n, e: calls.append((i, n, e.status)))
+    full = load_store(str(root), trusted_keys=keys, progress=lambda i, n, e: calls.append((i, n, e.status)))
     assert [c[:2] for c in calls] == [(i, 12) for i in range(1, 13)]
-    first = Loader(str(root))
+    first = Loader(str(root), trusted_keys_file=keys)
     assert first.wait(60) and first.kind == "full" and index_path(root).is_file()
-    recorded = json.loads(index_path(root).read_bytes())["entries"]
-    assert sorted(r["path"] for r in recorded) == sorted(p.relative_to(root).as_posix()
-                                                         for p in root.glob("*/*/result.json"))
-    second = Loader(str(root))  # a restarted server: painted from the index before any check
+    _, head, body = _index_parts(index_path(root))
+    assert sorted(r["path"] for r in body["entries"]) == sorted(p.relative_to(root).as_posix()
+                                                                for p in root.glob("*/*/result.json"))
+    monkeypatch.setattr(Loader, "HEAD_GRACE_S", 30.0)  # the body waits: the first view alone is painted
+    reads = _Reads(monkeypatch, root)
+    second = Loader(str(root), trusted_keys_file=keys)  # a restarted server
     store, state = second.snapshot()
-    # evidence that it came from the index: nothing checked yet (the check waits INDEX_GRACE_S)
-    assert state["kind"] == "index" and state["done"] == 0 and len(store.entries) == 12
+    view = second.first_view()
+    assert state["kind"] == "head" and store is None and view is not None and reads.paths == []
+    expected, meta = aggregate.board_table(full.for_suite(full.suites()[0]), intervals=True)
+    painted = view_frame(view)
+    assert view["counts"] == {"results": 12, "verified": 12, "rejected": 0, "superseded": 0}
+    assert view["meta"] == json.loads(json.dumps(meta)) and painted["ranked"].sum() == 12
+    assert painted["rank_lo"].notna().all()  # rank intervals, not point ranks
+    import pandas as pd
+    pd.testing.assert_frame_equal(painted, expected)
+    second.want_store(wait=30)  # a view that needs more: the body is read, nothing hashed
+    store, state = second.snapshot()
+    assert state["kind"] == "index" and len(store.entries) == 12 and reads.paths == []
     assert second.wait(60) and second.snapshot()[1]["kind"] == "full"
+    monkeypatch.undo()  # reads are no longer counted
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     r = next(root.glob("*/*/result.json"))
     data = json.loads(r.read_text())
     data["notes"] = "changed"
     r.write_text(json.dumps(data))
-    store, dropped = read_index(str(root), root, None)
+    digest = Loader(str(root), trusted_keys_file=keys).keys_digest
+    assert read_head(root, None, keys_digest=digest) is None  # the head is only for an unchanged store
+    store, dropped = read_index(str(root), root, None, keys_digest=digest)
     assert dropped == 1 and len(store.entries) == 11  # the changed entry waits for its check
+
+
+def test_index_is_used_only_as_written_under_the_same_keys_and_files(tmp_path, monkeypatch):
+    """The index makes nothing verified that the full check would not: an edited index (an unsigned entry's
+    status flipped to verified), one written under other trusted keys, one signed by another board's
+    secret, and one whose files were touched (same bytes, new mtime) or rewritten in place with size and
+    mtime put back (only ctime moves) are not used."""
+    from leaderboard import index
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    root = _board(tmp_path / "s", models=4)
+    victim = next(root.glob("*/*/verification.json"))
+    victim.unlink()  # one entry unsigned: accepted, not verified, not ranked
+    keys = os.environ["GENSHIFT_TRUSTED_KEYS"]
+    loader = index.Loader(str(root), trusted_keys_file=keys)
+    assert loader.wait(60)
+    path, digest = index.index_path(root), loader.keys_digest
+    assert index.read_head(root, None, keys_digest=digest) is not None
+    good = path.read_bytes()
+    mac, head, body = _index_parts(path)
+    rel = victim.parent.relative_to(root).as_posix()
+    rec = next(r for r in body["entries"] if r["path"].startswith(rel + "/"))
+    assert rec["status"] == "accepted"
+    rec["status"], rec["stamp"] = "verified", {"verified_at": "2026-11-01T00:00:00+00:00"}
+    row = head["view"]["columns"].index("verified")
+    for r in head["view"]["rows"]:
+        r[row] = True
+    forged_body = json.dumps(body).encode()
+    head["body_sha256"] = index.sha256_bytes(forged_body)
+    path.write_bytes(mac + b"\n" + json.dumps(head).encode() + b"\n" + forged_body)
+    assert index.read_head(root, None, keys_digest=digest) is None
+    assert index.read_index(str(root), root, None, keys_digest=digest) is None
+    forged = index.Loader(str(root), trusted_keys_file=keys)
+    assert forged.kind == "none" and forged.first_view() is None  # checked from scratch, not painted from it
+    assert forged.wait(60)
+    store = forged.snapshot()[0]
+    assert not next(e for e in store.entries if e.run_dir == victim.parent).verified
+
+    path.write_bytes(good)  # the body alone edited (its sha256 is in the signed head): not used either
+    mac, head, body = _index_parts(path)
+    path.write_bytes(good.rsplit(b"\n", 1)[0] + b"\n" + json.dumps(body).replace('"accepted"', '"verified"').encode())
+    assert index.read_index(str(root), root, None, keys_digest=digest) is None
+
+    path.write_bytes(good)
+    other_keys = tmp_path / "other.pub"
+    other_keys.write_text("")
+    assert index.read_head(root, None, keys_digest=index._keys_digest(str(other_keys))) is None
+    assert index.read_index(str(root), root, None, keys_digest=index._keys_digest(str(other_keys))) is None
+    (path.parent / "leaderboard-index.key").unlink()  # another board's secret (or a copied index)
+    assert index.read_head(root, None, keys_digest=digest) is None
+
+    index.write_index(forged.snapshot()[0], keys_digest=digest)  # written anew by this board: used again
+    assert index.read_head(root, None, keys_digest=digest) is not None
+    f = next(root.glob("*/*/predictions/shift_01.parquet"))
+    st_ = f.stat()
+    os.utime(f, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1))  # touched, same bytes
+    assert index.read_head(root, None, keys_digest=digest) is None
+    index.write_index(forged.snapshot()[0], keys_digest=digest)
+    _, head, _ = _index_parts(path)
+    head["files"][f.parent.parent.relative_to(root).as_posix()]["predictions/shift_01.parquet"] = [
+        f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ctime_ns, f.stat().st_ino]
+    st_ = f.stat()
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st_.st_atime_ns, st_.st_mtime_ns))  # size and mtime as before: only ctime moved
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st_.st_size, st_.st_mtime_ns)
+    assert index.read_head(root, None, keys_digest=digest) is None
+    store, dropped = index.read_index(str(root), root, None, keys_digest=digest)
+    assert dropped == 1 and f.parent.parent not in {e.run_dir for e in store.entries}
+
+
+def test_store_checked_by_a_pool_of_processes_as_by_one(tmp_path, monkeypatch):
+    """load_store with worker processes: the workers checked the entries after the first chunk, and every
+    entry's status, reason and note, the verification cache and the progress calls are the serial check's;
+    a tampered entry is rejected by a worker as it is serially."""
+    import multiprocessing
+
+    from leaderboard.store import _cache_path, load_store
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    root = _board(tmp_path / "s", models=6)
+    f = next(root.glob("*/*/predictions/shift_02.parquet"))
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    next(root.glob("*/*-v3/verification.json")).unlink()  # one unsigned: accepted, not verified
+    keys = os.environ["GENSHIFT_TRUSTED_KEYS"]
+    seen = {}
+    for workers in (2, 1):
+        _cache_path(root, None).unlink(missing_ok=True)
+        calls = []
+        store = load_store(str(root), trusted_keys=keys, workers=workers,
+                           progress=lambda i, n, e: calls.append((i, n)))
+        state = {e.path: (e.status, e.reason, e.note) for e in store.entries + store.rejected + store.superseded}
+        seen[workers] = (state, json.loads(_cache_path(root, None).read_text()), calls, store.checked_by)
+    (pool, pool_cache, pool_calls, by_pid), (serial, serial_cache, serial_calls, _) = seen[2], seen[1]
+    assert pool == serial and pool_cache == serial_cache and pool_calls == serial_calls == [(i, 8) for i in range(1, 9)]
+    # the first chunk (4) checked here while the workers start, the rest in worker processes (which of the
+    # two takes which chunk is the scheduler's affair)
+    workers = {pid: n for pid, n in by_pid.items() if pid != os.getpid()}
+    assert by_pid[os.getpid()] == 4 and 1 <= len(workers) <= 2 and sum(workers.values()) == 4, by_pid
+    assert not multiprocessing.active_children()
+    statuses = sorted(s for s, _, _ in pool.values())
+    assert statuses == ["accepted"] + ["rejected"] + ["verified"] * 6
+    assert any("sha256" in r for s, r, _ in pool.values() if s == "rejected")
+
+
+def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
+    """A spawned worker of the store check imports the parent's ``__main__`` again as ``__mp_main__``; in
+    the Streamlit server that is app.py, which must not open a store (and start a check of its own) there.
+    As ``__main__`` (how Streamlit runs it) it does."""
+    import subprocess
+    import sys
+
+    from tests.test_leaderboard import APP
+
+    code = ("import runpy, sys; import leaderboard.index as i; calls = []\n"
+            "i.open_loader = lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(RuntimeError('stop'))\n"
+            "try:\n    runpy.run_path(sys.argv[1], run_name=sys.argv[2])\nfinally:\n    print('OPENED', len(calls))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "GENSHIFT_RESULTS": str(tmp_path)}
+    opened = {}
+    for name in ("__mp_main__", "__main__"):
+        out = subprocess.run([sys.executable, "-c", code, APP, name], env=env, capture_output=True, text=True,
+                             timeout=120)
+        found = re.findall(r"^OPENED (\d+)$", out.stdout, re.M)  # (bare mode: the app's st.stop() may raise)
+        assert found, out.stderr[-2000:]
+        opened[name] = int(found[-1])
+    assert opened == {"__mp_main__": 0, "__main__": 1}
 
 
 def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
@@ -293,9 +472,9 @@ def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
     monkeypatch.setattr(index.Loader, "PUBLISH_EVERY_S", 0.0)
     loader = index.Loader(str(root))
     assert loader.wait(60)
-    assert seen[:3] == [("partial", 1, 20, 1), ("partial", 2, 20, 2), ("partial", 3, 20, 3)]
-    # later repaints come once the checked count grew by a quarter (each costs a whole board's render)
-    assert [done for _, done, _, shown in seen if shown == done] == [1, 2, 3, 4, 5, 7, 9, 12, 15, 19, 20]
+    assert seen[:3] == [("partial", 1, 20, 1), ("partial", 2, 20, 2), ("partial", 3, 20, 2)]
+    # later repaints come once the checked count doubled (each costs a whole board's render)
+    assert [done for _, done, _, shown in seen if shown == done] == [1, 2, 4, 8, 16, 20]
     store, state = loader.snapshot()
     assert state["kind"] == "full" and state["finished"] and len(store.entries) == 20
 
@@ -733,6 +912,15 @@ def test_trusted_suites_reject_entries_on_other_suite_data(tmp_path, toy_suite, 
     store, _ = strict.snapshot()
     assert not store.entries and len(store.rejected) == 5
     assert all("trusted" in e.reason or "suite" in e.reason for e in store.rejected)
+    # the index is used again under the same trusted suites, and not once a manifest of them changed
+    assert Loader(str(root), suites_dir=str(toy_suite)).kind == "index"  # (no first view: nothing shown)
+    manifest = toy_suite / "manifest.json"
+    saved = manifest.read_bytes()
+    try:
+        manifest.write_bytes(saved)  # the same bytes rewritten: its stat key moved, the index is not trusted
+        assert Loader(str(root), suites_dir=str(toy_suite)).kind == "none"
+    finally:
+        manifest.write_bytes(saved)
 
     assert main(["leaderboard", "--results", str(root), "--suites", str(tmp_path / "nowhere")]) != 0
     err = capsys.readouterr().err
@@ -922,18 +1110,23 @@ def test_badge_follows_the_files_under_a_running_board(tmp_path, monkeypatch):
     shutil.copyfile(run[rewritten] / "predictions" / "base.parquet", run[victim] / "predictions" / "base.parquet")
     restarted = index.Loader(str(root), trusted_keys_file=os.environ["GENSHIFT_TRUSTED_KEYS"])
     painted, state = restarted.snapshot()
-    assert state["kind"] == "index" and any(e.model_id == victim and e.verified for e in painted.entries)
-    fresh = restarted.refresh()
+    # no first view from the head (a file changed); from the body, the changed entry is left out until checked
+    assert restarted.first_view() is None and state["kind"] == "index"
+    assert not any(e.model_id == victim for e in painted.entries)
+    assert len(painted.entries) == len(full.snapshot()[0].entries) - 1
+    assert restarted.wait(60)
+    fresh = restarted.snapshot()[0]
     assert not any(e.model_id == victim for e in fresh.entries)
     assert any(e.model_id == victim and "does not verify" in e.reason for e in fresh.rejected)
-    assert restarted.snapshot()[0] is fresh
 
 
 @pytest.mark.browser
 @pytest.mark.skipif(not _chrome(), reason="Debian chromium + chromium-driver are not installed")
 def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_path):
-    """A real server and headless Chromium: a model's predictions file replaced by another model's while the
-    server runs; on reload the model is no longer ranked (and the server was never restarted)."""
+    """A real server and headless Chromium: restarted over its checked store, the server paints its first
+    page from the index's head (the page says so) with the same ranking; then a model's predictions file
+    replaced by another model's while the server runs: on reload the model is no longer ranked (and the
+    server was not restarted again)."""
     pytest.importorskip("selenium")
     import subprocess
     import sys
@@ -948,12 +1141,15 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
     from tests.test_leaderboard import APP
 
     root = _board(tmp_path / "s", models=4)
-    port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k != "GENSHIFT_ID_ACCURACY"}, "GENSHIFT_RESULTS": str(root),
            "HF_HOME": str(tmp_path / "hf")}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
-                               "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start():
+        port = free_port()
+        return port, subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port", str(port),
+                                       "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port, server = start()
     driver = chromium(tmp_path / "chrome", window="1400,1000")
     body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
 
@@ -970,6 +1166,13 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
         open_when_serving(driver, f"http://127.0.0.1:{port}/?suite=imagenet-star")
         before = top10()
         assert len(before) == 6, before
+        server.terminate()
+        server.wait(timeout=30)
+        port, server = start()  # restarted: the first page comes from the head, then the whole board
+        open_when_serving(driver, f"http://127.0.0.1:{port}/?suite=imagenet-star")
+        WebDriverWait(driver, 120).until(lambda d: "the rest of the board follows" in body(d))
+        assert driver.execute_script("return !!document.querySelector(\"[data-testid='stDataFrame']\")")
+        assert top10() == before
         victim, donor = before[0], before[-1]
         slug = lambda m: m.replace("/", "--")  # noqa: E731
         shutil.copyfile(root / "imagenet-star" / slug(donor) / "predictions" / "shift_01.parquet",

@@ -192,7 +192,14 @@ def _app(source, trusted_keys=..., id_accuracy=None):
 
 def _download(at, key):
     import streamlit.runtime.memory_media_file_storage as mm
+    from streamlit.runtime.media_file_manager import MediaFileManager
     button = next(b for b in at.get("download_button") if b.proto.id.endswith(key))
+    if button.proto.deferred_file_id:  # made when clicked (the app's downloads are): run it as a click would
+        for obj in gc.get_objects():
+            if isinstance(obj, MediaFileManager) and button.proto.deferred_file_id in obj._deferred_callables:
+                data = obj._deferred_callables[button.proto.deferred_file_id]["callable"]()
+                return data.encode() if isinstance(data, str) else data
+        raise AssertionError("deferred download not found")
     fid = button.proto.url.rsplit("/", 1)[-1].split(".")[0]
     for obj in gc.get_objects():
         if isinstance(obj, mm.MemoryMediaFileStorage) and fid in obj._files_by_id:

@@ -1,0 +1,96 @@
+"""The store's entries checked in a pool of processes (``load_store`` on a large store).
+
+Each entry's check (``store._check_entry``: hashing its files, parsing, recomputing every metric
+from its predictions) is independent of the others and CPU-bound, so a pool of processes (one per
+core; "spawn": the Streamlit server that runs the check has threads, which forking would copy
+mid-flight) checks them in chunks; the calling process checks the first chunk while the workers
+start, so a cold board's first rows do not wait for them. Workers get the verification cache as it was read and send
+back the outcomes they added, so the parent writes the cache once, as the serial check does. A
+store below ``MIN_ENTRIES`` is checked in the calling process: a worker's start-up (a fresh
+interpreter importing the checking code, about a second) costs more than it saves there. Workers
+run at a lower priority (``NICE``): on a machine with few cores the board's first rows, painted
+while the check goes on, get the CPU first.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+MIN_ENTRIES = 48
+CHUNK = 4        # entries per task: the first rows of a cold board arrive after one chunk per worker
+NICE = 10        # workers yield the CPU to the server and the browser painting what was checked so far
+_TRUST: dict = {}  # per worker process: the trust settings, built once
+
+
+def die_with_parent() -> None:
+    """In a child process (Linux): SIGTERM when the parent dies, even by SIGKILL (no orphaned workers or server)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_start() -> None:
+    die_with_parent()  # a stopped board leaves no worker behind
+    try:
+        os.nice(NICE)
+    except (AttributeError, OSError):
+        pass
+
+
+def pool_size(entries: int, workers: int | None) -> int:
+    """Processes to check ``entries`` with: ``workers`` if given, else one per core the process may use;
+    1 (no pool) for a small store."""
+    if workers is None:
+        if entries < MIN_ENTRIES:
+            return 1
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(workers, entries))
+
+
+def _check_chunk(paths: list[str], cache: dict, trusted_keys: dict, suites, strict: bool) -> tuple[list, dict, int]:
+    """In a worker: check ``paths``; returns their entries, the cache outcomes added, and this process's id."""
+    from leaderboard import store
+
+    key = (tuple(sorted(trusted_keys)), tuple(suites) if suites is not None else None)
+    if key not in _TRUST:
+        _TRUST[key] = store._trust(trusted_keys, suites)[1]
+    known = set(cache)
+    entries = [store._check_entry(Path(p), cache, trusted_keys=trusted_keys, suites=_TRUST[key], strict_suites=strict)
+               for p in paths]
+    return entries, {k: v for k, v in cache.items() if k not in known}, os.getpid()
+
+
+def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites, strict: bool, workers: int,
+                  on_checked) -> dict[int, int]:
+    """Check ``paths`` in ``workers`` processes; ``on_checked(entry)`` in the calling thread as each is done
+    (chunks complete in any order), ``cache`` updated with what the workers added. The calling process
+    checks the first chunk itself while the workers start (a cold board's first rows do not wait for
+    them). Returns entries checked per process id (evidence of the split, for logs and tests)."""
+    chunk = CHUNK
+    per_pid: dict[int, int] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start) as pool:
+        snapshot = dict(cache)
+        futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + chunk]], snapshot, trusted_keys,
+                               [str(s) for s in suites] if suites is not None else None, strict)
+                   for i in range(chunk, len(paths), chunk)]
+        own, added, pid = _check_chunk([str(p) for p in paths[:chunk]], dict(snapshot), trusted_keys,
+                                       [str(s) for s in suites] if suites is not None else None, strict)
+        cache.update(added)
+        per_pid[pid] = len(own)
+        for e in own:
+            on_checked(e)
+        for fut in as_completed(futures):
+            entries, added, pid = fut.result()
+            cache.update(added)
+            per_pid[pid] = per_pid.get(pid, 0) + len(entries)
+            for e in entries:
+                on_checked(e)
+    return per_pid
