@@ -1,0 +1,33 @@
+"""Keep freed memory in the process heap instead of handing it back to the kernel (glibc only).
+
+glibc serves any block above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps
+it on ``free``. The widest activations of a CPU batch are larger than that (tf_efficientnet_lite0
+at batch 8: 38.5 MB after its first expansion), so every batch page-faulted them in again, zeroed
+by the kernel: about a third of a CPU eval's CPU time was kernel time (docs/performance.md,
+"Eval"). ``keep_freed_memory`` turns mmap allocation off and raises the trim threshold through
+``mallopt``, so blocks are reused from the heap. Resident memory then stays at the run's peak,
+which an eval process reaches on its first batches anyway. DataLoader workers forked afterwards
+inherit the setting. Elsewhere than glibc it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # <malloc.h>
+
+
+def keep_freed_memory() -> bool:
+    """Serve large blocks from the heap and never trim it; True when glibc took both settings."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to tune
+        return False
+    ok = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**30))
+    log.debug("glibc mallopt: mmap off, trim threshold 1 GiB: %s", ok)
+    return ok
