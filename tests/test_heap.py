@@ -9,7 +9,7 @@ PROBE = r"""
 import resource, sys, torch
 from benchmark.heap import keep_freed_memory
 took = keep_freed_memory() if sys.argv[1] == "keep" else None
-for _ in range(6):  # warm-up: the heap grows to its working size (glibc reuses a freed block after a few)
+for _ in range(12):  # warm-up: the heap grows to its working size (glibc reuses a freed block after a few)
     torch.empty(16 * 2**20).fill_(1.0)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10):  # a batch's widest activation, allocated, written and freed again and again
