@@ -23,6 +23,7 @@ MIN_ENTRIES = 48
 CHUNK = 4        # entries per task: the first rows of a cold board arrive after one chunk per worker
 NICE = 10        # workers yield the CPU to the server and the browser painting what was checked so far
 _TRUST: dict = {}  # per worker process: the trust settings, built once
+_CACHE: dict = {}  # per worker process: the verification cache as the parent read it
 
 
 def die_with_parent() -> None:
@@ -36,7 +37,8 @@ def die_with_parent() -> None:
         pass
 
 
-def _worker_start() -> None:
+def _worker_start(cache: dict) -> None:
+    _CACHE.update(cache)
     die_with_parent()  # a stopped board leaves no worker behind
     try:
         os.nice(NICE)
@@ -54,10 +56,12 @@ def pool_size(entries: int, workers: int | None) -> int:
     return max(1, min(workers, entries))
 
 
-def _check_chunk(paths: list[str], cache: dict, trusted_keys: dict, suites, strict: bool) -> tuple[list, dict, int]:
-    """In a worker: check ``paths``; returns their entries, the cache outcomes added, and this process's id."""
+def _check_chunk(paths: list[str], cache: dict | None, trusted_keys: dict, suites, strict: bool) -> tuple[list, dict, int]:
+    """Check ``paths`` against ``cache`` (None: the worker's copy); returns their entries, the cache outcomes
+    added, and this process's id."""
     from leaderboard import store
 
+    cache = _CACHE if cache is None else cache
     key = (tuple(sorted(trusted_keys)), tuple(suites) if suites is not None else None)
     if key not in _TRUST:
         _TRUST[key] = store._trust(trusted_keys, suites)[1]
@@ -73,16 +77,16 @@ def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites,
     (chunks complete in any order), ``cache`` updated with what the workers added. The calling process
     checks the first chunk itself while the workers start (a cold board's first rows do not wait for
     them). Returns entries checked per process id (evidence of the split, for logs and tests)."""
-    chunk = CHUNK
     per_pid: dict[int, int] = {}
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start) as pool:
-        snapshot = dict(cache)
-        futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + chunk]], snapshot, trusted_keys,
-                               [str(s) for s in suites] if suites is not None else None, strict)
-                   for i in range(chunk, len(paths), chunk)]
-        own, added, pid = _check_chunk([str(p) for p in paths[:chunk]], dict(snapshot), trusted_keys,
-                                       [str(s) for s in suites] if suites is not None else None, strict)
+    suites = [str(s) for s in suites] if suites is not None else None
+    snapshot = dict(cache)
+    # the cache as read goes to each worker once (initializer), not with every chunk
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start,
+                             initargs=(snapshot,)) as pool:
+        futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + CHUNK]], None, trusted_keys, suites, strict)
+                   for i in range(CHUNK, len(paths), CHUNK)]
+        own, added, pid = _check_chunk([str(p) for p in paths[:CHUNK]], dict(snapshot), trusted_keys, suites, strict)
         cache.update(added)
         per_pid[pid] = len(own)
         for e in own:

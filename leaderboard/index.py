@@ -185,6 +185,20 @@ def _entry_dirs(root: Path) -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.glob("*/*/result.json")}
 
 
+def _signed_head(f, path: Path, revision: str | None, keys_digest: str) -> dict | None:
+    """Lines 1-2 of the open index file ``f``: the head, if its HMAC is this board's and it was written
+    under this format, revision and trust settings; None otherwise. ``f`` is left at the body."""
+    mac = f.readline(100).rstrip(b"\n")
+    head = f.readline(MAX_HEAD_BYTES + 1)
+    if not head.endswith(b"\n") or not hmac.compare_digest(mac, _mac(_secret(path.parent), head[:-1])):
+        return None
+    data = json.loads(head)
+    if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("revision") != revision
+            or data.get("keys") != keys_digest):
+        return None
+    return data
+
+
 def read_head(root: Path, revision: str | None, *, keys_digest: str = "") -> tuple[dict, int] | None:
     """The index's head, if this board wrote it (HMAC), under the same revision and trust settings, and
     the store still holds exactly its entries with every file's stat key unchanged; with the offset
@@ -192,14 +206,9 @@ def read_head(root: Path, revision: str | None, *, keys_digest: str = "") -> tup
     path = index_path(root)
     try:
         with open(path, "rb") as f:
-            mac = f.readline(100).rstrip(b"\n")
-            head = f.readline(MAX_HEAD_BYTES + 1)
+            data = _signed_head(f, path, revision, keys_digest)
             offset = f.tell()
-        if not head.endswith(b"\n") or not hmac.compare_digest(mac, _mac(_secret(path.parent), head[:-1])):
-            return None
-        data = json.loads(head)
-        if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("revision") != revision
-                or data.get("keys") != keys_digest or not isinstance(data.get("files"), dict)):
+        if data is None or not isinstance(data.get("files"), dict):
             return None
         files = data["files"]
         root_abs = _absolute(root)
@@ -223,17 +232,13 @@ def read_index(source: str, root: Path, revision: str | None, *, keys_digest: st
         if path.stat().st_size > MAX_INDEX_BYTES:
             return None
         with open(path, "rb") as f:
-            mac = f.readline(100).rstrip(b"\n")
-            raw_head = f.readline(MAX_HEAD_BYTES + 1)
             if head is None:
-                if not raw_head.endswith(b"\n") or not hmac.compare_digest(mac, _mac(_secret(path.parent), raw_head[:-1])):
+                data = _signed_head(f, path, revision, keys_digest)
+                if data is None:
                     return None
-                data = json.loads(raw_head)
-            else:
+            else:  # checked by read_head already: straight to the body
                 data = head[0]
-            if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("revision") != revision
-                    or data.get("keys") != keys_digest):
-                return None
+                f.seek(head[1])
             body = f.read()
         if sha256_bytes(body) != data.get("body_sha256"):
             return None
