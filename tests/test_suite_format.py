@@ -212,3 +212,41 @@ def test_card_size_categories(rows, bucket):
     from data_cards import size_category
 
     assert size_category(rows) == bucket
+
+
+def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path):
+    # two sweep groups in flight load in their own lanes: one shared ParquetFile read from two
+    # threads at once raised "ReadRangeCache did not find matching cache entry" or hung
+    import os
+    import threading
+
+    from benchmark import reader
+    from benchmark.reader import RowGroup
+
+    rows, per_group = 6000, 50
+    pq.write_table(pa.table({"i": list(range(rows)), "blob": [os.urandom(1500) for _ in range(rows)]}),
+                   tmp_path / "s.parquet", row_group_size=per_group)
+    groups = [RowGroup("c", "s.parquet", g, per_group) for g in range(rows // per_group)]
+    start, errors, handles = threading.Barrier(4), [], set()
+
+    def read_all():
+        try:
+            start.wait()
+            for g in groups:
+                t = read_row_group(tmp_path, g, columns=["i", "blob"])
+                assert t["i"].to_pylist() == list(range(g.index * per_group, (g.index + 1) * per_group))
+            st = (tmp_path / "s.parquet").stat()
+            handles.add(id(reader._open_shard(str(tmp_path / "s.parquet"), (st.st_dev, st.st_ino, st.st_size,
+                                                                           st.st_mtime_ns), os.getpid(),
+                                              threading.get_ident())))
+        except Exception as e:  # noqa: BLE001 - reported below with the thread's failure
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=read_all, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "reading one shard from four threads hung"
+    assert errors == []
+    assert len(handles) == 4  # each thread opened the shard itself
