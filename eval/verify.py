@@ -60,6 +60,7 @@ class VerifyReport:
     suite: SuiteRef | None = None          # what the predictions were checked against
     rows_digests: dict[str, str] = field(default_factory=dict)
     recheck: dict | None = None            # {"n", "seed", "images": [[config, image_id], ...]}
+    tables: dict = field(default_factory=dict, repr=False)  # config -> predictions table, as hashed and checked
 
     @property
     def ok(self) -> bool:
@@ -105,7 +106,7 @@ def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = Non
     if result is None:  # else parse_result(raw) was done by the caller (the leaderboard), not done twice
         result = parse_result(raw, where=str(path))
     report = VerifyReport(path, result=result, result_sha256=sha256_bytes(raw))
-    tables = check_predictions_files(path.parent, result, report)
+    tables = report.tables = check_predictions_files(path.parent, result, report)
 
     ref, why = find_suite(result, suite=suite, suites=suites, use_recorded=use_recorded_suite, mask=mask)
     if ref is None:

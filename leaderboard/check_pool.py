@@ -56,7 +56,8 @@ def pool_size(entries: int, workers: int | None) -> int:
     return max(1, min(workers, entries))
 
 
-def _check_chunk(paths: list[str], cache: dict | None, trusted_keys: dict, suites, strict: bool) -> tuple[list, dict, int]:
+def _check_chunk(paths: list[str], cache: dict | None, trusted_keys: dict, suites, strict: bool,
+                 ranks_dir: str | None = None) -> tuple[list, dict, int]:
     """Check ``paths`` against ``cache`` (None: the worker's copy); returns their entries, the cache outcomes
     added, and this process's id."""
     from leaderboard import store
@@ -66,13 +67,13 @@ def _check_chunk(paths: list[str], cache: dict | None, trusted_keys: dict, suite
     if key not in _TRUST:
         _TRUST[key] = store._trust(trusted_keys, suites)[1]
     known = set(cache)
-    entries = [store._check_entry(Path(p), cache, trusted_keys=trusted_keys, suites=_TRUST[key], strict_suites=strict)
-               for p in paths]
+    entries = [store._check_entry(Path(p), cache, trusted_keys=trusted_keys, suites=_TRUST[key], strict_suites=strict,
+                                  ranks_dir=Path(ranks_dir) if ranks_dir else None) for p in paths]
     return entries, {k: v for k, v in cache.items() if k not in known}, os.getpid()
 
 
 def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites, strict: bool, workers: int,
-                  on_checked) -> dict[int, int]:
+                  on_checked, ranks_dir: Path | None = None) -> dict[int, int]:
     """Check ``paths`` in ``workers`` processes; ``on_checked(entry)`` in the calling thread as each is done
     (chunks complete in any order), ``cache`` updated with what the workers added. The calling process
     checks the first chunk itself while the workers start (a cold board's first rows do not wait for
@@ -81,12 +82,14 @@ def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites,
     ctx = multiprocessing.get_context("spawn")
     suites = [str(s) for s in suites] if suites is not None else None
     snapshot = dict(cache)
+    ranks = str(ranks_dir) if ranks_dir else None
     # the cache as read goes to each worker once (initializer), not with every chunk
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start,
                              initargs=(snapshot,)) as pool:
-        futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + CHUNK]], None, trusted_keys, suites, strict)
-                   for i in range(CHUNK, len(paths), CHUNK)]
-        own, added, pid = _check_chunk([str(p) for p in paths[:CHUNK]], dict(snapshot), trusted_keys, suites, strict)
+        futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + CHUNK]], None, trusted_keys, suites, strict,
+                               ranks) for i in range(CHUNK, len(paths), CHUNK)]
+        own, added, pid = _check_chunk([str(p) for p in paths[:CHUNK]], dict(snapshot), trusted_keys, suites, strict,
+                                        ranks)
         cache.update(added)
         per_pid[pid] = len(own)
         for e in own:

@@ -97,17 +97,20 @@ class Entry:
         """Raise ``IntegrityError`` unless the result and predictions files still have the content
         checked at load (the app calls this before reading an entry's files for a view). A file is
         hashed again only when its stat key (size, mtime_ns, inode, ctime_ns) differs from the one it
-        had when it last hashed right, so a view re-reads only what changed on disk; ctime catches an
-        in-place rewrite whose mtime was set back (it cannot be set)."""
+        had when it last hashed right (at first: the key taken at the check, before its hashing), so a view
+        re-reads only what changed on disk; ctime catches an in-place rewrite whose mtime was set back (it
+        cannot be set)."""
         from benchmark.errors import IntegrityError
 
-        files = [(self.path, self.result_sha256, MAX_RESULT_BYTES)] + [
-            (self.run_dir / rel, sha, MAX_PREDICTIONS_BYTES) for rel, sha in self.predictions_sha256.items()]
+        files = [(RESULT_FILE, self.result_sha256, MAX_RESULT_BYTES)] + [
+            (rel, sha, MAX_PREDICTIONS_BYTES) for rel, sha in self.predictions_sha256.items()]
         try:
-            for f, sha, limit in files:
+            for rel, sha, limit in files:
+                f = self.run_dir / rel
                 st = f.stat()  # before hashing: a write during the hash changes the key seen next time
                 key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-                if self._hashed.get(f) == key:
+                if self._hashed.get(f) == key or self.file_keys.get(rel) == [st.st_size, st.st_mtime_ns,
+                                                                             st.st_ctime_ns, st.st_ino]:
                     continue
                 if _file_sha256(f, limit) != sha:
                     raise IntegrityError(f"{f.name} changed")
@@ -141,6 +144,7 @@ class Entry:
         by image id), and a digest of their image ids: top-k hits are ``ranks < k``. All configs of an
         entry are cached together in one ``.npz`` keyed by the result's sha256, so ranking hundreds
         of models reads hundreds of small files."""
+        self.recheck()  # the cached ranks are those of the checked content: only while the files still have it
         if self._ranks is None:
             self._ranks = self._load_ranks()
         return self._ranks[config]
@@ -160,36 +164,56 @@ class Entry:
             t = t.filter(t["keep"])
         return t["pair_id"].to_pylist()
 
+    def _ranks_file(self) -> Path | None:
+        return self.cache_dir / f"{self.content_key[:32]}-ranks.npz" if self.cache_dir else None
+
     def _load_ranks(self) -> dict:
         import numpy as np
 
-        from benchmark.fsutil import atomic_path
         from eval.predictions import read_predictions
 
-        cache = self.cache_dir / f"{self.content_key[:32]}-ranks.npz" if self.cache_dir else None
+        cache = self._ranks_file()
         if cache is not None and cache.is_file():
             with np.load(cache, allow_pickle=False) as z:
                 configs, ids, n, ranks = z["configs"].tolist(), z["ids"].tolist(), z["n"], z["ranks"]
             starts = np.concatenate([[0], np.cumsum(n)])
             return {c: (ids[i], ranks[starts[i]:starts[i + 1]]) for i, c in enumerate(configs)}
+        out = self.ranks_from_tables({p["config"]: read_predictions(self.run_dir / p["path"],
+                                                                    columns=["image_id", "keep", "true_rank"])
+                                      for p in self.result["predictions"]})
+        self.save_ranks(out)
+        return out
+
+    def ranks_from_tables(self, tables: dict) -> dict:
+        """:meth:`true_ranks` of every config, from its predictions tables (config -> table)."""
+        import numpy as np
+
         out = {}
-        self.recheck()
         for p in self.result["predictions"]:
-            t = read_predictions(self.run_dir / p["path"], columns=["image_id", "keep", "true_rank"])
+            t = tables[p["config"]]
             if self.result["protocol"]["scoring"]["filter"]:
                 t = t.filter(t["keep"])
             out[p["config"]] = (sha256_bytes("\n".join(t["image_id"].to_pylist()).encode()),
                                 np.minimum(t["true_rank"].to_numpy(), 255).astype(np.uint8))
-        if cache is not None:
-            try:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_path(cache) as tmp, open(tmp, "wb") as f:
-                    np.savez(f, configs=np.array(list(out)), ids=np.array([d for d, _ in out.values()]),
-                             n=np.array([r.size for _, r in out.values()]),
-                             ranks=np.concatenate([r for _, r in out.values()]) if out else np.zeros(0, np.uint8))
-            except OSError:
-                pass
         return out
+
+    def save_ranks(self, ranks: dict) -> None:
+        """Write ``ranks`` (:meth:`ranks_from_tables`) to the entry's ranks cache file, if it has a cache folder."""
+        import numpy as np
+
+        from benchmark.fsutil import atomic_path
+
+        cache = self._ranks_file()
+        if cache is None:
+            return
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(cache) as tmp, open(tmp, "wb") as f:
+                np.savez(f, configs=np.array(list(ranks)), ids=np.array([d for d, _ in ranks.values()]),
+                         n=np.array([r.size for _, r in ranks.values()]),
+                         ranks=np.concatenate([r for _, r in ranks.values()]) if ranks else np.zeros(0, np.uint8))
+        except OSError:
+            pass
 
 
 @dataclass
@@ -324,13 +348,16 @@ def keys_changed(run_dir: Path, file_keys: dict) -> bool:
     return False
 
 
-def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_suites: bool) -> Entry:
-    """Check one result.json on its own (cached by content); never raises."""
+def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_suites: bool,
+                 ranks_dir: Path | None = None) -> Entry:
+    """Check one result.json on its own (cached by content); never raises. ``ranks_dir``: the entry's
+    cache folder; a verification that read the predictions leaves their true-class ranks there
+    (``Entry.true_ranks``), so ranking the board does not read every predictions file again."""
     from eval.results import parse_result
     from eval.stamps import check_stamp
     from eval.verify import verify_result
 
-    entry = Entry(path)
+    entry = Entry(path, cache_dir=ranks_dir)
     # stat before reading: a change after this point shows as a changed key on the next refresh
     entry.file_keys = _stat_keys(path.parent, DEPENDS)
     try:
@@ -354,6 +381,7 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
                 entry.reason = f"{p['path']} is missing"
                 return entry
             entry.predictions_sha256[p["path"]] = _file_sha256(f, MAX_PREDICTIONS_BYTES)
+        entry.result = result
         ref = suites.lookup(result["suite"])
         key = f"{entry.content_key}|{ref.sha256 if ref else '-'}"
         if key in cache:
@@ -366,7 +394,8 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
                 report.problems.append("a predictions file changed while it was being checked")
             ok, reason, checked = report.ok, "; ".join(report.problems[:3]), report.suite_checked
             cache[key] = (ok, reason, checked)
-        entry.result = result
+            if ok:  # the tables verify read and hashed: their ranks are the checked content's
+                entry.save_ranks(entry.ranks_from_tables(report.tables))
         if not ok:
             entry.reason = f"does not verify: {reason}"
             return entry
@@ -496,8 +525,8 @@ def refresh_store(store: Store, *, trusted_keys=None, suites=None, cache_dir: st
     checked = []
     for e in every:
         if id(e) in changed:
-            fresh = _check_entry(e.path, cache, trusted_keys=keys, suites=suites, strict_suites=strict)
-            fresh.cache_dir = e.cache_dir
+            fresh = _check_entry(e.path, cache, trusted_keys=keys, suites=suites, strict_suites=strict,
+                                 ranks_dir=e.cache_dir)
             log.info("entry %s changed on disk: checked again (%s)", e.run_dir.name, fresh.status)
             checked.append(fresh)
         else:
@@ -539,10 +568,11 @@ def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, 
     n = check_pool.pool_size(len(paths), workers)
     if n > 1 and (suite_paths is None or isinstance(suite_paths, (list, tuple))):
         store.checked_by = check_pool.check_in_pool(paths, cache, trusted_keys=keys, suites=suite_paths,
-                                                    strict=strict, workers=n, on_checked=checked)
+                                                    strict=strict, workers=n, on_checked=checked, ranks_dir=hits_dir)
     else:
         for path in paths:
-            checked(_check_entry(path, cache, trusted_keys=keys, suites=suites, strict_suites=strict))
+            checked(_check_entry(path, cache, trusted_keys=keys, suites=suites, strict_suites=strict,
+                                 ranks_dir=hits_dir))
         store.checked_by = {os.getpid(): len(paths)} if paths else {}
     assemble(store, [by_path[p] for p in paths])
     if cache != before:

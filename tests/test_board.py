@@ -386,6 +386,44 @@ def test_store_checked_by_a_pool_of_processes_as_by_one(tmp_path, monkeypatch):
     assert any("sha256" in r for s, r, _ in pool.values() if s == "rejected")
 
 
+def test_the_check_leaves_each_entrys_ranks_so_ranking_reads_no_predictions_file(tmp_path, monkeypatch):
+    """A cold check (in worker processes and serially) writes the true-class ranks of every entry it verified,
+    from the tables it hashed and read; ranking the board with rank intervals then reads no predictions file,
+    and gets the ranks a fresh read gives. A file changed after the check is still refused."""
+    from benchmark.errors import IntegrityError
+    from eval import predictions
+    from leaderboard.store import _cache_path, load_store
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    root = _board(tmp_path / "s", models=6)
+    keys = os.environ["GENSHIFT_TRUSTED_KEYS"]
+    for workers in (2, 1):
+        cache = _cache_path(root, None)
+        cache.unlink(missing_ok=True)
+        shutil.rmtree(cache.parent / (cache.stem + "-hits"), ignore_errors=True)
+        store = load_store(str(root), trusted_keys=keys, workers=workers)
+        assert len(store.entries) == 8
+        assert sorted(p.name for p in (cache.parent / (cache.stem + "-hits")).glob("*-ranks.npz")) == \
+            sorted(f"{e.content_key[:32]}-ranks.npz" for e in store.entries)
+        read = []
+        real = predictions.read_predictions
+        monkeypatch.setattr(predictions, "read_predictions", lambda *a, **k: read.append(a[0]) or real(*a, **k))
+        df, _ = aggregate.board_table(store.entries, intervals=True)
+        assert read == [] and df["rank_lo"].notna().sum() == 8
+        monkeypatch.undo()
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        for e in store.entries:
+            fresh = e.ranks_from_tables({p["config"]: real(e.run_dir / p["path"]) for p in e.result["predictions"]})
+            for c, (ids, ranks) in fresh.items():
+                assert e.true_ranks(c)[0] == ids and np.array_equal(e.true_ranks(c)[1], ranks)
+    e = store.entries[0]
+    f = e.run_dir / e.result["predictions"][0]["path"]
+    e._ranks = None
+    f.write_bytes(f.read_bytes() + b"x")
+    with pytest.raises(IntegrityError, match="changed since the leaderboard loaded"):
+        e.true_ranks(e.result["predictions"][0]["config"])
+
+
 def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
     """A spawned worker of the store check imports the parent's ``__main__`` again as ``__mp_main__``; in
     the Streamlit server that is app.py, which must not open a store (and start a check of its own) there.
@@ -421,10 +459,7 @@ def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
     hashed = []
     real = store_mod._file_sha256
     monkeypatch.setattr(store_mod, "_file_sha256", lambda p, limit: hashed.append(p.name) or real(p, limit))
-    entry.read_predictions("base")
-    assert sorted(hashed) == sorted(["result.json", *(p.rsplit("/", 1)[1] for p in entry.predictions_sha256)])
-    hashed.clear()
-    for _ in range(3):  # later views: a stat per file, no hashing
+    for _ in range(3):  # views: a stat per file, no hashing (the check hashed them after taking their stat keys)
         entry.read_predictions("base")
         entry.recheck()
     assert hashed == []
