@@ -168,6 +168,8 @@ def main(argv=None) -> int:
             while CHECKING in driver.execute_script("return document.body.innerText"):
                 time.sleep(0.2)
             report["cold_full_check"] = time.perf_counter() - t0
+            while not index_path(root).is_file():  # written after the board is published, for the restarts
+                time.sleep(0.1)
             _, report["cold_final_rows"] = _first_row(driver, url, time.perf_counter(), up=up)
             report["cold_final_ranked"] = up["ranked"]
             report["stop_s"] = _stop(server, port)

@@ -369,7 +369,9 @@ class Loader:
             self._checked.append(dataclasses.replace(entry))  # a copy: assembling marks losers superseded
             now = time.monotonic()
             due = now - self._last_publish >= self.PUBLISH_EVERY_S and done >= self._published_done * self.PUBLISH_GROWTH
-            if self.kind in ("none", "partial") and (due or done == total):
+            # the last entry is not published as partial: the full store follows at once, and each publish
+            # costs a whole repaint
+            if self.kind in ("none", "partial") and due and done < total:
                 self.store = assemble(Store(source=self.source, root=self.root, revision=self.revision),
                                       [dataclasses.replace(e) for e in self._checked])
                 self.kind = "partial"
@@ -396,13 +398,15 @@ class Loader:
                 self.finished = True
                 self.version += 1
             return
-        write_index(full, keys_digest=self.keys_digest)
         with self.lock:
             changed = self.store is None or self.store.fingerprint != full.fingerprint or self.kind != "index"
             self.store, self.kind, self.finished = full, "full", True
             self.done = self.total = max(self.total, len(full.entries) + len(full.rejected) + len(full.superseded))
             if changed:
                 self.version += 1
+        # for the next start, after the board was published: the index's first view ranks the default board
+        # (seconds at 500 models) and the page need not wait for it (``wait`` still does: it joins this thread)
+        write_index(full, keys_digest=self.keys_digest)
 
     def refresh(self) -> Store | None:
         """The store to paint, after re-checking the entries whose files changed on disk since they were
