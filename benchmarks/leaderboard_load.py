@@ -15,6 +15,9 @@ row of the ranking table visible in the page (a cell of the data grid). Reports 
   the checked store: painted from the index (``restart_first_rows``); restart_server_up: the part
   until the server answered its health check (Streamlit's start-up, before any page);
 - view_first_row: a new page (a new session) on the running server, caches warm;
+- floor_first_row (``--restarts`` times; the baseline, same browser and run): a bare Streamlit app that
+  only shows a 500-row ``st.dataframe``, started with `streamlit run` and the same flags: what any
+  Streamlit page costs on this machine (floor_server_up: until its health check answered);
 - stop_s: SIGTERM to `bench leaderboard` until its port is closed.
 
 Every entry carries a maintainer's signed stamp, trusted through ``--trusted-keys`` (only verified
@@ -100,6 +103,20 @@ def _first_row(driver, url: str, t0: float, timeout: float = 600, up: dict | Non
         ranked = re.search(r"Ranks are among the (\d+) verified", text)
         up["ranked"] = int(ranked.group(1)) if ranked else 0
     return seconds, int(m.group(1)) if m else None
+
+
+FLOOR_APP = """import pandas as pd
+import streamlit as st
+st.dataframe(pd.DataFrame({"model": [f"m{i}" for i in range(500)], "acc": [0.5] * 500}))
+"""
+
+
+def _serve_floor(app: Path, port: int, env: dict) -> subprocess.Popen:
+    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+
+    return subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+                             "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _log(report: dict) -> None:
@@ -189,6 +206,16 @@ def main(argv=None) -> int:
                 _stop(server, port)
         report["view_first_row"], _ = _first_row(driver, url, time.perf_counter())
         report["stop_s_after_restarts"] = _stop(server, port)
+        app = work / "floor_app.py"
+        app.write_text(FLOOR_APP)
+        for i in range(args.restarts):
+            t0 = time.perf_counter()
+            server = _serve_floor(app, port, env)
+            up = {}
+            report[f"floor_first_row_{i + 1}"], _ = _first_row(driver, url, t0, up=up)
+            report[f"floor_server_up_{i + 1}"] = up["s"]
+            _stop(server, port)
+            _log(report)
     finally:
         driver.quit()
         if "server" in locals() and server.poll() is None:
