@@ -6,24 +6,41 @@ import sys
 import pytest
 
 PROBE = r"""
-import resource, sys, torch
+import resource, sys, threading, torch
 from benchmark.heap import keep_freed_memory
 took = keep_freed_memory() if sys.argv[1] == "keep" else None
-for _ in range(12):  # warm-up: the heap grows to its working size (glibc reuses a freed block after a few)
-    torch.empty(16 * 2**20).fill_(1.0)
+threads = int(sys.argv[2])
+
+def batches(n):
+    for _ in range(n):  # a batch's widest activations, allocated, written and freed again and again
+        t = torch.empty((16 if threads == 1 else 10) * 2**20)  # 64/40 MiB, over glibc's largest mmap threshold
+        t.fill_(1.0)
+        u = torch.empty(3 * 2**20)
+        u.fill_(1.0)
+        del t, u
+
+def run(n):  # on the main thread, or on `threads` threads at once (forward threads, sweep lanes)
+    if threads == 1:
+        return batches(n)
+    ts = [threading.Thread(target=batches, args=(n,)) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+run(12)  # warm-up: the heap grows to its working size (glibc reuses a freed block after a few)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):  # a batch's widest activation, allocated, written and freed again and again
-    t = torch.empty(16 * 2**20)  # 64 MiB, over glibc's largest mmap threshold (32 MiB)
-    t.fill_(1.0)
-    del t
+run(10)
 print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_freed_blocks_are_reused_without_page_faults():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_freed_blocks_are_reused_without_page_faults(threads):
     def faults(mode):
-        out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([sys.executable, "-c", PROBE, mode, str(threads)], capture_output=True, text=True,
+                             check=True).stdout
         took, n = out.split()
         return took, int(n)
 
