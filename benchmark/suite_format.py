@@ -467,16 +467,20 @@ MAX_FOOTER_BYTES = 32 << 20
 _PARQUET_MAGIC = b"PAR1"
 
 
-def check_parquet_footer(path: str | Path, where: str) -> None:
-    """Refuse a parquet file whose footer (metadata) is over ``MAX_FOOTER_BYTES``, from the
-    8-byte tail that gives its length, before pyarrow parses it; one ``IntegrityError`` line."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(size - 8, 0))
-            tail = f.read(8)
-    except OSError as e:
-        raise IntegrityError(f"{where}: cannot be read ({e.strerror}); re-download or rebuild the suite") from None
+def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
+    """Refuse a parquet file (a path, or its bytes already read) whose footer (metadata) is over
+    ``MAX_FOOTER_BYTES``, from the 8-byte tail that gives its length, before pyarrow parses it; one
+    ``IntegrityError`` line."""
+    if isinstance(path, bytes):
+        tail = path[-8:]
+    else:
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                f.seek(max(size - 8, 0))
+                tail = f.read(8)
+        except OSError as e:
+            raise IntegrityError(f"{where}: cannot be read ({e.strerror}); re-download or rebuild the suite") from None
     if len(tail) < 8 or tail[4:] != _PARQUET_MAGIC:
         raise IntegrityError(f"{where}: not a parquet file (no PAR1 footer); re-download or rebuild it")
     footer = int.from_bytes(tail[:4], "little")

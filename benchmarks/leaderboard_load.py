@@ -197,7 +197,10 @@ def main(argv=None) -> int:
             while CHECKING in driver.execute_script("return document.body.innerText"):
                 time.sleep(0.2)
             report["cold_full_check"] = time.perf_counter() - t0
+            deadline = time.perf_counter() + 120
             while not index_path(root).is_file():  # written after the board is published, for the restarts
+                if time.perf_counter() > deadline:
+                    raise TimeoutError("the board never wrote its index (see the server's log)")
                 time.sleep(0.1)
             _, report["cold_final_rows"] = _first_row(driver, url, time.perf_counter(), up=up)
             report["cold_final_ranked"] = up["ranked"]

@@ -247,11 +247,13 @@ class CheckpointedPredictions:
 SMALL_ROWS = 20_000  # predictions files up to this many rows are decoded on the calling thread
 
 
-def read_predictions(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    """Read one predictions file, checking it has the base columns (its footer bounded first)."""
-    check_parquet_footer(path, f"predictions file {path}")
+def read_predictions(path: str | Path, columns: list[str] | None = None, *, data: bytes | None = None) -> pa.Table:
+    """Read one predictions file, checking it has the base columns (its footer bounded first).
+    ``data``: the file's bytes, read (and hashed) already; parsed instead of reading ``path`` again, so
+    what was hashed is what is read."""
+    check_parquet_footer(path if data is None else data, f"predictions file {path}")
     try:
-        with pq.ParquetFile(path) as f:  # a single file: read_table's dataset layer costs ~8x on small files
+        with pq.ParquetFile(path if data is None else pa.BufferReader(data)) as f:  # a single file: read_table's dataset layer costs ~8x on small files
             # a thread pool per small file costs more than it decodes in parallel (a leaderboard check reads 15,000)
             table = f.read(columns=columns, use_threads=f.metadata.num_rows > SMALL_ROWS)
     except (OSError, pa.ArrowInvalid) as e:

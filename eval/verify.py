@@ -146,9 +146,9 @@ def _capped(problems: list[str], what: str) -> list[str]:
 
 
 def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> dict[str, pa.Table]:
-    """Hash, read and check each predictions file; returns the tables that passed, by config."""
-    from benchmark.fsutil import sha256_file
-
+    """Hash, read and check each predictions file; returns the tables that passed, by config. Each file
+    is read once: the bytes hashed are the bytes parsed (a file swapped between a hash and a second read
+    would be checked as one content and scored as another)."""
     tables = {}
     topk = result["protocol"]["topk"]
     for entry in result["predictions"]:
@@ -161,14 +161,19 @@ def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> d
         if size > MAX_PREDICTIONS_BYTES:
             report.problems.append(f"{rel} is {size >> 20} MiB, over the {MAX_PREDICTIONS_BYTES >> 20} MiB limit")
             continue
-        digest = sha256_file(f)
+        try:
+            data = read_limited(f, max_bytes=MAX_PREDICTIONS_BYTES, what="predictions file")
+        except IntegrityError as e:
+            report.problems.append(str(e))
+            continue
+        digest = sha256_bytes(data)
         report.predictions_sha256[rel] = digest
         if digest != entry["sha256"]:
             report.problems.append(f"{rel} sha256 {digest[:12]}… differs from the result's "
                                    f"{entry['sha256'][:12]}… (file replaced or tampered)")
             continue
         try:
-            table = read_predictions(f)
+            table = read_predictions(f, data=data)
         except IntegrityError as e:
             report.problems.append(str(e))
             continue

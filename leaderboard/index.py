@@ -41,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchmark.errors import BenchError
 from benchmark.fsutil import atomic_write_bytes, sha256_bytes
 from leaderboard import store as store_mod
 from leaderboard.store import Entry, Store, assemble, keys_changed, load_store, resolve_source
@@ -145,7 +146,8 @@ def first_view(store: Store) -> dict | None:
 def _first_view_or_none(store: Store) -> dict | None:
     try:
         return first_view(store)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as ex:  # no first view: the body paints
+    # BenchError: an entry's files changed since the check (Entry.recheck); the next check writes the view
+    except (BenchError, KeyError, TypeError, ValueError, IndexError, AttributeError) as ex:  # no first view: the body paints
         log.warning("no first view for the leaderboard index (%s: %s)", type(ex).__name__, ex)
         return None
 

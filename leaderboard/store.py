@@ -49,6 +49,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -61,6 +62,7 @@ from eval.stamps import STAMP_FILE as STAMP
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 2
+RACY_NS = 2 * 10**9  # a file's stat key is trusted once its times are this much older than the key (timestamp ticks)
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Entry:
     cache_dir: Path | None = None
     file_keys: dict = field(default_factory=dict)  # file name -> [size, mtime_ns, ctime_ns, inode] (None: absent)
     flags: list = field(default_factory=list)       # board warnings, e.g. weights shared with another model id
+    checked_ns: int = 0         # wall time just before the check took file_keys (0: not checked here, e.g. from an index)
     _ranks: dict | None = field(default=None, repr=False)
     _hashed: dict = field(default_factory=dict, repr=False)  # file -> stat key when it last hashed as checked
 
@@ -99,7 +102,9 @@ class Entry:
         hashed again only when its stat key (size, mtime_ns, inode, ctime_ns) differs from the one it
         had when it last hashed right (at first: the key taken at the check, before its hashing), so a view
         re-reads only what changed on disk; ctime catches an in-place rewrite whose mtime was set back (it
-        cannot be set)."""
+        cannot be set). A key is trusted only if the file's times are older than ``RACY_NS`` before the key
+        was taken (git's "racy clean" rule): a rewrite of the same size within the same timestamp tick,
+        right after the hashing, would otherwise keep the key."""
         from benchmark.errors import IntegrityError
 
         files = [(RESULT_FILE, self.result_sha256, MAX_RESULT_BYTES)] + [
@@ -107,14 +112,18 @@ class Entry:
         try:
             for rel, sha, limit in files:
                 f = self.run_dir / rel
+                now = time.time_ns()
                 st = f.stat()  # before hashing: a write during the hash changes the key seen next time
                 key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-                if self._hashed.get(f) == key or self.file_keys.get(rel) == [st.st_size, st.st_mtime_ns,
-                                                                             st.st_ctime_ns, st.st_ino]:
+                settled = max(st.st_mtime_ns, st.st_ctime_ns) < now - RACY_NS
+                at_check = self.file_keys.get(rel) == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] and \
+                    max(st.st_mtime_ns, st.st_ctime_ns) < self.checked_ns - RACY_NS
+                if self._hashed.get(f) == key or at_check:
                     continue
                 if _file_sha256(f, limit) != sha:
                     raise IntegrityError(f"{f.name} changed")
-                self._hashed[f] = key
+                if settled:
+                    self._hashed[f] = key
         except (OSError, BenchError):
             raise IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
                                  "reload the leaderboard to check them again") from None
@@ -144,8 +153,8 @@ class Entry:
         by image id), and a digest of their image ids: top-k hits are ``ranks < k``. All configs of an
         entry are cached together in one ``.npz`` keyed by the result's sha256, so ranking hundreds
         of models reads hundreds of small files."""
-        self.recheck()  # the cached ranks are those of the checked content: only while the files still have it
         if self._ranks is None:
+            self.recheck()  # cached ranks are the checked content's: served only while the files still have it
             self._ranks = self._load_ranks()
         return self._ranks[config]
 
@@ -170,6 +179,8 @@ class Entry:
     def _load_ranks(self) -> dict:
         import numpy as np
 
+        from benchmark.errors import IntegrityError
+        from benchmark.fsutil import read_limited
         from eval.predictions import read_predictions
 
         cache = self._ranks_file()
@@ -178,9 +189,15 @@ class Entry:
                 configs, ids, n, ranks = z["configs"].tolist(), z["ids"].tolist(), z["n"], z["ranks"]
             starts = np.concatenate([[0], np.cumsum(n)])
             return {c: (ids[i], ranks[starts[i]:starts[i + 1]]) for i, c in enumerate(configs)}
-        out = self.ranks_from_tables({p["config"]: read_predictions(self.run_dir / p["path"],
-                                                                    columns=["image_id", "keep", "true_rank"])
-                                      for p in self.result["predictions"]})
+        tables = {}
+        for p in self.result["predictions"]:  # the bytes hashed are the bytes read: the ranks are cached by content
+            f = self.run_dir / p["path"]
+            data = read_limited(f, max_bytes=MAX_PREDICTIONS_BYTES, what="predictions file")
+            if sha256_bytes(data) != self.predictions_sha256.get(p["path"]):
+                raise IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
+                                     "reload the leaderboard to check them again")
+            tables[p["config"]] = read_predictions(f, columns=["image_id", "keep", "true_rank"], data=data)
+        out = self.ranks_from_tables(tables)
         self.save_ranks(out)
         return out
 
@@ -357,7 +374,7 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
     from eval.stamps import check_stamp
     from eval.verify import verify_result
 
-    entry = Entry(path, cache_dir=ranks_dir)
+    entry = Entry(path, cache_dir=ranks_dir, checked_ns=time.time_ns())
     # stat before reading: a change after this point shows as a changed key on the next refresh
     entry.file_keys = _stat_keys(path.parent, DEPENDS)
     try:
@@ -394,8 +411,11 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
                 report.problems.append("a predictions file changed while it was being checked")
             ok, reason, checked = report.ok, "; ".join(report.problems[:3]), report.suite_checked
             cache[key] = (ok, reason, checked)
-            if ok:  # the tables verify read and hashed: their ranks are the checked content's
-                entry.save_ranks(entry.ranks_from_tables(report.tables))
+            if ok:  # the tables verify hashed and parsed from the same bytes: their ranks are the checked content's
+                try:
+                    entry.save_ranks(entry.ranks_from_tables(report.tables))
+                except Exception as e:  # noqa: BLE001 - only a cache (read again when needed); never the entry's status
+                    log.debug("ranks of %s not cached: %s", path, e)
         if not ok:
             entry.reason = f"does not verify: {reason}"
             return entry
