@@ -306,7 +306,6 @@ class Forward:
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark
         self.topk = opts.topk
         self.batch_size = opts.resolved_batch_size()
-        self.threads = opts.resolved_forward_threads()  # one once compiled, below
         self.cpu_threads = opts.cpu_threads
         self.thread_ids: set[int] = set()  # threads that ran a batch: the evidence --forward-threads ran
         self._lock = threading.Lock()
@@ -329,8 +328,7 @@ class Forward:
             else:  # autocast regions do not export: the JIT compiler (inductor's own caches apply)
                 model = self._jit(model, opts)
         self.model = model
-        if self.compiled:
-            self.threads = 1
+        self.threads = opts.resolved_forward_threads(compiled=self.compiled)
         self.seconds = 0.0
 
     def _jit(self, model: torch.nn.Module, opts: InferenceOptions) -> torch.nn.Module:

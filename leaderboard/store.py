@@ -154,7 +154,6 @@ class Entry:
         entry are cached together in one ``.npz`` keyed by the result's sha256, so ranking hundreds
         of models reads hundreds of small files."""
         if self._ranks is None:
-            self.recheck()  # cached ranks are the checked content's: served only while the files still have it
             self._ranks = self._load_ranks()
         return self._ranks[config]
 
@@ -185,6 +184,7 @@ class Entry:
 
         cache = self._ranks_file()
         if cache is not None and cache.is_file():
+            self.recheck()  # cached ranks are the checked content's: served only while the files still have it
             with np.load(cache, allow_pickle=False) as z:
                 configs, ids, n, ranks = z["configs"].tolist(), z["ids"].tolist(), z["n"], z["ranks"]
             starts = np.concatenate([[0], np.cumsum(n)])
