@@ -340,8 +340,11 @@ def validate(result, *, where: str) -> None:
     c.integer(sc["n_boot"], "protocol.scoring.n_boot", hi=100_000)
     c.integer(sc["seed"], "protocol.scoring.seed", lo=-(2**63), hi=2**64)
     c.number(sc["confidence"], "protocol.scoring.confidence", lo=0, hi=1)
-    for k in set(names) - {"filter", "reference_config", "reference_accuracy", "n_boot", "seed", "confidence"}:
-        c.json_value(sc[k], f"protocol.scoring.{k}")  # options added later: JSON values, checked by ScoringOptions
+    # a switch must be a boolean: null would score as false and still differ from what the result says it is
+    c.boolean(sc["fold_weather"], "protocol.scoring.fold_weather")
+    for k in set(names) - {"filter", "reference_config", "reference_accuracy", "n_boot", "seed", "confidence",
+                           "fold_weather"}:
+        c.json_value(sc[k], f"protocol.scoring.{k}")  # an option added later without its own check: a JSON value
     for k, allowed in PROTOCOL_OPTIONS.items():
         if k in p and p[k] not in allowed:
             c.fail(f"protocol.{k}", f"must be one of {list(allowed)}")

@@ -464,6 +464,21 @@ def test_a_boolean_in_place_of_a_metric_number_does_not_verify(fuzz_run, trusted
         (fuzz_run / "result.json").write_bytes(canonical_json(original))
 
 
+def test_a_null_scoring_switch_is_refused_even_with_a_fixed_config_hash(fuzz_run, trusted):
+    """``protocol.scoring.fold_weather: null`` scores as false, so the recomputed metrics of a result
+    made without folding match and only the schema can refuse it (found by the fuzz test below)."""
+    original = json.loads((fuzz_run / "result.json").read_text())
+    r = json.loads(json.dumps(original))
+    r["protocol"]["scoring"]["fold_weather"] = None
+    r["config_hash"] = config_hash(r["model"], r["suite"], r["protocol"], r["data_config"])
+    (fuzz_run / "result.json").write_bytes(json.dumps(r).encode())
+    try:
+        with pytest.raises(BenchError, match="fold_weather"):
+            verify_result(fuzz_run, suites=trusted)
+    finally:
+        (fuzz_run / "result.json").write_bytes(canonical_json(original))
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzzed_results_never_crash_and_never_pass_as_changed(fuzz_run, trusted, data):
