@@ -27,15 +27,19 @@ import os
 import re
 import time
 
-import numpy as np
-import pandas as pd
-import streamlit as st
+from leaderboard.serve import wait_warm
 
-from leaderboard import aggregate, reported
-from leaderboard.about import ABOUT
-from leaderboard.export import to_csv_bytes, to_json_bytes, unit
-from leaderboard.index import Loader, open_loader, view_frame
-from leaderboard.store import STAMP, Store
+wait_warm()  # under `bench leaderboard`: its warm-up thread imports what follows (one importing thread)
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from leaderboard import aggregate, reported  # noqa: E402
+from leaderboard.about import ABOUT  # noqa: E402
+from leaderboard.export import to_csv_bytes, to_json_bytes, unit  # noqa: E402
+from leaderboard.index import Loader, open_loader, view_frame  # noqa: E402
+from leaderboard.store import STAMP, Store  # noqa: E402
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 FIRST_PAINT_WAIT_S = 1.0   # a small store is painted complete; a large one shows progress and first rows
@@ -49,18 +53,31 @@ st.set_page_config(page_title="genshift-bench leaderboard", layout="wide")
 
 
 def _signature(source: str) -> str:
-    """Content key for the loader: sizes and mtimes of every result/stamp (or the Hub source). A change
-    starts a new background check (painted meanwhile from the index of unchanged entries)."""
+    """Content key for the loader: sizes and mtimes of every entry's result and stamp (``<suite>/<run>/``,
+    where ``load_store`` finds entries), or the Hub source. A change
+    starts a new background check (painted meanwhile from the index of unchanged entries). Runs on every
+    repaint: two levels of directories are listed, never the entries' own folders."""
     root = os.path.abspath(source)
     if not os.path.isdir(root):
         return source
     parts = []
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            if f in ("result.json", STAMP):
-                st_ = os.stat(os.path.join(dirpath, f))
-                parts.append(f"{dirpath}/{f}:{st_.st_size}:{st_.st_mtime_ns}")
+    for suite in _subdirs(root):
+        for run in _subdirs(suite):
+            for f in ("result.json", STAMP):
+                try:
+                    st_ = os.stat(os.path.join(run, f))
+                except OSError:
+                    continue
+                parts.append(f"{run}/{f}:{st_.st_size}:{st_.st_mtime_ns}")
     return "|".join(sorted(parts))
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return [e.path for e in it if e.is_dir()]
+    except OSError:
+        return []
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
@@ -224,9 +241,7 @@ def main() -> None:
         st.stop()
     if not st.context.headers:  # no browser (AppTest, scripted clients): the whole board in one run
         loader.want_store(wait=60)
-    if not loader.finished and loader.kind not in ("head", "index") and \
-            time.monotonic() - loader.started < FIRST_PAINT_WAIT_S:
-        loader.wait(FIRST_PAINT_WAIT_S - (time.monotonic() - loader.started))
+    loader.wait_first_paint(FIRST_PAINT_WAIT_S)
     loader.refresh()  # entries whose files changed on disk are checked again before anything is drawn
     store, state = loader.snapshot()
     # a restarted server's first page: painted from the index's head, before the rest of the index is read

@@ -57,9 +57,9 @@ def pool_size(entries: int, workers: int | None) -> int:
 
 
 def _check_chunk(paths: list[str], cache: dict | None, trusted_keys: dict, suites, strict: bool,
-                 ranks_dir: str | None = None) -> tuple[list, dict, int]:
+                 ranks_dir: str | None = None, on_checked=None) -> tuple[list, dict, int]:
     """Check ``paths`` against ``cache`` (None: the worker's copy); returns their entries, the cache outcomes
-    added, and this process's id."""
+    added, and this process's id. ``on_checked(entry)``: called as each is done (in the calling process)."""
     from leaderboard import store
 
     cache = _CACHE if cache is None else cache
@@ -67,8 +67,12 @@ def _check_chunk(paths: list[str], cache: dict | None, trusted_keys: dict, suite
     if key not in _TRUST:
         _TRUST[key] = store._trust(trusted_keys, suites)[1]
     known = set(cache)
-    entries = [store._check_entry(Path(p), cache, trusted_keys=trusted_keys, suites=_TRUST[key], strict_suites=strict,
-                                  ranks_dir=Path(ranks_dir) if ranks_dir else None) for p in paths]
+    entries = []
+    for p in paths:
+        entries.append(store._check_entry(Path(p), cache, trusted_keys=trusted_keys, suites=_TRUST[key],
+                                          strict_suites=strict, ranks_dir=Path(ranks_dir) if ranks_dir else None))
+        if on_checked is not None:
+            on_checked(entries[-1])
     return entries, {k: v for k, v in cache.items() if k not in known}, os.getpid()
 
 
@@ -88,12 +92,11 @@ def check_in_pool(paths: list[Path], cache: dict, *, trusted_keys: dict, suites,
                              initargs=(snapshot,)) as pool:
         futures = [pool.submit(_check_chunk, [str(p) for p in paths[i:i + CHUNK]], None, trusted_keys, suites, strict,
                                ranks) for i in range(CHUNK, len(paths), CHUNK)]
+        # each of its own entries is passed on as soon as it is checked: a cold board's first row is one entry's check
         own, added, pid = _check_chunk([str(p) for p in paths[:CHUNK]], dict(snapshot), trusted_keys, suites, strict,
-                                        ranks)
+                                        ranks, on_checked)
         cache.update(added)
         per_pid[pid] = len(own)
-        for e in own:
-            on_checked(e)
         for fut in as_completed(futures):
             entries, added, pid = fut.result()
             cache.update(added)

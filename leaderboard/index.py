@@ -432,6 +432,19 @@ class Loader:
         self.thread.join(timeout)
         return self.finished
 
+    def wait_first_paint(self, within: float) -> None:
+        """Wait until the check has finished, or has published a partial store and, at its rate so far,
+        would not finish ``within`` seconds of the loader's start: a small store is painted complete, a
+        large one as soon as it has rows (not after the whole ``within``), at most until then."""
+        while (left := self.started + within - time.monotonic()) > 0:
+            with self.lock:
+                if self.finished or self.kind in ("head", "index"):
+                    return
+                elapsed = time.monotonic() - self.started
+                if self.kind == "partial" and self.done and elapsed * self.total / self.done > within:
+                    return
+            self.thread.join(min(left, 0.02))
+
     def snapshot(self) -> tuple[Store | None, dict]:
         with self.lock:
             return self.store, {"done": self.done, "total": self.total, "finished": self.finished,

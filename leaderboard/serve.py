@@ -1,8 +1,14 @@
 """The server process of `bench leaderboard`: Streamlit's own command line (``streamlit run ...``), with
 the app's modules imported and the store's loader opened (``leaderboard.index.preload``: the index's
-head read and checked) in a background thread while Streamlit starts. A restarted board's first page
-then finds them ready instead of paying for them in its first run (about 1 s here: pandas, pyarrow,
-the store, index and aggregate modules, the head).
+head read and checked) in a background thread. A restarted board's first page then finds them ready
+instead of paying for them in its first run (about 1 s here: pandas, pyarrow, the store, index and
+aggregate modules, the head).
+
+The warm-up starts once Streamlit's server listens, not before: run while Streamlit starts, it took the
+GIL from Streamlit's own start-up and delayed the server's first answer by 0.55 s here
+(docs/performance.md). It then runs while the browser loads the page, and the app's first run waits for
+it (:func:`wait_warm`), so the heavy modules are imported by one thread only (some packages look a
+module up in ``sys.modules``, plotly for pandas, and would find one half-imported by another thread).
 
     python -m leaderboard.serve run leaderboard/app.py --server.port 8501 ...
 """
@@ -11,14 +17,51 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
+LISTEN_WAIT_S = 30.0  # the warm-up starts anyway after this long without a listening server
+WARM_WAIT_S = 60.0    # the app's first run goes on without the warm-up after this long (it opens the store itself)
+_warming = threading.Event()  # set while a warm-up runs in this process
+_warmed = threading.Event()
 
-def _warm() -> None:
+
+def wait_warm() -> bool:
+    """Called by the app before its imports: wait for this process's warm-up, if one runs (never under a
+    plain ``streamlit run``, AppTest or a Space). Returns whether a warm-up was waited for."""
+    if not _warming.is_set():
+        return False
+    _warmed.wait(WARM_WAIT_S)
+    return True
+
+
+def _option(args: list[str], name: str, default: str) -> str:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _warm(host: str, port: int) -> None:
     try:
+        deadline = time.monotonic() + LISTEN_WAIT_S
+        while not _listening(host, port) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        import pandas  # noqa: F401  (first: the modules below import it)
+        import pyarrow  # noqa: F401
+
         from leaderboard import aggregate, export, reported  # noqa: F401  (the app's first run needs them all)
         from leaderboard.index import preload
 
@@ -26,19 +69,23 @@ def _warm() -> None:
                 os.environ.get("GENSHIFT_SUITES") or None)
     except Exception as e:  # noqa: BLE001 - the app opens the store itself and shows what is wrong
         log.debug("warm-up failed: %s", e)
+    finally:
+        _warmed.set()
 
 
 def main(argv: list[str] | None = None) -> None:
-    # the libraries Streamlit imports too, first and in this thread: some packages look a module up in
-    # sys.modules (plotly: pandas) and would find it half-imported by the warm-up thread
-    import pandas  # noqa: F401
-    import pyarrow  # noqa: F401
     from streamlit.web import cli
 
-    threading.Thread(target=_warm, name="genshift-warm-up", daemon=True).start()
-
-    cli.main(args=list(sys.argv[1:] if argv is None else argv), prog_name="streamlit")
+    args = list(sys.argv[1:] if argv is None else argv)
+    host = _option(args, "--server.address", "127.0.0.1")
+    port = int(_option(args, "--server.port", "8501"))
+    _warming.set()
+    threading.Thread(target=_warm, args=({"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), port),
+                     name="genshift-warm-up", daemon=True).start()
+    cli.main(args=args, prog_name="streamlit")
 
 
 if __name__ == "__main__":
-    main()
+    from leaderboard.serve import main as _main  # the importable module, whose warm-up state the app reads
+
+    _main()

@@ -522,6 +522,112 @@ def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
     assert state["kind"] == "full" and state["finished"] and len(store.entries) == 20
 
 
+@pytest.mark.parametrize("models,partial", [(20, True), (3, False)], ids=["large-store", "small-store"])
+def test_first_paint_waits_for_rows_not_for_the_whole_wait(tmp_path, monkeypatch, models, partial):
+    """A cold store's first page waits (``Loader.wait_first_paint``) until the check has published rows and,
+    at its rate so far, would not finish within the wait, or until it finished: a large store is painted
+    from its first checked entry (not after the whole wait), a small one complete."""
+    from leaderboard import index, store as store_mod
+
+    root = tmp_path / "s"
+    make_store(root, models=models, configs=2, rows=20, seed=4)
+    real = store_mod._check_entry
+
+    def slow(*a, **kw):  # 0.1 s per entry: a 20-entry check takes 2 s, a 3-entry one 0.3 s
+        time.sleep(0.1)
+        return real(*a, **kw)
+    monkeypatch.setattr(store_mod, "_check_entry", slow)
+    loader = index.Loader(str(root))
+    loader.wait_first_paint(1.5)
+    waited = time.monotonic() - loader.started
+    store, state = loader.snapshot()
+    if partial:
+        assert state["kind"] == "partial" and not state["finished"] and waited < 1.0, (state, waited)
+        assert 1 <= len(store.entries) < models
+    else:
+        assert state["finished"] and len(store.entries) == models, state
+    assert loader.wait(60)
+
+
+def test_the_calling_process_passes_on_each_entry_of_its_chunk_as_it_is_checked(tmp_path, monkeypatch):
+    """``check_in_pool``: the entries the calling process checks itself (the first chunk, while the workers
+    start) reach ``on_checked`` one by one, so a cold board's first row waits for one entry's check, not four."""
+    from leaderboard import check_pool, store as store_mod
+
+    root = tmp_path / "s"
+    make_store(root, models=check_pool.CHUNK, configs=2, rows=20, seed=4)
+    paths = sorted(root.glob("*/*/result.json"))
+    events, real = [], store_mod._check_entry
+
+    def recording(path, *a, **kw):
+        events.append(("check", path))
+        return real(path, *a, **kw)
+    monkeypatch.setattr(store_mod, "_check_entry", recording)
+    by_pid = check_pool.check_in_pool(paths, {}, trusted_keys={}, suites=None, strict=False, workers=2,
+                                      on_checked=lambda e: events.append(("checked", e.path)))
+    assert by_pid == {os.getpid(): len(paths)}  # one chunk: no worker was needed
+    assert events == [(kind, p) for p in paths for kind in ("check", "checked")]
+
+
+def test_the_warm_up_starts_once_the_server_listens_and_the_app_waits_for_it(monkeypatch):
+    """`bench leaderboard`'s server process (``leaderboard.serve``): the warm-up (the app's imports and the
+    store's preload) waits until Streamlit's server listens, so it never takes the GIL from Streamlit's
+    start-up; ``wait_warm`` (the app's first lines) returns once it is done, and at once where no warm-up
+    runs (a plain ``streamlit run``, AppTest, a Space)."""
+    import socket
+    import threading
+
+    from leaderboard import index, serve
+    from tests.hubtools import free_port
+
+    monkeypatch.setattr(serve, "_warming", threading.Event())
+    monkeypatch.setattr(serve, "_warmed", threading.Event())
+    assert serve.wait_warm() is False  # no warm-up in this process: nothing to wait for
+    calls = []
+    monkeypatch.setattr(index, "preload", lambda *a: calls.append((time.monotonic(), a)))
+    port = free_port()
+    serve._warming.set()
+    threading.Thread(target=serve._warm, args=("127.0.0.1", port), daemon=True).start()
+    time.sleep(0.5)
+    assert not calls and not serve._warmed.is_set()  # no server yet: the warm-up waits
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        listening = time.monotonic()
+        assert serve.wait_warm() is True
+    assert serve._warmed.is_set() and len(calls) == 1 and calls[0][0] >= listening
+    assert serve._option(["run", "app.py", "--server.port", "8123", "--server.address=::"], "--server.port", "") == "8123"
+    assert serve._option(["--server.address=::"], "--server.address", "x") == "::"
+
+
+def test_a_new_entry_is_checked_under_a_running_board_and_files_that_are_no_entry_start_no_check(tmp_path, monkeypatch):
+    """The app's loader key (``_signature``) follows the entries ``load_store`` reads (``<suite>/<run>/``
+    result and stamp): a new entry is checked and shown on the next run; a result.json inside an entry's
+    folder or directly in the store changes no entry, so starts no new check."""
+    from leaderboard import store as store_mod
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    root = _board(tmp_path / "s", models=3)
+    checked, real = [], store_mod._check_entry
+    monkeypatch.setattr(store_mod, "_check_entry", lambda path, *a, **k: checked.append(path) or real(path, *a, **k))
+    at = _app(root).run()
+    assert len(_grid(at, "main_table")) == 5
+    checked.clear()
+    entry = next(root.glob("imagenet-star/*/result.json")).parent
+    shutil.copy(entry / "result.json", entry / "predictions" / "result.json")
+    shutil.copy(entry / "result.json", root / "imagenet-star" / "result.json")
+    at.run()
+    assert checked == [] and len(_grid(at, "main_table")) == 5
+    first = json.loads((entry / "result.json").read_text())
+    write_model(root, model_id="timm/new.model", architecture="resnet50", tag="a1_in1k", num_params=25e6, skill=2.0,
+                rng=np.random.default_rng(11), suite_id="imagenet-star", configs=CONFIGS,
+                difficulty={c: np.random.default_rng(3).normal(0, 1.2, 60) for c in CONFIGS},
+                manifest=first["suite"]["manifest_sha256"])
+    at.run()
+    assert "timm/new.model" in {p.parent.name.replace("--", "/") for p in checked}
+    assert "timm/new.model" in set(_grid(at, "community_table")["model"])  # unsigned: shown, not ranked
+
+
 def test_export_space_builds_and_renders(tmp_path, monkeypatch):
     from huggingface_hub import HfApi, constants
 
