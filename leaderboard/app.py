@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
+from benchmark.errors import IntegrityError  # noqa: E402
 from leaderboard import aggregate, reported  # noqa: E402
 from leaderboard.about import ABOUT  # noqa: E402
 from leaderboard.export import to_csv_bytes, to_json_bytes, unit  # noqa: E402
@@ -296,8 +297,14 @@ def main() -> None:
         loader.want_store()
         st.stop()
     # ranks are computed once over the board's ranked entries (point ranks while a cold board is checked)
-    board_df, meta = (view_frame(first), first["meta"]) if first is not None else \
-        get_board(store, store.fingerprint, suite, board, final)
+    try:
+        board_df, meta = (view_frame(first), first["meta"]) if first is not None else \
+            get_board(store, store.fingerprint, suite, board, final)
+    except IntegrityError as e:  # an entry's files changed after this run's refresh: check them again, draw anew
+        if loader.refresh() is not store:
+            st.rerun()
+        st.error(f"{e}")
+        st.stop()
     skipped = meta["skipped"]
     family_kind, metric, higher, metric_label = meta["family"], meta["metric"], meta["higher"], meta["metric_label"]
     configs = meta["configs"]

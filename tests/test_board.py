@@ -628,6 +628,38 @@ def test_a_new_entry_is_checked_under_a_running_board_and_files_that_are_no_entr
     assert "timm/new.model" in set(_grid(at, "community_table")["model"])  # unsigned: shown, not ranked
 
 
+def test_files_changed_while_the_board_is_drawn_are_checked_again_not_a_traceback(tmp_path, monkeypatch):
+    """An entry's predictions file rewritten after a run's refresh, before its ranks are read for the board:
+    the ranking's read refuses it (``Entry.recheck``), and the app checks the store again and draws it anew
+    (the entry rejected, no longer ranked) instead of failing the page."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    root = _board(tmp_path / "s", models=4)
+    victim = next(root.glob("*/*-v1/predictions/base.parquet"))
+    model = json.loads((victim.parent.parent / "result.json").read_text())["model"]["id"]
+    real, raised = aggregate.board_table, []
+
+    def race(entries, **kw):  # the file changes between the app run's refresh and its ranking
+        if not raised:
+            data = bytearray(victim.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            victim.write_bytes(bytes(data))
+            try:
+                return real(entries, **kw)
+            except Exception as e:
+                raised.append(type(e).__name__)
+                raise
+        return real(entries, **kw)
+    monkeypatch.setattr(aggregate, "board_table", race)
+    from leaderboard import index
+    monkeypatch.setattr(index, "write_index", lambda *a, **kw: None)  # its first view would read the ranks first
+    at = _app(root).run()
+    assert raised == ["IntegrityError"]  # the race happened: the ranking refused the changed file
+    assert not at.exception, at.exception
+    table = _grid(at, "main_table")
+    assert model not in set(table["model"]) and len(table) == 5
+    assert any("1 rejected" in t.value for t in at.text), [t.value for t in at.text]
+
+
 def test_export_space_builds_and_renders(tmp_path, monkeypatch):
     from huggingface_hub import HfApi, constants
 
