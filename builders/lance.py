@@ -11,7 +11,10 @@ Rows: ``original`` (the 512 crop the classifier sees), ``reconstruction`` (null-
 without edit: the control) and ``counterfactual`` (one per accepted edit), stored as JPEG quality 75
 like the files the paper scored (``--image-format png``: lossless), joined by ``pair_id`` =
 the validation image id, so ``bench eval`` reports acc@k, Δacc@k and Δp per edit type and class.
-Each source image's outcome is checkpointed; ``accelerate launch`` spreads images over GPUs.
+The steps run as three stages over all of a process's images (:func:`caption_image`, :func:`plan_edits`,
+:func:`render_image`), each with only its own models loaded: the four models together (31 GiB) do
+not fit a 24 GiB GPU, the largest stage (the LLM, 14.5 GiB) does. Each image's plan (caption, drawn
+edits) and rows are checkpointed; ``accelerate launch`` spreads images over GPUs.
 """
 
 from __future__ import annotations
@@ -148,40 +151,77 @@ def _smoke_sources(tmp: Path):
     return out
 
 
-def _models(args, device: str):
-    from builders.captioner import Captioner
-    from builders.clip_scoring import ClipScorer
-    from builders.lance_editor import Editor, EditorConfig
-    from builders.lance_perturb import Perturber, TextFilter
+def _editor_config(args):
+    from builders.lance_editor import EditorConfig
 
     fs = tuple(float(f) for f in args.fs)
     if args.smoke:
-        fs = fs[::2]  # 0.4, 0.6, 0.8: the smoke run stays small
-        cfg = EditorConfig(model_id="tiny-random-sd1(seed=0)", steps=4, guidance=args.guidance, size=64,
-                           nti_inner_steps=3, fs=fs, reweight=args.reweight, eq_bug_compat=args.eq_bug_compat)
-        return (Captioner.tiny(), SmokePerturber(), TextFilter.sentence_bert(), Editor.tiny(cfg), ClipScorer.tiny(), cfg)
-    cfg = EditorConfig(model_id=args.editor, steps=args.steps, guidance=args.guidance, fs=fs, reweight=args.reweight,
-                       eq_bug_compat=args.eq_bug_compat)
-    clip = ClipScorer.from_pretrained(args.clip_model, args.clip_pretrained, device=device)
-    text = TextFilter.sentence_bert() if args.text_filter == "sbert" else TextFilter.clip(clip)
-    return (Captioner.from_pretrained(args.captioner, device=device), Perturber.from_pretrained(args.perturber, device=device),
-            text, Editor.from_pretrained(cfg, device=device), clip, cfg)
+        return EditorConfig(model_id="tiny-random-sd1(seed=0)", steps=4, guidance=args.guidance, size=64,
+                            nti_inner_steps=3, fs=fs[::2],  # 0.4, 0.6, 0.8: the smoke run stays small
+                            reweight=args.reweight, eq_bug_compat=args.eq_bug_compat)
+    return EditorConfig(model_id=args.editor, steps=args.steps, guidance=args.guidance, fs=fs, reweight=args.reweight,
+                        eq_bug_compat=args.eq_bug_compat)
 
 
-def process_image(src, *, captioner, perturber, text_filter, editor, clip, args, smoke: bool) -> list[dict]:
-    """All rows of one source image (original, reconstruction, accepted counterfactuals)."""
-    import numpy as np
+def _clip(args, device: str):
+    from builders.clip_scoring import ClipScorer
 
-    from benchmark import imagenet
-    from builders.lance_checks import CheckThresholds, choose, score_edits
-    from builders.lance_perturb import paper_type, sample_edits
+    return ClipScorer.tiny() if args.smoke else ClipScorer.from_pretrained(args.clip_model, args.clip_pretrained,
+                                                                            device=device)
+
+
+def _captioner(args, device: str):
+    from builders.captioner import Captioner
+
+    return Captioner.tiny() if args.smoke else Captioner.from_pretrained(args.captioner, device=device)
+
+
+def _text_models(args, device: str):
+    """The perturber and the text filter (the CLIP variant loads its own CLIP: the editor is not loaded yet)."""
+    from builders.lance_perturb import Perturber, TextFilter
+
+    if args.smoke:
+        return SmokePerturber(), TextFilter.sentence_bert()
+    text = TextFilter.sentence_bert() if args.text_filter == "sbert" else TextFilter.clip(_clip(args, device))
+    return Perturber.from_pretrained(args.perturber, device=device), text
+
+
+def _image_models(args, device: str, cfg):
+    from builders.lance_editor import Editor
+
+    return (Editor.tiny(cfg) if args.smoke else Editor.from_pretrained(cfg, device=device)), _clip(args, device)
+
+
+def _free(device: str) -> None:
+    """Give a finished stage's models back (the caller dropped its references) before the next stage loads."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def caption_image(src, *, captioner, cfg, args, smoke: bool) -> dict:
+    """Stage 1 of one source image: its caption (BLIP-2, "a photo of ..." on the editor's crop)."""
     from builders.lance_sources import load_crop
     from builders.seeding import derive_seed
 
-    size = editor.cfg.size
-    crop = load_crop(src, size)
+    crop = load_crop(src, cfg.size)
     caption = captioner.caption([crop], prefix="a photo of", num_beams=5, min_new_tokens=20 if not smoke else 3,
                                 max_new_tokens=100 if not smoke else 8, seed=derive_seed(args.seed, src.source_id, "caption"))[0]
+    return {"caption": caption, "captioner": captioner.model_id}
+
+
+def plan_edits(src, plan: dict, *, perturber, text_filter, args) -> dict:
+    """Stage 2 of one source image: the LLM's edits of its caption, drawn through the text filter
+    (Algorithm 1, lines 8-11); the kept draws are what stage 3 renders."""
+    from benchmark import imagenet
+    from builders.lance_perturb import paper_type, sample_edits
+    from builders.seeding import derive_seed
+
+    caption = plan["caption"]
     edits, _raw = perturber.perturb(caption, edit_types=args.edit_types,
                                     seed_fn=lambda t: derive_seed(args.seed, src.source_id, t))
     class_name = imagenet.get_class(src.label).name
@@ -189,7 +229,24 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
     draws = sample_edits(edits, seed=sampling_seed, max_edits=args.max_edits, method=args.edit_sampling,
                          cap=args.cap_counts, accept=lambda e: text_filter.check(e, class_name),
                          type_of=lambda e: paper_type(e.edit_type, separate_weather=args.separate_weather))
-    kept = [d for d in draws if d.accepted]
+    kept = [{"index": d.index, "edit_type": d.edit_type, "edit": asdict(d.edit), "scores": d.scores}
+            for d in draws if d.accepted]
+    return {**plan, "sampling_seed": sampling_seed, "kept": kept, "perturber": perturber.model_id,
+            "text_filter": text_filter.model_id}
+
+
+def render_image(src, plan: dict, *, editor, clip, args, smoke: bool) -> tuple[list[dict], list]:
+    """Stage 3 of one source image: its rows (original, reconstruction, accepted counterfactuals) from its
+    plan: null-text inversion once, prompt-to-prompt for every kept edit, CLIP checks, the best f."""
+    import numpy as np
+
+    from builders.lance_checks import CheckThresholds, choose, score_edits
+    from builders.lance_perturb import Edit
+    from builders.lance_sources import load_crop
+    from builders.seeding import derive_seed
+
+    crop = load_crop(src, editor.cfg.size)
+    caption, sampling_seed = plan["caption"], plan["sampling_seed"]
     base = {"label": src.label, "pair_id": src.source_id, "source_image_id": src.source_id, "keep": True,
             "caption": caption, "edited_caption": None, "original_words": None, "edit_words": None, "edit_type": None,
             "f": None, "clip_img_sim": None, "clip_sim_0": None, "clip_sim_1": None, "clip_dir_sim": None,
@@ -202,8 +259,8 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
     rows.append({**base, "image": {"bytes": encode_image(recon, args.image_format), "path": None}, "image_id": f"reconstruction/{src.source_id}",
                  "config": "reconstruction", "role": "reconstruction"})
     th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if smoke else CheckThresholds()
-    for k, d in enumerate(kept):
-        e, ts = d.edit, d.scores
+    for k, d in enumerate(plan["kept"]):
+        e, ts = Edit(**d["edit"]), d["scores"]
         z, _ = editor.edit(inv, e.edited_caption, e.edit)
         images = editor.decode(z[1:])
         scores = score_edits(clip, recon, images, list(editor.cfg.fs), caption, e.edited_caption, e.original, e.edit, th)
@@ -214,36 +271,42 @@ def process_image(src, *, captioner, perturber, text_filter, editor, clip, args,
         img = images[[s.f for s in scores].index(best.f)]
         rows.append({**base, "image": {"bytes": encode_image(img, args.image_format), "path": None},
                      "image_id": f"counterfactual/{src.source_id}/{k:02d}", "config": "counterfactual",
-                     "role": "counterfactual", "edit_type": d.edit_type, "edit_type_fine": e.edit_type,
-                     "edit_draw": d.index, "edited_caption": e.edited_caption,
+                     "role": "counterfactual", "edit_type": d["edit_type"], "edit_type_fine": e.edit_type,
+                     "edit_draw": d["index"], "edited_caption": e.edited_caption,
                      "original_words": e.original, "edit_words": e.edit, "f": best.f,
                      "clip_img_sim": best.clip_img_sim, "clip_sim_0": best.clip_sim_0, "clip_sim_1": best.clip_sim_1,
                      "clip_dir_sim": best.clip_dir_sim, "text_class_sim": ts["class_sim"],
                      "text_same_sim": ts["same_sim"], "edit_text_direction": np.asarray(tdir, np.float32).tolist(),
                      "seed": derive_seed(args.seed, src.source_id, e.edit_type)})
-    tried = [[d.edit_type, d.edit.edit_type] for d in kept]  # sent to the editor: (type, fine type)
+    tried = [[d["edit_type"], d["edit"]["edit_type"]] for d in plan["kept"]]  # sent to the editor: (type, fine type)
     return rows, tried
 
 
-def _save_rows(rows: list[dict], tried: list, path: Path) -> None:
-    """One source image's rows, with the types of the edits it tried in the file's metadata."""
+def _save_rows(rows: list[dict], tried: list, models: dict, path: Path) -> None:
+    """One source image's rows, with the types of the edits it tried and the models that made them in the
+    file's metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from benchmark.fsutil import atomic_path
 
     table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])
-    table = table.replace_schema_metadata({b"tried": json.dumps(tried).encode()})
+    table = table.replace_schema_metadata({b"tried": json.dumps(tried).encode(), b"models": json.dumps(models).encode()})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
 
 
-def _load_rows(path: Path) -> tuple[list[dict], list]:
+def _load_rows(path: Path) -> tuple[list[dict], list, dict]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    tried = json.loads((table.schema.metadata or {}).get(b"tried", b"[]"))
-    return [{**r, "image": {"bytes": r["image"], "path": None}} for r in table.to_pylist()], tried
+    meta = table.schema.metadata or {}
+    return ([{**r, "image": {"bytes": r["image"], "path": None}} for r in table.to_pylist()],
+            json.loads(meta.get(b"tried", b"[]")), json.loads(meta.get(b"models", b"{}")))
+
+
+def _load_plan(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _type_counts(pairs) -> dict:
@@ -264,6 +327,7 @@ def _run(args) -> int:
     from tqdm.auto import tqdm
 
     from benchmark.errors import BenchError
+    from benchmark.fsutil import atomic_write_json
     from benchmark.writer import SuiteWriter
     from builders.lance_perturb import EDIT_TYPES
     from builders.lance_sources import find_hub_sources, find_sources
@@ -299,26 +363,51 @@ def _run(args) -> int:
     proc.wait()
     if not proc.is_main:
         writer = SuiteWriter(out, clean_incomplete=False, **kw)
-    captioner, perturber, text_filter, editor, clip, cfg = _models(args, device)
+    cfg = _editor_config(args)
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
     mine = [s for s in sources if shard_of(s.source_id, proc.count) == proc.index]
     todo = [s for s in mine if not (work / f"{s.source_id}.parquet").is_file()]
-    bar = tqdm(total=len(todo), desc="lance", unit="image", disable=not args.progress, dynamic_ncols=True)
-    for src in todo:
-        rows, tried = process_image(src, captioner=captioner, perturber=perturber, text_filter=text_filter,
-                                    editor=editor, clip=clip, args=args, smoke=args.smoke)
-        _save_rows(rows, tried, work / f"{src.source_id}.parquet")
-        bar.update(1)
-    bar.close()
+    # three stages over all of this process's images, each with only its own models loaded (the four
+    # together do not fit a 24 GiB GPU; docs/performance.md); each image's plan is checkpointed per stage
+    plan_file = {s.source_id: work / f"{s.source_id}.plan.json" for s in todo}
+    plans = {s.source_id: _load_plan(plan_file[s.source_id]) for s in todo}
+    stage = [s for s in todo if plans[s.source_id] is None]
+    if stage:
+        captioner = _captioner(args, device)
+        for src in tqdm(stage, desc="lance: caption", unit="image", disable=not args.progress, dynamic_ncols=True):
+            plans[src.source_id] = caption_image(src, captioner=captioner, cfg=cfg, args=args, smoke=args.smoke)
+            atomic_write_json(plan_file[src.source_id], plans[src.source_id])
+        del captioner
+        _free(device)
+    stage = [s for s in todo if "kept" not in plans[s.source_id]]
+    if stage:
+        perturber, text_filter = _text_models(args, device)
+        for src in tqdm(stage, desc="lance: edits", unit="image", disable=not args.progress, dynamic_ncols=True):
+            plans[src.source_id] = plan_edits(src, plans[src.source_id], perturber=perturber, text_filter=text_filter,
+                                              args=args)
+            atomic_write_json(plan_file[src.source_id], plans[src.source_id])
+        del perturber, text_filter
+        _free(device)
+    if todo:
+        editor, clip = _image_models(args, device, cfg)
+        for src in tqdm(todo, desc="lance: images", unit="image", disable=not args.progress, dynamic_ncols=True):
+            plan = plans[src.source_id]
+            rows, tried = render_image(src, plan, editor=editor, clip=clip, args=args, smoke=args.smoke)
+            models = {k: plan[k] for k in ("captioner", "perturber", "text_filter")} | {"clip": clip.model_id}
+            _save_rows(rows, tried, models, work / f"{src.source_id}.parquet")
+        del editor, clip
+        _free(device)
     proc.wait()
     if not proc.is_main:
         return 0
     by_config: dict[str, list] = {"original": [], "reconstruction": [], "counterfactual": []}
     tried_all: list = []
+    models: set[str] = set()
     for s in sources:
-        rows, tried = _load_rows(work / f"{s.source_id}.parquet")
+        rows, tried, used = _load_rows(work / f"{s.source_id}.parquet")
         tried_all += tried
+        models.add(json.dumps(used, sort_keys=True))
         for r in rows:
             by_config[r["config"]].append(r)
     if not by_config["counterfactual"]:
@@ -328,10 +417,14 @@ def _run(args) -> int:
         for i in range(n):
             if not writer.shard_done(config, i, n):
                 writer.write_shard(config, i, n, rows[i::n])
+    if len(models) != 1:
+        raise BenchError(f"the images in {work} were made with different models ({' vs '.join(sorted(models))}); "
+                         f"remove {work} and build again")
+    used = json.loads(models.pop())
     counts = {c: len(r) for c, r in by_config.items()}
     provenance = {"builder": "builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
-                  "captioner": captioner.model_id, "perturber": perturber.model_id, "text_filter": text_filter.model_id,
-                  "editor": asdict(cfg), "clip": clip.model_id, "seed": args.seed, "edit_types": args.edit_types,
+                  "captioner": used["captioner"], "perturber": used["perturber"], "text_filter": used["text_filter"],
+                  "editor": asdict(cfg), "clip": used["clip"], "seed": args.seed, "edit_types": args.edit_types,
                   "max_edits": args.max_edits, "image_format": args.image_format,
                   "edit_sampling": sampling_record(args.edit_sampling, separate_weather=args.separate_weather,
                                                    cap=args.cap_counts),

@@ -340,19 +340,31 @@ def stages(suite_id: str, args, device: str) -> list[Stage]:
     raise BenchError(f"no preflight for {suite_id!r}")
 
 
-# stages whose models a builder holds on the device at the same time (the others load and free theirs)
-RESIDENT = {"imagenet-star": ("generation", "CLIP filter"),
-            "lance-hardimagenet": ("caption", "perturbation prompting", "NTI + P2P editing", "CLIP checks"),
-            "in-g-rn": ("generation", "target"), "in-g-vit": ("generation", "target")}
+def resident_groups(suite_id: str, args=None) -> list[tuple[str, ...]]:
+    """The sets of stages whose models a builder holds on the device at the same time, one set after the
+    other. LANCE runs its stages over all images in turn (``builders.lance``): the captioner alone, then the
+    perturber (with CLIP when ``--text-filter clip``), then the editor with CLIP."""
+    if suite_id == "lance-hardimagenet":
+        clip_text = getattr(args, "text_filter", "sbert") == "clip"
+        return [("caption",), ("perturbation prompting",) + (("CLIP checks",) if clip_text else ()),
+                ("NTI + P2P editing", "CLIP checks")]
+    return {"imagenet-star": [("generation", "CLIP filter")], "in-g-rn": [("generation", "target")],
+            "in-g-vit": [("generation", "target")]}.get(suite_id, [])
 
 
-def together(suite_id: str, reports: list[Report]) -> tuple[list[str], int]:
-    """(stage names, peak bytes) of the models the builder keeps loaded at once: all their weights
-    plus the largest activation peak among them (one stage runs at a time)."""
-    group = [r for r in reports if r.ok and r.stage in RESIDENT.get(suite_id, ())]
-    if not group:
+def _group_peak(group: list[Report]) -> int:
+    """All the group's weights plus the largest activation peak among them (one stage runs at a time)."""
+    return sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
+
+
+def together(suite_id: str, reports: list[Report], args=None) -> tuple[list[str], int]:
+    """(stage names, peak bytes) of the largest set of models the builder keeps loaded at once."""
+    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, args)]
+    groups = [g for g in groups if g]
+    if not groups:
         return [], 0
-    return [r.stage for r in group], sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
+    top = max(groups, key=_group_peak)
+    return [r.stage for r in top], _group_peak(top)
 
 
 def _capacity(device: str, memory_gib: float | None) -> tuple[int | None, str]:
@@ -429,15 +441,16 @@ def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = No
                 rep.fits = False
         checked.append((st, rep))
     reports = [rep for _, rep in checked]
-    resident = [r for r in reports if r.ok and r.stage in RESIDENT.get(suite_id, ())]
+    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, args)]
     for st, rep in checked:
         if rep.ok and capacity:  # a stage shares the device with the weights of the models loaded with it
-            others = sum(r.weights for r in resident if r is not rep) if rep in resident else 0
+            others = max((sum(r.weights for r in g if r is not rep) for g in groups if rep in g), default=0)
             advise(rep, st, capacity - int(others / USABLE))
     return reports, where
 
 
-def render(suite_id: str, reports: list[Report], device: str, where: str, capacity: int | None = None) -> str:
+def render(suite_id: str, reports: list[Report], device: str, where: str, capacity: int | None = None,
+           args=None) -> str:
     lines = [f"preflight of {suite_id} on {device} ({where}); real architectures, random weights, meta-device pass",
              f"{'stage':<34} {'model':<40} {'params':>15} {'dtype':<9} {'batch':>5} {'est. GiB':>8} {'meas. GiB':>9} "
              f"{'s/img':>7}  fit"]
@@ -456,11 +469,11 @@ def render(suite_id: str, reports: list[Report], device: str, where: str, capaci
                      f"{r.estimate / GiB:8.2f} {measured} {secs}  {fit}")
         if len(r.components) > 1:
             lines += [f"{'':<36}{name:<38} {n:>15,}" for name, n in r.components.items() if name != "model"]
-    names, peak = together(suite_id, reports)
-    if len(names) > 1:
+    names, peak = together(suite_id, reports, args)
+    if names:
         verdict = "" if not capacity else ("; fits" if peak <= USABLE * capacity else
                                            "; does NOT fit: the builder holds these models at once")
-        lines.append(f"loaded together ({', '.join(names)}): {peak / GiB:.2f} GiB{verdict}")
+        lines.append(f"most loaded at once ({', '.join(names)}): {peak / GiB:.2f} GiB{verdict}")
     lines.append("est.: peak memory estimated from the meta pass (weights + activation peak, fused attention); "
                  "meas.: measured on the device (--measure); fit: against the device memory")
     for r in reports:
@@ -473,7 +486,7 @@ def run(suite_id: str, args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     reports, where = preflight(suite_id, args, device=device, memory_gib=args.device_memory,
                                measure=args.measure)
-    print(render(suite_id, reports, device, where, _capacity(device, args.device_memory)[0]))
+    print(render(suite_id, reports, device, where, _capacity(device, args.device_memory)[0], args))
     failed = [r.stage for r in reports if not r.ok]
     if failed:
         raise BenchError(f"preflight: {len(failed)} stage(s) failed their shape pass ({', '.join(failed)}); "

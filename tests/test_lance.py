@@ -292,28 +292,82 @@ def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
     assert result["analysis"]["lance_edit_clusters"]["clusters"]
 
 
-def test_resume_skips_finished_images(tmp_path, monkeypatch):
+def _manifest_sha(out) -> str:
+    from benchmark.suite_format import Manifest
+    return Manifest.load(out).sha256
+
+
+def test_each_stage_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path, monkeypatch):
+    """A build stopped in the edit stage and then in the image stage resumes where each image left off: a
+    resumed stage never loads the models of the stages done (no captioner once every caption is on disk),
+    runs only the images not done, and the suite has the bytes of an uninterrupted build (each image's plan
+    goes through its JSON checkpoint)."""
     from builders import lance
-    real = lance.process_image
-    calls = []
 
-    def crash_after_two(src, **kw):
-        if len(calls) == 2:
-            raise RuntimeError("simulated crash")
-        calls.append(src.source_id)
-        return real(src, **kw)
+    args = ["build", "lance-hardimagenet", "--smoke", "--no-progress", "--max-edits", "1"]
+    assert main(args + ["--out", str(tmp_path / "whole")]) == 0
+    calls: list = []
 
-    monkeypatch.setattr(lance, "process_image", crash_after_two)
+    def record(name, fn, crash_after=None):
+        def inner(*a, **kw):
+            if crash_after is not None and sum(c[0] == name for c in calls) == crash_after:
+                raise RuntimeError("simulated crash")
+            calls.append((name, a[0].source_id if a and hasattr(a[0], "source_id") else None))
+            return fn(*a, **kw)
+        return inner
+
+    real = {n: getattr(lance, n) for n in ("_captioner", "_text_models", "_image_models", "caption_image",
+                                           "plan_edits", "render_image")}
+
+    def patch(**crash):
+        calls.clear()
+        for n, fn in real.items():
+            monkeypatch.setattr(lance, n, record(n, fn, crash.get(n)))
     out = tmp_path / "suite"
-    args = ["build", "lance-hardimagenet", "--smoke", "--out", str(out), "--no-progress", "--max-edits", "1"]
+    patch(plan_edits=2)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        main(args)
-    done = sorted(p.stem for p in (out / ".work").glob("*.parquet"))
-    assert done == sorted(calls)
-    calls.clear()
-    monkeypatch.setattr(lance, "process_image", lambda src, **kw: (calls.append(src.source_id), real(src, **kw))[1])
-    assert main(args) == 0
-    assert len(calls) == 2 and not set(calls) & set(done)
+        main(args + ["--out", str(out)])
+    assert [c[0] for c in calls].count("caption_image") == 4 and [c[0] for c in calls].count("plan_edits") == 2
+    planned = {c[1] for c in calls if c[0] == "plan_edits"}
+    patch(render_image=1)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(args + ["--out", str(out)])
+    names = [c[0] for c in calls]
+    assert "_captioner" not in names and "caption_image" not in names  # every caption was on disk
+    assert {c[1] for c in calls if c[0] == "plan_edits"} == {f"smoke_{i:04d}" for i in range(4)} - planned
+    rendered = {c[1] for c in calls if c[0] == "render_image"}
+    assert len(rendered) == 1 and {p.stem for p in (out / ".work").glob("*.parquet")} == rendered
+    patch()
+    assert main(args + ["--out", str(out)]) == 0
+    assert [c[0] for c in calls] == ["_image_models"] + ["render_image"] * 3
+    assert rendered.isdisjoint(c[1] for c in calls)
+    assert _manifest_sha(out) == _manifest_sha(tmp_path / "whole")
+
+
+def test_each_stage_holds_only_its_own_models(tmp_path, monkeypatch):
+    """The captioner is gone before the perturber and text filter load, and they are gone before the editor and
+    CLIP load: a build holds one stage's models at a time (the four together need 31 GiB, docs/performance.md)."""
+    import weakref
+
+    from builders import lance
+
+    alive: dict[str, weakref.ref] = {}
+    seen = []
+
+    def watch(name, fn):
+        def inner(*a, **kw):
+            seen.append((name, sorted(k for k, r in alive.items() if r() is not None)))
+            models = fn(*a, **kw)
+            for k, m in enumerate(models if isinstance(models, tuple) else (models,)):
+                alive[f"{name}[{k}]"] = weakref.ref(m)
+            return models
+        return inner
+    for n in ("_captioner", "_text_models", "_image_models"):
+        monkeypatch.setattr(lance, n, watch(n, getattr(lance, n)))
+    assert main(["build", "lance-hardimagenet", "--smoke", "--no-progress", "--max-edits", "1", "--out",
+                 str(tmp_path / "suite")]) == 0
+    assert seen == [("_captioner", []), ("_text_models", []), ("_image_models", [])]
+    assert all(r() is None for r in alive.values())
 
 
 def test_bad_lance_input(tmp_path, capsys):
