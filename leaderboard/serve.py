@@ -62,7 +62,7 @@ def _warm(host: str, port: int) -> None:
         import pandas  # noqa: F401  (first: the modules below import it)
         import pyarrow  # noqa: F401
 
-        from leaderboard import aggregate, export, reported  # noqa: F401  (the app's first run needs them all)
+        from leaderboard import ui  # noqa: F401  (the page and every module its first run needs)
         from leaderboard.index import preload
 
         preload(os.environ.get("GENSHIFT_RESULTS", "runs"), os.environ.get("GENSHIFT_TRUSTED_KEYS") or None,

@@ -426,8 +426,9 @@ def test_the_check_leaves_each_entrys_ranks_so_ranking_reads_no_predictions_file
 
 def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
     """A spawned worker of the store check imports the parent's ``__main__`` again as ``__mp_main__``; in
-    the Streamlit server that is app.py, which must not open a store (and start a check of its own) there.
-    As ``__main__`` (how Streamlit runs it) it does."""
+    the Streamlit server that is app.py, which must not open a store (and start a check of its own) there,
+    nor import Streamlit and the page (a second of CPU per worker while a cold board paints). As
+    ``__main__`` (how Streamlit runs it) it does."""
     import subprocess
     import sys
 
@@ -435,7 +436,8 @@ def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
 
     code = ("import runpy, sys; import leaderboard.index as i; calls = []\n"
             "i.open_loader = lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(RuntimeError('stop'))\n"
-            "try:\n    runpy.run_path(sys.argv[1], run_name=sys.argv[2])\nfinally:\n    print('OPENED', len(calls))")
+            "try:\n    runpy.run_path(sys.argv[1], run_name=sys.argv[2])\nfinally:\n    print('OPENED', len(calls))\n"
+            "    print('IMPORTED', sorted(m for m in ('streamlit', 'pandas', 'leaderboard.ui') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "GENSHIFT_RESULTS": str(tmp_path)}
     opened = {}
     for name in ("__mp_main__", "__main__"):
@@ -443,8 +445,8 @@ def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
                              timeout=120)
         found = re.findall(r"^OPENED (\d+)$", out.stdout, re.M)  # (bare mode: the app's st.stop() may raise)
         assert found, out.stderr[-2000:]
-        opened[name] = int(found[-1])
-    assert opened == {"__mp_main__": 0, "__main__": 1}
+        opened[name] = (int(found[-1]), re.findall(r"^IMPORTED (.*)$", out.stdout, re.M)[-1])
+    assert opened == {"__mp_main__": (0, "[]"), "__main__": (1, "['leaderboard.ui', 'pandas', 'streamlit']")}
 
 
 def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
