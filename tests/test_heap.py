@@ -10,6 +10,9 @@ import resource, sys, threading, torch
 from benchmark.heap import keep_freed_memory
 took = keep_freed_memory() if sys.argv[1] == "keep" else None
 threads = int(sys.argv[2])
+# threads in lockstep: each round every thread's blocks are alive at once, so the warm-up reaches the
+# heap's working size whatever the scheduling (a busy machine interleaves free threads differently)
+together = threading.Barrier(threads)
 
 def batches(n):
     for _ in range(n):  # a batch's widest activations, allocated, written and freed again and again
@@ -17,7 +20,9 @@ def batches(n):
         t.fill_(1.0)
         u = torch.empty(3 * 2**20)
         u.fill_(1.0)
+        together.wait()
         del t, u
+        together.wait()
 
 def run(n):  # on the main thread, or on `threads` threads at once (forward threads, sweep lanes)
     if threads == 1:
