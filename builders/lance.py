@@ -306,7 +306,21 @@ def _load_rows(path: Path) -> tuple[list[dict], list, dict]:
 
 
 def _load_plan(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    """An image's checkpointed plan, or None (not made yet, or unreadable: made again)."""
+    try:
+        plan = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("plan %s is unreadable (%s); making it again", path, e)
+        return None
+    return plan if isinstance(plan, dict) and isinstance(plan.get("caption"), str) else None
+
+
+def _save_plan(path: Path, plan: dict) -> None:
+    from benchmark.fsutil import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(plan).encode())  # NaN stays NaN (a text score), as in the rows
 
 
 def _type_counts(pairs) -> dict:
@@ -327,7 +341,6 @@ def _run(args) -> int:
     from tqdm.auto import tqdm
 
     from benchmark.errors import BenchError
-    from benchmark.fsutil import atomic_write_json
     from benchmark.writer import SuiteWriter
     from builders.lance_perturb import EDIT_TYPES
     from builders.lance_sources import find_hub_sources, find_sources
@@ -377,7 +390,7 @@ def _run(args) -> int:
         captioner = _captioner(args, device)
         for src in tqdm(stage, desc="lance: caption", unit="image", disable=not args.progress, dynamic_ncols=True):
             plans[src.source_id] = caption_image(src, captioner=captioner, cfg=cfg, args=args, smoke=args.smoke)
-            atomic_write_json(plan_file[src.source_id], plans[src.source_id])
+            _save_plan(plan_file[src.source_id], plans[src.source_id])
         del captioner
         _free(device)
     stage = [s for s in todo if "kept" not in plans[s.source_id]]
@@ -386,7 +399,7 @@ def _run(args) -> int:
         for src in tqdm(stage, desc="lance: edits", unit="image", disable=not args.progress, dynamic_ncols=True):
             plans[src.source_id] = plan_edits(src, plans[src.source_id], perturber=perturber, text_filter=text_filter,
                                               args=args)
-            atomic_write_json(plan_file[src.source_id], plans[src.source_id])
+            _save_plan(plan_file[src.source_id], plans[src.source_id])
         del perturber, text_filter
         _free(device)
     if todo:
@@ -410,6 +423,10 @@ def _run(args) -> int:
         models.add(json.dumps(used, sort_keys=True))
         for r in rows:
             by_config[r["config"]].append(r)
+    used = json.loads(models.pop()) if len(models) == 1 else {}
+    if set(used) != {"captioner", "perturber", "text_filter", "clip"}:  # before any shard is written
+        raise BenchError(f"the images checkpointed in {work} were made with different models or by an older version "
+                         "of this builder; build again with --overwrite")
     if not by_config["counterfactual"]:
         raise BenchError("no counterfactual passed the checks; nothing to evaluate (check the models and thresholds)")
     for config, rows in by_config.items():
@@ -417,10 +434,6 @@ def _run(args) -> int:
         for i in range(n):
             if not writer.shard_done(config, i, n):
                 writer.write_shard(config, i, n, rows[i::n])
-    if len(models) != 1:
-        raise BenchError(f"the images in {work} were made with different models ({' vs '.join(sorted(models))}); "
-                         f"remove {work} and build again")
-    used = json.loads(models.pop())
     counts = {c: len(r) for c, r in by_config.items()}
     provenance = {"builder": "builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
                   "captioner": used["captioner"], "perturber": used["perturber"], "text_filter": used["text_filter"],

@@ -275,17 +275,31 @@ def read_index(source: str, root: Path, revision: str | None, *, keys_digest: st
 
 
 _PRELOADED: dict[tuple, "Loader"] = {}
+_PRELOADING: dict[tuple, threading.Event] = {}  # set once that preload has ended (a loader, or an error)
+
+
+def announce_preload(source: str, trusted_keys_file: str | None, suites_dir: str | None) -> None:
+    """Say that :func:`preload` will open this loader, before it starts: a page asking for it meanwhile
+    waits for that one instead of opening (and checking, or downloading) the store a second time."""
+    _PRELOADING.setdefault((source, trusted_keys_file, suites_dir), threading.Event())
 
 
 def preload(source: str, trusted_keys_file: str | None, suites_dir: str | None) -> None:
-    """Open the store's loader before any page asks for it (``leaderboard.serve``, while Streamlit starts)."""
+    """Open the store's loader before any page asks for it (``leaderboard.serve``, once the server listens)."""
     key = (source, trusted_keys_file, suites_dir)
-    _PRELOADED[key] = Loader(source, trusted_keys_file=trusted_keys_file, suites_dir=suites_dir)
+    done = _PRELOADING.setdefault(key, threading.Event())
+    try:
+        _PRELOADED[key] = Loader(source, trusted_keys_file=trusted_keys_file, suites_dir=suites_dir)
+    finally:
+        done.set()
 
 
 def open_loader(source: str, trusted_keys_file: str | None = None, suites_dir: str | None = None) -> "Loader":
-    """The preloaded loader for these settings (once), else a new one."""
-    found = _PRELOADED.pop((source, trusted_keys_file, suites_dir), None)
+    """The preloaded loader for these settings (once; waiting for a preload under way), else a new one."""
+    key = (source, trusted_keys_file, suites_dir)
+    if key in _PRELOADING:
+        _PRELOADING[key].wait()
+    found = _PRELOADED.pop(key, None)
     return found or Loader(source, trusted_keys_file=trusted_keys_file, suites_dir=suites_dir)
 
 

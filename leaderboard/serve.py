@@ -4,11 +4,13 @@ head read and checked) in a background thread. A restarted board's first page th
 instead of paying for them in its first run (about 1 s here: pandas, pyarrow, the store, index and
 aggregate modules, the head).
 
-The warm-up starts once Streamlit's server listens, not before: run while Streamlit starts, it took the
-GIL from Streamlit's own start-up and delayed the server's first answer by 0.55 s here
-(docs/performance.md). It then runs while the browser loads the page, and the app's first run waits for
-it (:func:`wait_warm`), so the heavy modules are imported by one thread only (some packages look a
-module up in ``sys.modules``, plotly for pandas, and would find one half-imported by another thread).
+The warm-up starts once Streamlit's server listens (or a page run began), not before: run while
+Streamlit starts, it took the GIL from Streamlit's own start-up and delayed the server's first answer by
+about 0.5 s here (docs/performance.md). It then runs while the browser loads the page. The page's first
+run waits for its imports (:func:`wait_warm`), so the heavy modules are imported by one thread only
+(some packages look a module up in ``sys.modules``, plotly for pandas, and would find one half-imported
+by another thread), and for the loader it opens (``leaderboard.index.open_loader``), so the store is
+never opened twice.
 
     python -m leaderboard.serve run leaderboard/app.py --server.port 8501 ...
 """
@@ -25,21 +27,24 @@ import time
 log = logging.getLogger(__name__)
 
 LISTEN_WAIT_S = 30.0  # the warm-up starts anyway after this long without a listening server
-WARM_WAIT_S = 60.0    # the app's first run goes on without the warm-up after this long (it opens the store itself)
-_warming = threading.Event()  # set while a warm-up runs in this process
-_warmed = threading.Event()
+WARM_WAIT_S = 60.0    # a page run goes on without the warm-up's imports after this long
+_warming = threading.Event()   # set while a warm-up runs in this process
+_page = threading.Event()      # set by the first page run: the server listens, whatever the poll saw
+_imported = threading.Event()  # set once the warm-up's imports are done (or failed)
 
 
 def wait_warm() -> bool:
-    """Called by the app before its imports: wait for this process's warm-up, if one runs (never under a
-    plain ``streamlit run``, AppTest or a Space). Returns whether a warm-up was waited for."""
+    """Called by the app before its imports: wait for this process's warm-up to have imported the page's
+    modules, if one runs (never under a plain ``streamlit run``, AppTest or a Space); the store's loader
+    it opens next is waited for by ``leaderboard.index.open_loader``. Returns whether one was waited for."""
     if not _warming.is_set():
         return False
-    _warmed.wait(WARM_WAIT_S)
+    _page.set()
+    _imported.wait(WARM_WAIT_S)
     return True
 
 
-def _option(args: list[str], name: str, default: str) -> str:
+def _option(args: list[str], name: str, default: str | None) -> str | None:
     for i, a in enumerate(args):
         if a == name and i + 1 < len(args):
             return args[i + 1]
@@ -54,23 +59,36 @@ def _listening(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def _warm(host: str, port: int) -> None:
+def _warm(host: str, port: int | None) -> None:
+    settings = (os.environ.get("GENSHIFT_RESULTS", "runs"), os.environ.get("GENSHIFT_TRUSTED_KEYS") or None,
+                os.environ.get("GENSHIFT_SUITES") or None)
+    announced = False
     try:
+        from streamlit import config
+
         deadline = time.monotonic() + LISTEN_WAIT_S
-        while not _listening(host, port) and time.monotonic() < deadline:
+        while not _page.is_set() and time.monotonic() < deadline and \
+                not _listening(host, port or int(config.get_option("server.port"))):  # a port from config files too
             time.sleep(0.02)
         import pandas  # noqa: F401  (first: the modules below import it)
         import pyarrow  # noqa: F401
 
         from leaderboard import ui  # noqa: F401  (the page and every module its first run needs)
-        from leaderboard.index import preload
+        from leaderboard.index import announce_preload
 
-        preload(os.environ.get("GENSHIFT_RESULTS", "runs"), os.environ.get("GENSHIFT_TRUSTED_KEYS") or None,
-                os.environ.get("GENSHIFT_SUITES") or None)
+        announce_preload(*settings)
+        announced = True
     except Exception as e:  # noqa: BLE001 - the app opens the store itself and shows what is wrong
         log.debug("warm-up failed: %s", e)
     finally:
-        _warmed.set()
+        _imported.set()
+    if announced:
+        from leaderboard.index import preload
+
+        try:
+            preload(*settings)
+        except Exception as e:  # noqa: BLE001 - the page's own loader shows what is wrong
+            log.debug("preload failed: %s", e)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,10 +96,10 @@ def main(argv: list[str] | None = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
     host = _option(args, "--server.address", "127.0.0.1")
-    port = int(_option(args, "--server.port", "8501"))
+    port = _option(args, "--server.port", None)
     _warming.set()
-    threading.Thread(target=_warm, args=({"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), port),
-                     name="genshift-warm-up", daemon=True).start()
+    threading.Thread(target=_warm, args=({"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host),
+                                         int(port) if port else None), name="genshift-warm-up", daemon=True).start()
     cli.main(args=args, prog_name="streamlit")
 
 

@@ -300,7 +300,8 @@ def main() -> None:
     except IntegrityError as e:  # an entry's files changed after this run's refresh: check them again, draw anew
         if loader.refresh() is not store:
             st.rerun()
-        st.error(f"{e}")
+        st.error("An entry's files changed while the board was drawn.")
+        st.text(str(e))  # names from the store: text, never Markdown
         st.stop()
     skipped = meta["skipped"]
     family_kind, metric, higher, metric_label = meta["family"], meta["metric"], meta["higher"], meta["metric_label"]

@@ -35,3 +35,23 @@ def open_when_serving(driver, url: str, *, timeout: float = 60) -> None:
             if time.time() > deadline:
                 raise
             time.sleep(1)
+
+
+CHECKING = "Checking results"  # the progress bar of the board's background check
+
+
+def until_checked(driver, *, timeout: float = 180, settle: float = 1.5) -> None:
+    """Wait until the board's background check is over: its progress bar has stayed out of the page for
+    ``settle`` seconds, longer than the bar's fragment's tick (1 s), which takes it out for a moment
+    when it redraws."""
+    from selenium.webdriver.common.by import By
+
+    deadline, gone = time.time() + timeout, None
+    while gone is None or time.time() - gone < settle:
+        if time.time() > deadline:
+            raise TimeoutError("the board's background check did not end")
+        if CHECKING in driver.find_element(By.TAG_NAME, "body").text:
+            gone = None
+        elif gone is None:
+            gone = time.time()
+        time.sleep(0.2)

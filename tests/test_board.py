@@ -540,7 +540,7 @@ def test_first_paint_waits_for_rows_not_for_the_whole_wait(tmp_path, monkeypatch
         return real(*a, **kw)
     monkeypatch.setattr(store_mod, "_check_entry", slow)
     loader = index.Loader(str(root))
-    loader.wait_first_paint(1.5)
+    loader.wait_first_paint(1.5 if partial else 5.0)  # small: finishes within the wait even on a slow machine
     waited = time.monotonic() - loader.started
     store, state = loader.snapshot()
     if partial:
@@ -572,32 +572,56 @@ def test_the_calling_process_passes_on_each_entry_of_its_chunk_as_it_is_checked(
 
 
 def test_the_warm_up_starts_once_the_server_listens_and_the_app_waits_for_it(monkeypatch):
-    """`bench leaderboard`'s server process (``leaderboard.serve``): the warm-up (the app's imports and the
+    """`bench leaderboard`'s server process (``leaderboard.serve``): the warm-up (the page's imports, then the
     store's preload) waits until Streamlit's server listens, so it never takes the GIL from Streamlit's
-    start-up; ``wait_warm`` (the app's first lines) returns once it is done, and at once where no warm-up
-    runs (a plain ``streamlit run``, AppTest, a Space)."""
+    start-up; ``wait_warm`` (the app's first lines) returns once the imports are done, and at once where no
+    warm-up runs (a plain ``streamlit run``, AppTest, a Space); ``open_loader`` waits for the preload
+    announced, so the page never opens the store a second time. A page run ends the wait for the port
+    (a port set in Streamlit's config files is not on the command line)."""
     import socket
     import threading
 
     from leaderboard import index, serve
     from tests.hubtools import free_port
 
-    monkeypatch.setattr(serve, "_warming", threading.Event())
-    monkeypatch.setattr(serve, "_warmed", threading.Event())
+    for name in ("_warming", "_page", "_imported"):
+        monkeypatch.setattr(serve, name, threading.Event())
+    monkeypatch.setattr(index, "_PRELOADING", {})
+    monkeypatch.setattr(index, "_PRELOADED", {})
     assert serve.wait_warm() is False  # no warm-up in this process: nothing to wait for
-    calls = []
-    monkeypatch.setattr(index, "preload", lambda *a: calls.append((time.monotonic(), a)))
+    calls, opened = [], []
+
+    def slow_loader(source, **kw):
+        time.sleep(0.5)
+        calls.append(time.monotonic())
+        return f"loader of {source}"
+    monkeypatch.setattr(index, "Loader", slow_loader)
     port = free_port()
     serve._warming.set()
-    threading.Thread(target=serve._warm, args=("127.0.0.1", port), daemon=True).start()
+    warm = threading.Thread(target=serve._warm, args=("127.0.0.1", port), daemon=True)
+    warm.start()
     time.sleep(0.5)
-    assert not calls and not serve._warmed.is_set()  # no server yet: the warm-up waits
+    assert not calls and not serve._imported.is_set()  # no server yet: the warm-up waits
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
         listening = time.monotonic()
-        assert serve.wait_warm() is True
-    assert serve._warmed.is_set() and len(calls) == 1 and calls[0][0] >= listening
+        assert serve.wait_warm() is True and serve._imported.is_set()
+        settings = (os.environ.get("GENSHIFT_RESULTS", "runs"), os.environ.get("GENSHIFT_TRUSTED_KEYS") or None,
+                    os.environ.get("GENSHIFT_SUITES") or None)
+        opened.append(index.open_loader(*settings))  # the preload is under way: waited for, not opened again
+    warm.join(10)
+    assert len(calls) == 1 and calls[0] >= listening and opened == [f"loader of {settings[0]}"]
+    # no server on the port the warm-up polls, but a page run began: the warm-up goes on at once
+    for name in ("_page", "_imported"):
+        monkeypatch.setattr(serve, name, threading.Event())
+    monkeypatch.setattr(index, "_PRELOADING", {})
+    warm = threading.Thread(target=serve._warm, args=("127.0.0.1", free_port()), daemon=True)
+    warm.start()
+    t = time.monotonic()
+    assert serve.wait_warm() is True and time.monotonic() - t < 10  # not LISTEN_WAIT_S
+    warm.join(10)
+    assert len(calls) == 2
     assert serve._option(["run", "app.py", "--server.port", "8123", "--server.address=::"], "--server.port", "") == "8123"
     assert serve._option(["--server.address=::"], "--server.address", "x") == "::"
 
@@ -1016,7 +1040,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.browser import chromium, open_when_serving
+    from tests.browser import chromium, open_when_serving, until_checked
 
     from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
     from tests.hubtools import free_port
@@ -1049,8 +1073,8 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
         WebDriverWait(driver, 180).until(lambda d: d.execute_script(charts) > 0)
         first = driver.execute_script("return window.__first")
         assert first.get("cell") is not None and first["cell"] < first["chart"], first
-        WebDriverWait(driver, 180).until(lambda d: "Checking results" not in body(d) and "strength 0.810" in body(d)
-                                        and "Top 10 as text" in body(d))
+        until_checked(driver)
+        WebDriverWait(driver, 180).until(lambda d: "strength 0.810" in body(d) and "Top 10 as text" in body(d))
         text = body(driver)
         assert "golden retriever" in text and "strength 0.810" in text, text
         boxes = driver.execute_script("return Array.from(document.querySelectorAll('[data-testid=stSelectbox]'))"
@@ -1319,7 +1343,7 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.browser import chromium, open_when_serving
+    from tests.browser import chromium, open_when_serving, until_checked
 
     from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
     from tests.hubtools import free_port
@@ -1339,7 +1363,8 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
     body = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
 
     def top10():
-        WebDriverWait(driver, 180).until(lambda d: "Top 10 as text" in body(d) and "Checking results" not in body(d))
+        until_checked(driver)
+        WebDriverWait(driver, 180).until(lambda d: "Top 10 as text" in body(d))
         time.sleep(1)
         driver.find_element(By.XPATH, "//*[contains(text(), 'Top 10 as text')]").click()
         WebDriverWait(driver, 30).until(lambda d: "timm/" in d.find_element(

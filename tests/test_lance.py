@@ -344,6 +344,49 @@ def test_each_stage_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path, monk
     assert _manifest_sha(out) == _manifest_sha(tmp_path / "whole")
 
 
+def test_rows_of_an_older_builder_are_refused_before_any_shard_is_written(tmp_path, monkeypatch, capsys):
+    """A checkpointed image without the models that made it (an older builder) cannot be told apart from one
+    made with other models: the build stops with one line naming --overwrite, before writing any shard."""
+    import pyarrow.parquet as pq
+
+    from builders import lance
+
+    out = tmp_path / "suite"
+    args = ["build", "lance-hardimagenet", "--smoke", "--no-progress", "--max-edits", "1", "--out", str(out)]
+    real, done = lance.render_image, []
+
+    def crash_after_one(*a, **kw):
+        if done:
+            raise RuntimeError("simulated crash")
+        done.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(lance, "render_image", crash_after_one)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(args)
+    monkeypatch.setattr(lance, "render_image", real)
+    rows = next((out / ".work").glob("*.parquet"))
+    table = pq.read_table(rows)
+    pq.write_table(table.replace_schema_metadata({b"tried": table.schema.metadata[b"tried"]}), rows)
+    capsys.readouterr()
+    assert main(args) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--overwrite" in err[0] and "older version" in err[0], err
+    assert not [p for p in out.rglob("*.parquet") if ".work" not in p.parts]  # no shard written
+
+
+def test_an_unreadable_plan_is_made_again_and_nan_scores_keep_their_value(tmp_path):
+    from builders.lance import _load_plan, _save_plan
+
+    p = tmp_path / "x.plan.json"
+    assert _load_plan(p) is None
+    for bad in (b"{\"caption\": \"a photo of", b"[1, 2]", b'{"caption": 3}'):
+        p.write_bytes(bad)
+        assert _load_plan(p) is None
+    _save_plan(p, {"caption": "a photo of a dog", "kept": [{"scores": {"class_sim": float("nan"), "same_sim": None}}]})
+    plan = _load_plan(p)
+    assert plan["caption"] == "a photo of a dog" and np.isnan(plan["kept"][0]["scores"]["class_sim"])
+
+
 def test_each_stage_holds_only_its_own_models(tmp_path, monkeypatch):
     """The captioner is gone before the perturber and text filter load, and they are gone before the editor and
     CLIP load: a build holds one stage's models at a time (the four together need 31 GiB, docs/performance.md)."""

@@ -327,7 +327,7 @@ def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.browser import chromium, open_when_serving
+    from tests.browser import chromium, open_when_serving, until_checked
 
     from tests.hubtools import free_port
     port = free_port()
@@ -342,7 +342,7 @@ def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
         WebDriverWait(driver, 90).until(lambda d: "ranked by" in d.find_element(By.TAG_NAME, "body").text)
         WebDriverWait(driver, 30).until(lambda d: "Top 10 as text" in d.find_element(By.TAG_NAME, "body").text)
         # the background check has finished (no progress bar): the table is complete
-        WebDriverWait(driver, 90).until(lambda d: "Checking results" not in d.find_element(By.TAG_NAME, "body").text)
+        until_checked(driver, timeout=90)
         time.sleep(1)
         driver.find_element(By.XPATH, "//*[contains(text(), 'Top 10 as text')]").click()
         WebDriverWait(driver, 30).until(lambda d: "timm/convnext" in d.find_element(By.TAG_NAME, "body").text

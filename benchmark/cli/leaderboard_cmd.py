@@ -115,7 +115,7 @@ def run(args) -> int:
             env[name] = os.path.abspath(value)
         else:
             env.pop(name, None)
-    # streamlit's command line, with the app's imports and the index's head read while it starts (leaderboard.serve)
+    # streamlit's command line; the app's imports and the index's head are read once it listens (leaderboard.serve)
     cmd = [sys.executable, "-m", "leaderboard.serve", "run", str(app), "--server.port", str(args.port),
            "--server.address", args.host, *STREAMLIT_FLAGS]
     print(f"leaderboard for {source} on http://{args.host}:{args.port}", flush=True)
