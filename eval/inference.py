@@ -79,9 +79,14 @@ class InferenceOptions:
             return 1
         if self.forward_threads is not None:
             return self.forward_threads
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        per_process = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # torchrun, accelerate
-        return max(1, min(16, per_process // self.cpu_threads))
+        return max(1, min(16, process_cores() // self.cpu_threads))
+
+
+def process_cores() -> int:
+    """The cores this process may use: its CPU affinity, shared by the processes of one node under
+    ``torchrun``/``accelerate launch`` (``LOCAL_WORLD_SIZE``)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
 
 
 @dataclass(frozen=True)

@@ -33,15 +33,17 @@ def plan(req: SweepRequest, *, probe: bool = True) -> dict:
     items = sw.items()
     with fixed_threads(sw.opts.cpu_threads):  # measured at the thread count the run will use
         rates = measure_rates(sw) if probe else {"decode_s_per_image": {}, "forward_s_per_image": {}}
-    per_rank = [0.0] * sw.dist.world
+    decode_s, forward_s = [0.0] * sw.dist.world, [0.0] * sw.dist.world
     groups = {}
     for it in items:
         g = groups.setdefault(it["group"], {"models": set(), "decodes": 0, "model_images": 0})
         g["models"].update(it["models"])
         g["decodes"] += it["rows"]
         g["model_images"] += it["cost"]
-        per_rank[it["rank"]] += it["rows"] * (rates["decode_s_per_image"].get(it["group"], 0.0)
-                                              + sum(rates["forward_s_per_image"].get(m, 0.0) for m in it["models"]))
+        decode_s[it["rank"]] += it["rows"] * rates["decode_s_per_image"].get(it["group"], 0.0)
+        forward_s[it["rank"]] += it["rows"] * sum(rates["forward_s_per_image"].get(m, 0.0) for m in it["models"])
+    per_rank = [d + f for d, f in zip(decode_s, forward_s)]
+    busy = [overlapped_seconds(d, f, sw.opts) for d, f in zip(decode_s, forward_s)]
     return {
         "models": [{"model": j.model_id, "status": j.status, "group": j.state.get("group"), "error": j.error}
                    for j in sw.jobs],
@@ -50,7 +52,20 @@ def plan(req: SweepRequest, *, probe: bool = True) -> dict:
         "rates": rates,
         "estimated_seconds": round(max(per_rank), 1) if items and probe else None,
         "estimated_seconds_per_process": [round(s, 1) for s in per_rank] if probe else None,
+        "estimated_seconds_all_busy": round(max(busy), 1) if items and probe else None,
     }
+
+
+def overlapped_seconds(decode_s: float, forward_s: float, opts) -> float:
+    """A process's decode and forward time (seconds of one core or of the device, from the probe) when
+    they overlap fully: on CPU the decode workers, forward threads and groups in flight share the
+    process's cores, so all the work over them; on a GPU the longer of the decode workers' share and
+    the device's forward passes. A lower bound: ``estimated_seconds`` (nothing overlapped) is the upper."""
+    from eval.inference import process_cores
+
+    if opts.device.startswith("cpu"):
+        return (decode_s + forward_s) / process_cores()
+    return max(decode_s / max(1, opts.resolved_workers()), forward_s)
 
 
 def measure_rates(sw: Sweep) -> dict:

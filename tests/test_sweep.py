@@ -107,6 +107,9 @@ def test_plan_lists_items_and_writes_nothing(tmp_path, suite, zoo, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert len(rep["groups"]) == 2 and rep["processes"] == 1
     assert sum(i["cost"] for i in rep["items"]) == 3 * 36 and rep["estimated_seconds"] > 0
+    # on CPU the overlapped estimate spreads the same work over the process's cores
+    from eval.inference import process_cores
+    assert rep["estimated_seconds_all_busy"] == pytest.approx(rep["estimated_seconds"] / process_cores(), abs=0.1)
     assert not list((tmp_path / "runs").rglob("*.json"))
 
 

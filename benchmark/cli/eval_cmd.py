@@ -258,9 +258,10 @@ def print_plan(report: dict) -> None:
             f"{k} {1000 * v:.1f}" for k, v in rates["decode_s_per_image"].items()) + "; forward " + ", ".join(
             f"{k} {1000 * v:.1f}" for k, v in rates["forward_s_per_image"].items()))
     if report["estimated_seconds"] is not None:
-        est = report["estimated_seconds"]
-        print(f"estimated: {est:.0f} s ({est / 3600:.2f} h) on the slowest process "
-              "(decode not overlapped with the forward pass: an upper bound)")
+        est, low = report["estimated_seconds"], report["estimated_seconds_all_busy"]
+        print(f"estimated on the slowest process: {low:.0f}-{est:.0f} s ({low / 3600:.2f}-{est / 3600:.2f} h): from "
+              "decoding and the forward pass fully overlapped (every core busy on CPU) to not at all; "
+              "start-up and scoring not included")
 
 
 def _fmt(m: dict | None, *, pp: bool = True) -> str:
