@@ -203,14 +203,14 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def caption_image(src, *, captioner, cfg, args, smoke: bool) -> dict:
+def caption_image(src, *, captioner, cfg, args) -> dict:
     """Stage 1 of one source image: its caption (BLIP-2, "a photo of ..." on the editor's crop)."""
     from builders.lance_sources import load_crop
     from builders.seeding import derive_seed
 
     crop = load_crop(src, cfg.size)
-    caption = captioner.caption([crop], prefix="a photo of", num_beams=5, min_new_tokens=20 if not smoke else 3,
-                                max_new_tokens=100 if not smoke else 8, seed=derive_seed(args.seed, src.source_id, "caption"))[0]
+    caption = captioner.caption([crop], prefix="a photo of", num_beams=5, min_new_tokens=3 if args.smoke else 20,
+                                max_new_tokens=8 if args.smoke else 100, seed=derive_seed(args.seed, src.source_id, "caption"))[0]
     return {"caption": caption, "captioner": captioner.model_id}
 
 
@@ -235,7 +235,7 @@ def plan_edits(src, plan: dict, *, perturber, text_filter, args) -> dict:
             "text_filter": text_filter.model_id}
 
 
-def render_image(src, plan: dict, *, editor, clip, args, smoke: bool) -> tuple[list[dict], list]:
+def render_image(src, plan: dict, *, editor, clip, args) -> tuple[list[dict], list]:
     """Stage 3 of one source image: its rows (original, reconstruction, accepted counterfactuals) from its
     plan: null-text inversion once, prompt-to-prompt for every kept edit, CLIP checks, the best f."""
     import numpy as np
@@ -258,7 +258,7 @@ def render_image(src, plan: dict, *, editor, clip, args, smoke: bool) -> tuple[l
     recon = editor.decode(editor.reconstruct(inv))[0]
     rows.append({**base, "image": {"bytes": encode_image(recon, args.image_format), "path": None}, "image_id": f"reconstruction/{src.source_id}",
                  "config": "reconstruction", "role": "reconstruction"})
-    th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if smoke else CheckThresholds()
+    th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if args.smoke else CheckThresholds()
     for k, d in enumerate(plan["kept"]):
         e, ts = Edit(**d["edit"]), d["scores"]
         z, _ = editor.edit(inv, e.edited_caption, e.edit)
@@ -385,32 +385,33 @@ def _run(args) -> int:
     # together do not fit a 24 GiB GPU; docs/performance.md); each image's plan is checkpointed per stage
     plan_file = {s.source_id: work / f"{s.source_id}.plan.json" for s in todo}
     plans = {s.source_id: _load_plan(plan_file[s.source_id]) for s in todo}
-    stage = [s for s in todo if plans[s.source_id] is None]
-    if stage:
-        captioner = _captioner(args, device)
-        for src in tqdm(stage, desc="lance: caption", unit="image", disable=not args.progress, dynamic_ncols=True):
-            plans[src.source_id] = caption_image(src, captioner=captioner, cfg=cfg, args=args, smoke=args.smoke)
-            _save_plan(plan_file[src.source_id], plans[src.source_id])
-        del captioner
+
+    def stage(desc: str, images: list, load, step) -> None:
+        """One stage over ``images``, its models loaded first and given back before the next stage loads."""
+        if not images:
+            return
+        models = load()
+        for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not args.progress, dynamic_ncols=True):
+            step(src, *models)
+        del models
         _free(device)
-    stage = [s for s in todo if "kept" not in plans[s.source_id]]
-    if stage:
-        perturber, text_filter = _text_models(args, device)
-        for src in tqdm(stage, desc="lance: edits", unit="image", disable=not args.progress, dynamic_ncols=True):
-            plans[src.source_id] = plan_edits(src, plans[src.source_id], perturber=perturber, text_filter=text_filter,
-                                              args=args)
-            _save_plan(plan_file[src.source_id], plans[src.source_id])
-        del perturber, text_filter
-        _free(device)
-    if todo:
-        editor, clip = _image_models(args, device, cfg)
-        for src in tqdm(todo, desc="lance: images", unit="image", disable=not args.progress, dynamic_ncols=True):
-            plan = plans[src.source_id]
-            rows, tried = render_image(src, plan, editor=editor, clip=clip, args=args, smoke=args.smoke)
-            models = {k: plan[k] for k in ("captioner", "perturber", "text_filter")} | {"clip": clip.model_id}
-            _save_rows(rows, tried, models, work / f"{src.source_id}.parquet")
-        del editor, clip
-        _free(device)
+
+    def planned(src, plan: dict) -> None:
+        plans[src.source_id] = plan
+        _save_plan(plan_file[src.source_id], plan)
+
+    def rendered(src, editor, clip) -> None:
+        plan = plans[src.source_id]
+        rows, tried = render_image(src, plan, editor=editor, clip=clip, args=args)
+        models = {k: plan[k] for k in ("captioner", "perturber", "text_filter")} | {"clip": clip.model_id}
+        _save_rows(rows, tried, models, work / f"{src.source_id}.parquet")
+
+    stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(args, device),),
+          lambda src, captioner: planned(src, caption_image(src, captioner=captioner, cfg=cfg, args=args)))
+    stage("edits", [s for s in todo if "kept" not in plans[s.source_id]], lambda: _text_models(args, device),
+          lambda src, perturber, text_filter: planned(src, plan_edits(src, plans[src.source_id], perturber=perturber,
+                                                                      text_filter=text_filter, args=args)))
+    stage("images", todo, lambda: _image_models(args, device, cfg), rendered)
     proc.wait()
     if not proc.is_main:
         return 0

@@ -357,10 +357,15 @@ def _group_peak(group: list[Report]) -> int:
     return sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
 
 
+def _resident(suite_id: str, reports: list[Report], args=None) -> list[list[Report]]:
+    """:func:`resident_groups` as the reports of their stages that passed (empty sets left out)."""
+    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, args)]
+    return [g for g in groups if g]
+
+
 def together(suite_id: str, reports: list[Report], args=None) -> tuple[list[str], int]:
     """(stage names, peak bytes) of the largest set of models the builder keeps loaded at once."""
-    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, args)]
-    groups = [g for g in groups if g]
+    groups = _resident(suite_id, reports, args)
     if not groups:
         return [], 0
     top = max(groups, key=_group_peak)
@@ -441,7 +446,7 @@ def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = No
                 rep.fits = False
         checked.append((st, rep))
     reports = [rep for _, rep in checked]
-    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, args)]
+    groups = _resident(suite_id, reports, args)
     for st, rep in checked:
         if rep.ok and capacity:  # a stage shares the device with the weights of the models loaded with it
             others = max((sum(r.weights for r in g if r is not rep) for g in groups if rep in g), default=0)

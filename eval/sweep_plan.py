@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from builders.determinism import fixed_threads
-from eval.inference import Forward, plan_units
+from eval.inference import Forward, plan_units, process_cores
 from eval.predictions import CARRIED_COLUMNS
 from eval.results import path_slug
 from eval.suite_open import open_suite
@@ -61,8 +61,6 @@ def overlapped_seconds(decode_s: float, forward_s: float, opts) -> float:
     they overlap fully: on CPU the decode workers, forward threads and groups in flight share the
     process's cores, so all the work over them; on a GPU the longer of the decode workers' share and
     the device's forward passes. A lower bound: ``estimated_seconds`` (nothing overlapped) is the upper."""
-    from eval.inference import process_cores
-
     if opts.device.startswith("cpu"):
         return (decode_s + forward_s) / process_cores()
     return max(decode_s / max(1, opts.resolved_workers()), forward_s)

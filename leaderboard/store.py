@@ -105,8 +105,6 @@ class Entry:
         cannot be set). A key is trusted only if the file's times are older than ``RACY_NS`` before the key
         was taken (git's "racy clean" rule): a rewrite of the same size within the same timestamp tick,
         right after the hashing, would otherwise keep the key."""
-        from benchmark.errors import IntegrityError
-
         files = [(RESULT_FILE, self.result_sha256, MAX_RESULT_BYTES)] + [
             (rel, sha, MAX_PREDICTIONS_BYTES) for rel, sha in self.predictions_sha256.items()]
         try:
@@ -121,12 +119,18 @@ class Entry:
                 if self._hashed.get(f) == key or at_check:
                     continue
                 if _file_sha256(f, limit) != sha:
-                    raise IntegrityError(f"{f.name} changed")
+                    raise self._changed()
                 if settled:
                     self._hashed[f] = key
         except (OSError, BenchError):
-            raise IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
-                                 "reload the leaderboard to check them again") from None
+            raise self._changed() from None
+
+    def _changed(self):
+        """The one error for an entry whose files no longer have the content checked at load."""
+        from benchmark.errors import IntegrityError
+
+        return IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
+                              "reload the leaderboard to check them again")
 
     @property
     def verified(self) -> bool:
@@ -178,7 +182,6 @@ class Entry:
     def _load_ranks(self) -> dict:
         import numpy as np
 
-        from benchmark.errors import IntegrityError
         from benchmark.fsutil import read_limited
         from eval.predictions import read_predictions
 
@@ -194,8 +197,7 @@ class Entry:
             f = self.run_dir / p["path"]
             data = read_limited(f, max_bytes=MAX_PREDICTIONS_BYTES, what="predictions file")
             if sha256_bytes(data) != self.predictions_sha256.get(p["path"]):
-                raise IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
-                                     "reload the leaderboard to check them again")
+                raise self._changed()
             tables[p["config"]] = read_predictions(f, columns=["image_id", "keep", "true_rank"], data=data)
         out = self.ranks_from_tables(tables)
         self.save_ranks(out)
