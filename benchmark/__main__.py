@@ -1,3 +1,3 @@
-from benchmark.cli import main
+from genshift.cli import main
 
 raise SystemExit(main())

@@ -63,7 +63,7 @@ _OS_FIXES.update({code: _NETWORK for code in (errno.ECONNREFUSED, errno.ECONNRES
 def os_error_message(e: OSError) -> str:
     """One line for an ``OSError`` that reached the CLI: what failed, on which path, and the fix.
 
-    ``e.filename`` names the path; writes through :func:`benchmark.fsutil.atomic_path` add it
+    ``e.filename`` names the path; writes through :func:`genshift.fsutil.atomic_path` add it
     when the library that failed did not (pyarrow and ``file.write`` report only the errno).
     """
     code, filename, filename2 = e.errno, e.filename, e.filename2

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmark.errors import BenchError, IntegrityError, first_line
+from genshift.errors import BenchError, IntegrityError, first_line
 
 INCOMPLETE = ".incomplete"
 MAX_LIST_BYTES = 1 << 20  # a list file (--models, trusted keys): thousands of lines fit in far less

@@ -1,10 +1,10 @@
 """Hub I/O: download suites at pinned commits, open any suite the user names, publish a build.
 
-Consumption follows the offline-safe pattern of ``benchmark.hubio`` (``docs/hub.md``): resolve
+Consumption follows the offline-safe pattern of ``genshift.hubio`` (``docs/hub.md``): resolve
 the revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and
 the requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
 
-Publishing writes the suite's ``eval.yaml`` (``data_cards.eval_yaml``) when it is missing, then uploads a small suite in **one** commit (against the expected parent commit) and a
+Publishing writes the suite's ``eval.yaml`` (``genshift.data_cards.eval_yaml``) when it is missing, then uploads a small suite in **one** commit (against the expected parent commit) and a
 large one resumably in several commits, then tags it and turns gating on when the card asks.
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from benchmark.errors import BenchError, IntegrityError, OfflineError, first_line
-from benchmark.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through benchmark.hub
+from genshift.errors import BenchError, IntegrityError, OfflineError, first_line
+from genshift.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through genshift.hub
     REPO_RE, SHA_RE, _api, _check_repo_id, _endpoint, _hub_error, _offline, _unreachable, resolve_or_cache,
     resolve_revision, snapshot,
 )
-from benchmark.reader import LocalSuite
-from benchmark.suite_format import CARD, EVAL_YAML, MANIFEST
+from genshift.reader import LocalSuite
+from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
     - a local suite folder (has ``manifest.json``): opened and verified in place (pinned by its
       manifest hash);
     - a local copy of the upstream ImageNet* release (``<shift>.zip`` files or extracted
-      ``<shift>/`` folders): converted once by ``benchmark.upstream`` (``mask``, ``strict``);
+      ``<shift>/`` folders): converted once by ``genshift.upstream`` (``mask``, ``strict``);
     - a registry id (``bench suites``): its Hub repo at the registry's pinned sha (``revision``
       overrides; an unpinned entry resolves ``main``); ``imagenet-star-upstream`` downloads the
       requested shifts' zips and converts them;
@@ -86,8 +86,8 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
     ``LocalSuite.pinned`` is False when the sha was not chosen by a pin (an unpinned registry
     entry, or a branch/tag given as ``revision``); results flag such runs.
     """
-    from benchmark import upstream
-    from benchmark.suites import SUITES
+    from genshift import upstream
+    from genshift.suites import SUITES
 
     path = Path(suite)
     if path.exists():
@@ -123,16 +123,16 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
                                token=token, force_download=force_download)
         local.pinned = revision is not None and bool(SHA_RE.match(revision))
         return local
-    from benchmark.errors import unknown
+    from genshift.errors import unknown
 
     raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset repo, "
                   "or the path of a suite folder.")
 
 
 def is_noise_demo(suite: LocalSuite) -> bool:
-    """A suite written by ``benchmark.synthetic``: coloured noise, no class in any image."""
+    """A suite written by ``genshift.synthetic``: coloured noise, no class in any image."""
     gen = suite.manifest.generator or {}
-    return gen.get("builder") == "benchmark.synthetic" or gen.get("images") == "noise"
+    return gen.get("builder") == "genshift.synthetic" or gen.get("images") == "noise"
 
 
 def _no_mask(mask: str | None, suite: str) -> None:
@@ -152,8 +152,8 @@ def publish_files(suite: LocalSuite) -> list[str]:
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
-    from benchmark.fsutil import atomic_write_bytes, read_limited
-    from data_cards.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
+    from genshift.fsutil import atomic_write_bytes, read_limited
+    from genshift.data_cards.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
 
     path = Path(folder) / EVAL_YAML
     if path.is_file():

@@ -6,8 +6,8 @@ and turn whatever huggingface_hub raises into one clear line. ``HF_ENDPOINT`` /
 ``HF_HUB_OFFLINE`` / ``HF_TOKEN`` are honoured (huggingface_hub reads them at import;
 ``endpoint=`` / ``token=`` arguments override them per call).
 
-This is the bottom layer: ``benchmark.upstream`` (the ImageNet* release adapter) and
-``benchmark.hub`` (suites: open, download, publish) both build on it, and it imports neither.
+This is the bottom layer: ``genshift.upstream`` (the ImageNet* release adapter) and
+``genshift.hub`` (suites: open, download, publish) both build on it, and it imports neither.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import re
 from pathlib import Path
 
-from benchmark.errors import BenchError, NotFoundError, OfflineError, first_line
+from genshift.errors import BenchError, NotFoundError, OfflineError, first_line
 
 log = logging.getLogger(__name__)
 # Appended to the errors of a Hub that cannot be reached: the way to work with no network at all.

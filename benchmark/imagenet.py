@@ -20,7 +20,7 @@ from importlib import resources
 
 import numpy as np
 
-from benchmark.errors import BenchError, unknown
+from genshift.errors import BenchError, unknown
 
 NUM_CLASSES = 1000
 _HIERARCHY = "imagenet_hierarchy.json"
@@ -47,7 +47,7 @@ class ImageNetClass:
 
 
 def _raw_bytes() -> bytes:
-    return resources.files("benchmark").joinpath("_data", _HIERARCHY).read_bytes()
+    return resources.files("genshift").joinpath("_data", _HIERARCHY).read_bytes()
 
 
 @lru_cache(maxsize=1)

@@ -12,11 +12,11 @@ Layouts (``docs/format.md``, "Folders of your own images"):
 
 Images are hostile input: every file is fully decoded before anything is written (a truncated
 JPEG is refused, naming it, or skipped and counted with ``skip_bad_images``), then stored in the
-form ``bench eval`` decodes pixel for pixel (``benchmark.pixels.to_rgb``):
+form ``bench eval`` decodes pixel for pixel (``genshift.pixels.to_rgb``):
 
 - a JPEG in RGB or grayscale without an EXIF rotation is stored byte for byte (no second lossy
   encoding);
-- an image whose header claims sides outside ``benchmark.pixels``' bounds (a side over 32768
+- an image whose header claims sides outside ``genshift.pixels``' bounds (a side over 32768
   pixels, over 89.5 megapixels, sides in a ratio over 50:1) is refused before it is decoded;
 - everything else is decoded, converted to 8-bit RGB or grayscale and stored as a lossless PNG:
   EXIF orientation applied (``PIL.ImageOps.exif_transpose``); 16-bit and 32-bit integer
@@ -47,11 +47,11 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import prepare_fresh_dir, read_limited
-from benchmark.pixels import check_size, to_8bit
-from benchmark.suite_format import CONFIG_RE, MANIFEST, check_config_name
+from genshift import imagenet
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import prepare_fresh_dir, read_limited
+from genshift.pixels import check_size, to_8bit
+from genshift.suite_format import CONFIG_RE, MANIFEST, check_config_name
 
 log = logging.getLogger(__name__)
 # A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
@@ -475,9 +475,9 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
     from datasets import Value
     from tqdm.auto import tqdm
 
-    from benchmark.suite_format import Manifest
-    from benchmark.writer import SuiteWriter
-    from data_cards import render_card
+    from genshift.suite_format import Manifest
+    from genshift.writer import SuiteWriter
+    from genshift.data_cards import render_card
 
     good, skipped, checked = [], [], {}
     # work goes to the pool in chunks of CHUNK images (one task per image costs more than a small image)

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from benchmark.errors import BenchError
+from genshift.errors import BenchError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

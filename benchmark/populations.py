@@ -21,8 +21,8 @@ from importlib import resources
 
 import yaml
 
-from benchmark.model_ids import model_key
-from benchmark.registry import Registry
+from genshift.model_ids import model_key
+from genshift.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _parse(rows: list[dict]) -> list[Population]:
 @lru_cache(maxsize=1)
 def _registry() -> Registry[Population]:
     reg: Registry[Population] = Registry("population")
-    text = resources.files("benchmark").joinpath("_data", "populations.yaml").read_text()
+    text = resources.files("genshift").joinpath("_data", "populations.yaml").read_text()
     for pop in _parse(yaml.safe_load(text)):
         reg.register(pop.name, pop)
     reg.freeze()

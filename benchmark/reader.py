@@ -7,7 +7,7 @@ diagnose, download, publish) goes through it:
   shard paths) and the card when present, and refuses any listed path that resolves outside the
   suite root (``..``, absolute paths, symlinks leaving the folder);
 - :meth:`LocalSuite.verify` checks the selected configs' files (size, sha256, embedded features)
-  and their rows (:func:`benchmark.suite_format.check_rows`: types, labels, unique ids, counts,
+  and their rows (:func:`genshift.suite_format.check_rows`: types, labels, unique ids, counts,
   rows digest) before any model is loaded.
 
 Rows can then be read two ways:
@@ -29,9 +29,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import load_yaml_limited, read_limited
-from benchmark.suite_format import (CARD, MANIFEST, SPLIT, Manifest, check_features, check_rows, read_parquet_features,
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import load_yaml_limited, read_limited
+from genshift.suite_format import (CARD, MANIFEST, SPLIT, Manifest, check_features, check_rows, read_parquet_features,
                                     read_row_table, verify_files)
 
 MAX_CARD_BYTES = 1 << 20
@@ -114,7 +114,7 @@ class LocalSuite:
         """Check the selected configs' files (size, sha256, embedded features) and rows.
 
         Rows: required columns and types, labels in [0, 1000), unique ``image_id``, row and kept
-        counts and the rows digest equal to the manifest's (:func:`~benchmark.suite_format.check_rows`).
+        counts and the rows digest equal to the manifest's (:func:`~genshift.suite_format.check_rows`).
         Cheap next to scoring (no image bytes are read); run before any model is loaded.
         """
         todo = [c for c in self.select(configs) if c not in self._verified]
@@ -146,7 +146,7 @@ class LocalSuite:
         if self.card is None:
             raise IntegrityError(f"{self.root} has no {CARD} (dataset card), which the format requires so that "
                                  "datasets.load_dataset(folder, config) works; rebuild the suite or render one "
-                                 "with data_cards.render_card")
+                                 "with genshift.data_cards.render_card")
         return self.card
 
     def _require_verified(self, config: str) -> None:
@@ -221,7 +221,7 @@ def parse_card(path: Path, manifest: Manifest) -> dict:
     data = read_limited(path, max_bytes=MAX_CARD_BYTES, what="dataset card")
 
     def bad(what: str) -> IntegrityError:
-        return IntegrityError(f"{where}: {what}; re-render the card with data_cards.render_card (docs/format.md "
+        return IntegrityError(f"{where}: {what}; re-render the card with genshift.data_cards.render_card (docs/format.md "
                               "section 5)")
 
     try:
@@ -234,7 +234,7 @@ def parse_card(path: Path, manifest: Manifest) -> dict:
     end = next(i for i, ln in enumerate(lines[1:], 1) if ln.strip() == "---")
     header = "\n".join(lines[1:end])
     head = load_yaml_limited(header, what="the card's YAML", where=where, max_depth=MAX_YAML_DEPTH,
-                             fix="; re-render the card with data_cards.render_card (docs/format.md section 5)")
+                             fix="; re-render the card with genshift.data_cards.render_card (docs/format.md section 5)")
     if not isinstance(head, dict):
         raise bad("the card's YAML header is not a mapping")
     entries = head.get("configs")

@@ -10,7 +10,7 @@ import fnmatch
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from benchmark.errors import unknown
+from genshift.errors import unknown
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@
 The manifest is written last, so a folder without one is an unfinished build. Everything read
 from a suite is hostile until checked: the manifest is parsed with size and depth limits and a
 strict schema (:meth:`Manifest.from_bytes`), every name that becomes a path matches
-:data:`NAME_RE`, and every error is one :class:`~benchmark.errors.IntegrityError` line.
+:data:`NAME_RE`, and every error is one :class:`~genshift.errors.IntegrityError` line.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError, one_line, unknown
-from benchmark.fsutil import canonical_json, parse_json_limited, sha256_bytes, sha256_file
+from genshift import imagenet
+from genshift.errors import BenchError, IntegrityError, one_line, unknown
+from genshift.fsutil import canonical_json, parse_json_limited, sha256_bytes, sha256_file
 
 FORMAT_NAME = "genshift-suite"
 # Written as the string "1.1": readers of format 1 compare with the integer 1 and refuse it with
@@ -38,7 +38,7 @@ FORMAT_VERSION = "1.1"
 READABLE_VERSIONS = (1, "1.1")
 MANIFEST = "manifest.json"
 CARD = "README.md"
-EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (data_cards.eval_yaml)
+EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (genshift.data_cards.eval_yaml)
 BUILD_STATE = "build.json"  # present while (and after) a builder writes into a folder
 SPLIT = "test"
 # The one pattern for every name that becomes a path component: suite id, config, split.
@@ -177,7 +177,7 @@ def read_parquet_features(path: str | Path) -> dict:
     raw = meta.get(b"huggingface")
     if raw is None:
         raise IntegrityError(f"{path}: parquet file has no 'huggingface' schema metadata; suites must be "
-                             "written by benchmark.writer.SuiteWriter (or with datasets) so features survive")
+                             "written by genshift.writer.SuiteWriter (or with datasets) so features survive")
     info = parse_json_limited(raw, what="'huggingface' parquet metadata", where=str(path),
                               max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
     features = info.get("info", {}).get("features") if isinstance(info, dict) and isinstance(info.get("info"), dict) else None
@@ -207,7 +207,7 @@ def check_features(features: dict | Features, *, where: str) -> None:
         if features[col] != base[col]:
             shown = str(features[col])[:80]
             raise IntegrityError(f"{where}: column {col!r} has feature {shown}, expected {str(base[col])[:80]}; "
-                                 "rebuild the suite with benchmark.writer.SuiteWriter")
+                                 "rebuild the suite with genshift.writer.SuiteWriter")
 
 
 @dataclass(frozen=True)
@@ -375,7 +375,7 @@ class Manifest:
 
     @classmethod
     def load(cls, root: str | Path) -> "Manifest":
-        from benchmark.fsutil import read_limited
+        from genshift.fsutil import read_limited
 
         path = Path(root) / MANIFEST
         if not path.is_file():
@@ -486,7 +486,7 @@ def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
     footer = int.from_bytes(tail[:4], "little")
     if footer > MAX_FOOTER_BYTES:
         raise IntegrityError(f"{where}: parquet footer is {footer} bytes, over the limit of {MAX_FOOTER_BYTES}; "
-                             "rewrite it with benchmark.writer.SuiteWriter (100 rows per row group)")
+                             "rewrite it with genshift.writer.SuiteWriter (100 rows per row group)")
 
 
 def read_row_table(path: Path, rel: str) -> pa.Table:
@@ -497,7 +497,7 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
         meta = pq.read_metadata(path)
         if meta.num_row_groups > MAX_ROW_GROUPS:
             raise IntegrityError(f"{rel}: {meta.num_row_groups} row groups, over the limit of {MAX_ROW_GROUPS} per "
-                                 "shard; write shards with benchmark.writer.SuiteWriter (100 rows per group)")
+                                 "shard; write shards with genshift.writer.SuiteWriter (100 rows per group)")
         schema = meta.schema.to_arrow_schema()
         missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
         if missing:
@@ -505,11 +505,11 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
         for c, types in {**ROW_COLUMNS, "image": IMAGE_TYPES}.items():
             if schema.field(c).type not in types:
                 raise IntegrityError(f"{rel}: column {c!r} has type {schema.field(c).type}, expected {types[0]}; "
-                                     "rebuild the suite with benchmark.writer.SuiteWriter")
+                                     "rebuild the suite with genshift.writer.SuiteWriter")
         big = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]
         if big:
             raise IntegrityError(f"{rel}: row group {big[0]} holds {meta.row_group(big[0]).num_rows} rows, more than "
-                                 f"{MAX_ROW_GROUP_ROWS}; write shards with benchmark.writer.SuiteWriter (100 rows per group)")
+                                 f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per group)")
         table = pq.read_table(path, columns=list(ROW_COLUMNS))
         table.validate(full=True)  # e.g. invalid UTF-8 in strings
         return table

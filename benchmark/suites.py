@@ -19,9 +19,9 @@ from importlib import resources
 
 import yaml
 
-from benchmark import imagenet
-from benchmark.hubio import SHA_RE
-from benchmark.registry import Registry
+from genshift import imagenet
+from genshift.hubio import SHA_RE
+from genshift.registry import Registry
 
 METRIC_FAMILIES = ("imagenet_star", "lance", "in_g", "accuracy")
 
@@ -44,7 +44,7 @@ class Shift:
 @lru_cache(maxsize=1)
 def imagenet_star_shifts() -> tuple[Shift, ...]:
     """The ImageNet* prompt table (package data ``imagenet_star_shifts.yaml``)."""
-    text = resources.files("benchmark").joinpath("_data", "imagenet_star_shifts.yaml").read_text()
+    text = resources.files("genshift").joinpath("_data", "imagenet_star_shifts.yaml").read_text()
     return tuple(Shift(**row) for row in yaml.safe_load(text))
 
 
@@ -60,14 +60,14 @@ class SuiteSpec:
     revision : 40-character commit sha, or ``None`` while unpinned (results then record the
         sha resolved at download time and are flagged as unpinned).
     configs : config names (folders under ``data/``).
-    metric_family : which metrics ``bench eval`` computes (``eval.metrics`` registry).
+    metric_family : which metrics ``bench eval`` computes (``genshift.eval.metrics`` registry).
     reference_config : in-distribution config other configs are compared with, if any.
     label_subset : ImageNet-1k indices that occur as labels (``None`` = all 1000). Models are
         still scored on the full 1000-way output.
     construction_models : models used to build, mine or filter the data; results of these models
         are flagged (their scores are biased by construction).
     source : ``"format1"`` (our suites) or ``"upstream-imagenet-star"`` (the released zips, read
-        through ``benchmark.upstream``).
+        through ``genshift.upstream``).
     """
 
     id: str
@@ -135,7 +135,7 @@ def _register_defaults(reg: Registry[SuiteSpec]) -> None:
                   "is not published), else --revision is required. The authors' masks.npy (github.com/MadryLab/"
                   "dataset-interfaces at 769dfa2, sha256-checked) is fetched and applied by default; --no-mask "
                   "scores every image.",
-            # facts of the release, used by benchmark.upstream
+            # facts of the release, used by genshift.upstream
             extra={"revision_prefix": "c9af165",
                    "mask": {"repo": "MadryLab/dataset-interfaces", "commit": "769dfa2ba4d1ca493f9c746fbc840782b76d3b41",
                             "path": "masks.npy", "size": 1_201_690,
@@ -184,7 +184,7 @@ def declared_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config a suite outside the registry declares in its manifest's
     ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise.
     Eval and verify both take a non-registry suite's scoring from here."""
-    from benchmark.errors import IntegrityError
+    from genshift.errors import IntegrityError
 
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
     family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
@@ -206,7 +206,7 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
     suites, ImageNet* and LANCE, whose construction models are CLIP filters) fall back to the
     registry's ``construction_models``.
     """
-    from benchmark.model_ids import model_key
+    from genshift.model_ids import model_key
 
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
     target = gen.get("target")

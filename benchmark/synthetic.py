@@ -1,6 +1,6 @@
 """Deterministic synthetic suites for tests, benchmark scripts and offline demos.
 
-    python -m benchmark.synthetic --out /tmp/toy --configs base,in_the_snow --classes 10 --per-class 4
+    python -m genshift.synthetic --out /tmp/toy --configs base,in_the_snow --classes 10 --per-class 4
 
 Images are small JPEGs whose colour depends on (config, class, index), generated from a seeded
 ``numpy`` generator, so two calls with the same arguments write byte-identical suites.
@@ -18,8 +18,8 @@ import numpy as np
 from datasets import Value
 from PIL import Image
 
-from benchmark.writer import SuiteWriter
-from data_cards import render_card
+from genshift.writer import SuiteWriter
+from genshift.data_cards import render_card
 
 
 def synthetic_jpeg(rng: np.random.Generator, size: int = 64, quality: int = 90) -> bytes:
@@ -72,7 +72,7 @@ def make_synthetic_suite(root: str | Path, *, suite_id: str = "toy", configs: Se
                         yield row
 
                 w.write_shard(config, shard, num_shards, rows())
-        return w.finalize(generator={"builder": "benchmark.synthetic", "seed": seed, "images": "noise"}, card=lambda m: render_card(
+        return w.finalize(generator={"builder": "genshift.synthetic", "seed": seed, "images": "noise"}, card=lambda m: render_card(
             m, template="generic", license="cc0-1.0", pretty_name=f"{suite_id} (synthetic test suite)",
             tags=["synthetic"], context={"note": "Synthetic noise images for tests and demos: every model is "
                                          "expected to score about 0% on them."}))
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--classes must be 1..1000, got {args.classes}")
     if args.per_class < 1 or args.shards < 1:
         ap.error("--per-class and --shards must be >= 1")
-    from benchmark.errors import BenchError
+    from genshift.errors import BenchError
 
     try:
         m = make_synthetic_suite(args.out, suite_id=args.suite_id, configs=args.configs.split(","),

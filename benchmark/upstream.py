@@ -43,11 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import sha256_file
-from benchmark.reader import LocalSuite
-from benchmark.suites import get_suite, imagenet_star_shifts
+from genshift import imagenet
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import sha256_file
+from genshift.reader import LocalSuite
+from genshift.suites import get_suite, imagenet_star_shifts
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +199,15 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     """
     from datasets import Value
 
-    from benchmark.writer import SuiteWriter
-    from data_cards import render_card
+    from genshift.writer import SuiteWriter
+    from genshift.data_cards import render_card
 
     root = Path(root)
     shifts = list(dict.fromkeys(shifts))
     known = {s.key for s in imagenet_star_shifts()}
     for s in shifts:
         if s not in known:
-            from benchmark.errors import unknown
+            from genshift.errors import unknown
             raise unknown("ImageNet* shift", s, known)
     masks = load_masks(mask, per_class=per_class) if mask else None
     if masks is not None:
@@ -251,7 +251,7 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
                 if not w.shard_done(s, shard, n_shards):
                     w.write_shard(s, shard, n_shards, _rows(block, masks, per_class))
                 bar.update(len(block))
-        generator = {"builder": "benchmark.upstream", "source": source or {"folder": root.name},
+        generator = {"builder": "genshift.upstream", "source": source or {"folder": root.name},
                      "mask": None if mask is None else {"file": Path(mask).name, "sha256": fingerprint["mask_sha256"],
                                                         "index": "50 * class + image number"},
                      "zips_sha256": sources, "files": report}
@@ -318,7 +318,7 @@ def _memo_sha256(path: Path, memo_file: Path) -> str:
     """sha256 of a (multi-GB) file, remembered by (path, size, mtime) so unchanged zips are hashed once."""
     import json
 
-    from benchmark.fsutil import atomic_write_json
+    from genshift.fsutil import atomic_write_json
 
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
@@ -357,7 +357,7 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
     """Convert once into the cache (keyed by the release content, the mask and the shifts), then open + verify."""
     import hashlib
 
-    from benchmark.fsutil import atomic_write_json, canonical_json
+    from genshift.fsutil import atomic_write_json, canonical_json
 
     if mask is None:  # resolved by the callers: None here means --no-mask
         log.warning("--no-mask: every image is kept (the authors' CLIP filter is not applied); the paper scored "
@@ -413,7 +413,7 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
     Without ``revision`` the repo's ``main`` must resolve to the paper-era commit
     (``DATA_REVISION_PREFIX``); ``mask`` as in :func:`open_release`.
     """
-    from benchmark.hubio import resolve_or_cache, snapshot
+    from genshift.hubio import resolve_or_cache, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
@@ -445,9 +445,9 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
     """
     import urllib.request
 
-    from benchmark.errors import OfflineError
-    from benchmark.fsutil import atomic_path
-    from benchmark.hubio import OFFLINE_ROUTE, _offline
+    from genshift.errors import OfflineError
+    from genshift.fsutil import atomic_path
+    from genshift.hubio import OFFLINE_ROUTE, _offline
 
     dest = released_mask_path(cache_dir)
     where = (f"download {MASK_URL} ({MASK_SIZE:,} bytes, sha256 {MASK_SHA256}) and put it at {dest}, pass another "
@@ -501,7 +501,7 @@ def mask_record(mask: str | Path | None, generator: dict, *, cache_dir: str | No
     ``generator`` (the mask its ``keep`` column was made with): ``path``, ``sha256`` and ``source``
     (``released`` = the pinned masks.npy, ``file`` = another file, given as ``mask``; ``none`` =
     unfiltered). ``None`` for suites that are not a converted release."""
-    if generator.get("builder") != "benchmark.upstream":
+    if generator.get("builder") != "genshift.upstream":
         return None
     used = generator.get("mask")
     if used is None:

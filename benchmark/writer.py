@@ -27,10 +27,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets import Features, Image
 
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import (INCOMPLETE, atomic_path, atomic_write_bytes, atomic_write_json, canonical_json,
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import (INCOMPLETE, atomic_path, atomic_write_bytes, atomic_write_json, canonical_json,
                               ensure_writable_dir, sha256_bytes)
-from benchmark.suite_format import (BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest, build_manifest,
+from genshift.suite_format import (BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest, build_manifest,
                                     check_config_name, check_name, rows_digest_table, shard_name, suite_features)
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
 
 Both paths use the same pipeline object, prompts, seeds and settings; the baseline calls
 ``StableDiffusionPipeline`` once per image with its own generator (what the authors' ImageNet*
-script does), ours is ``builders.sd_generate.SDGenerator.generate`` (batched, per-image
+script does), ours is ``genshift.builders.sd_generate.SDGenerator.generate`` (batched, per-image
 generators). Throughput does not depend on the weights, so ``--sd2-size`` builds SD2's
 architecture (UNet, VAE, OpenCLIP-H-sized text encoder) from configs with random weights: the
 figure transfers to the real model. Also prints the estimated GPU-hours for all 24 ImageNet*
@@ -32,14 +32,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     args = ap.parse_args(argv)
 
-    from builders.sd_generate import GenerationSettings, SDGenerator
-    from builders.seeding import derive_seed, generator
+    from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+    from genshift.builders.seeding import derive_seed, generator
 
     dtype = getattr(torch, args.dtype)
     settings = GenerationSettings(model_id="benchmark", steps=args.steps, height=args.size, width=args.size,
                                   output_size=args.size, batch_size=args.batch_size, dtype=args.dtype)
     if args.sd2_size:
-        from builders.real_models import stable_diffusion  # SD 2's published configs, random weights
+        from genshift.builders.real_models import stable_diffusion  # SD 2's published configs, random weights
 
         gen = SDGenerator.from_components(stable_diffusion("stabilityai/stable-diffusion-2", device=args.device,
                                                            dtype=dtype), settings, device=args.device)

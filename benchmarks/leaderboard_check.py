@@ -3,7 +3,7 @@
     python benchmarks/leaderboard_check.py --store S [--models 500 --configs 30 --rows 100] [--repeat 2]
 
 - full check of a never-seen store (verification cache removed before each run), ``load_store``
-  in this process (``workers=1``) against a pool of one process per core (``leaderboard.check_pool``),
+  in this process (``workers=1``) against a pool of one process per core (``genshift.leaderboard.check_pool``),
   alternated A B A B; with the entries each worker process checked;
 - what a restart reads before its first view: the index's head (``read_head``: HMAC, the first
   view, a stat of every file) against the whole index (``read_index``: head and body, every entry
@@ -30,9 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from leaderboard import index
-    from leaderboard.store import _cache_path, load_store
-    from leaderboard.synthetic import make_store, sign_entry
+    from genshift.leaderboard import index
+    from genshift.leaderboard.store import _cache_path, load_store
+    from genshift.leaderboard.synthetic import make_store, sign_entry
 
     root = Path(args.store) if args.store else Path(tempfile.mkdtemp(prefix="genshift-board-")) / "store"
     if not (root / "imagenet-star").exists():

@@ -69,7 +69,7 @@ def _chrome(profile: Path):
 
 
 def _serve(store: Path, port: int, env: dict, keys: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "benchmark", "leaderboard", "--results", store.name, "--port",
+    return subprocess.Popen([sys.executable, "-m", "genshift", "leaderboard", "--results", store.name, "--port",
                              str(port), "--trusted-keys", str(keys)], cwd=store.parent, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -115,7 +115,7 @@ st.dataframe(pd.DataFrame({"model": [f"m{i}" for i in range(500)], "acc": [0.5] 
 
 
 def _serve_floor(app: Path, port: int, env: dict) -> subprocess.Popen:
-    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from genshift.cli.leaderboard_cmd import STREAMLIT_FLAGS
 
     return subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
                              "--server.address", "127.0.0.1", *STREAMLIT_FLAGS], env=env,
@@ -147,9 +147,9 @@ def main(argv=None) -> int:
                                                            "an earlier run left it checked")
     args = ap.parse_args(argv)
 
-    from leaderboard.index import index_path
-    from leaderboard.store import _cache_path
-    from leaderboard.synthetic import make_store, sign_entry
+    from genshift.leaderboard.index import index_path
+    from genshift.leaderboard.store import _cache_path
+    from genshift.leaderboard.synthetic import make_store, sign_entry
 
     work = Path(tempfile.mkdtemp(prefix="genshift-board-"))
     root = Path(args.store).resolve() if args.store else work / "store"

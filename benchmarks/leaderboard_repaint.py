@@ -55,9 +55,9 @@ def main(argv=None) -> int:
     ap.add_argument("--store", help="reuse an existing synthetic store folder")
     args = ap.parse_args(argv)
 
-    from leaderboard import aggregate
-    from leaderboard.store import load_store
-    from leaderboard.synthetic import make_store, sign_entry
+    from genshift.leaderboard import aggregate
+    from genshift.leaderboard.store import load_store
+    from genshift.leaderboard.synthetic import make_store, sign_entry
 
     report = {"models": args.models, "configs": args.configs, "rows_per_config": args.rows}
     root = Path(args.store) if args.store else Path(tempfile.mkdtemp(prefix="genshift-board-")) / "store"
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         for p in sorted(root.glob("*/*/result.json")):
             sign_entry(p, key)
     os.environ["GENSHIFT_TRUSTED_KEYS"] = f"{key}.pub"
-    from leaderboard.store import _cache_path
+    from genshift.leaderboard.store import _cache_path
     cache = _cache_path(root, None)  # the verification cache lives in the user's cache folder, not the store
     cache.unlink(missing_ok=True)
     t = time.perf_counter()
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     # a never-seen store: no verification cache, no index, no cached ranks
     import shutil
 
-    from leaderboard.index import index_path
+    from genshift.leaderboard.index import index_path
     cache.unlink(missing_ok=True)
     index_path(root).unlink(missing_ok=True)
     shutil.rmtree(cache.parent / (cache.stem + "-hits"), ignore_errors=True)
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
 
     import statistics
 
-    from leaderboard.store import refresh_store
+    from genshift.leaderboard.store import refresh_store
     times = []
     for _ in range(5):
         t = time.perf_counter()

@@ -5,7 +5,7 @@
 
 What ``bench build --preflight`` cannot run on the meta device (scheduler loops, the optimiser
 step, beam search, image output) runs here, at the published architectures' real sizes
-(``builders.real_models``), through the builders' own classes, on CPU in float32 (bf16 for
+(``genshift.builders.real_models``), through the builders' own classes, on CPU in float32 (bf16 for
 BLIP-2):
 
 - ``sd2-generate``: ``SDGenerator`` with SD 2 (UNet + VAE + OpenCLIP-H text encoder, 1000 class
@@ -61,9 +61,9 @@ class Timer:
 
 
 def sd2_generate() -> dict:
-    from builders import real_models as rm
-    from builders.sd_generate import GenerationSettings, SDGenerator
-    from builders.tokens import token_name
+    from genshift.builders import real_models as rm
+    from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+    from genshift.builders.tokens import token_name
 
     c = rm.stable_diffusion(SD2, device="cpu")
     settings = GenerationSettings(model_id=SD2, steps=2, height=768, width=768, output_size=512, jpeg_quality=75,
@@ -86,8 +86,8 @@ def ti_step() -> dict:
     import numpy as np
     from PIL import Image
 
-    from builders import real_models as rm
-    from builders.textual_inversion import TIConfig, TIRun, TrainingClass, train_class_token
+    from genshift.builders import real_models as rm
+    from genshift.builders.textual_inversion import TIConfig, TIRun, TrainingClass, train_class_token
 
     run = TIRun.from_components(rm.stable_diffusion(SD2, device="cpu"), "cpu")
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,8 +105,8 @@ def nti_p2p() -> dict:
     from diffusers import StableDiffusionPipeline
     from PIL import Image
 
-    from builders import real_models as rm
-    from builders.lance_editor import Editor, EditorConfig
+    from genshift.builders import real_models as rm
+    from genshift.builders.lance_editor import Editor, EditorConfig
 
     c = rm.stable_diffusion(SD14, device="cpu")
     pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
@@ -135,8 +135,8 @@ def blip2_caption() -> dict:
     from transformers import BlipImageProcessor, Blip2Processor
     from PIL import Image
 
-    from builders import real_models as rm
-    from builders.captioner import Captioner
+    from genshift.builders import real_models as rm
+    from genshift.builders.captioner import Captioner
 
     tok = Captioner.tiny().processor.tokenizer  # the real OPT tokenizer is not reachable offline
     model = rm.blip2(BLIP2, device="cpu", dtype=torch.bfloat16)
@@ -164,7 +164,7 @@ def _child(stage: str) -> dict:
 
 def _estimate_gib(stage: str) -> float:
     """The preflight's meta estimate (CPU dtypes) of the stage's peak, to skip what would not fit."""
-    from builders import preflight as pf
+    from genshift.builders import preflight as pf
 
     runs = {"sd2-generate": lambda: pf.sd_generation(SD2, 768, 768, torch.float32, class_tokens=True,
                                                      prompts=["a photo of a <TOKEN>"]),
@@ -188,7 +188,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(_child(args.child)))
         return 0
-    from benchmark.fsutil import atomic_write_json
+    from genshift.fsutil import atomic_write_json
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Re-scoring speed with the paired image-level bootstrap (``eval.bootstrap``).
+"""Re-scoring speed with the paired image-level bootstrap (``genshift.eval.bootstrap``).
 
 What ``bench eval`` does after inference and ``bench verify`` does again: every ImageNet* metric
 with 95% intervals from stored predictions, for 24 configs x 50,000 rows (1.2 M rows), with
@@ -21,7 +21,7 @@ import numpy as np
 
 
 def tables(rows_per_config: int, configs: int, keep: float) -> dict:
-    from eval.predictions import PredictionBlock, schema
+    from genshift.eval.predictions import PredictionBlock, schema
 
     rng = np.random.default_rng(0)
     out = {}
@@ -39,7 +39,7 @@ def tables(rows_per_config: int, configs: int, keep: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.scoring import ScoringOptions, score
+    from genshift.eval.scoring import ScoringOptions, score
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=50_000, help="rows per config")

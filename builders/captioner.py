@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from benchmark.errors import BenchError, first_line
+from genshift.errors import BenchError, first_line
 
 DEFAULT_MODEL = "Salesforce/blip2-opt-2.7b-coco"
 

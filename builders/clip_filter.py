@@ -36,7 +36,7 @@ from importlib import resources
 
 import numpy as np
 
-from benchmark.errors import BenchError
+from genshift.errors import BenchError
 
 KEEP_RULES = ("class", "class+shift")
 
@@ -46,7 +46,7 @@ def released_kept_counts() -> tuple[int, dict[str, int]]:
     """(images per shift, {shift: kept}) of the authors' released masks (package data)."""
     import yaml
 
-    raw = yaml.safe_load(resources.files("builders").joinpath("_data", "imagenet_star_released_masks.yaml")
+    raw = yaml.safe_load(resources.files("genshift.builders").joinpath("_data", "imagenet_star_released_masks.yaml")
                          .read_text())
     return int(raw["images_per_shift"]), {k: int(v) for k, v in raw["kept"].items()}
 
@@ -72,7 +72,7 @@ def shift_caption(prompt: str) -> str | None:
 
 def clip_scores(scorer, images, class_names: Sequence[str], prompts: Sequence[str]) -> dict[str, np.ndarray]:
     """Class and shift presence scores and image embeddings for a batch (PIL images)."""
-    from builders.clip_scoring import cosine
+    from genshift.builders.clip_scoring import cosine
 
     img = scorer.encode_images(images)
     cls = scorer.encode_texts([class_caption(n) for n in class_names])

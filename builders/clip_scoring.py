@@ -32,7 +32,7 @@ class ClipScorer:
                         device: str | torch.device = "cpu", cache_dir: str | None = None) -> "ClipScorer":
         import open_clip
 
-        from benchmark.errors import BenchError
+        from genshift.errors import BenchError
 
         try:
             model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained,
@@ -48,7 +48,7 @@ class ClipScorer:
     def tiny(cls, *, seed: int = 0, device: str | torch.device = "cpu") -> "ClipScorer":
         import open_clip
 
-        from builders.tiny import tiny_open_clip
+        from genshift.builders.tiny import tiny_open_clip
 
         model, preprocess, _ = tiny_open_clip(seed=seed)
         return cls(model, preprocess, open_clip.tokenize, model_id=f"tiny-open-clip(seed={seed})", device=device)

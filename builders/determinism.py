@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from benchmark.cli._common import positive_int
+from genshift.cli._common import positive_int
 
 DEFAULT_CPU_THREADS = 1
 
@@ -57,7 +57,7 @@ def files_digest(root, files) -> dict:
     import hashlib
     from pathlib import Path
 
-    from benchmark.fsutil import sha256_file
+    from genshift.fsutil import sha256_file
 
     root = Path(root)
     lines = sorted(f"{Path(f).relative_to(root).as_posix()}:{sha256_file(f)}\n" for f in files)

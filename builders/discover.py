@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from benchmark.errors import BenchError
-from builders.in_g_prompts import class_prompt, seed_caption
-from builders.seeding import derive_seed
+from genshift.errors import BenchError
+from genshift.builders.in_g_prompts import class_prompt, seed_caption
+from genshift.builders.seeding import derive_seed
 
 Generate = Callable[[list[str], list[int]], list[bytes]]
 Classify = Callable[[list[bytes]], np.ndarray]
@@ -133,7 +133,7 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
 
 
 def captioner_fn(captioner) -> Caption:
-    """Adapt ``builders.captioner.Captioner`` to the (images, prefix) -> texts signature."""
+    """Adapt ``genshift.builders.captioner.Captioner`` to the (images, prefix) -> texts signature."""
     from PIL import Image
 
     def caption(images: list[bytes], prefix: str) -> list[str]:

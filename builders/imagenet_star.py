@@ -3,7 +3,7 @@
 Pipeline (Vendrow et al. 2023): class tokens (the released ones by default, tokens trained
 here with ``--train-tokens``, or the class names with ``--no-tokens``) -> Stable Diffusion 2 with
 the shift prompts (Euler, 50 steps, guidance 7.5, 768 px, stored as 512 px JPEG) -> CLIP presence
-scores -> ``keep`` (``builders.clip_filter``). Guide: ``docs/builders.md``.
+scores -> ``keep`` (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
 
 Two phases, both resumable:
 
@@ -29,8 +29,8 @@ import shutil
 import time
 from pathlib import Path
 
-from benchmark.cli._common import csv_list, positive_int
-from builders import determinism
+from genshift.cli._common import csv_list, positive_int
+from genshift.builders import determinism
 
 log = logging.getLogger(__name__)
 SUITE_ID = "imagenet-star"
@@ -90,8 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_classes(items: list[str] | None) -> list[int]:
-    from benchmark import imagenet
-    from benchmark.errors import BenchError
+    from genshift import imagenet
+    from genshift.errors import BenchError
 
     if not items:
         return list(range(imagenet.NUM_CLASSES))
@@ -113,8 +113,8 @@ def _parse_classes(items: list[str] | None) -> list[int]:
 def _shift_table(args) -> dict[str, str]:
     import yaml
 
-    from benchmark.errors import BenchError, unknown
-    from benchmark.suites import imagenet_star_shifts
+    from genshift.errors import BenchError, unknown
+    from genshift.suites import imagenet_star_shifts
 
     if args.shifts_file:
         try:
@@ -135,7 +135,7 @@ def _shift_table(args) -> dict[str, str]:
 
 
 def _settings(args):
-    from builders.sd_generate import GenerationSettings
+    from genshift.builders.sd_generate import GenerationSettings
 
     if args.smoke:
         return GenerationSettings(model_id="tiny-random-sd2(seed=0)", scheduler="euler", steps=2, guidance=args.guidance,
@@ -149,7 +149,7 @@ def _settings(args):
 
 def _token_source(args) -> tuple[str, str | None]:
     """(kind, path or None) of the class tokens, resolved before anything heavy is loaded."""
-    from builders.tokens import download_released_tokens
+    from genshift.builders.tokens import download_released_tokens
 
     if args.smoke:
         return "smoke", None
@@ -167,7 +167,7 @@ def _smoke_training_images(root: Path, classes: list[int]) -> Path:
     import numpy as np
     from PIL import Image
 
-    from benchmark import imagenet
+    from genshift import imagenet
 
     rng = np.random.default_rng(0)
     for c in classes:
@@ -183,8 +183,8 @@ def _smoke_training_images(root: Path, classes: list[int]) -> Path:
 def _train(args, run, classes: list[int], work: Path, data: str | Path, *, steps: int, lr: float, resolution: int,
            model_id: str, timeout: float):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
-    from builders.sharding import current_process
-    from builders.textual_inversion import TIConfig, folder_classes, train_tokens
+    from genshift.builders.sharding import current_process
+    from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
 
     cfg = TIConfig(steps=steps, lr=lr, resolution=resolution)
     proc = current_process()
@@ -196,20 +196,20 @@ def _train(args, run, classes: list[int], work: Path, data: str | Path, *, steps
     used = [f for c in folder_classes(data, classes=classes) for f in c.files]
     return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "model": model_id,
                     "data": determinism.files_digest(data, used),
-                    "settings": "builders.textual_inversion.TIConfig defaults otherwise"}
+                    "settings": "genshift.builders.textual_inversion.TIConfig defaults otherwise"}
 
 
 def _load_models(args, settings, classes: list[int], device: str, out: Path, token_kind: str, token_path: str | None,
                  tokens: dict | None):
     """(generator, CLIP scorer, token provenance); ``tokens`` = the loaded released/file tokens."""
-    from benchmark.fsutil import sha256_file
-    from builders.clip_scoring import ClipScorer
-    from builders.sd_generate import SDGenerator
-    from builders.textual_inversion import TIRun
-    from builders.tokens import load_token_zip, save_token_zip, tokens_digest
+    from genshift.fsutil import sha256_file
+    from genshift.builders.clip_scoring import ClipScorer
+    from genshift.builders.sd_generate import SDGenerator
+    from genshift.builders.textual_inversion import TIRun
+    from genshift.builders.tokens import load_token_zip, save_token_zip, tokens_digest
 
     if token_kind == "smoke":  # a few textual-inversion steps on synthetic images, then the real token path
-        from builders.tiny import tiny_sd_components
+        from genshift.builders.tiny import tiny_sd_components
 
         data = _smoke_training_images(out / STAGE / "smoke-images", classes)
         run = TIRun.from_components(tiny_sd_components(), "cpu")
@@ -256,9 +256,9 @@ def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar
 
     from PIL import Image
 
-    from benchmark import imagenet
-    from builders.clip_filter import clip_scores
-    from builders.seeding import derive_seed
+    from genshift import imagenet
+    from genshift.builders.clip_filter import clip_scores
+    from genshift.builders.seeding import derive_seed
 
     bs = gen.settings.batch_size
     fixed = {"generator": gen.settings.model_id, "generator_revision": gen.resolved_revision,
@@ -285,7 +285,7 @@ def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar
 
 
 def _plans(args, shifts, classes, samples) -> dict[str, list[list[int]]]:
-    from builders.sharding import plan_nonempty_shards
+    from genshift.builders.sharding import plan_nonempty_shards
 
     target = args.num_shards or max(1, math.ceil(len(classes) * samples / args.images_per_shard))
     return {s: plan_nonempty_shards(classes, target, key=lambda c, s=s: f"{s}/{c}") for s in shifts}
@@ -300,11 +300,11 @@ def _run(args) -> int:
     import torch  # noqa: F401 - fail early if the builder extras are missing
     from tqdm.auto import tqdm
 
-    from benchmark import imagenet
-    from benchmark.suite_format import MANIFEST
-    from benchmark.writer import SuiteWriter
-    from builders.sharding import current_process
-    from builders.tokens import token_name
+    from genshift import imagenet
+    from genshift.suite_format import MANIFEST
+    from genshift.writer import SuiteWriter
+    from genshift.builders.sharding import current_process
+    from genshift.builders.tokens import token_name
 
     shifts = _shift_table(args)
     classes = _parse_classes(args.classes) if not (args.smoke and not args.classes) else SMOKE_CLASSES
@@ -318,7 +318,7 @@ def _run(args) -> int:
     token_kind, token_path = _token_source(args)
     tokens = None
     if token_kind in ("released", "file"):  # validated before anything is written
-        from builders.tokens import load_token_zip
+        from genshift.builders.tokens import load_token_zip
         tokens = load_token_zip(token_path, classes=classes)
     fingerprint = {"shifts": shifts, "classes": classes, "samples": samples, "seed": args.seed,
                    "shards": {s: len(p) for s, p in plans.items()}, "generation": settings.to_dict(),
@@ -362,7 +362,7 @@ def _run(args) -> int:
         return 0
     if proc.count > 1:
         _wait_for_stage(stage, work, plans, timeout=args.wait_timeout)
-    provenance = {"builder": "builders.imagenet_star", "paper": "Vendrow et al., Dataset Interfaces (2023)",
+    provenance = {"builder": "genshift.builders.imagenet_star", "paper": "Vendrow et al., Dataset Interfaces (2023)",
                   "generation": {**gen.provenance(), "batch_size_effective": _effective_batch_sizes(out)},
                   "determinism": determinism.provenance(args.cpu_threads, device), "clip_filter": {"model": clip.model_id, "rule": args.keep_rule},
                   "seed": args.seed, "seed_rule": "derive_seed(seed, shift, class, sample) = sha256 -> 63 bits",
@@ -381,7 +381,7 @@ def _run(args) -> int:
 
 
 def _record_batch_size(out: Path, index: int, size: int) -> None:
-    from benchmark.fsutil import atomic_write_json
+    from genshift.fsutil import atomic_write_json
 
     atomic_write_json(out / STAGE / f"batch-size-{index}.json", {"process": index, "batch_size": size})
 
@@ -395,7 +395,7 @@ def _effective_batch_sizes(out: Path) -> dict[str, int]:
 
 
 def _fingerprint_tokens(kind: str, path: str | None) -> str | None:
-    from builders.tokens import tokens_digest
+    from genshift.builders.tokens import tokens_digest
 
     return tokens_digest(path) if kind in ("released", "file") else None
 
@@ -411,7 +411,7 @@ def _wait_for(missing_fn, what: str, timeout: float, *, poll: float = 10.0) -> N
 
     (A file-system wait, not a collective barrier: processes may finish hours apart.)
     """
-    from benchmark.errors import BenchError
+    from genshift.errors import BenchError
 
     last, t_last = -1, time.monotonic()
     while missing := missing_fn():
@@ -425,8 +425,8 @@ def _wait_for(missing_fn, what: str, timeout: float, *, poll: float = 10.0) -> N
 
 
 def _kept_fractions(args, shifts) -> dict[str, float]:
-    from benchmark.errors import BenchError
-    from builders.clip_filter import RELEASED_KEPT_FRACTION
+    from genshift.errors import BenchError
+    from genshift.builders.clip_filter import RELEASED_KEPT_FRACTION
 
     table = dict(RELEASED_KEPT_FRACTION)
     if args.kept_fractions:
@@ -448,9 +448,9 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
     import numpy as np
     import pyarrow.parquet as pq
 
-    from benchmark.errors import BenchError
-    from benchmark.suite_format import shard_name
-    from builders.clip_filter import calibrate, kept_target
+    from genshift.errors import BenchError
+    from genshift.suite_format import shard_name
+    from genshift.builders.clip_filter import calibrate, kept_target
 
     missing = [shard_name(s, i, n) for s, n in n_shards.items() for i in range(n)
                if not (out / STAGE / shard_name(s, i, n)).is_file() and not final.shard_done(s, i, n)]
@@ -484,7 +484,7 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
 
 def _shard_source(out: Path, final, shift: str, i: int, n: int) -> Path:
     """The staged shard, or the final one when a previous filter phase already wrote it."""
-    from benchmark.suite_format import shard_name
+    from genshift.suite_format import shard_name
 
     staged = out / STAGE / shard_name(shift, i, n)
     return staged if staged.is_file() else final.root / shard_name(shift, i, n)
@@ -494,7 +494,7 @@ def _with_keep(staged: Path, thresholds):
     """Stream a staged shard's rows with ``keep`` set (bounded memory: 100 rows at a time)."""
     import pyarrow.parquet as pq
 
-    from builders.clip_filter import keep_flags
+    from genshift.builders.clip_filter import keep_flags
 
     for batch in pq.ParquetFile(staged).iter_batches(batch_size=100):
         keep = keep_flags(batch.column("clip_class_score").to_numpy(zero_copy_only=False),
@@ -517,7 +517,7 @@ def _versions() -> dict:
 
 
 def _card(manifest, provenance: dict) -> str:
-    from data_cards import render_card
+    from genshift.data_cards import render_card
 
     return render_card(manifest, template="imagenet_star", license="mit", pretty_name="ImageNet* (genshift-bench rebuild)",
                        tags=["imagenet-star", "dataset-interfaces", "synthetic"], context={"p": provenance})

@@ -16,8 +16,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from benchmark.cli._common import positive_int
-from builders import determinism
+from genshift.cli._common import positive_int
+from genshift.builders import determinism
 
 log = logging.getLogger(__name__)
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
@@ -70,10 +70,10 @@ SMOKE_SENTENCES = ("it is on a table. the background is green.", "it is in the s
 
 
 def _captions(args, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
-    from benchmark import imagenet
-    from benchmark.errors import BenchError
-    from benchmark.fsutil import atomic_write_bytes, sha256_file
-    from builders.in_g_prompts import class_prompt, read_captions, seed_caption
+    from genshift import imagenet
+    from genshift.errors import BenchError
+    from genshift.fsutil import atomic_write_bytes, sha256_file
+    from genshift.builders.in_g_prompts import class_prompt, read_captions, seed_caption
 
     if args.captions:
         caps = read_captions(args.captions, an=args.an)
@@ -90,7 +90,7 @@ def _captions(args, out: Path, device: str) -> tuple[list[tuple[int, str]], dict
     else:
         from PIL import Image
 
-        from builders.captioner import Captioner
+        from genshift.builders.captioner import Captioner
 
         root = Path(args.imagenet_a)
         if not root.is_dir():
@@ -120,12 +120,12 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from benchmark.errors import BenchError
-    from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes
-    from benchmark.writer import SuiteWriter
-    from builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
-    from builders.sd_generate import GenerationSettings, SDGenerator
-    from builders.sharding import current_process, plan_nonempty_shards, shard_of
+    from genshift.errors import BenchError
+    from genshift.fsutil import atomic_write_json, canonical_json, sha256_bytes
+    from genshift.writer import SuiteWriter
+    from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
+    from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+    from genshift.builders.sharding import current_process, plan_nonempty_shards, shard_of
 
     suite_id = args.suite
     cfg = MiningConfig(n_max=args.n_max if not args.smoke or args.n_max != 1000 else 8, cap=args.cap,
@@ -186,7 +186,7 @@ def _run(args) -> int:
     stats = {r.caption_id: {"label": r.label, "sampled": r.sampled, "kept": len(r.kept)} for r in results.values()}
     sampled = sum(s["sampled"] for s in stats.values())
     kept = sum(s["kept"] for s in stats.values())
-    provenance = {"builder": "builders.in_g", "paper": "Wiles, Albuquerque, Gowal (2022)", "suite": suite_id,
+    provenance = {"builder": "genshift.builders.in_g", "paper": "Wiles, Albuquerque, Gowal (2022)", "suite": suite_id,
                   "target": {"model": target, **target_desc},
                   "generation": {**gen.provenance(), "batch_size_effective": {
                       str(i): json.loads((out / WORK / f"batch-size-{i}.json").read_text())["batch_size"]
@@ -205,7 +205,7 @@ def _run(args) -> int:
 
 
 def _rows(results, settings, target: str, target_desc: dict, an: bool):
-    from builders.in_g_prompts import class_prompt
+    from genshift.builders.in_g_prompts import class_prompt
 
     for r in results:
         cp = class_prompt(r.label, an=an)
@@ -220,7 +220,7 @@ def _rows(results, settings, target: str, target_desc: dict, an: bool):
 
 
 def _card(manifest, provenance: dict) -> str:
-    from data_cards import render_card
+    from genshift.data_cards import render_card
 
     name = "IN-G-RN" if provenance["suite"] == "in-g-rn" else "IN-G-ViT"
     return render_card(manifest, template="in_g", license="other", pretty_name=f"{name} (genshift-bench re-creation)",

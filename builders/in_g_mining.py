@@ -2,7 +2,7 @@
 
 For each seed caption: sample images (one seed per attempt, derived from the caption id), classify
 them with the target model, and keep those that fail by the paper's definition — none of the top-3
-predictions is under the true class's WordNet parent (``eval.metrics.parent_failures``; plain top-1
+predictions is under the true class's WordNet parent (``genshift.eval.metrics.parent_failures``; plain top-1
 and top-3 misses are recorded too) — until ``cap`` images are kept or ``n_max`` were sampled.
 Generation and classification run in batches; each caption's outcome is checkpointed atomically,
 so a rerun resumes caption by caption.
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_path
-from builders.seeding import derive_seed
-from eval.metrics import parent_failures
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_path
+from genshift.builders.seeding import derive_seed
+from genshift.eval.metrics import parent_failures
 
 Generate = Callable[[list[str], list[int]], list[bytes]]
 Classify = Callable[[list[bytes]], np.ndarray]  # (n, 1000) probabilities
@@ -157,7 +157,7 @@ def classifier_from_timm(model_name: str, *, device: str = "cpu", checkpoint: st
     import torch
     from PIL import Image
 
-    from eval.models import load_classifier
+    from genshift.eval.models import load_classifier
 
     clf = load_classifier(model_name, checkpoint=checkpoint, device=device, pretrained=pretrained)
 

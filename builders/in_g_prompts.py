@@ -2,7 +2,7 @@
 
 Class prompt: ``"a realistic photograph of a {class} ({parent})."`` with class = the first WordNet
 lemma and parent = the WordNet 3.0 grandparent with the smallest synset offset (the shipped
-hierarchy, ``benchmark.imagenet``). The article is "a" as in every example of the paper; ``an=True``
+hierarchy, ``genshift.imagenet``). The article is "a" as in every example of the paper; ``an=True``
 switches to a/an.
 
 A seed caption is the class prompt followed by at most two generated sentences, lower-cased
@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark import imagenet
-from benchmark.errors import BenchError
+from genshift import imagenet
+from genshift.errors import BenchError
 
 TEMPLATE = "a realistic photograph of {article} {name} ({parent})."
 

@@ -27,9 +27,9 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmark.cli._common import csv_list, positive_int
-from builders import determinism
-from builders.lance_perturb import CAP_COUNTS, SAMPLING, sampling_record
+from genshift.cli._common import csv_list, positive_int
+from genshift.builders import determinism
+from genshift.builders.lance_perturb import CAP_COUNTS, SAMPLING, sampling_record
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
@@ -122,7 +122,7 @@ class SmokePerturber:
     model_id = "smoke rule-based perturber"
 
     def perturb(self, caption: str, *, edit_types=("weather", "domain", "background"), **_):
-        from builders.lance_perturb import edits_from_answer
+        from genshift.builders.lance_perturb import edits_from_answer
 
         body = caption[len("a photo of"):] if caption.startswith("a photo of") else None
         answers = {"weather": f"### Variations:\n1. {caption} in the snow\n",
@@ -136,9 +136,9 @@ def _smoke_sources(tmp: Path):
     from PIL import Image
     from skimage import data
 
-    from benchmark import imagenet
-    from benchmark.suites import HARD_IMAGENET_WNIDS
-    from builders.lance_sources import SourceImage
+    from genshift import imagenet
+    from genshift.suites import HARD_IMAGENET_WNIDS
+    from genshift.builders.lance_sources import SourceImage
 
     photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
     out = []
@@ -152,7 +152,7 @@ def _smoke_sources(tmp: Path):
 
 
 def _editor_config(args):
-    from builders.lance_editor import EditorConfig
+    from genshift.builders.lance_editor import EditorConfig
 
     fs = tuple(float(f) for f in args.fs)
     if args.smoke:
@@ -164,21 +164,21 @@ def _editor_config(args):
 
 
 def _clip(args, device: str):
-    from builders.clip_scoring import ClipScorer
+    from genshift.builders.clip_scoring import ClipScorer
 
     return ClipScorer.tiny() if args.smoke else ClipScorer.from_pretrained(args.clip_model, args.clip_pretrained,
                                                                             device=device)
 
 
 def _captioner(args, device: str):
-    from builders.captioner import Captioner
+    from genshift.builders.captioner import Captioner
 
     return Captioner.tiny() if args.smoke else Captioner.from_pretrained(args.captioner, device=device)
 
 
 def _text_models(args, device: str):
     """The perturber and the text filter (the CLIP variant loads its own CLIP: the editor is not loaded yet)."""
-    from builders.lance_perturb import Perturber, TextFilter
+    from genshift.builders.lance_perturb import Perturber, TextFilter
 
     if args.smoke:
         return SmokePerturber(), TextFilter.sentence_bert()
@@ -187,7 +187,7 @@ def _text_models(args, device: str):
 
 
 def _image_models(args, device: str, cfg):
-    from builders.lance_editor import Editor
+    from genshift.builders.lance_editor import Editor
 
     return (Editor.tiny(cfg) if args.smoke else Editor.from_pretrained(cfg, device=device)), _clip(args, device)
 
@@ -205,8 +205,8 @@ def _free(device: str) -> None:
 
 def caption_image(src, *, captioner, cfg, args) -> dict:
     """Stage 1 of one source image: its caption (BLIP-2, "a photo of ..." on the editor's crop)."""
-    from builders.lance_sources import load_crop
-    from builders.seeding import derive_seed
+    from genshift.builders.lance_sources import load_crop
+    from genshift.builders.seeding import derive_seed
 
     crop = load_crop(src, cfg.size)
     caption = captioner.caption([crop], prefix="a photo of", num_beams=5, min_new_tokens=3 if args.smoke else 20,
@@ -217,9 +217,9 @@ def caption_image(src, *, captioner, cfg, args) -> dict:
 def plan_edits(src, plan: dict, *, perturber, text_filter, args) -> dict:
     """Stage 2 of one source image: the LLM's edits of its caption, drawn through the text filter
     (Algorithm 1, lines 8-11); the kept draws are what stage 3 renders."""
-    from benchmark import imagenet
-    from builders.lance_perturb import paper_type, sample_edits
-    from builders.seeding import derive_seed
+    from genshift import imagenet
+    from genshift.builders.lance_perturb import paper_type, sample_edits
+    from genshift.builders.seeding import derive_seed
 
     caption = plan["caption"]
     edits, _raw = perturber.perturb(caption, edit_types=args.edit_types,
@@ -240,10 +240,10 @@ def render_image(src, plan: dict, *, editor, clip, args) -> tuple[list[dict], li
     plan: null-text inversion once, prompt-to-prompt for every kept edit, CLIP checks, the best f."""
     import numpy as np
 
-    from builders.lance_checks import CheckThresholds, choose, score_edits
-    from builders.lance_perturb import Edit
-    from builders.lance_sources import load_crop
-    from builders.seeding import derive_seed
+    from genshift.builders.lance_checks import CheckThresholds, choose, score_edits
+    from genshift.builders.lance_perturb import Edit
+    from genshift.builders.lance_sources import load_crop
+    from genshift.builders.seeding import derive_seed
 
     crop = load_crop(src, editor.cfg.size)
     caption, sampling_seed = plan["caption"], plan["sampling_seed"]
@@ -288,7 +288,7 @@ def _save_rows(rows: list[dict], tried: list, models: dict, path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from benchmark.fsutil import atomic_path
+    from genshift.fsutil import atomic_path
 
     table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])
     table = table.replace_schema_metadata({b"tried": json.dumps(tried).encode(), b"models": json.dumps(models).encode()})
@@ -318,7 +318,7 @@ def _load_plan(path: Path) -> dict | None:
 
 
 def _save_plan(path: Path, plan: dict) -> None:
-    from benchmark.fsutil import atomic_write_bytes
+    from genshift.fsutil import atomic_write_bytes
 
     atomic_write_bytes(path, json.dumps(plan).encode())  # NaN stays NaN (a text score), as in the rows
 
@@ -340,15 +340,15 @@ def run(args) -> int:
 def _run(args) -> int:
     from tqdm.auto import tqdm
 
-    from benchmark.errors import BenchError
-    from benchmark.writer import SuiteWriter
-    from builders.lance_perturb import EDIT_TYPES
-    from builders.lance_sources import find_hub_sources, find_sources
-    from builders.sharding import current_process, shard_of
+    from genshift.errors import BenchError
+    from genshift.writer import SuiteWriter
+    from genshift.builders.lance_perturb import EDIT_TYPES
+    from genshift.builders.lance_sources import find_hub_sources, find_sources
+    from genshift.builders.sharding import current_process, shard_of
 
     bad = [t for t in args.edit_types if t not in EDIT_TYPES]
     if bad:
-        from benchmark.errors import unknown
+        from genshift.errors import unknown
         raise unknown("edit type", bad[0], EDIT_TYPES)
     out = Path(args.out)
     proc = current_process()
@@ -436,7 +436,7 @@ def _run(args) -> int:
             if not writer.shard_done(config, i, n):
                 writer.write_shard(config, i, n, rows[i::n])
     counts = {c: len(r) for c, r in by_config.items()}
-    provenance = {"builder": "builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
+    provenance = {"builder": "genshift.builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
                   "captioner": used["captioner"], "perturber": used["perturber"], "text_filter": used["text_filter"],
                   "editor": asdict(cfg), "clip": used["clip"], "seed": args.seed, "edit_types": args.edit_types,
                   "max_edits": args.max_edits, "image_format": args.image_format,
@@ -458,7 +458,7 @@ def _run(args) -> int:
 
 
 def _card(manifest, provenance: dict) -> str:
-    from data_cards import render_card
+    from genshift.data_cards import render_card
 
     return render_card(manifest, template="lance", license="other", gated=True,
                        pretty_name="LANCE counterfactuals of Hard ImageNet (genshift-bench rebuild)",

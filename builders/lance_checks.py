@@ -1,6 +1,6 @@
 """LANCE's image checks (the "checks and balances", paper Sec. 3.2 and Algorithm 1).
 
-With CLIP ViT-L/14 (``builders.clip_scoring.ClipScorer``; L2-normalised embeddings, cosine), for
+With CLIP ViT-L/14 (``genshift.builders.clip_scoring.ClipScorer``; L2-normalised embeddings, cosine), for
 the null-text reconstruction x (the "original" inside the filters, as in the released code), an
 edited image x', the caption c and the edited caption c':
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmark.errors import BenchError, first_line
+from genshift.errors import BenchError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class Editor:
     def tiny(cls, cfg: EditorConfig, *, seed: int = 0) -> "Editor":
         from diffusers import StableDiffusionPipeline
 
-        from builders.tiny import tiny_sd_components
+        from genshift.builders.tiny import tiny_sd_components
 
         pipe = StableDiffusionPipeline(**tiny_sd_components(seed=seed, prediction_type="epsilon"), safety_checker=None,
                                        feature_extractor=None, requires_safety_checker=False)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.errors import BenchError, first_line
+from genshift.errors import BenchError, first_line
 
 log = logging.getLogger(__name__)
 RELEASE_REPO = "LANCE-release/checkpoints"
@@ -130,7 +130,7 @@ def released_perturber_dir(*, revision: str | None = None, cache_dir: str | None
     """Download the released files at a resolved commit and convert them once (cached by that sha)."""
     from huggingface_hub import constants, hf_hub_download
 
-    from benchmark import hub
+    from genshift import hub
 
     sha, reachable = hub.resolve_or_cache(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint,
                                           pin_hint="as a commit of LANCE-release/checkpoints")

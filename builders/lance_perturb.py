@@ -28,7 +28,7 @@ from importlib import resources
 
 import yaml
 
-from benchmark.errors import BenchError, first_line
+from genshift.errors import BenchError, first_line
 
 EDIT_TYPES = ("subject", "object", "adjective", "domain", "background", "weather")  # prompts (fine types)
 PAPER_TYPES = ("subject", "object", "adjective", "domain", "background")  # Algorithm 1 line 4, Fig. 3
@@ -40,7 +40,7 @@ NUMBERING = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*")
 
 @lru_cache(maxsize=1)
 def prompt_table() -> dict:
-    return yaml.safe_load(resources.files("builders").joinpath("_data", "lance_prompts.yaml").read_text())
+    return yaml.safe_load(resources.files("genshift.builders").joinpath("_data", "lance_prompts.yaml").read_text())
 
 
 def perturb_prompt(caption: str, edit_type: str, *, examples: bool = True) -> str:
@@ -229,8 +229,8 @@ class Perturber:
         torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         released = model_id == RELEASED
         path = model_id
-        if released:  # the authors' fine-tuned LLaMA-7B + LoRA, converted once (builders.lance_litllama)
-            from builders.lance_litllama import released_perturber_dir
+        if released:  # the authors' fine-tuned LLaMA-7B + LoRA, converted once (genshift.builders.lance_litllama)
+            from genshift.builders.lance_litllama import released_perturber_dir
             path = str(released_perturber_dir())
         try:
             tok = AutoTokenizer.from_pretrained(path)
@@ -247,7 +247,7 @@ class Perturber:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        from builders.captioner import Captioner
+        from genshift.builders.captioner import Captioner
 
         tok = Captioner.tiny(seed=seed).processor.tokenizer
         torch.manual_seed(seed)

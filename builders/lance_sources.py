@@ -1,6 +1,6 @@
 """Source images for LANCE: the 750 ImageNet validation images of the 15 Hard ImageNet classes.
 
-Classes are matched by **wnid** (``benchmark.suites.HARD_IMAGENET_WNIDS``; "sunglasses" is class 837,
+Classes are matched by **wnid** (``genshift.suites.HARD_IMAGENET_WNIDS``; "sunglasses" is class 837,
 not 836). Accepted layouts of a local ImageNet validation folder:
 
 - ``val/<wnid>/ILSVRC2012_val_XXXXXXXX.JPEG`` (class folders), or
@@ -24,9 +24,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark import imagenet
-from benchmark.errors import BenchError
-from benchmark.suites import HARD_IMAGENET_WNIDS
+from genshift import imagenet
+from genshift.errors import BenchError
+from genshift.suites import HARD_IMAGENET_WNIDS
 
 log = logging.getLogger(__name__)
 PER_CLASS = 50
@@ -108,7 +108,7 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
     """
     import pyarrow.parquet as pq
 
-    from benchmark import hub
+    from genshift import hub
 
     repo_id, _, rev = ref.partition("@")
     hub._check_repo_id(repo_id)

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from builders.real_models import param_count
+from genshift.builders.real_models import param_count
 
 GiB = 2 ** 30
 

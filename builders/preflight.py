@@ -1,6 +1,6 @@
 """``bench build <suite> --preflight``: every builder stage checked at the real models' sizes.
 
-Each stage builds its default model(s) from the published configs (``builders.real_models``) on
+Each stage builds its default model(s) from the published configs (``genshift.builders.real_models``) on
 the **meta** device (no memory, no download) and runs the builder's own code path on tensors of
 the real shapes: the textual-inversion loss and its backward (``TIRun``), prompt encoding with the
 1000 injected class tokens, one guided UNet call and the VAE decode (``SDGenerator``), open_clip
@@ -13,7 +13,7 @@ What meta tensors cannot run is data-dependent: the schedulers' sigma comparison
 and sampling, PIL conversion, Python floats of scores. Those run in
 ``benchmarks/preflight_cpu.py`` (real-size random weights on CPU).
 
-Memory is estimated from the pass itself (``builders.meta_memory``: the live tensors' bytes,
+Memory is estimated from the pass itself (``genshift.builders.meta_memory``: the live tensors' bytes,
 weights at the device's dtype + the activation peak, attention counted as a fused kernel). The
 peak is taken at batch 1 and at the requested batch; the line through them says which batch fits.
 """
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from benchmark.errors import BenchError, one_line
-from builders import real_models as rm
-from builders.meta_memory import GiB, Probe
+from genshift.errors import BenchError, one_line
+from genshift.builders import real_models as rm
+from genshift.builders.meta_memory import GiB, Probe
 
 USABLE = 0.9  # of the device memory (allocator fragmentation, CUDA context)
 
@@ -87,7 +87,7 @@ def _pil(size: int):
 def ti_step(model_id: str, resolution: int, dtype: torch.dtype):
     """One textual-inversion step: the loss of ``TIRun`` (v-prediction target) and its backward."""
     def run(device, batch, probe):
-        from builders.textual_inversion import TEMPLATES, TIRun, initializer, template_ids
+        from genshift.builders.textual_inversion import TEMPLATES, TIRun, initializer, template_ids
 
         c = rm.stable_diffusion(model_id, device=device, dtype=dtype)
         r = TIRun.from_components(c, device)
@@ -118,8 +118,8 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
     def run(device, batch, probe):
         from diffusers import StableDiffusionPipeline
 
-        from builders.sd_generate import GenerationSettings, SDGenerator
-        from builders.tokens import inject_tokens, token_name
+        from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+        from genshift.builders.tokens import inject_tokens, token_name
 
         c = rm.stable_diffusion(model_id, device=device, dtype=dtype)
         probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
@@ -158,7 +158,7 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
 def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2):
     """``ClipScorer``: image embeddings of a batch and the text embeddings it is scored against."""
     def run(device, batch, probe):
-        from builders.clip_scoring import ClipScorer
+        from genshift.builders.clip_scoring import ClipScorer
 
         model, preprocess, tokenizer = rm.open_clip_model(name, device=device, dtype=dtype)
         probe.built(model=model)
@@ -231,7 +231,7 @@ def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2):
     def run(device, batch, probe):
         from diffusers import StableDiffusionPipeline
 
-        from builders.lance_editor import Editor, EditorConfig, Inversion
+        from genshift.builders.lance_editor import Editor, EditorConfig, Inversion
 
         c = rm.stable_diffusion(model_id, device=device)
         pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
@@ -291,7 +291,7 @@ def stages(suite_id: str, args, device: str) -> list[Stage]:
     f32 = torch.float32
     batch = getattr(args, "batch_size", None) or 1
     if suite_id == "imagenet-star":
-        from benchmark.suites import imagenet_star_shifts
+        from genshift.suites import imagenet_star_shifts
 
         gen_dtype = getattr(torch, args.dtype) if gpu else f32
         prompts = [s.prompt for s in imagenet_star_shifts()]
@@ -322,7 +322,7 @@ def stages(suite_id: str, args, device: str) -> list[Stage]:
                   scales=False, not_on_meta="the pass/fail comparisons"),
         ]
     if suite_id in ("in-g-rn", "in-g-vit"):
-        from builders.in_g import TARGETS
+        from genshift.builders.in_g import TARGETS
 
         gen_dtype = getattr(torch, args.dtype) if gpu else f32
         target = args.target or TARGETS[suite_id]
@@ -342,7 +342,7 @@ def stages(suite_id: str, args, device: str) -> list[Stage]:
 
 def resident_groups(suite_id: str, args=None) -> list[tuple[str, ...]]:
     """The sets of stages whose models a builder holds on the device at the same time, one set after the
-    other. LANCE runs its stages over all images in turn (``builders.lance``): the captioner alone, then the
+    other. LANCE runs its stages over all images in turn (``genshift.builders.lance``): the captioner alone, then the
     perturber (with CLIP when ``--text-filter clip``), then the editor with CLIP."""
     if suite_id == "lance-hardimagenet":
         clip_text = getattr(args, "text_filter", "sbert") == "clip"

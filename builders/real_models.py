@@ -5,7 +5,7 @@ transformers configs) of every Hub model a builder loads by default, each with i
 and file; open_clip and timm models are built from those libraries' own registries by name
 (``open_clip.create_model``, ``timm.create_model``: both ship their model configs). Everything is
 built under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory and a second, so the
-builders' code paths can be shape-checked at real size (``builders.preflight``); on ``"cpu"`` or
+builders' code paths can be shape-checked at real size (``genshift.builders.preflight``); on ``"cpu"`` or
 ``"cuda"`` the same call gives real random-weight models to time and measure.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.errors import BenchError, unknown
+from genshift.errors import BenchError, unknown
 
 DATA = Path(__file__).parent / "_data" / "real_models.json"
 
@@ -76,7 +76,7 @@ def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype 
     checkpoint, as ``StableDiffusionPipeline(**components)`` takes them."""
     from transformers import CLIPTextConfig
 
-    from builders.tiny import clip_tokenizer
+    from genshift.builders.tiny import clip_tokenizer
 
     s = spec(model_id)
     if s["kind"] != "stable-diffusion":
@@ -131,12 +131,12 @@ def lit_llama_state_dict(config: dict, *, device: str = "meta", dtype: torch.dty
 
 def causal_lm(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
     """The perturber LLM. ``lance-release`` goes through the project's own lit-llama conversion
-    (``builders.lance_litllama.lit_llama_to_hf``) from a checkpoint of the released shapes."""
+    (``genshift.builders.lance_litllama.lit_llama_to_hf``) from a checkpoint of the released shapes."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     s = spec(model_id)
     if s["kind"] == "lit-llama":
-        from builders.lance_litllama import lit_llama_to_hf
+        from genshift.builders.lance_litllama import lit_llama_to_hf
 
         base, lora = lit_llama_state_dict(s["config"], device=device, dtype=dtype)
         cfg, sd = lit_llama_to_hf(base, lora, r=s["config"]["lora_r"], dtype=dtype)

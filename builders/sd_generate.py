@@ -1,6 +1,6 @@
 """Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders).
 
-Every image has its own ``torch.Generator`` seeded from its ids (``builders.seeding``); its
+Every image has its own ``torch.Generator`` seeded from its ids (``genshift.builders.seeding``); its
 starting latents are drawn from it in float32 on the CPU, so an image's noise depends neither on
 the other images of its batch nor on the device or dtype the UNet runs in. The UNet's arithmetic
 can: CPU kernels chosen by batch size may differ in the last bits (a pixel level or two after
@@ -10,7 +10,7 @@ batches with the pipeline's default SDPA attention (``AttnProcessor2_0``) and fp
 VAE on GPU; the text encoder stays float32 (the authors' ImageNet* build requires it;
 ``docs/builders.md``), its embeddings are cached per prompt and cast to the UNet's dtype
 before they reach the denoising loop. Out-of-memory batches are retried at half size
-(``benchmark.oom.BatchBackoff``); the output is stored-size JPEG bytes (PIL bicubic resize,
+(``genshift.oom.BatchBackoff``); the output is stored-size JPEG bytes (PIL bicubic resize,
 recorded quality).
 """
 
@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from benchmark.errors import BenchError, first_line
-from benchmark.oom import BatchBackoff
-from builders.seeding import generator
+from genshift.errors import BenchError, first_line
+from genshift.oom import BatchBackoff
+from genshift.builders.seeding import generator
 
 log = logging.getLogger(__name__)
 PROMPT_CACHE = 4096  # prompts whose embeddings are kept (ImageNet*: one per (shift, class))
@@ -105,7 +105,7 @@ class SDGenerator:
     def tiny(cls, settings: GenerationSettings, *, seed: int = 0, prediction_type: str = "v_prediction",
              tokens: dict | None = None):
         """The same pipeline on tiny random-weight components (``--smoke`` and tests; CPU)."""
-        from builders.tiny import tiny_sd_components
+        from genshift.builders.tiny import tiny_sd_components
 
         return cls.from_components(tiny_sd_components(seed=seed, prediction_type=prediction_type), settings,
                                    device="cpu", tokens=tokens)
@@ -113,7 +113,7 @@ class SDGenerator:
     @classmethod
     def from_components(cls, components: dict, settings: GenerationSettings, *, device: str = "cpu",
                         tokens: dict | None = None):
-        """The same pipeline on given components (``builders.tiny``, ``builders.real_models``)."""
+        """The same pipeline on given components (``genshift.builders.tiny``, ``genshift.builders.real_models``)."""
         from diffusers import StableDiffusionPipeline
 
         pipe = StableDiffusionPipeline(**components, safety_checker=None, feature_extractor=None,
@@ -131,7 +131,7 @@ class SDGenerator:
         elif settings.scheduler != "default":
             raise BenchError(f"unknown scheduler {settings.scheduler!r}; use euler, ddim or default")
         if tokens:
-            from builders.tokens import inject_tokens
+            from genshift.builders.tokens import inject_tokens
             inject_tokens(pipe.tokenizer, pipe.text_encoder, tokens)
         pipe.set_progress_bar_config(disable=True)
         pipe.to(device)

@@ -2,7 +2,7 @@
 
 The same work item always lands in the same shard (``shard_of`` hashes its key), whatever else
 is in the build; ``accelerate launch`` spreads shards over processes round-robin by process
-index. Each shard is written atomically by ``benchmark.writer.SuiteWriter``, so a crash loses at
+index. Each shard is written atomically by ``genshift.writer.SuiteWriter``, so a crash loses at
 most the shards in flight and a rerun skips the finished ones.
 """
 

@@ -21,7 +21,7 @@ encoder in float32 under fp16 autocast, gradients scaled when fp16.
 Training is resumable per class (``<work>/<idx>.bin`` written atomically when a class finishes;
 a rerun skips it) and refuses a work folder trained with other settings.
 
-    python -m builders.textual_inversion --images train/ --out tokens-work/ --pack tokens.zip
+    python -m genshift.builders.textual_inversion --images train/ --out tokens-work/ --pack tokens.zip
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmark import imagenet
-from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_write_json, canonical_json
+from genshift import imagenet
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_write_json, canonical_json
 
 log = logging.getLogger(__name__)
 TEMPLATES = (
@@ -100,7 +100,7 @@ def folder_classes(root: str | Path, *, label_space: str = "imagenet", classes: 
     """The classes of an image folder ``root/<class>/<images>``.
 
     ``label_space="imagenet"``: class folders are ImageNet-1k wnids (``n01440764``) or indices
-    (``0``), names are the OpenAI names (``benchmark.imagenet``). ``"folders"``: any dataset; class
+    (``0``), names are the OpenAI names (``genshift.imagenet``). ``"folders"``: any dataset; class
     ``i`` is the ``i``-th folder in sorted order and its name the folder name with ``_`` read as
     a space. A selected class whose folder holds no image is an error.
     """
@@ -230,7 +230,7 @@ class TIRun:
 
     @classmethod
     def from_components(cls, components: dict, device: str | torch.device = "cpu") -> "TIRun":
-        """From ``builders.tiny.tiny_sd_components()``-style dicts or a pipeline's ``components``."""
+        """From ``genshift.builders.tiny.tiny_sd_components()``-style dicts or a pipeline's ``components``."""
         return cls(components["unet"], components["vae"], components["text_encoder"], components["tokenizer"],
                    components["scheduler"], torch.device(device))
 
@@ -280,7 +280,7 @@ def _picks(n_files: int, cfg: TIConfig, seed: int):
 def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig(), *,
                       on_step: Callable[[int, float], None] | None = None) -> tuple[torch.Tensor, list[float]]:
     """Learn one class token; returns the served vector (at the initialiser's norm) and the losses."""
-    from builders.seeding import derive_seed
+    from genshift.builders.seeding import derive_seed
 
     if not cls.files:
         raise BenchError(f"class {cls.index} ({cls.name!r}) has no training images; add images or drop the class")
@@ -335,13 +335,13 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
                  process=None, progress: bool = True) -> dict[int, torch.Tensor]:
     """Tokens for the class folders of ``data_dir``; resumable per class; returns the finished ones.
 
-    ``work_dir/<idx>.bin`` (one token, ``builders.tokens`` format) is written atomically when a class
+    ``work_dir/<idx>.bin`` (one token, ``genshift.builders.tokens`` format) is written atomically when a class
     finishes, after ``work_dir/meta/<idx>.json`` (name, images, loss at start and end). With
-    ``process`` (``builders.sharding.Process``) classes are split round-robin over processes.
+    ``process`` (``genshift.builders.sharding.Process``) classes are split round-robin over processes.
     """
     from tqdm.auto import tqdm
 
-    from builders.tokens import load_token_zip, save_token_file
+    from genshift.builders.tokens import load_token_zip, save_token_file
 
     todo_classes = folder_classes(data_dir, label_space=label_space, classes=classes)
     work_dir = Path(work_dir)
@@ -365,19 +365,19 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m builders.textual_inversion``: train class tokens for a folder dataset."""
+    """``python -m genshift.builders.textual_inversion``: train class tokens for a folder dataset."""
     import sys
 
-    from benchmark.cli import _setup_logging
-    from benchmark.cli._common import positive_int
-    from builders.sharding import current_process
-    from builders.tokens import save_token_zip
+    from genshift.cli import _setup_logging
+    from genshift.cli._common import positive_int
+    from genshift.builders.sharding import current_process
+    from genshift.builders.tokens import save_token_zip
 
-    ap = argparse.ArgumentParser(prog="python -m builders.textual_inversion",
+    ap = argparse.ArgumentParser(prog="python -m genshift.builders.textual_inversion",
                                  description=__doc__.split("\n\n")[0],
-                                 epilog="examples:\n  python -m builders.textual_inversion --images imagenet/train "
+                                 epilog="examples:\n  python -m genshift.builders.textual_inversion --images imagenet/train "
                                         "--classes 0,207 --out ti/ --pack tokens.zip\n"
-                                        "  accelerate launch -m builders.textual_inversion --images mydata/ "
+                                        "  accelerate launch -m genshift.builders.textual_inversion --images mydata/ "
                                         "--label-space folders --out ti/",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", required=True, help="folder of class folders (<wnid or index>/ or any names)")
@@ -403,10 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TIConfig(steps=args.steps, lr=args.lr, resolution=args.resolution, batch_size=args.batch_size,
                        seed=args.seed)
         if args.tiny:
-            from builders.tiny import tiny_sd_components
+            from genshift.builders.tiny import tiny_sd_components
             run, model_id = TIRun.from_components(tiny_sd_components(), "cpu"), "tiny-random-sd2(seed=0)"
         else:
-            from builders.sd_generate import GenerationSettings, SDGenerator
+            from genshift.builders.sd_generate import GenerationSettings, SDGenerator
             device = proc.device()
             gen = SDGenerator.from_pretrained(GenerationSettings(model_id=args.model, revision=args.revision,
                                                                  variant=args.variant, dtype=args.dtype), device=device)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import atomic_path, sha256_file
+from genshift import imagenet
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import atomic_path, sha256_file
 
 MEMBER_RE = re.compile(r"^(?:.*/)?(\d+)\.bin$")
 TOKENS_REPO = "madrylab/imagenet-star-tokens"
@@ -181,7 +181,7 @@ def download_released_tokens(*, revision: str | None = None, cache_dir: str | No
     from huggingface_hub import hf_hub_download
 
     try:
-        from benchmark.suites import get_suite
+        from genshift.suites import get_suite
 
         pinned = get_suite("imagenet-star").extra["tokens"]["revision"]  # the release's commit, not a moving main
         path = Path(hf_hub_download(TOKENS_REPO, TOKENS_FILE, repo_type="dataset", revision=revision or pinned,

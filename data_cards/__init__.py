@@ -7,7 +7,7 @@ edit family, so ``datasets.load_dataset(folder, config)`` loads that config alon
 ``<template>.md.j2`` in this package. The header stays compact: the features live in each
 parquet file's ``huggingface`` metadata (and in the manifest), not once per config in the card.
 
-``data_cards.eval_yaml`` writes the suite's other Hub file, ``eval.yaml`` (its benchmark tasks).
+``genshift.data_cards.eval_yaml`` writes the suite's other Hub file, ``eval.yaml`` (its benchmark tasks).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def size_category(rows: int) -> str:
 
 def card_data(manifest, *, license: str = "other", license_name: str | None = None, license_link: str | None = None,
               pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> DatasetCardData:
-    """The card's header for a suite manifest (``benchmark.suite_format.Manifest``)."""
+    """The card's header for a suite manifest (``genshift.suite_format.Manifest``)."""
     if license == "other":
         license_name = license_name or IMAGENET_LICENSE[0]
         license_link = license_link or IMAGENET_LICENSE[1]
@@ -68,7 +68,7 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
 def _env() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FunctionLoader(
-            lambda name: resources.files("data_cards").joinpath(name).read_text(encoding="utf-8")),
+            lambda name: resources.files("genshift.data_cards").joinpath(name).read_text(encoding="utf-8")),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )
 

@@ -3,7 +3,7 @@
 The Hub's eval-results system (hub-docs, "Evaluation results") reads an ``eval.yaml`` at the root
 of a dataset repo: ``name``, ``description``, ``evaluation_framework`` and ``tasks``, each task an
 ``id`` with the dataset ``config`` and ``split`` it is scored on. Model repos then report scores
-for these task ids in ``.eval_results/*.yaml`` (``leaderboard.hub_results``), and the Hub shows
+for these task ids in ``.eval_results/*.yaml`` (``genshift.leaderboard.hub_results``), and the Hub shows
 them on the model page and on the dataset's leaderboard.
 
 One task per headline metric the suite family defines (the metrics the leaderboard shows):
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import yaml
 
-from benchmark.errors import IntegrityError
-from benchmark.fsutil import load_yaml_limited
-from benchmark.suite_format import EVAL_YAML, SPLIT
+from genshift.errors import IntegrityError
+from genshift.fsutil import load_yaml_limited
+from genshift.suite_format import EVAL_YAML, SPLIT
 
 FRAMEWORK = "genshift-bench"
 MAX_EVAL_YAML_BYTES = 64 << 10
@@ -49,7 +49,7 @@ DELTA_UNITS = " Δacc@1 in percentage points (acc@1 on the edited images minus a
 class Task:
     id: str        # the task id in eval.yaml and in .eval_results entries
     config: str    # the dataset config it is scored on
-    column: str    # the metric's column in leaderboard.aggregate.model_table (a fraction)
+    column: str    # the metric's column in genshift.leaderboard.aggregate.model_table (a fraction)
     label: str     # for people
 
 
@@ -78,7 +78,7 @@ def tasks(family: str, configs: list[str], reference: str | None = None) -> list
 
 def suite_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config of a suite: the registry's entry, else what its manifest declares."""
-    from benchmark.suites import SUITES, declared_scoring, get_suite
+    from genshift.suites import SUITES, declared_scoring, get_suite
 
     if manifest.suite_id in SUITES:
         spec = get_suite(manifest.suite_id)

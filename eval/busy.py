@@ -1,5 +1,5 @@
 """Where a sweep's time went: how busy the models and the decode workers were, and how long each
-waited for the other, from the timeline ``eval.inference.predict_units`` records.
+waited for the other, from the timeline ``genshift.eval.inference.predict_units`` records.
 
 One event per streamed unit (``perf_counter`` seconds; on Linux CLOCK_MONOTONIC, one clock for
 the main process and its DataLoader workers)::

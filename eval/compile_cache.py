@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.fsutil import canonical_json, sha256_bytes
+from genshift.fsutil import canonical_json, sha256_bytes
 
 log = logging.getLogger(__name__)
 FORMAT = "aoti-2"  # 2: the intra-op thread count is part of the key

@@ -1,11 +1,11 @@
 """``bench diagnose``: failure directions of one evaluated model on one suite.
 
 Joins a result's stored predictions with CLIP embeddings of the suite images, fits per class the
-failure-direction SVM of Jain et al. (``eval.failure_directions``) and writes ``diagnose.json``
+failure-direction SVM of Jain et al. (``genshift.eval.failure_directions``) and writes ``diagnose.json``
 next to the result: per class the direction's strength with a permutation null, the hardest and
 easiest image ids, the captions that name the hard and easy subpopulations, and the validation
 proxy; thumbnails of the strongest classes' hardest and easiest images, and a self-contained
-``diagnose.html`` of all of it (``eval.diagnose_report``). It never changes benchmark scores.
+``diagnose.html`` of all of it (``genshift.eval.diagnose_report``). It never changes benchmark scores.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import atomic_write_json, sha256_file
-from eval import diagnose_report
-from eval.embeddings import ClipEncoder, ImageView, suite_image_embeddings
-from eval.failure_directions import DirectionOptions, Whitening, class_direction
-from eval.metrics import parent_failures
-from eval.predictions import read_predictions, topk_matrix
-from eval.results import load_result
+from genshift import imagenet
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import atomic_write_json, sha256_file
+from genshift.eval import diagnose_report
+from genshift.eval.embeddings import ClipEncoder, ImageView, suite_image_embeddings
+from genshift.eval.failure_directions import DirectionOptions, Whitening, class_direction
+from genshift.eval.metrics import parent_failures
+from genshift.eval.predictions import read_predictions, topk_matrix
+from genshift.eval.results import load_result
 
 CRITERIA = ("top1", "top3", "parent")
 
@@ -57,12 +57,12 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
              suite: str | None = None, mask: str | None = None, progress: bool = True,
              image_view: str = "classifier-square", whiten_reference: str | None = None) -> tuple[dict, Path]:
     """Failure directions of one result. ``image_view``: how CLIP sees the images
-    (``eval.embeddings.ImageView``; default the authors' square resize of the classifier's input).
+    (``genshift.eval.embeddings.ImageView``; default the authors' square resize of the classifier's input).
     ``whiten_reference``: the images whose CLIP statistics whiten the embeddings
     (:func:`parse_whiten_reference`; the authors used the training split; default: the analysed images)."""
     from tqdm.auto import tqdm
 
-    from eval.suite_open import reopen_suite
+    from genshift.eval.suite_open import reopen_suite
 
     path = Path(result_path)
     path = path / "result.json" if path.is_dir() else path
@@ -102,7 +102,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     if ref is None:
         ref_emb, ref_desc = emb, {"images": "the scored images of the analysed configs", "n": int(emb.shape[0])}
     else:
-        from eval.suite_open import open_suite
+        from genshift.eval.suite_open import open_suite
 
         ref_suite = info.suite if own_ref else open_suite(ref[0], configs=tuple(ref[1])).suite
         unknown = [c for c in ref[1] if c not in ref_suite.configs]

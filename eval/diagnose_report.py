@@ -33,7 +33,7 @@ def _thumb(data: bytes) -> str | None:
     """A base64 JPEG thumbnail of an encoded image, or None if it does not decode."""
     from PIL import Image
 
-    from benchmark.pixels import to_rgb
+    from genshift.pixels import to_rgb
 
     try:
         with Image.open(io.BytesIO(data)) as im:
@@ -82,7 +82,7 @@ def _captions(value) -> list[str]:
 
 def write_html(report: dict, path: str | Path) -> Path:
     """A self-contained HTML page of the report (inline CSS and images; all text escaped)."""
-    from benchmark.fsutil import atomic_write_bytes
+    from genshift.fsutil import atomic_write_bytes
 
     e = lambda s: html.escape(str(s), quote=True)  # noqa: E731
     thumbs = report.get("thumbnails", {})

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_path
-from benchmark.pixels import to_rgb
-from benchmark.reader import LocalSuite, read_row_group
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_path
+from genshift.pixels import to_rgb
+from genshift.reader import LocalSuite, read_row_group
 
 log = logging.getLogger(__name__)
 DEFAULT_CLIP = ("ViT-B-32-quickgelu", "openai")
@@ -54,7 +54,7 @@ class ImageView:
             raise BenchError("the classifier-square view needs the classifier's data config (the result's data_config)")
 
     def key(self) -> str:
-        from benchmark.fsutil import canonical_json, sha256_bytes
+        from genshift.fsutil import canonical_json, sha256_bytes
 
         return self.kind if self.kind == "center-crop" else f"{self.kind}-{sha256_bytes(canonical_json(self.data_config))[:12]}"
 
@@ -113,7 +113,7 @@ class ClipEncoder:
                 side = min(im.size)
                 im = F.center_crop(im, [side, side]).resize((self.image_size, self.image_size), Image.BICUBIC)
                 return F.normalize(F.to_tensor(im), self.mean, self.std)
-            from eval.inference import make_transform
+            from genshift.eval.inference import make_transform
 
             x = make_transform(view.data_config, uint8=False)(im)  # what the classifier was given
         mean = torch.tensor(view.data_config["mean"]).view(3, 1, 1)

@@ -34,7 +34,7 @@ from importlib import resources
 import numpy as np
 import yaml
 
-from benchmark import imagenet
+from genshift import imagenet
 
 C_GRID = tuple(float(c) for c in np.logspace(-6, 0, 7))
 
@@ -98,7 +98,7 @@ def search_svm(z: np.ndarray, correct: np.ndarray, opts: DirectionOptions):
 
 @lru_cache(maxsize=1)
 def _caption_table() -> dict:
-    text = resources.files("benchmark").joinpath("_data", "failure_direction_captions.yaml").read_text()
+    text = resources.files("genshift").joinpath("_data", "failure_direction_captions.yaml").read_text()
     return yaml.safe_load(text)
 
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmark.errors import BenchError, one_line
-from benchmark.oom import BatchBackoff
-from benchmark.pixels import check_size, size_of, to_rgb
-from benchmark.reader import LocalSuite, RowGroup, read_row_group
-from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, schema
+from genshift.errors import BenchError, one_line
+from genshift.oom import BatchBackoff
+from genshift.pixels import check_size, size_of, to_rgb
+from genshift.reader import LocalSuite, RowGroup, read_row_group
+from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, schema
 
 log = logging.getLogger(__name__)
 # torch.compile pays off above roughly this many images on CPU (docs/performance.md, "compile").
@@ -185,7 +185,7 @@ class DeviceDecoder:
 
     Pixels differ slightly from PIL's decode and resize (another IDCT and antialiased tensor
     resize), so the choice is recorded in the result's protocol. Non-JPEG images are decoded on
-    the CPU by PIL through ``benchmark.pixels.to_rgb``, as the default path does. Output: uint8 NCHW on the device (the model's
+    the CPU by PIL through ``genshift.pixels.to_rgb``, as the default path does. Output: uint8 NCHW on the device (the model's
     forward normalises it).
     """
 
@@ -216,7 +216,7 @@ class DeviceDecoder:
         bad: list[tuple[int, str]] = []
         jpeg_idx = []
         for i in (i for i, j in enumerate(is_jpeg) if j):
-            try:  # sides from the header, before the device allocates them (benchmark.pixels bounds)
+            try:  # sides from the header, before the device allocates them (genshift.pixels bounds)
                 check_size(size_of(datas[i].numpy().tobytes()))
                 jpeg_idx.append(i)
             except Exception as e:  # noqa: BLE001 - this image's, named
@@ -233,7 +233,7 @@ class DeviceDecoder:
                     except RuntimeError as e:
                         bad.append((i, f"RuntimeError: {e}"))
         for i, j in enumerate(is_jpeg):
-            if not j:  # other formats: decoded on the CPU exactly as the default path does (benchmark.pixels)
+            if not j:  # other formats: decoded on the CPU exactly as the default path does (genshift.pixels)
                 try:
                     with Image.open(io.BytesIO(datas[i].numpy().tobytes())) as im:
                         rgb = np.asarray(to_rgb(im))
@@ -275,7 +275,7 @@ def _cpu_freezing(device: torch.device) -> None:
 def wants_compile(model: torch.nn.Module, opts: InferenceOptions, *, n_images: int,
                   data_config: dict | None = None) -> bool:
     """``--compile``: on; off; auto = when the run pays back a cold compile or a compiled package of
-    this model at this batch shape is already on the machine (eval.compile_cache)."""
+    this model at this batch shape is already on the machine (genshift.eval.compile_cache)."""
     if opts.compile != "auto":
         return opts.compile == "on"
     if opts.resolved_forward_threads() > 1:
@@ -286,7 +286,7 @@ def wants_compile(model: torch.nn.Module, opts: InferenceOptions, *, n_images: i
         return True
     if opts.amp or not data_config or "input_size" not in data_config:
         return False
-    from eval.compile_cache import cached
+    from genshift.eval.compile_cache import cached
 
     example = torch.zeros(opts.resolved_batch_size(), *data_config["input_size"], device=opts.device)
     if opts.channels_last:
@@ -326,7 +326,7 @@ class Forward:
         self.eager = model
         if compile if compile is not None else wants_compile(model, opts, n_images=n_images, data_config=data_config):
             if self.amp_dtype is None:
-                # ahead of time, once per machine (eval.compile_cache); built or loaded on the first batch,
+                # ahead of time, once per machine (genshift.eval.compile_cache); built or loaded on the first batch,
                 # whose padded shape is the package's shape
                 self.compiled = True
                 self.compile_info = {"mode": "aot"}
@@ -352,7 +352,7 @@ class Forward:
         """The ahead-of-time compiled model for ``x``'s shape (one package per batch size, e.g. after OOM back-off)."""
         if self._aot is not None and self._aot[0] == x.shape[0]:
             return self._aot[1]
-        from eval.compile_cache import load_or_compile
+        from genshift.eval.compile_cache import load_or_compile
 
         try:
             with torch.inference_mode(False):  # export traces ordinary tensors, not inference-mode ones
@@ -512,7 +512,7 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
 
     A feed whose model raises is handed to ``on_failure(feed, exc)`` (and dropped) when given, so
     one broken model does not stop the others; without it the error propagates. ``on_unit(rows,
-    n_models)`` reports progress. ``timeline`` (a list) receives one ``eval.busy`` event per unit:
+    n_models)`` reports progress. ``timeline`` (a list) receives one ``genshift.eval.busy`` event per unit:
     when the loader started, when the unit was decoded, how long the models waited for it, and
     each model's forward span (perf_counter seconds). ``stream``: the same units' decode, started
     earlier with ``start_stream`` (it may hold units no feed needs any more: they are skipped).

@@ -47,7 +47,7 @@ def cluster_edits(directions, delta_p, *, k: int = 5, seed: int = 0, labels=None
 
 def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict | None:
     """Clusters for a LANCE result: joins the suite's edit directions with the predictions' Δp."""
-    from eval.metrics import delta_p, pair_up
+    from genshift.eval.metrics import delta_p, pair_up
 
     if "counterfactual" not in tables or "original" not in tables or "edit_text_direction" not in suite.manifest.features:
         return None

@@ -17,15 +17,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmark.errors import BenchError, IntegrityError, one_line
-from benchmark.fsutil import parse_json_limited, read_limited, sha256_bytes
-from eval.predictions import (
+from genshift.errors import BenchError, IntegrityError, one_line
+from genshift.fsutil import parse_json_limited, read_limited, sha256_bytes
+from genshift.eval.predictions import (
     CheckpointedPredictions, check_config_name, contained, part_range, safe_config_dir, schema,
     unit_digest,
 )
-from eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, environment, write_result
-from eval.scoring import ScoringOptions, score
-from eval.suite_open import open_suite
+from genshift.eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, environment, write_result
+from genshift.eval.scoring import ScoringOptions, score
+from genshift.eval.suite_open import open_suite
 
 JOB_FILE = "job.json"          # in .work/: everything needed to build the result from the parts
 WORK = ".work"
@@ -234,7 +234,7 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     metrics = score(state["metric_family"], tables, scoring)
     analysis = {}
     if state["metric_family"] == "lance":
-        from eval.lance_insight import result_clusters
+        from genshift.eval.lance_insight import result_clusters
 
         if suite is None:
             r = state["reopen"]
@@ -302,7 +302,7 @@ def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
 
 
 def locked(path: Path):
-    """An exclusive lock across processes on ``path``: filelock's, as eval.compile_cache takes it."""
+    """An exclusive lock across processes on ``path``: filelock's, as genshift.eval.compile_cache takes it."""
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmark import imagenet
+from genshift import imagenet
 
 # name -> higher_is_better, declared once for the harness, the verifier and the leaderboard.
 DIRECTION = {

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmark.errors import BenchError
-from benchmark.fsutil import MAX_LIST_BYTES, read_text_limited
+from genshift.errors import BenchError
+from genshift.fsutil import MAX_LIST_BYTES, read_text_limited
 
 WILDCARD_CHARS = "*?["
 MAX_MODELS = 5000
@@ -53,7 +53,7 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
     if not p.exists():
-        from benchmark.populations import list_populations
+        from genshift.populations import list_populations
         raise BenchError(f"--models {str(p)!r}: no such file and no such population (populations: "
                          f"{', '.join(list_populations())})")
     text = read_text_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")  # /dev/zero: one line, at once
@@ -77,7 +77,7 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
     """The sweep's model list from ``--model`` (repeatable; ``NAME=CHECKPOINT``; timm wildcards) and
     ``--models FILE``. Every name is checked (timm's close matches for unknown ones) before any
     data is touched. Returns the specs and the wildcard expansions."""
-    from eval.models import given_name, parse_model_name
+    from genshift.eval.models import given_name, parse_model_name
 
     raw: list[ModelSpec] = []
     for m in models or []:
@@ -86,7 +86,7 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
             raise BenchError(f"--model {m!r}: NAME=CHECKPOINT needs a checkpoint path after '='")
         raw.append(ModelSpec(name.strip(), ck or None))
     if models_file:
-        from benchmark.populations import is_population, population_models  # a named population, unless a file
+        from genshift.populations import is_population, population_models  # a named population, unless a file
         listed = ([ModelSpec(n, ck) for n, ck in population_models(models_file)]
                   if is_population(models_file) and not os.path.exists(models_file) else parse_models_file(models_file))
         if not listed:
@@ -134,7 +134,7 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
 
 
 def _sha256_of(path: str) -> str:
-    from eval.models import check_checkpoint_file, weights_sha256
+    from genshift.eval.models import check_checkpoint_file, weights_sha256
 
     check_checkpoint_file(path)  # exists, a regular readable file, not empty, within the size limit: one line
     try:
@@ -145,7 +145,7 @@ def _sha256_of(path: str) -> str:
 
 def _canonical_id(ref, spec: ModelSpec) -> str:
     """The id ``load_classifier`` will give the model (its output folder), without loading it."""
-    from eval.models import checkpoint_model_id
+    from genshift.eval.models import checkpoint_model_id
 
     if spec.checkpoint is not None:
         return checkpoint_model_id(spec.name, _sha256_of(spec.checkpoint))

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from benchmark.errors import BenchError, NotFoundError, OfflineError, first_line
-from benchmark.fsutil import sha256_file
-from benchmark.hubio import OFFLINE_ROUTE, SHA_RE, _unreachable
-from eval.results import PROTOCOL_OPTIONS
+from genshift.errors import BenchError, NotFoundError, OfflineError, first_line
+from genshift.fsutil import sha256_file
+from genshift.hubio import OFFLINE_ROUTE, SHA_RE, _unreachable
+from genshift.eval.results import PROTOCOL_OPTIONS
 
 log = logging.getLogger(__name__)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")

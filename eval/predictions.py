@@ -16,10 +16,10 @@ true_rank          int32                       position of the true class, ties 
 =================  ==========================  ==============================================
 
 plus string columns copied from the suite when present (``CARRIED_COLUMNS``). Classes are ordered
-by probability, descending, ties by lower class index (``eval.inference.rank_classes``); the
+by probability, descending, ties by lower class index (``genshift.eval.inference.rank_classes``); the
 top-k is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is
 exact for every k (``true_rank < k``), not only k <= K, and agrees with the stored top-k. Metrics are pure functions
-of these files (``eval.scoring``), so every number can be recomputed without a GPU.
+of these files (``genshift.eval.scoring``), so every number can be recomputed without a GPU.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from benchmark.errors import IntegrityError
-from benchmark.fsutil import atomic_path, atomic_write_bytes, canonical_json, sha256_bytes
-from benchmark.suite_format import check_parquet_footer
+from genshift.errors import IntegrityError
+from genshift.fsutil import atomic_path, atomic_write_bytes, canonical_json, sha256_bytes
+from genshift.suite_format import check_parquet_footer
 
 log = logging.getLogger(__name__)
 TOPK = 10
@@ -169,7 +169,7 @@ class CheckpointedPredictions:
 
     def scan(self) -> set[int]:
         """Units already on disk (from any process or an earlier run), from the part names; what the
-        parts hold is checked when they are merged (``eval.merging``)."""
+        parts hold is checked when they are merged (``genshift.eval.merging``)."""
         done: set[int] = set()
         for part in sorted(self.dir.glob("part-*.parquet")):
             first, last = part_range(part, self.n_units)
@@ -200,7 +200,7 @@ class CheckpointedPredictions:
         zero = {"model_seconds": 0.0, "seconds": 0.0}
         # one part per contiguous run of units (a process of a distributed sweep holds scattered units);
         # the flush's timings go in the first part's sidecar; rows and skipped images are per unit, so a
-        # merge can check every part against the units it names (eval.merging)
+        # merge can check every part against the units it names (genshift.eval.merging)
         start = 0
         for i in range(1, len(units) + 1):
             if i == len(units) or units[i] != units[i - 1] + 1:

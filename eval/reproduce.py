@@ -1,7 +1,7 @@
 """A paper's table from a population's results, with the paper's reported numbers beside ours.
 
 ``reproduce(table, results)`` matches the results to the table's model population
-(``benchmark.populations``), reads each cell from the results' metrics and pairs it with the
+(``genshift.populations``), reads each cell from the results' metrics and pairs it with the
 number the paper reports (package data ``reported.yaml``, each with paper, table and row). It
 never runs a model: results come from ``bench eval --models <population>``. The returned report
 carries the paper's layout (``layout``: columns and rows of text cells), every cell as a record
@@ -18,7 +18,7 @@ Tables:
   on IN-G-RN and IN-G-ViT; the paper prints the replicas' rates (78%, 77%) and the range over the
   ImageNet-21k models (39-53%, 50-61%); ours is compared as a range too.
 - ``imagenet-star-slopes``: Dataset Interfaces' per-shift absolute impact and ID/OOD slope over
-  the 61-model population (``eval.slope``); the paper plots these, so there is no number beside them.
+  the 61-model population (``genshift.eval.slope``); the paper plots these, so there is no number beside them.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from benchmark.errors import BenchError, unknown
-from benchmark.model_ids import model_key
-from benchmark.populations import Member, Population, get_population
+from genshift.errors import BenchError, unknown
+from genshift.model_ids import model_key
+from genshift.populations import Member, Population, get_population
 
 TABLES = ("imagenet-star-slopes", "in-g-fig4", "lance-table2")
 _SUITES = {"imagenet-star-slopes": ("imagenet-star-upstream", "imagenet-star"), "in-g-fig4": ("in-g-rn", "in-g-vit"),
@@ -42,7 +42,7 @@ _SUITES = {"imagenet-star-slopes": ("imagenet-star-upstream", "imagenet-star"), 
 @lru_cache(maxsize=1)
 def reported() -> dict[str, dict]:
     """The papers' reported numbers by table (package data ``reported.yaml``)."""
-    text = resources.files("benchmark").joinpath("_data", "reported.yaml").read_text()
+    text = resources.files("genshift").joinpath("_data", "reported.yaml").read_text()
     return {t["table"]: t for t in yaml.safe_load(text)}
 
 
@@ -213,7 +213,7 @@ def _in_g_fig4(results: list[tuple[str, dict]]) -> dict:
 
 
 def _imagenet_star_slopes(results: list[tuple[str, dict]]) -> dict:
-    from eval.slope import slope_table
+    from genshift.eval.slope import slope_table
 
     pop = get_population("imagenet-star-61")
     suite = next((s for s in _SUITES["imagenet-star-slopes"] if any(r["suite"]["id"] == s for _, r in results)),

@@ -18,10 +18,10 @@ from datetime import datetime
 import subprocess
 from pathlib import Path
 
-from benchmark.errors import CONTROL_CHARS, BenchError, IntegrityError
-from benchmark.fsutil import atomic_write_bytes, canonical_json, json_depth, read_limited, sha256_bytes
-from benchmark.hubio import SHA_RE
-from benchmark.suite_format import CONFIG_RE, MAX_JSON_DEPTH, SHA256_RE  # one set of names and limits
+from genshift.errors import CONTROL_CHARS, BenchError, IntegrityError
+from genshift.fsutil import atomic_write_bytes, canonical_json, json_depth, read_limited, sha256_bytes
+from genshift.hubio import SHA_RE
+from genshift.suite_format import CONFIG_RE, MAX_JSON_DEPTH, SHA256_RE  # one set of names and limits
 
 SCHEMA_VERSION = 1
 KIND = "genshift-result"
@@ -263,8 +263,8 @@ def validate(result, *, where: str) -> None:
     After this, consumers (verify, the store, the leaderboard, submit) can index the result
     without further type checks.
     """
-    from eval.scoring import ScoringOptions
-    from benchmark.suites import METRIC_FAMILIES
+    from genshift.eval.scoring import ScoringOptions
+    from genshift.suites import METRIC_FAMILIES
 
     c = _Checker(where)
     if not isinstance(result, dict):

@@ -9,8 +9,8 @@ Output layout (``--out``, default ``runs/``)::
     runs/<suite id>/<model slug>/failure.json      a model that failed in a sweep (removed by the rerun)
 
 A killed run resumes from its last flushed units; a finished run is a no-op unless ``force``.
-Scoring many models at once, and in many processes, is ``eval.sweep``; ``evaluate`` is its
-one-model case. Opening the suite is ``eval.suite_open`` (shared with the sweep).
+Scoring many models at once, and in many processes, is ``genshift.eval.sweep``; ``evaluate`` is its
+one-model case. Opening the suite is ``genshift.eval.suite_open`` (shared with the sweep).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from benchmark.errors import BenchError
-from eval.inference import InferenceOptions
-from eval.results import RESULT_FILE
-from eval.scoring import ScoringOptions
-from eval.sweep import ModelSpec, SweepRequest, run_sweep
+from genshift.errors import BenchError
+from genshift.eval.inference import InferenceOptions
+from genshift.eval.results import RESULT_FILE
+from genshift.eval.scoring import ScoringOptions
+from genshift.eval.sweep import ModelSpec, SweepRequest, run_sweep
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class EvalRequest:
     checkpoint: str | None = None
     remap_by_order: bool = False
     checkpoint_weights: str = "model"   # "model" | "ema": which weights of a training checkpoint
-    preprocess: str = "timm"       # eval.models.PREPROCESS
+    preprocess: str = "timm"       # genshift.eval.models.PREPROCESS
     mask: str | None = None
     out: str = "runs"
     force: bool = False
@@ -47,8 +47,8 @@ class EvalRequest:
 
 def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
     """Run (or resume) an evaluation and return ``(result, result_path)``: a sweep of one model
-    (``eval.sweep``), so a model scored alone and in a sweep gets the same files."""
-    from eval.models import parse_model_name
+    (``genshift.eval.sweep``), so a model scored alone and in a sweep gets the same files."""
+    from genshift.eval.models import parse_model_name
 
     parse_model_name(req.model)  # a typo in --model is reported before any suite download
     # every other field means the same in both requests: copied by name, so a new option cannot be dropped here

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
-from benchmark import imagenet
-from eval import bootstrap, metrics
-from eval.predictions import topk_matrix
+from genshift import imagenet
+from genshift.eval import bootstrap, metrics
+from genshift.eval.predictions import topk_matrix
 
 LANCE_HEADLINE_T = "originals_with_counterfactual"  # Table 2's numbers are fractions of N = 576 (Prabhu et al.)
 
@@ -110,7 +110,7 @@ def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> 
 def outcome_replicates(config: str, outcomes: dict[str, np.ndarray], o: ScoringOptions) -> dict[str, np.ndarray]:
     """Bootstrap replicates ``(n_boot,)`` of the mean of each per-image outcome of one config.
 
-    All outcomes of a config share the config's resamples (``eval.bootstrap``: keyed by seed and
+    All outcomes of a config share the config's resamples (``genshift.eval.bootstrap``: keyed by seed and
     config name, images in ``image_id`` order), which are the ones the leaderboard's rank
     intervals and every other result on this config use: intervals of different models are paired.
     """
@@ -148,7 +148,7 @@ def _imagenet_star(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> d
         "reference": ref_desc,
         "absolute_impact": impact,
         # this model's impact averaged over its shifts; a shift's impact averaged over models
-        # (the paper's "absolute impact" of a shift) is eval.slope.shift_impact, across results
+        # (the paper's "absolute impact" of a shift) is genshift.eval.slope.shift_impact, across results
         "model_mean_impact": _metric(np.mean(values) if values else np.nan, mean_reps, len(values), o.confidence),
     }
 

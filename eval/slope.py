@@ -3,7 +3,7 @@
 Dataset Interfaces characterises each shift by two numbers over a population of models:
 
 - **ID/OOD slope**: regress the models' shift accuracy on their in-distribution accuracy
-  (``eval.metrics.id_ood_fit``, linear and probit). The ID axis is the suite's reference config
+  (``genshift.eval.metrics.id_ood_fit``, linear and probit). The ID axis is the suite's reference config
   (ImageNet* ``base``) by default, or accuracies given per model (e.g. ImageNet-val top-1 from a
   pinned timm results CSV). :func:`slope_table`.
 - **Absolute impact of the shift** (``shift_impact``): "the shift's overall severity, measured as
@@ -12,15 +12,15 @@ Dataset Interfaces characterises each shift by two numbers over a population of 
   :func:`shift_impact` (pure, on the drops) and :func:`shift_impact_table` (from results).
 
 Not to be confused with a result's ``model_mean_impact``: one model's drop averaged over the
-shifts (``eval.scoring``), which ranks models, not shifts.
+shifts (``genshift.eval.scoring``), which ranks models, not shifts.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from benchmark.errors import BenchError
-from eval.metrics import id_ood_fit
+from genshift.errors import BenchError
+from genshift.eval.metrics import id_ood_fit
 
 SCALES = ("linear", "probit")
 

@@ -11,7 +11,7 @@ Keys are raw ed25519 keys from the ``cryptography`` package:
 - public key: one line ``ed25519 <base64 of the 32 raw bytes> <name>`` (``KEY.pub``);
 - trusted keys file: any number of such lines (``#`` comments), so ``cat KEY.pub >> trusted``.
 
-The signature covers the canonical JSON (``benchmark.fsutil.canonical_json``) of the stamp
+The signature covers the canonical JSON (``genshift.fsutil.canonical_json``) of the stamp
 without its ``signature`` field.
 """
 
@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark.errors import BenchError
-from benchmark.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_bytes, canonical_json, read_limited,
+from genshift.errors import BenchError
+from genshift.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_bytes, canonical_json, read_limited,
                             read_text_limited, sha256_bytes)
 
 STAMP_KIND = "genshift-verification"
@@ -193,10 +193,10 @@ def unrankable(result: dict) -> str:
 
 
 def make_stamp(report) -> dict:
-    """The (unsigned) stamp body for a passed ``eval.verify.VerifyReport`` with a recheck."""
+    """The (unsigned) stamp body for a passed ``genshift.eval.verify.VerifyReport`` with a recheck."""
     from datetime import datetime, timezone
 
-    from benchmark import __version__
+    from genshift import __version__
 
     if not report.ok or not report.recheck or not report.suite_checked or not report.suite.trusted:
         raise BenchError("only a verification that passed, re-ran images and checked the predictions against a "
@@ -230,7 +230,7 @@ def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str,
                 trusted: dict[str, PublicKey]) -> tuple[dict | None, str]:
     """``(stamp, "")`` if the stamp bytes are a stamp signed by a trusted key for exactly these files,
     else ``(None, why not)``: unsigned, unknown key, bad signature, stale, or not a stamp."""
-    from eval.results import parse_json
+    from genshift.eval.results import parse_json
 
     try:
         stamp = parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)

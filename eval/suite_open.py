@@ -2,8 +2,8 @@
 its scoring spec (metric family, reference config, construction models); and the suite a stored
 result was made on (``bench verify --recheck``, ``bench diagnose``).
 
-A module of its own so that the one-model entry point (``eval.runner``) and the sweep
-(``eval.sweep``) both depend on it and not on each other.
+A module of its own so that the one-model entry point (``genshift.eval.runner``) and the sweep
+(``genshift.eval.sweep``) both depend on it and not on each other.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import sha256_file
-from benchmark.reader import LocalSuite
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import sha256_file
+from genshift.reader import LocalSuite
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class SuiteInfo:
 def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ...] | None = None,
                mask: str | None = None) -> SuiteInfo:
     """A local suite folder, a registry id or a Hub repo id -> a verified ``LocalSuite`` + its spec."""
-    from benchmark import hub
-    from benchmark.suites import SUITES, construction_models, declared_scoring, get_suite
+    from genshift import hub
+    from genshift.suites import SUITES, construction_models, declared_scoring, get_suite
 
     suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
     key = text if text in SUITES else suite.suite_id
@@ -53,7 +53,7 @@ def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = N
     adapter, the mask file); ``suite`` / ``mask`` point elsewhere. The opened suite must have
     the result's manifest hash.
     """
-    from benchmark import upstream
+    from genshift import upstream
 
     rec = result["suite"]
     rec_mask = rec.get("mask") or {}
@@ -83,10 +83,10 @@ def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = N
 
 
 def is_construction_model(model_id: str, construction: tuple[str, ...], weights_sha256: str | None = None) -> bool:
-    """Whether a model is one of a suite's construction models (``benchmark.suites.construction_models``):
+    """Whether a model is one of a suite's construction models (``genshift.suites.construction_models``):
     by id in normal form (``timm/x``, ``hf-hub:timm/x@sha`` and ``x`` are one model), or by weights
     sha256 for an entry ``sha256:<hex>``."""
-    from benchmark.model_ids import model_key
+    from genshift.model_ids import model_key
 
     key = model_key(model_id)
     return any((weights_sha256 is not None and c == f"sha256:{weights_sha256}") or key == model_key(c)

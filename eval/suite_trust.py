@@ -2,7 +2,7 @@
 
 A result names its suite by the sha256 of the suite's ``manifest.json``. The manifest carries,
 per config, the row count, the kept count and the **rows digest**
-(``benchmark.suite_format.rows_digest`` over ``(image_id, label, keep)``), so a result's
+(``genshift.suite_format.rows_digest`` over ``(image_id, label, keep)``), so a result's
 predictions can be checked against the suite with the manifest alone, no images.
 
 Trust roots (a manifest is trusted only when it comes from one of these; a manifest shipped
@@ -26,9 +26,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmark.errors import BenchError
-from benchmark.fsutil import read_limited
-from benchmark.suite_format import MANIFEST, MAX_MANIFEST_BYTES, Manifest
+from genshift.errors import BenchError
+from genshift.fsutil import read_limited
+from genshift.suite_format import MANIFEST, MAX_MANIFEST_BYTES, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class SuiteRef:
     manifest: Manifest
     origin: str
     trusted: bool
-    local: object | None = None  # benchmark.reader.LocalSuite
+    local: object | None = None  # genshift.reader.LocalSuite
     _rows: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -75,7 +75,7 @@ def load_manifest_file(path: Path, *, where: str | None = None) -> Manifest:
 
 def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: str | None = None) -> SuiteRef:
     """A suite folder, a manifest file, or (downloaded) a registry id / Hub repo."""
-    from benchmark.reader import LocalSuite
+    from genshift.reader import LocalSuite
 
     path = Path(source)
     if path.is_dir() and (path / MANIFEST).is_file():
@@ -83,7 +83,7 @@ def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: s
         return SuiteRef(local.manifest, f"suite folder {path}", trusted, local)
     if path.is_file():
         return SuiteRef(load_manifest_file(path), f"manifest {path}", trusted)
-    from eval.suite_open import open_suite
+    from genshift.eval.suite_open import open_suite
 
     info = open_suite(source, revision=revision, mask=mask)
     return SuiteRef(info.suite.manifest, f"suite {source}", trusted, info.suite)
@@ -152,7 +152,7 @@ class TrustedSuites:
 
 def _registry_manifest(suite_id, *, download: bool) -> SuiteRef | None:
     """The manifest of a registered suite at its pinned sha (only ``manifest.json``), or None."""
-    from benchmark.suites import SUITES
+    from genshift.suites import SUITES
 
     if not isinstance(suite_id, str) or suite_id not in SUITES:
         return None

@@ -21,7 +21,7 @@ How the work is shared:
   largest first (models x input pixels), so the last to start is the cheapest and the groups in
   flight end together. Each model still sees the same batches at the same ``--cpu-threads``, so
   its bytes are a single run's. ``Sweep.timeline`` records every unit's decode, wait and forward
-  spans (``eval.busy``).
+  spans (``genshift.eval.busy``).
 - **Decode ahead.** Streams (a chunk's config) run in a fixed order; once a stream has its first
   unit, the next stream not yet started starts its DataLoader, so its workers decode its first
   units while the current models compute and its models never wait for a cold loader.
@@ -37,8 +37,8 @@ How the work is shared:
   ``image_id`` and written from one chunk, so their bytes do not depend on the process count or
   on where a run was interrupted.
 
-Model lists are ``eval.model_list``, the process split ``eval.work_split``, building results from
-parts ``eval.merging``, ``--plan`` ``eval.sweep_plan`` and the bar ``eval.progress``.
+Model lists are ``genshift.eval.model_list``, the process split ``genshift.eval.work_split``, building results from
+parts ``genshift.eval.merging``, ``--plan`` ``genshift.eval.sweep_plan`` and the bar ``genshift.eval.progress``.
 """
 
 from __future__ import annotations
@@ -53,25 +53,25 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from benchmark import upstream
-from benchmark.errors import BenchError, one_line
-from benchmark.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
-from benchmark.oom import BatchBackoff
-from builders.determinism import fixed_threads
-from eval.busy import busy_shares
-from eval.inference import (
+from genshift import upstream
+from genshift.errors import BenchError, one_line
+from genshift.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
+from genshift.oom import BatchBackoff
+from genshift.builders.determinism import fixed_threads
+from genshift.eval.busy import busy_shares
+from genshift.eval.inference import (
     Forward, InferenceOptions, ModelFeed, UnitStream, check_device, plan_units, predict_units, start_stream, wants_compile,
 )
-from eval.merging import (
+from genshift.eval.merging import (
     JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
 )
-from eval.model_list import ModelSpec
-from eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
-from eval.progress import Progress
-from eval.results import RESULT_FILE, config_hash, load_result, path_slug as slug  # the one folder rule
-from eval.scoring import ScoringOptions
-from eval.suite_open import is_construction_model, open_suite
-from eval.work_split import Distributed, balance
+from genshift.eval.model_list import ModelSpec
+from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
+from genshift.eval.progress import Progress
+from genshift.eval.results import RESULT_FILE, config_hash, load_result, path_slug as slug  # the one folder rule
+from genshift.eval.scoring import ScoringOptions
+from genshift.eval.suite_open import is_construction_model, open_suite
+from genshift.eval.work_split import Distributed, balance
 
 log = logging.getLogger(__name__)
 RUN_STATE = "run.json"
@@ -86,7 +86,7 @@ class SweepRequest:
     revision: str | None = None
     remap_by_order: bool = False
     checkpoint_weights: str = "model"  # "model" | "ema": which weights of a training checkpoint
-    preprocess: str = "timm"           # eval.models.PREPROCESS
+    preprocess: str = "timm"           # genshift.eval.models.PREPROCESS
     mask: str | None = None
     out: str = "runs"
     force: bool = False
@@ -135,7 +135,7 @@ def unit_digests(suite, config: str, groups, units) -> list[str]:
 
 def load_model(req: SweepRequest, spec: ModelSpec):
     """One model of a sweep, loaded on the CPU with the sweep's weight and preprocessing options."""
-    from eval.models import load_classifier
+    from genshift.eval.models import load_classifier
 
     return load_classifier(spec.name, checkpoint=spec.checkpoint, device="cpu", remap_by_order=req.remap_by_order,
                            pretrained=req.pretrained, checkpoint_weights=req.checkpoint_weights,
@@ -166,8 +166,8 @@ class Sweep:
         self._slots = threading.Lock()         # models held (loaded, loading, reserved), read and changed by threads
         self._reserved: set[str] = set()       # models of the chunks started and not finished
         self._stop = threading.Event()         # set when the run is interrupted: running chunks stop at a unit
-        self.timeline: list[dict] = []         # eval.busy events, one per unit streamed
-        self.busy: dict | None = None          # eval.busy.busy_shares of the run
+        self.timeline: list[dict] = []         # genshift.eval.busy events, one per unit streamed
+        self.busy: dict | None = None          # genshift.eval.busy.busy_shares of the run
         self._streams: dict[tuple[int, str], UnitStream | None] = {}  # started ahead (None: taken by its chunk)
         self._stream_order: list[tuple[int, str]] = []                # (chunk, config) in run order
         self._stream_lock = threading.Lock()
@@ -408,7 +408,7 @@ class Sweep:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         self.busy = busy_shares(self.timeline, time.perf_counter() - start)
-        log.info("sweep busy: %s", json.dumps(self.busy))  # eval.busy: shares of the wall time, waits in seconds
+        log.info("sweep busy: %s", json.dumps(self.busy))  # genshift.eval.busy: shares of the wall time, waits in seconds
         # the last process to finish builds what the others left (a no-op on one process)
         for job in self.jobs:
             if job.status == "todo":

@@ -7,12 +7,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from builders.determinism import fixed_threads
-from eval.inference import Forward, plan_units, process_cores
-from eval.predictions import CARRIED_COLUMNS
-from eval.results import path_slug
-from eval.suite_open import open_suite
-from eval.sweep import Job, Sweep, SweepRequest, load_model, unit_digests
+from genshift.builders.determinism import fixed_threads
+from genshift.eval.inference import Forward, plan_units, process_cores
+from genshift.eval.predictions import CARRIED_COLUMNS
+from genshift.eval.results import path_slug
+from genshift.eval.suite_open import open_suite
+from genshift.eval.sweep import Job, Sweep, SweepRequest, load_model, unit_digests
 
 
 def plan(req: SweepRequest, *, probe: bool = True) -> dict:
@@ -71,7 +71,7 @@ def measure_rates(sw: Sweep) -> dict:
     forward pass on one batch of its group's images (after a warm-up batch)."""
     import torch
 
-    from eval.inference import UnitDataset, make_transform
+    from genshift.eval.inference import UnitDataset, make_transform
 
     rates = {"decode_s_per_image": {}, "forward_s_per_image": {}}
     todo = [j for j in sw.jobs if j.status == "todo"]

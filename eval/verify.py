@@ -3,13 +3,13 @@
 A result is never checked only against itself: a forger can recompute every hash and metric.
 Checks, each reported by what differs (``docs/results.md``, "Verification"):
 
-1. schema: every field's type and range (``eval.results.validate``), under size/depth limits;
+1. schema: every field's type and range (``genshift.eval.results.validate``), under size/depth limits;
 2. every predictions file: exists inside the run folder, recorded sha256 and row count, the
    predictions schema (column types, top-k width = ``protocol.topk``), ``image_id`` sorted and
    unique, and each row internally consistent: labels and classes in [0, 1000), top-k classes
    distinct, probabilities in [0, 1] and descending, ``true_prob``/``true_rank`` agreeing with the
    stored top-k (``check_rows``);
-3. against the **suite** (a trusted manifest, ``eval.suite_trust``): the manifest hash, suite id
+3. against the **suite** (a trusted manifest, ``genshift.eval.suite_trust``): the manifest hash, suite id
    and configs; each config's predictions reproduce the suite's rows digest over
    ``(image_id, label, keep)`` (dropped, duplicated or relabelled rows are found); ``counts`` and
    ``flags`` recomputed, never trusted;
@@ -35,16 +35,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from benchmark.errors import BenchError, IntegrityError, one_line
-from benchmark.fsutil import read_limited, sha256_bytes
-from benchmark.imagenet import NUM_CLASSES
-from benchmark.pixels import to_rgb
-from benchmark.suite_format import rows_digest_table
-from eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
-from eval.results import (MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash,
+from genshift.errors import BenchError, IntegrityError, one_line
+from genshift.fsutil import read_limited, sha256_bytes
+from genshift.imagenet import NUM_CLASSES
+from genshift.pixels import to_rgb
+from genshift.suite_format import rows_digest_table
+from genshift.eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
+from genshift.eval.results import (MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash,
                           parse_result)
-from eval.scoring import ScoringOptions, score
-from eval.suite_trust import SuiteRef, TrustedSuites, open_ref
+from genshift.eval.scoring import ScoringOptions, score
+from genshift.eval.suite_trust import SuiteRef, TrustedSuites, open_ref
 
 MAX_PROBLEMS = 20
 
@@ -236,7 +236,7 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
     pos = hit.argmax(axis=1)
     rows = np.arange(len(ids))
     p_at = probs[rows, pos]
-    # one order for both (eval.inference.rank_classes): probability descending, ties by class index
+    # one order for both (genshift.eval.inference.rank_classes): probability descending, ties by class index
     bad(((np.diff(probs, axis=1) == 0) & (np.diff(top, axis=1) < 0)).any(axis=1),
         "list tied top-k classes out of class-index order")
     # found in the top-k: true_prob is the stored probability there, true_rank its position (ties never
@@ -253,7 +253,7 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
 
 def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites | None = None,
                use_recorded: bool = False, mask: str | None = None) -> tuple[SuiteRef | None, str]:
-    """The manifest to check ``result`` against, or ``(None, why not)`` (``eval.suite_trust``)."""
+    """The manifest to check ``result`` against, or ``(None, why not)`` (``genshift.eval.suite_trust``)."""
     rec = result["suite"]
     if suite is not None:
         try:
@@ -267,8 +267,8 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
         return ref, ""
     src = rec.get("source")
     if use_recorded and isinstance(src, str):
-        from eval.suite_open import reopen_suite
-        from eval.suite_trust import hub_manifest
+        from genshift.eval.suite_open import reopen_suite
+        from genshift.eval.suite_trust import hub_manifest
 
         if rec.get("repo_id") and rec.get("revision") and not Path(src).exists():  # the manifest alone, if it is one
             ref = hub_manifest(rec["repo_id"], rec["revision"], download=True, trusted=False)
@@ -284,8 +284,8 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
 
 def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
     """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
-    from benchmark.suites import SUITES, construction_models, declared_scoring
-    from eval.suite_open import is_construction_model
+    from genshift.suites import SUITES, construction_models, declared_scoring
+    from genshift.eval.suite_open import is_construction_model
 
     rec, m = result["suite"], ref.manifest
     trust = "" if ref.trusted else " (the folder recorded in the result: not a trust root; use --suite to choose)"
@@ -385,7 +385,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
 
 
 def _limited_ids(ids: list[str], labels: list[int], limit: int) -> set[str]:
-    """The first ``limit`` image ids per class in image_id order (as ``eval.inference.plan_units``)."""
+    """The first ``limit`` image ids per class in image_id order (as ``genshift.eval.inference.plan_units``)."""
     chosen, per_class = set(), {}
     for i in sorted(range(len(ids)), key=ids.__getitem__):
         c = int(labels[i])
@@ -423,8 +423,8 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
     import torch
     from PIL import Image
 
-    from eval.models import load_classifier
-    from eval.suite_open import reopen_suite
+    from genshift.eval.models import load_classifier
+    from genshift.eval.suite_open import reopen_suite
 
     local = report.suite.local if report.suite is not None else None  # the suite the rows were checked against
     if local is None:
@@ -444,7 +444,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
                               checkpoint_weights=m.get("checkpoint_weights") or "model",
                               preprocess=result["protocol"].get("preprocess", "timm"))
     except Exception as e:
-        from benchmark.hubio import _unreachable
+        from genshift.hubio import _unreachable
 
         # the network, the Hub's answers and memory are the checker's own trouble; anything else is the model's
         if isinstance(e, (BenchError, OSError, MemoryError)) or _unreachable(e) or type(e).__name__ == "OutOfMemoryError":
@@ -490,7 +490,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
         images = _images_by_id(local, cfg, set(ids))
         decoded = []
         for i in list(ids):
-            try:  # sides checked from the header by to_rgb before any decode (benchmark.pixels)
+            try:  # sides checked from the header by to_rgb before any decode (genshift.pixels)
                 with Image.open(io.BytesIO(images[i])) as im:
                     decoded.append(clf.transform(to_rgb(im)))
             except Exception as e:  # noqa: BLE001 - a stored prediction for an image that cannot be decoded
@@ -557,7 +557,7 @@ def _images_by_id(suite, config: str, ids: set[str]) -> dict[str, bytes]:
 def verify_suite_dir(path: str | Path) -> str:
     """Verify a suite folder against its manifest (files, rows, rows digests) and require its
     dataset card (part of the format); returns a one-line summary."""
-    from benchmark.reader import LocalSuite
+    from genshift.reader import LocalSuite
 
     suite = LocalSuite.open(path)
     suite.require_card()
@@ -571,8 +571,8 @@ def verify_suite_dir(path: str | Path) -> str:
 
 def _eval_yaml_state(suite) -> str:
     """A suite's eval.yaml (its Hub benchmark declaration) is checked when present; `bench publish` writes it."""
-    from benchmark.fsutil import read_limited
-    from data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
+    from genshift.fsutil import read_limited
+    from genshift.data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 
     path = Path(suite.root) / EVAL_YAML
     if not path.is_file():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from benchmark.errors import BenchError
+from genshift.errors import BenchError
 
 MAX_WORLD = 4096
 # (variable names, in accelerate's order of precedence) for each quantity

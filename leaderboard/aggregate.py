@@ -1,8 +1,8 @@
 """Aggregation: one row per model, cross-model fits, and ranks with paired-bootstrap intervals.
 
 Everything here is a pure function of the store's accepted entries (results + predictions);
-the Streamlit app only displays it. The ID/OOD fits are ``eval.slope.slope_table`` (the same
-function as ``bench slope``); rank intervals use ``eval.bootstrap.paired_mean_replicates`` over
+the Streamlit app only displays it. The ID/OOD fits are ``genshift.eval.slope.slope_table`` (the same
+function as ``bench slope``); rank intervals use ``genshift.eval.bootstrap.paired_mean_replicates`` over
 per-image correctness, so every model is resampled on the same images.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benchmark.errors import BenchError
-from benchmark.model_ids import model_key
-from eval import bootstrap
+from genshift.errors import BenchError
+from genshift.model_ids import model_key
+from genshift.eval import bootstrap
 
 # the metric a suite family is ranked by: (column, higher_is_better, label)
 HEADLINE = {
@@ -52,10 +52,10 @@ def pretraining_of(tag: str | None) -> str:
 
 def not_ranked_because(entry) -> str:
     """Why an accepted entry is not in the official ranking, or "" if it is: only **verified** (a stamp
-    signed by a trusted key for the files as they are now, ``leaderboard.store``), **complete** (every
-    config of the suite, no ``--limit-per-class``: ``eval.stamps.unrankable``) entries of models that
+    signed by a trusted key for the files as they are now, ``genshift.leaderboard.store``), **complete** (every
+    config of the suite, no ``--limit-per-class``: ``genshift.eval.stamps.unrankable``) entries of models that
     did not help build the suite are ranked, among themselves."""
-    from eval.stamps import unrankable
+    from genshift.eval.stamps import unrankable
 
     r = entry.result
     if r["flags"]["construction_model"]:
@@ -185,7 +185,7 @@ def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 10
     verification cache, keyed by every entry's result sha256 and the options."""
     import json
 
-    from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes
+    from genshift.fsutil import atomic_write_json, canonical_json, sha256_bytes
 
     cache_dir = entries[0].cache_dir if entries else None
     key = sha256_bytes(canonical_json([[e.model_id, e.result_sha256] for e in entries] +
@@ -215,9 +215,9 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
     - ImageNet* / plain accuracy: mean acc@1 over ``configs`` (paired bootstrap over images per config);
     - IN-G: top-3 failure rate averaged over ``configs`` (lower is better);
     - LANCE: Δacc@1 on the headline originals, with the result's own cluster bootstrap over
-      source images (``eval.scoring.delta_acc_replicates``).
+      source images (``genshift.eval.scoring.delta_acc_replicates``).
     """
-    from eval import metrics, scoring
+    from genshift.eval import metrics, scoring
 
     if family == "lance":
         h_o, h_c = topk_matrix(entries, "original"), topk_matrix(entries, "counterfactual")
@@ -325,7 +325,7 @@ MIN_FIT_MODELS = 5  # fewer models than this: the ID/OOD line is shown with a wa
 
 
 def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    r"""Pointwise confidence band of the least-squares ID/OOD line (``eval.metrics.id_ood_fit``) at ``grid``.
+    r"""Pointwise confidence band of the least-squares ID/OOD line (``genshift.eval.metrics.id_ood_fit``) at ``grid``.
 
     On the fit's scale :math:`g` (identity or probit), the mean response at :math:`x_0` has standard
     error (ordinary least squares, e.g. Montgomery et al., *Introduction to Linear Regression
@@ -338,7 +338,7 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
     """
     from scipy.stats import norm, t
 
-    from eval.metrics import probit
+    from genshift.eval.metrics import probit
 
     gx, gy, gg = (np.asarray(x, float), np.asarray(y, float), np.asarray(grid, float))
     if scale == "probit":
@@ -358,11 +358,11 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
 def read_id_accuracy(path) -> dict:
     """ImageNet-val top-1 from timm's ``results-imagenet.csv`` (or any CSV with ``model`` and ``top1``
-    columns, top-1 in percent), as fractions, read by ``eval.id_axis.read_id_table`` (a repeated
+    columns, top-1 in percent), as fractions, read by ``genshift.eval.id_axis.read_id_table`` (a repeated
     (model, img_size) row is one error line). Keys: ``(model, img_size)`` for every sized row, and
     the bare model name where the model has one row (a model listed at two sizes needs the size
     its eval ran at: :func:`join_id_accuracy`'s ``sizes``)."""
-    from eval.id_axis import read_id_table
+    from genshift.eval.id_axis import read_id_table
 
     out: dict = {}
     for model, by_size in read_id_table(path).rows.items():
@@ -376,13 +376,13 @@ def read_id_accuracy(path) -> dict:
 
 def eval_sizes(entries) -> dict[str, int | None]:
     """Model id -> the input size its eval ran at, for :func:`join_id_accuracy`."""
-    from eval.id_axis import eval_img_size
+    from genshift.eval.id_axis import eval_img_size
 
     return {e.model_id: eval_img_size(e.result) for e in entries}
 
 
 def join_id_accuracy(models, table: dict, sizes: dict[str, int | None] | None = None) -> tuple[dict[str, float], list[str]]:
-    """Match result model ids to the CSV's rows: the id in normal form (``benchmark.model_ids.model_key``)
+    """Match result model ids to the CSV's rows: the id in normal form (``genshift.model_ids.model_key``)
     at the model's eval input size (``sizes``), else its only row. Returns (model id -> accuracy for
     the matched, unmatched model ids)."""
     matched, unmatched = {}, []
@@ -400,9 +400,9 @@ def join_id_accuracy(models, table: dict, sizes: dict[str, int | None] | None = 
 
 def slope_fits(entries, *, reference_config: str | None = None,
                id_accuracy: dict[str, float] | None = None) -> dict | None:
-    """ID/OOD fits per shift (``eval.slope.slope_table``); None with fewer than 2 comparable models.
+    """ID/OOD fits per shift (``genshift.eval.slope.slope_table``); None with fewer than 2 comparable models.
     With ``id_accuracy`` (model id -> ImageNet-val top-1) only the models it names are fitted."""
-    from eval.slope import slope_table
+    from genshift.eval.slope import slope_table
 
     if id_accuracy is not None:
         entries = [e for e in entries if e.model_id in id_accuracy]
@@ -417,7 +417,7 @@ def slope_fits(entries, *, reference_config: str | None = None,
 
 def per_class_accuracy(entry, config: str) -> pd.DataFrame:
     """acc@1 per class of one model on one config (for the drilldown's worst classes)."""
-    from benchmark import imagenet
+    from genshift import imagenet
 
     t = entry.read_predictions(config, ["label", "keep", "true_rank"])  # re-checks the files first
     if entry.result["protocol"]["scoring"]["filter"]:

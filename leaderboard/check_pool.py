@@ -60,7 +60,7 @@ def _check_chunk(paths: list[str], cache: dict | None, trusted_keys: dict, suite
                  ranks_dir: str | None = None, on_checked=None) -> tuple[list, dict, int]:
     """Check ``paths`` against ``cache`` (None: the worker's copy); returns their entries, the cache outcomes
     added, and this process's id. ``on_checked(entry)``: called as each is done (in the calling process)."""
-    from leaderboard import store
+    from genshift.leaderboard import store
 
     cache = _CACHE if cache is None else cache
     key = (tuple(sorted(trusted_keys)), tuple(suites) if suites is not None else None)

@@ -1,7 +1,7 @@
 """Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board.
 
 The Hub's eval-results system (hub-docs "Evaluation results"): a benchmark dataset declares its
-tasks in ``eval.yaml`` (``data_cards.eval_yaml``), and a model repo reports scores for them in
+tasks in ``eval.yaml`` (``genshift.data_cards.eval_yaml``), and a model repo reports scores for them in
 ``.eval_results/<name>.yaml``, a list of entries built here with huggingface_hub's
 ``EvalResultEntry`` / ``eval_result_entries_to_yaml`` (never hand-formatted). An entry from a pull
 request shows as "community" until the model's owners merge it.
@@ -30,8 +30,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from benchmark.errors import BenchError, one_line
-from benchmark.hubio import REPO_RE, SHA_RE
+from genshift.errors import BenchError, one_line
+from genshift.hubio import REPO_RE, SHA_RE
 
 MAX_HUB_ROWS = 500            # leaderboard rows read from the Hub
 MAX_HUB_TEXT = 300            # any string field of a Hub row
@@ -40,7 +40,7 @@ URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
 
 
 def _tasks_of(result: dict):
-    from data_cards.eval_yaml import tasks
+    from genshift.data_cards.eval_yaml import tasks
 
     s = result["suite"]
     return tasks(s["metric_family"], list(s["configs"]), result["protocol"]["scoring"].get("reference_config"))
@@ -48,9 +48,9 @@ def _tasks_of(result: dict):
 
 def task_values(result: dict) -> dict[str, float]:
     """Each task's value in the task's units (percent = 100 × the stored fraction), from the same row
-    the leaderboard shows (``leaderboard.aggregate.model_table``); undefined values are left out."""
-    from leaderboard.aggregate import model_table
-    from leaderboard.store import Entry
+    the leaderboard shows (``genshift.leaderboard.aggregate.model_table``); undefined values are left out."""
+    from genshift.leaderboard.aggregate import model_table
+    from genshift.leaderboard.store import Entry
 
     # the board's own row builder over an unchecked entry (status accepted: never shown as verified)
     df = model_table([Entry(Path("result.json"), result=result, status="accepted")])
@@ -113,8 +113,8 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
     """The task ids the benchmark's ``eval.yaml`` declares on its ``main`` (what the Hub reads)."""
     from huggingface_hub import errors
 
-    from benchmark.fsutil import read_limited
-    from data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
+    from genshift.fsutil import read_limited
+    from genshift.data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
 
     try:
         path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")
@@ -131,9 +131,9 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
 def _read_entry(api, results_repo: str, prefix: str, revision: str, root: Path, trusted: dict):
     """Download ``<prefix>/`` of the results repo at ``revision``; ``(result, stamp or None, result sha256)``
     where the stamp counts only if signed by a ``trusted`` key for exactly these files."""
-    from benchmark.fsutil import read_limited, sha256_bytes
-    from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
-    from eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
+    from genshift.fsutil import read_limited, sha256_bytes
+    from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
+    from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
 
     files = {f for f in api.list_repo_files(results_repo, repo_type="dataset", revision=revision)
              if f.startswith(prefix + "/")}

@@ -1,6 +1,6 @@
 """Fast first paint: the store's last checked state, and the full check running in the background.
 
-After every full check (``leaderboard.store.load_store``) the leaderboard writes an **index** next
+After every full check (``genshift.leaderboard.store.load_store``) the leaderboard writes an **index** next
 to the store's verification cache (in the user's cache folder, never in the store), as one file
 written atomically (temporary name, then rename), in three lines:
 
@@ -41,10 +41,10 @@ import threading
 import time
 from pathlib import Path
 
-from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_write_bytes, sha256_bytes
-from leaderboard import store as store_mod
-from leaderboard.store import Entry, Store, assemble, keys_changed, load_store, resolve_source
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_write_bytes, sha256_bytes
+from genshift.leaderboard import store as store_mod
+from genshift.leaderboard.store import Entry, Store, assemble, keys_changed, load_store, resolve_source
 
 log = logging.getLogger(__name__)
 INDEX_VERSION = 2
@@ -127,7 +127,7 @@ def first_view(store: Store) -> dict | None:
     """What the app's first run paints, computed from a fully checked store: the default suite and board
     (``Store.suites``/``boards``), that board's table (``aggregate.board_table``, with rank intervals)
     and what the view draws around it; None for a store without entries."""
-    from leaderboard import aggregate
+    from genshift.leaderboard import aggregate
 
     suites = store.suites()
     if not suites:
@@ -285,7 +285,7 @@ def announce_preload(source: str, trusted_keys_file: str | None, suites_dir: str
 
 
 def preload(source: str, trusted_keys_file: str | None, suites_dir: str | None) -> None:
-    """Open the store's loader before any page asks for it (``leaderboard.serve``, once the server listens)."""
+    """Open the store's loader before any page asks for it (``genshift.leaderboard.serve``, once the server listens)."""
     key = (source, trusted_keys_file, suites_dir)
     done = _PRELOADING.setdefault(key, threading.Event())
     try:
@@ -322,7 +322,7 @@ class Loader:
         self.keys_digest = _keys_digest(trusted_keys_file) + (f"|suites:{_suites_digest(suites_dir)}" if suites_dir else "")
         self.trusted = None
         if trusted_keys_file:
-            from eval.stamps import load_trusted_keys
+            from genshift.eval.stamps import load_trusted_keys
 
             self.trusted = load_trusted_keys(trusted_keys_file)
         self.lock = threading.Lock()

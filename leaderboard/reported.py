@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from benchmark.populations import get_population
+from genshift.populations import get_population
 
 HEADING = "Reported in the paper"
 NOTE = ("Numbers as printed in the papers (source per row): not recomputed, not verified and not ranked. Our own "
@@ -21,7 +21,7 @@ _METRIC_NAMES = {"acc1": "acc@1 %", "acc5": "acc@5 %", "top3_failure_rate": "top
 def reported_frame(suite: str | None = None) -> pd.DataFrame:
     """One row per reported number: paper, where, row, model (the paper's name), timm tag (our
     population's choice, empty where the paper's model is not a timm classifier), metric, value."""
-    from eval.reproduce import reported
+    from genshift.eval.reproduce import reported
 
     rows = []
     for rep in reported().values():

@@ -13,15 +13,15 @@ For each open pull request on the results dataset repo (huggingface_hub's discus
    this service's, from an earlier pass, next to a result the PR changes again), each within the
    store's size limits, at most ``MAX_ENTRIES_PER_PR`` entries;
 3. download each changed entry at the PR head and check it exactly as the leaderboard store
-   does (``leaderboard.store.load_store``: the folder is the one its result names
-   (``eval.results.entry_dir``), schema, hashes, every metric recomputed); an entry already on
+   does (``genshift.leaderboard.store.load_store``: the folder is the one its result names
+   (``genshift.eval.results.entry_dir``), schema, hashes, every metric recomputed); an entry already on
    ``main`` may only be replaced by a result of the same model id on the same suite;
 4. re-run a fresh random sample of images through the model at the recorded weights on the
    suite at the recorded manifest, checked against a trusted suite manifest
-   (``eval.verify.verify_result`` with ``recheck``; the seed is drawn at review time and recorded
+   (``genshift.eval.verify.verify_result`` with ``recheck``; the seed is drawn at review time and recorded
    in the stamp, so a submitter cannot know which images are re-run);
 5. if everything passed, sign one verification stamp per entry with the maintainer key
-   (``eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the
+   (``genshift.eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the
    outcome (checks, images re-run, every mismatch) and, with ``merge``, merge the PR. A PR that
    passed on an earlier run without ``merge`` is merged by a later one only after steps 2-3 are
    re-checked against ``main`` as it is then (no image re-run; ``_merge_later``).
@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmark.errors import BenchError, OfflineError, first_line, one_line
+from genshift.errors import BenchError, OfflineError, first_line, one_line
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
@@ -93,7 +93,7 @@ def _hub_failure(e: BaseException) -> bool:
     """True when ``e`` is the service's own failure (network, the Hub answering an error), not the submission's."""
     from huggingface_hub import errors
 
-    from benchmark.hubio import _unreachable
+    from genshift.hubio import _unreachable
 
     return isinstance(e, (OfflineError, errors.HfHubHTTPError, OSError)) or _unreachable(e)
 
@@ -106,21 +106,21 @@ class Reviewer:
         from cryptography.hazmat.primitives import serialization
         from huggingface_hub import HfApi
 
-        from eval.stamps import PublicKey, key_id, load_private_key
+        from genshift.eval.stamps import PublicKey, key_id, load_private_key
 
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", repo_id or ""):
             raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
         if recheck < 1:
             raise BenchError(f"--recheck must be at least 1 image, got {recheck}")
         self.repo_id, self.recheck, self.merge = repo_id, recheck, merge
-        self.publish_model_results = publish_model_results  # leaderboard.hub_results, after a merge
+        self.publish_model_results = publish_model_results  # genshift.leaderboard.hub_results, after a merge
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
         try:
             self.key = load_private_key(key_path)
             self.checkpoint_sha256 = None
             if checkpoint:
-                from benchmark.fsutil import sha256_file
+                from genshift.fsutil import sha256_file
 
                 if not Path(checkpoint).is_file():
                     raise BenchError(f"--checkpoint {checkpoint!r} does not exist; give the weights file results were "
@@ -134,9 +134,9 @@ class Reviewer:
         self.api = HfApi(endpoint=endpoint, token=token)
         self.account: str | None = None
         self._account_known = False
-        self.suites = None  # trusted suite manifests (eval.suite_trust); default: the registry's pinned ones
+        self.suites = None  # trusted suite manifests (genshift.eval.suite_trust); default: the registry's pinned ones
         if suites:
-            from eval.suite_trust import TrustedSuites
+            from genshift.eval.suite_trust import TrustedSuites
 
             self.suites = TrustedSuites.from_paths([suites], registry=True, download=True)
 
@@ -211,8 +211,8 @@ class Reviewer:
                 return outcome
             from huggingface_hub import CommitOperationAdd, errors
 
-            from benchmark.fsutil import canonical_json
-            from eval.stamps import STAMP_FILE
+            from genshift.fsutil import canonical_json
+            from genshift.eval.stamps import STAMP_FILE
 
             ops = [CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)) for entry, stamp in stamps.items()]
             try:  # on top of the reviewed head only: the Hub refuses a stale parent (412)
@@ -236,7 +236,7 @@ class Reviewer:
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
         """The hidden line that ends a review comment: the outcome at ``head``, signed by the maintainer key."""
-        from eval.stamps import sign
+        from genshift.eval.stamps import sign
 
         sig = sign(_marker_body(self.repo_id, num, head, outcome), self.key)["signature"]
         return f"<!-- genshift-review v=2 head={head} outcome={outcome} key={sig['key_id']} sig={sig['value']} -->"
@@ -245,7 +245,7 @@ class Reviewer:
         """head sha -> outcome of this service's own earlier answers on PR ``num``: markers in comments by the
         reviewing account whose signature by the maintainer key covers this repo, this PR, that head and that
         outcome. Anything else (unsigned, another key, copied from another PR, edited) is ignored."""
-        from eval.stamps import check_signature
+        from genshift.eval.stamps import check_signature
 
         out = {}
         for ev in events:
@@ -297,7 +297,7 @@ class Reviewer:
         except errors.HfHubHTTPError as e:  # e.g. a conflict: reported, retried on the next run
             outcome.problems.append(f"merge failed: {one_line(e, 200) or type(e).__name__}")
         if outcome.merged and self.publish_model_results:
-            from leaderboard.hub_results import publish_reviewed
+            from genshift.leaderboard.hub_results import publish_reviewed
 
             publish_reviewed(self, outcome)
 
@@ -332,8 +332,8 @@ class Reviewer:
         so), whose stamps are the reviewer's."""
         from huggingface_hub.hf_api import RepoFile
 
-        from eval.stamps import STAMP_FILE
-        from leaderboard.store import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
+        from genshift.eval.stamps import STAMP_FILE
+        from genshift.leaderboard.store import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
 
         def tree(rev):
             return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
@@ -377,8 +377,8 @@ class Reviewer:
 
     def _signed_by_reviewer(self, head: str, f) -> bool:
         """True when the file ``f`` at ``head`` is a stamp signed by this service's key."""
-        from eval.results import parse_json
-        from eval.stamps import MAX_STAMP_BYTES, STAMP_KIND, check_signature
+        from genshift.eval.results import parse_json
+        from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_KIND, check_signature
 
         if (f.size or 0) > MAX_STAMP_BYTES:
             return False
@@ -394,7 +394,7 @@ class Reviewer:
                root: Path) -> tuple[dict[str, Path], list[str]]:
         """Download each changed entry at the head: its result.json, then the predictions files it names
         (nothing else). A changed file that the entry's result does not name is a problem."""
-        from eval.results import parse_result
+        from genshift.eval.results import parse_result
 
         results, problems = {}, []
         for entry in sorted(changed):
@@ -415,7 +415,7 @@ class Reviewer:
 
     def _owner(self, entry: str, rev: str, root: Path) -> tuple[str, str] | None:
         """(model id, suite id) of the entry as it is on main at ``rev``, or None if that result cannot be read."""
-        from eval.results import MAX_RESULT_BYTES, parse_json
+        from genshift.eval.results import MAX_RESULT_BYTES, parse_json
 
         path = self._download(rev, f"{entry}/result.json", root)
         try:
@@ -437,8 +437,8 @@ class Reviewer:
     def _check(self, results: dict[str, Path], outcome: Outcome, existing: dict[str, list],
                base_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
-        from eval.stamps import make_stamp, sign
-        from leaderboard.store import load_store
+        from genshift.eval.stamps import make_stamp, sign
+        from genshift.leaderboard.store import load_store
 
         problems, stamps = [], {}
         root = next(iter(results.values())).parent.parent.parent
@@ -470,7 +470,7 @@ class Reviewer:
         the Hub does not have (repo, revision or weights file missing, gated) makes the PR unreviewable."""
         from huggingface_hub import errors
 
-        from eval.verify import verify_result
+        from genshift.eval.verify import verify_result
 
         try:
             return verify_result(path, recheck=self.recheck, suite=self.suite, suites=self.suites,
@@ -488,7 +488,7 @@ class Reviewer:
         """Raise ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
         m = result["model"]
         if m["source"] != "checkpoint":
-            return  # Hub weights: fetched at the recorded revision (a missing repo raises from eval.models)
+            return  # Hub weights: fetched at the recorded revision (a missing repo raises from genshift.eval.models)
         if self.checkpoint_sha256 is None:
             raise BenchError(f"{entry} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
                              "the reviewer does not have: publish the weights as a Hub model repo and score with "

@@ -1,5 +1,5 @@
 """The server process of `bench leaderboard`: Streamlit's own command line (``streamlit run ...``), with
-the app's modules imported and the store's loader opened (``leaderboard.index.preload``: the index's
+the app's modules imported and the store's loader opened (``genshift.leaderboard.index.preload``: the index's
 head read and checked) in a background thread. A restarted board's first page then finds them ready
 instead of paying for them in its first run (about 1 s here: pandas, pyarrow, the store, index and
 aggregate modules, the head).
@@ -9,10 +9,10 @@ Streamlit starts, it took the GIL from Streamlit's own start-up and delayed the 
 about 0.5 s here (docs/performance.md). It then runs while the browser loads the page. The page's first
 run waits for its imports (:func:`wait_warm`), so the heavy modules are imported by one thread only
 (some packages look a module up in ``sys.modules``, plotly for pandas, and would find one half-imported
-by another thread), and for the loader it opens (``leaderboard.index.open_loader``), so the store is
+by another thread), and for the loader it opens (``genshift.leaderboard.index.open_loader``), so the store is
 never opened twice.
 
-    python -m leaderboard.serve run leaderboard/app.py --server.port 8501 ...
+    python -m genshift.leaderboard.serve run leaderboard/app.py --server.port 8501 ...
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _imported = threading.Event()  # set once the warm-up's imports are done (or fai
 def wait_warm() -> bool:
     """Called by the app before its imports: wait for this process's warm-up to have imported the page's
     modules, if one runs (never under a plain ``streamlit run``, AppTest or a Space); the store's loader
-    it opens next is waited for by ``leaderboard.index.open_loader``. Returns whether one was waited for."""
+    it opens next is waited for by ``genshift.leaderboard.index.open_loader``. Returns whether one was waited for."""
     if not _warming.is_set():
         return False
     _page.set()
@@ -73,8 +73,8 @@ def _warm(host: str, port: int | None) -> None:
         import pandas  # noqa: F401  (first: the modules below import it)
         import pyarrow  # noqa: F401
 
-        from leaderboard import ui  # noqa: F401  (the page and every module its first run needs)
-        from leaderboard.index import announce_preload
+        from genshift.leaderboard import ui  # noqa: F401  (the page and every module its first run needs)
+        from genshift.leaderboard.index import announce_preload
 
         announce_preload(*settings)
         announced = True
@@ -83,7 +83,7 @@ def _warm(host: str, port: int | None) -> None:
     finally:
         _imported.set()
     if announced:
-        from leaderboard.index import preload
+        from genshift.leaderboard.index import preload
 
         try:
             preload(*settings)
@@ -104,6 +104,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from leaderboard.serve import main as _main  # the importable module, whose warm-up state the app reads
+    from genshift.leaderboard.serve import main as _main  # the importable module, whose warm-up state the app reads
 
     _main()

@@ -5,8 +5,8 @@ pinned results and the pinned packages:
 
 - ``README.md``: the Space card, front matter ``sdk: streamlit`` with the Streamlit version and
   ``app_file: app.py``;
-- ``app.py``: runs the leaderboard app (``genshift/leaderboard/app.py``) with the settings below;
-- ``genshift/``: this version's ``benchmark``, ``eval`` and ``leaderboard`` packages (source and
+- ``app.py``: runs the leaderboard app (``pkg/genshift/leaderboard/app.py``) with the settings below;
+- ``pkg/genshift/``: this version's ``genshift`` core, ``genshift.eval`` and ``genshift.leaderboard`` (source and
   package data only);
 - ``requirements.txt``: the leaderboard's dependencies pinned to the versions it was exported with;
 - ``space.json``: the results repo **pinned to a commit sha**, and the file names below;
@@ -25,9 +25,10 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
-from benchmark.errors import BenchError
+from genshift.errors import BenchError
 
-PACKAGES = ("benchmark", "eval", "leaderboard")
+# the parts of the genshift package the app imports, and where each goes in the Space
+PACKAGES = {"genshift": "genshift", "genshift.eval": "genshift/eval", "genshift.leaderboard": "genshift/leaderboard"}
 REQUIREMENTS = ("streamlit", "plotly", "pandas", "numpy", "pyarrow", "scipy", "huggingface_hub", "datasets",
                 "pyyaml", "pillow", "cryptography", "tqdm")
 STREAMLIT_CONFIG = """[client]
@@ -51,7 +52,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "genshift"))
+sys.path.insert(0, str(HERE / "pkg"))
 config = json.loads((HERE / "space.json").read_text())
 os.environ["GENSHIFT_RESULTS"] = config["results"]
 for key, env in (("trusted_keys", "GENSHIFT_TRUSTED_KEYS"), ("id_accuracy", "GENSHIFT_ID_ACCURACY"),
@@ -61,7 +62,7 @@ for key, env in (("trusted_keys", "GENSHIFT_TRUSTED_KEYS"), ("id_accuracy", "GEN
     else:
         os.environ.pop(env, None)
 if __name__ == "__main__":  # a worker of the store check (spawn) imports this file as "__mp_main__": no app there
-    runpy.run_path(str(HERE / "genshift" / "leaderboard" / "app.py"), run_name="__main__")
+    runpy.run_path(str(HERE / "pkg" / "genshift" / "leaderboard" / "app.py"), run_name="__main__")
 '''
 
 
@@ -117,24 +118,24 @@ def export_space(out: str | Path, *, results: str, revision: str | None, trusted
     import importlib.util
     import tempfile
 
-    from benchmark.fsutil import INCOMPLETE
+    from genshift.fsutil import INCOMPLETE
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=INCOMPLETE, dir=out.parent))
     try:
-        for pkg in PACKAGES:
+        for pkg, dst in PACKAGES.items():
             src = Path(importlib.util.find_spec(pkg).origin).parent
-            shutil.copytree(src, tmp / "genshift" / pkg,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".*"))
+            shutil.copytree(src, tmp / "pkg" / dst, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".*", "cli"))
         config = {"results": f"{repo}@{revision}", "trusted_keys": None, "id_accuracy": None, "suites": None}
         if trusted_keys:
-            from eval.stamps import load_trusted_keys
+            from genshift.eval.stamps import load_trusted_keys
 
             load_trusted_keys(trusted_keys)  # a bad keys file fails here, not in the Space
             shutil.copyfile(trusted_keys, tmp / "trusted_keys")
             config["trusted_keys"] = "trusted_keys"
         if id_accuracy:
-            from leaderboard.aggregate import read_id_accuracy
+            from genshift.leaderboard.aggregate import read_id_accuracy
 
             read_id_accuracy(id_accuracy)
             shutil.copyfile(id_accuracy, tmp / "id_accuracy.csv")
@@ -161,10 +162,10 @@ def export_space(out: str | Path, *, results: str, revision: str | None, trusted
 def _copy_trusted_manifests(src: Path, dst: Path) -> None:
     """The trusted suites' manifests only (no data), each as ``<manifest sha256>.json``, bytes unchanged
     (the sha256 a result records is of these bytes)."""
-    from eval.suite_trust import TrustedSuites
+    from genshift.eval.suite_trust import TrustedSuites
 
-    from benchmark.fsutil import sha256_file
-    from benchmark.suite_format import MANIFEST
+    from genshift.fsutil import sha256_file
+    from genshift.suite_format import MANIFEST
 
     TrustedSuites.from_paths([src], registry=False)  # every file parses as a manifest, else one error line
     files = [src / MANIFEST] if (src / MANIFEST).is_file() else \

@@ -16,7 +16,7 @@ with the reason (unsigned, unknown key, bad signature, stale).
 
 Suites: an entry is checked against the manifest with its ``suite.manifest_sha256`` among the
 trusted ones (``suites``: suite folders / manifest files the maintainers keep, plus registry
-suites pinned to a sha whose manifest is in the local Hub cache; ``eval.suite_trust``). With
+suites pinned to a sha whose manifest is in the local Hub cache; ``genshift.eval.suite_trust``). With
 ``suites`` given, entries on any other suite data are rejected; without it, they are accepted
 and marked as not checked against their suite (``Entry.note``).
 
@@ -54,11 +54,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from benchmark.errors import BenchError
-from benchmark.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
-from eval.diagnose_report import REPORT as DIAGNOSE
-from eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE
-from eval.stamps import STAMP_FILE as STAMP
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from genshift.eval.diagnose_report import REPORT as DIAGNOSE
+from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE
+from genshift.eval.stamps import STAMP_FILE as STAMP
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 2
@@ -127,7 +127,7 @@ class Entry:
 
     def _changed(self):
         """The one error for an entry whose files no longer have the content checked at load."""
-        from benchmark.errors import IntegrityError
+        from genshift.errors import IntegrityError
 
         return IntegrityError(f"{self.run_dir.name}: its files changed since the leaderboard loaded them; "
                               "reload the leaderboard to check them again")
@@ -163,7 +163,7 @@ class Entry:
 
     def read_predictions(self, config: str, columns: list[str] | None = None):
         """One predictions table of this entry, after :meth:`recheck` (the way views should read them)."""
-        from eval.predictions import read_predictions
+        from genshift.eval.predictions import read_predictions
 
         p = next(p for p in self.result["predictions"] if p["config"] == config)
         self.recheck()
@@ -182,8 +182,8 @@ class Entry:
     def _load_ranks(self) -> dict:
         import numpy as np
 
-        from benchmark.fsutil import read_limited
-        from eval.predictions import read_predictions
+        from genshift.fsutil import read_limited
+        from genshift.eval.predictions import read_predictions
 
         cache = self._ranks_file()
         if cache is not None and cache.is_file():
@@ -220,7 +220,7 @@ class Entry:
         """Write ``ranks`` (:meth:`ranks_from_tables`) to the entry's ranks cache file, if it has a cache folder."""
         import numpy as np
 
-        from benchmark.fsutil import atomic_path
+        from genshift.fsutil import atomic_path
 
         cache = self._ranks_file()
         if cache is None:
@@ -287,7 +287,7 @@ def resolve_source(source: str, *, cache_dir: str | None = None) -> tuple[Path, 
         return path, None
     repo, _, rev = source.partition("@")
     if repo.count("/") == 1 and not source.startswith((".", "/")):
-        from benchmark.hub import resolve_revision, snapshot
+        from genshift.hub import resolve_revision, snapshot
 
         sha = resolve_revision(repo, rev or None)
         root = snapshot(repo, revision=sha, patterns=["**/result.json", "**/predictions/*.parquet", f"**/{STAMP}"],
@@ -316,10 +316,10 @@ def _file_sha256(path: Path, limit: int) -> str:
 
 
 def misfiled(path: Path, result: dict) -> str:
-    """Why an entry's folder is not the one its result names (``eval.results.entry_dir``), or ``""``:
+    """Why an entry's folder is not the one its result names (``genshift.eval.results.entry_dir``), or ``""``:
     a folder is owned by one (suite, model), so a result filed under another model's folder (or an
     arbitrary one) is refused instead of taking that entry's place."""
-    from eval.results import entry_dir
+    from genshift.eval.results import entry_dir
 
     want, have = entry_dir(result), f"{path.parent.parent.name}/{path.parent.name}"
     if have == want:
@@ -372,9 +372,9 @@ def _check_entry(path: Path, cache: dict, *, trusted_keys: dict, suites, strict_
     """Check one result.json on its own (cached by content); never raises. ``ranks_dir``: the entry's
     cache folder; a verification that read the predictions leaves their true-class ranks there
     (``Entry.true_ranks``), so ranking the board does not read every predictions file again."""
-    from eval.results import parse_result
-    from eval.stamps import check_stamp
-    from eval.verify import verify_result
+    from genshift.eval.results import parse_result
+    from genshift.eval.stamps import check_stamp
+    from genshift.eval.verify import verify_result
 
     entry = Entry(path, cache_dir=ranks_dir, checked_ns=time.time_ns())
     # stat before reading: a change after this point shows as a changed key on the next refresh
@@ -508,8 +508,8 @@ def assemble(store: Store, checked: list[Entry]) -> Store:
 
 def _trust(trusted_keys, suites):
     """(trusted keys by id, TrustedSuites, whether suites were given) from load_store's arguments."""
-    from eval.stamps import load_trusted_keys
-    from eval.suite_trust import TrustedSuites
+    from genshift.eval.stamps import load_trusted_keys
+    from genshift.eval.suite_trust import TrustedSuites
 
     if trusted_keys is None:
         keys = {}
@@ -561,14 +561,14 @@ def load_store(source: str, *, cache_dir: str | None = None, trusted_keys=None, 
     """Load and check every entry of a store; never raises for a bad entry (it is rejected).
     ``progress(done, total, entry)`` is called after each entry is checked (in the calling thread).
 
-    ``trusted_keys``: a trusted-keys file or ``eval.stamps.load_trusted_keys``'s dict; stamps signed
+    ``trusted_keys``: a trusted-keys file or ``genshift.eval.stamps.load_trusted_keys``'s dict; stamps signed
     by other keys (or none given) leave entries unverified. ``suites``: trusted suite folders or
-    manifest files (paths), or an ``eval.suite_trust.TrustedSuites``; given, entries on other suite
-    data are rejected. ``workers``: processes checking entries (``leaderboard.check_pool``; default:
+    manifest files (paths), or an ``genshift.eval.suite_trust.TrustedSuites``; given, entries on other suite
+    data are rejected. ``workers``: processes checking entries (``genshift.leaderboard.check_pool``; default:
     one per core for a large store, none for a small one; a ``TrustedSuites`` object is checked in
     this process). ``Store.checked_by``: entries checked per process id.
     """
-    from leaderboard import check_pool
+    from genshift.leaderboard import check_pool
 
     suite_paths = suites  # paths (or None) can go to worker processes; a TrustedSuites object stays here
     keys, suites, strict = _trust(trusted_keys, suites)

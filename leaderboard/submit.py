@@ -7,16 +7,16 @@ dataset repo in **one** pull request. Maintainers review the PR, CI runs
 ``bench verify --recheck N --sign KEY`` on it, and merging publishes it (``docs/leaderboard.md``).
 
 Once merged, :func:`submit_to_model_repo` (``bench submit --model-repo``) reports the entry on the
-model's Hub page (``leaderboard.hub_results``, ``docs/hub.md``).
+model's Hub page (``genshift.leaderboard.hub_results``, ``docs/hub.md``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmark.errors import BenchError, OfflineError, first_line
-from eval.results import MAX_PREDICTIONS_BYTES, entry_dir
-from eval.verify import result_path, verify_result
+from genshift.errors import BenchError, OfflineError, first_line
+from genshift.eval.results import MAX_PREDICTIONS_BYTES, entry_dir
+from genshift.eval.verify import result_path, verify_result
 
 
 def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, trusted_keys: str | None = None,
@@ -24,10 +24,10 @@ def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, t
     """Open (or update) a PR on ``model_repo`` adding ``.eval_results/<suite id>.yaml`` for this result, whose
     entry must already be merged in the results repo ``repo_id`` (the source the Hub entry links to).
     Verified only with a stamp signed by one of ``trusted_keys``. Returns ``(url, what happened)``."""
-    from benchmark.fsutil import read_limited, sha256_bytes
-    from eval.results import MAX_RESULT_BYTES, parse_result
-    from eval.stamps import load_trusted_keys
-    from leaderboard.hub_results import publish_entry
+    from genshift.fsutil import read_limited, sha256_bytes
+    from genshift.eval.results import MAX_RESULT_BYTES, parse_result
+    from genshift.eval.stamps import load_trusted_keys
+    from genshift.leaderboard.hub_results import publish_entry
 
     path = result_path(result)
     raw = read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result.json")

@@ -1,11 +1,11 @@
 """Synthetic results stores (tests, the load benchmark, demos): valid results + predictions that
 pass ``bench verify``, for many models without running any.
 
-    python -m leaderboard.synthetic --out /tmp/store --models 50 --configs 24 --rows 200
+    python -m genshift.leaderboard.synthetic --out /tmp/store --models 50 --configs 24 --rows 200
 
 Each model gets a latent skill; its per-image correctness on each config is drawn around it, with
 shared image difficulty so that models are correlated as real ones are. Metrics are computed by
-``eval.scoring.score`` exactly as ``bench eval`` does.
+``genshift.eval.scoring.score`` exactly as ``bench eval`` does.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.fsutil import sha256_bytes, sha256_file
-from eval.predictions import PredictionBlock, schema
-from eval.results import KIND, SCHEMA_VERSION, config_hash, path_slug, write_result
-from eval.scoring import ScoringOptions, score
+from genshift.fsutil import sha256_bytes, sha256_file
+from genshift.eval.predictions import PredictionBlock, schema
+from genshift.eval.results import KIND, SCHEMA_VERSION, config_hash, path_slug, write_result
+from genshift.eval.scoring import ScoringOptions, score
 
 ARCHS = [("resnet50", "a1_in1k", 25.6e6), ("vit_base_patch16_224", "augreg_in21k_ft_in1k", 86.6e6),
          ("convnext_tiny", "fb_in1k", 28.6e6), ("efficientnet_b0", "ra_in1k", 5.3e6),
@@ -91,8 +91,8 @@ def sign_entry(result_path: str | Path, key_path: str | Path) -> Path:
     has no model to re-run: for tests and benchmarks of the verified path. Creates the key if absent."""
     import json
 
-    from benchmark.fsutil import atomic_write_bytes, canonical_json
-    from eval import stamps
+    from genshift.fsutil import atomic_write_bytes, canonical_json
+    from genshift.eval import stamps
 
     result_path, key_path = Path(result_path), Path(key_path)
     if not key_path.exists():

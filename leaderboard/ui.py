@@ -4,8 +4,8 @@ Launched by ``bench leaderboard [--results DIR|ORG/NAME[@sha]]``, which passes t
 ``GENSHIFT_RESULTS`` environment variable (``GENSHIFT_TRUSTED_KEYS``: the trusted keys file;
 ``GENSHIFT_ID_ACCURACY``: a CSV of ImageNet-val top-1 per model; ``GENSHIFT_SUITES``: a folder of
 trusted suite manifests). Everything shown comes from
-``leaderboard.store`` (checked in the background by ``leaderboard.index``) and
-``leaderboard.aggregate``.
+``genshift.leaderboard.store`` (checked in the background by ``genshift.leaderboard.index``) and
+``genshift.leaderboard.aggregate``.
 
 Text from results and stores (model ids, suite ids, config names, notes, stamp fields, reasons)
 is never rendered as Markdown or HTML: it goes into dataframe cells, ``st.text``, widget options
@@ -31,12 +31,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from benchmark.errors import IntegrityError
-from leaderboard import aggregate, reported
-from leaderboard.about import ABOUT
-from leaderboard.export import to_csv_bytes, to_json_bytes, unit
-from leaderboard.index import Loader, open_loader, view_frame
-from leaderboard.store import STAMP, Store
+from genshift.errors import IntegrityError
+from genshift.leaderboard import aggregate, reported
+from genshift.leaderboard.about import ABOUT
+from genshift.leaderboard.export import to_csv_bytes, to_json_bytes, unit
+from genshift.leaderboard.index import Loader, open_loader, view_frame
+from genshift.leaderboard.store import STAMP, Store
 
 SAFE_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 FIRST_PAINT_WAIT_S = 1.0   # a small store is painted complete; a large one shows progress and first rows
@@ -380,7 +380,7 @@ def main() -> None:
         st.text("\n".join(lines) or "nothing is ranked on this board")
     reported.show(st, suite)
     if store is not None and os.environ.get("GENSHIFT_HUB_RESULTS"):  # --hub-results: the Hub's side, never ranked
-        from leaderboard.hub_results import show_hub_reported
+        from genshift.leaderboard.hub_results import show_hub_reported
 
         show_hub_reported(store.for_suite(suite, board), endpoint=os.environ.get("HF_ENDPOINT") or None)
 
@@ -596,7 +596,7 @@ def _drilldown(store: Store, suite: str, board: str, view: pd.DataFrame, configs
 
 
 def _failure_directions(entry) -> None:
-    from eval.diagnose_report import load_report_for_view
+    from genshift.eval.diagnose_report import load_report_for_view
 
     report = load_report_for_view(entry.run_dir)
     if report is None:

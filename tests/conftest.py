@@ -26,7 +26,7 @@ except ImportError:  # hypothesis is in the test extra; its tests skip without i
 @pytest.fixture
 def toy_suite(tmp_path):
     """A small synthetic suite (2 configs x 10 classes x 4 images, 2 shards per config)."""
-    from benchmark.synthetic import make_synthetic_suite
+    from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path / "toy"
     make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)

@@ -75,7 +75,7 @@ def olah_server(repos_root: Path, work: Path):
 
 
 def bench_subprocess(args: list[str], env: dict, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run ``python -m benchmark ...`` with its own environment (HF_* variables are read at import)."""
+    """Run ``python -m genshift ...`` with its own environment (HF_* variables are read at import)."""
     full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-m", "benchmark", *args], env=full, cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "genshift", *args], env=full, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)

@@ -1,12 +1,12 @@
 """A schema-valid result record with made-up numbers, for tests of cross-model code (slope, shift impact)."""
 
-from eval.results import KIND
-from eval.scoring import ScoringOptions
+from genshift.eval.results import KIND
+from genshift.eval.scoring import ScoringOptions
 
 
 def fake_result(model: str, configs: list[str], metrics: dict, *, suite_id: str = "s",
                 metric_family: str = "imagenet_star", reference_config: str | None = "base") -> dict:
-    """Passes ``eval.results.validate``; counts and predictions entries are placeholders (nothing reads them)."""
+    """Passes ``genshift.eval.results.validate``; counts and predictions entries are placeholders (nothing reads them)."""
     return {"schema_version": 1, "kind": KIND, "data_config": {},
             "model": {"id": model, "source": "random", "weights_revision": None, "weights_sha256": None},
             "suite": {"id": suite_id, "manifest_sha256": "0" * 64, "configs": list(configs),
@@ -25,11 +25,11 @@ def fake_result(model: str, configs: list[str], metrics: dict, *, suite_id: str 
 
 
 def predictions(labels, true_ranks, *, pair_ids=None, true_probs=None, edit_types=None, prefix="img"):
-    """A predictions table (``eval.predictions.schema``) from each image's label and the rank of the
+    """A predictions table (``genshift.eval.predictions.schema``) from each image's label and the rank of the
     true class among the model's predictions (0 = top-1; >= 10: outside the stored top-10)."""
     import pyarrow as pa
 
-    from eval.predictions import schema
+    from genshift.eval.predictions import schema
 
     n = len(labels)
     topk, probs = [], []
@@ -51,8 +51,8 @@ def predictions(labels, true_ranks, *, pair_ids=None, true_probs=None, edit_type
 def scored_result(model: str, family: str, tables: dict, *, suite_id: str, input_size: int = 224,
                   preprocess: str = "timm", reference_config: str | None = None, reference_accuracy=None,
                   construction: bool = False, source: str = "hf-hub") -> dict:
-    """A result whose metrics are computed by ``eval.scoring.score`` from hand-built predictions."""
-    from eval.scoring import ScoringOptions, score
+    """A result whose metrics are computed by ``genshift.eval.scoring.score`` from hand-built predictions."""
+    from genshift.eval.scoring import ScoringOptions, score
 
     opts = ScoringOptions(reference_config=reference_config, reference_accuracy=reference_accuracy, n_boot=50)
     r = fake_result(model, sorted(tables), score(family, tables, opts), suite_id=suite_id, metric_family=family,

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from leaderboard import aggregate
-from leaderboard.synthetic import ARCHS, make_store, write_model
+from genshift.leaderboard import aggregate
+from genshift.leaderboard.synthetic import ARCHS, make_store, write_model
 from tests.test_leaderboard import _app, _grid, _sign_stamp, clear_streamlit_caches  # noqa: F401  (autouse fixture)
 
 CONFIGS = ["base", "shift_01", "shift_02"]
@@ -190,7 +190,7 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
         assert imp.loc[sh, "shift_impact"] == pytest.approx(100 * np.mean(drops))
         assert imp.loc[sh, "models"] == len(drops) == 5
 
-    from benchmark.cli import main
+    from genshift.cli import main
     bad = tmp_path / "bad.csv"
     bad.write_text("model,top1\nresnet50,eighty\n")
     assert main(["leaderboard", "--results", str(root), "--id-accuracy", str(bad)]) != 0
@@ -202,7 +202,7 @@ def test_id_accuracy_csv_joins_and_refuses_bad_files(tmp_path, capsys):
 
 
 def _index_parts(path):
-    """The index file's three lines: MAC, head, body (leaderboard.index)."""
+    """The index file's three lines: MAC, head, body (genshift.leaderboard.index)."""
     mac, head, body = path.read_bytes().split(b"\n", 2)
     return mac, json.loads(head), json.loads(body)
 
@@ -214,8 +214,8 @@ class _Reads:
         import builtins
         import io
 
-        from benchmark import fsutil
-        from leaderboard import store as store_mod
+        from genshift import fsutil
+        from genshift.leaderboard import store as store_mod
 
         self.paths, root = [], str(Path(root).resolve()) + os.sep
         real_open, real_sha = io.open, fsutil.sha256_file
@@ -234,8 +234,8 @@ def test_index_paints_a_restarted_board_and_skips_changed_entries(tmp_path, monk
     """A restarted board paints its first view from the index's head without opening or hashing any file
     of the store (stat keys only), the same table the full store gives; the body follows and is the whole
     board, still without hashing; a changed entry makes the head unusable and is dropped from the body."""
-    from leaderboard.index import Loader, index_path, read_head, read_index, view_frame
-    from leaderboard.store import load_store
+    from genshift.leaderboard.index import Loader, index_path, read_head, read_index, view_frame
+    from genshift.leaderboard.store import load_store
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -285,7 +285,7 @@ def test_index_is_used_only_as_written_under_the_same_keys_and_files(tmp_path, m
     status flipped to verified), one written under other trusted keys, one signed by another board's
     secret, and one whose files were touched (same bytes, new mtime) or rewritten in place with size and
     mtime put back (only ctime moves) are not used."""
-    from leaderboard import index
+    from genshift.leaderboard import index
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     root = _board(tmp_path / "s", models=4)
@@ -356,7 +356,7 @@ def test_store_checked_by_a_pool_of_processes_as_by_one(tmp_path, monkeypatch):
     a tampered entry is rejected by a worker as it is serially."""
     import multiprocessing
 
-    from leaderboard.store import _cache_path, load_store
+    from genshift.leaderboard.store import _cache_path, load_store
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     root = _board(tmp_path / "s", models=6)
@@ -390,9 +390,9 @@ def test_the_check_leaves_each_entrys_ranks_so_ranking_reads_no_predictions_file
     """A cold check (in worker processes and serially) writes the true-class ranks of every entry it verified,
     from the tables it hashed and read; ranking the board with rank intervals then reads no predictions file,
     and gets the ranks a fresh read gives. A file changed after the check is still refused."""
-    from benchmark.errors import IntegrityError
-    from eval import predictions
-    from leaderboard.store import _cache_path, load_store
+    from genshift.errors import IntegrityError
+    from genshift.eval import predictions
+    from genshift.leaderboard.store import _cache_path, load_store
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     root = _board(tmp_path / "s", models=6)
@@ -434,10 +434,10 @@ def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
 
     from tests.test_leaderboard import APP
 
-    code = ("import runpy, sys; import leaderboard.index as i; calls = []\n"
+    code = ("import runpy, sys; import genshift.leaderboard.index as i; calls = []\n"
             "i.open_loader = lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(RuntimeError('stop'))\n"
             "try:\n    runpy.run_path(sys.argv[1], run_name=sys.argv[2])\nfinally:\n    print('OPENED', len(calls))\n"
-            "    print('IMPORTED', sorted(m for m in ('streamlit', 'pandas', 'leaderboard.ui') if m in sys.modules))")
+            "    print('IMPORTED', sorted(m for m in ('streamlit', 'pandas', 'genshift.leaderboard.ui') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "GENSHIFT_RESULTS": str(tmp_path)}
     opened = {}
     for name in ("__mp_main__", "__main__"):
@@ -446,14 +446,14 @@ def test_app_runs_only_as_streamlits_main_not_in_a_check_worker(tmp_path):
         found = re.findall(r"^OPENED (\d+)$", out.stdout, re.M)  # (bare mode: the app's st.stop() may raise)
         assert found, out.stderr[-2000:]
         opened[name] = (int(found[-1]), re.findall(r"^IMPORTED (.*)$", out.stdout, re.M)[-1])
-    assert opened == {"__mp_main__": (0, "[]"), "__main__": (1, "['leaderboard.ui', 'pandas', 'streamlit']")}
+    assert opened == {"__mp_main__": (0, "[]"), "__main__": (1, "['genshift.leaderboard.ui', 'pandas', 'streamlit']")}
 
 
 def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
     """Entry.recheck (before every read of an entry's files for a view) hashes a file again only when its
     stat key (size, mtime_ns, inode, ctime_ns) changed; a swapped or rewritten file is still refused."""
-    from benchmark.errors import IntegrityError
-    from leaderboard import store as store_mod
+    from genshift.errors import IntegrityError
+    from genshift.leaderboard import store as store_mod
 
     root = tmp_path / "s"
     make_store(root, models=2, configs=3, rows=40, seed=2)
@@ -497,7 +497,7 @@ def test_views_rehash_only_files_that_changed_on_disk(tmp_path, monkeypatch):
 
 
 def test_cold_store_publishes_checked_rows_as_it_goes(tmp_path, monkeypatch):
-    from leaderboard import index
+    from genshift.leaderboard import index
 
     root = tmp_path / "s"
     make_store(root, models=20, configs=3, rows=40, seed=4)
@@ -529,7 +529,7 @@ def test_first_paint_waits_for_rows_not_for_the_whole_wait(tmp_path, monkeypatch
     """A cold store's first page waits (``Loader.wait_first_paint``) until the check has published rows and,
     at its rate so far, would not finish within the wait, or until it finished: a large store is painted
     from its first checked entry (not after the whole wait), a small one complete."""
-    from leaderboard import index, store as store_mod
+    from genshift.leaderboard import index, store as store_mod
 
     root = tmp_path / "s"
     make_store(root, models=models, configs=2, rows=20, seed=4)
@@ -554,7 +554,7 @@ def test_first_paint_waits_for_rows_not_for_the_whole_wait(tmp_path, monkeypatch
 def test_the_calling_process_passes_on_each_entry_of_its_chunk_as_it_is_checked(tmp_path, monkeypatch):
     """``check_in_pool``: the entries the calling process checks itself (the first chunk, while the workers
     start) reach ``on_checked`` one by one, so a cold board's first row waits for one entry's check, not four."""
-    from leaderboard import check_pool, store as store_mod
+    from genshift.leaderboard import check_pool, store as store_mod
 
     root = tmp_path / "s"
     make_store(root, models=check_pool.CHUNK, configs=2, rows=20, seed=4)
@@ -572,7 +572,7 @@ def test_the_calling_process_passes_on_each_entry_of_its_chunk_as_it_is_checked(
 
 
 def test_the_warm_up_starts_once_the_server_listens_and_the_app_waits_for_it(monkeypatch):
-    """`bench leaderboard`'s server process (``leaderboard.serve``): the warm-up (the page's imports, then the
+    """`bench leaderboard`'s server process (``genshift.leaderboard.serve``): the warm-up (the page's imports, then the
     store's preload) waits until Streamlit's server listens, so it never takes the GIL from Streamlit's
     start-up; ``wait_warm`` (the app's first lines) returns once the imports are done, and at once where no
     warm-up runs (a plain ``streamlit run``, AppTest, a Space); ``open_loader`` waits for the preload
@@ -581,7 +581,7 @@ def test_the_warm_up_starts_once_the_server_listens_and_the_app_waits_for_it(mon
     import socket
     import threading
 
-    from leaderboard import index, serve
+    from genshift.leaderboard import index, serve
     from tests.hubtools import free_port
 
     for name in ("_warming", "_page", "_imported"):
@@ -630,7 +630,7 @@ def test_a_new_entry_is_checked_under_a_running_board_and_files_that_are_no_entr
     """The app's loader key (``_signature``) follows the entries ``load_store`` reads (``<suite>/<run>/``
     result and stamp): a new entry is checked and shown on the next run; a result.json inside an entry's
     folder or directly in the store changes no entry, so starts no new check."""
-    from leaderboard import store as store_mod
+    from genshift.leaderboard import store as store_mod
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     root = _board(tmp_path / "s", models=3)
@@ -676,7 +676,7 @@ def test_files_changed_while_the_board_is_drawn_are_checked_again_not_a_tracebac
                 raise
         return real(entries, **kw)
     monkeypatch.setattr(aggregate, "board_table", race)
-    from leaderboard import index
+    from genshift.leaderboard import index
     monkeypatch.setattr(index, "write_index", lambda *a, **kw: None)  # its first view would read the ranks first
     at = _app(root).run()
     assert raised == ["IntegrityError"]  # the race happened: the ranking refused the changed file
@@ -689,8 +689,8 @@ def test_files_changed_while_the_board_is_drawn_are_checked_again_not_a_tracebac
 def test_export_space_builds_and_renders(tmp_path, monkeypatch):
     from huggingface_hub import HfApi, constants
 
-    from benchmark.cli import main
-    from eval import stamps
+    from genshift.cli import main
+    from genshift.eval import stamps
     from tests.fakehub import FakeHub
 
     root = _board(tmp_path / "s", models=4)
@@ -713,8 +713,8 @@ def test_export_space_builds_and_renders(tmp_path, monkeypatch):
         reqs = (out / "requirements.txt").read_text().split()
         assert all("==" in r for r in reqs) and any(r.startswith("streamlit==") for r in reqs)
         assert 'toolbarMode = "viewer"' in (out / ".streamlit" / "config.toml").read_text()
-        assert (out / "genshift" / "leaderboard" / "app.py").is_file()
-        assert (out / "genshift" / "benchmark" / "_data" / "imagenet_hierarchy.json").is_file()
+        assert (out / "pkg" / "genshift" / "leaderboard" / "app.py").is_file()
+        assert (out / "pkg" / "genshift" / "_data" / "imagenet_hierarchy.json").is_file()
         assert main(["leaderboard", "--results", str(root), "--export-space", str(tmp_path / "x")]) != 0
 
         from streamlit.testing.v1 import AppTest
@@ -744,7 +744,7 @@ while todo:
         installs.add(name)
         todo += [r.name for r in map(Requirement, md.requires(name) or [])
                  if r.marker is None or r.marker.evaluate({"extra": ""})]
-own = {p.name for p in Path("genshift").iterdir()}
+own = {p.name for p in Path("pkg").iterdir()}
 hidden = {m for m, ds in md.packages_distributions().items() if m not in own and not {norm(d) for d in ds} & installs}
 asked = set()
 
@@ -775,7 +775,7 @@ print(json.dumps({
     "exception": [str(e.value) for e in at.exception], "texts": [t.value for t in at.text],
     "tables": [t.astype(str).values.tolist() for t in tables],
     "models": [] if df is None else df["model"].tolist(), "verified": [] if df is None else df["verified"].tolist(),
-    "leaderboard_from": sys.modules["leaderboard"].__file__, "torch_installed": "torch" in installs,
+    "leaderboard_from": sys.modules["genshift.leaderboard"].__file__, "torch_installed": "torch" in installs,
     "hidden_loaded": sorted({m.partition(".")[0] for m in set(sys.modules) - before} & hidden),
     "hidden_asked": sorted(asked), "torch_findable": torch_findable, "python": sys.executable,
 }))
@@ -784,7 +784,7 @@ print(json.dumps({
 
 def test_checking_and_painting_import_no_torch_and_no_datasets():
     """Import structure, in a fresh interpreter: the board (store, index, aggregate) and checking stored
-    entries (eval.verify, stamps, suite_trust) import neither torch nor timm (a Space has neither)
+    entries (genshift.eval.verify, stamps, suite_trust) import neither torch nor timm (a Space has neither)
     nor datasets (seconds of a restart's first paint; only reading suite rows needs it)."""
     import subprocess
     import sys
@@ -793,8 +793,8 @@ def test_checking_and_painting_import_no_torch_and_no_datasets():
             "{{'torch', 'timm', 'torchvision', 'datasets'}})))")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     loaded = {}
-    for mods in ("leaderboard.store, leaderboard.index, leaderboard.aggregate, leaderboard.export",
-                 "eval.verify, eval.stamps, eval.suite_trust"):
+    for mods in ("genshift.leaderboard.store, genshift.leaderboard.index, genshift.leaderboard.aggregate, genshift.leaderboard.export",
+                 "genshift.eval.verify, genshift.eval.stamps, genshift.eval.suite_trust"):
         out = subprocess.run([sys.executable, "-c", code.format(mods)], env=env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
@@ -813,9 +813,9 @@ def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, ti
 
     from huggingface_hub import HfApi, constants
 
-    from benchmark.cli import main
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.cli import main
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
     from tests.fakehub import FakeHub
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -846,7 +846,7 @@ def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, ti
     assert run.returncode == 0, run.stderr[-3000:]
     shown = json.loads(run.stdout.strip().splitlines()[-1])
     assert not shown["exception"], shown["exception"]
-    assert shown["leaderboard_from"].startswith(str(out / "genshift")), shown["leaderboard_from"]  # the Space's copy
+    assert shown["leaderboard_from"].startswith(str(out / "pkg" / "genshift")), shown["leaderboard_from"]  # the Space's copy
     # torch is not among what requirements.txt installs, and the hiding ran: installed here, not found there
     import importlib.util
     assert importlib.util.find_spec("torch") is not None and not shown["torch_findable"]
@@ -857,7 +857,7 @@ def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, ti
 
 
 def test_leaderboard_serves_in_viewer_mode():
-    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from genshift.cli.leaderboard_cmd import STREAMLIT_FLAGS
     i = STREAMLIT_FLAGS.index("--client.toolbarMode")
     assert STREAMLIT_FLAGS[i + 1] == "viewer"
 
@@ -896,7 +896,7 @@ def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
     import sys
     import urllib.request
 
-    from benchmark.cli.leaderboard_cmd import port_free
+    from genshift.cli.leaderboard_cmd import port_free
     from tests.hubtools import free_port
 
     root = tmp_path / "s"
@@ -904,7 +904,7 @@ def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
     port = free_port()
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    bench = subprocess.Popen([sys.executable, "-m", "benchmark", "leaderboard", "--results", str(root), "--port",
+    bench = subprocess.Popen([sys.executable, "-m", "genshift", "leaderboard", "--results", str(root), "--port",
                               str(port)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 90
@@ -943,11 +943,11 @@ def test_bench_leaderboard_stops_its_server_on_signals(tmp_path, sig):
 
 
 def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from benchmark.cli import main
-    from builders.tiny import tiny_open_clip
-    from eval import embeddings
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.cli import main
+    from genshift.builders.tiny import tiny_open_clip
+    from genshift.eval import embeddings
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
                                     out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
@@ -957,7 +957,7 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
     # front of the top-k), with hashes and metrics recomputed: diagnose and the store check them
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from benchmark.fsutil import sha256_file
+    from genshift.fsutil import sha256_file
     r = json.loads(rpath.read_text())
     for p in r["predictions"]:
         f = rpath.parent / p["path"]
@@ -972,8 +972,8 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
             t = t.set_column(t.schema.get_field_index(n), n, pa.array(cols[n], type=t.schema.field(n).type))
         pq.write_table(t, f)
         p["sha256"] = sha256_file(f)
-    from eval.predictions import read_predictions
-    from eval.scoring import ScoringOptions, score
+    from genshift.eval.predictions import read_predictions
+    from genshift.eval.scoring import ScoringOptions, score
     r["metrics"] = score(r["suite"]["metric_family"], {p["config"]: read_predictions(rpath.parent / p["path"])
                                                        for p in r["predictions"]}, ScoringOptions(**r["protocol"]["scoring"]))
     rpath.write_text(json.dumps(r))
@@ -999,7 +999,7 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
 
     bad = dict(rep, thumbnails={ok[0]["hardest"][0]: "PHN2Zz48L3N2Zz4="})  # "<svg></svg>", not a raster image
     (rpath.parent / "diagnose.json").write_text(json.dumps(bad))
-    from eval.diagnose_report import load_report_for_view
+    from genshift.eval.diagnose_report import load_report_for_view
     view = load_report_for_view(rpath.parent)
     assert ok[0]["hardest"][0] not in view["thumbnails"]
     (rpath.parent / "diagnose.json").write_text("[" * 100000)
@@ -1042,7 +1042,7 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
 
     from tests.browser import chromium, open_when_serving, until_checked
 
-    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from genshift.cli.leaderboard_cmd import STREAMLIT_FLAGS
     from tests.hubtools import free_port
     from tests.test_leaderboard import APP
 
@@ -1104,9 +1104,9 @@ def test_real_browser_deep_links_intervals_and_pictures(tmp_path):
 def test_trusted_suites_reject_entries_on_other_suite_data(tmp_path, toy_suite, capsys, monkeypatch):
     """`bench leaderboard --suites DIR`: every entry is checked against a trusted manifest; the synthetic
     board's entries name a suite that is not among them, so all are rejected with the reason."""
-    from benchmark.cli import main
-    from leaderboard.index import Loader
-    from leaderboard.space import _copy_trusted_manifests
+    from genshift.cli import main
+    from genshift.leaderboard.index import Loader
+    from genshift.leaderboard.space import _copy_trusted_manifests
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the index lives there: no state from other tests
     root = _board(tmp_path / "s", models=3)
@@ -1137,7 +1137,7 @@ def test_trusted_suites_reject_entries_on_other_suite_data(tmp_path, toy_suite, 
     # a Space gets the trusted manifests only, byte for byte, named by their sha256
     _copy_trusted_manifests(toy_suite, tmp_path / "space-suites")
     (copied,) = (tmp_path / "space-suites").iterdir()
-    from benchmark.fsutil import sha256_file
+    from genshift.fsutil import sha256_file
     assert copied.name == f"{sha256_file(toy_suite / 'manifest.json')}.json"
     assert copied.read_bytes() == (toy_suite / "manifest.json").read_bytes()
 
@@ -1183,7 +1183,7 @@ def _mixed_store(root, key):
 
 def test_what_is_ranked_as_documented(tmp_path, capsys):
     """Each numbered sentence of docs/leaderboard.md "What is ranked", shown on one store in the app."""
-    from leaderboard.store import load_store
+    from genshift.leaderboard.store import load_store
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "leaderboard.md").read_text()
     claims = re.findall(r"^(\d+)\. (.+)$", WHAT_IS_RANKED.search(doc).group(1), re.M)
@@ -1203,7 +1203,7 @@ def test_what_is_ranked_as_documented(tmp_path, capsys):
     assert why["timm/stale.model"].startswith("not verified") and "stale" in why["timm/stale.model"]
     # 3. complete: a signed partial entry is not ranked, and `verify --sign` refuses one (make_stamp's rule)
     assert "partial" in why["timm/partial.model"] and community.set_index("model").loc["timm/partial.model", "partial"]
-    from benchmark.cli import main as bench
+    from genshift.cli import main as bench
     capsys.readouterr()
     assert bench(["verify", str(root / "imagenet-star" / "timm--partial.model"), "--recheck", "1", "--sign",
                   str(key)]) != 0
@@ -1264,7 +1264,7 @@ def test_badge_follows_the_files_under_a_running_board(tmp_path, monkeypatch):
     """The loader re-checks exactly the entries whose files changed (a stat per file otherwise), before the
     app draws: a removed stamp, an in-place rewrite that keeps size and mtime, a new diagnose.json; and a
     restarted server painting from its index re-checks files changed while it was down."""
-    from leaderboard import index, store as store_mod
+    from genshift.leaderboard import index, store as store_mod
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the index lives there: no state from other tests
     root = _board(tmp_path / "s", models=3)
@@ -1345,7 +1345,7 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(tmp_
 
     from tests.browser import chromium, open_when_serving, until_checked
 
-    from benchmark.cli.leaderboard_cmd import STREAMLIT_FLAGS
+    from genshift.cli.leaderboard_cmd import STREAMLIT_FLAGS
     from tests.hubtools import free_port
     from tests.test_leaderboard import APP
 
@@ -1403,7 +1403,7 @@ def test_cold_board_says_how_much_is_ranked_and_keeps_pending_selections(tmp_pat
     far, and a shared link's model/family (naming entries not checked yet) stay in the URL until they apply."""
     from streamlit.testing.v1 import AppTest
 
-    from leaderboard import index
+    from genshift.leaderboard import index
     from tests.test_leaderboard import APP
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no index: a cold start

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from benchmark.errors import BenchError
-from benchmark.oom import BatchBackoff
-from builders.seeding import derive_seed, generator
-from builders.sharding import Process, plan_shards, shard_of
+from genshift.errors import BenchError
+from genshift.oom import BatchBackoff
+from genshift.builders.seeding import derive_seed, generator
+from genshift.builders.sharding import Process, plan_shards, shard_of
 
 
 def test_seeds_are_stable_and_distinct():
@@ -62,7 +62,7 @@ def test_batch_backoff_gives_up_with_a_clear_error_and_reraises_others():
 def test_offline_clip_tokenizer_matches_open_clip():
     import open_clip
 
-    from builders.tiny import clip_tokenizer
+    from genshift.builders.tiny import clip_tokenizer
     tok = clip_tokenizer()
     text = "a photo of a Golden Retriever in the snow, at dusk!"
     ids = tok(text).input_ids
@@ -74,7 +74,7 @@ def test_clip_scorer_tiny_embeddings_are_normalised():
     import numpy as np
     from PIL import Image
 
-    from builders.clip_scoring import ClipScorer, cosine
+    from genshift.builders.clip_scoring import ClipScorer, cosine
     s = ClipScorer.tiny()
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 48, 3), dtype=np.uint8))
     e = s.encode_images([img, img.convert("L")])
@@ -85,7 +85,7 @@ def test_clip_scorer_tiny_embeddings_are_normalised():
 
 
 def test_fixed_threads_sets_and_restores_the_thread_count():
-    from builders.determinism import fixed_threads
+    from genshift.builders.determinism import fixed_threads
 
     before = torch.get_num_threads()
     with fixed_threads(1):
@@ -94,7 +94,7 @@ def test_fixed_threads_sets_and_restores_the_thread_count():
 
 
 def test_files_digest_names_content_not_location(tmp_path):
-    from builders.determinism import files_digest
+    from genshift.builders.determinism import files_digest
 
     for root in (tmp_path / "a" / "imgs", tmp_path / "b" / "imgs"):
         (root / "n01").mkdir(parents=True)
@@ -117,8 +117,8 @@ SMALLEST = {"imagenet-star": ["--shifts", "base", "--samples-per-class", "1"],
 def test_smoke_builds_do_not_depend_on_the_folder_or_the_thread_count(suite, tmp_path):
     """Two builds to different --out folders under 1 and 2 torch threads: the same files, byte for
     byte, and the same manifest (no local path in it; model steps run with --cpu-threads)."""
-    from benchmark.cli import main
-    from benchmark.reader import LocalSuite
+    from genshift.cli import main
+    from genshift.reader import LocalSuite
 
     before = torch.get_num_threads()
     outs = [tmp_path / "first" / "suite", tmp_path / "elsewhere" / "other-name"]

@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from benchmark.cli import main
-from benchmark.errors import BenchError
-from eval.models import load_checkpoint, read_checkpoint
+from genshift.cli import main
+from genshift.errors import BenchError
+from genshift.eval.models import load_checkpoint, read_checkpoint
 
 ARCH = "test_resnet.r160_in1k"
 
@@ -102,7 +102,7 @@ def test_bench_eval_scores_a_train_checkpoint_as_its_plain_state_dicts(tmp_path,
     model = json.loads((runs["train-ema"] / "result.json").read_text())["model"]
     assert model["checkpoint_weights"] == "ema"
     assert "checkpoint_weights" not in json.loads((runs["plain"] / "result.json").read_text())["model"]
-    from eval.verify import verify_result
+    from genshift.eval.verify import verify_result
 
     assert verify_result(runs["train-ema"], recheck=3, checkpoint=str(ckpt), suite=str(toy_suite)).ok  # recheck re-reads the EMA weights
 
@@ -158,7 +158,7 @@ def _empty(tmp_path):
 
 def _over_limit(tmp_path):
     """A sparse file one byte over the limit: no disk used, nothing read."""
-    from eval.models import MAX_CHECKPOINT_BYTES
+    from genshift.eval.models import MAX_CHECKPOINT_BYTES
 
     path = tmp_path / "huge.pth"
     with open(path, "wb") as f:
@@ -181,14 +181,14 @@ def test_checkpoint_is_checked_before_the_architecture_is_built(tmp_path, toy_su
 
     import timm
 
-    import eval.models
+    import genshift.eval.models
 
     path = make(tmp_path)
     built = []
     monkeypatch.setattr(timm, "create_model", lambda *a, **k: built.append(a) or pytest.fail("model built"))
     t0 = time.perf_counter()
     with pytest.raises(BenchError, match=match):
-        eval.models.load_classifier("eva_giant_patch14_224", checkpoint=path)
+        genshift.eval.models.load_classifier("eva_giant_patch14_224", checkpoint=path)
     assert time.perf_counter() - t0 < 0.5
     rc = main(["eval", "--model", "eva_giant_patch14_224", "--checkpoint", path, "--suite", str(toy_suite),
                "--out", str(tmp_path / "runs"), "--no-progress"])

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from benchmark.cli import build_parser, main
+from genshift.cli import build_parser, main
 
 
 def _parsers(parser, path=("bench",)):
@@ -21,7 +21,7 @@ VERBS = [name for name in PARSERS if name != "bench"]
 
 
 def test_the_walk_reaches_every_verb_and_every_builder():
-    from builders import BUILDERS
+    from genshift.builders import BUILDERS
 
     assert {"bench eval", "bench publish", "bench discover", "bench build"} <= set(PARSERS)
     assert {f"bench build {s}" for s in BUILDERS} <= set(PARSERS)
@@ -75,8 +75,8 @@ def test_build_suite_help_prints_description_and_examples(capsys):
 
 def test_errors_print_as_one_clean_line(capsys, monkeypatch):
     """Whatever a message quotes (file names, exception texts), the CLI prints one line without escapes."""
-    import benchmark.cli.suites as suites_cli
-    from benchmark.errors import BenchError
+    import genshift.cli.suites as suites_cli
+    from genshift.errors import BenchError
 
     def boom(args):
         raise BenchError("file 'a\nb.pth' says \x1b[31mno\x1b[0m")
@@ -88,8 +88,8 @@ def test_errors_print_as_one_clean_line(capsys, monkeypatch):
 
 def test_classes_as_users_write_them():
     """Verbs that take a class (`bench discover --class`) accept an index or a wnid through one library function."""
-    from benchmark import imagenet
-    from benchmark.errors import BenchError
+    from genshift import imagenet
+    from genshift.errors import BenchError
 
     assert imagenet.parse_class("283") == 283 and imagenet.parse_class(" n01440764 ") == 0
     with pytest.raises(BenchError, match="not an ImageNet-1k index"):
@@ -152,7 +152,7 @@ def test_full_disk_during_eval_is_one_line_nothing_half_written_and_the_rerun_re
                                              "network or the Hub did not answer")])
 def test_os_errors_name_the_errno_the_path_and_the_fix(code, fix, capsys, monkeypatch):
     """EROFS, EACCES, EDQUOT, EIO raised by a verb: one line through the CLI's funnel, exit 74."""
-    import benchmark.cli.suites as suites_cli
+    import genshift.cli.suites as suites_cli
 
     def fail(args):
         raise OSError(code, "ignored", "/data/runs/x\n.parquet")
@@ -169,7 +169,7 @@ def test_keygen_writes_0600_atomically_and_refuses_links(tmp_path, capsys):
     import os
     import stat
 
-    from eval.stamps import load_private_key
+    from genshift.eval.stamps import load_private_key
 
     key = tmp_path / "keys" / "maintainer.key"
     assert main(["keygen", str(key), "--name", "alice"]) == 0
@@ -225,7 +225,7 @@ def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypat
     import sys
     import time
 
-    import benchmark.fsutil as fsutil
+    import genshift.fsutil as fsutil
 
     argv_t, what, limit = LIST_FILES[flag]
     (tmp_path / "src" / "n01440764").mkdir(parents=True)
@@ -260,7 +260,7 @@ def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypat
 
 def test_os_error_traceback_with_vv(capsys, monkeypatch):
     """-vv keeps the traceback of an OSError (a bug may raise one too), then the same one line."""
-    import benchmark.cli.suites as suites_cli
+    import genshift.cli.suites as suites_cli
 
     def fail(args):
         raise OSError(28, "No space left on device", "/data/x")
@@ -277,7 +277,7 @@ def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
     line is the original error (errno, path, fix), not the traceback."""
     from torch._utils import ExceptionWrapper
 
-    import benchmark.cli.suites as suites_cli
+    import genshift.cli.suites as suites_cli
 
     def fail(args):
         try:
@@ -295,7 +295,7 @@ def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
 
 def test_slope_id_accuracy_csv_is_read_through_the_bounded_reader(tmp_path):
     """What the bounded reader returns is parsed as before: Excel's BOM and CRLF dropped, top-1 in percent."""
-    from eval.id_axis import read_id_table
+    from genshift.eval.id_axis import read_id_table
 
     path = tmp_path / "top1.csv"
     path.write_bytes("\ufeffmodel,top1\r\ntimm/a,81.5\r\ntimm/b,0.7\r\n".encode())

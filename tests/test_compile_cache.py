@@ -1,4 +1,4 @@
-"""Compile once per machine (eval.compile_cache): the package is built once, then loaded, never rebuilt."""
+"""Compile once per machine (genshift.eval.compile_cache): the package is built once, then loaded, never rebuilt."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import timm
 import torch
 
-from eval import compile_cache
-from eval.inference import Forward, InferenceOptions, wants_compile
+from genshift.eval import compile_cache
+from genshift.eval.inference import Forward, InferenceOptions, wants_compile
 
 
 @pytest.fixture()
@@ -95,7 +95,7 @@ def test_a_compiled_model_runs_one_batch_at_a_time_and_auto_prefers_threads(cach
     """A package's call holds the GIL for the whole forward, so batches on threads would only queue:
     a compiled model runs on one thread, and ``auto`` keeps eager batches side by side when the
     process has more than one core (``benchmarks/forward_threads.py`` measures both)."""
-    from builders.determinism import fixed_threads
+    from genshift.builders.determinism import fixed_threads
 
     model, dc = _model()
     x, labels = torch.randn(12, *dc["input_size"]), torch.arange(12)
@@ -114,7 +114,7 @@ def test_a_compiled_model_runs_one_batch_at_a_time_and_auto_prefers_threads(cach
 
 
 def test_key_covers_the_intra_op_thread_count():
-    from builders.determinism import fixed_threads
+    from genshift.builders.determinism import fixed_threads
 
     model, dc = _model()
     x = torch.zeros(8, *dc["input_size"])

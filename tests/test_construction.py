@@ -4,10 +4,10 @@ registry only for suites that recorded none."""
 import json
 from types import SimpleNamespace
 
-from benchmark.cli import main
-from benchmark.suites import construction_models, get_suite
-from eval.suite_open import is_construction_model as _is_construction_model, open_suite
-from eval.verify import verify_result
+from genshift.cli import main
+from genshift.suites import construction_models, get_suite
+from genshift.eval.suite_open import is_construction_model as _is_construction_model, open_suite
+from genshift.eval.verify import verify_result
 
 
 def test_a_suite_built_with_another_target_flags_that_target(tmp_path, tiny_checkpoint):

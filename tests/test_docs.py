@@ -47,7 +47,7 @@ def test_code_comments_cite_no_specs():
 
 
 def test_readme_lists_every_verb():
-    from benchmark.cli import build_parser
+    from genshift.cli import build_parser
 
     readme = (ROOT / "README.md").read_text()
     verbs = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices

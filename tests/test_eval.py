@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from benchmark.cli import main
-from benchmark.errors import BenchError, NotFoundError
-from eval.inference import InferenceOptions
-from eval.runner import EvalRequest, evaluate
-from eval.verify import verify_result
+from genshift.cli import main
+from genshift.errors import BenchError, NotFoundError
+from genshift.eval.inference import InferenceOptions
+from genshift.eval.runner import EvalRequest, evaluate
+from genshift.eval.verify import verify_result
 from tests.resultkit import fake_result
 
 
@@ -105,7 +105,7 @@ def test_verify_catches_tampered_predictions_and_metrics(tmp_path, toy_suite, ti
     pq.write_table(t, pfile)
     assert main(["verify", str(path2)]) == 1
     assert "predictions/base.parquet sha256" in capsys.readouterr().out
-    from benchmark.fsutil import sha256_file
+    from genshift.fsutil import sha256_file
     r2 = json.loads(path2.read_text())
     r2["predictions"][0]["sha256"] = sha256_file(pfile)
     path2.write_text(json.dumps(r2))
@@ -123,9 +123,9 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     t = t.set_column(t.schema.get_field_index("true_prob"), "true_prob", pa.array(probs))
     pq.write_table(t, path.parent / "predictions" / "base.parquet")
     r = json.loads(path.read_text())
-    from benchmark.fsutil import sha256_file
-    from eval.scoring import ScoringOptions, score
-    from eval.predictions import read_predictions
+    from genshift.fsutil import sha256_file
+    from genshift.eval.scoring import ScoringOptions, score
+    from genshift.eval.predictions import read_predictions
     r["predictions"][0]["sha256"] = sha256_file(path.parent / "predictions" / "base.parquet")
     tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
     r["metrics"] = score("accuracy", tables, ScoringOptions(**r["protocol"]["scoring"]))
@@ -136,8 +136,8 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
 
 
 def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, monkeypatch):
-    from benchmark.synthetic import make_synthetic_suite
-    from eval import predictions as P
+    from genshift.synthetic import make_synthetic_suite
+    from genshift.eval import predictions as P
 
     toy_suite = tmp_path / "toy"
     make_synthetic_suite(toy_suite, classes=range(10), per_class=4)
@@ -180,7 +180,7 @@ def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights)
     from PIL import Image
     from skimage import data
 
-    from benchmark.writer import SuiteWriter
+    from genshift.writer import SuiteWriter
 
     def jpeg(arr):
         buf = io.BytesIO()
@@ -211,7 +211,7 @@ def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights)
 
 
 def test_bad_image_fails_naming_it_or_is_skipped(tmp_path, tiny_checkpoint):
-    from benchmark.writer import SuiteWriter
+    from genshift.writer import SuiteWriter
 
     good = io.BytesIO()
     from PIL import Image
@@ -268,7 +268,7 @@ def test_model_typo_is_reported_before_the_suite_is_resolved(tmp_path, monkeypat
 def test_non_1000_class_model_is_refused(tmp_path):
     import timm
     import torch
-    from eval.models import load_classifier
+    from genshift.eval.models import load_classifier
     m = timm.create_model("test_resnet", pretrained=False, num_classes=10)
     torch.save(m.state_dict(), tmp_path / "ten.pth")
     with pytest.raises(BenchError, match="not fit"):
@@ -278,7 +278,7 @@ def test_non_1000_class_model_is_refused(tmp_path):
 
 
 def test_suite_failing_verification_and_missing_suite(tmp_path, toy_suite, tiny_checkpoint):
-    from benchmark.errors import IntegrityError
+    from genshift.errors import IntegrityError
     p = toy_suite / "data/base/test-00000-of-00002.parquet"
     p.write_bytes(p.read_bytes()[:-1] + b"x")
     with pytest.raises(IntegrityError, match="test-00000-of-00002.parquet sha256"):
@@ -314,7 +314,7 @@ def test_malformed_result_files(tmp_path, capsys, content, match):
 
 
 def test_slope_cli_over_results(tmp_path, capsys):
-    def fake(model, base, snow):  # schema-valid (eval.results.validate), numbers made up
+    def fake(model, base, snow):  # schema-valid (genshift.eval.results.validate), numbers made up
         return fake_result(model, ["base", "snow"],
                            {"configs": {"base": {"acc1": {"value": base}}, "snow": {"acc1": {"value": snow}}}})
 
@@ -333,13 +333,13 @@ def test_slope_cli_over_results(tmp_path, capsys):
 @pytest.mark.parametrize("decode", ["cpu", "device"])
 def test_odd_images_in_a_suite_from_elsewhere_are_read_as_import_stores_them(tmp_path, lite0_weights, decode):
     """A suite not made by import-folder may hold a raw 16-bit PNG or a transparent RGBA PNG. Eval reads
-    every image through benchmark.pixels (16 bits scaled, transparency on white), as import stores
+    every image through genshift.pixels (16 bits scaled, transparency on white), as import stores
     them: the 16-bit photo scores as its 8-bit original (PIL's convert('RGB') made it all white,
     the true class ranked ~200th), on the default decode path and on --decode device's CPU path."""
     from PIL import Image
     from skimage import data
 
-    from benchmark.writer import SuiteWriter
+    from genshift.writer import SuiteWriter
 
     def png(im):
         buf = io.BytesIO()
@@ -399,7 +399,7 @@ def _rows(path, config):
 def test_ties_rank_like_the_topk_in_fp32_and_bf16(tmp_path, toy_suite, near_tie_checkpoint):
     """bf16 autocast on CPU (the --amp path) ties classes; true_rank must break ties as the stored top-k does
     (by class index, never in the true class's favour), so acc@1 moves only where top-1 really moved."""
-    from eval.verify import check_rows
+    from genshift.eval.verify import check_rows
 
     fp32, p32 = _eval(tmp_path / "fp32", toy_suite, near_tie_checkpoint)
     bf16, p16 = _eval(tmp_path / "bf16", toy_suite, near_tie_checkpoint, amp=True, amp_dtype="bfloat16")
@@ -436,7 +436,7 @@ def test_rank_classes_hand_computed_ties():
     """rank = #{p > p_y} + #{c < y : p_c = p_y}; the top-k lists tied classes by index."""
     import torch
 
-    from eval.inference import rank_classes
+    from genshift.eval.inference import rank_classes
 
     probs = torch.tensor([[0.1, 0.3, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25, 0.0]])
     top_i, top_p, true_p, rank = rank_classes(probs, torch.tensor([2, 0]), 3)
@@ -453,7 +453,7 @@ def test_verify_recheck_names_a_stored_image_that_does_not_decode_in_one_line(tm
     import struct
     import zlib
 
-    from eval import verify
+    from genshift.eval import verify
 
     _, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
     def chunk(kind: bytes, data: bytes) -> bytes:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from eval.failure_directions import (C_GRID, DirectionOptions, Whitening, candidate_captions, class_direction,
+from genshift.eval.failure_directions import (C_GRID, DirectionOptions, Whitening, candidate_captions, class_direction,
                                      search_svm)
 
 
@@ -89,11 +89,11 @@ def test_captions_follow_the_code_and_name_the_planted_attribute():
 
 
 def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from benchmark.cli import main
-    from builders.tiny import tiny_open_clip
-    from eval import embeddings
-    from eval.runner import EvalRequest, evaluate
-    from eval.inference import InferenceOptions
+    from genshift.cli import main
+    from genshift.builders.tiny import tiny_open_clip
+    from genshift.eval import embeddings
+    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift.eval.inference import InferenceOptions
 
     _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
                                     out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
@@ -115,8 +115,8 @@ def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoi
 def _tiny_encoder(precision="auto"):
     import open_clip
 
-    from builders.tiny import tiny_open_clip
-    from eval import embeddings
+    from genshift.builders.tiny import tiny_open_clip
+    from genshift.eval import embeddings
 
     model, _, _ = tiny_open_clip()
     return embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip",
@@ -135,7 +135,7 @@ def test_classifier_square_view_is_what_the_classifier_saw_square_resized():
     """The authors' path: the classifier's preprocessed image, un-normalised, square-resized to CLIP's size."""
     from PIL import Image
 
-    from eval.embeddings import ImageView
+    from genshift.eval.embeddings import ImageView
 
     enc = _tiny_encoder()
     crop_cfg = {"input_size": [3, 160, 160], "interpolation": "bicubic", "mean": [0.5, 0.5, 0.5],
@@ -162,7 +162,7 @@ def test_clip_precision_runs_under_autocast():
     """auto: fp16 on a GPU as the authors, fp32 on the CPU; bf16 autocast exercises the half path on the CPU."""
     import torch
 
-    from eval.embeddings import ImageView
+    from genshift.eval.embeddings import ImageView
 
     assert _tiny_encoder().resolved_precision() == "fp32"
     gpu = _tiny_encoder()
@@ -183,11 +183,11 @@ def test_clip_precision_runs_under_autocast():
 
 
 def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from benchmark.cli import main
-    from eval import diagnose as diag
-    from eval import embeddings
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.cli import main
+    from genshift.eval import diagnose as diag
+    from genshift.eval import embeddings
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
                                     out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),

@@ -13,8 +13,8 @@ import threading
 import pytest
 import torch
 
-from benchmark.cli import main
-from eval.inference import Forward, InferenceOptions
+from genshift.cli import main
+from genshift.eval.inference import Forward, InferenceOptions
 
 
 class _Meeting(torch.nn.Module):
@@ -77,7 +77,7 @@ def _eval(tmp_path, suite, weights, name, *extra):
 
 
 def test_real_weights_give_the_same_bytes_on_one_and_two_forward_threads(tmp_path, lite0_weights):
-    from benchmark.synthetic import make_synthetic_suite
+    from genshift.synthetic import make_synthetic_suite
 
     suite = tmp_path / "toy"
     make_synthetic_suite(suite, configs=("base",), classes=range(6), per_class=4, image_size=96)

@@ -1,4 +1,4 @@
-"""benchmark.heap: a CPU batch's large blocks come back from the heap, not from the kernel each time."""
+"""genshift.heap: a CPU batch's large blocks come back from the heap, not from the kernel each time."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 PROBE = r"""
 import resource, sys, threading, torch
-from benchmark.heap import keep_freed_memory
+from genshift.heap import keep_freed_memory
 took = keep_freed_memory() if sys.argv[1] == "keep" else None
 threads = int(sys.argv[2])
 # threads in lockstep: each round every thread's blocks are alive at once, so the warm-up reaches the

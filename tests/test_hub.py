@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import hub
-from benchmark.errors import BenchError, NotFoundError, OfflineError
-from benchmark.suite_format import Manifest
-from benchmark.synthetic import make_synthetic_suite
-from data_cards import render_card
+from genshift import hub
+from genshift.errors import BenchError, NotFoundError, OfflineError
+from genshift.suite_format import Manifest
+from genshift.synthetic import make_synthetic_suite
+from genshift.data_cards import render_card
 from tests.fakehub import FakeHub
 from tests.hubtools import bench_subprocess, git_commit, olah_available, olah_server
 
@@ -159,7 +159,7 @@ def test_publish_refuses_an_unverified_suite(tmp_path):
     folder = _built_suite(tmp_path)
     p = next((folder / "data" / "base").glob("*.parquet"))
     p.write_bytes(p.read_bytes() + b"x")
-    from benchmark.errors import IntegrityError
+    from genshift.errors import IntegrityError
     with FakeHub() as fh, pytest.raises(IntegrityError, match="bytes, the manifest says"):
         hub.publish_suite(folder, "org/toy", endpoint=fh.endpoint, token="t")
 
@@ -187,7 +187,7 @@ def test_gated_repo_says_how_to_get_access(tmp_path):
 
 
 def test_unreachable_hub_falls_back_to_the_cache_only_for_a_pinned_sha(tmp_path):
-    from benchmark.errors import OfflineError
+    from genshift.errors import OfflineError
 
     folder = _built_suite(tmp_path)
     cache = str(tmp_path / "cache")
@@ -226,8 +226,8 @@ def test_publish_writes_eval_yaml_and_refuses_a_wrong_one(tmp_path, capsys):
     import yaml
     from huggingface_hub import hf_hub_download
 
-    from benchmark.cli import main
-    from data_cards.eval_yaml import parse_eval_yaml, suite_tasks
+    from genshift.cli import main
+    from genshift.data_cards.eval_yaml import parse_eval_yaml, suite_tasks
 
     folder = _built_suite(tmp_path)
     with FakeHub() as fh:
@@ -269,7 +269,7 @@ def test_open_suite_pins_and_mask_rules(tmp_path):
 
 
 def test_publish_and_download_verbs(tmp_path, capsys):
-    from benchmark.cli import main
+    from genshift.cli import main
 
     folder = _built_suite(tmp_path)
     with FakeHub() as fh:
@@ -296,7 +296,7 @@ def test_publish_and_download_verbs(tmp_path, capsys):
 def test_offline_mode_with_a_partial_cache(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from benchmark.errors import OfflineError
+    from genshift.errors import OfflineError
 
     folder = _built_suite(tmp_path)
     cache = str(tmp_path / "cache")
@@ -366,7 +366,7 @@ def test_large_upload_that_left_a_file_out_is_not_tagged(tmp_path, monkeypatch):
 
 
 def test_small_suite_is_one_commit_and_a_gated_card_gates_the_repo(tmp_path, capsys):
-    from benchmark.cli import main
+    from genshift.cli import main
 
     folder = _gated_suite(tmp_path)
     assert hub.card_gating(folder) and not hub.card_gating(_built_suite(tmp_path / "plain"))
@@ -389,7 +389,9 @@ def test_hub_and_upstream_do_not_import_each_other():
     import ast
 
     def imports(module: str) -> set[str]:
-        tree = ast.parse(Path(__file__).parents[1].joinpath(*module.split(".")).with_suffix(".py").read_text())
+        import importlib.util
+
+        tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
         out = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
@@ -398,14 +400,14 @@ def test_hub_and_upstream_do_not_import_each_other():
                 out |= {a.name for a in node.names}
         return out
 
-    assert "benchmark.hub" not in imports("benchmark.upstream")
-    assert not {"benchmark.hub", "benchmark.upstream"} & imports("benchmark.hubio")
+    assert "genshift.hub" not in imports("genshift.upstream")
+    assert not {"genshift.hub", "genshift.upstream"} & imports("genshift.hubio")
 
 
 def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, capsys):
     from huggingface_hub import constants
 
-    from benchmark.cli import main
+    from genshift.cli import main
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
     monkeypatch.setattr(constants, "is_offline_mode", lambda: True, raising=False)
@@ -414,7 +416,7 @@ def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, ca
     err = capsys.readouterr().err
     assert code != 0 and err.count("\n") == 1 and err.startswith("error: offline")
     assert 'README.md, "Offline route"' in err
-    from eval.models import resolve_model_revision
+    from genshift.eval.models import resolve_model_revision
 
     with pytest.raises(OfflineError, match="Offline route"):
         resolve_model_revision("timm/not-cached-anywhere", "main")
@@ -430,7 +432,7 @@ def test_hub_model_with_no_network_is_one_line_pointing_to_the_offline_route(tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"), HF_HUB_ETAG_TIMEOUT="2",
                HF_HUB_DOWNLOAD_TIMEOUT="2")
-    p = subprocess.run([sys.executable, "-m", "benchmark", "eval", "--model", "timm/resnet50.a1_in1k", "--suite",
+    p = subprocess.run([sys.executable, "-m", "genshift", "eval", "--model", "timm/resnet50.a1_in1k", "--suite",
                         str(toy_suite), "--out", str(tmp_path / "runs"), "--no-progress"],
                        env=env, capture_output=True, text=True, timeout=300)
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
@@ -442,7 +444,7 @@ def test_hub_model_with_no_network_is_one_line_pointing_to_the_offline_route(tmp
 def test_the_noise_demo_suite_says_that_0_percent_is_expected(tmp_path, caplog):
     folder = _built_suite(tmp_path)
     assert Manifest.load(folder).generator["images"] == "noise"
-    with caplog.at_level("WARNING", logger="benchmark.hub"):
+    with caplog.at_level("WARNING", logger="genshift.hub"):
         hub.open_suite(str(folder))
     assert "random-noise images: any model scores ~0%" in caplog.text
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from benchmark.errors import BenchError, IntegrityError
+from genshift.errors import BenchError, IntegrityError
 from tests.fakehub import FakeHub
 from tests.resultkit import fake_result
 
@@ -19,8 +19,8 @@ def _m(v):
 
 # -- eval.yaml: tasks per family, hand-computed values --------------------------------------------
 def test_tasks_and_values_per_family_are_the_headline_metrics_in_percent():
-    from data_cards.eval_yaml import tasks
-    from leaderboard.hub_results import task_values
+    from genshift.data_cards.eval_yaml import tasks
+    from genshift.leaderboard.hub_results import task_values
 
     star = fake_result("timm/a", ["base", "fog", "snow"], {"configs": {
         "base": {"acc1": _m(0.9), "acc5": _m(1.0)}, "fog": {"acc1": _m(0.5), "acc5": _m(1.0)},
@@ -49,9 +49,9 @@ def test_tasks_and_values_per_family_are_the_headline_metrics_in_percent():
 
 
 def test_eval_yaml_round_trips_and_hostile_files_are_one_line(tmp_path):
-    from benchmark.synthetic import make_synthetic_suite
-    from benchmark.suite_format import Manifest
-    from data_cards.eval_yaml import check_eval_yaml, parse_eval_yaml, render_eval_yaml
+    from genshift.synthetic import make_synthetic_suite
+    from genshift.suite_format import Manifest
+    from genshift.data_cards.eval_yaml import check_eval_yaml, parse_eval_yaml, render_eval_yaml
 
     make_synthetic_suite(tmp_path / "s", suite_id="toy", classes=range(2), per_class=1)
     m = Manifest.load(tmp_path / "s")
@@ -92,13 +92,13 @@ def scored(tmp_path_factory):
     import torch
     from timm.models._hub import save_for_hf
 
-    from benchmark.suite_format import Manifest
-    from benchmark.synthetic import make_synthetic_suite
-    from data_cards import render_card
-    from eval import stamps
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
-    from eval.verify import verify_result
+    from genshift.suite_format import Manifest
+    from genshift.synthetic import make_synthetic_suite
+    from genshift.data_cards import render_card
+    from genshift.eval import stamps
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift.eval.verify import verify_result
 
     tmp = tmp_path_factory.mktemp("scored")
     suite = tmp / "suite"
@@ -136,7 +136,7 @@ def _point_hub_defaults_at(mp, hub, cache) -> None:
 def _publish(hub, suite, model_dir) -> str:
     from huggingface_hub import HfApi
 
-    from benchmark.hub import publish_suite
+    from genshift.hub import publish_suite
 
     sha = publish_suite(suite, "org/toy", endpoint=hub.endpoint, token="t")
     api = HfApi(endpoint=hub.endpoint, token="t")
@@ -161,7 +161,7 @@ def hub_world(scored, tmp_path, monkeypatch):
 
 
 def _merge_into_results(w, with_stamp=True):
-    from eval.results import entry_dir
+    from genshift.eval.results import entry_dir
 
     api, result = w["api"], w["result"]
     res = json.loads(result.read_bytes())
@@ -176,8 +176,8 @@ def _merge_into_results(w, with_stamp=True):
 def test_published_suite_is_a_benchmark_and_a_verified_result_reaches_the_model_page(hub_world, capsys):
     from huggingface_hub import parse_eval_result_entries
 
-    from benchmark.cli import main
-    from leaderboard.hub_results import hub_reported, task_values
+    from genshift.cli import main
+    from genshift.leaderboard.hub_results import hub_reported, task_values
 
     w = hub_world
     hub, api = w["hub"], w["api"]
@@ -231,7 +231,7 @@ def test_published_suite_is_a_benchmark_and_a_verified_result_reaches_the_model_
 
 
 def test_only_complete_pinned_results_that_are_in_the_results_repo(hub_world, capsys):
-    from benchmark.cli import main
+    from genshift.cli import main
 
     w = hub_world
     hub = w["hub"]
@@ -251,7 +251,7 @@ def test_only_complete_pinned_results_that_are_in_the_results_repo(hub_world, ca
 
 
 def test_partial_and_unpinned_results_never_become_entries():
-    from leaderboard.hub_results import build_entries
+    from genshift.leaderboard.hub_results import build_entries
 
     r = fake_result("timm/a", ["base", "fog"], {"configs": {"base": {"acc1": _m(0.9), "acc5": _m(1.0)},
                                                             "fog": {"acc1": _m(0.5), "acc5": _m(1.0)}}})
@@ -269,7 +269,7 @@ def test_partial_and_unpinned_results_never_become_entries():
 
 
 def test_hostile_hub_leaderboards_are_one_line_and_never_reach_the_ranking():
-    from leaderboard.hub_results import hub_reported
+    from genshift.leaderboard.hub_results import hub_reported
 
     good = {"rank": 1, "modelId": "org/ok", "value": 71.5, "filename": ".eval_results/toy.yaml", "verified": False,
             "author": {"type": "user", "name": "u"}, "source": {"url": "https://example.org/x"}}
@@ -304,7 +304,7 @@ def test_hostile_hub_leaderboards_are_one_line_and_never_reach_the_ranking():
 def test_malformed_and_huge_eval_results_files_on_model_repos_are_skipped(hub_world):
     """Other model repos' broken .eval_results files: the Hub's leaderboard leaves them out (invalid) and
     a valid file with a huge field is dropped here by the row bounds."""
-    from leaderboard.hub_results import hub_reported
+    from genshift.leaderboard.hub_results import hub_reported
 
     w = hub_world
     api, op = w["api"], w["CommitOperationAdd"]
@@ -327,10 +327,10 @@ def test_review_publishes_to_the_model_repo_after_merge_and_links_it(hub_world, 
     stamp's key in its notes and linked in the results PR; a second review pass opens nothing new."""
     from huggingface_hub import parse_eval_result_entries
 
-    from eval import stamps
-    from leaderboard.hub_results import MODEL_PR_MARKER
-    from leaderboard.review import review
-    from leaderboard.submit import submit
+    from genshift.eval import stamps
+    from genshift.leaderboard.hub_results import MODEL_PR_MARKER
+    from genshift.leaderboard.review import review
+    from genshift.leaderboard.submit import submit
 
     w = hub_world
     hub, api = w["hub"], w["api"]
@@ -375,7 +375,7 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
 
     from streamlit.testing.v1 import AppTest
 
-    from benchmark.cli import main
+    from genshift.cli import main
 
     w = hub_world
     hub, api = w["hub"], w["api"]
@@ -417,9 +417,9 @@ def test_a_pr_merged_on_a_later_review_run_is_published_once(hub_world, monkeypa
     re-running images and then opens the model-repo PR and links it; a third run adds nothing."""
     from huggingface_hub import parse_eval_result_entries
 
-    from benchmark.cli import main
-    from leaderboard.hub_results import MODEL_PR_MARKER
-    from leaderboard.submit import submit
+    from genshift.cli import main
+    from genshift.leaderboard.hub_results import MODEL_PR_MARKER
+    from genshift.leaderboard.submit import submit
 
     w = hub_world
     hub, api = w["hub"], w["api"]
@@ -451,7 +451,7 @@ def test_a_pr_merged_on_a_later_review_run_is_published_once(hub_world, monkeypa
 def test_a_verified_result_is_reported_only_on_its_own_model_repo(hub_world, capsys):
     """Mallory takes a verified entry of org/tiny-resnet and asks for it on her own model repo: refused, one line,
     nothing opened there, so no model page says "verified by genshift-bench" about numbers of another model."""
-    from benchmark.cli import main
+    from genshift.cli import main
 
     w = hub_world
     hub = w["hub"]
@@ -469,10 +469,10 @@ def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(h
     whatever the named model repo holds, so the model-repo PR says "not verified by genshift-bench"."""
     from huggingface_hub import parse_eval_result_entries
 
-    from benchmark.cli import main
-    from benchmark.fsutil import canonical_json, sha256_file
-    from eval.results import config_hash
-    from eval.stamps import load_private_key, sign
+    from genshift.cli import main
+    from genshift.fsutil import canonical_json, sha256_file
+    from genshift.eval.results import config_hash
+    from genshift.eval.stamps import load_private_key, sign
 
     w = hub_world
     run = w["result"].parent

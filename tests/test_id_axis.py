@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from benchmark.cli import main
-from benchmark.errors import BenchError
-from eval.id_axis import id_accuracy, read_id_table
-from eval.results import write_result
-from leaderboard import aggregate
+from genshift.cli import main
+from genshift.errors import BenchError
+from genshift.eval.id_axis import id_accuracy, read_id_table
+from genshift.eval.results import write_result
+from genshift.leaderboard import aggregate
 from tests.resultkit import predictions, scored_result
 
 # Real rows of timm's results/results-imagenet.csv (huggingface/pytorch-image-models at aa4b5850).

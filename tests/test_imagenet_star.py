@@ -10,15 +10,15 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmark.cli import main
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.reader import LocalSuite
-from benchmark.suite_format import shard_name
-from builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, calibrate_thresholds, keep_flags,
+from genshift.cli import main
+from genshift.errors import BenchError, IntegrityError
+from genshift.reader import LocalSuite
+from genshift.suite_format import shard_name
+from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, calibrate_thresholds, keep_flags,
                                   released_kept_counts, shift_caption)
-from builders.sd_generate import GenerationSettings, SDGenerator
-from builders.seeding import derive_seed, generator
-from builders.tokens import inject_tokens, load_token_zip, save_token_file, save_token_zip, token_name
+from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+from genshift.builders.seeding import derive_seed, generator
+from genshift.builders.tokens import inject_tokens, load_token_zip, save_token_file, save_token_zip, token_name
 
 TINY = GenerationSettings(model_id="tiny", steps=2, height=32, width=32, output_size=24, batch_size=4)
 PROMPT = "a photo of a tench in the snow"
@@ -114,7 +114,7 @@ def test_build_records_the_batch_size_left_after_out_of_memory_back_off(tmp_path
 
 # -- tokens -------------------------------------------------------------------------------------
 def test_token_round_trip_injection_and_case_preserving_names(tmp_path):
-    from builders.tiny import tiny_sd_components
+    from genshift.builders.tiny import tiny_sd_components
 
     tokens = {0: torch.randn(32), 207: torch.randn(1, 32).half()}  # (D,) fp32 and (1, D) fp16 are accepted
     save_token_zip(tokens, tmp_path / "tokens.zip")
@@ -141,7 +141,7 @@ def test_token_round_trip_injection_and_case_preserving_names(tmp_path):
 
 
 def test_all_1000_tokens_get_the_authors_ids():
-    from builders.tiny import tiny_sd_components
+    from genshift.builders.tiny import tiny_sd_components
 
     comp = tiny_sd_components()
     g = torch.Generator().manual_seed(0)
@@ -198,8 +198,8 @@ def class_folder(tmp_path_factory):
 
 
 def test_textual_inversion_lowers_the_loss_and_holds_the_norm(class_folder):
-    from builders.textual_inversion import TIConfig, TIRun, eval_loss, folder_classes, initializer, train_class_token
-    from builders.tiny import tiny_sd_components
+    from genshift.builders.textual_inversion import TIConfig, TIRun, eval_loss, folder_classes, initializer, train_class_token
+    from genshift.builders.tiny import tiny_sd_components
 
     run = TIRun.from_components(tiny_sd_components(sample_size=16))
     vocab, rows = len(run.tokenizer), run.text_encoder.get_input_embeddings().weight.shape
@@ -223,7 +223,7 @@ def test_textual_inversion_lowers_the_loss_and_holds_the_norm(class_folder):
 
 
 def test_held_norm_embedding_serves_the_initialisers_norm():
-    from builders.textual_inversion import SplitEmbedding
+    from genshift.builders.textual_inversion import SplitEmbedding
 
     base = torch.nn.Embedding(5, 4)
     init = torch.tensor([3.0, 0.0, 4.0, 0.0])  # norm 5
@@ -239,8 +239,8 @@ def test_held_norm_embedding_serves_the_initialisers_norm():
 def test_template_ids_match_a_tokenizer_with_the_token_added():
     from transformers import AddedToken
 
-    from builders.textual_inversion import TEMPLATES, template_ids
-    from builders.tiny import clip_tokenizer
+    from genshift.builders.textual_inversion import TEMPLATES, template_ids
+    from genshift.builders.tiny import clip_tokenizer
 
     plain, added = clip_tokenizer(pad_token="!"), clip_tokenizer(pad_token="!")
     added.add_tokens([AddedToken("<goldfish-1>", normalized=False)])
@@ -252,8 +252,8 @@ def test_template_ids_match_a_tokenizer_with_the_token_added():
 
 
 def test_textual_inversion_low_precision_and_resume(class_folder, tmp_path, monkeypatch):
-    from builders import textual_inversion as ti
-    from builders.tiny import tiny_sd_components
+    from genshift.builders import textual_inversion as ti
+    from genshift.builders.tiny import tiny_sd_components
 
     comp = tiny_sd_components(sample_size=16)
     comp["unet"].to(torch.bfloat16)  # the GPU setting (fp16 UNet/VAE, fp32 text encoder), bf16 on CPU
@@ -339,7 +339,7 @@ def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, ti
 
 
 def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
-    from benchmark import writer
+    from genshift import writer
 
     out = tmp_path / "suite"
     real = writer.SuiteWriter.write_shard
@@ -379,7 +379,7 @@ def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
 
 
 def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
-    from benchmark import writer
+    from genshift import writer
     out = tmp_path / "suite"
     args = ["build", "imagenet-star", "--smoke", "--out", str(out), "--no-progress", "--images-per-shard", "2"]
     real = writer.SuiteWriter.write_shard
@@ -410,7 +410,7 @@ def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
 
 
 def test_wait_for_other_processes_gives_up_without_progress():
-    from builders.imagenet_star import _wait_for
+    from genshift.builders.imagenet_star import _wait_for
 
     left = [["a", "b"], ["b"], []]
     _wait_for(lambda: left.pop(0), "shard(s)", timeout=5, poll=0)  # progress: returns when nothing is missing

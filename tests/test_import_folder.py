@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmark.cli import main
-from benchmark.reader import LocalSuite
+from genshift.cli import main
+from genshift.reader import LocalSuite
 
 
 def _img(path, color=(10, 20, 30), fmt="JPEG"):
@@ -454,7 +454,7 @@ def test_kill_9_mid_import_then_rerun(tmp_path):
         for i in range(40):
             rgba.save(src / c / f"{i:03d}.png", compress_level=0)
     out = tmp_path / "suite"
-    cmd = [sys.executable, "-m", "benchmark", "import-folder", str(src), "--name", "k", "--out", str(out),
+    cmd = [sys.executable, "-m", "genshift", "import-folder", str(src), "--name", "k", "--out", str(out),
            "--shard-size", "4", "--workers", "2", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
@@ -654,7 +654,7 @@ def test_damaged_images_never_crash_and_what_passes_decodes_as_eval_decodes():
     raises; whatever it accepts is stored as bytes that eval's decode reads, as the check saw them."""
     hypothesis = pytest.importorskip("hypothesis")
     st = hypothesis.strategies
-    from benchmark.importer import check_image, decode_image, stored_bytes
+    from genshift.importer import check_image, decode_image, stored_bytes
 
     cat = _photo("chelsea", (40, 30))
     seeds = []
@@ -784,8 +784,8 @@ def test_image_sides_are_bounded_at_import(tmp_path, capsys):
 def test_image_sides_are_bounded_at_eval_before_any_resize(tmp_path, tiny_checkpoint, capsys):
     """A suite from elsewhere holding the 20000x2 PNG (2 GB once resized) and a 90-megapixel one (over
     Pillow's warning threshold, under its error): one line naming the image, or skipped and counted."""
-    from benchmark.writer import SuiteWriter
-    from data_cards import render_card
+    from genshift.writer import SuiteWriter
+    from genshift.data_cards import render_card
 
     photo = io.BytesIO()
     Image.fromarray(_photo("chelsea", (32, 32))).save(photo, format="JPEG")
@@ -812,7 +812,7 @@ def test_device_decode_checks_jpeg_sides_before_decoding():
     """--decode device reads a JPEG's sides from its header before the device decodes it."""
     import torch
 
-    from eval.inference import DeviceDecoder
+    from genshift.eval.inference import DeviceDecoder
 
     datas = []
     for size in ((32, 32), (20000, 2)):
@@ -830,7 +830,7 @@ def test_device_decode_checks_jpeg_sides_before_decoding():
                                       ((0, 5), False)])
 def test_size_bounds_admit_real_photos(size, ok):
     """The documented bounds: a 61-megapixel photo and a 50:1 panorama pass; one pixel over any bound fails."""
-    from benchmark.pixels import ImageSizeError, check_size
+    from genshift.pixels import ImageSizeError, check_size
 
     if ok:
         check_size(size)

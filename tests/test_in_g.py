@@ -8,12 +8,12 @@ import torch
 import pytest
 from PIL import Image
 
-from benchmark import imagenet
-from benchmark.cli import main
-from benchmark.errors import BenchError
-from benchmark.reader import LocalSuite
-from builders.in_g_mining import CaptionResult, MiningConfig, caption_id, mine_all, mine_caption
-from builders.in_g_prompts import check_caption, class_prompt, read_captions, seed_caption
+from genshift import imagenet
+from genshift.cli import main
+from genshift.errors import BenchError
+from genshift.reader import LocalSuite
+from genshift.builders.in_g_mining import CaptionResult, MiningConfig, caption_id, mine_all, mine_caption
+from genshift.builders.in_g_prompts import check_caption, class_prompt, read_captions, seed_caption
 
 
 @pytest.mark.parametrize("wnid, text", [
@@ -59,7 +59,7 @@ def test_seed_captions_keep_two_sentences_and_the_prefix(tmp_path):
 
 
 def test_tiny_captioner_continues_the_forced_prefix():
-    from builders.captioner import Captioner
+    from genshift.builders.captioner import Captioner
     cap = Captioner.tiny()
     img = Image.new("RGB", (40, 40), (10, 200, 30))
     prefix = class_prompt(imagenet.index_of("n02190166")).text
@@ -76,7 +76,7 @@ def test_captioner_reads_every_new_token_of_decoder_only_and_encoder_decoder_lms
     """BLIP-2 with OPT (the output repeats the prompt) and with T5 (the output is the decoder's,
     started with the prefix): the caption is the prefix + exactly the tokens of a by-hand greedy
     decoding through the model's forward pass (slicing T5's output by the prompt length lost them)."""
-    from builders.captioner import Captioner, normalize
+    from genshift.builders.captioner import Captioner, normalize
 
     cap = Captioner.tiny(lm=lm)
     assert cap.is_encoder_decoder == (lm == "t5")
@@ -135,7 +135,7 @@ def test_mining_keeps_exactly_the_failures_with_cap_and_early_stop():
     res = mine_caption(fly, prompt + " it is on a table.", generate=_fake_generate, classify=classify,
                        cfg=MiningConfig(n_max=40, cap=3, batch_size=4))
     # the kept ones are exactly the (green) failures among the samples drawn, in order
-    from builders.seeding import derive_seed
+    from genshift.builders.seeding import derive_seed
     cid = caption_id(fly, prompt + " it is on a table.")
     green_idx = [i for i in range(40) if np.random.default_rng(derive_seed(0, cid, i)).random() < 0.1]
     assert [a.index for a in res.kept] == green_idx[:3]
@@ -192,7 +192,7 @@ def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint):
     result = json.loads((tmp_path / "runs/in-g-vit/test_resnet.r160_in1k/result.json").read_text())
     rates = result["metrics"]["in_g"]["generated"]
     assert set(rates) == {"top1_error", "top3_failure_rate", "parent_failure_rate"}
-    from eval.suite_open import is_construction_model
+    from genshift.eval.suite_open import is_construction_model
     assert is_construction_model("timm/vit_base_patch16_224.augreg_in1k", ("vit_base_patch16_224.augreg_in1k",))
     assert not is_construction_model("timm/resnet50.a1_in1k", ("resnet50.tv_in1k",))
 
@@ -211,7 +211,7 @@ def test_unknown_target_and_missing_captions(tmp_path, capsys):
 
 
 def test_discover_finds_the_planted_green_caption():
-    from builders.discover import DiscoverConfig, discover
+    from genshift.builders.discover import DiscoverConfig, discover
 
     crayfish, fence = imagenet.index_of("n01985128"), 489  # chainlink fence
     prompt = class_prompt(crayfish).text
@@ -240,7 +240,7 @@ def test_discover_finds_the_planted_green_caption():
 
 
 def test_discover_calls_significance_by_benjamini_hochberg(monkeypatch):
-    from builders import discover as d
+    from genshift.builders import discover as d
     # hand-computed: sorted p 0.01, 0.03, 0.04, 0.2 -> m p/rank 0.04, 0.06, 0.0533, 0.2 -> step-up min from the top
     assert d.bh_qvalues([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.16 / 3, 0.16 / 3, 0.2])
     p_of = {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2}

@@ -7,13 +7,13 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmark.cli import main
-from benchmark.errors import BenchError
-from benchmark.reader import LocalSuite
-from builders.lance_editor import Editor, EditorConfig, align_tokens
-from builders.lance_perturb import (PAPER_TYPES, Edit, edits_from_answer, paper_type, parse_variations, sample_edits,
+from genshift.cli import main
+from genshift.errors import BenchError
+from genshift.reader import LocalSuite
+from genshift.builders.lance_editor import Editor, EditorConfig, align_tokens
+from genshift.builders.lance_perturb import (PAPER_TYPES, Edit, edits_from_answer, paper_type, parse_variations, sample_edits,
                                     word_diff)
-from builders.seeding import derive_seed
+from genshift.builders.seeding import derive_seed
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_perturber_parsing_and_word_diff_on_hand_written_answers():
 
 
 def test_text_filter_with_the_real_sentence_bert():
-    from builders.lance_perturb import TextFilter
+    from genshift.builders.lance_perturb import TextFilter
     f = TextFilter.sentence_bert()
     cap = "a photo of a dog pulling a sled on the grass"
     keep = lambda new: f.check(Edit("x", cap, new, *word_diff(cap, new)), "dog sled")[0]  # noqa: E731
@@ -127,8 +127,8 @@ def test_sources_from_a_gated_hub_dataset_at_a_resolved_commit(tmp_path, caplog)
     from datasets import Image as ImageFeature
     from huggingface_hub import HfApi
 
-    from benchmark import imagenet
-    from builders.lance_sources import find_hub_sources, load_crop
+    from genshift import imagenet
+    from genshift.builders.lance_sources import find_hub_sources, load_crop
     from tests.fakehub import FakeHub
 
     wnids = ("n03218198", "n04356056")  # dog sled (537), sunglasses (837)
@@ -163,8 +163,8 @@ def test_sources_from_a_gated_hub_dataset_at_a_resolved_commit(tmp_path, caplog)
 
 
 def test_sources_report_missing_classes_and_read_flat_layouts(tmp_path):
-    from benchmark.suites import HARD_IMAGENET_WNIDS
-    from builders.lance_sources import find_sources, load_crop
+    from genshift.suites import HARD_IMAGENET_WNIDS
+    from genshift.builders.lance_sources import find_sources, load_crop
     root = tmp_path / "val"
     for w in HARD_IMAGENET_WNIDS[:14]:
         (root / w).mkdir(parents=True)
@@ -187,14 +187,14 @@ def test_sources_report_missing_classes_and_read_flat_layouts(tmp_path):
 
 
 def test_checks_choose_the_best_passing_f():
-    from builders.lance_checks import CheckScores, choose
+    from genshift.builders.lance_checks import CheckScores, choose
     s = [CheckScores(0.4, 0.9, 0.3, 0.3, 0.25, 0.3, 0.2, True), CheckScores(0.6, 0.9, 0.3, 0.3, 0.4, 0.3, 0.2, True),
          CheckScores(0.8, 0.5, 0.3, 0.3, 0.9, 0.3, 0.2, False)]
     assert choose(s).f == 0.6 and choose(s[2:]) is None
 
 
 def test_clusters_rank_by_mean_delta_p():
-    from eval.lance_insight import cluster_edits
+    from genshift.eval.lance_insight import cluster_edits
     rng = np.random.default_rng(0)
     a = rng.normal([5, 0, 0], 0.1, (10, 3))
     b = rng.normal([0, 5, 0], 0.1, (12, 3))
@@ -287,13 +287,13 @@ def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
     result = json.loads((tmp_path / "runs/lance-hardimagenet/test_resnet.r160_in1k/result.json").read_text())
     lance = result["metrics"]["lance"]
     assert lance["n_pairs"] == len(cf)  # a Δp for every pair
-    from eval.metrics import paper_edit_type  # Δp is reported by the paper's five types (weather in background)
+    from genshift.eval.metrics import paper_edit_type  # Δp is reported by the paper's five types (weather in background)
     assert set(lance["delta_p_by_edit_type"]) == {paper_edit_type(r["edit_type"]) for r in cf}
     assert result["analysis"]["lance_edit_clusters"]["clusters"]
 
 
 def _manifest_sha(out) -> str:
-    from benchmark.suite_format import Manifest
+    from genshift.suite_format import Manifest
     return Manifest.load(out).sha256
 
 
@@ -302,7 +302,7 @@ def test_each_stage_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path, monk
     resumed stage never loads the models of the stages done (no captioner once every caption is on disk),
     runs only the images not done, and the suite has the bytes of an uninterrupted build (each image's plan
     goes through its JSON checkpoint)."""
-    from builders import lance
+    from genshift.builders import lance
 
     args = ["build", "lance-hardimagenet", "--smoke", "--no-progress", "--max-edits", "1"]
     assert main(args + ["--out", str(tmp_path / "whole")]) == 0
@@ -349,7 +349,7 @@ def test_rows_of_an_older_builder_are_refused_before_any_shard_is_written(tmp_pa
     made with other models: the build stops with one line naming --overwrite, before writing any shard."""
     import pyarrow.parquet as pq
 
-    from builders import lance
+    from genshift.builders import lance
 
     out = tmp_path / "suite"
     args = ["build", "lance-hardimagenet", "--smoke", "--no-progress", "--max-edits", "1", "--out", str(out)]
@@ -375,7 +375,7 @@ def test_rows_of_an_older_builder_are_refused_before_any_shard_is_written(tmp_pa
 
 
 def test_an_unreadable_plan_is_made_again_and_nan_scores_keep_their_value(tmp_path):
-    from builders.lance import _load_plan, _save_plan
+    from genshift.builders.lance import _load_plan, _save_plan
 
     p = tmp_path / "x.plan.json"
     assert _load_plan(p) is None
@@ -392,7 +392,7 @@ def test_each_stage_holds_only_its_own_models(tmp_path, monkeypatch):
     CLIP load: a build holds one stage's models at a time (the four together need 31 GiB, docs/performance.md)."""
     import weakref
 
-    from builders import lance
+    from genshift.builders import lance
 
     alive: dict[str, weakref.ref] = {}
     seen = []

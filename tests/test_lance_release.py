@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from builders.lance_litllama import convert_release, lit_llama_to_hf
+from genshift.builders.lance_litllama import convert_release, lit_llama_to_hf
 
 D, N_HEAD, LAYERS, FF, R, ALPHA = 16, 2, 2, 24, 2, 4
 
@@ -82,7 +82,7 @@ def test_converted_llama_reproduces_the_lit_llama_forward_with_lora():
 
 
 def test_bad_lit_llama_files_are_one_clear_error():
-    from benchmark.errors import BenchError
+    from genshift.errors import BenchError
 
     base, lora = tiny_lit_llama(vocab=50)
     with pytest.raises(BenchError, match="not a lit-llama checkpoint: no 'transformer.wte.weight'"):
@@ -96,7 +96,7 @@ def test_release_folder_loads_with_transformers_and_prompts_without_examples(tmp
     import sentencepiece as spm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from builders.lance_perturb import Perturber, perturb_prompt
+    from genshift.builders.lance_perturb import Perturber, perturb_prompt
 
     corpus = ["a photo of a dog pulling a sled on the grass in the snow", "### Variations: a cat on a table",
               "Below is an instruction that describes a task"] * 30
@@ -126,7 +126,7 @@ def test_released_files_are_downloaded_at_a_resolved_commit_and_converted_once(t
     import sentencepiece as spm
     from huggingface_hub import HfApi
 
-    from builders import lance_litllama as ll
+    from genshift.builders import lance_litllama as ll
     from tests.fakehub import FakeHub
 
     spm.SentencePieceTrainer.train(sentence_iterator=iter(["a photo of a dog on the grass"] * 20),

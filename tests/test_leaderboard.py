@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from leaderboard import aggregate
-from leaderboard.store import load_store
-from leaderboard.synthetic import ARCHS, make_store, write_model
+from genshift.leaderboard import aggregate
+from genshift.leaderboard.store import load_store
+from genshift.leaderboard.synthetic import ARCHS, make_store, write_model
 
 APP = os.path.join(os.path.dirname(__file__), "..", "leaderboard", "app.py")
 XSS = "<script>alert(1)</script>"
@@ -75,7 +75,7 @@ VERIFIED = sorted([f"timm/{a}.{t}-v{i}" for i, (a, t, _) in enumerate(ARCHS)] + 
 
 def _sign_stamp(result_path, key_path):
     """A maintainer's signed stamp for a synthetic entry (no model to re-run; the format of `bench verify --sign`)."""
-    from leaderboard.synthetic import sign_entry
+    from genshift.leaderboard.synthetic import sign_entry
     sign_entry(result_path, key_path)
 
 
@@ -148,7 +148,7 @@ def test_aggregation_ranks_fits_and_metadata(store_dir):
     for r in ranks.values():
         assert r.lo <= r.rank <= r.hi
     fits = aggregate.slope_fits(entries)
-    from eval.slope import slope_table
+    from genshift.eval.slope import slope_table
     assert fits == slope_table([e.result for e in entries])  # the same function as `bench slope`
 
 
@@ -304,7 +304,7 @@ def test_app_empty_store_and_missing_store(tmp_path):
 def test_cli_bad_store_and_port_in_use(tmp_path, capsys):
     import socket
 
-    from benchmark.cli import main
+    from genshift.cli import main
     assert main(["leaderboard", "--results", str(tmp_path / "nope")]) != 0
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "s").mkdir()
@@ -374,10 +374,10 @@ def test_real_browser_renders_the_leaderboard(store_dir, tmp_path):
 def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_suite, tiny_checkpoint, capsys):
     from huggingface_hub import HfApi
 
-    from benchmark.cli import main
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
-    from leaderboard.submit import submit
+    from genshift.cli import main
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift.leaderboard.submit import submit
     from tests.fakehub import FakeHub
 
     _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
@@ -400,16 +400,16 @@ def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_sui
         result = json.loads(rpath.read_text())
         result["metrics"]["configs"]["base"]["acc1"]["value"] = 0.99
         rpath.write_text(json.dumps(result))
-        from benchmark.errors import BenchError
+        from genshift.errors import BenchError
         with pytest.raises(BenchError, match="does not verify .*metrics.configs.base.acc1"):
             submit(rpath.parent, "org/results", endpoint=fh.endpoint, token="t")
         assert fh.repos[("dataset", "org/results")].prs == 1  # the refused submission opened nothing
 
 
 def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoint, capsys):
-    from benchmark.cli import main
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.cli import main
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
                                     out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
@@ -426,7 +426,7 @@ def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoi
 
 
 def test_csv_download_defuses_spreadsheet_formulas():
-    from leaderboard.export import to_csv_bytes
+    from genshift.leaderboard.export import to_csv_bytes
     view = pd.DataFrame({"model": ["=HYPERLINK(\"http://x\")", "@SUM(A1)", "resnet50.a1_in1k", "-2+3", "-"],
                          "acc1/base": [0.5, -0.25, 0.75, float("nan"), 0.1], "verified": [True, False, True, True, True]})
     back = pd.read_csv(io.BytesIO(to_csv_bytes(view)), keep_default_na=False, na_values=[""])
@@ -463,8 +463,8 @@ def test_ranks_follow_each_familys_headline_metric():
     assert higher and point == pytest.approx([2 / 5 - 1 / 3, 2 / 5 - 1, 2 / 5 - 2 / 3]) and reps.shape == (200, 3)
     ranks = aggregate.compute_rank_intervals(entries, family="lance", configs=[], n_boot=200)
     assert [ranks[m].rank for m in models] == [1, 3, 2]
-    # the same Δ (and replicates) as the result's own metric for one model (eval.scoring)
-    from eval.scoring import ScoringOptions, delta_acc_replicates, lance_pair_weights
+    # the same Δ (and replicates) as the result's own metric for one model (genshift.eval.scoring)
+    from genshift.eval.scoring import ScoringOptions, delta_acc_replicates, lance_pair_weights
     w = lance_pair_weights(3, ScoringOptions(n_boot=200, seed=0))
     one = delta_acc_replicates(np.array([[1], [0], [0]]), np.array([[1], [1], [0], [0], [0]]),
                                np.array([0, 0, 1, 2, 2]), np.ones(3, bool), w)
@@ -495,8 +495,8 @@ def test_superseding_is_decided_by_the_maintainers_signature_never_by_result_fie
     A store's folder belongs to one (suite, model) (``store.misfiled``), so such copies cannot sit side by
     side in a store today; the rule is checked on its own here, with the folder rule switched off, as the
     defence behind it."""
-    from eval import stamps
-    from leaderboard import store as store_mod
+    from genshift.eval import stamps
+    from genshift.leaderboard import store as store_mod
 
     monkeypatch.setattr(store_mod, "misfiled", lambda path, result: "")
 
@@ -520,7 +520,7 @@ def test_superseding_is_decided_by_the_maintainers_signature_never_by_result_fie
                 (dst / "verification.json").write_bytes(
                     canonical_json(stamps.sign(s, stamps.load_private_key(signer))))
 
-    from benchmark.fsutil import canonical_json
+    from genshift.fsutil import canonical_json
     entry("m-genuine", "timm/m", "2026-01-01T00:00:00+00:00", key, "2026-02-01T00:00:00+00:00")
     entry("m-resigned", "timm/m", "2025-01-01T00:00:00+00:00", key, "2026-03-01T00:00:00+00:00")
     entry("a-m-9999", "timm/m", "9999-12-31T23:59:59+00:00")                   # unsigned, sorts first
@@ -534,7 +534,7 @@ def test_superseding_is_decided_by_the_maintainers_signature_never_by_result_fie
     assert set(reasons) == {"m-genuine", "a-m-9999", "a-m-forged", "u-b"}
     assert "stamp signed later" in reasons["m-genuine"] and "first path" in reasons["u-b"]
     # the same order whatever order the entries were checked in (the index and the cold board reassemble them)
-    from leaderboard.store import Store, assemble
+    from genshift.leaderboard.store import Store, assemble
     every = store.entries + store.superseded
     again = assemble(Store(source="x", root=root, revision=None), list(reversed(every)))
     assert {e.model_id: e.path.parent.name for e in again.entries} == shown

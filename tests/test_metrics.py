@@ -5,10 +5,10 @@ import pyarrow as pa
 import pytest
 from scipy.stats import norm
 
-from benchmark.errors import BenchError
-from eval import bootstrap, metrics
-from eval.predictions import PredictionBlock, schema
-from eval.scoring import ScoringOptions, score
+from genshift.errors import BenchError
+from genshift.eval import bootstrap, metrics
+from genshift.eval.predictions import PredictionBlock, schema
+from genshift.eval.scoring import ScoringOptions, score
 
 
 def test_acc_at_k_hand_case_and_naive_loop():
@@ -45,7 +45,7 @@ def test_absolute_impact_sign():
 
 
 def test_in_g_failures_hand_made():
-    from benchmark import imagenet
+    from genshift import imagenet
     crayfish, dungeness, king_crab = 124, 118, 121
     tench, goldfish, persian, lynx = 0, 1, 283, 287
     fly, bee, ladybug = imagenet.index_of("n02190166"), imagenet.index_of("n02206856"), imagenet.index_of("n02165456")
@@ -126,7 +126,7 @@ def test_two_models_differing_on_3_of_1000_images_have_paired_intervals():
     P(<= 7) = 0.988, so the 95 % interval of the difference is [0, 0.7] pp around 0.3 pp; the
     replicates of A and B correlate at about 1 - 0.17^2 / (2 * 1.3^2) = 0.99.
     """
-    from eval.scoring import outcome_replicates
+    from genshift.eval.scoring import outcome_replicates
 
     rng = np.random.default_rng(0)
     a = rng.random(1000) < 0.8
@@ -277,9 +277,9 @@ def test_empty_config_gives_nulls():
     assert out["configs"]["x"]["acc1"] == {"value": None, "ci": None, "n": 0}
 
 
-@pytest.mark.parametrize("module, at_least", [("eval.metrics", 9), ("eval.scoring", 3), ("eval.slope", 1),
-                                               ("builders.discover", 1),
-                                               ("builders.lance_perturb", 2)])
+@pytest.mark.parametrize("module, at_least", [("genshift.eval.metrics", 9), ("genshift.eval.scoring", 3), ("genshift.eval.slope", 1),
+                                               ("genshift.builders.discover", 1),
+                                               ("genshift.builders.lance_perturb", 2)])
 def test_doctests(module, at_least):
     """The hand-computed cases in the docstrings (metric equations, Δacc replicates, BH, word diff)."""
     import doctest
@@ -308,8 +308,8 @@ def test_shift_impact_is_a_shifts_drop_averaged_over_models_by_hand(tmp_path, ca
     """
     import json
 
-    from benchmark.cli import main
-    from eval.slope import shift_impact, shift_impact_table
+    from genshift.cli import main
+    from genshift.eval.slope import shift_impact, shift_impact_table
 
     results = [_star_result("m0", 0.9, {"in_the_snow": 0.8, "at_dusk": 0.6}),
                _star_result("m1", 0.8, {"in_the_snow": 0.6, "at_dusk": 0.8}),

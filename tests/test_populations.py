@@ -6,11 +6,11 @@ import pytest
 import timm
 from timm.models import get_pretrained_cfg
 
-from benchmark.cli import main
-from benchmark.errors import BenchError
-from benchmark.model_ids import model_key
-from benchmark.populations import get_population, list_populations
-from eval.model_list import resolve_models
+from genshift.cli import main
+from genshift.errors import BenchError
+from genshift.model_ids import model_key
+from genshift.populations import get_population, list_populations
+from genshift.eval.model_list import resolve_models
 
 
 def test_every_public_member_is_a_pretrained_1000_class_timm_tag():
@@ -43,7 +43,7 @@ def test_models_takes_a_population_by_name(caplog):
     specs, _ = resolve_models(None, models_file="lance-table2")
     assert [s.name for s in specs] == ["resnet50.a1_in1k", "vit_base_patch16_224.augreg_in21k_ft_in1k",
                                        "convnext_base.fb_in1k"]
-    with caplog.at_level(logging.INFO, logger="benchmark.populations"):
+    with caplog.at_level(logging.INFO, logger="genshift.populations"):
         specs, _ = resolve_models(None, models_file="in-g-fig4")
     assert len(specs) == 5 and all(s.checkpoint is None for s in specs)
     assert "RN2" in caplog.text and "bench eval --model resnet50=<file>" in caplog.text

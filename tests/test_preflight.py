@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmark.cli import main
-from builders import meta_memory
-from builders import preflight as pf
-from builders import real_models as rm
+from genshift.cli import main
+from genshift.builders import meta_memory
+from genshift.builders import preflight as pf
+from genshift.builders import real_models as rm
 
 # published parameter counts (model cards / papers / the libraries' own tables)
 SD2_UNET = 865_910_724        # stabilityai/stable-diffusion-2(-1-base) unet
@@ -86,7 +86,7 @@ def _stage(suite, args, name):
 
 
 def test_models_loaded_at_once_add_their_weights_per_stage_group():
-    """LANCE holds one stage's models at a time (builders.lance): the captioner, then the perturber (with CLIP
+    """LANCE holds one stage's models at a time (genshift.builders.lance): the captioner, then the perturber (with CLIP
     for the CLIP text filter), then the editor with CLIP; the largest of these sets is what must fit. ImageNet*
     holds its generator and CLIP together."""
     from types import SimpleNamespace

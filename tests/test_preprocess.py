@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmark.errors import BenchError
+from genshift.errors import BenchError
 
 
 def _stripes(width=448, height=224):
@@ -20,8 +20,8 @@ def test_lance_square_squashes_the_whole_image_to_224_without_a_crop():
     import timm
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-    from eval.inference import make_transform
-    from eval.models import eval_transform
+    from genshift.eval.inference import make_transform
+    from genshift.eval.models import eval_transform
 
     model = timm.create_model("resnet18.tv_in1k", pretrained=False)  # timm config: 224, crop_pct 0.875
     square_cfg, square = eval_transform(model, "lance-square")
@@ -48,9 +48,9 @@ def test_lance_square_squashes_the_whole_image_to_224_without_a_crop():
 
 
 def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path, toy_suite, tiny_checkpoint):
-    from benchmark.cli import main
-    from eval.results import config_hash, load_result
-    from eval.verify import verify_result
+    from genshift.cli import main
+    from genshift.eval.results import config_hash, load_result
+    from genshift.eval.verify import verify_result
 
     code = main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
                  str(toy_suite), "--preprocess", "lance-square", "--out", str(tmp_path), "--workers", "0",
@@ -77,7 +77,7 @@ def test_lance_square_normalises_every_model_with_imagenet_mean_std_as_the_autho
     import timm
     from PIL import Image
 
-    from eval.models import eval_transform
+    from genshift.eval.models import eval_transform
 
     model = timm.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k", pretrained=False)
     assert tuple(model.pretrained_cfg["mean"]) == (0.5, 0.5, 0.5)

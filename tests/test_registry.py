@@ -1,8 +1,8 @@
 import pytest
 
-from benchmark.errors import NotFoundError
-from benchmark.registry import Registry
-from benchmark.suites import SuiteSpec, get_suite, imagenet_star_shifts, list_suites
+from genshift.errors import NotFoundError
+from genshift.registry import Registry
+from genshift.suites import SuiteSpec, get_suite, imagenet_star_shifts, list_suites
 
 
 def test_registry_is_strict():
@@ -37,7 +37,7 @@ def test_spec_validates_revision():
 
 
 def test_cli_suites(capsys):
-    from benchmark.cli import main
+    from genshift.cli import main
     assert main(["suites", "in-g-*"]) == 0
     out = capsys.readouterr().out
     assert "in-g-rn" in out and "in-g-vit" in out and "imagenet-star" not in out

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from benchmark import imagenet
-from benchmark.cli import main
-from eval.reproduce import reported
-from eval.results import write_result
+from genshift import imagenet
+from genshift.cli import main
+from genshift.eval.reproduce import reported
+from genshift.eval.results import write_result
 from tests.resultkit import predictions, scored_result
 
 

@@ -16,24 +16,24 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from benchmark.cli import main
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import canonical_json, sha256_file
-from eval import stamps
-from eval.predictions import read_predictions
-from eval.results import config_hash
-from eval.scoring import ScoringOptions, score
-from eval.suite_trust import TrustedSuites
-from eval.verify import verify_result
-from leaderboard.store import load_store
+from genshift.cli import main
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import canonical_json, sha256_file
+from genshift.eval import stamps
+from genshift.eval.predictions import read_predictions
+from genshift.eval.results import config_hash
+from genshift.eval.scoring import ScoringOptions, score
+from genshift.eval.suite_trust import TrustedSuites
+from genshift.eval.verify import verify_result
+from genshift.leaderboard.store import load_store
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, tiny_checkpoint):
     """One honest run of the tiny model on a 2-config suite (40 images each), made once per module."""
-    from benchmark.synthetic import make_synthetic_suite
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.synthetic import make_synthetic_suite
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     root = tmp_path_factory.mktemp("made")
     make_synthetic_suite(root / "suite", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
@@ -153,7 +153,7 @@ def test_honest_result_verifies_against_the_suite_and_says_what_it_trusted(run, 
 
 
 def test_unknown_suite_is_rejected_when_the_store_names_its_suites(run, tmp_path):
-    from benchmark.synthetic import make_synthetic_suite
+    from genshift.synthetic import make_synthetic_suite
 
     make_synthetic_suite(tmp_path / "other", suite_id="other", configs=("base",), classes=range(3), per_class=2)
     strict = load_store(str(run.parent.parent), suites=[tmp_path / "other"])
@@ -210,8 +210,8 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
     """Real EfficientNet-Lite0 weights (peaked outputs, unlike a random tiny model): a forgery that keeps
     every row self-consistent and the rows digest intact is seen only by the re-run, which compares whole rows,
     and whose images are drawn from the suite, so rows dropped behind `skipped` counts are drawn too."""
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     suite = made[0]
     _, path = evaluate(EvalRequest(model="tf_efficientnet_lite0", suite=str(suite), checkpoint=lite0_weights,
@@ -331,7 +331,7 @@ def test_the_store_cache_lives_outside_the_store(run, made, tmp_path):
 
 
 def test_int_model_id_is_rejected_with_a_reason_everywhere(run, made, capsys):
-    from leaderboard.submit import submit
+    from genshift.leaderboard.submit import submit
 
     r = json.loads((run / "result.json").read_text())
     r["model"]["id"] = 12345
@@ -566,11 +566,11 @@ def test_fuzzed_predictions_recomputed_by_the_forger_never_pass(made, trusted, t
 def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trust_root(tmp_path, tiny_checkpoint,
                                                                                         capsys):
     """A manifest carrying rows digests (format 1.1) is enough to check a result: no images, no rows."""
-    from benchmark.reader import LocalSuite
-    from benchmark.suite_format import rows_digest
-    from benchmark.synthetic import make_synthetic_suite
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.reader import LocalSuite
+    from genshift.suite_format import rows_digest
+    from genshift.synthetic import make_synthetic_suite
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     suite = tmp_path / "suite"
     make_synthetic_suite(suite, suite_id="small", configs=("base",), classes=range(3), per_class=3)
@@ -616,8 +616,8 @@ def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trus
 def test_signing_refuses_a_partial_run_with_one_line(made, tiny_checkpoint, tmp_path, capsys):
     """A run with --limit-per-class is honest but partial: `verify --sign` refuses it before re-running any
     image, and the stamp maker behind `bench review` refuses it too, so it can never carry a badge."""
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(made[0]), checkpoint=str(tiny_checkpoint),
                                    out=str(tmp_path / "runs"),
@@ -644,7 +644,7 @@ def test_signing_refuses_a_partial_run_with_one_line(made, tiny_checkpoint, tmp_
     ("num_params", 10**15, "outside"),
 ])
 def test_schema_rejects_display_tricks_and_absurd_sizes(run, where, value, why):
-    from eval.results import MAX_NUM_PARAMS, parse_result
+    from genshift.eval.results import MAX_NUM_PARAMS, parse_result
 
     r = json.loads((run / "result.json").read_text())
     parse_result(canonical_json(r), where="ok")  # the honest result passes

@@ -13,10 +13,10 @@ from tests.fakehub import FakeHub
 def _rewrite(run_dir, change=None, tables=None):
     """Edit a result as a forger would and make it self-consistent again: predictions sha256, every metric and
     the config hash recomputed (``tables``: config -> predictions table to write first)."""
-    from benchmark.fsutil import canonical_json, sha256_file
-    from eval.predictions import read_predictions
-    from eval.results import config_hash
-    from eval.scoring import ScoringOptions, score
+    from genshift.fsutil import canonical_json, sha256_file
+    from genshift.eval.predictions import read_predictions
+    from genshift.eval.results import config_hash
+    from genshift.eval.scoring import ScoringOptions, score
 
     path = run_dir / "result.json"
     r = json.loads(path.read_text())
@@ -55,12 +55,12 @@ def _forge(path):
 def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suite, tiny_checkpoint, capsys):
     from huggingface_hub import HfApi
 
-    from eval import stamps
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
-    from eval.verify import verify_result
-    from leaderboard.review import MARKER, review
-    from leaderboard.submit import submit
+    from genshift.eval import stamps
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift.eval.verify import verify_result
+    from genshift.leaderboard.review import MARKER, review
+    from genshift.leaderboard.submit import submit
 
     _, good = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
                                    out=str(tmp_path / "runs"), inference=InferenceOptions(batch_size=40, workers=0,
@@ -113,7 +113,7 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         assert sum(m == "POST" for m, _ in hub.requests) == posts
 
         # the merged store shows the entry as verified by the trusted key
-        from leaderboard.store import load_store
+        from genshift.leaderboard.store import load_store
         snap = api.snapshot_download("org/results", repo_type="dataset", local_dir=tmp_path / "snap")
         store = load_store(snap, trusted_keys=trusted, suites=[str(toy_suite)])
         assert [e.verified for e in store.entries] == [True], [e.note for e in store.entries]
@@ -123,9 +123,9 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
 def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, capsys):
     from huggingface_hub import CommitOperationAdd, HfApi, constants
 
-    from benchmark.cli import main
-    from eval import stamps
-    from leaderboard.review import Reviewer, review, watch
+    from genshift.cli import main
+    from genshift.eval import stamps
+    from genshift.leaderboard.review import Reviewer, review, watch
 
     stamps.generate_key(tmp_path / "k")
     with FakeHub() as hub:
@@ -155,7 +155,7 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, caps
 
 
 def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
-    from benchmark.cli import main
+    from genshift.cli import main
     assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "nope.key")]) != 0
     err = capsys.readouterr().err
     assert err.startswith("error:") and "bench keygen" in err and len(err.strip().splitlines()) == 1
@@ -174,10 +174,10 @@ USERS = {"tok-maint": "maintainer", "tok-alice": "alice", "tok-mallory": "mallor
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, tiny_checkpoint):
     """A toy suite, one honest run of ``test_resnet.r160_in1k`` on it (local weights) and the maintainer key."""
-    from benchmark.synthetic import make_synthetic_suite
-    from eval import stamps
-    from eval.inference import InferenceOptions
-    from eval.runner import EvalRequest, evaluate
+    from genshift.synthetic import make_synthetic_suite
+    from genshift.eval import stamps
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     root = tmp_path_factory.mktemp("review")
     make_synthetic_suite(root / "toy", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
@@ -240,7 +240,7 @@ def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
     """``bench review`` through the CLI, against the local Hub as the maintainer's account."""
     from huggingface_hub import constants
 
-    from benchmark.cli import main
+    from genshift.cli import main
 
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT sets at import
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
@@ -252,22 +252,22 @@ def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
 @pytest.fixture
 def reruns(monkeypatch):
     """Every image re-run ``bench review`` asks for (``verify_result`` with ``recheck``), by result path."""
-    import eval.verify
+    import genshift.eval.verify
 
-    calls, real = [], eval.verify.verify_result
+    calls, real = [], genshift.eval.verify.verify_result
 
     def counting(path, **kw):
         if kw.get("recheck"):
             calls.append(str(path))
         return real(path, **kw)
-    monkeypatch.setattr(eval.verify, "verify_result", counting)
+    monkeypatch.setattr(genshift.eval.verify, "verify_result", counting)
     return calls
 
 
 def test_forged_and_copied_review_markers_are_not_believed(made, tmp_path, monkeypatch, capsys, tiny_checkpoint,
                                                            reruns):
-    from eval import stamps
-    from leaderboard.review import Reviewer
+    from genshift.eval import stamps
+    from genshift.leaderboard.review import Reviewer
 
     entry = "toy/test_resnet.r160_in1k"
     stamps.generate_key(tmp_path / "alice.key")
@@ -336,7 +336,7 @@ def test_forged_and_copied_review_markers_are_not_believed(made, tmp_path, monke
 def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch, capsys, tiny_checkpoint, reruns):
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from leaderboard.store import load_store
+    from genshift.leaderboard.store import load_store
 
     own = "toy/test_resnet.r160_in1k"
     other = _copy(made, tmp_path, "other", lambda r: r["model"].update(id="timm/other_model.in1k"))
@@ -464,7 +464,7 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
         assert len(reruns) == tried + 1
 
         # --merge merges only the commit that was reviewed: a push between the review and the merge stops it
-        from leaderboard.review import Outcome, Reviewer
+        from genshift.leaderboard.review import Outcome, Reviewer
         late = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v4", lambda r: r.update(notes="v4")), entry))
         reviewed = _head(hub, late)
         _push(hub, "tok-alice", late, _entry_ops(_copy(made, tmp_path, "v5", lambda r: r.update(notes="v5")), entry))
@@ -477,7 +477,7 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
 def test_review_exits_non_zero_only_when_the_service_fails(made, monkeypatch, capsys):
     from huggingface_hub import constants
 
-    from benchmark.cli import main
+    from genshift.cli import main
 
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("HF_TOKEN", "tok-maint")
@@ -495,9 +495,9 @@ def test_review_exits_non_zero_only_when_the_service_fails(made, monkeypatch, ca
 
 
 def test_a_crash_in_a_check_is_no_answer_and_is_retried(made, monkeypatch, capsys, tiny_checkpoint):
-    import eval.verify
+    import genshift.eval.verify
 
-    real = eval.verify.verify_result
+    real = genshift.eval.verify.verify_result
 
     def crash(path, **kw):
         if kw.get("recheck"):
@@ -506,16 +506,16 @@ def test_a_crash_in_a_check_is_no_answer_and_is_retried(made, monkeypatch, capsy
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], "toy/test_resnet.r160_in1k"))
-        monkeypatch.setattr(eval.verify, "verify_result", crash)
+        monkeypatch.setattr(genshift.eval.verify, "verify_result", crash)
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 1  # the service failed
         assert "RuntimeError: CUDA error" in capsys.readouterr().out and _comments(hub, pr) == []  # no answer
-        monkeypatch.setattr(eval.verify, "verify_result", real)
+        monkeypatch.setattr(genshift.eval.verify, "verify_result", real)
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0  # retried
         assert "passed" in capsys.readouterr().out and "Verification passed" in _comments(hub, pr)[-1][1]
 
 
 def test_entry_folders_are_derived_from_the_ids():
-    from eval.results import entry_dir, path_slug
+    from genshift.eval.results import entry_dir, path_slug
 
     assert path_slug("timm/resnet50.a1_in1k") == "timm--resnet50.a1_in1k" == path_slug("timm--resnet50.a1_in1k")
     assert path_slug("ré/x y") == "r----x--y"  # ASCII only: the folder names the results repo accepts
@@ -564,10 +564,10 @@ def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_
     """The submitter pushes while the images are re-run: the stamps are not committed on top of the unreviewed
     push (the Hub refuses the stale parent), nothing is commented, the run exits 0; the next run reviews the
     new head."""
-    import eval.verify
+    import genshift.eval.verify
 
     entry = "toy/test_resnet.r160_in1k"
-    real = eval.verify.verify_result
+    real = genshift.eval.verify.verify_result
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
@@ -577,14 +577,14 @@ def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_
             if kw.get("recheck"):
                 _push(hub, "tok-alice", pr, _entry_ops(v2, entry))
             return real(path, **kw)
-        monkeypatch.setattr(eval.verify, "verify_result", push_meanwhile)
+        monkeypatch.setattr(genshift.eval.verify, "verify_result", push_meanwhile)
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
         assert "moved" in capsys.readouterr().out
         repo = hub.repos[("dataset", "org/results")]
         assert _comments(hub, pr) == [] and repo.discussions[pr]["status"] == "open"
         assert not any(p.endswith("verification.json") for p in repo.commits[_head(hub, pr)].files)
 
-        monkeypatch.setattr(eval.verify, "verify_result", real)
+        monkeypatch.setattr(genshift.eval.verify, "verify_result", real)
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
         capsys.readouterr()
         assert repo.discussions[pr]["status"] == "merged"
@@ -641,11 +641,11 @@ def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, 
 def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download(made, monkeypatch, capsys, reruns):
     """`.gitattributes` changed or deleted, a predictions file whose name has a space or non-ASCII letters, a
     result over the size limit: each fails with the offending path, and nothing reaches the image re-run."""
-    import leaderboard.store
+    import genshift.leaderboard.store
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     entry = "toy/test_resnet.r160_in1k"
-    monkeypatch.setattr(leaderboard.store, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test
+    monkeypatch.setattr(genshift.leaderboard.store, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         prs = {
@@ -672,7 +672,7 @@ def test_a_pr_with_too_many_entries_is_refused_before_any_download(made, monkeyp
     for hours; it is answered at once, saying to split it."""
     from huggingface_hub import CommitOperationAdd
 
-    from leaderboard.review import MAX_ENTRIES_PER_PR
+    from genshift.leaderboard.review import MAX_ENTRIES_PER_PR
 
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
@@ -712,7 +712,7 @@ def test_a_marker_is_bound_to_its_repo(made):
     same PR number and head of the other by the same account, is not believed there."""
     from types import SimpleNamespace
 
-    from leaderboard.review import Reviewer
+    from genshift.leaderboard.review import Reviewer
 
     head = "ab" * 20
     staging = Reviewer("org/staging", key_path=str(made[2]), endpoint="http://127.0.0.1:9")

@@ -7,12 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import ClassLabel, Image, Value, load_dataset
 
-from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError, NotFoundError
-from benchmark.reader import LocalSuite, read_row_group
-from benchmark.suite_format import FORMAT_VERSION, Manifest
-from benchmark.synthetic import make_synthetic_suite
-from benchmark.writer import SuiteWriter
+from genshift import imagenet
+from genshift.errors import BenchError, IntegrityError, NotFoundError
+from genshift.reader import LocalSuite, read_row_group
+from genshift.suite_format import FORMAT_VERSION, Manifest
+from genshift.synthetic import make_synthetic_suite
+from genshift.writer import SuiteWriter
 
 
 def test_round_trip_features_rows_and_manifest(toy_suite):
@@ -105,7 +105,7 @@ def test_plain_pyarrow_parquet_is_rejected(tmp_path, toy_suite):
     t = pq.read_table(toy_suite / rel)
     pq.write_table(t.replace_schema_metadata(None), toy_suite / rel)
     raw = json.loads((toy_suite / "manifest.json").read_text())
-    from benchmark.fsutil import sha256_file
+    from genshift.fsutil import sha256_file
     raw["files"][rel] = {"size": (toy_suite / rel).stat().st_size, "sha256": sha256_file(toy_suite / rel)}
     (toy_suite / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(IntegrityError, match="no 'huggingface' schema metadata"):
@@ -182,13 +182,13 @@ def test_bad_config_name(tmp_path):
 
 
 def test_manifest_hash_is_hash_of_file_bytes(toy_suite):
-    from benchmark.fsutil import sha256_file
+    from genshift.fsutil import sha256_file
     m = Manifest.load(toy_suite)
     assert m.sha256 == sha256_file(toy_suite / "manifest.json")
 
 
 def test_vectorised_rows_digest_equals_the_reference():
-    from benchmark.suite_format import rows_digest, rows_digest_table
+    from genshift.suite_format import rows_digest, rows_digest_table
 
     ids = ['a"b', "é/ü", "x\\y", "tab\there", "\x01ctrl", "z", "€uro", "😀", "ab", "a", "new\nline", "ｆｕｌｌ"]
     labels = [(7 * i) % 1000 for i in range(len(ids))]
@@ -209,7 +209,7 @@ WORKED_EXAMPLE = "7add674a465aed9d1a1232b3f4215b09646d825f0e3b9ca22e1d3f9250f781
 @pytest.mark.parametrize("rows, bucket", [(0, "n<1K"), (999, "n<1K"), (1000, "1K<n<10K"), (40_000, "10K<n<100K"),
                                           (1_200_000, "1M<n<10M")])
 def test_card_size_categories(rows, bucket):
-    from data_cards import size_category
+    from genshift.data_cards import size_category
 
     assert size_category(rows) == bucket
 
@@ -220,8 +220,8 @@ def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path
     import os
     import threading
 
-    from benchmark import reader
-    from benchmark.reader import RowGroup
+    from genshift import reader
+    from genshift.reader import RowGroup
 
     rows, per_group = 6000, 50
     pq.write_table(pa.table({"i": list(range(rows)), "blob": [os.urandom(1500) for _ in range(rows)]}),

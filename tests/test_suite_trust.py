@@ -16,15 +16,15 @@ from datasets import ClassLabel, Image, load_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmark.cli import main
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import sha256_file
-from benchmark.hub import open_suite
-from benchmark.reader import LocalSuite
-from benchmark.suite_format import rows_digest
-from benchmark.synthetic import make_synthetic_suite
-from benchmark.writer import SuiteWriter
-from data_cards import render_card
+from genshift.cli import main
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import sha256_file
+from genshift.hub import open_suite
+from genshift.reader import LocalSuite
+from genshift.suite_format import rows_digest
+from genshift.synthetic import make_synthetic_suite
+from genshift.writer import SuiteWriter
+from genshift.data_cards import render_card
 
 SHARD = "data/base/test-00000-of-00002.parquet"
 
@@ -126,7 +126,7 @@ def _check_loads_by_config(root: Path):
 
 
 def test_synthetic_cli_suite_loads_config_by_config(tmp_path):
-    from benchmark.synthetic import main as synthetic_main
+    from genshift.synthetic import main as synthetic_main
 
     out = tmp_path / "demo"
     assert synthetic_main(["--out", str(out), "--configs", "base,in_the_snow", "--classes", "3", "--per-class", "2"]) == 0
@@ -318,8 +318,8 @@ def test_hostile_suite_is_one_line_before_any_model(tmp_path, case, capsys, monk
     before = _listing(tmp_path)
 
     # no model is ever loaded: any attempt fails the test
-    import eval.models
-    monkeypatch.setattr(eval.models, "load_classifier", lambda *a, **k: pytest.fail("a model was loaded"))
+    import genshift.eval.models
+    monkeypatch.setattr(genshift.eval.models, "load_classifier", lambda *a, **k: pytest.fail("a model was loaded"))
 
     with pytest.raises(BenchError, match=match) as err:  # the eval harness's one entry point
         open_suite(str(root))
@@ -428,7 +428,7 @@ def test_row_groups_are_read_with_the_shard_opened_once(tmp_path, monkeypatch):
     """600 one-row groups (within the bounds): reading every group opens the shard once, not 600
     times (each open parses the whole footer: quadratic); a shard replaced at the same path is
     opened anew, never read through a stale handle."""
-    from benchmark import reader
+    from genshift import reader
 
     root = tmp_path / "s"
 
@@ -455,7 +455,7 @@ def test_row_groups_are_read_with_the_shard_opened_once(tmp_path, monkeypatch):
 
 def test_a_predictions_file_with_a_huge_footer_is_one_line(tmp_path):
     """Predictions are read through the same footer bound as suites (bench verify, the board)."""
-    from eval.predictions import read_predictions
+    from genshift.eval.predictions import read_predictions
 
     path = tmp_path / "base.parquet"
     pq.write_table(pa.table({"image_id": ["a"]}).replace_schema_metadata({b"pad": b"0" * (33 << 20)}), path)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.cli import main
-from benchmark.errors import BenchError, IntegrityError
-from eval.inference import InferenceOptions
-from eval.runner import EvalRequest, evaluate
-from eval.model_list import ModelSpec, resolve_models
-from eval.sweep import SweepRequest, run_sweep
+from genshift.cli import main
+from genshift.errors import BenchError, IntegrityError
+from genshift.eval.inference import InferenceOptions
+from genshift.eval.runner import EvalRequest, evaluate
+from genshift.eval.model_list import ModelSpec, resolve_models
+from genshift.eval.sweep import SweepRequest, run_sweep
 
 ARCHS = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_resnet.r160_in1k")  # 2 + 1 share a data config
 OPTS = dict(batch_size=4, workers=0, compile="off", unit_rows=4)
@@ -45,7 +45,7 @@ def zoo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    from benchmark.synthetic import make_synthetic_suite
+    from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path_factory.mktemp("s") / "toy"
     make_synthetic_suite(root, configs=("base", "shifted"), classes=range(6), per_class=3, num_shards=2)
@@ -89,7 +89,7 @@ def test_sweep_equals_single_runs_byte_for_byte(tmp_path, suite, zoo, singles):
 
 
 def test_one_decode_feeds_every_model_of_a_group(tmp_path, suite, zoo, monkeypatch):
-    from eval import inference
+    from genshift.eval import inference
 
     seen = []
     orig = inference.UnitDataset.__getitem__
@@ -108,13 +108,13 @@ def test_plan_lists_items_and_writes_nothing(tmp_path, suite, zoo, capsys):
     assert len(rep["groups"]) == 2 and rep["processes"] == 1
     assert sum(i["cost"] for i in rep["items"]) == 3 * 36 and rep["estimated_seconds"] > 0
     # on CPU the overlapped estimate spreads the same work over the process's cores
-    from eval.inference import process_cores
+    from genshift.eval.inference import process_cores
     assert rep["estimated_seconds_all_busy"] == pytest.approx(rep["estimated_seconds"] / process_cores(), abs=0.1)
     assert not list((tmp_path / "runs").rglob("*.json"))
 
 
 def test_failing_model_leaves_the_others_intact(tmp_path, suite, zoo, singles, monkeypatch, capsys):
-    from eval import inference
+    from genshift.eval import inference
 
     orig = inference.Forward.__call__
     calls = {"n": 0}
@@ -150,7 +150,7 @@ def test_failing_model_leaves_the_others_intact(tmp_path, suite, zoo, singles, m
 
 
 def test_interrupted_sweep_resumes_identically(tmp_path, suite, zoo, singles, monkeypatch):
-    from eval import predictions as P
+    from genshift.eval import predictions as P
 
     orig_add = P.CheckpointedPredictions.add
     calls = {"n": 0}
@@ -185,7 +185,7 @@ def _flush_every_unit(init):
 def _cli(*args, env_extra=None):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TQDM_DISABLE": "1"}
     env.update(env_extra or {})
-    return env, [sys.executable, "-m", "benchmark", "eval", *args]
+    return env, [sys.executable, "-m", "genshift", "eval", *args]
 
 
 LAUNCHERS = {
@@ -206,7 +206,7 @@ def test_launched_processes_each_do_their_units_and_equal_one_process(tmp_path, 
     env, cmd = _cli("--models", str(models), "--suite", str(suite), "--out", str(tmp_path / "two"), "--workers", "0",
                     "--batch-size", "4", "--compile", "off", "--no-progress", "--device", "cpu", "--cpu-threads", "1")
     env.pop("WORLD_SIZE", None), env.pop("RANK", None), env.pop("LOCAL_RANK", None)
-    p = subprocess.run([sys.executable, *LAUNCHERS[launcher], "-m", "benchmark", *cmd[3:]], env=env,
+    p = subprocess.run([sys.executable, *LAUNCHERS[launcher], "-m", "genshift", *cmd[3:]], env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     # the bytes of one process at the same (recorded) thread count
@@ -249,7 +249,7 @@ def test_unreadable_launcher_environment_is_one_line(tmp_path, suite, zoo, capsy
 
 
 def test_resume_with_another_thread_count_is_refused(tmp_path, suite, zoo, monkeypatch, capsys):
-    from eval import predictions as P
+    from genshift.eval import predictions as P
 
     a = ARCHS[0]
     orig_add = P.CheckpointedPredictions.add
@@ -280,7 +280,7 @@ def test_resume_with_another_thread_count_is_refused(tmp_path, suite, zoo, monke
 @pytest.fixture(scope="module")
 def big(tmp_path_factory, zoo):
     """A suite big enough that a signal lands mid-run (2 x 80 images of 256 px), and the reference run."""
-    from benchmark.synthetic import make_synthetic_suite
+    from genshift.synthetic import make_synthetic_suite
 
     d = tmp_path_factory.mktemp("big")
     make_synthetic_suite(d / "big", suite_id="big", configs=("base", "shifted"), classes=range(16), per_class=5,
@@ -365,7 +365,7 @@ def test_bad_sweep_input(tmp_path, capsys, argv, match):
 
 
 def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, monkeypatch):
-    from eval import merging, work_split
+    from genshift.eval import merging, work_split
 
     a = ARCHS[2]
     # a 2-process sweep where only process 0 ran: half the units are missing
@@ -386,7 +386,7 @@ def _fake_world(world, rank):
 
 
 def test_config_names_cannot_reach_outside_out(tmp_path, suite, zoo, monkeypatch):
-    from eval.predictions import CheckpointedPredictions, schema
+    from genshift.eval.predictions import CheckpointedPredictions, schema
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -395,7 +395,7 @@ def test_config_names_cannot_reach_outside_out(tmp_path, suite, zoo, monkeypatch
     for name in ("../../../../victim", "..", "/etc", "a/b"):
         with pytest.raises(IntegrityError, match="cannot be used as a file or folder name"):
             CheckpointedPredictions(work, name, schema())
-    from eval import sweep
+    from genshift.eval import sweep
 
     real_open = sweep.open_suite
 
@@ -429,7 +429,7 @@ def test_decode_device_cpu_path_agrees_and_is_recorded(tmp_path, lite0_weights):
     from PIL import Image
     from skimage import data
 
-    from benchmark.writer import SuiteWriter
+    from genshift.writer import SuiteWriter
 
     def enc(arr, fmt):
         buf = io.BytesIO()
@@ -463,7 +463,7 @@ def test_decode_device_cpu_path_agrees_and_is_recorded(tmp_path, lite0_weights):
 
 
 def test_effective_batch_size_after_oom_backoff_is_recorded(tmp_path, suite, zoo, monkeypatch):
-    from eval import inference
+    from genshift.eval import inference
 
     orig = inference.Forward.__call__
 
@@ -482,7 +482,7 @@ def test_effective_batch_size_after_oom_backoff_is_recorded(tmp_path, suite, zoo
 @pytest.fixture(scope="module")
 def split_run(tmp_path_factory, suite, zoo):
     """A finished 2-process sweep of one model whose result was not built yet: parts of both processes."""
-    from eval import merging, sweep, work_split
+    from genshift.eval import merging, sweep, work_split
 
     out = tmp_path_factory.mktemp("split")
     a = ARCHS[2]
@@ -648,7 +648,7 @@ def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
 def test_each_weights_file_is_hashed_once_per_sweep(tmp_path, suite, zoo, monkeypatch):
     """The model list check, the first load and the reload of a dropped model (max_resident=1) all
     reuse one digest per file; a file rewritten in place is hashed again."""
-    from eval import models
+    from genshift.eval import models
 
     archs = ARCHS[:2]
     copies = {a: tmp_path / f"{i}.safetensors" for i, a in enumerate(archs)}  # fresh files: no earlier test's memo
@@ -707,7 +707,7 @@ def test_each_predictions_file_is_read_back_once(tmp_path, suite, zoo, singles, 
     monkeypatch.undo()
     assert _files(tmp_path) == _files(singles)
     for j in jobs:  # the recorded digest is the file's
-        from benchmark.fsutil import sha256_file
+        from genshift.fsutil import sha256_file
         for p in j.result["predictions"]:
             assert p["sha256"] == sha256_file(j.run_dir / p["path"])
 
@@ -732,7 +732,7 @@ def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monke
     the bound; the files are byte-identical to the sequential path's."""
     import threading
 
-    from eval import sweep
+    from genshift.eval import sweep
 
     specs = _three_groups(tmp_path, zoo)
 
@@ -789,7 +789,7 @@ def test_a_failed_background_load_fails_that_model_only(tmp_path, suite, zoo, mo
     """Models whose background load raises are recorded as failed when their chunk starts; the others finish."""
     import threading
 
-    from eval import sweep
+    from genshift.eval import sweep
 
     orig, background = sweep.load_model, []
 
@@ -811,8 +811,8 @@ def test_a_failed_background_load_fails_that_model_only(tmp_path, suite, zoo, mo
 
 
 def _timed_sweep(out, suite, specs, workers=0, **kw):
-    """A sweep whose timeline (eval.busy) the test reads; every model must finish."""
-    from eval.sweep import Sweep
+    """A sweep whose timeline (genshift.eval.busy) the test reads; every model must finish."""
+    from genshift.eval.sweep import Sweep
 
     sw = Sweep(SweepRequest(models=specs, suite=str(suite), out=str(out),
                             inference=InferenceOptions(**{**OPTS, "workers": workers}), **kw), progress=False)
@@ -833,7 +833,7 @@ def test_groups_in_flight_overlap_and_write_single_run_bytes(tmp_path, big, zoo)
     one in flight without decode-ahead runs each group after the previous one's last forward. Every
     model's files are a single run's bytes either way. (The big
     suite: 40 units per group, so a group outlasts the start of the next one's thread on a loaded CPU.)"""
-    from eval.busy import chunk_spans
+    from genshift.eval.busy import chunk_spans
 
     suite, _ = big
     specs = _three_groups(tmp_path, zoo)
@@ -884,7 +884,7 @@ def test_next_stream_decodes_while_the_current_one_runs(tmp_path, suite, zoo):
 
 def test_costliest_group_runs_first(tmp_path):
     """Chunks start in order of models x input pixels, largest first (ties by group key)."""
-    from eval.sweep import Job, Sweep
+    from genshift.eval.sweep import Job, Sweep
 
     sw = Sweep(SweepRequest(models=(), suite="unused", max_resident=2), progress=False)
     sizes = {"a": (224, 1), "b": (260, 1), "c": (240, 1), "d": (160, 3)}  # group -> (pixels, models)
@@ -897,8 +897,8 @@ def test_costliest_group_runs_first(tmp_path):
 
 
 def test_busy_shares_of_a_hand_made_timeline():
-    """eval.busy on a timeline computed by hand: two units of one loader (one worker), one model."""
-    from eval.busy import busy_shares
+    """genshift.eval.busy on a timeline computed by hand: two units of one loader (one worker), one model."""
+    from genshift.eval.busy import busy_shares
 
     timeline = [
         {"chunk": 0, "config": "c", "unit": 0, "loader_started": 0.0, "decoded": (0.5, 2.0, 7),
@@ -956,7 +956,7 @@ def test_groups_in_flight_and_preload_never_hold_more_than_max_resident(tmp_path
     import threading
     import weakref
 
-    from eval import sweep
+    from genshift.eval import sweep
 
     suite, _ = big  # 40 units per group: the first group outlasts the start of the second's thread
     specs = _three_groups(tmp_path, zoo)
@@ -985,7 +985,7 @@ def test_groups_in_flight_and_preload_never_hold_more_than_max_resident(tmp_path
     seq = _timed_sweep(tmp_path / "seq", suite, specs, groups_in_flight=1, decode_ahead=False)
     assert _files(tmp_path / "par") == _files(tmp_path / "seq") and len(_files(tmp_path / "seq")) == 6
     assert 1 <= peak[0] <= 2
-    from eval.busy import chunk_spans
+    from genshift.eval.busy import chunk_spans
 
     spans = chunk_spans(par.timeline)
     assert spans[1]["first_decode"] < spans[0]["last_forward_end"]  # two groups did run at once

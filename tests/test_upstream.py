@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmark import imagenet
-from benchmark.errors import BenchError, IntegrityError
-from benchmark.fsutil import sha256_file
-from benchmark.reader import LocalSuite
-from benchmark.suites import imagenet_star_shifts
-from benchmark.upstream import convert_release, load_masks
+from genshift import imagenet
+from genshift.errors import BenchError, IntegrityError
+from genshift.fsutil import sha256_file
+from genshift.reader import LocalSuite
+from genshift.suites import imagenet_star_shifts
+from genshift.upstream import convert_release, load_masks
 
 PER_CLASS = 4
 CLASSES = [0, 1, 7]
@@ -204,7 +204,7 @@ def test_extracted_folders_convert_like_the_zip(tmp_path):
 
 
 def test_open_release_converts_once_per_content_and_mask(tmp_path, monkeypatch):
-    from benchmark import hub, upstream
+    from genshift import hub, upstream
 
     root = _release(tmp_path / "rel", missing={(7, 3)})
     assert upstream.is_release_folder(root) and not upstream.is_release_folder(tmp_path)
@@ -256,7 +256,7 @@ def test_open_suite_downloads_and_converts_the_upstream_release(tmp_path):
     """The registry id `imagenet-star-upstream` against a local Hub holding one shift's zip."""
     from huggingface_hub import HfApi
 
-    from benchmark import hub
+    from genshift import hub
     from tests.fakehub import FakeHub
 
     rel = tmp_path / "rel"
@@ -287,7 +287,7 @@ def test_open_suite_downloads_and_converts_the_upstream_release(tmp_path):
 
 def test_open_suite_on_a_local_copy_of_the_release(tmp_path):
     """What `bench eval --suite <folder of zips> --mask masks.npy` opens: no Hub involved."""
-    from benchmark import hub
+    from genshift import hub
 
     rel = tmp_path / "imagenet-star-zips"
     rel.mkdir()
@@ -310,7 +310,7 @@ def test_open_suite_on_a_local_copy_of_the_release(tmp_path):
 
 def _plant_released_mask(monkeypatch, path, masks: dict):
     """A mask file standing in for the authors' masks.npy: the pins are pointed at its size and sha256."""
-    from benchmark import upstream
+    from genshift import upstream
 
     _mask_npy(path, masks)
     monkeypatch.setattr(upstream, "MASK_SHA256", sha256_file(path))
@@ -323,8 +323,8 @@ def test_released_mask_is_downloaded_checked_cached_and_refused_when_wrong(tmp_p
     import threading
     from functools import partial
 
-    from benchmark import hubio, upstream
-    from benchmark.errors import OfflineError
+    from genshift import hubio, upstream
+    from genshift.errors import OfflineError
 
     served = tmp_path / "www"
     served.mkdir()
@@ -372,7 +372,7 @@ def test_upstream_is_scored_as_the_paper_did_by_default(tmp_path, monkeypatch):
     """The registry id applies the released mask by default, pins the data repo, and records the mask."""
     from huggingface_hub import HfApi
 
-    from benchmark import hub, upstream
+    from genshift import hub, upstream
     from tests.fakehub import FakeHub
 
     rel = tmp_path / "rel"
@@ -412,4 +412,4 @@ def test_upstream_is_scored_as_the_paper_did_by_default(tmp_path, monkeypatch):
     assert unfiltered.manifest.configs["in_the_snow"].kept == 150 and unfiltered.root != suite.root
     assert upstream.mask_record(upstream.NO_MASK, unfiltered.manifest.generator) == {
         "path": None, "sha256": None, "source": "none"}
-    assert upstream.mask_record(None, {"builder": "builders.imagenet_star"}) is None  # not a converted release
+    assert upstream.mask_record(None, {"builder": "genshift.builders.imagenet_star"}) is None  # not a converted release

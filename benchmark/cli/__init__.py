@@ -14,12 +14,12 @@ import logging
 import sys
 import traceback
 
-from benchmark import __version__
-from benchmark.errors import BenchError, one_line, os_error_message
+from genshift import __version__
+from genshift.errors import BenchError, one_line, os_error_message
 
 OS_ERROR_EXIT = 74  # sysexits.h EX_IOERR: an input/output error from the environment
 
-# Verb modules under benchmark.cli, in the order `bench --help` lists them.
+# Verb modules under genshift.cli, in the order `bench --help` lists them.
 VERBS = (
     "suites",
     "download",
@@ -42,9 +42,9 @@ VERBS = (
 def _available_verbs():
     for name in VERBS:
         try:
-            yield importlib.import_module(f"benchmark.cli.{name}")
+            yield importlib.import_module(f"genshift.cli.{name}")
         except ModuleNotFoundError as e:
-            if e.name != f"benchmark.cli.{name}":
+            if e.name != f"genshift.cli.{name}":
                 raise
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from benchmark.errors import BenchError
+from genshift.errors import BenchError
 
 
 def add_verb(sub, name: str, *, help: str, description: str, examples: str) -> argparse.ArgumentParser:
@@ -79,7 +79,7 @@ def add_mask_options(p: argparse.ArgumentParser) -> None:
 
 
 def mask_arg(args) -> str | None:
-    """The ``mask`` argument of ``benchmark.hub.open_suite`` for :func:`add_mask_options`."""
-    from benchmark.upstream import NO_MASK
+    """The ``mask`` argument of ``genshift.hub.open_suite`` for :func:`add_mask_options`."""
+    from genshift.upstream import NO_MASK
 
     return NO_MASK if args.no_mask else args.mask

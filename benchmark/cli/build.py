@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from benchmark.cli._common import add_verb
+from genshift.cli._common import add_verb
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -19,7 +19,7 @@ def _examples(suite_id: str, module) -> str:
         return own
     return (f"  bench build {suite_id} --smoke --out /tmp/{suite_id}-smoke      # whole pipeline, tiny models, CPU\n"
             f"  bench build {suite_id} --out {suite_id}/                        # one GPU; rerun to resume\n"
-            f"  accelerate launch -m benchmark build {suite_id} --out {suite_id}/   # every GPU (and node)\n")
+            f"  accelerate launch -m genshift build {suite_id} --out {suite_id}/   # every GPU (and node)\n")
 
 
 def _description(module) -> str:
@@ -29,14 +29,14 @@ def _description(module) -> str:
 
 
 def add_parser(sub):
-    from builders import BUILDERS
+    from genshift.builders import BUILDERS
 
     p = add_verb(sub, "build", help="regenerate a benchmark suite into a folder (format 1)",
                  description="Regenerate a suite with its builder. Shards are written atomically and a rerun "
-                             "resumes; `accelerate launch -m benchmark build ...` spreads shards over GPUs. "
+                             "resumes; `accelerate launch -m genshift build ...` spreads shards over GPUs. "
                              "`bench build <suite> --help` lists that builder's options.",
                  examples="  bench build imagenet-star --smoke --out /tmp/star-smoke\n"
-                          "  accelerate launch -m benchmark build imagenet-star --out star/ --tokens tokens.zip\n"
+                          "  accelerate launch -m genshift build imagenet-star --out star/ --tokens tokens.zip\n"
                           "  bench build in-g-rn --smoke --out /tmp/ing\n")
     builders = p.add_subparsers(dest="suite", metavar="<suite>", required=True,
                                 help="which suite to build (`bench suites` lists them); "
@@ -62,7 +62,7 @@ def add_parser(sub):
 
 def _add_preflight(bp) -> None:
     """``--preflight`` and its options, on every builder."""
-    from benchmark.cli._common import positive_int
+    from genshift.cli._common import positive_int
 
     g = bp.add_argument_group("preflight (no download, no output: the real architectures with random weights)")
     g.add_argument("--preflight", action="store_true",
@@ -80,13 +80,13 @@ def _add_preflight(bp) -> None:
 
 
 def run(args) -> int:
-    from benchmark.errors import BenchError
+    from genshift.errors import BenchError
 
     if getattr(args, "_builder_error", None):
         raise BenchError(f"builder for {args.suite!r} is not available: {args._builder_error}; "
                          "install the builder extras: pip install 'genshift-bench[builders]'")
     if getattr(args, "preflight", False):
-        from builders import preflight
+        from genshift.builders import preflight
         return preflight.run(args.suite, args)
     if not args.out:
         raise BenchError(f"bench build {args.suite}: --out is required (the output suite folder), "

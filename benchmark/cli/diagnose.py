@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, csv_list, print_table
+from genshift.cli._common import add_verb, csv_list, print_table
 
 
 def add_parser(sub):
@@ -47,8 +47,8 @@ def add_parser(sub):
 
 
 def _classes(items):
-    from benchmark import imagenet
-    from benchmark.errors import BenchError
+    from genshift import imagenet
+    from genshift.errors import BenchError
 
     out = []
     for it in items or []:
@@ -64,9 +64,9 @@ def _classes(items):
 def run(args) -> int:
     import os
 
-    from eval.diagnose import diagnose
-    from eval.embeddings import ClipEncoder
-    from eval.failure_directions import DirectionOptions
+    from genshift.eval.diagnose import diagnose
+    from genshift.eval.embeddings import ClipEncoder
+    from genshift.eval.failure_directions import DirectionOptions
 
     cache = args.cache_dir or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")),
                                            "genshift", "embeddings")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, positive_int, print_table
+from genshift.cli._common import add_verb, positive_int, print_table
 
 
 def add_parser(sub):
@@ -38,12 +38,12 @@ def add_parser(sub):
 def run(args) -> int:
     import torch
 
-    from benchmark import imagenet
-    from benchmark.fsutil import atomic_write_json
-    from builders.captioner import Captioner
-    from builders.discover import DiscoverConfig, captioner_fn, discover, format_report
-    from builders.in_g_mining import classifier_from_timm
-    from builders.sd_generate import GenerationSettings, SDGenerator
+    from genshift import imagenet
+    from genshift.fsutil import atomic_write_json
+    from genshift.builders.captioner import Captioner
+    from genshift.builders.discover import DiscoverConfig, captioner_fn, discover, format_report
+    from genshift.builders.in_g_mining import classifier_from_timm
+    from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 
     label, target = imagenet.parse_class(args.klass), (imagenet.parse_class(args.target) if args.target else None)
     device = "cpu" if args.smoke else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

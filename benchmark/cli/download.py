@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_mask_options, add_verb, csv_list, mask_arg
+from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg
 
 
 def add_parser(sub):
@@ -33,7 +33,7 @@ def add_parser(sub):
 def run(args) -> int:
     import sys
 
-    from benchmark import hub
+    from genshift import hub
 
     suite = hub.open_suite(args.suite, revision=args.revision, configs=args.configs, cache_dir=args.cache_dir,
                            mask=mask_arg(args), strict=args.strict, force_download=args.force_download,

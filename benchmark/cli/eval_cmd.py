@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmark.cli._common import add_mask_options, add_verb, csv_list, mask_arg, print_json, print_table
+from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, print_json, print_table
 
 
 def add_parser(sub):
@@ -23,8 +23,8 @@ def add_parser(sub):
             "  bench eval --model 'timm/convnext_*.fb_in1k' --model resnet50.a1_in1k --suite imagenet-star --plan\n"
             "  bench eval --models zoo.txt --suite ./my-suite --max-resident 8\n"
             "  bench eval --models lance-table2 --suite lance-hardimagenet --preprocess lance-square\n"
-            "  accelerate launch -m benchmark eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
-            "  torchrun --nproc_per_node 4 -m benchmark eval --models zoo.txt --suite ./my-suite --cpu-threads 1\n"
+            "  accelerate launch -m genshift eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
+            "  torchrun --nproc_per_node 4 -m genshift eval --models zoo.txt --suite ./my-suite --cpu-threads 1\n"
             "  bench eval --merge runs/\n"
         ))
     p.add_argument("--model", action="append", metavar="MODEL",
@@ -117,7 +117,7 @@ def _int(text: str):
 
 
 def check_bounds(args) -> None:
-    from benchmark.errors import BenchError
+    from genshift.errors import BenchError
 
     for name, (lo, hi) in LIMITS.items():
         v = getattr(args, name)
@@ -146,10 +146,10 @@ def _on_sigterm(signum, frame):
 def run(args) -> int:
     import signal
 
-    from benchmark.heap import keep_freed_memory
+    from genshift.heap import keep_freed_memory
 
     check_bounds(args)
-    keep_freed_memory()  # before any tensor or DataLoader worker: batches reuse heap blocks (benchmark.heap)
+    keep_freed_memory()  # before any tensor or DataLoader worker: batches reuse heap blocks (genshift.heap)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _run(args)
@@ -161,13 +161,13 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from benchmark.errors import BenchError
-    from eval.inference import InferenceOptions
-    from eval.merging import merge
-    from eval.model_list import resolve_models
-    from eval.sweep import SweepRequest, run_sweep
-    from eval.sweep_plan import plan
-    from eval.scoring import ScoringOptions
+    from genshift.errors import BenchError
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.merging import merge
+    from genshift.eval.model_list import resolve_models
+    from genshift.eval.sweep import SweepRequest, run_sweep
+    from genshift.eval.sweep_plan import plan
+    from genshift.eval.scoring import ScoringOptions
 
     if args.merge:
         if args.model or args.models or args.plan:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb
+from genshift.cli._common import add_verb
 
 
 def add_parser(sub):
@@ -39,7 +39,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from benchmark.importer import display, import_folder
+    from genshift.importer import display, import_folder
 
     m = import_folder(args.folder, name=args.name, out=args.out, config=args.config, csv_path=args.csv,
                       base=args.base, overwrite=args.overwrite, skip_bad_images=args.skip_bad_images,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb
+from genshift.cli._common import add_verb
 
 
 def add_parser(sub):
@@ -18,8 +18,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from benchmark.errors import BenchError
-    from eval.stamps import generate_key
+    from genshift.errors import BenchError
+    from genshift.eval.stamps import generate_key
 
     if len(args.name) > 100 or any(not ch.isprintable() for ch in args.name):
         raise BenchError("--name must be at most 100 printable characters")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb
+from genshift.cli._common import add_verb
 
 # viewer mode: no developer menu, no Deploy button, no grid CSV export (the app offers formula-safe
 # downloads of its own); the same settings the exported Space ships in .streamlit/config.toml
@@ -62,29 +62,29 @@ def run(args) -> int:
     import sys
     from pathlib import Path
 
-    from benchmark.errors import BenchError
+    from genshift.errors import BenchError
 
     if not 1 <= args.port <= 65535:
         raise BenchError(f"--port must be 1..65535, got {args.port}")
     if args.trusted_keys:
-        from eval.stamps import load_trusted_keys
+        from genshift.eval.stamps import load_trusted_keys
 
         load_trusted_keys(args.trusted_keys)  # a bad file is one error line now, not a broken board later
     if args.id_accuracy:
-        from leaderboard.aggregate import read_id_accuracy
+        from genshift.leaderboard.aggregate import read_id_accuracy
 
         read_id_accuracy(args.id_accuracy)
     if args.suites:
-        from eval.suite_trust import TrustedSuites
+        from genshift.eval.suite_trust import TrustedSuites
 
         TrustedSuites.from_paths([args.suites], registry=False)  # a bad folder is one error line now
     if args.export_space:
-        from leaderboard.space import export_space
+        from genshift.leaderboard.space import export_space
 
         if Path(args.results).exists():
             raise BenchError("--export-space needs --results ORG/NAME[@sha] of a Hub dataset repo (a Space cannot "
                              "read a local folder); push the results first")
-        from benchmark.hub import resolve_revision
+        from genshift.hub import resolve_revision
 
         repo, _, rev = args.results.partition("@")
         sha = resolve_revision(repo, rev or None)
@@ -96,14 +96,14 @@ def run(args) -> int:
     if Path(args.results).is_dir():  # a local store: no need to import the store module (~0.4 s) before serving
         root, revision = Path(args.results), None
     else:
-        from leaderboard.store import resolve_source
+        from genshift.leaderboard.store import resolve_source
 
         root, revision = resolve_source(args.results)  # checks the store exists (or downloads it) first
     if not port_free(args.host, args.port):
         raise BenchError(f"port {args.port} on {args.host} is in use; pass another --port")
     import importlib.util
 
-    app = Path(importlib.util.find_spec("leaderboard").origin).parent / "app.py"
+    app = Path(importlib.util.find_spec("genshift.leaderboard").origin).parent / "app.py"
     source = str(root) if revision is None else f"{args.results.partition('@')[0]}@{revision}"
     env = {**os.environ, "GENSHIFT_RESULTS": source}
     env.pop("GENSHIFT_HUB_RESULTS", None)
@@ -115,8 +115,8 @@ def run(args) -> int:
             env[name] = os.path.abspath(value)
         else:
             env.pop(name, None)
-    # streamlit's command line; the app's imports and the index's head are read once it listens (leaderboard.serve)
-    cmd = [sys.executable, "-m", "leaderboard.serve", "run", str(app), "--server.port", str(args.port),
+    # streamlit's command line; the app's imports and the index's head are read once it listens (genshift.leaderboard.serve)
+    cmd = [sys.executable, "-m", "genshift.leaderboard.serve", "run", str(app), "--server.port", str(args.port),
            "--server.address", args.host, *STREAMLIT_FLAGS]
     print(f"leaderboard for {source} on http://{args.host}:{args.port}", flush=True)
     return serve(cmd, env)
@@ -133,7 +133,7 @@ def serve(cmd: list[str], env: dict) -> int:
     import subprocess
     import sys
 
-    from leaderboard.check_pool import die_with_parent
+    from genshift.leaderboard.check_pool import die_with_parent
 
     linux = sys.platform.startswith("linux")
     proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent if linux else None)

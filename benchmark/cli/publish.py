@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, non_negative_float
+from genshift.cli._common import add_verb, non_negative_float
 
 
 def add_parser(sub):
@@ -33,7 +33,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from benchmark.hub import publish_suite
+    from genshift.hub import publish_suite
 
     sha = publish_suite(args.folder, args.repo, tag=args.tag, private=args.private, commit_message=args.message,
                         endpoint=args.endpoint, large_threshold=int(args.large_threshold * 1e9), gating=args.gating)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, print_json, print_table
+from genshift.cli._common import add_verb, print_json, print_table
 
-from eval.reproduce import TABLES  # light: yaml and the population registry
+from genshift.eval.reproduce import TABLES  # light: yaml and the population registry
 
 
 def add_parser(sub):
@@ -24,8 +24,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from eval.reproduce import reproduce, result_files
-    from eval.results import load_result
+    from genshift.eval.reproduce import reproduce, result_files
+    from genshift.eval.results import load_result
 
     results = [(str(p), load_result(p)) for p in result_files(args.results)]
     report = reproduce(args.table, results)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, positive_int, print_table
+from genshift.cli._common import add_verb, positive_int, print_table
 
 
 def add_parser(sub):
@@ -57,8 +57,8 @@ def _print(outcomes) -> None:
 
 
 def run(args) -> int:
-    from benchmark.errors import BenchError
-    from leaderboard.review import Reviewer, watch
+    from genshift.errors import BenchError
+    from genshift.leaderboard.review import Reviewer, watch
 
     if args.watch is not None and not 1 <= args.watch <= 7 * 86400:
         raise BenchError(f"--watch must be 1..604800 seconds, got {args.watch}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, print_json, print_table
+from genshift.cli._common import add_verb, print_json, print_table
 
 
 def add_parser(sub):
@@ -38,11 +38,11 @@ def _pp(m: dict | None) -> str:
 
 
 def run(args) -> int:
-    from eval.results import load_result
-    from eval.slope import SCALES, slope_table
-    from eval.verify import result_path
+    from genshift.eval.results import load_result
+    from genshift.eval.slope import SCALES, slope_table
+    from genshift.eval.verify import result_path
 
-    from eval.id_axis import id_accuracy, read_id_table
+    from genshift.eval.id_axis import id_accuracy, read_id_table
 
     id_table = read_id_table(args.id_accuracy) if args.id_accuracy else None  # options before the results
     results = [load_result(result_path(p)) for p in args.results]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb
+from genshift.cli._common import add_verb
 
 
 def add_parser(sub):
@@ -29,7 +29,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from leaderboard.submit import submit, submit_to_model_repo
+    from genshift.leaderboard.submit import submit, submit_to_model_repo
 
     if args.model_repo:
         url, what = submit_to_model_repo(args.result, args.repo, args.model_repo, trusted_keys=args.trusted_keys,

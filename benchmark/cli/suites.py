@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli._common import add_verb, print_json, print_table
+from genshift.cli._common import add_verb, print_json, print_table
 
 
 def add_parser(sub):
@@ -20,8 +20,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from benchmark.populations import get_population, list_populations
-    from benchmark.suites import get_suite, list_suites
+    from genshift.populations import get_population, list_populations
+    from genshift.suites import get_suite, list_suites
 
     if args.populations:
         return _populations([get_population(n) for n in list_populations()], args.json)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmark.cli._common import add_verb, bounded_int, print_json
+from genshift.cli._common import add_verb, bounded_int, print_json
 
 
 def add_parser(sub):
@@ -42,9 +42,9 @@ def add_parser(sub):
 
 def _refuse_partial(target: Path) -> None:
     """--sign on a partial result: one line, before any image is re-run (make_stamp refuses it too)."""
-    from benchmark.errors import BenchError
-    from eval.results import RESULT_FILE, load_result
-    from eval.stamps import unrankable
+    from genshift.errors import BenchError
+    from genshift.eval.results import RESULT_FILE, load_result
+    from genshift.eval.stamps import unrankable
 
     path = target / RESULT_FILE if target.is_dir() else target
     if path.is_file():
@@ -54,8 +54,8 @@ def _refuse_partial(target: Path) -> None:
 
 
 def run(args) -> int:
-    from benchmark.errors import BenchError
-    from eval.verify import verify_result, verify_suite_dir
+    from genshift.errors import BenchError
+    from genshift.eval.verify import verify_result, verify_suite_dir
 
     target = Path(args.path)
     if target.is_dir() and (target / "manifest.json").is_file():
@@ -66,7 +66,7 @@ def run(args) -> int:
                          "(create a key with `bench keygen KEY`)")
     key = None
     if args.sign:
-        from eval.stamps import load_private_key
+        from genshift.eval.stamps import load_private_key
 
         if args.recheck < 1:
             raise BenchError("--sign needs --recheck N (a verified badge means images were re-run through the model)")
@@ -74,7 +74,7 @@ def run(args) -> int:
         _refuse_partial(target)
     suites = None
     if args.suites:
-        from eval.suite_trust import TrustedSuites
+        from genshift.eval.suite_trust import TrustedSuites
 
         suites = TrustedSuites.from_paths([args.suites], registry=True, download=True)
     report = verify_result(target, recheck=args.recheck, suite=args.suite, suites=suites, mask=args.mask,
@@ -82,7 +82,7 @@ def run(args) -> int:
                            use_recorded_suite=key is None)
     stamp = None
     if key is not None and report.ok:
-        from eval.stamps import write_stamp
+        from genshift.eval.stamps import write_stamp
 
         stamp = write_stamp(report, key)
     if args.json:
