@@ -199,7 +199,8 @@ def _cached_weights(repo_id: str, sha: str, preferred: str | None) -> str | None
 
 def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
                     remap_by_order: bool = False, pretrained: bool = True,
-                    checkpoint_weights: str = "model", preprocess: str = "timm") -> LoadedClassifier:
+                    checkpoint_weights: str = "model", preprocess: str = "timm",
+                    data_config: dict | None = None) -> LoadedClassifier:
     """Create the model, load pinned weights, check the label space, resolve preprocessing.
 
     Parameters
@@ -218,6 +219,9 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         Which weights of a training checkpoint to score (default ``model``, as timm's ``validate.py``).
     preprocess : str
         ``"timm"`` (the model's own eval transform) or ``"lance-square"`` (see :func:`eval_transform`).
+    data_config : dict, optional
+        Data config keys (input_size, crop_pct, interpolation, mean, std) over timm's resolved ones: a
+        population's record of what the paper's timm resolved (``genshift.populations``).
     """
     import timm
 
@@ -252,7 +256,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     check_label_space(model, model_id)
     model.eval().to(device)
     cfg = dict(model.pretrained_cfg or {})
-    data_config, transform = eval_transform(model, preprocess)
+    data_config, transform = eval_transform(model, preprocess, data_config)
     arch, _, tag = (ref.name or arch_name).partition(".")
     if source == "checkpoint":  # only a tag the user named: the registry's default tag is not these weights
         tag = given_name(name).partition(".")[2]
@@ -284,7 +288,7 @@ def _create_pinned(ref: ModelRef, sha: str):
 PREPROCESS = PROTOCOL_OPTIONS["preprocess"]  # one list: eval_transform builds them, the result schema checks them
 
 
-def eval_transform(model, preprocess: str = "timm") -> tuple[dict, object]:
+def eval_transform(model, preprocess: str = "timm", recorded: dict | None = None) -> tuple[dict, object]:
     """The eval data config and the transform built from it (``timm.data.create_transform``).
 
     - ``"timm"``: timm's own eval config at test size (``resolve_data_config(..., use_test_size=True)``):
@@ -296,10 +300,14 @@ def eval_transform(model, preprocess: str = "timm") -> tuple[dict, object]:
       ``crop_pct=1.0``, so the data config (hashed into the result's ``config_hash``) says it.
     - ``"lance-square-model-norm"``: the same squash with the model's own mean/std (0.5 for the
       augreg ViTs): what the model was trained with, not what the authors ran.
+
+    ``recorded`` (a population's data config, e.g. timm 0.6.12's) replaces timm's resolved keys first.
     """
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform, resolve_data_config
 
     cfg = resolve_data_config({}, model=model, use_test_size=True)
+    if recorded:
+        cfg.update({k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()})
     if preprocess in ("lance-square", "lance-square-model-norm"):
         cfg = {**cfg, "input_size": (3, 224, 224), "interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
         if preprocess == "lance-square":

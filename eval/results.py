@@ -27,7 +27,9 @@ SCHEMA_VERSION = 1
 KIND = "genshift-result"
 RESULT_FILE = "result.json"
 # protocol options added after schema 1 shipped: present only when used, each with its values
-PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square", "lance-square-model-norm"), "decode": ("cpu", "device")}
+PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square", "lance-square-model-norm"), "decode": ("cpu", "device"),
+                    # the data config of the timm a paper ran (a population's record) instead of today's timm's
+                    "data_config": ("timm 0.6.12",)}
 MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard store uses the same limit
 MAX_PREDICTIONS_BYTES = 512 * 2**20
 MAX_TEXT = 10_000                # notes

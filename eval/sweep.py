@@ -139,7 +139,7 @@ def load_model(req: SweepRequest, spec: ModelSpec):
 
     return load_classifier(spec.name, checkpoint=spec.checkpoint, device="cpu", remap_by_order=req.remap_by_order,
                            pretrained=req.pretrained, checkpoint_weights=req.checkpoint_weights,
-                           preprocess=req.preprocess)
+                           preprocess=req.preprocess, data_config=spec.data_config)
 
 
 def _group_key(data_config: dict, opts: InferenceOptions) -> str:
@@ -233,6 +233,8 @@ class Sweep:
                     "skip_bad_images": opts.skip_bad_images, "scoring": scoring.to_dict()}
         if opts.decode != "cpu":  # only a non-default decode is recorded (keeps earlier config hashes)
             protocol["decode"] = opts.decode
+        if spec.data_config_from:  # a population's recorded data config (e.g. timm 0.6.12's), not today's timm's
+            protocol["data_config"] = spec.data_config_from
         chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)
         run_opts = {"device": self.device, "amp": opts.amp, "amp_dtype": opts.amp_dtype if opts.amp else None,
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,

@@ -439,10 +439,15 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
     if m["source"] == "checkpoint" and not checkpoint:
         raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")
     name = m["id"] if m["source"] != "hf-hub" else f"hf-hub:{m['id']}@{m['weights_revision']}"
+    recorded = None
+    if "data_config" in result["protocol"]:  # a population's record of the paper's timm (genshift.populations)
+        from genshift.identity import timm_name
+        from genshift.populations import recorded_data_config
+        recorded = recorded_data_config(timm_name(m["id"]), result["protocol"]["data_config"])
     try:
         clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True,
                               checkpoint_weights=m.get("checkpoint_weights") or "model",
-                              preprocess=result["protocol"].get("preprocess", "timm"))
+                              preprocess=result["protocol"].get("preprocess", "timm"), data_config=recorded)
     except Exception as e:
         from genshift.hubio import _unreachable
 
