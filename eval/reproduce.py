@@ -40,6 +40,7 @@ from pathlib import Path
 import yaml
 
 from genshift.errors import BenchError, unknown
+from genshift.families import get_family
 from genshift.identity import LOCAL_ID, check_id, timm_name
 from genshift.populations import Member, Population, get_population
 
@@ -230,7 +231,7 @@ def _in_g_fig4(results: list[tuple[str, dict]], members=None) -> dict:
 
     def rate(suite: str, paper: str) -> float | None:
         f = per_suite[suite][0].get(paper)
-        return None if f is None else _pct(f.result["metrics"]["in_g"]["generated"]["top3_failure_rate"]["value"])
+        return None if f is None else _pct(get_family("in_g").columns(f.result)["top3_failure_rate"])
 
     for m in pop.members:
         row = {"model": m.paper, "role": m.role, "timm": m.model + (" (own checkpoint)" if m.local else "")}
