@@ -102,3 +102,22 @@ def read_captions(path: str | Path, *, an: bool = False) -> list[tuple[int, str]
     if not rows:
         raise BenchError(f"caption file {path} holds no captions")
     return [(y, check_caption(y, c.strip(), an=an)) for y, c in rows]
+
+
+def shots() -> tuple[list, list[dict]]:
+    """The captioner's three shots (package data ``in_g_shots.yaml``): ``[(PIL image, caption)]`` and
+    their record for the suite's provenance (image file, its sha256, caption)."""
+    import hashlib
+    import io
+    from importlib import resources
+
+    import yaml
+    from PIL import Image
+
+    data = resources.files("genshift.builders").joinpath("_data")
+    out, record = [], []
+    for s in yaml.safe_load(data.joinpath("in_g_shots.yaml").read_text()):
+        raw = data.joinpath(s["image"]).read_bytes()
+        out.append((Image.open(io.BytesIO(raw)).convert("RGB"), s["caption"]))
+        record.append({"image": s["image"], "sha256": hashlib.sha256(raw).hexdigest(), "caption": s["caption"]})
+    return out, record

@@ -57,7 +57,7 @@ from genshift import upstream
 from genshift.errors import BenchError, one_line
 from genshift.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
 from genshift.oom import BatchBackoff
-from genshift.builders.determinism import fixed_threads
+from genshift.determinism import fixed_threads
 from genshift.eval.busy import busy_shares
 from genshift.eval.inference import (
     Forward, InferenceOptions, ModelFeed, UnitStream, check_device, plan_units, predict_units, start_stream, wants_compile,

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from genshift.builders.determinism import fixed_threads
+from genshift.determinism import fixed_threads
 from genshift.eval.inference import Forward, plan_units, process_cores
 from genshift.eval.predictions import CARRIED_COLUMNS
 from genshift.eval.results import path_slug

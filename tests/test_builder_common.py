@@ -85,7 +85,7 @@ def test_clip_scorer_tiny_embeddings_are_normalised():
 
 
 def test_fixed_threads_sets_and_restores_the_thread_count():
-    from genshift.builders.determinism import fixed_threads
+    from genshift.determinism import fixed_threads
 
     before = torch.get_num_threads()
     with fixed_threads(1):
@@ -94,7 +94,7 @@ def test_fixed_threads_sets_and_restores_the_thread_count():
 
 
 def test_files_digest_names_content_not_location(tmp_path):
-    from genshift.builders.determinism import files_digest
+    from genshift.builders.common import files_digest
 
     for root in (tmp_path / "a" / "imgs", tmp_path / "b" / "imgs"):
         (root / "n01").mkdir(parents=True)
@@ -114,6 +114,7 @@ SMALLEST = {"imagenet-star": ["--shifts", "base", "--samples-per-class", "1"],
 
 
 @pytest.mark.parametrize("suite", sorted(SMALLEST))
+@pytest.mark.slow
 def test_smoke_builds_do_not_depend_on_the_folder_or_the_thread_count(suite, tmp_path):
     """Two builds to different --out folders under 1 and 2 torch threads: the same files, byte for
     byte, and the same manifest (no local path in it; model steps run with --cpu-threads)."""

@@ -95,7 +95,7 @@ def test_a_compiled_model_runs_one_batch_at_a_time_and_auto_prefers_threads(cach
     """A package's call holds the GIL for the whole forward, so batches on threads would only queue:
     a compiled model runs on one thread, and ``auto`` keeps eager batches side by side when the
     process has more than one core (``benchmarks/forward_threads.py`` measures both)."""
-    from genshift.builders.determinism import fixed_threads
+    from genshift.determinism import fixed_threads
 
     model, dc = _model()
     x, labels = torch.randn(12, *dc["input_size"]), torch.arange(12)
@@ -114,7 +114,7 @@ def test_a_compiled_model_runs_one_batch_at_a_time_and_auto_prefers_threads(cach
 
 
 def test_key_covers_the_intra_op_thread_count():
-    from genshift.builders.determinism import fixed_threads
+    from genshift.determinism import fixed_threads
 
     model, dc = _model()
     x = torch.zeros(8, *dc["input_size"])

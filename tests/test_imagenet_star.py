@@ -97,6 +97,7 @@ def test_generation_backs_off_on_out_of_memory(tiny_gen):
     assert max(np.abs(pixels(x) - pixels(y)).max() for x, y in zip(got, expected)) <= 3
 
 
+@pytest.mark.slow
 def test_build_records_the_batch_size_left_after_out_of_memory_back_off(tmp_path, monkeypatch):
     real = SDGenerator._batch
 
@@ -308,6 +309,7 @@ def test_class_plus_shift_rule_gates_on_shift_presence_and_still_hits_the_target
 
 
 # -- the builder ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, tiny_checkpoint):
     suite = LocalSuite.open(smoke_suite)
     suite.verify()
@@ -338,6 +340,7 @@ def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, ti
     assert result["flags"]["construction_model"] is False
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
     from genshift import writer
 
@@ -378,6 +381,7 @@ def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
     assert done not in regenerated and len(regenerated) == n_shards - 1 >= 2
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
     from genshift import writer
     out = tmp_path / "suite"
@@ -410,7 +414,7 @@ def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
 
 
 def test_wait_for_other_processes_gives_up_without_progress():
-    from genshift.builders.imagenet_star import _wait_for
+    from genshift.builders.common import wait_for as _wait_for
 
     left = [["a", "b"], ["b"], []]
     _wait_for(lambda: left.pop(0), "shard(s)", timeout=5, poll=0)  # progress: returns when nothing is missing
@@ -421,16 +425,15 @@ def test_wait_for_other_processes_gives_up_without_progress():
 def test_bad_build_input(tmp_path, capsys, monkeypatch):
     assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "a"), "--shifts", "in_the_snwo"]) != 0
     assert "unknown shift 'in_the_snwo'. Did you mean 'in_the_snow'" in capsys.readouterr().err
-    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--no-progress", "--shifts",
-                 "base", "--classes", "0", "--samples-per-class", "1"]) == 0
-    capsys.readouterr()
-    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--shifts", "base",
-                 "--classes", "0", "--samples-per-class", "1", "--seed", "5"]) != 0
-    assert "holds a different build" in capsys.readouterr().err
     (tmp_path / "t.zip").write_bytes(b"not a zip")
     assert main(["build", "imagenet-star", "--out", str(tmp_path / "c"), "--tokens", str(tmp_path / "t.zip"),
                  "--classes", "0", "--device", "cpu"]) != 0
     assert "is not a zip file" in capsys.readouterr().err
+    assert main(["build", "imagenet-star", "--out", str(tmp_path / "c"), "--tokens", "none", "--train-tokens",
+                 str(tmp_path)]) != 0
+    assert "--train-tokens: give class tokens one way" in capsys.readouterr().err
+    assert main(["build", "imagenet-star", "--out", str(tmp_path / "c"), "--samples-per-class", "0"]) != 0
+    assert "--samples-per-class: must be at least 1, got 0" in capsys.readouterr().err
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main(["build", "imagenet-star", "--out", str(tmp_path / "d"), "--classes", "0"]) != 0  # default: hub tokens
@@ -439,3 +442,13 @@ def test_bad_build_input(tmp_path, capsys, monkeypatch):
     assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "e"), "--kept-fractions",
                  str(tmp_path / "t.zip")]) != 0
     assert "--kept-fractions" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_folder_holding_another_build_is_refused(tmp_path, capsys):
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--no-progress", "--shifts",
+                 "base", "--classes", "0", "--samples-per-class", "1"]) == 0
+    capsys.readouterr()
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--shifts", "base",
+                 "--classes", "0", "--samples-per-class", "1", "--seed", "5"]) != 0
+    assert "holds a different build" in capsys.readouterr().err
