@@ -13,8 +13,6 @@ Shared generative components live next to the builders, one module each.
 
 from __future__ import annotations
 
-import importlib
-
 from genshift.registry import Registry
 
 # suite id -> module path (imported only when that builder runs)
@@ -25,6 +23,3 @@ BUILDERS.register("in-g-rn", "genshift.builders.in_g")
 BUILDERS.register("in-g-vit", "genshift.builders.in_g")
 BUILDERS.freeze()
 
-
-def builder_module(suite_id: str):
-    return importlib.import_module(BUILDERS.get(suite_id))

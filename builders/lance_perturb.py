@@ -334,7 +334,3 @@ class TextFilter:
                 scores["reason"] = f"edit too similar to the replaced words ({scores['same_sim']:.2f})"
                 return False, scores
         return True, scores
-
-
-__all__ = ["EDIT_TYPES", "PAPER_TYPES", "SAMPLING", "Draw", "Edit", "Perturber", "TextFilter", "edits_from_answer",
-           "paper_type", "parse_variations", "perturb_prompt", "sample_edits", "sampling_record", "word_diff"]

@@ -140,3 +140,28 @@ def test_smoke_builds_do_not_depend_on_the_folder_or_the_thread_count(suite, tmp
     text = a["manifest.json"].decode()
     assert str(tmp_path) not in text and "first" not in text
     assert LocalSuite.open(outs[0]).manifest.generator["determinism"]["cpu_intra_op_threads"] == 1
+
+
+def test_builders_never_import_the_cli_and_eval_never_imports_builders():
+    """Data flows one way (issue 33.3): builders take typed configs, never argparse or the CLI; eval,
+    the core and the board never import builders (the CLI's build/discover verbs are the only way in)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def imports(path):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                yield from (a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                yield node.module
+
+    for path in (root / "builders").glob("*.py"):
+        bad = [m for m in imports(path) if m == "argparse" or m.startswith("genshift.cli")]
+        assert not bad, (path.name, bad)
+    for folder in ("eval", "leaderboard", "data_cards"):
+        for path in (root / folder).glob("*.py"):
+            assert not [m for m in imports(path) if m.startswith("genshift.builders")], path
+    for path in (root / "benchmark").glob("*.py"):  # the core (the CLI is benchmark/cli/)
+        assert not [m for m in imports(path) if m.startswith("genshift.builders")], path

@@ -14,7 +14,7 @@ from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
 from genshift.reader import LocalSuite
 from genshift.suite_format import shard_name
-from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, calibrate_thresholds, keep_flags,
+from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, keep_flags,
                                   released_kept_counts, shift_caption)
 from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 from genshift.builders.seeding import derive_seed, generator
@@ -282,11 +282,11 @@ def test_calibration_hits_the_released_kept_counts_exactly():
     assert n == 50000 and sum(v for k, v in kept.items() if k != "base") == 665737  # spec s6
     rng = np.random.default_rng(0)
     scores = {s: rng.normal(0.3, 0.05, n).astype(np.float32) for s in ("base", "embroidery", "in_the_grass")}
-    th = calibrate_thresholds(scores, RELEASED_KEPT_FRACTION)
+    th = {s: t.class_threshold for s, t in calibrate(scores, RELEASED_KEPT_FRACTION).items()}
     for s, v in scores.items():
         assert (v >= th[s]).sum() == kept[s]  # a full build keeps exactly the released counts
     small = {"base": rng.normal(0.3, 0.05, 1000), "in_the_rain": rng.normal(0.25, 0.05, 777)}
-    th = calibrate_thresholds(small, {"base": 0.9263, "in_the_rain": 0.4833})
+    th = {s: t.class_threshold for s, t in calibrate(small, {"base": 0.9263, "in_the_rain": 0.4833}).items()}
     assert (small["base"] >= th["base"]).sum() == 926 and (small["in_the_rain"] >= th["in_the_rain"]).sum() == 375
     assert shift_caption("a photo of a <TOKEN> in the snow") == "a photo of a thing in the snow"
     assert shift_caption("a photo of a <TOKEN>") is None
