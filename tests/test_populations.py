@@ -86,6 +86,9 @@ def test_lance_table2_pins_are_timm_0_5_4s_plain_name_defaults(tmp_path):
 
 
 def test_population_sizes_roles_and_the_stated_conflicts():
+    """Every member names its role; lance-table2 states its rule and each conflict with the paper: App. F,
+    "All the models that we evaluate are trained with supervised learning on ImageNet-1K" (its ViT-B was
+    pretrained on ImageNet-21k), and the authors' walkthrough, which scores torchvision's ResNet-50 V1."""
     star = get_population("imagenet-star-61")
     assert len(star.members) == 61 and len({m.paper for m in star.members}) == 61
     assert {m.role for m in star.members} == {"fit"} and star.data_config_from == "timm 0.6.12"
