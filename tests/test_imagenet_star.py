@@ -276,6 +276,21 @@ def test_textual_inversion_low_precision_and_resume(class_folder, tmp_path, monk
         ti.folder_classes(class_folder, classes=[2])
 
 
+
+def test_tokens_only_trains_the_class_tokens_and_stops(class_folder, tmp_path, monkeypatch):
+    """`bench build imagenet-star --train-tokens DIR --tokens-only`: a dataset interface's tokens without
+    generating (the tokens.zip layout of the release), resumable per class like a full build's training."""
+    tiny = SDGenerator.tiny
+    monkeypatch.setattr(SDGenerator, "from_pretrained", classmethod(lambda cls, settings, **kw: tiny(settings)))
+    out = tmp_path / "interface"
+    args = ["build", "imagenet-star", "--train-tokens", str(class_folder), "--tokens-only", "--classes", "0,1",
+            "--ti-steps", "1", "--height", "32", "--width", "32", "--device", "cpu", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    tokens = load_token_zip(out / "tokens.zip", dim=None, classes=[0, 1])
+    assert sorted(tokens) == [0, 1] and not (out / "data").exists() and not (out / "manifest.json").exists()
+    assert main(["build", "imagenet-star", "--tokens-only", "--out", str(out)]) != 0  # what would it write?
+
+
 # -- CLIP filter ----------------------------------------------------------------------------------
 def test_calibration_hits_the_released_kept_counts_exactly():
     n, kept = released_kept_counts()
