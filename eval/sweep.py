@@ -38,6 +38,7 @@ from pathlib import Path
 from genshift import upstream
 from genshift.distributed import balance, current_process
 from genshift.errors import BenchError, one_line
+from genshift.families import get_family
 from genshift.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
 from genshift.oom import BatchBackoff
 from genshift.eval.inference import (
@@ -249,7 +250,7 @@ class Sweep:
             "configs": self.configs, "metric_family": info.metric_family, "source": info.source,
             "mask": upstream.mask_record(opts.mask, suite.manifest.generator),
         }
-        reference = (info.reference_config or "base") if info.metric_family == "imagenet_star" else None
+        reference = (info.reference_config or "base") if get_family(info.metric_family).reference else None
         scoring = opts.scoring(reference)
         protocol = {"topk": opts.topk, "limit_per_class": opts.limit_per_class, "preprocess": opts.preprocess,
                     "skip_bad_images": opts.skip_bad_images, "scoring": scoring.to_dict()}

@@ -197,22 +197,26 @@ def _run(args, opts) -> int:
     return 1 if any(j.status == "failed" for j in jobs) else 0
 
 
-MEAN_ACC1 = "mean acc@1 (all configs) %"  # not a suite's headline (ImageNet*: mean shift acc@1, shifts only)
-
-
 def print_sweep(jobs) -> None:
-    """The end-of-sweep table: one row per model (mean acc@1 over all configs, result path or error)."""
+    """The end-of-sweep table: one row per model with the suite family's headline and mean acc@1, each
+    under its declared label (``genshift.families``), and the result path or the error."""
+    from genshift.families import get_family
+
+    done = [j.result for j in jobs if j.result]
+    family = get_family(done[0]["suite"]["metric_family"] if done else "accuracy")
+    shown = list(dict.fromkeys((family.headline, "mean_acc1")))
+    labels = {k: f"{family.metric(k).label} {family.metric(k).unit}" for k in shown}
     rows = []
     for j in jobs:
         row = {"model": j.model_id, "status": j.status}
         if j.result:
-            accs = [m["acc1"]["value"] for m in j.result["metrics"]["configs"].values() if m["acc1"].get("value") is not None]
-            row[MEAN_ACC1] = f"{100 * sum(accs) / len(accs):.2f}" if accs else "-"
+            cols = family.columns(j.result)
+            row.update({labels[k]: "-" if cols[k] != cols[k] else f"{100 * cols[k]:.2f}" for k in shown})
             row["result / error"] = str(j.run_dir / "result.json")
         else:
             row["result / error"] = j.error or "units done here; built by the last process (or --merge)"
         rows.append(row)
-    print_table(rows, ["model", "status", MEAN_ACC1, "result / error"])
+    print_table(rows, ["model", "status", *labels.values(), "result / error"])
     failed = [j for j in jobs if j.status == "failed"]
     if failed:
         print(f"\n{len(failed)} model(s) failed: " + ", ".join(j.model_id for j in failed)
