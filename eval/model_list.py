@@ -55,9 +55,11 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
     if not p.exists():
+        from genshift.errors import did_you_mean
         from genshift.populations import list_populations
-        raise BenchError(f"--models {str(p)!r}: no such file and no such population (populations: "
-                         f"{', '.join(list_populations())})")
+
+        raise BenchError(f"--models {str(p)!r}: no such file and no such population."
+                         f"{did_you_mean(str(p), list_populations())} (populations: {', '.join(list_populations())})")
     text = read_text_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")  # /dev/zero: one line, at once
     out = []
     for n, line in enumerate(text.splitlines(), 1):

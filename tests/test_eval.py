@@ -172,6 +172,7 @@ def _small_flush(init):
     return wrapped
 
 
+@pytest.mark.slow
 def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights):
     """Real ImageNet weights on scikit-image's photos: tabby cat and espresso in the top-5."""
     from PIL import Image
@@ -325,6 +326,7 @@ def test_slope_cli_over_results(tmp_path, capsys):
     assert main(["slope", paths[0]]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decode", ["cpu", "device"])
 def test_odd_images_in_a_suite_from_elsewhere_are_read_as_import_stores_them(tmp_path, lite0_weights, decode):
     """A suite not made by import-folder may hold a raw 16-bit PNG or a transparent RGBA PNG. Eval reads

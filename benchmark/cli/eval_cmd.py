@@ -223,50 +223,38 @@ def print_sweep(jobs) -> None:
               + "; the others' results are complete, a rerun retries the failed ones")
 
 
-def _fmt(m: dict | None, *, pp: bool = True) -> str:
-    if not m or m.get("value") is None:
+def _fmt(m: dict | None) -> str:
+    """A fraction (and its interval) in percent or points; '-' when undefined."""
+    if not m or m.get("value") is None or m["value"] != m["value"]:
         return "-"
-    scale = 100 if pp else 1
-    text = f"{m['value'] * scale:.2f}"
-    if m.get("ci"):
-        text += f" [{m['ci'][0] * scale:.2f}, {m['ci'][1] * scale:.2f}]"
+    text = f"{100 * m['value']:.2f}"
+    if m.get("ci") and m["ci"][0] == m["ci"][0]:
+        text += f" [{100 * m['ci'][0]:.2f}, {100 * m['ci'][1]:.2f}]"
     return text
 
 
 def print_summary(result: dict) -> None:
-    """The end-of-run table: per config accuracy, plus the family's headline metrics (in %)."""
-    mets = result["metrics"]
-    star = mets.get("imagenet_star", {}).get("absolute_impact", {})
-    in_g = mets.get("in_g", {})
-    rows = []
-    for cfg, m in mets["configs"].items():
-        row = {"config": cfg, "scored": m["n_scored"], "acc@1 % [95% CI]": _fmt(m["acc1"]), "acc@5 %": _fmt(m["acc5"])}
-        if star:
-            row["impact pp"] = _fmt(star.get(cfg))
-        if cfg in in_g:
-            row["top3 fail %"] = _fmt(in_g[cfg]["top3_failure_rate"])
-            row["parent fail %"] = _fmt(in_g[cfg]["parent_failure_rate"])
-        rows.append(row)
-    cols = list(rows[0]) if rows else ["config"]
+    """The end-of-run table: acc@1 (with its interval) and acc@5 per config, then every other number the
+    suite's family declares (``genshift.families``), under its label and unit."""
+    from genshift.families import get_family
+
+    family = get_family(result["suite"]["metric_family"])
+    cols = family.columns(result)
+    rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": _fmt(m["acc1"]), "acc@5 %": _fmt(m["acc5"])}
+            for c, m in result["metrics"]["configs"].items()]
     print(f"{result['model']['id']} on {result['suite']['id']}"
           f" (manifest {result['suite']['manifest_sha256'][:12]}, config hash {result['config_hash'][:12]})")
-    print_table(rows, cols)
-    if "imagenet_star" in mets:
-        print(f"model mean impact (over shifts): {_fmt(mets['imagenet_star'].get('model_mean_impact'))} pp "
-              f"(reference: {mets['imagenet_star'].get('reference')})")
-    if "lance" in mets and "delta_acc1" in mets["lance"]:
-        lance = mets["lance"]
-        t = lance["headline_T"]
-        table2 = [("Original", lance["acc1_T"][t], lance["acc5_T"][t], None, None),
-                  ("Reconstructed", *(lance.get(f"{m}_reconstruction", {}).get(t)
-                                      for m in ("acc1", "acc5", "delta_acc1", "delta_acc5"))),
-                  ("LANCE", lance["acc1_counterfactual"], lance["acc5_counterfactual"], lance["delta_acc1"][t],
-                   lance["delta_acc5"][t])]
-        print(f"\nLANCE Table 2 (T = {t}), %:")
-        print_table([{"test set": name, "acc@1": _fmt(a1), "Δ@1": _fmt(d1), "acc@5": _fmt(a5), "Δ@5": _fmt(d5)}
-                     for name, a1, a5, d1, d5 in table2], ["test set", "acc@1", "Δ@1", "acc@5", "Δ@5"])
-        by_type = ", ".join(f"{k} {_fmt(v)}" for k, v in lance.get("delta_p_by_edit_type", {}).items())
-        print(f"mean Δp {_fmt(lance['delta_p'])} pp over {lance['n_pairs']} pairs; by edit type: {by_type or '-'}")
+    print_table(rows, ["config", "scored", "acc@1 % [95% CI]", "acc@5 %"])
+    for metric in family.metrics:
+        if metric.key in ("acc1", "acc5"):
+            continue
+        for col in sorted(k for k in cols if k == metric.key or k.startswith(metric.key + "/")):
+            if col.endswith(("_lo", "_hi")):
+                continue
+            ci = [cols.get(f"{col}_lo"), cols.get(f"{col}_hi")]
+            shown = _fmt({"value": cols[col], "ci": ci if None not in ci else None})
+            where = f" ({col.split('/', 1)[1]})" if "/" in col else ""
+            print(f"{metric.label}{where}: {shown} {metric.unit}")
     flags = [k for k, v in result["flags"].items() if v]
     if flags:
         print("flags: " + ", ".join(flags))
