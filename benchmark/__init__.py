@@ -1,7 +1,7 @@
 """genshift-bench: benchmarks and a leaderboard for ImageNet classifiers under generated distribution shifts.
 
 >>> import genshift
->>> result = genshift.evaluate("timm/resnet50.a1_in1k", "imagenet-star", configs=["base", "in_the_snow"])  # doctest: +SKIP
+>>> result = genshift.evaluate("timm/resnet50.a1_in1k", "imagenet-star", configs=["in_the_snow"])  # doctest: +SKIP
 
 The names below are imported on first use, so ``import genshift`` (and ``bench --help``) stays light.
 """

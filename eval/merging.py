@@ -253,7 +253,8 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
         "protocol": state["protocol"], "config_hash": state["config_hash"],
         "run": {**state["run"], "timings": timings, "effective_batch_size": min(eff_batch) if eff_batch else None},
         # the settings the forward passes ran with, not this process's (a merge runs elsewhere)
-        "environment": {**environment(), **state.get("ran", {})}, "started_at": state["started_at"], "finished_at": now(),
+        "environment": {**environment(), **state.get("ran", {})},
+        "started_at": state["started_at"], "finished_at": now(),
         "counts": counts, "metrics": metrics, "predictions": predictions, "flags": flags,
         "notes": state["notes"], "analysis": analysis,
     }

@@ -39,7 +39,9 @@ from genshift import upstream
 from genshift.distributed import balance, current_process
 from genshift.errors import BenchError, one_line
 from genshift.families import get_family
-from genshift.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
+from genshift.fsutil import (
+    INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file,
+)
 from genshift.oom import BatchBackoff
 from genshift.eval.inference import (
     Forward, ModelFeed, check_device, plan_units, predict_units, torch_state, wants_compile,
@@ -47,7 +49,7 @@ from genshift.eval.inference import (
 from genshift.eval.merging import (
     JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
 )
-from genshift.eval.model_list import ModelSpec
+from genshift.eval.model_list import ModelSpec, checkpoint_sha256
 from genshift.eval.options import EvalOptions
 from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
 from genshift.eval.progress import Progress
@@ -138,8 +140,8 @@ class Sweep:
         other model, claim output folders."""
         req = self.req
         self.out = Path(req.out)
-        self.keys = {spec: None if self.opts.force else self.request_key(spec) for spec in req.models}
-        finished = self._finished_runs()
+        self.keys = {spec: self.request_key(spec) for spec in req.models}
+        finished = {} if self.opts.force else self._finished_runs()
         todo = [spec for spec in req.models if self.keys[spec] not in finished]
         for spec in req.models:
             if spec not in todo:
@@ -203,7 +205,6 @@ class Sweep:
                                             "configs": list(req.configs or ()), "options": numbers}))
 
     def _weights_key(self, spec: ModelSpec) -> str | None:
-        from genshift.eval.model_list import checkpoint_sha256
         from genshift.eval.models import parse_model_name, resolve_model_revision
 
         if spec.classifier is not None:
@@ -224,7 +225,8 @@ class Sweep:
         for state in self.out.glob(f"*/*/{RUN_STATE}"):
             key = read_json(state, {}).get("request_key")
             run = state.parent
-            if key is not None and key in self.keys.values() and (run / RESULT_FILE).is_file() and not (run / WORK).exists():
+            finished = (run / RESULT_FILE).is_file() and not (run / WORK).exists()
+            if finished and key is not None and key in self.keys.values():
                 found[key] = run
         return found
 
@@ -267,7 +269,8 @@ class Sweep:
                     "normalize_on_device": opts.device_normalizes(), "cpu_threads": opts.cpu_threads,
                     "processes": self.dist.count, "forward_threads": opts.resolved_forward_threads(compiled=compiled)}
         if spec.from_wildcard:  # recorded with the run, not the protocol: the numbers are a single eval's
-            run_opts["wildcard"] = {"pattern": spec.from_wildcard, "expansion": req.wildcards.get(spec.from_wildcard, [])}
+            expansion = req.wildcards.get(spec.from_wildcard, [])
+            run_opts["wildcard"] = {"pattern": spec.from_wildcard, "expansion": expansion}
         # checkpoints are reusable only under the same protocol and everything that changes the numbers:
         # device type, AMP and its dtype, batch composition, CPU threads, compile, decode normalisation
         pred_key = sha256_bytes(canonical_json({

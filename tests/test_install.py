@@ -17,8 +17,8 @@ def test_the_wheel_holds_only_genshift(tmp_path):
     src = tmp_path / "src"  # a copy: building in place would leave build/ in the checkout
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
                                                              ".venv*", "runs"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-                    str(src)], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(src)], check=True, capture_output=True, timeout=600)
     (wheel,) = tmp_path.glob("genshift_bench-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/", 1)[0] for n in names}
@@ -36,7 +36,8 @@ def test_bench_and_import_work_beside_a_users_eval_benchmark_and_leaderboard(tmp
     env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path), "TQDM_DISABLE": "1"}
     probe = ("import sys, genshift; from genshift.eval import runner; from genshift.leaderboard import aggregate; "
              "print(genshift.__version__)")
-    p = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stderr
     bench = str(Path(sys.executable).parent / "bench")
     for argv, shown in (([bench, "suites"], "imagenet-star"), ([sys.executable, "-m", "genshift", "eval", "--help"],
