@@ -100,9 +100,12 @@ class Process:
             return "cpu"
         return f"cuda:{self.local_index}" if self.count > 1 else "cuda"
 
+    def owns(self, shard: int) -> bool:
+        """Whether shard number ``shard`` is this process's (round-robin by process index)."""
+        return shard % self.count == self.index
+
     def my_shards(self, shards: Sequence[Hashable]) -> list:
-        """Round-robin by process index."""
-        return [s for i, s in enumerate(shards) if i % self.count == self.index]
+        return [s for i, s in enumerate(shards) if self.owns(i)]
 
 
 def current_process(device: str | None = None) -> Process:
