@@ -7,7 +7,8 @@ builder never sees argparse.
 
 Builds whose bytes do not depend on where or with how many CPU threads they ran: builders record
 file names and sha256, never paths (:func:`files_digest`), and run every model step under
-``genshift.determinism.fixed_threads(cpu_threads)``: the setting that decides the bytes is fixed,
+:func:`fixed_threads` (``cpu_threads``; CPU kernels sum in an order that depends on the number of
+intra-op threads): the setting that decides the bytes is fixed,
 recorded in the manifest (:func:`provenance`) and part of the build fingerprint, so resuming a
 build with another value is refused. GPU kernels are not covered: a GPU build is byte-reproducible
 on the same GPU model and library versions, which the manifest records.
@@ -19,6 +20,8 @@ import difflib
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -75,6 +78,19 @@ class BuildConfig(Checked):
                                  "not depend on the machine's thread count (recorded; a resume with another value is "
                                  "refused)", min=1)
     progress: bool = option(True, "no progress bar", flag="--no-progress")
+
+
+@contextmanager
+def fixed_threads(n: int) -> Iterator[None]:
+    """Run the body with ``torch.set_num_threads(n)``; the previous count is restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def provenance(cpu_threads: int, device: str) -> dict:

@@ -27,8 +27,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, option
-from genshift.determinism import fixed_threads
+from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
 
 SUITE_ID = "imagenet-star"
 STAGE = ".stage"
@@ -192,7 +191,7 @@ def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int
            model_id: str):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
     from genshift.builders.common import files_digest, wait_for
-    from genshift.builders.sharding import current_process
+    from genshift.distributed import current_process
     from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
 
     ti = TIConfig(steps=steps, lr=lr, resolution=resolution)
@@ -303,7 +302,7 @@ def _run(cfg: Config) -> int:
 
     from genshift import imagenet
     from genshift.builders.common import effective_batch_sizes, provenance, record_batch_size, versions, wait_for
-    from genshift.builders.sharding import current_process, plan_nonempty_shards
+    from genshift.distributed import current_process, plan_nonempty_shards
     from genshift.builders.tokens import load_token_zip, token_name, tokens_digest
     from genshift.data_cards import render_card
     from genshift.suite_format import MANIFEST

@@ -17,8 +17,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, option
-from genshift.determinism import fixed_threads
+from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
 
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
 WORK = ".work"
@@ -159,7 +158,7 @@ def _run(cfg: Config) -> int:
     from genshift.builders.common import effective_batch_sizes, open_writer, provenance, record_batch_size
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-    from genshift.builders.sharding import current_process, plan_nonempty_shards, shard_of
+    from genshift.distributed import current_process, plan_nonempty_shards, shard_of
     from genshift.data_cards import render_card
     from genshift.errors import BenchError
     from genshift.fsutil import sha256_file

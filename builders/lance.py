@@ -27,9 +27,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, option
+from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
 from genshift.builders.lance_perturb import CAP_COUNTS, EDIT_TYPES, SAMPLING, sampling_record
-from genshift.determinism import fixed_threads
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
@@ -337,7 +336,7 @@ def _run(cfg: Config) -> int:
 
     from genshift.builders.common import free, open_writer, provenance
     from genshift.builders.lance_sources import find_hub_sources, find_sources
-    from genshift.builders.sharding import current_process, shard_of
+    from genshift.distributed import current_process, shard_of
     from genshift.data_cards import render_card
     from genshift.errors import BenchError
 

@@ -324,7 +324,7 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
 
     ``work_dir/<idx>.bin`` (one token, ``genshift.builders.tokens`` format) is written atomically when a class
     finishes, after ``work_dir/meta/<idx>.json`` (name, images, loss at start and end). With
-    ``process`` (``genshift.builders.sharding.Process``) classes are split round-robin over processes.
+    ``process`` (``genshift.distributed.Process``) classes are split round-robin over processes.
     """
     from tqdm.auto import tqdm
 

@@ -6,7 +6,7 @@ import torch
 from genshift.errors import BenchError
 from genshift.oom import BatchBackoff
 from genshift.builders.seeding import derive_seed, generator
-from genshift.builders.sharding import Process, plan_shards, shard_of
+from genshift.distributed import Process, plan_shards, shard_of
 
 
 def test_seeds_are_stable_and_distinct():
@@ -85,7 +85,7 @@ def test_clip_scorer_tiny_embeddings_are_normalised():
 
 
 def test_fixed_threads_sets_and_restores_the_thread_count():
-    from genshift.determinism import fixed_threads
+    from genshift.builders.common import fixed_threads
 
     before = torch.get_num_threads()
     with fixed_threads(1):
