@@ -94,7 +94,7 @@ def parse_classes(items) -> list[int]:
             a, b = (int(x) for x in it.split("-"))
             out += list(range(a, b + 1))
         else:
-            out.append(int(it) if it.isdigit() else imagenet.index_of(it))
+            out.append(imagenet.parse_class(it))
     bad = [c for c in out if not 0 <= c < imagenet.NUM_CLASSES]
     if bad:
         raise ConfigError("classes", f"{bad[0]} is not an ImageNet-1k class index (0..999)")

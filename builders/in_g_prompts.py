@@ -64,16 +64,11 @@ def check_caption(label: int, caption: str, *, an: bool = False) -> str:
     return caption
 
 
-def _label(text: str, where: str) -> int:
-    text = str(text).strip()
-    if text.isdigit():
-        if not 0 <= int(text) < imagenet.NUM_CLASSES:
-            raise BenchError(f"{where}: class {text} is not an ImageNet-1k index (0..999)")
-        return int(text)
+def _label(text, where: str) -> int:
     try:
-        return imagenet.index_of(text)
-    except KeyError:
-        raise BenchError(f"{where}: class {text!r} is not an ImageNet-1k wnid or index") from None
+        return imagenet.parse_class(text)
+    except BenchError as e:
+        raise BenchError(f"{where}: {e}") from None
 
 
 def read_captions(path: str | Path, *, an: bool = False) -> list[tuple[int, str]]:
