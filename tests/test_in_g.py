@@ -54,7 +54,7 @@ def test_seed_captions_keep_two_sentences_and_the_prefix(tmp_path):
     with pytest.raises(BenchError, match="holds no captions"):
         read_captions(tmp_path / "empty.csv")
     (tmp_path / "bad.csv").write_text(f"n0000000x,{prompt}\n")
-    with pytest.raises(BenchError, match="not an ImageNet-1k wnid"):
+    with pytest.raises(BenchError, match="bad.csv:1: unknown ImageNet-1k wnid .n0000000x."):
         read_captions(tmp_path / "bad.csv")
 
 
