@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, one_line, unknown
-from genshift.fsutil import canonical_json, parse_json_limited, sha256_bytes, sha256_file
+from genshift.fsutil import canonical_json, parse_json, sha256_bytes, sha256_file
 
 FORMAT_NAME = "genshift-suite"
 # Written as the string "1.1": readers of format 1 compare with the integer 1 and refuse it with
@@ -49,7 +49,6 @@ SHARD_PATH_RE = re.compile(r"^data/([a-z0-9][a-z0-9_\-]{0,63})/test-(\d{5})-of-(
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+\-]{0,63}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_MANIFEST_BYTES = 16 << 20  # a 1.2M-row suite's manifest is well under 1 MB
-MAX_JSON_DEPTH = 32
 # Columns every row has. Builders add free provenance columns next to them.
 REQUIRED_COLUMNS = ("image", "label", "image_id", "config", "keep", "pair_id")
 
@@ -178,8 +177,7 @@ def read_parquet_features(path: str | Path) -> dict:
     if raw is None:
         raise IntegrityError(f"{path}: parquet file has no 'huggingface' schema metadata; suites must be "
                              "written by genshift.writer.SuiteWriter (or with datasets) so features survive")
-    info = parse_json_limited(raw, what="'huggingface' parquet metadata", where=str(path),
-                              max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
+    info = parse_json(raw, what="'huggingface' parquet metadata", where=str(path), max_bytes=MAX_MANIFEST_BYTES)
     features = info.get("info", {}).get("features") if isinstance(info, dict) and isinstance(info.get("info"), dict) else None
     if not isinstance(features, dict):
         raise IntegrityError(f"{path}: the 'huggingface' parquet metadata holds no features; re-download or "
@@ -337,8 +335,7 @@ class Manifest:
 
         Every problem is one ``IntegrityError`` naming the field; nothing else escapes.
         """
-        raw = parse_json_limited(data, what="manifest", where=where, max_bytes=MAX_MANIFEST_BYTES,
-                                 max_depth=MAX_JSON_DEPTH)
+        raw = parse_json(data, what="manifest", where=where, max_bytes=MAX_MANIFEST_BYTES)
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             found = raw.get("format") if isinstance(raw, dict) else None
             raise IntegrityError(f"{where}: not a {FORMAT_NAME} manifest (field 'format' is "

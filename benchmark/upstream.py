@@ -45,7 +45,7 @@ import numpy as np
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import sha256_file
+from genshift.fsutil import StatKey, cache_root, sha256_file
 from genshift.reader import LocalSuite
 from genshift.suites import get_suite, imagenet_star_shifts
 
@@ -65,6 +65,7 @@ DATA_REVISION_PREFIX = _PINS["revision_prefix"]
 NO_MASK = ":none"  # mask argument meaning "score every image" (--no-mask); no file can be named so by accident
 
 PER_CLASS = 50
+MAX_MEMO_BYTES = 16 << 20  # zip-hashes.json: one line per zip ever hashed
 SHIFT_ALIASES = {"at_dusk_simple": "at_dusk"}
 IMAGE_RE = re.compile(r"^(\d{2})\.jpe?g$", re.IGNORECASE)
 _NUMPY_CALLABLES = {
@@ -307,24 +308,20 @@ def release_shifts(path: str | Path) -> list[str]:
 
 
 def _cache_root(cache_dir: str | None) -> Path:
-    import os
-
-    from huggingface_hub import constants
-
-    return Path(cache_dir or os.path.join(constants.HF_HOME, "genshift")) / "upstream"
+    return (Path(cache_dir) if cache_dir else cache_root()) / "upstream"
 
 
 def _memo_sha256(path: Path, memo_file: Path) -> str:
-    """sha256 of a (multi-GB) file, remembered by (path, size, mtime) so unchanged zips are hashed once."""
-    import json
+    """sha256 of a (multi-GB) file, remembered by its path and stat key so unchanged zips are hashed once."""
+    from genshift.fsutil import atomic_write_json, parse_json, read_limited
 
-    from genshift.fsutil import atomic_write_json
-
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = f"{path.resolve()}|{StatKey.of(path)}"
     try:
-        memo = json.loads(memo_file.read_text())
-    except (OSError, ValueError):
+        memo = parse_json(read_limited(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo"),
+                          where=str(memo_file), max_bytes=MAX_MEMO_BYTES)
+    except IntegrityError:
+        memo = {}
+    if not isinstance(memo, dict):
         memo = {}
     if key not in memo:
         memo[key] = sha256_file(path)
@@ -333,7 +330,7 @@ def _memo_sha256(path: Path, memo_file: Path) -> str:
 
 
 def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
-    """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names, sizes, mtimes)."""
+    """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names and stat keys)."""
     import hashlib
 
     out = {}
@@ -345,8 +342,7 @@ def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str
             h = hashlib.sha256()
             for f in sorted((root / s).rglob("*")):
                 if f.is_file():
-                    st = f.stat()
-                    h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+                    h.update(f"{f.relative_to(root)}|{StatKey.of(f)}\n".encode())
             out[s] = "dir:" + h.hexdigest()
     return out
 

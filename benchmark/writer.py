@@ -29,12 +29,13 @@ from datasets import Features, Image
 
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import (INCOMPLETE, atomic_path, atomic_write_bytes, atomic_write_json, canonical_json,
-                              ensure_writable_dir, sha256_bytes)
+                              ensure_writable_dir, parse_json, read_limited, sha256_bytes)
 from genshift.suite_format import (BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest, build_manifest,
                                     check_config_name, check_name, rows_digest_table, shard_name, suite_features)
 
 log = logging.getLogger(__name__)
 IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
+MAX_STATE_BYTES = 16 << 20  # build.json: the settings and features of a build
 
 
 def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
@@ -99,11 +100,12 @@ class SuiteWriter:
                     raise BenchError(f"output directory {str(self.root)!r} is not empty and holds no bench build; "
                                      "choose an empty or new directory")
             else:
-                import json
                 try:
-                    old = json.loads(state_path.read_text())
-                except ValueError:
+                    old = parse_json(read_limited(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE),
+                                     where=str(state_path), max_bytes=MAX_STATE_BYTES)
+                except IntegrityError:
                     old = {}
+                old = old if isinstance(old, dict) else {}
                 same = old.get("fingerprint_sha256") == self.fingerprint_sha256
                 if not same or overwrite:
                     if not overwrite:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from genshift.fsutil import canonical_json, sha256_bytes
+from genshift.fsutil import cache_root, canonical_json, sha256_bytes
 
 log = logging.getLogger(__name__)
 FORMAT = "aoti-2"  # 2: the intra-op thread count is part of the key
@@ -42,9 +42,7 @@ DEFAULT_LIMIT_GB = 20.0
 def cache_dir() -> Path:
     if os.environ.get("GENSHIFT_COMPILE_CACHE"):
         return Path(os.environ["GENSHIFT_COMPILE_CACHE"])
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HOME) / "genshift" / "compiled"
+    return cache_root() / "compiled"
 
 
 def _limit_bytes() -> int:

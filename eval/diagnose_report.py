@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 from pathlib import Path
 
@@ -135,12 +134,16 @@ direction worth reading; the hardest and easiest images lie at the two ends of i
 def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSES) -> dict | None:
     """``diagnose.json`` of a store entry, checked and reduced to what the leaderboard shows; None if
     absent or not a valid report (a bad file never breaks the drilldown)."""
+    from genshift.errors import BenchError
+    from genshift.fsutil import parse_json, read_limited
+
     p = Path(run_dir) / REPORT
+    if not p.is_file():
+        return None
     try:
-        if not p.is_file() or p.stat().st_size > MAX_REPORT_BYTES:
-            return None
-        data = json.loads(p.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        data = parse_json(read_limited(p, max_bytes=MAX_REPORT_BYTES, what=REPORT), where=str(p),
+                          max_bytes=MAX_REPORT_BYTES)
+    except BenchError:
         return None
     if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose" or not isinstance(data.get("classes"), list):
         return None

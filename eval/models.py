@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from genshift.errors import BenchError, NotFoundError, OfflineError, first_line
-from genshift.fsutil import sha256_file
+from genshift.fsutil import StatKey, sha256_file
 from genshift.hubio import OFFLINE_ROUTE, SHA_RE, _unreachable
 from genshift.eval.results import PROTOCOL_OPTIONS
 
@@ -363,8 +363,7 @@ def weights_sha256(path: str | os.PathLike) -> str:
     chunk's models load in a background thread).
     """
     real = os.path.realpath(path)
-    st = os.stat(real)
-    key = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (real, StatKey.of(real))
     with _SHA_LOCK:
         digest = _SHA_MEMO.get(key)
     if digest is None:
