@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from genshift.errors import BenchError, IntegrityError, OfflineError, first_line
+from genshift.errors import BenchError, OfflineError, first_line
 from genshift.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through genshift.hub
-    REPO_RE, SHA_RE, _api, _check_repo_id, _endpoint, _hub_error, _offline, _unreachable, resolve_or_cache,
-    resolve_revision, snapshot,
+    SHA_RE, _api, _check_repo_id, _endpoint, _offline, _unreachable, is_repo_id, resolve_revision, snapshot,
 )
 from genshift.reader import LocalSuite
 from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
@@ -39,14 +38,13 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
     with the command that re-downloads it.
     """
     _check_repo_id(repo_id)
-    sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
+    sha = resolve_revision(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     kw = {"revision": sha, "cache_dir": cache_dir, "endpoint": endpoint, "token": token,
-          "force_download": force_download, "local_only": not reachable}
+          "force_download": force_download}
     root = snapshot(repo_id, patterns=[MANIFEST, CARD], **kw)
     if not (root / MANIFEST).is_file():
-        raise OfflineError(f"the snapshot of {repo_id}@{sha[:12]} has no {MANIFEST}" + (
-            "; the cache holds only part of it and the Hub is not reachable" if not reachable else
-            "; it is not a genshift suite (format 1 or 1.1)"))
+        raise OfflineError(f"the snapshot of {repo_id}@{sha[:12]} has no {MANIFEST}; it is not a genshift suite "
+                           "(format 1 or 1.1), or the cache holds only part of it and the Hub is not reachable")
     hint = f"re-download with `bench download {repo_id} --revision {sha} --force-download`"
     suite = LocalSuite.open(root, repo_id=repo_id, revision=sha, redownload_hint=hint)
     selected = suite.select(configs)
@@ -57,14 +55,7 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
                            f"{', '.join(selected)}) and the Hub is not reachable; run `bench download {repo_id} "
                            f"--revision {sha} --configs {','.join(selected)}` once with network") from None
     suite = LocalSuite.open(root, repo_id=repo_id, revision=sha, redownload_hint=hint)
-    try:
-        suite.verify(selected)
-    except IntegrityError as e:
-        if not reachable and "missing" in str(e):
-            raise OfflineError(f"the cached snapshot of {repo_id}@{sha} lacks files of {', '.join(selected)} and the "
-                               f"Hub is not reachable; run `bench download {repo_id} --revision {sha} --configs "
-                               f"{','.join(selected)}` once with network") from None
-        raise
+    suite.verify(selected)
     return suite
 
 
@@ -117,7 +108,7 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
             log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
                         suite, spec.repo_id, local.revision)
         return local
-    if REPO_RE.match(suite):
+    if is_repo_id(suite):
         _no_mask(mask, suite)
         local = download_suite(suite, revision=revision, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
                                token=token, force_download=force_download)

@@ -133,14 +133,14 @@ def released_perturber_dir(*, revision: str | None = None, cache_dir: str | None
 
     from genshift import hub
 
-    sha, reachable = hub.resolve_or_cache(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint,
-                                          pin_hint="as a commit of LANCE-release/checkpoints")
+    sha = hub.resolve_revision(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint, cache_dir=cache_dir,
+                               pin_hint="as a commit of LANCE-release/checkpoints")
     out = (Path(cache_dir) / "genshift" if cache_dir else cache_root()) / f"lance-perturber-{sha[:12]}"
     if (out / "config.json").is_file():
         return out
     try:
         paths = {k: hf_hub_download(RELEASE_REPO, f, repo_type="dataset", revision=sha, cache_dir=cache_dir,
-                                    endpoint=endpoint, local_files_only=not reachable)
+                                    endpoint=endpoint)
                  for k, f in FILES.items()}
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
         raise BenchError(f"cannot get the released LANCE perturber from {RELEASE_REPO}@{sha[:12]} "

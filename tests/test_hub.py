@@ -87,9 +87,21 @@ def test_offline_without_cache_says_how_to_get_a_snapshot(hub_repos, tmp_path):
                          cwd=tmp_path)
     assert r.returncode != 0
     assert "error:" in r.stderr and "bench download" in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    r = bench_subprocess(["download", "genshift-test/toy", "--revision", "main"], env={"HF_HUB_OFFLINE": "1"},
-                         cwd=tmp_path)
+    r = bench_subprocess(["download", "genshift-test/toy", "--revision", "main", "--cache-dir", str(tmp_path / "empty")],
+                         env={"HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
     assert r.returncode != 0 and "40-character commit sha" in r.stderr
+
+
+def test_offline_a_branch_resolves_from_the_refs_a_download_recorded(hub_repos, tmp_path):
+    """huggingface_hub's own offline rule: a branch or tag resolves from the cache's refs/ once a download
+    with network recorded it; never recorded, it is the error that says to pin a sha."""
+    cache = str(tmp_path / "c")
+    online = hub.download_suite("genshift-test/toy", revision="main", configs=["base"], endpoint=hub_repos["endpoint"],
+                                cache_dir=cache)
+    r = bench_subprocess(["download", "genshift-test/toy", "--revision", "main", "--configs", "base", "--cache-dir",
+                          cache], env={"HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == online.revision == hub_repos["sha2"]
 
 
 def test_eval_a_tiny_hub_model_on_a_hub_suite_over_loopback(hub_repos, tmp_path):
@@ -186,7 +198,7 @@ def test_gated_repo_says_how_to_get_access(tmp_path):
         assert ok.manifest.sha256 == Manifest.load(folder).sha256
 
 
-def test_unreachable_hub_falls_back_to_the_cache_only_for_a_pinned_sha(tmp_path):
+def test_unreachable_hub_falls_back_to_the_cache_for_a_sha_or_a_recorded_branch(tmp_path):
     from genshift.errors import OfflineError
 
     folder = _built_suite(tmp_path)
@@ -198,7 +210,7 @@ def test_unreachable_hub_falls_back_to_the_cache_only_for_a_pinned_sha(tmp_path)
     # the server is gone (connection refused), HF_HUB_OFFLINE is not set
     again = hub.download_suite("org/toy", revision=sha, configs=["base"], endpoint=dead, cache_dir=cache)
     assert again.revision == sha and len(again.dataset("base")) == 8
-    with pytest.raises(OfflineError, match=r"cannot reach .* to resolve org/toy@main .* pin the 40-character commit"):
+    with pytest.raises(OfflineError, match=r"cannot reach .* to resolve dataset repo org/toy@main .* pin the 40-character commit"):
         hub.download_suite("org/toy", revision="main", endpoint=dead, cache_dir=cache)
     with pytest.raises(OfflineError, match=r"cached snapshot of org/toy@[0-9a-f]{40} is incomplete .*bench download"):
         hub.download_suite("org/toy", revision=sha, endpoint=dead, cache_dir=cache)  # 'shifted' was never fetched
@@ -457,3 +469,10 @@ def test_publish_that_cannot_write_eval_yaml_is_one_line(tmp_path):
     assert "\n" not in str(info.value)
     assert ("dataset", "org/toy") not in fh.repos  # refused before the repo was created
     assert not list(folder.glob("eval.yaml.*"))  # no temp file left
+
+
+@pytest.mark.parametrize("text, ok", [("org/name", True), ("timm/resnet50.a1_in1k", True), ("Org-1/x_y.z", True),
+                                      ("name", False), ("a/b/c", False), ("org/na--me", False), ("org/x.git", False),
+                                      ("org/-x", False), ("ørg/x", False), ("org/" + "x" * 97, False), (None, False)])
+def test_repo_ids_are_the_hubs_own_rule(text, ok):
+    assert hub.is_repo_id(text) is ok
