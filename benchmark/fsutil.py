@@ -214,9 +214,6 @@ def load_yaml(text: str, *, where: str, what: str, max_depth: int, fix: str = ""
         raise IntegrityError(f"{where}: {what} does not parse ({first_line(e, 160)}){fix}") from None
 
 
-load_yaml_limited = load_yaml  # data_cards/eval_yaml.py's name until the metric-family refactor lands
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it to ``path`` only on success."""

@@ -4,7 +4,7 @@ Consumption follows the offline-safe pattern of ``genshift.hubio`` (``docs/hub.m
 the revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and
 the requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
 
-Publishing writes the suite's ``eval.yaml`` (``genshift.data_cards.eval_yaml``) when it is missing, then uploads a small suite in **one** commit (against the expected parent commit) and a
+Publishing writes the suite's ``eval.yaml`` (``genshift.eval_yaml``) when it is missing, then uploads a small suite in **one** commit (against the expected parent commit) and a
 large one resumably in several commits, then tags it and turns gating on when the card asks.
 """
 
@@ -144,7 +144,7 @@ def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
     from genshift.fsutil import atomic_write_bytes, read_limited
-    from genshift.data_cards.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
+    from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
 
     path = Path(folder) / EVAL_YAML
     if path.is_file():

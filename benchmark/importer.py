@@ -44,6 +44,7 @@ import shutil
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import prepare_fresh_dir, read_limited
 from genshift.pixels import check_size, to_8bit
-from genshift.suite_format import CONFIG_RE, MANIFEST, check_config_name
+from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_config_name
 
 log = logging.getLogger(__name__)
 # A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
@@ -433,8 +434,9 @@ def clean_leftovers(out: Path) -> list[Path]:
 def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | None = None,
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
                   skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
-                  progress: bool = True):
-    """Import images into a new suite at ``out``; returns its ``Manifest``.
+                  progress: bool = True, card: Callable[[Manifest], str] | None = None) -> Manifest:
+    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its
+    dataset card (``genshift.data_cards.import_card``, as ``bench import-folder`` does).
 
     ``workers`` processes decode and convert images (default: one per CPU, at most
     ``DEFAULT_WORKERS``; 0 = in this process). Rows and shards are the same for any number.
@@ -464,20 +466,18 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
             if workers > 0 and len(layout.items) > CHUNK else None)
     try:
         return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
-                       shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress)
+                       shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress, card=card)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
 
 
 def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool, skip_bad_images: bool,
-            shard_size: int, pool, ahead: int, progress: bool):
+            shard_size: int, pool, ahead: int, progress: bool, card) -> Manifest:
     from datasets import Value
     from tqdm.auto import tqdm
 
-    from genshift.suite_format import Manifest
     from genshift.writer import SuiteWriter
-    from genshift.data_cards import render_card
 
     good, skipped, checked = [], [], {}
     # work goes to the pool in chunks of CHUNK images (one task per image costs more than a small image)
@@ -533,12 +533,7 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
             if layout.reference is not None:
                 # read by bench eval for suites outside the registry: score as ImageNet*
                 generator.update(metric_family="imagenet_star", reference_config=layout.reference)
-            shifts = ", ".join(c for c in layout.configs if c != layout.reference)
-            note = (f"Imported with `bench import-folder` ({len(good)} images)." if layout.reference is None else
-                    f"Imported with `bench import-folder` ({len(good)} images): reference `{layout.reference}`, "
-                    f"shifts {shifts}; scored as ImageNet* (per-shift accuracy, absolute impact).")
-            w.finalize(generator=generator, card=lambda m: render_card(
-                m, template="generic", pretty_name=name, context={"note": note}))
+            w.finalize(generator=generator, card=card)
         (tmp / "build.json").unlink(missing_ok=True)
         _swap_into_place(tmp, out, overwrite=overwrite)
     except BaseException:

@@ -37,7 +37,7 @@ import logging
 import pickle
 import re
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,7 @@ from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import StatKey, cache_root, sha256_file
 from genshift.reader import LocalSuite
+from genshift.suite_format import Manifest
 from genshift.suites import get_suite, imagenet_star_shifts
 
 log = logging.getLogger(__name__)
@@ -190,8 +191,11 @@ def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
 
 def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str], mask: str | Path | None = None,
                     strict: bool = False, per_class: int = PER_CLASS, classes: Iterable[int] | None = None,
-                    source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None):
-    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``.
+                    source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None,
+                    card: Callable[[Manifest], str] | None = None) -> Manifest:
+    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``; ``card``
+    renders its dataset card (``genshift.data_cards.upstream_card``; the conversions cached by
+    :func:`open_release` and :func:`open_upstream` have none: they are read, not published).
 
     Missing and unexpected files are a warning with the counts recorded in the manifest's
     ``generator.files`` (real copies of the release are short); ``strict=True`` makes them an
@@ -201,7 +205,6 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     from datasets import Value
 
     from genshift.writer import SuiteWriter
-    from genshift.data_cards import render_card
 
     root = Path(root)
     shifts = list(dict.fromkeys(shifts))
@@ -256,9 +259,7 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
                      "mask": None if mask is None else {"file": Path(mask).name, "sha256": fingerprint["mask_sha256"],
                                                         "index": "50 * class + image number"},
                      "zips_sha256": sources, "files": report}
-        return w.finalize(generator=generator, card=lambda m: render_card(
-            m, template="generic", license="mit", pretty_name="ImageNet* (upstream release, converted)",
-            context={"note": "Converted from madrylab/imagenet-star without re-encoding; keep = the authors' mask."}))
+        return w.finalize(generator=generator, card=card)
 
 
 def _blocks(items: list[ReleaseImage], classes: list[int]) -> list[list[ReleaseImage]]:

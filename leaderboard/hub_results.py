@@ -1,7 +1,7 @@
 """Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board.
 
 The Hub's eval-results system (hub-docs "Evaluation results"): a benchmark dataset declares its
-tasks in ``eval.yaml`` (``genshift.data_cards.eval_yaml``), and a model repo reports scores for them in
+tasks in ``eval.yaml`` (``genshift.eval_yaml``), and a model repo reports scores for them in
 ``.eval_results/<name>.yaml``, a list of entries built here with huggingface_hub's
 ``EvalResultEntry`` / ``eval_result_entries_to_yaml`` (never hand-formatted). An entry from a pull
 request shows as "community" until the model's owners merge it.
@@ -40,7 +40,7 @@ URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
 
 
 def _tasks_of(result: dict):
-    from genshift.data_cards.eval_yaml import tasks
+    from genshift.eval_yaml import tasks
 
     s = result["suite"]
     return tasks(s["metric_family"], list(s["configs"]), result["protocol"]["scoring"].get("reference_config"))
@@ -114,7 +114,7 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
     from huggingface_hub import errors
 
     from genshift.fsutil import read_limited
-    from genshift.data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
+    from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
 
     try:
         path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")

@@ -126,10 +126,10 @@ def _check_loads_by_config(root: Path):
 
 
 def test_synthetic_cli_suite_loads_config_by_config(tmp_path):
-    from genshift.synthetic import main as synthetic_main
+    from genshift.cli import main
 
     out = tmp_path / "demo"
-    assert synthetic_main(["--out", str(out), "--configs", "base,in_the_snow", "--classes", "3", "--per-class", "2"]) == 0
+    assert main(["demo-suite", "--out", str(out), "--configs", "base,in_the_snow", "--classes", "3", "--per-class", "2"]) == 0
     _check_loads_by_config(out)
     head = (out / "README.md").read_text().split("---")[1]
     assert "size_categories:\n- n<1K" in head and "n01440764" not in head  # compact: features are in the parquet

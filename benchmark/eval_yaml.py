@@ -25,7 +25,7 @@ import yaml
 
 from genshift.errors import IntegrityError
 from genshift.families import Task, get_family
-from genshift.fsutil import load_yaml_limited
+from genshift.fsutil import load_yaml
 from genshift.suite_format import EVAL_YAML, SPLIT
 
 FRAMEWORK = "genshift-bench"
@@ -84,7 +84,7 @@ def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise IntegrityError(f"{where} is not UTF-8; {FIX}") from None
-    doc = load_yaml_limited(text, what="the YAML", where=where, max_depth=MAX_YAML_DEPTH)
+    doc = load_yaml(text, what="the YAML", where=where, max_depth=MAX_YAML_DEPTH)
 
     def bad(what: str) -> IntegrityError:
         return IntegrityError(f"{where}: {what}; {FIX}")
