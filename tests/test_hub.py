@@ -396,26 +396,6 @@ def test_small_suite_is_one_commit_and_a_gated_card_gates_the_repo(tmp_path, cap
         assert "expected a number >= 0" in capsys.readouterr().err
 
 
-def test_hub_and_upstream_do_not_import_each_other():
-    """Layers: hubio (transport) <- upstream (release adapter) <- hub (open/download/publish suites)."""
-    import ast
-
-    def imports(module: str) -> set[str]:
-        import importlib.util
-
-        tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
-        out = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-            elif isinstance(node, ast.Import):
-                out |= {a.name for a in node.names}
-        return out
-
-    assert "genshift.hub" not in imports("genshift.upstream")
-    assert not {"genshift.hub", "genshift.upstream"} & imports("genshift.hubio")
-
-
 def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, capsys):
     from huggingface_hub import constants
 
