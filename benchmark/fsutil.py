@@ -54,7 +54,7 @@ class StatKey:
     dev: int
 
     @classmethod
-    def of(cls, path: str | os.PathLike) -> "StatKey":
+    def of(cls, path: str | os.PathLike) -> StatKey:
         st = os.stat(path)
         return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from genshift.errors import BenchError, OfflineError, first_line
 from genshift.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through genshift.hub
-    SHA_RE, _api, _check_repo_id, _endpoint, _offline, _unreachable, is_repo_id, resolve_revision, snapshot,
+    SHA_RE,
+    _api,
+    _check_repo_id,
+    _endpoint,
+    _offline,
+    _unreachable,
+    is_repo_id,
+    resolve_revision,
+    snapshot,
 )
 from genshift.reader import LocalSuite
 from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
@@ -143,8 +151,8 @@ def publish_files(suite: LocalSuite) -> list[str]:
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
-    from genshift.fsutil import atomic_write_bytes, read_limited
     from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
+    from genshift.fsutil import atomic_write_bytes, read_limited
 
     path = Path(folder) / EVAL_YAML
     if path.is_file():

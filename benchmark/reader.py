@@ -31,8 +31,17 @@ import pyarrow.parquet as pq
 
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import StatKey, load_yaml, read_limited
-from genshift.suite_format import (CARD, MANIFEST, SPLIT, Manifest, check_features, check_rows, read_parquet_features,
-                                    read_row_table, verify_files)
+from genshift.suite_format import (
+    CARD,
+    MANIFEST,
+    SPLIT,
+    Manifest,
+    check_features,
+    check_rows,
+    read_parquet_features,
+    read_row_table,
+    verify_files,
+)
 
 MAX_CARD_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32
@@ -68,7 +77,7 @@ class LocalSuite:
 
     @classmethod
     def open(cls, root: str | Path, *, repo_id: str | None = None, revision: str | None = None,
-             redownload_hint: str | None = None) -> "LocalSuite":
+             redownload_hint: str | None = None) -> LocalSuite:
         root = Path(root)
         if not root.exists():
             raise BenchError(f"suite folder {str(root)!r} does not exist; give a registry id (see `bench suites`) "

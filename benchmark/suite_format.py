@@ -330,7 +330,7 @@ class Manifest:
                                  f"features ({type(e).__name__}); re-download or rebuild the suite") from None
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, where: str) -> "Manifest":
+    def from_bytes(cls, data: bytes, *, where: str) -> Manifest:
         """Parse and check a manifest from outside: limits, types, names, shard paths, counts.
 
         Every problem is one ``IntegrityError`` naming the field; nothing else escapes.
@@ -371,7 +371,7 @@ class Manifest:
                    format_version=version)
 
     @classmethod
-    def load(cls, root: str | Path) -> "Manifest":
+    def load(cls, root: str | Path) -> Manifest:
         from genshift.fsutil import read_limited
 
         path = Path(root) / MANIFEST

@@ -20,8 +20,8 @@ from importlib import resources
 import yaml
 
 from genshift import imagenet
-from genshift.hubio import SHA_RE
 from genshift.families import FAMILIES
+from genshift.hubio import SHA_RE
 from genshift.registry import Registry
 
 METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)

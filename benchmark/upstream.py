@@ -118,7 +118,7 @@ def load_masks(path: str | Path, *, per_class: int = PER_CLASS, num_classes: int
         shift = SHIFT_ALIASES.get(key, key) if isinstance(key, str) else key
         if shift not in known:
             raise IntegrityError(f"{name}: unknown shift key {key!r} (known: {', '.join(sorted(known))})")
-        if not isinstance(arr, np.ndarray) or arr.ndim != 1 or not (arr.dtype.kind in "biu"):
+        if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in "biu":
             raise IntegrityError(f"{name}: key {key!r} is not a 1-d integer array")
         if arr.size != want:
             raise IntegrityError(f"{name}: key {key!r} has {arr.size:,} entries, expected {want:,} "

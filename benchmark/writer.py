@@ -28,10 +28,30 @@ import pyarrow.parquet as pq
 from datasets import Features, Image
 
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import (INCOMPLETE, atomic_path, atomic_write_bytes, atomic_write_json, canonical_json,
-                              ensure_writable_dir, parse_json, read_limited, sha256_bytes)
-from genshift.suite_format import (BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest, build_manifest,
-                                    check_config_name, check_name, rows_digest_table, shard_name, suite_features)
+from genshift.fsutil import (
+    INCOMPLETE,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    canonical_json,
+    ensure_writable_dir,
+    parse_json,
+    read_limited,
+    sha256_bytes,
+)
+from genshift.suite_format import (
+    BUILD_STATE,
+    CARD,
+    MANIFEST,
+    SHARD_RE,
+    Manifest,
+    build_manifest,
+    check_config_name,
+    check_name,
+    rows_digest_table,
+    shard_name,
+    suite_features,
+)
 
 log = logging.getLogger(__name__)
 IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
@@ -122,7 +142,7 @@ class SuiteWriter:
                 log.warning("removing %s left by an interrupted run", stale)
                 stale.unlink()
 
-    def __enter__(self) -> "SuiteWriter":
+    def __enter__(self) -> SuiteWriter:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -17,13 +17,13 @@ import numpy as np
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import atomic_write_json, sha256_file
 from genshift.eval import diagnose_report
 from genshift.eval.embeddings import ClipEncoder, ImageView, suite_image_embeddings
 from genshift.eval.failure_directions import DirectionOptions, Whitening, class_direction
 from genshift.eval.metrics import parent_failures
 from genshift.eval.predictions import read_predictions, topk_matrix
 from genshift.eval.results import load_result
+from genshift.fsutil import atomic_write_json, sha256_file
 
 CRITERIA = ("top1", "top3", "parent")
 

@@ -77,7 +77,7 @@ class ClipEncoder:
 
     @classmethod
     def from_pretrained(cls, name: str = DEFAULT_CLIP[0], pretrained: str = DEFAULT_CLIP[1], *,
-                        device: str = "cpu", precision: str = "auto") -> "ClipEncoder":
+                        device: str = "cpu", precision: str = "auto") -> ClipEncoder:
         import open_clip
 
         try:

@@ -63,7 +63,7 @@ class Whitening:
     normalize: bool = True
 
     @classmethod
-    def fit(cls, reference: np.ndarray, *, whiten: bool = True, normalize: bool = True) -> "Whitening":
+    def fit(cls, reference: np.ndarray, *, whiten: bool = True, normalize: bool = True) -> Whitening:
         ref = np.asarray(reference, dtype=np.float64)
         mean = ref.mean(axis=0)
         std = (ref - mean).std(axis=0, ddof=1)

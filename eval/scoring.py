@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from genshift import imagenet
-from genshift.families import get_family
 from genshift.eval import bootstrap, metrics
 from genshift.eval.predictions import topk_matrix
+from genshift.families import get_family
 
 LANCE_HEADLINE_T = "originals_with_counterfactual"  # Table 2's numbers are fractions of N = 576 (Prabhu et al.)
 
@@ -60,7 +60,7 @@ class _Config:
     n_kept: int
 
     @classmethod
-    def from_table(cls, name: str, table: pa.Table, *, filter: bool) -> "_Config":
+    def from_table(cls, name: str, table: pa.Table, *, filter: bool) -> _Config:
         keep = table["keep"].to_numpy(zero_copy_only=False).astype(bool)
         rows = np.flatnonzero(keep) if filter else np.arange(table.num_rows)
         t = table.take(rows)

@@ -3,8 +3,14 @@
 import numpy as np
 import pytest
 
-from genshift.eval.failure_directions import (C_GRID, DirectionOptions, Whitening, candidate_captions, class_direction,
-                                     search_svm)
+from genshift.eval.failure_directions import (
+    C_GRID,
+    DirectionOptions,
+    Whitening,
+    candidate_captions,
+    class_direction,
+    search_svm,
+)
 
 
 def _planted(n=160, d=24, seed=0, strength=3.0):
@@ -89,11 +95,11 @@ def test_captions_follow_the_code_and_name_the_planted_attribute():
 
 
 def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from genshift.cli import main
     from genshift.builders.tiny import tiny_open_clip
+    from genshift.cli import main
     from genshift.eval import embeddings
-    from genshift.eval.runner import EvalRequest, evaluate
     from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
 
     _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
                                     out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from genshift import hub
+from genshift.data_cards import render_card
 from genshift.errors import BenchError, NotFoundError, OfflineError
 from genshift.suite_format import Manifest
 from genshift.synthetic import make_synthetic_suite
-from genshift.data_cards import render_card
 from tests.fakehub import FakeHub
 from tests.hubtools import bench_subprocess, git_commit, olah_available, olah_server
 
@@ -417,7 +417,6 @@ def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, ca
 def test_hub_model_with_no_network_is_one_line_pointing_to_the_offline_route(tmp_path, toy_suite):
     """No network and no HF_HUB_OFFLINE (a careless user on a plane): the Hub model cannot be resolved.
     The endpoint is a closed loopback port, so the HTTP client raises its own transport error."""
-    import os
     import subprocess
     import sys
 

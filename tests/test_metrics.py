@@ -1,7 +1,6 @@
 """Every metric on hand-computed cases and against naive loops written from the definitions."""
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from scipy.stats import norm
 
