@@ -21,15 +21,21 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import Field
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, one_line, unknown
 from genshift.fsutil import canonical_json, parse_json, sha256_bytes, sha256_file
+from genshift.schema import Count, Schema, Sha256, validate
+
+if TYPE_CHECKING:
+    from datasets import Features
 
 FORMAT_NAME = "genshift-suite"
 # Written as the string "1.1": readers of format 1 compare with the integer 1 and refuse it with
@@ -225,61 +231,48 @@ class ConfigInfo:
 
 
 def _bad(where: str, what: str) -> IntegrityError:
-    return IntegrityError(f"{where}: {what}; the manifest was not written by genshift-bench or was edited "
-                          "(re-download or rebuild the suite, see docs/format.md)")
+    return IntegrityError(f"{where}: {what}; {MANIFEST_FIX}")
 
 
-def _field(obj: dict, key: str, kind, where: str, *, default=None, required: bool = True):
-    """``obj[key]`` checked to be of ``kind`` (``int`` excludes ``bool``)."""
-    if key not in obj:
-        if required:
-            raise _bad(where, f"field {key!r} is missing")
-        return default
-    value = obj[key]
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if not ok:
-        raise _bad(where, f"field {key!r} must be {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
-    return value
+MANIFEST_FIX = ("the manifest was not written by genshift-bench or was edited (re-download or rebuild the suite, "
+                "see docs/format.md)")
 
 
-def _count(obj: dict, key: str, where: str) -> int:
-    value = _field(obj, key, int, where)
-    if not 0 <= value < 1 << 53:
-        raise _bad(where, f"field {key!r} is {one_line(value, limit=24)}, outside 0..2^53")
-    return value
+class _FileEntry(Schema):
+    size: Count
+    sha256: Sha256
 
 
-def _parse_files(raw: dict, where: str) -> dict[str, ManifestFile]:
-    files = {}
-    for rel, entry in _field(raw, "files", dict, where).items():
-        if not SHARD_PATH_RE.fullmatch(rel):
-            shown = rel if len(rel) <= 80 else rel[:60] + "…"
-            raise _bad(where, f"file {shown!r} is not a shard path data/<config>/test-NNNNN-of-NNNNN.parquet "
-                       "(no '..', no absolute paths)")
-        if not isinstance(entry, dict):
-            raise _bad(where, f"files[{rel!r}] must be an object with size and sha256")
-        sha = _field(entry, "sha256", str, f"{where}: files[{rel!r}]")
-        if not SHA256_RE.fullmatch(sha):
-            raise _bad(where, f"files[{rel!r}].sha256 is not 64 lower-case hex digits")
-        files[rel] = ManifestFile(rel, _count(entry, "size", f"{where}: files[{rel!r}]"), sha)
-    return files
+class _ConfigEntry(Schema):
+    rows: Count
+    kept: Count
+    files: list[str] = Field(min_length=1)
+    rows_digest: Sha256 | None = None  # required from format 1.1 on
 
 
-def _parse_config(name: str, c, version, files: dict, where: str) -> ConfigInfo:
+class _ManifestSchema(Schema):
+    """``manifest.json`` (docs/format.md section 4); ``format`` and ``format_version`` are checked first."""
+
+    suite_id: str
+    suite_version: Annotated[str, Field(pattern=VERSION_RE.pattern)] = "1"
+    split: Literal["test"] = SPLIT
+    files: dict[str, _FileEntry]
+    configs: dict[str, _ConfigEntry] = Field(min_length=1)
+    features: dict
+    columns: list | None = None
+    generator: dict = Field(default_factory=dict)
+
+
+def _config_info(name: str, c: _ConfigEntry, version, files: dict, where: str) -> ConfigInfo:
+    """A config's entry checked against the manifest's files: its own shards, one complete set, counts."""
     check_name(name, "config name", where=where, error=IntegrityError)
     at = f"{where}: config {name!r}"
-    if not isinstance(c, dict):
-        raise _bad(at, "must be an object with rows, kept and files")
-    rows, kept = _count(c, "rows", at), _count(c, "kept", at)
-    if kept > rows:
-        raise _bad(at, f"kept ({kept}) is larger than rows ({rows})")
-    listed = _field(c, "files", list, at)
-    if not listed or not all(isinstance(p, str) for p in listed):
-        raise _bad(at, "'files' must be a non-empty list of shard paths")
-    if len(set(listed)) != len(listed):
+    if c.kept > c.rows:
+        raise _bad(at, f"kept ({c.kept}) is larger than rows ({c.rows})")
+    if len(set(c.files)) != len(c.files):
         raise _bad(at, "lists a shard twice")
     shards = set()
-    for rel in listed:
+    for rel in c.files:
         m = SHARD_PATH_RE.fullmatch(rel)
         if not m or m.group(1) != name:
             raise _bad(at, f"lists {rel[:80]!r}, which is not one of its own shards data/{name}/test-NNNNN-of-NNNNN.parquet")
@@ -288,15 +281,12 @@ def _parse_config(name: str, c, version, files: dict, where: str) -> ConfigInfo:
         shards.add((int(m.group(2)), int(m.group(3))))
     totals = {n for _, n in shards}
     if len(totals) != 1 or {i for i, _ in shards} != set(range(next(iter(totals)))):
-        raise _bad(at, f"its shards are not one complete set 0..N-1 of the same N ({len(listed)} listed)")
-    if rows < len(listed):
-        raise _bad(at, f"rows ({rows}) is smaller than its number of shards ({len(listed)}); shards are never empty")
-    digest = None
-    if version == "1.1":
-        digest = _field(c, "rows_digest", str, at)
-        if not SHA256_RE.fullmatch(digest):
-            raise _bad(at, "rows_digest is not 64 lower-case hex digits")
-    return ConfigInfo(name, rows, kept, tuple(listed), digest)
+        raise _bad(at, f"its shards are not one complete set 0..N-1 of the same N ({len(c.files)} listed)")
+    if c.rows < len(c.files):
+        raise _bad(at, f"rows ({c.rows}) is smaller than its number of shards ({len(c.files)}); shards are never empty")
+    if version == "1.1" and c.rows_digest is None:
+        raise _bad(at, "field 'rows_digest' is missing")
+    return ConfigInfo(name, c.rows, c.kept, tuple(c.files), c.rows_digest if version == "1.1" else None)
 
 
 @dataclass(frozen=True)
@@ -346,28 +336,23 @@ class Manifest:
             raise IntegrityError(f"{where}: manifest format_version {shown!r} is not supported by this "
                                  f"genshift-bench (reads 1 and '1.1'); upgrade genshift-bench or use a "
                                  "suite revision written in a supported format")
-        suite_id = check_name(_field(raw, "suite_id", str, where), "suite_id", where=where, error=IntegrityError)
-        suite_version = _field(raw, "suite_version", str, where, required=False, default="1")
-        if not VERSION_RE.fullmatch(suite_version):
-            raise _bad(where, f"suite_version {suite_version[:64]!r} is not a version (letters, digits, '.', '+', '-')")
-        if _field(raw, "split", str, where, required=False, default=SPLIT) != SPLIT:
-            raise _bad(where, f"split must be {SPLIT!r} (the format has one split)")
-        files = _parse_files(raw, where)
-        raw_configs = _field(raw, "configs", dict, where)
-        if not raw_configs:
-            raise _bad(where, "'configs' is empty")
-        configs = {name: _parse_config(name, c, version, files, where) for name, c in raw_configs.items()}
+        m = validate(_ManifestSchema, raw, where=where, fix=MANIFEST_FIX)
+        check_name(m.suite_id, "suite_id", where=where, error=IntegrityError)
+        for rel in m.files:
+            if not SHARD_PATH_RE.fullmatch(rel):
+                raise _bad(where, f"file {one_line(rel, 80)!r} is not a shard path data/<config>/test-NNNNN-of-NNNNN.parquet "
+                           "(no '..', no absolute paths)")
+        files = {rel: ManifestFile(rel, e.size, e.sha256) for rel, e in m.files.items()}
+        configs = {name: _config_info(name, c, version, files, where) for name, c in m.configs.items()}
         orphans = sorted(set(files) - {p for c in configs.values() for p in c.files})
         if orphans:
             raise _bad(where, f"file {orphans[0]} belongs to no config")
-        features = _field(raw, "features", dict, where)
-        check_features(features, where=f"{where}: features")
-        columns = _field(raw, "columns", list, where, required=False, default=list(features))
-        if sorted(c for c in columns if isinstance(c, str)) != sorted(features) or len(columns) != len(features):
+        check_features(m.features, where=f"{where}: features")
+        columns = list(m.features) if m.columns is None else m.columns
+        if sorted(c for c in columns if isinstance(c, str)) != sorted(m.features) or len(columns) != len(m.features):
             raise _bad(where, "'columns' must list the names in 'features', each once")
-        generator = _field(raw, "generator", dict, where, required=False, default={})
-        return cls(suite_id=suite_id, suite_version=suite_version, configs=configs, files=files,
-                   features=features, generator=generator, sha256=sha256_bytes(data), raw=raw,
+        return cls(suite_id=m.suite_id, suite_version=m.suite_version, configs=configs, files=files,
+                   features=m.features, generator=m.generator, sha256=sha256_bytes(data), raw=raw,
                    format_version=version)
 
     @classmethod

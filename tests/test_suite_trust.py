@@ -24,7 +24,7 @@ from genshift.reader import LocalSuite
 from genshift.suite_format import rows_digest
 from genshift.synthetic import make_synthetic_suite
 from genshift.writer import SuiteWriter
-from genshift.data_cards import render_card
+from genshift.data_cards import demo_card, render_card
 
 SHARD = "data/base/test-00000-of-00002.parquet"
 
@@ -307,7 +307,7 @@ HOSTILE = {
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_hostile_suite_is_one_line_before_any_model(tmp_path, case, capsys, monkeypatch):
     make_synthetic_suite(tmp_path / "pristine", configs=("base", "shifted"), classes=range(10), per_class=4,
-                         num_shards=2)
+                         num_shards=2, card=demo_card)
     root = tmp_path / "suite"
     shutil.copytree(tmp_path / "pristine", root)
     outside = tmp_path / "outside"
