@@ -22,6 +22,7 @@ from genshift.hubio import (  # noqa: F401 - re-exported: builders resolve and s
     _offline,
     _unreachable,
     is_repo_id,
+    resolve,
     resolve_revision,
     snapshot,
 )
@@ -46,9 +47,9 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
     with the command that re-downloads it.
     """
     _check_repo_id(repo_id)
-    sha = resolve_revision(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
+    sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     kw = {"revision": sha, "cache_dir": cache_dir, "endpoint": endpoint, "token": token,
-          "force_download": force_download}
+          "force_download": force_download, "local_only": not reachable}
     root = snapshot(repo_id, patterns=[MANIFEST, CARD], **kw)
     if not (root / MANIFEST).is_file():
         raise OfflineError(f"the snapshot of {repo_id}@{sha[:12]} has no {MANIFEST}; it is not a genshift suite "

@@ -97,22 +97,35 @@ def _unreachable(e: BaseException) -> bool:
                          "OfflineModeIsEnabled"})
 
 
-def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "dataset", endpoint: str | None = None,
-                     token: str | None = None, cache_dir: str | None = None,
-                     pin_hint: str = "with --revision") -> str:
-    """The 40-character commit sha of a repo at ``revision`` (default ``main``), by huggingface_hub's
-    own rules (``HfApi.resolve_revision``): a sha is itself; a branch or tag is asked of the Hub (and
-    its sha recorded in the cache's ``refs/``); offline (``HF_HUB_OFFLINE=1``) or with the Hub
-    unreachable, a branch or tag resolves from the cache's ``refs/`` when an earlier download
-    recorded it, else it is an ``OfflineError`` that says to pin a sha (``pin_hint``: how, on the
-    command at hand). Every other failure is one line (:func:`_hub_error`).
+def resolve_revision(repo_id: str, revision: str | None, **kw) -> str:
+    """The 40-character commit sha of a repo at ``revision`` (default ``main``): :func:`resolve`'s sha."""
+    return resolve(repo_id, revision, **kw)[0]
+
+
+def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", endpoint: str | None = None,
+            token: str | None = None, cache_dir: str | None = None,
+            pin_hint: str = "with --revision") -> tuple[str, bool]:
+    """``(sha, reachable)`` of a repo at ``revision`` (default ``main``), by huggingface_hub's rules.
+
+    A branch or tag goes through ``HfApi.resolve_revision``: asked of the Hub, which records its sha
+    in the cache's ``refs/``; offline (``HF_HUB_OFFLINE=1``) or with the Hub unreachable it resolves
+    from that record, and one never recorded is an ``OfflineError`` that says to pin a sha
+    (``pin_hint``: how, on the command at hand). A sha is itself; online, one request checks that
+    it exists. ``reachable`` is False when only the cache can be read (offline, or the Hub did not
+    answer): pass ``local_only=True`` to :func:`snapshot` then, which spares huggingface_hub's
+    retries (about 25 s) on the way to the same cache.
     """
     from huggingface_hub import errors
 
     rev = revision or "main"
+    api = _api(endpoint, token)
     try:
-        return _api(endpoint, token).resolve_revision(repo_id, repo_type=repo_type, revision=rev, cache_dir=cache_dir,
-                                                      local_files_only=_offline()).resolved
+        if SHA_RE.match(rev):
+            if not _offline():
+                api.repo_info(repo_id, repo_type=repo_type, revision=rev)
+            return rev, not _offline()
+        return api.resolve_revision(repo_id, repo_type=repo_type, revision=rev, cache_dir=cache_dir,
+                                    local_files_only=_offline()).resolved, not _offline()
     except errors.RevisionResolutionError as e:
         what = f"resolve {repo_type} repo {repo_id}@{rev} to a commit, and no earlier download recorded it"
         if _offline():
@@ -122,22 +135,28 @@ def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "da
                            f"check the network or HF_ENDPOINT, or pin the 40-character commit sha {pin_hint}"
                            f"{OFFLINE_ROUTE}") from None
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
-        raise _hub_error(e, repo_id, rev, endpoint, repo_type) from None
+        if not (SHA_RE.match(rev) and _unreachable(e)):
+            raise _hub_error(e, repo_id, rev, endpoint, repo_type) from None
+    log.warning("cannot reach %s; using the cached snapshot of %s@%s if there is one", _endpoint(endpoint), repo_id,
+                rev[:12])
+    return rev, False
 
 
 def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str | None = None,
-             endpoint: str | None = None, token: str | None = None, force_download: bool = False) -> Path:
+             endpoint: str | None = None, token: str | None = None, force_download: bool = False,
+             local_only: bool = False) -> Path:
     """``snapshot_download`` of a dataset repo at a sha; errors become one clear line.
 
     huggingface_hub's own rules apply: offline, or with the Hub unreachable, the cached snapshot at
-    that sha is used when it holds every requested file.
+    that sha is used when it holds every requested file. ``local_only`` (the Hub is known to be
+    unreachable: :func:`resolve`) reads the cache without a request.
     """
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=patterns,
                                       cache_dir=cache_dir, endpoint=endpoint, token=token,
-                                      force_download=force_download and not _offline(),
-                                      local_files_only=_offline()))
+                                      force_download=force_download and not local_only,
+                                      local_files_only=local_only or _offline()))
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
         raise _hub_error(e, repo_id, revision, endpoint) from None

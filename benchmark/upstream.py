@@ -410,17 +410,17 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
     Without ``revision`` the repo's ``main`` must resolve to the paper-era commit
     (``DATA_REVISION_PREFIX``); ``mask`` as in :func:`open_release`.
     """
-    from genshift.hubio import resolve_revision, snapshot
+    from genshift.hubio import resolve, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
-    sha = resolve_revision(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
+    sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     if revision is None and not sha.startswith(DATA_REVISION_PREFIX):
         raise IntegrityError(f"{repo_id} main is now {sha[:12]}…, not the commit {DATA_REVISION_PREFIX}… the "
                              f"paper's release was scored at; pass --revision {sha} to score this revision anyway (recorded "
                              "in the result)")
     snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
-                    endpoint=endpoint, token=token)
+                    endpoint=endpoint, token=token, local_only=not reachable)
     # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)
     return _open_converted(snap, shifts=shifts, key={"repo_id": repo_id, "revision": sha}, mask=mask, strict=strict,
                            cache_dir=cache_dir, source={"repo_id": repo_id, "revision": sha}, repo_id=repo_id,

@@ -193,6 +193,7 @@ class SuiteWriter:
                 if n == 0:
                     raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
                                      "(use fewer shards)")
+        log.debug("wrote %s: %d rows", rel, n)
         return ShardStats(rel, n, kept)
 
     def _parquet_options(self) -> dict:

@@ -8,7 +8,6 @@ import re
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -426,6 +425,39 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def _wait_for_output(stream, needle: bytes, *, timeout: float) -> bool:
+    """Read a child's pipe until ``needle`` appears (True) or it closes or ``timeout`` passes (False)."""
+    import selectors
+
+    seen, sel = b"", selectors.DefaultSelector()
+    sel.register(stream, selectors.EVENT_READ)
+    while needle not in seen:
+        if not sel.select(timeout):
+            return False
+        chunk = os.read(stream.fileno(), 1 << 16)
+        if not chunk:
+            return False
+        seen = seen[-len(needle):] + chunk
+    return True
+
+
+def _all_exit(pidfds: list[int], *, timeout: float) -> bool:
+    """Whether every process behind ``pidfds`` exits within ``timeout`` (a pidfd turns readable at exit)."""
+    import select
+
+    try:
+        pending = list(pidfds)
+        while pending:
+            ready, _, _ = select.select(pending, [], [], timeout)
+            if not ready:
+                return False
+            pending = [fd for fd in pending if fd not in ready]
+        return True
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+
+
 def test_workers_give_the_same_suite(tmp_path, capsys):
     """Decoding in worker processes (chunks, out of order) writes the same bytes as in-process."""
     src = tmp_path / "src"
@@ -454,25 +486,20 @@ def test_kill_9_mid_import_then_rerun(tmp_path):
         for i in range(40):
             rgba.save(src / c / f"{i:03d}.png", compress_level=0)
     out = tmp_path / "suite"
-    cmd = [sys.executable, "-m", "genshift", "import-folder", str(src), "--name", "k", "--out", str(out),
+    cmd = [sys.executable, "-m", "genshift", "-v", "import-folder", str(src), "--name", "k", "--out", str(out),
            "--shard-size", "4", "--workers", "2", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if list(tmp_path.glob(".suite.*.incomplete/data/*/*.parquet")):
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the import finished before it could be killed"
-    workers = _children(proc.pid)
-    assert len(workers) == 2
-    proc.kill()
-    proc.wait()
+    try:
+        assert _wait_for_output(proc.stderr, b"wrote data/default/", timeout=120), "no shard was written"
+        assert proc.poll() is None, "the import finished before it could be killed"
+        workers = [os.pidfd_open(w) for w in _children(proc.pid)]  # readable once the process has exited
+        assert len(workers) == 2
+    finally:
+        proc.kill()
+        proc.wait()
     assert list(tmp_path.glob(".suite.*.incomplete")) and not out.exists()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
-        time.sleep(0.1)
-    assert not any(Path(f"/proc/{w}").exists() for w in workers), "decode workers outlived the killed import"
+    assert _all_exit(workers, timeout=10), "decode workers outlived the killed import"
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.glob(".*incomplete"))
