@@ -94,6 +94,7 @@ def test_captions_follow_the_code_and_name_the_planted_attribute():
     assert d.proxy["hard_caption_accuracy"] <= d.proxy["easy_caption_accuracy"]
 
 
+@pytest.mark.slow
 def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
     from genshift.builders.tiny import tiny_open_clip
     from genshift.cli import main

@@ -48,6 +48,8 @@ def hub_repos(tmp_path_factory):
         yield {"endpoint": endpoint, "sha1": sha1, "sha2": sha2, "model_sha": msha, "work": work}
 
 
+# The olah server of hub_repos takes ~9 s to start: every test on it is slow.
+@pytest.mark.slow
 def test_download_at_pinned_shas_verifies_and_loads(hub_repos, tmp_path):
     e = hub_repos["endpoint"]
     s1 = hub.download_suite("genshift-test/toy", revision=hub_repos["sha1"], configs=["base"], endpoint=e,
@@ -63,6 +65,7 @@ def test_download_at_pinned_shas_verifies_and_loads(hub_repos, tmp_path):
     assert head == hub_repos["sha2"]
 
 
+@pytest.mark.slow
 def test_bad_revision_and_repo_are_one_line_errors(hub_repos, tmp_path):
     e = hub_repos["endpoint"]
     with pytest.raises(BenchError) as info:  # olah answers 500 for an unknown sha; still one clear line
@@ -81,6 +84,8 @@ def test_bad_revision_and_repo_are_one_line_errors(hub_repos, tmp_path):
             hub.download_suite("org/nothing", revision="main", endpoint=fh.endpoint, cache_dir=str(tmp_path / "c"))
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_offline_without_cache_says_how_to_get_a_snapshot(hub_repos, tmp_path):
     r = bench_subprocess(["download", "genshift-test/toy", "--revision", hub_repos["sha1"], "--cache-dir",
                           str(tmp_path / "empty")], env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": hub_repos["endpoint"]},
@@ -92,6 +97,8 @@ def test_offline_without_cache_says_how_to_get_a_snapshot(hub_repos, tmp_path):
     assert r.returncode != 0 and "40-character commit sha" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_offline_a_branch_resolves_from_the_refs_a_download_recorded(hub_repos, tmp_path):
     """huggingface_hub's own offline rule: a branch or tag resolves from the cache's refs/ once a download
     with network recorded it; never recorded, it is the error that says to pin a sha."""
@@ -104,6 +111,8 @@ def test_offline_a_branch_resolves_from_the_refs_a_download_recorded(hub_repos, 
     assert r.stdout.splitlines()[-1] == online.revision == hub_repos["sha2"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_eval_a_tiny_hub_model_on_a_hub_suite_over_loopback(hub_repos, tmp_path):
     """`bench eval` with the model and the suite both fetched from the local Hub, then offline again."""
     env = {"HF_ENDPOINT": hub_repos["endpoint"], "HF_HOME": str(tmp_path / "hf")}
@@ -414,6 +423,8 @@ def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, ca
         resolve_model_revision("timm/not-cached-anywhere", "main")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_hub_model_with_no_network_is_one_line_pointing_to_the_offline_route(tmp_path, toy_suite):
     """No network and no HF_HUB_OFFLINE (a careless user on a plane): the Hub model cannot be resolved.
     The endpoint is a closed loopback port, so the HTTP client raises its own transport error."""

@@ -131,6 +131,7 @@ def test_existing_or_unwritable_output(tmp_path, folder, capsys):
     assert code != 0 and "not writable" in err
 
 
+@pytest.mark.slow
 def test_many_images_stream_with_bounded_memory(tmp_path, capsys):
     """10,000 small images: a real folder of that size goes through without holding it in memory."""
     import resource
@@ -405,6 +406,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.subprocess
 def test_leftovers_of_killed_imports_are_cleaned(tmp_path, folder, capsys):
     dead, alive = _dead_pid(), os.getppid()
     for name in (f".s.{dead}.incomplete", f".s.{dead}.old.incomplete", f".s.{alive}.incomplete", ".other.1.incomplete"):
@@ -475,6 +477,8 @@ def test_workers_give_the_same_suite(tmp_path, capsys):
     assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_kill_9_mid_import_then_rerun(tmp_path):
     """kill -9 while shards are being written leaves a .incomplete folder; the rerun removes it
     and writes the right suite."""

@@ -126,6 +126,8 @@ def test_unknown_shift_and_absent_zip(tmp_path):
         convert_release(root, tmp_path / "o", shifts=["at_night"], per_class=PER_CLASS, classes=CLASSES)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_checkpoint):
     """`bench eval --suite imagenet-star-upstream --mask masks.npy` against a local Hub holding the zips."""
     import json
