@@ -97,18 +97,18 @@ def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
     return data
 
 
-def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
-                      fix: str = "is it the right file?") -> str:
+def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str = "is it the right file?",
+                      encoding_fix: str = "save it as UTF-8") -> str:
     """A UTF-8 text file from outside (list files: ``--models``, trusted keys, CSVs), read with
     :func:`read_limited`; a byte-order mark (Excel's "CSV UTF-8") is dropped, anything not UTF-8 is
-    one line naming the byte and line."""
+    one line naming the byte and line, then ``encoding_fix``."""
     data = read_limited(path, max_bytes=max_bytes, what=what, fix=fix)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise IntegrityError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); "
-                             "save it as UTF-8") from None
+                             f"{encoding_fix}") from None
 
 
 def json_depth(obj) -> int:

@@ -50,13 +50,11 @@ from pathlib import Path
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import prepare_fresh_dir, read_limited
+from genshift.fsutil import prepare_fresh_dir, read_limited, read_text_limited
 from genshift.pixels import check_size, to_8bit
-from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_config_name
+from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_config_name, check_name
 
 log = logging.getLogger(__name__)
-# A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
-SUITE_ID_RE = CONFIG_RE
 MAX_SHARD_SIZE = 100_000
 MAX_CSV_BYTES = 256 << 20  # a path,label line per image: ImageNet-train (1.28M images) is ~60 MiB
 MAX_IMAGE_BYTES = 1 << 28
@@ -64,16 +62,6 @@ DEFAULT_WORKERS = 8
 CHUNK = 16  # images per worker task
 MAX_WORKERS = 256
 _EXIF_ORIENTATION = 0x0112
-
-
-def check_suite_id(name: str) -> str:
-    """Refuse a suite id that is not a safe, short path component (``..``, ``a/b``, 400 chars)."""
-    if not isinstance(name, str) or not SUITE_ID_RE.fullmatch(name):
-        text = display(str(name))
-        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
-        raise BenchError(f"--name {shown} is not a valid suite id: use lower-case letters, digits, '_' or '-' "
-                         "(at most 64 characters, starting with a letter or digit)")
-    return name
 
 
 def display(path: str | os.PathLike) -> str:
@@ -117,14 +105,10 @@ def read_csv_rows(csv_path: Path) -> list[list[str]]:
     """The rows of a UTF-8 CSV (a byte-order mark, as Excel writes, is dropped); any other
     encoding is one error naming the file and how to convert it."""
     name = display(csv_path.name)
-    data = read_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
-                        fix="a path,label list is far smaller, check that --csv names the right file")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise BenchError(f"{name} is not UTF-8 (byte 0x{data[e.start]:02x} on line {line}); save it as UTF-8 "
-                         f"(Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} > utf8-{name})") from None
+    text = read_text_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
+                             fix="a path,label list is far smaller, check that --csv names the right file",
+                             encoding_fix=f"save it as UTF-8 (Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} "
+                                          f"> utf8-{name})")
     try:
         return list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as e:
@@ -444,7 +428,7 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     from concurrent.futures import ProcessPoolExecutor
 
     # every option is checked before any file is read
-    check_suite_id(name)
+    check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
     if config is not None:
         check_config_name(config)
     if base is not None:

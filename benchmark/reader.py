@@ -106,11 +106,6 @@ class LocalSuite:
     def configs(self) -> list[str]:
         return sorted(self.manifest.configs)
 
-    @property
-    def card_path(self) -> Path | None:
-        p = self.root / CARD
-        return p if p.is_file() else None
-
     def select(self, configs: list[str] | None) -> list[str]:
         """Validate a config selection (None = all), keeping the manifest's order."""
         if configs is None:

@@ -307,18 +307,6 @@ class Manifest:
     raw: dict
     format_version: int | str = FORMAT_VERSION
 
-    def datasets_features(self):
-        """The rows' ``datasets.Features`` in column order."""
-        from datasets import Features
-
-        try:
-            feats = Features.from_dict(self.features)
-            order = self.raw.get("columns") or list(feats)
-            return Features({c: feats[c] for c in order})
-        except Exception as e:  # noqa: BLE001 - hostile feature dicts fail inside datasets in many ways
-            raise IntegrityError(f"manifest of {self.suite_id}: 'features'/'columns' do not describe valid datasets "
-                                 f"features ({type(e).__name__}); re-download or rebuild the suite") from None
-
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str) -> Manifest:
         """Parse and check a manifest from outside: limits, types, names, shard paths, counts.

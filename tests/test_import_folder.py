@@ -336,7 +336,7 @@ def test_csv_with_excel_bom_and_a_latin1_csv(tmp_path, capsys):
     code, _, err = run(["import-folder", str(src), "--csv", str(tmp_path / "latin.csv"), "--name", "x", "--out",
                         str(tmp_path / "s2"), "--no-progress"], capsys)
     assert code != 0 and err.count("\n") == 1
-    assert "latin.csv is not UTF-8 (byte 0xe9 on line 2)" in err and "iconv -f latin1 -t utf-8" in err
+    assert "latin.csv' is not UTF-8 text (byte 0xe9 on line 2)" in err and "iconv -f latin1 -t utf-8" in err
     assert not (tmp_path / "s2").exists()
 
 
@@ -365,11 +365,11 @@ def test_non_utf8_file_names(tmp_path, capsys):
 # -- names and bounds at parse time ---------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, match", [
-    (["--name", ".."], "--name '..' is not a valid suite id"),
-    (["--name", "a/b"], "is not a valid suite id"),
-    (["--name", "x" * 400], "(400 characters) is not a valid suite id"),
-    (["--name", "Mine"], "is not a valid suite id"),
-    (["--name", "ok\n"], "is not a valid suite id"),
+    (["--name", ".."], "suite id (name) '..' is not valid"),
+    (["--name", "a/b"], "is not valid: use lower-case letters"),
+    (["--name", "x" * 400], "suite id (name) '" + "x" * 60 + "'… is not valid"),
+    (["--name", "Mine"], "is not valid: use lower-case letters"),
+    (["--name", "ok\n"], "is not valid: use lower-case letters"),
     (["--workers", "-1"], "--workers must be between 0 and 256, got -1"),
     (["--shard-size", "0"], "--shard-size must be between 1 and 100000, got 0"),
     (["--shard-size", "1000000000"], "--shard-size must be between 1 and 100000"),
