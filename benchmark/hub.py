@@ -172,16 +172,11 @@ LARGE_UPLOAD_BYTES = 5 * 1024**3  # above this a suite is uploaded resumably, in
 GATING = ("auto", "manual")
 
 
-def card_gating(folder: str | Path) -> bool:
-    """Whether the suite's dataset card asks for gated access (``extra_gated_prompt``, e.g. LANCE)."""
-    from huggingface_hub import DatasetCard
-
-    try:
-        data = DatasetCard.load(Path(folder) / CARD).data
-    except Exception as e:  # noqa: BLE001 - a card that does not parse is the user's file
-        raise BenchError(f"{Path(folder) / CARD} is not a readable dataset card ({type(e).__name__}); rebuild the "
-                         "suite or render the card with data_cards") from None
-    return bool(data.get("extra_gated_prompt") or data.get("extra_gated_fields"))
+def card_gating(suite: LocalSuite) -> bool:
+    """Whether the suite's dataset card (as the reader parsed and checked it) asks for gated access
+    (``extra_gated_prompt``, e.g. LANCE); a suite without a card is refused."""
+    card = suite.require_card()
+    return bool(card.get("extra_gated_prompt") or card.get("extra_gated_fields"))
 
 
 def _upload_one_commit(api, repo_id: str, folder: Path, files: list[str], *, parent: str, message: str) -> str:
@@ -252,10 +247,8 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     folder = Path(folder)
     suite = LocalSuite.open(folder)
     suite.verify()
-    if not (folder / CARD).is_file():
-        raise BenchError(f"{folder} has no {CARD} (dataset card); rebuild the suite or render one with data_cards")
+    gated = card_gating(suite)
     ensure_eval_yaml(folder, suite)
-    gated = card_gating(folder)
     tag = tag or f"v{suite.manifest.suite_version}"
     files = publish_files(suite)
     total = sum((folder / f).stat().st_size for f in files)

@@ -10,6 +10,7 @@ import pytest
 from genshift import hub
 from genshift.data_cards import render_card
 from genshift.errors import BenchError, NotFoundError, OfflineError
+from genshift.reader import LocalSuite
 from genshift.suite_format import Manifest
 from genshift.synthetic import make_synthetic_suite
 from tests.fakehub import FakeHub
@@ -390,7 +391,7 @@ def test_small_suite_is_one_commit_and_a_gated_card_gates_the_repo(tmp_path, cap
     from genshift.cli import main
 
     folder = _gated_suite(tmp_path)
-    assert hub.card_gating(folder) and not hub.card_gating(_built_suite(tmp_path / "plain"))
+    assert hub.card_gating(LocalSuite.open(folder)) and not hub.card_gating(LocalSuite.open(_built_suite(tmp_path / "p")))
     with FakeHub() as fh:
         assert main(["publish", str(folder), "--repo", "org/lance", "--endpoint", fh.endpoint,
                      "--gating", "manual"]) == 0
