@@ -68,7 +68,8 @@ def eval_yaml_dict(manifest, *, name: str | None = None, description: str | None
     pp = sorted({fam.metric(t.column.split("/")[0]).label for t in suite_tasks(manifest)
                  if fam.metric(t.column.split("/")[0]).unit == "pp"})
     lines = [description or f"{manifest.suite_id}: how ImageNet classifiers fail under a generated distribution "
-             f"shift (genshift-bench suite, metric family {family}).", UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),
+             f"shift (genshift-bench suite, metric family {family}).",
+             UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),
              "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_tasks(manifest)) + "."]
     return {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
             "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_tasks(manifest)]}

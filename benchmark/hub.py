@@ -4,8 +4,9 @@ Consumption follows the offline-safe pattern of ``genshift.hubio`` (``docs/hub.m
 the revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and
 the requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
 
-Publishing writes the suite's ``eval.yaml`` (``genshift.eval_yaml``) when it is missing, then uploads a small suite in **one** commit (against the expected parent commit) and a
-large one resumably in several commits, then tags it and turns gating on when the card asks.
+Publishing writes the suite's ``eval.yaml`` (``genshift.eval_yaml``) when it is missing, then
+uploads a small suite in **one** commit (against the expected parent commit) and a large one
+resumably in several commits, then tags it and turns gating on when the card asks.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
                                    endpoint=endpoint, token=token, force_download=force_download)
         local.pinned = rev is not None and bool(SHA_RE.match(rev))
         if spec.source == "upstream-imagenet-star" and rev is None:
-            local.pinned = True  # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
+            # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
+            local.pinned = True
         if not local.pinned:
             log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
                         suite, spec.repo_id, local.revision)
@@ -162,9 +164,11 @@ def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
         return path
     name = (suite.card or {}).get("pretty_name")
     try:
-        atomic_write_bytes(path, render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None).encode())
+        text = render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None)
+        atomic_write_bytes(path, text.encode())
     except OSError as e:
-        raise BenchError(f"cannot write {path} ({e.strerror}); publish from a writable copy of the suite folder") from None
+        raise BenchError(f"cannot write {path} ({e.strerror}); publish from a writable copy of the suite "
+                         "folder") from None
     return path
 
 

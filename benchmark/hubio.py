@@ -81,9 +81,9 @@ def _hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str |
                             f"run `bench download {repo_id} --revision {revision}` (with the same --configs) once "
                             "with network")
     if isinstance(e, errors.LocalEntryNotFoundError) or (_offline() and isinstance(e, (OSError, ValueError))):
-        return OfflineError(f"no cached snapshot of {repo_id}@{revision} and the Hub is not reachable (HF_HUB_OFFLINE=1 "
-                            f"or no network); run `bench download {repo_id} --revision {revision}` once with network"
-                            f"{OFFLINE_ROUTE}")
+        return OfflineError(f"no cached snapshot of {repo_id}@{revision} and the Hub is not reachable "
+                            f"(HF_HUB_OFFLINE=1 or no network); run `bench download {repo_id} --revision {revision}` "
+                            f"once with network{OFFLINE_ROUTE}")
     if isinstance(e, errors.HfHubHTTPError):
         return BenchError(f"the Hub answered an error for {where}: {first_line(e)}")
     return OfflineError(f"cannot reach {_endpoint(endpoint)} ({type(e).__name__}); check the network or HF_ENDPOINT, "

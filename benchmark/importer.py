@@ -163,7 +163,8 @@ def _class_pairs(d: Path) -> list[tuple[Path, int]]:
                          "--csv path,label")
     top = _top_files(d)
     if top and not dirs:
-        raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use --csv")
+        raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use "
+                         "--csv")
     if top:
         log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
                     len(top), display(d), top[0])
@@ -196,12 +197,14 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         multi = any(x.name in wnids for d in others for x in _subdirs(d))
         if multi and len(others) < len(dirs):
             raise BenchError(f"{display(src)} mixes class folders ({_names([d for d in dirs if d.name in wnids])}) "
-                             f"with shift folders ({_names(others)}); use either <wnid>/<image> or <shift>/<wnid>/<image>")
+                             f"with shift folders ({_names(others)}); use either <wnid>/<image> or "
+                             "<shift>/<wnid>/<image>")
         where = f"the shift folders of {display(src)}"
     if not multi:
         if base is not None:
             raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
-                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop --base")
+                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop "
+                             "--base")
         config = check_config_name(config or "default")
         per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
         reference = None
@@ -243,7 +246,8 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
                 rel = display(path.relative_to(src))
             except ValueError:  # a CSV's absolute path outside the folder: relative to the CSV, never the
                 # machine's absolute path (source_path is published with the suite)
-                rel = display(Path(os.path.relpath(path, Path(csv_path).resolve().parent))) if csv_path else display(path)
+                here = Path(os.path.relpath(path, Path(csv_path).resolve().parent)) if csv_path else path
+                rel = display(here)
             items.append(Item(path, rel, label, iid, cfg))
     if not items:
         raise BenchError(f"no images found in {display(src)}; expected <wnid>/<image> files, "

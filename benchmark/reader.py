@@ -224,8 +224,8 @@ def parse_card(path: Path, manifest: Manifest) -> dict:
     data = read_limited(path, max_bytes=MAX_CARD_BYTES, what="dataset card")
 
     def bad(what: str) -> IntegrityError:
-        return IntegrityError(f"{where}: {what}; re-render the card with genshift.data_cards.render_card (docs/format.md "
-                              "section 5)")
+        return IntegrityError(f"{where}: {what}; re-render the card with genshift.data_cards.render_card "
+                              "(docs/format.md section 5)")
 
     try:
         text = data.decode("utf-8")

@@ -178,13 +178,15 @@ def read_parquet_features(path: str | Path) -> dict:
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError) as e:
-        raise IntegrityError(f"{path}: not a readable parquet file ({str(e)[:200]}); re-download or rebuild the suite") from None
+        raise IntegrityError(f"{path}: not a readable parquet file ({str(e)[:200]}); re-download or rebuild the "
+                             "suite") from None
     raw = meta.get(b"huggingface")
     if raw is None:
         raise IntegrityError(f"{path}: parquet file has no 'huggingface' schema metadata; suites must be "
                              "written by genshift.writer.SuiteWriter (or with datasets) so features survive")
     info = parse_json(raw, what="'huggingface' parquet metadata", where=str(path), max_bytes=MAX_MANIFEST_BYTES)
-    features = info.get("info", {}).get("features") if isinstance(info, dict) and isinstance(info.get("info"), dict) else None
+    inner = info.get("info") if isinstance(info, dict) else None
+    features = inner.get("features") if isinstance(inner, dict) else None
     if not isinstance(features, dict):
         raise IntegrityError(f"{path}: the 'huggingface' parquet metadata holds no features; re-download or "
                              "rebuild the suite")
@@ -275,7 +277,8 @@ def _config_info(name: str, c: _ConfigEntry, version, files: dict, where: str) -
     for rel in c.files:
         m = SHARD_PATH_RE.fullmatch(rel)
         if not m or m.group(1) != name:
-            raise _bad(at, f"lists {rel[:80]!r}, which is not one of its own shards data/{name}/test-NNNNN-of-NNNNN.parquet")
+            raise _bad(at, f"lists {rel[:80]!r}, which is not one of its own shards "
+                       f"data/{name}/test-NNNNN-of-NNNNN.parquet")
         if rel not in files:
             raise _bad(at, f"lists {rel}, which is not in the manifest's files")
         shards.add((int(m.group(2)), int(m.group(3))))
@@ -328,8 +331,8 @@ class Manifest:
         check_name(m.suite_id, "suite_id", where=where, error=IntegrityError)
         for rel in m.files:
             if not SHARD_PATH_RE.fullmatch(rel):
-                raise _bad(where, f"file {one_line(rel, 80)!r} is not a shard path data/<config>/test-NNNNN-of-NNNNN.parquet "
-                           "(no '..', no absolute paths)")
+                raise _bad(where, f"file {one_line(rel, 80)!r} is not a shard path "
+                           "data/<config>/test-NNNNN-of-NNNNN.parquet (no '..', no absolute paths)")
         files = {rel: ManifestFile(rel, e.size, e.sha256) for rel, e in m.files.items()}
         configs = {name: _config_info(name, c, version, files, where) for name, c in m.configs.items()}
         orphans = sorted(set(files) - {p for c in configs.values() for p in c.files})
@@ -479,12 +482,14 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
         big = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]
         if big:
             raise IntegrityError(f"{rel}: row group {big[0]} holds {meta.row_group(big[0]).num_rows} rows, more than "
-                                 f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per group)")
+                                 f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per "
+                                 "group)")
         table = pq.read_table(path, columns=list(ROW_COLUMNS))
         table.validate(full=True)  # e.g. invalid UTF-8 in strings
         return table
     except (pa.ArrowException, OSError) as e:
-        raise IntegrityError(f"{rel}: parquet rows cannot be read ({str(e)[:200]}); re-download or rebuild the suite") from None
+        raise IntegrityError(f"{rel}: parquet rows cannot be read ({str(e)[:200]}); re-download or rebuild the "
+                             "suite") from None
 
 
 def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
@@ -504,7 +509,8 @@ def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
                                      "(rebuild the suite)")
         if t.num_rows and not pc.all(pc.equal(t["config"], name)).as_py():
             row = pc.index(pc.not_equal(t["config"], name), True).as_py()
-            raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {t['config'][row].as_py()[:64]!r}, "
+            found = t["config"][row].as_py()[:64]
+            raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {found!r}, "
                                  f"not {name!r}; a row belongs to the folder it is stored in (rebuild the suite)")
         if t.num_rows:
             lo, hi = pc.min_max(t["label"]).values()

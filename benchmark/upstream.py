@@ -417,8 +417,8 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
     sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     if revision is None and not sha.startswith(DATA_REVISION_PREFIX):
         raise IntegrityError(f"{repo_id} main is now {sha[:12]}…, not the commit {DATA_REVISION_PREFIX}… the "
-                             f"paper's release was scored at; pass --revision {sha} to score this revision anyway (recorded "
-                             "in the result)")
+                             f"paper's release was scored at; pass --revision {sha} to score this revision anyway "
+                             "(recorded in the result)")
     snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
                     endpoint=endpoint, token=token, local_only=not reachable)
     # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)

@@ -176,7 +176,7 @@ class SuiteWriter:
                 raise BenchError(f"{other} was written with {int(m.group(2))} shards, this run asks for "
                                  f"{num_shards}; keep the shard count of a build, or pass --overwrite")
         n = kept = 0
-        schema = self.features.arrow_schema  # carries the 'huggingface' features metadata
+        schema, group = self.features.arrow_schema, self.rows_per_group  # the schema carries the features metadata
         with atomic_path(self.root / rel) as tmp:
             with pq.ParquetWriter(tmp, schema, **self._parquet_options()) as writer:
                 batch: list[dict] = []
@@ -185,11 +185,11 @@ class SuiteWriter:
                     batch.append(self.features.encode_example(dict(row)))
                     n += 1
                     kept += bool(row["keep"])
-                    if len(batch) == self.rows_per_group:
-                        writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=self.rows_per_group)
+                    if len(batch) == group:
+                        writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
                         batch = []
                 if batch:
-                    writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=self.rows_per_group)
+                    writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
                 if n == 0:
                     raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
                                      "(use fewer shards)")
@@ -243,7 +243,8 @@ class SuiteWriter:
             files = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
             counts = {int(SHARD_RE.match(p.name).group(2)) for p in files}
             if len(counts) != 1:
-                raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with --overwrite")
+                raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with "
+                                     "--overwrite")
             total = counts.pop()
             have = {int(SHARD_RE.match(p.name).group(1)) for p in files}
             missing = sorted(set(range(total)) - have)

@@ -95,7 +95,8 @@ def import_card(manifest) -> str:
 
 def upstream_card(manifest) -> str:
     """The card of the upstream ImageNet* release converted by ``genshift.upstream.convert_release``."""
-    return render_card(manifest, template="generic", license="mit", pretty_name="ImageNet* (upstream release, converted)",
+    return render_card(manifest, template="generic", license="mit",
+                       pretty_name="ImageNet* (upstream release, converted)",
                        context={"note": "Converted from madrylab/imagenet-star without re-encoding; keep = the "
                                         "authors' mask."})
 

@@ -145,7 +145,9 @@ def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSE
                           max_bytes=MAX_REPORT_BYTES)
     except BenchError:
         return None
-    if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose" or not isinstance(data.get("classes"), list):
+    if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose":
+        return None
+    if not isinstance(data.get("classes"), list):
         return None
     raw_thumbs = data.get("thumbnails") if isinstance(data.get("thumbnails"), dict) else {}
     classes, thumbs = [], {}

@@ -102,9 +102,9 @@ def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoi
     from genshift.eval.inference import InferenceOptions
     from genshift.eval.runner import EvalRequest, evaluate
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    request = EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                          out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off"))
+    _, rpath = evaluate(request, progress=False)
     model, _, tok = tiny_open_clip()
     import open_clip
     enc = embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip")
@@ -196,14 +196,15 @@ def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_check
     from genshift.eval.inference import InferenceOptions
     from genshift.eval.runner import EvalRequest, evaluate
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    request = EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
+                          out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off"))
+    _, rpath = evaluate(request, progress=False)
     enc = _tiny_encoder()
     monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
     fitted = []
     real_fit = diag.Whitening.fit
-    monkeypatch.setattr(diag.Whitening, "fit", classmethod(lambda cls, ref, **k: (fitted.append(ref), real_fit(ref, **k))[1]))
+    monkeypatch.setattr(diag.Whitening, "fit",
+                        classmethod(lambda cls, ref, **k: (fitted.append(ref), real_fit(ref, **k))[1]))
     assert main(["diagnose", str(rpath.parent), "--configs", "shifted", "--whiten-reference", "base",
                  "--cache-dir", str(tmp_path / "cache"), "--null", "0", "--criterion", "top3"]) == 0
     import json

@@ -92,7 +92,8 @@ def _bad_cases(tmp_path, folder):
 def test_bad_inputs(tmp_path, folder, capsys):
     for src, extra, match in _bad_cases(tmp_path, folder):
         out = tmp_path / f"out-{src.name}"
-        code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(out), "--no-progress", *extra], capsys)
+        code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(out), "--no-progress", *extra],
+                           capsys)
         assert code != 0 and err.startswith("error: ") and err.count("\n") == 1, (src, err)
         assert re.search(match, err), (match, err)
         assert not out.exists()
@@ -574,7 +575,8 @@ def test_multi_shift_folder_is_scored_as_imagenet_star(tmp_path, tiny_checkpoint
 
 def test_multi_shift_reference_and_layout_errors(tmp_path, capsys):
     src = _shift_folder(tmp_path / "shifts", shifts=("clean", "fog"))
-    code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"], capsys)
+    code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"],
+                       capsys)
     assert code != 0 and err.count("\n") == 1 and "have no shift 'base'" in err and "--base NAME" in err
     out = _import(tmp_path, src, capsys, "--base", "clean", out="s2")
     assert LocalSuite.open(out).manifest.generator["reference_config"] == "clean"
@@ -601,8 +603,9 @@ def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
 
     def chunk(t, x):
         return struct.pack(">I", len(x)) + t + x + struct.pack(">I", zlib.crc32(t + x))
-    (d / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0))
-                                 + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0))
+    (d / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+                                 + chunk(b"IEND", b""))
     code, _, err = run(["import-folder", str(tmp_path / "src"), "--name", "x", "--out", str(tmp_path / "s"),
                         "--no-progress"], capsys)
     assert code != 0 and err.count("\n") == 1 and "bomb.png is not a readable image (DecompressionBomb" in err
@@ -721,7 +724,7 @@ def test_damaged_images_never_crash_and_what_passes_decodes_as_eval_decodes():
 
 def test_csv_with_a_shift_column_is_a_multi_shift_import(tmp_path, capsys):
     src = tmp_path / "flat"
-    for i, shift in enumerate(("base", "fog", "fog")):
+    for i in range(3):
         _img(src / f"p{i}.jpg", (i * 60, 10, 10))
     (tmp_path / "s.csv").write_text("path,label,shift\np0.jpg,n02123045,base\np1.jpg,n02123045,fog\n"
                                     "p2.jpg,967,fog\n")

@@ -77,8 +77,9 @@ def arrows() -> dict[str, dict[str, int]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
-                if node.level:  # relative: from the module's own package
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                if node.level:  # relative: from the module's own package, or node.level - 1 packages up
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
                 targets = [f"{base}.{a.name}" for a in node.names]
             else:
                 continue

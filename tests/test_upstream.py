@@ -72,7 +72,8 @@ def test_convert_indexes_the_mask_by_class_and_number(tmp_path):
 
 
 def test_missing_and_unexpected_files_are_reported_and_strict_refuses(tmp_path):
-    root = _release(tmp_path / "rel", missing={(0, 2)}, extra=("in_the_snow/n01440764/notes.txt", "in_the_snow/cats/00.jpg"))
+    root = _release(tmp_path / "rel", missing={(0, 2)},
+                    extra=("in_the_snow/n01440764/notes.txt", "in_the_snow/cats/00.jpg"))
     with pytest.raises(IntegrityError, match=r"in_the_snow: 1 missing file\(s\) .*2 unexpected"):
         convert_release(root, tmp_path / "out", shifts=["in_the_snow"], per_class=PER_CLASS, classes=CLASSES,
                         strict=True)
@@ -243,7 +244,8 @@ def test_real_shaped_mask_file(tmp_path):
     short = dict(good, in_the_snow=np.ones(49_999, np.uint8))
     with pytest.raises(IntegrityError) as info:
         load_masks(_mask_npy(tmp_path / "masks.npy", short))
-    assert str(info.value) == "masks.npy: key 'in_the_snow' has 49,999 entries, expected 50,000 (50 per class x 1000 classes)"
+    assert str(info.value) == ("masks.npy: key 'in_the_snow' has 49,999 entries, expected 50,000 (50 per class x "
+                               "1000 classes)")
     both = dict(good, at_dusk=np.ones(50_000, np.uint8))
     with pytest.raises(IntegrityError, match="shift 'at_dusk' appears twice"):
         load_masks(_mask_npy(tmp_path / "masks.npy", both))

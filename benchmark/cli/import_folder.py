@@ -46,7 +46,8 @@ def run(args) -> int:
                       base=args.base, overwrite=args.overwrite, skip_bad_images=args.skip_bad_images,
                       shard_size=args.shard_size, workers=args.workers, progress=args.progress, card=import_card)
     for name, c in sorted(m.configs.items()):
-        print(f"wrote {display(args.out)}: suite {m.suite_id}, config {name}, {c.rows} images in {len(c.files)} shard(s)")
+        print(f"wrote {display(args.out)}: suite {m.suite_id}, config {name}, {c.rows} images in "
+              f"{len(c.files)} shard(s)")
     if m.generator.get("reference_config"):
         print(f"scored as ImageNet* (reference config {m.generator['reference_config']})")
     print(f"manifest sha256 {m.sha256}")
