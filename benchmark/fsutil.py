@@ -209,7 +209,7 @@ def load_yaml(text: str, *, where: str, what: str, max_depth: int, fix: str = ""
                     raise IntegrityError(f"{where}: {what} nests deeper than {max_depth} levels{fix}")
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no object is built from tags
     except yaml.YAMLError as e:
         raise IntegrityError(f"{where}: {what} does not parse ({first_line(e, 160)}){fix}") from None
 

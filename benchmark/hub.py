@@ -291,7 +291,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
             raise BenchError(f"publishing to datasets/{repo_id} was refused ({status}){done}: log in with a token "
                              "that can write to it (`hf auth login` or HF_TOKEN)") from None
         raise BenchError(f"publishing to datasets/{repo_id} failed{done}: {first_line(e)}") from None
-    except Exception as e:  # noqa: BLE001 - transport errors of whichever HTTP client
+    except Exception as e:  # transport errors of whichever HTTP client
         if not _unreachable(e) and not isinstance(e, OSError):
             raise
         raise OfflineError(f"cannot reach {_endpoint(endpoint)} to publish ({type(e).__name__}); check the network "

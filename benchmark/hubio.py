@@ -134,7 +134,7 @@ def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", e
         raise OfflineError(f"cannot reach the Hub ({_endpoint(endpoint)}, {type(e.__cause__).__name__}) to {what}; "
                            f"check the network or HF_ENDPOINT, or pin the 40-character commit sha {pin_hint}"
                            f"{OFFLINE_ROUTE}") from None
-    except Exception as e:  # noqa: BLE001 - mapped to one clear line
+    except Exception as e:  # mapped to one clear line
         if not (SHA_RE.match(rev) and _unreachable(e)):
             raise _hub_error(e, repo_id, rev, endpoint, repo_type) from None
     log.warning("cannot reach %s; using the cached snapshot of %s@%s if there is one", _endpoint(endpoint), repo_id,
@@ -158,5 +158,5 @@ def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str
                                       cache_dir=cache_dir, endpoint=endpoint, token=token,
                                       force_download=force_download and not local_only,
                                       local_files_only=local_only or _offline()))
-    except Exception as e:  # noqa: BLE001 - mapped to one clear line
+    except Exception as e:  # mapped to one clear line
         raise _hub_error(e, repo_id, revision, endpoint) from None

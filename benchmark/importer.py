@@ -298,7 +298,7 @@ def check_image(data: bytes) -> tuple[ImageInfo | None, str | None]:
     """``(info, None)`` if ``data`` decodes completely, else ``(None, reason)``."""
     try:
         return decode_image(data, pixels=False)[1], None
-    except Exception as e:  # noqa: BLE001 - any decoder failure means "not a usable image"
+    except Exception as e:  # any decoder failure means "not a usable image"
         return None, f"{type(e).__name__}: {e}"
 
 

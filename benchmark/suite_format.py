@@ -136,7 +136,7 @@ def _digest_sorted(ids: pa.Array, labels: pa.Array, keeps: pa.Array) -> str:
         fixed = [json.dumps(v, ensure_ascii=False)[1:-1] if e else v
                  for v, e in zip(ids.to_pylist(), escape.to_pylist())]
         ids = pa.array(fixed, pa.large_string())
-    lit = lambda text: pa.scalar(text, pa.large_string())  # noqa: E731
+    lit = lambda text: pa.scalar(text, pa.large_string())
     lines = pc.binary_join_element_wise(lit('["'), ids, lit('",'), labels.cast(pa.large_string()), lit(","),
                                         pc.if_else(keeps, lit("true"), lit("false")), lit("]\n"), lit(""))
     h = hashlib.sha256()

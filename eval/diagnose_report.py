@@ -83,7 +83,7 @@ def write_html(report: dict, path: str | Path) -> Path:
     """A self-contained HTML page of the report (inline CSS and images; all text escaped)."""
     from genshift.fsutil import atomic_write_bytes
 
-    e = lambda s: html.escape(str(s), quote=True)  # noqa: E731
+    e = lambda s: html.escape(str(s), quote=True)
     thumbs = report.get("thumbnails", {})
 
     def strip(ids, kind):

@@ -239,7 +239,7 @@ def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path
                 assert t["i"].to_pylist() == list(range(g.index * per_group, (g.index + 1) * per_group))
             handles.add(id(reader._open_shard(str(tmp_path / "s.parquet"), StatKey.of(tmp_path / "s.parquet"),
                                               os.getpid(), threading.get_ident())))
-        except Exception as e:  # noqa: BLE001 - reported below with the thread's failure
+        except Exception as e:  # reported below with the thread's failure
             errors.append(repr(e))
 
     threads = [threading.Thread(target=read_all, daemon=True) for _ in range(4)]
