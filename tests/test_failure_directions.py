@@ -157,7 +157,7 @@ def test_classifier_square_view_is_what_the_classifier_saw_square_resized():
     a[:, :40] = (255, 0, 0)
     a[:, -40:] = (0, 0, 255)
     stripes = _png(Image.fromarray(a))
-    red = lambda x: float(x[0, :, :2].mean() * 0.27 + 0.48) - back to [0, 1]
+    red = lambda x: float(x[0, :, :2].mean() * 0.27 + 0.48)  # back to [0, 1]
     assert red(enc._image_tensor(stripes, ImageView(data_config=square_cfg))) > 0.9
     assert red(enc._image_tensor(stripes, ImageView(data_config=crop_cfg))) < 0.6
     assert ImageView(data_config=crop_cfg).key() != ImageView(data_config=square_cfg).key()
