@@ -162,6 +162,13 @@ def parse_json(data: bytes, *, where: str, max_bytes: int, what: str = "", max_d
     return obj
 
 
+def read_json(path: str | os.PathLike, *, max_bytes: int, what: str, where: str | None = None,
+              max_depth: int = MAX_JSON_DEPTH):
+    """:func:`parse_json` of a file read with :func:`read_limited` (errors name ``where``, else the path)."""
+    data = read_limited(path, max_bytes=max_bytes, what=what)
+    return parse_json(data, where=where or str(path), what=what, max_bytes=max_bytes, max_depth=max_depth)
+
+
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses duplicate keys and non-finite numbers, as :func:`parse_json` does."""
 

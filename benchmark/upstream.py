@@ -314,12 +314,11 @@ def _cache_root(cache_dir: str | None) -> Path:
 
 def _memo_sha256(path: Path, memo_file: Path) -> str:
     """sha256 of a (multi-GB) file, remembered by its path and stat key so unchanged zips are hashed once."""
-    from genshift.fsutil import atomic_write_json, parse_json, read_limited
+    from genshift.fsutil import atomic_write_json, read_json
 
     key = f"{path.resolve()}|{StatKey.of(path)}"
     try:
-        memo = parse_json(read_limited(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo"),
-                          where=str(memo_file), max_bytes=MAX_MEMO_BYTES)
+        memo = read_json(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo")
     except IntegrityError:
         memo = {}
     if not isinstance(memo, dict):

@@ -35,8 +35,7 @@ from genshift.fsutil import (
     atomic_write_json,
     canonical_json,
     ensure_writable_dir,
-    parse_json,
-    read_limited,
+    read_json,
     sha256_bytes,
 )
 from genshift.suite_format import (
@@ -121,8 +120,7 @@ class SuiteWriter:
                                      "choose an empty or new directory")
             else:
                 try:
-                    old = parse_json(read_limited(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE),
-                                     where=str(state_path), max_bytes=MAX_STATE_BYTES)
+                    old = read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
                 except IntegrityError:
                     old = {}
                 old = old if isinstance(old, dict) else {}

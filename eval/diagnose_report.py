@@ -135,14 +135,13 @@ def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSE
     """``diagnose.json`` of a store entry, checked and reduced to what the leaderboard shows; None if
     absent or not a valid report (a bad file never breaks the drilldown)."""
     from genshift.errors import BenchError
-    from genshift.fsutil import parse_json, read_limited
+    from genshift.fsutil import read_json
 
     p = Path(run_dir) / REPORT
     if not p.is_file():
         return None
     try:
-        data = parse_json(read_limited(p, max_bytes=MAX_REPORT_BYTES, what=REPORT), where=str(p),
-                          max_bytes=MAX_REPORT_BYTES)
+        data = read_json(p, max_bytes=MAX_REPORT_BYTES, what=REPORT)
     except BenchError:
         return None
     if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose":
