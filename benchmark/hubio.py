@@ -98,8 +98,9 @@ def _unreachable(e: BaseException) -> bool:
 
 
 def resolve_revision(repo_id: str, revision: str | None, **kw) -> str:
-    """The 40-character commit sha of a repo at ``revision`` (default ``main``): :func:`resolve`'s sha."""
-    return resolve(repo_id, revision, **kw)[0]
+    """The 40-character commit sha of a repo at ``revision`` (default ``main``): :func:`resolve`'s sha,
+    without its request for a sha (``HfApi.resolve_revision``'s rule: a sha is itself)."""
+    return revision if revision and SHA_RE.match(revision) else resolve(repo_id, revision, **kw)[0]
 
 
 def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", endpoint: str | None = None,
