@@ -763,7 +763,8 @@ def test_full_disk_during_import_is_one_line_and_keeps_the_previous_suite(tmp_pa
             "--no-progress"]
     code, _, err = run(argv, capsys)
     assert refused and code == 74 and err.count("\n") == 1, err
-    assert err.startswith("error: No space left on device (ENOSPC) on ") and "test-00000-of-00001.parquet" in err
+    assert err.startswith("error: bench import-folder: No space left on device (ENOSPC) on ")
+    assert "test-00000-of-00001.parquet" in err
     assert "free disk space or write elsewhere" in err
     assert (out / "manifest.json").read_bytes() == before and not list(tmp_path.glob(".*incomplete"))
     monkeypatch.setattr(pq.ParquetWriter, "write_table", real)

@@ -116,9 +116,7 @@ def test_every_module_is_seen():
 
 
 @pytest.mark.parametrize("of_layer", [
-    "core", "data_cards", "leaderboard", "cli",
-    pytest.param("eval", marks=pytest.mark.xfail(strict=True, reason="eval.sweep and eval.sweep_plan import "
-                                                  "builders.determinism's fixed_threads (FIDELITY moves it out)")),
+    "core", "data_cards", "eval", "leaderboard", "cli",
     pytest.param("builders", marks=pytest.mark.xfail(strict=True, reason="builders import genshift.cli._common "
                                                       "(FIDELITY: typed configs, no argparse in builders)")),
 ])
