@@ -96,8 +96,8 @@ def test_captions_follow_the_code_and_name_the_planted_attribute():
 
 @pytest.mark.slow
 def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from genshift.builders.tiny import tiny_open_clip
     from genshift import evaluate
+    from genshift.builders.tiny import tiny_open_clip
     from genshift.cli import main
     from genshift.eval import embeddings
 
@@ -188,10 +188,10 @@ def test_clip_precision_runs_under_autocast():
 
 
 def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
+    from genshift import evaluate
     from genshift.cli import main
     from genshift.eval import diagnose as diag
     from genshift.eval import embeddings
-    from genshift import evaluate
 
     rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
                      workers=0, compile="off", progress=False).path

@@ -300,7 +300,8 @@ def test_publish_and_download_verbs(tmp_path, capsys):
         assert len(sha) == 40 and fh.repos[("dataset", "org/toy")].tags == {"v1.0.0": sha}
         assert main(["publish", str(folder), "--repo", "org/toy", "--endpoint", fh.endpoint]) == 2
         err = capsys.readouterr().err
-        assert err == "error: bench publish: tag 'v1.0.0' already exists in datasets/org/toy; bump the suite version or pass --tag\n"
+        assert err == ("error: bench publish: tag 'v1.0.0' already exists in datasets/org/toy; bump the suite version "
+                       "or pass --tag\n")
         code = main(["download", "org/toy", "--revision", "v1.0.0", "--configs", "base", "--endpoint", fh.endpoint,
                      "--cache-dir", str(tmp_path / "c")])
         out, err = capsys.readouterr()
