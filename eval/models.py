@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from genshift.errors import BenchError, NotFoundError, OfflineError, first_line
-from genshift.fsutil import sha256_file
-from genshift.hubio import OFFLINE_ROUTE, SHA_RE, _unreachable
+from genshift.fsutil import StatKey, sha256_file
+from genshift.hubio import OFFLINE_ROUTE, resolve_revision
 from genshift.eval.results import PROTOCOL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -177,42 +177,8 @@ def _suggest(name: str) -> str:
 
 def resolve_model_revision(repo_id: str, revision: str | None) -> str:
     """The 40-character commit sha of ``repo_id`` at ``revision`` (default ``main``)."""
-    from huggingface_hub import HfApi, constants, errors
-
-    rev = revision or "main"
-    if SHA_RE.match(rev):
-        return rev
-    cached = _cached_ref(repo_id, rev)
-    if constants.HF_HUB_OFFLINE:
-        if cached:
-            return cached
-        raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and no cached copy of model repo {repo_id}@{rev}; "
-                           f"run once with network, or pass a local file with --checkpoint{OFFLINE_ROUTE}")
-    try:
-        return HfApi().model_info(repo_id, revision=rev).sha
-    except errors.RepositoryNotFoundError:
-        raise NotFoundError(f"model repo {repo_id!r} does not exist on the Hub (or needs a token: set HF_TOKEN)") from None
-    except errors.RevisionNotFoundError:
-        raise NotFoundError(f"revision {rev!r} does not exist in model repo {repo_id!r}") from None
-    except Exception as e:  # noqa: BLE001 - transport errors of whichever HTTP client huggingface_hub uses
-        if not (isinstance(e, (OSError, errors.HfHubHTTPError)) or _unreachable(e)):
-            raise
-        if cached:
-            log.warning("Hub unreachable (%s); using the cached %s@%s = %s", type(e).__name__, repo_id, rev, cached)
-            return cached
-        raise OfflineError(f"cannot reach the Hub to resolve {repo_id}@{rev} ({type(e).__name__}) and nothing is "
-                           f"cached; check the network or HF_ENDPOINT, or pass --checkpoint FILE"
-                           f"{OFFLINE_ROUTE}") from None
-
-
-def _cached_ref(repo_id: str, rev: str) -> str | None:
-    from huggingface_hub import constants
-
-    ref = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs" / rev
-    if ref.is_file():
-        sha = ref.read_text().strip()
-        return sha if SHA_RE.match(sha) else None
-    return None
+    return resolve_revision(repo_id, revision, repo_type="model",
+                            pin_hint=f"(hf-hub:{repo_id}@<sha>), or pass a local file with --checkpoint")
 
 
 def _cached_weights(repo_id: str, sha: str, preferred: str | None) -> str | None:
@@ -399,8 +365,7 @@ def weights_sha256(path: str | os.PathLike) -> str:
     chunk's models load in a background thread).
     """
     real = os.path.realpath(path)
-    st = os.stat(real)
-    key = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (real, StatKey.of(real))
     with _SHA_LOCK:
         digest = _SHA_MEMO.get(key)
     if digest is None:

@@ -577,7 +577,7 @@ def verify_suite_dir(path: str | Path) -> str:
 def _eval_yaml_state(suite) -> str:
     """A suite's eval.yaml (its Hub benchmark declaration) is checked when present; `bench publish` writes it."""
     from genshift.fsutil import read_limited
-    from genshift.data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
+    from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 
     path = Path(suite.root) / EVAL_YAML
     if not path.is_file():

@@ -377,7 +377,7 @@ class Reviewer:
 
     def _signed_by_reviewer(self, head: str, f) -> bool:
         """True when the file ``f`` at ``head`` is a stamp signed by this service's key."""
-        from genshift.eval.results import parse_json
+        from genshift.fsutil import parse_json
         from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_KIND, check_signature
 
         if (f.size or 0) > MAX_STAMP_BYTES:
@@ -415,7 +415,8 @@ class Reviewer:
 
     def _owner(self, entry: str, rev: str, root: Path) -> tuple[str, str] | None:
         """(model id, suite id) of the entry as it is on main at ``rev``, or None if that result cannot be read."""
-        from genshift.eval.results import MAX_RESULT_BYTES, parse_json
+        from genshift.eval.results import MAX_RESULT_BYTES
+        from genshift.fsutil import parse_json
 
         path = self._download(rev, f"{entry}/result.json", root)
         try:

@@ -47,15 +47,13 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    import os
-
     from genshift import imagenet
     from genshift.eval.diagnose import diagnose
     from genshift.eval.embeddings import ClipEncoder
     from genshift.eval.failure_directions import DirectionOptions
+    from genshift.fsutil import cache_root
 
-    cache = args.cache_dir or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")),
-                                           "genshift", "embeddings")
+    cache = args.cache_dir or cache_root() / "embeddings"
     enc = ClipEncoder.from_pretrained(args.clip_model, args.clip_pretrained, device=args.device,
                                       precision=args.clip_precision)
     opts = DirectionOptions(n_null=args.null, reference_caption=args.reference_caption,
