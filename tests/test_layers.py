@@ -115,11 +115,7 @@ def test_every_module_is_seen():
     assert set(map(layer, names)) == set(ALLOWED)
 
 
-@pytest.mark.parametrize("of_layer", [
-    "core", "data_cards", "eval", "leaderboard", "cli",
-    pytest.param("builders", marks=pytest.mark.xfail(strict=True, reason="builders import genshift.cli._common "
-                                                      "(FIDELITY: typed configs, no argparse in builders)")),
-])
+@pytest.mark.parametrize("of_layer", ["core", "data_cards", "eval", "leaderboard", "cli", "builders"])
 def test_layers_import_only_the_layers_below(of_layer):
     bad = _violations(of_layer)
     assert not bad, f"{len(bad)} arrow(s) against the layering:\n" + "\n".join(bad)
