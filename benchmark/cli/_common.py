@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from genshift.errors import BenchError
-
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """The description and examples kept as written; the default of every option that takes a value
@@ -83,11 +81,6 @@ def print_table(rows: list[dict], columns: list[str], *, file=None) -> None:
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
-
-
-def require(cond: bool, message: str) -> None:
-    if not cond:
-        raise BenchError(message)
 
 
 def add_mask_options(p: argparse.ArgumentParser) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, print_json, print_table
@@ -115,16 +116,9 @@ def options_from(args):
     """The ``EvalOptions`` the flags ask for; a bad value is one line naming its flag."""
     from genshift.eval.options import EvalOptions, OptionError
 
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(args, f.name)}
     try:
-        return EvalOptions(
-            revision=args.revision, mask=mask_arg(args), remap_by_order=args.remap_by_order,
-            checkpoint_weights=args.checkpoint_weights, preprocess=args.preprocess, topk=args.topk,
-            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, filter=args.filter,
-            reference_accuracy=args.reference_accuracy, bootstrap=args.bootstrap, seed=args.seed, device=args.device,
-            batch_size=args.batch_size, workers=args.workers, amp=args.amp, amp_dtype=args.amp_dtype,
-            channels_last=args.channels_last, compile=args.compile, decode=args.decode, cpu_threads=args.cpu_threads,
-            forward_threads=args.forward_threads, max_resident=args.max_resident, force=args.force, notes=args.notes,
-            progress=args.progress)
+        return EvalOptions(**{**given, "mask": mask_arg(args)})
     except OptionError as e:
         raise flag_error(e) from None
 
