@@ -78,6 +78,16 @@ def print_table(rows: list[dict], columns: list[str], *, file=None) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=file)
 
 
+def percent(m: dict | None) -> str:
+    """A metric ``{"value", "ci"}`` (fractions) in percent or points with its interval; '-' when undefined."""
+    if not m or m.get("value") is None or m["value"] != m["value"]:
+        return "-"
+    text = f"{100 * m['value']:.2f}"
+    if m.get("ci") and m["ci"][0] == m["ci"][0]:
+        text += f" [{100 * m['ci'][0]:.2f}, {100 * m['ci'][1]:.2f}]"
+    return text
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
