@@ -292,10 +292,7 @@ class Sweep:
     def _fail_early(self, spec: ModelSpec, exc: BaseException) -> None:
         job = Job(spec, None, spec.name, predictions.contained(self.suite_dir / slug(spec.name), self.out), {})
         self.jobs.append(job)
-        if self.dist.is_main:
-            self._record_failure(job, exc)
-        else:
-            job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        self._record_failure(job, exc)  # its failure file written by the main process only (no job state)
 
     def _write_state(self, job: Job) -> None:
         atomic_write_json(job.run_dir / RUN_STATE, {"predictions_key": job.state["run"]["predictions_key"],
