@@ -21,7 +21,7 @@ from importlib import resources
 
 import yaml
 
-from genshift.model_ids import model_key
+from genshift.identity import timm_name as model_key
 from genshift.registry import Registry
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 timm's ``results-imagenet.csv`` (columns ``model,img_size,top1,...``, top-1 in percent) lists
 some tags at two input sizes (``resnet50.a1_in1k``: 80.382 at 224 and 81.240 at 288). A result
 is matched on ``(model, img_size)``: the model id in its normal form
-(``genshift.model_ids.model_key``: no ``timm/`` / ``hf-hub:`` prefix, no revision) and the
+(``genshift.identity.timm_name``: no ``timm/`` / ``hf-hub:`` prefix, no revision) and the
 input size its eval recorded (``data_config.input_size``; 288 for ``resnet50.a1_in1k``, which
 timm evaluates at its test size). A CSV without ``img_size`` gives one row per model.
 A repeated (model, img_size) row or a result without its row is one error line, never a guess.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from genshift.errors import BenchError
 from genshift.fsutil import read_text_limited
-from genshift.model_ids import model_key
+from genshift.identity import timm_name as model_key
 
 MAX_BYTES = 16 * 2**20
 

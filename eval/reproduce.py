@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from genshift.errors import BenchError, unknown
-from genshift.model_ids import model_key
+from genshift.identity import timm_name as model_key
 from genshift.populations import Member, Population, get_population
 
 TABLES = ("imagenet-star-slopes", "in-g-fig4", "lance-table2")
@@ -82,7 +82,7 @@ def match_population(pop: Population, results: list[tuple[str, dict]], suite: st
     for path, r in results:
         if r["suite"]["id"] != suite:
             continue
-        key, local = model_key(r["model"]["id"]), r["model"].get("source") == "checkpoint"
+        key, local = model_key(r["model"].get("declared_name") or r["model"]["id"]), r["model"].get("source") == "checkpoint"
         hit = next((m for m in pop.members
                     if (m.local and local and key.split(".", 1)[0] == m.model)
                     or (not m.local and not local and key == m.model)), None)

@@ -41,6 +41,7 @@ class SuiteRef:
     origin: str
     trusted: bool
     local: object | None = None  # genshift.reader.LocalSuite
+    opens: str | None = None     # a manifest alone: the trusted name its images open by (a registry id)
     _rows: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -159,8 +160,11 @@ def _registry_manifest(suite_id, *, download: bool) -> SuiteRef | None:
     spec = SUITES.get(suite_id)
     if not spec.revision or spec.source != "format1":
         return None
-    return hub_manifest(spec.repo_id, spec.revision, download=download, trusted=True,
-                        origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
+    ref = hub_manifest(spec.repo_id, spec.revision, download=download, trusted=True,
+                       origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
+    if ref is not None:
+        ref.opens = suite_id
+    return ref
 
 
 def hub_manifest(repo_id: str, revision: str, *, download: bool, trusted: bool, origin: str | None = None):

@@ -75,7 +75,7 @@ def _notes(result: dict, stamp: dict | None) -> str:
     else:
         sig = stamp.get("signature") or {}
         parts.append(f"verified by genshift-bench: stamp key {str(sig.get('key_id', '?'))[:16]}, "
-                     f"{len(stamp['recheck']['images'])} images re-run, seed {stamp['recheck']['seed']}")
+                     f"{stamp['recheck']['n']} images re-run, seed {stamp['recheck']['seed']}")
     return "; ".join(parts)
 
 

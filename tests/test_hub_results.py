@@ -473,11 +473,14 @@ def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(h
     from genshift.fsutil import canonical_json, sha256_file
     from genshift.eval.results import config_hash
     from genshift.eval.stamps import load_private_key, sign
+    from genshift.identity import canonical_of
 
     w = hub_world
     run = w["result"].parent
     res = json.loads(w["result"].read_text())
     res["model"].update(source="checkpoint", weights_revision=None)
+    res["model"]["pretrained_cfg"].pop("hf_hub_id")
+    res["model"]["id"] = canonical_of(res["model"])  # local weights: never a Hub repo's id
     res["config_hash"] = config_hash(res["model"], res["suite"], res["protocol"], res["data_config"])
     w["result"].write_bytes(canonical_json(res))
     stamp = json.loads((run / "verification.json").read_text())

@@ -8,7 +8,7 @@ from timm.models import get_pretrained_cfg
 
 from genshift.cli import main
 from genshift.errors import BenchError
-from genshift.model_ids import model_key
+from genshift.identity import timm_name as model_key
 from genshift.populations import get_population, list_populations
 from genshift.eval.model_list import resolve_models
 
