@@ -135,7 +135,7 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     assert not rep.ok and any("true_prob" in p for p in rep.problems)
 
 
-def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, monkeypatch):
+def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, tiny_folder, monkeypatch):
     from genshift.synthetic import make_synthetic_suite
     from genshift.eval import predictions as P
 
@@ -156,7 +156,7 @@ def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint
     monkeypatch.setattr(P.CheckpointedPredictions, "add", flaky_add)
     with pytest.raises(KeyboardInterrupt):
         _eval(tmp_path / "run", toy_suite, tiny_checkpoint, batch_size=5, unit_rows=5)
-    work = tmp_path / "run" / "runs" / "toy" / "test_resnet.r160_in1k" / ".work" / "base"
+    work = tmp_path / "run" / "runs" / "toy" / tiny_folder / ".work" / "base"
     assert len(list(work.glob("part-*.parquet"))) == 2
     monkeypatch.setattr(P.CheckpointedPredictions, "add", orig_add)
     result, path = _eval(tmp_path / "run", toy_suite, tiny_checkpoint, batch_size=5, unit_rows=5)

@@ -656,3 +656,138 @@ def test_schema_rejects_display_tricks_and_absurd_sizes(run, where, value, why):
     r["model"]["num_params"] = MAX_NUM_PARAMS  # the bound itself is allowed
     r["model"]["id"] = honest
     parse_result(canonical_json(r), where="ok")
+
+
+# -- issue 30: one identity, a re-check with a stated guarantee, bounded inputs ----------------------------------
+LOOK_ALIKES = ["x", "timm/x", "hf-hub:timm/x", "x@v2", " x", "TIMM/x", "t\u0456mm/x", "someorg/x"]
+
+
+@pytest.mark.parametrize("alias", LOOK_ALIKES)
+def test_look_alike_ids_are_never_verified_or_signed(run, made, tiny_checkpoint, tmp_path, capsys, alias):
+    """One result copied under eight spellings of an id, each re-verified with --recheck --checkpoint --sign as
+    the attack did: every one is refused in one line naming the canonical id, and no stamp is written."""
+    key = tmp_path / "m.key"
+    stamps.generate_key(key)
+    honest = json.loads((run / "result.json").read_text())["model"]["id"]
+    rewrite(run, lambda r: r["model"].update(id=alias.replace("x", "test_resnet.r160_in1k")))
+    capsys.readouterr()
+    code = main(["verify", str(run), "--recheck", "--checkpoint", str(tiny_checkpoint), "--suite", str(made[0]),
+                 "--sign", str(key)])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and "canonical" in err, err
+    assert f"their canonical id is '{honest}'" in err or "is not a canonical id" in err
+    assert not (run / "verification.json").exists()
+    assert load_store(str(run.parent.parent), suites=[str(made[0])]).entries == []  # the store refuses it too
+
+
+def _doc_guarantee_table() -> dict[float, float]:
+    """The detection table of docs/leaderboard.md ("What verified guarantees"): altered % -> caught %."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "leaderboard.md").read_text()
+    section = text[text.index("### What verified guarantees"):]
+    rows = re.findall(r"^\|\s*([0-9.]+)%\s*\|\s*([0-9.]+)%", section, re.M)
+    return {float(a) / 100: float(b) / 100 for a, b in rows}
+
+
+def test_the_documented_guarantee_holds_in_a_simulation_of_the_projects_own_draw():
+    """docs/leaderboard.md states the default sample size, the formula and the chance to catch each fraction of
+    altered rows; a simulation drawing with genshift.eval.verify.draw (the code bench verify and bench review
+    run) catches forged rows as often as stated."""
+    from genshift.eval.verify import DETECT_FRACTION, DETECT_PROBABILITY, draw, miss_probability, sample_size
+
+    table = _doc_guarantee_table()
+    assert set(table) == {0.001, 0.005, 0.01, 0.02, 0.05}
+    total = 100_000
+    n = sample_size(total)
+    assert n == 915 and sample_size(10**7) == 919 and sample_size(200) == 198
+    assert 1 - miss_probability(total, int(DETECT_FRACTION * total), n) >= DETECT_PROBABILITY
+    rng = np.random.default_rng(0)
+    trials = 2000
+    for fraction, stated in table.items():
+        assert abs((1 - miss_probability(total, int(fraction * total), 919)) - stated) < 0.006  # as printed
+        forged = set(rng.choice(total, int(fraction * total), replace=False).tolist())
+        caught = sum(not forged.isdisjoint(draw(total, n, seed).tolist()) for seed in range(trials)) / trials
+        sigma = (stated * (1 - stated) / trials) ** 0.5
+        assert caught >= stated - 4 * sigma - 0.005, (fraction, caught, stated)
+    assert table[DETECT_FRACTION] >= DETECT_PROBABILITY
+
+
+def test_signing_and_verify_share_the_guaranteed_default(run, made, tiny_checkpoint, tmp_path):
+    """`bench verify --sign` without --recheck re-checks the guaranteed sample (here: every one of 80 rows, as a
+    suite this small needs), as `bench verify --recheck` without N and `bench review` do."""
+    from genshift.eval.verify import sample_size
+    from genshift.leaderboard.review import Reviewer
+
+    key = tmp_path / "m.key"
+    stamps.generate_key(key)
+    assert main(["verify", str(run), "--checkpoint", str(tiny_checkpoint), "--suite", str(made[0]),
+                 "--sign", str(key)]) == 0
+    rc = json.loads((run / "verification.json").read_text())["recheck"]
+    assert rc["n"] == sample_size(80) == 80 and rc["N"] == 80 and rc["guarantee"] == {"fraction": 1 / 80,
+                                                                                       "probability": 0.99}
+    assert Reviewer("org/r", key_path=str(key), endpoint="http://127.0.0.1:9").recheck == "auto"
+
+
+def test_the_rerun_is_batched_and_streamed(run, made, tiny_checkpoint, monkeypatch):
+    """`--recheck all` on every image: the images go through the model in batches of --batch-size, never all at
+    once (919 images in one batch reached 9.7 GB)."""
+    import genshift.eval.models
+
+    real, seen = genshift.eval.models.load_classifier, []
+
+    def recording(*a, **k):
+        clf = real(*a, **k)
+        forward = clf.model.forward
+        clf.model.forward = lambda x: seen.append(len(x)) or forward(x)
+        return clf
+    monkeypatch.setattr(genshift.eval.models, "load_classifier", recording)
+    rep = verify_result(run, recheck="all", batch_size=8, checkpoint=str(tiny_checkpoint), suite=str(made[0]))
+    assert rep.ok and rep.recheck["n"] == 80 and sum(seen) == 80 and max(seen) == 8, seen
+
+
+def confident(t):
+    """Every row a confident top-1 hit (label first at probability 0.9, still self-consistent)."""
+    t = label_first(t)
+    probs = np.stack(t["topk_prob"].to_numpy(zero_copy_only=False))
+    probs = np.concatenate([np.full((len(probs), 1), 0.9), probs[:, :-1] / 10], axis=1).astype(np.float32)
+    t = t.set_column(t.schema.get_field_index("topk_prob"), t.schema.field("topk_prob"),
+                     pa.FixedSizeListArray.from_arrays(pa.array(probs.ravel()), probs.shape[1]))
+    return col(t, "true_prob", probs[:, 0])
+
+
+def test_a_rerun_failure_says_how_many_rows_disagree_never_which(run, made, tiny_checkpoint):
+    forge(run, "shifted", confident)
+    rep = verify_result(run, recheck="all", checkpoint=str(tiny_checkpoint), suite=str(made[0]))
+    assert not rep.ok and rep.recheck["disagreeing"] > 0
+    text = "\n".join(rep.problems + rep.checked) + json.dumps(rep.recheck)
+    assert f"{rep.recheck['disagreeing']} of the 80 re-run rows disagree" in text
+    ids = pq.read_table(run / "predictions" / "shifted.parquet")["image_id"].to_pylist()
+    assert not any(i in text for i in ids)  # no image is named
+
+
+@pytest.mark.subprocess
+def test_a_zstd_bomb_predictions_file_is_refused_before_it_is_decoded(tmp_path):
+    """A 2 KiB zstd parquet that decodes to 576 MiB (the board and the reviewer reached 3.96 GB on one): refused
+    with one line, the reader's memory staying far below what the file decodes to; a file declaring more rows
+    than any predictions file holds is refused from its footer alone."""
+    import subprocess
+    import sys
+
+    big = pa.table({"image_id": pa.array(["a" * (1 << 20)] * 64)})
+    with pq.ParquetWriter(tmp_path / "bomb.parquet", big.schema, compression="zstd") as w:
+        for _ in range(9):
+            w.write_table(big)
+    del big
+    pq.write_table(pa.table({"image_id": pa.array(["a"] * 2_100_000)}), tmp_path / "rows.parquet", compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 8192
+    code = ("import re, sys\nfrom genshift.eval.predictions import read_predictions\n"
+            "for f in sys.argv[1:]:\n    try:\n        read_predictions(f)\n    except Exception as e:\n"
+            "        print(type(e).__name__, e)\n"  # the peak resident size of this process (not inherited, as ru_maxrss is)
+            "print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.parquet"), str(tmp_path / "rows.parquet")],
+                         capture_output=True, text=True, timeout=300).stdout.splitlines()
+    assert out[0].startswith("IntegrityError") and "decompresses to more than 512 MiB" in out[0], out
+    assert out[1].startswith("IntegrityError") and "2,100,000 rows" in out[1], out
+    assert int(out[2]) < 400, f"peak RSS {out[2]} MiB"

@@ -251,7 +251,7 @@ def _head(hub, num):
     return repo.refs[f"refs/pr/{num}"]
 
 
-def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
+def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None, suite=True):
     """``bench review`` through the CLI, against the local Hub as the maintainer's account."""
     from huggingface_hub import constants
 
@@ -260,8 +260,12 @@ def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT sets at import
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setenv("HF_TOKEN", token)
-    return main(["review", "--repo", "org/results", "--key", str(key or made[2]), "--suite", str(made[0]),
-                 "--recheck", "5", *extra])
+    return main(["review", "--repo", "org/results", "--key", str(key or made[2]),
+                 *(["--suite", str(made[0])] if suite else []), "--recheck", "5", *extra])
+
+
+class _Calls(list):
+    modes: list  # the recheck asked for, call by call
 
 
 @pytest.fixture
@@ -269,11 +273,13 @@ def reruns(monkeypatch):
     """Every image re-run ``bench review`` asks for (``verify_result`` with ``recheck``), by result path."""
     import genshift.eval.verify
 
-    calls, real = [], genshift.eval.verify.verify_result
+    calls, real = _Calls(), genshift.eval.verify.verify_result
+    calls.modes = []
 
     def counting(path, **kw):
         if kw.get("recheck"):
             calls.append(str(path))
+            calls.modes.append(kw["recheck"])
         return real(path, **kw)
     monkeypatch.setattr(genshift.eval.verify, "verify_result", counting)
     return calls
@@ -770,3 +776,233 @@ def test_a_failed_comment_after_the_stamp_commit_is_recovered_on_the_next_run(ma
         assert len(reruns) == 2 and repo.discussions[pr]["status"] == "closed"
         assert [t for _, t in _comments(hub, pr) if "Verification" in t][0].startswith("**Verification passed")
         assert len([t for _, t in _comments(hub, pr) if "Verification" in t]) == 1
+
+
+# -- issue 30: one identity, a re-check that cannot be retried away, a review that cannot be raced ---------------
+def _main_files(hub):
+    repo = hub.repos[("dataset", "org/results")]
+    return repo.commits[repo.refs["main"]].files
+
+
+def _confident(run):
+    """Edit a run's predictions as a forger would (every row a confident top-1 hit), keeping them consistent."""
+    _forge(run / "result.json")
+    return run
+
+
+def _publish_model(hub, tmp_path, repo="timm/test_resnet.r160_in1k"):
+    """The genuine Hub weights of ``repo`` (the tiny model at seed 0: ``tiny_checkpoint``'s tensors); its sha."""
+    import timm
+    import torch
+    from huggingface_hub import HfApi
+    from timm.models._hub import save_for_hf
+
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model("test_resnet.r160_in1k", pretrained=False), str(tmp_path / "hub-model"),
+                safe_serialization=True)
+    hub.create("model", repo)
+    return HfApi(endpoint=hub.endpoint).upload_folder(repo_id=repo, folder_path=str(tmp_path / "hub-model"),
+                                                      commit_message="weights").oid
+
+
+def test_own_weights_under_a_hub_models_id_never_pass_review(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
+    """Mallory raises a classifier bias in her own weights of the architecture, scores them, edits model.id to the
+    Hub model's and the maintainer reviews with her --checkpoint: refused, the id is not the canonical id of the
+    weights the record describes. Claiming the Hub's weights instead (source, revision): re-run from the Hub, never
+    from her file, so the weights that load are not hers: failed. Nothing reaches main."""
+    from safetensors.torch import load_file, save_file
+
+    from genshift.eval.inference import InferenceOptions
+    from genshift.eval.runner import EvalRequest, evaluate
+
+    sd = load_file(str(tiny_checkpoint))
+    sd["fc.bias"][:10] += 3.0  # the suite's ten classes: a better score on it
+    save_file(sd, str(tmp_path / "mallory.safetensors"))
+    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(made[0]), out=str(tmp_path / "runs"),
+                                   checkpoint=str(tmp_path / "mallory.safetensors"),
+                                   inference=InferenceOptions(batch_size=40, workers=0, compile="off")), progress=False)
+    hers = json.loads(path.read_text())["model"]["id"]
+    target = "timm/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        sha = _publish_model(hub, tmp_path)
+        renamed = tmp_path / "renamed"
+        shutil.copytree(path.parent, renamed)
+        _rewrite(renamed, lambda r: r["model"].update(id=target))
+        claimed = tmp_path / "claimed"
+        shutil.copytree(path.parent, claimed)
+        _rewrite(claimed, _as(target, "hf-hub", sha))
+        claimed_result = json.loads((claimed / "result.json").read_text())
+        claimed_result["model"]["tensors_sha256"] = json.loads(path.read_text())["model"]["tensors_sha256"]  # hers
+        (claimed / "result.json").write_text(json.dumps(claimed_result))
+        _rewrite(claimed)
+        prs = [_open_pr(hub, "tok-mallory", _entry_ops(run, "toy/timm--test_resnet.r160_in1k")) for run in (renamed, claimed)]
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tmp_path / "mallory.safetensors")) == 0
+        said = [_comments(hub, n)[-1][1] for n in prs]
+        assert "Verification failed" in said[0] and f"their canonical id is '{hers}'" in said[0]
+        assert "Verification failed" in said[1] and "the model loads with other" in said[1] and "tensors_sha256" in said[1]
+        assert not any(p.startswith("toy/timm--") for p in _main_files(hub))
+
+
+def test_a_rerun_that_disagrees_says_how_many_never_which_and_forces_a_full_rerun(made, tmp_path, monkeypatch, capsys,
+                                                                                 tiny_checkpoint, reruns):
+    """A forged result fails with the count of disagreeing rows, no image named. Its model id is then re-run on every
+    row the next time (a fresh sample per push would let a forger retry), until a full re-run passes or the
+    maintainer asks for the usual sample with --again; the state lives in review-ledger.json on main."""
+    import pyarrow.parquet as pq
+
+    from genshift.leaderboard.review import LEDGER_FILE
+
+    entry = f"toy/{made[1].name}"
+    model_id = json.loads((made[1] / "result.json").read_text())["model"]["id"]
+    ids = [i for p in sorted((made[0] / "data").rglob("*.parquet")) for i in pq.read_table(p, columns=["image_id"])
+           ["image_id"].to_pylist()]
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", _entry_ops(_confident(_copy(made, tmp_path, "forged")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        text = _comments(hub, pr)[-1][1]
+        assert "Verification failed" in text and "of the 5 re-run rows disagree with the stored predictions" in text
+        assert not any(i in text for i in ids) and "seed" not in text  # which rows: never said
+        assert json.loads(_main_files(hub)[LEDGER_FILE])["failed"][model_id]["pr"] == pr
+        # the honest run pushed next: re-run in full, passes, clears the model id
+        _push(hub, "tok-mallory", pr, _entry_ops(made[1], entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        assert reruns.modes == [5, "all"] and "Verification passed" in _comments(hub, pr)[-1][1]
+        assert model_id not in json.loads(_main_files(hub)[LEDGER_FILE])["failed"]
+        # failed again; the maintainer's --again takes the usual sample instead of every row
+        pr2 = _open_pr(hub, "tok-mallory", _entry_ops(_confident(_copy(made, tmp_path, "forged2")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        _push(hub, "tok-mallory", pr2, _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--again", str(pr2)) == 0
+        assert reruns.modes[2:] == [5, 5] and "Verification passed" in _comments(hub, pr2)[-1][1]
+
+
+def test_per_submitter_bounds_are_answered_in_one_line(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
+    """At most 3 open PRs of one account are reviewed (the 4th waits, told so once in one line); the images re-run
+    for one account per day are bounded (a PR over the day's budget waits for the next day)."""
+    from huggingface_hub import CommitOperationAdd
+
+    import genshift.leaderboard.review as review
+
+    entry = f"toy/{made[1].name}"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        junk = [_open_pr(hub, "tok-mallory", [CommitOperationAdd(f"junk{i}.txt", b"x")]) for i in range(4)]
+        assert _bench_review(monkeypatch, hub, made) == 0
+        assert "deferred" in capsys.readouterr().out
+        said = [_comments(hub, n) for n in junk]
+        assert all("Verification failed" in c[-1][1] for c in said[:3])
+        (_, waiting), = said[3]
+        assert waiting.startswith("**Not reviewed yet**: mallory has 4 open pull requests and only the oldest 3 are "
+                                  "reviewed") and waiting.count("\n") == 2  # one line, then the signed marker
+        assert _bench_review(monkeypatch, hub, made) == 0 and len(_comments(hub, junk[3])) == 1  # said once per head
+
+        monkeypatch.setattr(review, "MAX_IMAGES_PER_DAY", 100)
+        first = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        second = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")),
+                                                       entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--recheck", "all") == 0
+        assert "Verification passed" in _comments(hub, first)[-1][1]
+        text = _comments(hub, second)[-1][1]
+        assert text.startswith("**Not reviewed yet**: alice has had 80 images re-run today") and "tomorrow" in text
+
+
+def test_a_push_between_the_head_check_and_the_merge_never_lands_on_main(made, tmp_path, monkeypatch, capsys,
+                                                                        tiny_checkpoint):
+    """Between the reviewer's last look at the PR head and what lands on main, the submitter pushes a commit that
+    deletes a verified entry and rewrites README.md and .gitattributes: main gets exactly the reviewed files."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    entry = f"toy/{made[1].name}"
+    verified = "toy/org--m"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        HfApi(endpoint=hub.endpoint, token="tok-maint").create_commit(
+            "org/results", _entry_ops(_copy(made, tmp_path, "org_m", _as("org/m", "hf-hub")), verified)
+            + [CommitOperationAdd("README.md", b"# results\n")], repo_type="dataset", commit_message="main")
+        before = dict(_main_files(hub))
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        injected = []
+
+        def push_first(real):
+            def call(self, *a, **kw):
+                if not injected and (real.__name__ == "merge_pull_request" or kw.get("revision") in (None, "main")):
+                    injected.append(_push(hub, "tok-alice", pr, [
+                        CommitOperationDelete(f"{verified}/result.json"), CommitOperationAdd("README.md", b"# pwned\n"),
+                        CommitOperationAdd(".gitattributes", b"* -text\n")]))
+                return real(self, *a, **kw)
+            return call
+        monkeypatch.setattr(HfApi, "merge_pull_request", push_first(HfApi.merge_pull_request))
+        monkeypatch.setattr(HfApi, "create_commit", push_first(HfApi.create_commit))
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tiny_checkpoint)) == 0
+        assert injected
+        main = _main_files(hub)
+        assert main[f"{entry}/result.json"] == (made[1] / "result.json").read_bytes()
+        assert f"{entry}/verification.json" in main
+        assert {p: b for p, b in main.items() if not p.startswith(entry + "/") and p != "review-ledger.json"} == before
+
+
+def test_another_protocol_or_the_same_weights_never_replace_an_entry(made, tmp_path, monkeypatch, capsys,
+                                                                    tiny_checkpoint, reruns):
+    """A genuine result of the same model scored with --bootstrap 200 is another entry, never a replacement of the
+    one on main; the same weights under another id are one entry, already there. Both refused before any re-run."""
+    from huggingface_hub import HfApi
+
+    entry = f"toy/{made[1].name}"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        HfApi(endpoint=hub.endpoint, token="tok-maint").create_commit(
+            "org/results", _entry_ops(made[1], entry), repo_type="dataset", commit_message="the verified entry")
+        before = dict(_main_files(hub))
+        boot = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "boot", lambda r: r["protocol"]["scoring"]
+                                                           .update(n_boot=200)), entry))
+        twin = _copy(made, tmp_path, "twin", _as("org/twin", "hf-hub"))
+        twin_result = json.loads((twin / "result.json").read_text())
+        twin_result["model"]["tensors_sha256"] = json.loads((made[1] / "result.json").read_text())["model"]["tensors_sha256"]
+        (twin / "result.json").write_text(json.dumps(twin_result))
+        _rewrite(twin)
+        same = _open_pr(hub, "tok-alice", _entry_ops(twin, "toy/org--twin"))
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tiny_checkpoint)) == 0
+        assert "under another suite version or protocol" in _comments(hub, boot)[-1][1]
+        assert "the same weights (tensors sha256" in _comments(hub, same)[-1][1]
+        assert reruns == [] and {p: b for p, b in _main_files(hub).items() if p != "review-ledger.json"} == before
+
+
+def test_a_300_character_folder_in_a_pr_path_is_that_prs_failure(made, monkeypatch, capsys):
+    """A path the reviewer's file system cannot hold is the submission's fault: that PR fails, the service stays
+    green (it used to count the OSError as its own failure, on every run)."""
+    from huggingface_hub import CommitOperationAdd
+
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"toy/{'a' * 300}/result.json",
+                                                              (made[1] / "result.json").read_bytes())])
+        assert _bench_review(monkeypatch, hub, made) == 0
+        assert "failed" in capsys.readouterr().out
+        text = _comments(hub, pr)[-1][1]
+        assert "Verification failed" in text and "paths of at most 200 characters" in text
+
+
+def test_the_reviewer_never_opens_a_path_a_result_records(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
+    """A result's suite.source and suite.mask.path name files on the reviewer's machine: never opened. The public
+    answer is the same whether /etc/passwd exists or not (the images come from the trusted suite alone)."""
+    import genshift.eval.suite_open
+
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    shutil.copy(made[0] / "manifest.json", trusted / "toy.json")  # a trusted manifest, without images
+    probes = {}
+    for name, path in (("exists", "/etc/passwd"), ("absent", "/nonexistent/passwd")):
+        probes[name] = _copy(made, tmp_path, name, lambda r, path=path: r["suite"].update(
+            source=path, mask={"path": path, "sha256": "0" * 64, "source": "file"}))
+    opened = []
+    monkeypatch.setattr(genshift.eval.suite_open, "reopen_suite", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        prs = {k: _open_pr(hub, "tok-alice", _entry_ops(run, f"toy/{made[1].name}")) for k, run in probes.items()}
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--suites", str(trusted),
+                             suite=False) == 0
+        said = {k: _comments(hub, n)[-1][1].rsplit("<!--", 1)[0] for k, n in prs.items()}
+        assert said["exists"] == said["absent"] and "manifest only" in said["exists"], said
+        assert "passwd" not in said["exists"] and opened == []

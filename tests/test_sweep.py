@@ -23,6 +23,7 @@ from genshift.eval.model_list import ModelSpec, resolve_models
 from genshift.eval.sweep import SweepRequest, run_sweep
 
 ARCHS = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_resnet.r160_in1k")  # 2 + 1 share a data config
+FOLDER: dict[str, str] = {}  # arch -> the run folder of its zoo weights (genshift.identity.folder_name), set by zoo
 OPTS = dict(batch_size=4, workers=0, compile="off", unit_rows=4)
 
 
@@ -33,6 +34,8 @@ def zoo(tmp_path_factory):
     import torch
     from safetensors.torch import save_file
 
+    from genshift.identity import canonical_id, folder_name, tensors_sha256
+
     d = tmp_path_factory.mktemp("zoo")
     out = {}
     for i, arch in enumerate(ARCHS):
@@ -40,6 +43,8 @@ def zoo(tmp_path_factory):
         m = timm.create_model(arch, pretrained=False)
         out[arch] = d / f"{arch}.safetensors"
         save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(out[arch]))
+        FOLDER[arch] = folder_name(canonical_id(source="checkpoint", name=arch.split(".")[0],
+                                                tensors_sha256=tensors_sha256(m.state_dict())))
     return out
 
 
@@ -77,15 +82,15 @@ def test_sweep_equals_single_runs_byte_for_byte(tmp_path, suite, zoo, singles):
     ref = _files(singles)
     assert len(ref) == 6 and _files(tmp_path) == ref
     for a in ARCHS:
-        r = json.loads((tmp_path / "toy" / a / "result.json").read_text())
-        s = json.loads((singles / "toy" / a / "result.json").read_text())
+        r = json.loads((tmp_path / "toy" / FOLDER[a] / "result.json").read_text())
+        s = json.loads((singles / "toy" / FOLDER[a] / "result.json").read_text())
         assert r["config_hash"] == s["config_hash"] and r["metrics"] == s["metrics"]
         assert r["run"]["effective_batch_size"] == 4
-        assert not (tmp_path / "toy" / a / ".work").exists()
+        assert not (tmp_path / "toy" / FOLDER[a] / ".work").exists()
     # a rerun is a no-op, whatever the grouping
-    mtime = (tmp_path / "toy" / ARCHS[0] / "result.json").stat().st_mtime_ns
+    mtime = (tmp_path / "toy" / FOLDER[ARCHS[0]] / "result.json").stat().st_mtime_ns
     _sweep(tmp_path, suite, zoo)
-    assert (tmp_path / "toy" / ARCHS[0] / "result.json").stat().st_mtime_ns == mtime
+    assert (tmp_path / "toy" / FOLDER[ARCHS[0]] / "result.json").stat().st_mtime_ns == mtime
 
 
 def test_one_decode_feeds_every_model_of_a_group(tmp_path, suite, zoo, monkeypatch):
@@ -134,11 +139,12 @@ def test_failing_model_leaves_the_others_intact(tmp_path, suite, zoo, singles, m
     code = main(["eval", "--models", str(models), "--suite", str(suite), "--out", str(tmp_path), "--no-progress",
                  "--workers", "0", "--batch-size", "4", "--compile", "off"])
     out = capsys.readouterr().out
-    assert code == 1 and "2 model(s) failed: test_vit.r160_in1k, test_efficientnet.r160_in1k" in out
+    vit = FOLDER[ARCHS[1]]  # loaded, then failed: under its canonical id's folder
+    assert code == 1 and f"2 model(s) failed: {vit.replace('sha256-', 'sha256:')}, test_efficientnet.r160_in1k" in out
     ref = _files(singles)
     got = _files(tmp_path)
     assert {k: v for k, v in ref.items() if "test_vit" not in k} == got
-    fail = json.loads((tmp_path / "toy" / "test_vit.r160_in1k" / "failure.json").read_text())
+    fail = json.loads((tmp_path / "toy" / vit / "failure.json").read_text())
     assert "illegal memory access" in fail["error"]
     # the rerun retries the failed model only, resuming its written units
     monkeypatch.setattr(inference.Forward, "__call__", orig)
@@ -146,7 +152,7 @@ def test_failing_model_leaves_the_others_intact(tmp_path, suite, zoo, singles, m
     assert main(["eval", "--models", str(models), "--suite", str(suite), "--out", str(tmp_path), "--no-progress",
                  "--workers", "0", "--batch-size", "4", "--compile", "off"]) == 0
     assert _files(tmp_path) == ref
-    assert not (tmp_path / "toy" / "test_vit.r160_in1k" / "failure.json").exists()
+    assert not (tmp_path / "toy" / vit / "failure.json").exists()
 
 
 def test_interrupted_sweep_resumes_identically(tmp_path, suite, zoo, singles, monkeypatch):
@@ -214,7 +220,7 @@ def test_launched_processes_each_do_their_units_and_equal_one_process(tmp_path, 
     assert not list((tmp_path / "two").rglob(".work")) and not list((tmp_path / "two").rglob("part-*"))
     world = 1 if launcher == "accelerate-cpu" else 2
     for a in ARCHS:
-        r = json.loads((tmp_path / "two" / "toy" / a / "result.json").read_text())
+        r = json.loads((tmp_path / "two" / "toy" / FOLDER[a] / "result.json").read_text())
         assert r["run"]["processes"] == world and r["run"]["cpu_threads"] == 1
         assert r["counts"]["base"]["predicted"] == 18
         # which process wrote which units, from the part sidecars each process wrote
@@ -273,7 +279,7 @@ def test_resume_with_another_thread_count_is_refused(tmp_path, suite, zoo, monke
     assert "holds a run of this model and suite with other settings" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.rglob("part-*.parquet")) == parts  # nothing mixed, nothing removed
     assert main(argv) == 0  # the same thread count resumes
-    r = json.loads((tmp_path / "toy" / a / "result.json").read_text())
+    r = json.loads((tmp_path / "toy" / FOLDER[a] / "result.json").read_text())
     assert r["run"]["cpu_threads"] == 1 and r["run"]["timings"]["base"]["resumed_units"] == len(parts)
 
 
@@ -298,13 +304,13 @@ def test_killed_process_resumes_byte_identical(tmp_path, big, zoo, sig):
     env, cmd = _cli("--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path), "--workers", "0",
                     "--batch-size", "4", "--compile", "off", "--no-progress")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    work = tmp_path / "big" / a / ".work"
+    work = tmp_path / "big" / FOLDER[a] / ".work"
     deadline = time.time() + 300
     while not list(work.glob("base/part-*.parquet")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    if (tmp_path / "big" / a / "result.json").exists():
+    if (tmp_path / "big" / FOLDER[a] / "result.json").exists():
         pytest.skip("the run finished before the signal landed")
     if sig == signal.SIGTERM:
         assert proc.returncode == 143 and "rerun resumes" in err, err
@@ -315,7 +321,7 @@ def test_killed_process_resumes_byte_identical(tmp_path, big, zoo, sig):
     assert p.returncode == 0, p.stderr
     assert not stray.exists() and not work.exists()
     assert _files(tmp_path) == ref
-    r = json.loads((tmp_path / "big" / a / "result.json").read_text())
+    r = json.loads((tmp_path / "big" / FOLDER[a] / "result.json").read_text())
     assert r["run"]["timings"]["base"]["resumed_units"] > 0
 
 
@@ -371,12 +377,12 @@ def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, mo
     # a 2-process sweep where only process 0 ran: half the units are missing
     monkeypatch.setattr(work_split.Distributed, "__init__", _fake_world(2, 0))
     jobs = _sweep(tmp_path, suite, zoo, archs=(a,))
-    assert jobs[0].result is None and (tmp_path / "toy" / a / ".work").is_dir()
-    with pytest.raises(BenchError, match=r"units missing: toy/test_resnet.r160_in1k: config base: unit\(s\) "):
+    assert jobs[0].result is None and (tmp_path / "toy" / FOLDER[a] / ".work").is_dir()
+    with pytest.raises(BenchError, match=rf"units missing: toy/{FOLDER[a]}: config base: unit\(s\) "):
         merging.merge(tmp_path)
     monkeypatch.undo()
     _sweep(tmp_path, suite, zoo, archs=(a,))  # the rerun (one process here) does the rest and builds the result
-    assert _files(tmp_path) == {k: v for k, v in _files(singles).items() if a in k}
+    assert _files(tmp_path) == {k: v for k, v in _files(singles).items() if FOLDER[a] in k}
 
 
 def _fake_world(world, rank):
@@ -493,11 +499,11 @@ def split_run(tmp_path_factory, suite, zoo):
         for rank in (0, 1, 0, 1, 0, 1):
             mp.setattr(work_split.Distributed, "__init__", _fake_world(2, rank))
             _sweep(out, suite, zoo, archs=(a,))
-            if not merging.missing_units(out / "toy" / a, out):
+            if not merging.missing_units(out / "toy" / FOLDER[a], out):
                 break
     finally:
         mp.undo()
-    work = out / "toy" / a / ".work"
+    work = out / "toy" / FOLDER[a] / ".work"
     assert {p.parent.name for p in work.rglob("part-*.parquet")} == {"base", "shifted"}
     return out
 
@@ -583,11 +589,11 @@ def test_hostile_merge_is_one_line_and_touches_nothing(tmp_path, split_run, suit
     out = tmp_path / "out"
     shutil.copytree(split_run, out, symlinks=True)
     a = ARCHS[2]
-    run = out / "toy" / a
+    run = out / "toy" / FOLDER[a]
     # another model's unfinished run (same suite, same units), outside this --out
     other_out = tmp_path / "other"
     shutil.copytree(split_run, other_out, symlinks=True)
-    other = other_out / "toy" / a
+    other = other_out / "toy" / FOLDER[a]
     for side in (other / ".work").rglob("part-*.json"):  # as another model's run would have written them
         side.write_text(json.dumps({**json.loads(side.read_text()), "run_key": "0" * 64}))
     _hostile(case, run, other)
@@ -605,15 +611,15 @@ def test_merge_of_a_split_run_builds_the_single_run_bytes(tmp_path, split_run, s
     shutil.copytree(split_run, out)
     assert main(["eval", "--merge", str(out)]) == 0
     a = ARCHS[2]
-    assert _files(out) == {k: v for k, v in _files(singles).items() if a in k}
-    r = json.loads((out / "toy" / a / "result.json").read_text())
+    assert _files(out) == {k: v for k, v in _files(singles).items() if FOLDER[a] in k}
+    r = json.loads((out / "toy" / FOLDER[a] / "result.json").read_text())
     assert not r["flags"]["partial"] and r["counts"]["base"]["predicted"] == 18
     assert set(r["run"]["timings"]["base"]["units_by_rank"]) == {"0", "1"}
 
 
 def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
-    """A checkpoint's id is the name given with it or the architecture + the file's sha256 prefix, never
-    the registry's default tag; the same weights under two names are scored once."""
+    """A checkpoint's id is its architecture + its tensors' digest (genshift.identity), never the name given with
+    it (kept as declared_name) nor the registry's default tag; the same weights under two names are scored once."""
     import hashlib
 
     import timm
@@ -629,14 +635,16 @@ def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
     jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
                                   inference=InferenceOptions(**OPTS)), progress=False)
     ids = sorted(j.model_id for j in jobs)
-    assert ids == sorted(f"test_resnet@sha256:{s[:12]}" for s in sha.values())
+    assert len(set(ids)) == 2 and all(i.startswith("test_resnet@sha256:") for i in ids)
     for j in jobs:
         assert j.status == "done" and "r160_in1k" not in j.model_id and j.result["model"]["tag"] is None
         assert j.result["model"]["weights_sha256"] == sha[j.spec.checkpoint]
-    # a name with a tag is the user's name for the weights, kept as given
+        assert j.result["model"]["declared_name"] == "test_resnet"
+    # a name with a tag is the user's claim about the weights, kept as declared_name, never their id
     specs, _ = resolve_models([f"{a}={zoo[a]}"])
-    assert run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
-                                  inference=InferenceOptions(**OPTS)), progress=False)[0].model_id == a
+    job = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
+                                 inference=InferenceOptions(**OPTS)), progress=False)[0]
+    assert job.model_id == FOLDER[a].replace("sha256-", "sha256:") and job.result["model"]["declared_name"] == a
     with pytest.raises(BenchError, match="is listed twice"):
         resolve_models([f"test_resnet={zoo[a]}", f"timm/test_resnet={zoo[a]}"])
     with pytest.raises(BenchError, match=r"holds the same weights \(sha256 .*\) as 'test_resnet.r160_in1k'"):
@@ -703,7 +711,7 @@ def test_each_predictions_file_is_read_back_once(tmp_path, suite, zoo, singles, 
         monkeypatch.setattr(pq, name, counted_arrow(getattr(pq, name)))
     jobs = _sweep(tmp_path, suite, zoo)
     assert [j.status for j in jobs] == ["done"] * 3
-    assert sorted(reads) == sorted(f"{a}/{c}.parquet" for a in ARCHS for c in ("base", "shifted"))
+    assert sorted(reads) == sorted(f"{FOLDER[a]}/{c}.parquet" for a in ARCHS for c in ("base", "shifted"))
     monkeypatch.undo()
     assert _files(tmp_path) == _files(singles)
     for j in jobs:  # the recorded digest is the file's
@@ -736,6 +744,8 @@ def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monke
 
     specs = _three_groups(tmp_path, zoo)
 
+    names = {}
+
     def run(out, preload):
         events, resident, lock = [], set(), threading.Lock()
         orig_load, orig_predict = sweep.load_model, sweep.predict_units
@@ -746,6 +756,7 @@ def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monke
             clf = orig_load(req, spec)
             with lock:
                 resident.add(id(clf.model))
+                names[clf.model_id] = spec.name  # forwards are named by the model's canonical id
             import weakref
             weakref.finalize(clf.model, resident.discard, id(clf.model))
             return clf
@@ -778,7 +789,7 @@ def test_next_model_loads_while_the_current_one_runs(tmp_path, suite, zoo, monke
     forwards = [e[1] for e in pre if e[0] == "forward"]
     assert len({f for f in forwards}) == 3
     last = forwards[-1][0]
-    bg = [i for i, e in enumerate(pre) if e[0] == "load" and e[1] == last and e[2].startswith("sweep-preload")]
+    bg = [i for i, e in enumerate(pre) if e[0] == "load" and e[1] == names[last] and e[2].startswith("sweep-preload")]
     assert len(bg) == 1
     prev_end = max(i for i, e in enumerate(pre) if e[0] == "forward end" and e[1] != forwards[-1])
     assert bg[0] < prev_end
@@ -930,14 +941,14 @@ def test_sigterm_stops_every_group_in_flight_at_a_unit_and_resumes(tmp_path, big
     env, cmd = _cli("--models", str(mfile), "--suite", str(suite), "--out", str(out), "--workers", "0",
                     "--batch-size", "4", "--compile", "off", "--no-progress", "--groups-in-flight", "2")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    works = [out / "big" / a / ".work" for a in archs]
+    works = [out / "big" / FOLDER[a] / ".work" for a in archs]
     deadline = time.time() + 300
     while (not all(list(w.glob("base/part-*.parquet")) for w in works) and proc.poll() is None
            and time.time() < deadline):
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    if any((out / "big" / a / "result.json").exists() for a in archs):
+    if any((out / "big" / FOLDER[a] / "result.json").exists() for a in archs):
         pytest.skip("a group finished before the signal landed")
     assert proc.returncode == 143 and "rerun resumes" in err, err
     assert all(list(w.glob("base/part-*.parquet")) for w in works)  # both groups had flushed their units
@@ -945,7 +956,7 @@ def test_sigterm_stops_every_group_in_flight_at_a_unit_and_resumes(tmp_path, big
     assert p.returncode == 0, p.stderr
     assert _files(out) == _files(ref) and len(_files(ref)) == 4
     for a in archs:
-        r = json.loads((out / "big" / a / "result.json").read_text())
+        r = json.loads((out / "big" / FOLDER[a] / "result.json").read_text())
         assert r["run"]["timings"]["base"]["resumed_units"] > 0
 
 
