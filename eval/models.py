@@ -264,8 +264,8 @@ def _fits(n: int, have: int, what: str, unit: str) -> None:
     """Weights of ``have`` bytes (at least one a parameter) or tensor values cannot hold fewer than ``n`` parameters:
     an architecture (a name, a repo's config.json) that is not its weights' is refused before it is built."""
     if have < n:
-        raise BenchError(f"{what} has {n:,} parameters but its weights hold {have:,} {unit}: the architecture is not "
-                         "the weights' (check the model name, or the repo's config.json)")
+        raise BenchError(f"the {'checkpoint' if unit == 'values' else 'weights file'} does not fit {what}: it has "
+                         f"{n:,} parameters, the weights hold {have:,} {unit} (check the model name or config.json)")
 
 
 def _create_pinned(ref: ModelRef, sha: str):

@@ -1,29 +1,17 @@
 """``bench review``: verify every pull request on the results repo, sign, comment and publish to ``main``.
 
-For each open pull request on the results dataset repo (huggingface_hub's discussions API), oldest
-first, at most ``MAX_OPEN_PRS`` per submitter at a time (``docs/leaderboard.md``, "Automatic
-verification", is the full statement):
-
-1. skip it if this service already answered it at its current head commit (a review marker signed by
-   the maintainer key over repo, PR number, head sha and outcome, in a comment by the reviewing account);
-2. list what the PR changes against the commit of ``main`` it branched from: only
-   ``<suite>/<model>/result.json`` and the predictions files it names, bounded in count, size and
-   path length;
-3. check each changed entry at the PR head: filed under the folder its own ids give
-   (``genshift.eval.results.entry_dir``), then ``genshift.eval.verify.verify_result`` against a trusted suite,
-   re-running rows through the model (the guaranteed sample, or every row: ``recheck``), loaded from where
-   the result says its weights came from; an entry of ``main`` is replaced only by the same model under the
-   same suite data and protocol, and weights already on ``main`` under another id are refused;
-4. if everything passed, sign a stamp per entry (``genshift.eval.stamps``) and commit the stamps to the PR;
-   with ``merge``, commit exactly the reviewed files to ``main`` itself (never ``merge_pull_request``: a push
-   after the review never lands) and close the PR with a link.
-
-Every PR gets one signed answer per head: ``passed``, ``failed`` (how many rows disagreed, never which),
-``unreviewable`` (what the reviewer is missing), or ``deferred`` (a submitter's bound reached: reviewed on
-a later run). A model id whose re-run found disagreeing rows is re-run in full on its next submission
-(or the maintainer's ``--again``); that state and each submitter's re-run images per day are kept in
-``review-ledger.json`` on ``main``, which only maintainers and the service write. Only a failure of the service itself
-(the Hub unreachable, a crash) leaves a PR unanswered (``error``, retried).
+For each open pull request not yet answered at its head (oldest first, at most ``MAX_OPEN_PRS`` per
+submitter): list what it changes (only ``<suite>/<model>/`` results and the predictions they name,
+bounded in count, size and path length); check each entry (filed under its own ids' folder, then
+``genshift.eval.verify.verify_result`` against a trusted suite, re-running rows through the model loaded
+from where the result says its weights came from); refuse replacing an entry of ``main`` by another
+model, suite data or protocol, and weights already there under another id; with ``merge``, commit
+exactly the reviewed files and a signed stamp per entry to ``main`` itself (a push after the review never
+lands) and close the PR. Every PR gets one signed answer per head: ``passed``, ``failed`` (how many rows
+disagreed, never which), ``unreviewable`` or ``deferred`` (a submitter's bound). A model id whose re-run
+disagreed is re-run in full next time; that state and each submitter's images per day are kept in
+``review-ledger.json`` on ``main``. Only the service's own failure leaves a PR unanswered (``error``,
+retried). The full statement: ``docs/leaderboard.md``, "Automatic verification".
 """
 
 from __future__ import annotations
@@ -65,8 +53,7 @@ class Outcome:
     entries: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
-    merged: bool = False
-    stamp_commit: str = ""
+    merged: bool = False         # published to main (the reviewed files and their stamps)
     merge_commit: str = ""
     model_prs: dict[str, str] = field(default_factory=dict)  # entry -> model-repo PR (--publish-model-results)
     earlier: str = ""            # skipped: the outcome of the earlier review at this head
@@ -212,12 +199,9 @@ class Reviewer:
         are reviewed)."""
         head = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{num}").sha
         outcome = Outcome(num, head=head, author=author)
-        details = self.api.get_discussion_details(self.repo_id, num, repo_type="dataset")
-        earlier = self.answers(num, details.events)
+        earlier = self.answers(num, self.api.get_discussion_details(self.repo_id, num, repo_type="dataset").events)
         if earlier.get(head, "deferred") != "deferred" and num not in self.again:
             outcome.status, outcome.earlier = "skipped", earlier[head]
-            if earlier[head] == "passed" and self.merge and details.status == "open":
-                self._merge_later(num, head, outcome)  # passed earlier, not merged then (e.g. run without --merge)
             return outcome
         with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
             try:
@@ -225,9 +209,11 @@ class Reviewer:
                     raise Deferred(f"{author or 'this submitter'} has {len(queue)} open pull requests and only the "
                                    f"oldest {MAX_OPEN_PRS} are reviewed: close one of them and this one is reviewed")
                 problems, stamps = self._examine(num, head, outcome, Path(tmp))
+                if not problems and self.merge:
+                    problems = self._publish(outcome, Path(tmp) / "head", stamps)
             except Exception as e:
                 if isinstance(e, OSError) and not _hub_failure(e):  # caused by what the PR holds (a path)
-                    problems, stamps = [f"a file of the pull request cannot be stored ({e.strerror})"], {}
+                    problems = [f"a file of the pull request cannot be stored ({e.strerror})"]
                 elif _hub_failure(e) or not isinstance(e, BenchError):
                     raise  # the service failed (network, a crash in a check): no answer, retried next run
                 else:
@@ -236,32 +222,57 @@ class Reviewer:
                     if not (outcome.status == "deferred" == earlier.get(head)):  # a deferral is said once per head
                         self._comment(num, head, outcome)
                     return outcome
-            if problems:
-                outcome.status, outcome.problems = "failed", problems
-                self._comment(num, head, outcome)
-                return outcome
-            from huggingface_hub import CommitOperationAdd, errors
+        if outcome.status == "moved":
+            return outcome
+        outcome.status, outcome.problems = ("failed", problems) if problems else ("passed", [])
+        self._comment(num, head, outcome)
+        if outcome.merged:
+            self.api.change_discussion_status(self.repo_id, num, "closed", repo_type="dataset")
+            if self.publish_model_results:
+                from genshift.leaderboard.hub_results import publish_reviewed
 
-            from genshift.eval.stamps import STAMP_FILE
-            from genshift.fsutil import canonical_json
-
-            ops = [CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)) for entry, stamp in stamps.items()]
-            try:  # on top of the reviewed head only: the Hub refuses a stale parent (412)
-                info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=f"refs/pr/{num}",
-                                              parent_commit=head, commit_message="Verification stamps")
-            except errors.HfHubHTTPError as e:
-                if getattr(e.response, "status_code", None) not in (409, 412):
-                    raise
-                # pushed to during the review: a submission's doing, not the service's failure; no answer
-                outcome.status = "moved"
-                outcome.problems = ["the head moved during the review; the new head is reviewed on the next run"]
-                return outcome
-            outcome.stamp_commit = info.oid
-        outcome.status = "passed"
-        self._comment(num, outcome.stamp_commit, outcome)
-        if self.merge:
-            self._merge(outcome)
+                publish_reviewed(self, outcome)
         return outcome
+
+    def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, dict]) -> list[str]:
+        """Commit exactly the reviewed files (downloaded at the reviewed head into ``files``) and their stamps to
+        ``main`` itself, each entry's folder replaced, on top of the ``main`` they are checked against now: a push
+        to the PR after the review never lands. A PR pushed to since is not published and gets no answer
+        (``moved``: the next run reviews its new head). Returns why it may not be published, if so."""
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete, errors
+
+        from genshift.eval.stamps import STAMP_FILE
+        from genshift.fsutil import canonical_json
+
+        now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
+        if now != outcome.head:
+            outcome.status, outcome.problems = "moved", [f"the head moved to {now[:12]} during the review"]
+            return []
+        main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
+        problems, ops = [], []
+        on_main = self._tree(main)
+        for entry, stamp in stamps.items():
+            result = json.loads((files / entry / "result.json").read_bytes())
+            if why := self._owner_problem(entry, result, main, files.parent / "main"):
+                problems.append(why)
+            names = ["result.json", *(p["path"] for p in result["predictions"])]
+            ops += [CommitOperationAdd(f"{entry}/{n}", str(files / entry / n)) for n in names]
+            ops.append(CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)))
+            ops += [CommitOperationDelete(p) for p in on_main if p.startswith(entry + "/")
+                    and p[len(entry) + 1:] not in (*names, STAMP_FILE)]
+        if problems:
+            return problems
+        try:
+            info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", parent_commit=main,
+                                          commit_message=f"Add the entries reviewed in PR #{outcome.pr} "
+                                                         f"(at {outcome.head[:12]})")
+        except errors.HfHubHTTPError as e:
+            if getattr(e.response, "status_code", None) not in (409, 412):
+                raise
+            outcome.status, outcome.problems = "moved", ["main moved while publishing; the next run reviews it again"]
+            return []
+        outcome.merged, outcome.merge_commit = True, info.oid
+        return []
 
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
@@ -338,64 +349,6 @@ class Reviewer:
             return
         self.ledger["usage"][author] = {"day": today, "images": used + images}
 
-    # -- publishing to main -------------------------------------------------------------------
-    def _merge_later(self, num: int, head: str, outcome: Outcome) -> None:
-        """Publish a PR that passed on an earlier run (``head`` is its stamped commit): what it changes is listed
-        again, then :meth:`_merge` checks it against ``main`` as it is now."""
-        changed, _, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head, stamped=True)
-        outcome.entries = sorted(changed)
-        if problems:
-            outcome.status, outcome.earlier, outcome.problems = "failed", "", problems
-            self._comment(num, head, outcome)
-            return
-        self._merge(outcome, answer=True)
-
-    def _merge(self, outcome: Outcome, *, answer: bool = False) -> None:
-        """Commit exactly the reviewed files of each entry (read at the reviewed commit, which nothing can
-        change) to ``main``, replacing that entry's folder, on top of the ``main`` they were checked against;
-        then close the PR with a link. A PR pushed to since is not published (the next run reviews it);
-        one that would now replace another model's entry gets a new ``failed`` answer (``answer``)."""
-        from huggingface_hub import CommitOperationAdd, CommitOperationDelete, errors
-
-        reviewed = outcome.stamp_commit or outcome.head
-        now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
-        if now != reviewed:  # pushed to after the review: the next run reviews the new head
-            outcome.problems.append(f"not merged: the head moved to {now[:12]} after the review")
-            return
-        main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
-        files = self._tree(reviewed)
-        with tempfile.TemporaryDirectory(prefix=f"genshift-review-{outcome.pr}-", dir=self.work_dir) as tmp:
-            ops, problems = [], []
-            for entry in outcome.entries:
-                local = {p: self._download(reviewed, p, Path(tmp)) for p in files if p.startswith(entry + "/")}
-                result = json.loads(local[f"{entry}/result.json"].read_bytes())
-                if why := self._owner_problem(entry, result, main, Path(tmp) / "main"):
-                    problems.append(why)
-                ops += [CommitOperationAdd(p, str(f)) for p, f in sorted(local.items())]
-                ops += [CommitOperationDelete(p) for p in self._tree(main) if p.startswith(entry + "/") and p not in local]
-            if problems:
-                if answer:
-                    outcome.status, outcome.earlier, outcome.problems = "failed", "", problems
-                    self._comment(outcome.pr, reviewed, outcome)
-                else:
-                    outcome.problems += [f"not merged: {p}" for p in problems]
-                return
-            try:
-                info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", parent_commit=main,
-                                              commit_message=f"Add the entries reviewed in PR #{outcome.pr} "
-                                                             f"(at {reviewed[:12]})")
-            except errors.HfHubHTTPError as e:  # main moved meanwhile, or a refusal: retried on the next run
-                outcome.problems.append(f"merge failed: {one_line(e, 200) or type(e).__name__}")
-                return
-        outcome.merged, outcome.merge_commit = True, info.oid
-        self.api.comment_discussion(self.repo_id, outcome.pr, f"Published to `main` as commit {info.oid}: exactly the "
-                                    f"files reviewed at {reviewed}. Closing this pull request.", repo_type="dataset")
-        self.api.change_discussion_status(self.repo_id, outcome.pr, "closed", repo_type="dataset")
-        if self.publish_model_results:
-            from genshift.leaderboard.hub_results import publish_reviewed
-
-            publish_reviewed(self, outcome)
-
     # -- steps --------------------------------------------------------------------------------
     def _examine(self, num: int, head: str, outcome: Outcome, root: Path) -> tuple[list[str], dict[str, dict]]:
         """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry. Raises
@@ -424,64 +377,36 @@ class Reviewer:
         return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
                                                             recursive=True) if isinstance(f, RepoFile)}
 
-    def _changed_entries(self, base: str, head: str, *, stamped: bool = False
-                         ) -> tuple[dict[str, set], set[str], list[str]]:
+    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], set[str], list[str]]:
         """The entries the PR adds or changes (entry -> its changed files), every file at the head, and what the
-        PR may not do. ``stamped``: ``head`` is this service's own stamp commit (its signed answer says so),
-        whose stamps are the reviewer's."""
-        from genshift.eval.stamps import STAMP_FILE
-        from genshift.leaderboard.store import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
+        PR may not do."""
+        from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
 
         old, new = self._tree(base), self._tree(head)
         changed: dict[str, set] = {}
-        stamp_files: list[str] = []
         problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(set(old) - set(new))]
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
             shown = path if len(path) <= MAX_PATH_CHARS else path[:MAX_PATH_CHARS] + "…"
             m = ENTRY_FILE.match(path) if len(path) <= MAX_PATH_CHARS else None
-            if path.endswith("/" + STAMP_FILE) and len(path) <= MAX_PATH_CHARS:
-                if not stamped:
-                    stamp_files.append(path)  # checked below, once the changed results are known
-                continue
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
                 problems.append(f"changes {shown}: a submission may only add or replace <suite>/<model>/result.json "
                                 f"and <suite>/<model>/predictions/*.parquet (paths of at most {MAX_PATH_CHARS} "
-                                "characters), nothing else")
+                                "characters), nothing else" + (" (verification stamps are written only by the "
+                                                               "reviewer)" if path.endswith("/verification.json") else ""))
                 continue
             limit = MAX_RESULT_BYTES if m.group(3) == "result.json" else MAX_PREDICTIONS_BYTES
             if (f.size or 0) > limit:
                 problems.append(f"{path} is {f.size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit")
             changed.setdefault(f"{m.group(1)}/{m.group(2)}", set()).add(path)
-        # the reviewer's own stamps from an earlier pass of this PR may stay next to a result the PR changes
-        # again: that entry is re-stamped if it passes (or not merged); any other stamp is the submitter's
-        too_many = len(changed) > MAX_ENTRIES_PER_PR  # then no stamp is downloaded: the PR fails anyway
-        problems += [f"changes {p}: verification stamps are written only by the reviewer" for p in stamp_files
-                     if f"{p.rsplit('/', 1)[0]}/result.json" not in changed.get(p.rsplit("/", 1)[0], ())
-                     or not (too_many or self._signed_by_reviewer(head, new[p]))]
         problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
-        if too_many:
+        if len(changed) > MAX_ENTRIES_PER_PR:
             problems.insert(0, f"adds or changes {len(changed)} entries; at most {MAX_ENTRIES_PER_PR} per pull request "
                                "(each is re-run through its model): split it into several pull requests")
         if not changed and not problems:
             problems.append("the pull request adds no result")
         return changed, set(new), problems
-
-    def _signed_by_reviewer(self, head: str, f) -> bool:
-        """True when the file ``f`` at ``head`` is a stamp signed by this service's key."""
-        from genshift.eval.results import parse_json
-        from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_KIND, check_signature
-
-        if (f.size or 0) > MAX_STAMP_BYTES:
-            return False
-        with tempfile.TemporaryDirectory(prefix="genshift-review-stamp-", dir=self.work_dir) as tmp:
-            raw = self._download(head, f.path, Path(tmp)).read_bytes()
-        try:
-            stamp = parse_json(raw, where=f.path, max_bytes=MAX_STAMP_BYTES)
-        except BenchError:
-            return False
-        return isinstance(stamp, dict) and stamp.get("kind") == STAMP_KIND and check_signature(stamp, self.public) is None
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
                root: Path) -> tuple[dict[str, Path], list[str]]:
@@ -649,8 +574,11 @@ class Reviewer:
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:
         if outcome.status == "passed":
             text = ("**Verification passed.** Every metric was recomputed from the stored predictions and rows drawn "
-                    "from the suite were re-run through the model; a signed verification stamp was added to each "
-                    "entry.\n\n" + _block(outcome.checked))
+                    "from the suite were re-run through the model. " + (
+                        f"Published to `main` as commit {outcome.merge_commit}, with a signed verification stamp per "
+                        f"entry: exactly the files reviewed at {head}. This pull request is closed."
+                        if outcome.merged else "Not published (a review without --merge).") + "\n\n"
+                    + _block(outcome.checked))
         elif outcome.status == "deferred":
             text = f"**Not reviewed yet**: {outcome.problems[0]}"
         elif outcome.status == "unreviewable":

@@ -413,8 +413,9 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
 
 
 def test_a_pr_merged_on_a_later_review_run_is_published_once(hub_world, monkeypatch, capsys):
-    """`bench review` without --merge passes a PR; a later `--merge --publish-model-results` run merges it without
-    re-running images and then opens the model-repo PR and links it; a third run adds nothing."""
+    """`bench review` without --merge passes a PR (nothing published); a later `--again 1 --merge
+    --publish-model-results` run reviews it anew, publishes it, then opens the model-repo PR and links it; a third
+    run adds nothing."""
     from huggingface_hub import parse_eval_result_entries
 
     from genshift.cli import main
@@ -431,9 +432,9 @@ def test_a_pr_merged_on_a_later_review_run_is_published_once(hub_world, monkeypa
     assert main(cli) == 0 and "passed" in capsys.readouterr().out
     assert ("model", "org/tiny-resnet") in hub.repos and hub.repos[("model", "org/tiny-resnet")].prs == 0
 
-    assert main(cli + ["--merge", "--publish-model-results"]) == 0
+    assert main(cli + ["--merge", "--publish-model-results", "--again", "1"]) == 0
     out = capsys.readouterr().out
-    assert "skipped (passed earlier) + merged" in out, out
+    assert "passed + merged" in out, out
     model = hub.repos[("model", "org/tiny-resnet")]
     assert model.prs == 1
     entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))

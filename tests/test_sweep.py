@@ -642,8 +642,8 @@ def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
         assert j.result["model"]["declared_name"] == "test_resnet"
     # a name with a tag is the user's claim about the weights, kept as declared_name, never their id
     specs, _ = resolve_models([f"{a}={zoo[a]}"])
-    job = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
-                                 inference=InferenceOptions(**OPTS)), progress=False)[0]
+    job = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs2"),
+                                 inference=InferenceOptions(**OPTS)), progress=False)[0]  # (in runs: evaluated)
     assert job.model_id == FOLDER[a].replace("sha256-", "sha256:") and job.result["model"]["declared_name"] == a
     with pytest.raises(BenchError, match="is listed twice"):
         resolve_models([f"test_resnet={zoo[a]}", f"timm/test_resnet={zoo[a]}"])
