@@ -7,15 +7,12 @@ Accepted names::
     hf-hub:timm/resnet50.a1_in1k@<sha>  explicit Hub form, optionally pinned to a commit
     <any of these> + --checkpoint FILE   architecture from the name, weights from a local file
 
-The Hub revision is always resolved to a 40-character commit sha before loading (online: the
-Hub API; offline: the local cache's refs), the weights are loaded at that sha, and the sha256 of
-the weight file is recorded. The model is identified by ``genshift.identity``: its canonical id
-(the Hub repo, or ``<arch>@sha256:<tensors digest>`` for local or random weights, whatever name
-they were given: that name is kept as ``declared_name``, a claim) and the digest of its loaded
-tensors. Before any real allocation the architecture is built on the meta device and its
-parameters counted: over ``MAX_MODEL_PARAMS``, or more than the weights file can hold at one byte
-each, it is refused. Preprocessing is ``resolve_data_config({}, model=m, use_test_size=True)`` +
-``create_transform`` (what timm's ``validate.py`` and results tables use; see ``docs/results.md``).
+The Hub revision is resolved to a 40-character commit sha before loading (offline: the local cache's
+refs) and the weight file's sha256 recorded. The model is identified by ``genshift.identity`` (its
+canonical id and tensors digest; a name given to local weights is only ``declared_name``). The
+architecture is sized on the meta device before any real allocation: refused over
+``MAX_MODEL_PARAMS`` or over what its weights can hold. Preprocessing is timm's own eval config at
+test size (``eval_transform``; ``docs/results.md``).
 """
 
 from __future__ import annotations
@@ -98,15 +95,11 @@ def parse_model_name(text: str) -> ModelRef:
         raise BenchError("empty --model; give a timm name such as 'resnet50.a1_in1k' or 'timm/resnet50.a1_in1k'")
     body, _, rev = raw.partition("@")
     rev = rev or None
-    if body.startswith("hf-hub:"):
-        repo = body[len("hf-hub:"):]
-        name = repo.split("/", 1)[1] if repo.startswith("timm/") else None
-        return ModelRef(raw, name, repo, rev)
+    body = body[len("hf-hub:"):] if body.startswith("hf-hub:") else body
     if "/" in body:
         if body.count("/") != 1:
             raise BenchError(f"model {raw!r} is not a timm name or an org/name Hub repo id")
-        name = body.split("/", 1)[1] if body.startswith("timm/") else None
-        return ModelRef(raw, name, body, rev)
+        return ModelRef(raw, body.split("/", 1)[1] if body.startswith("timm/") else None, body, rev)
     # registry name: resolve the default tag and the weights' Hub repo
     arch = body.split(".", 1)[0]
     if not timm.is_model(arch):

@@ -1,25 +1,11 @@
-"""Per-image predictions files: the schema, and checkpointed writing with resume.
+"""Per-image predictions files: the schema (``schema``; the table in ``docs/results.md``), bounded reading,
+and checkpointed writing with resume.
 
-One parquet file per (model, suite config), rows sorted by ``image_id``:
-
-=================  ==========================  ==============================================
-column             type                        meaning
-=================  ==========================  ==============================================
-image_id           string                      the suite's image id
-label              int16                       true ImageNet-1k class
-keep               bool                        the suite's quality-filter flag
-pair_id            string (nullable)           the suite's pair id (LANCE joins)
-topk_idx           fixed_size_list<int16>[K]   the K most probable classes, most probable first
-topk_prob          fixed_size_list<float32>[K] their softmax probabilities
-true_prob          float32                     softmax probability of the true class
-true_rank          int32                       position of the true class, ties by class index
-=================  ==========================  ==============================================
-
-plus string columns copied from the suite when present (``CARRIED_COLUMNS``). Classes are ordered
-by probability, descending, ties by lower class index (``genshift.eval.inference.rank_classes``); the
-top-k is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is
-exact for every k (``true_rank < k``), not only k <= K, and agrees with the stored top-k. Metrics are pure functions
-of these files (``genshift.eval.scoring``), so every number can be recomputed without a GPU.
+One parquet file per (model, suite config), rows sorted by ``image_id``. Classes are ordered by
+probability, descending, ties by lower class index (``genshift.eval.inference.rank_classes``); the top-k
+is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is exact for
+every k (``true_rank < k``) and agrees with the stored top-k. Metrics are pure functions of these files
+(``genshift.eval.scoring``), so every number can be recomputed without a GPU.
 """
 
 from __future__ import annotations

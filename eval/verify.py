@@ -1,31 +1,14 @@
 """``bench verify``: check a result against the suite it claims, and optionally against the model.
 
-A result is never checked only against itself: a forger can recompute every hash and metric.
-Checks, each reported by what differs (``docs/results.md``, "Verification"):
-
-1. schema: every field's type and range (``genshift.eval.results.validate``), under size/depth limits;
-2. every predictions file: exists inside the run folder, recorded sha256 and row count, the
-   predictions schema (column types, top-k width = ``protocol.topk``), ``image_id`` sorted and
-   unique, and each row internally consistent: labels and classes in [0, 1000), top-k classes
-   distinct, probabilities in [0, 1] and descending, ``true_prob``/``true_rank`` agreeing with the
-   stored top-k (``check_rows``);
-3. against the **suite** (a trusted manifest, ``genshift.eval.suite_trust``): the manifest hash, suite id
-   and configs; each config's predictions reproduce the suite's rows digest over
-   ``(image_id, label, keep)`` (dropped, duplicated or relabelled rows are found); ``counts`` and
-   ``flags`` recomputed, never trusted;
-4. the config hash (model id, source, weights, suite id/manifest/configs/pinned/revision,
-   protocol, preprocessing) recomputes;
-5. every metric recomputes from the predictions (floats within 1e-9 relative);
-6. ``recheck``: rows drawn from the **suite's** rows (seed fresh from ``secrets`` unless given,
-   recorded) are re-run through the model, loaded from where the result says its weights came
-   from (the Hub at the recorded revision, or the verifier's ``checkpoint`` for local weights,
-   never the other) and identified again (``genshift.identity``: the whole model record, id
-   included, must be what loads); the whole stored row must match: top-k classes and
-   probabilities, ``true_prob`` and ``true_rank`` (within ``prob_tol``, ties within the tolerance
-   accepted). An image of the suite missing from the predictions is a mismatch. ``"auto"`` draws
-   :func:`sample_size` rows: a result with at least ``DETECT_FRACTION`` of its rows altered is
-   caught with probability ``DETECT_PROBABILITY`` (``docs/leaderboard.md``, "What verified
-   guarantees"); ``"all"`` re-runs every row. A failure says how many rows disagree, never which.
+A result is never checked only against itself (a forger can recompute every hash and metric); each
+problem is reported by what differs. In order (``docs/results.md``, "Verification", states each):
+the schema (``genshift.eval.results.validate``: the model id must be its weights' canonical id); every
+predictions file (``check_predictions_files``, ``check_rows``); the predictions against a trusted
+suite manifest (``check_against_suite``: rows digest, counts and flags recomputed); the config hash;
+every metric recomputed; then, with ``recheck``, rows drawn from the suite re-run through the model
+(``_recheck``: the guaranteed sample of :func:`sample_size`, or every row), loaded from where the
+result says its weights came from and identified again, whole rows compared. A failure says how many
+rows disagree, never which.
 """
 
 from __future__ import annotations

@@ -48,8 +48,6 @@ def add_parser(sub):
                    help="which rows --recheck draws (default: a fresh random seed, recorded)")
     p.add_argument("--sign", metavar="KEY", help="on success write verification.json signed with this private key "
                                                  "(bench keygen); re-checks images (--recheck, default guaranteed)")
-    p.add_argument("--stamp", action="store_true", help="kept for old scripts: needs --sign KEY (an unsigned "
-                                                        "stamp is never verified)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -75,9 +73,6 @@ def run(args) -> int:
     if target.is_dir() and (target / "manifest.json").is_file():
         print(verify_suite_dir(target))
         return 0
-    if args.stamp and not args.sign:
-        raise BenchError("--stamp needs --sign KEY: an unsigned stamp is never shown as verified "
-                         "(create a key with `bench keygen KEY`)")
     key = None
     if args.sign:
         from genshift.eval.stamps import load_private_key
