@@ -266,32 +266,6 @@ def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | N
     return rows, problems
 
 
-# -- the review service -----------------------------------------------------------------------------
-MODEL_PR_MARKER = "<!-- genshift-model-results -->"
-
-
-def publish_reviewed(reviewer, outcome) -> None:
-    """After ``bench review`` merged a PR: open (or update) the model-repo PR of each merged entry and link
-    them in one comment on the results PR. The maintainer key that signed the stamps is the only trusted
-    key, so "verified" reaches the model page exactly when the review stamped the entry. A failure is
-    recorded in the outcome and commented; the merge stands."""
-    trusted = reviewer.public  # the reviewer's own key only
-    lines = []
-    for entry in outcome.entries:
-        try:
-            url, what = publish_entry(reviewer.repo_id, entry, trusted=trusted, api=reviewer.api)
-            outcome.model_prs[entry] = url
-            if what != "unchanged":
-                lines.append(f"- `{entry}`: {url} ({what})")
-        except Exception as e:  # noqa: BLE001 - the merge stands; the failure is reported and commented
-            outcome.problems.append(f"{entry}: model-repo PR not opened: {one_line(e, 200)}")
-            lines.append(f"- `{entry}`: not reported on the model page: `{one_line(e, 200).replace('`', chr(39))}`")
-    if lines:
-        reviewer.api.comment_discussion(reviewer.repo_id, outcome.pr, "**Reported on the Hub model pages** (community "
-                                        "results until the model owners merge them):\n\n" + "\n".join(lines)
-                                        + "\n\n" + MODEL_PR_MARKER, repo_type="dataset")
-
-
 # -- the board's table ------------------------------------------------------------------------------
 def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
     """The "Reported on the Hub" table under the ranking (Streamlit): the Hub leaderboard of each dataset the

@@ -21,7 +21,6 @@ import json
 import logging
 import re
 import tempfile
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,7 +54,6 @@ class Outcome:
     checked: list[str] = field(default_factory=list)
     merged: bool = False         # published to main (the reviewed files and their stamps)
     merge_commit: str = ""
-    model_prs: dict[str, str] = field(default_factory=dict)  # entry -> model-repo PR (--publish-model-results)
     earlier: str = ""            # skipped: the outcome of the earlier review at this head
     author: str = ""
 
@@ -101,8 +99,7 @@ class Reviewer:
     def __init__(self, repo_id: str, *, key_path: str, recheck: int | str = "auto", merge: bool = False,
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
-                 work_dir: str | None = None, again: tuple[int, ...] = (), publish_model_results: bool = False,
-                 batch_size: int = 32):
+                 work_dir: str | None = None, again: tuple[int, ...] = (), batch_size: int = 32):
         from cryptography.hazmat.primitives import serialization
         from huggingface_hub import HfApi
 
@@ -113,7 +110,6 @@ class Reviewer:
             raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
         recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
         self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
-        self.publish_model_results = publish_model_results  # genshift.leaderboard.hub_results, after a merge
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
         try:
@@ -228,10 +224,6 @@ class Reviewer:
         self._comment(num, head, outcome)
         if outcome.merged:
             self.api.change_discussion_status(self.repo_id, num, "closed", repo_type="dataset")
-            if self.publish_model_results:
-                from genshift.leaderboard.hub_results import publish_reviewed
-
-                publish_reviewed(self, outcome)
         return outcome
 
     def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, dict]) -> list[str]:
@@ -596,17 +588,3 @@ class Reviewer:
 def review(repo_id: str, **kw) -> list[Outcome]:
     """One pass over the open pull requests (see the module docstring)."""
     return Reviewer(repo_id, **kw).run_once()
-
-
-def watch(reviewer: Reviewer, interval: float, *, report, passes: int | None = None) -> None:
-    """Review every ``interval`` seconds; a failed pass (e.g. the Hub unreachable) is reported and retried."""
-    n = 0
-    while passes is None or n < passes:
-        try:
-            report(reviewer.run_once())
-        except BenchError as e:
-            log.warning("review pass failed: %s", e)
-            report([])
-        n += 1
-        if passes is None or n < passes:
-            time.sleep(interval)

@@ -814,14 +814,12 @@ def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, ti
     from huggingface_hub import HfApi, constants
 
     from genshift.cli import main
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
     from tests.fakehub import FakeHub
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                     workers=0, compile="off", progress=False).path
     key = tmp_path / "maintainer.key"
     assert main(["keygen", str(key)]) == 0
     assert main(["verify", str(rpath), "--recheck", "4", "--checkpoint", str(tiny_checkpoint), "--sign", str(key),
@@ -946,12 +944,10 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
     from genshift.cli import main
     from genshift.builders.tiny import tiny_open_clip
     from genshift.eval import embeddings
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                     workers=0, compile="off", progress=False).path
     # random weights get every image wrong; a failure direction needs both outcomes in a class, so the
     # stored predictions are made right on every other image, consistently (the label moved to the
     # front of the top-k), with hashes and metrics recomputed: diagnose and the store check them

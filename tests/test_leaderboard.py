@@ -376,14 +376,12 @@ def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_sui
     from huggingface_hub import HfApi
 
     from genshift.cli import main
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
     from genshift.leaderboard.submit import submit
     from tests.fakehub import FakeHub
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                     workers=0, compile="off", progress=False).path
     with FakeHub() as fh:
         api = HfApi(endpoint=fh.endpoint, token="t")
         api.create_repo("org/results", repo_type="dataset")
@@ -409,12 +407,10 @@ def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_sui
 
 def test_verify_stamp_marks_an_entry_verified(tmp_path, toy_suite, tiny_checkpoint, capsys):
     from genshift.cli import main
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                     workers=0, compile="off", progress=False).path
     store = tmp_path / "runs"
     key = tmp_path / "maintainer.key"
     assert main(["keygen", str(key)]) == 0

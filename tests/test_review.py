@@ -56,15 +56,13 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
     from huggingface_hub import HfApi
 
     from genshift.eval import stamps
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
     from genshift.eval.verify import verify_result
     from genshift.leaderboard.review import MARKER, review
     from genshift.leaderboard.submit import submit
 
-    _, good = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                   out=str(tmp_path / "runs"), inference=InferenceOptions(batch_size=40, workers=0,
-                                                                                         compile="off")), progress=False)
+    good = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                    batch_size=40, workers=0, compile="off", progress=False).path
     forged_dir = tmp_path / "forged" / good.parent.name
     shutil.copytree(good.parent, forged_dir)
     forged = forged_dir / "result.json"
@@ -125,7 +123,7 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, caps
 
     from genshift.cli import main
     from genshift.eval import stamps
-    from genshift.leaderboard.review import Reviewer, review, watch
+    from genshift.leaderboard.review import review
 
     stamps.generate_key(tmp_path / "k")
     with FakeHub() as hub:
@@ -143,15 +141,11 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, caps
                    if e.type == "comment"][0]
         assert "```text\nchanges README.md" in comment  # data-derived text quoted, never live Markdown
 
-        # the CLI (HF_ENDPOINT, read by huggingface_hub) and the --watch loop: both PRs already reviewed
+        # the CLI (HF_ENDPOINT, read by huggingface_hub): both PRs already reviewed
         monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
         assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "k"), "--recheck", "5"]) == 0
         out = capsys.readouterr().out
         assert out.count("skipped") == 2 and "#1" in out and "#2" in out
-        passes = []
-        watch(Reviewer("org/results", key_path=str(tmp_path / "k"), endpoint=hub.endpoint), 0.01,
-              report=passes.append, passes=2)
-        assert [[o.status for o in p] for p in passes] == [["skipped", "skipped"]] * 2
 
 
 def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
@@ -164,7 +158,7 @@ def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     # a key file whose read fails (an I/O error, whoever runs the test): one line, no traceback
     assert main(["review", "--repo", "org/results", "--key", "/proc/self/mem"]) != 0
     err = capsys.readouterr().err
-    assert err.startswith("error: signing key '/proc/self/mem' cannot be read (Input/output error)") and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: bench review: signing key '/proc/self/mem' cannot be read (Input/output error)") and len(err.strip().splitlines()) == 1
 
 
 # -- attacks on the review service: markers, ownership, terminal answers --------------------------------------------
@@ -176,14 +170,12 @@ def made(tmp_path_factory, tiny_checkpoint):
     """A toy suite, one honest run of ``test_resnet.r160_in1k`` on it (local weights) and the maintainer key."""
     from genshift.synthetic import make_synthetic_suite
     from genshift.eval import stamps
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
     root = tmp_path_factory.mktemp("review")
     make_synthetic_suite(root / "toy", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
-    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(root / "toy"),
-                                   checkpoint=str(tiny_checkpoint), out=str(root / "runs"),
-                                   inference=InferenceOptions(batch_size=40, workers=0, compile="off")), progress=False)
+    path = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(root / "toy"), out=root / "runs",
+                    batch_size=40, workers=0, compile="off", progress=False).path
     stamps.generate_key(root / "maintainer.key")
     return root / "toy", path.parent, root / "maintainer.key"
 
@@ -662,26 +654,6 @@ def test_a_pr_with_too_many_entries_is_refused_before_any_download(made, monkeyp
         assert reruns == [] and downloads() == before
 
 
-def test_publishing_a_model_that_is_not_on_the_hub_is_a_line_and_the_merge_stands(made, monkeypatch, capsys,
-                                                                                   tiny_checkpoint):
-    """--publish-model-results on an entry scored with local weights: merged, and the results PR says in one line
-    why it was not reported on a model page; the run exits 0 and a rerun posts nothing."""
-    entry = f"toy/{made[1].name}"
-    with FakeHub(users=USERS) as hub:
-        hub.create("dataset", "org/results")
-        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
-        args = ("--checkpoint", str(tiny_checkpoint), "--merge", "--publish-model-results")
-        assert _bench_review(monkeypatch, hub, made, *args) == 0
-        capsys.readouterr()
-        assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "closed"
-        author, text = _comments(hub, pr)[-1]
-        assert author == "maintainer" and f"`{entry}`: not reported on the model page" in text
-        assert "is not a Hub model repo" in text and text.count("\n- ") == 1
-        posts = sum(m == "POST" for m, _ in hub.requests)
-        assert _bench_review(monkeypatch, hub, made, *args) == 0
-        assert sum(m == "POST" for m, _ in hub.requests) == posts
-
-
 def test_a_marker_is_bound_to_its_repo(made):
     """The same key reviewing two results repos (e.g. a staging copy): a genuine answer of one, posted on the
     same PR number and head of the other by the same account, is not believed there."""
@@ -762,15 +734,13 @@ def test_own_weights_under_a_hub_models_id_never_pass_review(made, tmp_path, mon
     from her file, so the weights that load are not hers: failed. Nothing reaches main."""
     from safetensors.torch import load_file, save_file
 
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
     sd = load_file(str(tiny_checkpoint))
     sd["fc.bias"][:10] += 3.0  # the suite's ten classes: a better score on it
     save_file(sd, str(tmp_path / "mallory.safetensors"))
-    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(made[0]), out=str(tmp_path / "runs"),
-                                   checkpoint=str(tmp_path / "mallory.safetensors"),
-                                   inference=InferenceOptions(batch_size=40, workers=0, compile="off")), progress=False)
+    path = evaluate(f"test_resnet.r160_in1k={tmp_path / 'mallory.safetensors'}", str(made[0]), out=tmp_path / "runs",
+                    batch_size=40, workers=0, compile="off", progress=False).path
     hers = json.loads(path.read_text())["model"]["id"]
     target = "timm/test_resnet.r160_in1k"
     with FakeHub(users=USERS) as hub:
