@@ -52,22 +52,9 @@ def add_parser(sub):
     return p
 
 
-def _refuse_partial(target: Path) -> None:
-    """--sign on a partial result: one line, before any image is re-run (make_stamp refuses it too)."""
-    from genshift.errors import BenchError
-    from genshift.eval.results import RESULT_FILE, load_result
-    from genshift.eval.stamps import unrankable
-
-    path = target / RESULT_FILE if target.is_dir() else target
-    if path.is_file():
-        why = unrankable(load_result(path))
-        if why:
-            raise BenchError(f"--sign refused for {target}: {why}")
-
-
 def run(args) -> int:
     from genshift.errors import BenchError
-    from genshift.eval.verify import verify_result, verify_suite_dir
+    from genshift.eval.verify import result_path, verify_result, verify_suite_dir
 
     target = Path(args.path)
     if target.is_dir() and (target / "manifest.json").is_file():
@@ -77,9 +64,13 @@ def run(args) -> int:
     if args.sign:
         from genshift.eval.stamps import load_private_key
 
+        from genshift.eval.results import load_result
+        from genshift.eval.stamps import unrankable
+
         args.recheck = args.recheck or "auto"  # a verified badge means images were re-run through the model
-        key = load_private_key(args.sign)  # before minutes of work
-        _refuse_partial(target)
+        key = load_private_key(args.sign)  # before minutes of work, as is a partial result: one line, nothing re-run
+        if result_path(target).is_file() and (why := unrankable(load_result(result_path(target)))):
+            raise BenchError(f"--sign refused for {target}: {why}")
     suites = None
     if args.suites:
         from genshift.eval.suite_trust import TrustedSuites
