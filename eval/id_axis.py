@@ -19,7 +19,7 @@ from pathlib import Path
 
 from genshift.errors import BenchError
 from genshift.fsutil import read_text_limited
-from genshift.identity import timm_name as model_key
+from genshift.identity import timm_name
 
 MAX_BYTES = 16 * 2**20
 
@@ -64,7 +64,7 @@ def read_id_table(path) -> IdTable:
                              "is not a number") from None
         if not math.isfinite(top1) or not 0 <= top1 <= 100:
             raise BenchError(f"{where}: top1 {top1} is not a percentage in [0, 100]")
-        key = model_key(row["model"])
+        key = timm_name(row["model"])
         by_size = rows.setdefault(key, {})
         if size in by_size:
             at = f" at img_size {size}" if sized else ""
@@ -90,7 +90,7 @@ def id_accuracy(results: list[dict], table: IdTable) -> tuple[dict[str, float], 
     acc, used, problems = {}, {}, []
     for r in results:
         mid = r["model"]["id"]
-        key, size = model_key(mid), eval_img_size(r)
+        key, size = timm_name(mid), eval_img_size(r)
         by_size = table.rows.get(key)
         row = None if by_size is None else by_size.get(size, by_size.get(None))
         if row is None:

@@ -23,6 +23,9 @@ class ModelSpec:
     checkpoint: str | None = None
     from_wildcard: str | None = None  # the pattern it was expanded from
     classifier: object = field(default=None, compare=False, repr=False)  # genshift.eval.models.LoadedClassifier
+    # a population's recorded eval data config, over timm's (e.g. timm 0.6.12's; not part of the spec's hash)
+    data_config: dict | None = field(default=None, compare=False)
+    data_config_from: str | None = None  # where it comes from ("timm 0.6.12"), recorded in the protocol
 
 
 def is_wildcard(name: str) -> bool:
@@ -76,11 +79,12 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     return out
 
 
-def resolve_models(models: list[str] | None, *, models_file: str | None = None,
-                   checkpoint: str | None = None) -> tuple[list[ModelSpec], dict[str, list[str]]]:
+def resolve_models(models: list[str] | None, *, models_file: str | None = None, checkpoint: str | None = None,
+                   population_config: str = "paper") -> tuple[list[ModelSpec], dict[str, list[str]]]:
     """The sweep's model list from ``--model`` (repeatable; ``NAME=CHECKPOINT``; timm wildcards) and
-    ``--models FILE``. Every name is checked (timm's close matches for unknown ones) before any
-    data is touched. Returns the specs and the wildcard expansions."""
+    ``--models FILE`` (or a population: its members at their recorded data config, or at today's
+    timm config with ``population_config="today"``). Every name is checked (timm's close matches
+    for unknown ones) before any data is touched. Returns the specs and the wildcard expansions."""
     from genshift.eval.models import parse_model_name
     from genshift.identity import timm_name
 
@@ -92,7 +96,8 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
         raw.append(ModelSpec(name.strip(), ck or None))
     if models_file:
         from genshift.populations import is_population, population_models  # a named population, unless a file
-        listed = ([ModelSpec(n, ck) for n, ck in population_models(models_file)]
+        listed = ([ModelSpec(n, None, data_config=dc, data_config_from=src)
+                   for n, dc, src in population_models(models_file, config=population_config)]
                   if is_population(models_file) and not os.path.exists(models_file) else parse_models_file(models_file))
         if not listed:
             raise BenchError(f"--models file {models_file!r} lists no model (only blank or # comment lines)")

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from genshift.errors import BenchError, NotFoundError, OfflineError, first_line, one_line
-from genshift.fsutil import sha256_file
-from genshift.hubio import OFFLINE_ROUTE, SHA_RE, _unreachable
+from genshift.fsutil import StatKey, sha256_file
+from genshift.hubio import OFFLINE_ROUTE, resolve_revision
 from genshift.eval.results import PROTOCOL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -163,47 +163,14 @@ def _suggest(name: str) -> str:
 
 def resolve_model_revision(repo_id: str, revision: str | None) -> str:
     """The 40-character commit sha of ``repo_id`` at ``revision`` (default ``main``)."""
-    from huggingface_hub import HfApi, constants, errors
-
-    rev = revision or "main"
-    if SHA_RE.match(rev):
-        return rev
-    cached = _cached_ref(repo_id, rev)
-    if constants.HF_HUB_OFFLINE:
-        if cached:
-            return cached
-        raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and no cached copy of model repo {repo_id}@{rev}; "
-                           f"run once with network, or pass a local file with --checkpoint{OFFLINE_ROUTE}")
-    try:
-        return HfApi().model_info(repo_id, revision=rev).sha
-    except errors.RepositoryNotFoundError:
-        raise NotFoundError(f"model repo {repo_id!r} does not exist on the Hub (or needs a token: set HF_TOKEN)") from None
-    except errors.RevisionNotFoundError:
-        raise NotFoundError(f"revision {rev!r} does not exist in model repo {repo_id!r}") from None
-    except Exception as e:  # noqa: BLE001 - transport errors of whichever HTTP client huggingface_hub uses
-        if not (isinstance(e, (OSError, errors.HfHubHTTPError)) or _unreachable(e)):
-            raise
-        if cached:
-            log.warning("Hub unreachable (%s); using the cached %s@%s = %s", type(e).__name__, repo_id, rev, cached)
-            return cached
-        raise OfflineError(f"cannot reach the Hub to resolve {repo_id}@{rev} ({type(e).__name__}) and nothing is "
-                           f"cached; check the network or HF_ENDPOINT, or pass --checkpoint FILE"
-                           f"{OFFLINE_ROUTE}") from None
-
-
-def _cached_ref(repo_id: str, rev: str) -> str | None:
-    from huggingface_hub import constants
-
-    ref = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs" / rev
-    if ref.is_file():
-        sha = ref.read_text().strip()
-        return sha if SHA_RE.match(sha) else None
-    return None
+    return resolve_revision(repo_id, revision, repo_type="model",
+                            pin_hint=f"(hf-hub:{repo_id}@<sha>), or pass a local file with --checkpoint")
 
 
 def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
                     remap_by_order: bool = False, pretrained: bool = True,
-                    checkpoint_weights: str = "model", preprocess: str = "timm") -> LoadedClassifier:
+                    checkpoint_weights: str = "model", preprocess: str = "timm",
+                    data_config: dict | None = None) -> LoadedClassifier:
     """Create the model, load pinned weights, check the label space, resolve preprocessing.
 
     Parameters
@@ -222,6 +189,9 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         Which weights of a training checkpoint to score (default ``model``, as timm's ``validate.py``).
     preprocess : str
         ``"timm"`` (the model's own eval transform) or ``"lance-square"`` (see :func:`eval_transform`).
+    data_config : dict, optional
+        Data config keys (input_size, crop_pct, interpolation, mean, std) over timm's resolved ones: a
+        population's record of what the paper's timm resolved (``genshift.populations``).
     """
     import timm
 
@@ -258,7 +228,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     check_label_space(model, model_id)
     model.eval().to(device)
     cfg = dict(model.pretrained_cfg or {})
-    data_config, transform = eval_transform(model, preprocess)
+    data_config, transform = eval_transform(model, preprocess, data_config)
     return LoadedClassifier(
         model=model, transform=transform, data_config=data_config, model_id=model_id, architecture=arch,
         tag=(tag or cfg.get("tag")) if source == "hf-hub" else None, source=source, weights_revision=rev,
@@ -329,7 +299,7 @@ def _hub_weights(repo_id: str, sha: str, preferred: str | None) -> str:
 PREPROCESS = PROTOCOL_OPTIONS["preprocess"]  # one list: eval_transform builds them, the result schema checks them
 
 
-def eval_transform(model, preprocess: str = "timm") -> tuple[dict, object]:
+def eval_transform(model, preprocess: str = "timm", recorded: dict | None = None) -> tuple[dict, object]:
     """The eval data config and the transform built from it (``timm.data.create_transform``).
 
     - ``"timm"``: timm's own eval config at test size (``resolve_data_config(..., use_test_size=True)``):
@@ -341,10 +311,14 @@ def eval_transform(model, preprocess: str = "timm") -> tuple[dict, object]:
       ``crop_pct=1.0``, so the data config (hashed into the result's ``config_hash``) says it.
     - ``"lance-square-model-norm"``: the same squash with the model's own mean/std (0.5 for the
       augreg ViTs): what the model was trained with, not what the authors ran.
+
+    ``recorded`` (a population's data config, e.g. timm 0.6.12's) replaces timm's resolved keys first.
     """
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform, resolve_data_config
 
     cfg = resolve_data_config({}, model=model, use_test_size=True)
+    if recorded:
+        cfg.update({k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()})
     if preprocess in ("lance-square", "lance-square-model-norm"):
         cfg = {**cfg, "input_size": (3, 224, 224), "interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
         if preprocess == "lance-square":
@@ -408,8 +382,7 @@ def weights_sha256(path: str | os.PathLike) -> str:
     chunk's models load in a background thread).
     """
     real = os.path.realpath(path)
-    st = os.stat(real)
-    key = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (real, StatKey.of(real))
     with _SHA_LOCK:
         digest = _SHA_MEMO.get(key)
     if digest is None:

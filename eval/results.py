@@ -9,7 +9,6 @@ metrics with intervals, and the predictions files with their sha256. Numbers sta
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import platform
 import re
@@ -19,16 +18,18 @@ import subprocess
 from pathlib import Path
 
 from genshift.errors import CONTROL_CHARS, BenchError, IntegrityError
-from genshift.fsutil import atomic_write_bytes, canonical_json, json_depth, read_limited, sha256_bytes
+from genshift.fsutil import atomic_write_bytes, canonical_json, parse_json, read_limited, sha256_bytes
 from genshift.hubio import SHA_RE
 from genshift.identity import SOURCES, identity_of
-from genshift.suite_format import CONFIG_RE, MAX_JSON_DEPTH, SHA256_RE  # one set of names and limits
+from genshift.suite_format import CONFIG_RE, SHA256_RE  # one set of names and limits
 
 SCHEMA_VERSION = 2  # 2: canonical model ids and the tensors digest (genshift.identity)
 KIND = "genshift-result"
 RESULT_FILE = "result.json"
 # protocol options added after schema 1 shipped: present only when used, each with its values
-PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square", "lance-square-model-norm"), "decode": ("cpu", "device")}
+PROTOCOL_OPTIONS = {"preprocess": ("timm", "lance-square", "lance-square-model-norm"), "decode": ("cpu", "device"),
+                    # the data config of the timm a paper ran (a population's record) instead of today's timm's
+                    "data_config": ("timm 0.6.12",)}
 MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard store uses the same limit
 MAX_PREDICTIONS_BYTES = 512 * 2**20
 MAX_TEXT = 10_000                # notes
@@ -137,34 +138,6 @@ def parse_result(raw: bytes, *, where: str) -> dict:
     result = parse_json(raw, where=f"result file {where}", max_bytes=MAX_RESULT_BYTES)
     validate(result, where=where)
     return result
-
-
-def parse_json(raw: bytes, *, where: str, max_bytes: int, max_depth: int = MAX_JSON_DEPTH):
-    """JSON from untrusted bytes under a size and a nesting-depth limit, finite numbers only.
-
-    A file nested deeper than Python's JSON decoder goes (about 1000 levels) stops it with a
-    ``RecursionError``, which is reported as too deep like any file over ``max_depth``: a
-    100 000-deep file is one clear error. ``NaN``/``Infinity`` (not JSON) and integers over 4300
-    digits are refused. Linear in the size of the file.
-    """
-    if len(raw) > max_bytes:
-        raise IntegrityError(f"{where} is {len(raw) / 2**20:.1f} MiB, over the {max_bytes / 2**20:g} MiB limit")
-
-    def no_constant(name):
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        obj = json.loads(raw, parse_constant=no_constant)
-    except RecursionError:
-        obj, depth = None, None
-    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
-        raise IntegrityError(f"{where} is not valid JSON ({str(e)[:200]})") from None
-    else:
-        depth = json_depth(obj)
-    if depth is None or depth > max_depth:
-        raise IntegrityError(f"{where} nests {'more than ' + str(max_depth) if depth is None else depth} levels deep, "
-                             f"over the limit of {max_depth}; not a genshift-bench file")
-    return obj
 
 
 class _Checker:

@@ -230,7 +230,7 @@ def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str,
                 trusted: dict[str, PublicKey]) -> tuple[dict | None, str]:
     """``(stamp, "")`` if the stamp bytes are a stamp signed by a trusted key for exactly these files,
     else ``(None, why not)``: unsigned, unknown key, bad signature, stale, or not a stamp."""
-    from genshift.eval.results import parse_json
+    from genshift.fsutil import parse_json
 
     try:
         stamp = parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)

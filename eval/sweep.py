@@ -111,7 +111,7 @@ def load_model(opts: EvalOptions, spec: ModelSpec):
 
     return load_classifier(spec.name, checkpoint=spec.checkpoint, device="cpu", remap_by_order=opts.remap_by_order,
                            pretrained=opts.pretrained, checkpoint_weights=opts.checkpoint_weights,
-                           preprocess=opts.preprocess)
+                           preprocess=opts.preprocess, data_config=spec.data_config)
 
 
 def _group_key(data_config: dict, opts: EvalOptions) -> str:
@@ -259,6 +259,8 @@ class Sweep:
                     "skip_bad_images": opts.skip_bad_images, "scoring": scoring.to_dict()}
         if opts.decode != "cpu":  # only a non-default decode is recorded (keeps earlier config hashes)
             protocol["decode"] = opts.decode
+        if spec.data_config_from:  # a population's recorded data config (e.g. timm 0.6.12's), not today's timm's
+            protocol["data_config"] = spec.data_config_from
         chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)
         n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
         # compile decided from the model's whole workload, not what is left: a resumed or split

@@ -463,7 +463,8 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, recheck: int |
         return [f"the suite's manifest {local.manifest.sha256[:12]}… is not the result's; pass the right suite with --suite"]
     local.verify(sorted(tables))  # images are read only from files that match the manifest
     clf = _load_recorded_model(result["model"], checkpoint=checkpoint, device=device,
-                               preprocess=result["protocol"].get("preprocess", "timm"))
+                               preprocess=result["protocol"].get("preprocess", "timm"),
+                               data_config=result["protocol"].get("data_config"))
     loaded = {**clf.describe(), "data_config": clf.data_config}  # the model as it loads, not as the result says
     stored = {**result["model"], "data_config": result["data_config"]}
     differ = [k for k in sorted(set(loaded) | set(stored)) if json.loads(json.dumps(loaded.get(k))) != stored.get(k)]
@@ -544,7 +545,8 @@ def _images_of(result: dict, report: VerifyReport, *, suite: str | None, mask: s
         raise BenchError(str(e)) from None
 
 
-def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, preprocess: str):
+def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, preprocess: str,
+                         data_config: str | None = None):
     """The model a result records, from where it says its weights came: Hub weights from the Hub at the
     recorded revision (never from ``checkpoint``), local weights from ``checkpoint`` (never from a Hub repo)."""
     from genshift.eval.models import load_classifier
@@ -562,10 +564,16 @@ def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, prepro
         name = m.get("declared_name") or m.get("architecture") or ""
     else:
         raise BenchError(f"a result of {m['source']} weights cannot be re-run: only the process that scored it had them")
+    recorded = None
+    if data_config is not None:  # a population's record of the paper's timm (genshift.populations)
+        from genshift.identity import timm_name
+        from genshift.populations import recorded_data_config
+
+        recorded = recorded_data_config(timm_name(m.get("declared_name") or m["id"]), data_config)
     try:
         return load_classifier(name, checkpoint=checkpoint if m["source"] == "checkpoint" else None, device=device,
                                remap_by_order=True, checkpoint_weights=m.get("checkpoint_weights") or "model",
-                               preprocess=preprocess)
+                               preprocess=preprocess, data_config=recorded)
     except Exception as e:
         # the network, the Hub's answers and memory are the checker's own trouble; anything else is the model's
         if isinstance(e, (BenchError, OSError, MemoryError)) or _unreachable(e) or type(e).__name__ == "OutOfMemoryError":
@@ -631,7 +639,7 @@ def verify_suite_dir(path: str | Path) -> str:
 def _eval_yaml_state(suite) -> str:
     """A suite's eval.yaml (its Hub benchmark declaration) is checked when present; `bench publish` writes it."""
     from genshift.fsutil import read_limited
-    from genshift.data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
+    from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 
     path = Path(suite.root) / EVAL_YAML
     if not path.is_file():

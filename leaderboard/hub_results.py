@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from genshift.errors import BenchError, one_line
-from genshift.hubio import REPO_RE, SHA_RE
+from genshift.hubio import SHA_RE, is_repo_id
 
 MAX_HUB_ROWS = 500            # leaderboard rows read from the Hub
 MAX_HUB_TEXT = 300            # any string field of a Hub row
@@ -67,7 +67,7 @@ def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not reported to model pages; "
                          "evaluate every config without --limit-per-class")
     if result["flags"].get("unpinned_suite") or not SHA_RE.match(str(s.get("revision") or "")) \
-            or not REPO_RE.match(str(s.get("repo_id") or "")):
+            or not is_repo_id(str(s.get("repo_id") or "")):
         raise BenchError(f"the result was not scored on a Hub dataset repo pinned to a commit (suite {s['id']!r}); "
                          "evaluate with --suite ORG/NAME --revision <sha> (or a pinned registry suite)")
     values = task_values(result)
@@ -93,7 +93,7 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
     from huggingface_hub import errors
 
     from genshift.fsutil import read_limited
-    from genshift.data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
+    from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
 
     try:
         path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")
@@ -186,7 +186,7 @@ def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = No
                              "same model); submit this one first, or pass the merged one")
         m = result["model"]
         model_repo = model_repo or (m["id"] if m.get("source") == "hf-hub" else None)
-        if not model_repo or not REPO_RE.match(model_repo):
+        if not model_repo or not is_repo_id(model_repo):
             raise BenchError(f"model {str(m['id'])[:80]!r} is not a Hub model repo; pass --model-repo ORG/NAME")
         if m.get("source") == "hf-hub" and model_repo != m["id"]:  # another model's numbers on this page: never
             raise BenchError(f"the entry is a result of the Hub model {m['id']}, not {model_repo}; it is reported only "
@@ -225,7 +225,7 @@ def _text(v, what: str) -> str:
 def hub_row(e) -> dict:
     """One ``DatasetLeaderboardEntry`` -> a board row; ``ValueError`` naming what is wrong."""
     model = _text(e.model_id, "modelId")
-    if not REPO_RE.match(model):
+    if not is_repo_id(model):
         raise ValueError(f"modelId {model[:60]!r} is not a repo id")
     if isinstance(e.value, bool) or not isinstance(e.value, (int, float)) or not math.isfinite(e.value) \
             or abs(e.value) > 1e6:
@@ -274,7 +274,7 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
     import streamlit as st
 
     datasets = sorted({str(e.result["suite"].get("repo_id")) for e in entries
-                       if REPO_RE.match(str(e.result["suite"].get("repo_id") or ""))})
+                       if is_repo_id(str(e.result["suite"].get("repo_id") or ""))})
     st.subheader("Reported on the Hub")
     st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
                "(.eval_results files; 'community' while their pull request is open). They are not verified by "

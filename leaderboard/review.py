@@ -299,15 +299,13 @@ class Reviewer:
         touching it fails): everything in it only makes reviews stricter (full re-runs, deferrals)."""
         from huggingface_hub import errors
 
-        from genshift.eval.results import parse_json
-        from genshift.fsutil import canonical_json, read_limited
+        from genshift.fsutil import canonical_json, read_json
 
         self.ledger = {"kind": LEDGER_KIND, "failed": {}, "usage": {}}
         with tempfile.TemporaryDirectory(prefix="genshift-review-ledger-", dir=self.work_dir) as tmp:
             try:
                 path = self._download("main", LEDGER_FILE, Path(tmp))
-                doc = parse_json(read_limited(path, max_bytes=MAX_LEDGER_BYTES, what=LEDGER_FILE), where=LEDGER_FILE,
-                                 max_bytes=MAX_LEDGER_BYTES)
+                doc = read_json(path, where=LEDGER_FILE, what="review ledger", max_bytes=MAX_LEDGER_BYTES)
             except errors.EntryNotFoundError:
                 doc = self.ledger
         if not (isinstance(doc, dict) and isinstance(doc.get("failed"), dict) and isinstance(doc.get("usage"), dict)

@@ -30,7 +30,7 @@ from genshift.errors import BenchError
 # the parts of the genshift package the app imports, and where each goes in the Space
 PACKAGES = {"genshift": "genshift", "genshift.eval": "genshift/eval", "genshift.leaderboard": "genshift/leaderboard"}
 REQUIREMENTS = ("streamlit", "plotly", "pandas", "numpy", "pyarrow", "scipy", "huggingface_hub", "datasets",
-                "pyyaml", "pillow", "cryptography", "tqdm")
+                "pyyaml", "pillow", "cryptography", "tqdm", "pydantic")
 STREAMLIT_CONFIG = """[client]
 toolbarMode = "viewer"
 disableDataExport = true

@@ -55,7 +55,7 @@ from functools import cached_property
 from pathlib import Path
 
 from genshift.errors import BenchError
-from genshift.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from genshift.fsutil import atomic_write_json, cache_root, canonical_json, sha256_bytes, sha256_file
 from genshift.eval.diagnose_report import REPORT as DIAGNOSE
 from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE
 from genshift.eval.stamps import STAMP_FILE as STAMP
@@ -299,12 +299,7 @@ def resolve_source(source: str, *, cache_dir: str | None = None) -> tuple[Path, 
 
 def _cache_path(root: Path, cache_dir: str | None) -> Path:
     """Outside the store: a store's files are the submitters', a cache there could claim anything."""
-    if cache_dir:
-        base = Path(cache_dir)
-    else:
-        from huggingface_hub import constants
-
-        base = Path(constants.HF_HOME) / "genshift"
+    base = Path(cache_dir) if cache_dir else cache_root()
     return base / f"leaderboard-cache-{sha256_bytes(str(root.resolve()).encode())[:16]}.json"
 
 

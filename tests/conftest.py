@@ -26,10 +26,11 @@ except ImportError:  # hypothesis is in the test extra; its tests skip without i
 @pytest.fixture
 def toy_suite(tmp_path):
     """A small synthetic suite (2 configs x 10 classes x 4 images, 2 shards per config)."""
+    from genshift.data_cards import demo_card
     from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path / "toy"
-    make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
+    make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2, card=demo_card)
     return root
 
 

@@ -4,12 +4,15 @@ registry only for suites that recorded none."""
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from genshift.cli import main
 from genshift.suites import construction_models, get_suite
 from genshift.eval.suite_open import is_construction_model as _is_construction_model, open_suite
 from genshift.eval.verify import verify_result
 
 
+@pytest.mark.slow
 def test_a_suite_built_with_another_target_flags_that_target(tmp_path, tiny_checkpoint, tiny_folder):
     out = tmp_path / "ing"
     # the registry's in-g-vit target is vit_base_patch16_224.augreg_in1k; the smoke build mines with

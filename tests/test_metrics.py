@@ -1,7 +1,6 @@
 """Every metric on hand-computed cases and against naive loops written from the definitions."""
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from scipy.stats import norm
 
@@ -277,7 +276,8 @@ def test_empty_config_gives_nulls():
     assert out["configs"]["x"]["acc1"] == {"value": None, "ci": None, "n": 0}
 
 
-@pytest.mark.parametrize("module, at_least", [("genshift.eval.metrics", 9), ("genshift.eval.scoring", 3), ("genshift.eval.slope", 1),
+@pytest.mark.parametrize("module, at_least", [("genshift.eval.metrics", 9), ("genshift.eval.scoring", 3),
+                                               ("genshift.eval.slope", 1),
                                                ("genshift.builders.discover", 1),
                                                ("genshift.builders.lance_perturb", 2)])
 def test_doctests(module, at_least):
