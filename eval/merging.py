@@ -169,16 +169,6 @@ def _check_rows(part: Path, name: str, info: dict, units: list[int], sch, digest
         at += r
 
 
-def done_units(work: Path, config: str, n_units: int) -> set[int]:
-    """Units of a config with a part on disk, from the part names (bounded by the unit count)."""
-    d = work / config
-    done: set[int] = set()
-    for part in sorted(d.glob("part-*.parquet")) if d.is_dir() else ():
-        first, last = part_range(part, n_units)
-        done.update(range(first, last + 1))
-    return done
-
-
 def missing_units(run_dir: Path, out: Path) -> dict[str, list[int]]:
     return inspect_parts(run_dir, read_job(run_dir), out)[1]
 

@@ -334,7 +334,7 @@ class Sweep:
         items = []
         for ci, chunk in enumerate(self.chunks()):
             for c in self.configs:
-                done = {j.model_id: merging.done_units(j.run_dir / WORK, c, len(self.units[c][1])) for j in chunk}
+                done = {j.model_id: predictions.done_units(j.run_dir / WORK / c, len(self.units[c][1])) for j in chunk}
                 for u in self.units[c][1]:
                     need = [j.model_id for j in chunk if u.index not in done[j.model_id]]
                     if need:
