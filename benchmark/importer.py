@@ -26,7 +26,7 @@ from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import prepare_fresh_dir, read_limited, read_text_limited
 from genshift.pixels import check_size, to_8bit
-from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_config_name, check_name
+from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_name
 
 log = logging.getLogger(__name__)
 MAX_SHARD_SIZE = 100_000
@@ -174,7 +174,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
             raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
                              f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop "
                              "--base")
-        config = check_config_name(config or "default")
+        config = check_name(config or "default")
         per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
         reference = None
     else:
@@ -191,7 +191,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
                 log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
                             len(_top_files(src)), display(src))
             per_config = {d.name: _class_pairs(d) for d in dirs}
-        reference = check_config_name(base or "base")
+        reference = check_name(base or "base")
         if reference not in per_config:
             raise BenchError(f"{where} have no shift {reference!r} (found {', '.join(map(repr, per_config))}); name "
                              "the in-distribution shift base or pass --base NAME")
@@ -383,9 +383,9 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     # every option is checked before any file is read
     check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
     if config is not None:
-        check_config_name(config)
+        check_name(config)
     if base is not None:
-        check_config_name(base)
+        check_name(base)
     if not isinstance(shard_size, int) or not 1 <= shard_size <= MAX_SHARD_SIZE:
         raise BenchError(f"--shard-size must be between 1 and {MAX_SHARD_SIZE}, got {shard_size}")
     if workers is None:

@@ -45,7 +45,6 @@ from genshift.suite_format import (
     SHARD_RE,
     Manifest,
     build_manifest,
-    check_config_name,
     check_name,
     rows_digest_table,
     shard_name,
@@ -166,7 +165,7 @@ class SuiteWriter:
 
     def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> ShardStats:
         """Write one shard atomically from an iterable of row dicts (streamed, bounded memory)."""
-        check_config_name(config)
+        check_name(config)
         rel = shard_name(config, index, num_shards)
         for other in (self.root / "data" / config).glob("*.parquet"):
             m = SHARD_RE.match(other.name)
