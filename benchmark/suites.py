@@ -51,36 +51,18 @@ def imagenet_star_shifts() -> tuple[Shift, ...]:
 
 @dataclass(frozen=True)
 class SuiteSpec:
-    """A registered suite.
+    """A registered suite."""
 
-    Attributes
-    ----------
-    id : registry key, e.g. ``"imagenet-star"``.
-    title : one line for tables.
-    repo_id : Hub dataset repo holding the suite in format 1.
-    revision : 40-character commit sha, or ``None`` while unpinned (results then record the
-        sha resolved at download time and are flagged as unpinned).
-    configs : config names (folders under ``data/``).
-    metric_family : which metrics ``bench eval`` computes (a ``genshift.families`` name).
-    reference_config : in-distribution config other configs are compared with, if any.
-    label_subset : ImageNet-1k indices that occur as labels (``None`` = all 1000). Models are
-        still scored on the full 1000-way output.
-    construction_models : models used to build, mine or filter the data; results of these models
-        are flagged (their scores are biased by construction).
-    source : ``"format1"`` (our suites) or ``"upstream-imagenet-star"`` (the released zips, read
-        through ``genshift.upstream``).
-    """
-
-    id: str
-    title: str
-    repo_id: str
-    revision: str | None
+    id: str                               # registry key, e.g. "imagenet-star"
+    title: str                            # one line for tables
+    repo_id: str                          # the Hub dataset repo holding it in format 1
+    revision: str | None                  # a commit sha, or None while unpinned (results are flagged)
     configs: tuple[str, ...]
-    metric_family: str
-    reference_config: str | None = None
-    label_subset: tuple[int, ...] | None = None
-    construction_models: tuple[str, ...] = ()
-    source: str = "format1"
+    metric_family: str                    # a genshift.families name
+    reference_config: str | None = None   # the in-distribution config others are compared with
+    label_subset: tuple[int, ...] | None = None  # the labels that occur (None: all 1000; scored 1000-way)
+    construction_models: tuple[str, ...] = ()    # built, mined or filtered the data: their results are flagged
+    source: str = "format1"               # or "upstream-imagenet-star" (the released zips, genshift.upstream)
     paper: str = ""
     version: str = "1.0.0"
     gated: bool = False
@@ -101,11 +83,7 @@ class SuiteSpec:
         return self.revision is not None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["configs"] = list(self.configs)
-        d["label_subset"] = None if self.label_subset is None else list(self.label_subset)
-        d["construction_models"] = list(self.construction_models)
-        return d
+        return asdict(self)
 
 
 SUITES: Registry[SuiteSpec] = Registry("suite")
@@ -183,8 +161,7 @@ def list_suites(pattern: str = "*") -> list[str]:
 
 def declared_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config a suite outside the registry declares in its manifest's
-    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise.
-    Eval and verify both take a non-registry suite's scoring from here."""
+    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
     from genshift.errors import IntegrityError
 
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
@@ -198,15 +175,9 @@ def declared_scoring(manifest) -> tuple[str, str | None]:
 
 
 def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
-    """The models that built, mined or filtered a suite, whose results are flagged.
-
-    What the suite recorded at build time comes first: a builder's target (``generator.target``,
-    IN-G's mining classifier) is the model that made *this* build, whatever ``--target`` it was
-    given. Local target weights are named by their sha256 (``sha256:<hex>``: the architecture
-    name alone would flag every checkpoint of it). Suites that recorded no target (released
-    suites, ImageNet* and LANCE, whose construction models are CLIP filters) fall back to the
-    registry's ``construction_models``.
-    """
+    """The models that built, mined or filtered a suite, whose results are flagged: the target the build
+    recorded (``generator.target``, IN-G's mining classifier; local weights as ``sha256:<hex>``, not their
+    architecture), else the registry's ``construction_models`` (the CLIP filters of ImageNet* and LANCE)."""
     from genshift.identity import timm_name
 
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
