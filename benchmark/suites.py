@@ -5,9 +5,8 @@
     >>> list_suites("in-g-*")
     ['in-g-rn', 'in-g-vit']
 
-A spec says where a suite lives on the Hub and at which commit (``revision`` is a 40-character
-sha, or ``None`` = explicitly unpinned until first published), which configs it has, which
-metric family scores it and which labels occur in it.
+The specs are package data (``_data/suites.yaml``): where each suite lives on the Hub and at which
+commit, its configs, the metric family that scores it and the labels that occur in it.
 """
 
 from __future__ import annotations
@@ -90,60 +89,17 @@ SUITES: Registry[SuiteSpec] = Registry("suite")
 
 
 def _register_defaults(reg: Registry[SuiteSpec]) -> None:
-    star_configs = tuple(s.key for s in imagenet_star_shifts())
-    hin = tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS)
-    in_a = imagenet.imagenet_a_indices()
-    specs = [
-        SuiteSpec(
-            id="imagenet-star", title="ImageNet* rebuilt: base + 23 generated shifts, CLIP-filtered",
-            repo_id="genshift-bench/imagenet-star", revision=None, configs=star_configs,
-            metric_family="imagenet_star", reference_config="base",
-            construction_models=("open_clip:ViT-H-14/laion2b_s32b_b79k",),
-            paper="Vendrow et al., Dataset Interfaces (2023)",
-            extra={"tokens": {"repo_id": "madrylab/imagenet-star-tokens",
-                              "revision": "4bccca2357674563484cd290ef21bfe7fe54ac1b"}},
-        ),
-        SuiteSpec(
-            id="imagenet-star-upstream",
-            title="ImageNet* as released by the authors (zips + masks.npy), read by an adapter",
-            repo_id="madrylab/imagenet-star", revision=None, configs=star_configs,
-            metric_family="imagenet_star", reference_config="base", source="upstream-imagenet-star",
-            construction_models=("open_clip:ViT-H-14/laion2b_s32b_b79k",),
-            paper="Vendrow et al., Dataset Interfaces (2023)",
-            notes="The paper's release: main must resolve to the commit c9af165... ('in', 2023-03-07; its full sha "
-                  "is not published), else --revision is required. The authors' masks.npy (github.com/MadryLab/"
-                  "dataset-interfaces at 769dfa2, sha256-checked) is fetched and applied by default; --no-mask "
-                  "scores every image.",
-            # facts of the release, used by genshift.upstream
-            extra={"revision_prefix": "c9af165",
-                   "mask": {"repo": "MadryLab/dataset-interfaces", "commit": "769dfa2ba4d1ca493f9c746fbc840782b76d3b41",
-                            "path": "masks.npy", "size": 1_201_690,
-                            "sha256": "bf69ebfab434eeaf1d410249403b622dbb3cc0479c6097229768ef419d2f4d91"}},
-        ),
-        SuiteSpec(
-            id="lance-hardimagenet",
-            title="LANCE counterfactuals of the 15 Hard ImageNet classes (originals, reconstructions, edits)",
-            repo_id="genshift-bench/lance-hardimagenet", revision=None,
-            configs=("original", "reconstruction", "counterfactual"), metric_family="lance",
-            reference_config="original", label_subset=hin, gated=True,
-            construction_models=("openai/clip-vit-large-patch14",),
-            paper="Prabhu et al., LANCE (NeurIPS 2023)",
-        ),
-        SuiteSpec(
-            id="in-g-rn", title="IN-G-RN: generated images that fool a ResNet-50 (Wiles et al.)",
-            repo_id="genshift-bench/in-g-rn", revision=None, configs=("generated",), metric_family="in_g",
-            label_subset=in_a, construction_models=("resnet50.tv_in1k",),
-            paper="Wiles, Albuquerque, Gowal, Discovering Bugs in Vision Models (2022)",
-        ),
-        SuiteSpec(
-            id="in-g-vit", title="IN-G-ViT: generated images that fool a ViT-B/16 (Wiles et al.)",
-            repo_id="genshift-bench/in-g-vit", revision=None, configs=("generated",), metric_family="in_g",
-            label_subset=in_a, construction_models=("vit_base_patch16_224.augreg_in1k",),
-            paper="Wiles, Albuquerque, Gowal, Discovering Bugs in Vision Models (2022)",
-        ),
-    ]
-    for s in specs:
-        reg.register(s.id, s)
+    """The specs of package data ``suites.yaml``, in its order; then the registry is frozen."""
+    subsets = {"hard_imagenet": lambda: tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS),
+               "imagenet_a": imagenet.imagenet_a_indices}
+    for row in yaml.safe_load(resources.files("genshift").joinpath("_data", "suites.yaml").read_text()):
+        configs = row.pop("configs")
+        star = configs == "imagenet_star_shifts"
+        row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(configs)
+        if "label_subset" in row:
+            row["label_subset"] = subsets[row["label_subset"]]()
+        row["construction_models"] = tuple(row.get("construction_models", ()))
+        reg.register(row["id"], SuiteSpec(**row))
     reg.freeze()
 
 
