@@ -142,7 +142,8 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
         sha, mid = target.get("weights_sha256"), target.get("id")
         if target.get("source") == "checkpoint" and isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha):
             return (f"sha256:{sha}",)
+        declared = target.get("declared_name")  # local weights: the name they were built as
         if isinstance(mid, str) and mid.strip():
-            return (timm_name(mid)[:200],)
+            return (timm_name(declared if isinstance(declared, str) and declared.strip() else mid)[:200],)
     return spec.construction_models if spec else ()
 
