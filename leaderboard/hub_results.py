@@ -48,15 +48,13 @@ def _tasks_of(result: dict):
 
 def task_values(result: dict) -> dict[str, float]:
     """Each task's value in the task's units (percent = 100 × the stored fraction), from the same row
-    the leaderboard shows (``genshift.leaderboard.aggregate.model_table``); undefined values are left out."""
-    from genshift.leaderboard.aggregate import model_table
-    from genshift.leaderboard.store import Entry
+    the leaderboard shows (``genshift.leaderboard.aggregate.metric_columns``); undefined values are left out."""
+    from genshift.leaderboard.aggregate import metric_columns
 
-    # the board's own row builder over an unchecked entry (status accepted: never shown as verified)
-    df = model_table([Entry(Path("result.json"), result=result, status="accepted")])
-    if df.attrs["skipped"] or df.empty:
-        raise BenchError(f"the result cannot be tabulated ({df.attrs['skipped'][0][1] if df.attrs['skipped'] else 'empty'})")
-    row = df.iloc[0]
+    try:  # the board's own row builder
+        row = metric_columns(result)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise BenchError(f"the result cannot be tabulated ({type(e).__name__}: {e})") from None
     out = {}
     for t in _tasks_of(result):
         v = row.get(t.column)
@@ -320,8 +318,8 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
     import pandas as pd
     import streamlit as st
 
-    datasets = sorted({str(e.result["suite"].get("repo_id")) for e in entries
-                       if REPO_RE.match(str(e.result["suite"].get("repo_id") or ""))})
+    datasets = sorted({str(e.record["suite"].get("repo_id")) for e in entries
+                       if REPO_RE.match(str(e.record["suite"].get("repo_id") or ""))})
     st.subheader("Reported on the Hub")
     st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
                "(.eval_results files; 'community' while their pull request is open). They are not verified by "

@@ -32,7 +32,11 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
                 num_params: float, skill: float, difficulty: dict, rng: np.random.Generator,
                 family: str = "imagenet_star", manifest: str = SYNTHETIC_MANIFEST, notes: str = "",
                 flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00",
-                weights_sha256: str | None = None) -> Path:
+                weights_sha256: str | None = None, tensors_sha256: str | None = None, source: str = "hf-hub",
+                paper_ids: str | None = None) -> Path:
+    """One valid entry under ``root``. ``model_id`` must be the canonical id of what it records
+    (``genshift.identity``): ``ORG/NAME`` with ``source="hf-hub"``, ``<architecture>@sha256:<16 hex of
+    tensors_sha256>`` for local weights (``source="checkpoint"``)."""
     run = root / path_slug(suite_id) / path_slug(model_id)
     (run / "predictions").mkdir(parents=True, exist_ok=True)
     tables, preds = {}, []
@@ -61,9 +65,12 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
         tables[c] = t
         preds.append({"config": c, "path": f"predictions/{c}.parquet", "rows": t.num_rows, "sha256": sha256_file(path)})
     opts = ScoringOptions(reference_config="base" if family == "imagenet_star" else None, n_boot=200)
-    model = {"id": model_id, "architecture": architecture, "tag": tag, "source": "hf-hub",
-             "weights_revision": "0" * 40, "weights_sha256": weights_sha256 or sha256_bytes(model_id.encode()),
-             "num_params": int(num_params), "pretrained_cfg": {}}
+    hub = source == "hf-hub"
+    model = {"id": model_id, "architecture": architecture, "tag": tag, "source": source,
+             "weights_revision": "0" * 40 if hub else None, "num_params": int(num_params),
+             "weights_sha256": weights_sha256 or sha256_bytes(model_id.encode()),
+             "tensors_sha256": tensors_sha256 or sha256_bytes(b"tensors " + model_id.encode()),
+             "pretrained_cfg": {"hf_hub_id": model_id, "paper_ids": paper_ids} if hub else {}}
     suite = {"id": suite_id, "repo_id": None, "revision": None, "pinned": True, "manifest_sha256": manifest,
              "suite_version": "1.0.0", "configs": configs, "metric_family": family, "source": suite_id}
     data_config = {"input_size": [3, 224, 224], "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],
@@ -86,24 +93,26 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
     return path
 
 
-def sign_entry(result_path: str | Path, key_path: str | Path) -> Path:
-    """A maintainer's signed stamp (the format ``bench verify --sign`` writes) for a synthetic entry, which
-    has no model to re-run: for tests and benchmarks of the verified path. Creates the key if absent."""
+def sign_entry(result_path: str | Path, key_path: str | Path, *, verified_at: str = "2026-11-01T00:00:00+00:00") -> Path:
+    """A maintainer's signed record (the format ``bench verify --sign`` writes) for an entry whose model cannot
+    be re-run (a synthetic one): for tests and benchmarks of the verified path. Creates the key if absent."""
     import json
 
     from genshift.fsutil import atomic_write_bytes, canonical_json
     from genshift.eval import stamps
+    from genshift.eval.predictions import read_predictions
 
     result_path, key_path = Path(result_path), Path(key_path)
     if not key_path.exists():
         stamps.generate_key(key_path)
     r = json.loads(result_path.read_bytes())
-    body = {"kind": stamps.STAMP_KIND, "version": stamps.STAMP_VERSION, "ok": True,
-            "result_sha256": sha256_file(result_path),
-            "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"]) for p in r["predictions"]},
-            "recheck": {"n": 20, "seed": 1, "images": []}, "verified_at": "2026-11-01T00:00:00+00:00"}
+    files = {p["path"]: result_path.parent / p["path"] for p in r["predictions"]}
+    record = stamps.build_record(r, result_sha256=sha256_file(result_path),
+                                 predictions_sha256={k: sha256_file(f) for k, f in files.items()},
+                                 tables={p["config"]: read_predictions(files[p["path"]]) for p in r["predictions"]})
+    record.update(recheck={"n": 20, "seed": 1, "images": []}, checks=["synthetic"], verified_at=verified_at)
     out = result_path.parent / stamps.STAMP_FILE
-    atomic_write_bytes(out, canonical_json(stamps.sign(body, stamps.load_private_key(key_path))))
+    atomic_write_bytes(out, canonical_json(stamps.sign(record, stamps.load_private_key(key_path))))
     return out
 
 
