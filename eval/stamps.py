@@ -214,7 +214,10 @@ def build_record(result: dict, *, result_sha256: str, predictions_sha256: dict[s
     correctness the rank intervals need."""
     from genshift.identity import identity_of
 
-    ident = identity_of(result["model"])
+    try:
+        ident = identity_of(result["model"])
+    except ValueError as e:  # the loading facts cannot give a canonical id (e.g. no tensors digest recorded)
+        raise BenchError(f"model id {str(result['model']['id'])[:100]!r} is not a canonical id: {e}") from None
     m, s = result["model"], result["suite"]
     record = {
         "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,

@@ -79,15 +79,15 @@ def _pins() -> list[str]:
 
 
 def _package(into: Path) -> tuple[str | None, str]:
-    """``(wheel file name, requirement)``: a wheel of the checkout genshift-bench is installed from (built from its
-    tracked package folders only), or, for an installed release, no wheel and the release pinned."""
+    """``(wheel file name, requirement)``: a wheel of the checkout ``genshift`` is imported from (built from its
+    package folders only), or, for an installed release, no wheel and the release pinned."""
     import tomllib
 
-    dist = metadata.distribution("genshift-bench")
-    url = json.loads(dist.read_text("direct_url.json") or "{}")
-    src = Path(url.get("url", "").removeprefix("file://"))
-    if "dir_info" not in url or not (src / "pyproject.toml").is_file():
-        return None, f"genshift-bench=={dist.version}"
+    import genshift
+
+    src = Path(genshift.__file__).resolve().parent.parent  # a checkout: the folder of pyproject.toml
+    if not (src / "pyproject.toml").is_file():
+        return None, f"genshift-bench=={metadata.version('genshift-bench')}"
     with tempfile.TemporaryDirectory() as tmp:
         folders = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
         for name in ("pyproject.toml", "README.md"):

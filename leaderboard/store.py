@@ -115,11 +115,12 @@ class Entry:
         return f"{r.get('suite', {}).get('manifest_sha256', '?')[:12]}-{protocol[:8]}"
 
     @property
-    def result(self) -> dict:
-        """The parsed ``result.json``, as the record names it (``IntegrityError`` if it changed since)."""
+    def result(self) -> dict | None:
+        """The parsed ``result.json``, as the record names it (``IntegrityError`` if it changed since); None for
+        a rejected entry."""
         from genshift.eval.results import parse_result
 
-        if self._result is None:
+        if self._result is None and self.record is not None:
             self._result = parse_result(self.read_file(RESULT_FILE, MAX_RESULT_BYTES), where=str(self.path))
         return self._result
 
@@ -201,7 +202,7 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
     A cached snapshot at a pinned sha opens without the network; an unreachable Hub is one line
     after at most ``probe_s`` seconds (never huggingface_hub's retries)."""
     from genshift.errors import OfflineError
-    from genshift.hubio import REPO_RE, SHA_RE, _endpoint, resolve_revision, snapshot
+    from genshift.hubio import REPO_RE, SHA_RE, _endpoint, _offline, resolve_revision, snapshot
 
     path = Path(source)
     if path.exists():
@@ -218,9 +219,9 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
             return snapshot(repo, revision=rev, patterns=patterns, cache_dir=cache_dir, local_only=True), rev
         except BenchError:
             pass  # not cached yet
-    if not _reachable(_endpoint(None), probe_s):
-        raise OfflineError(f"the Hugging Face Hub ({_endpoint(None)}) does not answer, so the results repository {repo} "
-                           "cannot be read now; reload this page later")
+    if _offline() or not _reachable(_endpoint(None), probe_s):
+        raise OfflineError(f"the Hugging Face Hub ({_endpoint(None)}) does not answer (or HF_HUB_OFFLINE is set) and no "
+                           f"copy of the results repository {source} is cached here, so it cannot be read now")
     sha = resolve_revision(repo, rev or None)
     return snapshot(repo, revision=sha, patterns=patterns, cache_dir=cache_dir), sha
 
@@ -264,6 +265,8 @@ def read_files(path: Path) -> tuple[bytes | str, bytes | None]:
     try:
         if not path.is_file():  # a fifo or device would block or never end
             return "result.json is not a regular file", None
+        if (size := path.stat().st_size) > MAX_RESULT_BYTES:
+            return f"result file is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES >> 20} MiB limit", None
         raw = read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file")
         sp = path.parent / STAMP
         return raw, read_limited(sp, max_bytes=MAX_STAMP_BYTES, what="stamp") if sp.is_file() else None
@@ -285,13 +288,12 @@ def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, trust: Trust) 
     try:
         record, why = (None, "no verification stamp") if stamp is None else \
             check_stamp(stamp, result_sha256=sha256_bytes(raw), trusted=trust.keys)
-        if record is None:
+        if record is None:  # a community entry: its record built from the result (the identity checked first)
             result = parse_result(raw, where=str(path))
-            if not why.startswith("no verification") and not trust.keys:
-                why = "this board trusts no maintainer key"
+            record = build_record(result, result_sha256=sha256_bytes(raw),
+                                  predictions_sha256={p["path"]: p["sha256"] for p in result["predictions"]})
+            why = "this board trusts no maintainer key" if stamp is not None and not trust.keys else why
             entry._result, entry.note = result, f"not verified: {why}"
-            preds = {p["path"]: p["sha256"] for p in result["predictions"]}
-            record = build_record(result, result_sha256=sha256_bytes(raw), predictions_sha256=preds)
         entry.reason = misfiled(path, record)
         if not entry.reason and trust.manifests is not None and record["suite"]["manifest_sha256"] not in trust.manifests:
             entry.reason = (f"made on suite data this leaderboard does not trust (manifest "

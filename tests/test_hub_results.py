@@ -373,8 +373,6 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
     suite's dataset below the ranking; a Hub-reported model with a higher score never enters the ranking."""
     import shutil
 
-    from streamlit.testing.v1 import AppTest
-
     from genshift.cli import main
 
     w = hub_world
@@ -388,16 +386,12 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
           "source": {"url": "https://example.org/other"}}]).encode())], commit_message="results")
     store = w["tmp"] / "store" / "toy" / "org--tiny-resnet"
     shutil.copytree(w["result"].parent, store)
-    monkeypatch.setenv("GENSHIFT_RESULTS", str(store.parent.parent))
-    monkeypatch.delenv("GENSHIFT_TRUSTED_KEYS", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    from tests.test_leaderboard import APP, _settle
+    from tests.boardkit import app
 
-    monkeypatch.delenv("GENSHIFT_HUB_RESULTS", raising=False)
-    at = _settle(AppTest.from_file(APP, default_timeout=120))
+    at = app(store.parent.parent)
     assert not at.exception and "Reported on the Hub" not in [s.value for s in at.subheader]  # opt-in
-    monkeypatch.setenv("GENSHIFT_HUB_RESULTS", "1")
-    at = _settle(AppTest.from_file(APP, default_timeout=120))
+    at = app(store.parent.parent, hub_results=True)
     assert not at.exception
     ranking = at.dataframe[0].value
     assert list(ranking["model"]) == ["org/tiny-resnet"]  # org/other (99 %) is not ranked
