@@ -21,9 +21,10 @@ import yaml
 
 from genshift import imagenet
 from genshift.hubio import SHA_RE
+from genshift.families import FAMILIES
 from genshift.registry import Registry
 
-METRIC_FAMILIES = ("imagenet_star", "lance", "in_g", "accuracy")
+METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)
 
 # The 15 Hard ImageNet classes by wnid, in HardImageNet's class order (Moayeri et al. 2022).
 HARD_IMAGENET_WNIDS = (
@@ -60,7 +61,7 @@ class SuiteSpec:
     revision : 40-character commit sha, or ``None`` while unpinned (results then record the
         sha resolved at download time and are flagged as unpinned).
     configs : config names (folders under ``data/``).
-    metric_family : which metrics ``bench eval`` computes (``genshift.eval.metrics`` registry).
+    metric_family : which metrics ``bench eval`` computes (a ``genshift.families`` name).
     reference_config : in-distribution config other configs are compared with, if any.
     label_subset : ImageNet-1k indices that occur as labels (``None`` = all 1000). Models are
         still scored on the full 1000-way output.

@@ -6,16 +6,8 @@ of a dataset repo: ``name``, ``description``, ``evaluation_framework`` and ``tas
 for these task ids in ``.eval_results/*.yaml`` (``genshift.leaderboard.hub_results``), and the Hub shows
 them on the model page and on the dataset's leaderboard.
 
-One task per headline metric the suite family defines (the metrics the leaderboard shows):
-
-- ImageNet* (Vendrow et al., *Dataset Interfaces*): ``mean_shift_acc1``, the top-1 accuracy
-  averaged over the shift configs (every config but the reference), and ``acc1_<shift>`` for each;
-- LANCE (Prabhu et al., Table 2): ``acc1_edited``, top-1 accuracy on the edited images (config
-  ``counterfactual``, T'), and ``delta_acc1``, Δacc@1 = acc@1(T') − acc@1(T) on the originals
-  that have a counterfactual;
-- IN-G (top-3 failure rate): ``top3_failure_rate`` (``top3_failure_rate_<config>`` when the suite
-  has several configs);
-- any other suite (the ``accuracy`` family): ``mean_acc1`` and ``acc1_<config>``.
+One task per headline metric the suite's family declares (``genshift.families``: ``Family.tasks``,
+the metrics the leaderboard shows).
 
 Units (stated in the description, since a task has no unit field): accuracies and failure rates
 in percent (0-100), Δacc@1 in percentage points. The results store keeps fractions; the value
@@ -29,11 +21,10 @@ aggregated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import yaml
 
 from genshift.errors import IntegrityError
+from genshift.families import Task, get_family
 from genshift.fsutil import load_yaml_limited
 from genshift.suite_format import EVAL_YAML, SPLIT
 
@@ -42,38 +33,15 @@ MAX_EVAL_YAML_BYTES = 64 << 10
 MAX_YAML_DEPTH = 8
 FIX = "delete it and rerun `bench publish`, which writes it from the manifest"
 UNITS = "Values: accuracies and failure rates in percent (0-100)."
-DELTA_UNITS = " Δacc@1 in percentage points (acc@1 on the edited images minus acc@1 on their originals)."
-
-
-@dataclass(frozen=True)
-class Task:
-    id: str        # the task id in eval.yaml and in .eval_results entries
-    config: str    # the dataset config it is scored on
-    column: str    # the metric's column in genshift.leaderboard.aggregate.model_table (a fraction)
-    label: str     # for people
+PP_UNITS = " Differences of two accuracies ({}) in percentage points."
 
 
 def tasks(family: str, configs: list[str], reference: str | None = None) -> list[Task]:
-    """The tasks of a suite of ``family`` with these configs (see the module docstring)."""
-    configs = sorted(configs)
-    if family == "imagenet_star":
-        shifts = [c for c in configs if c != (reference or "base")]
-        if not shifts:
-            raise IntegrityError("an ImageNet* suite needs at least one shift config besides its reference")
-        return [Task("mean_shift_acc1", shifts[0], "mean_shift_acc1", "mean shift acc@1"),
-                *(Task(f"acc1_{s}", s, f"acc1/{s}", f"acc@1 on {s}") for s in shifts)]
-    if family == "lance":
-        if "counterfactual" not in configs:
-            raise IntegrityError("a LANCE suite needs a 'counterfactual' config")
-        return [Task("acc1_edited", "counterfactual", "acc1/counterfactual", "acc@1 on edited images"),
-                Task("delta_acc1", "counterfactual", "delta_acc1", "Δacc@1 (edited − original)")]
-    if family == "in_g":
-        if len(configs) == 1:
-            return [Task("top3_failure_rate", configs[0], "top3_failure_rate", "top-3 failure rate")]
-        return [Task(f"top3_failure_rate_{c}", c, f"top3_failure_rate/{c}", f"top-3 failure rate on {c}")
-                for c in configs]
-    return [Task("mean_acc1", configs[0], "mean_acc1", "mean acc@1"),
-            *(Task(f"acc1_{c}", c, f"acc1/{c}", f"acc@1 on {c}") for c in configs)]
+    """The tasks of a suite of ``family`` with these configs (``genshift.families``)."""
+    try:
+        return get_family(family).tasks(configs, reference)
+    except ValueError as e:
+        raise IntegrityError(str(e)) from None
 
 
 def suite_scoring(manifest) -> tuple[str, str | None]:
@@ -94,8 +62,11 @@ def suite_tasks(manifest) -> list[Task]:
 def eval_yaml_dict(manifest, *, name: str | None = None, description: str | None = None) -> dict:
     """The ``eval.yaml`` content of a suite as a dict (name and description from its card)."""
     family, _ = suite_scoring(manifest)
+    fam = get_family(family)
+    pp = sorted({fam.metric(t.column.split("/")[0]).label for t in suite_tasks(manifest)
+                 if fam.metric(t.column.split("/")[0]).unit == "pp"})
     lines = [description or f"{manifest.suite_id}: how ImageNet classifiers fail under a generated distribution "
-             f"shift (genshift-bench suite, metric family {family}).", UNITS + (DELTA_UNITS if family == "lance" else ""),
+             f"shift (genshift-bench suite, metric family {family}).", UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),
              "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_tasks(manifest)) + "."]
     return {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
             "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_tasks(manifest)]}

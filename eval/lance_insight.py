@@ -46,7 +46,8 @@ def cluster_edits(directions, delta_p, *, k: int = 5, seed: int = 0, labels=None
 
 
 def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict | None:
-    """Clusters for a LANCE result: joins the suite's edit directions with the predictions' Δp."""
+    """A LANCE result's analysis ``{"lance_edit_clusters": ...}`` (the family's ``analysis`` target): the
+    suite's edit directions clustered, with the predictions' Δp."""
     from genshift.eval.metrics import delta_p, pair_up
 
     if "counterfactual" not in tables or "original" not in tables or "edit_text_direction" not in suite.manifest.features:
@@ -65,4 +66,5 @@ def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict |
         c["examples"] = [{"image_id": ids[i], "pair_id": meta[ids[i]]["pair_id"], "edit_type": meta[ids[i]]["edit_type"],
                           "original_words": meta[ids[i]]["original_words"], "edit_words": meta[ids[i]]["edit_words"],
                           "delta_p": float(dp[i])} for i in c["examples"]]
-    return {"method": "K-means (k={}) on CLIP text directions edit - original words".format(k), "clusters": clusters}
+    return {"lance_edit_clusters": {"method": f"K-means (k={k}) on CLIP text directions edit - original words",
+                                    "clusters": clusters}}

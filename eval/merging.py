@@ -25,6 +25,7 @@ from genshift.eval.predictions import (
 )
 from genshift.eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, environment, write_result
 from genshift.eval.scoring import ScoringOptions, score
+from genshift.families import get_family
 from genshift.eval.suite_open import open_suite
 
 JOB_FILE = "job.json"          # in .work/: everything needed to build the result from the parts
@@ -233,15 +234,14 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     scoring = ScoringOptions(**state["scoring"])
     metrics = score(state["metric_family"], tables, scoring)
     analysis = {}
-    if state["metric_family"] == "lance":
-        from genshift.eval.lance_insight import result_clusters
-
+    family = get_family(state["metric_family"])
+    if family.analysis is not None:  # LANCE: Fig. 6's clusters of text edits (genshift.eval.lance_insight)
         if suite is None:
             r = state["reopen"]
             suite = open_suite(r["suite"], revision=r["revision"], configs=tuple(r["configs"]), mask=r["mask"]).suite
-        clusters = result_clusters(suite, tables, seed=scoring.seed)
-        if clusters:
-            analysis["lance_edit_clusters"] = clusters
+        found = family.resolve(family.analysis)(suite, tables, seed=scoring.seed)
+        if found:
+            analysis.update(found)
     flags = {
         "unpinned_suite": not state["suite"]["pinned"], "construction_model": state["construction_model"],
         "partial": state["partial"],

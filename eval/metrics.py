@@ -2,7 +2,8 @@ r"""Metrics: pure functions of per-image predictions (numpy arrays in, numbers o
 
 Convention (as scikit-learn's): ``*_accuracy`` / ``*_score`` are higher-is-better, ``*_rate`` of
 failures and ``*_impact`` / ``delta_p`` are lower-is-better; ``delta_acc_at_k`` is signed
-(negative = drop). Accuracies are fractions in [0, 1]; tables show percentage points. Every
+(negative = drop); each metric's direction, label and unit are declared once in ``genshift.families``.
+Accuracies are fractions in [0, 1]; tables show percentage points. Every
 function defines its empty-input behaviour: it returns ``nan`` (callers store ``null``).
 
 Inputs share one shape convention: ``y_true`` (n,) ImageNet-1k indices and ``topk`` (n, K)
@@ -14,12 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from genshift import imagenet
-
-# name -> higher_is_better, declared once for the harness, the verifier and the leaderboard.
-DIRECTION = {
-    "acc1": True, "acc5": True, "absolute_impact": False, "delta_acc1": True, "delta_acc5": True,
-    "delta_p": False, "top1_error": False, "top3_failure_rate": False, "parent_failure_rate": False,
-}
 
 
 def _check(y_true: np.ndarray, topk: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

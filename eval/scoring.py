@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from genshift import imagenet
+from genshift.families import get_family
 from genshift.eval import bootstrap, metrics
 from genshift.eval.predictions import topk_matrix
 
@@ -81,29 +82,28 @@ class _Config:
 
 
 def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> dict:
-    """All metrics of ``family`` ("imagenet_star", "lance", "in_g", "accuracy") from predictions."""
+    """All metrics of a metric family (``genshift.families``) from predictions tables by config.
+
+    Every config gets acc@1/acc@5 (and the family's extra per-image outcomes) with paired bootstrap
+    intervals; the family's scorer then adds its block (``metrics[<family block>]``)."""
+    fam = get_family(family)
+    extra = fam.resolve(fam.outcomes)
     cfgs = {name: _Config.from_table(name, t, filter=options.filter) for name, t in sorted(tables.items())}
     out: dict = {"configs": {}}
     reps: dict[str, np.ndarray] = {}
     for name, c in cfgs.items():
         entry = {"n_total": c.n_total, "n_kept": c.n_kept, "n_scored": c.n}
         outcomes = {f"acc{k}": c.hits(k) for k in (1, 5)}
-        if family == "in_g":
-            outcomes.update(_in_g_failures(c))
+        if extra is not None:
+            outcomes.update(extra(c))
         for m, r in outcome_replicates(name, outcomes, options).items():
             reps[f"{name}/{m}"] = r
         for k in (1, 5):
             entry[f"acc{k}"] = _metric(outcomes[f"acc{k}"].mean() if c.n else np.nan, reps[f"{name}/acc{k}"], c.n,
                                        options.confidence)
         out["configs"][name] = entry
-    if family == "imagenet_star":
-        out["imagenet_star"] = _imagenet_star(cfgs, reps, options)
-    elif family == "lance":
-        out["lance"] = _lance(cfgs, options)
-    elif family == "in_g":
-        out["in_g"] = _in_g(cfgs, reps, options)
-    elif family != "accuracy":
-        raise ValueError(f"unknown metric family {family!r}")
+    if fam.scorer is not None:
+        out[fam.block] = fam.resolve(fam.scorer)(cfgs, reps, options)
     return out
 
 
@@ -122,7 +122,8 @@ def outcome_replicates(config: str, outcomes: dict[str, np.ndarray], o: ScoringO
     return {m: r[:, i] for i, m in enumerate(names)}
 
 
-def _imagenet_star(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
+def imagenet_star_block(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
+    """ImageNet*: each shift's absolute impact against the reference and their mean for this model."""
     ref = o.reference_config or "base"
     shifts = [c for c in cfgs if c != ref]
     if o.reference_accuracy is not None:
@@ -153,7 +154,7 @@ def _imagenet_star(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> d
     }
 
 
-def _lance(cfgs: dict[str, _Config], o: ScoringOptions) -> dict:
+def lance_block(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
     """LANCE Table 2 (acc@k on originals T, reconstructions of T and counterfactuals T', with Δ vs T)
     and Fig. 3 (mean Δp per edit type), all with one cluster bootstrap over source images."""
     orig, cf, rec = cfgs.get("original"), cfgs.get("counterfactual"), cfgs.get("reconstruction")
@@ -270,14 +271,16 @@ def delta_acc_replicates(hits_orig, hits_cf, match, mask, w) -> DeltaAcc:
     return DeltaAcc(acc_c - acc_o, rep_c - rep_o, acc_o, rep_o)
 
 
-def _in_g_failures(c: _Config) -> dict[str, np.ndarray]:
+def in_g_outcomes(c: _Config) -> dict[str, np.ndarray]:
+    """IN-G's per-image failures: top-1 error, top-3 failure (Wiles et al. Fig. 4), WordNet-parent failure."""
     return {"top1_error": ~c.hits(1), "top3_failure_rate": ~c.hits(3),
             "parent_failure_rate": metrics.parent_failures(c.labels, c.topk) if c.n else np.zeros(0, bool)}
 
 
-def _in_g(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
+def in_g_block(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict:
+    """IN-G: the failure rates of every config, with the intervals of their per-image outcomes."""
     out = {}
     for name, c in cfgs.items():
         out[name] = {m: _metric(v.mean() if v.size else np.nan, reps[f"{name}/{m}"], v.size, o.confidence)
-                     for m, v in _in_g_failures(c).items()}
+                     for m, v in in_g_outcomes(c).items()}
     return out
