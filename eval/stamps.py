@@ -192,7 +192,6 @@ def check_signature(stamp, trusted: dict[str, PublicKey]) -> str | None:
 
 
 STAMP_FILE = "verification.json"
-HIT_K = {"in_g": 3}  # the top-k a family's headline counts (top-3 failure rate); top-1 otherwise
 RECORD_FIELDS = ("protocol", "data_config", "flags", "metrics")  # copied from the result as they are
 
 
@@ -235,26 +234,26 @@ def build_record(result: dict, *, result_sha256: str, predictions_sha256: dict[s
 
 
 def correctness(result: dict, tables: dict) -> dict:
-    """Per config: the scored images' order (sha256 of their ids, sorted as stored), their count, and the
-    top-k hits of the family's headline (:data:`HIT_K`) bit-packed in base64; for LANCE the counterfactuals'
-    originals (``match``: int32, base64) that pair them."""
+    """Per config: the scored images' order (sha256 of their ids, sorted as stored), their count, and whether the
+    true class is in the top ``Family.rank_k`` (the board's rank outcome), bit-packed in base64; for a family
+    ranked by a paired Δ (LANCE) the counterfactuals' originals (``match``: int32, base64) that pair them."""
     import numpy as np
 
     from genshift.eval.metrics import pair_up
+    from genshift.families import get_family
 
-    family = result["suite"]["metric_family"]
-    k = HIT_K.get(family, 1)
+    family = get_family(result["suite"]["metric_family"])
     out, pairs = {}, {}
     for p in result["predictions"]:
         t = tables[p["config"]]
         if result["protocol"]["scoring"]["filter"]:
             t = t.filter(t["keep"])
         ids = t["image_id"].to_pylist()
-        hits = t["true_rank"].to_numpy() < k
-        out[p["config"]] = {"images": sha256_bytes("\n".join(ids).encode()), "n": len(ids), "k": k,
+        hits = t["true_rank"].to_numpy() < family.rank_k
+        out[p["config"]] = {"images": sha256_bytes("\n".join(ids).encode()), "n": len(ids), "k": family.rank_k,
                             "hits": base64.b64encode(np.packbits(hits).tobytes()).decode()}
         pairs[p["config"]] = t["pair_id"].to_pylist()
-    if family == "lance":
+    if family.rank_paired_delta:
         match = pair_up(pairs["original"], pairs["counterfactual"]).astype("<i4")
         out["counterfactual"]["match"] = base64.b64encode(match.tobytes()).decode()
     return out

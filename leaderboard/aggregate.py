@@ -15,16 +15,10 @@ import numpy as np
 import pandas as pd
 
 from genshift.errors import BenchError
+from genshift.families import get_family
 from genshift.identity import timm_name
 from genshift.eval import bootstrap
 
-# the metric a suite family is ranked by: (column, higher_is_better, label)
-HEADLINE = {
-    "imagenet_star": ("mean_shift_acc1", True, "mean shift acc@1"),
-    "lance": ("delta_acc1", True, "Δacc@1"),
-    "in_g": ("top3_failure_rate", False, "top-3 failure rate"),
-    "accuracy": ("mean_acc1", True, "mean acc@1"),
-}
 PRETRAIN_RULES = (
     (r"laion|datacomp|dfn|openai|clip|webli|merged2b", "image-text"),
     (r"in22k|in21k|in12k|22k|21k", "in21k/22k"),
@@ -66,20 +60,14 @@ def not_ranked_because(entry) -> str:
     return entry.note if not entry.verified else ""
 
 
-def _v(metric: dict | None) -> float:
-    return np.nan if not metric or metric.get("value") is None else float(metric["value"])
-
-
 def _ci(metric: dict | None, i: int) -> float:
     return np.nan if not metric or not metric.get("ci") else float(metric["ci"][i])
 
 
 def base_config(doc: dict) -> str | None:
-    """The config a family's headline is read against (ImageNet*'s reference, LANCE's originals), if any."""
-    configs = doc["suite"]["configs"]
-    ref = doc["protocol"]["scoring"].get("reference_config") or next((c for c in ("base", "original") if c in configs),
-                                                                      None)
-    return ref if ref in configs else None
+    """The reference config a family scores its shifts against (``Family.reference``: ImageNet*'s base), if any."""
+    ref = doc["protocol"]["scoring"].get("reference_config") or "base"
+    return ref if get_family(doc["suite"]["metric_family"]).reference and ref in doc["suite"]["configs"] else None
 
 
 def model_table(entries) -> pd.DataFrame:
@@ -105,52 +93,20 @@ def model_table(entries) -> pd.DataFrame:
 
 
 def metric_columns(doc: dict) -> dict:
-    """What a board row shows of a result or a record (they share these fields): model facts, flags and every
-    metric as a fraction (accuracies, rates) or a difference of two (pp columns)."""
-    m, fam, metrics = doc["model"], doc["suite"]["metric_family"], doc["metrics"]
-    row = {
+    """What a board row shows of a result or a record (they share these fields): model facts, flags, the
+    family's numbers (``Family.columns``: fractions) and the reference config's acc@1 (``base_acc1``)."""
+    m = doc["model"]
+    cols = get_family(doc["suite"]["metric_family"]).columns(doc)
+    base = base_config(doc)
+    return {
         "architecture": str(m.get("architecture") or ""),
         "family": family_of(str(m.get("architecture") or str(m["id"]).split("/")[-1].split("@")[0])),
         "pretraining": pretraining_of(m.get("tag")), "params_m": (m.get("num_params") or 0) / 1e6,
         "construction_model": bool(doc["flags"].get("construction_model")),
         "partial": bool(doc["flags"].get("partial")) or doc["protocol"]["limit_per_class"] is not None,
         "pinned_suite": not doc["flags"].get("unpinned_suite"),
+        "base_acc1": cols.get(f"acc1/{base}", np.nan) if base else np.nan, **cols,
     }
-    configs = metrics["configs"]
-    for c, cm in configs.items():
-        row[f"acc1/{c}"] = _v(cm["acc1"])
-        row[f"acc5/{c}"] = _v(cm["acc5"])
-    base = base_config(doc)
-    row["base_acc1"] = row.get(f"acc1/{base}", np.nan) if base else np.nan
-    if fam == "imagenet_star":
-        star = metrics.get("imagenet_star", {})
-        vals = [row[f"acc1/{c}"] for c in configs if c != base and not np.isnan(row[f"acc1/{c}"])]
-        row["mean_shift_acc1"] = float(np.mean(vals)) if vals else np.nan
-        mean_impact = star.get("model_mean_impact", star.get("mean_absolute_impact"))  # older results: old name
-        row["model_mean_impact"] = _v(mean_impact)
-        for s, im in star.get("absolute_impact", {}).items():
-            row[f"impact/{s}"] = _v(im)
-    elif fam == "lance":
-        lance = metrics.get("lance", {})
-        t = lance.get("headline_T", "originals_with_counterfactual")
-        for k in (1, 5):
-            d = lance.get(f"delta_acc{k}", {}).get(t)
-            row[f"delta_acc{k}"], row[f"delta_acc{k}_lo"], row[f"delta_acc{k}_hi"] = _v(d), _ci(d, 0), _ci(d, 1)
-        row["mean_delta_p"] = _v(lance.get("delta_p"))
-        for et, dm in lance.get("delta_p_by_edit_type", {}).items():
-            row[f"delta_p/{et}"] = _v(dm)
-    elif fam == "in_g":
-        for c, rates in metrics.get("in_g", {}).items():
-            for k, v in rates.items():
-                row[k if len(metrics["in_g"]) == 1 else f"{k}/{c}"] = _v(v)
-                row[f"{k}_lo"], row[f"{k}_hi"] = _ci(v, 0), _ci(v, 1)
-    vals = [v for k, v in row.items() if k.startswith("acc1/") and not np.isnan(v)]
-    row["mean_acc1"] = float(np.mean(vals)) if vals else np.nan
-    return row
-
-
-def headline(family: str) -> tuple[str, bool, str]:
-    return HEADLINE.get(family, HEADLINE["accuracy"])
 
 
 def topk_matrix(entries, config: str) -> np.ndarray | None:
@@ -186,18 +142,20 @@ class RankInterval:
 def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int = 1000,
                         seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``,
-    from per-image outcomes resampled identically for all models; None if the image sets differ.
+    from the records' per-image outcomes (``Family.rank_k``/``rank_misses``) resampled identically for all
+    models; None if the image sets differ.
 
-    - ImageNet* / plain accuracy: mean acc@1 over ``configs`` (paired bootstrap over images per config);
-    - IN-G: top-3 failure rate averaged over ``configs`` (lower is better);
-    - LANCE: Δacc@1 on the headline originals, with the result's own cluster bootstrap over
-      source images (``genshift.eval.scoring.delta_acc_replicates``).
+    - the mean over ``configs`` of each config's hit (or miss) rate, a paired bootstrap over images per
+      config (ImageNet*'s mean shift acc@1, IN-G's top-3 failure rate, plain accuracy);
+    - ``Family.rank_paired_delta`` (LANCE): Δacc on the headline originals, with the result's own cluster
+      bootstrap over source images (``genshift.eval.scoring.delta_acc_replicates``).
     """
     import base64
 
     from genshift.eval import scoring
 
-    if family == "lance":
+    fam = get_family(family)
+    if fam.rank_paired_delta:
         h_o, h_c = topk_matrix(entries, "original"), topk_matrix(entries, "counterfactual")
         matches = {e.record["correct"]["counterfactual"].get("match") for e in entries}
         if h_o is None or h_c is None or len(matches) != 1 or None in matches:
@@ -210,16 +168,15 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
         w = scoring.lance_pair_weights(n, scoring.ScoringOptions(n_boot=n_boot, seed=seed))
         d = scoring.delta_acc_replicates(h_o, h_c, match, mask, w)
         return d.delta, d.delta_reps, True
-    higher = family != "in_g"  # IN-G's hits are top-3: its headline is the failure rate
     reps, point = [], []
     for c in configs:
         hits = topk_matrix(entries, c)
         if hits is None:
             return None
-        values = hits if higher else ~hits
+        values = ~hits if fam.rank_misses else hits
         reps.append(bootstrap.paired_mean_replicates(values, n_boot=n_boot, seed=seed, key=c))
         point.append(values.mean(axis=0))
-    return np.mean(point, axis=0), np.mean(reps, axis=0), higher
+    return np.mean(point, axis=0), np.mean(reps, axis=0), fam.headline_metric.higher_is_better
 
 
 def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
@@ -230,7 +187,7 @@ def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 10
     tie. Each model also gets the percentile interval of its headline value over the same
     replicates (``value_lo``, ``value_hi``). ``None`` if the models were not scored on identical
     image sets."""
-    if not entries or (family != "lance" and not configs):
+    if not entries or (not get_family(family).rank_paired_delta and not configs):
         return None
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
     if h is None:
@@ -265,13 +222,14 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
     interval columns over its ranked entries only (:func:`not_ranked_because`), sorted by rank (ties: by
     model); other rows have no rank. ``ranks``: :func:`rank_intervals` of the ranked entries; without them,
     point ranks. Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``,
-    ``metric_label`` (:func:`headline`), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
+    ``metric_label`` (the family's headline), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
     df = model_table(entries)
     family = entries[0].record["suite"]["metric_family"]
-    metric, higher, label = headline(family)
+    head = get_family(family).headline_metric
+    metric, higher, label = head.key, head.higher_is_better, head.label
     configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
     base = base_config(entries[0].record)
-    rank_configs = [c for c in configs if family != "imagenet_star" or c != base]
+    rank_configs = get_family(family).rank_configs(configs, base)
     meta = {"family": family, "metric": metric, "higher": higher, "metric_label": label, "configs": configs,
             "rank_configs": rank_configs, "base": base, "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
     ranked = df[df["ranked"]]

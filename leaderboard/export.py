@@ -24,16 +24,25 @@ DECIMALS = {"%": 2, "pp": 2, "params (M)": 3}
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-PP_PREFIXES = ("impact/", "delta_p", "delta_acc", "model_mean_impact", "mean_delta_p", "effective_robustness")
-PERCENT_PREFIXES = ("acc1/", "acc5/", "base_acc1", "mean_acc1", "mean_shift_acc1", "top1_error", "top3_failure_rate",
-                    "parent_failure_rate")
+def _units() -> dict[str, str]:
+    from genshift.families import FAMILIES
+
+    out = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp"}
+    for name in FAMILIES:
+        out.update({m.key: m.unit for m in FAMILIES.get(name).metrics})
+    return out
+
+
+UNITS = _units()  # column key -> unit, as the metric families declare them (genshift.families)
 
 
 def unit(col: str) -> str:
-    """``"pp"`` for differences of two accuracies/probabilities, ``"%"`` for accuracies and rates, else ""."""
-    if col.startswith(PP_PREFIXES):
-        return "pp"
-    return "%" if col.startswith(PERCENT_PREFIXES) else ""
+    """The unit of a board column: ``"pp"`` for differences of two accuracies/probabilities, ``"%"`` for accuracies
+    and rates (as its family declares the metric; ``<key>/<config>`` and ``<key>_lo``/``_hi`` too), else ""."""
+    key = col.split("/", 1)[0]
+    for suffix in ("_lo", "_hi", "_linear", "_probit"):
+        key = key.removesuffix(suffix)
+    return UNITS.get(key, "")
 
 
 def with_units(view: pd.DataFrame) -> pd.DataFrame:

@@ -28,6 +28,7 @@ import pandas as pd
 import streamlit as st
 
 from genshift.errors import IntegrityError, one_line
+from genshift.families import get_family, value
 from genshift.fsutil import canonical_json, sha256_bytes
 from genshift.leaderboard import aggregate, reported
 from genshift.leaderboard.about import ABOUT
@@ -266,12 +267,12 @@ def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool
     for c in ("partial", "pinned_suite", "construction_model"):
         shown[c] = np.where(shown[c], "yes", "no")
     shown["card"], shown["paper"] = _links(shown)
-    secondary = [c for c in ("model_mean_impact", "mean_delta_p", "delta_acc5", "top1_error", "parent_failure_rate")
-                 if c in shown.columns and c != metric]
+    secondary = [m for m in get_family(meta["family"]).metrics if not m.per and m.key in shown.columns
+                 and m.key not in (metric, "mean_shift_acc1", "mean_acc1")]
     cols = ((["rank"] if ranked else []) + ["model", metric, f"{metric}_lo", f"{metric}_hi"]
             + (["base_acc1"] if base else []) + ["verified", "weights", "flags"]
             + (["rank_lo", "rank_hi"] if ranked else ["not_ranked_because"]))
-    extra = {COLUMNS[0]: [f"acc1/{c}" for c in meta["configs"] if c != base], COLUMNS[1]: secondary,
+    extra = {COLUMNS[0]: [f"acc1/{c}" for c in meta["configs"] if c != base], COLUMNS[1]: [m.key for m in secondary],
              COLUMNS[2]: ["family", "params_m", "pretraining", "architecture", "card", "paper"],
              COLUMNS[3]: ["partial", "pinned_suite", "construction_model"]}
     cols += [c for g in groups for c in extra.get(g, [])]
@@ -284,7 +285,7 @@ def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool
               "card": st.column_config.LinkColumn("card", display_text="model card"),
               "paper": st.column_config.LinkColumn("paper", display_text="paper"),
               **{c: num(f"{c.split('/', 1)[1]} (%)", format="%.1f") for c in extra[COLUMNS[0]]},
-              **{c: num(c.replace("_", " ") + u(c), format="%.1f") for c in secondary},
+              **{m.key: num(f"{m.label} ({m.unit})", format="%.1f") for m in secondary},
               **{c: text(c.replace("_", " ")) for c in ("pinned_suite", "construction_model")}}
     show_df(shown[cols], target, column_config=config, width="stretch",
             alt="official ranking" if ranked else "community entries")
@@ -353,8 +354,8 @@ def id_ood_figure(x, y, models: list[str], fit: dict, *, shift: str, axis: str):
 
 @guarded("ID/OOD")
 def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -> None:
-    if meta["family"] != "imagenet_star":
-        st.info("ID/OOD fits need ImageNet* results (a reference config and shifts).")
+    if not meta["base"]:
+        st.info("ID/OOD fits need a suite scored against a reference config (ImageNet*'s base) and its shifts.")
         return
     ranked = view[~view["construction_model"]]
     axes = ["suite reference config"] + (["ImageNet-val top-1 (--id-accuracy)"] if settings.id_accuracy else [])
@@ -423,7 +424,7 @@ def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
         st.warning("Not verified: the numbers are the result's own.")
         st.text(f"why: {entry.note}")
     cm = rec["metrics"]["configs"]
-    vals = [100 * aggregate._v(cm[c]["acc1"]) for c in configs if c in cm]
+    vals = [100 * value(cm[c]["acc1"]) for c in configs if c in cm]
     lo = [100 * aggregate._ci(cm[c]["acc1"], 0) for c in configs if c in cm]
     hi = [100 * aggregate._ci(cm[c]["acc1"], 1) for c in configs if c in cm]
     fig = go.Figure(go.Bar(x=[plot_label(c) for c in configs if c in cm], y=vals, texttemplate="%{y:.1f}",
