@@ -1,32 +1,17 @@
-"""The board record: what verification signs and what the leaderboard page reads (``docs/leaderboard.md``).
+"""The board record: what verification signs and what the leaderboard page reads (``docs/leaderboard.md``,
+"The board record" and "Signing").
 
-A **record** holds everything the board shows of one entry, so the page never recomputes a metric
-and never reads a predictions file to draw itself:
+A record holds everything the board shows of one entry (identity, protocol, metrics with intervals, the
+per-image correctness the rank intervals need, the hashes of the files it vouches for), so the page never
+recomputes a metric nor reads a predictions file to draw itself. ``bench verify --sign`` and ``bench
+review`` write it signed (:func:`write_stamp`) as ``verification.json``; a local folder's unsigned results
+get the same record built from ``result.json`` (:func:`build_record`). It counts only when a trusted key
+signed it and it names ``result.json`` as it is now (:func:`check_stamp`).
 
-- ``model``: the canonical identity (``genshift.identity``: id, source, Hub revision, tensors'
-  digest) and what the table shows of the model (architecture, tag, parameters, paper ids);
-- ``suite``, ``protocol``, ``data_config``, ``flags``: which board the entry belongs on, and whether
-  it can be ranked;
-- ``metrics``: the result's metrics with their intervals;
-- ``correct``: per config the per-image correctness the rank intervals need (the top-k hits the
-  family's headline counts, bit-packed and base64, with the digest of the image order);
-- ``files``: the sha256 of ``result.json`` and of every predictions file it vouches for.
-
-``bench verify --sign`` and ``bench review`` write a **signed** record (:func:`write_stamp`) as
-``verification.json`` beside the result, adding what the verification did (``recheck``, ``checks``,
-the trusted suite manifest and rows digests, ``verified_at``). A local folder's unsigned results get
-the same record built from ``result.json`` (:func:`build_record`, no ``correct``: they are never
-ranked). A signed record counts only when a key the board trusts signed it and it names
-``result.json`` as it is now (:func:`check_stamp`); predictions files are hashed when a view reads them.
-
-Keys are raw ed25519 keys from the ``cryptography`` package:
-
-- private key: PKCS#8 PEM, written with mode 0600 (``bench keygen KEY``);
-- public key: one line ``ed25519 <base64 of the 32 raw bytes> <name>`` (``KEY.pub``);
-- trusted keys file: any number of such lines (``#`` comments), so ``cat KEY.pub >> trusted``.
-
-The signature covers the canonical JSON (``genshift.fsutil.canonical_json``) of the record
-without its ``signature`` field.
+Keys are raw ed25519 keys (the ``cryptography`` package): the private key PKCS#8 PEM, mode 0600 (``bench
+keygen KEY``); a public key one line ``ed25519 <base64 of the 32 raw bytes> <name>`` (``KEY.pub``); a
+trusted-keys file any number of such lines (``#`` comments). The signature covers the canonical JSON
+(``genshift.fsutil.canonical_json``) of the record without its ``signature`` field.
 """
 
 from __future__ import annotations
@@ -220,7 +205,7 @@ def build_record(result: dict, *, result_sha256: str, predictions_sha256: dict[s
     m, s = result["model"], result["suite"]
     record = {
         "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
-        "model": {"id": ident.id, "source": ident.source, "revision": ident.revision,
+        "model": {"id": ident.id, "source": ident.source, "weights_revision": ident.revision,
                   "tensors_sha256": ident.tensors_sha256, "weights_sha256": m.get("weights_sha256"),
                   "declared_name": m.get("declared_name"), "architecture": m.get("architecture"), "tag": m.get("tag"),
                   "num_params": m.get("num_params"), "paper_ids": (m.get("pretrained_cfg") or {}).get("paper_ids")},

@@ -1,20 +1,10 @@
-"""``bench leaderboard --export-space DIR``: a deployable Hugging Face Space of the leaderboard.
-
-The folder holds what the Space needs, as the Hub's Streamlit Spaces expect it:
-
-- ``README.md``: the Space card, front matter ``sdk: streamlit`` (this Streamlit's version), ``app_file:
-  app.py`` and ``tags: [leaderboard, ...]`` (the Hub lists Spaces tagged ``leaderboard`` as leaderboards);
-- ``requirements.txt``: the board's dependencies pinned to the versions it was exported with;
-- the ``genshift-bench`` package: a wheel built from the checkout it was exported from, installed by
-  ``app.py`` without its dependencies (torch among them: the board never imports it); exported from an
-  installed release instead, ``requirements.txt`` pins that release;
-- ``app.py``: installs the wheel if needed and runs the page with ``space.json`` (``genshift.leaderboard.ui.Settings``);
-- ``space.json``: the results **pinned**: ``ORG/NAME@<sha>`` of a Hub store, or ``results/``, a local
-  store's entries copied in (result, record, predictions, diagnose files);
-- ``trusted_keys``, ``id_accuracy.csv``, ``suites/``: copies of the files given;
-- ``.streamlit/config.toml``: viewer mode, no grid CSV export, headless, no usage statistics.
-
-Push it with ``hf upload ORG/NAME DIR . --repo-type space`` (``docs/leaderboard.md``).
+"""``bench leaderboard --export-space DIR``: a deployable Hugging Face Space of the leaderboard
+(``docs/leaderboard.md``, "Hosting: a Hugging Face Space"): the Space card (``sdk: streamlit``, ``tags:
+[leaderboard, ...]``), ``requirements.txt`` pinned, a wheel of ``genshift-bench`` built from this checkout
+(installed by ``app.py`` without its dependencies: the page needs no torch), ``app.py``, ``space.json`` (the
+page's settings, the results pinned: ``ORG/NAME@sha`` or a local store copied into ``results/``), copies of
+the trusted keys, ImageNet-val accuracy and trusted suite manifests, and ``.streamlit/config.toml`` in
+viewer mode. Push it with ``hf upload ORG/NAME DIR . --repo-type space``.
 """
 
 from __future__ import annotations

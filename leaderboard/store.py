@@ -6,24 +6,18 @@ Layout (what ``bench eval --out`` writes, and what ``bench submit`` proposes in 
     <suite id>/<model slug>/predictions/<config>.parquet
     <suite id>/<model slug>/verification.json     the signed board record (`bench verify --sign`, `bench review`)
 
-Each entry becomes one **record** (``genshift.eval.stamps``): a **verified** entry's is its
-``verification.json``, signed by a key in ``trusted_keys`` and naming ``result.json`` as it is now; any
-other entry's is built from its ``result.json`` (a community entry: shown, never ranked, with the
-reason). Reading a store opens two small files per entry and verifies one signature: no metric is
-recomputed and no predictions file is read. A predictions file is hashed when a view reads it
-(:meth:`Entry.read_predictions`); a mismatch marks the entry stale (:func:`assemble`'s ``stale``).
+Each entry becomes one **record** (``genshift.eval.stamps``): a **verified** entry's is its signed
+``verification.json`` (a trusted key, ``result.json`` as it is now); any other entry's is built from its
+result (a community entry: shown, never ranked, with the reason). Reading opens two small files per
+entry and checks one signature: no metric is recomputed, no predictions file is read. A view hashes a
+file when it reads it (:meth:`Entry.read_file`). An entry is **rejected**, with the reason, when its
+result is malformed, records a model id that is not the canonical id of its weights
+(``genshift.identity``), is filed under a folder that is not its own, or (trusted suites given) was
+made on other suite data. Nothing about one entry can take the board down.
 
-An entry is **rejected**, with the reason, when its result is malformed, filed under a folder that is
-not its own (``genshift.eval.results.entry_dir``), or records a model id that is not the canonical id
-of its weights (``genshift.identity``); with trusted suites given, also when it was made on other
-suite data. Nothing about one entry can take the board down.
-
-**Boards**: results are compared only on the same suite data (manifest hash) under the same protocol;
-the suite's board with the most verified entries is its default. **One entry per model and board**
-(:func:`assemble`): entries are keyed by the canonical identity, so the same weights under two ids
-(``Identity.key``) and two results of one id rank once: a verified entry wins, then Hub weights over a
-local copy, then the stamp signed last, then the entry path; result fields play no part. The
-others are superseded, and the entry shown says so in its flags.
+**Boards** compare results on the same suite data (manifest hash) under the same protocol; a suite's
+board with the most verified entries is its default. :func:`assemble` keeps **one entry per
+identity** (``Identity.key``: the same tensors) **and model id** on a board, by :func:`precedence`.
 """
 
 from __future__ import annotations
@@ -48,7 +42,7 @@ class Trust:
 
     keys: dict = field(default_factory=dict)
     manifests: frozenset | None = None
-    digest: str = ""  # of the files they were read from (a cache key for what they decide)
+    digest: str = ""  # of what they decide: part of every entry's digest
 
 
 def trust(trusted_keys=None, suites=None) -> Trust:
@@ -62,8 +56,8 @@ def trust(trusted_keys=None, suites=None) -> Trust:
     if suites is not None:
         ts = suites if isinstance(suites, TrustedSuites) else TrustedSuites.from_paths(suites, registry=False)
         manifests = frozenset(ts.by_sha)
-    digest = sha256_bytes(canonical_json([sorted(keys), sorted(manifests) if manifests is not None else None]))
-    return Trust(keys, manifests, digest)
+    return Trust(keys, manifests, sha256_bytes(canonical_json([sorted(keys), sorted(manifests or []),
+                                                               manifests is None])))
 
 
 @dataclass
@@ -74,38 +68,21 @@ class Entry:
     reason: str = ""            # rejected or superseded: why
     note: str = ""              # accepted: why it is not verified
     flags: list = field(default_factory=list)
-    digest: str = ""            # sha256 of the bytes the record was read from (result.json and stamp)
-    hub: tuple | None = None    # (repo, revision) of a Hub store: files not yet downloaded are fetched from it
+    digest: str = ""            # sha256 of what the record was read from (result.json, stamp, trust)
+    hub: tuple | None = None    # (repo, revision) of a Hub store: files not downloaded yet are fetched from it
     _result: dict | None = field(default=None, repr=False)
 
-    @property
-    def model_id(self) -> str:
-        return self.record["model"]["id"] if self.record else "?"
-
-    @property
-    def suite_id(self) -> str:
-        return self.record["suite"]["id"] if self.record else "?"
-
-    @property
-    def verified(self) -> bool:
-        return self.status == "verified"
-
-    @property
-    def stamp(self) -> dict | None:
-        """The signed record of a verified entry."""
-        return self.record if self.verified else None
-
-    @property
-    def run_dir(self) -> Path:
-        return self.path.parent
+    model_id = property(lambda self: self.record["model"]["id"] if self.record else "?")
+    suite_id = property(lambda self: self.record["suite"]["id"] if self.record else "?")
+    verified = property(lambda self: self.status == "verified")
+    stamp = property(lambda self: self.record if self.verified else None)  # the signed record of a verified entry
+    run_dir = property(lambda self: self.path.parent)
 
     @property
     def identity(self):
-        from genshift.identity import Identity
+        from genshift.identity import identity_of
 
-        m = self.record["model"]
-        return Identity(m["id"], m["source"], m["id"] if m["source"] == "hf-hub" else None, m.get("revision"),
-                        m.get("tensors_sha256"))
+        return identity_of(self.record["model"], strict=False)
 
     @cached_property
     def board(self) -> str:
@@ -116,31 +93,25 @@ class Entry:
 
     @property
     def result(self) -> dict | None:
-        """The parsed ``result.json``, as the record names it (``IntegrityError`` if it changed since); None for
-        a rejected entry."""
+        """The parsed ``result.json`` as the record names it (``IntegrityError`` if it changed); None if rejected."""
         from genshift.eval.results import parse_result
 
         if self._result is None and self.record is not None:
-            self._result = parse_result(self.read_file(RESULT_FILE, MAX_RESULT_BYTES), where=str(self.path))
+            self._result = parse_result(self.read_file(RESULT_FILE), where=str(self.path))
         return self._result
 
-    def file(self, rel: str) -> Path:
-        """The entry's file ``rel``, downloaded first from a Hub store's pinned revision if it is not here yet."""
+    def read_file(self, rel: str) -> bytes:
+        """A file the record vouches for (from a Hub store's pinned revision if not here yet), hashed:
+        ``IntegrityError`` (stale) unless its bytes are the ones the record names."""
         f = self.run_dir / rel
-        if self.hub is not None and not f.exists():
-            from huggingface_hub import hf_hub_download
-
-            suite, folder = self.run_dir.parent.name, self.run_dir.name
-            return Path(hf_hub_download(self.hub[0], f"{suite}/{folder}/{rel}", repo_type="dataset",
-                                        revision=self.hub[1]))
-        return f
-
-    def read_file(self, rel: str, limit: int) -> bytes:
-        """The bytes of a file the record vouches for, hashed: ``IntegrityError`` (stale) unless they are the
-        bytes the record names."""
         try:
-            data = read_limited(self.file(rel), max_bytes=limit, what=rel)
-        except (OSError, BenchError) as e:
+            if self.hub is not None and not f.exists():
+                from huggingface_hub import hf_hub_download
+
+                f = Path(hf_hub_download(self.hub[0], f"{self.run_dir.parent.name}/{self.run_dir.name}/{rel}",
+                                         repo_type="dataset", revision=self.hub[1]))
+            data = read_limited(f, max_bytes=MAX_RESULT_BYTES if rel == RESULT_FILE else MAX_PREDICTIONS_BYTES, what=rel)
+        except Exception as e:  # noqa: BLE001 - missing, unreadable or not downloadable: the record no longer holds
             raise IntegrityError(f"{self.run_dir.name}: {rel} cannot be read ({e})") from None
         if sha256_bytes(data) != self.record["files"].get(rel):
             raise IntegrityError(f"{self.run_dir.name}: {rel} is not the file its record names (changed after it "
@@ -150,14 +121,14 @@ class Entry:
     def check(self) -> None:
         """Hash every file the record vouches for (``IntegrityError`` naming the first that changed)."""
         for rel in self.record["files"]:
-            self.read_file(rel, MAX_RESULT_BYTES if rel == RESULT_FILE else MAX_PREDICTIONS_BYTES)
+            self.read_file(rel)
 
     def read_predictions(self, config: str, columns: list[str] | None = None):
         """One predictions table of this entry, hashed against the record first."""
         from genshift.eval.predictions import read_predictions
 
         rel = f"predictions/{config}.parquet"
-        return read_predictions(self.file(rel), columns=columns, data=self.read_file(rel, MAX_PREDICTIONS_BYTES))
+        return read_predictions(self.run_dir / rel, columns=columns, data=self.read_file(rel))
 
 
 @dataclass
@@ -190,17 +161,14 @@ class Store:
     def for_suite(self, suite_id: str, board: str | None = None) -> list[Entry]:
         """The entries of one board of the suite (default: its main board), sorted by model id."""
         boards = self.boards(suite_id)
-        if not boards:
-            return []
-        board = board if board in boards else boards[0]
+        board = board if board in boards else (boards or [None])[0]
         return sorted((e for e in self.entries if e.suite_id == suite_id and e.board == board), key=lambda e: e.model_id)
 
 
 def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float = 4.0) -> tuple[Path, str | None]:
-    """A local folder, or ``ORG/NAME[@rev]`` of a Hub dataset repo: its records (``result.json``,
-    ``verification.json``, ``diagnose.json``) downloaded at a commit sha; predictions follow when read.
-    A cached snapshot at a pinned sha opens without the network; an unreachable Hub is one line
-    after at most ``probe_s`` seconds (never huggingface_hub's retries)."""
+    """A local folder, or ``ORG/NAME[@rev]`` of a Hub dataset repo: its records downloaded at a commit sha
+    (predictions follow when read). A cached snapshot at a pinned sha opens without the network; a Hub that
+    does not answer is one line after at most ``probe_s`` seconds (never huggingface_hub's retries)."""
     from genshift.errors import OfflineError
     from genshift.hubio import REPO_RE, SHA_RE, _endpoint, _offline, resolve_revision, snapshot
 
@@ -213,7 +181,7 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
     if not REPO_RE.match(repo) or source.startswith((".", "/")):
         raise BenchError(f"results store {source!r} does not exist; give a folder of bench eval runs (--out) or a Hub "
                          "dataset repo ORG/NAME[@sha]")
-    patterns = ["*/*/" + RESULT_FILE, f"*/*/{STAMP}", f"*/*/{DIAGNOSE}"]
+    patterns = [f"*/*/{name}" for name in (RESULT_FILE, STAMP, DIAGNOSE)]
     if SHA_RE.match(rev):
         try:
             return snapshot(repo, revision=rev, patterns=patterns, cache_dir=cache_dir, local_only=True), rev
@@ -232,8 +200,7 @@ def _reachable(url: str, timeout: float) -> bool:
     import threading
     from urllib.parse import urlsplit
 
-    u = urlsplit(url)
-    done = []
+    u, done = urlsplit(url), []
 
     def connect():
         try:
@@ -249,8 +216,7 @@ def _reachable(url: str, timeout: float) -> bool:
 
 def misfiled(path: Path, doc: dict) -> str:
     """Why an entry's folder is not the one its result (or record) names (``genshift.eval.results.entry_dir``),
-    or ``""``: a folder is owned by one (suite, model), so a result filed under another model's folder is
-    refused instead of taking that entry's place."""
+    or ``""``: a folder is owned by one (suite, model), so a result filed elsewhere never takes an entry's place."""
     from genshift.eval.results import entry_dir
 
     want, have = entry_dir(doc), f"{path.parent.parent.name}/{path.parent.name}"
@@ -260,42 +226,42 @@ def misfiled(path: Path, doc: dict) -> str:
             f"belongs under {want}/; move the entry there")
 
 
-def read_files(path: Path) -> tuple[bytes | str, bytes | None]:
-    """An entry's ``result.json`` bytes (or why they cannot be read) and its stamp's bytes (None if absent)."""
+def read_files(path: Path, t: Trust) -> tuple[bytes | str, bytes | None, str]:
+    """An entry's ``result.json`` bytes (or why they cannot be read), its stamp's bytes (None if absent), and the
+    digest of both under ``t`` (what :func:`read_entry` makes of them depends on nothing else)."""
+    raw, stamp = "result.json is not a regular file", None  # a fifo or device would block or never end
     try:
-        if not path.is_file():  # a fifo or device would block or never end
-            return "result.json is not a regular file", None
-        if (size := path.stat().st_size) > MAX_RESULT_BYTES:
-            return f"result file is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES >> 20} MiB limit", None
-        raw = read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file")
-        sp = path.parent / STAMP
-        return raw, read_limited(sp, max_bytes=MAX_STAMP_BYTES, what="stamp") if sp.is_file() else None
+        if path.is_file() and (size := path.stat().st_size) > MAX_RESULT_BYTES:
+            raw = f"result file is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES >> 20} MiB limit"
+        elif path.is_file():
+            raw = read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file")
+            sp = path.parent / STAMP
+            stamp = read_limited(sp, max_bytes=MAX_STAMP_BYTES, what="stamp") if sp.is_file() else None
     except (OSError, BenchError) as e:
-        return str(e), None
+        raw = str(e)
+    parts = [raw if isinstance(raw, bytes) else raw.encode(), stamp or b""]
+    return raw, stamp, sha256_bytes(canonical_json([sha256_bytes(b) for b in parts] + [t.digest]))
 
 
-def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, trust: Trust) -> Entry:
-    """One entry from its files' bytes (:func:`read_files`): the signed record if it checks out, else a record
-    built from the result; never raises."""
+def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, digest: str, t: Trust) -> Entry:
+    """One entry from its files (:func:`read_files`): the signed record if it checks out, else a record built from
+    the result (its identity checked first); never raises."""
     from genshift.eval.results import parse_result
     from genshift.eval.stamps import build_record, check_stamp
 
-    entry = Entry(path, digest=sha256_bytes(canonical_json([sha256_bytes(raw if isinstance(raw, bytes) else b""),
-                                                             sha256_bytes(stamp or b""), trust.digest])))
-    if isinstance(raw, str):
-        entry.reason = raw
-        return entry
+    entry = Entry(path, digest=digest, reason=raw if isinstance(raw, str) else "")
     try:
-        record, why = (None, "no verification stamp") if stamp is None else \
-            check_stamp(stamp, result_sha256=sha256_bytes(raw), trusted=trust.keys)
-        if record is None:  # a community entry: its record built from the result (the identity checked first)
+        record, why = (None, "no verification stamp") if stamp is None or entry.reason else \
+            check_stamp(stamp, result_sha256=sha256_bytes(raw), trusted=t.keys)
+        if record is None and not entry.reason:  # a community entry
             result = parse_result(raw, where=str(path))
             record = build_record(result, result_sha256=sha256_bytes(raw),
                                   predictions_sha256={p["path"]: p["sha256"] for p in result["predictions"]})
-            why = "this board trusts no maintainer key" if stamp is not None and not trust.keys else why
+            why = "this board trusts no maintainer key" if stamp is not None and not t.keys else why
             entry._result, entry.note = result, f"not verified: {why}"
-        entry.reason = misfiled(path, record)
-        if not entry.reason and trust.manifests is not None and record["suite"]["manifest_sha256"] not in trust.manifests:
+        if not entry.reason:
+            entry.reason = misfiled(path, record)
+        if not entry.reason and t.manifests is not None and record["suite"]["manifest_sha256"] not in t.manifests:
             entry.reason = (f"made on suite data this leaderboard does not trust (manifest "
                             f"{record['suite']['manifest_sha256'][:12]}…); maintainers add the suite with --suites")
         if not entry.reason:
@@ -327,56 +293,57 @@ def precedence(e: Entry) -> tuple:
     return (not e.verified, e.identity.local, -_signed_time(e) if e.verified else 0.0, e.path.as_posix())
 
 
-def _why_wins(w: Entry, o: Entry) -> str:
-    if w.verified != o.verified:
+def _why(win: Entry, other: Entry) -> str:
+    if win.verified != other.verified:
         return "verified"
-    if w.identity.local != o.identity.local:
+    if win.identity.local != other.identity.local:
         return "Hub weights win over a local copy"
-    return "stamp signed later" if w.verified and _signed_time(w) != _signed_time(o) else "first path"
+    return "stamp signed later" if win.verified and _signed_time(win) != _signed_time(other) else "first path"
 
 
 def assemble(store: Store, entries: list[Entry], stale: dict | None = None) -> Store:
-    """Sort read entries into the store's shown / rejected / superseded lists: one shown entry per identity
-    (``Identity.key``: the same tensors) and per model id on each board, by :func:`precedence`. ``stale``:
-    entry digest -> why a file it vouches for was found changed (the entry is then not verified)."""
-    groups: dict[tuple, list[Entry]] = {}
+    """Sort read entries into the store's shown / rejected / superseded lists: one shown entry per identity (the
+    same tensors) and per model id on each board, by :func:`precedence`; the entry shown says so in its flags.
+    ``stale``: entry digest -> why a file it vouches for was found changed (the entry is then not verified)."""
+    shown = []
     for e in entries:
         e.flags = []
         if e.status == "rejected":
             store.rejected.append(e)
-            continue
-        if (stale or {}).get(e.digest):
-            e.status, e.note = "accepted", f"not verified: {stale[e.digest]}"
-        groups.setdefault((e.suite_id, e.board, e.identity.key), []).append(e)
-    for pass_key in (None, lambda e: (e.suite_id, e.board, e.model_id)):
-        if pass_key is not None:  # second pass: one entry per model id too (ids whose tensors differ)
-            groups = {}
-            for e in store.entries:
-                groups.setdefault(pass_key(e), []).append(e)
-            store.entries = []
+        else:
+            if (stale or {}).get(e.digest):
+                e.status, e.note = "accepted", f"not verified: {stale[e.digest]}"
+            shown.append(e)
+    for key in (lambda e: (e.suite_id, e.board, e.identity.key), lambda e: (e.suite_id, e.board, e.model_id)):
+        groups: dict[tuple, list[Entry]] = {}
+        for e in shown:
+            groups.setdefault(key(e), []).append(e)
+        shown = []
         for group in groups.values():
-            group.sort(key=precedence)
-            win = group[0]
-            store.entries.append(win)
-            for other in group[1:]:
-                same = "the same weights" if other.model_id != win.model_id else "another entry of the same model"
-                other.reason = f"{same} as {win.model_id} ({win.run_dir.name}) wins: {_why_wins(win, other)}"
-                other.status = "superseded"
-                win.flags.append(f"same weights also submitted as {other.model_id}: listed and ranked once, as this entry"
-                                 if other.model_id != win.model_id else f"one of {len(group)} entries of this model")
-                store.superseded.append(other)
+            win, *others = sorted(group, key=precedence)
+            shown.append(win)
+            for o in others:
+                same = "the same weights" if o.model_id != win.model_id else "another entry of the same model"
+                o.reason, o.status = f"{same} as {win.model_id} ({win.run_dir.name}) wins: {_why(win, o)}", "superseded"
+                win.flags.append(f"same weights also submitted as {o.model_id}: listed and ranked once, as this entry"
+                                 if o.model_id != win.model_id else f"one of {len(group)} entries of this model")
+                store.superseded.append(o)
+    store.entries = shown
     return store
 
 
-def load_store(source: str, *, trusted_keys=None, suites=None, cache_dir: str | None = None, stale=None) -> Store:
-    """Read every entry of a store (see the module docstring); never raises for a bad entry (it is rejected)."""
+def load_store(source: str, *, trusted_keys=None, suites=None, cache_dir: str | None = None, stale=None,
+               read=read_entry, progress=None) -> Store:
+    """Read every entry of a store (see the module docstring); never raises for a bad entry (it is rejected).
+    ``read``: :func:`read_entry` or a cached version of it (the page's); ``progress(done, total)`` after each."""
     t = trust(trusted_keys, suites)
     root, revision = resolve_source(source, cache_dir=cache_dir)
-    store = Store(source=source, root=root, revision=revision)
+    paths = sorted(root.glob(f"*/*/{RESULT_FILE}"))
     entries = []
-    for path in sorted(root.glob(f"*/*/{RESULT_FILE}")):
-        e = read_entry(path, *read_files(path), t)
+    for i, path in enumerate(paths, 1):
+        e = read(path, *read_files(path, t), t)
         e.hub = (source.partition("@")[0], revision) if revision else None
         entries.append(e)
-    return assemble(store, entries, stale)
-
+        if progress is not None:
+            progress(i, len(paths))
+    return assemble(Store(source=source, root=root, revision=revision), entries, stale)

@@ -1,7 +1,6 @@
-"""Synthetic results stores (tests, the load benchmark, demos): valid results + predictions that
-pass ``bench verify``, for many models without running any.
-
-    python -m genshift.leaderboard.synthetic --out /tmp/store --models 50 --configs 24 --rows 200
+"""Synthetic results stores (tests, the board's benchmark): valid results + predictions that pass
+``bench verify``, for many models without running any (:func:`make_store`, :func:`write_model`), and a
+maintainer's signed record for them (:func:`sign_entry`).
 
 Each model gets a latent skill; its per-image correctness on each config is drawn around it, with
 shared image difficulty so that models are correlated as real ones are. Metrics are computed by
@@ -10,7 +9,6 @@ shared image difficulty so that models are correlated as real ones are. Metrics 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -129,20 +127,3 @@ def make_store(root: str | Path, *, models: int = 12, configs: int = 6, rows: in
                                  architecture=arch, tag=tag, num_params=params, skill=rng.normal(1.0, 0.6),
                                  difficulty=difficulty, rng=rng))
     return paths
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--models", type=int, default=12)
-    ap.add_argument("--configs", type=int, default=6)
-    ap.add_argument("--rows", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    paths = make_store(args.out, models=args.models, configs=args.configs, rows=args.rows, seed=args.seed)
-    print(f"wrote {len(paths)} results under {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -33,7 +33,7 @@ from genshift.fsutil import canonical_json, sha256_bytes
 from genshift.leaderboard import aggregate, reported
 from genshift.leaderboard.about import ABOUT
 from genshift.leaderboard.export import to_csv_bytes, to_json_bytes, unit
-from genshift.leaderboard.store import Store, assemble, read_entry, read_files, resolve_source, trust
+from genshift.leaderboard.store import Store, load_store, read_entry
 
 TABS = ["About", "Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
 COLUMNS = ["per-shift acc@1", "other metrics", "model details", "trust details"]
@@ -69,7 +69,7 @@ class Settings:
 
 @st.cache_data(show_spinner=False, max_entries=100_000)
 def _entry(path: str, digest: str, _raw, _stamp, _trust):
-    return read_entry(Path(path), _raw, _stamp, _trust)
+    return read_entry(Path(path), _raw, _stamp, digest, _trust)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -85,23 +85,15 @@ def _stale() -> dict:
 
 def read_store(settings: Settings) -> Store:
     """The store as this run sees it: every entry's record, read (or taken from the cache by its digest)."""
-    t = trust(settings.trusted_keys, [settings.suites] if settings.suites else None)
     with st.spinner("Opening the results store ..."):
-        root, revision = resolve_source(settings.results)
-    paths = sorted(root.glob("*/*/result.json"))
-    bar = st.progress(0.0, text=f"reading 0 of {len(paths)} entries")
-    entries = []
-    for i, p in enumerate(paths, 1):
-        raw, stamp = read_files(p)
-        digest = sha256_bytes(canonical_json([sha256_bytes(raw if isinstance(raw, bytes) else raw.encode()),
-                                              sha256_bytes(stamp or b""), t.digest]))
-        e = _entry(str(p), digest, raw, stamp, t)
-        e.hub = (settings.results.partition("@")[0], revision) if revision else None
-        entries.append(e)
-        if i % 25 == 0:
-            bar.progress(i / len(paths), text=f"reading {i} of {len(paths)} entries")
+        bar = st.progress(0.0, text="reading the entries")
+        store = load_store(settings.results, trusted_keys=settings.trusted_keys, stale=_stale(),
+                           suites=[settings.suites] if settings.suites else None,
+                           read=lambda path, raw, stamp, digest, t: _entry(str(path), digest, raw, stamp, t),
+                           progress=lambda i, n: (i == 1 or i % 25 == 0) and bar.progress(
+                               i / n, text=f"reading {i} of {n} entries"))
     bar.empty()
-    return assemble(Store(settings.results, root, revision), entries, _stale())
+    return store
 
 
 def plot_label(text) -> str:

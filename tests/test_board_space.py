@@ -27,12 +27,13 @@ print(json.dumps({"exception": [str(e.value) for e in at.exception], "texts": [t
 
 
 @pytest.fixture
-def hub(monkeypatch):
+def hub(monkeypatch, tmp_path):
     from huggingface_hub import constants
 
     from tests.fakehub import FakeHub
 
     with FakeHub() as h:
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))  # a fresh Space: nothing cached
         monkeypatch.setattr(constants, "ENDPOINT", h.endpoint)
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                             h.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
@@ -77,6 +78,16 @@ def test_export_space_from_a_hub_store_pins_it_and_installs_the_package(tmp_path
     at = AppTest.from_file(str(out / "app.py"), default_timeout=120).run()  # genshift-bench is installed here
     assert not at.exception and len(grid(at, "main")) == 6
     assert any(f"results store: org/results@{sha} |" in t.value for t in at.text)
+    # the records came with the first view; a model's predictions are downloaded (and hashed) when drilled into
+    from genshift.leaderboard.store import resolve_source
+    snapshot = resolve_source(f"org/results@{sha}")[0]
+    assert not list(snapshot.rglob("*.parquet")) and len(list(snapshot.rglob("verification.json"))) == 6
+    drill = AppTest.from_file(str(out / "app.py"), default_timeout=120)
+    drill.query_params["tab"], drill.query_params["model"] = "Model drilldown", "timm/tie_a.in1k"
+    drill.run()
+    assert not drill.exception and "class" in next(d.value for d in drill.dataframe if "class" in d.value.columns)
+    assert grid(drill, "main")["model"].tolist() == grid(at, "main")["model"].tolist()  # still verified: intact
+    assert {p.parent.parent.name for p in snapshot.rglob("*.parquet")} == {"timm--tie_a.in1k"}
 
 
 def test_export_space_from_a_local_store_copies_the_results_in(tmp_path):
