@@ -3,6 +3,7 @@ it so); the page is :func:`genshift.leaderboard.ui.main`."""
 
 import sys
 
-from genshift.leaderboard.ui import Settings, main
+from genshift.leaderboard import Settings
+from genshift.leaderboard.ui import main
 
 main(Settings.loads(sys.argv[1]) if len(sys.argv) > 1 else Settings())

@@ -50,7 +50,8 @@ except metadata.PackageNotFoundError:
 if WHEEL and installed != {version!r}:
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", str(HERE / WHEEL)], check=True)
 
-from genshift.leaderboard.ui import Settings, main  # noqa: E402
+from genshift.leaderboard import Settings  # noqa: E402
+from genshift.leaderboard.ui import main  # noqa: E402
 
 main(Settings.loads((HERE / "space.json").read_text(), base=HERE))
 '''
@@ -122,7 +123,7 @@ To update the board, export the Space again and push it.
 
 
 def export_space(out: str | Path, settings) -> Path:
-    """Write the Space folder for ``settings`` (``genshift.leaderboard.ui.Settings``; a Hub store's ``results``
+    """Write the Space folder for ``settings`` (``genshift.leaderboard.Settings``; a Hub store's ``results``
     pinned ``ORG/NAME@sha``) under a temporary name, then rename it: never half-written."""
     from genshift.fsutil import INCOMPLETE
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import os
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +28,7 @@ import streamlit as st
 from genshift.errors import IntegrityError, one_line
 from genshift.families import get_family, value
 from genshift.fsutil import canonical_json, sha256_bytes
-from genshift.leaderboard import aggregate, reported
+from genshift.leaderboard import Settings, aggregate, reported
 from genshift.leaderboard.about import ABOUT
 from genshift.leaderboard.export import to_csv_bytes, to_json_bytes, unit
 from genshift.leaderboard.store import Store, load_store, read_entry
@@ -41,30 +39,6 @@ ARXIV = re.compile(r"(\d{4}\.\d{4,5})(v\d+)?")
 # viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
 # viewer mode, see `bench leaderboard`); a fixed style sheet, no data in it
 VIEWER_CSS = "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the page is told: ``bench leaderboard``'s options, or an exported Space's ``space.json``."""
-
-    results: str = "runs"             # a folder of runs, or ORG/NAME@sha of a Hub dataset repo
-    trusted_keys: str | None = None   # the maintainers' public keys: only records they signed are verified
-    suites: str | None = None         # trusted suite manifests: entries on other suite data are rejected
-    id_accuracy: str | None = None    # ImageNet-val top-1 per model (the ID/OOD x-axis)
-    hub_results: bool = False         # also show what model repos report on the Hub
-    title: str = "genshift-bench leaderboard"
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, text: str, base: Path | None = None) -> Settings:
-        """From :meth:`dumps`'s JSON; paths that exist under ``base`` (an exported Space's folder) are taken there."""
-        d = json.loads(text)
-        for k in ("results", "trusted_keys", "suites", "id_accuracy"):
-            if base is not None and d.get(k) and (base / d[k]).exists():
-                d[k] = str(base / d[k])
-        return cls(**d)
 
 
 @st.cache_data(show_spinner=False, max_entries=100_000)

@@ -18,7 +18,8 @@ CONFIGS = ["base", "shift_01", "shift_02"]
 
 def page(settings: str):
     """The page as an AppTest script (``AppTest.from_function``): its settings as JSON."""
-    from genshift.leaderboard.ui import Settings, main
+    from genshift.leaderboard import Settings
+    from genshift.leaderboard.ui import main
 
     main(Settings.loads(settings))
 
@@ -27,7 +28,7 @@ def app(results, *, trusted_keys=None, suites=None, id_accuracy=None, hub_result
     """The real page over ``results`` (a folder or ``ORG/NAME@sha``), opened with ``query`` in its URL."""
     from streamlit.testing.v1 import AppTest
 
-    from genshift.leaderboard.ui import Settings
+    from genshift.leaderboard import Settings
 
     s = Settings(results=str(results), trusted_keys=str(trusted_keys) if trusted_keys else None,
                  suites=str(suites) if suites else None, id_accuracy=str(id_accuracy) if id_accuracy else None,

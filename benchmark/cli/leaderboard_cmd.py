@@ -55,12 +55,12 @@ def port_free(host: str, port: int) -> bool:
 
 
 def settings_of(args):
-    """The page's :class:`~genshift.leaderboard.ui.Settings` from the options, each file checked now (one error
+    """The page's :class:`~genshift.leaderboard.Settings` from the options, each file checked now (one error
     line, not a broken board later); a Hub store is pinned to the commit its revision names now."""
     import os
     from pathlib import Path
 
-    from genshift.leaderboard.ui import Settings
+    from genshift.leaderboard import Settings
 
     if args.trusted_keys:
         from genshift.eval.stamps import load_trusted_keys
