@@ -41,7 +41,7 @@ ARXIV = re.compile(r"(\d{4}\.\d{4,5})(v\d+)?")
 VIEWER_CSS = "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
 
 
-@st.cache_data(show_spinner=False, max_entries=100_000)
+@st.cache_data(show_spinner=False, max_entries=10_000)
 def _entry(path: str, digest: str, _raw, _stamp, _trust):
     return read_entry(Path(path), _raw, _stamp, digest, _trust)
 

@@ -101,7 +101,7 @@ def download(at, key: str) -> bytes:
 
     button = next(b for b in at.get("download_button") if b.proto.id.endswith(key))
     for obj in gc.get_objects():
-        if isinstance(obj, MediaFileManager) and button.proto.deferred_file_id in obj._deferred_callables:
+        if type(obj) is MediaFileManager and button.proto.deferred_file_id in obj._deferred_callables:
             data = obj._deferred_callables[button.proto.deferred_file_id]["callable"]()
             return data.encode() if isinstance(data, str) else data
     raise AssertionError("deferred download not found")
