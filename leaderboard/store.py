@@ -23,6 +23,7 @@ identity** (``Identity.key``: the same tensors) **and model id** on a board, by 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -104,6 +105,8 @@ class Entry:
         """A file the record vouches for (from a Hub store's pinned revision if not here yet), hashed:
         ``IntegrityError`` (stale) unless its bytes are the ones the record names."""
         f = self.run_dir / rel
+        if rel != RESULT_FILE and not re.fullmatch(r"predictions/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet", rel):
+            raise IntegrityError(f"{self.run_dir.name}: its record names a file outside the entry ({rel[:80]!r})")
         try:
             if self.hub is not None and not f.exists():
                 from huggingface_hub import hf_hub_download
