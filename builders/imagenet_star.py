@@ -183,7 +183,7 @@ def _smoke_training_images(root: Path, classes: list[int]) -> Path:
 def _train(args, run, classes: list[int], work: Path, data: str | Path, *, steps: int, lr: float, resolution: int,
            model_id: str, timeout: float):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
-    from genshift.builders.sharding import current_process
+    from genshift.distributed import current_process
     from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
 
     cfg = TIConfig(steps=steps, lr=lr, resolution=resolution)
@@ -285,7 +285,7 @@ def _shard_rows(items, shift, prompt, gen, clip, args, token_names, progress_bar
 
 
 def _plans(args, shifts, classes, samples) -> dict[str, list[list[int]]]:
-    from genshift.builders.sharding import plan_nonempty_shards
+    from genshift.distributed import plan_nonempty_shards
 
     target = args.num_shards or max(1, math.ceil(len(classes) * samples / args.images_per_shard))
     return {s: plan_nonempty_shards(classes, target, key=lambda c, s=s: f"{s}/{c}") for s in shifts}
@@ -303,7 +303,7 @@ def _run(args) -> int:
     from genshift import imagenet
     from genshift.suite_format import MANIFEST
     from genshift.writer import SuiteWriter
-    from genshift.builders.sharding import current_process
+    from genshift.distributed import current_process
     from genshift.builders.tokens import token_name
 
     shifts = _shift_table(args)

@@ -125,7 +125,7 @@ def _run(args) -> int:
     from genshift.writer import SuiteWriter
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-    from genshift.builders.sharding import current_process, plan_nonempty_shards, shard_of
+    from genshift.distributed import current_process, plan_nonempty_shards, shard_of
 
     suite_id = args.suite
     cfg = MiningConfig(n_max=args.n_max if not args.smoke or args.n_max != 1000 else 8, cap=args.cap,

@@ -344,7 +344,7 @@ def _run(args) -> int:
     from genshift.writer import SuiteWriter
     from genshift.builders.lance_perturb import EDIT_TYPES
     from genshift.builders.lance_sources import find_hub_sources, find_sources
-    from genshift.builders.sharding import current_process, shard_of
+    from genshift.distributed import current_process, shard_of
 
     bad = [t for t in args.edit_types if t not in EDIT_TYPES]
     if bad:

@@ -337,7 +337,7 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
 
     ``work_dir/<idx>.bin`` (one token, ``genshift.builders.tokens`` format) is written atomically when a class
     finishes, after ``work_dir/meta/<idx>.json`` (name, images, loss at start and end). With
-    ``process`` (``genshift.builders.sharding.Process``) classes are split round-robin over processes.
+    ``process`` (``genshift.distributed.Process``) classes are split round-robin over processes.
     """
     from tqdm.auto import tqdm
 
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from genshift.cli import _setup_logging
     from genshift.cli._common import positive_int
-    from genshift.builders.sharding import current_process
+    from genshift.distributed import current_process
     from genshift.builders.tokens import save_token_zip
 
     ap = argparse.ArgumentParser(prog="python -m genshift.builders.textual_inversion",

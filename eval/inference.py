@@ -15,7 +15,8 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,68 +26,11 @@ from genshift.errors import BenchError, one_line
 from genshift.oom import BatchBackoff
 from genshift.pixels import check_size, size_of, to_rgb
 from genshift.reader import LocalSuite, RowGroup, read_row_group
-from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, schema
+from genshift.eval.options import EvalOptions, OptionError
+from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock
 
 log = logging.getLogger(__name__)
-# torch.compile pays off above roughly this many images on CPU (docs/performance.md, "compile").
-COMPILE_MIN_IMAGES = 4000
-
-
-@dataclass(frozen=True)
-class InferenceOptions:
-    """How to run the model. Options that can change predictions are part of the config hash."""
-
-    batch_size: int | None = None     # None: 8 on CPU (small batches are fastest there), 256 on CUDA
-    workers: int | None = None        # None: min(4, cpus - 1)
-    device: str = "cpu"
-    amp: bool = False                 # autocast (CUDA, or bf16 on CPU: the GPU numerics path, testable anywhere)
-    amp_dtype: str = "bfloat16"
-    channels_last: bool = True
-    compile: str = "auto"             # "auto" | "on" | "off"
-    topk: int = 10
-    limit_per_class: int | None = None
-    skip_bad_images: bool = False
-    unit_rows: int = 200              # checkpoint granularity: units are whole batches of >= this many rows
-    normalize_on_device: bool | None = None  # None: on for CUDA (workers ship uint8, as timm's prefetcher)
-    cudnn_benchmark: bool = True      # CUDA only; recorded in the result's environment
-    decode: str = "cpu"               # "cpu": PIL in the workers; "device": torchvision.io.decode_jpeg batches
-    cpu_threads: int = 1              # torch intra-op threads of each process: CPU kernels' reduction order
-                                      # (so the bytes) depends on it; fixed, recorded, part of the resume key
-    forward_threads: int | None = None  # CPU: batches in flight at once, each at cpu_threads (None: the
-                                        # process's share of the cores); bytes do not depend on it
-
-    def device_normalizes(self) -> bool:
-        if self.decode == "device":  # decoded on the device as uint8: it normalises too
-            return True
-        return self.device.startswith("cuda") if self.normalize_on_device is None else self.normalize_on_device
-
-    def resolved_batch_size(self) -> int:
-        if self.batch_size is not None:
-            return self.batch_size
-        return 256 if self.device.startswith("cuda") else 8
-
-    def resolved_workers(self) -> int:
-        if self.workers is not None:
-            return self.workers
-        return max(1, min(4, (os.cpu_count() or 2) - 1))
-
-    def resolved_forward_threads(self, *, compiled: bool = False) -> int:
-        """Batches of one model computed at once on CPU threads, each at ``cpu_threads`` intra-op
-        threads: a batch's kernels, so its bytes, are those of a one-thread run (a GPU runs one stream).
-        A compiled model runs one batch at a time: a package's call holds the GIL for the whole
-        forward, so batches on threads would queue behind it (docs/performance.md, "forward threads")."""
-        if not self.device.startswith("cpu") or compiled:
-            return 1
-        if self.forward_threads is not None:
-            return self.forward_threads
-        return max(1, min(16, process_cores() // self.cpu_threads))
-
-
-def process_cores() -> int:
-    """The cores this process may use: its CPU affinity, shared by the processes of one node under
-    ``torchrun``/``accelerate launch`` (``LOCAL_WORLD_SIZE``)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+COMPILE_MIN_IMAGES = 4000  # compile auto: runs of this many images pay a cold compile back on a GPU
 
 
 @dataclass(frozen=True)
@@ -99,20 +43,6 @@ class Unit:
 
     index: int
     rows: tuple[tuple[int, int], ...]  # (row-group index in the config, row within the group)
-
-
-@dataclass
-class ConfigStats:
-    rows: int = 0
-    skipped_bad: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    model_seconds: float = 0.0
-    compiled: bool = False
-    resumed_units: int = 0
-
-    @property
-    def images_per_second(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else float("nan")
 
 
 def plan_units(suite: LocalSuite, config: str, *, batch_size: int, unit_rows: int = 200,
@@ -142,7 +72,7 @@ class UnitDataset(torch.utils.data.Dataset):
 
     def __init__(self, root: Path, groups: list[RowGroup], units: list[Unit], transform,
                  carried: tuple[str, ...]) -> None:
-        # transform None: ship the encoded bytes (``--decode device`` decodes them in the main process)
+        # transform None: ship the encoded bytes (decode="device" decodes them in the main process)
         self.root, self.groups, self.units, self.transform, self.carried = root, groups, units, transform, carried
 
     def __len__(self) -> int:
@@ -151,7 +81,6 @@ class UnitDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         from PIL import Image
 
-        start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across the worker and the main process
         unit = self.units[i]
         cols = ["image", "image_id", "label", "keep", "pair_id", *self.carried]
         parts = {}
@@ -175,12 +104,11 @@ class UnitDataset(torch.utils.data.Dataset):
             for c in meta:
                 meta[c].append(row[c])
         x = tensors if self.transform is None else torch.stack(tensors) if tensors else torch.empty(0)
-        return {"unit": unit.index, "x": x, "meta": meta, "bad": bad,
-                "decoded": (start, time.perf_counter(), os.getpid())}
+        return {"unit": unit.index, "x": x, "meta": meta, "bad": bad}
 
 
 class DeviceDecoder:
-    """``--decode device``: JPEG batches decoded by ``torchvision.io.decode_jpeg`` on the device, then
+    """``decode="device"``: JPEG batches decoded by ``torchvision.io.decode_jpeg`` on the device, then
     timm's eval geometry (shorter side to ``floor(size / crop_pct)``, centre crop) as tensor ops.
 
     Pixels differ slightly from PIL's decode and resize (another IDCT and antialiased tensor
@@ -195,8 +123,8 @@ class DeviceDecoder:
         from torchvision.transforms import InterpolationMode
 
         if data_config.get("crop_mode", "center") not in (None, "center"):
-            raise BenchError(f"--decode device supports timm's 'center' crop mode only, this model uses "
-                             f"{data_config['crop_mode']!r}; use --decode cpu")
+            raise OptionError("decode", f"decode=device supports timm's 'center' crop mode only, this model uses "
+                             f"{data_config['crop_mode']!r}; use decode=cpu")
         _, h, w = data_config["input_size"]
         crop_pct = data_config.get("crop_pct") or 0.875
         self.size = (h, w)
@@ -264,55 +192,51 @@ def make_transform(data_config: dict, *, uint8: bool):
     return create_transform(**cfg, is_training=False, use_prefetcher=uint8)
 
 
-def _cpu_freezing(device: torch.device) -> None:
-    if device.type == "cpu":
-        # weights as constants: conv-bn folding + prepacked kernels, ~25% faster on CPU
-        # (docs/performance.md); process-wide, fine for an inference-only process
-        import torch._inductor.config as inductor_config
-        inductor_config.freezing = True
-
-
-def wants_compile(model: torch.nn.Module, opts: InferenceOptions, *, n_images: int,
-                  data_config: dict | None = None) -> bool:
-    """``--compile``: on; off; auto = when the run pays back a cold compile or a compiled package of
-    this model at this batch shape is already on the machine (genshift.eval.compile_cache)."""
+def wants_compile(opts: EvalOptions, *, n_images: int) -> bool:
+    """``compile``: on; off; auto = on a GPU, for a run of ``COMPILE_MIN_IMAGES`` images or more (it
+    pays back the compile there). Decided from the request alone, so the same request runs the same
+    numerics anywhere; on a CPU, forward threads put the cores to work on eager batches instead."""
     if opts.compile != "auto":
         return opts.compile == "on"
-    if opts.resolved_forward_threads() > 1:
-        # eager batches side by side use every core at the same bytes; a compiled forward holds the GIL,
-        # so it runs on one core: on two cores they are even, beyond that eager wins (docs/performance.md)
-        return False
-    if n_images >= COMPILE_MIN_IMAGES:
-        return True
-    if opts.amp or not data_config or "input_size" not in data_config:
-        return False
-    from genshift.eval.compile_cache import cached
+    return opts.device.startswith("cuda") and n_images >= COMPILE_MIN_IMAGES
 
-    example = torch.zeros(opts.resolved_batch_size(), *data_config["input_size"], device=opts.device)
-    if opts.channels_last:
-        example = example.contiguous(memory_format=torch.channels_last)
-    return cached(model, example)
+
+@contextmanager
+def torch_state(opts: EvalOptions):
+    """The process-wide torch settings a call runs with (intra-op threads; cuDNN autotuning on a GPU),
+    put back as they were when it returns, and the environment too (inductor writes a variable
+    into it while it compiles)."""
+    threads, autotune, env = torch.get_num_threads(), torch.backends.cudnn.benchmark, dict(os.environ)
+    torch.set_num_threads(opts.cpu_threads)
+    if opts.device.startswith("cuda"):
+        torch.backends.cudnn.benchmark = opts.cudnn_benchmark
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cudnn.benchmark = autotune
+        for name in set(os.environ) - set(env):
+            del os.environ[name]
+        os.environ.update({k: v for k, v in env.items() if os.environ.get(k) != v})
 
 
 class Forward:
-    """The model's forward pass as configured: channels-last, compile, AMP, top-k + true class."""
+    """The model's forward pass as configured: channels-last, compile, AMP, top-k + true class.
+    ``close()`` ends its forward threads."""
 
-    def __init__(self, model: torch.nn.Module, opts: InferenceOptions, *, n_images: int,
-                 data_config: dict | None = None, compile: bool | None = None) -> None:
-        """``compile``: a decision already made (a sweep's job state, so a resumed run keeps its numerics);
-        None decides here with ``wants_compile``."""
+    def __init__(self, model: torch.nn.Module, opts: EvalOptions, *, compile: bool,
+                 data_config: dict | None = None) -> None:
+        """``compile``: the decision made for the model's whole workload (``wants_compile``), so a
+        resumed or split run keeps the numerics of an uninterrupted one."""
         self.device = torch.device(opts.device)
         self.norm = None
         if opts.device_normalizes():
             mean = torch.tensor(data_config["mean"], device=self.device).view(1, 3, 1, 1) * 255
             std = torch.tensor(data_config["std"], device=self.device).view(1, 3, 1, 1) * 255
             self.norm = (mean, std)
-        if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = opts.cudnn_benchmark
         self.topk = opts.topk
         self.batch_size = opts.resolved_batch_size()
-        self.cpu_threads = opts.cpu_threads
-        self.thread_ids: set[int] = set()  # threads that ran a batch: the evidence --forward-threads ran
+        self.thread_ids: set[int] = set()  # threads that ran a batch: the evidence forward threads ran
         self._lock = threading.Lock()
         self.amp_dtype = getattr(torch, opts.amp_dtype) if opts.amp else None
         self.channels_last = opts.channels_last
@@ -320,54 +244,28 @@ class Forward:
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.compiled = False
-        self.compile_info: dict = {"mode": "eager"}
-        self._aot = None  # (batch size, compiled fn) once the ahead-of-time package is loaded
-        self._compile_opt = opts.compile
-        self.eager = model
-        if compile if compile is not None else wants_compile(model, opts, n_images=n_images, data_config=data_config):
-            if self.amp_dtype is None:
-                # ahead of time, once per machine (genshift.eval.compile_cache); built or loaded on the first batch,
-                # whose padded shape is the package's shape
+        if compile:
+            try:
+                # freezing (weights as constants: conv-bn folding, prepacked kernels) for this model only
+                model = torch.compile(model, dynamic=False, options={"freezing": self.device.type == "cpu"})
                 self.compiled = True
-                self.compile_info = {"mode": "aot"}
-            else:  # autocast regions do not export: the JIT compiler (inductor's own caches apply)
-                model = self._jit(model, opts)
+            except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
+                if opts.compile == "on":
+                    raise BenchError(f"torch.compile failed ({type(e).__name__}: {one_line(e, 200)}); set compile "
+                                     "to off") from None
+                log.warning("torch.compile unavailable (%s); running eager", one_line(e, 200))
         self.model = model
         self.threads = opts.resolved_forward_threads(compiled=self.compiled)
+        self._pool = None
+        if self.threads > 1:  # each thread runs torch at cpu_threads intra-op threads
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forward",
+                                            initializer=torch.set_num_threads, initargs=(opts.cpu_threads,))
         self.seconds = 0.0
 
-    def _jit(self, model: torch.nn.Module, opts: InferenceOptions) -> torch.nn.Module:
-        try:
-            _cpu_freezing(self.device)
-            model = torch.compile(model, dynamic=False)
-            self.compiled = True
-            self.compile_info = {"mode": "jit"}
-        except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
-            if opts.compile == "on":
-                raise BenchError(f"torch.compile failed ({type(e).__name__}: {e}); rerun with --compile off") from None
-            log.warning("torch.compile unavailable (%s); running eager", e)
-        return model
-
-    def _aot_model(self, x: torch.Tensor):
-        """The ahead-of-time compiled model for ``x``'s shape (one package per batch size, e.g. after OOM back-off)."""
-        if self._aot is not None and self._aot[0] == x.shape[0]:
-            return self._aot[1]
-        from genshift.eval.compile_cache import load_or_compile
-
-        try:
-            with torch.inference_mode(False):  # export traces ordinary tensors, not inference-mode ones
-                got = load_or_compile(self.eager, x.clone())
-        except Exception as e:  # noqa: BLE001 - compile is an optimisation; eager is always correct
-            if self._compile_opt == "on":
-                raise BenchError(f"ahead-of-time compile failed ({type(e).__name__}: {one_line(e, 200)}); "
-                                 "rerun with --compile off") from None
-            log.warning("ahead-of-time compile unavailable (%s: %s); running eager", type(e).__name__, one_line(e, 200))
-            self.compiled, self.compile_info, self.model = False, {"mode": "eager"}, self.eager
-            return self.eager
-        self.compile_info = {"mode": "aot", "source": got.source, "seconds": round(got.seconds, 3), "key": got.key}
-        log.info("model compiled ahead of time (%s, %.2f s)", got.source, got.seconds)
-        self._aot = (x.shape[0], got.fn)
-        return got.fn
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     @torch.inference_mode()
     def __call__(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, ...]:
@@ -379,10 +277,9 @@ class Forward:
             x = x.float().sub_(self.norm[0]).div_(self.norm[1])
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        model = self._aot_model(x) if self.compile_info["mode"] == "aot" else self.model  # compile time is not model time
         start = time.perf_counter()
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            logits = model(x)
+            logits = self.model(x)
         probs = logits[:n].float().softmax(dim=-1)
         labels = labels.to(self.device)
         top_i, top_p, true_p, true_rank = rank_classes(probs, labels, self.topk)
@@ -405,21 +302,9 @@ class Forward:
         def one(span: tuple[int, int]) -> tuple[np.ndarray, ...]:
             return self(x[span[0]:span[1]], labels[span[0]:span[1]])
 
-        if self.threads == 1:  # also every compiled model (resolved_forward_threads)
+        if self._pool is None:  # one thread: also every compiled model and every GPU
             return [one(s) for s in spans]
-        return list(_pool(self.threads, self.cpu_threads).map(one, spans))
-
-
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-
-
-def _pool(threads: int, cpu_threads: int) -> ThreadPoolExecutor:
-    """One pool per (threads, intra-op threads) for the process: its threads run torch at ``cpu_threads``."""
-    key = (threads, cpu_threads)
-    if key not in _POOLS:
-        _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="forward", initializer=torch.set_num_threads,
-                                         initargs=(cpu_threads,))
-    return _POOLS[key]
+        return list(self._pool.map(one, spans))
 
 
 def rank_classes(probs: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
@@ -471,7 +356,7 @@ class ModelFeed:
 
 
 def unit_loader(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], transform, carried: tuple[str, ...],
-                opts: InferenceOptions):
+                opts: EvalOptions):
     """DataLoader over ``units`` (workers decode and transform; pinned memory on CUDA)."""
     workers = opts.resolved_workers()
     return torch.utils.data.DataLoader(
@@ -481,57 +366,25 @@ def unit_loader(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], tr
     )
 
 
-@dataclass
-class UnitStream:
-    """Units of one config being decoded for one data config: the DataLoader's iterator (its workers
-    start decoding, ``prefetch_factor`` units each, as soon as it exists), the device decoder for
-    ``--decode device``, and when it started. A sweep starts the next group's stream while the
-    current group still runs, so its first units are decoded by the time its models start."""
-
-    units: frozenset[int]
-    batches: object
-    decoder: DeviceDecoder | None
-    started: float
-
-
-def start_stream(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], data_config: dict,
-                 opts: InferenceOptions) -> UnitStream:
-    """Start decoding ``units`` now (see ``UnitStream``)."""
-    carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
-    decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
-    transform = None if decoder else make_transform(data_config, uint8=opts.device_normalizes())
-    started = time.perf_counter()
-    return UnitStream(frozenset(u.index for u in units),
-                      iter(unit_loader(suite, groups, units, transform, carried, opts)), decoder, started)
-
-
 def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units: list[Unit], groups: list[RowGroup],
-                  data_config: dict, opts: InferenceOptions, *, on_failure=None, on_unit=None,
-                  timeline: list | None = None, stream: UnitStream | None = None) -> None:
+                  data_config: dict, opts: EvalOptions, *, on_failure=None, on_unit=None, transform=None) -> None:
     """Decode each of ``units`` once and run it through every feed that needs it.
 
     A feed whose model raises is handed to ``on_failure(feed, exc)`` (and dropped) when given, so
     one broken model does not stop the others; without it the error propagates. ``on_unit(rows,
-    n_models)`` reports progress. ``timeline`` (a list) receives one ``genshift.eval.busy`` event per unit:
-    when the loader started, when the unit was decoded, how long the models waited for it, and
-    each model's forward span (perf_counter seconds). ``stream``: the same units' decode, started
-    earlier with ``start_stream`` (it may hold units no feed needs any more: they are skipped).
+    n_models)`` reports progress. ``transform``: a module's own (``genshift.evaluate(transform=)``)
+    instead of timm's for ``data_config``.
     """
     carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
     live = list(feeds)
     wanted = [u for u in units if any(u.index in f.todo for f in live)]
-    if stream is not None and not {u.index for u in wanted} <= stream.units:
-        raise BenchError(f"config {config!r}: the stream started for it lacks units the models need")  # a bug
+    decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
+    if decoder is None and transform is None:
+        transform = make_transform(data_config, uint8=opts.device_normalizes())
     try:
-        stream = stream or start_stream(suite, groups, wanted, data_config, opts)
-        decoder, started, it = stream.decoder, stream.started, stream.batches
-        while live:
-            asked = time.perf_counter()
-            item = next(it, None)
-            if item is None:
+        for item in unit_loader(suite, groups, wanted, transform, carried, opts):
+            if not live:
                 break
-            event = {"config": config, "unit": item["unit"], "loader_started": started, "decoded": item["decoded"],
-                     "waited": (asked, time.perf_counter()), "forward": {}}
             if decoder is not None:
                 item["x"], failed = decoder(item["x"])
                 drop = {i for i, _ in failed}
@@ -541,17 +394,16 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
             for image_id, err in item["bad"]:
                 if not opts.skip_bad_images:
                     raise BenchError(f"image {image_id!r} of config {config!r} does not decode ({err}); fix the suite "
-                                     "or pass --skip-bad-images to skip and count such images")
+                                     "or set skip_bad_images to skip and count such images")
                 bad.append(image_id)
             labels = torch.tensor(item["meta"]["label"], dtype=torch.long)
             served = 0
             for feed in list(live):
                 if item["unit"] not in feed.todo:
                     continue
-                before, span_start = feed.forward.seconds, time.perf_counter()
+                before = feed.forward.seconds
                 try:
                     outs = feed.run(item["x"], labels)
-                    event["forward"][feed.name] = (span_start, time.perf_counter())
                     feed.ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk), skipped_bad=bad,
                                   model_seconds=feed.forward.seconds - before,
                                   threads_used=len(feed.forward.thread_ids))
@@ -563,8 +415,6 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
                     continue
                 feed.todo.discard(item["unit"])
                 served += 1
-            if timeline is not None:
-                timeline.append(event)
             if on_unit:
                 on_unit(len(item["meta"]["image_id"]) + len(item["bad"]), served)
     finally:
@@ -572,37 +422,12 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
             feed.ckpt.flush()
 
 
-def predict_config(suite: LocalSuite, config: str, model: torch.nn.Module, data_config: dict, opts: InferenceOptions,
-                   *, work_dir: Path, out_path: Path, progress: bool = True) -> ConfigStats:
-    """Predict every (selected) image of ``config`` with one model and write ``out_path``; resumes from
-    ``work_dir`` (the one-model case of ``predict_units``, kept for the throughput benchmark)."""
-    carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
-    ckpt = CheckpointedPredictions(work_dir, config, schema(opts.topk, carried))
-    groups, units = plan_units(suite, config, batch_size=opts.resolved_batch_size(), unit_rows=opts.unit_rows,
-                               limit_per_class=opts.limit_per_class)
-    todo = {u.index for u in units} - ckpt.done_units
-    stats = ConfigStats(resumed_units=len(units) - len(todo))
-    start = time.perf_counter()
-    forward = Forward(model, opts, n_images=sum(len(u.rows) for u in units), data_config=data_config)
-    feed = ModelFeed(config, forward, ckpt, BatchBackoff(opts.resolved_batch_size(), what="eval batch"), todo)
-    predict_units(suite, config, [feed], units, groups, data_config, opts)
-    stats.compiled = forward.compiled
-    stats.skipped_bad = [i for info in ckpt.part_info() for i in info.get("skipped_bad", [])]
-    stats.rows = ckpt.finish(out_path)
-    stats.seconds = time.perf_counter() - start
-    stats.model_seconds = forward.seconds
-    return stats
-
-
 def check_device(device: str) -> str:
-    """Validate ``--device``: ``cpu``, ``cuda`` or ``cuda:N`` that exists."""
-    if device == "cpu":
-        return device
+    """``device`` (``cpu``, ``cuda`` or ``cuda:N``) if it exists here."""
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise BenchError(f"--device {device} requested but CUDA is not available here; use --device cpu")
+            raise OptionError("device", f"device {device} requested but CUDA is not available here; use cpu")
         idx = device.partition(":")[2]
         if idx and int(idx) >= torch.cuda.device_count():
-            raise BenchError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
-        return device
-    raise BenchError(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+            raise OptionError("device", f"device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return device

@@ -252,7 +252,9 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
         "model": state["model"], "data_config": state["data_config"], "suite": state["suite"],
         "protocol": state["protocol"], "config_hash": state["config_hash"],
         "run": {**state["run"], "timings": timings, "effective_batch_size": min(eff_batch) if eff_batch else None},
-        "environment": environment(), "started_at": state["started_at"], "finished_at": now(),
+        # the settings the forward passes ran with, not this process's (a merge runs elsewhere)
+        "environment": {**environment(), **state.get("ran", {})},
+        "started_at": state["started_at"], "finished_at": now(),
         "counts": counts, "metrics": metrics, "predictions": predictions, "flags": flags,
         "notes": state["notes"], "analysis": analysis,
     }
@@ -302,7 +304,7 @@ def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
 
 
 def locked(path: Path):
-    """An exclusive lock across processes on ``path``: filelock's, as genshift.eval.compile_cache takes it."""
+    """An exclusive lock across processes on ``path`` (filelock's)."""
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from genshift.errors import BenchError
@@ -16,11 +16,13 @@ MAX_MODELS = 5000
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model of a sweep: a name (as ``--model`` takes it) and optional local weights."""
+    """One model of a sweep: a name (as ``--model`` takes it) and optional local weights, or a
+    module already loaded (``genshift.evaluate(model=nn.Module)``)."""
 
     name: str
     checkpoint: str | None = None
     from_wildcard: str | None = None  # the pattern it was expanded from
+    classifier: object = field(default=None, compare=False, repr=False)  # genshift.eval.models.LoadedClassifier
 
 
 def is_wildcard(name: str) -> bool:
@@ -53,9 +55,11 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
     if not p.exists():
+        from genshift.errors import did_you_mean
         from genshift.populations import list_populations
-        raise BenchError(f"--models {str(p)!r}: no such file and no such population (populations: "
-                         f"{', '.join(list_populations())})")
+
+        raise BenchError(f"--models {str(p)!r}: no such file and no such population."
+                         f"{did_you_mean(str(p), list_populations())} (populations: {', '.join(list_populations())})")
     text = read_text_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")  # /dev/zero: one line, at once
     out = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -125,7 +129,7 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
                              "architecture: give the bare architecture name, their ids are then the files' sha256)")
         seen[key] = spec.name
         if spec.checkpoint is not None:  # the same weights under two names are scored once
-            same = (given_name(spec.name).split(".", 1)[0], _sha256_of(spec.checkpoint))
+            same = (given_name(spec.name).split(".", 1)[0], checkpoint_sha256(spec.checkpoint))
             if same in weights:
                 raise BenchError(f"checkpoint {spec.checkpoint!r} of {spec.name!r} holds the same weights (sha256 "
                                  f"{same[1][:12]}…) as {weights[same]!r}; each model is scored once, remove one")
@@ -133,7 +137,8 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
     return specs, expansions
 
 
-def _sha256_of(path: str) -> str:
+def checkpoint_sha256(path: str) -> str:
+    """The sha256 of a checkpoint file (memoised per file version)."""
     from genshift.eval.models import check_checkpoint_file, weights_sha256
 
     check_checkpoint_file(path)  # exists, a regular readable file, not empty, within the size limit: one line
@@ -148,5 +153,5 @@ def _canonical_id(ref, spec: ModelSpec) -> str:
     from genshift.eval.models import checkpoint_model_id
 
     if spec.checkpoint is not None:
-        return checkpoint_model_id(spec.name, _sha256_of(spec.checkpoint))
+        return checkpoint_model_id(spec.name, checkpoint_sha256(spec.checkpoint))
     return f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text)

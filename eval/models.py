@@ -67,6 +67,34 @@ class LoadedClassifier:
     pretrained_cfg: dict = field(default_factory=dict)
     checkpoint_weights: str | None = None  # "model" | "ema" when --checkpoint was a training checkpoint
 
+    @classmethod
+    def from_module(cls, model: torch.nn.Module, *, model_id: str | None = None, data_config: dict | None = None,
+                    transform=None, preprocess: str = "timm") -> LoadedClassifier:
+        """A module holding its weights (``genshift.evaluate(model=...)``): a timm model brings its data
+        config; any other module takes ``data_config`` (timm's keys, the rest defaulted as timm does) or
+        ``transform``, and ``model_id``. Its id: the architecture (or ``model_id``) and its tensors' digest."""
+        from timm.data import resolve_data_config
+
+        from genshift.identity import canonical_id, tensors_sha256
+
+        cfg = dict(getattr(model, "pretrained_cfg", None) or {})
+        name = cfg.get("architecture") or model_id
+        if name is None or (not cfg and data_config is None and transform is None):
+            raise BenchError("a module that is not a timm model needs model_id= and data_config= (or transform=)")
+        if transform is not None:  # recorded by what it does, as far as its repr says
+            data_config = {"transform": repr(transform)}
+        elif data_config is not None:
+            data_config = _jsonable({k: v for k, v in resolve_data_config(dict(data_config)).items()
+                                     if k in DATA_CONFIG_KEYS})
+        else:
+            data_config, transform = eval_transform(model, preprocess)
+        check_label_space(model, name)
+        digest = tensors_sha256(model.state_dict())
+        return cls(model=model, transform=transform, data_config=data_config, tag=None, source="module",
+                   model_id=canonical_id(source="module", name=name, tensors_sha256=digest), architecture=name,
+                   weights_revision=None, weights_sha256=None, weights_file=None, pretrained_cfg=_jsonable(cfg),
+                   num_params=sum(p.numel() for p in model.parameters()))
+
     def describe(self) -> dict:
         # checkpoint_weights only when it applies, so other results keep their config hash
         extra = {"checkpoint_weights": self.checkpoint_weights} if self.checkpoint_weights else {}

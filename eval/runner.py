@@ -1,61 +1,156 @@
-"""``bench eval`` end to end: open + verify the suite, load the model, predict every config,
-score, and write the result with full provenance.
+"""The library's way in: ``genshift.evaluate``, its :class:`Result`, ``genshift.verify`` and
+``genshift.slope``. ``bench eval`` and a notebook call the same code (``genshift.eval.sweep``).
 
-Output layout (``--out``, default ``runs/``)::
+Output layout (``out``)::
 
-    runs/<suite id>/<model slug>/result.json
-    runs/<suite id>/<model slug>/predictions/<config>.parquet
-    runs/<suite id>/<model slug>/.work/            units of an unfinished run + job.json (removed at the end)
-    runs/<suite id>/<model slug>/failure.json      a model that failed in a sweep (removed by the rerun)
+    <out>/<suite id>/<model slug>/result.json
+    <out>/<suite id>/<model slug>/predictions/<config>.parquet
+    <out>/<suite id>/<model slug>/.work/            units of an unfinished run + job.json (removed at the end)
+    <out>/<suite id>/<model slug>/failure.json      a model that failed in a sweep (removed by the rerun)
 
 A killed run resumes from its last flushed units; a finished run is a no-op unless ``force``.
-Scoring many models at once, and in many processes, is ``genshift.eval.sweep``; ``evaluate`` is its
-one-model case. Opening the suite is ``genshift.eval.suite_open`` (shared with the sweep).
+``out=None`` runs in a temporary folder that is removed: the :class:`Result` holds the
+predictions' bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from genshift.errors import BenchError
-from genshift.eval.inference import InferenceOptions
-from genshift.eval.results import RESULT_FILE
-from genshift.eval.scoring import ScoringOptions
-from genshift.eval.sweep import ModelSpec, SweepRequest, run_sweep
+from genshift.eval.options import EvalOptions, OptionError
 
 
 @dataclass(frozen=True)
-class EvalRequest:
-    """Everything ``bench eval`` was asked to do."""
+class Result:
+    """One evaluation's result: ``record`` has the schema of ``result.json`` (``docs/results.md``),
+    ``path`` is that file when the call wrote one."""
 
-    model: str
-    suite: str
-    configs: tuple[str, ...] | None = None
-    revision: str | None = None
-    checkpoint: str | None = None
-    remap_by_order: bool = False
-    checkpoint_weights: str = "model"   # "model" | "ema": which weights of a training checkpoint
-    preprocess: str = "timm"       # genshift.eval.models.PREPROCESS
-    mask: str | None = None
-    out: str = "runs"
-    force: bool = False
-    inference: InferenceOptions = field(default_factory=InferenceOptions)
-    scoring: ScoringOptions = field(default_factory=ScoringOptions)
-    notes: str = ""
+    record: Mapping
+    path: Path | None = None
+    files: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # config -> predictions (out=None)
+
+    model = property(lambda self: self.record["model"])
+    suite = property(lambda self: self.record["suite"])
+    protocol = property(lambda self: self.record["protocol"])
+    run = property(lambda self: self.record["run"])
+    metrics = property(lambda self: self.record["metrics"])
+    counts = property(lambda self: self.record["counts"])
+    flags = property(lambda self: self.record["flags"])
+    config_hash = property(lambda self: self.record["config_hash"])
+
+    def predictions_bytes(self, config: str) -> bytes:
+        """The bytes of ``predictions/<config>.parquet``."""
+        if config in self.files:
+            return self.files[config]
+        if self.path is None or config not in self.suite["configs"]:
+            raise BenchError(f"no predictions of config {config!r}; the result has {', '.join(self.suite['configs'])}")
+        return (self.path.parent / "predictions" / f"{config}.parquet").read_bytes()
+
+    def predictions(self, config: str):
+        """Config ``config``'s per-image predictions as a pyarrow Table (``genshift.eval.predictions``)."""
+        from genshift.eval.predictions import read_predictions
+
+        return read_predictions(f"predictions/{config}.parquet", data=self.predictions_bytes(config))
 
 
-def evaluate(req: EvalRequest, *, progress: bool = True) -> tuple[dict, Path]:
-    """Run (or resume) an evaluation and return ``(result, result_path)``: a sweep of one model
-    (``genshift.eval.sweep``), so a model scored alone and in a sweep gets the same files."""
-    from genshift.eval.models import parse_model_name
+@contextmanager
+def _given_back(model):
+    """A caller's module handed back as it came (evaluation puts it in eval mode, on the device,
+    channels-last): its mode, device and memory format."""
+    import torch
 
-    parse_model_name(req.model)  # a typo in --model is reported before any suite download
-    # every other field means the same in both requests: copied by name, so a new option cannot be dropped here
-    same = {f.name: getattr(req, f.name) for f in fields(EvalRequest) if f.name not in ("model", "checkpoint")}
-    jobs = run_sweep(SweepRequest(models=(ModelSpec(req.model, req.checkpoint),), **same), progress=progress)
-    job = jobs[0]
-    if job.result is None:  # distributed: another process builds the result
-        raise BenchError(f"{job.model_id}: this process's units are done; the result is built by the last process "
-                         "to finish (or `bench eval --merge OUT`)")
-    return job.result, job.run_dir / RESULT_FILE
+    params = list(model.parameters())
+    training, device = model.training, params[0].device if params else None
+    contiguous = all(p.is_contiguous() for p in params)
+    try:
+        yield
+    finally:
+        model.train(training)
+        if device is not None:
+            model.to(device)
+        if contiguous:
+            model.to(memory_format=torch.contiguous_format)
+
+
+def evaluate(model, suite: str, *, configs: Sequence[str] | None = None, out: str | Path | None = None,
+             options: EvalOptions | None = None, model_id: str | None = None, data_config: dict | None = None,
+             transform=None, **option_overrides) -> Result:
+    """Score ``model`` on ``suite`` and return its :class:`Result`.
+
+    ``model``: a timm name or Hub id (``resnet50.a1_in1k``, ``timm/resnet50.a1_in1k``,
+    ``hf-hub:ORG/NAME@sha``, ``NAME=CHECKPOINT``), or an ``nn.Module`` holding its weights. A timm
+    module brings its own data config (``resolve_data_config(model=m, use_test_size=True)``); any
+    other module needs ``data_config`` (timm's keys; the rest defaulted as timm does) or
+    ``transform`` (PIL image -> normalised tensor), and ``model_id``. A module's id is its
+    architecture (or ``model_id``) and the digest of its tensors (``genshift.identity``).
+    ``suite``: a registry id, a Hub dataset repo or a suite folder. ``options`` and
+    ``option_overrides`` (any field of :class:`EvalOptions`, e.g. ``topk=5``) say how.
+    """
+    from genshift.eval.model_list import ModelSpec, resolve_models
+    from genshift.eval.results import RESULT_FILE
+    from genshift.eval.sweep import SweepRequest, run_sweep
+
+    opts = EvalOptions.build(options, **option_overrides)
+    module = not isinstance(model, str)
+    if not module:
+        if model_id is not None or data_config is not None or transform is not None:
+            raise OptionError("model_id", "model_id, data_config and transform go with a module; a named model "
+                                          "brings its own")
+        specs, _ = resolve_models([model])
+        if len(specs) != 1:
+            raise OptionError("model", f"model {model!r} names {len(specs)} models; evaluate scores one "
+                                       "(genshift.eval.sweep.run_sweep scores a list)")
+        spec = specs[0]
+    else:
+        from genshift.eval.models import LoadedClassifier
+
+        if transform is not None:  # the module's transform normalises: workers ship its floats
+            if opts.decode == "device":
+                raise OptionError("decode", "decode=device decodes with timm's geometry; a module with its own "
+                                            "transform needs decode=cpu")
+            opts = replace(opts, normalize_on_device=False)
+        clf = LoadedClassifier.from_module(model, model_id=model_id, data_config=data_config, transform=transform,
+                                           preprocess=opts.preprocess)
+        spec = ModelSpec(clf.model_id, classifier=clf)
+    configs = (configs,) if isinstance(configs, str) else tuple(configs) if configs else None
+    where = tempfile.TemporaryDirectory(prefix="genshift-eval-") if out is None else nullcontext(out)
+    with where as folder, _given_back(model) if module else nullcontext():
+        job = run_sweep(SweepRequest(models=(spec,), suite=str(suite), configs=configs, out=str(folder),
+                                     options=opts))[0]
+        if job.result is None:  # distributed: another process builds the result
+            raise BenchError(f"{job.model_id}: this process's units are done; the result is built by the last "
+                             "process to finish (or `bench eval --merge OUT`)")
+        if out is not None:
+            return Result(job.result, job.run_dir / RESULT_FILE)
+        files = {p["config"]: (job.run_dir / p["path"]).read_bytes() for p in job.result["predictions"]}
+        return Result(job.result, None, files)
+
+
+def verify(result: Result | str | Path, *, suite: str | None = None, **kwargs):
+    """``bench verify``: check a result against its suite and recompute every metric
+    (``genshift.eval.verify.verify_result``; ``recheck=N`` re-runs N images). Returns its report."""
+    from genshift.eval.verify import verify_result
+
+    if isinstance(result, Result):
+        if result.path is None:
+            raise BenchError("this result was made with out=None and its files are gone; evaluate with out=FOLDER "
+                             "to verify it")
+        result = result.path
+    return verify_result(result, suite=suite, **kwargs)
+
+
+def slope(results: Sequence[Result | Mapping | str | Path], **kwargs) -> dict:
+    """``bench slope``: per shift, the ID/OOD fit across models, effective robustness and the
+    shift's impact (``genshift.eval.slope.slope_table``)."""
+    from genshift.eval.results import load_result
+    from genshift.eval.slope import slope_table
+    from genshift.eval.verify import result_path
+
+    records = [dict(r.record) if isinstance(r, Result) else r if isinstance(r, Mapping) else
+               load_result(result_path(r)) for r in results]
+    return slope_table(records, **kwargs)

@@ -23,6 +23,7 @@ from genshift.errors import BenchError
 from genshift.eval.metrics import id_ood_fit
 
 SCALES = ("linear", "probit")
+SMALL_N = 5  # fewer models than this: the fit's slope and R^2 say little (a warning goes with the table)
 
 
 def _acc1(result: dict, config: str) -> float | None:
@@ -140,7 +141,10 @@ def slope_table(results: list[dict], *, reference_config: str | None = None,
         keep = [i for i, v in enumerate(y) if v is not None]
         table[s] = {scale: {**id_ood_fit([x[i] for i in keep], [y[i] for i in keep], scale=scale),
                             "models": [models[i] for i in keep]} for scale in scales}
-    out = {"id_axis": id_desc, "models": models, "id_accuracy": x, "shifts": table}
+    out = {"id_axis": id_desc, "models": models, "id_accuracy": x, "shifts": table, "warnings": []}
+    if len(models) < SMALL_N:
+        out["warnings"].append(f"only {len(models)} models: a line through fewer than {SMALL_N} points is fragile "
+                               "(one model moves the slope and R^2); score more models before reading it")
     if all("imagenet_star" in r["metrics"] for r in results):
         out["shift_impact"] = shift_impact_table(results)
     return out

@@ -1,81 +1,66 @@
-"""Many models, one decode: ``bench eval`` over a model list, in one or many processes.
+"""Many models, one decode: an evaluation of a model list on one suite, in one or many processes.
 
 A sweep scores every model of a list on one suite and writes, for each model, exactly the
-``result.json`` and ``predictions/<config>.parquet`` a single ``bench eval`` of that model
-writes (a single ``bench eval`` *is* a sweep of one model), so the results store, ``bench
-verify`` and ``bench submit`` need no change.
+``result.json`` and ``predictions/<config>.parquet`` a single evaluation of that model writes (a
+single ``genshift.evaluate`` or ``bench eval`` *is* a sweep of one model), so the results store,
+``bench verify`` and ``bench submit`` need no change.
 
 How the work is shared:
 
 - **Preprocessing groups.** Models are grouped by their resolved data config (input size, crop,
-  interpolation, and mean/std unless the device normalises); each streaming unit of a config is
-  decoded and transformed once per group and fed to every model of the group. At most
-  ``max_resident`` models are loaded at once (a larger group is processed in chunks). While a
-  chunk runs, a background thread loads the next chunks' models into the slots left free
-  (``max_resident`` minus the models loaded), so a model's start-up overlaps another's forward;
-  the loaded weights are the same, so the predictions are too.
-- **Groups in flight.** Up to ``groups_in_flight`` chunks run at once, each on its own thread with
-  its own DataLoader, as long as their models fit in ``max_resident``: the next group's workers
-  decode, and its models compute on the cores the current group leaves idle, while the current
-  group still runs, instead of the next loader starting cold at the group boundary. Chunks start
-  largest first (models x input pixels), so the last to start is the cheapest and the groups in
-  flight end together. Each model still sees the same batches at the same ``--cpu-threads``, so
-  its bytes are a single run's. ``Sweep.timeline`` records every unit's decode, wait and forward
-  spans (``genshift.eval.busy``).
-- **Decode ahead.** Streams (a chunk's config) run in a fixed order; once a stream has its first
-  unit, the next stream not yet started starts its DataLoader, so its workers decode its first
-  units while the current models compute and its models never wait for a cold loader.
+  interpolation, and mean/std unless the device normalises); each unit of a config is decoded and
+  transformed once per group and fed to every model of the group. At most ``max_resident`` models
+  are loaded at once: a larger group runs in chunks, one chunk after another.
 - **Work items** are ``(chunk, config, unit)`` with cost = models still needing the unit x rows.
   Under ``accelerate launch`` (or torchrun) they are split across processes by a deterministic
-  greedy balance of cost (largest first onto the least-loaded process). Each process writes its
-  units atomically into each model's ``.work/<config>/`` folder.
+  greedy balance of cost (``genshift.distributed``). Each process writes its units atomically into
+  each model's ``.work/<config>/`` folder.
 - **Merging.** Whichever process finds a model's units complete builds its predictions files and
-  result (under a file lock, so two finishing together do not collide); ``bench eval --merge
-  OUT`` does the same for an output folder after the fact and names missing units.
+  result (under a file lock); ``bench eval --merge OUT`` does the same after the fact
+  (``genshift.eval.merging``).
 - **Resume.** Units flushed by rows and by time survive a kill; a rerun skips them, skips models
   already finished, and cleans temp files left by killed runs. Predictions files are sorted by
   ``image_id`` and written from one chunk, so their bytes do not depend on the process count or
   on where a run was interrupted.
-
-Model lists are ``genshift.eval.model_list``, the process split ``genshift.eval.work_split``, building results from
-parts ``genshift.eval.merging``, ``--plan`` ``genshift.eval.sweep_plan`` and the bar ``genshift.eval.progress``.
+- **Nothing to do.** A finished run records the digest of its request (model name and weights,
+  suite pin, options); a rerun of the same request finds it without opening the suite or loading
+  a model.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
-import threading
-import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from genshift import upstream
+from genshift.distributed import balance, current_process
 from genshift.errors import BenchError, one_line
-from genshift.fsutil import INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes
+from genshift.families import get_family
+from genshift.fsutil import (
+    INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file,
+)
 from genshift.oom import BatchBackoff
-from genshift.builders.determinism import fixed_threads
-from genshift.eval.busy import busy_shares
 from genshift.eval.inference import (
-    Forward, InferenceOptions, ModelFeed, UnitStream, check_device, plan_units, predict_units, start_stream, wants_compile,
+    Forward, ModelFeed, check_device, plan_units, predict_units, torch_state, wants_compile,
 )
 from genshift.eval.merging import (
     JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
 )
-from genshift.eval.model_list import ModelSpec
+from genshift.eval.model_list import ModelSpec, checkpoint_sha256
+from genshift.eval.options import EvalOptions
 from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
 from genshift.eval.progress import Progress
 from genshift.eval.results import RESULT_FILE, config_hash, load_result, path_slug as slug  # the one folder rule
-from genshift.eval.scoring import ScoringOptions
 from genshift.eval.suite_open import is_construction_model, open_suite
-from genshift.eval.work_split import Distributed, balance
 
 log = logging.getLogger(__name__)
 RUN_STATE = "run.json"
 FAILURE_FILE = "failure.json"  # a model that failed in a sweep: the error, for the summary
+# options that change how fast a run goes, never its files: left out of the request digest
+RUN_ONLY = ("workers", "forward_threads", "max_resident", "force", "notes", "progress")
 
 
 @dataclass(frozen=True)
@@ -83,26 +68,9 @@ class SweepRequest:
     models: tuple[ModelSpec, ...]
     suite: str
     configs: tuple[str, ...] | None = None
-    revision: str | None = None
-    remap_by_order: bool = False
-    checkpoint_weights: str = "model"  # "model" | "ema": which weights of a training checkpoint
-    preprocess: str = "timm"           # genshift.eval.models.PREPROCESS
-    mask: str | None = None
     out: str = "runs"
-    force: bool = False
-    inference: InferenceOptions = field(default_factory=InferenceOptions)
-    scoring: ScoringOptions = field(default_factory=ScoringOptions)
-    notes: str = ""
-    max_resident: int = 4
-    pretrained: bool = True       # False: random weights (benchmarks); never from the CLI
+    options: EvalOptions = field(default_factory=EvalOptions)
     wildcards: dict = field(default_factory=dict)  # pattern -> expansion, recorded in each result
-    preload: bool = True          # load the next chunk's models in the background (free slots only)
-    groups_in_flight: int = 2     # chunks run at once (each its own loader and thread), within max_resident
-    decode_ahead: bool = True     # start the next stream's decode once the current one has its first unit
-
-
-class Interrupted(KeyboardInterrupt):
-    """A chunk stopped because the sweep was (Ctrl-C, SIGTERM, another chunk's error)."""
 
 
 @dataclass
@@ -133,16 +101,19 @@ def unit_digests(suite, config: str, groups, units) -> list[str]:
     return [unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
 
 
-def load_model(req: SweepRequest, spec: ModelSpec):
-    """One model of a sweep, loaded on the CPU with the sweep's weight and preprocessing options."""
+def load_model(opts: EvalOptions, spec: ModelSpec):
+    """One model of a sweep, loaded on the CPU with the sweep's weight and preprocessing options
+    (a module given to ``genshift.evaluate`` is already loaded)."""
+    if spec.classifier is not None:
+        return spec.classifier
     from genshift.eval.models import load_classifier
 
-    return load_classifier(spec.name, checkpoint=spec.checkpoint, device="cpu", remap_by_order=req.remap_by_order,
-                           pretrained=req.pretrained, checkpoint_weights=req.checkpoint_weights,
-                           preprocess=req.preprocess)
+    return load_classifier(spec.name, checkpoint=spec.checkpoint, device="cpu", remap_by_order=opts.remap_by_order,
+                           pretrained=opts.pretrained, checkpoint_weights=opts.checkpoint_weights,
+                           preprocess=opts.preprocess)
 
 
-def _group_key(data_config: dict, opts: InferenceOptions) -> str:
+def _group_key(data_config: dict, opts: EvalOptions) -> str:
     # the device normalises uint8 batches: mean/std then do not change the decoded tensors
     cfg = {k: v for k, v in data_config.items() if not (opts.device_normalizes() and k in ("mean", "std"))}
     return sha256_bytes(canonical_json({"data_config": cfg, "uint8": opts.device_normalizes(),
@@ -152,49 +123,46 @@ def _group_key(data_config: dict, opts: InferenceOptions) -> str:
 class Sweep:
     """Plan and run a sweep (see the module docstring)."""
 
-    def __init__(self, req: SweepRequest, *, progress: bool = True) -> None:
+    def __init__(self, req: SweepRequest) -> None:
         self.req = req
-        self.progress = progress
-        self.opts = req.inference
-        self.dist = Distributed(self.opts.device)
-        if self.dist.world > 1 and self.opts.device.startswith("cuda") and ":" not in self.opts.device:
-            self.opts = replace(self.opts, device=f"cuda:{self.dist.local_rank}")
+        self.opts = req.options
+        self.dist = current_process(self.opts.device)
+        if self.dist.count > 1 and self.opts.device == "cuda":
+            self.opts = replace(self.opts, device=f"cuda:{self.dist.local_index}")
         self.device = check_device(self.opts.device)
         self.single = len(req.models) == 1
         self.jobs: list[Job] = []
-        self._loading: dict[str, Future] = {}  # model id -> its background load (req.preload)
-        self._slots = threading.Lock()         # models held (loaded, loading, reserved), read and changed by threads
-        self._reserved: set[str] = set()       # models of the chunks started and not finished
-        self._stop = threading.Event()         # set when the run is interrupted: running chunks stop at a unit
-        self.timeline: list[dict] = []         # genshift.eval.busy events, one per unit streamed
-        self.busy: dict | None = None          # genshift.eval.busy.busy_shares of the run
-        self._streams: dict[tuple[int, str], UnitStream | None] = {}  # started ahead (None: taken by its chunk)
-        self._stream_order: list[tuple[int, str]] = []                # (chunk, config) in run order
-        self._stream_lock = threading.Lock()
 
     # ---- planning ----------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Open and verify the suite, load and describe every model, claim output folders."""
+        """Find the finished runs of this request; open and verify the suite, load and describe every
+        other model, claim output folders."""
         req = self.req
-        self.info = open_suite(req.suite, revision=req.revision, configs=req.configs, mask=req.mask)
+        self.out = Path(req.out)
+        self.keys = {spec: self.request_key(spec) for spec in req.models}
+        finished = {} if self.opts.force else self._finished_runs()
+        todo = [spec for spec in req.models if self.keys[spec] not in finished]
+        for spec in req.models:
+            if spec not in todo:
+                self._done(Job(spec, None, "", finished[self.keys[spec]], {}),
+                           load_result(finished[self.keys[spec]] / RESULT_FILE))
+        if not todo:
+            return
+        self.info = open_suite(req.suite, revision=self.opts.revision, configs=req.configs, mask=self.opts.mask)
         suite = self.suite = self.info.suite
         self.configs = suite.select(list(req.configs) if req.configs else None)
         for c in self.configs:
             check_config_name(c)  # a config name that cannot be a folder is refused before any work
-        self.units = {}
-        for c in self.configs:
-            groups, units = plan_units(suite, c, batch_size=self.opts.resolved_batch_size(),
-                                       unit_rows=self.opts.unit_rows, limit_per_class=self.opts.limit_per_class)
-            self.units[c] = (groups, units)
+        self.units = {c: plan_units(suite, c, batch_size=self.opts.resolved_batch_size(), unit_rows=self.opts.unit_rows,
+                                    limit_per_class=self.opts.limit_per_class) for c in self.configs}
         self.unit_ids = {c: unit_digests(suite, c, *self.units[c]) for c in self.configs}
-        self.out = ensure_writable_dir(Path(req.out), what="--out directory")
+        self.out = ensure_writable_dir(self.out, what="output folder")
         self.suite_dir = self.out / slug(suite.suite_id)
-        self.session = None
-        for spec in req.models:
+        for spec in todo:
             self._prepare_job(spec)
         # the models kept loaded are the first to run, not the first listed
-        lead = set(list(dict.fromkeys(j.model_id for chunk in self.chunks() for j in chunk))[:req.max_resident])
+        lead = set(list(dict.fromkeys(j.model_id for chunk in self.chunks() for j in chunk))[:self.opts.max_resident])
         for job in self.jobs:
             if job.model_id not in lead:
                 job.clf = None
@@ -204,15 +172,74 @@ class Sweep:
             for job in self.jobs:
                 if job.status == "todo":
                     self._claim(job, session)
-        self.dist.barrier()
+        self.dist.wait()
+        self.jobs.sort(key=lambda j: req.models.index(j.spec))
         for job in self.jobs:
             if job.status == "todo":
                 job.state["session"] = read_json(job.run_dir / WORK / "session.json", {}).get("session", "")
 
-    def _prepare_job(self, spec: ModelSpec) -> None:
-        req, suite, info = self.req, self.suite, self.info
+    def request_key(self, spec: ModelSpec) -> str | None:
+        """The digest of what decides a model's files: its name and weights, the suite's pin and the
+        options (``RUN_ONLY`` left out); None where that is not known without the full route (an
+        unpinned suite, an unresolvable Hub revision)."""
+        from genshift.hubio import SHA_RE
+        from genshift.suites import SUITES
+
+        opts, req = self.opts, self.req
+        path = Path(req.suite)
+        if (path / "manifest.json").is_file():
+            suite = "manifest:" + sha256_file(path / "manifest.json")
+        else:
+            rev = opts.revision or (SUITES.get(req.suite).revision if req.suite in SUITES else None)
+            if path.exists() or not rev or not SHA_RE.match(rev):
+                return None
+            suite = f"{req.suite}@{rev}"
+        mask = sha256_file(opts.mask) if opts.mask and Path(opts.mask).is_file() else opts.mask
+        weights = self._weights_key(spec)
+        if weights is None:
+            return None
+        numbers = {k: v for k, v in asdict(opts).items() if k not in RUN_ONLY}
+        numbers.update(device=opts.device.split(":")[0], batch_size=opts.resolved_batch_size(),
+                       normalize_on_device=opts.device_normalizes(), mask=mask)
+        return sha256_bytes(canonical_json({"model": spec.name, "weights": weights, "suite": suite,
+                                            "configs": list(req.configs or ()), "options": numbers}))
+
+    def _weights_key(self, spec: ModelSpec) -> str | None:
+        from genshift.eval.models import parse_model_name, resolve_model_revision
+
+        if spec.classifier is not None:
+            return canonical_json([spec.classifier.model_id, spec.classifier.data_config]).decode()
+        if spec.checkpoint is not None:
+            return "sha256:" + checkpoint_sha256(spec.checkpoint)
+        if not self.opts.pretrained:
+            return "random"
         try:
-            clf = load_model(req, spec)
+            ref = parse_model_name(spec.name)
+            return f"{ref.repo_id}@{resolve_model_revision(ref.repo_id, ref.revision)}" if ref.repo_id else None
+        except BenchError:  # offline and not cached: the full route says so
+            return None
+
+    def _finished_runs(self) -> dict[str, Path]:
+        """Request digest -> run folder, for every finished run under the output folder."""
+        found = {}
+        for state in self.out.glob(f"*/*/{RUN_STATE}"):
+            key = read_json(state, {}).get("request_key")
+            run = state.parent
+            finished = (run / RESULT_FILE).is_file() and not (run / WORK).exists()
+            if finished and key is not None and key in self.keys.values():
+                found[key] = run
+        return found
+
+    def _done(self, job: Job, result: dict) -> None:
+        job.status, job.result, job.clf, job.model_id = "done", result, None, result["model"]["id"]
+        log.info("%s: already evaluated (%s); nothing to do (force=True re-runs it)", job.model_id,
+                 job.run_dir / RESULT_FILE)
+        self.jobs.append(job)
+
+    def _prepare_job(self, spec: ModelSpec) -> None:
+        req, suite, info, opts = self.req, self.suite, self.info, self.opts
+        try:
+            clf = load_model(opts, spec)
         except Exception as e:  # noqa: BLE001 - one model's bad weights or download: recorded, the sweep goes on
             if self.single:
                 raise
@@ -223,30 +250,27 @@ class Sweep:
             "id": suite.suite_id, "repo_id": suite.repo_id, "revision": suite.revision, "pinned": info.pinned,
             "manifest_sha256": suite.manifest.sha256, "suite_version": suite.manifest.suite_version,
             "configs": self.configs, "metric_family": info.metric_family, "source": info.source,
-            "mask": upstream.mask_record(req.mask, suite.manifest.generator),
+            "mask": upstream.mask_record(opts.mask, suite.manifest.generator),
         }
-        scoring = req.scoring
-        if info.metric_family == "imagenet_star" and scoring.reference_config is None:
-            scoring = ScoringOptions(**{**asdict(scoring), "reference_config": info.reference_config or "base"})
-        opts = self.opts
-        protocol = {"topk": opts.topk, "limit_per_class": opts.limit_per_class, "preprocess": req.preprocess,
+        reference = (info.reference_config or "base") if get_family(info.metric_family).reference else None
+        scoring = opts.scoring(reference)
+        protocol = {"topk": opts.topk, "limit_per_class": opts.limit_per_class, "preprocess": opts.preprocess,
                     "skip_bad_images": opts.skip_bad_images, "scoring": scoring.to_dict()}
         if opts.decode != "cpu":  # only a non-default decode is recorded (keeps earlier config hashes)
             protocol["decode"] = opts.decode
         chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)
+        n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
+        # compile decided from the model's whole workload, not what is left: a resumed or split
+        # run uses the numerics of an uninterrupted one
+        compiled = wants_compile(opts, n_images=n_images)
         run_opts = {"device": self.device, "amp": opts.amp, "amp_dtype": opts.amp_dtype if opts.amp else None,
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,
                     "compile": opts.compile, "workers": opts.resolved_workers(),
                     "normalize_on_device": opts.device_normalizes(), "cpu_threads": opts.cpu_threads,
-                    "processes": self.dist.world}
+                    "processes": self.dist.count, "forward_threads": opts.resolved_forward_threads(compiled=compiled)}
         if spec.from_wildcard:  # recorded with the run, not the protocol: the numbers are a single eval's
-            run_opts["wildcard"] = {"pattern": spec.from_wildcard,
-                                    "expansion": self.req.wildcards.get(spec.from_wildcard, [])}
-        n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
-        # compile decided from the model's whole workload, not what is left: a resumed or split
-        # run uses the numerics of an uninterrupted one
-        compiled = wants_compile(clf.model, opts, n_images=n_images, data_config=clf.data_config)
-        run_opts["forward_threads"] = opts.resolved_forward_threads(compiled=compiled)
+            expansion = req.wildcards.get(spec.from_wildcard, [])
+            run_opts["wildcard"] = {"pattern": spec.from_wildcard, "expansion": expansion}
         # checkpoints are reusable only under the same protocol and everything that changes the numbers:
         # device type, AMP and its dtype, batch composition, CPU threads, compile, decode normalisation
         pred_key = sha256_bytes(canonical_json({
@@ -267,27 +291,30 @@ class Sweep:
             "counts": {c: {"total": suite.manifest.config(c).rows, "kept": suite.manifest.config(c).kept}
                        for c in self.configs},
             "carried": [c for c in CARRIED_COLUMNS if c in suite.manifest.features],
-            "topk": opts.topk, "notes": req.notes, "started_at": now(),
-            "reopen": {"suite": req.suite, "revision": req.revision, "mask": req.mask,
-                       "configs": list(self.configs)},
+            "topk": opts.topk, "notes": opts.notes, "started_at": now(),
+            "reopen": {"suite": req.suite, "revision": opts.revision, "mask": opts.mask, "configs": list(self.configs)},
             "compile": compiled,
             "group": _group_key(clf.data_config, opts),
+            # the process-wide settings the forward passes ran with (the result's environment records them)
+            "ran": {"torch_threads": opts.cpu_threads,
+                    "cudnn_benchmark": self.device.startswith("cuda") and opts.cudnn_benchmark},
         }
         job = Job(spec, clf, clf.model_id, run_dir, state)
         if any(j.model_id == job.model_id for j in self.jobs):
             raise BenchError(f"model {job.model_id!r} is listed twice; remove the duplicate")
         result_path = run_dir / RESULT_FILE
-        if result_path.exists() and not self.req.force:
+        if result_path.exists() and not opts.force:
             try:
                 old = load_result(result_path)
             except BenchError:
                 old = None
             if old and old.get("config_hash") == chash and old.get("run", {}).get("predictions_key") == pred_key:
-                log.info("%s: already evaluated (%s); nothing to do (use --force to re-run)", clf.model_id, result_path)
-                job.status, job.result, job.clf = "done", old, None
+                self._done(job, old)
                 if self.dist.is_main:
                     _clean_leftovers(run_dir, self.out, work_too=True)
-        if job.status == "todo" and len([j for j in self.jobs if j.clf is not None]) >= self.req.max_resident:
+                    self._write_state(job)  # the next rerun of this request finds it at once
+                return
+        if len([j for j in self.jobs if j.clf is not None]) >= opts.max_resident:
             job.clf = None  # loaded again when its chunk runs
         self.jobs.append(job)
 
@@ -299,45 +326,40 @@ class Sweep:
         else:
             job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
 
+    def _write_state(self, job: Job) -> None:
+        atomic_write_json(job.run_dir / RUN_STATE, {"predictions_key": job.state["run"]["predictions_key"],
+                                                    "request_key": self.keys.get(job.spec)})
+
     def _claim(self, job: Job, session: str) -> None:
         """Resume checkpoints made with the same predictions key; refuse to clobber other settings."""
-        run_dir = ensure_writable_dir(job.run_dir, what="--out directory")
+        run_dir = ensure_writable_dir(job.run_dir, what="output folder")
         pred_key = job.state["run"]["predictions_key"]
         old = read_json(run_dir / RUN_STATE, {}).get("predictions_key")
         has_outputs = any((run_dir / p).exists() for p in (RESULT_FILE, "predictions", WORK))
-        if old != pred_key and has_outputs and not self.req.force:
-            raise BenchError(f"{run_dir} holds a run of this model and suite with other settings; pass --force to "
-                             "replace it or choose another --out")
-        if self.req.force or old != pred_key:
+        if old != pred_key and has_outputs and not self.opts.force:
+            raise BenchError(f"{run_dir} holds a run of this model and suite with other settings; re-run with "
+                             "force=True (--force) to replace it, or choose another output folder")
+        if self.opts.force or old != pred_key:
             for name in (WORK, "predictions"):
                 if (run_dir / name).exists():
                     shutil.rmtree(refuse_links(run_dir / name, self.out))
             (run_dir / RESULT_FILE).unlink(missing_ok=True)
         _clean_leftovers(run_dir, self.out, work_too=False)
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)
-        atomic_write_json(run_dir / RUN_STATE, {"predictions_key": pred_key})
+        self._write_state(job)
         atomic_write_json(run_dir / WORK / JOB_FILE, job.state)
         atomic_write_json(run_dir / WORK / "session.json", {"session": session})
 
     # ---- work items --------------------------------------------------------------------------
 
     def chunks(self) -> list[list[Job]]:
-        """Models to run, by preprocessing group, in chunks of at most ``max_resident``; the costliest
-        group first (models x input pixels: a proxy of forward cost known before any forward), so
-        that with groups in flight the last chunk to start is a cheap one."""
+        """Models to run, by preprocessing group, in chunks of at most ``max_resident``."""
         todo = sorted((j for j in self.jobs if j.status == "todo"), key=lambda j: (j.group_key, j.model_id))
-        out, by_group = [], {}
+        by_group: dict[str, list[Job]] = {}
         for j in todo:
             by_group.setdefault(j.group_key, []).append(j)
-
-        def cost(key: str) -> int:
-            _, h, w = by_group[key][0].state["data_config"]["input_size"]
-            return len(by_group[key]) * h * w
-
-        for key in sorted(by_group, key=lambda k: (-cost(k), k)):
-            js = by_group[key]
-            out += [js[i:i + self.req.max_resident] for i in range(0, len(js), self.req.max_resident)]
-        return out
+        n = self.opts.max_resident
+        return [js[i:i + n] for js in by_group.values() for i in range(0, len(js), n)]
 
     def items(self) -> list[dict]:
         """Every (chunk, config, unit) still to do, with its cost and the process it belongs to."""
@@ -348,216 +370,84 @@ class Sweep:
                 for u in self.units[c][1]:
                     need = [j.model_id for j in chunk if u.index not in done[j.model_id]]
                     if need:
-                        items.append({"chunk": ci, "group": chunk[0].group_key, "config": c, "unit": u.index,
-                                      "rows": len(u.rows), "models": need, "cost": len(need) * len(u.rows)})
-        return balance(items, self.dist.world)
+                        items.append({"chunk": ci, "config": c, "unit": u.index, "key": (ci, c, u.index),
+                                      "models": need, "cost": len(need) * len(u.rows), "rows": len(u.rows)})
+        return balance(items, self.dist.count)
 
     # ---- running -----------------------------------------------------------------------------
 
     def run(self) -> list[Job]:
-        with fixed_threads(self.opts.cpu_threads):
-            return self._run()
-
-    def _run(self) -> list[Job]:
-        self.prepare()
-        # every process computes the same split from the same state on disk: nobody writes before all planned
-        items = [i for i in self.items() if i["rank"] == self.dist.rank]
-        self.dist.barrier()
-        total = sum(i["cost"] for i in items)
-        bar = Progress(total, len(self.jobs), sum(j.status == "done" for j in self.jobs), enabled=self.progress,
-                        rank=self.dist.rank)
-        chunks = self.chunks()
-        ahead = [j for ci, chunk in enumerate(chunks) if any(i["chunk"] == ci for i in items) for j in chunk]
-        self._chunks, self._items = chunks, items
-        keys = {(i["chunk"], i["config"]) for i in items}
-        self._stream_order = [(ci, c) for ci in range(len(chunks)) for c in self.configs if (ci, c) in keys]
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-preload") if self.req.preload else None
-        # one chunk at a time runs on this thread, as a single bench eval always does
-        n_lanes = min(self.req.groups_in_flight, len({i["chunk"] for i in items}))
-        lanes = ThreadPoolExecutor(max_workers=n_lanes, thread_name_prefix="sweep-group") if n_lanes > 1 else None
-        in_flight: set[Future] = set()
-        start = time.perf_counter()
-        try:
-            for ci, chunk in enumerate(chunks):
-                mine = [i for i in items if i["chunk"] == ci]
-                if not mine:
-                    self._finish_chunk(chunk, bar)
-                    continue
-                while in_flight and not self._room_for(chunk, len(in_flight)):
-                    in_flight = self._wait_one(in_flight)
-                with self._slots:
-                    self._reserved |= {j.model_id for j in chunk if j.status == "todo"}
-                ids = {j.model_id for j in chunk}
-                ahead = [j for j in ahead if j.model_id not in ids]
-                args = (ci, chunk, mine, bar, (pool, list(ahead)) if pool else None)
-                if lanes is None:
-                    self._lane(*args)
-                else:
-                    in_flight.add(lanes.submit(self._lane, *args))
-            while in_flight:
-                in_flight = self._wait_one(in_flight)
-        except BaseException:
-            self._stop.set()  # Ctrl-C, SIGTERM or a failed chunk: the others stop at their next unit
-            raise
-        finally:
-            if lanes is not None:
-                lanes.shutdown(wait=True, cancel_futures=True)
-            with self._stream_lock:
-                self._streams = {k: None for k in self._streams}  # unused streams' workers end with them
-            bar.close()
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-        self.busy = busy_shares(self.timeline, time.perf_counter() - start)
-        log.info("sweep busy: %s", json.dumps(self.busy))  # genshift.eval.busy: shares of the wall time, waits in seconds
-        # the last process to finish builds what the others left (a no-op on one process)
-        for job in self.jobs:
-            if job.status == "todo":
-                self._try_finish(job, bar)
+        with torch_state(self.opts):
+            self.prepare()
+            if all(j.status != "todo" for j in self.jobs):
+                return self.jobs
+            # every process computes the same split from the same state on disk: nobody writes before all planned
+            items = [i for i in self.items() if i["rank"] == self.dist.index]
+            self.dist.wait()
+            bar = Progress(sum(i["cost"] for i in items), len(self.jobs), sum(j.status == "done" for j in self.jobs),
+                           enabled=self.opts.progress and bool(items), rank=self.dist.index)
+            try:
+                for ci, chunk in enumerate(self.chunks()):
+                    mine = [i for i in items if i["chunk"] == ci]
+                    if mine:
+                        self._run_chunk(chunk, mine, bar)
+                    for job in chunk:
+                        if job.status == "todo":
+                            job.clf = None  # free the weights before the next chunk loads
+                            self._try_finish(job, bar)
+            finally:
+                bar.close()
+            # the last process to finish builds what the others left (a no-op on one process)
+            for job in self.jobs:
+                if job.status == "todo":
+                    self._try_finish(job, bar)
         return self.jobs
 
-    def _held(self) -> set[str]:
-        """Models that count against ``max_resident``: loaded, loading, or in a chunk that has started."""
-        return {j.model_id for j in self.jobs if j.clf is not None} | set(self._loading) | self._reserved
-
-    def _room_for(self, chunk: list[Job], running: int) -> bool:
-        """Another chunk may start: fewer than ``groups_in_flight`` run and its models fit in
-        ``max_resident`` next to those held."""
-        with self._slots:
-            held = self._held()
-            new = {j.model_id for j in chunk if j.status == "todo"} - held
-            return running < self.req.groups_in_flight and len(held) + len(new) <= self.req.max_resident
-
-    @staticmethod
-    def _wait_one(in_flight: set[Future]) -> set[Future]:
-        """Wait for a running chunk to end; its error (a single run's) is raised here."""
-        done, rest = wait(in_flight, return_when=FIRST_COMPLETED)
-        for f in done:
-            f.result()
-        return rest
-
-    def _lane(self, ci: int, chunk: list[Job], items: list[dict], bar, preload) -> None:
-        """One chunk, on its own thread: load, stream, then build its models' results."""
-        events: list[dict] = []
-        try:
-            self._run_chunk(chunk, items, bar, preload=preload, timeline=events, ci=ci)
-        finally:
-            for e in events:
-                e["chunk"] = ci
-            self.timeline.extend(events)
-        self._finish_chunk(chunk, bar)
-
-    def _finish_chunk(self, chunk: list[Job], bar) -> None:
-        for job in chunk:
-            with self._slots:
-                if job.status == "todo":
-                    job.clf = None  # free the weights before the next chunk loads
-                self._reserved.discard(job.model_id)
-            if job.status == "todo":
-                self._try_finish(job, bar)
-
-    def _preload(self, pool: ThreadPoolExecutor, ahead: list[Job]) -> None:
-        """Start loading the next chunks' models, in run order, into the slots left free: models
-        loaded plus models loading never exceed ``max_resident``."""
-        with self._slots:
-            busy = len(self._held())
-            for job in ahead:
-                if busy >= self.req.max_resident:
-                    return
-                if job.status == "todo" and job.clf is None and job.model_id not in self._loading:
-                    self._loading[job.model_id] = pool.submit(load_model, self.req, job.spec)
-                    busy += 1
-
-    def _stream_units(self, key: tuple[int, str]) -> list:
-        ci, config = key
-        wanted = {i["unit"] for i in self._items if i["chunk"] == ci and i["config"] == config}
-        return [u for u in self.units[config][1] if u.index in wanted]
-
-    def _decode_ahead(self) -> None:
-        """Start the first stream in run order that has not started (``decode_ahead``)."""
-        if not self.req.decode_ahead or self._stop.is_set():
-            return
-        with self._stream_lock:
-            key = next((k for k in self._stream_order if k not in self._streams), None)
-            if key is None:
-                return
-            chunk = [j for j in self._chunks[key[0]] if j.state]
-            self._streams[key] = start_stream(self.suite, self.units[key[1]][0], self._stream_units(key),
-                                              chunk[0].state["data_config"], self.opts)
-
-    def _take_stream(self, key: tuple[int, str]) -> UnitStream | None:
-        """The stream started ahead for ``key``, if any; from now on it is this chunk's."""
-        with self._stream_lock:
-            stream = self._streams.get(key)
-            self._streams[key] = None
-            return stream
-
-    def _run_chunk(self, chunk: list[Job], items: list[dict], bar, preload=None, timeline=None, ci=None) -> None:
+    def _run_chunk(self, chunk: list[Job], items: list[dict], bar) -> None:
         for job in chunk:
             if job.clf is None and job.status == "todo":
                 try:
-                    with self._slots:
-                        pending = self._loading.get(job.model_id)
-                    try:
-                        clf = pending.result() if pending else load_model(self.req, job.spec)
-                    finally:
-                        with self._slots:
-                            self._loading.pop(job.model_id, None)
-                    with self._slots:
-                        job.clf = clf
+                    job.clf = load_model(self.opts, job.spec)
                 except Exception as e:  # noqa: BLE001 - recorded for this model
                     self._record_failure(job, e)
         live = [j for j in chunk if j.status == "todo"]
-        if preload:
-            self._preload(*preload)  # the next chunks' models load while this chunk's forward runs
         if not live:
             return
         data_config = live[0].state["data_config"]
+        custom = live[0].clf.transform if "transform" in data_config else None  # a module's own transform
         forwards = {}
-        for job in list(live):
-            try:
-                # the compile decision was made on the model's whole workload (job state); "auto" keeps
-                # its eager fallback should compile be unavailable
-                forwards[job.model_id] = Forward(job.clf.model, self.opts, n_images=0, compile=job.state["compile"],
-                                                 data_config=job.state["data_config"])
-            except Exception as e:  # noqa: BLE001 - recorded for this model
-                self._record_failure(job, e)
-                live.remove(job)
-        sch = schema(self.opts.topk, tuple(live[0].state["carried"])) if live else None
-        for config in self.configs:
-            mine = [i for i in items if i["config"] == config]
-            if not mine or not live:
-                continue
-            groups, units = self.units[config]
-            wanted = {i["unit"] for i in mine}
-            feeds = []
-            for job in live:
-                if job.status != "todo":
+        try:
+            for job in list(live):
+                try:
+                    forwards[job.model_id] = Forward(job.clf.model, self.opts, compile=job.state["compile"],
+                                                     data_config=data_config)
+                except Exception as e:  # noqa: BLE001 - recorded for this model
+                    self._record_failure(job, e)
+                    live.remove(job)
+            for config in self.configs:
+                mine = {i["unit"]: i["models"] for i in items if i["config"] == config}
+                live = [j for j in live if j.status == "todo"]
+                if not mine or not live:
                     continue
-                ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"],
-                                               rank=self.dist.rank, run_key=job.state["run"]["predictions_key"],
-                                               n_units=len(units))
-                todo = {u for u in wanted if job.model_id in next(i["models"] for i in mine if i["unit"] == u)}
-                todo -= ckpt.done_units
-                feeds.append(ModelFeed(job.model_id, forwards[job.model_id], ckpt,
-                                       BatchBackoff(self.opts.resolved_batch_size(), what="eval batch"), todo))
-            by_id = {j.model_id: j for j in live}
-            bar.config = config
-            predict_units(self.suite, config, feeds, [u for u in units if u.index in wanted], groups, data_config,
-                          self.opts, on_failure=None if self.single else
-                          (lambda feed, exc: self._record_failure(by_id[feed.name], exc)),
-                          on_unit=self._on_unit(bar), timeline=timeline, stream=self._take_stream((ci, config)))
-
-    def _on_unit(self, bar):
-        first = [True]
-
-        def on_unit(rows: int, n_models: int) -> None:
-            if self._stop.is_set():  # another chunk failed or the run was interrupted: flush and stop here
-                raise Interrupted("the sweep was stopped")
-            bar.update(rows, n_models)
-            if first[0]:  # this stream is under way: the next one starts decoding
-                first[0] = False
-                self._decode_ahead()
-        return on_unit
+                groups, units = self.units[config]
+                feeds = []
+                sch = schema(self.opts.topk, tuple(live[0].state["carried"]))
+                for job in live:
+                    ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"],
+                                                   rank=self.dist.index, run_key=job.state["run"]["predictions_key"],
+                                                   n_units=len(units))
+                    todo = {u for u, models in mine.items() if job.model_id in models} - ckpt.done_units
+                    feeds.append(ModelFeed(job.model_id, forwards[job.model_id], ckpt,
+                                           BatchBackoff(self.opts.resolved_batch_size(), what="eval batch"), todo))
+                by_id = {j.model_id: j for j in live}
+                bar.config = config
+                predict_units(self.suite, config, feeds, [u for u in units if u.index in mine], groups, data_config,
+                              self.opts, on_failure=None if self.single else
+                              (lambda feed, exc: self._record_failure(by_id[feed.name], exc)),
+                              on_unit=bar.update, transform=custom)
+        finally:
+            for f in forwards.values():
+                f.close()
 
     def _record_failure(self, job: Job, exc: BaseException) -> None:
         if self.single:
@@ -577,7 +467,7 @@ class Sweep:
                 return
             missing = missing_units(job.run_dir, self.out)
             if missing:
-                if self.dist.world == 1:
+                if self.dist.count == 1:
                     raise BenchError(f"{job.model_id}: units missing after the run ({describe_missing(missing)})")
                 return
             job.result = finish_run(job.run_dir, self.out, suite=self.suite)
@@ -597,6 +487,6 @@ def _clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:
         shutil.rmtree(refuse_links(run_dir / WORK, out))
 
 
-def run_sweep(req: SweepRequest, *, progress: bool = True) -> list[Job]:
+def run_sweep(req: SweepRequest) -> list[Job]:
     """Run (or resume) a sweep; returns the jobs (status done / failed / todo = left to other processes)."""
-    return Sweep(req, progress=progress).run()
+    return Sweep(req).run()

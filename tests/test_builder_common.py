@@ -6,7 +6,7 @@ import torch
 from genshift.errors import BenchError
 from genshift.oom import BatchBackoff
 from genshift.builders.seeding import derive_seed, generator
-from genshift.builders.sharding import Process, plan_shards, shard_of
+from genshift.distributed import Process, plan_shards, shard_of
 
 
 def test_seeds_are_stable_and_distinct():

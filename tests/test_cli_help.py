@@ -58,6 +58,53 @@ def test_the_help_check_fails_on_a_missing_help():
     assert _without_help(p) == ["path", "<suite>"]
 
 
+def _shows_its_default(parser, action) -> bool:
+    return "%(default)" in parser._get_formatter()._get_help_string(action) or "default" in (action.help or "")
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+def test_every_help_shows_the_defaults(name):
+    """Every option that takes a value and has a default says it in --help (e.g. --bootstrap 1000, --seed 0)."""
+    p = PARSERS[name]
+    hidden = [a.option_strings[0] for a in p._actions if a.option_strings and a.nargs != 0
+              and a.default not in (None, "", argparse.SUPPRESS) and not _shows_its_default(p, a)]
+    assert not hidden, f"{name}: --help hides the defaults of {hidden}"
+
+
+def test_eval_help_shows_the_defaults_that_change_the_numbers(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("(default: 1000)", "bootstrap seed (0..2**63-1) (default: 0)", "(5..1000) (default: 10)"):
+        assert text in out
+
+
+def test_verbosity_is_read_before_and_after_the_verb():
+    parser = build_parser()
+    assert parser.parse_args(["suites", "-q"]).quiet and not parser.parse_args(["suites"]).quiet
+    assert parser.parse_args(["-v", "suites"]).verbose == 1 and parser.parse_args(["suites", "-vv"]).verbose == 2
+    assert parser.parse_args(["-q", "suites"]).quiet  # given before the verb, kept after it
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["evl"], "invalid choice: 'evl'; did you mean 'eval'?"),
+    (["eval", "--compile", "onn"], "error: bench eval: argument --compile: invalid choice: 'onn'; did you mean 'on'?"),
+])
+def test_a_mistyped_verb_or_choice_gets_the_close_match(capsys, argv, match):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and match in err and err.count("\n") == 1, err
+
+
+def test_a_mistyped_suite_gets_the_close_match(capsys):
+    assert main(["download", "imagenet-strar"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: bench download: unknown suite 'imagenet-strar'") and "'imagenet-star'" in err
+    assert main(["suites", "imagenet-strar"]) == 1
+    assert "did you mean 'imagenet-star'?" in capsys.readouterr().out
+
+
 def test_build_lists_its_suites_with_help(capsys):
     with pytest.raises(SystemExit):
         main(["build", "--help"])
@@ -83,7 +130,7 @@ def test_errors_print_as_one_clean_line(capsys, monkeypatch):
 
     monkeypatch.setattr(suites_cli, "run", boom)
     assert main(["suites"]) == 2
-    assert capsys.readouterr().err == "error: file 'a b.pth' says no\n"
+    assert capsys.readouterr().err == "error: bench suites: file 'a b.pth' says no\n"  # the verb, then the line
 
 
 def test_classes_as_users_write_them():
@@ -131,7 +178,7 @@ def test_full_disk_during_eval_is_one_line_nothing_half_written_and_the_rerun_re
     assert main(argv) == 74
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert refused, "the write that fails was never attempted"
-    assert err.startswith("error: No space left on device (ENOSPC) on ") and "shifted/part-" in err, err
+    assert err.startswith("error: bench eval: No space left on device (ENOSPC) on ") and "shifted/part-" in err, err
     assert "free disk space or write elsewhere (--out)" in err and "rerun resumes" in err
     assert not list(out.rglob("*.incomplete")) and not list(out.rglob("result.json"))  # nothing half-written
     (work,) = out.rglob(".work")
@@ -249,7 +296,7 @@ def test_list_files_are_read_with_a_byte_limit(flag, tmp_path, capsys, monkeypat
             code = main([subs.get(a, f if a == "FILE" else a) for a in argv_t])
             err = capsys.readouterr().err
             assert code != 0 and err.count("\n") == 1, err
-            assert f"error: {what} {f!r} is larger than 4096 bytes" in err, err
+            assert f": {what} {f!r} is larger than 4096 bytes" in err, err
             assert reads[-1] == (f, limit)  # read through read_limited, with the documented limit
         assert not (tmp_path / "out").exists()
     finally:  # a module first imported during the test took the spy by name: give it the real one back
@@ -269,7 +316,8 @@ def test_os_error_traceback_with_vv(capsys, monkeypatch):
     assert main(["-vv", "suites"]) == 74
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "in fail" in err
-    assert err.rstrip().splitlines()[-1].startswith("error: No space left on device (ENOSPC) on '/data/x'")
+    assert err.rstrip().splitlines()[-1].startswith("error: bench suites: No space left on device (ENOSPC) "
+                                                       "on '/data/x'")
 
 
 def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
@@ -289,7 +337,7 @@ def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(suites_cli, "run", fail)
     assert main(["suites"]) == 74
     err = capsys.readouterr().err
-    assert err == ("error: Input/output error (EIO) on '/data/suite/test-00000-of-00002.parquet'; the disk reported "
+    assert err == ("error: bench suites: Input/output error (EIO) on '/data/suite/test-00000-of-00002.parquet'; the disk reported "
                    "an input/output error; check it, then rerun: finished outputs are kept and the rerun resumes\n")
 
 

@@ -8,19 +8,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from genshift import evaluate
 from genshift.cli import main
 from genshift.errors import BenchError, NotFoundError
-from genshift.eval.inference import InferenceOptions
-from genshift.eval.runner import EvalRequest, evaluate
 from genshift.eval.verify import verify_result
 from tests.resultkit import fake_result
 
 
 def _eval(tmp_path, suite, ckpt, **kw):
-    req = EvalRequest(model="test_resnet.r160_in1k", suite=str(suite), checkpoint=str(ckpt), out=str(tmp_path / "runs"),
-                      inference=InferenceOptions(batch_size=kw.pop("batch_size", 16), workers=kw.pop("workers", 0),
-                                                 compile="off", **kw))
-    return evaluate(req, progress=False)
+    kw = {"batch_size": 16, "workers": 0, "compile": "off", "progress": False, **kw}
+    r = evaluate(f"test_resnet.r160_in1k={ckpt}", str(suite), out=tmp_path / "runs", **kw)
+    return dict(r.record), r.path
 
 
 def test_uint8_batches_normalised_on_device_match_the_float_path(tmp_path, toy_suite, tiny_checkpoint):
@@ -38,12 +36,11 @@ def test_uint8_batches_normalised_on_device_match_the_float_path(tmp_path, toy_s
 
 def test_compiled_forward_with_a_padded_last_batch_matches_eager(tmp_path, toy_suite, tiny_checkpoint):
     """torch.compile (inductor, frozen weights) at fixed shapes: 40 images in batches of 16 pad the last."""
+    import torch._inductor.config as inductor
+
     eager, p_e = _eval(tmp_path / "eager", toy_suite, tiny_checkpoint)
-    req = EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                      out=str(tmp_path / "compiled" / "runs"),
-                      inference=InferenceOptions(batch_size=16, workers=0, compile="on"))
-    comp, p_c = evaluate(req, progress=False)
-    assert comp["run"]["compile"] == "on"
+    comp, p_c = _eval(tmp_path / "compiled", toy_suite, tiny_checkpoint, compile="on")
+    assert comp["run"]["compile"] == "on" and not inductor.freezing  # frozen for this model only
     for c in ("base", "shifted"):
         a = pq.read_table(p_e.parent / "predictions" / f"{c}.parquet")
         b = pq.read_table(p_c.parent / "predictions" / f"{c}.parquet")
@@ -78,7 +75,7 @@ def test_rerun_is_a_noop_and_other_settings_are_refused(tmp_path, toy_suite, tin
     mtime = path.stat().st_mtime_ns
     _eval(tmp_path, toy_suite, tiny_checkpoint)
     assert path.stat().st_mtime_ns == mtime
-    with pytest.raises(BenchError, match="other settings; pass --force"):
+    with pytest.raises(BenchError, match="other settings; re-run with force=True"):
         _eval(tmp_path, toy_suite, tiny_checkpoint, limit_per_class=1)
 
 
@@ -175,6 +172,7 @@ def _small_flush(init):
     return wrapped
 
 
+@pytest.mark.slow
 def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights):
     """Real ImageNet weights on scikit-image's photos: tabby cat and espresso in the top-5."""
     from PIL import Image
@@ -294,10 +292,8 @@ def test_output_dir_not_writable(tmp_path, toy_suite, tiny_checkpoint):
     else:
         out = tmp_path / "ro"
         out.mkdir(mode=0o500)
-    req = EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint), out=str(out),
-                      inference=InferenceOptions(workers=0, compile="off"))
     with pytest.raises(BenchError, match="is not writable"):
-        evaluate(req, progress=False)
+        evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=out, workers=0, progress=False)
 
 
 @pytest.mark.parametrize("content, match", [
@@ -330,6 +326,7 @@ def test_slope_cli_over_results(tmp_path, capsys):
     assert main(["slope", paths[0]]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decode", ["cpu", "device"])
 def test_odd_images_in_a_suite_from_elsewhere_are_read_as_import_stores_them(tmp_path, lite0_weights, decode):
     """A suite not made by import-folder may hold a raw 16-bit PNG or a transparent RGBA PNG. Eval reads

@@ -92,12 +92,10 @@ def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoi
     from genshift.cli import main
     from genshift.builders.tiny import tiny_open_clip
     from genshift.eval import embeddings
-    from genshift.eval.runner import EvalRequest, evaluate
-    from genshift.eval.inference import InferenceOptions
+    from genshift import evaluate
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                     workers=0, compile="off", progress=False).path
     model, _, tok = tiny_open_clip()
     import open_clip
     enc = embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip")
@@ -186,12 +184,10 @@ def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_check
     from genshift.cli import main
     from genshift.eval import diagnose as diag
     from genshift.eval import embeddings
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                     workers=0, compile="off", progress=False).path
     enc = _tiny_encoder()
     monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
     fitted = []

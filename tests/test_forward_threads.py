@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from genshift.cli import main
-from genshift.eval.inference import Forward, InferenceOptions
+from genshift.eval.inference import COMPILE_MIN_IMAGES, Forward, wants_compile
+from genshift.eval.options import EvalOptions
 
 
 class _Meeting(torch.nn.Module):
@@ -35,8 +36,8 @@ class _Meeting(torch.nn.Module):
 
 
 def _forward(model, threads):
-    opts = InferenceOptions(batch_size=2, workers=0, compile="off", channels_last=False, forward_threads=threads)
-    return Forward(model, opts, n_images=8)
+    opts = EvalOptions(batch_size=2, workers=0, compile="off", channels_last=False, forward_threads=threads)
+    return Forward(model, opts, compile=False)
 
 
 def test_batches_of_a_unit_are_in_flight_at_once_each_at_the_intra_op_thread_count():
@@ -44,6 +45,8 @@ def test_batches_of_a_unit_are_in_flight_at_once_each_at_the_intra_op_thread_cou
     model = _Meeting(parties=2, timeout=30)
     fwd = _forward(model, threads=2)
     outs = fwd.map(x, labels)
+    fwd.close()  # the pool is the Forward's own: its threads end with it
+    assert not any(t.name.startswith("forward") for t in threading.enumerate())
     # four batches of two, in order; two forwards met inside the model, so they ran at the same time
     assert [o[0].shape[0] for o in outs] == [2, 2, 2, 2]
     assert len(model.threads) == 2 and fwd.thread_ids == model.threads
@@ -57,12 +60,22 @@ def test_batches_of_a_unit_are_in_flight_at_once_each_at_the_intra_op_thread_cou
 def test_threads_are_the_process_share_of_the_cores_on_cpu_and_one_on_a_gpu(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert InferenceOptions().resolved_forward_threads() == 8
-    assert InferenceOptions(cpu_threads=2).resolved_forward_threads() == 4
+    assert EvalOptions().resolved_forward_threads() == 8
+    assert EvalOptions(cpu_threads=2).resolved_forward_threads() == 4
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun / accelerate: four processes share the cores
-    assert InferenceOptions().resolved_forward_threads() == 2
-    assert InferenceOptions(forward_threads=3).resolved_forward_threads() == 3
-    assert InferenceOptions(device="cuda", forward_threads=3).resolved_forward_threads() == 1
+    assert EvalOptions().resolved_forward_threads() == 2
+    assert EvalOptions(forward_threads=3).resolved_forward_threads() == 3
+    assert EvalOptions(device="cuda", forward_threads=3).resolved_forward_threads() == 1
+    assert EvalOptions(forward_threads=3).resolved_forward_threads(compiled=True) == 1  # a compiled model: one
+
+
+def test_compile_auto_decides_from_the_request_alone():
+    """auto compiles long runs on a GPU only: the same request runs the same numerics on any machine."""
+    assert not wants_compile(EvalOptions(), n_images=10**6)
+    assert not wants_compile(EvalOptions(device="cuda"), n_images=COMPILE_MIN_IMAGES - 1)
+    assert wants_compile(EvalOptions(device="cuda"), n_images=COMPILE_MIN_IMAGES)
+    assert wants_compile(EvalOptions(compile="on"), n_images=1) and not wants_compile(
+        EvalOptions(device="cuda", compile="off"), n_images=10**6)
 
 
 def _eval(tmp_path, suite, weights, name, *extra):
@@ -76,6 +89,7 @@ def _eval(tmp_path, suite, weights, name, *extra):
     return result, files
 
 
+@pytest.mark.slow
 def test_real_weights_give_the_same_bytes_on_one_and_two_forward_threads(tmp_path, lite0_weights):
     from genshift.synthetic import make_synthetic_suite
 

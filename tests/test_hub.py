@@ -278,7 +278,7 @@ def test_publish_and_download_verbs(tmp_path, capsys):
         assert len(sha) == 40 and fh.repos[("dataset", "org/toy")].tags == {"v1.0.0": sha}
         assert main(["publish", str(folder), "--repo", "org/toy", "--endpoint", fh.endpoint]) == 2
         err = capsys.readouterr().err
-        assert err == "error: tag 'v1.0.0' already exists in datasets/org/toy; bump the suite version or pass --tag\n"
+        assert err == "error: bench publish: tag 'v1.0.0' already exists in datasets/org/toy; bump the suite version or pass --tag\n"
         code = main(["download", "org/toy", "--revision", "v1.0.0", "--configs", "base", "--endpoint", fh.endpoint,
                      "--cache-dir", str(tmp_path / "c")])
         out, err = capsys.readouterr()
@@ -414,7 +414,7 @@ def test_main_readme_command_offline_points_to_the_offline_route(monkeypatch, ca
     code = main(["eval", "--model", "timm/resnet50.a1_in1k", "--suite", "imagenet-star-upstream", "--configs",
                  "base,in_the_snow"])
     err = capsys.readouterr().err
-    assert code != 0 and err.count("\n") == 1 and err.startswith("error: offline")
+    assert code != 0 and err.count("\n") == 1 and err.startswith("error: bench eval: offline")
     assert 'README.md, "Offline route"' in err
     from genshift.eval.models import resolve_model_revision
 

@@ -96,8 +96,7 @@ def scored(tmp_path_factory):
     from genshift.synthetic import make_synthetic_suite
     from genshift.data_cards import render_card
     from genshift.eval import stamps
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
     from genshift.eval.verify import verify_result
 
     tmp = tmp_path_factory.mktemp("scored")
@@ -110,10 +109,8 @@ def scored(tmp_path_factory):
     with FakeHub(users={"t": "tester"}) as hub, pytest.MonkeyPatch.context() as mp:
         sha = _publish(hub, suite, tmp / "model")
         _point_hub_defaults_at(mp, hub, tmp / "hf")
-        _, result = evaluate(EvalRequest(model="hf-hub:org/tiny-resnet", suite="org/toy", revision=sha,
-                                         out=str(tmp / "runs"),
-                                         inference=InferenceOptions(batch_size=16, workers=0, compile="off")),
-                             progress=False)
+        result = evaluate("hf-hub:org/tiny-resnet", "org/toy", out=tmp / "runs",
+                          revision=sha, batch_size=16, workers=0, compile="off", progress=False).path
         assert json.loads(result.read_text())["suite"]["revision"] == sha
         report = verify_result(result, recheck=2, suite=str(suite))
         assert report.ok, report.problems

@@ -12,12 +12,10 @@ pytestmark = pytest.mark.slow
 
 
 def _eval(tmp_path, toy_suite, tiny_checkpoint):
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
-    _, rpath = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                    out=str(tmp_path / "runs"), inference=InferenceOptions(workers=0, compile="off")),
-                        progress=False)
+    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs", workers=0,
+                     compile="off", progress=False).path
     return canonical(rpath, tiny_checkpoint)
 
 

@@ -32,15 +32,12 @@ from genshift.leaderboard.store import load_store
 def made(tmp_path_factory, tiny_checkpoint):
     """One honest run of the tiny model on a 2-config suite (40 images each), made once per module."""
     from genshift.synthetic import make_synthetic_suite
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
     root = tmp_path_factory.mktemp("made")
     make_synthetic_suite(root / "suite", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
-    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(root / "suite"),
-                                   checkpoint=str(tiny_checkpoint), out=str(root / "runs"),
-                                   inference=InferenceOptions(batch_size=16, workers=0, compile="off")),
-                       progress=False)
+    path = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(root / "suite"), out=root / "runs",
+                    batch_size=16, workers=0, compile="off", progress=False).path
     return root / "suite", path.parent
 
 
@@ -210,13 +207,11 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
     """Real EfficientNet-Lite0 weights (peaked outputs, unlike a random tiny model): a forgery that keeps
     every row self-consistent and the rows digest intact is seen only by the re-run, which compares whole rows,
     and whose images are drawn from the suite, so rows dropped behind `skipped` counts are drawn too."""
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
     suite = made[0]
-    _, path = evaluate(EvalRequest(model="tf_efficientnet_lite0", suite=str(suite), checkpoint=lite0_weights,
-                                   remap_by_order=True, configs=("shifted",), out=str(tmp_path / "runs"),
-                                   inference=InferenceOptions(batch_size=40, workers=0, compile="off")), progress=False)
+    path = evaluate(f"tf_efficientnet_lite0={lite0_weights}", str(suite), out=tmp_path / "runs",
+                    remap_by_order=True, configs=("shifted",), batch_size=40, workers=0, compile="off", progress=False).path
     run = path.parent
     assert verify_result(run, recheck=3, checkpoint=lite0_weights, suite=str(suite)).ok
     honest = (run / "predictions" / "shifted.parquet").read_bytes()
@@ -560,8 +555,7 @@ def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trus
     from genshift.reader import LocalSuite
     from genshift.suite_format import rows_digest
     from genshift.synthetic import make_synthetic_suite
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
     suite = tmp_path / "suite"
     make_synthetic_suite(suite, suite_id="small", configs=("base",), classes=range(3), per_class=3)
@@ -571,9 +565,8 @@ def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trus
     manifest = json.loads((suite / "manifest.json").read_text())
     manifest["configs"]["base"]["rows_digest"] = rows_digest(*(t[c].to_pylist() for c in ("image_id", "label", "keep")))
     (suite / "manifest.json").write_bytes(canonical_json(manifest))
-    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(suite), checkpoint=str(tiny_checkpoint),
-                                   out=str(tmp_path / "store"), inference=InferenceOptions(workers=0, compile="off")),
-                       progress=False)
+    path = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(suite), out=tmp_path / "store",
+                    workers=0, compile="off", progress=False).path
     trusted_dir = tmp_path / "trusted"
     trusted_dir.mkdir()
     shutil.copy(suite / "manifest.json", trusted_dir / "small.json")
@@ -607,13 +600,10 @@ def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trus
 def test_signing_refuses_a_partial_run_with_one_line(made, tiny_checkpoint, tmp_path, capsys):
     """A run with --limit-per-class is honest but partial: `verify --sign` refuses it before re-running any
     image, and the stamp maker behind `bench review` refuses it too, so it can never carry a badge."""
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
-    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(made[0]), checkpoint=str(tiny_checkpoint),
-                                   out=str(tmp_path / "runs"),
-                                   inference=InferenceOptions(batch_size=16, workers=0, compile="off",
-                                                              limit_per_class=2)), progress=False)
+    path = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(made[0]), out=tmp_path / "runs",
+                    batch_size=16, workers=0, compile="off", limit_per_class=2, progress=False).path
     assert json.loads(path.read_text())["flags"]["partial"] is True
     key = tmp_path / "m.key"
     stamps.generate_key(key)

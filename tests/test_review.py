@@ -56,15 +56,13 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
     from huggingface_hub import HfApi
 
     from genshift.eval import stamps
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
     from genshift.eval.verify import verify_result
     from genshift.leaderboard.review import MARKER, review
     from genshift.leaderboard.submit import submit
 
-    _, good = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(toy_suite), checkpoint=str(tiny_checkpoint),
-                                   out=str(tmp_path / "runs"), inference=InferenceOptions(batch_size=40, workers=0,
-                                                                                         compile="off")), progress=False)
+    good = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
+                    batch_size=40, workers=0, compile="off", progress=False).path
     forged_dir = tmp_path / "forged" / good.parent.name
     shutil.copytree(good.parent, forged_dir)
     forged = forged_dir / "result.json"
@@ -176,14 +174,12 @@ def made(tmp_path_factory, tiny_checkpoint):
     """A toy suite, one honest run of ``test_resnet.r160_in1k`` on it (local weights) and the maintainer key."""
     from genshift.synthetic import make_synthetic_suite
     from genshift.eval import stamps
-    from genshift.eval.inference import InferenceOptions
-    from genshift.eval.runner import EvalRequest, evaluate
+    from genshift import evaluate
 
     root = tmp_path_factory.mktemp("review")
     make_synthetic_suite(root / "toy", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
-    _, path = evaluate(EvalRequest(model="test_resnet.r160_in1k", suite=str(root / "toy"),
-                                   checkpoint=str(tiny_checkpoint), out=str(root / "runs"),
-                                   inference=InferenceOptions(batch_size=40, workers=0, compile="off")), progress=False)
+    path = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(root / "toy"), out=root / "runs",
+                    batch_size=40, workers=0, compile="off", progress=False).path
     stamps.generate_key(root / "maintainer.key")
     return root / "toy", path.parent, root / "maintainer.key"
 

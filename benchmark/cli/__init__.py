@@ -1,7 +1,7 @@
 """The ``bench`` command: one module per verb, each with ``add_parser`` and ``run``.
 
 Heavy imports live inside each verb's ``run`` so ``bench --help`` and ``bench suites`` are fast.
-A ``BenchError`` becomes ``error: <one line>`` on stderr and a non-zero exit; so does an ``OSError``
+A ``BenchError`` becomes ``error: bench <verb>: <one line>`` on stderr and a non-zero exit; so does an ``OSError``
 from the environment (a full disk, a read-only or forbidden folder: the line names the errno, the
 path and the fix; ``-vv`` adds the traceback). Anything else is a bug and keeps its traceback.
 """
@@ -9,12 +9,15 @@ path and the fix; ``-vv`` adds the traceback). Anything else is a bug and keeps 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
+import re
 import sys
 import traceback
 
 from genshift import __version__
+from genshift.cli._common import add_verbosity
 from genshift.errors import BenchError, one_line, os_error_message
 
 OS_ERROR_EXIT = 74  # sysexits.h EX_IOERR: an input/output error from the environment
@@ -53,6 +56,12 @@ class OneLineParser(argparse.ArgumentParser):
     (argparse's default prints the whole usage block first), exit code 2."""
 
     def error(self, message: str):
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:  # `bench evl`, `--compile onn`: the close match first
+            choices = re.findall(r"'([^']*)'", wrong.group(2))
+            close = difflib.get_close_matches(wrong.group(1), choices, n=1)
+            message = (message[:wrong.start()] + f"invalid choice: '{wrong.group(1)}'"
+                       + (f"; did you mean '{close[0]}'?" if close else "") + f" (choose from {wrong.group(2)})")
         self.exit(2, f"error: {self.prog}: {one_line(message)} (see `{self.prog} --help`)\n")
 
 
@@ -63,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `bench <verb> --help` for a verb's options and examples.",
     )
     parser.add_argument("--version", action="version", version=f"genshift-bench {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    add_verbosity(parser)
     sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser,
                                 help="what to do; `bench <verb> --help` shows its options and examples")
     for module in _available_verbs():
@@ -74,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(verbose: int, quiet: bool) -> None:
+    """Log records to stderr at the verbosity asked for. A process-wide setting: the CLI's, never the
+    library's (``genshift.evaluate`` leaves logging as it found it)."""
     level = logging.WARNING if quiet else logging.INFO if verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, format="%(message)s" if verbose == 0 else "%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -85,10 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, args.quiet)
+    where = f"bench {args.verb}: "
     try:
         return int(args._run(args) or 0)
     except BenchError as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        print(f"error: {where}{one_line(e)}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # `bench suites --json | head`
         sys.stderr.close()
@@ -96,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # ENOSPC, EACCES, EROFS: the environment, not a bug (writes are atomic: nothing half-written)
         if args.verbose >= 2:
             traceback.print_exc()
-        print(f"error: {os_error_message(e)}", file=sys.stderr)
+        print(f"error: {where}{os_error_message(e)}", file=sys.stderr)
         return OS_ERROR_EXIT
     except KeyboardInterrupt:
         print("interrupted; finished outputs are kept and a rerun resumes", file=sys.stderr)

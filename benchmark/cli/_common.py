@@ -9,10 +9,31 @@ import sys
 from genshift.errors import BenchError
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description and examples kept as written; the default of every option that takes a value
+    after its help, unless the help already says it (or there is none: ``None``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and action.nargs != 0 and action.default is not None
+                and action.default is not argparse.SUPPRESS and action.default != "" and "default" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
+def add_verbosity(p: argparse.ArgumentParser, *, after_verb: bool = False) -> None:
+    """``-v``/``-q`` on ``bench`` and after every verb (not given after it: the value before it stands)."""
+    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS if after_verb else 0,
+                   help="more log output (-vv for debug)")
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS if after_verb else False,
+                   help="only warnings and errors on stderr")
+
+
 def add_verb(sub, name: str, *, help: str, description: str, examples: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help, description=description,
-                          epilog="examples:\n" + examples.rstrip(),
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(name, help=help, description=description, epilog="examples:\n" + examples.rstrip(),
+                       formatter_class=HelpFormatter)
+    add_verbosity(p, after_verb=True)
+    return p
 
 
 def csv_list(text: str) -> list[str]:

@@ -13,14 +13,15 @@ def add_parser(sub):
         description="Score any timm ImageNet-1k classifier on a suite: per-image predictions (parquet), the "
                     "suite family's metrics with bootstrap intervals, and a result JSON with full provenance. "
                     "Several models (repeat --model, --models FILE, timm wildcards) share each image decode; under "
-                    "torchrun or `accelerate launch` the work is split over processes. A killed run resumes (SIGTERM too); a "
-                    "finished run is a no-op unless --force.",
+                    "torchrun or `accelerate launch` the work is split over processes. A killed run resumes "
+                    "(SIGTERM too); a finished run is a no-op unless --force. The same as genshift.evaluate() in "
+                    "Python.",
         examples=(
             "  bench eval --model timm/resnet50.a1_in1k --suite imagenet-star-upstream --configs base,in_the_snow\n"
             "  bench eval --model resnet50.a1_in1k --suite ./my-suite --device cuda --amp --batch-size 256\n"
             "  bench eval --model tf_efficientnet_lite0 --checkpoint lite0.pth --remap-by-order --suite ./photos-suite\n"
             "  HF_HUB_OFFLINE=1 bench eval --model hf-hub:timm/resnet50.a1_in1k@<sha> --suite lance-hardimagenet\n"
-            "  bench eval --model 'timm/convnext_*.fb_in1k' --model resnet50.a1_in1k --suite imagenet-star --plan\n"
+            "  bench eval --model 'timm/convnext_*.fb_in1k' --model resnet50.a1_in1k --suite imagenet-star\n"
             "  bench eval --models zoo.txt --suite ./my-suite --max-resident 8\n"
             "  bench eval --models lance-table2 --suite lance-hardimagenet --preprocess lance-square\n"
             "  accelerate launch -m genshift eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
@@ -67,7 +68,7 @@ def add_parser(sub):
                    help="CPU: batches computed at once, each on its own thread at --cpu-threads (default: this "
                         "process's share of the cores / --cpu-threads; the bytes do not depend on it; recorded) (1..256)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                   help="torch.compile the model (auto: only when the run is long enough to pay it back)")
+                   help="torch.compile the model (auto: on a GPU, for runs of 4000 images or more)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
                    help="keep the default NCHW memory format")
     p.add_argument("--topk", type=_int, default=10, help="predictions stored per image (5..1000)")
@@ -79,17 +80,10 @@ def add_parser(sub):
     p.add_argument("--skip-bad-images", action="store_true", help="skip and count images that do not decode")
     p.add_argument("--max-resident", type=_int, default=4,
                    help="sweep: models loaded at once; a larger preprocessing group is run in chunks (1..1024)")
-    p.add_argument("--groups-in-flight", type=_int, default=2,
-                   help="sweep: preprocessing groups (chunks) run at once, each with its own decode workers, within "
-                        "--max-resident: the next group decodes and computes while the current one still runs; "
-                        "1 runs them one after the other; predictions are the same bytes either way (1..64)")
-    p.add_argument("--plan", action="store_true",
-                   help="print the sweep's models, preprocessing groups, work items per process and an estimated "
-                        "cost (measured on one unit and one batch per model), then stop")
     p.add_argument("--merge", metavar="OUT",
                    help="build the results of a (distributed) sweep in OUT from its units, after checking what "
                         "every part holds (this run's, its units' images, no overlaps); names missing units")
-    p.add_argument("--out", default="runs", help="output directory (default: runs/)")
+    p.add_argument("--out", default="runs", help="output directory")
     p.add_argument("--force", action="store_true", help="re-run even if a finished result exists")
     p.add_argument("--notes", default="", help="free text stored in the result (up to 10000 characters)")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
@@ -97,42 +91,47 @@ def add_parser(sub):
     return p
 
 
-# every numeric option's bounds, checked before anything is read or loaded
-LIMITS = {"topk": (5, 1000), "bootstrap": (1, 100_000), "batch_size": (1, 65536), "workers": (0, 64),
-          "limit_per_class": (1, 10_000_000), "seed": (0, 2**63 - 1), "max_resident": (1, 1024),
-          "cpu_threads": (1, 1024), "forward_threads": (1, 256), "groups_in_flight": (1, 64)}
+FLAGS = {"filter": "--no-filter", "channels_last": "--no-channels-last", "progress": "--no-progress"}
 
 
 def _int(text: str):
-    """An integer option value; '1e3' is accepted when it is a whole number. Bounds are checked in
-    ``check_bounds`` so that a bad value is one ``error:`` line."""
+    """An integer option value; '1e3' is accepted when it is a whole number. Bounds are the options'
+    own (``EvalOptions``), so a bad value is one ``error:`` line naming the flag."""
     try:
         return int(text)
     except ValueError:
         try:
             v = float(text)
         except ValueError:
-            return text  # reported by check_bounds
+            return text  # reported by EvalOptions
         return int(v) if v.is_integer() and abs(v) < 1e300 else text
 
 
-def check_bounds(args) -> None:
+def options_from(args):
+    """The ``EvalOptions`` the flags ask for; a bad value is one line naming its flag."""
+    from genshift.eval.options import EvalOptions, OptionError
+
+    try:
+        return EvalOptions(
+            revision=args.revision, mask=mask_arg(args), remap_by_order=args.remap_by_order,
+            checkpoint_weights=args.checkpoint_weights, preprocess=args.preprocess, topk=args.topk,
+            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, filter=args.filter,
+            reference_accuracy=args.reference_accuracy, bootstrap=args.bootstrap, seed=args.seed, device=args.device,
+            batch_size=args.batch_size, workers=args.workers, amp=args.amp, amp_dtype=args.amp_dtype,
+            channels_last=args.channels_last, compile=args.compile, decode=args.decode, cpu_threads=args.cpu_threads,
+            forward_threads=args.forward_threads, max_resident=args.max_resident, force=args.force, notes=args.notes,
+            progress=args.progress)
+    except OptionError as e:
+        raise flag_error(e) from None
+
+
+def flag_error(e):
+    """An ``OptionError`` as the CLI says it: the option's name replaced by its flag."""
     from genshift.errors import BenchError
 
-    for name, (lo, hi) in LIMITS.items():
-        v = getattr(args, name)
-        if v is None:
-            continue
-        opt = "--" + name.replace("_", "-")
-        if not isinstance(v, int):
-            raise BenchError(f"{opt} must be a whole number in {lo}..{hi}, got {v!r}")
-        if not lo <= v <= hi:
-            hint = " (acc@5 needs at least 5)" if name == "topk" and v < lo else ""
-            raise BenchError(f"{opt} must be in {lo}..{hi}, got {v}{hint}")
-    if args.reference_accuracy is not None and not 0 <= args.reference_accuracy <= 1:
-        raise BenchError(f"--reference-accuracy is a fraction in [0, 1], got {args.reference_accuracy}")
-    if len(args.notes) > 10_000:
-        raise BenchError(f"--notes is {len(args.notes)} characters; keep it under 10000")
+    flag = FLAGS.get(e.option, "--" + e.option.replace("_", "-"))
+    text = str(e)
+    return BenchError(flag + text[len(e.option):] if text.startswith(e.option) else text)
 
 
 class Terminated(KeyboardInterrupt):
@@ -148,11 +147,11 @@ def run(args) -> int:
 
     from genshift.heap import keep_freed_memory
 
-    check_bounds(args)
+    opts = options_from(args)  # every option checked before anything is read or loaded
     keep_freed_memory()  # before any tensor or DataLoader worker: batches reuse heap blocks (genshift.heap)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return _run(args)
+        return _run(args, opts)
     except Terminated:
         print("terminated; finished units are flushed and a rerun resumes", file=sys.stderr)
         return 143
@@ -160,18 +159,16 @@ def run(args) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run(args) -> int:
+def _run(args, opts) -> int:
     from genshift.errors import BenchError
-    from genshift.eval.inference import InferenceOptions
     from genshift.eval.merging import merge
     from genshift.eval.model_list import resolve_models
+    from genshift.eval.options import OptionError
     from genshift.eval.sweep import SweepRequest, run_sweep
-    from genshift.eval.sweep_plan import plan
-    from genshift.eval.scoring import ScoringOptions
 
     if args.merge:
-        if args.model or args.models or args.plan:
-            raise BenchError("--merge OUT builds results from a sweep's units; give it without --model/--models/--plan")
+        if args.model or args.models:
+            raise BenchError("--merge OUT builds results from a sweep's units; give it without --model/--models")
         for path, result in merge(args.merge):
             print(f"{result['model']['id']}: {path}")
         return 0
@@ -180,25 +177,12 @@ def _run(args) -> int:
         print(f"{pattern} -> {len(names)} model(s): {', '.join(names)}", file=sys.stderr)
     if not args.suite:
         raise BenchError("--suite is required: a registry id (see `bench suites`), a Hub repo id or a suite folder")
-    req = SweepRequest(
-        models=tuple(specs), suite=args.suite, configs=tuple(args.configs) if args.configs else None,
-        revision=args.revision, remap_by_order=args.remap_by_order, checkpoint_weights=args.checkpoint_weights,
-        preprocess=args.preprocess, mask=mask_arg(args),
-        out=args.out, force=args.force, notes=args.notes, max_resident=args.max_resident, wildcards=expansions,
-        groups_in_flight=args.groups_in_flight,
-        inference=InferenceOptions(
-            batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
-            amp_dtype=args.amp_dtype, channels_last=args.channels_last, compile=args.compile, topk=args.topk,
-            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, decode=args.decode,
-            cpu_threads=args.cpu_threads, forward_threads=args.forward_threads),
-        scoring=ScoringOptions(filter=args.filter, reference_accuracy=args.reference_accuracy,
-                               n_boot=args.bootstrap, seed=args.seed),
-    )
-    if args.plan:
-        report = plan(req)
-        print_json(report) if args.json else print_plan(report)
-        return 0
-    jobs = run_sweep(req, progress=args.progress)
+    req = SweepRequest(models=tuple(specs), suite=args.suite, configs=tuple(args.configs) if args.configs else None,
+                       out=args.out, options=opts, wildcards=expansions)
+    try:
+        jobs = run_sweep(req)
+    except OptionError as e:
+        raise flag_error(e) from None
     if len(jobs) == 1 and jobs[0].result is not None:
         if args.json:
             print_json(jobs[0].result)
@@ -215,99 +199,63 @@ def _run(args) -> int:
 
 
 def print_sweep(jobs) -> None:
-    """The end-of-sweep table: one row per model (mean acc@1 over configs, result path or error)."""
+    """The end-of-sweep table: one row per model with the suite family's headline and mean acc@1, each
+    under its declared label (``genshift.families``), and the result path or the error."""
+    from genshift.families import get_family
+
+    done = [j.result for j in jobs if j.result]
+    family = get_family(done[0]["suite"]["metric_family"] if done else "accuracy")
+    shown = list(dict.fromkeys((family.headline, "mean_acc1")))
+    labels = {k: f"{family.metric(k).label} {family.metric(k).unit}" for k in shown}
     rows = []
     for j in jobs:
         row = {"model": j.model_id, "status": j.status}
         if j.result:
-            accs = [m["acc1"]["value"] for m in j.result["metrics"]["configs"].values() if m["acc1"].get("value") is not None]
-            row["mean acc@1 %"] = f"{100 * sum(accs) / len(accs):.2f}" if accs else "-"
+            cols = family.columns(j.result)
+            row.update({labels[k]: "-" if cols[k] != cols[k] else f"{100 * cols[k]:.2f}" for k in shown})
             row["result / error"] = str(j.run_dir / "result.json")
         else:
             row["result / error"] = j.error or "units done here; built by the last process (or --merge)"
         rows.append(row)
-    print_table(rows, ["model", "status", "mean acc@1 %", "result / error"])
+    print_table(rows, ["model", "status", *labels.values(), "result / error"])
     failed = [j for j in jobs if j.status == "failed"]
     if failed:
         print(f"\n{len(failed)} model(s) failed: " + ", ".join(j.model_id for j in failed)
               + "; the others' results are complete, a rerun retries the failed ones")
 
 
-def print_plan(report: dict) -> None:
-    """``--plan``: models, groups, items per process and the estimated cost."""
-    print(f"{len(report['models'])} model(s), {len(report['groups'])} preprocessing group(s), "
-          f"{len(report['items'])} work item(s) over {report['processes']} process(es)")
-    print_table([{"model": m["model"], "status": m["status"], "group": m["group"] or "-", "error": m["error"] or ""}
-                 for m in report["models"]], ["model", "status", "group", "error"])
-    print()
-    rows = [{"group": k, "models": len(g["models"]), "image decodes": g["decodes"], "model-images": g["model_images"]}
-            for k, g in report["groups"].items()]
-    print_table(rows, ["group", "models", "image decodes", "model-images"])
-    per = {}
-    for it in report["items"]:
-        r = per.setdefault((it["rank"], it["config"]), {"units": 0, "rows": 0, "cost": 0})
-        r["units"] += 1
-        r["rows"] += it["rows"]
-        r["cost"] += it["cost"]
-    print()
-    print_table([{"process": k[0], "config": k[1], **v} for k, v in sorted(per.items())],
-                ["process", "config", "units", "rows", "cost"])
-    rates = report["rates"]
-    if rates.get("decode_s_per_image"):
-        print("\nmeasured ms/image: decode+transform " + ", ".join(
-            f"{k} {1000 * v:.1f}" for k, v in rates["decode_s_per_image"].items()) + "; forward " + ", ".join(
-            f"{k} {1000 * v:.1f}" for k, v in rates["forward_s_per_image"].items()))
-    if report["estimated_seconds"] is not None:
-        est, low = report["estimated_seconds"], report["estimated_seconds_all_busy"]
-        print(f"estimated on the slowest process: {low:.0f}-{est:.0f} s ({low / 3600:.2f}-{est / 3600:.2f} h): from "
-              "decoding and the forward pass fully overlapped (every core busy on CPU) to not at all; "
-              "start-up and scoring not included")
-
-
-def _fmt(m: dict | None, *, pp: bool = True) -> str:
-    if not m or m.get("value") is None:
+def _fmt(m: dict | None) -> str:
+    """A fraction (and its interval) in percent or points; '-' when undefined."""
+    if not m or m.get("value") is None or m["value"] != m["value"]:
         return "-"
-    scale = 100 if pp else 1
-    text = f"{m['value'] * scale:.2f}"
-    if m.get("ci"):
-        text += f" [{m['ci'][0] * scale:.2f}, {m['ci'][1] * scale:.2f}]"
+    text = f"{100 * m['value']:.2f}"
+    if m.get("ci") and m["ci"][0] == m["ci"][0]:
+        text += f" [{100 * m['ci'][0]:.2f}, {100 * m['ci'][1]:.2f}]"
     return text
 
 
 def print_summary(result: dict) -> None:
-    """The end-of-run table: per config accuracy, plus the family's headline metrics (in %)."""
-    mets = result["metrics"]
-    star = mets.get("imagenet_star", {}).get("absolute_impact", {})
-    in_g = mets.get("in_g", {})
-    rows = []
-    for cfg, m in mets["configs"].items():
-        row = {"config": cfg, "scored": m["n_scored"], "acc@1 % [95% CI]": _fmt(m["acc1"]), "acc@5 %": _fmt(m["acc5"])}
-        if star:
-            row["impact pp"] = _fmt(star.get(cfg))
-        if cfg in in_g:
-            row["top3 fail %"] = _fmt(in_g[cfg]["top3_failure_rate"])
-            row["parent fail %"] = _fmt(in_g[cfg]["parent_failure_rate"])
-        rows.append(row)
-    cols = list(rows[0]) if rows else ["config"]
+    """The end-of-run table: acc@1 (with its interval) and acc@5 per config, then every other number the
+    suite's family declares (``genshift.families``), under its label and unit."""
+    from genshift.families import get_family
+
+    family = get_family(result["suite"]["metric_family"])
+    cols = family.columns(result)
+    rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": _fmt(m["acc1"]), "acc@5 %": _fmt(m["acc5"])}
+            for c, m in result["metrics"]["configs"].items()]
     print(f"{result['model']['id']} on {result['suite']['id']}"
           f" (manifest {result['suite']['manifest_sha256'][:12]}, config hash {result['config_hash'][:12]})")
-    print_table(rows, cols)
-    if "imagenet_star" in mets:
-        print(f"model mean impact (over shifts): {_fmt(mets['imagenet_star'].get('model_mean_impact'))} pp "
-              f"(reference: {mets['imagenet_star'].get('reference')})")
-    if "lance" in mets and "delta_acc1" in mets["lance"]:
-        lance = mets["lance"]
-        t = lance["headline_T"]
-        table2 = [("Original", lance["acc1_T"][t], lance["acc5_T"][t], None, None),
-                  ("Reconstructed", *(lance.get(f"{m}_reconstruction", {}).get(t)
-                                      for m in ("acc1", "acc5", "delta_acc1", "delta_acc5"))),
-                  ("LANCE", lance["acc1_counterfactual"], lance["acc5_counterfactual"], lance["delta_acc1"][t],
-                   lance["delta_acc5"][t])]
-        print(f"\nLANCE Table 2 (T = {t}), %:")
-        print_table([{"test set": name, "acc@1": _fmt(a1), "Δ@1": _fmt(d1), "acc@5": _fmt(a5), "Δ@5": _fmt(d5)}
-                     for name, a1, a5, d1, d5 in table2], ["test set", "acc@1", "Δ@1", "acc@5", "Δ@5"])
-        by_type = ", ".join(f"{k} {_fmt(v)}" for k, v in lance.get("delta_p_by_edit_type", {}).items())
-        print(f"mean Δp {_fmt(lance['delta_p'])} pp over {lance['n_pairs']} pairs; by edit type: {by_type or '-'}")
+    print_table(rows, ["config", "scored", "acc@1 % [95% CI]", "acc@5 %"])
+    for metric in family.metrics:
+        if metric.key in ("acc1", "acc5"):
+            continue
+        for col in sorted(k for k in cols if k == metric.key or k.startswith(metric.key + "/")):
+            if col.endswith(("_lo", "_hi")):
+                continue
+            ci = [cols.get(f"{col}_lo"), cols.get(f"{col}_hi")]
+            shown = _fmt({"value": cols[col], "ci": ci if None not in ci else None})
+            where = f" ({col.split('/', 1)[1]})" if "/" in col else ""
+            print(f"{metric.label}{where}: {shown} {metric.unit}")
     flags = [k for k, v in result["flags"].items() if v]
     if flags:
         print("flags: " + ", ".join(flags))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from genshift.cli._common import add_verb, print_json, print_table
 
 
@@ -24,10 +26,14 @@ def add_parser(sub):
                         "instead: each result takes the row of its model (timm/ and hf-hub: forms match the bare "
                         "name) at the input size its eval ran at")
     p.add_argument("--scale", choices=("linear", "probit", "both"), default="both",
-                   help="accuracy scale of the fit: linear, probit or both (default: both)")
+                   help="accuracy scale of the fit: linear, probit or both")
     p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, effective robustness, "
                                                        "shift_impact)")
     return p
+
+
+def _num(v: float, fmt: str = ".3f") -> str:
+    return "-" if v is None or v != v else format(v, fmt)
 
 
 def _pp(m: dict | None) -> str:
@@ -63,11 +69,25 @@ def run(args) -> int:
         row = {"shift": shift}
         for scale in scales:
             f = fits[scale]
-            row[f"{scale} slope"] = "-" if f["slope"] != f["slope"] else f"{f['slope']:.3f}"
-            row[f"{scale} R^2"] = "-" if f["r2"] != f["r2"] else f"{f['r2']:.3f}"
+            row.update({f"{scale} slope": _num(f["slope"]), f"{scale} intercept": _num(f["intercept"]),
+                        f"{scale} R^2": _num(f["r2"])})
         if impact is not None:
             row["shift impact pp [95% CI over models]"] = _pp(impact.get(shift))
         rows.append(row)
     print(f"ID axis: {table['id_axis']}; {len(table['models'])} models")
     print_table(rows, list(rows[0]) if rows else ["shift"])
+    # effective robustness: each model's accuracy above (+) or below the line, in points, on the first scale
+    scale = scales[0]
+    er = []
+    for model in table["models"]:
+        row = {"model": model}
+        for shift, fits in table["shifts"].items():
+            f = fits[scale]
+            scored = model in f["models"]
+            row[shift] = _num(100 * f["effective_robustness"][f["models"].index(model)], "+.2f") if scored else "-"
+        er.append(row)
+    print(f"\neffective robustness ({scale} fit), pp:")
+    print_table(er, ["model", *table["shifts"]])
+    for w in table["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     return 0

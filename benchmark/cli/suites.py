@@ -39,7 +39,11 @@ def run(args) -> int:
         "title": s.title,
     } for s in specs]
     if not rows:
-        print(f"no suite matches {args.pattern!r}; run `bench suites` for the list")
+        import difflib
+
+        close = difflib.get_close_matches(args.pattern, list_suites(), n=1)
+        print(f"no suite matches {args.pattern!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+              + "; run `bench suites` for the list")
         return 1
     print_table(rows, ["suite", "repo", "revision", "configs", "metrics", "labels", "title"])
     listed = {sp.id for sp in specs}  # the populations that score a listed suite

@@ -1,9 +1,16 @@
-"""genshift.heap: a CPU batch's large blocks come back from the heap, not from the kernel each time."""
+"""glibc page faults of CPU batches with and without ``genshift.heap.keep_freed_memory`` (``mallopt``).
 
+A batch's widest activations are larger than glibc's mmap threshold, so without the setting every
+batch maps them afresh and the kernel zeroes the pages again. This counts the minor page faults of
+ten such "batches" after a warm-up, on one thread and on two (forward threads), each arm in a fresh
+process. It measures, it asserts nothing: a loaded machine changes the counts.
+
+    python benchmarks/heap_faults.py
+"""
+
+import json
 import subprocess
 import sys
-
-import pytest
 
 PROBE = r"""
 import resource, sys, threading, torch
@@ -40,17 +47,15 @@ print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-@pytest.mark.parametrize("threads", [1, 2])
-def test_freed_blocks_are_reused_without_page_faults(threads):
-    def faults(mode):
-        out = subprocess.run([sys.executable, "-c", PROBE, mode, str(threads)], capture_output=True, text=True,
-                             check=True).stdout
-        took, n = out.split()
-        return took, int(n)
 
-    _, plain = faults("plain")
-    took, kept = faults("keep")
-    assert took == "True"
-    # each plain round maps 64 MiB afresh: ~16k faults of 4 KiB pages per round; kept: the heap's pages again
-    assert plain > 10 * 10_000 and kept < plain / 20, (plain, kept)
+
+def faults(mode: str, threads: int) -> int:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(threads)], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[1])
+
+
+if __name__ == "__main__":
+    for threads in (1, 2):
+        print(json.dumps({"threads": threads, "minor_faults_plain": faults("plain", threads),
+                          "minor_faults_kept": faults("keep", threads)}))
