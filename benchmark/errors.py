@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterable
 
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour/cursor codes
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")  # C0 controls and DEL: never shown raw in one line of error or table text
+# C0 controls and DEL: never shown raw in one line of error or table text
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class BenchError(Exception):
@@ -95,7 +96,8 @@ def one_line(text: object, limit: int | None = None) -> str:
 
     Messages quote outside text (exception texts, file names) that may hold newlines or colour codes.
     """
-    line = " ".join(part.strip() for part in CONTROL_CHARS.sub("\n", _ESCAPE.sub("", str(text))).split("\n") if part.strip())
+    parts = CONTROL_CHARS.sub("\n", _ESCAPE.sub("", str(text))).split("\n")
+    line = " ".join(part.strip() for part in parts if part.strip())
     return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
 
 

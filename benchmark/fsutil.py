@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -21,8 +23,40 @@ import yaml
 from genshift.errors import BenchError, IntegrityError, first_line
 
 INCOMPLETE = ".incomplete"
+MAX_JSON_DEPTH = 32  # no file of the project nests deeper (a result: 6 levels)
+FIX = "it was not written by genshift-bench (re-download or rebuild it)"
 MAX_LIST_BYTES = 1 << 20  # a list file (--models, trusted keys): thousands of lines fit in far less
 _CHUNK = 1 << 20
+
+
+def cache_root() -> Path:
+    """The folder of every cache of the project: ``<HF_HOME>/genshift``.
+
+    ``HF_HOME`` follows huggingface_hub's rule (``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``,
+    else ``~/.cache/huggingface``), read at each call, so the Hub's downloads and the project's own
+    caches (converted releases, masks, embeddings, compiled models, the board's) move together.
+    A ``cache_dir`` / ``--cache-dir`` argument replaces it where a function takes one.
+    """
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "genshift"
+
+
+@dataclass(frozen=True)
+class StatKey:
+    """"Has this file changed since it was looked at?": its size, modification and status-change times
+    and its inode and device. A file rewritten in place, replaced by a rename, touched, chmod-ed or
+    copied elsewhere gets another key (hashable: a memo key; ``list(astuple(k))`` for JSON)."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    dev: int
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> StatKey:
+        st = os.stat(path)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -63,18 +97,18 @@ def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
     return data
 
 
-def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
-                      fix: str = "is it the right file?") -> str:
+def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str = "is it the right file?",
+                      encoding_fix: str = "save it as UTF-8") -> str:
     """A UTF-8 text file from outside (list files: ``--models``, trusted keys, CSVs), read with
     :func:`read_limited`; a byte-order mark (Excel's "CSV UTF-8") is dropped, anything not UTF-8 is
-    one line naming the byte and line."""
+    one line naming the byte and line, then ``encoding_fix``."""
     data = read_limited(path, max_bytes=max_bytes, what=what, fix=fix)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise IntegrityError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); "
-                             "save it as UTF-8") from None
+                             f"{encoding_fix}") from None
 
 
 def json_depth(obj) -> int:
@@ -91,46 +125,85 @@ def json_depth(obj) -> int:
     return deepest
 
 
-def parse_json_limited(data: bytes, *, what: str, where: str, max_bytes: int, max_depth: int):
-    """Parse JSON from outside with size and nesting limits; every failure is one ``IntegrityError``.
+def _no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"duplicate key {dup[:64]!r}")
+    return dict(pairs)
 
-    Refuses: more than ``max_bytes``, nesting deeper than ``max_depth`` (checked before parsing, so a
-    100k-deep file is one error and never a ``RecursionError``), invalid UTF-8 or JSON, NaN/Infinity
-    and duplicate object keys (which parsers resolve differently).
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(data: bytes, *, where: str, max_bytes: int, what: str = "", max_depth: int = MAX_JSON_DEPTH,
+               fix: str = FIX):
+    """JSON from outside (a manifest, a result, a stamp, a job file): THE parser for untrusted JSON.
+
+    Refuses, each with one ``IntegrityError`` line (``{where}: {what} ...; {fix}``): more than
+    ``max_bytes``, nesting deeper than ``max_depth`` (a 100k-deep file is one error, never a
+    ``RecursionError``), invalid UTF-8 or JSON, NaN/Infinity and duplicate object keys (which
+    parsers resolve differently, so two readers could see two documents). Linear in the size.
     """
+    subject = f"{where}: {what}" if what else where
     if len(data) > max_bytes:
-        raise IntegrityError(f"{where}: {what} is {len(data)} bytes, more than the limit of {max_bytes}; "
-                             "re-download or rebuild it")
-    too_deep = IntegrityError(f"{where}: {what} nests deeper than {max_depth} levels; it was not written by "
-                              "genshift-bench (re-download or rebuild it)")
-
-    def no_constants(name):
-        raise ValueError(f"{name} is not valid JSON")
-
-    def no_duplicates(pairs):
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) != len(keys):
-            dup = next(k for k in keys if keys.count(k) > 1)
-            raise ValueError(f"duplicate key {dup[:64]!r}")
-        return dict(pairs)
-
+        raise IntegrityError(f"{subject} is {len(data)} bytes, over the limit of {max_bytes}; {fix}")
+    too_deep = IntegrityError(f"{subject} nests deeper than {max_depth} levels; {fix}")
     try:
         # json's C scanner guards its recursion: a very deep file raises RecursionError, cleanly
-        obj = json.loads(data.decode("utf-8"), parse_constant=no_constants, object_pairs_hook=no_duplicates)
+        obj = json.loads(data.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
     except RecursionError:
         raise too_deep from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise IntegrityError(f"{where}: {what} is not valid JSON ({str(e)[:200]}); re-download or rebuild it") from None
+        raise IntegrityError(f"{subject} is not valid JSON ({str(e)[:200]}); {fix}") from None
     if json_depth(obj) > max_depth:
         raise too_deep
     return obj
 
 
-def load_yaml_limited(text: str, *, what: str, where: str, max_depth: int, fix: str = ""):
-    """``yaml.safe_load`` of text from outside, refusing aliases (billion-laughs) and deep nesting first.
+def read_json(path: str | os.PathLike, *, max_bytes: int, what: str, where: str | None = None,
+              max_depth: int = MAX_JSON_DEPTH):
+    """:func:`parse_json` of a file read with :func:`read_limited` (errors name ``where``, else the path)."""
+    data = read_limited(path, max_bytes=max_bytes, what=what)
+    return parse_json(data, where=where or str(path), what=what, max_bytes=max_bytes, max_depth=max_depth)
 
-    Walks the parser's events before anything is built, so a bomb or a 100k-deep file is one
-    ``IntegrityError`` (``{where}: {what} ...{fix}``) and never a memory blow-up or ``RecursionError``.
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys and non-finite numbers, as :func:`parse_json` does."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {str(key)[:64]!r}",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_finite_float(self, node):
+        value = self.construct_yaml_float(node)
+        if not math.isfinite(value):
+            raise yaml.constructor.ConstructorError(None, None, f"{node.value[:20]!r} is not a finite number",
+                                                    node.start_mark)
+        return value
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_finite_float)
+
+
+def load_yaml(text: str, *, where: str, what: str, max_depth: int, fix: str = ""):
+    """YAML from outside (a card's header, ``eval.yaml``): THE parser for untrusted YAML.
+
+    Walks the parser's events before anything is built, refusing aliases (billion laughs) and
+    nesting deeper than ``max_depth``, so a bomb or a 100k-deep file is one ``IntegrityError``
+    (``{where}: {what} ...{fix}``) and never a memory blow-up or ``RecursionError``; then builds
+    the document refusing duplicate keys and NaN/Infinity (:func:`parse_json`'s rules).
     """
     try:
         depth = 0
@@ -143,7 +216,7 @@ def load_yaml_limited(text: str, *, what: str, where: str, max_depth: int, fix: 
                     raise IntegrityError(f"{where}: {what} nests deeper than {max_depth} levels{fix}")
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no object is built from tags
     except yaml.YAMLError as e:
         raise IntegrityError(f"{where}: {what} does not parse ({first_line(e, 160)}){fix}") from None
 

@@ -4,8 +4,9 @@ Consumption follows the offline-safe pattern of ``genshift.hubio`` (``docs/hub.m
 the revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and
 the requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
 
-Publishing writes the suite's ``eval.yaml`` (``genshift.data_cards.eval_yaml``) when it is missing, then uploads a small suite in **one** commit (against the expected parent commit) and a
-large one resumably in several commits, then tags it and turns gating on when the card asks.
+Publishing writes the suite's ``eval.yaml`` (``genshift.eval_yaml``) when it is missing, then
+uploads a small suite in **one** commit (against the expected parent commit) and a large one
+resumably in several commits, then tags it and turns gating on when the card asks.
 """
 
 from __future__ import annotations
@@ -13,10 +14,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from genshift.errors import BenchError, IntegrityError, OfflineError, first_line
+from genshift.errors import BenchError, OfflineError, first_line
 from genshift.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through genshift.hub
-    REPO_RE, SHA_RE, _api, _check_repo_id, _endpoint, _hub_error, _offline, _unreachable, resolve_or_cache,
-    resolve_revision, snapshot,
+    SHA_RE,
+    _api,
+    _check_repo_id,
+    _endpoint,
+    _offline,
+    _unreachable,
+    is_repo_id,
+    resolve,
+    resolve_revision,
+    snapshot,
 )
 from genshift.reader import LocalSuite
 from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
@@ -39,14 +48,13 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
     with the command that re-downloads it.
     """
     _check_repo_id(repo_id)
-    sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
+    sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     kw = {"revision": sha, "cache_dir": cache_dir, "endpoint": endpoint, "token": token,
           "force_download": force_download, "local_only": not reachable}
     root = snapshot(repo_id, patterns=[MANIFEST, CARD], **kw)
     if not (root / MANIFEST).is_file():
-        raise OfflineError(f"the snapshot of {repo_id}@{sha[:12]} has no {MANIFEST}" + (
-            "; the cache holds only part of it and the Hub is not reachable" if not reachable else
-            "; it is not a genshift suite (format 1 or 1.1)"))
+        raise OfflineError(f"the snapshot of {repo_id}@{sha[:12]} has no {MANIFEST}; it is not a genshift suite "
+                           "(format 1 or 1.1), or the cache holds only part of it and the Hub is not reachable")
     hint = f"re-download with `bench download {repo_id} --revision {sha} --force-download`"
     suite = LocalSuite.open(root, repo_id=repo_id, revision=sha, redownload_hint=hint)
     selected = suite.select(configs)
@@ -57,14 +65,7 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
                            f"{', '.join(selected)}) and the Hub is not reachable; run `bench download {repo_id} "
                            f"--revision {sha} --configs {','.join(selected)}` once with network") from None
     suite = LocalSuite.open(root, repo_id=repo_id, revision=sha, redownload_hint=hint)
-    try:
-        suite.verify(selected)
-    except IntegrityError as e:
-        if not reachable and "missing" in str(e):
-            raise OfflineError(f"the cached snapshot of {repo_id}@{sha} lacks files of {', '.join(selected)} and the "
-                               f"Hub is not reachable; run `bench download {repo_id} --revision {sha} --configs "
-                               f"{','.join(selected)}` once with network") from None
-        raise
+    suite.verify(selected)
     return suite
 
 
@@ -112,12 +113,13 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
                                    endpoint=endpoint, token=token, force_download=force_download)
         local.pinned = rev is not None and bool(SHA_RE.match(rev))
         if spec.source == "upstream-imagenet-star" and rev is None:
-            local.pinned = True  # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
+            # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
+            local.pinned = True
         if not local.pinned:
             log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
                         suite, spec.repo_id, local.revision)
         return local
-    if REPO_RE.match(suite):
+    if is_repo_id(suite):
         _no_mask(mask, suite)
         local = download_suite(suite, revision=revision, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
                                token=token, force_download=force_download)
@@ -152,8 +154,8 @@ def publish_files(suite: LocalSuite) -> list[str]:
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
+    from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
     from genshift.fsutil import atomic_write_bytes, read_limited
-    from genshift.data_cards.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
 
     path = Path(folder) / EVAL_YAML
     if path.is_file():
@@ -162,9 +164,11 @@ def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
         return path
     name = (suite.card or {}).get("pretty_name")
     try:
-        atomic_write_bytes(path, render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None).encode())
+        text = render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None)
+        atomic_write_bytes(path, text.encode())
     except OSError as e:
-        raise BenchError(f"cannot write {path} ({e.strerror}); publish from a writable copy of the suite folder") from None
+        raise BenchError(f"cannot write {path} ({e.strerror}); publish from a writable copy of the suite "
+                         "folder") from None
     return path
 
 
@@ -172,16 +176,11 @@ LARGE_UPLOAD_BYTES = 5 * 1024**3  # above this a suite is uploaded resumably, in
 GATING = ("auto", "manual")
 
 
-def card_gating(folder: str | Path) -> bool:
-    """Whether the suite's dataset card asks for gated access (``extra_gated_prompt``, e.g. LANCE)."""
-    from huggingface_hub import DatasetCard
-
-    try:
-        data = DatasetCard.load(Path(folder) / CARD).data
-    except Exception as e:  # noqa: BLE001 - a card that does not parse is the user's file
-        raise BenchError(f"{Path(folder) / CARD} is not a readable dataset card ({type(e).__name__}); rebuild the "
-                         "suite or render the card with data_cards") from None
-    return bool(data.get("extra_gated_prompt") or data.get("extra_gated_fields"))
+def card_gating(suite: LocalSuite) -> bool:
+    """Whether the suite's dataset card (as the reader parsed and checked it) asks for gated access
+    (``extra_gated_prompt``, e.g. LANCE); a suite without a card is refused."""
+    card = suite.require_card()
+    return bool(card.get("extra_gated_prompt") or card.get("extra_gated_fields"))
 
 
 def _upload_one_commit(api, repo_id: str, folder: Path, files: list[str], *, parent: str, message: str) -> str:
@@ -252,10 +251,8 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     folder = Path(folder)
     suite = LocalSuite.open(folder)
     suite.verify()
-    if not (folder / CARD).is_file():
-        raise BenchError(f"{folder} has no {CARD} (dataset card); rebuild the suite or render one with data_cards")
+    gated = card_gating(suite)
     ensure_eval_yaml(folder, suite)
-    gated = card_gating(folder)
     tag = tag or f"v{suite.manifest.suite_version}"
     files = publish_files(suite)
     total = sum((folder / f).stat().st_size for f in files)
@@ -294,7 +291,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
             raise BenchError(f"publishing to datasets/{repo_id} was refused ({status}){done}: log in with a token "
                              "that can write to it (`hf auth login` or HF_TOKEN)") from None
         raise BenchError(f"publishing to datasets/{repo_id} failed{done}: {first_line(e)}") from None
-    except Exception as e:  # noqa: BLE001 - transport errors of whichever HTTP client
+    except Exception as e:  # transport errors of whichever HTTP client
         if not _unreachable(e) and not isinstance(e, OSError):
             raise
         raise OfflineError(f"cannot reach {_endpoint(endpoint)} to publish ({type(e).__name__}); check the network "

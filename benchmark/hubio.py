@@ -1,8 +1,9 @@
 """Hub transport: resolve a dataset repo revision to a commit sha and download a snapshot of it.
 
 The offline-safe pattern every Hub read in the project follows (``docs/hub.md``): resolve the
-revision to a 40-character commit sha, ``snapshot_download`` only the files needed at that sha,
-and turn whatever huggingface_hub raises into one clear line. ``HF_ENDPOINT`` /
+revision to a 40-character commit sha (huggingface_hub's ``HfApi.resolve_revision``, with its
+offline rules), ``snapshot_download`` only the files needed at that sha, and turn whatever
+huggingface_hub raises into one clear line. ``HF_ENDPOINT`` /
 ``HF_HUB_OFFLINE`` / ``HF_TOKEN`` are honoured (huggingface_hub reads them at import;
 ``endpoint=`` / ``token=`` arguments override them per call).
 
@@ -22,14 +23,26 @@ log = logging.getLogger(__name__)
 # Appended to the errors of a Hub that cannot be reached: the way to work with no network at all.
 OFFLINE_ROUTE = "; with no network at all, use a local suite and local weights (README.md, \"Offline route\")"
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def is_repo_id(text: object) -> bool:
+    """``ORG/NAME`` as the Hub accepts it: huggingface_hub's ``validate_repo_id`` (letters, digits,
+    ``-_.``, no ``--`` / ``..``, at most 96 characters), ASCII, with the namespace required."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(text, str) or text.count("/") != 1 or not text.isascii():
+        return False
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _offline() -> bool:
     from huggingface_hub import constants
 
-    check = getattr(constants, "is_offline_mode", None)
-    return bool(check() if check else constants.HF_HUB_OFFLINE)
+    return constants.is_offline_mode()
 
 
 def _endpoint(endpoint: str | None) -> str:
@@ -45,31 +58,32 @@ def _api(endpoint: str | None, token: str | None):
 
 
 def _check_repo_id(repo_id: str) -> None:
-    if not REPO_RE.match(repo_id):
+    if not is_repo_id(repo_id):
         raise BenchError(f"{repo_id!r} is not a Hub repo id; use ORG/NAME")
 
 
-def _hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str | None) -> BenchError:
+def _hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str | None,
+               repo_type: str = "dataset") -> BenchError:
     """One clear line for the errors huggingface_hub raises."""
     from huggingface_hub import errors
 
-    where = f"datasets/{repo_id} on {_endpoint(endpoint)}"
+    where = f"{repo_type}s/{repo_id} on {_endpoint(endpoint)}"
     if isinstance(e, errors.GatedRepoError):
-        return BenchError(f"{where} is gated: request access at {_endpoint(endpoint)}/datasets/{repo_id} and log in "
-                          "(`hf auth login` or HF_TOKEN)")
+        return BenchError(f"{where} is gated: request access at {_endpoint(endpoint)}/{repo_type}s/{repo_id} and log "
+                          "in (`hf auth login` or HF_TOKEN)")
     if isinstance(e, errors.RevisionNotFoundError):
         return NotFoundError(f"revision {revision!r} does not exist in {where}; pass an existing commit sha or tag")
     if isinstance(e, errors.RepositoryNotFoundError):
-        return NotFoundError(f"dataset repo {where} not found (a private repo needs a token: HF_TOKEN or `hf auth login`)")
-    incomplete = getattr(errors, "IncompleteSnapshotError", ())
-    if incomplete and isinstance(e, incomplete):
+        return NotFoundError(f"{repo_type} repo {where} not found (a private repo needs a token: HF_TOKEN or "
+                             "`hf auth login`)")
+    if isinstance(e, errors.IncompleteSnapshotError):
         return OfflineError(f"the cached snapshot of {repo_id}@{revision} is incomplete and the Hub is not reachable; "
                             f"run `bench download {repo_id} --revision {revision}` (with the same --configs) once "
                             "with network")
     if isinstance(e, errors.LocalEntryNotFoundError) or (_offline() and isinstance(e, (OSError, ValueError))):
-        return OfflineError(f"no cached snapshot of {repo_id}@{revision} and the Hub is not reachable (HF_HUB_OFFLINE=1 "
-                            f"or no network); run `bench download {repo_id} --revision {revision}` once with network"
-                            f"{OFFLINE_ROUTE}")
+        return OfflineError(f"no cached snapshot of {repo_id}@{revision} and the Hub is not reachable "
+                            f"(HF_HUB_OFFLINE=1 or no network); run `bench download {repo_id} --revision {revision}` "
+                            f"once with network{OFFLINE_ROUTE}")
     if isinstance(e, errors.HfHubHTTPError):
         return BenchError(f"the Hub answered an error for {where}: {first_line(e)}")
     return OfflineError(f"cannot reach {_endpoint(endpoint)} ({type(e).__name__}); check the network or HF_ENDPOINT, "
@@ -79,47 +93,54 @@ def _hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str |
 def _unreachable(e: BaseException) -> bool:
     """True for transport failures (no network, refused, timeout), whatever HTTP client raised them."""
     names = {c.__name__ for c in type(e).__mro__}
-    return bool(names & {"TransportError", "ConnectionError", "Timeout", "TimeoutException", "OfflineModeIsEnabled"})
+    return bool(names & {"TransportError", "ConnectError", "ConnectionError", "Timeout", "TimeoutException",
+                         "OfflineModeIsEnabled"})
 
 
-def resolve_revision(repo_id: str, revision: str | None, *, endpoint: str | None = None,
-                     token: str | None = None) -> str:
-    """The 40-character commit sha of a dataset repo at ``revision`` (default ``main``).
+def resolve_revision(repo_id: str, revision: str | None, **kw) -> str:
+    """The 40-character commit sha of a repo at ``revision`` (default ``main``): :func:`resolve`'s sha,
+    without its request for a sha (``HfApi.resolve_revision``'s rule: a sha is itself)."""
+    return revision if revision and SHA_RE.match(revision) else resolve(repo_id, revision, **kw)[0]
 
-    Online, a branch or tag is resolved with ``dataset_info`` (a sha is checked to exist). Offline
-    (``HF_HUB_OFFLINE=1``, or the endpoint unreachable) only a sha can be used: it is returned
-    as is, so a cached snapshot at that sha still opens; a branch or tag is an ``OfflineError``.
+
+def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", endpoint: str | None = None,
+            token: str | None = None, cache_dir: str | None = None,
+            pin_hint: str = "with --revision") -> tuple[str, bool]:
+    """``(sha, reachable)`` of a repo at ``revision`` (default ``main``), by huggingface_hub's rules.
+
+    A branch or tag goes through ``HfApi.resolve_revision``: asked of the Hub, which records its sha
+    in the cache's ``refs/``; offline (``HF_HUB_OFFLINE=1``) or with the Hub unreachable it resolves
+    from that record, and one never recorded is an ``OfflineError`` that says to pin a sha
+    (``pin_hint``: how, on the command at hand). A sha is itself; online, one request checks that
+    it exists. ``reachable`` is False when only the cache can be read (offline, or the Hub did not
+    answer): pass ``local_only=True`` to :func:`snapshot` then, which spares huggingface_hub's
+    retries (about 25 s) on the way to the same cache.
     """
-    return resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)[0]
+    from huggingface_hub import errors
 
-
-def resolve_or_cache(repo_id: str, revision: str | None, *, endpoint: str | None = None,
-                     token: str | None = None, pin_hint: str = "with --revision") -> tuple[str, bool]:
-    """Like :func:`resolve_revision`, returning ``(sha, reachable)``.
-
-    ``pin_hint`` tells the user how to give a sha on the command at hand (in the offline errors).
-
-    ``reachable`` is False when only the local cache can be used (offline, or the endpoint did
-    not answer): pass ``local_only=True`` to :func:`snapshot` then.
-    """
     rev = revision or "main"
-    if _offline():
+    api = _api(endpoint, token)
+    try:
         if SHA_RE.match(rev):
-            return rev, False
-        raise OfflineError(f"offline (HF_HUB_OFFLINE=1): cannot resolve {repo_id}@{rev} to a commit; pass the "
-                           f"40-character commit sha {pin_hint}{OFFLINE_ROUTE}")
-    try:  # also for a sha: checks that it exists and that we may read the repo
-        return _api(endpoint, token).dataset_info(repo_id, revision=rev).sha, True
-    except Exception as e:  # noqa: BLE001 - mapped to one clear line
-        if _unreachable(e):
-            if SHA_RE.match(rev):  # a cached snapshot at this sha is still usable
-                log.warning("cannot reach %s (%s); using the cached snapshot of %s@%s if there is one",
-                            _endpoint(endpoint), type(e).__name__, repo_id, rev[:12])
-                return rev, False
-            raise OfflineError(f"cannot reach {_endpoint(endpoint)} to resolve {repo_id}@{rev} to a commit "
-                               f"({type(e).__name__}); check the network or HF_ENDPOINT, or pin the 40-character "
-                               f"commit sha {pin_hint} to use a cached snapshot{OFFLINE_ROUTE}") from None
-        raise _hub_error(e, repo_id, rev, endpoint) from None
+            if not _offline():
+                api.repo_info(repo_id, repo_type=repo_type, revision=rev)
+            return rev, not _offline()
+        return api.resolve_revision(repo_id, repo_type=repo_type, revision=rev, cache_dir=cache_dir,
+                                    local_files_only=_offline()).resolved, not _offline()
+    except errors.RevisionResolutionError as e:
+        what = f"resolve {repo_type} repo {repo_id}@{rev} to a commit, and no earlier download recorded it"
+        if _offline():
+            raise OfflineError(f"offline (HF_HUB_OFFLINE=1): cannot {what}; pass the 40-character commit sha "
+                               f"{pin_hint}{OFFLINE_ROUTE}") from None
+        raise OfflineError(f"cannot reach the Hub ({_endpoint(endpoint)}, {type(e.__cause__).__name__}) to {what}; "
+                           f"check the network or HF_ENDPOINT, or pin the 40-character commit sha {pin_hint}"
+                           f"{OFFLINE_ROUTE}") from None
+    except Exception as e:  # mapped to one clear line
+        if not (SHA_RE.match(rev) and _unreachable(e)):
+            raise _hub_error(e, repo_id, rev, endpoint, repo_type) from None
+    log.warning("cannot reach %s; using the cached snapshot of %s@%s if there is one", _endpoint(endpoint), repo_id,
+                rev[:12])
+    return rev, False
 
 
 def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str | None = None,
@@ -127,8 +148,9 @@ def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str
              local_only: bool = False) -> Path:
     """``snapshot_download`` of a dataset repo at a sha; errors become one clear line.
 
-    ``local_only`` reads the cache without any request (used once the Hub proved unreachable,
-    which spares huggingface_hub's ~25 s of connection retries).
+    huggingface_hub's own rules apply: offline, or with the Hub unreachable, the cached snapshot at
+    that sha is used when it holds every requested file. ``local_only`` (the Hub is known to be
+    unreachable: :func:`resolve`) reads the cache without a request.
     """
     from huggingface_hub import snapshot_download
 
@@ -136,6 +158,6 @@ def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str
         return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=patterns,
                                       cache_dir=cache_dir, endpoint=endpoint, token=token,
                                       force_download=force_download and not local_only,
-                                      local_files_only=local_only))
-    except Exception as e:  # noqa: BLE001 - mapped to one clear line
+                                      local_files_only=local_only or _offline()))
+    except Exception as e:  # mapped to one clear line
         raise _hub_error(e, repo_id, revision, endpoint) from None

@@ -12,7 +12,6 @@ for the exact inputs. WordNet is distributed under the Princeton WordNet licence
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -53,11 +52,6 @@ def _raw_bytes() -> bytes:
 @lru_cache(maxsize=1)
 def _data() -> dict:
     return json.loads(_raw_bytes())
-
-
-def hierarchy_sha256() -> str:
-    """sha256 of the shipped hierarchy JSON (recorded wherever the hierarchy is used)."""
-    return hashlib.sha256(_raw_bytes()).hexdigest()
 
 
 @lru_cache(maxsize=1)
@@ -152,7 +146,3 @@ def imagenet_a_indices() -> tuple[int, ...]:
     """The 200 ImageNet-A classes as ImageNet-1k indices, sorted."""
     return tuple(_data()["imagenet_a"])
 
-
-def hierarchy_source() -> dict:
-    """How the shipped hierarchy was generated (WordNet version, files, rules)."""
-    return dict(_data()["source"])

@@ -44,18 +44,17 @@ import shutil
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import prepare_fresh_dir, read_limited
+from genshift.fsutil import prepare_fresh_dir, read_limited, read_text_limited
 from genshift.pixels import check_size, to_8bit
-from genshift.suite_format import CONFIG_RE, MANIFEST, check_config_name
+from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_config_name, check_name
 
 log = logging.getLogger(__name__)
-# A suite id becomes a path component (runs/<suite id>/...) and a card title: CONFIG_RE's rules.
-SUITE_ID_RE = CONFIG_RE
 MAX_SHARD_SIZE = 100_000
 MAX_CSV_BYTES = 256 << 20  # a path,label line per image: ImageNet-train (1.28M images) is ~60 MiB
 MAX_IMAGE_BYTES = 1 << 28
@@ -63,16 +62,6 @@ DEFAULT_WORKERS = 8
 CHUNK = 16  # images per worker task
 MAX_WORKERS = 256
 _EXIF_ORIENTATION = 0x0112
-
-
-def check_suite_id(name: str) -> str:
-    """Refuse a suite id that is not a safe, short path component (``..``, ``a/b``, 400 chars)."""
-    if not isinstance(name, str) or not SUITE_ID_RE.fullmatch(name):
-        text = display(str(name))
-        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
-        raise BenchError(f"--name {shown} is not a valid suite id: use lower-case letters, digits, '_' or '-' "
-                         "(at most 64 characters, starting with a letter or digit)")
-    return name
 
 
 def display(path: str | os.PathLike) -> str:
@@ -116,14 +105,10 @@ def read_csv_rows(csv_path: Path) -> list[list[str]]:
     """The rows of a UTF-8 CSV (a byte-order mark, as Excel writes, is dropped); any other
     encoding is one error naming the file and how to convert it."""
     name = display(csv_path.name)
-    data = read_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
-                        fix="a path,label list is far smaller, check that --csv names the right file")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise BenchError(f"{name} is not UTF-8 (byte 0x{data[e.start]:02x} on line {line}); save it as UTF-8 "
-                         f"(Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} > utf8-{name})") from None
+    text = read_text_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
+                             fix="a path,label list is far smaller, check that --csv names the right file",
+                             encoding_fix=f"save it as UTF-8 (Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} "
+                                          f"> utf8-{name})")
     try:
         return list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as e:
@@ -178,7 +163,8 @@ def _class_pairs(d: Path) -> list[tuple[Path, int]]:
                          "--csv path,label")
     top = _top_files(d)
     if top and not dirs:
-        raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use --csv")
+        raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use "
+                         "--csv")
     if top:
         log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
                     len(top), display(d), top[0])
@@ -211,12 +197,14 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         multi = any(x.name in wnids for d in others for x in _subdirs(d))
         if multi and len(others) < len(dirs):
             raise BenchError(f"{display(src)} mixes class folders ({_names([d for d in dirs if d.name in wnids])}) "
-                             f"with shift folders ({_names(others)}); use either <wnid>/<image> or <shift>/<wnid>/<image>")
+                             f"with shift folders ({_names(others)}); use either <wnid>/<image> or "
+                             "<shift>/<wnid>/<image>")
         where = f"the shift folders of {display(src)}"
     if not multi:
         if base is not None:
             raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
-                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop --base")
+                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop "
+                             "--base")
         config = check_config_name(config or "default")
         per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
         reference = None
@@ -258,7 +246,8 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
                 rel = display(path.relative_to(src))
             except ValueError:  # a CSV's absolute path outside the folder: relative to the CSV, never the
                 # machine's absolute path (source_path is published with the suite)
-                rel = display(Path(os.path.relpath(path, Path(csv_path).resolve().parent))) if csv_path else display(path)
+                here = Path(os.path.relpath(path, Path(csv_path).resolve().parent)) if csv_path else path
+                rel = display(here)
             items.append(Item(path, rel, label, iid, cfg))
     if not items:
         raise BenchError(f"no images found in {display(src)}; expected <wnid>/<image> files, "
@@ -309,7 +298,7 @@ def check_image(data: bytes) -> tuple[ImageInfo | None, str | None]:
     """``(info, None)`` if ``data`` decodes completely, else ``(None, reason)``."""
     try:
         return decode_image(data, pixels=False)[1], None
-    except Exception as e:  # noqa: BLE001 - any decoder failure means "not a usable image"
+    except Exception as e:  # any decoder failure means "not a usable image"
         return None, f"{type(e).__name__}: {e}"
 
 
@@ -433,8 +422,9 @@ def clean_leftovers(out: Path) -> list[Path]:
 def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | None = None,
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
                   skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
-                  progress: bool = True):
-    """Import images into a new suite at ``out``; returns its ``Manifest``.
+                  progress: bool = True, card: Callable[[Manifest], str] | None = None) -> Manifest:
+    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its
+    dataset card (``genshift.data_cards.import_card``, as ``bench import-folder`` does).
 
     ``workers`` processes decode and convert images (default: one per CPU, at most
     ``DEFAULT_WORKERS``; 0 = in this process). Rows and shards are the same for any number.
@@ -442,7 +432,7 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     from concurrent.futures import ProcessPoolExecutor
 
     # every option is checked before any file is read
-    check_suite_id(name)
+    check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
     if config is not None:
         check_config_name(config)
     if base is not None:
@@ -464,20 +454,18 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
             if workers > 0 and len(layout.items) > CHUNK else None)
     try:
         return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
-                       shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress)
+                       shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress, card=card)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
 
 
 def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool, skip_bad_images: bool,
-            shard_size: int, pool, ahead: int, progress: bool):
+            shard_size: int, pool, ahead: int, progress: bool, card) -> Manifest:
     from datasets import Value
     from tqdm.auto import tqdm
 
-    from genshift.suite_format import Manifest
     from genshift.writer import SuiteWriter
-    from genshift.data_cards import render_card
 
     good, skipped, checked = [], [], {}
     # work goes to the pool in chunks of CHUNK images (one task per image costs more than a small image)
@@ -533,12 +521,7 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
             if layout.reference is not None:
                 # read by bench eval for suites outside the registry: score as ImageNet*
                 generator.update(metric_family="imagenet_star", reference_config=layout.reference)
-            shifts = ", ".join(c for c in layout.configs if c != layout.reference)
-            note = (f"Imported with `bench import-folder` ({len(good)} images)." if layout.reference is None else
-                    f"Imported with `bench import-folder` ({len(good)} images): reference `{layout.reference}`, "
-                    f"shifts {shifts}; scored as ImageNet* (per-shift accuracy, absolute impact).")
-            w.finalize(generator=generator, card=lambda m: render_card(
-                m, template="generic", pretty_name=name, context={"note": note}))
+            w.finalize(generator=generator, card=card)
         (tmp / "build.json").unlink(missing_ok=True)
         _swap_into_place(tmp, out, overwrite=overwrite)
     except BaseException:

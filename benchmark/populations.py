@@ -5,45 +5,51 @@
     >>> list_populations()
     ['imagenet-star-61', 'in-g-fig4', 'lance-table2']
 
-A population is data, registered like the suites: a full timm ``arch.tag`` per model, the name the
-paper uses, where the entry comes from, and why this tag where the paper names no weights.
-``bench eval --models <population>`` scores its public models; entries the authors trained
-themselves (``checkpoint: local``, e.g. IN-G's same-recipe replicas RN2 / VIT2) need the user's
-own weights (``bench eval --model <arch>=<file>``) and are left out of the list with a log line.
+A population is data, registered like the suites: per member a full timm ``arch.tag``, the name
+the paper uses, its role (:data:`ROLES`), and for ImageNet* the data config the paper's timm
+resolved (``imagenet_star_61.yaml``, written by ``scripts/pin_imagenet_star.py`` from timm 0.6.12's
+own source). ``bench eval --models <population>`` scores its public members, each at its recorded
+data config unless ``config="today"``; replicas (no public weights) are left out with a log line.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from importlib import resources
 
 import yaml
 
-from genshift.model_ids import model_key
+from genshift.errors import BenchError
 from genshift.registry import Registry
 
 log = logging.getLogger(__name__)
 
-ROLES = ("model", "target", "replica", "in21k")
-_ENTRY_KEYS = {"model", "paper", "role", "suite", "replica_of", "checkpoint"}
+ROLES = {"fit": "a point of the ID/OOD fits", "column": "a column of the paper's table",
+         "target": "the model the suite was mined against", "in21k": "a model pretrained on ImageNet-21k",
+         "replica": "the target's recipe with another seed (no public weights; model = its architecture)"}
+CONFIGS = ("paper", "today")  # a member's recorded data config, or today's timm config
+_KEYS = {"model", "paper", "role", "suite", "replica_of", "data_config", "matched_by", "url"}
 
 
 @dataclass(frozen=True)
 class Member:
     """One model of a population."""
 
-    model: str                    # timm arch.tag (arch only for a local-checkpoint replica)
-    paper: str                    # the paper's name for it
-    role: str = "model"           # model | target | replica | in21k
-    suite: str | None = None      # a target: the suite it mined
+    model: str                      # timm arch.tag (a replica: its architecture)
+    paper: str                      # the paper's name for it
+    role: str                       # one of ROLES
+    suite: str | None = None        # a target: the suite it mined
     replica_of: str | None = None
-    checkpoint: str | None = None  # "local": no public weights, the user scores their own checkpoint
+    data_config: dict | None = None  # the eval data config the paper's timm resolved (None: today's)
+    matched_by: str | None = None   # how the tag was matched to the paper's weights
+    url: str | None = None          # the weights the paper's timm loaded
 
     @property
     def local(self) -> bool:
-        return self.checkpoint == "local"
+        """No public weights: the user scores their own (``bench reproduce --member``)."""
+        return self.role == "replica"
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class Population:
     suites: tuple[str, ...]
     choice: str
     members: tuple[Member, ...]
+    data_config_from: str | None = None  # e.g. "timm 0.6.12": where the members' data configs come from
 
     def paper_names(self) -> list[str]:
         return [m.paper for m in self.members]
@@ -63,25 +70,30 @@ class Population:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "title": self.title, "source": self.source, "suites": list(self.suites),
-                "choice": self.choice, "models": [{k: v for k, v in m.__dict__.items() if v is not None}
-                                                  for m in self.members]}
+                "choice": self.choice, "data_config_from": self.data_config_from,
+                "models": [{k: v for k, v in asdict(m).items() if v is not None} for m in self.members]}
+
+
+def _member(pop: str, e: dict) -> Member:
+    if set(e) - _KEYS or e.get("role") not in ROLES or not e.get("model") or not e.get("paper"):
+        raise ValueError(f"population {pop}: bad member {e!r} (needs model, paper and a role of {', '.join(ROLES)})")
+    return Member(**e)
 
 
 def _parse(rows: list[dict]) -> list[Population]:
     out = []
     for row in rows:
-        members = []
-        for e in row["models"]:
-            extra = set(e) - _ENTRY_KEYS
-            if extra or e.get("role", "model") not in ROLES or e.get("checkpoint") not in (None, "local"):
-                raise ValueError(f"population {row['name']}: bad entry {e!r}")
-            members.append(Member(**e))
-        keys = [model_key(m.model) for m in members if not m.local]
-        if len(set(keys)) != len(keys):
+        entries, source = row.get("models"), None
+        if "models_file" in row:  # members written by a script, with the paper's data configs
+            data = yaml.safe_load(resources.files("genshift").joinpath("_data", row["models_file"]).read_text())
+            entries, source = data["models"], f"timm {data['timm']}"
+        members = tuple(_member(row["name"], e) for e in entries)
+        tags = [m.model for m in members if not m.local]
+        if len(set(tags)) != len(tags) or len({m.paper for m in members}) != len(members):
             raise ValueError(f"population {row['name']} lists a model twice")
         out.append(Population(name=row["name"], title=row["title"], source=row["source"],
                               suites=tuple(row["suites"]), choice=" ".join(row["choice"].split()),
-                              members=tuple(members)))
+                              members=members, data_config_from=source))
     return out
 
 
@@ -108,12 +120,30 @@ def is_population(name: str) -> bool:
     return name in _registry()
 
 
-def population_models(name: str) -> list[tuple[str, None]]:
-    """``bench eval --models <population>``: (timm name, no checkpoint) for each public model; each
-    local-checkpoint replica is logged with the command that scores it."""
+def population_models(name: str, *, config: str = "paper") -> list[tuple[str, dict | None, str | None]]:
+    """``bench eval --models <population>``: (timm tag, data config, where it comes from) per public
+    member; the data config is the recorded one (``config="paper"``) or None (``"today"``: timm's own).
+    Each replica is logged with how to score it."""
+    if config not in CONFIGS:
+        raise BenchError(f"population config {config!r}: use one of {', '.join(CONFIGS)}")
     pop = get_population(name)
     for m in pop.members:
         if m.local:
-            log.info("%s: %s (%s) has no public weights; score your own checkpoint with "
-                     "`bench eval --model %s=<file>`", name, m.paper, m.role, m.model)
-    return [(m.model, None) for m in pop.public()]
+            log.info("%s: %s (%s) has no public weights; score your own checkpoint with `bench eval --model "
+                     "%s=<file>` and name its result with `bench reproduce --member %s=<model id>`",
+                     name, m.paper, m.role, m.model, m.paper)
+    today = config == "today" or pop.data_config_from is None
+    return [(m.model, None if today else m.data_config, None if today else pop.data_config_from)
+            for m in pop.public()]
+
+
+def recorded_data_config(model: str, source: str) -> dict:
+    """The data config recorded for timm tag ``model`` by the population whose configs come from
+    ``source`` (a result's ``protocol.data_config``, e.g. "timm 0.6.12"): what verify re-runs with."""
+    for name in list_populations():
+        pop = get_population(name)
+        hit = next((m for m in pop.members if pop.data_config_from == source and m.model == model), None)
+        if hit is not None:
+            return hit.data_config
+    raise BenchError(f"no population records a {source} data config for {model!r}; the result's protocol.data_config "
+                     "cannot be re-run here")

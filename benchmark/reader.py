@@ -30,9 +30,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import load_yaml_limited, read_limited
-from genshift.suite_format import (CARD, MANIFEST, SPLIT, Manifest, check_features, check_rows, read_parquet_features,
-                                    read_row_table, verify_files)
+from genshift.fsutil import StatKey, load_yaml, read_limited
+from genshift.suite_format import (
+    CARD,
+    MANIFEST,
+    SPLIT,
+    Manifest,
+    check_features,
+    check_rows,
+    read_parquet_features,
+    read_row_table,
+    verify_files,
+)
 
 MAX_CARD_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32
@@ -68,7 +77,7 @@ class LocalSuite:
 
     @classmethod
     def open(cls, root: str | Path, *, repo_id: str | None = None, revision: str | None = None,
-             redownload_hint: str | None = None) -> "LocalSuite":
+             redownload_hint: str | None = None) -> LocalSuite:
         root = Path(root)
         if not root.exists():
             raise BenchError(f"suite folder {str(root)!r} does not exist; give a registry id (see `bench suites`) "
@@ -96,11 +105,6 @@ class LocalSuite:
     @property
     def configs(self) -> list[str]:
         return sorted(self.manifest.configs)
-
-    @property
-    def card_path(self) -> Path | None:
-        p = self.root / CARD
-        return p if p.is_file() else None
 
     def select(self, configs: list[str] | None) -> list[str]:
         """Validate a config selection (None = all), keeping the manifest's order."""
@@ -187,13 +191,12 @@ def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None 
     groups: 38 ms per group reopened, 0.24 ms cached).
     """
     path = Path(root) / group.path
-    st = path.stat()
-    return _open_shard(str(path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), os.getpid(),
-                       threading.get_ident()).read_row_group(group.index, columns=columns)
+    return _open_shard(str(path), StatKey.of(path), os.getpid(), threading.get_ident()).read_row_group(
+        group.index, columns=columns)
 
 
 @functools.lru_cache(maxsize=16)
-def _open_shard(path: str, identity: tuple, pid: int, thread: int) -> pq.ParquetFile:
+def _open_shard(path: str, identity: StatKey, pid: int, thread: int) -> pq.ParquetFile:
     # keyed by the file's identity (a shard replaced at the same path is opened anew), by pid (a
     # DataLoader worker forked from a process with open shards opens its own) and by thread: one
     # ParquetFile read from two threads at once (two sweep groups in flight, each loading in its
@@ -221,8 +224,8 @@ def parse_card(path: Path, manifest: Manifest) -> dict:
     data = read_limited(path, max_bytes=MAX_CARD_BYTES, what="dataset card")
 
     def bad(what: str) -> IntegrityError:
-        return IntegrityError(f"{where}: {what}; re-render the card with genshift.data_cards.render_card (docs/format.md "
-                              "section 5)")
+        return IntegrityError(f"{where}: {what}; re-render the card with genshift.data_cards.render_card "
+                              "(docs/format.md section 5)")
 
     try:
         text = data.decode("utf-8")
@@ -233,8 +236,8 @@ def parse_card(path: Path, manifest: Manifest) -> dict:
         raise bad("the card has no YAML header between '---' lines")
     end = next(i for i, ln in enumerate(lines[1:], 1) if ln.strip() == "---")
     header = "\n".join(lines[1:end])
-    head = load_yaml_limited(header, what="the card's YAML", where=where, max_depth=MAX_YAML_DEPTH,
-                             fix="; re-render the card with genshift.data_cards.render_card (docs/format.md section 5)")
+    head = load_yaml(header, what="the card's YAML", where=where, max_depth=MAX_YAML_DEPTH,
+                     fix="; re-render the card with genshift.data_cards.render_card (docs/format.md section 5)")
     if not isinstance(head, dict):
         raise bad("the card's YAML header is not a mapping")
     entries = head.get("configs")

@@ -7,7 +7,7 @@ overwrite), a registry can be frozen, and an unknown name is answered with close
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from genshift.errors import unknown
@@ -36,11 +36,6 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._items[name] = obj
         return obj
-
-    def decorator(self, name: str) -> Callable[[T], T]:
-        def wrap(obj: T) -> T:
-            return self.register(name, obj)
-        return wrap
 
     def freeze(self) -> None:
         self._frozen = True

@@ -21,15 +21,21 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import Field
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, one_line, unknown
-from genshift.fsutil import canonical_json, parse_json_limited, sha256_bytes, sha256_file
+from genshift.fsutil import canonical_json, parse_json, sha256_bytes, sha256_file
+from genshift.schema import Count, Schema, Sha256, validate
+
+if TYPE_CHECKING:
+    from datasets import Features
 
 FORMAT_NAME = "genshift-suite"
 # Written as the string "1.1": readers of format 1 compare with the integer 1 and refuse it with
@@ -38,7 +44,7 @@ FORMAT_VERSION = "1.1"
 READABLE_VERSIONS = (1, "1.1")
 MANIFEST = "manifest.json"
 CARD = "README.md"
-EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (genshift.data_cards.eval_yaml)
+EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (genshift.eval_yaml)
 BUILD_STATE = "build.json"  # present while (and after) a builder writes into a folder
 SPLIT = "test"
 # The one pattern for every name that becomes a path component: suite id, config, split.
@@ -49,7 +55,6 @@ SHARD_PATH_RE = re.compile(r"^data/([a-z0-9][a-z0-9_\-]{0,63})/test-(\d{5})-of-(
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+\-]{0,63}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_MANIFEST_BYTES = 16 << 20  # a 1.2M-row suite's manifest is well under 1 MB
-MAX_JSON_DEPTH = 32
 # Columns every row has. Builders add free provenance columns next to them.
 REQUIRED_COLUMNS = ("image", "label", "image_id", "config", "keep", "pair_id")
 
@@ -131,7 +136,7 @@ def _digest_sorted(ids: pa.Array, labels: pa.Array, keeps: pa.Array) -> str:
         fixed = [json.dumps(v, ensure_ascii=False)[1:-1] if e else v
                  for v, e in zip(ids.to_pylist(), escape.to_pylist())]
         ids = pa.array(fixed, pa.large_string())
-    lit = lambda text: pa.scalar(text, pa.large_string())  # noqa: E731
+    lit = lambda text: pa.scalar(text, pa.large_string())
     lines = pc.binary_join_element_wise(lit('["'), ids, lit('",'), labels.cast(pa.large_string()), lit(","),
                                         pc.if_else(keeps, lit("true"), lit("false")), lit("]\n"), lit(""))
     h = hashlib.sha256()
@@ -173,14 +178,15 @@ def read_parquet_features(path: str | Path) -> dict:
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowException, OSError) as e:
-        raise IntegrityError(f"{path}: not a readable parquet file ({str(e)[:200]}); re-download or rebuild the suite") from None
+        raise IntegrityError(f"{path}: not a readable parquet file ({str(e)[:200]}); re-download or rebuild the "
+                             "suite") from None
     raw = meta.get(b"huggingface")
     if raw is None:
         raise IntegrityError(f"{path}: parquet file has no 'huggingface' schema metadata; suites must be "
                              "written by genshift.writer.SuiteWriter (or with datasets) so features survive")
-    info = parse_json_limited(raw, what="'huggingface' parquet metadata", where=str(path),
-                              max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
-    features = info.get("info", {}).get("features") if isinstance(info, dict) and isinstance(info.get("info"), dict) else None
+    info = parse_json(raw, what="'huggingface' parquet metadata", where=str(path), max_bytes=MAX_MANIFEST_BYTES)
+    inner = info.get("info") if isinstance(info, dict) else None
+    features = inner.get("features") if isinstance(inner, dict) else None
     if not isinstance(features, dict):
         raise IntegrityError(f"{path}: the 'huggingface' parquet metadata holds no features; re-download or "
                              "rebuild the suite")
@@ -227,78 +233,63 @@ class ConfigInfo:
 
 
 def _bad(where: str, what: str) -> IntegrityError:
-    return IntegrityError(f"{where}: {what}; the manifest was not written by genshift-bench or was edited "
-                          "(re-download or rebuild the suite, see docs/format.md)")
+    return IntegrityError(f"{where}: {what}; {MANIFEST_FIX}")
 
 
-def _field(obj: dict, key: str, kind, where: str, *, default=None, required: bool = True):
-    """``obj[key]`` checked to be of ``kind`` (``int`` excludes ``bool``)."""
-    if key not in obj:
-        if required:
-            raise _bad(where, f"field {key!r} is missing")
-        return default
-    value = obj[key]
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if not ok:
-        raise _bad(where, f"field {key!r} must be {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
-    return value
+MANIFEST_FIX = ("the manifest was not written by genshift-bench or was edited (re-download or rebuild the suite, "
+                "see docs/format.md)")
 
 
-def _count(obj: dict, key: str, where: str) -> int:
-    value = _field(obj, key, int, where)
-    if not 0 <= value < 1 << 53:
-        raise _bad(where, f"field {key!r} is {one_line(value, limit=24)}, outside 0..2^53")
-    return value
+class _FileEntry(Schema):
+    size: Count
+    sha256: Sha256
 
 
-def _parse_files(raw: dict, where: str) -> dict[str, ManifestFile]:
-    files = {}
-    for rel, entry in _field(raw, "files", dict, where).items():
-        if not SHARD_PATH_RE.fullmatch(rel):
-            shown = rel if len(rel) <= 80 else rel[:60] + "…"
-            raise _bad(where, f"file {shown!r} is not a shard path data/<config>/test-NNNNN-of-NNNNN.parquet "
-                       "(no '..', no absolute paths)")
-        if not isinstance(entry, dict):
-            raise _bad(where, f"files[{rel!r}] must be an object with size and sha256")
-        sha = _field(entry, "sha256", str, f"{where}: files[{rel!r}]")
-        if not SHA256_RE.fullmatch(sha):
-            raise _bad(where, f"files[{rel!r}].sha256 is not 64 lower-case hex digits")
-        files[rel] = ManifestFile(rel, _count(entry, "size", f"{where}: files[{rel!r}]"), sha)
-    return files
+class _ConfigEntry(Schema):
+    rows: Count
+    kept: Count
+    files: list[str] = Field(min_length=1)
+    rows_digest: Sha256 | None = None  # required from format 1.1 on
 
 
-def _parse_config(name: str, c, version, files: dict, where: str) -> ConfigInfo:
+class _ManifestSchema(Schema):
+    """``manifest.json`` (docs/format.md section 4); ``format`` and ``format_version`` are checked first."""
+
+    suite_id: str
+    suite_version: Annotated[str, Field(pattern=VERSION_RE.pattern)] = "1"
+    split: Literal["test"] = SPLIT
+    files: dict[str, _FileEntry]
+    configs: dict[str, _ConfigEntry] = Field(min_length=1)
+    features: dict
+    columns: list | None = None
+    generator: dict = Field(default_factory=dict)
+
+
+def _config_info(name: str, c: _ConfigEntry, version, files: dict, where: str) -> ConfigInfo:
+    """A config's entry checked against the manifest's files: its own shards, one complete set, counts."""
     check_name(name, "config name", where=where, error=IntegrityError)
     at = f"{where}: config {name!r}"
-    if not isinstance(c, dict):
-        raise _bad(at, "must be an object with rows, kept and files")
-    rows, kept = _count(c, "rows", at), _count(c, "kept", at)
-    if kept > rows:
-        raise _bad(at, f"kept ({kept}) is larger than rows ({rows})")
-    listed = _field(c, "files", list, at)
-    if not listed or not all(isinstance(p, str) for p in listed):
-        raise _bad(at, "'files' must be a non-empty list of shard paths")
-    if len(set(listed)) != len(listed):
+    if c.kept > c.rows:
+        raise _bad(at, f"kept ({c.kept}) is larger than rows ({c.rows})")
+    if len(set(c.files)) != len(c.files):
         raise _bad(at, "lists a shard twice")
     shards = set()
-    for rel in listed:
+    for rel in c.files:
         m = SHARD_PATH_RE.fullmatch(rel)
         if not m or m.group(1) != name:
-            raise _bad(at, f"lists {rel[:80]!r}, which is not one of its own shards data/{name}/test-NNNNN-of-NNNNN.parquet")
+            raise _bad(at, f"lists {rel[:80]!r}, which is not one of its own shards "
+                       f"data/{name}/test-NNNNN-of-NNNNN.parquet")
         if rel not in files:
             raise _bad(at, f"lists {rel}, which is not in the manifest's files")
         shards.add((int(m.group(2)), int(m.group(3))))
     totals = {n for _, n in shards}
     if len(totals) != 1 or {i for i, _ in shards} != set(range(next(iter(totals)))):
-        raise _bad(at, f"its shards are not one complete set 0..N-1 of the same N ({len(listed)} listed)")
-    if rows < len(listed):
-        raise _bad(at, f"rows ({rows}) is smaller than its number of shards ({len(listed)}); shards are never empty")
-    digest = None
-    if version == "1.1":
-        digest = _field(c, "rows_digest", str, at)
-        if not SHA256_RE.fullmatch(digest):
-            raise _bad(at, "rows_digest is not 64 lower-case hex digits")
-    return ConfigInfo(name, rows, kept, tuple(listed), digest)
+        raise _bad(at, f"its shards are not one complete set 0..N-1 of the same N ({len(c.files)} listed)")
+    if c.rows < len(c.files):
+        raise _bad(at, f"rows ({c.rows}) is smaller than its number of shards ({len(c.files)}); shards are never empty")
+    if version == "1.1" and c.rows_digest is None:
+        raise _bad(at, "field 'rows_digest' is missing")
+    return ConfigInfo(name, c.rows, c.kept, tuple(c.files), c.rows_digest if version == "1.1" else None)
 
 
 @dataclass(frozen=True)
@@ -319,26 +310,13 @@ class Manifest:
     raw: dict
     format_version: int | str = FORMAT_VERSION
 
-    def datasets_features(self):
-        """The rows' ``datasets.Features`` in column order."""
-        from datasets import Features
-
-        try:
-            feats = Features.from_dict(self.features)
-            order = self.raw.get("columns") or list(feats)
-            return Features({c: feats[c] for c in order})
-        except Exception as e:  # noqa: BLE001 - hostile feature dicts fail inside datasets in many ways
-            raise IntegrityError(f"manifest of {self.suite_id}: 'features'/'columns' do not describe valid datasets "
-                                 f"features ({type(e).__name__}); re-download or rebuild the suite") from None
-
     @classmethod
-    def from_bytes(cls, data: bytes, *, where: str) -> "Manifest":
+    def from_bytes(cls, data: bytes, *, where: str) -> Manifest:
         """Parse and check a manifest from outside: limits, types, names, shard paths, counts.
 
         Every problem is one ``IntegrityError`` naming the field; nothing else escapes.
         """
-        raw = parse_json_limited(data, what="manifest", where=where, max_bytes=MAX_MANIFEST_BYTES,
-                                 max_depth=MAX_JSON_DEPTH)
+        raw = parse_json(data, what="manifest", where=where, max_bytes=MAX_MANIFEST_BYTES)
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             found = raw.get("format") if isinstance(raw, dict) else None
             raise IntegrityError(f"{where}: not a {FORMAT_NAME} manifest (field 'format' is "
@@ -349,32 +327,27 @@ class Manifest:
             raise IntegrityError(f"{where}: manifest format_version {shown!r} is not supported by this "
                                  f"genshift-bench (reads 1 and '1.1'); upgrade genshift-bench or use a "
                                  "suite revision written in a supported format")
-        suite_id = check_name(_field(raw, "suite_id", str, where), "suite_id", where=where, error=IntegrityError)
-        suite_version = _field(raw, "suite_version", str, where, required=False, default="1")
-        if not VERSION_RE.fullmatch(suite_version):
-            raise _bad(where, f"suite_version {suite_version[:64]!r} is not a version (letters, digits, '.', '+', '-')")
-        if _field(raw, "split", str, where, required=False, default=SPLIT) != SPLIT:
-            raise _bad(where, f"split must be {SPLIT!r} (the format has one split)")
-        files = _parse_files(raw, where)
-        raw_configs = _field(raw, "configs", dict, where)
-        if not raw_configs:
-            raise _bad(where, "'configs' is empty")
-        configs = {name: _parse_config(name, c, version, files, where) for name, c in raw_configs.items()}
+        m = validate(_ManifestSchema, raw, where=where, fix=MANIFEST_FIX)
+        check_name(m.suite_id, "suite_id", where=where, error=IntegrityError)
+        for rel in m.files:
+            if not SHARD_PATH_RE.fullmatch(rel):
+                raise _bad(where, f"file {one_line(rel, 80)!r} is not a shard path "
+                           "data/<config>/test-NNNNN-of-NNNNN.parquet (no '..', no absolute paths)")
+        files = {rel: ManifestFile(rel, e.size, e.sha256) for rel, e in m.files.items()}
+        configs = {name: _config_info(name, c, version, files, where) for name, c in m.configs.items()}
         orphans = sorted(set(files) - {p for c in configs.values() for p in c.files})
         if orphans:
             raise _bad(where, f"file {orphans[0]} belongs to no config")
-        features = _field(raw, "features", dict, where)
-        check_features(features, where=f"{where}: features")
-        columns = _field(raw, "columns", list, where, required=False, default=list(features))
-        if sorted(c for c in columns if isinstance(c, str)) != sorted(features) or len(columns) != len(features):
+        check_features(m.features, where=f"{where}: features")
+        columns = list(m.features) if m.columns is None else m.columns
+        if sorted(c for c in columns if isinstance(c, str)) != sorted(m.features) or len(columns) != len(m.features):
             raise _bad(where, "'columns' must list the names in 'features', each once")
-        generator = _field(raw, "generator", dict, where, required=False, default={})
-        return cls(suite_id=suite_id, suite_version=suite_version, configs=configs, files=files,
-                   features=features, generator=generator, sha256=sha256_bytes(data), raw=raw,
+        return cls(suite_id=m.suite_id, suite_version=m.suite_version, configs=configs, files=files,
+                   features=m.features, generator=m.generator, sha256=sha256_bytes(data), raw=raw,
                    format_version=version)
 
     @classmethod
-    def load(cls, root: str | Path) -> "Manifest":
+    def load(cls, root: str | Path) -> Manifest:
         from genshift.fsutil import read_limited
 
         path = Path(root) / MANIFEST
@@ -509,12 +482,14 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
         big = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]
         if big:
             raise IntegrityError(f"{rel}: row group {big[0]} holds {meta.row_group(big[0]).num_rows} rows, more than "
-                                 f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per group)")
+                                 f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per "
+                                 "group)")
         table = pq.read_table(path, columns=list(ROW_COLUMNS))
         table.validate(full=True)  # e.g. invalid UTF-8 in strings
         return table
     except (pa.ArrowException, OSError) as e:
-        raise IntegrityError(f"{rel}: parquet rows cannot be read ({str(e)[:200]}); re-download or rebuild the suite") from None
+        raise IntegrityError(f"{rel}: parquet rows cannot be read ({str(e)[:200]}); re-download or rebuild the "
+                             "suite") from None
 
 
 def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
@@ -534,7 +509,8 @@ def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
                                      "(rebuild the suite)")
         if t.num_rows and not pc.all(pc.equal(t["config"], name)).as_py():
             row = pc.index(pc.not_equal(t["config"], name), True).as_py()
-            raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {t['config'][row].as_py()[:64]!r}, "
+            found = t["config"][row].as_py()[:64]
+            raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {found!r}, "
                                  f"not {name!r}; a row belongs to the folder it is stored in (rebuild the suite)")
         if t.num_rows:
             lo, hi = pc.min_max(t["label"]).values()

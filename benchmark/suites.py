@@ -20,8 +20,8 @@ from importlib import resources
 import yaml
 
 from genshift import imagenet
-from genshift.hubio import SHA_RE
 from genshift.families import FAMILIES
+from genshift.hubio import SHA_RE
 from genshift.registry import Registry
 
 METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)
@@ -207,7 +207,7 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
     suites, ImageNet* and LANCE, whose construction models are CLIP filters) fall back to the
     registry's ``construction_models``.
     """
-    from genshift.model_ids import model_key
+    from genshift.identity import timm_name
 
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
     target = gen.get("target")
@@ -215,7 +215,8 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
         sha, mid = target.get("weights_sha256"), target.get("id")
         if target.get("source") == "checkpoint" and isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha):
             return (f"sha256:{sha}",)
+        declared = target.get("declared_name")  # local weights: the name they were built as
         if isinstance(mid, str) and mid.strip():
-            return (model_key(mid)[:200],)
+            return (timm_name(declared if isinstance(declared, str) and declared.strip() else mid)[:200],)
     return spec.construction_models if spec else ()
 

@@ -1,6 +1,6 @@
 """Deterministic synthetic suites for tests, benchmark scripts and offline demos.
 
-    python -m genshift.synthetic --out /tmp/toy --configs base,in_the_snow --classes 10 --per-class 4
+    bench demo-suite --out /tmp/toy --configs base,in_the_snow --classes 10 --per-class 4
 
 Images are small JPEGs whose colour depends on (config, class, index), generated from a seeded
 ``numpy`` generator, so two calls with the same arguments write byte-identical suites.
@@ -8,18 +8,16 @@ Images are small JPEGs whose colour depends on (config, class, index), generated
 
 from __future__ import annotations
 
-import argparse
 import io
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 from datasets import Value
 from PIL import Image
 
+from genshift.suite_format import Manifest
 from genshift.writer import SuiteWriter
-from genshift.data_cards import render_card
 
 
 def synthetic_jpeg(rng: np.random.Generator, size: int = 64, quality: int = 90) -> bytes:
@@ -34,8 +32,10 @@ def synthetic_jpeg(rng: np.random.Generator, size: int = 64, quality: int = 90) 
 def make_synthetic_suite(root: str | Path, *, suite_id: str = "toy", configs: Sequence[str] = ("base", "shifted"),
                          classes: Sequence[int] = tuple(range(10)), per_class: int = 4, num_shards: int = 1,
                          keep_fraction: float = 0.75, pairs: bool = False, edit_types: Sequence[str] = (),
-                         image_size: int = 64, seed: int = 0, overwrite: bool = False):
-    """Write a suite (format 1.1, with its dataset card) and return its ``Manifest``.
+                         image_size: int = 64, seed: int = 0, overwrite: bool = False,
+                         card: Callable[[Manifest], str] | None = None) -> Manifest:
+    """Write a suite (format 1.1) and return its ``Manifest``; ``card`` renders its dataset card
+    (``genshift.data_cards.demo_card``; none is written without it).
 
     With ``pairs=True`` every row of every config gets ``pair_id = "<class>/<index>"`` (so the
     first config can play LANCE's ``original`` and the others its counterfactuals). With
@@ -72,38 +72,4 @@ def make_synthetic_suite(root: str | Path, *, suite_id: str = "toy", configs: Se
                         yield row
 
                 w.write_shard(config, shard, num_shards, rows())
-        return w.finalize(generator={"builder": "genshift.synthetic", "seed": seed, "images": "noise"}, card=lambda m: render_card(
-            m, template="generic", license="cc0-1.0", pretty_name=f"{suite_id} (synthetic test suite)",
-            tags=["synthetic"], context={"note": "Synthetic noise images for tests and demos: every model is "
-                                         "expected to score about 0% on them."}))
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="the new suite folder (must not exist or be empty)")
-    ap.add_argument("--suite-id", default="demo", help="the suite id written to the manifest (default: demo)")
-    ap.add_argument("--configs", default="base,shifted", help="comma-separated config names (default: base,shifted)")
-    ap.add_argument("--classes", type=int, default=10, help="use classes 0..N-1 (1..1000, default 10)")
-    ap.add_argument("--per-class", type=int, default=4, help="images per class and config (default 4)")
-    ap.add_argument("--shards", type=int, default=1, help="parquet shards per config (default 1)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the noise images (default 0)")
-    args = ap.parse_args(argv)
-    if not 1 <= args.classes <= 1000:
-        ap.error(f"--classes must be 1..1000, got {args.classes}")
-    if args.per_class < 1 or args.shards < 1:
-        ap.error("--per-class and --shards must be >= 1")
-    from genshift.errors import BenchError
-
-    try:
-        m = make_synthetic_suite(args.out, suite_id=args.suite_id, configs=args.configs.split(","),
-                                 classes=range(args.classes), per_class=args.per_class, num_shards=args.shards,
-                                 seed=args.seed)
-    except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    print(f"wrote {args.out}: {sum(c.rows for c in m.configs.values())} rows, manifest sha256 {m.sha256}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        return w.finalize(generator={"builder": "genshift.synthetic", "seed": seed, "images": "noise"}, card=card)

@@ -37,7 +37,7 @@ import logging
 import pickle
 import re
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +45,9 @@ import numpy as np
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import sha256_file
+from genshift.fsutil import StatKey, cache_root, sha256_file
 from genshift.reader import LocalSuite
+from genshift.suite_format import Manifest
 from genshift.suites import get_suite, imagenet_star_shifts
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ DATA_REVISION_PREFIX = _PINS["revision_prefix"]
 NO_MASK = ":none"  # mask argument meaning "score every image" (--no-mask); no file can be named so by accident
 
 PER_CLASS = 50
+MAX_MEMO_BYTES = 16 << 20  # zip-hashes.json: one line per zip ever hashed
 SHIFT_ALIASES = {"at_dusk_simple": "at_dusk"}
 IMAGE_RE = re.compile(r"^(\d{2})\.jpe?g$", re.IGNORECASE)
 _NUMPY_CALLABLES = {
@@ -116,7 +118,7 @@ def load_masks(path: str | Path, *, per_class: int = PER_CLASS, num_classes: int
         shift = SHIFT_ALIASES.get(key, key) if isinstance(key, str) else key
         if shift not in known:
             raise IntegrityError(f"{name}: unknown shift key {key!r} (known: {', '.join(sorted(known))})")
-        if not isinstance(arr, np.ndarray) or arr.ndim != 1 or not (arr.dtype.kind in "biu"):
+        if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in "biu":
             raise IntegrityError(f"{name}: key {key!r} is not a 1-d integer array")
         if arr.size != want:
             raise IntegrityError(f"{name}: key {key!r} has {arr.size:,} entries, expected {want:,} "
@@ -189,8 +191,11 @@ def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
 
 def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str], mask: str | Path | None = None,
                     strict: bool = False, per_class: int = PER_CLASS, classes: Iterable[int] | None = None,
-                    source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None):
-    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``.
+                    source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None,
+                    card: Callable[[Manifest], str] | None = None) -> Manifest:
+    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``; ``card``
+    renders its dataset card (``genshift.data_cards.upstream_card``; the conversions cached by
+    :func:`open_release` and :func:`open_upstream` have none: they are read, not published).
 
     Missing and unexpected files are a warning with the counts recorded in the manifest's
     ``generator.files`` (real copies of the release are short); ``strict=True`` makes them an
@@ -200,7 +205,6 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     from datasets import Value
 
     from genshift.writer import SuiteWriter
-    from genshift.data_cards import render_card
 
     root = Path(root)
     shifts = list(dict.fromkeys(shifts))
@@ -255,9 +259,7 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
                      "mask": None if mask is None else {"file": Path(mask).name, "sha256": fingerprint["mask_sha256"],
                                                         "index": "50 * class + image number"},
                      "zips_sha256": sources, "files": report}
-        return w.finalize(generator=generator, card=lambda m: render_card(
-            m, template="generic", license="mit", pretty_name="ImageNet* (upstream release, converted)",
-            context={"note": "Converted from madrylab/imagenet-star without re-encoding; keep = the authors' mask."}))
+        return w.finalize(generator=generator, card=card)
 
 
 def _blocks(items: list[ReleaseImage], classes: list[int]) -> list[list[ReleaseImage]]:
@@ -307,24 +309,19 @@ def release_shifts(path: str | Path) -> list[str]:
 
 
 def _cache_root(cache_dir: str | None) -> Path:
-    import os
-
-    from huggingface_hub import constants
-
-    return Path(cache_dir or os.path.join(constants.HF_HOME, "genshift")) / "upstream"
+    return (Path(cache_dir) if cache_dir else cache_root()) / "upstream"
 
 
 def _memo_sha256(path: Path, memo_file: Path) -> str:
-    """sha256 of a (multi-GB) file, remembered by (path, size, mtime) so unchanged zips are hashed once."""
-    import json
+    """sha256 of a (multi-GB) file, remembered by its path and stat key so unchanged zips are hashed once."""
+    from genshift.fsutil import atomic_write_json, read_json
 
-    from genshift.fsutil import atomic_write_json
-
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = f"{path.resolve()}|{StatKey.of(path)}"
     try:
-        memo = json.loads(memo_file.read_text())
-    except (OSError, ValueError):
+        memo = read_json(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo")
+    except IntegrityError:
+        memo = {}
+    if not isinstance(memo, dict):
         memo = {}
     if key not in memo:
         memo[key] = sha256_file(path)
@@ -333,7 +330,7 @@ def _memo_sha256(path: Path, memo_file: Path) -> str:
 
 
 def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
-    """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names, sizes, mtimes)."""
+    """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names and stat keys)."""
     import hashlib
 
     out = {}
@@ -345,8 +342,7 @@ def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str
             h = hashlib.sha256()
             for f in sorted((root / s).rglob("*")):
                 if f.is_file():
-                    st = f.stat()
-                    h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+                    h.update(f"{f.relative_to(root)}|{StatKey.of(f)}\n".encode())
             out[s] = "dir:" + h.hexdigest()
     return out
 
@@ -413,15 +409,15 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
     Without ``revision`` the repo's ``main`` must resolve to the paper-era commit
     (``DATA_REVISION_PREFIX``); ``mask`` as in :func:`open_release`.
     """
-    from genshift.hubio import resolve_or_cache, snapshot
+    from genshift.hubio import resolve, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
-    sha, reachable = resolve_or_cache(repo_id, revision, endpoint=endpoint, token=token)
+    sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     if revision is None and not sha.startswith(DATA_REVISION_PREFIX):
         raise IntegrityError(f"{repo_id} main is now {sha[:12]}…, not the commit {DATA_REVISION_PREFIX}… the "
-                             f"paper's release was scored at; pass --revision {sha} to score this revision anyway (recorded "
-                             "in the result)")
+                             f"paper's release was scored at; pass --revision {sha} to score this revision anyway "
+                             "(recorded in the result)")
     snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
                     endpoint=endpoint, token=token, local_only=not reachable)
     # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)

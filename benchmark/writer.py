@@ -28,13 +28,33 @@ import pyarrow.parquet as pq
 from datasets import Features, Image
 
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import (INCOMPLETE, atomic_path, atomic_write_bytes, atomic_write_json, canonical_json,
-                              ensure_writable_dir, sha256_bytes)
-from genshift.suite_format import (BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest, build_manifest,
-                                    check_config_name, check_name, rows_digest_table, shard_name, suite_features)
+from genshift.fsutil import (
+    INCOMPLETE,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    canonical_json,
+    ensure_writable_dir,
+    read_json,
+    sha256_bytes,
+)
+from genshift.suite_format import (
+    BUILD_STATE,
+    CARD,
+    MANIFEST,
+    SHARD_RE,
+    Manifest,
+    build_manifest,
+    check_config_name,
+    check_name,
+    rows_digest_table,
+    shard_name,
+    suite_features,
+)
 
 log = logging.getLogger(__name__)
 IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
+MAX_STATE_BYTES = 16 << 20  # build.json: the settings and features of a build
 
 
 def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
@@ -99,11 +119,11 @@ class SuiteWriter:
                     raise BenchError(f"output directory {str(self.root)!r} is not empty and holds no bench build; "
                                      "choose an empty or new directory")
             else:
-                import json
                 try:
-                    old = json.loads(state_path.read_text())
-                except ValueError:
+                    old = read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
+                except IntegrityError:
                     old = {}
+                old = old if isinstance(old, dict) else {}
                 same = old.get("fingerprint_sha256") == self.fingerprint_sha256
                 if not same or overwrite:
                     if not overwrite:
@@ -120,7 +140,7 @@ class SuiteWriter:
                 log.warning("removing %s left by an interrupted run", stale)
                 stale.unlink()
 
-    def __enter__(self) -> "SuiteWriter":
+    def __enter__(self) -> SuiteWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -154,7 +174,7 @@ class SuiteWriter:
                 raise BenchError(f"{other} was written with {int(m.group(2))} shards, this run asks for "
                                  f"{num_shards}; keep the shard count of a build, or pass --overwrite")
         n = kept = 0
-        schema = self.features.arrow_schema  # carries the 'huggingface' features metadata
+        schema, group = self.features.arrow_schema, self.rows_per_group  # the schema carries the features metadata
         with atomic_path(self.root / rel) as tmp:
             with pq.ParquetWriter(tmp, schema, **self._parquet_options()) as writer:
                 batch: list[dict] = []
@@ -163,14 +183,15 @@ class SuiteWriter:
                     batch.append(self.features.encode_example(dict(row)))
                     n += 1
                     kept += bool(row["keep"])
-                    if len(batch) == self.rows_per_group:
-                        writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=self.rows_per_group)
+                    if len(batch) == group:
+                        writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
                         batch = []
                 if batch:
-                    writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=self.rows_per_group)
+                    writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
                 if n == 0:
                     raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
                                      "(use fewer shards)")
+        log.debug("wrote %s: %d rows", rel, n)
         return ShardStats(rel, n, kept)
 
     def _parquet_options(self) -> dict:
@@ -220,7 +241,8 @@ class SuiteWriter:
             files = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
             counts = {int(SHARD_RE.match(p.name).group(2)) for p in files}
             if len(counts) != 1:
-                raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with --overwrite")
+                raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with "
+                                     "--overwrite")
             total = counts.pop()
             have = {int(SHARD_RE.match(p.name).group(1)) for p in files}
             missing = sorted(set(range(total)) - have)

@@ -38,5 +38,5 @@ python3 benchmarks/eval_throughput.py --device cuda --amp --model tf_efficientne
 #    (peak memory, seconds per image) next to the meta-device estimate, quoted in docs/performance.md
 #    ("Builder preflight"): $OUT/preflight_<suite>.txt
 for suite in imagenet-star lance-hardimagenet in-g-rn; do
-  python3 -m genshift build "$suite" --preflight --device cuda --measure 2>&1 | tee "$OUT/preflight_${suite}.txt" | tail -25
+  python3 -m genshift build "$suite" --preflight --device cuda 2>&1 | tee "$OUT/preflight_${suite}.txt" | tail -25
 done

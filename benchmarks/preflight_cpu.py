@@ -171,7 +171,7 @@ def _estimate_gib(stage: str) -> float:
             "ti-step": lambda: pf.ti_step(SD2, 768, torch.float32),
             "nti-p2p": lambda: pf.p2p_edit(SD14, 512, (0.4, 0.5, 0.6, 0.7, 0.8)),
             "blip2-caption": lambda: pf.blip2_caption(BLIP2, torch.bfloat16, new_tokens=20)}
-    st = pf.Stage(stage, stage, torch.float32, 1, runs[stage](), scales=False)
+    st = pf.Stage(stage, stage, torch.float32, 1, runs[stage]())
     rep = pf.check_stage(st)
     return rep.peak / pf.GiB
 

@@ -3,15 +3,15 @@
 Each builder is a module registered here under its suite id (lazily: importing this package does
 not import diffusers). A builder module provides::
 
-    add_arguments(parser)   # its own options for `bench build <suite>`
-    run(args) -> int        # builds into args.out with genshift.writer.SuiteWriter
+    Config                  # its options: a frozen dataclass (genshift.builders.common.BuildConfig)
+    run(cfg) -> int         # builds into cfg.out with genshift.writer.SuiteWriter
+
+``bench build <suite>`` derives the flags from ``Config``; builders never import the CLI.
 
 Shared generative components live next to the builders, one module each.
 """
 
 from __future__ import annotations
-
-import importlib
 
 from genshift.registry import Registry
 
@@ -23,6 +23,3 @@ BUILDERS.register("in-g-rn", "genshift.builders.in_g")
 BUILDERS.register("in-g-vit", "genshift.builders.in_g")
 BUILDERS.freeze()
 
-
-def builder_module(suite_id: str):
-    return importlib.import_module(BUILDERS.get(suite_id))

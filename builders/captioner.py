@@ -3,7 +3,14 @@
 ``caption(images, prefix=...)`` forces the generated text to continue ``prefix`` (BLIP-2's text
 prompt): IN-G forces the class prompt ("a realistic photograph of a fly (insect).", Wiles et al.),
 LANCE uses "a photo of". Decoding defaults follow the LANCE paper (Table 6): beam search with 5
-beams, 20-100 new tokens, repetition penalty 1.0. The returned text always starts with the prefix.
+beams, 20-100 new tokens, repetition penalty 1.0. ``min_words`` instead holds the end of the caption
+back until the continuation has that many words (LANCE: "a minimum caption length of 20 words").
+The returned text always starts with the prefix.
+
+Few-shot (IN-G: "forces descriptive completions via few-shot prompting. In particular, we use three
+shots, with each shot being an image and caption pair"): with ``shots`` the prompt interleaves each
+shot's image (its query tokens, as BLIP-2 places one image) and caption, then the image to caption
+and the prefix; the images' query outputs fill their places in order (BLIP-2's own generate).
 
 Both kinds of BLIP-2 language model work: decoder-only (OPT: the prompt is the start of the
 generated sequence, whose continuation is read after it) and encoder-decoder (Flan-T5: the
@@ -68,7 +75,7 @@ class Captioner:
         ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
         if lm == "opt":
             text_config = OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
-                                    num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32, **ids)
+                                    num_attention_heads=4, max_position_embeddings=1024, word_embed_proj_dim=32, **ids)
         elif lm == "t5":
             text_config = T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
                                    decoder_start_token_id=tok.pad_token_id, **ids)
@@ -90,31 +97,69 @@ class Captioner:
     @torch.inference_mode()
     def caption(self, images: Sequence, *, prefix: str | None = None, num_beams: int = 5, min_new_tokens: int = 20,
                 max_new_tokens: int = 100, repetition_penalty: float = 1.0, do_sample: bool = False,
-                seed: int | None = None) -> list[str]:
-        """One caption per image; with ``prefix``, generation continues it and the text starts with it."""
+                seed: int | None = None, min_words: int | None = None, shots: Sequence = ()) -> list[str]:
+        """One caption per image; with ``prefix``, generation continues it and the text starts with it.
+        ``shots``: (image, caption) pairs placed before each image (few-shot prompting)."""
         if min_new_tokens > max_new_tokens:
             raise BenchError(f"min_new_tokens {min_new_tokens} > max_new_tokens {max_new_tokens}")
         images = [im.convert("RGB") for im in images]
-        text = [prefix or ""] * len(images)
-        inputs = self.processor(images=images, text=text, return_tensors="pt").to(self.device)
+        if shots:
+            inputs = self._few_shot_inputs(images, prefix or "", shots)
+        else:
+            inputs = self.processor(images=images, text=[prefix or ""] * len(images), return_tensors="pt")
+        inputs = inputs.to(self.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
         start = inputs["input_ids"].shape[1]  # decoder-only: the output repeats the prompt
         if self.is_encoder_decoder:  # the output is the decoder's: start it with the prefix to continue
-            lm_config = self.model.config.text_config
-            forced = [lm_config.decoder_start_token_id]
+            forced = [self.model.config.text_config.decoder_start_token_id]
             if prefix:
                 forced += self.processor.tokenizer(prefix, add_special_tokens=False)["input_ids"]
             inputs["decoder_input_ids"] = torch.tensor([forced] * len(images), device=self.device)
             start = len(forced)
+        extra = {}
+        if min_words:
+            from transformers import LogitsProcessorList
+            extra["logits_processor"] = LogitsProcessorList([MinWords(self.processor.tokenizer, start, min_words)])
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(**inputs, num_beams=num_beams, min_new_tokens=min_new_tokens,
                                       max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty,
-                                      do_sample=do_sample)
-        new = out[:, start:]
-        tails = self.processor.tokenizer.batch_decode(new, skip_special_tokens=True)
+                                      do_sample=do_sample, **extra)
+        tails = self.processor.tokenizer.batch_decode(out[:, start:], skip_special_tokens=True)
         return [normalize(f"{prefix or ''} {t}") for t in tails]
+
+    def _few_shot_inputs(self, images: list, prefix: str, shots: Sequence):
+        """Token ids of [shot image, shot caption]... [image, prefix] (each image: its query tokens, then the text
+        with the tokenizer's special tokens, as the processor lays out one image) and, per image, the shots'
+        pixels before its own."""
+        from transformers import BatchFeature
+
+        tok, cfg = self.processor.tokenizer, self.model.config
+        ids: list[int] = []
+        for text in [c for _, c in shots] + [prefix]:
+            ids += [cfg.image_token_id] * cfg.num_query_tokens + tok(text)["input_ids"]
+        shot_images = [im.convert("RGB") for im, _ in shots]
+        pixels = self.processor.image_processor([im for q in images for im in (*shot_images, q)],
+                                                return_tensors="pt")["pixel_values"]
+        input_ids = torch.tensor([ids] * len(images))
+        return BatchFeature({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+                             "pixel_values": pixels})
+
+
+class MinWords:
+    """A logits processor that forbids the end of the text until the generated part (from ``start``) has
+    ``n`` words: transformers' ``min_new_tokens`` counts tokens, the LANCE paper counts words."""
+
+    def __init__(self, tokenizer, start: int, n: int) -> None:
+        self.tokenizer, self.start, self.n = tokenizer, start, n
+        self.eos = tokenizer.eos_token_id
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.start:], skip_special_tokens=True)
+        short = torch.tensor([len(t.split()) < self.n for t in texts], device=scores.device)
+        scores[short, self.eos] = -float("inf")
+        return scores
 
 
 def normalize(text: str) -> str:

@@ -92,9 +92,6 @@ class Thresholds:
     class_threshold: float
     shift_threshold: float | None = None
 
-    def to_dict(self) -> dict:
-        return {"class": self.class_threshold, "shift": self.shift_threshold}
-
 
 def kept_target(n: int, fraction: float) -> int:
     """``floor(n f)``, robust to the float error of ``n f`` (50000 x 46316/50000 is 46316)."""
@@ -157,9 +154,3 @@ def keep_flags(class_score: np.ndarray, shift_score: np.ndarray, thresholds: Thr
         s = np.asarray(shift_score, dtype=np.float64)
         keep &= np.isnan(s) | (s >= thresholds.shift_threshold)
     return keep
-
-
-def calibrate_thresholds(scores: Mapping[str, np.ndarray], target: Mapping[str, float] = RELEASED_KEPT_FRACTION
-                         ) -> dict[str, float]:
-    """Class-presence thresholds only (the ``class`` rule): shift -> threshold."""
-    return {s: t.class_threshold for s, t in calibrate(scores, target).items()}

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from genshift.errors import BenchError
+from genshift.builders.common import Checked, option
 from genshift.builders.in_g_prompts import class_prompt, seed_caption
 from genshift.builders.seeding import derive_seed
 
@@ -32,14 +32,30 @@ Caption = Callable[[list[bytes], str], list[str]]  # images, forced prefix -> te
 
 
 @dataclass(frozen=True)
-class DiscoverConfig:
-    n_baseline: int = 200
-    n_per_caption: int = 100
-    max_captions: int = 10
-    batch_size: int = 8
-    seed: int = 0
-    refine: bool = True
-    alpha: float = 0.05
+class Config(Checked):
+    """The options of ``bench discover`` (the search's settings and the models it runs)."""
+
+    model: str | None = option(None, "timm model to probe", required=True)
+    checkpoint: str | None = option(None, "local weights for --model")
+    klass: str | None = option(None, "class index or wnid", flag="--class", required=True)
+    target: str | None = option(None, "count predictions of this class (index or wnid) instead of any failure")
+    n_baseline: int = option(200, "images generated from the class prompt", min=1)
+    n_per_caption: int = option(100, "images generated per candidate caption", min=1)
+    max_captions: int = option(10, "candidate captions tested at most", min=1)
+    refine: bool = option(True, "skip refining the winning caption sentence by sentence", flag="--no-refine")
+    alpha: float = 0.05  # false discovery rate of the Benjamini-Hochberg test
+    generator: str = option("stabilityai/stable-diffusion-2-1-base", "Stable Diffusion checkpoint (Hub repo) that "
+                                                                     "generates the images")
+    captioner: str = option("Salesforce/blip2-opt-2.7b", "BLIP-2 checkpoint (Hub repo) that captions the failures")
+    captioning: str = option("three-shot", "three-shot: the paper's few-shot prompt (the IN-G shots); single-image: "
+                                           "the image and its class prompt only", choices=("three-shot", "single-image"))
+    steps: int = option(50, "diffusion steps per image", min=1)
+    size: int = option(512, "generated image size in pixels", min=8)
+    batch_size: int = option(8, "images per generation batch", min=1)
+    seed: int = option(0, "seed of the generation")
+    device: str | None = option(None, "default: cuda when available")
+    smoke: bool = option(False, "tiny random generator/captioner/model on CPU (plumbing check)")
+    out: str | None = option(None, "write the JSON report here")
 
 
 @dataclass
@@ -55,7 +71,7 @@ class Hypothesis:
 
 
 def _rate(prompt: str, n: int, key: str, *, label: int, target: int | None, generate: Generate,
-          classify: Classify, cfg: DiscoverConfig, keep_failures: bool = False) -> tuple[int, list[bytes]]:
+          classify: Classify, cfg: Config, keep_failures: bool = False) -> tuple[int, list[bytes]]:
     hits, failing = 0, []
     for a in range(0, n, cfg.batch_size):
         m = min(cfg.batch_size, n - a)
@@ -92,7 +108,7 @@ def bh_qvalues(p_values) -> np.ndarray:
 
 
 def _family(label: int, texts: list[str], key: str, k0: int, *, target: int | None, generate: Generate,
-            classify: Classify, cfg: DiscoverConfig) -> list[Hypothesis]:
+            classify: Classify, cfg: Config) -> list[Hypothesis]:
     """Rates of ``texts``, each tested against the baseline; significance by BH over the family."""
     hyps = []
     for text in texts:
@@ -106,16 +122,16 @@ def _family(label: int, texts: list[str], key: str, k0: int, *, target: int | No
 
 
 def discover(label: int, *, generate: Generate, classify: Classify, caption: Caption, target: int | None = None,
-             cfg: DiscoverConfig = DiscoverConfig(), an: bool = False) -> dict:
-    if cfg.n_baseline < 1 or cfg.n_per_caption < 1:
-        raise BenchError("--n-baseline and --n-per-caption must be positive")
+             cfg: Config = Config(), an: bool = False) -> dict:
     prompt = class_prompt(label, an=an).text
     k0, failing = _rate(prompt, cfg.n_baseline, "baseline", label=label, target=target, generate=generate,
                         classify=classify, cfg=cfg, keep_failures=True)
     report = {"class": label, "class_prompt": prompt, "target": target,
               "rate": "target rate" if target is not None else "total failure rate (top-1 != class)",
               "baseline": {"failures": k0, "n": cfg.n_baseline, "rate": k0 / cfg.n_baseline},
-              "config": asdict(cfg), "hypotheses": [], "refinement": []}
+              "config": {k: getattr(cfg, k) for k in ("n_baseline", "n_per_caption", "max_captions", "batch_size", "seed",
+                                                       "refine", "alpha", "captioning")},
+              "hypotheses": [], "refinement": []}
     if not failing:
         report["note"] = "no baseline failure to caption; raise --n-baseline"
         return report
@@ -132,18 +148,54 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
     return report
 
 
-def captioner_fn(captioner) -> Caption:
-    """Adapt ``genshift.builders.captioner.Captioner`` to the (images, prefix) -> texts signature."""
+def captioner_fn(captioner, *, captioning: str = "three-shot") -> Caption:
+    """Adapt ``genshift.builders.captioner.Captioner`` to the (images, prefix) -> texts signature, with the
+    IN-G captioning: the three shots before each image (``three-shot``) or the image alone."""
     from PIL import Image
+
+    from genshift.builders.in_g import DECODING
+    from genshift.builders.in_g_prompts import shots
+
+    few = shots()[0] if captioning == "three-shot" else []
 
     def caption(images: list[bytes], prefix: str) -> list[str]:
         out = []
         for a in range(0, len(images), 16):
             pil = [Image.open(io.BytesIO(b)) for b in images[a:a + 16]]
-            out += captioner.caption(pil, prefix=prefix, num_beams=5, min_new_tokens=8, max_new_tokens=40)
+            out += captioner.caption(pil, prefix=prefix, shots=few, **DECODING)
         return out
 
     return caption
+
+
+def search(cfg: Config) -> dict:
+    """``bench discover``: load the models the config names and run :func:`discover`; the report."""
+    from genshift import imagenet
+    from genshift.builders.captioner import Captioner
+    from genshift.builders.common import ConfigError
+    from genshift.builders.in_g_mining import classifier_from_timm
+    from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+
+    for name in ("model", "klass"):
+        if getattr(cfg, name) is None:
+            raise ConfigError(name, "is required")
+    label, target = imagenet.parse_class(cfg.klass), (imagenet.parse_class(cfg.target) if cfg.target else None)
+    if cfg.smoke:
+        settings = GenerationSettings(model_id="tiny", scheduler="default", steps=2, height=64, width=64,
+                                      output_size=64, dtype="float32", batch_size=cfg.batch_size)
+        gen, cap = SDGenerator.tiny(settings, prediction_type="epsilon"), Captioner.tiny()
+        classify, _ = classifier_from_timm(cfg.model, checkpoint=cfg.checkpoint, pretrained=cfg.checkpoint is not None)
+    else:
+        import torch
+
+        device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        settings = GenerationSettings(model_id=cfg.generator, scheduler="default", steps=cfg.steps, height=cfg.size,
+                                      width=cfg.size, output_size=cfg.size, batch_size=cfg.batch_size)
+        gen = SDGenerator.from_pretrained(settings, device=device)
+        cap = Captioner.from_pretrained(cfg.captioner, device=device)
+        classify, _ = classifier_from_timm(cfg.model, device=device, checkpoint=cfg.checkpoint)
+    return discover(label, generate=gen.generate, classify=classify, target=target, cfg=cfg,
+                    caption=captioner_fn(cap, captioning=cfg.captioning))
 
 
 def format_report(report: dict) -> list[dict]:

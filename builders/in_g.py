@@ -1,59 +1,69 @@
 """``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
 
 No code or data was released for these sets; this is an open re-creation with substitutes
-(``docs/builders.md``): seed captions from ImageNet-A images (a BLIP-2 captioner forced to
-continue the class prompt, at most two sentences) or from a caption file; Stable Diffusion 2.1-base
-as the generator; the timm target (``resnet50.tv_in1k`` / ``vit_base_patch16_224.augreg_in1k``);
-failures kept by the WordNet-parent rule up to a cap per caption. Mining is resumable per caption
-and spread over ``accelerate`` processes by caption id; the main process writes the suite.
+(``docs/builders.md``): seed captions from every ImageNet-A image (BLIP-2 prompted with three
+shots, as the paper's captioner, forced to continue the class prompt, at most two sentences; or a
+caption file); Stable Diffusion 2.1-base as the generator; the timm target (``resnet50.tv_in1k`` /
+``vit_base_patch16_224.augreg_in1k``); failures kept by the WordNet-parent rule up to a cap per
+caption. Mining is resumable per caption and spread over ``accelerate`` processes by caption id;
+the main process writes the suite.
 """
 
 from __future__ import annotations
 
-import argparse
+import io
 import json
-import logging
 import shutil
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.cli._common import positive_int
-from genshift.builders import determinism
+from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
 
-log = logging.getLogger(__name__)
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
 WORK = ".work"
+CAPTIONING = ("three-shot", "single-image")
+DECODING = {"num_beams": 5, "min_new_tokens": 8, "max_new_tokens": 40}
+FEW_SHOT_PROMPT = ("per shot: the shot image (its BLIP-2 query tokens), then its caption; then the image to caption "
+                   "and its class prompt, which the captioner continues")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", help="output suite folder (resumable; see --overwrite); required unless --preflight")
-    p.add_argument("--overwrite", action="store_true", help="replace a different build in --out")
-    p.add_argument("--smoke", action="store_true", help="whole pipeline with tiny random models on CPU")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--captions", help="seed captions: CSV class,caption or JSONL {class, caption}")
-    src.add_argument("--imagenet-a", help="ImageNet-A folder (<wnid>/*.jpg) to caption with --captioner")
-    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b", help="BLIP-2 checkpoint for --imagenet-a")
-    p.add_argument("--images-per-class", type=positive_int, help="caption at most N ImageNet-A images per class")
-    p.add_argument("--an", action="store_true", help="a/an in class prompts (the paper always writes 'a')")
-    p.add_argument("--target", help="timm target model (default: resnet50.tv_in1k for in-g-rn, "
-                                    "vit_base_patch16_224.augreg_in1k for in-g-vit)")
-    p.add_argument("--target-checkpoint", help="local weights for the target")
-    p.add_argument("--n-max", type=positive_int, default=1000, help="images sampled per caption at most")
-    p.add_argument("--cap", type=int, default=2, help="failures kept per caption")
-    p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
-    p.add_argument("--generator", default="stabilityai/stable-diffusion-2-1-base",
-                   help="Stable Diffusion checkpoint (Hub repo) of the generator")
-    p.add_argument("--generator-revision",
-                   help="commit sha of --generator to pin (default: main, resolved sha recorded)")
-    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
-    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
-    p.add_argument("--size", type=positive_int, default=512, help="generated image size in pixels")
-    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
-                   help="generator weights dtype")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="images per generation batch")
-    p.add_argument("--captions-per-shard", type=positive_int, default=500, help="failing captions per output parquet shard")
-    p.add_argument("--device", help="default: cuda when available")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    determinism.add_arguments(p)
+@dataclass(frozen=True)
+class Config(BuildConfig):
+    """The options of ``bench build in-g-rn | in-g-vit``."""
+
+    suite: str = "in-g-rn"  # which set: the target it mines against (no flag: the CLI's <suite>)
+    captions: str | None = option(None, "seed captions: CSV class,caption or JSONL {class, caption}")
+    imagenet_a: str | None = option(None, "ImageNet-A folder (<wnid>/*.jpg) to caption with --captioner")
+    captioning: str = option("three-shot", "three-shot: the paper's few-shot prompt (three image and caption pairs "
+                                           "before each image, recorded in the manifest); single-image: the image "
+                                           "and its class prompt only", choices=CAPTIONING)
+    captioner: str = option("Salesforce/blip2-opt-2.7b", "BLIP-2 checkpoint for --imagenet-a")
+    images_per_class: int | None = option(None, "caption at most N ImageNet-A images per class", min=1)
+    dedup_captions: bool = option(False, "mine each distinct caption once (default: every image's caption, as the "
+                                         "paper extracts captions from all 7,500 ImageNet-A images)")
+    an: bool = option(False, "a/an in class prompts (the paper always writes 'a')")
+    target: str | None = option(None, "timm target model (default: resnet50.tv_in1k for in-g-rn, "
+                                      "vit_base_patch16_224.augreg_in1k for in-g-vit)")
+    target_checkpoint: str | None = option(None, "local weights for the target")
+    n_max: int = option(1000, "images sampled per caption at most (--smoke: 8)", min=1)
+    cap: int = option(2, "failures kept per caption", min=1)
+    generator: str = option("stabilityai/stable-diffusion-2-1-base", "Stable Diffusion checkpoint (Hub repo)")
+    generator_revision: str | None = option(None, "commit sha of --generator to pin (default: main, resolved sha "
+                                                  "recorded)")
+    steps: int = option(50, "diffusion steps per image", min=1)
+    guidance: float = option(7.5, "classifier-free guidance scale")
+    size: int = option(512, "generated image size in pixels", min=8)
+    dtype: str = option("float16", "generator weights dtype", choices=("float16", "bfloat16", "float32"))
+    batch_size: int = option(8, "images per generation batch", min=1)
+    captions_per_shard: int = option(500, "failing captions per output parquet shard", min=1)
+
+    def check(self) -> None:
+        if self.suite not in TARGETS:
+            raise ConfigError("suite", f"{self.suite!r} is not an IN-G suite ({', '.join(TARGETS)})")
+        if self.captions and self.imagenet_a:
+            raise ConfigError("captions", "give seed captions one way: --captions FILE or --imagenet-a DIR")
+        if self.n_max < self.cap:
+            raise ConfigError("n_max", f"{self.n_max} is smaller than --cap {self.cap}: a caption could never fill its cap")
 
 
 def _features():
@@ -66,96 +76,122 @@ def _features():
             "top1_miss": Value("bool"), "top3_miss": Value("bool"), "parent_failure": Value("bool")}
 
 
-SMOKE_SENTENCES = ("it is on a table. the background is green.", "it is in the snow. the background is white.")
-
-
-def _captions(args, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
+def _seed_images(cfg: Config):
+    """(label, image file or bytes) of the images to caption: ImageNet-A's, or two synthetic ones per class (smoke)."""
     from genshift import imagenet
     from genshift.errors import BenchError
-    from genshift.fsutil import atomic_write_bytes, sha256_file
-    from genshift.builders.in_g_prompts import class_prompt, read_captions, seed_caption
 
-    if args.captions:
-        caps = read_captions(args.captions, an=args.an)
-        return caps, {"source": "file", "file": Path(args.captions).name, "sha256": sha256_file(args.captions)}
-    if args.smoke:
-        labels = list(imagenet.imagenet_a_indices()[:2])
-        caps = [(y, seed_caption(class_prompt(y, an=args.an).text, s)) for y in labels for s in SMOKE_SENTENCES]
-        return caps, {"source": "smoke: class prompts + fixed sentences"}
-    if not args.imagenet_a:
-        raise BenchError("give seed captions: --captions FILE or --imagenet-a DIR (images to caption)")
-    cache = out / WORK / "captions.jsonl"
-    if cache.is_file():
-        caps = read_captions(cache, an=args.an)
-    else:
+    if cfg.smoke:
+        import numpy as np
         from PIL import Image
 
-        from genshift.builders.captioner import Captioner
-
-        root = Path(args.imagenet_a)
-        if not root.is_dir():
-            raise BenchError(f"--imagenet-a {str(root)!r} is not a folder of <wnid>/ image folders")
-        cap = Captioner.from_pretrained(args.captioner, device=device)
-        caps = []
-        for d in sorted(p for p in root.iterdir() if p.is_dir()):
-            y = imagenet.index_of(d.name)
-            prompt = class_prompt(y, an=args.an).text
-            files = sorted(f for f in d.iterdir() if f.suffix.lower() in (".jpg", ".jpeg", ".png"))
-            files = files[: args.images_per_class] if args.images_per_class else files
-            for a in range(0, len(files), 16):
-                imgs = [Image.open(f) for f in files[a:a + 16]]
-                for text in cap.caption(imgs, prefix=prompt, num_beams=5, min_new_tokens=8, max_new_tokens=40):
-                    caps.append((y, seed_caption(prompt, text)))
-        if not caps:
-            raise BenchError(f"no images found under {root}")
-        lines = "".join(json.dumps({"class": y, "caption": c}) + "\n" for y, c in dict.fromkeys(caps))
-        atomic_write_bytes(cache, lines.encode())
-    return list(dict.fromkeys(caps)), {"source": "imagenet-a", "captioner": args.captioner,
-                                        "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
+        out = []
+        for k, y in enumerate(imagenet.imagenet_a_indices()[:2]):
+            for i in range(2):
+                buf = io.BytesIO()
+                Image.fromarray(np.full((48, 48, 3), (60 * k + 90 * i) % 256, np.uint8)).save(buf, format="PNG")
+                out.append((y, buf.getvalue()))
+        return out
+    root = Path(cfg.imagenet_a)
+    if not root.is_dir():
+        raise ConfigError("imagenet_a", f"{str(root)!r} is not a folder of <wnid>/ image folders")
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        files = sorted(f for f in d.iterdir() if f.suffix.lower() in (".jpg", ".jpeg", ".png"))
+        out += [(imagenet.index_of(d.name), f) for f in files[: cfg.images_per_class]]
+    if not out:
+        raise BenchError(f"no images found under {root}")
+    return out
 
 
-def run(args) -> int:
-    with determinism.fixed_threads(args.cpu_threads):
-        return _run(args)
+def caption_images(cfg: Config, device: str) -> tuple[list[tuple[int, str]], dict]:
+    """One seed caption per image (:func:`_seed_images`), by the configured captioning; and how."""
+    from PIL import Image
+
+    from genshift.builders.captioner import Captioner
+    from genshift.builders.in_g_prompts import class_prompt, seed_caption, shots
+
+    cap = Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
+    few, record = shots() if cfg.captioning == "three-shot" else ([], [])
+    caps, images = [], _seed_images(cfg)
+    for y in dict.fromkeys(y for y, _ in images):
+        prompt = class_prompt(y, an=cfg.an).text
+        mine = [src for label, src in images if label == y]
+        for a in range(0, len(mine), 16):
+            batch = [Image.open(io.BytesIO(s) if isinstance(s, bytes) else s) for s in mine[a:a + 16]]
+            caps += [(y, seed_caption(prompt, t)) for t in cap.caption(batch, prefix=prompt, shots=few, **DECODING)]
+    info = {"source": "smoke: synthetic images" if cfg.smoke else "imagenet-a", "captioner": cap.model_id,
+            "captioning": cfg.captioning, "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
+    if few:
+        info.update(shots=record, prompt=FEW_SHOT_PROMPT)
+    return caps, info
 
 
-def _run(args) -> int:
-    from genshift.errors import BenchError
-    from genshift.fsutil import atomic_write_json, canonical_json, sha256_bytes
-    from genshift.writer import SuiteWriter
+def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
+    from genshift.fsutil import atomic_write_bytes, sha256_file
+    from genshift.builders.in_g_prompts import read_captions
+
+    if cfg.captions:
+        caps = read_captions(cfg.captions, an=cfg.an)
+        info = {"source": "file", "file": Path(cfg.captions).name, "sha256": sha256_file(cfg.captions)}
+    else:  # caption ImageNet-A (or, --smoke, synthetic images)
+        cache = out / WORK / "captions.jsonl"
+        if cache.is_file():
+            lines = cache.read_text().splitlines()
+            info = json.loads(lines[0])
+            caps = [(r["class"], r["caption"]) for r in map(json.loads, lines[1:])]
+        else:
+            caps, info = caption_images(cfg, device)
+            text = [json.dumps(info)] + [json.dumps({"class": y, "caption": c}) for y, c in caps]
+            atomic_write_bytes(cache, ("\n".join(text) + "\n").encode())
+    if cfg.dedup_captions:
+        caps = list(dict.fromkeys(caps))
+    return caps, {**info, "deduplicated": cfg.dedup_captions}
+
+
+def run(cfg: Config) -> int:
+    with fixed_threads(cfg.cpu_threads):
+        return _run(cfg)
+
+
+def _run(cfg: Config) -> int:
+    from genshift.builders.common import effective_batch_sizes, open_writer, provenance, record_batch_size
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
     from genshift.distributed import current_process, plan_nonempty_shards, shard_of
+    from genshift.data_cards import render_card
+    from genshift.errors import BenchError
+    from genshift.fsutil import sha256_file
 
-    suite_id = args.suite
-    cfg = MiningConfig(n_max=args.n_max if not args.smoke or args.n_max != 1000 else 8, cap=args.cap,
-                       batch_size=args.batch_size if not args.smoke else 4, seed=args.seed)
+    if not (cfg.captions or cfg.imagenet_a or cfg.smoke):  # before anything is written
+        raise BenchError("give seed captions: --captions FILE or --imagenet-a DIR (images to caption)")
+    mining = MiningConfig(n_max=8 if cfg.smoke and cfg.n_max == 1000 else cfg.n_max, cap=cfg.cap,
+                          batch_size=4 if cfg.smoke else cfg.batch_size, seed=cfg.seed)
     proc = current_process()
-    device = proc.device(args.device, cpu=args.smoke)  # each accelerate process on its node-local GPU
-    out = Path(args.out)
-    target = args.target or TARGETS[suite_id]
-    if args.smoke:
+    device = proc.device(cfg.device, cpu=cfg.smoke)  # each accelerate process on its node-local GPU
+    out = Path(cfg.out)
+    target = cfg.target or TARGETS[cfg.suite]
+    if cfg.smoke:
         settings = GenerationSettings(model_id="tiny-random-sd(seed=0)", scheduler="default", steps=2, height=64,
                                       width=64, output_size=64, dtype="float32", batch_size=4)
     else:
-        settings = GenerationSettings(model_id=args.generator, revision=args.generator_revision, scheduler="default",
-                                      steps=args.steps, guidance=args.guidance, height=args.size, width=args.size,
-                                      output_size=args.size, dtype=args.dtype, batch_size=args.batch_size)
-    captions, caption_info = _captions(args, out, device)
-    fingerprint = {"suite": suite_id, "target": target, "captions": sha256_bytes(canonical_json(captions)),
-                   "mining": cfg.__dict__, "generation": settings.to_dict(), "an": args.an, "smoke": args.smoke,
-                   "cpu_threads": args.cpu_threads}
-    kw = dict(suite_id=suite_id, extra_features=_features(), fingerprint=fingerprint)
-    if proc.is_main:
-        writer = SuiteWriter(out, overwrite=args.overwrite, **kw)
-        if writer.finished:
-            print(f"{out} is already built (manifest present); nothing to do")
-            return 0
+        settings = GenerationSettings(model_id=cfg.generator, revision=cfg.generator_revision, scheduler="default",
+                                      steps=cfg.steps, guidance=cfg.guidance, height=cfg.size, width=cfg.size,
+                                      output_size=cfg.size, dtype=cfg.dtype, batch_size=cfg.batch_size)
+    seeds = ({"file": sha256_file(cfg.captions)} if cfg.captions else  # what the seed captions come from
+             {"captioner": cfg.captioner, "captioning": cfg.captioning, "images_per_class": cfg.images_per_class})
+    fingerprint = {"suite": cfg.suite, "target": target, "captions": seeds, "dedup": cfg.dedup_captions,
+                   "mining": asdict(mining), "generation": settings.to_dict(), "an": cfg.an, "smoke": cfg.smoke,
+                   "cpu_threads": cfg.cpu_threads}
+    writer = open_writer(cfg, proc, suite_id=cfg.suite, extra_features=_features(), fingerprint=fingerprint)
+    if writer is None:
+        return 0
+    if proc.is_main:  # the main process captions; the others read its captions
+        captions, caption_info = _captions(cfg, out, device)
     proc.wait()
     if not proc.is_main:
-        writer = SuiteWriter(out, clean_incomplete=False, **kw)
-
-    if args.smoke:
+        captions, caption_info = _captions(cfg, out, device)
+    if cfg.smoke:
         import torch
 
         with torch.random.fork_rng(devices=[]):  # seeded random weights: the smoke suite is reproducible
@@ -164,40 +200,40 @@ def _run(args) -> int:
         target = "test_resnet.r160_in1k (random weights, smoke)"
         gen = SDGenerator.tiny(settings, prediction_type="epsilon")
     else:
-        classify, target_desc = classifier_from_timm(target, device=device, checkpoint=args.target_checkpoint)
+        classify, target_desc = classifier_from_timm(target, device=device, checkpoint=cfg.target_checkpoint)
         gen = SDGenerator.from_pretrained(settings, device=device)
-    results = mine_all(captions, out / WORK / "captions", generate=gen.generate, classify=classify, cfg=cfg,
-                       owns=lambda cid: shard_of(cid, proc.count) == proc.index, progress=args.progress)
-    # the generation batch size this process ended with (after any out-of-memory back-off)
-    atomic_write_json(out / WORK / f"batch-size-{proc.index}.json", {"batch_size": gen.backoff.batch_size})
+    kw = dict(generate=gen.generate, classify=classify, cfg=mining)
+    mine_all(captions, out / WORK / "captions", owns=lambda cid: shard_of(cid, proc.count) == proc.index,
+             progress=cfg.progress, **kw)
+    record_batch_size(out / WORK, proc.index, gen.backoff.batch_size)
     proc.wait()
     if not proc.is_main:
         return 0
-    results = mine_all(captions, out / WORK / "captions", generate=gen.generate, classify=classify, cfg=cfg,
-                       progress=False)  # every checkpoint now exists: loads them all
+    results = mine_all(captions, out / WORK / "captions", progress=False, **kw)  # every checkpoint exists: loads all
     with_failures = [r for r in results.values() if r.kept]
     if not with_failures:
         raise BenchError(f"no failures were found for any of {len(results)} captions; raise --n-max or check the target")
-    n_shards = max(1, len(with_failures) // args.captions_per_shard)
-    shards = plan_nonempty_shards(with_failures, n_shards, key=lambda r: r.caption_id)
+    shards = plan_nonempty_shards(with_failures, max(1, len(with_failures) // cfg.captions_per_shard),
+                                  key=lambda r: r.caption_id)
     for i, shard in enumerate(shards):
         if not writer.shard_done("generated", i, len(shards)):
-            writer.write_shard("generated", i, len(shards), _rows(shard, settings, target, target_desc, args.an))
+            writer.write_shard("generated", i, len(shards), _rows(shard, settings, target, target_desc, cfg.an))
     stats = {r.caption_id: {"label": r.label, "sampled": r.sampled, "kept": len(r.kept)} for r in results.values()}
     sampled = sum(s["sampled"] for s in stats.values())
     kept = sum(s["kept"] for s in stats.values())
-    provenance = {"builder": "genshift.builders.in_g", "paper": "Wiles, Albuquerque, Gowal (2022)", "suite": suite_id,
-                  "target": {"model": target, **target_desc},
-                  "generation": {**gen.provenance(), "batch_size_effective": {
-                      str(i): json.loads((out / WORK / f"batch-size-{i}.json").read_text())["batch_size"]
-                      for i in range(proc.count)}},
-                  "determinism": determinism.provenance(args.cpu_threads, device),
-                  "mining": {**cfg.__dict__, "failure": "none of the target's top-3 predictions is under the WordNet parent of the label",
-                             "seed_rule": "derive_seed(seed, caption_id, attempt)"},
-                  "captions": {**caption_info, "count": len(results), "with_failures": len(with_failures)},
-                  "yield": {"sampled": sampled, "kept": kept, "kept_per_sampled": kept / sampled if sampled else None},
-                  "per_caption": stats}
-    manifest = writer.finalize(generator=provenance, card=lambda m: _card(m, provenance))
+    p = {"builder": "genshift.builders.in_g", "paper": "Wiles, Albuquerque, Gowal (2022)", "suite": cfg.suite,
+         "target": {"model": target, **target_desc},
+         "generation": {**gen.provenance(), "batch_size_effective": effective_batch_sizes(out / WORK)},
+         "determinism": provenance(cfg.cpu_threads, device),
+         "mining": {**asdict(mining), "failure": "none of the target's top-3 predictions is under the WordNet parent "
+                                                 "of the label", "seed_rule": "derive_seed(seed, caption_id, attempt)"},
+         "captions": {**caption_info, "count": len(results), "with_failures": len(with_failures)},
+         "yield": {"sampled": sampled, "kept": kept, "kept_per_sampled": kept / sampled if sampled else None},
+         "per_caption": stats}
+    name = "IN-G-RN" if cfg.suite == "in-g-rn" else "IN-G-ViT"
+    manifest = writer.finalize(generator=p, card=lambda m: render_card(
+        m, template="in_g", license="other", pretty_name=f"{name} (genshift-bench re-creation)",
+        tags=["in-g", "failure-mining", "synthetic"], context={"p": p, "name": name}))
     shutil.rmtree(out / WORK, ignore_errors=True)
     print(f"built {out}: {kept} failures kept from {sampled} images over {len(results)} captions "
           f"({len(with_failures)} with failures); manifest sha256 {manifest.sha256}")
@@ -217,11 +253,3 @@ def _rows(results, settings, target: str, target_desc: dict, an: bool):
                    "target_model": target, "target_weights_sha256": target_desc.get("weights_sha256") or "",
                    "target_top5_idx": a.top5_idx, "target_top5_prob": a.top5_prob, "top1_miss": a.top1_miss,
                    "top3_miss": a.top3_miss, "parent_failure": a.parent_failure}
-
-
-def _card(manifest, provenance: dict) -> str:
-    from genshift.data_cards import render_card
-
-    name = "IN-G-RN" if provenance["suite"] == "in-g-rn" else "IN-G-ViT"
-    return render_card(manifest, template="in_g", license="other", pretty_name=f"{name} (genshift-bench re-creation)",
-                       tags=["in-g", "failure-mining", "synthetic"], context={"p": provenance, "name": name})

@@ -37,14 +37,17 @@ class MiningConfig:
 
     def __post_init__(self) -> None:
         if self.cap < 1:
-            raise BenchError(f"--cap must be at least 1 (failures kept per caption), got {self.cap}")
+            raise BenchError(f"cap must be at least 1 (failures kept per caption), got {self.cap}")
         if self.n_max < self.cap:
-            raise BenchError(f"--n-max ({self.n_max}) is smaller than --cap ({self.cap}); a caption could never fill "
+            raise BenchError(f"n_max ({self.n_max}) is smaller than cap ({self.cap}); a caption could never fill "
                              "its cap")
 
 
-def caption_id(label: int, caption: str) -> str:
-    return f"{label:03d}-{hashlib.sha256(caption.encode()).hexdigest()[:12]}"
+def caption_id(label: int, caption: str, occurrence: int = 0) -> str:
+    """The id of a caption; a caption seen again (another image gave the same text) gets its own id,
+    hence its own seeds: each seed caption is mined, as the paper mines every image's caption."""
+    text = caption if occurrence == 0 else f"{caption}#{occurrence}"
+    return f"{label:03d}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 @dataclass
@@ -97,9 +100,9 @@ def _schema():
 
 
 def mine_caption(label: int, caption: str, *, generate: Generate, classify: Classify, cfg: MiningConfig,
-                 on_batch: Callable[[int], None] | None = None) -> CaptionResult:
+                 on_batch: Callable[[int], None] | None = None, cid: str | None = None) -> CaptionResult:
     """Sample until ``cfg.cap`` failures are kept or ``cfg.n_max`` images were sampled."""
-    cid = caption_id(label, caption)
+    cid = cid or caption_id(label, caption)
     kept: list[Attempt] = []
     sampled = 0
     while sampled < cfg.n_max and len(kept) < cfg.cap:
@@ -128,21 +131,25 @@ def mine_all(captions: Sequence[tuple[int, str]], work_dir: Path, *, generate: G
     """Mine every caption this process owns, resuming from checkpoints in ``work_dir``."""
     from tqdm.auto import tqdm
 
+    from collections import Counter
+
     work_dir.mkdir(parents=True, exist_ok=True)
     out = {}
     todo = []
+    seen: Counter = Counter()
     for label, caption in captions:
-        cid = caption_id(label, caption)
+        cid = caption_id(label, caption, seen[label, caption])
+        seen[label, caption] += 1
         if not owns(cid):
             continue
         ckpt = work_dir / f"{cid}.parquet"
         if ckpt.is_file():
             out[cid] = CaptionResult.load(ckpt)
         else:
-            todo.append((label, caption, ckpt))
+            todo.append((label, caption, ckpt, cid))
     bar = tqdm(total=len(todo), desc="mine", unit="caption", disable=not progress, dynamic_ncols=True)
-    for label, caption, ckpt in todo:
-        res = mine_caption(label, caption, generate=generate, classify=classify, cfg=cfg)
+    for label, caption, ckpt, cid in todo:
+        res = mine_caption(label, caption, generate=generate, classify=classify, cfg=cfg, cid=cid)
         res.save(ckpt)
         out[res.caption_id] = res
         bar.update(1)

@@ -64,16 +64,11 @@ def check_caption(label: int, caption: str, *, an: bool = False) -> str:
     return caption
 
 
-def _label(text: str, where: str) -> int:
-    text = str(text).strip()
-    if text.isdigit():
-        if not 0 <= int(text) < imagenet.NUM_CLASSES:
-            raise BenchError(f"{where}: class {text} is not an ImageNet-1k index (0..999)")
-        return int(text)
+def _label(text, where: str) -> int:
     try:
-        return imagenet.index_of(text)
-    except KeyError:
-        raise BenchError(f"{where}: class {text!r} is not an ImageNet-1k wnid or index") from None
+        return imagenet.parse_class(text)
+    except BenchError as e:
+        raise BenchError(f"{where}: {e}") from None
 
 
 def read_captions(path: str | Path, *, an: bool = False) -> list[tuple[int, str]]:
@@ -102,3 +97,22 @@ def read_captions(path: str | Path, *, an: bool = False) -> list[tuple[int, str]
     if not rows:
         raise BenchError(f"caption file {path} holds no captions")
     return [(y, check_caption(y, c.strip(), an=an)) for y, c in rows]
+
+
+def shots() -> tuple[list, list[dict]]:
+    """The captioner's three shots (package data ``in_g_shots.yaml``): ``[(PIL image, caption)]`` and
+    their record for the suite's provenance (image file, its sha256, caption)."""
+    import hashlib
+    import io
+    from importlib import resources
+
+    import yaml
+    from PIL import Image
+
+    data = resources.files("genshift.builders").joinpath("_data")
+    out, record = [], []
+    for s in yaml.safe_load(data.joinpath("in_g_shots.yaml").read_text()):
+        raw = data.joinpath(s["image"]).read_bytes()
+        out.append((Image.open(io.BytesIO(raw)).convert("RGB"), s["caption"]))
+        record.append({"image": s["image"], "sha256": hashlib.sha256(raw).hexdigest(), "caption": s["caption"]})
+    return out, record

@@ -1,11 +1,12 @@
 """``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
 
 Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop ->
-caption (BLIP-2, "a photo of ...") -> caption edits from an instruction LLM (six prompts; the
-paper's five types, weather within background) -> edits drawn as Algorithm 1 does (a seeded draw
-of the type, then of an edit of it) through the text filter (the class must not change), N =
-``--max-edits`` tries (``--cap-counts kept``: until N pass) -> null-text inversion once -> prompt-to-prompt for every kept edit with the f
-sweep in one batched pass -> CLIP checks -> the best passing f.
+caption (BLIP-2, "a photo of ...", at least 20 words) -> caption edits from an instruction LLM (six
+prompts; the paper's five types, weather within background) -> edits drawn as Algorithm 1 does (a
+seeded draw of the type, then of an edit of it) through the text filter (the class must not
+change), N = ``--max-edits`` tries (``--cap-counts kept``: until N pass) -> null-text inversion
+once -> prompt-to-prompt for every kept edit with the f sweep 0.4 ... 0.9 in one batched pass ->
+CLIP checks -> the best passing f.
 
 Rows: ``original`` (the 512 crop the classifier sees), ``reconstruction`` (null-text inversion
 without edit: the control) and ``counterfactual`` (one per accepted edit), stored as JPEG quality 75
@@ -19,17 +20,15 @@ edits) and rows are checkpointed; ``accelerate launch`` spreads images over GPUs
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import logging
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.cli._common import csv_list, positive_int
-from genshift.builders import determinism
-from genshift.builders.lance_perturb import CAP_COUNTS, SAMPLING, sampling_record
+from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
+from genshift.builders.lance_perturb import CAP_COUNTS, EDIT_TYPES, SAMPLING, sampling_record
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
@@ -37,58 +36,54 @@ IMAGE_FORMATS = ("jpeg-q75", "png")
 WORK = ".work"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", help="output suite folder (resumable; see --overwrite); required unless --preflight")
-    p.add_argument("--overwrite", action="store_true", help="replace a different build in --out")
-    p.add_argument("--smoke", action="store_true", help="whole pipeline with tiny random models on CPU")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--imagenet-val", help="ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
-    src.add_argument("--hub-val", metavar="ORG/NAME[@SHA]",
-                     help="a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> (gated: HF_TOKEN)")
-    p.add_argument("--hub-val-files", default="data/validation-*.parquet",
-                   help="glob of its validation parquet files (image + label columns)")
-    p.add_argument("--allow-partial", action="store_true", help="build from an incomplete validation folder")
-    p.add_argument("--captioner", default="Salesforce/blip2-opt-2.7b-coco",
-                   help="BLIP-2 checkpoint (Hub repo) that captions the source images")
-    p.add_argument("--perturber", default="Qwen/Qwen2.5-7B-Instruct",
-                   help="an instruction LLM (Table 5 prompts with examples), or 'lance-release': the authors' "
-                        "fine-tuned LLaMA-7B + LoRA from LANCE-release/checkpoints, converted once (~27 GB)")
-    p.add_argument("--edit-types", type=csv_list, default=["subject", "object", "adjective", "domain", "background",
-                                                           "weather"],
-                   help="perturber prompts to run (the fine types; weather is a background edit unless "
-                        "--separate-weather)")
-    p.add_argument("--separate-weather", action="store_true",
-                   help="report weather as a sixth edit_type instead of within background (the paper has five)")
-    p.add_argument("--edit-sampling", choices=SAMPLING, default="type-uniform",
-                   help="type-uniform: each draw picks a type uniformly, then one of its edits (Algorithm 1); "
-                        "pool-uniform: a seeded shuffle of all edits (the released code's, unseeded there)")
-    p.add_argument("--max-edits", type=positive_int, default=10,
-                   help="Algorithm 1's N: edits drawn per source image (see --cap-counts)")
-    p.add_argument("--cap-counts", choices=CAP_COUNTS, default="tries",
-                   help="what --max-edits counts: tries (default, Algorithm 1: N draws, a rejected edit uses its try) "
-                        "or kept (draw until N edits passed the text filter); recorded in the manifest")
-    p.add_argument("--image-format", choices=IMAGE_FORMATS, default="jpeg-q75",
-                   help="how images are stored: jpeg-q75 (default: the files the paper scored, PIL's default JPEG "
-                        "quality 75) or png (lossless, no second JPEG pass); recorded in the manifest")
-    p.add_argument("--text-filter", choices=("sbert", "clip"), default="sbert",
-                   help="text model that rejects edits changing the class: sbert or clip")
-    p.add_argument("--editor", default="CompVis/stable-diffusion-v1-4",
-                   help="Stable Diffusion checkpoint (Hub repo) for null-text inversion and prompt-to-prompt")
-    p.add_argument("--steps", type=positive_int, default=50, help="diffusion steps per image")
-    p.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale")
-    p.add_argument("--fs", type=csv_list, default=["0.4", "0.5", "0.6", "0.7", "0.8"],
-                   help="self-attention injection fractions swept in one pass (code: 0.4..0.8; paper: ..0.9)")
-    p.add_argument("--reweight", type=float, default=2.0,
-                   help="prompt-to-prompt attention reweighting of the edited words")
-    p.add_argument("--eq-bug-compat", action="store_true",
-                   help="reproduce the released code's bug (reweighting only for the first f)")
-    p.add_argument("--clip-model", default="ViT-L-14", help="open_clip architecture of the CLIP checks")
-    p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
-    p.add_argument("--images-per-shard", type=positive_int, default=250, help="source images per parquet shard")
-    p.add_argument("--seed", type=int, default=0, help="suite seed; every image's seed derives from it and its ids")
-    p.add_argument("--device", help="default: cuda when available")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    determinism.add_arguments(p)
+@dataclass(frozen=True)
+class Config(BuildConfig):
+    """The options of ``bench build lance-hardimagenet`` (defaults: the paper's settings, Table 6)."""
+
+    imagenet_val: str | None = option(None, "ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
+    hub_val: str | None = option(None, "a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> "
+                                       "(gated: HF_TOKEN)", metavar="ORG/NAME[@SHA]")
+    hub_val_files: str = option("data/validation-*.parquet", "glob of its validation parquet files (image + label)")
+    allow_partial: bool = option(False, "build from an incomplete validation folder")
+    captioner: str = option("Salesforce/blip2-opt-2.7b-coco", "BLIP-2 checkpoint (Hub repo) that captions the images")
+    caption_min_length: int = option(20, "minimum caption length (the paper: 'a minimum caption length of 20 words')",
+                                     min=0)
+    caption_length_unit: str = option("words", "what --caption-min-length counts: words (the paper's text) or tokens "
+                                               "(new tokens, as the LAVIS/Table 6 'min length')",
+                                      choices=("words", "tokens"))
+    perturber: str = option("Qwen/Qwen2.5-7B-Instruct", "an instruction LLM (Table 5 prompts with examples), or "
+                                                        "'lance-release': the authors' fine-tuned LLaMA-7B + LoRA from "
+                                                        "LANCE-release/checkpoints, converted once (~27 GB)")
+    edit_types: tuple[str, ...] = option(EDIT_TYPES, "perturber prompts to run (the fine types; weather is a background "
+                                                     "edit unless --separate-weather)", choices=EDIT_TYPES)
+    separate_weather: bool = option(False, "report weather as a sixth edit_type instead of within background (the "
+                                           "paper has five)")
+    edit_sampling: str = option("type-uniform", "type-uniform: each draw picks a type uniformly, then one of its edits "
+                                                "(Algorithm 1); pool-uniform: a seeded shuffle of all edits (the released "
+                                                "code's, unseeded there)", choices=SAMPLING)
+    max_edits: int = option(10, "Algorithm 1's N: edits drawn per source image (see --cap-counts)", min=1)
+    cap_counts: str = option("tries", "what --max-edits counts: tries (Algorithm 1: N draws, a rejected edit uses its "
+                                      "try) or kept (draw until N edits passed the text filter)", choices=CAP_COUNTS)
+    image_format: str = option("jpeg-q75", "how images are stored: jpeg-q75 (the files the paper scored, PIL's default "
+                                           "JPEG quality 75) or png (lossless)", choices=IMAGE_FORMATS)
+    text_filter: str = option("sbert", "text model that rejects edits changing the class", choices=("sbert", "clip"))
+    editor: str = option("CompVis/stable-diffusion-v1-4", "Stable Diffusion checkpoint (Hub repo) for null-text "
+                                                          "inversion and prompt-to-prompt")
+    steps: int = option(50, "diffusion steps per image", min=1)
+    guidance: float = option(7.5, "classifier-free guidance scale")
+    fs: tuple[float, ...] = option((0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "self-attention injection fractions swept in one "
+                                   "pass (the paper's Table 6: 0.4 ... 0.9; the released code: 0.4 ... 0.8)")
+    reweight: float = option(2.0, "prompt-to-prompt attention reweighting of the edited words")
+    eq_bug_compat: bool = option(False, "reproduce the released code's bug (reweighting only for the first f)")
+    clip_model: str = option("ViT-L-14", "open_clip architecture of the CLIP checks")
+    clip_pretrained: str = option("openai", "open_clip pretrained tag of --clip-model")
+    images_per_shard: int = option(250, "source images per parquet shard", min=1)
+
+    def check(self) -> None:
+        if self.imagenet_val and self.hub_val:
+            raise ConfigError("hub_val", "give the validation images one way: --imagenet-val DIR or --hub-val")
+        if not self.fs or not all(0.0 <= f <= 1.0 for f in self.fs):
+            raise ConfigError("fs", f"needs fractions in [0, 1], got {list(self.fs)}")
 
 
 def _features():
@@ -151,70 +146,66 @@ def _smoke_sources(tmp: Path):
     return out
 
 
-def _editor_config(args):
+def _editor_config(cfg: Config):
     from genshift.builders.lance_editor import EditorConfig
 
-    fs = tuple(float(f) for f in args.fs)
-    if args.smoke:
-        return EditorConfig(model_id="tiny-random-sd1(seed=0)", steps=4, guidance=args.guidance, size=64,
-                            nti_inner_steps=3, fs=fs[::2],  # 0.4, 0.6, 0.8: the smoke run stays small
-                            reweight=args.reweight, eq_bug_compat=args.eq_bug_compat)
-    return EditorConfig(model_id=args.editor, steps=args.steps, guidance=args.guidance, fs=fs, reweight=args.reweight,
-                        eq_bug_compat=args.eq_bug_compat)
+    if cfg.smoke:  # 0.4, 0.6, 0.8: the smoke run stays small
+        return EditorConfig(model_id="tiny-random-sd1(seed=0)", steps=4, guidance=cfg.guidance, size=64,
+                            nti_inner_steps=3, fs=cfg.fs[::2], reweight=cfg.reweight, eq_bug_compat=cfg.eq_bug_compat)
+    return EditorConfig(model_id=cfg.editor, steps=cfg.steps, guidance=cfg.guidance, fs=cfg.fs, reweight=cfg.reweight,
+                        eq_bug_compat=cfg.eq_bug_compat)
 
 
-def _clip(args, device: str):
+def _clip(cfg: Config, device: str):
     from genshift.builders.clip_scoring import ClipScorer
 
-    return ClipScorer.tiny() if args.smoke else ClipScorer.from_pretrained(args.clip_model, args.clip_pretrained,
-                                                                            device=device)
+    return ClipScorer.tiny() if cfg.smoke else ClipScorer.from_pretrained(cfg.clip_model, cfg.clip_pretrained,
+                                                                           device=device)
 
 
-def _captioner(args, device: str):
+def _captioner(cfg: Config, device: str):
     from genshift.builders.captioner import Captioner
 
-    return Captioner.tiny() if args.smoke else Captioner.from_pretrained(args.captioner, device=device)
+    return Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
 
 
-def _text_models(args, device: str):
+def _text_models(cfg: Config, device: str):
     """The perturber and the text filter (the CLIP variant loads its own CLIP: the editor is not loaded yet)."""
     from genshift.builders.lance_perturb import Perturber, TextFilter
 
-    if args.smoke:
+    if cfg.smoke:
         return SmokePerturber(), TextFilter.sentence_bert()
-    text = TextFilter.sentence_bert() if args.text_filter == "sbert" else TextFilter.clip(_clip(args, device))
-    return Perturber.from_pretrained(args.perturber, device=device), text
+    text = TextFilter.sentence_bert() if cfg.text_filter == "sbert" else TextFilter.clip(_clip(cfg, device))
+    return Perturber.from_pretrained(cfg.perturber, device=device), text
 
 
-def _image_models(args, device: str, cfg):
+def _image_models(cfg: Config, device: str, ed):
     from genshift.builders.lance_editor import Editor
 
-    return (Editor.tiny(cfg) if args.smoke else Editor.from_pretrained(cfg, device=device)), _clip(args, device)
+    return (Editor.tiny(ed) if cfg.smoke else Editor.from_pretrained(ed, device=device)), _clip(cfg, device)
 
 
-def _free(device: str) -> None:
-    """Give a finished stage's models back (the caller dropped its references) before the next stage loads."""
-    import gc
+def caption_length(cfg: Config) -> dict:
+    """The captioner's length settings: Table 6's beam 5 and 100 new tokens at most, the minimum in words
+    (the paper's "minimum caption length of 20 words") or in new tokens."""
+    if cfg.smoke:
+        return {"min_new_tokens": 3, "max_new_tokens": 8}
+    if cfg.caption_length_unit == "words":
+        return {"min_new_tokens": 0, "min_words": cfg.caption_min_length, "max_new_tokens": 100}
+    return {"min_new_tokens": cfg.caption_min_length, "max_new_tokens": 100}
 
-    import torch
 
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-
-
-def caption_image(src, *, captioner, cfg, args) -> dict:
+def caption_image(src, *, captioner, ed, cfg: Config) -> dict:
     """Stage 1 of one source image: its caption (BLIP-2, "a photo of ..." on the editor's crop)."""
     from genshift.builders.lance_sources import load_crop
     from genshift.builders.seeding import derive_seed
 
-    crop = load_crop(src, cfg.size)
-    caption = captioner.caption([crop], prefix="a photo of", num_beams=5, min_new_tokens=3 if args.smoke else 20,
-                                max_new_tokens=8 if args.smoke else 100, seed=derive_seed(args.seed, src.source_id, "caption"))[0]
+    caption = captioner.caption([load_crop(src, ed.size)], prefix="a photo of", num_beams=5,
+                                seed=derive_seed(cfg.seed, src.source_id, "caption"), **caption_length(cfg))[0]
     return {"caption": caption, "captioner": captioner.model_id}
 
 
-def plan_edits(src, plan: dict, *, perturber, text_filter, args) -> dict:
+def plan_edits(src, plan: dict, *, perturber, text_filter, cfg: Config) -> dict:
     """Stage 2 of one source image: the LLM's edits of its caption, drawn through the text filter
     (Algorithm 1, lines 8-11); the kept draws are what stage 3 renders."""
     from genshift import imagenet
@@ -222,20 +213,20 @@ def plan_edits(src, plan: dict, *, perturber, text_filter, args) -> dict:
     from genshift.builders.seeding import derive_seed
 
     caption = plan["caption"]
-    edits, _raw = perturber.perturb(caption, edit_types=args.edit_types,
-                                    seed_fn=lambda t: derive_seed(args.seed, src.source_id, t))
+    edits, _raw = perturber.perturb(caption, edit_types=cfg.edit_types,
+                                    seed_fn=lambda t: derive_seed(cfg.seed, src.source_id, t))
     class_name = imagenet.get_class(src.label).name
-    sampling_seed = derive_seed(args.seed, src.source_id, "edit-sampling")
-    draws = sample_edits(edits, seed=sampling_seed, max_edits=args.max_edits, method=args.edit_sampling,
-                         cap=args.cap_counts, accept=lambda e: text_filter.check(e, class_name),
-                         type_of=lambda e: paper_type(e.edit_type, separate_weather=args.separate_weather))
+    sampling_seed = derive_seed(cfg.seed, src.source_id, "edit-sampling")
+    draws = sample_edits(edits, seed=sampling_seed, max_edits=cfg.max_edits, method=cfg.edit_sampling,
+                         cap=cfg.cap_counts, accept=lambda e: text_filter.check(e, class_name),
+                         type_of=lambda e: paper_type(e.edit_type, separate_weather=cfg.separate_weather))
     kept = [{"index": d.index, "edit_type": d.edit_type, "edit": asdict(d.edit), "scores": d.scores}
             for d in draws if d.accepted]
     return {**plan, "sampling_seed": sampling_seed, "kept": kept, "perturber": perturber.model_id,
             "text_filter": text_filter.model_id}
 
 
-def render_image(src, plan: dict, *, editor, clip, args) -> tuple[list[dict], list]:
+def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[dict], list]:
     """Stage 3 of one source image: its rows (original, reconstruction, accepted counterfactuals) from its
     plan: null-text inversion once, prompt-to-prompt for every kept edit, CLIP checks, the best f."""
     import numpy as np
@@ -252,13 +243,17 @@ def render_image(src, plan: dict, *, editor, clip, args) -> tuple[list[dict], li
             "f": None, "clip_img_sim": None, "clip_sim_0": None, "clip_sim_1": None, "clip_dir_sim": None,
             "text_class_sim": None, "text_same_sim": None, "edit_text_direction": None, "seed": 0,
             "edit_type_fine": None, "edit_sampling_seed": sampling_seed, "edit_draw": None}
-    rows = [{**base, "image": {"bytes": encode_image(crop, args.image_format), "path": None}, "image_id": f"original/{src.source_id}",
-             "config": "original", "role": "original"}]
+
+    def image(img) -> dict:
+        return {"bytes": encode_image(img, cfg.image_format), "path": None}
+
     inv = editor.null_text_inversion(crop, caption)
     recon = editor.decode(editor.reconstruct(inv))[0]
-    rows.append({**base, "image": {"bytes": encode_image(recon, args.image_format), "path": None}, "image_id": f"reconstruction/{src.source_id}",
-                 "config": "reconstruction", "role": "reconstruction"})
-    th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if args.smoke else CheckThresholds()
+    rows = [{**base, "image": image(crop), "image_id": f"original/{src.source_id}", "config": "original",
+             "role": "original"},
+            {**base, "image": image(recon), "image_id": f"reconstruction/{src.source_id}", "config": "reconstruction",
+             "role": "reconstruction"}]
+    th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if cfg.smoke else CheckThresholds()
     for k, d in enumerate(plan["kept"]):
         e, ts = Edit(**d["edit"]), d["scores"]
         z, _ = editor.edit(inv, e.edited_caption, e.edit)
@@ -268,8 +263,7 @@ def render_image(src, plan: dict, *, editor, clip, args) -> tuple[list[dict], li
         if best is None:
             continue
         tdir = (clip.encode_texts([e.edit]) - clip.encode_texts([e.original or ""]))[0].cpu().numpy()
-        img = images[[s.f for s in scores].index(best.f)]
-        rows.append({**base, "image": {"bytes": encode_image(img, args.image_format), "path": None},
+        rows.append({**base, "image": image(images[[s.f for s in scores].index(best.f)]),
                      "image_id": f"counterfactual/{src.source_id}/{k:02d}", "config": "counterfactual",
                      "role": "counterfactual", "edit_type": d["edit_type"], "edit_type_fine": e.edit_type,
                      "edit_draw": d["index"], "edited_caption": e.edited_caption,
@@ -277,7 +271,7 @@ def render_image(src, plan: dict, *, editor, clip, args) -> tuple[list[dict], li
                      "clip_img_sim": best.clip_img_sim, "clip_sim_0": best.clip_sim_0, "clip_sim_1": best.clip_sim_1,
                      "clip_dir_sim": best.clip_dir_sim, "text_class_sim": ts["class_sim"],
                      "text_same_sim": ts["same_sim"], "edit_text_direction": np.asarray(tdir, np.float32).tolist(),
-                     "seed": derive_seed(args.seed, src.source_id, e.edit_type)})
+                     "seed": derive_seed(cfg.seed, src.source_id, e.edit_type)})
     tried = [[d["edit_type"], d["edit"]["edit_type"]] for d in plan["kept"]]  # sent to the editor: (type, fine type)
     return rows, tried
 
@@ -332,55 +326,44 @@ def _type_counts(pairs) -> dict:
             "edit_type_fine": dict(sorted(Counter(f for _, f in pairs).items()))}
 
 
-def run(args) -> int:
-    with determinism.fixed_threads(args.cpu_threads):
-        return _run(args)
+def run(cfg: Config) -> int:
+    with fixed_threads(cfg.cpu_threads):
+        return _run(cfg)
 
 
-def _run(args) -> int:
+def _run(cfg: Config) -> int:
     from tqdm.auto import tqdm
 
-    from genshift.errors import BenchError
-    from genshift.writer import SuiteWriter
-    from genshift.builders.lance_perturb import EDIT_TYPES
+    from genshift.builders.common import free, open_writer, provenance
     from genshift.builders.lance_sources import find_hub_sources, find_sources
     from genshift.distributed import current_process, shard_of
+    from genshift.data_cards import render_card
+    from genshift.errors import BenchError
 
-    bad = [t for t in args.edit_types if t not in EDIT_TYPES]
-    if bad:
-        from genshift.errors import unknown
-        raise unknown("edit type", bad[0], EDIT_TYPES)
-    out = Path(args.out)
+    out = Path(cfg.out)
     proc = current_process()
-    device = proc.device(args.device, cpu=args.smoke)  # each accelerate process on its node-local GPU
+    device = proc.device(cfg.device, cpu=cfg.smoke)  # each accelerate process on its node-local GPU
     hub_source = None
-    if args.smoke:
+    if cfg.smoke:
         sources = _smoke_sources(out.parent / f".{out.name}-smoke-sources")
-    elif args.imagenet_val:
-        sources = find_sources(args.imagenet_val, allow_partial=args.allow_partial)
-    elif args.hub_val:
-        sources, hub_source = find_hub_sources(args.hub_val, files=args.hub_val_files, allow_partial=args.allow_partial)
+    elif cfg.imagenet_val:
+        sources = find_sources(cfg.imagenet_val, allow_partial=cfg.allow_partial)
+    elif cfg.hub_val:
+        sources, hub_source = find_hub_sources(cfg.hub_val, files=cfg.hub_val_files, allow_partial=cfg.allow_partial)
     else:
         raise BenchError("give the ImageNet validation images with --imagenet-val DIR or --hub-val ORG/NAME[@SHA] "
                          "(or --smoke)")
-    fingerprint = {k: v for k, v in vars(args).items() if k not in ("progress", "overwrite", "_builder", "_run",
-                                                                      "verbose", "quiet", "device", "hub_val", "out",
-                                                                      "imagenet_val")}
+    fingerprint = {k: v for k, v in asdict(cfg).items()
+                   if k not in ("progress", "overwrite", "device", "hub_val", "out", "imagenet_val")}
     fingerprint["hub_source"] = hub_source  # the resolved commit, not the ref the user typed
-    kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
-    if proc.is_main:
-        writer = SuiteWriter(out, overwrite=args.overwrite, **kw)
-        if writer.finished:
-            print(f"{out} is already built (manifest present); nothing to do")
-            return 0
-    proc.wait()
-    if not proc.is_main:
-        writer = SuiteWriter(out, clean_incomplete=False, **kw)
-    cfg = _editor_config(args)
+    writer = open_writer(cfg, proc, suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
+    if writer is None:
+        return 0
+    ed = _editor_config(cfg)
     work = out / WORK
     work.mkdir(parents=True, exist_ok=True)
-    mine = [s for s in sources if shard_of(s.source_id, proc.count) == proc.index]
-    todo = [s for s in mine if not (work / f"{s.source_id}.parquet").is_file()]
+    todo = [s for s in sources if shard_of(s.source_id, proc.count) == proc.index
+            and not (work / f"{s.source_id}.parquet").is_file()]
     # three stages over all of this process's images, each with only its own models loaded (the four
     # together do not fit a 24 GiB GPU; docs/performance.md); each image's plan is checkpointed per stage
     plan_file = {s.source_id: work / f"{s.source_id}.plan.json" for s in todo}
@@ -391,10 +374,10 @@ def _run(args) -> int:
         if not images:
             return
         models = load()
-        for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not args.progress, dynamic_ncols=True):
+        for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not cfg.progress, dynamic_ncols=True):
             step(src, *models)
         del models
-        _free(device)
+        free(device)
 
     def planned(src, plan: dict) -> None:
         plans[src.source_id] = plan
@@ -402,16 +385,16 @@ def _run(args) -> int:
 
     def rendered(src, editor, clip) -> None:
         plan = plans[src.source_id]
-        rows, tried = render_image(src, plan, editor=editor, clip=clip, args=args)
+        rows, tried = render_image(src, plan, editor=editor, clip=clip, cfg=cfg)
         models = {k: plan[k] for k in ("captioner", "perturber", "text_filter")} | {"clip": clip.model_id}
         _save_rows(rows, tried, models, work / f"{src.source_id}.parquet")
 
-    stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(args, device),),
-          lambda src, captioner: planned(src, caption_image(src, captioner=captioner, cfg=cfg, args=args)))
-    stage("edits", [s for s in todo if "kept" not in plans[s.source_id]], lambda: _text_models(args, device),
+    stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(cfg, device),),
+          lambda src, captioner: planned(src, caption_image(src, captioner=captioner, ed=ed, cfg=cfg)))
+    stage("edits", [s for s in todo if "kept" not in plans[s.source_id]], lambda: _text_models(cfg, device),
           lambda src, perturber, text_filter: planned(src, plan_edits(src, plans[src.source_id], perturber=perturber,
-                                                                      text_filter=text_filter, args=args)))
-    stage("images", todo, lambda: _image_models(args, device, cfg), rendered)
+                                                                      text_filter=text_filter, cfg=cfg)))
+    stage("images", todo, lambda: _image_models(cfg, device, ed), rendered)
     proc.wait()
     if not proc.is_main:
         return 0
@@ -431,36 +414,30 @@ def _run(args) -> int:
     if not by_config["counterfactual"]:
         raise BenchError("no counterfactual passed the checks; nothing to evaluate (check the models and thresholds)")
     for config, rows in by_config.items():
-        n = max(1, -(-len(rows) // args.images_per_shard))
+        n = max(1, -(-len(rows) // cfg.images_per_shard))
         for i in range(n):
             if not writer.shard_done(config, i, n):
                 writer.write_shard(config, i, n, rows[i::n])
     counts = {c: len(r) for c, r in by_config.items()}
-    provenance = {"builder": "genshift.builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
-                  "captioner": used["captioner"], "perturber": used["perturber"], "text_filter": used["text_filter"],
-                  "editor": asdict(cfg), "clip": used["clip"], "seed": args.seed, "edit_types": args.edit_types,
-                  "max_edits": args.max_edits, "image_format": args.image_format,
-                  "edit_sampling": sampling_record(args.edit_sampling, separate_weather=args.separate_weather,
-                                                   cap=args.cap_counts),
-                  "edits_tried": _type_counts(tried_all),
-                  "counterfactuals": _type_counts((r["edit_type"], r["edit_type_fine"])
-                                                  for r in by_config["counterfactual"]),
-                  "determinism": determinism.provenance(args.cpu_threads, device),
-                  "smoke_relaxed_thresholds": bool(args.smoke),
-                  "eq_bug_compat": args.eq_bug_compat, "counts": counts, "sources": len(sources),
-                  "source_dataset": hub_source or ("local ImageNet validation folder" if args.imagenet_val else "smoke")}
-    manifest = writer.finalize(generator=provenance, card=lambda m: _card(m, provenance))
+    length = caption_length(cfg)
+    p = {"builder": "genshift.builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
+         "captioner": used["captioner"], "caption_length": {"unit": "tokens" if cfg.smoke else cfg.caption_length_unit,
+                                                            **length, "beams": 5},
+         "perturber": used["perturber"], "text_filter": used["text_filter"],
+         "editor": asdict(ed), "clip": used["clip"], "seed": cfg.seed, "edit_types": list(cfg.edit_types),
+         "max_edits": cfg.max_edits, "image_format": cfg.image_format,
+         "edit_sampling": sampling_record(cfg.edit_sampling, separate_weather=cfg.separate_weather, cap=cfg.cap_counts),
+         "edits_tried": _type_counts(tried_all),
+         "counterfactuals": _type_counts((r["edit_type"], r["edit_type_fine"]) for r in by_config["counterfactual"]),
+         "determinism": provenance(cfg.cpu_threads, device), "smoke_relaxed_thresholds": cfg.smoke,
+         "eq_bug_compat": cfg.eq_bug_compat, "counts": counts, "sources": len(sources),
+         "source_dataset": hub_source or ("local ImageNet validation folder" if cfg.imagenet_val else "smoke")}
+    manifest = writer.finalize(generator=p, card=lambda m: render_card(
+        m, template="lance", license="other", gated=True,
+        pretty_name="LANCE counterfactuals of Hard ImageNet (genshift-bench rebuild)",
+        tags=["lance", "counterfactual", "hard-imagenet"], context={"p": p, "json": json.dumps}))
     shutil.rmtree(work, ignore_errors=True)
-    if args.smoke:
+    if cfg.smoke:
         shutil.rmtree(out.parent / f".{out.name}-smoke-sources", ignore_errors=True)
     print(f"built {out}: {counts}; manifest sha256 {manifest.sha256}")
     return 0
-
-
-def _card(manifest, provenance: dict) -> str:
-    from genshift.data_cards import render_card
-
-    return render_card(manifest, template="lance", license="other", gated=True,
-                       pretty_name="LANCE counterfactuals of Hard ImageNet (genshift-bench rebuild)",
-                       tags=["lance", "counterfactual", "hard-imagenet"], context={"p": provenance,
-                                                                                   "json": json.dumps})

@@ -45,7 +45,7 @@ class EditorConfig:
     nti_inner_steps: int = 10
     nti_early_stop: float = 1e-5
     cross_replace: float = 0.8
-    fs: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8)
+    fs: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Table 6 self_replace_steps
     reweight: float = 2.0
     self_max_queries: int = 32 * 32
     eq_bug_compat: bool = False

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from genshift.errors import BenchError, first_line
+from genshift.fsutil import cache_root
 
 log = logging.getLogger(__name__)
 RELEASE_REPO = "LANCE-release/checkpoints"
@@ -128,18 +129,18 @@ def convert_release(base_path: str | Path, lora_path: str | Path, tokenizer_path
 def released_perturber_dir(*, revision: str | None = None, cache_dir: str | None = None,
                            endpoint: str | None = None) -> Path:
     """Download the released files at a resolved commit and convert them once (cached by that sha)."""
-    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub import hf_hub_download
 
     from genshift import hub
 
-    sha, reachable = hub.resolve_or_cache(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint,
-                                          pin_hint="as a commit of LANCE-release/checkpoints")
-    out = Path(cache_dir or constants.HF_HOME) / "genshift" / f"lance-perturber-{sha[:12]}"
+    sha = hub.resolve_revision(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint, cache_dir=cache_dir,
+                               pin_hint="as a commit of LANCE-release/checkpoints")
+    out = (Path(cache_dir) / "genshift" if cache_dir else cache_root()) / f"lance-perturber-{sha[:12]}"
     if (out / "config.json").is_file():
         return out
     try:
         paths = {k: hf_hub_download(RELEASE_REPO, f, repo_type="dataset", revision=sha, cache_dir=cache_dir,
-                                    endpoint=endpoint, local_files_only=not reachable)
+                                    endpoint=endpoint)
                  for k, f in FILES.items()}
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
         raise BenchError(f"cannot get the released LANCE perturber from {RELEASE_REPO}@{sha[:12]} "

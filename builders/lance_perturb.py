@@ -242,21 +242,6 @@ class Perturber:
             return cls(model, tok, model_id=f"{model_id} ({path})", device=device, max_new_tokens=400, examples=False)
         return cls(model, tok, model_id=model_id, device=device)
 
-    @classmethod
-    def tiny(cls, *, seed: int = 0) -> "Perturber":
-        import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        from genshift.builders.captioner import Captioner
-
-        tok = Captioner.tiny(seed=seed).processor.tokenizer
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
-                                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
-        return cls(model, tok, model_id=f"tiny-random-llama(seed={seed})", max_new_tokens=24)
-
     def answer(self, caption: str, edit_type: str, *, seed: int) -> str:
         import torch
 
@@ -334,7 +319,3 @@ class TextFilter:
                 scores["reason"] = f"edit too similar to the replaced words ({scores['same_sim']:.2f})"
                 return False, scores
         return True, scores
-
-
-__all__ = ["EDIT_TYPES", "PAPER_TYPES", "SAMPLING", "Draw", "Edit", "Perturber", "TextFilter", "edits_from_answer",
-           "paper_type", "parse_variations", "perturb_prompt", "sample_edits", "sampling_record", "word_diff"]

@@ -112,10 +112,9 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
 
     repo_id, _, rev = ref.partition("@")
     hub._check_repo_id(repo_id)
-    sha, reachable = hub.resolve_or_cache(repo_id, rev or None, endpoint=endpoint,
-                                           pin_hint=f"as --hub-val {repo_id}@<sha>")
-    root = hub.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint,
-                        local_only=not reachable)
+    sha = hub.resolve_revision(repo_id, rev or None, endpoint=endpoint, cache_dir=cache_dir,
+                               pin_hint=f"as --hub-val {repo_id}@<sha>")
+    root = hub.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint)
     paths = sorted(root.glob(files))
     if not paths:
         raise BenchError(f"{repo_id}@{sha[:12]} has no files matching {files!r}; pass the validation parquet files "

@@ -13,9 +13,10 @@ What meta tensors cannot run is data-dependent: the schedulers' sigma comparison
 and sampling, PIL conversion, Python floats of scores. Those run in
 ``benchmarks/preflight_cpu.py`` (real-size random weights on CPU).
 
-Memory is estimated from the pass itself (``genshift.builders.meta_memory``: the live tensors' bytes,
-weights at the device's dtype + the activation peak, attention counted as a fused kernel). The
-peak is taken at batch 1 and at the requested batch; the line through them says which batch fits.
+Memory is estimated from the pass itself: :class:`LiveBytes` adds up the storages alive at once
+(weights at the device's dtype + the activation peak), attention counted as the fused kernel a
+device runs (:class:`FusedAttention`). The models a builder holds together (:func:`resident_groups`)
+are summed, and the largest such set is what must fit.
 """
 
 from __future__ import annotations
@@ -25,11 +26,107 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from genshift.errors import BenchError, one_line
-from genshift.builders import real_models as rm
-from genshift.builders.meta_memory import GiB, Probe
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from genshift.builders import real_models as rm
+from genshift.errors import BenchError, one_line
+
+GiB = 2 ** 30
 USABLE = 0.9  # of the device memory (allocator fragmentation, CUDA context)
+
+
+# --------------------------------------------------------------------------------------------------
+# memory of a pass on the meta device
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the storages alive at once among those created inside the mode.
+
+    A storage is alive while anything but this tracker holds it (a tensor, a view, a parameter, a
+    tensor autograd saved for the backward): its use count, read whenever the running total would
+    pass the peak. Off (``active``) while models are built: their weights are counted from the modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.active = False
+        self._storages: dict[int, tuple[torch.UntypedStorage, int]] = {}
+
+    def _sweep(self) -> None:
+        dead = [k for k in self._storages if torch._C._storage_Use_Count(k) <= 1]  # only our reference left
+        for k in dead:
+            self.live -= self._storages.pop(k)[1]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.active:
+            return out
+        given = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                # a view or an in-place result shares a storage it was given: nothing new allocated
+                if storage._cdata not in self._storages and storage._cdata not in given:
+                    self._storages[storage._cdata] = (storage, storage.nbytes())
+                    self.live += storage.nbytes()  # an upper bound until swept
+                    if self.live > self.peak:  # a new peak only if it survives a sweep
+                        self._sweep()
+                        self.peak = max(self.peak, self.live)
+        return out
+
+
+class _Fused(torch.autograd.Function):
+    """A fused attention kernel's footprint: the output; q, k, v saved for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+class FusedAttention(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` as a fused kernel: the output, no probability matrix.
+
+    (On meta, SDPA decomposes into the math path and would count an L x S matrix per head that
+    flash / memory-efficient / CPU-flash kernels never hold.)"""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            q, k, v = args[:3]
+            if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+                raise RuntimeError(f"attention shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                                   f"v {tuple(v.shape)}")
+            return _Fused.apply(q, k, v)
+        return func(*args, **(kwargs or {}))
+
+
+class Probe:
+    """A stage's pass: ``built(**models)`` records the models' parameters and weight bytes and starts
+    counting live bytes; ``peak`` = weights + the activation peak."""
+
+    def __init__(self) -> None:
+        self.mem = LiveBytes()
+        self.params: dict[str, int] = {}
+        self.total = self.weights = 0
+
+    def built(self, **models: torch.nn.Module) -> None:
+        self.params = {k: rm.param_count(m) for k, m in models.items()}
+        self.total = rm.param_count(*models.values())
+        tensors = {id(t): t for m in models.values() for t in [*m.parameters(), *m.buffers()]}
+        self.weights = sum(t.numel() * t.element_size() for t in tensors.values())
+        self.mem.active = True
+
+    @property
+    def peak(self) -> int:
+        return self.weights + self.mem.peak
 
 
 # --------------------------------------------------------------------------------------------------
@@ -45,16 +142,11 @@ class Report:
     dtype: str = ""
     batch: int = 1
     weights: int = 0            # bytes
-    peak: int = 0               # bytes: weights + activation peak at ``batch`` (measured when ``measured``)
-    estimate: int = 0           # bytes: the meta pass's estimate of ``peak``
-    per_image: int = 0          # activation bytes one more image adds
-    seconds: float | None = None  # per image, when measured on a real device
-    measured: bool = False
+    peak: int = 0               # bytes: weights + activation peak at ``batch``
     checks: list[str] = field(default_factory=list)
     not_on_meta: str = ""
     error: str | None = None
     fits: bool | None = None
-    max_batch: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,8 +159,7 @@ class Stage:
     model: str
     dtype: torch.dtype
     batch: int                  # the batch the builder runs (1 where it works image by image)
-    run: Callable               # run(device, batch, probe) -> checks; calls probe.built(**models) once built
-    scales: bool = True         # memory grows with the batch
+    run: Callable               # run(batch, probe) -> checks; calls probe.built(**models) once built
     not_on_meta: str = ""
 
 
@@ -86,11 +177,10 @@ def _pil(size: int):
 
 def ti_step(model_id: str, resolution: int, dtype: torch.dtype):
     """One textual-inversion step: the loss of ``TIRun`` (v-prediction target) and its backward."""
-    def run(device, batch, probe):
+    def run(batch, probe):
         from genshift.builders.textual_inversion import TEMPLATES, TIRun, initializer, template_ids
 
-        c = rm.stable_diffusion(model_id, device=device, dtype=dtype)
-        r = TIRun.from_components(c, device)
+        r = TIRun.from_components(rm.stable_diffusion(model_id, dtype=dtype), "meta")
         probe.built(unet=r.unet, vae=r.vae, text_encoder=r.text_encoder)
         checks: list[str] = []
         width = r.text_encoder.config.hidden_size
@@ -98,11 +188,10 @@ def ti_step(model_id: str, resolution: int, dtype: torch.dtype):
         split, base = r.install(initializer(r.tokenizer, r.text_encoder, "Golden Retriever"))
         try:
             ids = torch.tensor([template_ids(r.tokenizer, TEMPLATES[i % len(TEMPLATES)], r.token_id)
-                                for i in range(batch)], device=device)
+                                for i in range(batch)], device="meta")
             _check(ids.shape[1] == r.tokenizer.model_max_length == 77, "template ids padded to 77 tokens", checks)
-            pixels = torch.empty(batch, 3, resolution, resolution, device=device, dtype=r.dtype)
-            loss = r.loss(pixels, ids, torch.Generator().manual_seed(0))
-            loss.backward()
+            pixels = torch.empty(batch, 3, resolution, resolution, device="meta", dtype=r.dtype)
+            r.loss(pixels, ids, torch.Generator().manual_seed(0)).backward()
             _check(split.vector.grad is not None and split.vector.grad.shape == (width,),
                    f"gradient reaches the learned row ({width},)", checks)
         finally:
@@ -115,13 +204,13 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
                   prompts: list[str]):
     """``SDGenerator``: prompt embeddings (with the 1000 class tokens), seeded latents, one guided
     UNet call, the VAE decode."""
-    def run(device, batch, probe):
+    def run(batch, probe):
         from diffusers import StableDiffusionPipeline
 
         from genshift.builders.sd_generate import GenerationSettings, SDGenerator
         from genshift.builders.tokens import inject_tokens, token_name
 
-        c = rm.stable_diffusion(model_id, device=device, dtype=dtype)
+        c = rm.stable_diffusion(model_id, dtype=dtype)
         probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
         width_t = c["text_encoder"].config.hidden_size
         checks: list[str] = []
@@ -133,10 +222,10 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
             texts = [p.replace("<TOKEN>", token_name(longest)) for p in prompts]
         longest_prompt = max(len(c["tokenizer"](t).input_ids) for t in texts)
         _check(longest_prompt <= 77, f"longest prompt {longest_prompt} <= 77 tokens (no truncation)", checks)
-        pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
         s = GenerationSettings(model_id=model_id, height=height, width=width, dtype=str(dtype).split(".")[-1],
                                batch_size=batch)
-        gen = SDGenerator(pipe, s, device=device)
+        pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        gen = SDGenerator(pipe, s, device="meta")
         cond = gen.encode_prompts([texts[i % len(texts)] for i in range(batch)])
         uncond = gen.encode_prompts([""] * batch)
         _check(cond.shape == (batch, 77, width_t) and cond.dtype == dtype, f"prompt embeddings ({batch}, 77, {width_t}) "
@@ -146,7 +235,7 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
         _check(lat.shape == (batch, 4, height // f, width // f), f"latents {tuple(lat.shape)}", checks)
         with torch.inference_mode():
             gen.pipe.scheduler.set_timesteps(s.steps)
-            t = gen.pipe.scheduler.timesteps[0].to(device)
+            t = gen.pipe.scheduler.timesteps[0].to("meta")
             eps = gen.pipe.unet(torch.cat([lat, lat]), t, encoder_hidden_states=torch.cat([uncond, cond])).sample
             _check(eps.shape == (2 * batch, *lat.shape[1:]), "guided UNet call (2 x batch)", checks)
             img = gen.pipe.vae.decode(lat / gen.pipe.vae.config.scaling_factor).sample
@@ -157,51 +246,52 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
 
 def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2):
     """``ClipScorer``: image embeddings of a batch and the text embeddings it is scored against."""
-    def run(device, batch, probe):
+    def run(batch, probe):
         from genshift.builders.clip_scoring import ClipScorer
 
-        model, preprocess, tokenizer = rm.open_clip_model(name, device=device, dtype=dtype)
+        model, preprocess, tokenizer = rm.open_clip_model(name, dtype=dtype)
         probe.built(model=model)
-        scorer = ClipScorer(model, preprocess, tokenizer, model_id=f"open_clip:{name}", device=device)
-        checks: list[str] = []
+        scorer = ClipScorer(model, preprocess, tokenizer, model_id=f"open_clip:{name}", device="meta")
         img = scorer.encode_images([_pil(512)] * batch)
         txt = scorer.encode_texts(["a photo of a Golden Retriever"] * texts)
         d = model.text_projection.shape[1] if model.text_projection is not None else img.shape[1]
+        checks: list[str] = []
         _check(img.shape == (batch, d) and txt.shape == (texts, d), f"image and text embeddings of width {d}", checks)
         return checks
     return run
 
 
-def blip2_caption(model_id: str, dtype: torch.dtype, *, prefix_tokens: int = 12, new_tokens: int = 100, beams: int = 5):
-    """BLIP-2 at the processor's layout: the image through the vision tower and the Q-Former's
-    ``num_query_tokens`` queries, projected to the language model's width, in front of the prompt
-    (decoder-only), or as the encoder's input with the prefix starting the decoder (Flan-T5); the
-    language model runs ``beams`` sequences per image, as beam search does.
+def blip2_caption(model_id: str, dtype: torch.dtype, *, images: int = 1, prompt_tokens: int = 12,
+                  new_tokens: int = 100, beams: int = 5):
+    """BLIP-2 at the processor's layout: each of the prompt's ``images`` (the image to caption and the
+    few-shot images before it) through the vision tower and the Q-Former's ``num_query_tokens``
+    queries, projected to the language model's width, with ``prompt_tokens`` of text; the language
+    model runs ``beams`` sequences per image, as beam search does.
 
     By parts on meta: ``Blip2ForConditionalGeneration.forward`` reads the values of the all-ones
     Q-Former mask it builds (``.all()``), which meta tensors do not have; the whole forward and beam
     search run in ``benchmarks/preflight_cpu.py``."""
-    def run(device, batch, probe):
-        model = rm.blip2(model_id, device=device, dtype=dtype)
+    def run(batch, probe):
+        model = rm.blip2(model_id, dtype=dtype)
         probe.built(model=model, vision_model=model.vision_model, qformer=model.qformer,
                     language_model=model.language_model)
-        cfg = model.config
-        checks: list[str] = []
-        size = cfg.vision_config.image_size
+        cfg, checks = model.config, []
+        size, n = cfg.vision_config.image_size, batch * images
         with torch.inference_mode():
-            image = model.vision_model(torch.empty(batch, 3, size, size, device=device, dtype=dtype))[0]
+            image = model.vision_model(torch.empty(n, 3, size, size, device="meta", dtype=dtype))[0]
             patches = (size // cfg.vision_config.patch_size) ** 2 + 1
-            _check(image.shape == (batch, patches, cfg.vision_config.hidden_size), f"{patches} image tokens", checks)
-            queries = cfg.num_query_tokens
-            q = model.qformer(query_embeds=model.query_tokens.expand(batch, -1, -1), encoder_hidden_states=image)[0]
-            lm_in = model.language_projection(q[:, :queries]).repeat_interleave(beams, 0)
+            _check(image.shape == (n, patches, cfg.vision_config.hidden_size), f"{patches} image tokens", checks)
+            q = model.qformer(query_embeds=model.query_tokens.expand(n, -1, -1), encoder_hidden_states=image)[0]
+            queries = cfg.num_query_tokens * images
+            lm_in = model.language_projection(q[:, :cfg.num_query_tokens]).reshape(batch, queries, -1)
+            lm_in = lm_in.repeat_interleave(beams, 0)
             lm = model.language_model
             width = lm.get_input_embeddings().embedding_dim
-            _check(lm_in.shape == (batch * beams, queries, width), f"{queries} queries projected to the LM width {width}",
-                   checks)
-            text = lm.get_input_embeddings()(torch.full((batch * beams, prefix_tokens + new_tokens), 5, device=device))
+            _check(lm_in.shape == (batch * beams, queries, width), f"{queries} queries ({images} image(s)) projected "
+                   f"to the LM width {width}", checks)
+            text = lm.get_input_embeddings()(torch.full((batch * beams, prompt_tokens + new_tokens), 5, device="meta"))
             if cfg.text_config.is_encoder_decoder:
-                out = lm(inputs_embeds=torch.cat([lm_in, text[:, :prefix_tokens]], 1), decoder_inputs_embeds=text)
+                out = lm(inputs_embeds=torch.cat([lm_in, text[:, :prompt_tokens]], 1), decoder_inputs_embeds=text)
             else:
                 out = lm(inputs_embeds=torch.cat([lm_in, text], 1))
         _check(out.logits.shape[-1] == cfg.text_config.vocab_size, f"logits over {cfg.text_config.vocab_size} tokens",
@@ -212,13 +302,13 @@ def blip2_caption(model_id: str, dtype: torch.dtype, *, prefix_tokens: int = 12,
 
 def llm_prompt(model_id: str, dtype: torch.dtype, *, prompt_tokens: int, new_tokens: int):
     """The perturber's forward over its prompt plus the answer it may write (the KV cache of generate)."""
-    def run(device, batch, probe):
-        model = rm.causal_lm(model_id, device=device, dtype=dtype)
+    def run(batch, probe):
+        model = rm.causal_lm(model_id, dtype=dtype)
         probe.built(model=model)
-        checks: list[str] = []
-        ids = torch.full((batch, prompt_tokens + new_tokens), 3, dtype=torch.long, device=device)
         with torch.inference_mode():
-            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=torch.full((batch, prompt_tokens + new_tokens), 3, dtype=torch.long, device="meta"),
+                        use_cache=True, logits_to_keep=1)
+        checks: list[str] = []
         _check(out.logits.shape == (batch, 1, model.config.vocab_size), "next-token logits", checks)
         return checks
     return run
@@ -228,14 +318,14 @@ def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2):
     """``Editor``: DDIM inversion, one null-text-inversion step (Eq. 1), a prompt-to-prompt edit of
     every f in one batched pass through the attention processors, the VAE decode (fp32, as the
     released code). ``steps`` scheduler steps stand for the 50."""
-    def run(device, batch, probe):
+    def run(batch, probe):
         from diffusers import StableDiffusionPipeline
 
         from genshift.builders.lance_editor import Editor, EditorConfig, Inversion
 
-        c = rm.stable_diffusion(model_id, device=device)
+        c = rm.stable_diffusion(model_id)
         pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-        ed = Editor(pipe, EditorConfig(model_id=model_id, steps=steps, size=size, fs=fs), device=device)
+        ed = Editor(pipe, EditorConfig(model_id=model_id, steps=steps, size=size, fs=fs), device="meta")
         probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
         checks: list[str] = []
         src, tgt = "a photo of a dog on the grass", "a photo of a dog on the beach in the snow"
@@ -243,15 +333,13 @@ def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2):
         _check(z0.shape == (1, 4, size // 8, size // 8), f"source latent {tuple(z0.shape)}", checks)
         traj = ed.ddim_inversion(z0, src)
         cond, uncond = ed.embed([src]), ed.embed([""]).clone().requires_grad_(True)
-        opt = torch.optim.Adam([uncond], lr=1e-2)
         t = int(ed.sched.timesteps[0])
         with torch.no_grad():
             eps_c = ed._unet(traj[-1], t, cond)
-        ed.nti_step(traj[-1], t, uncond, eps_c, traj[-2], opt)
+        ed.nti_step(traj[-1], t, uncond, eps_c, traj[-2], torch.optim.Adam([uncond], lr=1e-2))
         _check(uncond.grad is not None and uncond.grad.shape == cond.shape, "null-text embedding optimised", checks)
-        inv = Inversion(src, traj[-1], [uncond.detach()] * steps, traj)
         calls = ed.unet_calls
-        z, ctl = ed.edit(inv, tgt, "beach in the snow")
+        z, ctl = ed.edit(Inversion(src, traj[-1], [uncond.detach()] * steps, traj), tgt, "beach in the snow")
         _check(z.shape == (1 + len(fs), 4, size // 8, size // 8), f"{1 + len(fs)} branches in one pass", checks)
         _check(ctl.num_layers == len(ed.unet.attn_processors) and ctl.calls == (ed.unet_calls - calls) * ctl.num_layers,
                f"controller ran on all {ctl.num_layers} attention layers ({ctl.cross_layers} cross) every step", checks)
@@ -263,14 +351,14 @@ def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2):
 
 
 def timm_classify(name: str, dtype: torch.dtype):
-    def run(device, batch, probe):
+    def run(batch, probe):
         import timm.data
 
-        model = rm.timm_model(name, device=device, dtype=dtype)
+        model = rm.timm_model(name, dtype=dtype)
         probe.built(model=model)
         size = timm.data.resolve_data_config(model=model)["input_size"]
         with torch.inference_mode():
-            out = model(torch.empty(batch, *size, device=device, dtype=dtype))
+            out = model(torch.empty(batch, *size, device="meta", dtype=dtype))
         checks: list[str] = []
         _check(out.shape == (batch, 1000), f"{size[1]} px input -> 1000 logits", checks)
         return checks
@@ -278,78 +366,76 @@ def timm_classify(name: str, dtype: torch.dtype):
 
 
 # --------------------------------------------------------------------------------------------------
-# the stages of each suite, from the builder's own options
+# the stages of each suite, from the builder's own config
 
 
-def _gpu(device: str) -> bool:
-    return device.startswith("cuda")
-
-
-def stages(suite_id: str, args, device: str) -> list[Stage]:
-    """The stages ``bench build suite_id`` runs with ``args``, at the dtypes it uses on ``device``."""
-    gpu = _gpu(device)
-    f32 = torch.float32
-    batch = getattr(args, "batch_size", None) or 1
+def stages(suite_id: str, cfg, device: str) -> list[Stage]:
+    """The stages ``bench build suite_id`` runs with ``cfg``, at the dtypes it uses on ``device``."""
+    gpu, f32 = device.startswith("cuda"), torch.float32
+    batch = getattr(cfg, "batch_size", 1)
+    half, bf16 = (torch.float16, torch.bfloat16) if gpu else (f32, f32)
     if suite_id == "imagenet-star":
         from genshift.suites import imagenet_star_shifts
 
-        gen_dtype = getattr(torch, args.dtype) if gpu else f32
+        gen_dtype = getattr(torch, cfg.dtype) if gpu else f32
         prompts = [s.prompt for s in imagenet_star_shifts()]
         return [
-            Stage("textual inversion (--train-tokens)", args.model, gen_dtype, 1, ti_step(args.model, args.width, gen_dtype),
-                  scales=False, not_on_meta="the optimiser loop's loss values (covered: benchmarks/preflight_cpu.py)"),
-            Stage("generation", args.model, gen_dtype, batch,
-                  sd_generation(args.model, args.height, args.width, gen_dtype, class_tokens=args.tokens != "none"
-                                and not args.no_tokens, prompts=prompts),
-                  not_on_meta="the Euler loop (sigma comparisons) and the JPEG output (covered: benchmarks/preflight_cpu.py)"),
-            Stage("CLIP filter", f"open_clip:{args.clip_model}", f32, batch, clip_embed(args.clip_model, f32),
-                  not_on_meta="the scores as numbers"),
+            Stage("textual inversion (--train-tokens)", cfg.model, gen_dtype, 1, ti_step(cfg.model, cfg.width, gen_dtype),
+                  "the optimiser loop's loss values (covered: benchmarks/preflight_cpu.py)"),
+            Stage("generation", cfg.model, gen_dtype, batch,
+                  sd_generation(cfg.model, cfg.height, cfg.width, gen_dtype, class_tokens=cfg.tokens != "none",
+                                prompts=prompts),
+                  "the Euler loop (sigma comparisons) and the JPEG output (covered: benchmarks/preflight_cpu.py)"),
+            Stage("CLIP filter", f"open_clip:{cfg.clip_model}", f32, batch, clip_embed(cfg.clip_model, f32),
+                  "the scores as numbers"),
         ]
     if suite_id == "lance-hardimagenet":
-        fs = tuple(float(f) for f in args.fs)
-        llm = "lance-release" if args.perturber == "lance-release" else args.perturber
         return [
-            Stage("caption", args.captioner, torch.float16 if gpu else f32, 1, blip2_caption(args.captioner,
-                  torch.float16 if gpu else f32), scales=False,
-                  not_on_meta="the one-call forward (its Q-Former mask is read) and beam search (covered: "
-                              "benchmarks/preflight_cpu.py)"),
-            Stage("perturbation prompting", llm, torch.bfloat16 if gpu else f32, 1,
-                  llm_prompt(llm, torch.bfloat16 if gpu else f32, prompt_tokens=1024, new_tokens=400), scales=False,
-                  not_on_meta="sampling"),
-            Stage("NTI + P2P editing", args.editor, f32, 1, p2p_edit(args.editor, 512, fs), scales=False,
-                  not_on_meta="NTI's early stop on the loss value; PNG output (covered: benchmarks/preflight_cpu.py)"),
-            Stage("CLIP checks", f"open_clip:{args.clip_model}", f32, 1 + len(fs), clip_embed(args.clip_model, f32, texts=4),
-                  scales=False, not_on_meta="the pass/fail comparisons"),
+            Stage("caption", cfg.captioner, half, 1, blip2_caption(cfg.captioner, half),
+                  "the one-call forward (its Q-Former mask is read) and beam search (covered: "
+                  "benchmarks/preflight_cpu.py)"),
+            Stage("perturbation prompting", cfg.perturber, bf16, 1,
+                  llm_prompt(cfg.perturber, bf16, prompt_tokens=1024, new_tokens=400), "sampling"),
+            Stage("NTI + P2P editing", cfg.editor, f32, 1, p2p_edit(cfg.editor, 512, cfg.fs),
+                  "NTI's early stop on the loss value; PNG output (covered: benchmarks/preflight_cpu.py)"),
+            Stage("CLIP checks", f"open_clip:{cfg.clip_model}", f32, 1 + len(cfg.fs),
+                  clip_embed(cfg.clip_model, f32, texts=4), "the pass/fail comparisons"),
         ]
     if suite_id in ("in-g-rn", "in-g-vit"):
         from genshift.builders.in_g import TARGETS
 
-        gen_dtype = getattr(torch, args.dtype) if gpu else f32
-        target = args.target or TARGETS[suite_id]
+        gen_dtype = getattr(torch, cfg.dtype) if gpu else f32
+        target = cfg.target or TARGETS[suite_id]
+        shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image
         return [
-            Stage("caption (--imagenet-a)", args.captioner, torch.float16 if gpu else f32, 16,
-                  blip2_caption(args.captioner, torch.float16 if gpu else f32, new_tokens=40), scales=False,
-                  not_on_meta="the one-call forward (its Q-Former mask is read) and beam search"),
-            Stage("generation", args.generator, gen_dtype, batch,
-                  sd_generation(args.generator, args.size, args.size, gen_dtype, class_tokens=False,
+            Stage("caption (--imagenet-a)", cfg.captioner, half, 16,
+                  blip2_caption(cfg.captioner, half, images=4 if shots else 1, prompt_tokens=200 if shots else 12,
+                                new_tokens=40), "the one-call forward (its Q-Former mask is read) and beam search"),
+            Stage("generation", cfg.generator, gen_dtype, batch,
+                  sd_generation(cfg.generator, cfg.size, cfg.size, gen_dtype, class_tokens=False,
                                 prompts=["a realistic photograph of a Golden Retriever (dog). It is lying in the snow "
                                          "next to a red sled, and the background is a pine forest."]),
-                  not_on_meta="the scheduler loop and the JPEG output"),
-            Stage("target", f"timm:{target}", f32, batch, timm_classify(target, f32), not_on_meta="top-3 test"),
+                  "the scheduler loop and the JPEG output"),
+            Stage("target", f"timm:{target}", f32, batch, timm_classify(target, f32), "top-3 test"),
         ]
     raise BenchError(f"no preflight for {suite_id!r}")
 
 
-def resident_groups(suite_id: str, args=None) -> list[tuple[str, ...]]:
+def resident_groups(suite_id: str, cfg=None) -> list[tuple[str, ...]]:
     """The sets of stages whose models a builder holds on the device at the same time, one set after the
     other. LANCE runs its stages over all images in turn (``genshift.builders.lance``): the captioner alone, then the
     perturber (with CLIP when ``--text-filter clip``), then the editor with CLIP."""
     if suite_id == "lance-hardimagenet":
-        clip_text = getattr(args, "text_filter", "sbert") == "clip"
+        clip_text = getattr(cfg, "text_filter", "sbert") == "clip"
         return [("caption",), ("perturbation prompting",) + (("CLIP checks",) if clip_text else ()),
                 ("NTI + P2P editing", "CLIP checks")]
     return {"imagenet-star": [("generation", "CLIP filter")], "in-g-rn": [("generation", "target")],
             "in-g-vit": [("generation", "target")]}.get(suite_id, [])
+
+
+def _groups(suite_id: str, reports: list[Report], cfg=None) -> list[list[Report]]:
+    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, cfg)]
+    return [g for g in groups if g]
 
 
 def _group_peak(group: list[Report]) -> int:
@@ -357,25 +443,32 @@ def _group_peak(group: list[Report]) -> int:
     return sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
 
 
-def _resident(suite_id: str, reports: list[Report], args=None) -> list[list[Report]]:
-    """:func:`resident_groups` as the reports of their stages that passed (empty sets left out)."""
-    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, args)]
-    return [g for g in groups if g]
-
-
-def together(suite_id: str, reports: list[Report], args=None) -> tuple[list[str], int]:
+def together(suite_id: str, reports: list[Report], cfg=None) -> tuple[list[str], int]:
     """(stage names, peak bytes) of the largest set of models the builder keeps loaded at once."""
-    groups = _resident(suite_id, reports, args)
+    groups = _groups(suite_id, reports, cfg)
     if not groups:
         return [], 0
     top = max(groups, key=_group_peak)
     return [r.stage for r in top], _group_peak(top)
 
 
+def check_stage(st: Stage) -> Report:
+    """The meta pass of one stage at its batch."""
+    rep = Report(st.name, st.model, dtype=str(st.dtype).split(".")[-1], batch=st.batch, not_on_meta=st.not_on_meta)
+    try:
+        probe = Probe()
+        with FusedAttention(), probe.mem:
+            rep.checks = st.run(st.batch, probe)
+        rep.components, rep.params, rep.weights, rep.peak = probe.params, probe.total, probe.weights, probe.peak
+    except Exception as e:  # noqa: BLE001 - a stage that fails its pass is reported, not raised
+        rep.error = f"{type(e).__name__}: {one_line(e, 300)}"
+    return rep
+
+
 def _capacity(device: str, memory_gib: float | None) -> tuple[int | None, str]:
     if memory_gib:
         return int(memory_gib * GiB), f"{memory_gib:g} GiB (--device-memory)"
-    if _gpu(device):
+    if device.startswith("cuda"):
         if not torch.cuda.is_available():
             return None, "no CUDA device here: give --device-memory GIB to plan for one"
         props = torch.cuda.get_device_properties(torch.device(device))
@@ -386,112 +479,39 @@ def _capacity(device: str, memory_gib: float | None) -> tuple[int | None, str]:
     raise BenchError(f"--device {device!r}: use cpu, cuda or cuda:N")
 
 
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {one_line(e, 300)}"
-
-
-def check_stage(st: Stage, *, batch: int | None = None) -> Report:
-    """The meta pass of one stage at ``batch`` (and at 1 for the per-image slope)."""
-    b = st.batch if not st.scales or batch is None else batch
-    rep = Report(st.name, st.model, dtype=str(st.dtype).split(".")[-1], batch=b, not_on_meta=st.not_on_meta)
-    try:
-        probe = Probe("meta")
-        with probe.watching():
-            rep.checks = st.run("meta", b, probe)
-        rep.components, rep.weights = probe.params, probe.weights
-        rep.params = probe.total
-        rep.peak = rep.estimate = probe.peak
-        if st.scales and b > 1:
-            one = Probe("meta")
-            with one.watching():
-                st.run("meta", 1, one)
-            rep.per_image = max(0, (rep.peak - one.peak) // (b - 1))
-    except Exception as e:  # noqa: BLE001 - a stage that fails its pass is reported, not raised
-        rep.error = _one_line(e)
-    return rep
-
-
-def measure_stage(st: Stage, rep: Report, device: str) -> None:
-    """On a real GPU: the same pass with random weights on ``device``; measured peak and seconds per image
-    (from the built models on: building is not timed)."""
-    probe = Probe(device)
-    st.run(device, rep.batch, probe)
-    rep.seconds = probe.seconds() / rep.batch
-    rep.peak = probe.peak
-    rep.measured = True
-    torch.cuda.empty_cache()
-
-
-def advise(rep: Report, st: Stage, capacity: int) -> None:
-    """Whether the stage fits ``capacity`` bytes (``USABLE`` of them), and the largest batch that does
-    (peak = weights + fixed activations + batch x per-image activations)."""
-    usable = USABLE * capacity
-    if rep.fits is None:
-        rep.fits = rep.peak <= usable
-    if st.scales and rep.per_image:
-        base = rep.peak - rep.per_image * rep.batch
-        rep.max_batch = int((usable - base) // rep.per_image)
-
-
-def preflight(suite_id: str, args, *, device: str, memory_gib: float | None = None, measure: bool = False
-              ) -> tuple[list[Report], str]:
-    capacity, where = _capacity(device, memory_gib)
-    checked = []
-    for st in stages(suite_id, args, device):
-        rep = check_stage(st, batch=getattr(args, "batch_size", None))
-        if rep.ok and measure and _gpu(device) and torch.cuda.is_available():
-            try:
-                measure_stage(st, rep, device)
-            except torch.cuda.OutOfMemoryError:
-                rep.fits = False
-        checked.append((st, rep))
-    reports = [rep for _, rep in checked]
-    groups = _resident(suite_id, reports, args)
-    for st, rep in checked:
-        if rep.ok and capacity:  # a stage shares the device with the weights of the models loaded with it
-            others = max((sum(r.weights for r in g if r is not rep) for g in groups if rep in g), default=0)
-            advise(rep, st, capacity - int(others / USABLE))
-    return reports, where
-
-
 def render(suite_id: str, reports: list[Report], device: str, where: str, capacity: int | None = None,
-           args=None) -> str:
+           cfg=None) -> str:
     lines = [f"preflight of {suite_id} on {device} ({where}); real architectures, random weights, meta-device pass",
-             f"{'stage':<34} {'model':<40} {'params':>15} {'dtype':<9} {'batch':>5} {'est. GiB':>8} {'meas. GiB':>9} "
-             f"{'s/img':>7}  fit"]
+             f"{'stage':<34} {'model':<40} {'params':>15} {'dtype':<9} {'batch':>5} {'est. GiB':>8}  fit"]
     for r in reports:
         if not r.ok:
             lines.append(f"{r.stage:<34} {r.model:<40} FAILED: {r.error}")
             continue
-        fit = "?" if r.fits is None else ("yes" if r.fits else "NO")
-        if r.max_batch is not None and r.max_batch >= 1:
-            fit += f" (batch <= {r.max_batch} fits)"
-        elif r.fits is False:
-            fit += " (at no batch size: use a bigger device or a smaller dtype)"
-        secs = f"{r.seconds:7.3f}" if r.seconds is not None else "      -"
-        measured = f"{r.peak / GiB:9.2f}" if r.measured else "        -"
-        lines.append(f"{r.stage:<34} {r.model:<40} {r.params:>15,} {r.dtype:<9} {r.batch:>5} "
-                     f"{r.estimate / GiB:8.2f} {measured} {secs}  {fit}")
+        fit = "?" if r.fits is None else ("yes" if r.fits else "NO (use a bigger device or a smaller dtype or batch)")
+        lines.append(f"{r.stage:<34} {r.model:<40} {r.params:>15,} {r.dtype:<9} {r.batch:>5} {r.peak / GiB:8.2f}  {fit}")
         if len(r.components) > 1:
             lines += [f"{'':<36}{name:<38} {n:>15,}" for name, n in r.components.items() if name != "model"]
-    names, peak = together(suite_id, reports, args)
+    names, peak = together(suite_id, reports, cfg)
     if names:
         verdict = "" if not capacity else ("; fits" if peak <= USABLE * capacity else
                                            "; does NOT fit: the builder holds these models at once")
         lines.append(f"most loaded at once ({', '.join(names)}): {peak / GiB:.2f} GiB{verdict}")
     lines.append("est.: peak memory estimated from the meta pass (weights + activation peak, fused attention); "
-                 "meas.: measured on the device (--measure); fit: against the device memory")
-    for r in reports:
-        if r.ok and r.not_on_meta:
-            lines.append(f"  {r.stage}: checked {'; '.join(r.checks)}; not on meta: {r.not_on_meta}")
+                 "fit: with the models loaded beside it, against the device memory")
+    lines += [f"  {r.stage}: checked {'; '.join(r.checks)}; not on meta: {r.not_on_meta}" for r in reports if r.ok]
     return "\n".join(lines)
 
 
-def run(suite_id: str, args) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    reports, where = preflight(suite_id, args, device=device, memory_gib=args.device_memory,
-                               measure=args.measure)
-    print(render(suite_id, reports, device, where, _capacity(device, args.device_memory)[0], args))
+def run(suite_id: str, cfg, *, device_memory: float | None = None) -> int:
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    capacity, where = _capacity(device, device_memory)
+    reports = [check_stage(st) for st in stages(suite_id, cfg, device)]
+    for rep in reports:  # a stage shares the device with the weights of the models loaded with it
+        others = max((sum(r.weights for r in g if r is not rep) for g in _groups(suite_id, reports, cfg) if rep in g),
+                     default=0)
+        if rep.ok and capacity:
+            rep.fits = rep.peak + others <= USABLE * capacity
+    print(render(suite_id, reports, device, where, capacity, cfg))
     failed = [r.stage for r in reports if not r.ok]
     if failed:
         raise BenchError(f"preflight: {len(failed)} stage(s) failed their shape pass ({', '.join(failed)}); "

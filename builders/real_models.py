@@ -110,46 +110,11 @@ def blip2(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.flo
     return model
 
 
-def lit_llama_state_dict(config: dict, *, device: str = "meta", dtype: torch.dtype = torch.float32
-                         ) -> tuple[dict, dict]:
-    """(base, LoRA) state dicts with the released lit-llama checkpoint's names and shapes (random values)."""
-    d, v, r, h = config["n_embd"], config["vocab_size"], config["lora_r"], config["mlp_hidden"]
-
-    def t(*shape):
-        return torch.empty(shape, device=device, dtype=dtype)
-
-    base = {"transformer.wte.weight": t(v, d), "transformer.ln_f.scale": t(d), "lm_head.weight": t(v, d)}
-    lora = {}
-    for i in range(config["n_layer"]):
-        p = f"transformer.h.{i}."
-        base.update({p + "attn.c_attn.weight": t(3 * d, d), p + "attn.c_proj.weight": t(d, d),
-                     p + "mlp.c_fc1.weight": t(h, d), p + "mlp.c_fc2.weight": t(h, d), p + "mlp.c_proj.weight": t(d, h),
-                     p + "rms_1.scale": t(d), p + "rms_2.scale": t(d)})
-        lora.update({p + "attn.c_attn.lora_A": t(2 * r, d), p + "attn.c_attn.lora_B": t(2 * d, r)})
-    return base, lora
-
-
 def causal_lm(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
-    """The perturber LLM. ``lance-release`` goes through the project's own lit-llama conversion
-    (``genshift.builders.lance_litllama.lit_llama_to_hf``) from a checkpoint of the released shapes."""
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    """The perturber LLM (``lance-release``: LLaMA-7B as ``genshift.builders.lance_litllama`` converts it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     s = spec(model_id)
-    if s["kind"] == "lit-llama":
-        from genshift.builders.lance_litllama import lit_llama_to_hf
-
-        base, lora = lit_llama_state_dict(s["config"], device=device, dtype=dtype)
-        cfg, sd = lit_llama_to_hf(base, lora, r=s["config"]["lora_r"], dtype=dtype)
-        with torch.device("meta"):
-            model = LlamaForCausalLM(LlamaConfig(**cfg))
-        missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
-        missing = [k for k in missing if "rotary" not in k]
-        if missing or unexpected:
-            raise BenchError(f"converted lit-llama does not fit LLaMA: missing {missing[:3]}, unexpected {unexpected[:3]}")
-        if device != "meta":  # the rotary table is a buffer computed at init, not in the checkpoint
-            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-            model.model.rotary_emb = LlamaRotaryEmbedding(config=model.config, device=device)
-        return model.eval()
     if s["kind"] != "causal-lm":
         raise BenchError(f"{model_id} is a {s['kind']} model, not a causal LM")
     cfg = dict(s["config"])

@@ -19,14 +19,12 @@ modified. Precision follows the authors: UNet and VAE in the load dtype (fp16 on
 encoder in float32 under fp16 autocast, gradients scaled when fp16.
 
 Training is resumable per class (``<work>/<idx>.bin`` written atomically when a class finishes;
-a rerun skips it) and refuses a work folder trained with other settings.
-
-    python -m genshift.builders.textual_inversion --images train/ --out tokens-work/ --pack tokens.zip
+a rerun skips it) and refuses a work folder trained with other settings. Run it with
+``bench build imagenet-star --train-tokens DIR`` (``--tokens-only``: the tokens, no generation).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -95,30 +93,19 @@ class TrainingClass:
     files: tuple[Path, ...] = field(repr=False)
 
 
-def folder_classes(root: str | Path, *, label_space: str = "imagenet", classes: Sequence[int] | None = None
-                   ) -> list[TrainingClass]:
-    """The classes of an image folder ``root/<class>/<images>``.
-
-    ``label_space="imagenet"``: class folders are ImageNet-1k wnids (``n01440764``) or indices
-    (``0``), names are the OpenAI names (``genshift.imagenet``). ``"folders"``: any dataset; class
-    ``i`` is the ``i``-th folder in sorted order and its name the folder name with ``_`` read as
-    a space. A selected class whose folder holds no image is an error.
-    """
+def folder_classes(root: str | Path, *, classes: Sequence[int] | None = None) -> list[TrainingClass]:
+    """The classes of an image folder ``root/<class>/<images>``: class folders are ImageNet-1k wnids
+    (``n01440764``) or indices (``0``), names the OpenAI names (``genshift.imagenet``). A selected
+    class whose folder holds no image is an error."""
     root = Path(root)
     if not root.is_dir():
         raise BenchError(f"training image folder {str(root)!r} does not exist; pass a folder of class folders")
     found: dict[int, tuple[str, Path]] = {}
-    for i, folder in enumerate(sorted(p for p in root.iterdir() if p.is_dir())):
-        if label_space == "imagenet":
-            idx = int(folder.name) if folder.name.isdigit() else imagenet.index_of(folder.name)
-            name = imagenet.get_class(idx).name
-        elif label_space == "folders":
-            idx, name = i, folder.name.replace("_", " ")
-        else:
-            raise BenchError(f"unknown label space {label_space!r}; use imagenet or folders")
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        idx = int(folder.name) if folder.name.isdigit() else imagenet.index_of(folder.name)
         if idx in found:
             raise BenchError(f"class {idx} has two folders under {str(root)!r} ({found[idx][1].name}, {folder.name})")
-        found[idx] = (name, folder)
+        found[idx] = (imagenet.get_class(idx).name, folder)
     wanted = sorted(found) if classes is None else [int(c) for c in classes]
     if not wanted:
         raise BenchError(f"{str(root)!r} has no class folders")
@@ -331,7 +318,7 @@ def _check_recipe(work_dir: Path, recipe: dict) -> None:
 
 
 def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TIConfig = TIConfig(), *,
-                 classes: Sequence[int] | None = None, label_space: str = "imagenet", model_id: str = "",
+                 classes: Sequence[int] | None = None, model_id: str = "",
                  process=None, progress: bool = True) -> dict[int, torch.Tensor]:
     """Tokens for the class folders of ``data_dir``; resumable per class; returns the finished ones.
 
@@ -343,10 +330,10 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
 
     from genshift.builders.tokens import load_token_zip, save_token_file
 
-    todo_classes = folder_classes(data_dir, label_space=label_space, classes=classes)
+    todo_classes = folder_classes(data_dir, classes=classes)
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    _check_recipe(work_dir, {"model_id": model_id, "label_space": label_space, "textual_inversion": cfg.to_dict()})
+    _check_recipe(work_dir, {"model_id": model_id, "label_space": "imagenet", "textual_inversion": cfg.to_dict()})
     mine = [c for i, c in enumerate(todo_classes) if process is None or process.owns(i)]
     todo = [c for c in mine if not (work_dir / f"{c.index}.bin").is_file()]
     if len(todo) < len(mine):
@@ -362,67 +349,3 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
         log.info("class %d (%s): loss %.4f -> %.4f", cls.index, cls.name, np.mean(losses[:k]), np.mean(losses[-k:]))
     done = [c.index for c in todo_classes if (work_dir / f"{c.index}.bin").is_file()]
     return load_token_zip(work_dir, dim=None, classes=done) if done else {}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m genshift.builders.textual_inversion``: train class tokens for a folder dataset."""
-    import sys
-
-    from genshift.cli import _setup_logging
-    from genshift.cli._common import positive_int
-    from genshift.distributed import current_process
-    from genshift.builders.tokens import save_token_zip
-
-    ap = argparse.ArgumentParser(prog="python -m genshift.builders.textual_inversion",
-                                 description=__doc__.split("\n\n")[0],
-                                 epilog="examples:\n  python -m genshift.builders.textual_inversion --images imagenet/train "
-                                        "--classes 0,207 --out ti/ --pack tokens.zip\n"
-                                        "  accelerate launch -m genshift.builders.textual_inversion --images mydata/ "
-                                        "--label-space folders --out ti/",
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", required=True, help="folder of class folders (<wnid or index>/ or any names)")
-    ap.add_argument("--out", required=True, help="work folder, resumable: <idx>.bin per finished class")
-    ap.add_argument("--label-space", choices=("imagenet", "folders"), default="imagenet")
-    ap.add_argument("--classes", help="comma-separated class indices (default: every class folder)")
-    ap.add_argument("--model", default="stabilityai/stable-diffusion-2")
-    ap.add_argument("--revision")
-    ap.add_argument("--variant", default="fp16")
-    ap.add_argument("--steps", type=positive_int, default=3000)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--resolution", type=positive_int, default=768)
-    ap.add_argument("--batch-size", type=positive_int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
-                    help="UNet/VAE dtype on CUDA (CPU runs float32)")
-    ap.add_argument("--pack", metavar="ZIP", help="when every class is done, also write them as ZIP (tokens/<idx>.bin)")
-    ap.add_argument("--tiny", action="store_true", help="tiny random-weight SD on CPU (tests, demos)")
-    args = ap.parse_args(argv)
-    _setup_logging(0, False)
-    proc = current_process()
-    try:
-        cfg = TIConfig(steps=args.steps, lr=args.lr, resolution=args.resolution, batch_size=args.batch_size,
-                       seed=args.seed)
-        if args.tiny:
-            from genshift.builders.tiny import tiny_sd_components
-            run, model_id = TIRun.from_components(tiny_sd_components(), "cpu"), "tiny-random-sd2(seed=0)"
-        else:
-            from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-            device = proc.device()
-            gen = SDGenerator.from_pretrained(GenerationSettings(model_id=args.model, revision=args.revision,
-                                                                 variant=args.variant, dtype=args.dtype), device=device)
-            run, model_id = TIRun.from_components(gen.pipe.components, device), args.model
-        classes = None if args.classes is None else [int(c) for c in args.classes.split(",")]
-        tokens = train_tokens(args.images, args.out, run, cfg, classes=classes, label_space=args.label_space,
-                              model_id=model_id, process=proc)
-        n_classes = len(folder_classes(args.images, label_space=args.label_space, classes=classes))
-        if args.pack and proc.is_main and len(tokens) == n_classes:
-            save_token_zip(tokens, args.pack)
-            print(args.pack)
-    except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,7 +7,9 @@ edit family, so ``datasets.load_dataset(folder, config)`` loads that config alon
 ``<template>.md.j2`` in this package. The header stays compact: the features live in each
 parquet file's ``huggingface`` metadata (and in the manifest), not once per config in the card.
 
-``genshift.data_cards.eval_yaml`` writes the suite's other Hub file, ``eval.yaml`` (its benchmark tasks).
+A leaf: it imports nothing of genshift (a manifest is read through its attributes: ``suite_id``,
+``configs`` with ``rows``/``kept``/``files``, ``files`` with ``size``, ``generator``). The suite's
+other Hub file, ``eval.yaml`` (its benchmark tasks), is written by ``genshift.eval_yaml``.
 """
 
 from __future__ import annotations
@@ -71,6 +73,32 @@ def _env() -> jinja2.Environment:
             lambda name: resources.files("genshift.data_cards").joinpath(name).read_text(encoding="utf-8")),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )
+
+
+def demo_card(manifest) -> str:
+    """The card of a synthetic demo suite (``bench demo-suite``, ``genshift.synthetic``)."""
+    return render_card(manifest, template="generic", license="cc0-1.0", tags=["synthetic"],
+                       pretty_name=f"{manifest.suite_id} (synthetic test suite)",
+                       context={"note": "Synthetic noise images for tests and demos: every model is expected to "
+                                        "score about 0% on them."})
+
+
+def import_card(manifest) -> str:
+    """The card of a suite made by ``bench import-folder`` (``genshift.importer``), from its manifest."""
+    gen, ref = manifest.generator, manifest.generator.get("reference_config")
+    note = f"Imported with `bench import-folder` ({gen.get('images')} images)"
+    if ref is not None:
+        shifts = ", ".join(c for c in sorted(manifest.configs) if c != ref)
+        note += f": reference `{ref}`, shifts {shifts}; scored as ImageNet* (per-shift accuracy, absolute impact)"
+    return render_card(manifest, template="generic", pretty_name=manifest.suite_id, context={"note": note + "."})
+
+
+def upstream_card(manifest) -> str:
+    """The card of the upstream ImageNet* release converted by ``genshift.upstream.convert_release``."""
+    return render_card(manifest, template="generic", license="mit",
+                       pretty_name="ImageNet* (upstream release, converted)",
+                       context={"note": "Converted from madrylab/imagenet-star without re-encoding; keep = the "
+                                        "authors' mask."})
 
 
 def render_card(manifest, *, template: str = "generic", context: dict | None = None,

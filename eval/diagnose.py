@@ -17,13 +17,13 @@ import numpy as np
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import atomic_write_json, sha256_file
 from genshift.eval import diagnose_report
 from genshift.eval.embeddings import ClipEncoder, ImageView, suite_image_embeddings
 from genshift.eval.failure_directions import DirectionOptions, Whitening, class_direction
 from genshift.eval.metrics import parent_failures
 from genshift.eval.predictions import read_predictions, topk_matrix
 from genshift.eval.results import load_result
+from genshift.fsutil import atomic_write_json, sha256_file
 
 CRITERIA = ("top1", "top3", "parent")
 
@@ -53,7 +53,7 @@ def parse_whiten_reference(text: str | None) -> tuple[str | None, list[str]] | N
 
 
 def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | Path, configs: list[str] | None = None,
-             classes: list[int] | None = None, criterion: str = "top1", options: DirectionOptions = DirectionOptions(),
+             classes: list[int] | None = None, criterion: str = "top1", options: DirectionOptions | None = None,
              suite: str | None = None, mask: str | None = None, progress: bool = True,
              image_view: str = "classifier-square", whiten_reference: str | None = None) -> tuple[dict, Path]:
     """Failure directions of one result. ``image_view``: how CLIP sees the images
@@ -64,6 +64,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
 
     from genshift.eval.suite_open import reopen_suite
 
+    options = options or DirectionOptions()
     path = Path(result_path)
     path = path / "result.json" if path.is_dir() else path
     result = load_result(path)
@@ -74,7 +75,8 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
             raise BenchError(f"config {c!r} is not in the result (has {', '.join(entries)})")
         f = path.parent / entries[c]["path"]
         if not f.is_file() or sha256_file(f) != entries[c]["sha256"]:
-            raise IntegrityError(f"{entries[c]['path']} is missing or does not match the result's sha256; run bench verify")
+            raise IntegrityError(f"{entries[c]['path']} is missing or does not match the result's sha256; run "
+                                 "bench verify")
     ref = parse_whiten_reference(whiten_reference)
     own_ref = ref is not None and ref[0] is None
     info = reopen_suite(result, suite=suite, mask=mask,
@@ -114,7 +116,8 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         ref_desc = {"suite": ref_suite.suite_id, "manifest_sha256": ref_suite.manifest.sha256, "configs": ref[1],
                     "images": "every image of these configs", "n": int(ref_emb.shape[0])}
     if ref_emb.shape[0] < 2:
-        raise BenchError(f"the whitening reference has {ref_emb.shape[0]} image(s); name a larger set with --whiten-reference")
+        raise BenchError(f"the whitening reference has {ref_emb.shape[0]} image(s); name a larger set with "
+                         "--whiten-reference")
     white = Whitening.fit(ref_emb, whiten=options.whiten, normalize=options.normalize)
     text_cache: dict[str, np.ndarray] = {}
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def write_html(report: dict, path: str | Path) -> Path:
     """A self-contained HTML page of the report (inline CSS and images; all text escaped)."""
     from genshift.fsutil import atomic_write_bytes
 
-    e = lambda s: html.escape(str(s), quote=True)  # noqa: E731
+    e = lambda s: html.escape(str(s), quote=True)
     thumbs = report.get("thumbnails", {})
 
     def strip(ids, kind):
@@ -135,14 +134,19 @@ direction worth reading; the hardest and easiest images lie at the two ends of i
 def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSES) -> dict | None:
     """``diagnose.json`` of a store entry, checked and reduced to what the leaderboard shows; None if
     absent or not a valid report (a bad file never breaks the drilldown)."""
+    from genshift.errors import BenchError
+    from genshift.fsutil import read_json
+
     p = Path(run_dir) / REPORT
-    try:
-        if not p.is_file() or p.stat().st_size > MAX_REPORT_BYTES:
-            return None
-        data = json.loads(p.read_bytes())
-    except (OSError, ValueError, RecursionError):
+    if not p.is_file():
         return None
-    if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose" or not isinstance(data.get("classes"), list):
+    try:
+        data = read_json(p, max_bytes=MAX_REPORT_BYTES, what=REPORT)
+    except BenchError:
+        return None
+    if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose":
+        return None
+    if not isinstance(data.get("classes"), list):
         return None
     raw_thumbs = data.get("thumbnails") if isinstance(data.get("thumbnails"), dict) else {}
     classes, thumbs = [], {}

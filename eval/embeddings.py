@@ -56,7 +56,9 @@ class ImageView:
     def key(self) -> str:
         from genshift.fsutil import canonical_json, sha256_bytes
 
-        return self.kind if self.kind == "center-crop" else f"{self.kind}-{sha256_bytes(canonical_json(self.data_config))[:12]}"
+        if self.kind == "center-crop":
+            return self.kind
+        return f"{self.kind}-{sha256_bytes(canonical_json(self.data_config))[:12]}"
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "data_config": self.data_config}
@@ -77,7 +79,7 @@ class ClipEncoder:
 
     @classmethod
     def from_pretrained(cls, name: str = DEFAULT_CLIP[0], pretrained: str = DEFAULT_CLIP[1], *,
-                        device: str = "cpu", precision: str = "auto") -> "ClipEncoder":
+                        device: str = "cpu", precision: str = "auto") -> ClipEncoder:
         import open_clip
 
         try:
@@ -142,7 +144,8 @@ def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder,
     from tqdm.auto import tqdm
 
     safe = encoder.model_id.replace("/", "_").replace(":", "_")
-    path = Path(cache_dir) / suite.manifest.sha256 / f"{config}__{safe}__{view.key()}__{encoder.resolved_precision()}.npz"
+    name = f"{config}__{safe}__{view.key()}__{encoder.resolved_precision()}.npz"
+    path = Path(cache_dir) / suite.manifest.sha256 / name
     if path.is_file():
         with np.load(path, allow_pickle=False) as f:
             return f["ids"].tolist(), f["emb"]

@@ -63,7 +63,7 @@ class Whitening:
     normalize: bool = True
 
     @classmethod
-    def fit(cls, reference: np.ndarray, *, whiten: bool = True, normalize: bool = True) -> "Whitening":
+    def fit(cls, reference: np.ndarray, *, whiten: bool = True, normalize: bool = True) -> Whitening:
         ref = np.asarray(reference, dtype=np.float64)
         mean = ref.mean(axis=0)
         std = (ref - mean).std(axis=0, ddof=1)
@@ -115,7 +115,8 @@ def candidate_captions(label: int, *, reference: str = "code") -> tuple[str, lis
     ancestor = cls.fd_ancestor or "entity"
     noun = ancestor.replace("_", " ")
     preps = table["common_prepositions"] + table["ancestor_prepositions"].get(ancestor, [])
-    caps = [" ".join(p for p in ("a photo of a", adj, noun, prep) if p) for adj in table["adjectives"] for prep in preps]
+    caps = [" ".join(p for p in ("a photo of a", adj, noun, prep) if p)
+            for adj in table["adjectives"] for prep in preps]
     ref = f"a photo of a {cls.name}" if reference == "code" else f"a photo of a {noun}"
     return ref, [c for c in dict.fromkeys(caps) if c != ref]
 

@@ -3,7 +3,7 @@
 timm's ``results-imagenet.csv`` (columns ``model,img_size,top1,...``, top-1 in percent) lists
 some tags at two input sizes (``resnet50.a1_in1k``: 80.382 at 224 and 81.240 at 288). A result
 is matched on ``(model, img_size)``: the model id in its normal form
-(``genshift.model_ids.model_key``: no ``timm/`` / ``hf-hub:`` prefix, no revision) and the
+(``genshift.identity.timm_name``: no ``timm/`` / ``hf-hub:`` prefix, no revision) and the
 input size its eval recorded (``data_config.input_size``; 288 for ``resnet50.a1_in1k``, which
 timm evaluates at its test size). A CSV without ``img_size`` gives one row per model.
 A repeated (model, img_size) row or a result without its row is one error line, never a guess.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from genshift.errors import BenchError
 from genshift.fsutil import read_text_limited
-from genshift.model_ids import model_key
+from genshift.identity import timm_name
 
 MAX_BYTES = 16 * 2**20
 
@@ -64,7 +64,7 @@ def read_id_table(path) -> IdTable:
                              "is not a number") from None
         if not math.isfinite(top1) or not 0 <= top1 <= 100:
             raise BenchError(f"{where}: top1 {top1} is not a percentage in [0, 100]")
-        key = model_key(row["model"])
+        key = timm_name(row["model"])
         by_size = rows.setdefault(key, {})
         if size in by_size:
             at = f" at img_size {size}" if sized else ""
@@ -90,7 +90,7 @@ def id_accuracy(results: list[dict], table: IdTable) -> tuple[dict[str, float], 
     acc, used, problems = {}, {}, []
     for r in results:
         mid = r["model"]["id"]
-        key, size = model_key(mid), eval_img_size(r)
+        key, size = timm_name(mid), eval_img_size(r)
         by_size = table.rows.get(key)
         row = None if by_size is None else by_size.get(size, by_size.get(None))
         if row is None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+EXAMPLE_FIELDS = ("pair_id", "edit_type", "original_words", "edit_words")  # shown with each example pair
+
 
 def cluster_edits(directions, delta_p, *, k: int = 5, seed: int = 0, labels=None, examples: int = 3) -> list[dict]:
     """K-means on edit directions; clusters sorted by decreasing mean Δp.
@@ -50,7 +52,7 @@ def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict |
     suite's edit directions clustered, with the predictions' Δp."""
     from genshift.eval.metrics import delta_p, pair_up
 
-    if "counterfactual" not in tables or "original" not in tables or "edit_text_direction" not in suite.manifest.features:
+    if not ({"counterfactual", "original"} <= set(tables) and "edit_text_direction" in suite.manifest.features):
         return None
     cols = suite.read_columns("counterfactual", ["image_id", "edit_text_direction", "edit_type", "original_words",
                                                  "edit_words", "pair_id"]).to_pylist()
@@ -63,8 +65,7 @@ def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict |
     dirs = [meta[i]["edit_text_direction"] for i in ids]
     clusters = cluster_edits(dirs, dp, k=k, seed=seed, labels=cf["label"].to_numpy()[ok])
     for c in clusters:
-        c["examples"] = [{"image_id": ids[i], "pair_id": meta[ids[i]]["pair_id"], "edit_type": meta[ids[i]]["edit_type"],
-                          "original_words": meta[ids[i]]["original_words"], "edit_words": meta[ids[i]]["edit_words"],
-                          "delta_p": float(dp[i])} for i in c["examples"]]
+        c["examples"] = [{"image_id": ids[i], **{f: meta[ids[i]][f] for f in EXAMPLE_FIELDS}, "delta_p": float(dp[i])}
+                         for i in c["examples"]]
     return {"lance_edit_clusters": {"method": f"K-means (k={k}) on CLIP text directions edit - original words",
                                     "clusters": clusters}}

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from genshift.errors import BenchError, IntegrityError, one_line
-from genshift.fsutil import parse_json_limited, read_limited, sha256_bytes
+from genshift.fsutil import parse_json, read_limited, sha256_bytes
 from genshift.eval.predictions import (
     CheckpointedPredictions, check_config_name, contained, part_range, safe_config_dir, schema,
     unit_digest,
@@ -67,8 +67,8 @@ def read_job(run_dir: Path) -> dict:
     where = f"{run_dir}/{WORK}/{JOB_FILE}"
     if not path.is_file():
         raise IntegrityError(f"{run_dir} has no {WORK}/{JOB_FILE}; it is not an unfinished bench eval run")
-    state = parse_json_limited(read_limited(path, max_bytes=MAX_JOB_BYTES, what="job file"), what="job file",
-                               where=where, max_bytes=MAX_JOB_BYTES, max_depth=32)
+    state = parse_json(read_limited(path, max_bytes=MAX_JOB_BYTES, what="job file"), what="job file",
+                       where=where, max_bytes=MAX_JOB_BYTES)
 
     def bad(what: str) -> IntegrityError:
         return IntegrityError(f"{where}: {what}; it was not written by this version of bench eval (rerun the "
@@ -144,8 +144,8 @@ def _sidecar(part: Path, name: str) -> dict:
     side = part.with_suffix(".json")
     if not side.is_file() or side.is_symlink():
         raise IntegrityError(f"part {name} has no sidecar {side.name}; it was not written by bench eval, remove it")
-    info = parse_json_limited(read_limited(side, max_bytes=MAX_SIDECAR_BYTES, what="part sidecar"),
-                              what="part sidecar", where=name, max_bytes=MAX_SIDECAR_BYTES, max_depth=8)
+    info = parse_json(read_limited(side, max_bytes=MAX_SIDECAR_BYTES, what="part sidecar"),
+                      what="part sidecar", where=name, max_bytes=MAX_SIDECAR_BYTES, max_depth=8)
     if not isinstance(info, dict):
         raise IntegrityError(f"part {name}: its sidecar is not a JSON object; remove the part")
     return info

@@ -23,6 +23,9 @@ class ModelSpec:
     checkpoint: str | None = None
     from_wildcard: str | None = None  # the pattern it was expanded from
     classifier: object = field(default=None, compare=False, repr=False)  # genshift.eval.models.LoadedClassifier
+    # a population's recorded eval data config, over timm's (e.g. timm 0.6.12's; not part of the spec's hash)
+    data_config: dict | None = field(default=None, compare=False)
+    data_config_from: str | None = None  # where it comes from ("timm 0.6.12"), recorded in the protocol
 
 
 def is_wildcard(name: str) -> bool:
@@ -76,12 +79,14 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     return out
 
 
-def resolve_models(models: list[str] | None, *, models_file: str | None = None,
-                   checkpoint: str | None = None) -> tuple[list[ModelSpec], dict[str, list[str]]]:
+def resolve_models(models: list[str] | None, *, models_file: str | None = None, checkpoint: str | None = None,
+                   population_config: str = "paper") -> tuple[list[ModelSpec], dict[str, list[str]]]:
     """The sweep's model list from ``--model`` (repeatable; ``NAME=CHECKPOINT``; timm wildcards) and
-    ``--models FILE``. Every name is checked (timm's close matches for unknown ones) before any
-    data is touched. Returns the specs and the wildcard expansions."""
-    from genshift.eval.models import given_name, parse_model_name
+    ``--models FILE`` (or a population: its members at their recorded data config, or at today's
+    timm config with ``population_config="today"``). Every name is checked (timm's close matches
+    for unknown ones) before any data is touched. Returns the specs and the wildcard expansions."""
+    from genshift.eval.models import parse_model_name
+    from genshift.identity import timm_name
 
     raw: list[ModelSpec] = []
     for m in models or []:
@@ -91,7 +96,8 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
         raw.append(ModelSpec(name.strip(), ck or None))
     if models_file:
         from genshift.populations import is_population, population_models  # a named population, unless a file
-        listed = ([ModelSpec(n, ck) for n, ck in population_models(models_file)]
+        listed = ([ModelSpec(n, None, data_config=dc, data_config_from=src)
+                   for n, dc, src in population_models(models_file, config=population_config)]
                   if is_population(models_file) and not os.path.exists(models_file) else parse_models_file(models_file))
         if not listed:
             raise BenchError(f"--models file {models_file!r} lists no model (only blank or # comment lines)")
@@ -129,7 +135,7 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None,
                              "architecture: give the bare architecture name, their ids are then the files' sha256)")
         seen[key] = spec.name
         if spec.checkpoint is not None:  # the same weights under two names are scored once
-            same = (given_name(spec.name).split(".", 1)[0], checkpoint_sha256(spec.checkpoint))
+            same = (timm_name(spec.name).split(".", 1)[0], checkpoint_sha256(spec.checkpoint))
             if same in weights:
                 raise BenchError(f"checkpoint {spec.checkpoint!r} of {spec.name!r} holds the same weights (sha256 "
                                  f"{same[1][:12]}…) as {weights[same]!r}; each model is scored once, remove one")
@@ -150,8 +156,8 @@ def checkpoint_sha256(path: str) -> str:
 
 def _canonical_id(ref, spec: ModelSpec) -> str:
     """The id ``load_classifier`` will give the model (its output folder), without loading it."""
-    from genshift.eval.models import checkpoint_model_id
+    from genshift.identity import timm_name
 
-    if spec.checkpoint is not None:
-        return checkpoint_model_id(spec.name, checkpoint_sha256(spec.checkpoint))
+    if spec.checkpoint is not None:  # its id needs its tensors (genshift.identity): the name and file stand in
+        return f"{timm_name(spec.name)}={checkpoint_sha256(spec.checkpoint)[:16]}"
     return f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text)

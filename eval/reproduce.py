@@ -1,24 +1,33 @@
 """A paper's table from a population's results, with the paper's reported numbers beside ours.
 
 ``reproduce(table, results)`` matches the results to the table's model population
-(``genshift.populations``), reads each cell from the results' metrics and pairs it with the
-number the paper reports (package data ``reported.yaml``, each with paper, table and row). It
-never runs a model: results come from ``bench eval --models <population>``. The returned report
-carries the paper's layout (``layout``: columns and rows of text cells), every cell as a record
-(``cells``: ours, paper, ours − paper, source), the models used, the population's missing models
-with the command that scores each, and notes on settings that make a number disagree.
+(``genshift.populations``) by model identity (``genshift.identity``), reads each cell from the
+results' metrics and pairs it with the number the paper reports (package data ``reported.yaml``,
+each with paper, table and row). It never runs a model: results come from ``bench eval --models
+<population>``. A member's row is filled by
+
+- a result of its Hub weights (canonical id ``timm/<its tag>``; the revision is reported), or
+- a result of local weights declared as its tag (``bench eval --model <its tag>=<file>``: the
+  result's ``model.declared_name``), marked "declared local weights" with the weights' digest, or
+- for a member without public weights (a replica), the local weights the user names for it
+  (``members={"RN2": "resnet50@sha256:<16 hex>"}``, ``bench reproduce --member RN2=<id>``),
+
+never by architecture alone; every other result is listed as outside the population, with why.
+The report says which result filled which row (``filled``).
 
 Tables:
 
 - ``lance-table2``: LANCE Table 2, acc@1 / acc@5 on Original (T), Reconstructed (the
-  reconstructions of T) and LANCE (all counterfactuals T'), T = the result's headline T
+  reconstructions of T) and LANCE (all counterfactuals T'), and Δacc@1 / Δacc@5 (Eq. 3, the
+  table's subscripts) of Reconstructed and LANCE; T = the result's headline T
   (``metrics.lance.headline_T``: originals with at least one counterfactual, as the paper's
   fractions of 576 show).
 - ``in-g-fig4``: IN-G Fig. 4, the top-3 failure rate (true class not in the top 3) of each model
   on IN-G-RN and IN-G-ViT; the paper prints the replicas' rates (78%, 77%) and the range over the
   ImageNet-21k models (39-53%, 50-61%); ours is compared as a range too.
 - ``imagenet-star-slopes``: Dataset Interfaces' per-shift absolute impact and ID/OOD slope over
-  the 61-model population (``genshift.eval.slope``); the paper plots these, so there is no number beside them.
+  the 61-model population (``genshift.eval.slope``), on ``base`` or, with ``id_table``, ImageNet-val
+  top-1 (``genshift.eval.id_axis``); the paper plots these, so there is no number beside them.
 """
 
 from __future__ import annotations
@@ -31,12 +40,11 @@ from pathlib import Path
 import yaml
 
 from genshift.errors import BenchError, unknown
-from genshift.model_ids import model_key
+from genshift.families import get_family
+from genshift.identity import LOCAL_ID, check_id, timm_name
 from genshift.populations import Member, Population, get_population
 
 TABLES = ("imagenet-star-slopes", "in-g-fig4", "lance-table2")
-_SUITES = {"imagenet-star-slopes": ("imagenet-star-upstream", "imagenet-star"), "in-g-fig4": ("in-g-rn", "in-g-vit"),
-           "lance-table2": ("lance-hardimagenet",)}
 
 
 @lru_cache(maxsize=1)
@@ -71,28 +79,63 @@ class Found:
     member: Member
     path: str
     result: dict
+    weights: str  # how the result's weights fill the member's row
 
 
-def match_population(pop: Population, results: list[tuple[str, dict]], suite: str) -> tuple[dict[str, Found], list[str]]:
-    """The population's members among the results of ``suite`` (by model id in normal form; a
-    local-checkpoint replica by its architecture and ``source: checkpoint``). Returns found
-    members by paper name and the ids of results outside the population."""
+def check_members(pop: Population, members: dict[str, str] | None) -> dict[str, str]:
+    """``{paper name: canonical local id}`` for the members without public weights, checked."""
+    out = {}
+    for paper, mid in (members or {}).items():
+        m = next((m for m in pop.members if m.paper == paper), None)
+        if m is None or not m.local:
+            local = [m.paper for m in pop.members if m.local]
+            raise BenchError(f"--member {paper}=...: {pop.name} has no member {paper!r} without public weights "
+                             f"(those are {', '.join(local) or 'none'}; the others are matched by their weights)")
+        if not LOCAL_ID.fullmatch(check_id(mid)):
+            raise BenchError(f"--member {paper}={mid}: give the local weights' model id (<arch>@sha256:<16 hex>, "
+                             "the result's model.id)")
+        out[paper] = mid
+    return out
+
+
+def _member_of(pop: Population, model: dict, members: dict[str, str]) -> tuple[Member | None, str]:
+    """The member whose row a result's weights fill, and how (or None and why not)."""
+    mid = model["id"]
+    if model.get("source") == "hf-hub":
+        tag = timm_name(mid)
+        hit = next((m for m in pop.members if not m.local and m.model == tag), None)
+        rev = model.get("weights_revision") or "unpinned"
+        return hit, f"Hub weights {tag}@{rev[:12]}" if hit else f"{tag}: not a member's weights"
+    digest = mid.split("@sha256:", 1)[1] if "@sha256:" in mid else (model.get("tensors_sha256") or "?")[:16]
+    named = next((p for p, i in members.items() if i == mid), None)
+    if named is not None:
+        return next(m for m in pop.members if m.paper == named), f"your weights for {named} (sha256:{digest})"
+    declared = timm_name(model.get("declared_name") or "")
+    hit = next((m for m in pop.members if not m.local and declared and m.model == declared), None)
+    if hit is not None:
+        return hit, f"declared local weights {declared} (sha256:{digest})"
+    return None, ("local weights declared as " + declared if declared else "local weights, undeclared") + \
+        "; name a member's tag (bench eval --model TAG=FILE) or a replica (--member)"
+
+
+def match_population(pop: Population, results: list[tuple[str, dict]], suite: str,
+                     members: dict[str, str] | None = None) -> tuple[dict[str, Found], list[str]]:
+    """The population's members among the results of ``suite`` (see the module docstring). Returns
+    found members by paper name and "id: why" lines of the results outside the population."""
+    members = check_members(pop, members)
     found: dict[str, Found] = {}
     outside = []
     for path, r in results:
         if r["suite"]["id"] != suite:
             continue
-        key, local = model_key(r["model"]["id"]), r["model"].get("source") == "checkpoint"
-        hit = next((m for m in pop.members
-                    if (m.local and local and key.split(".", 1)[0] == m.model)
-                    or (not m.local and not local and key == m.model)), None)
+        hit, how = _member_of(pop, r["model"], members)
         if hit is None:
-            outside.append(r["model"]["id"])
+            outside.append(f"{r['model']['id']} ({how})")
             continue
         if hit.paper in found:
             raise BenchError(f"two results of {hit.paper} ({hit.model}) on {suite}: {found[hit.paper].path} and {path}; "
                              "keep one per model")
-        found[hit.paper] = Found(hit, path, r)
+        found[hit.paper] = Found(hit, path, r, how)
     manifests = {f.result["suite"]["manifest_sha256"] for f in found.values()}
     if len(manifests) > 1:
         raise BenchError(f"the results on {suite} come from {len(manifests)} different builds (manifest hashes); "
@@ -104,24 +147,47 @@ def _pct(v) -> float | None:
     return None if v is None else 100 * float(v)
 
 
-def _fmt(values) -> str:
-    return " / ".join("-" if v is None else f"{v:.2f}" for v in values)
+def _fmt(values, digits: int = 2) -> str:
+    return " / ".join("-" if v is None else f"{v:+.{digits}f}" if digits == 1 else f"{v:.{digits}f}" for v in values)
 
 
-def _diff(ours, paper) -> str:
-    return " / ".join("-" if a is None or b is None else f"{a - b:+.2f}" for a, b in zip(ours, paper))
+def _diff(ours, paper) -> list[float | None]:
+    return [None if a is None or b is None else a - b for a, b in zip(ours, paper)]
+
+
+def _signed(values) -> str:
+    return " / ".join("-" if v is None else f"{v:+.2f}" for v in values)
 
 
 def _missing_line(m: Member, suite: str, extra: str = "") -> str:
     if m.local:
-        return f"{m.paper}: no public weights; train it and run bench eval --model {m.model}=<checkpoint> --suite {suite}{extra}"
+        return (f"{m.paper}: no public weights; train it, run bench eval --model {m.model}=<checkpoint> --suite {suite}"
+                f"{extra}, then bench reproduce ... --member {m.paper}=<its model id>")
     return f"{m.paper}: bench eval --model {m.model} --suite {suite}{extra}"
 
 
-def _lance_table2(results: list[tuple[str, dict]]) -> dict:
+_LANCE_ROWS = {"1 Original": ("acc{k}_T", None), "2 Reconstructed": ("acc{k}_reconstruction", "delta_acc{k}_reconstruction"),
+               "4 LANCE": ("acc{k}_counterfactual", "delta_acc{k}")}
+
+
+def _lance_cells(result: dict, row: str) -> tuple[list, list]:
+    """Our (acc@1, acc@5) and (Δacc@1, Δacc@5) in percent for one Table 2 row, at the headline T."""
+    lance = result["metrics"]["lance"]
+    t = lance.get("headline_T", "originals_with_counterfactual")
+    acc_key, delta_key = _LANCE_ROWS[row]
+
+    def read(key, k):
+        v = lance.get(key.format(k=k)) or {}
+        v = v.get(t, v)  # per T, or one set (T')
+        return _pct(v.get("value") if isinstance(v, dict) else v)
+
+    return [read(acc_key, k) for k in (1, 5)], [None if delta_key is None else read(delta_key, k) for k in (1, 5)]
+
+
+def _lance_table2(results: list[tuple[str, dict]], members=None) -> dict:
     rep, pop = reported()["lance-table2"], get_population("lance-table2")
     suite = "lance-hardimagenet"
-    found, outside = match_population(pop, results, suite)
+    found, outside = match_population(pop, results, suite, members)
     cols = [m.paper for m in pop.members]
     notes, cells, rows = [], [], []
     for f in found.values():
@@ -131,52 +197,46 @@ def _lance_table2(results: list[tuple[str, dict]]) -> dict:
         if pre != "lance-square":
             notes.append(f"{f.member.paper} was scored with --preprocess {pre}; the paper's setting is lance-square "
                          "(the whole image squashed to 224 px)")
-
-    def ours(f: Found, row: str) -> list[float | None]:
-        lance = f.result["metrics"]["lance"]
-        t = lance.get("headline_T", "originals_with_counterfactual")
-        key = {"1 Original": "acc{k}_T", "2 Reconstructed": "acc{k}_reconstruction"}.get(row)
-        out = []
-        for k in (1, 5):
-            m = lance.get(f"acc{k}_counterfactual") if key is None else (lance.get(key.format(k=k)) or {}).get(t)
-            out.append(_pct((m or {}).get("value")))
-        return out
-
-    skipped = rep["not_reproduced"]
     for r in rep["rows"]:
-        if r["row"] in skipped:
+        if r["row"] in rep["not_reproduced"]:
             continue
-        block = {"ours": {}, "paper": {}, "ours - paper": {}}
+        lines = {w: {} for w in ("ours", "paper", "ours - paper", "Δ ours", "Δ paper", "Δ ours - Δ paper")}
         for col in cols:
-            paper = r["values"][col]
-            mine = ours(found[col], r["row"]) if col in found else [None, None]
-            block["ours"][col], block["paper"][col], block["ours - paper"][col] = _fmt(mine), _fmt(paper), _diff(mine, paper)
-            for metric, a, b in zip(rep["metrics"], mine, paper):
+            acc, delta = _lance_cells(found[col].result, r["row"]) if col in found else ([None] * 2, [None] * 2)
+            paper, paper_delta = r["values"][col], (r.get("deltas") or {}).get(col)
+            lines["ours"][col], lines["paper"][col] = _fmt(acc), _fmt(paper)
+            lines["ours - paper"][col] = _signed(_diff(acc, paper))
+            for metric, a, b in zip(rep["metrics"], acc, paper):
                 cells.append({"row": r["row"], "column": col, "metric": metric, "ours": a, "paper": b,
                               "diff": None if a is None else a - b, "source": _source(rep, r["row"])})
-        for i, (what, vals) in enumerate(block.items()):
-            rows.append({"test set": r["row"] if i == 0 else "", "": what, **vals})
+            if paper_delta is None:
+                continue
+            lines["Δ ours"][col], lines["Δ paper"][col] = _signed(delta), _fmt(paper_delta, 1)
+            lines["Δ ours - Δ paper"][col] = _signed(_diff(delta, paper_delta))
+            for metric, a, b in zip(rep["metrics"], delta, paper_delta):
+                cells.append({"row": r["row"], "column": col, "metric": f"delta_{metric}", "ours": a, "paper": b,
+                              "diff": None if a is None else a - b, "source": _source(rep, r["row"] + " (subscript)")})
+        shown = [(w, v) for w, v in lines.items() if v]
+        rows += [{"test set": r["row"] if i == 0 else "", "": w, **v} for i, (w, v) in enumerate(shown)]
     missing = [_missing_line(m, suite, " --preprocess lance-square") for m in pop.members if m.paper not in found]
     return _report("lance-table2", rep, pop, suite, found, outside, cells,
-                   {"columns": ["test set", "", *cols], "rows": rows}, notes, missing=missing)
+                   {"columns": ["test set", "", *cols], "rows": rows}, notes, missing)
 
 
-def _in_g_fig4(results: list[tuple[str, dict]]) -> dict:
+def _in_g_fig4(results: list[tuple[str, dict]], members=None) -> dict:
     rep, pop = reported()["in-g-fig4"], get_population("in-g-fig4")
     suites = dict(zip(rep["columns"], rep["suites"]))
-    per_suite = {s: match_population(pop, results, s) for s in rep["suites"]}
-    cells, notes = [], []
+    per_suite = {s: match_population(pop, results, s, members) for s in rep["suites"]}
+    cells, notes, rows = [], [], []
 
     def rate(suite: str, paper: str) -> float | None:
         f = per_suite[suite][0].get(paper)
-        return None if f is None else _pct(f.result["metrics"]["in_g"]["generated"]["top3_failure_rate"]["value"])
+        return None if f is None else _pct(get_family("in_g").columns(f.result)["top3_failure_rate"])
 
-    rows = []
     for m in pop.members:
         row = {"model": m.paper, "role": m.role, "timm": m.model + (" (own checkpoint)" if m.local else "")}
         for col, suite in suites.items():
-            f = per_suite[suite][0].get(m.paper)
-            v = rate(suite, m.paper)
+            f, v = per_suite[suite][0].get(m.paper), rate(suite, m.paper)
             flag = " (construction model)" if f is not None and f.result["flags"].get("construction_model") else ""
             row[f"{col} ours"] = ("-" if v is None else f"{v:.2f}") + flag
             paper = next((r for r in rep["rows"] if r["row"] == m.paper and r["suite"] == suite), None)
@@ -190,8 +250,7 @@ def _in_g_fig4(results: list[tuple[str, dict]]) -> dict:
     group = [m.paper for m in pop.members if m.role == "in21k"]
     summary = {"model": "ImageNet-21k models", "role": "range", "timm": ", ".join(group)}
     for col, suite in suites.items():
-        vals = [rate(suite, p) for p in group]
-        have = [v for v in vals if v is not None]
+        have = [v for v in (rate(suite, p) for p in group) if v is not None]
         paper = next(r for r in rep["rows"] if r["row"] == "in21k" and r["suite"] == suite)
         lo, hi = paper["range"]
         ours = (min(have), max(have)) if len(have) == len(group) else None
@@ -207,22 +266,28 @@ def _in_g_fig4(results: list[tuple[str, dict]]) -> dict:
     columns = ["model", "role", "timm"] + [f"{c} {w}" for c in suites for w in ("ours", "paper", "diff")]
     found = {f"{p} on {s}": f for s, (fs, _) in per_suite.items() for p, f in fs.items()}
     outside = sorted({o for _, (_, out) in per_suite.items() for o in out})
-    rep_missing = [_missing_line(m, s) for s, (fs, _) in per_suite.items() for m in pop.members if m.paper not in fs]
+    missing = [_missing_line(m, s) for s, (fs, _) in per_suite.items() for m in pop.members if m.paper not in fs]
     return _report("in-g-fig4", rep, pop, ",".join(rep["suites"]), found, outside, cells,
-                   {"columns": columns, "rows": rows}, notes, missing=rep_missing)
+                   {"columns": columns, "rows": rows}, notes, missing)
 
 
-def _imagenet_star_slopes(results: list[tuple[str, dict]]) -> dict:
+def _imagenet_star_slopes(results: list[tuple[str, dict]], members=None, id_table=None) -> dict:
     from genshift.eval.slope import slope_table
 
     pop = get_population("imagenet-star-61")
-    suite = next((s for s in _SUITES["imagenet-star-slopes"] if any(r["suite"]["id"] == s for _, r in results)),
-                 "imagenet-star-upstream")
-    found, outside = match_population(pop, results, suite)
+    suite = next((s for s in pop.suites if any(r["suite"]["id"] == s for _, r in results)), pop.suites[0])
+    found, outside = match_population(pop, results, suite, members)
     if len(found) < 2:
         raise BenchError(f"the ID/OOD slopes need results of at least 2 of the population's models on {suite}; "
                          f"found {len(found)}")
-    table = slope_table([f.result for f in found.values()])
+    fitted = [f.result for f in found.values()]
+    ids, notes = None, []
+    if id_table is not None:
+        from genshift.eval.id_axis import id_accuracy
+
+        ids, _ = id_accuracy(fitted, id_table)
+        notes.append(f"ID axis: ImageNet-val top-1 from {id_table.path} at each eval's input size")
+    table = slope_table(fitted, id_accuracy=ids)
     rows = []
     for shift, fits in table["shifts"].items():
         imp = (table.get("shift_impact") or {}).get(shift) or {}
@@ -234,27 +299,35 @@ def _imagenet_star_slopes(results: list[tuple[str, dict]]) -> dict:
     rep = {"title": "Dataset Interfaces: per-shift absolute impact and ID/OOD slope over the model population",
            "paper": "Vendrow, Jain, Engstrom, Madry, Dataset Interfaces (2023)",
            "where": "the blog post's plots (no numbers printed)"}
-    return _report("imagenet-star-slopes", rep, pop, suite, found, outside, [],
-                   {"columns": list(rows[0]) if rows else ["shift"], "rows": rows}, [])
+    missing = [_missing_line(m, suite) for m in pop.members if m.paper not in found]
+    report = _report("imagenet-star-slopes", rep, pop, suite, found, outside, [],
+                     {"columns": list(rows[0]) if rows else ["shift"], "rows": rows}, notes, missing)
+    report["id_axis"] = table["id_axis"] if ids is None else f"ImageNet-val top-1 ({id_table.path})"
+    return report
 
 
-def _report(name, rep, pop, suite, found, outside, cells, layout, notes, missing=None) -> dict:
-    names = {f.member.paper for f in found.values()}
+def _report(name, rep, pop, suite, found, outside, cells, layout, notes, missing) -> dict:
     return {
         "table": name, "title": rep["title"], "paper": rep["paper"], "where": rep["where"],
         "population": pop.name, "suite": suite, "layout": layout, "cells": cells,
-        "models": {k: {"id": f.result["model"]["id"], "result": f.path} for k, f in found.items()},
-        "missing": missing if missing is not None else [_missing_line(m, suite) for m in pop.members
-                                                        if m.paper not in names],
-        "outside_population": sorted(outside), "not_reproduced": rep.get("not_reproduced", {}), "notes": notes,
+        "filled": [{"row": k, "id": f.result["model"]["id"], "weights": f.weights, "result": f.path}
+                   for k, f in found.items()],
+        "missing": missing, "outside_population": sorted(outside), "not_reproduced": rep.get("not_reproduced", {}),
+        "notes": notes,
     }
 
 
 _BUILDERS = {"lance-table2": _lance_table2, "in-g-fig4": _in_g_fig4, "imagenet-star-slopes": _imagenet_star_slopes}
 
 
-def reproduce(table: str, results: list[tuple[str, dict]]) -> dict:
-    """The report of ``table`` (one of ``TABLES``) from ``(path, result)`` pairs."""
+def reproduce(table: str, results: list[tuple[str, dict]], *, members: dict[str, str] | None = None,
+              id_table=None) -> dict:
+    """The report of ``table`` (one of ``TABLES``) from ``(path, result)`` pairs. ``members`` names the
+    local weights of members without public weights; ``id_table`` (``genshift.eval.id_axis.read_id_table``)
+    puts ImageNet-val top-1 on the slopes' x-axis."""
     if table not in _BUILDERS:
         raise unknown("paper table", table, TABLES)
-    return _BUILDERS[table](results)
+    if id_table is not None and table != "imagenet-star-slopes":
+        raise BenchError("--id-accuracy applies to imagenet-star-slopes only")
+    kw = {"id_table": id_table} if id_table is not None else {}
+    return _BUILDERS[table](results, members, **kw)

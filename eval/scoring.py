@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from genshift import imagenet
-from genshift.families import get_family
 from genshift.eval import bootstrap, metrics
 from genshift.eval.predictions import topk_matrix
+from genshift.families import get_family
 
 LANCE_HEADLINE_T = "originals_with_counterfactual"  # Table 2's numbers are fractions of N = 576 (Prabhu et al.)
 
@@ -60,7 +60,7 @@ class _Config:
     n_kept: int
 
     @classmethod
-    def from_table(cls, name: str, table: pa.Table, *, filter: bool) -> "_Config":
+    def from_table(cls, name: str, table: pa.Table, *, filter: bool) -> _Config:
         keep = table["keep"].to_numpy(zero_copy_only=False).astype(bool)
         rows = np.flatnonzero(keep) if filter else np.arange(table.num_rows)
         t = table.take(rows)
@@ -169,7 +169,8 @@ def lance_block(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions) -> dict
     rec_match = _match_originals(orig, rec) if rec is not None else None
     for k in (1, 5):
         out[f"delta_acc{k}"] = {}
-        for t_name, mask in (("all_originals", np.ones(orig.n, dtype=bool)), ("originals_with_counterfactual", with_cf)):
+        for t_name, mask in (("all_originals", np.ones(orig.n, dtype=bool)),
+                             ("originals_with_counterfactual", with_cf)):
             d = delta_acc_replicates(orig.hits(k)[:, None], cf.hits(k)[:, None], match, mask, w)
             out[f"delta_acc{k}"][t_name] = _metric(d.delta[0], d.delta_reps[:, 0], cf.n, o.confidence)
             out.setdefault(f"acc{k}_T", {})[t_name] = _metric(d.acc_t[0], d.acc_t_reps[:, 0], int(mask.sum()),

@@ -54,6 +54,7 @@ from genshift.eval.options import EvalOptions
 from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
 from genshift.eval.progress import Progress
 from genshift.eval.results import RESULT_FILE, config_hash, load_result, path_slug as slug  # the one folder rule
+from genshift.identity import folder_name
 from genshift.eval.suite_open import is_construction_model, open_suite
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def load_model(opts: EvalOptions, spec: ModelSpec):
 
     return load_classifier(spec.name, checkpoint=spec.checkpoint, device="cpu", remap_by_order=opts.remap_by_order,
                            pretrained=opts.pretrained, checkpoint_weights=opts.checkpoint_weights,
-                           preprocess=opts.preprocess)
+                           preprocess=opts.preprocess, data_config=spec.data_config)
 
 
 def _group_key(data_config: dict, opts: EvalOptions) -> str:
@@ -258,6 +259,8 @@ class Sweep:
                     "skip_bad_images": opts.skip_bad_images, "scoring": scoring.to_dict()}
         if opts.decode != "cpu":  # only a non-default decode is recorded (keeps earlier config hashes)
             protocol["decode"] = opts.decode
+        if spec.data_config_from:  # a population's recorded data config (e.g. timm 0.6.12's), not today's timm's
+            protocol["data_config"] = spec.data_config_from
         chash = config_hash(model_desc, suite_desc, protocol, clf.data_config)
         n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
         # compile decided from the model's whole workload, not what is left: a resumed or split
@@ -278,13 +281,14 @@ class Sweep:
             "unit_rows": opts.unit_rows, "normalize_on_device": run_opts["normalize_on_device"],
             "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0],
             "cpu_threads": opts.cpu_threads, "compiled": compiled}))
-        run_dir = self.suite_dir / slug(clf.model_id)
+        run_dir = self.suite_dir / folder_name(clf.model_id)
         contained(run_dir, self.out)
         state = {
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
             "scoring": asdict(scoring), "metric_family": info.metric_family,
-            "construction_model": is_construction_model(clf.model_id, info.construction_models, clf.weights_sha256),
+            "construction_model": is_construction_model(clf.declared_name or clf.model_id, info.construction_models,
+                                                        clf.weights_sha256),
             "partial": bool(opts.limit_per_class) or set(self.configs) != set(suite.configs),
             "units": {c: len(self.units[c][1]) for c in self.configs},
             "unit_ids": self.unit_ids,

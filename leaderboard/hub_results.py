@@ -1,26 +1,13 @@
-"""Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board.
+"""Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board
+(``docs/hub.md``, section 9).
 
-The Hub's eval-results system (hub-docs "Evaluation results"): a benchmark dataset declares its
-tasks in ``eval.yaml`` (``genshift.data_cards.eval_yaml``), and a model repo reports scores for them in
-``.eval_results/<name>.yaml``, a list of entries built here with huggingface_hub's
-``EvalResultEntry`` / ``eval_result_entries_to_yaml`` (never hand-formatted). An entry from a pull
-request shows as "community" until the model's owners merge it.
-
-- :func:`publish_entry` turns one entry of the project's results repo (``<suite>/<model>/``) into a
-  pull request on the model repo adding ``.eval_results/<suite id>.yaml``: the dataset id and the
-  commit sha the result was scored on, one value per task the suite's ``eval.yaml`` declares (in
-  its units: percent), the run's date, the entry in the results repo as the source, the protocol
-  in a few words as notes. Only complete results on a pinned suite, and a result of a Hub model only
-  on that model's own repo. "Verified" is written only when the entry's stamp is signed by a key the
-  caller trusts and names these exact files, and the weights were the repo's own (``model.source``
-  ``hf-hub``: a stamp over local weights says nothing about a repo's files); the notes then
-  carry the stamp's key id and seed, otherwise they say "not verified by genshift-bench". One
-  open pull request per (model repo, suite): a rerun updates it, never opens a second one.
-  ``bench submit --model-repo`` and ``bench review --publish-model-results`` both call it.
-- :func:`hub_reported` reads the benchmark's leaderboard on the Hub (``get_dataset_leaderboard``)
-  into rows for the board's separate "Reported on the Hub" table: community numbers, never merged
-  with or ranked among the verified entries. Every row is bounded and type-checked; a malformed
-  row is dropped with one line saying why.
+- :func:`publish_entry`: one entry of the results repo -> a pull request on the model repo adding
+  ``.eval_results/<suite id>.yaml`` (huggingface_hub's ``EvalResultEntry``): one value per task the
+  suite's ``eval.yaml`` declares, in percent, for complete results on a pinned suite, a Hub model's only
+  on its own repo; "verified" only with a stamp signed by a trusted key over these exact files and the
+  repo's own weights (``model.source`` ``hf-hub``). One open PR per (model repo, suite), updated.
+- :func:`hub_reported`: the benchmark's Hub leaderboard as the board's separate, never-ranked "Reported
+  on the Hub" rows, each bounded and type-checked (a malformed row is dropped with one line).
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from genshift.errors import BenchError, one_line
-from genshift.hubio import REPO_RE, SHA_RE
+from genshift.hubio import SHA_RE, is_repo_id
 
 MAX_HUB_ROWS = 500            # leaderboard rows read from the Hub
 MAX_HUB_TEXT = 300            # any string field of a Hub row
@@ -39,27 +26,21 @@ TITLE = "genshift-bench: {suite} results"  # one open PR per (model repo, suite)
 URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
 
 
-def _tasks_of(result: dict):
-    from genshift.data_cards.eval_yaml import tasks
+def task_values(result: dict) -> dict[str, float]:
+    """Each task's value in the task's units (percent = 100 × the stored fraction), read off the result by its
+    family's declaration (``genshift.families``: the same columns the board shows); undefined values are left out."""
+    from genshift.families import get_family
 
     s = result["suite"]
-    return tasks(s["metric_family"], list(s["configs"]), result["protocol"]["scoring"].get("reference_config"))
-
-
-def task_values(result: dict) -> dict[str, float]:
-    """Each task's value in the task's units (percent = 100 × the stored fraction), from the same row
-    the leaderboard shows (``genshift.leaderboard.aggregate.metric_columns``); undefined values are left out."""
-    from genshift.leaderboard.aggregate import metric_columns
-
-    try:  # the board's own row builder
-        row = metric_columns(result)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-        raise BenchError(f"the result cannot be tabulated ({type(e).__name__}: {e})") from None
+    family = get_family(s["metric_family"])
+    cols = family.columns(result)
     out = {}
-    for t in _tasks_of(result):
-        v = row.get(t.column)
+    for t in family.tasks(list(s["configs"]), result["protocol"]["scoring"].get("reference_config")):
+        v = cols.get(t.column)
         if v is not None and math.isfinite(float(v)):
             out[t.id] = round(100.0 * float(v), 4)
+    if not out:
+        raise BenchError("the result holds no value of its suite's tasks")
     return out
 
 
@@ -73,7 +54,7 @@ def _notes(result: dict, stamp: dict | None) -> str:
     else:
         sig = stamp.get("signature") or {}
         parts.append(f"verified by genshift-bench: stamp key {str(sig.get('key_id', '?'))[:16]}, "
-                     f"{len(stamp['recheck']['images'])} images re-run, seed {stamp['recheck']['seed']}")
+                     f"{stamp['recheck']['n']} images re-run, seed {stamp['recheck']['seed']}")
     return "; ".join(parts)
 
 
@@ -86,7 +67,7 @@ def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not reported to model pages; "
                          "evaluate every config without --limit-per-class")
     if result["flags"].get("unpinned_suite") or not SHA_RE.match(str(s.get("revision") or "")) \
-            or not REPO_RE.match(str(s.get("repo_id") or "")):
+            or not is_repo_id(str(s.get("repo_id") or "")):
         raise BenchError(f"the result was not scored on a Hub dataset repo pinned to a commit (suite {s['id']!r}); "
                          "evaluate with --suite ORG/NAME --revision <sha> (or a pinned registry suite)")
     values = task_values(result)
@@ -112,7 +93,7 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
     from huggingface_hub import errors
 
     from genshift.fsutil import read_limited
-    from genshift.data_cards.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
+    from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
 
     try:
         path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")
@@ -205,7 +186,7 @@ def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = No
                              "same model); submit this one first, or pass the merged one")
         m = result["model"]
         model_repo = model_repo or (m["id"] if m.get("source") == "hf-hub" else None)
-        if not model_repo or not REPO_RE.match(model_repo):
+        if not model_repo or not is_repo_id(model_repo):
             raise BenchError(f"model {str(m['id'])[:80]!r} is not a Hub model repo; pass --model-repo ORG/NAME")
         if m.get("source") == "hf-hub" and model_repo != m["id"]:  # another model's numbers on this page: never
             raise BenchError(f"the entry is a result of the Hub model {m['id']}, not {model_repo}; it is reported only "
@@ -244,7 +225,7 @@ def _text(v, what: str) -> str:
 def hub_row(e) -> dict:
     """One ``DatasetLeaderboardEntry`` -> a board row; ``ValueError`` naming what is wrong."""
     model = _text(e.model_id, "modelId")
-    if not REPO_RE.match(model):
+    if not is_repo_id(model):
         raise ValueError(f"modelId {model[:60]!r} is not a repo id")
     if isinstance(e.value, bool) or not isinstance(e.value, (int, float)) or not math.isfinite(e.value) \
             or abs(e.value) > 1e6:
@@ -285,32 +266,6 @@ def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | N
     return rows, problems
 
 
-# -- the review service -----------------------------------------------------------------------------
-MODEL_PR_MARKER = "<!-- genshift-model-results -->"
-
-
-def publish_reviewed(reviewer, outcome) -> None:
-    """After ``bench review`` merged a PR: open (or update) the model-repo PR of each merged entry and link
-    them in one comment on the results PR. The maintainer key that signed the stamps is the only trusted
-    key, so "verified" reaches the model page exactly when the review stamped the entry. A failure is
-    recorded in the outcome and commented; the merge stands."""
-    trusted = reviewer.public  # the reviewer's own key only
-    lines = []
-    for entry in outcome.entries:
-        try:
-            url, what = publish_entry(reviewer.repo_id, entry, trusted=trusted, api=reviewer.api)
-            outcome.model_prs[entry] = url
-            if what != "unchanged":
-                lines.append(f"- `{entry}`: {url} ({what})")
-        except Exception as e:  # noqa: BLE001 - the merge stands; the failure is reported and commented
-            outcome.problems.append(f"{entry}: model-repo PR not opened: {one_line(e, 200)}")
-            lines.append(f"- `{entry}`: not reported on the model page: `{one_line(e, 200).replace('`', chr(39))}`")
-    if lines:
-        reviewer.api.comment_discussion(reviewer.repo_id, outcome.pr, "**Reported on the Hub model pages** (community "
-                                        "results until the model owners merge them):\n\n" + "\n".join(lines)
-                                        + "\n\n" + MODEL_PR_MARKER, repo_type="dataset")
-
-
 # -- the board's table ------------------------------------------------------------------------------
 def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
     """The "Reported on the Hub" table under the ranking (Streamlit): the Hub leaderboard of each dataset the
@@ -319,7 +274,7 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
     import streamlit as st
 
     datasets = sorted({str(e.record["suite"].get("repo_id")) for e in entries
-                       if REPO_RE.match(str(e.record["suite"].get("repo_id") or ""))})
+                       if is_repo_id(str(e.record["suite"].get("repo_id") or ""))})
     st.subheader("Reported on the Hub")
     st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
                "(.eval_results files; 'community' while their pull request is open). They are not verified by "
@@ -328,7 +283,7 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
         st.text("This board's results were not scored on a Hub dataset repo.")
         return
     for ds in datasets:
-        rows, problems = _cached_hub_reported(ds, endpoint)
+        rows, problems = st.cache_data(ttl=600, show_spinner=False)(hub_reported)(ds, endpoint=endpoint)
         st.text(f"datasets/{ds}: {len(rows)} reported")
         if rows:
             st.dataframe(pd.DataFrame(rows, columns=list(HUB_COLUMNS)), hide_index=True, key=f"hub_reported_{ds}",
@@ -337,12 +292,3 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
         for p in problems[:20]:
             st.text(p)
 
-
-def _cached_hub_reported(dataset_id: str, endpoint: str | None):
-    import streamlit as st
-
-    @st.cache_data(ttl=600, show_spinner=False)
-    def read(ds: str, ep: str | None):
-        return hub_reported(ds, endpoint=ep)
-
-    return read(dataset_id, endpoint)

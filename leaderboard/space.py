@@ -21,7 +21,7 @@ from pathlib import Path
 from genshift.errors import BenchError
 
 REQUIREMENTS = ("streamlit", "plotly", "pandas", "numpy", "pyarrow", "scipy", "huggingface_hub", "cryptography",
-                "pyyaml", "pillow")
+                "pyyaml", "pillow", "pydantic")
 STREAMLIT_CONFIG = """[client]
 toolbarMode = "viewer"
 disableDataExport = true

@@ -173,7 +173,7 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
     (predictions follow when read). A cached snapshot at a pinned sha opens without the network; a Hub that
     does not answer is one line after at most ``probe_s`` seconds (never huggingface_hub's retries)."""
     from genshift.errors import OfflineError
-    from genshift.hubio import REPO_RE, SHA_RE, _endpoint, _offline, resolve_revision, snapshot
+    from genshift.hubio import SHA_RE, _endpoint, _offline, is_repo_id, resolve_revision, snapshot
 
     path = Path(source)
     if path.exists():
@@ -181,7 +181,7 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
             raise BenchError(f"results store {source!r} is not a folder")
         return path, None
     repo, _, rev = source.partition("@")
-    if not REPO_RE.match(repo) or source.startswith((".", "/")):
+    if not is_repo_id(repo) or source.startswith((".", "/")):
         raise BenchError(f"results store {source!r} does not exist; give a folder of bench eval runs (--out) or a Hub "
                          "dataset repo ORG/NAME[@sha]")
     patterns = [f"*/*/{name}" for name in (RESULT_FILE, STAMP, DIAGNOSE)]

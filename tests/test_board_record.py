@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from genshift.eval import stamps
-from genshift.eval.results import path_slug, write_result
+from genshift.eval.results import write_result
 from genshift.fsutil import canonical_json, sha256_bytes, sha256_file
+from genshift.identity import folder_name
 from genshift.leaderboard import store as store_mod
 from genshift.leaderboard.store import load_store
 from genshift.leaderboard.synthetic import sign_entry, write_model
@@ -19,7 +20,7 @@ from tests.boardkit import app, board, common, fresh_caches, grid, key_of, move,
 
 
 def _dir(root, model_id):
-    return root / "imagenet-star" / path_slug(model_id)
+    return root / "imagenet-star" / folder_name(model_id)
 
 
 def _local(root, tensors: str, *, arch="resnet18", declared=None, signed=True, **kw):

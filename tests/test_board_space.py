@@ -16,11 +16,45 @@ from tests.boardkit import board, fresh_caches, grid, key_of  # noqa: F401
 
 NO_TORCH = r"""
 import json, sys
+from importlib import metadata as md
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+# what pip installs from the Space's requirements.txt (the pins and their dependencies): nothing else can be
+# imported below, as in a Space built from it, so a missing pin fails here too
+norm = lambda name: name.lower().replace("_", "-").replace(".", "-")
+todo, installs = [Requirement(r).name for r in Path("requirements.txt").read_text().split()], set()
+while todo:
+    name = norm(todo.pop())
+    if name not in installs:
+        installs.add(name)
+        todo += [r.name for r in map(Requirement, md.requires(name) or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+hidden = {m for m, ds in md.packages_distributions().items()
+          if m != "genshift" and not {norm(d) for d in ds} & installs}
+
+
+class NotInstalled:
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in hidden:
+            return None
+        find = getattr(self.finder, "find_spec", None)
+        return find(name, path, target) if find else None
+
+    def __getattr__(self, name):
+        return getattr(self.finder, name)
+
+
+sys.meta_path[:] = [NotInstalled(f) for f in sys.meta_path]
 from streamlit.testing.v1 import AppTest
 at = AppTest.from_file("app.py", default_timeout=120).run()
 df = next((d.value for d in at.dataframe if list(d.value.columns)[0] == "rank"), None)
 print(json.dumps({"exception": [str(e.value) for e in at.exception], "texts": [t.value for t in at.text],
-                  "models": [] if df is None else df["model"].tolist(),
+                  "models": [] if df is None else df["model"].tolist(), "torch_hidden": "torch" in hidden,
                   "heavy": sorted({m.partition(".")[0] for m in sys.modules} & {"torch", "timm", "torchvision",
                                                                                    "datasets"})}))
 """
@@ -119,6 +153,7 @@ def test_the_exported_space_imports_no_torch(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     shown = json.loads(run.stdout.strip().splitlines()[-1])
     assert not shown["exception"] and len(shown["models"]) == 4 and shown["heavy"] == [], shown
+    assert shown["torch_hidden"]  # installed here, not importable there: the hiding ran
 
 
 def test_bad_options_are_one_line(tmp_path, capsys):

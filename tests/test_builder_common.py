@@ -85,7 +85,7 @@ def test_clip_scorer_tiny_embeddings_are_normalised():
 
 
 def test_fixed_threads_sets_and_restores_the_thread_count():
-    from genshift.builders.determinism import fixed_threads
+    from genshift.builders.common import fixed_threads
 
     before = torch.get_num_threads()
     with fixed_threads(1):
@@ -94,7 +94,7 @@ def test_fixed_threads_sets_and_restores_the_thread_count():
 
 
 def test_files_digest_names_content_not_location(tmp_path):
-    from genshift.builders.determinism import files_digest
+    from genshift.builders.common import files_digest
 
     for root in (tmp_path / "a" / "imgs", tmp_path / "b" / "imgs"):
         (root / "n01").mkdir(parents=True)
@@ -114,6 +114,7 @@ SMALLEST = {"imagenet-star": ["--shifts", "base", "--samples-per-class", "1"],
 
 
 @pytest.mark.parametrize("suite", sorted(SMALLEST))
+@pytest.mark.slow
 def test_smoke_builds_do_not_depend_on_the_folder_or_the_thread_count(suite, tmp_path):
     """Two builds to different --out folders under 1 and 2 torch threads: the same files, byte for
     byte, and the same manifest (no local path in it; model steps run with --cpu-threads)."""
@@ -139,3 +140,28 @@ def test_smoke_builds_do_not_depend_on_the_folder_or_the_thread_count(suite, tmp
     text = a["manifest.json"].decode()
     assert str(tmp_path) not in text and "first" not in text
     assert LocalSuite.open(outs[0]).manifest.generator["determinism"]["cpu_intra_op_threads"] == 1
+
+
+def test_builders_never_import_the_cli_and_eval_never_imports_builders():
+    """Data flows one way (issue 33.3): builders take typed configs, never argparse or the CLI; eval,
+    the core and the board never import builders (the CLI's build/discover verbs are the only way in)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def imports(path):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                yield from (a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                yield node.module
+
+    for path in (root / "builders").glob("*.py"):
+        bad = [m for m in imports(path) if m == "argparse" or m.startswith("genshift.cli")]
+        assert not bad, (path.name, bad)
+    for folder in ("eval", "leaderboard", "data_cards"):
+        for path in (root / folder).glob("*.py"):
+            assert not [m for m in imports(path) if m.startswith("genshift.builders")], path
+    for path in (root / "benchmark").glob("*.py"):  # the core (the CLI is benchmark/cli/)
+        assert not [m for m in imports(path) if m.startswith("genshift.builders")], path

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOP = ("benchmark", "benchmarks", "builders", "data_cards", "docs", "eval", "leaderboard", "scripts", "tests")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-PATH = re.compile(r"`((?:%s)/[A-Za-z0-9_./-]*\.[A-Za-z0-9]+)`" % "|".join(TOP))
+PATH = re.compile(r"`((?:{})/[A-Za-z0-9_./-]*\.[A-Za-z0-9]+)`".format("|".join(TOP)))
 
 
 def _ids(paths):

@@ -3,8 +3,14 @@
 import numpy as np
 import pytest
 
-from genshift.eval.failure_directions import (C_GRID, DirectionOptions, Whitening, candidate_captions, class_direction,
-                                     search_svm)
+from genshift.eval.failure_directions import (
+    C_GRID,
+    DirectionOptions,
+    Whitening,
+    candidate_captions,
+    class_direction,
+    search_svm,
+)
 
 
 def _planted(n=160, d=24, seed=0, strength=3.0):
@@ -88,11 +94,12 @@ def test_captions_follow_the_code_and_name_the_planted_attribute():
     assert d.proxy["hard_caption_accuracy"] <= d.proxy["easy_caption_accuracy"]
 
 
+@pytest.mark.slow
 def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from genshift.cli import main
-    from genshift.builders.tiny import tiny_open_clip
-    from genshift.eval import embeddings
     from genshift import evaluate
+    from genshift.builders.tiny import tiny_open_clip
+    from genshift.cli import main
+    from genshift.eval import embeddings
 
     rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
                      workers=0, compile="off", progress=False).path
@@ -148,7 +155,7 @@ def test_classifier_square_view_is_what_the_classifier_saw_square_resized():
     a[:, :40] = (255, 0, 0)
     a[:, -40:] = (0, 0, 255)
     stripes = _png(Image.fromarray(a))
-    red = lambda x: float(x[0, :, :2].mean() * 0.27 + 0.48)  # noqa: E731 - back to [0, 1]
+    red = lambda x: float(x[0, :, :2].mean() * 0.27 + 0.48)  # back to [0, 1]
     assert red(enc._image_tensor(stripes, ImageView(data_config=square_cfg))) > 0.9
     assert red(enc._image_tensor(stripes, ImageView(data_config=crop_cfg))) < 0.6
     assert ImageView(data_config=crop_cfg).key() != ImageView(data_config=square_cfg).key()
@@ -181,10 +188,10 @@ def test_clip_precision_runs_under_autocast():
 
 
 def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
+    from genshift import evaluate
     from genshift.cli import main
     from genshift.eval import diagnose as diag
     from genshift.eval import embeddings
-    from genshift import evaluate
 
     rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
                      workers=0, compile="off", progress=False).path
@@ -192,7 +199,8 @@ def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_check
     monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
     fitted = []
     real_fit = diag.Whitening.fit
-    monkeypatch.setattr(diag.Whitening, "fit", classmethod(lambda cls, ref, **k: (fitted.append(ref), real_fit(ref, **k))[1]))
+    monkeypatch.setattr(diag.Whitening, "fit",
+                        classmethod(lambda cls, ref, **k: (fitted.append(ref), real_fit(ref, **k))[1]))
     assert main(["diagnose", str(rpath.parent), "--configs", "shifted", "--whiten-reference", "base",
                  "--cache-dir", str(tmp_path / "cache"), "--null", "0", "--criterion", "top3"]) == 0
     import json

@@ -14,7 +14,7 @@ from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
 from genshift.reader import LocalSuite
 from genshift.suite_format import shard_name
-from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, calibrate_thresholds, keep_flags,
+from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, keep_flags,
                                   released_kept_counts, shift_caption)
 from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 from genshift.builders.seeding import derive_seed, generator
@@ -97,6 +97,7 @@ def test_generation_backs_off_on_out_of_memory(tiny_gen):
     assert max(np.abs(pixels(x) - pixels(y)).max() for x, y in zip(got, expected)) <= 3
 
 
+@pytest.mark.slow
 def test_build_records_the_batch_size_left_after_out_of_memory_back_off(tmp_path, monkeypatch):
     real = SDGenerator._batch
 
@@ -275,17 +276,32 @@ def test_textual_inversion_low_precision_and_resume(class_folder, tmp_path, monk
         ti.folder_classes(class_folder, classes=[2])
 
 
+
+def test_tokens_only_trains_the_class_tokens_and_stops(class_folder, tmp_path, monkeypatch):
+    """`bench build imagenet-star --train-tokens DIR --tokens-only`: a dataset interface's tokens without
+    generating (the tokens.zip layout of the release), resumable per class like a full build's training."""
+    tiny = SDGenerator.tiny
+    monkeypatch.setattr(SDGenerator, "from_pretrained", classmethod(lambda cls, settings, **kw: tiny(settings)))
+    out = tmp_path / "interface"
+    args = ["build", "imagenet-star", "--train-tokens", str(class_folder), "--tokens-only", "--classes", "0,1",
+            "--ti-steps", "1", "--height", "32", "--width", "32", "--device", "cpu", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    tokens = load_token_zip(out / "tokens.zip", dim=None, classes=[0, 1])
+    assert sorted(tokens) == [0, 1] and not (out / "data").exists() and not (out / "manifest.json").exists()
+    assert main(["build", "imagenet-star", "--tokens-only", "--out", str(out)]) != 0  # what would it write?
+
+
 # -- CLIP filter ----------------------------------------------------------------------------------
 def test_calibration_hits_the_released_kept_counts_exactly():
     n, kept = released_kept_counts()
     assert n == 50000 and sum(v for k, v in kept.items() if k != "base") == 665737  # spec s6
     rng = np.random.default_rng(0)
     scores = {s: rng.normal(0.3, 0.05, n).astype(np.float32) for s in ("base", "embroidery", "in_the_grass")}
-    th = calibrate_thresholds(scores, RELEASED_KEPT_FRACTION)
+    th = {s: t.class_threshold for s, t in calibrate(scores, RELEASED_KEPT_FRACTION).items()}
     for s, v in scores.items():
         assert (v >= th[s]).sum() == kept[s]  # a full build keeps exactly the released counts
     small = {"base": rng.normal(0.3, 0.05, 1000), "in_the_rain": rng.normal(0.25, 0.05, 777)}
-    th = calibrate_thresholds(small, {"base": 0.9263, "in_the_rain": 0.4833})
+    th = {s: t.class_threshold for s, t in calibrate(small, {"base": 0.9263, "in_the_rain": 0.4833}).items()}
     assert (small["base"] >= th["base"]).sum() == 926 and (small["in_the_rain"] >= th["in_the_rain"]).sum() == 375
     assert shift_caption("a photo of a <TOKEN> in the snow") == "a photo of a thing in the snow"
     assert shift_caption("a photo of a <TOKEN>") is None
@@ -308,7 +324,8 @@ def test_class_plus_shift_rule_gates_on_shift_presence_and_still_hits_the_target
 
 
 # -- the builder ----------------------------------------------------------------------------------
-def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, tiny_checkpoint):
+@pytest.mark.slow
+def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, tiny_checkpoint, tiny_folder):
     suite = LocalSuite.open(smoke_suite)
     suite.verify()
     m = suite.manifest
@@ -332,12 +349,13 @@ def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, ti
     code = main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
                  str(smoke_suite), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"])
     assert code == 0
-    result = json.loads((tmp_path / "runs/imagenet-star/test_resnet.r160_in1k/result.json").read_text())
+    result = json.loads((tmp_path / "runs/imagenet-star" / tiny_folder / "result.json").read_text())
     assert result["suite"]["metric_family"] == "imagenet_star"
     assert "in_the_snow" in result["metrics"]["imagenet_star"]["absolute_impact"]
     assert result["flags"]["construction_model"] is False
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
     from genshift import writer
 
@@ -378,6 +396,7 @@ def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
     assert done not in regenerated and len(regenerated) == n_shards - 1 >= 2
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
     from genshift import writer
     out = tmp_path / "suite"
@@ -410,7 +429,7 @@ def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
 
 
 def test_wait_for_other_processes_gives_up_without_progress():
-    from genshift.builders.imagenet_star import _wait_for
+    from genshift.builders.common import wait_for as _wait_for
 
     left = [["a", "b"], ["b"], []]
     _wait_for(lambda: left.pop(0), "shard(s)", timeout=5, poll=0)  # progress: returns when nothing is missing
@@ -421,16 +440,15 @@ def test_wait_for_other_processes_gives_up_without_progress():
 def test_bad_build_input(tmp_path, capsys, monkeypatch):
     assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "a"), "--shifts", "in_the_snwo"]) != 0
     assert "unknown shift 'in_the_snwo'. Did you mean 'in_the_snow'" in capsys.readouterr().err
-    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--no-progress", "--shifts",
-                 "base", "--classes", "0", "--samples-per-class", "1"]) == 0
-    capsys.readouterr()
-    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--shifts", "base",
-                 "--classes", "0", "--samples-per-class", "1", "--seed", "5"]) != 0
-    assert "holds a different build" in capsys.readouterr().err
     (tmp_path / "t.zip").write_bytes(b"not a zip")
     assert main(["build", "imagenet-star", "--out", str(tmp_path / "c"), "--tokens", str(tmp_path / "t.zip"),
                  "--classes", "0", "--device", "cpu"]) != 0
     assert "is not a zip file" in capsys.readouterr().err
+    assert main(["build", "imagenet-star", "--out", str(tmp_path / "c"), "--tokens", "none", "--train-tokens",
+                 str(tmp_path)]) != 0
+    assert "--train-tokens: give class tokens one way" in capsys.readouterr().err
+    assert main(["build", "imagenet-star", "--out", str(tmp_path / "c"), "--samples-per-class", "0"]) != 0
+    assert "--samples-per-class: must be at least 1, got 0" in capsys.readouterr().err
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main(["build", "imagenet-star", "--out", str(tmp_path / "d"), "--classes", "0"]) != 0  # default: hub tokens
@@ -439,3 +457,13 @@ def test_bad_build_input(tmp_path, capsys, monkeypatch):
     assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "e"), "--kept-fractions",
                  str(tmp_path / "t.zip")]) != 0
     assert "--kept-fractions" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_folder_holding_another_build_is_refused(tmp_path, capsys):
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--no-progress", "--shifts",
+                 "base", "--classes", "0", "--samples-per-class", "1"]) == 0
+    capsys.readouterr()
+    assert main(["build", "imagenet-star", "--smoke", "--out", str(tmp_path / "b"), "--shifts", "base",
+                 "--classes", "0", "--samples-per-class", "1", "--seed", "5"]) != 0
+    assert "holds a different build" in capsys.readouterr().err

@@ -8,7 +8,6 @@ import re
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -93,7 +92,8 @@ def _bad_cases(tmp_path, folder):
 def test_bad_inputs(tmp_path, folder, capsys):
     for src, extra, match in _bad_cases(tmp_path, folder):
         out = tmp_path / f"out-{src.name}"
-        code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(out), "--no-progress", *extra], capsys)
+        code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(out), "--no-progress", *extra],
+                           capsys)
         assert code != 0 and err.startswith("error: ") and err.count("\n") == 1, (src, err)
         assert re.search(match, err), (match, err)
         assert not out.exists()
@@ -132,6 +132,7 @@ def test_existing_or_unwritable_output(tmp_path, folder, capsys):
     assert code != 0 and "not writable" in err
 
 
+@pytest.mark.slow
 def test_many_images_stream_with_bounded_memory(tmp_path, capsys):
     """10,000 small images: a real folder of that size goes through without holding it in memory."""
     import resource
@@ -336,7 +337,7 @@ def test_csv_with_excel_bom_and_a_latin1_csv(tmp_path, capsys):
     code, _, err = run(["import-folder", str(src), "--csv", str(tmp_path / "latin.csv"), "--name", "x", "--out",
                         str(tmp_path / "s2"), "--no-progress"], capsys)
     assert code != 0 and err.count("\n") == 1
-    assert "latin.csv is not UTF-8 (byte 0xe9 on line 2)" in err and "iconv -f latin1 -t utf-8" in err
+    assert "latin.csv' is not UTF-8 text (byte 0xe9 on line 2)" in err and "iconv -f latin1 -t utf-8" in err
     assert not (tmp_path / "s2").exists()
 
 
@@ -365,11 +366,11 @@ def test_non_utf8_file_names(tmp_path, capsys):
 # -- names and bounds at parse time ---------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, match", [
-    (["--name", ".."], "--name '..' is not a valid suite id"),
-    (["--name", "a/b"], "is not a valid suite id"),
-    (["--name", "x" * 400], "(400 characters) is not a valid suite id"),
-    (["--name", "Mine"], "is not a valid suite id"),
-    (["--name", "ok\n"], "is not a valid suite id"),
+    (["--name", ".."], "suite id (name) '..' is not valid"),
+    (["--name", "a/b"], "is not valid: use lower-case letters"),
+    (["--name", "x" * 400], "suite id (name) '" + "x" * 60 + "'… is not valid"),
+    (["--name", "Mine"], "is not valid: use lower-case letters"),
+    (["--name", "ok\n"], "is not valid: use lower-case letters"),
     (["--workers", "-1"], "--workers must be between 0 and 256, got -1"),
     (["--shard-size", "0"], "--shard-size must be between 1 and 100000, got 0"),
     (["--shard-size", "1000000000"], "--shard-size must be between 1 and 100000"),
@@ -406,6 +407,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.subprocess
 def test_leftovers_of_killed_imports_are_cleaned(tmp_path, folder, capsys):
     dead, alive = _dead_pid(), os.getppid()
     for name in (f".s.{dead}.incomplete", f".s.{dead}.old.incomplete", f".s.{alive}.incomplete", ".other.1.incomplete"):
@@ -426,6 +428,39 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def _wait_for_output(stream, needle: bytes, *, timeout: float) -> bool:
+    """Read a child's pipe until ``needle`` appears (True) or it closes or ``timeout`` passes (False)."""
+    import selectors
+
+    seen, sel = b"", selectors.DefaultSelector()
+    sel.register(stream, selectors.EVENT_READ)
+    while needle not in seen:
+        if not sel.select(timeout):
+            return False
+        chunk = os.read(stream.fileno(), 1 << 16)
+        if not chunk:
+            return False
+        seen = seen[-len(needle):] + chunk
+    return True
+
+
+def _all_exit(pidfds: list[int], *, timeout: float) -> bool:
+    """Whether every process behind ``pidfds`` exits within ``timeout`` (a pidfd turns readable at exit)."""
+    import select
+
+    try:
+        pending = list(pidfds)
+        while pending:
+            ready, _, _ = select.select(pending, [], [], timeout)
+            if not ready:
+                return False
+            pending = [fd for fd in pending if fd not in ready]
+        return True
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+
+
 def test_workers_give_the_same_suite(tmp_path, capsys):
     """Decoding in worker processes (chunks, out of order) writes the same bytes as in-process."""
     src = tmp_path / "src"
@@ -443,6 +478,8 @@ def test_workers_give_the_same_suite(tmp_path, capsys):
     assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_kill_9_mid_import_then_rerun(tmp_path):
     """kill -9 while shards are being written leaves a .incomplete folder; the rerun removes it
     and writes the right suite."""
@@ -454,25 +491,20 @@ def test_kill_9_mid_import_then_rerun(tmp_path):
         for i in range(40):
             rgba.save(src / c / f"{i:03d}.png", compress_level=0)
     out = tmp_path / "suite"
-    cmd = [sys.executable, "-m", "genshift", "import-folder", str(src), "--name", "k", "--out", str(out),
+    cmd = [sys.executable, "-m", "genshift", "-v", "import-folder", str(src), "--name", "k", "--out", str(out),
            "--shard-size", "4", "--workers", "2", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if list(tmp_path.glob(".suite.*.incomplete/data/*/*.parquet")):
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the import finished before it could be killed"
-    workers = _children(proc.pid)
-    assert len(workers) == 2
-    proc.kill()
-    proc.wait()
+    try:
+        assert _wait_for_output(proc.stderr, b"wrote data/default/", timeout=120), "no shard was written"
+        assert proc.poll() is None, "the import finished before it could be killed"
+        workers = [os.pidfd_open(w) for w in _children(proc.pid)]  # readable once the process has exited
+        assert len(workers) == 2
+    finally:
+        proc.kill()
+        proc.wait()
     assert list(tmp_path.glob(".suite.*.incomplete")) and not out.exists()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
-        time.sleep(0.1)
-    assert not any(Path(f"/proc/{w}").exists() for w in workers), "decode workers outlived the killed import"
+    assert _all_exit(workers, timeout=10), "decode workers outlived the killed import"
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.glob(".*incomplete"))
@@ -543,7 +575,8 @@ def test_multi_shift_folder_is_scored_as_imagenet_star(tmp_path, tiny_checkpoint
 
 def test_multi_shift_reference_and_layout_errors(tmp_path, capsys):
     src = _shift_folder(tmp_path / "shifts", shifts=("clean", "fog"))
-    code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"], capsys)
+    code, _, err = run(["import-folder", str(src), "--name", "x", "--out", str(tmp_path / "s"), "--no-progress"],
+                       capsys)
     assert code != 0 and err.count("\n") == 1 and "have no shift 'base'" in err and "--base NAME" in err
     out = _import(tmp_path, src, capsys, "--base", "clean", out="s2")
     assert LocalSuite.open(out).manifest.generator["reference_config"] == "clean"
@@ -570,8 +603,9 @@ def test_decompression_bomb_is_a_bad_image(tmp_path, capsys):
 
     def chunk(t, x):
         return struct.pack(">I", len(x)) + t + x + struct.pack(">I", zlib.crc32(t + x))
-    (d / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0))
-                                 + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0))
+    (d / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+                                 + chunk(b"IEND", b""))
     code, _, err = run(["import-folder", str(tmp_path / "src"), "--name", "x", "--out", str(tmp_path / "s"),
                         "--no-progress"], capsys)
     assert code != 0 and err.count("\n") == 1 and "bomb.png is not a readable image (DecompressionBomb" in err
@@ -690,7 +724,7 @@ def test_damaged_images_never_crash_and_what_passes_decodes_as_eval_decodes():
 
 def test_csv_with_a_shift_column_is_a_multi_shift_import(tmp_path, capsys):
     src = tmp_path / "flat"
-    for i, shift in enumerate(("base", "fog", "fog")):
+    for i in range(3):
         _img(src / f"p{i}.jpg", (i * 60, 10, 10))
     (tmp_path / "s.csv").write_text("path,label,shift\np0.jpg,n02123045,base\np1.jpg,n02123045,fog\n"
                                     "p2.jpg,967,fog\n")
@@ -729,7 +763,8 @@ def test_full_disk_during_import_is_one_line_and_keeps_the_previous_suite(tmp_pa
             "--no-progress"]
     code, _, err = run(argv, capsys)
     assert refused and code == 74 and err.count("\n") == 1, err
-    assert err.startswith("error: No space left on device (ENOSPC) on ") and "test-00000-of-00001.parquet" in err
+    assert err.startswith("error: bench import-folder: No space left on device (ENOSPC) on ")
+    assert "test-00000-of-00001.parquet" in err
     assert "free disk space or write elsewhere" in err
     assert (out / "manifest.json").read_bytes() == before and not list(tmp_path.glob(".*incomplete"))
     monkeypatch.setattr(pq.ParquetWriter, "write_table", real)
@@ -784,8 +819,8 @@ def test_image_sides_are_bounded_at_import(tmp_path, capsys):
 def test_image_sides_are_bounded_at_eval_before_any_resize(tmp_path, tiny_checkpoint, capsys):
     """A suite from elsewhere holding the 20000x2 PNG (2 GB once resized) and a 90-megapixel one (over
     Pillow's warning threshold, under its error): one line naming the image, or skipped and counted."""
-    from genshift.writer import SuiteWriter
     from genshift.data_cards import render_card
+    from genshift.writer import SuiteWriter
 
     photo = io.BytesIO()
     Image.fromarray(_photo("chelsea", (32, 32))).save(photo, format="JPEG")

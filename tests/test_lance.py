@@ -16,8 +16,17 @@ from genshift.builders.lance_perturb import (PAPER_TYPES, Edit, edits_from_answe
 from genshift.builders.seeding import derive_seed
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core machine extra threads only contend."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
-def editor():
+def editor(one_thread):
     return Editor.tiny(EditorConfig(steps=8, size=64, fs=(0.4, 0.8), nti_inner_steps=10))
 
 
@@ -264,7 +273,8 @@ def smoke_suite(tmp_path_factory):
     return out
 
 
-def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
+@pytest.mark.slow
+def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint, tiny_folder):
     suite = LocalSuite.open(smoke_suite)
     suite.verify()
     assert suite.configs == ["counterfactual", "original", "reconstruction"]
@@ -284,7 +294,7 @@ def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
     assert sum(suite.manifest.generator["edits_tried"]["edit_type"].values()) >= len(cf)
     assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
                  str(smoke_suite), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
-    result = json.loads((tmp_path / "runs/lance-hardimagenet/test_resnet.r160_in1k/result.json").read_text())
+    result = json.loads((tmp_path / "runs/lance-hardimagenet" / tiny_folder / "result.json").read_text())
     lance = result["metrics"]["lance"]
     assert lance["n_pairs"] == len(cf)  # a Δp for every pair
     from genshift.eval.metrics import paper_edit_type  # Δp is reported by the paper's five types (weather in background)
@@ -297,6 +307,7 @@ def _manifest_sha(out) -> str:
     return Manifest.load(out).sha256
 
 
+@pytest.mark.slow
 def test_each_stage_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path, monkeypatch):
     """A build stopped in the edit stage and then in the image stage resumes where each image left off: a
     resumed stage never loads the models of the stages done (no captioner once every caption is on disk),
@@ -344,6 +355,7 @@ def test_each_stage_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path, monk
     assert _manifest_sha(out) == _manifest_sha(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_rows_of_an_older_builder_are_refused_before_any_shard_is_written(tmp_path, monkeypatch, capsys):
     """A checkpointed image without the models that made it (an older builder) cannot be told apart from one
     made with other models: the build stops with one line naming --overwrite, before writing any shard."""
@@ -387,6 +399,7 @@ def test_an_unreadable_plan_is_made_again_and_nan_scores_keep_their_value(tmp_pa
     assert plan["caption"] == "a photo of a dog" and np.isnan(plan["kept"][0]["scores"]["class_sim"])
 
 
+@pytest.mark.slow
 def test_each_stage_holds_only_its_own_models(tmp_path, monkeypatch):
     """The captioner is gone before the perturber and text filter load, and they are gone before the editor and
     CLIP load: a build holds one stage's models at a time (the four together need 31 GiB, docs/performance.md)."""
@@ -419,9 +432,10 @@ def test_bad_lance_input(tmp_path, capsys):
     assert main(["build", "lance-hardimagenet", "--out", str(tmp_path / "b"), "--imagenet-val", str(tmp_path / "nope")]) != 0
     assert "does not exist" in capsys.readouterr().err
     assert main(["build", "lance-hardimagenet", "--smoke", "--out", str(tmp_path / "c"), "--edit-types", "wether"]) != 0
-    assert "Did you mean 'weather'" in capsys.readouterr().err
+    assert "--edit-types: 'wether' is not one of" in (err := capsys.readouterr().err) and "did you mean 'weather'" in err
 
 
+@pytest.mark.slow
 def test_smoke_suite_stores_jpeg_q75_records_the_cap_and_tells_the_papers_eval(smoke_suite):
     import io
 
@@ -442,3 +456,46 @@ def test_smoke_suite_stores_jpeg_q75_records_the_cap_and_tells_the_papers_eval(s
     card = (smoke_suite / "README.md").read_text()
     assert "--preprocess lance-square" in card and "JPEG quality 75, like the files the paper scored" in card
     assert "tries per image (Algorithm 1" in card
+
+
+def test_the_f_sweep_is_table_6s():
+    """Table 6 (image editing): "self_replace_steps [19] | [0.4, 0.5, 0.6, 0.7, 0.8, 0.9]" (the released
+    code stops at 0.8: ``--fs 0.4,0.5,0.6,0.7,0.8``)."""
+    from genshift.builders.lance import Config, _editor_config
+
+    assert Config().fs == (0.4, 0.5, 0.6, 0.7, 0.8, 0.9) == EditorConfig().fs
+    assert _editor_config(Config()).fs == (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    assert _editor_config(Config(fs=(0.4, 0.5, 0.6, 0.7, 0.8))).fs[-1] == 0.8
+    with pytest.raises(BenchError, match="fs: needs fractions in"):
+        Config(fs=(0.4, 1.5))
+
+
+def test_the_minimum_caption_length_counts_words_as_the_paper():
+    """Sec. 3.1: "We use beam search decoding with a minimum caption length of 20 words"; Table 6's "min.
+    caption length 20" with no unit is kept as ``--caption-length-unit tokens`` (new tokens)."""
+    from genshift.builders.captioner import MinWords
+    from genshift.builders.lance import Config, caption_length
+
+    assert caption_length(Config()) == {"min_new_tokens": 0, "min_words": 20, "max_new_tokens": 100}
+    assert caption_length(Config(caption_length_unit="tokens")) == {"min_new_tokens": 20, "max_new_tokens": 100}
+
+    class Tok:  # one token per word
+        eos_token_id = 0
+        words = {1: "a", 2: "dog", 3: "on", 4: "grass"}
+
+        def batch_decode(self, rows, skip_special_tokens=True):
+            return [" ".join(self.words[int(t)] for t in r if int(t)) for r in rows]
+
+    ids = torch.tensor([[9, 9, 1, 2, 3], [9, 9, 1, 2, 4]])  # two beams after a 2-token prompt: 3 words each
+    scores = torch.zeros(2, 5)
+    out = MinWords(Tok(), start=2, n=4)(ids, scores.clone())
+    assert torch.isinf(out[:, 0]).all() and (out[:, 1:] == 0).all()  # fewer than 4 words: no end yet
+    assert not torch.isinf(MinWords(Tok(), start=2, n=3)(ids, scores.clone())).any()  # 3 words: may end
+    from genshift.builders.captioner import Captioner
+    cap, seen = Captioner.tiny(), {}
+    real = cap.model.generate
+    cap.model.generate = lambda **kw: (seen.update(kw), real(**kw))[1]
+    cap.caption([Image.new("RGB", (32, 32))], prefix="a photo of", num_beams=2, min_new_tokens=0, max_new_tokens=4,
+                min_words=5)
+    (proc,) = seen["logits_processor"]  # generation counts the words after the prompt
+    assert isinstance(proc, MinWords) and proc.n == 5 and proc.start == seen["input_ids"].shape[1]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from genshift.leaderboard.store import load_store
-from tests.boardkit import app, canonical, fresh_caches, grid, key_of, texts  # noqa: F401
+from tests.boardkit import app, fresh_caches, grid, key_of, texts  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -14,12 +14,12 @@ pytestmark = pytest.mark.slow
 def _eval(tmp_path, toy_suite, tiny_checkpoint):
     from genshift import evaluate
 
-    rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs", workers=0,
-                     compile="off", progress=False).path
-    return canonical(rpath, tiny_checkpoint)
+    return evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs", workers=0,
+                    compile="off", progress=False).path
 
 
-def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_suite, tiny_checkpoint):
+def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_suite, tiny_checkpoint, tiny_id,
+                                                              tiny_folder):
     from huggingface_hub import HfApi, snapshot_download
 
     from genshift.errors import BenchError
@@ -27,7 +27,7 @@ def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_sui
     from tests.fakehub import FakeHub
 
     rpath = _eval(tmp_path, toy_suite, tiny_checkpoint)
-    folder = f"toy/{rpath.parent.name}"
+    folder = f"toy/{tiny_folder}"
     with FakeHub() as fh:
         api = HfApi(endpoint=fh.endpoint, token="t")
         api.create_repo("org/results", repo_type="dataset")
@@ -40,8 +40,7 @@ def test_submit_opens_one_pull_request_and_refuses_bad_results(tmp_path, toy_sui
         # the PR's content is a valid store: a maintainer can load it as is
         snap = snapshot_download("org/results", repo_type="dataset", revision="refs/pr/1", endpoint=fh.endpoint,
                                  cache_dir=str(tmp_path / "c"))
-        model_id = json.loads(rpath.read_text())["model"]["id"]
-        assert [e.model_id for e in load_store(snap).entries] == [model_id]
+        assert [e.model_id for e in load_store(snap).entries] == [tiny_id]  # eval records the canonical id
         result = json.loads(rpath.read_text())
         result["metrics"]["configs"]["base"]["acc1"]["value"] = 0.99
         rpath.write_text(json.dumps(result))
@@ -58,8 +57,9 @@ def test_bench_verify_sign_writes_the_record_the_board_ranks(tmp_path, toy_suite
     store, key = tmp_path / "runs", tmp_path / "maintainer.key"
     assert main(["keygen", str(key)]) == 0
     assert not load_store(str(store), trusted_keys=f"{key}.pub").entries[0].verified
-    assert main(["verify", str(rpath), "--stamp"]) != 0
-    assert "--stamp needs --sign" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an unsigned stamp is never written (--stamp is gone)
+        main(["verify", str(rpath), "--stamp"])
+    assert "unrecognized arguments: --stamp" in capsys.readouterr().err
     assert main(["verify", str(rpath), "--recheck", "5", "--checkpoint", str(tiny_checkpoint), "--sign", str(key),
                  "--suite", str(toy_suite)]) == 0
     record = json.loads((rpath.parent / stamps.STAMP_FILE).read_text())

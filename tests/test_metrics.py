@@ -1,7 +1,6 @@
 """Every metric on hand-computed cases and against naive loops written from the definitions."""
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from scipy.stats import norm
 
@@ -277,7 +276,8 @@ def test_empty_config_gives_nulls():
     assert out["configs"]["x"]["acc1"] == {"value": None, "ci": None, "n": 0}
 
 
-@pytest.mark.parametrize("module, at_least", [("genshift.eval.metrics", 9), ("genshift.eval.scoring", 3), ("genshift.eval.slope", 1),
+@pytest.mark.parametrize("module, at_least", [("genshift.eval.metrics", 9), ("genshift.eval.scoring", 3),
+                                               ("genshift.eval.slope", 1),
                                                ("genshift.builders.discover", 1),
                                                ("genshift.builders.lance_perturb", 2)])
 def test_doctests(module, at_least):
@@ -323,7 +323,7 @@ def test_shift_impact_is_a_shifts_drop_averaged_over_models_by_hand(tmp_path, ca
     assert shift_impact([None, float("nan")]) == {"value": None, "ci": None, "n": 0}
     paths = []
     for r in results:
-        p = tmp_path / f"{r['model']['id']}.json"
+        p = tmp_path / f"{r['model']['id'].replace('/', '--')}.json"
         p.write_text(json.dumps(r))
         paths.append(str(p))
     assert main(["slope", *paths, "--json"]) == 0

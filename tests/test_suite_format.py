@@ -27,7 +27,8 @@ def test_round_trip_features_rows_and_manifest(toy_suite):
     assert isinstance(ds.features["label"], ClassLabel)
     assert ds.features["label"].names == list(imagenet.wnids())
     assert ds.features["seed"] == Value("int64")
-    assert len(ds) == 40 and sorted(ds["image_id"]) == sorted(f"base/{c:03d}/{i:02d}" for c in range(10) for i in range(4))
+    assert len(ds) == 40
+    assert sorted(ds["image_id"]) == sorted(f"base/{c:03d}/{i:02d}" for c in range(10) for i in range(4))
     # manifest counts agree with the rows
     assert m.configs["base"].kept == sum(ds["keep"])
     # plain load_dataset on the folder (the Hub's own view via the card's configs) agrees too
@@ -81,7 +82,7 @@ def test_missing_shard_and_truncated_shard(toy_suite):
     (b"{not json", "not valid JSON"),
     (json.dumps({"format": "genshift-suite", "format_version": 99}).encode(), "format_version 99 is not supported"),
     (json.dumps({"format": "something-else"}).encode(), "not a genshift-suite manifest"),
-    (json.dumps({"format": "genshift-suite", "format_version": FORMAT_VERSION}).encode(), "field .suite_id. is missing"),
+    (json.dumps({"format": "genshift-suite", "format_version": FORMAT_VERSION}).encode(), "'suite_id' is missing"),
 ])
 def test_bad_manifest(toy_suite, content, match):
     path = toy_suite / "manifest.json"
@@ -221,6 +222,7 @@ def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path
     import threading
 
     from genshift import reader
+    from genshift.fsutil import StatKey
     from genshift.reader import RowGroup
 
     rows, per_group = 6000, 50
@@ -235,11 +237,9 @@ def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path
             for g in groups:
                 t = read_row_group(tmp_path, g, columns=["i", "blob"])
                 assert t["i"].to_pylist() == list(range(g.index * per_group, (g.index + 1) * per_group))
-            st = (tmp_path / "s.parquet").stat()
-            handles.add(id(reader._open_shard(str(tmp_path / "s.parquet"), (st.st_dev, st.st_ino, st.st_size,
-                                                                           st.st_mtime_ns), os.getpid(),
-                                              threading.get_ident())))
-        except Exception as e:  # noqa: BLE001 - reported below with the thread's failure
+            handles.add(id(reader._open_shard(str(tmp_path / "s.parquet"), StatKey.of(tmp_path / "s.parquet"),
+                                              os.getpid(), threading.get_ident())))
+        except Exception as e:  # reported below with the thread's failure
             errors.append(repr(e))
 
     threads = [threading.Thread(target=read_all, daemon=True) for _ in range(4)]
@@ -250,3 +250,73 @@ def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path
     assert not any(t.is_alive() for t in threads), "reading one shard from four threads hung"
     assert errors == []
     assert len(handles) == 4  # each thread opened the shard itself
+
+
+@pytest.mark.parametrize("data, match", [
+    (b'{"a": 1, "a": 2}', r"duplicate key 'a'"),
+    (b'{"a": NaN}', r"NaN is not valid JSON"),
+    (b'[Infinity]', r"Infinity is not valid JSON"),
+    (b"[" * 33 + b"]" * 33, r"nests deeper than 32 levels"),
+    (b"[" * 100_000 + b"]" * 100_000, r"nests deeper than 32 levels"),
+    (b'"\xff"', r"is not valid JSON"),
+    (b"[" + b"0," * 600 + b"0]", r"is 1203 bytes, over the limit of 1000"),
+])
+def test_the_one_json_parser_refuses_what_parsers_disagree_on(data, match):
+    """Every reader of outside JSON (manifests, results, stamps, job files) goes through one parser."""
+    from genshift.eval.results import parse_result
+    from genshift.fsutil import parse_json
+
+    with pytest.raises(IntegrityError, match=f"^x.json: manifest .*{match}.*; it was not written by genshift-bench"):
+        parse_json(data, where="x.json", what="manifest", max_bytes=1000 if b"0," in data else 1 << 20)
+    if b"Infinity" not in data and b"0," not in data:  # the result loader is the same parser
+        with pytest.raises(IntegrityError, match=match):
+            parse_result(data, where="r.json")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("a: 1\na: 2\n", r"duplicate key 'a'"),
+    ("a: .nan\n", r"'.nan' is not a finite number"),
+    ("a: [-.inf]\n", r"'-.inf' is not a finite number"),
+    ("a: &x [1]\nb: *x\n", r"uses aliases"),
+    ("a: " + "[" * 9 + "]" * 9 + "\n", r"nests deeper than 8 levels"),
+    ("a: [\n", r"does not parse"),
+])
+def test_the_one_yaml_parser_refuses_the_same(text, match):
+    from genshift.fsutil import load_yaml
+
+    with pytest.raises(IntegrityError, match=f"^card: the YAML .*{match}"):
+        load_yaml(text, where="card", what="the YAML", max_depth=8)
+    assert load_yaml("a: 1.5\nb: [x, {c: d}]\n", where="card", what="the YAML", max_depth=8) == \
+        {"a": 1.5, "b": ["x", {"c": "d"}]}
+
+
+def test_cache_root_follows_hf_home_then_xdg_cache_home(monkeypatch, tmp_path):
+    """One cache root for every cache of the project, by huggingface_hub's rule, read at each call."""
+    from genshift.fsutil import cache_root
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "hf" / "genshift"
+    monkeypatch.delenv("HF_HOME")
+    assert cache_root() == tmp_path / "xdg" / "huggingface" / "genshift"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "huggingface" / "genshift"
+
+
+def test_stat_key_changes_with_the_file(tmp_path):
+    import os
+
+    from genshift.fsutil import StatKey
+
+    p = tmp_path / "f"
+    p.write_bytes(b"abc")
+    key = StatKey.of(p)
+    assert StatKey.of(p) == key and hash(StatKey.of(p)) == hash(key)
+    os.utime(p, ns=(key.mtime_ns + 1, key.mtime_ns + 1))  # touched: same bytes, same size
+    assert StatKey.of(p) != key
+    key = StatKey.of(p)
+    (tmp_path / "g").write_bytes(b"xyz")
+    os.utime(tmp_path / "g", ns=(key.mtime_ns, key.mtime_ns))
+    os.replace(tmp_path / "g", p)  # replaced by a rename: same size and mtime, another inode
+    assert StatKey.of(p) != key

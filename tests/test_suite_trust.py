@@ -24,7 +24,7 @@ from genshift.reader import LocalSuite
 from genshift.suite_format import rows_digest
 from genshift.synthetic import make_synthetic_suite
 from genshift.writer import SuiteWriter
-from genshift.data_cards import render_card
+from genshift.data_cards import demo_card, render_card
 
 SHARD = "data/base/test-00000-of-00002.parquet"
 
@@ -126,10 +126,10 @@ def _check_loads_by_config(root: Path):
 
 
 def test_synthetic_cli_suite_loads_config_by_config(tmp_path):
-    from genshift.synthetic import main as synthetic_main
+    from genshift.cli import main
 
     out = tmp_path / "demo"
-    assert synthetic_main(["--out", str(out), "--configs", "base,in_the_snow", "--classes", "3", "--per-class", "2"]) == 0
+    assert main(["demo-suite", "--out", str(out), "--configs", "base,in_the_snow", "--classes", "3", "--per-class", "2"]) == 0
     _check_loads_by_config(out)
     head = (out / "README.md").read_text().split("---")[1]
     assert "size_categories:\n- n<1K" in head and "n01440764" not in head  # compact: features are in the parquet
@@ -307,7 +307,7 @@ HOSTILE = {
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_hostile_suite_is_one_line_before_any_model(tmp_path, case, capsys, monkeypatch):
     make_synthetic_suite(tmp_path / "pristine", configs=("base", "shifted"), classes=range(10), per_class=4,
-                         num_shards=2)
+                         num_shards=2, card=demo_card)
     root = tmp_path / "suite"
     shutil.copytree(tmp_path / "pristine", root)
     outside = tmp_path / "outside"

@@ -26,15 +26,16 @@ def _jpeg(value: int) -> bytes:
     return buf.getvalue()
 
 
-def _release(root, *, shift="in_the_snow", missing=(), index_folder_for=(), extra=()):
-    """<shift>.zip with <shift>/<wnid or index>/NN.jpg; (class, NN) pairs in ``missing`` are left out."""
+def _release(root, *, shift="in_the_snow", missing=(), index_folder_for=(), extra=(), per_class=PER_CLASS, step=10):
+    """<shift>.zip with <shift>/<wnid or index>/NN.jpg (image ``step * class + NN``); (class, NN) pairs in
+    ``missing`` are left out. ``per_class=50`` is the release's real layout."""
     root.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(root / f"{shift}.zip", "w") as zf:
         for c in CLASSES:
             folder = str(c) if c in index_folder_for else imagenet.wnids()[c]
-            for n in range(PER_CLASS):
+            for n in range(per_class):
                 if (c, n) not in missing:
-                    zf.writestr(f"{shift}/{folder}/{n:02d}.jpg", _jpeg(10 * c + n))
+                    zf.writestr(f"{shift}/{folder}/{n:02d}.jpg", _jpeg(step * c + n))
         for name in extra:
             zf.writestr(name, b"junk")
     return root
@@ -72,7 +73,8 @@ def test_convert_indexes_the_mask_by_class_and_number(tmp_path):
 
 
 def test_missing_and_unexpected_files_are_reported_and_strict_refuses(tmp_path):
-    root = _release(tmp_path / "rel", missing={(0, 2)}, extra=("in_the_snow/n01440764/notes.txt", "in_the_snow/cats/00.jpg"))
+    root = _release(tmp_path / "rel", missing={(0, 2)},
+                    extra=("in_the_snow/n01440764/notes.txt", "in_the_snow/cats/00.jpg"))
     with pytest.raises(IntegrityError, match=r"in_the_snow: 1 missing file\(s\) .*2 unexpected"):
         convert_release(root, tmp_path / "out", shifts=["in_the_snow"], per_class=PER_CLASS, classes=CLASSES,
                         strict=True)
@@ -126,7 +128,9 @@ def test_unknown_shift_and_absent_zip(tmp_path):
         convert_release(root, tmp_path / "o", shifts=["at_night"], per_class=PER_CLASS, classes=CLASSES)
 
 
-def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_checkpoint):
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_checkpoint, tiny_folder):
     """`bench eval --suite imagenet-star-upstream --mask masks.npy` against a local Hub holding the zips."""
     import json
 
@@ -135,12 +139,7 @@ def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_chec
     from tests.fakehub import FakeHub
     from tests.hubtools import bench_subprocess
 
-    rel = tmp_path / "rel"
-    rel.mkdir()
-    with zipfile.ZipFile(rel / "in_the_snow.zip", "w") as zf:  # 3 classes x 50 images, real layout
-        for c in CLASSES:
-            for n in range(50):
-                zf.writestr(f"in_the_snow/{imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    rel = _release(tmp_path / "rel", per_class=50, step=3)  # 3 classes x 50 images, the real layout
     mask = np.zeros(50_000, np.uint8)
     mask[[50 * 0 + 1, 50 * 1 + 2, 50 * 7 + 49]] = 1
     mpath = _mask_npy(tmp_path / "masks.npy", {"in_the_snow": mask, "base": np.ones(50_000, np.uint8)})
@@ -158,7 +157,7 @@ def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_chec
                              env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         # the result records the mask, so --recheck reopens the same filtered suite without being told
-        run_dir = tmp_path / "runs/imagenet-star-upstream/test_resnet.r160_in1k"
+        run_dir = tmp_path / "runs/imagenet-star-upstream" / tiny_folder
         recheck = ["verify", str(run_dir), "--recheck", "3", "--checkpoint", str(tiny_checkpoint)]
         v = bench_subprocess(recheck, env=env, cwd=tmp_path)
         assert v.returncode == 0 and "OK:" in v.stdout, v.stdout + v.stderr[-2000:]
@@ -241,7 +240,8 @@ def test_real_shaped_mask_file(tmp_path):
     short = dict(good, in_the_snow=np.ones(49_999, np.uint8))
     with pytest.raises(IntegrityError) as info:
         load_masks(_mask_npy(tmp_path / "masks.npy", short))
-    assert str(info.value) == "masks.npy: key 'in_the_snow' has 49,999 entries, expected 50,000 (50 per class x 1000 classes)"
+    assert str(info.value) == ("masks.npy: key 'in_the_snow' has 49,999 entries, expected 50,000 (50 per class x "
+                               "1000 classes)")
     both = dict(good, at_dusk=np.ones(50_000, np.uint8))
     with pytest.raises(IntegrityError, match="shift 'at_dusk' appears twice"):
         load_masks(_mask_npy(tmp_path / "masks.npy", both))
@@ -259,12 +259,7 @@ def test_open_suite_downloads_and_converts_the_upstream_release(tmp_path):
     from genshift import hub
     from tests.fakehub import FakeHub
 
-    rel = tmp_path / "rel"
-    rel.mkdir()
-    with zipfile.ZipFile(rel / "in_the_snow.zip", "w") as zf:  # 3 classes x 50, class 7 named by its index
-        for c in CLASSES:
-            for n in range(50):
-                zf.writestr(f"in_the_snow/{c if c == 7 else imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    rel = _release(tmp_path / "rel", per_class=50, step=3, index_folder_for={7})  # class 7 named by its index
     mask = np.zeros(50_000, np.uint8)
     mask[[50 * 0 + 1, 50 * 1 + 2, 50 * 7 + 49]] = 1
     mpath = _mask_npy(tmp_path / "masks.npy", {"in_the_snow": mask})
@@ -289,12 +284,7 @@ def test_open_suite_on_a_local_copy_of_the_release(tmp_path):
     """What `bench eval --suite <folder of zips> --mask masks.npy` opens: no Hub involved."""
     from genshift import hub
 
-    rel = tmp_path / "imagenet-star-zips"
-    rel.mkdir()
-    with zipfile.ZipFile(rel / "base.zip", "w") as zf:
-        for c in CLASSES:
-            for n in range(50):
-                zf.writestr(f"base/{imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    rel = _release(tmp_path / "imagenet-star-zips", shift="base", per_class=50, step=3)
     mask = np.zeros(50_000, np.uint8)
     mask[[50 * 0 + 3, 50 * 7 + 0]] = 1
     suite = hub.open_suite(str(rel), mask=str(_mask_npy(tmp_path / "masks.npy", {"base": mask})),
@@ -375,12 +365,7 @@ def test_upstream_is_scored_as_the_paper_did_by_default(tmp_path, monkeypatch):
     from genshift import hub, upstream
     from tests.fakehub import FakeHub
 
-    rel = tmp_path / "rel"
-    rel.mkdir()
-    with zipfile.ZipFile(rel / "in_the_snow.zip", "w") as zf:
-        for c in CLASSES:
-            for n in range(50):
-                zf.writestr(f"in_the_snow/{imagenet.wnids()[c]}/{n:02d}.jpg", _jpeg(c * 3 + n))
+    rel = _release(tmp_path / "rel", per_class=50, step=3)
     mask = np.zeros(50_000, np.uint8)
     mask[[50 * 0 + 5, 50 * 7 + 6]] = 1
     cache = str(tmp_path / "cache")

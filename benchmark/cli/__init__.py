@@ -39,6 +39,7 @@ VERBS = (
     "diagnose",
     "discover",
     "import_folder",
+    "demo_suite",       # a synthetic suite to try everything offline
 )
 
 

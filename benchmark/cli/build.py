@@ -1,15 +1,59 @@
-"""`bench build <suite>`: regenerate a benchmark suite (GPU; `--smoke` runs tiny models on CPU)."""
+"""`bench build <suite>`: regenerate a benchmark suite (GPU; `--smoke` runs tiny models on CPU).
+
+Each builder's options are its typed config (``genshift.builders.common.BuildConfig`` and the
+builder's own fields, each with its help): this module turns the config's fields into flags and the
+parsed flags into a config, and the builder never sees argparse."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 
-from genshift.cli._common import add_verb
+from genshift.cli._common import add_verb, csv_list
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown after each option's help; the description and examples kept as written."""
+
+
+def flag(name: str, cls) -> str:
+    """The command-line flag of config field ``name``."""
+    f = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    return (f.metadata.get("flag") if f else None) or "--" + name.replace("_", "-")
+
+
+def add_config(p: argparse.ArgumentParser, cls) -> None:
+    """One flag per field of the config dataclass ``cls`` that has help (type, default, choices from the field)."""
+    for f in dataclasses.fields(cls):
+        m, t = f.metadata, str(f.type)
+        if "help" not in m:
+            continue
+        kw = {"dest": f.name, "help": m["help"], "default": f.default, **({"required": True} if m.get("required") else {})}
+        if t == "bool":  # absent: the config's default (and no "(default: ...)" after a switch's help)
+            kw.update(action="store_false" if f.default else "store_true", default=argparse.SUPPRESS)
+        else:
+            conv = float if "float" in t else int if "int" in t else str
+            kw["type"] = (lambda s, c=conv: tuple(c(x) for x in csv_list(s))) if t.startswith("tuple") else conv
+            kw.update({k: m[k] for k in ("choices", "metavar") if k in m and not t.startswith("tuple")})
+        p.add_argument(flag(f.name, cls), **kw)
+
+
+def flagged(cls, fn, *a, **kw):
+    """``fn(*a, **kw)`` with a bad config value reported by its flag (one line)."""
+    from genshift.builders.common import ConfigError
+    from genshift.errors import BenchError
+
+    try:
+        return fn(*a, **kw)
+    except ConfigError as e:
+        raise BenchError(f"{flag(e.field, cls)}: {e.message}") from None
+
+
+def config_from(cls, args, **extra):
+    """The config ``cls`` from parsed flags."""
+    return flagged(cls, cls, **{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                                if hasattr(args, f.name)}, **extra)
 
 
 def _examples(suite_id: str, module) -> str:
@@ -54,29 +98,15 @@ def add_parser(sub):
         bp = builders.add_parser(suite_id, help=f"build {suite_id}", description=_description(module),
                                  epilog="examples:\n" + _examples(suite_id, module).rstrip(),
                                  formatter_class=_Formatter)
-        module.add_arguments(bp)
-        _add_preflight(bp)
+        add_config(bp, module.Config)
+        g = bp.add_argument_group("preflight (no download, no output: the real architectures with random weights)")
+        g.add_argument("--preflight", action="store_true",
+                       help="check every stage at the real models' sizes on the meta device and print per stage the "
+                            "model, parameters, dtype, estimated peak memory on --device and whether it fits")
+        g.add_argument("--device-memory", type=float, metavar="GIB",
+                       help="--preflight: plan for a device with this much memory (e.g. 24 for a GPU not present here)")
         bp.set_defaults(_builder=module)
     return p
-
-
-def _add_preflight(bp) -> None:
-    """``--preflight`` and its options, on every builder."""
-    from genshift.cli._common import positive_int
-
-    g = bp.add_argument_group("preflight (no download, no output: the real architectures with random weights)")
-    g.add_argument("--preflight", action="store_true",
-                   help="check every stage at the real models' sizes on the meta device and print per stage the "
-                        "model, parameters, dtype, peak memory at --batch-size on --device and whether it fits")
-    g.add_argument("--device-memory", type=float, metavar="GIB",
-                   help="--preflight: plan for a device with this much memory (e.g. 24 for a GPU not present here)")
-    g.add_argument("--measure", action="store_true",
-                   help="--preflight on a CUDA device: also run every stage there with random weights and report "
-                        "the measured peak memory and seconds per image")
-    try:
-        g.add_argument("--batch-size", type=positive_int, default=1, help="--preflight: batch to size memory for")
-    except argparse.ArgumentError:
-        pass  # the builder's own --batch-size
 
 
 def run(args) -> int:
@@ -85,10 +115,11 @@ def run(args) -> int:
     if getattr(args, "_builder_error", None):
         raise BenchError(f"builder for {args.suite!r} is not available: {args._builder_error}; "
                          "install the builder extras: pip install 'genshift-bench[builders]'")
-    if getattr(args, "preflight", False):
+    module = args._builder
+    cfg = config_from(module.Config, args)  # (IN-G's config takes <suite> as its suite)
+    if args.preflight:
         from genshift.builders import preflight
-        return preflight.run(args.suite, args)
-    if not args.out:
-        raise BenchError(f"bench build {args.suite}: --out is required (the output suite folder), "
-                         "unless --preflight")
-    return args._builder.run(args)
+        return preflight.run(args.suite, cfg, device_memory=args.device_memory)
+    if not cfg.out:
+        raise BenchError(f"bench build {args.suite}: --out is required (the output suite folder), unless --preflight")
+    return flagged(module.Config, module.run, cfg)

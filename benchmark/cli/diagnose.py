@@ -46,37 +46,22 @@ def add_parser(sub):
     return p
 
 
-def _classes(items):
-    from genshift import imagenet
-    from genshift.errors import BenchError
-
-    out = []
-    for it in items or []:
-        if it.isdigit():
-            if not 0 <= int(it) < 1000:
-                raise BenchError(f"--classes: index {it} is not an ImageNet-1k class (0..999)")
-            out.append(int(it))
-        else:
-            out.append(imagenet.index_of(it))
-    return out or None
-
-
 def run(args) -> int:
-    import os
-
+    from genshift import imagenet
     from genshift.eval.diagnose import diagnose
     from genshift.eval.embeddings import ClipEncoder
     from genshift.eval.failure_directions import DirectionOptions
+    from genshift.fsutil import cache_root
 
-    cache = args.cache_dir or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")),
-                                           "genshift", "embeddings")
+    cache = args.cache_dir or cache_root() / "embeddings"
     enc = ClipEncoder.from_pretrained(args.clip_model, args.clip_pretrained, device=args.device,
                                       precision=args.clip_precision)
     opts = DirectionOptions(n_null=args.null, reference_caption=args.reference_caption,
                             caption_whitening=args.caption_whitening)
-    report, path = diagnose(args.result, encoder=enc, cache_dir=cache, configs=args.configs,
-                            classes=_classes(args.classes), criterion=args.criterion, options=opts, suite=args.suite,
-                            mask=args.mask, image_view=args.clip_image, whiten_reference=args.whiten_reference)
+    classes = [imagenet.parse_class(c) for c in args.classes] if args.classes else None
+    report, path = diagnose(args.result, encoder=enc, cache_dir=cache, configs=args.configs, classes=classes,
+                            criterion=args.criterion, options=opts, suite=args.suite, mask=args.mask,
+                            image_view=args.clip_image, whiten_reference=args.whiten_reference)
     rows = []
     for d in report["classes"][: args.top]:
         rows.append({"class": f"{d['label']} {d['name']}", "n": d["n"], "errors": d["n_errors"],

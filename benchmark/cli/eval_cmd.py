@@ -35,6 +35,10 @@ def add_parser(sub):
                    help="a file with one model per line, optionally followed by a local checkpoint path (relative "
                         "to the file's folder); # comments. Or a paper's population by name (`bench suites` lists "
                         "them), e.g. lance-table2")
+    p.add_argument("--population-config", choices=("paper", "today"), default="paper",
+                   help="--models POPULATION: evaluate each model at the data config the paper's timm resolved "
+                        "(paper, recorded in the population: imagenet-star-61 has timm 0.6.12's) or at today's timm "
+                        "config (today); recorded in the result's protocol")
     p.add_argument("--suite", help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--revision", help="suite commit sha (overrides the registry's pin)")
@@ -172,7 +176,8 @@ def _run(args, opts) -> int:
         for path, result in merge(args.merge):
             print(f"{result['model']['id']}: {path}")
         return 0
-    specs, expansions = resolve_models(args.model, models_file=args.models, checkpoint=args.checkpoint)
+    specs, expansions = resolve_models(args.model, models_file=args.models, checkpoint=args.checkpoint,
+                                       population_config=args.population_config)
     for pattern, names in expansions.items():
         print(f"{pattern} -> {len(names)} model(s): {', '.join(names)}", file=sys.stderr)
     if not args.suite:

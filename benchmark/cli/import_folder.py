@@ -39,14 +39,15 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    from genshift.data_cards import import_card
     from genshift.importer import display, import_folder
 
     m = import_folder(args.folder, name=args.name, out=args.out, config=args.config, csv_path=args.csv,
                       base=args.base, overwrite=args.overwrite, skip_bad_images=args.skip_bad_images,
-                      shard_size=args.shard_size, workers=args.workers,
-                      progress=args.progress)
+                      shard_size=args.shard_size, workers=args.workers, progress=args.progress, card=import_card)
     for name, c in sorted(m.configs.items()):
-        print(f"wrote {display(args.out)}: suite {m.suite_id}, config {name}, {c.rows} images in {len(c.files)} shard(s)")
+        print(f"wrote {display(args.out)}: suite {m.suite_id}, config {name}, {c.rows} images in "
+              f"{len(c.files)} shard(s)")
     if m.generator.get("reference_config"):
         print(f"scored as ImageNet* (reference config {m.generator['reference_config']})")
     print(f"manifest sha256 {m.sha256}")

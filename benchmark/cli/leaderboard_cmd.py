@@ -78,11 +78,11 @@ def settings_of(args):
     if Path(results).is_dir():
         results = os.path.abspath(results)
     else:
-        from genshift.hubio import REPO_RE, resolve_revision
+        from genshift.hubio import is_repo_id, resolve_revision
         from genshift.leaderboard.store import resolve_source
 
         repo, _, rev = results.partition("@")
-        if not REPO_RE.match(repo):
+        if not is_repo_id(repo):
             resolve_source(results)  # the one line saying what a store is
         results = f"{repo}@{resolve_revision(repo, rev or None)}"
     absolute = lambda p: os.path.abspath(p) if p else None  # noqa: E731

@@ -22,10 +22,12 @@ aggregated.
 from __future__ import annotations
 
 import yaml
+from pydantic import Field
 
 from genshift.errors import IntegrityError
 from genshift.families import Task, get_family
-from genshift.fsutil import load_yaml_limited
+from genshift.fsutil import load_yaml
+from genshift.schema import Schema, Text, validate
 from genshift.suite_format import EVAL_YAML, SPLIT
 
 FRAMEWORK = "genshift-bench"
@@ -66,7 +68,8 @@ def eval_yaml_dict(manifest, *, name: str | None = None, description: str | None
     pp = sorted({fam.metric(t.column.split("/")[0]).label for t in suite_tasks(manifest)
                  if fam.metric(t.column.split("/")[0]).unit == "pp"})
     lines = [description or f"{manifest.suite_id}: how ImageNet classifiers fail under a generated distribution "
-             f"shift (genshift-bench suite, metric family {family}).", UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),
+             f"shift (genshift-bench suite, metric family {family}).",
+             UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),
              "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_tasks(manifest)) + "."]
     return {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
             "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_tasks(manifest)]}
@@ -76,34 +79,36 @@ def render_eval_yaml(manifest, **kw) -> str:
     return yaml.safe_dump(eval_yaml_dict(manifest, **kw), sort_keys=False, allow_unicode=True, width=100)
 
 
+class _TaskEntry(Schema):
+    id: Text
+    config: Text
+    split: Text
+
+
+class _EvalYaml(Schema):
+    """The Hub's ``eval.yaml`` (hub-docs, "Evaluation results")."""
+
+    name: Text
+    description: Text
+    evaluation_framework: Text
+    tasks: list[_TaskEntry] = Field(min_length=1)
+
+
 def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
-    """Check an ``eval.yaml`` against the Hub's format: the four keys, non-empty strings, unique task ids."""
+    """Check an ``eval.yaml`` against the Hub's format: the four keys, non-blank strings, unique task ids."""
     if len(data) > MAX_EVAL_YAML_BYTES:
         raise IntegrityError(f"{where} is {len(data)} bytes, over the {MAX_EVAL_YAML_BYTES} limit; {FIX}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise IntegrityError(f"{where} is not UTF-8; {FIX}") from None
-    doc = load_yaml_limited(text, what="the YAML", where=where, max_depth=MAX_YAML_DEPTH)
-
-    def bad(what: str) -> IntegrityError:
-        return IntegrityError(f"{where}: {what}; {FIX}")
-
+    doc = load_yaml(text, what="the YAML", where=where, max_depth=MAX_YAML_DEPTH)
     if not isinstance(doc, dict):
-        raise bad("not a mapping")
-    for key in ("name", "description", "evaluation_framework"):
-        if not isinstance(doc.get(key), str) or not doc[key].strip():
-            raise bad(f"'{key}' must be a non-empty string")
-    ts = doc.get("tasks")
-    if not isinstance(ts, list) or not ts:
-        raise bad("'tasks' must be a non-empty list")
-    seen = set()
-    for i, t in enumerate(ts):
-        if not isinstance(t, dict) or not all(isinstance(t.get(k), str) and t[k] for k in ("id", "config", "split")):
-            raise bad(f"task {i} must have string 'id', 'config' and 'split'")
-        if t["id"] in seen:
-            raise bad(f"task id {t['id'][:64]!r} appears twice")
-        seen.add(t["id"])
+        raise IntegrityError(f"{where}: not a mapping; {FIX}")
+    ids = [t.id for t in validate(_EvalYaml, doc, where=where, fix=FIX).tasks]
+    twice = next((i for i in ids if ids.count(i) > 1), None)
+    if twice is not None:
+        raise IntegrityError(f"{where}: task id {twice[:64]!r} appears twice; {FIX}")
     return doc
 
 
