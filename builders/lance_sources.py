@@ -108,10 +108,10 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
     """
     import pyarrow.parquet as pq
 
-    from genshift import hub
+    from genshift import hub, hubio
 
     repo_id, _, rev = ref.partition("@")
-    hub._check_repo_id(repo_id)
+    hubio._check_repo_id(repo_id)
     sha = hub.resolve_revision(repo_id, rev or None, endpoint=endpoint, cache_dir=cache_dir,
                                pin_hint=f"as --hub-val {repo_id}@<sha>")
     root = hub.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint)
