@@ -1,22 +1,13 @@
 """``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces).
 
-Pipeline (Vendrow et al. 2023): class tokens (the released ones by default, tokens trained
-here with ``--train-tokens``, or the class names with ``--tokens none``) -> Stable Diffusion 2 with
-the shift prompts (Euler, 50 steps, guidance 7.5, 768 px, stored as 512 px JPEG) -> CLIP presence
-scores -> ``keep`` (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
+Class tokens (released by default; ``--train-tokens``: textual inversion here; ``--tokens none``: class
+names) -> Stable Diffusion 2 with the shift prompts -> CLIP presence scores -> ``keep`` calibrated
+per shift (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
 
-Two phases, both resumable:
-
-1. **generate** (every process of an ``accelerate launch``): work items (shift, class, sample) are
-   grouped into shards by ``sha256(shift/class) mod shards``; shards are dealt round-robin to the
-   processes; each image's seed derives from (suite seed, shift, class, sample); images are
-   scored by CLIP and written shard by shard, atomically, to ``<out>/.stage/``. A rerun skips
-   finished shards. Processes do not meet at a collective barrier afterwards (an hour-long
-   imbalance would exceed NCCL's timeout): the others exit, the main process waits until every
-   staged shard exists on the (shared) file system.
-2. **filter** (main process): per shift, thresholds are calibrated on all of the shift's scores;
-   the final shards are written to ``<out>/data/`` with ``keep`` set (JPEG bytes copied, never
-   re-encoded), then the card and, last, the manifest.
+Two resumable phases: every process generates and scores its shards (``sha256(shift/class) mod
+shards``, dealt round-robin) into ``<out>/.stage/``; the main process waits for every staged shard
+(a file-system wait, not a barrier), calibrates the thresholds on each shift's scores and writes the
+final shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
 """
 
 from __future__ import annotations
@@ -24,10 +15,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
+from genshift.builders.common import BuildConfig, ConfigError, option, threaded
 
 SUITE_ID = "imagenet-star"
 STAGE = ".stage"
@@ -191,8 +182,8 @@ def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int
            model_id: str):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
     from genshift.builders.common import files_digest, wait_for
-    from genshift.distributed import current_process
     from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
+    from genshift.distributed import current_process
 
     ti = TIConfig(steps=steps, lr=lr, resolution=resolution)
     tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, process=current_process(),
@@ -209,11 +200,11 @@ def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int
 def _load_models(cfg: Config, settings, classes: list[int], device: str, token_kind: str, token_path: str | None,
                  tokens: dict | None):
     """(generator, CLIP scorer, token provenance); ``tokens`` = the loaded released/file tokens."""
-    from genshift.fsutil import sha256_file
     from genshift.builders.clip_scoring import ClipScorer
     from genshift.builders.sd_generate import SDGenerator
     from genshift.builders.textual_inversion import TIRun
     from genshift.builders.tokens import load_token_zip, save_token_zip, tokens_digest
+    from genshift.fsutil import sha256_file
 
     out = Path(cfg.out)
     if token_kind == "smoke":  # a few textual-inversion steps on synthetic images, then the real token path
@@ -291,21 +282,22 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
     record_batch_size(gen.backoff.batch_size)
 
 
+@threaded
 def run(cfg: Config) -> int:
-    with fixed_threads(cfg.cpu_threads):
-        return _run(cfg)
-
-
-def _run(cfg: Config) -> int:
-    import torch  # noqa: F401 - fail early if the builder extras are missing
     from tqdm.auto import tqdm
 
     from genshift import imagenet
-    from genshift.builders.common import effective_batch_sizes, provenance, record_batch_size, versions, wait_for
-    from genshift.distributed import current_process, plan_nonempty_shards
+    from genshift.builders.common import (
+        effective_batch_sizes,
+        open_writer,
+        provenance,
+        record_batch_size,
+        versions,
+        wait_for,
+    )
     from genshift.builders.tokens import load_token_zip, token_name, tokens_digest
     from genshift.data_cards import render_card
-    from genshift.suite_format import MANIFEST
+    from genshift.distributed import current_process, plan_nonempty_shards
     from genshift.writer import SuiteWriter
 
     shifts = shift_table(cfg)
@@ -321,7 +313,7 @@ def _run(cfg: Config) -> int:
     token_kind, token_path = token_source(cfg)
     tokens = load_token_zip(token_path, classes=classes) if token_kind in ("released", "file") else None  # validated
     fingerprint = {"shifts": shifts, "classes": classes, "samples": samples, "seed": cfg.seed,
-                   "shards": {s: len(p) for s, p in plans.items()}, "generation": settings.to_dict(),
+                   "shards": {s: len(p) for s, p in plans.items()}, "generation": asdict(settings),
                    "tokens": token_kind, "tokens_sha256": tokens_digest(token_path) if tokens else None,
                    "ti": [cfg.ti_steps, cfg.ti_lr] if token_kind == "trained" else None, "smoke": cfg.smoke,
                    "clip": None if cfg.smoke else [cfg.clip_model, cfg.clip_pretrained],
@@ -334,15 +326,9 @@ def _run(cfg: Config) -> int:
         if proc.is_main:
             print(f"tokens: {out / 'tokens.zip'}")
         return 0
-    if proc.is_main:
-        final = SuiteWriter(out, overwrite=cfg.overwrite, **writer_kw)
-    proc.wait()  # the main process may have replaced an old build; then everyone opens it
-    if (out / MANIFEST).is_file():  # (same fingerprint, else the writer refused)
-        if proc.is_main:
-            print(f"{out} is already built (manifest present); nothing to do")
+    final = open_writer(cfg, proc, **writer_kw)
+    if final is None:
         return 0
-    if not proc.is_main:
-        final = SuiteWriter(out, clean_incomplete=False, **writer_kw)
     stage = SuiteWriter(out / STAGE, clean_incomplete=proc.is_main, **writer_kw)
     proc.wait()  # nobody writes before the main process has cleaned up stale temporary files
 
@@ -392,9 +378,9 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
     import numpy as np
     import pyarrow.parquet as pq
 
+    from genshift.builders.clip_filter import calibrate, keep_flags, kept_target
     from genshift.errors import BenchError
     from genshift.suite_format import shard_name
-    from genshift.builders.clip_filter import calibrate, keep_flags, kept_target
 
     def source(shift, i, n) -> Path:  # the staged shard, or the final one a previous filter phase wrote
         staged = out / STAGE / shard_name(shift, i, n)
