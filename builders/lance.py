@@ -1,21 +1,12 @@
 """``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
 
-Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop ->
-caption (BLIP-2, "a photo of ...", at least 20 words) -> caption edits from an instruction LLM (six
-prompts; the paper's five types, weather within background) -> edits drawn as Algorithm 1 does (a
-seeded draw of the type, then of an edit of it) through the text filter (the class must not
-change), N = ``--max-edits`` tries (``--cap-counts kept``: until N pass) -> null-text inversion
-once -> prompt-to-prompt for every kept edit with the f sweep 0.4 ... 0.9 in one batched pass ->
-CLIP checks -> the best passing f.
+Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop -> BLIP-2
+caption -> LLM caption edits, drawn through the text filter -> null-text inversion -> prompt-to-prompt
+with the f sweep in one batched pass -> CLIP checks -> the best passing f. Rows: ``original``,
+``reconstruction`` (the control) and a ``counterfactual`` per accepted edit, joined by ``pair_id``.
 
-Rows: ``original`` (the 512 crop the classifier sees), ``reconstruction`` (null-text inversion
-without edit: the control) and ``counterfactual`` (one per accepted edit), stored as JPEG quality 75
-like the files the paper scored (``--image-format png``: lossless), joined by ``pair_id`` =
-the validation image id, so ``bench eval`` reports acc@k, Δacc@k and Δp per edit type and class.
-The steps run as three stages over all of a process's images (:func:`caption_image`, :func:`plan_edits`,
-:func:`render_image`), each with only its own models loaded: the four models together (31 GiB) do
-not fit a 24 GiB GPU, the largest stage (the LLM, 14.5 GiB) does. Each image's plan (caption, drawn
-edits) and rows are checkpointed; ``accelerate launch`` spreads images over GPUs.
+Three stages over all of a process's images (:func:`caption_image`, :func:`plan_edits`,
+:func:`render_image`), each with only its own models loaded; each image's plan and rows are checkpointed.
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
+from genshift.builders.common import BuildConfig, ConfigError, option, threaded
 from genshift.builders.lance_perturb import CAP_COUNTS, EDIT_TYPES, SAMPLING, sampling_record
 
 log = logging.getLogger(__name__)
@@ -99,15 +90,13 @@ def _features():
 
 
 def encode_image(img, image_format: str) -> bytes:
-    """Stored image bytes: ``jpeg-q75`` as the authors' outputs (``img.save(path)`` of a ``.jpeg``,
-    PIL's default quality 75; the classifier scored these files) or lossless ``png``."""
+    """Stored image bytes: ``jpeg-q75`` as the files the authors' classifiers scored (PIL's default
+    quality) or lossless ``png``."""
     buf = io.BytesIO()
     if image_format == "jpeg-q75":
         img.convert("RGB").save(buf, format="JPEG", quality=75)
-    elif image_format == "png":
-        img.save(buf, format="PNG")
     else:
-        raise ValueError(f"unknown image format {image_format!r}")
+        img.save(buf, format="PNG")
     return buf.getvalue()
 
 
@@ -132,8 +121,8 @@ def _smoke_sources(tmp: Path):
     from skimage import data
 
     from genshift import imagenet
-    from genshift.suites import HARD_IMAGENET_WNIDS
     from genshift.builders.lance_sources import SourceImage
+    from genshift.suites import HARD_IMAGENET_WNIDS
 
     photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
     out = []
@@ -238,11 +227,8 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
 
     crop = load_crop(src, editor.cfg.size)
     caption, sampling_seed = plan["caption"], plan["sampling_seed"]
-    base = {"label": src.label, "pair_id": src.source_id, "source_image_id": src.source_id, "keep": True,
-            "caption": caption, "edited_caption": None, "original_words": None, "edit_words": None, "edit_type": None,
-            "f": None, "clip_img_sim": None, "clip_sim_0": None, "clip_sim_1": None, "clip_dir_sim": None,
-            "text_class_sim": None, "text_same_sim": None, "edit_text_direction": None, "seed": 0,
-            "edit_type_fine": None, "edit_sampling_seed": sampling_seed, "edit_draw": None}
+    base = {**dict.fromkeys(_features()), "label": src.label, "pair_id": src.source_id, "keep": True,
+            "source_image_id": src.source_id, "caption": caption, "seed": 0, "edit_sampling_seed": sampling_seed}
 
     def image(img) -> dict:
         return {"bytes": encode_image(img, cfg.image_format), "path": None}
@@ -276,29 +262,6 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
     return rows, tried
 
 
-def _save_rows(rows: list[dict], tried: list, models: dict, path: Path) -> None:
-    """One source image's rows, with the types of the edits it tried and the models that made them in the
-    file's metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from genshift.fsutil import atomic_path
-
-    table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])
-    table = table.replace_schema_metadata({b"tried": json.dumps(tried).encode(), b"models": json.dumps(models).encode()})
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
-def _load_rows(path: Path) -> tuple[list[dict], list, dict]:
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
-    meta = table.schema.metadata or {}
-    return ([{**r, "image": {"bytes": r["image"], "path": None}} for r in table.to_pylist()],
-            json.loads(meta.get(b"tried", b"[]")), json.loads(meta.get(b"models", b"{}")))
-
-
 def _load_plan(path: Path) -> dict | None:
     """An image's checkpointed plan, or None (not made yet, or unreadable: made again)."""
     try:
@@ -326,18 +289,15 @@ def _type_counts(pairs) -> dict:
             "edit_type_fine": dict(sorted(Counter(f for _, f in pairs).items()))}
 
 
+@threaded
 def run(cfg: Config) -> int:
-    with fixed_threads(cfg.cpu_threads):
-        return _run(cfg)
-
-
-def _run(cfg: Config) -> int:
+    import pyarrow as pa
     from tqdm.auto import tqdm
 
-    from genshift.builders.common import free, open_writer, provenance
+    from genshift.builders.common import free, load_parquet, open_writer, provenance, save_parquet
     from genshift.builders.lance_sources import find_hub_sources, find_sources
-    from genshift.distributed import current_process, shard_of
     from genshift.data_cards import render_card
+    from genshift.distributed import current_process, shard_of
     from genshift.errors import BenchError
 
     out = Path(cfg.out)
@@ -387,7 +347,8 @@ def _run(cfg: Config) -> int:
         plan = plans[src.source_id]
         rows, tried = render_image(src, plan, editor=editor, clip=clip, cfg=cfg)
         models = {k: plan[k] for k in ("captioner", "perturber", "text_filter")} | {"clip": clip.model_id}
-        _save_rows(rows, tried, models, work / f"{src.source_id}.parquet")
+        table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])  # + what made them
+        save_parquet(work / f"{src.source_id}.parquet", table, {"tried": tried, "models": models})
 
     stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(cfg, device),),
           lambda src, captioner: planned(src, caption_image(src, captioner=captioner, ed=ed, cfg=cfg)))
@@ -402,11 +363,11 @@ def _run(cfg: Config) -> int:
     tried_all: list = []
     models: set[str] = set()
     for s in sources:
-        rows, tried, used = _load_rows(work / f"{s.source_id}.parquet")
-        tried_all += tried
-        models.add(json.dumps(used, sort_keys=True))
+        rows, meta = load_parquet(work / f"{s.source_id}.parquet")
+        tried_all += meta.get("tried", [])
+        models.add(json.dumps(meta.get("models", {}), sort_keys=True))
         for r in rows:
-            by_config[r["config"]].append(r)
+            by_config[r["config"]].append({**r, "image": {"bytes": r["image"], "path": None}})
     used = json.loads(models.pop()) if len(models) == 1 else {}
     if set(used) != {"captioner", "perturber", "text_filter", "clip"}:  # before any shard is written
         raise BenchError(f"the images checkpointed in {work} were made with different models or by an older version "
