@@ -1,12 +1,11 @@
 """``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
 
-No code or data was released for these sets; this is an open re-creation with substitutes
-(``docs/builders.md``): seed captions from every ImageNet-A image (BLIP-2 prompted with three
-shots, as the paper's captioner, forced to continue the class prompt, at most two sentences; or a
-caption file); Stable Diffusion 2.1-base as the generator; the timm target (``resnet50.tv_in1k`` /
-``vit_base_patch16_224.augreg_in1k``); failures kept by the WordNet-parent rule up to a cap per
-caption. Mining is resumable per caption and spread over ``accelerate`` processes by caption id;
-the main process writes the suite.
+An open re-creation with substitutes (no code or data was released; ``docs/builders.md``): seed captions
+of every ImageNet-A image (BLIP-2, three-shot, continuing the class prompt) or from a file; Stable
+Diffusion 2.1-base; the timm target; failures kept by the WordNet-parent rule up to a cap per caption.
+
+Mining is resumable per caption and spread over ``accelerate`` processes by caption id; the main
+process writes the suite.
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
+from genshift.builders.common import BuildConfig, ConfigError, option, threaded
 
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
 WORK = ".work"
 CAPTIONING = ("three-shot", "single-image")
-DECODING = {"num_beams": 5, "min_new_tokens": 8, "max_new_tokens": 40}
 FEW_SHOT_PROMPT = ("per shot: the shot image (its BLIP-2 query tokens), then its caption; then the image to caption "
                    "and its class prompt, which the captioner continues")
 
@@ -106,20 +104,15 @@ def _seed_images(cfg: Config):
 
 def caption_images(cfg: Config, device: str) -> tuple[list[tuple[int, str]], dict]:
     """One seed caption per image (:func:`_seed_images`), by the configured captioning; and how."""
-    from PIL import Image
-
     from genshift.builders.captioner import Captioner
-    from genshift.builders.in_g_prompts import class_prompt, seed_caption, shots
+    from genshift.builders.in_g_prompts import captioner_fn, class_prompt, seed_caption, shots
 
     cap = Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
     few, record = shots() if cfg.captioning == "three-shot" else ([], [])
-    caps, images = [], _seed_images(cfg)
+    caption, images, caps = captioner_fn(cap, few), _seed_images(cfg), []
     for y in dict.fromkeys(y for y, _ in images):
         prompt = class_prompt(y, an=cfg.an).text
-        mine = [src for label, src in images if label == y]
-        for a in range(0, len(mine), 16):
-            batch = [Image.open(io.BytesIO(s) if isinstance(s, bytes) else s) for s in mine[a:a + 16]]
-            caps += [(y, seed_caption(prompt, t)) for t in cap.caption(batch, prefix=prompt, shots=few, **DECODING)]
+        caps += [(y, seed_caption(prompt, t)) for t in caption([src for label, src in images if label == y], prompt)]
     info = {"source": "smoke: synthetic images" if cfg.smoke else "imagenet-a", "captioner": cap.model_id,
             "captioning": cfg.captioning, "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
     if few:
@@ -128,8 +121,8 @@ def caption_images(cfg: Config, device: str) -> tuple[list[tuple[int, str]], dic
 
 
 def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
-    from genshift.fsutil import atomic_write_bytes, sha256_file
     from genshift.builders.in_g_prompts import read_captions
+    from genshift.fsutil import atomic_write_bytes, sha256_file
 
     if cfg.captions:
         caps = read_captions(cfg.captions, an=cfg.an)
@@ -149,17 +142,13 @@ def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]
     return caps, {**info, "deduplicated": cfg.dedup_captions}
 
 
+@threaded
 def run(cfg: Config) -> int:
-    with fixed_threads(cfg.cpu_threads):
-        return _run(cfg)
-
-
-def _run(cfg: Config) -> int:
     from genshift.builders.common import effective_batch_sizes, open_writer, provenance, record_batch_size
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-    from genshift.distributed import current_process, plan_nonempty_shards, shard_of
     from genshift.data_cards import render_card
+    from genshift.distributed import current_process, plan_nonempty_shards, shard_of
     from genshift.errors import BenchError
     from genshift.fsutil import sha256_file
 
@@ -181,7 +170,7 @@ def _run(cfg: Config) -> int:
     seeds = ({"file": sha256_file(cfg.captions)} if cfg.captions else  # what the seed captions come from
              {"captioner": cfg.captioner, "captioning": cfg.captioning, "images_per_class": cfg.images_per_class})
     fingerprint = {"suite": cfg.suite, "target": target, "captions": seeds, "dedup": cfg.dedup_captions,
-                   "mining": asdict(mining), "generation": settings.to_dict(), "an": cfg.an, "smoke": cfg.smoke,
+                   "mining": asdict(mining), "generation": asdict(settings), "an": cfg.an, "smoke": cfg.smoke,
                    "cpu_threads": cfg.cpu_threads}
     writer = open_writer(cfg, proc, suite_id=cfg.suite, extra_features=_features(), fingerprint=fingerprint)
     if writer is None:
