@@ -1,21 +1,10 @@
 """The released LANCE perturber (lit-llama LLaMA-7B + LoRA) as a transformers ``LlamaForCausalLM``.
 
-``--perturber lance-release`` uses the authors' own caption editor instead of an open instruction
-LLM. The weights are in the Hub dataset ``LANCE-release/checkpoints``, folder ``caption_editing/``
-(``docs/builders.md``): ``lit-llama.pth`` (full LLaMA-7B, lit-llama layout, fp32),
-``lit-llama-lora-finetuned.pth`` (the LoRA, bf16) and ``tokenizer.model`` (sentencepiece). No
-transformers/PEFT format exists, so they are converted once into a cached transformers folder:
-
-- the LoRA (loralib ``MergedLinear`` on the fused ``c_attn``, Q and V enabled, r 8, α 16) is
-  merged: ``W_q += (α/r) B_q A_q``, ``W_v += (α/r) B_v A_v`` (``lora_A`` stacks the two groups'
-  r rows, ``lora_B`` their output rows, as loralib's grouped conv1d);
-- the fused Q|K|V rows are split, and Q and K get the rotary permutation from Meta's interleaved
-  pairs to transformers' rotate-half layout (the ``permute`` of transformers'
-  ``convert_llama_weights_to_hf``); lit-llama's RMSNorm eps is 1e-5.
-
-The prompt is the released code's Alpaca frame with the instructions **without** the Table 5
-examples (the model was fine-tuned on them without examples); decoding as the code: pure
-sampling at temperature 1.0, up to 400 new tokens.
+The authors' files (``LANCE-release/checkpoints``, ``caption_editing/``; ``docs/builders.md``) exist only
+in lit-llama's format; they are converted once into a cached transformers folder: the LoRA (loralib
+``MergedLinear`` on the fused ``c_attn``, Q and V, r 8, alpha 16) merged as ``W += (alpha/r) B A`` per
+group, the fused Q|K|V rows split, Q and K permuted from Meta's interleaved rotary pairs to transformers'
+rotate-half layout (as transformers' ``convert_llama_weights_to_hf``); RMSNorm eps 1e-5.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Source images for LANCE: the 750 ImageNet validation images of the 15 Hard ImageNet classes.
 
-Classes are matched by **wnid** (``genshift.suites.HARD_IMAGENET_WNIDS``; "sunglasses" is class 837,
-not 836). Accepted layouts of a local ImageNet validation folder:
-
-- ``val/<wnid>/ILSVRC2012_val_XXXXXXXX.JPEG`` (class folders), or
-- ``val/ILSVRC2012_val_XXXXXXXX.JPEG`` (flat) with a labels file: ``LOC_val_solution.csv``
-  (``ImageId,PredictionString``) or lines ``<file> <wnid>``.
-
-Or a Hub dataset the user has access to (``--hub-val ILSVRC/imagenet-1k@<sha>``; gated: log in
-or set ``HF_TOKEN``), read from its validation parquet files (``image`` with embedded bytes,
-``label`` as the ImageNet-1k index or a wnid) at a resolved commit, only the row groups that
-hold Hard ImageNet rows decoded.
-
-Each image is centre-cropped to a square and resized to 512 px with PIL bicubic, as the released
-code does; grayscale or CMYK images are converted to RGB (the paper's fix). Missing classes or
-images are reported by wnid.
+Matched by wnid (``genshift.suites.HARD_IMAGENET_WNIDS``), from a local folder (``<wnid>/`` folders, or
+flat with ``LOC_val_solution.csv`` or ``<file> <wnid>`` lines) or a Hub dataset's validation parquet
+files at a resolved commit (``docs/builders.md``); each image centre-cropped, resized to 512 px (PIL
+bicubic, as the released code) and converted to RGB. Missing images are reported by wnid.
 """
 
 from __future__ import annotations

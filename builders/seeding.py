@@ -1,9 +1,5 @@
-"""Deterministic seeds for every generated item.
-
-A seed is derived from the suite seed and the item's ids by hashing, so it does not depend on
-the order, batching or sharding of the work, and two different ids never share a seed by
-construction of the hash (collisions are 2**-63 events).
-"""
+"""Deterministic seeds for every generated item: a hash of the suite seed and the item's ids, independent
+of the order, batching and sharding of the work."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Tiny random-weight models built from configs, for ``--smoke`` runs and tests.
+"""Tiny random-weight models built from configs, for ``--smoke`` runs and tests (no network).
 
-Nothing here touches the network: the CLIP BPE tokenizer is rebuilt from the vocabulary file that
-open_clip ships (the same merges as OpenAI CLIP / SD's tokenizer), and every model is created
-from a config after ``torch.manual_seed(seed)``, as diffusers' ``get_dummy_components`` does.
-The real code paths (pipelines, schedulers, attention processors, open_clip encoders) run
-unchanged on these models.
+Each model is created after ``torch.manual_seed(seed)`` (diffusers' ``get_dummy_components``); the CLIP
+BPE tokenizer is rebuilt from open_clip's vocabulary file. The real code paths run on them unchanged.
 """
 
 from __future__ import annotations
