@@ -164,14 +164,16 @@ def _child(stage: str) -> dict:
 
 def _estimate_gib(stage: str) -> float:
     """The preflight's meta estimate (CPU dtypes) of the stage's peak, to skip what would not fit."""
+    from functools import partial
+
     from genshift.builders import preflight as pf
 
-    runs = {"sd2-generate": lambda: pf.sd_generation(SD2, 768, 768, torch.float32, class_tokens=True,
-                                                     prompts=["a photo of a <TOKEN>"]),
-            "ti-step": lambda: pf.ti_step(SD2, 768, torch.float32),
-            "nti-p2p": lambda: pf.p2p_edit(SD14, 512, (0.4, 0.5, 0.6, 0.7, 0.8)),
-            "blip2-caption": lambda: pf.blip2_caption(BLIP2, torch.bfloat16, new_tokens=20)}
-    st = pf.Stage(stage, stage, torch.float32, 1, runs[stage]())
+    runs = {"sd2-generate": partial(pf.sd_generation, SD2, 768, 768, torch.float32, class_tokens=True,
+                                    prompts=["a photo of a <TOKEN>"]),
+            "ti-step": partial(pf.ti_step, SD2, 768, torch.float32),
+            "nti-p2p": partial(pf.p2p_edit, SD14, 512, (0.4, 0.5, 0.6, 0.7, 0.8)),
+            "blip2-caption": partial(pf.blip2_caption, BLIP2, torch.bfloat16, new_tokens=20)}
+    st = pf.Stage(stage, stage, torch.float32, 1, runs[stage])
     rep = pf.check_stage(st)
     return rep.peak / pf.GiB
 
