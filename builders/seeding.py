@@ -4,8 +4,10 @@ of the order, batching and sharding of the work."""
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SEED_BITS = 63
 
@@ -25,4 +27,6 @@ def derive_seed(root_seed: int, *ids: str | int) -> int:
 
 def generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A fresh ``torch.Generator`` seeded with ``seed`` (one per item; never global state)."""
+    import torch
+
     return torch.Generator(device=device).manual_seed(int(seed))
