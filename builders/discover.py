@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from genshift.builders.common import Checked, option
-from genshift.builders.in_g_prompts import class_prompt, seed_caption
+from genshift import imagenet
+from genshift.builders.common import Checked, ConfigError, option
+from genshift.builders.in_g_prompts import captioner_fn, class_prompt, seed_caption, shots
 from genshift.builders.seeding import derive_seed
 
 Generate = Callable[[list[str], list[int]], list[bytes]]
@@ -122,8 +123,8 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
     report = {"class": label, "class_prompt": prompt, "target": target,
               "rate": "target rate" if target is not None else "total failure rate (top-1 != class)",
               "baseline": {"failures": k0, "n": cfg.n_baseline, "rate": k0 / cfg.n_baseline},
-              "config": {k: getattr(cfg, k) for k in ("n_baseline", "n_per_caption", "max_captions", "batch_size", "seed",
-                                                       "refine", "alpha", "captioning")},
+              "config": {k: getattr(cfg, k) for k in ("n_baseline", "n_per_caption", "max_captions", "batch_size",
+                                                       "seed", "refine", "alpha", "captioning")},
               "hypotheses": [], "refinement": []}
     if not failing:
         report["note"] = "no baseline failure to caption; raise --n-baseline"
@@ -143,11 +144,8 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
 
 def search(cfg: Config) -> dict:
     """``bench discover``: load the models the config names and run :func:`discover`; the report."""
-    from genshift import imagenet
     from genshift.builders.captioner import Captioner
-    from genshift.builders.common import ConfigError
     from genshift.builders.in_g_mining import classifier_from_timm
-    from genshift.builders.in_g_prompts import captioner_fn, shots
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 
     for name in ("model", "klass"):

@@ -16,9 +16,14 @@ import json
 import math
 import shutil
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
+from genshift import imagenet
+from genshift.builders import common
 from genshift.builders.common import BuildConfig, ConfigError, option, threaded
+from genshift.errors import BenchError, unknown
+from genshift.fsutil import sha256_file
 
 SUITE_ID = "imagenet-star"
 STAGE = ".stage"
@@ -75,8 +80,6 @@ class Config(BuildConfig):
 
 
 def parse_classes(items) -> list[int]:
-    from genshift import imagenet
-
     if not items:
         return list(range(imagenet.NUM_CLASSES))
     out = []
@@ -95,14 +98,14 @@ def parse_classes(items) -> list[int]:
 def shift_table(cfg: Config) -> dict[str, str]:
     import yaml
 
-    from genshift.errors import unknown
     from genshift.suites import imagenet_star_shifts
 
     if cfg.shifts_file:
         try:
             table = {r["key"]: r["prompt"] for r in yaml.safe_load(Path(cfg.shifts_file).read_text())}
         except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-            raise ConfigError("shifts_file", f"{cfg.shifts_file!r}: expected a YAML list of {{key, prompt}} ({e})") from None
+            raise ConfigError("shifts_file", f"{cfg.shifts_file!r}: expected a YAML list of {{key, prompt}} "
+                                             f"({e})") from None
     else:
         table = {s.key: s.prompt for s in imagenet_star_shifts()}
     for key, prompt in table.items():
@@ -166,22 +169,20 @@ def _smoke_training_images(root: Path, classes: list[int]) -> Path:
     import numpy as np
     from PIL import Image
 
-    from genshift import imagenet
-
     rng = np.random.default_rng(0)
     for c in classes:
         d = root / imagenet.wnids()[c]
         d.mkdir(parents=True, exist_ok=True)
         colour = rng.integers(0, 256, 3)
         for i in range(2):
-            Image.fromarray(np.clip(colour + rng.normal(0, 12, (40, 48, 3)), 0, 255).astype(np.uint8)).save(d / f"{i}.png")
+            pixels = np.clip(colour + rng.normal(0, 12, (40, 48, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(d / f"{i}.png")
     return root
 
 
 def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int, lr: float, resolution: int,
            model_id: str):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
-    from genshift.builders.common import files_digest, wait_for
     from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
     from genshift.distributed import current_process
 
@@ -189,11 +190,12 @@ def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int
     tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, process=current_process(),
                           progress=cfg.progress)
     if len(tokens) < len(classes):  # other processes train the rest: wait for their files
-        wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)", cfg.wait_timeout)
+        common.wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)",
+                        cfg.wait_timeout)
         tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, progress=False)
     used = [f for c in folder_classes(data, classes=classes) for f in c.files]
     return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "model": model_id,
-                    "data": files_digest(data, used), "settings": "genshift.builders.textual_inversion.TIConfig "
+                    "data": common.files_digest(data, used), "settings": "genshift.builders.textual_inversion.TIConfig "
                                                                   "defaults otherwise"}
 
 
@@ -204,7 +206,6 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     from genshift.builders.sd_generate import SDGenerator
     from genshift.builders.textual_inversion import TIRun
     from genshift.builders.tokens import load_token_zip, save_token_zip, tokens_digest
-    from genshift.fsutil import sha256_file
 
     out = Path(cfg.out)
     if token_kind == "smoke":  # a few textual-inversion steps on synthetic images, then the real token path
@@ -221,8 +222,8 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
         return SDGenerator.tiny(settings, tokens=tokens), ClipScorer.tiny(), info
     info = {"tokens": None}
     if token_kind in ("released", "file"):
-        info = {"tokens": "madrylab/imagenet-star-tokens tokens.zip" if token_kind == "released" else Path(token_path).name,
-                "tokens_sha256": tokens_digest(token_path)}
+        name = "madrylab/imagenet-star-tokens tokens.zip" if token_kind == "released" else Path(token_path).name
+        info = {"tokens": name, "tokens_sha256": tokens_digest(token_path)}
     elif token_kind == "trained":
         base = SDGenerator.from_pretrained(settings, device=device)
         run = TIRun.from_components(base.pipe.components, device)
@@ -255,7 +256,6 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
 
     from PIL import Image
 
-    from genshift import imagenet
     from genshift.builders.clip_filter import clip_scores
     from genshift.builders.seeding import derive_seed
 
@@ -286,15 +286,6 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
 def run(cfg: Config) -> int:
     from tqdm.auto import tqdm
 
-    from genshift import imagenet
-    from genshift.builders.common import (
-        effective_batch_sizes,
-        open_writer,
-        provenance,
-        record_batch_size,
-        versions,
-        wait_for,
-    )
     from genshift.builders.tokens import load_token_zip, token_name, tokens_digest
     from genshift.data_cards import render_card
     from genshift.distributed import current_process, plan_nonempty_shards
@@ -326,7 +317,7 @@ def run(cfg: Config) -> int:
         if proc.is_main:
             print(f"tokens: {out / 'tokens.zip'}")
         return 0
-    final = open_writer(cfg, proc, **writer_kw)
+    final = common.open_writer(cfg, proc, **writer_kw)
     if final is None:
         return 0
     stage = SuiteWriter(out / STAGE, clean_incomplete=proc.is_main, **writer_kw)
@@ -344,22 +335,23 @@ def run(cfg: Config) -> int:
     try:
         for shift, i, shard in mine:
             rows = _shard_rows([(c, k) for c in shard for k in range(samples)], shift, shifts[shift], gen, clip,
-                               cfg.seed, token_names, bar, lambda b: record_batch_size(out / STAGE, proc.index, b))
+                               cfg.seed, token_names, bar, partial(common.record_batch_size, out / STAGE, proc.index))
             stage.write_shard(shift, i, len(plans[shift]), rows)
     finally:
         bar.close()
     if not proc.is_main:
         return 0
     if proc.count > 1:
-        wait_for(lambda: [f"{s} #{i}" for s, i, _ in work if not stage.shard_done(s, i, len(plans[s]))],
-                 "generated shard(s)", cfg.wait_timeout)
+        common.wait_for(lambda: [f"{s} #{i}" for s, i, _ in work if not stage.shard_done(s, i, len(plans[s]))],
+                        "generated shard(s)", cfg.wait_timeout)
     p = {"builder": "genshift.builders.imagenet_star", "paper": "Vendrow et al., Dataset Interfaces (2023)",
-         "generation": {**gen.provenance(), "batch_size_effective": effective_batch_sizes(out / STAGE)},
-         "determinism": provenance(cfg.cpu_threads, device), "clip_filter": {"model": clip.model_id, "rule": cfg.keep_rule},
+         "generation": {**gen.provenance(), "batch_size_effective": common.effective_batch_sizes(out / STAGE)},
+         "determinism": common.provenance(cfg.cpu_threads, device),
+         "clip_filter": {"model": clip.model_id, "rule": cfg.keep_rule},
          "seed": cfg.seed, "seed_rule": "derive_seed(seed, shift, class, sample) = sha256 -> 63 bits",
          "samples_per_class": samples, "classes": len(classes), "shifts": shifts, **token_info,
-         "library_versions": versions("torch", "diffusers", "transformers", "open_clip_torch", "datasets", "pillow",
-                                      "genshift-bench")}
+         "library_versions": common.versions("torch", "diffusers", "transformers", "open_clip_torch", "datasets",
+                                             "pillow", "genshift-bench")}
     p["clip_filter"].update(_filter_phase(out, final, {s: len(v) for s, v in plans.items()}, fractions, cfg.keep_rule,
                                           cfg.shift_gate_quantile))
     manifest = final.finalize(generator=p, card=lambda m: render_card(
@@ -379,7 +371,6 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
     import pyarrow.parquet as pq
 
     from genshift.builders.clip_filter import calibrate, keep_flags, kept_target
-    from genshift.errors import BenchError
     from genshift.suite_format import shard_name
 
     def source(shift, i, n) -> Path:  # the staged shard, or the final one a previous filter phase wrote

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -119,8 +120,6 @@ def mine_all(captions: Sequence[tuple[int, str]], work_dir: Path, *, generate: G
              cfg: MiningConfig, owns: Callable[[str], bool] = lambda cid: True, progress: bool = True
              ) -> dict[str, CaptionResult]:
     """Mine every caption this process owns, resuming from checkpoints in ``work_dir``."""
-    from collections import Counter
-
     from tqdm.auto import tqdm
 
     work_dir.mkdir(parents=True, exist_ok=True)
