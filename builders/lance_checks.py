@@ -8,7 +8,7 @@ than to the removed ones. Of the f values that pass, the highest directional sim
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -31,9 +31,6 @@ class CheckScores:
     edit_word_sim: float | None
     original_word_sim: float | None
     passed: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:

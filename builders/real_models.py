@@ -39,16 +39,7 @@ def spec(model_id: str, kind: str | None = None, hint: str = "") -> dict:
 
 def param_count(*modules: torch.nn.Module) -> int:
     """Parameters of the modules, each tensor counted once (tied weights are one tensor)."""
-    seen: dict[int, int] = {}
-    for m in modules:
-        for p in m.parameters():
-            seen[id(p)] = p.numel()
-    return sum(seen.values())
-
-
-def _clean(config: dict) -> dict:
-    """A diffusers config without its bookkeeping keys (``_class_name``, ``_diffusers_version``)."""
-    return {k: v for k, v in config.items() if not k.startswith("_")}
+    return sum({id(p): p.numel() for m in modules for p in m.parameters()}.values())
 
 
 @contextmanager
@@ -81,8 +72,8 @@ def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype 
     s = spec(model_id, "stable-diffusion")
     c = s["components"]
     with building(device, dtype):
-        unet = _class(c["unet"]["class"])(**_clean(c["unet"]["config"]))
-        vae = _class(c["vae"]["class"])(**_clean(c["vae"]["config"]))
+        unet = _class(c["unet"]["class"]).from_config(c["unet"]["config"])
+        vae = _class(c["vae"]["class"]).from_config(c["vae"]["config"])
     with building(device, text_encoder_dtype):
         text_encoder = _class(c["text_encoder"]["class"])(CLIPTextConfig(**c["text_encoder"]["config"]))
     scheduler = _class(s["scheduler"]["class"]).from_config(s["scheduler"]["config"])
