@@ -1,22 +1,6 @@
-"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hugging Face Hub.
-
-The Hub's eval-results system (hub-docs, "Evaluation results") reads an ``eval.yaml`` at the root
-of a dataset repo: ``name``, ``description``, ``evaluation_framework`` and ``tasks``, each task an
-``id`` with the dataset ``config`` and ``split`` it is scored on. Model repos then report scores
-for these task ids in ``.eval_results/*.yaml`` (``genshift.leaderboard.hub_results``), and the Hub shows
-them on the model page and on the dataset's leaderboard.
-
-One task per headline metric the suite's family declares (``genshift.families``: ``Family.tasks``,
-the metrics the leaderboard shows).
-
-Units (stated in the description, since a task has no unit field): accuracies and failure rates
-in percent (0-100), Δacc@1 in percentage points. The results store keeps fractions; the value
-written to the Hub is 100 × the stored fraction.
-
-Recorded option: a task that aggregates several configs (``mean_shift_acc1``, ``mean_acc1``,
-``delta_acc1``) names, as its ``config``, the config its value is mostly about: the first shift
-config in sorted order, the first config, and ``counterfactual`` respectively; the id says what is
-aggregated.
+"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hugging Face Hub (``docs/hub.md``
+section 9): ``name``, ``description`` (with the units), ``evaluation_framework`` and one task per headline
+metric of the suite's family (``genshift.families``: ``Family.tasks``), each an ``id``, ``config``, ``split``.
 """
 
 from __future__ import annotations

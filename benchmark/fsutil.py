@@ -1,8 +1,5 @@
-"""Small file-system helpers: hashing, atomic writes, output-directory checks.
-
-Every output of the project is written to a temporary name next to its final path and renamed
-into place, so an interrupted run never leaves a half-written file under a final name.
-"""
+"""File-system helpers: the cache root, hashing, bounded reads and THE parsers of untrusted JSON and
+YAML, atomic writes (a temporary name beside the final path, renamed into place), output-folder checks."""
 
 from __future__ import annotations
 
@@ -30,22 +27,16 @@ _CHUNK = 1 << 20
 
 
 def cache_root() -> Path:
-    """The folder of every cache of the project: ``<HF_HOME>/genshift``.
-
-    ``HF_HOME`` follows huggingface_hub's rule (``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``,
-    else ``~/.cache/huggingface``), read at each call, so the Hub's downloads and the project's own
-    caches (converted releases, masks, embeddings, compiled models, the board's) move together.
-    A ``cache_dir`` / ``--cache-dir`` argument replaces it where a function takes one.
-    """
+    """The folder of every cache of the project: ``<HF_HOME>/genshift``, ``HF_HOME`` by huggingface_hub's
+    rule, read at each call (``docs/hub.md`` section 3); a ``cache_dir`` argument replaces it."""
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return Path(home).expanduser() / "genshift"
 
 
 @dataclass(frozen=True)
 class StatKey:
-    """"Has this file changed since it was looked at?": its size, modification and status-change times
-    and its inode and device. A file rewritten in place, replaced by a rename, touched, chmod-ed or
-    copied elsewhere gets another key (hashable: a memo key; ``list(astuple(k))`` for JSON)."""
+    """"Has this file changed since it was looked at?": size, mtime, ctime, inode and device (a file rewritten,
+    replaced, touched, chmod-ed or copied gets another key; hashable; ``list(astuple(k))`` for JSON)."""
 
     size: int
     mtime_ns: int
@@ -78,12 +69,8 @@ def canonical_json(obj) -> bytes:
 
 def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
                  fix: str = "it cannot be a valid {what} (re-download or rebuild it)") -> bytes:
-    """The bytes of a file from outside, refused (one line) when larger than ``max_bytes``.
-
-    At most ``max_bytes + 1`` bytes are read whatever ``st_size`` says, so ``/dev/zero``, a pipe or
-    a file still growing cost ``max_bytes`` and a moment, never memory without end. ``fix`` (with
-    ``{what}`` filled in) tells the user what to do about a file over the limit.
-    """
+    """The bytes of a file from outside, refused (one line, then ``fix``) when larger than ``max_bytes``; at
+    most ``max_bytes + 1`` bytes are read whatever ``st_size`` says (``/dev/zero``, a pipe, a growing file)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -99,9 +86,8 @@ def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
 
 def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str = "is it the right file?",
                       encoding_fix: str = "save it as UTF-8") -> str:
-    """A UTF-8 text file from outside (list files: ``--models``, trusted keys, CSVs), read with
-    :func:`read_limited`; a byte-order mark (Excel's "CSV UTF-8") is dropped, anything not UTF-8 is
-    one line naming the byte and line, then ``encoding_fix``."""
+    """A UTF-8 text file from outside, read with :func:`read_limited`; a byte-order mark is dropped, anything
+    not UTF-8 is one line naming the byte and line, then ``encoding_fix``."""
     data = read_limited(path, max_bytes=max_bytes, what=what, fix=fix)
     try:
         return data.decode("utf-8-sig")
@@ -139,13 +125,9 @@ def _no_constant(name):
 
 def parse_json(data: bytes, *, where: str, max_bytes: int, what: str = "", max_depth: int = MAX_JSON_DEPTH,
                fix: str = FIX):
-    """JSON from outside (a manifest, a result, a stamp, a job file): THE parser for untrusted JSON.
-
-    Refuses, each with one ``IntegrityError`` line (``{where}: {what} ...; {fix}``): more than
-    ``max_bytes``, nesting deeper than ``max_depth`` (a 100k-deep file is one error, never a
-    ``RecursionError``), invalid UTF-8 or JSON, NaN/Infinity and duplicate object keys (which
-    parsers resolve differently, so two readers could see two documents). Linear in the size.
-    """
+    """THE parser for untrusted JSON. Refuses, each with one ``IntegrityError`` line (``{where}: {what} ...;
+    {fix}``): more than ``max_bytes``, nesting deeper than ``max_depth`` (never a ``RecursionError``),
+    invalid UTF-8 or JSON, NaN/Infinity and duplicate keys (two readers could see two documents)."""
     subject = f"{where}: {what}" if what else where
     if len(data) > max_bytes:
         raise IntegrityError(f"{subject} is {len(data)} bytes, over the limit of {max_bytes}; {fix}")
@@ -198,13 +180,9 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct
 
 
 def load_yaml(text: str, *, where: str, what: str, max_depth: int, fix: str = ""):
-    """YAML from outside (a card's header, ``eval.yaml``): THE parser for untrusted YAML.
-
-    Walks the parser's events before anything is built, refusing aliases (billion laughs) and
-    nesting deeper than ``max_depth``, so a bomb or a 100k-deep file is one ``IntegrityError``
-    (``{where}: {what} ...{fix}``) and never a memory blow-up or ``RecursionError``; then builds
-    the document refusing duplicate keys and NaN/Infinity (:func:`parse_json`'s rules).
-    """
+    """THE parser for untrusted YAML: the parser's events are walked first, refusing aliases (billion laughs)
+    and nesting deeper than ``max_depth``, then the document is built by :func:`parse_json`'s rules; every
+    refusal is one ``IntegrityError`` (``{where}: {what} ...{fix}``)."""
     try:
         depth = 0
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -246,8 +224,8 @@ _UMASK_LOCK = threading.Lock()
 
 
 def _umask() -> int:
-    """The process's umask, read without setting it where Linux shows it: setting and restoring it from
-    two threads at once (the leaderboard's check and its pages both write files) could leave it 0."""
+    """The process's umask, read without setting it where Linux shows it (set and restored from two threads
+    at once, it could be left 0)."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
@@ -285,13 +263,9 @@ def ensure_writable_dir(path: str | os.PathLike, *, what: str = "output director
 
 def prepare_fresh_dir(path: str | os.PathLike, *, overwrite: bool, marker_files: tuple[str, ...],
                       what: str = "output directory", remove: bool = True) -> Path:
-    """Make sure ``path`` does not exist yet, or remove it when ``overwrite`` allows.
-
-    Only a directory that holds one of ``marker_files`` (i.e. something this project wrote) or is
-    empty is ever deleted, so ``--overwrite`` cannot wipe an unrelated folder. With
-    ``remove=False`` only the checks run (call it again with ``remove=True`` once the
-    replacement is ready, so a failed job keeps the old output).
-    """
+    """Make sure ``path`` does not exist yet, or remove it when ``overwrite`` allows: only an empty folder or
+    one holding one of ``marker_files`` (written by this project) is ever deleted. ``remove=False``: the
+    checks only (call again once the replacement is ready, so a failed job keeps the old output)."""
     path = Path(path)
     if path.exists():
         if not path.is_dir():

@@ -1,16 +1,7 @@
-"""Keep freed memory in the process heap instead of handing it back to the kernel (glibc only).
-
-glibc serves any block above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps
-it on ``free``. The widest activations of a CPU batch are larger than that (tf_efficientnet_lite0
-at batch 8: 38.5 MB after its first expansion), so every batch page-faulted them in again, zeroed
-by the kernel. ``keep_freed_memory`` turns mmap allocation off and raises the trim threshold through
-``mallopt``, so blocks are reused from the heap. It also keeps every thread on the one main heap
-(``M_ARENA_MAX`` 1): a thread's own arena is made of 64 MiB mapped heaps that glibc unmaps when they
-empty, whatever the trim threshold, so batches on forward threads would page-fault their activations
-in again (``benchmarks/heap_faults.py`` counts the faults). Resident memory then stays at the run's
-peak, which an eval process reaches on its first batches anyway. DataLoader workers forked afterwards
-inherit the setting. Elsewhere than glibc it does nothing. A process-wide setting that cannot be
-undone: ``bench eval`` makes it, the library (``genshift.evaluate``) never does.
+"""Keep freed memory in the process heap instead of handing it back to the kernel (glibc only): batches
+then reuse heap blocks instead of page-faulting their activations in again (``docs/performance.md``,
+"The kernel's page faults"). A process-wide setting that cannot be undone: ``bench eval`` makes it, the
+library (``genshift.evaluate``) never does; DataLoader workers forked afterwards inherit it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Hub I/O: download suites at pinned commits, open any suite the user names, publish a build.
-
-Consumption follows the offline-safe pattern of ``genshift.hubio`` (``docs/hub.md``): resolve
-the revision to a 40-character commit sha, ``snapshot_download`` only the manifest, the card and
-the requested configs' shards, verify the manifest, then read the parquet files from the snapshot.
-
-Publishing writes the suite's ``eval.yaml`` (``genshift.eval_yaml``) when it is missing, then
-uploads a small suite in **one** commit (against the expected parent commit) and a large one
-resumably in several commits, then tags it and turns gating on when the card asks.
+"""Suites on the Hub (``docs/hub.md``): open any suite the user names, download one at a pinned commit
+(through ``genshift.hubio``), publish a build (one commit, or resumably in several; tagged; gated when
+its card asks).
 """
 
 from __future__ import annotations
@@ -14,19 +8,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from genshift.errors import BenchError, OfflineError, first_line
-from genshift.hubio import (  # noqa: F401 - re-exported: builders resolve and snapshot through genshift.hub
-    SHA_RE,
-    _api,
-    _check_repo_id,
-    _endpoint,
-    _offline,
-    _unreachable,
-    is_repo_id,
-    resolve,
-    resolve_revision,
-    snapshot,
-)
+from genshift import hubio
+from genshift.errors import BenchError, OfflineError, first_line, unknown
+from genshift.fsutil import atomic_write_bytes, read_limited
+from genshift.hubio import is_repo_id, resolve_revision, snapshot  # noqa: F401 - re-exported
 from genshift.reader import LocalSuite
 from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
 
@@ -41,14 +26,10 @@ def _patterns(configs: list[str] | None) -> list[str]:
 def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | None = None,
                    cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None,
                    force_download: bool = False) -> LocalSuite:
-    """Download (or reuse the cached) suite at a pinned sha and verify the requested configs.
-
-    Only ``manifest.json``, ``README.md`` and the selected configs' shards are fetched. The
-    returned suite has ``revision`` = the resolved sha; a file that fails verification is named
-    with the command that re-downloads it.
-    """
-    _check_repo_id(repo_id)
-    sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
+    """Download (or reuse the cached) suite at a pinned sha, only the manifest, the card and the selected
+    configs' shards, and verify those configs; ``revision`` of the suite returned is the resolved sha."""
+    hubio._check_repo_id(repo_id)
+    sha, reachable = hubio.resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     kw = {"revision": sha, "cache_dir": cache_dir, "endpoint": endpoint, "token": token,
           "force_download": force_download, "local_only": not reachable}
     root = snapshot(repo_id, patterns=[MANIFEST, CARD], **kw)
@@ -72,21 +53,10 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
 def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | None = None,
                cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None,
                mask: str | None = None, strict: bool = False, force_download: bool = False) -> LocalSuite:
-    """Any suite the user can name -> a verified ``LocalSuite`` (the eval harness's one entry point).
-
-    - a local suite folder (has ``manifest.json``): opened and verified in place (pinned by its
-      manifest hash);
-    - a local copy of the upstream ImageNet* release (``<shift>.zip`` files or extracted
-      ``<shift>/`` folders): converted once by ``genshift.upstream`` (``mask``, ``strict``);
-    - a registry id (``bench suites``): its Hub repo at the registry's pinned sha (``revision``
-      overrides; an unpinned entry resolves ``main``); ``imagenet-star-upstream`` downloads the
-      requested shifts' zips and converts them;
-    - ``ORG/NAME``: a Hub dataset repo in format 1 or 1.1 at ``revision`` (default ``main``).
-
-    ``LocalSuite.revision`` is the resolved commit sha (``None`` for local folders) and
-    ``LocalSuite.pinned`` is False when the sha was not chosen by a pin (an unpinned registry
-    entry, or a branch/tag given as ``revision``); results flag such runs.
-    """
+    """Any suite the user can name -> a verified ``LocalSuite`` (``docs/hub.md`` section 1): a suite folder,
+    a local copy of the upstream ImageNet* release (``mask``, ``strict``), a registry id or ``ORG/NAME``.
+    ``revision`` of the suite returned is the resolved sha (``None`` for a folder); ``pinned`` is False
+    when no pin chose it (an unpinned registry entry, a branch or tag): results flag such runs."""
     from genshift import upstream
     from genshift.suites import SUITES
 
@@ -111,7 +81,7 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
             _no_mask(mask, suite)
             local = download_suite(spec.repo_id, revision=rev, configs=configs, cache_dir=cache_dir,
                                    endpoint=endpoint, token=token, force_download=force_download)
-        local.pinned = rev is not None and bool(SHA_RE.match(rev))
+        local.pinned = rev is not None and bool(hubio.SHA_RE.match(rev))
         if spec.source == "upstream-imagenet-star" and rev is None:
             # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
             local.pinned = True
@@ -123,10 +93,8 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
         _no_mask(mask, suite)
         local = download_suite(suite, revision=revision, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
                                token=token, force_download=force_download)
-        local.pinned = revision is not None and bool(SHA_RE.match(revision))
+        local.pinned = revision is not None and bool(hubio.SHA_RE.match(revision))
         return local
-    from genshift.errors import unknown
-
     raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset repo, "
                   "or the path of a suite folder.")
 
@@ -155,7 +123,6 @@ def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
     from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
-    from genshift.fsutil import atomic_write_bytes, read_limited
 
     path = Path(folder) / EVAL_YAML
     if path.is_file():
@@ -193,14 +160,8 @@ def _upload_one_commit(api, repo_id: str, folder: Path, files: list[str], *, par
 
 
 def _upload_large(api, repo_id: str, folder: Path, files: list[str], *, message: str) -> str:
-    """A large suite, resumably, in as many commits as the Hub needs; returns the head commit after it.
-
-    ``HfApi.upload_large_folder`` (huggingface_hub 0.25-1.x) keeps its progress in
-    ``<folder>/.cache/huggingface`` and a rerun resumes. huggingface_hub 2 folded that into
-    ``upload_folder``, which (with ``hf_xet``) commits in batches and skips on a rerun what is
-    already committed. Either way the upload spans several commits, so the head is checked file by
-    file against the manifest before it is tagged.
-    """
+    """A large suite, resumably, in as many commits as the Hub needs (``docs/hub.md`` section 6:
+    ``upload_large_folder`` in huggingface_hub 1.x, ``upload_folder`` in 2); returns the head after it."""
     large = getattr(api, "upload_large_folder", None)
     if large is not None:
         large(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files)
@@ -230,23 +191,18 @@ def _check_remote(api, repo_id: str, sha: str, folder: Path, suite: LocalSuite, 
 def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, endpoint: str | None = None,
                   token: str | None = None, private: bool = False, commit_message: str | None = None,
                   large_threshold: int = LARGE_UPLOAD_BYTES, gating: str = "auto") -> str:
-    """Upload a built suite, tag it, gate it when its card asks, and return the tagged commit sha.
-
-    The suite is verified first, and the tag (default ``v<suite_version>``) must not exist yet.
-    A suite of at most ``large_threshold`` bytes goes up in ONE commit against the repo's current
-    head (``parent_commit``), so a concurrent commit makes it fail instead of mixing releases;
-    a larger one goes up resumably in several commits (:func:`_upload_large`), checked file by file
-    before the tag. A card with ``extra_gated_prompt`` turns on gated access (``gating``: the
-    Hub's ``auto`` or ``manual`` approval).
-    """
+    """Upload a verified suite, tag it (default ``v<suite_version>``, which must not exist), gate it when its
+    card asks (``gating``: the Hub's ``auto`` or ``manual``) and return the tagged sha (``docs/hub.md``
+    section 6). Up to ``large_threshold`` bytes: ONE commit against the current head; above: resumably,
+    then checked file by file before the tag."""
     from huggingface_hub import errors
 
-    _check_repo_id(repo_id)
+    hubio._check_repo_id(repo_id)
     if gating not in GATING:
         raise BenchError(f"gating must be one of {', '.join(GATING)}, got {gating!r}")
     if large_threshold < 0:
         raise BenchError(f"the large-upload threshold must be >= 0 bytes, got {large_threshold}")
-    if _offline():
+    if hubio._offline():
         raise OfflineError("publishing needs the network; unset HF_HUB_OFFLINE")
     folder = Path(folder)
     suite = LocalSuite.open(folder)
@@ -261,7 +217,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
         log.warning("one commit of %d files: above the Hub's recommended 100 files per commit; it still works over "
                     "HTTP but is slow to process (use larger shards to have fewer files)", len(files))
     message = commit_message or f"{suite.suite_id} {tag} (manifest {suite.manifest.sha256[:12]})"
-    api = _api(endpoint, token)
+    api = hubio._api(endpoint, token)
     sha = None
     try:
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
@@ -292,8 +248,8 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
                              "that can write to it (`hf auth login` or HF_TOKEN)") from None
         raise BenchError(f"publishing to datasets/{repo_id} failed{done}: {first_line(e)}") from None
     except Exception as e:  # transport errors of whichever HTTP client
-        if not _unreachable(e) and not isinstance(e, OSError):
+        if not hubio._unreachable(e) and not isinstance(e, OSError):
             raise
-        raise OfflineError(f"cannot reach {_endpoint(endpoint)} to publish ({type(e).__name__}); check the network "
-                           "or HF_ENDPOINT") from None
+        raise OfflineError(f"cannot reach {hubio._endpoint(endpoint)} to publish ({type(e).__name__}); check the "
+                           "network or HF_ENDPOINT") from None
     return sha

@@ -1,14 +1,7 @@
-"""Hub transport: resolve a dataset repo revision to a commit sha and download a snapshot of it.
-
-The offline-safe pattern every Hub read in the project follows (``docs/hub.md``): resolve the
-revision to a 40-character commit sha (huggingface_hub's ``HfApi.resolve_revision``, with its
-offline rules), ``snapshot_download`` only the files needed at that sha, and turn whatever
-huggingface_hub raises into one clear line. ``HF_ENDPOINT`` /
-``HF_HUB_OFFLINE`` / ``HF_TOKEN`` are honoured (huggingface_hub reads them at import;
-``endpoint=`` / ``token=`` arguments override them per call).
-
-This is the bottom layer: ``genshift.upstream`` (the ImageNet* release adapter) and
-``genshift.hub`` (suites: open, download, publish) both build on it, and it imports neither.
+"""Hub transport, the bottom layer under ``genshift.upstream`` and ``genshift.hub`` (it imports neither):
+resolve a repo revision to a commit sha by huggingface_hub's rules, download a snapshot at that sha, and
+turn whatever huggingface_hub raises into one clear line (``docs/hub.md`` sections 2-4). ``HF_ENDPOINT``,
+``HF_HUB_OFFLINE`` and ``HF_TOKEN`` are honoured; ``endpoint=`` / ``token=`` override them per call.
 """
 
 from __future__ import annotations
@@ -106,16 +99,10 @@ def resolve_revision(repo_id: str, revision: str | None, **kw) -> str:
 def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", endpoint: str | None = None,
             token: str | None = None, cache_dir: str | None = None,
             pin_hint: str = "with --revision") -> tuple[str, bool]:
-    """``(sha, reachable)`` of a repo at ``revision`` (default ``main``), by huggingface_hub's rules.
-
-    A branch or tag goes through ``HfApi.resolve_revision``: asked of the Hub, which records its sha
-    in the cache's ``refs/``; offline (``HF_HUB_OFFLINE=1``) or with the Hub unreachable it resolves
-    from that record, and one never recorded is an ``OfflineError`` that says to pin a sha
-    (``pin_hint``: how, on the command at hand). A sha is itself; online, one request checks that
-    it exists. ``reachable`` is False when only the cache can be read (offline, or the Hub did not
-    answer): pass ``local_only=True`` to :func:`snapshot` then, which spares huggingface_hub's
-    retries (about 25 s) on the way to the same cache.
-    """
+    """``(sha, reachable)`` of a repo at ``revision`` (default ``main``) by ``HfApi.resolve_revision``'s
+    rules (``docs/hub.md`` section 4): offline, a branch or tag resolves from the cache's ``refs/`` record
+    or is an ``OfflineError`` saying to pin a sha (``pin_hint``: how). ``reachable`` is False when only the
+    cache can be read: pass ``local_only=True`` to :func:`snapshot` then (no client retries)."""
     from huggingface_hub import errors
 
     rev = revision or "main"
@@ -146,12 +133,8 @@ def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", e
 def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str | None = None,
              endpoint: str | None = None, token: str | None = None, force_download: bool = False,
              local_only: bool = False) -> Path:
-    """``snapshot_download`` of a dataset repo at a sha; errors become one clear line.
-
-    huggingface_hub's own rules apply: offline, or with the Hub unreachable, the cached snapshot at
-    that sha is used when it holds every requested file. ``local_only`` (the Hub is known to be
-    unreachable: :func:`resolve`) reads the cache without a request.
-    """
+    """``snapshot_download`` of a dataset repo at a sha (offline: the cached snapshot, if it holds every
+    requested file); ``local_only`` reads the cache without a request. Errors become one clear line."""
     from huggingface_hub import snapshot_download
 
     try:

@@ -168,7 +168,10 @@ def identity_of(model: Mapping, *, strict: bool = True) -> Identity:
     recorded = model.get("id")
     if strict:
         check_id(recorded)
-        want = canonical_of(model)
+        try:
+            want = canonical_of(model)
+        except ValueError as e:  # a record that lacks what identifies its weights
+            raise BenchError(f"model '{recorded}' cannot be identified from its record: {e}") from None
         if recorded != want:
             raise BenchError(f"model id '{ascii(recorded)[1:-1]}' is not the canonical id of the weights it records; "
                              f"their canonical id is '{want}'")

@@ -22,7 +22,6 @@ import numpy as np
 from genshift.errors import BenchError, unknown
 
 NUM_CLASSES = 1000
-_HIERARCHY = "imagenet_hierarchy.json"
 
 
 @dataclass(frozen=True)
@@ -45,26 +44,15 @@ class ImageNetClass:
     fd_ancestor: str | None
 
 
-def _raw_bytes() -> bytes:
-    return resources.files("genshift").joinpath("_data", _HIERARCHY).read_bytes()
-
-
 @lru_cache(maxsize=1)
 def _data() -> dict:
-    return json.loads(_raw_bytes())
+    return json.loads(resources.files("genshift").joinpath("_data", "imagenet_hierarchy.json").read_bytes())
 
 
 @lru_cache(maxsize=1)
 def classes() -> tuple[ImageNetClass, ...]:
-    out = []
-    for c in _data()["classes"]:
-        out.append(ImageNetClass(
-            index=c["index"], wnid=c["wnid"], name=c["name"], lemma=c["lemma"],
-            lemmas=tuple(c["lemmas"]), hypernyms=tuple(c["hypernyms"]),
-            ancestors=tuple(c["ancestors"]), grandparents=tuple(c["grandparents"]),
-            parent=c["parent"], fd_ancestor=c["fd_ancestor"],
-        ))
-    return tuple(out)
+    return tuple(ImageNetClass(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.items()})
+                 for c in _data()["classes"])
 
 
 @lru_cache(maxsize=1)

@@ -1,35 +1,10 @@
 """``bench import-folder``: your own images as a suite in format 1.1.
 
-Layouts (``docs/format.md``, "Folders of your own images"):
-
-- ``<wnid>/<image>``: one config (``--config``, default ``default``), metric family ``accuracy``;
-- ``<shift>/<wnid>/<image>``: "bring your own shifts", one config per shift folder, one of them
-  the in-distribution reference (``base``, or ``--base NAME``). The manifest declares the
-  ImageNet* metric family, so ``bench eval`` reports per-shift accuracy and absolute impact;
-- a CSV of ``path,label`` (label = wnid or class index; paths relative to the folder), UTF-8
-  with or without a byte-order mark (Excel's "CSV UTF-8"); with the header ``path,label,shift``
-  its third column names each row's shift (a multi-shift import, as the folders above).
-
-Images are hostile input: every file is fully decoded before anything is written (a truncated
-JPEG is refused, naming it, or skipped and counted with ``skip_bad_images``), then stored in the
-form ``bench eval`` decodes pixel for pixel (``genshift.pixels.to_rgb``):
-
-- a JPEG in RGB or grayscale without an EXIF rotation is stored byte for byte (no second lossy
-  encoding);
-- an image whose header claims sides outside ``genshift.pixels``' bounds (a side over 32768
-  pixels, over 89.5 megapixels, sides in a ratio over 50:1) is refused before it is decoded;
-- everything else is decoded, converted to 8-bit RGB or grayscale and stored as a lossless PNG:
-  EXIF orientation applied (``PIL.ImageOps.exif_transpose``); 16-bit and 32-bit integer
-  grayscale (``I;16``, ``I;16B``, ``I``) scaled to 8 bits (``round(v / 257)``, not clipped);
-  16-bit RGB keeps Pillow's high byte; transparency (RGBA, LA, palette with transparency)
-  composited on white; palette, 1-bit, CMYK and YCbCr converted by Pillow; the first frame of
-  an animation. Embedded colour profiles are not applied (pixels are taken as sRGB, as timm's
-  loaders do).
-
-Each row records ``source_path``, ``source_format``, ``source_mode``, ``exif_orientation`` (1 =
-none) and ``reencoded``. The suite is written to ``.<out name>.<pid>.incomplete`` beside ``out``
-(with the user's umask) and renamed at the end; leftovers of killed imports are removed by the
-next import to the same ``out``.
+Layouts, what is stored for each kind of image and every check: ``docs/hub.md`` section 7 (and
+``docs/format.md`` section 7). Every file is fully decoded before anything is written, then stored
+as ``bench eval`` decodes it (``genshift.pixels.to_rgb``): a plain JPEG (RGB or L, no EXIF rotation)
+byte for byte, anything else as a lossless 8-bit PNG. The suite is written to
+``.<out name>.<pid>.incomplete`` beside ``out`` and renamed at the end.
 """
 
 from __future__ import annotations
@@ -43,7 +18,6 @@ import re
 import shutil
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +26,7 @@ from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import prepare_fresh_dir, read_limited, read_text_limited
 from genshift.pixels import check_size, to_8bit
-from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_config_name, check_name
+from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_name
 
 log = logging.getLogger(__name__)
 MAX_SHARD_SIZE = 100_000
@@ -90,15 +64,10 @@ class Layout:
 
 
 def _label(text: str, where: str) -> int:
-    text = text.strip()
-    if text.isdigit():
-        if not 0 <= int(text) < imagenet.NUM_CLASSES:
-            raise BenchError(f"{where}: label {text} is not an ImageNet-1k class index (0..999)")
-        return int(text)
     try:
-        return imagenet.index_of(text)
-    except KeyError:
-        raise BenchError(f"{where}: label {text[:40]!r} is not an ImageNet-1k wnid (like n01440764) or index") from None
+        return imagenet.parse_class(text)
+    except BenchError as e:
+        raise BenchError(f"{where}: label: {e}") from None
 
 
 def read_csv_rows(csv_path: Path) -> list[list[str]]:
@@ -205,7 +174,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
             raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
                              f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop "
                              "--base")
-        config = check_config_name(config or "default")
+        config = check_name(config or "default")
         per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
         reference = None
     else:
@@ -222,7 +191,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
                 log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
                             len(_top_files(src)), display(src))
             per_config = {d.name: _class_pairs(d) for d in dirs}
-        reference = check_config_name(base or "base")
+        reference = check_name(base or "base")
         if reference not in per_config:
             raise BenchError(f"{where} have no shift {reference!r} (found {', '.join(map(repr, per_config))}); name "
                              "the in-distribution shift base or pass --base NAME")
@@ -355,36 +324,16 @@ def _worker_init(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _check_files(paths: list[Path]) -> list:
-    return [_check_file(p) for p in paths]
-
-
-def _store_files(args: list[tuple]) -> list:
-    return [_store_file(*a) for a in args]
-
-
-def _chunks(seq: list, n: int) -> list[list]:
-    return [seq[a:a + n] for a in range(0, len(seq), n)]
-
-
-class _Done:
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
-def _ordered_map(calls, pool, ahead: int):
-    """Results of ``(fn, args, heavy)`` calls, in order. Heavy calls go to the pool (if any), at
-    most ``ahead`` in flight (bounded memory); light ones run here (no pickling of their bytes)."""
-    window = deque()
-    for fn, args, heavy in calls:
-        window.append(pool.submit(fn, *args) if pool is not None and heavy else _Done(fn(*args)))
-        while len(window) >= ahead or (window and isinstance(window[0], _Done)):
-            yield window.popleft().result()
-    while window:
-        yield window.popleft().result()
+def _in_order(fn, jobs: list[tuple], pool, *, window: int | None = None):
+    """``fn(*job)`` of each job, in order: here, or in the pool in tasks of ``CHUNK`` jobs (one task per
+    image costs more than a small image), ``window`` jobs at a time (bounded memory; default all)."""
+    window = window or max(len(jobs), 1)
+    for a in range(0, len(jobs), window):
+        part = jobs[a:a + window]
+        if pool is None:
+            yield from (fn(*job) for job in part)
+        else:
+            yield from pool.map(fn, *zip(*part), chunksize=CHUNK)
 
 
 # -- output folder ------------------------------------------------------------------------------
@@ -434,9 +383,9 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     # every option is checked before any file is read
     check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
     if config is not None:
-        check_config_name(config)
+        check_name(config)
     if base is not None:
-        check_config_name(base)
+        check_name(base)
     if not isinstance(shard_size, int) or not 1 <= shard_size <= MAX_SHARD_SIZE:
         raise BenchError(f"--shard-size must be between 1 and {MAX_SHARD_SIZE}, got {shard_size}")
     if workers is None:
@@ -454,23 +403,22 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
             if workers > 0 and len(layout.items) > CHUNK else None)
     try:
         return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
-                       shard_size=shard_size, pool=pool, ahead=2 * max(workers, 1), progress=progress, card=card)
+                       shard_size=shard_size, pool=pool, window=4 * CHUNK * max(workers, 1), progress=progress,
+                       card=card)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
 
 
 def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool, skip_bad_images: bool,
-            shard_size: int, pool, ahead: int, progress: bool, card) -> Manifest:
+            shard_size: int, pool, window: int, progress: bool, card) -> Manifest:
     from datasets import Value
     from tqdm.auto import tqdm
 
     from genshift.writer import SuiteWriter
 
     good, skipped, checked = [], [], {}
-    # work goes to the pool in chunks of CHUNK images (one task per image costs more than a small image)
-    results = (r for chunk in _ordered_map(((_check_files, ([it.path for it in c],), True)
-                                            for c in _chunks(layout.items, CHUNK)), pool, ahead) for r in chunk)
+    results = _in_order(_check_file, [(it.path,) for it in layout.items], pool)
     for it, (info, why, digest) in tqdm(zip(layout.items, results), total=len(layout.items), desc="decode images",
                                         unit="img", disable=not progress):
         if info is not None:
@@ -493,10 +441,7 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
         bar = tqdm(total=len(good), desc=f"import {name}", unit="img", disable=not progress)
 
         def rows(block):
-            # a JPEG stored as is needs no decoding: chunks of those are read and hashed here
-            calls = ((_store_files, ([(it.path, *checked[it.image_id]) for it in c],),
-                      any(checked[it.image_id][1].reencoded for it in c)) for c in _chunks(block, CHUNK))
-            stored = (r for chunk in _ordered_map(calls, pool, ahead) for r in chunk)
+            stored = _in_order(_store_file, [(it.path, *checked[it.image_id]) for it in block], pool, window=window)
             for it, data in zip(block, stored):
                 if data is None:
                     raise BenchError(f"{it.rel} changed during the import; rerun when the folder is not being written")

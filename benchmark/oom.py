@@ -1,7 +1,5 @@
-"""Automatic batch-size back-off on accelerator out-of-memory errors.
-
-Used by the eval harness and every builder: a batch that runs out of memory is retried at half
-the size until it fits; the size that worked is kept for the rest of the run.
+"""Batch-size back-off on accelerator out-of-memory errors (eval and every builder): a batch that runs out
+of memory is retried at half the size until it fits; the size that worked is kept for the rest of the run.
 """
 
 from __future__ import annotations
@@ -36,15 +34,8 @@ def _free_cache() -> None:
 
 
 class BatchBackoff:
-    """Run a function over a sequence in batches, halving the batch size on out-of-memory.
-
-    Parameters
-    ----------
-    batch_size : int
-        Size to start with.
-    what : str
-        What is batched, for messages ("eval batch", "generation batch").
-    """
+    """Run a function over a sequence in batches of ``batch_size``, halving it on out-of-memory; ``what`` is
+    batched, for messages ("eval batch", "generation batch")."""
 
     def __init__(self, batch_size: int, *, what: str = "batch") -> None:
         if batch_size < 1:

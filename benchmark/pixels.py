@@ -1,20 +1,8 @@
-"""Pixels of a stored image, the one way import and eval read them.
-
-``bench import-folder`` stores 8-bit RGB or grayscale pixels; a suite from elsewhere may still hold
-16-bit, transparent, palette or CMYK images. Both sides convert with :func:`to_8bit` /
-:func:`to_rgb`, so a 16-bit PNG is scaled (not clipped to white, as ``Image.convert("RGB")`` does)
-and transparency is composited on white wherever an image is read.
-
-Sizes are bounded from the header, before any pixel is decoded or resized (:func:`check_size`):
-a PNG of a few hundred bytes may claim 20000x2 pixels, which timm's resize (shorter side to 256
-for a 224 crop) would turn into a 256x2,560,000 picture (2 GB of 8-bit RGB before the crop).
-The bounds admit real photos: a 61-megapixel full-frame photo (9504x6336) and panoramas up to
-50:1 (e.g. 20000x400).
-
-- ``MAX_SIDE`` = 32768 pixels per side;
-- ``MAX_PIXELS`` = 89,478,485 pixels (Pillow's own decompression-bomb threshold);
-- ``MAX_ASPECT`` = 50: the longer side at most 50 times the shorter, so resizing the shorter
-  side to a model's input (<= 600 pixels) costs at most 600 x 30000 x 3 bytes (54 MB).
+"""Pixels of a stored image, the one way import and eval read them (``docs/hub.md`` section 7): 16-bit
+scaled (not clipped), transparency composited on white. Sizes are bounded from the header, before any
+pixel is decoded or resized (:func:`check_size`): a PNG of a few hundred bytes may claim 20000x2 pixels,
+which timm's resize would turn into 2 GB. ``MAX_PIXELS`` is Pillow's decompression-bomb threshold;
+``MAX_ASPECT`` keeps a resize of the shorter side to <= 600 pixels under 54 MB.
 """
 
 from __future__ import annotations
@@ -25,7 +13,7 @@ MAX_ASPECT = 50
 
 
 class ImageSizeError(ValueError):
-    """An image whose header claims sides outside the bounds (see the module docstring)."""
+    """An image whose header claims sides outside the bounds."""
 
 
 def check_size(size: tuple[int, int]) -> None:

@@ -1,21 +1,9 @@
 """Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot).
 
-This is the one validation layer for suites from outside; every consumer (eval, verify,
-diagnose, download, publish) goes through it:
-
-- :meth:`LocalSuite.open` parses the manifest (size, depth and schema limits, strict names and
-  shard paths) and the card when present, and refuses any listed path that resolves outside the
-  suite root (``..``, absolute paths, symlinks leaving the folder);
-- :meth:`LocalSuite.verify` checks the selected configs' files (size, sha256, embedded features)
-  and their rows (:func:`genshift.suite_format.check_rows`: types, labels, unique ids, counts,
-  rows digest) before any model is loaded.
-
-Rows can then be read two ways:
-
-- :meth:`LocalSuite.dataset` gives a ``datasets.Dataset`` through the offline-safe pattern
-  (``load_dataset("parquet", data_files=...)``) for users and tests;
-- :meth:`LocalSuite.row_groups` + :func:`read_row_group` stream parquet row groups with
-  pyarrow, in bounded memory, for the eval harness.
+The one validation layer for suites from outside (``docs/format.md`` section 4.2): :meth:`LocalSuite.open`
+checks the manifest, the card and that every path stays inside the folder; :meth:`LocalSuite.verify` the
+selected configs' files and rows, before any model is loaded. Rows are then read as a ``datasets.Dataset``
+(:meth:`LocalSuite.dataset`) or streamed by parquet row group (:func:`read_row_group`, the eval harness).
 """
 
 from __future__ import annotations
@@ -115,12 +103,8 @@ class LocalSuite:
         return list(dict.fromkeys(configs))
 
     def verify(self, configs: list[str] | None = None) -> None:
-        """Check the selected configs' files (size, sha256, embedded features) and rows.
-
-        Rows: required columns and types, labels in [0, 1000), unique ``image_id``, row and kept
-        counts and the rows digest equal to the manifest's (:func:`~genshift.suite_format.check_rows`).
-        Cheap next to scoring (no image bytes are read); run before any model is loaded.
-        """
+        """Check the selected configs' files (size, sha256, embedded features) and rows
+        (:func:`~genshift.suite_format.check_rows`; no image bytes are read)."""
         todo = [c for c in self.select(configs) if c not in self._verified]
         if not todo:
             return
@@ -184,12 +168,8 @@ class LocalSuite:
 
 
 def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None = None) -> pa.Table:
-    """Read one row group (used inside DataLoader workers; opens the file itself).
-
-    The shard stays open in a small per-thread cache, so its footer is parsed once per thread,
-    not once per row group: reading a shard of N groups costs O(N), not O(N^2) (2048 one-row
-    groups: 38 ms per group reopened, 0.24 ms cached).
-    """
+    """Read one row group (inside DataLoader workers too). The shard stays open in a small cache, so its
+    footer is parsed once, not once per group (``docs/format.md`` section 4.2)."""
     path = Path(root) / group.path
     return _open_shard(str(path), StatKey.of(path), os.getpid(), threading.get_ident()).read_row_group(
         group.index, columns=columns)
@@ -197,10 +177,8 @@ def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None 
 
 @functools.lru_cache(maxsize=16)
 def _open_shard(path: str, identity: StatKey, pid: int, thread: int) -> pq.ParquetFile:
-    # keyed by the file's identity (a shard replaced at the same path is opened anew), by pid (a
-    # DataLoader worker forked from a process with open shards opens its own) and by thread: one
-    # ParquetFile read from two threads at once (two sweep groups in flight, each loading in its
-    # own lane) fails with "ReadRangeCache did not find matching cache entry" or deadlocks
+    # keyed by the file's identity (a shard replaced at the same path is opened anew), by pid (a forked
+    # DataLoader worker opens its own) and by thread (one ParquetFile read from two threads at once fails)
     return pq.ParquetFile(path)
 
 

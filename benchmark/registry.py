@@ -16,13 +16,7 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A name -> object map with strict registration.
-
-    Parameters
-    ----------
-    kind : str
-        What the entries are, used in error messages ("suite", "metric", ...).
-    """
+    """A name -> object map with strict registration; ``kind`` names the entries in errors ("suite", ...)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind

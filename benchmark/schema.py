@@ -1,13 +1,7 @@
-"""Typed schemas for files from outside: pydantic models in strict mode, errors in the project's style.
-
-A schema says each field's type and range once (``Count``, ``Sha256``: ``int`` excludes ``bool``, no
-string is read as a number); :func:`validate` turns pydantic's first error into one
-``IntegrityError`` line naming the file, the field's path and the bad value::
-
-    manifest.json: field 'configs.base.rows': input should be greater than or equal to 0, got -1; ...
-
-Relations between fields (a config's shards are its own, ``kept <= rows``) stay plain code after
-the typed parse, where the message can say what is wrong in the file's own terms.
+"""Typed schemas for files from outside: pydantic models in strict mode (``int`` excludes ``bool``, no
+string is read as a number); :func:`validate` turns pydantic's first error into one ``IntegrityError``
+line: ``manifest.json: field 'configs.base.rows': input should be greater than or equal to 0, got -1; ...``.
+Relations between fields stay plain code after the typed parse, in the file's own terms.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""The suite format, version 1.1: row schema, shard names, the manifest and its verification.
-
-``docs/format.md`` is the authoritative description; this module is its implementation. In short::
-
-    <suite>/
-      README.md                                  dataset card (YAML: one config per shift / family)
-      manifest.json                              files with size + sha256, row counts, provenance
-      data/<config>/test-00000-of-00004.parquet  rows, parquet with the ``datasets`` features in its metadata
-
-The manifest is written last, so a folder without one is an unfinished build. Everything read
-from a suite is hostile until checked: the manifest is parsed with size and depth limits and a
-strict schema (:meth:`Manifest.from_bytes`), every name that becomes a path matches
-:data:`NAME_RE`, and every error is one :class:`~genshift.errors.IntegrityError` line.
+"""The suite format, version 1.1 (``docs/format.md``, the authoritative description): row schema,
+shard names, the manifest and its checks. Everything read from a suite is hostile until checked
+(``docs/format.md`` section 4.2); every error is one :class:`~genshift.errors.IntegrityError` line.
 """
 
 from __future__ import annotations
@@ -31,15 +21,14 @@ from pydantic import Field
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, one_line, unknown
-from genshift.fsutil import canonical_json, parse_json, sha256_bytes, sha256_file
+from genshift.fsutil import canonical_json, parse_json, read_limited, sha256_bytes, sha256_file
 from genshift.schema import Count, Schema, Sha256, validate
 
 if TYPE_CHECKING:
     from datasets import Features
 
 FORMAT_NAME = "genshift-suite"
-# Written as the string "1.1": readers of format 1 compare with the integer 1 and refuse it with
-# their "not supported" message; this reader accepts both.
+# a string: readers of format 1 compare with the integer 1 and refuse it (docs/format.md section 8)
 FORMAT_VERSION = "1.1"
 READABLE_VERSIONS = (1, "1.1")
 MANIFEST = "manifest.json"
@@ -84,15 +73,9 @@ def suite_features(extra: Features | dict | None = None) -> Features:
 
 
 def rows_digest(image_ids, labels, keeps) -> str:
-    """Digest of a config's row identity (format 1.1): sha256 over its ``(image_id, label, keep)``
-    rows in ``image_id`` order, one compact JSON array per line::
-
-        ["img-000",17,true]\n["img-001",3,false]\n...
-
-    ``image_id`` order is code-point order (the same as UTF-8 byte order). A predictions file
-    holds the same three columns, so a result can be checked against the suite's manifest alone
-    (no images): dropped, duplicated or relabelled rows change the digest.
-    """
+    """A config's rows digest (``docs/format.md`` section 4.1): sha256 over its ``(image_id, label,
+    keep)`` rows in ``image_id`` (code-point) order, one compact JSON array per line. The reference
+    implementation of :func:`rows_digest_table`."""
     ids = [str(i) for i in image_ids]
     labels = [int(x) for x in labels]
     keeps = [bool(k) for k in keeps]
@@ -109,13 +92,8 @@ _NEEDS_JSON_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def rows_digest_table(table: pa.Table) -> str:
-    """:func:`rows_digest` of a table's ``image_id``, ``label`` and ``keep`` columns, vectorised.
-
-    The same bytes as the reference implementation (a test checks it, escapes and non-ASCII ids
-    included), built with Arrow kernels: 1.9 s for 1.2M rows instead of 9.7 s
-    (``benchmarks/rows_check_speed.py``). Arrow sorts strings by their UTF-8 bytes, which is
-    code-point order; the sort is stable, like ``sorted``.
-    """
+    """:func:`rows_digest` of a table's ``image_id``, ``label`` and ``keep`` columns, with Arrow kernels
+    (``benchmarks/rows_check_speed.py``). Arrow's stable sort of strings by UTF-8 bytes is code-point order."""
     return _digest_sorted(*_sorted_rows(table))
 
 
@@ -148,7 +126,7 @@ def _digest_sorted(ids: pa.Array, labels: pa.Array, keeps: pa.Array) -> str:
 
 def shard_name(config: str, index: int, num_shards: int) -> str:
     """Relative path of one shard: ``data/<config>/test-00003-of-00008.parquet``."""
-    check_config_name(config)
+    check_name(config)
     if not (0 <= index < num_shards <= 99999):
         raise ValueError(f"shard index {index} out of range for {num_shards} shards")
     return f"data/{config}/{SPLIT}-{index:05d}-of-{num_shards:05d}.parquet"
@@ -163,17 +141,9 @@ def check_name(value, kind: str = "config name", *, where: str = "", error=Bench
     return value
 
 
-def check_config_name(config: str) -> str:
-    return check_name(config, "config name")
-
-
 def read_parquet_features(path: str | Path) -> dict:
-    """The ``datasets`` features dict embedded in a parquet file's ``huggingface`` metadata.
-
-    Parsed with size and depth limits and returned as a plain dict: building ``Features`` from a
-    hostile dict can take any time or memory (``ClassLabel(num_classes=10**12)``), so the
-    required columns are compared as dicts (:func:`check_features`).
-    """
+    """The ``datasets`` features dict in a parquet file's ``huggingface`` metadata, parsed with limits and
+    kept a plain dict: ``Features`` of a hostile dict can cost any memory (``ClassLabel(num_classes=10**12)``)."""
     check_parquet_footer(path, str(path))
     try:
         meta = pq.read_schema(path).metadata or {}
@@ -198,13 +168,8 @@ def _base_feature_dict() -> dict:
     return base_features().to_dict()
 
 
-def check_features(features: dict | Features, *, where: str) -> None:
-    """Raise unless ``features`` (a ``Features`` or its dict) holds the required columns with the required types."""
-    if type(features) is not dict:  # a datasets.Features (a dict subclass): its plain form
-        from datasets import Features
-
-        if isinstance(features, Features):
-            features = features.to_dict()
+def check_features(features: dict, *, where: str) -> None:
+    """Raise unless a features dict holds the required columns with the required types."""
     missing = [c for c in REQUIRED_COLUMNS if c not in features]
     if missing:
         raise IntegrityError(f"{where}: missing required column(s) {', '.join(missing)}; see docs/format.md")
@@ -294,11 +259,7 @@ def _config_info(name: str, c: _ConfigEntry, version, files: dict, where: str) -
 
 @dataclass(frozen=True)
 class Manifest:
-    """The parsed ``manifest.json`` of a suite.
-
-    ``sha256`` is the hash of the manifest file's bytes: results record it, so any change to any
-    data file (through its recorded hash) changes it. ``format_version`` is ``1`` or ``"1.1"``.
-    """
+    """The parsed ``manifest.json`` of a suite; ``sha256`` is the hash of its bytes (what results record)."""
 
     suite_id: str
     suite_version: str
@@ -312,10 +273,7 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str) -> Manifest:
-        """Parse and check a manifest from outside: limits, types, names, shard paths, counts.
-
-        Every problem is one ``IntegrityError`` naming the field; nothing else escapes.
-        """
+        """Parse and check a manifest from outside; every problem is one ``IntegrityError`` naming the field."""
         raw = parse_json(data, what="manifest", where=where, max_bytes=MAX_MANIFEST_BYTES)
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             found = raw.get("format") if isinstance(raw, dict) else None
@@ -348,8 +306,6 @@ class Manifest:
 
     @classmethod
     def load(cls, root: str | Path) -> Manifest:
-        from genshift.fsutil import read_limited
-
         path = Path(root) / MANIFEST
         if not path.is_file():
             hint = ("the build did not finish; rerun the same build command to resume"
@@ -368,11 +324,8 @@ class Manifest:
 
 def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: dict[str, dict],
                    features: Features, generator: dict) -> bytes:
-    """Hash every shard under ``root`` and return the manifest's bytes (canonical JSON).
-
-    ``configs`` maps each config to ``{"rows": int, "kept": int, "files": [relative paths],
-    "rows_digest": hex}``.
-    """
+    """Hash every shard under ``root`` and return the manifest's bytes (canonical JSON); ``configs``
+    maps each config to ``{"rows", "kept", "files", "rows_digest"}``."""
     files = {}
     for name in sorted(configs):
         for rel in configs[name]["files"]:
@@ -397,10 +350,7 @@ def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: di
 
 def verify_files(root: str | Path, manifest: Manifest, configs: list[str] | None = None, *,
                  redownload_hint: str | None = None) -> int:
-    """Check size and sha256 of every file of ``configs`` (all by default). Returns bytes checked.
-
-    Raises ``IntegrityError`` naming the first file that is missing or differs.
-    """
+    """Check size and sha256 of every file of ``configs`` (default all); returns the bytes checked."""
     root = Path(root)
     names = list(manifest.configs) if configs is None else configs
     hint = redownload_hint or "rebuild the suite or restore the file"
@@ -430,20 +380,15 @@ ROW_COLUMNS = {"image_id": (pa.string(), pa.large_string()), "label": (pa.int64(
 IMAGE_TYPES = tuple(pa.struct([("bytes", b), ("path", s)]) for b in (pa.binary(), pa.large_binary())
                     for s in (pa.string(), pa.large_string()))
 MAX_ROW_GROUP_ROWS = 1000  # the format writes 100; eval streams one row group at a time
-# Row groups per shard: the format writes 100 rows per group, so import's largest shard (100,000
-# rows) has 1000. Footer: at most ~9.3 KB per 100-row group (images just under parquet's 4 KiB
-# statistics cap; ~1.3 KB for photos), so 2048 groups fit in 19 MB (`python
-# benchmarks/parquet_bounds.py`). A shard of 40,000 one-row groups (a 35 MB footer, ~1 s to
-# parse) is refused before pyarrow parses it.
+# import's largest shard has 1000 groups of 100 rows; footers grow ~9.3 KB a group (docs/format.md 4.2)
 MAX_ROW_GROUPS = 2048
 MAX_FOOTER_BYTES = 32 << 20
 _PARQUET_MAGIC = b"PAR1"
 
 
 def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
-    """Refuse a parquet file (a path, or its bytes already read) whose footer (metadata) is over
-    ``MAX_FOOTER_BYTES``, from the 8-byte tail that gives its length, before pyarrow parses it; one
-    ``IntegrityError`` line."""
+    """Refuse a parquet file (a path, or its bytes) whose footer is over ``MAX_FOOTER_BYTES``, from its
+    8-byte tail, before pyarrow parses it."""
     if isinstance(path, bytes):
         tail = path[-8:]
     else:
@@ -493,13 +438,8 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
 
 
 def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
-    """Check one config's rows (its shards' required columns) against the manifest; return the rows digest.
-
-    Checked before any model loads: no nulls where a value is required, ``config`` equal to the
-    config's name, labels in [0, 1000), unique ``image_id`` (a duplicated row is named as such),
-    row and kept counts and (format 1.1) the rows digest equal to the manifest's. Errors name the
-    config, shard and row.
-    """
+    """Check one config's rows (its shards' required columns) against the manifest (``docs/format.md``
+    section 4.2, "Rows"); return the rows digest. Errors name the config, shard and row."""
     name = config.name
     for rel, t in tables:
         for col in ("image_id", "label", "keep", "config"):

@@ -5,9 +5,8 @@
     >>> list_suites("in-g-*")
     ['in-g-rn', 'in-g-vit']
 
-A spec says where a suite lives on the Hub and at which commit (``revision`` is a 40-character
-sha, or ``None`` = explicitly unpinned until first published), which configs it has, which
-metric family scores it and which labels occur in it.
+The specs are package data (``_data/suites.yaml``): where each suite lives on the Hub and at which
+commit, its configs, the metric family that scores it and the labels that occur in it.
 """
 
 from __future__ import annotations
@@ -51,36 +50,18 @@ def imagenet_star_shifts() -> tuple[Shift, ...]:
 
 @dataclass(frozen=True)
 class SuiteSpec:
-    """A registered suite.
+    """A registered suite."""
 
-    Attributes
-    ----------
-    id : registry key, e.g. ``"imagenet-star"``.
-    title : one line for tables.
-    repo_id : Hub dataset repo holding the suite in format 1.
-    revision : 40-character commit sha, or ``None`` while unpinned (results then record the
-        sha resolved at download time and are flagged as unpinned).
-    configs : config names (folders under ``data/``).
-    metric_family : which metrics ``bench eval`` computes (a ``genshift.families`` name).
-    reference_config : in-distribution config other configs are compared with, if any.
-    label_subset : ImageNet-1k indices that occur as labels (``None`` = all 1000). Models are
-        still scored on the full 1000-way output.
-    construction_models : models used to build, mine or filter the data; results of these models
-        are flagged (their scores are biased by construction).
-    source : ``"format1"`` (our suites) or ``"upstream-imagenet-star"`` (the released zips, read
-        through ``genshift.upstream``).
-    """
-
-    id: str
-    title: str
-    repo_id: str
-    revision: str | None
+    id: str                               # registry key, e.g. "imagenet-star"
+    title: str                            # one line for tables
+    repo_id: str                          # the Hub dataset repo holding it in format 1
+    revision: str | None                  # a commit sha, or None while unpinned (results are flagged)
     configs: tuple[str, ...]
-    metric_family: str
-    reference_config: str | None = None
-    label_subset: tuple[int, ...] | None = None
-    construction_models: tuple[str, ...] = ()
-    source: str = "format1"
+    metric_family: str                    # a genshift.families name
+    reference_config: str | None = None   # the in-distribution config others are compared with
+    label_subset: tuple[int, ...] | None = None  # the labels that occur (None: all 1000; scored 1000-way)
+    construction_models: tuple[str, ...] = ()    # built, mined or filtered the data: their results are flagged
+    source: str = "format1"               # or "upstream-imagenet-star" (the released zips, genshift.upstream)
     paper: str = ""
     version: str = "1.0.0"
     gated: bool = False
@@ -101,71 +82,24 @@ class SuiteSpec:
         return self.revision is not None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["configs"] = list(self.configs)
-        d["label_subset"] = None if self.label_subset is None else list(self.label_subset)
-        d["construction_models"] = list(self.construction_models)
-        return d
+        return asdict(self)
 
 
 SUITES: Registry[SuiteSpec] = Registry("suite")
 
 
 def _register_defaults(reg: Registry[SuiteSpec]) -> None:
-    star_configs = tuple(s.key for s in imagenet_star_shifts())
-    hin = tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS)
-    in_a = imagenet.imagenet_a_indices()
-    specs = [
-        SuiteSpec(
-            id="imagenet-star", title="ImageNet* rebuilt: base + 23 generated shifts, CLIP-filtered",
-            repo_id="genshift-bench/imagenet-star", revision=None, configs=star_configs,
-            metric_family="imagenet_star", reference_config="base",
-            construction_models=("open_clip:ViT-H-14/laion2b_s32b_b79k",),
-            paper="Vendrow et al., Dataset Interfaces (2023)",
-            extra={"tokens": {"repo_id": "madrylab/imagenet-star-tokens",
-                              "revision": "4bccca2357674563484cd290ef21bfe7fe54ac1b"}},
-        ),
-        SuiteSpec(
-            id="imagenet-star-upstream",
-            title="ImageNet* as released by the authors (zips + masks.npy), read by an adapter",
-            repo_id="madrylab/imagenet-star", revision=None, configs=star_configs,
-            metric_family="imagenet_star", reference_config="base", source="upstream-imagenet-star",
-            construction_models=("open_clip:ViT-H-14/laion2b_s32b_b79k",),
-            paper="Vendrow et al., Dataset Interfaces (2023)",
-            notes="The paper's release: main must resolve to the commit c9af165... ('in', 2023-03-07; its full sha "
-                  "is not published), else --revision is required. The authors' masks.npy (github.com/MadryLab/"
-                  "dataset-interfaces at 769dfa2, sha256-checked) is fetched and applied by default; --no-mask "
-                  "scores every image.",
-            # facts of the release, used by genshift.upstream
-            extra={"revision_prefix": "c9af165",
-                   "mask": {"repo": "MadryLab/dataset-interfaces", "commit": "769dfa2ba4d1ca493f9c746fbc840782b76d3b41",
-                            "path": "masks.npy", "size": 1_201_690,
-                            "sha256": "bf69ebfab434eeaf1d410249403b622dbb3cc0479c6097229768ef419d2f4d91"}},
-        ),
-        SuiteSpec(
-            id="lance-hardimagenet",
-            title="LANCE counterfactuals of the 15 Hard ImageNet classes (originals, reconstructions, edits)",
-            repo_id="genshift-bench/lance-hardimagenet", revision=None,
-            configs=("original", "reconstruction", "counterfactual"), metric_family="lance",
-            reference_config="original", label_subset=hin, gated=True,
-            construction_models=("openai/clip-vit-large-patch14",),
-            paper="Prabhu et al., LANCE (NeurIPS 2023)",
-        ),
-        SuiteSpec(
-            id="in-g-rn", title="IN-G-RN: generated images that fool a ResNet-50 (Wiles et al.)",
-            repo_id="genshift-bench/in-g-rn", revision=None, configs=("generated",), metric_family="in_g",
-            label_subset=in_a, construction_models=("resnet50.tv_in1k",),
-            paper="Wiles, Albuquerque, Gowal, Discovering Bugs in Vision Models (2022)",
-        ),
-        SuiteSpec(
-            id="in-g-vit", title="IN-G-ViT: generated images that fool a ViT-B/16 (Wiles et al.)",
-            repo_id="genshift-bench/in-g-vit", revision=None, configs=("generated",), metric_family="in_g",
-            label_subset=in_a, construction_models=("vit_base_patch16_224.augreg_in1k",),
-            paper="Wiles, Albuquerque, Gowal, Discovering Bugs in Vision Models (2022)",
-        ),
-    ]
-    for s in specs:
-        reg.register(s.id, s)
+    """The specs of package data ``suites.yaml``, in its order; then the registry is frozen."""
+    subsets = {"hard_imagenet": lambda: tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS),
+               "imagenet_a": imagenet.imagenet_a_indices}
+    for row in yaml.safe_load(resources.files("genshift").joinpath("_data", "suites.yaml").read_text()):
+        configs = row.pop("configs")
+        star = configs == "imagenet_star_shifts"
+        row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(configs)
+        if "label_subset" in row:
+            row["label_subset"] = subsets[row["label_subset"]]()
+        row["construction_models"] = tuple(row.get("construction_models", ()))
+        reg.register(row["id"], SuiteSpec(**row))
     reg.freeze()
 
 
@@ -183,8 +117,7 @@ def list_suites(pattern: str = "*") -> list[str]:
 
 def declared_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config a suite outside the registry declares in its manifest's
-    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise.
-    Eval and verify both take a non-registry suite's scoring from here."""
+    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
     from genshift.errors import IntegrityError
 
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
@@ -198,15 +131,9 @@ def declared_scoring(manifest) -> tuple[str, str | None]:
 
 
 def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
-    """The models that built, mined or filtered a suite, whose results are flagged.
-
-    What the suite recorded at build time comes first: a builder's target (``generator.target``,
-    IN-G's mining classifier) is the model that made *this* build, whatever ``--target`` it was
-    given. Local target weights are named by their sha256 (``sha256:<hex>``: the architecture
-    name alone would flag every checkpoint of it). Suites that recorded no target (released
-    suites, ImageNet* and LANCE, whose construction models are CLIP filters) fall back to the
-    registry's ``construction_models``.
-    """
+    """The models that built, mined or filtered a suite, whose results are flagged: the target the build
+    recorded (``generator.target``, IN-G's mining classifier; local weights as ``sha256:<hex>``, not their
+    architecture), else the registry's ``construction_models`` (the CLIP filters of ImageNet* and LANCE)."""
     from genshift.identity import timm_name
 
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
@@ -215,7 +142,8 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
         sha, mid = target.get("weights_sha256"), target.get("id")
         if target.get("source") == "checkpoint" and isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha):
             return (f"sha256:{sha}",)
+        declared = target.get("declared_name")  # local weights: the name they were built as
         if isinstance(mid, str) and mid.strip():
-            return (timm_name(mid)[:200],)
+            return (timm_name(declared if isinstance(declared, str) and declared.strip() else mid)[:200],)
     return spec.construction_models if spec else ()
 

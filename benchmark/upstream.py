@@ -1,38 +1,16 @@
-"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks.
+"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks
+(``docs/hub.md`` section 5, ``docs/format.md`` section 7): the release's zips (or extracted folders)
+become a format-1 suite without re-encoding any JPEG, ``keep`` indexed by (class, image number) in the
+mask, never by file position. By default the release is scored as the paper scored it: the pinned
+``masks.npy`` applied and ``main`` resolved to the paper-era commit.
 
-The release is one zip per shift holding ``<shift>/<class>/<NN>.jpg`` (``NN`` = 00..49; ``<class>``
-is the wnid, or in some copies the decimal class index), plus ``masks.npy`` in the code repo: a
-pickled dict of 24 arrays of 50,000 0/1 flags with index ``50 * class + NN``. This module converts
-the release into a format-1 suite **without re-encoding any JPEG**, so ``bench eval`` scores it
-like any other suite:
-
-- ``image_id`` = ``<shift>/<wnid>/<NN>``; ``label`` from the class folder, mapped explicitly;
-- ``keep`` = ``mask[shift][50 * class + NN]``, indexed by (class, image number), never by file
-  position (``docs/hub.md`` s5: one missing file shifts every later entry otherwise);
-- missing and unexpected files are counted per shift, recorded in the manifest's provenance and
-  reported (``strict=True`` makes them an error).
-
-The mask is read without unpickling arbitrary objects: only the numpy callables a pickled dict of
-arrays needs are allowed, then the content is validated.
-
-Entry points: :func:`open_upstream` (the Hub repo at a sha; used by
-``open_suite("imagenet-star-upstream", mask=...)``), :func:`open_release` (a local folder of zips
-or extracted shift folders; ``open_suite(<that folder>)``) and :func:`convert_release` (explicit
-output folder). The first two convert once into ``<cache>/upstream/<key>/``, keyed by the release
-content (commit sha, or the zips' sha256), the mask's sha256 and the shifts.
-
-**The release as the paper scored it, by default** (the pins below):
-
-- the mask: the first two entry points apply the authors' ``masks.npy`` unless told otherwise
-  (``mask=None``), fetched once from the code repo at the pinned commit, checked against its
-  size and sha256, cached under ``<cache>/masks/<commit>/masks.npy`` (:func:`released_mask`);
-  ``mask=NO_MASK`` (``--no-mask``) scores every image, ``mask=<file>`` uses that file;
-- the data repo: :func:`open_upstream` refuses a resolved ``main`` that is not the paper-era
-  commit (prefix ``DATA_REVISION_PREFIX``) unless a revision is given explicitly.
+Entry points: :func:`open_upstream` (the Hub repo at a sha), :func:`open_release` (a local folder),
+both converting once into ``<cache>/upstream/<key>/``, and :func:`convert_release` (explicit output).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import pickle
 import re
@@ -44,19 +22,16 @@ from pathlib import Path
 import numpy as np
 
 from genshift import imagenet
-from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import StatKey, cache_root, sha256_file
+from genshift.errors import BenchError, IntegrityError, OfflineError, unknown
+from genshift.fsutil import StatKey, atomic_path, atomic_write_json, cache_root, canonical_json, read_json, sha256_file
 from genshift.reader import LocalSuite
 from genshift.suite_format import Manifest
 from genshift.suites import get_suite, imagenet_star_shifts
 
 log = logging.getLogger(__name__)
 
-# The release as the paper scored it (facts pinned in the suite registry):
-# - masks.npy in github.com/MadryLab/dataset-interfaces as last changed in this commit (the same file
-#   is at the repository head, e4824f7d992e4730af2b3e0fefd4837f641b25bc);
-# - madrylab/imagenet-star's last commit c9af165 ("in", 2023-03-07); its full sha is not known, so a
-#   resolved main must start with it (a later re-upload would change the images under the paper's name).
+# The release as the paper scored it (pinned in the suite registry): masks.npy as last changed in that
+# commit; madrylab/imagenet-star's commit c9af165 (its full sha is not known: a resolved main must start with it)
 _PINS = get_suite("imagenet-star-upstream").extra
 MASK_COMMIT = _PINS["mask"]["commit"]
 MASK_URL = f"https://raw.githubusercontent.com/{_PINS['mask']['repo']}/{MASK_COMMIT}/{_PINS['mask']['path']}"
@@ -141,12 +116,9 @@ class ReleaseImage:
 
 
 def _class_of(folder: str) -> int | None:
-    if folder.isdigit():
-        idx = int(folder)
-        return idx if 0 <= idx < imagenet.NUM_CLASSES else None
     try:
-        return imagenet.index_of(folder)
-    except KeyError:
+        return imagenet.parse_class(folder)
+    except BenchError:
         return None
 
 
@@ -194,14 +166,9 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
                     source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None,
                     card: Callable[[Manifest], str] | None = None) -> Manifest:
     """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``; ``card``
-    renders its dataset card (``genshift.data_cards.upstream_card``; the conversions cached by
-    :func:`open_release` and :func:`open_upstream` have none: they are read, not published).
-
-    Missing and unexpected files are a warning with the counts recorded in the manifest's
-    ``generator.files`` (real copies of the release are short); ``strict=True`` makes them an
-    error. ``per_class`` and ``classes`` shrink the expected layout (tests, partial releases);
-    ``zip_sha256`` passes hashes the caller already has (the zips are hashed otherwise).
-    """
+    renders its dataset card (``genshift.data_cards.upstream_card``). Missing and unexpected files are
+    a warning counted in ``generator.files`` (an error with ``strict``). ``per_class`` and ``classes``
+    shrink the expected layout (tests); ``zip_sha256``: hashes the caller already has."""
     from datasets import Value
 
     from genshift.writer import SuiteWriter
@@ -211,7 +178,6 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     known = {s.key for s in imagenet_star_shifts()}
     for s in shifts:
         if s not in known:
-            from genshift.errors import unknown
             raise unknown("ImageNet* shift", s, known)
     masks = load_masks(mask, per_class=per_class) if mask else None
     if masks is not None:
@@ -296,10 +262,7 @@ def is_release_folder(path: str | Path) -> bool:
     """True for a folder holding released ``<shift>.zip`` files or extracted ``<shift>/`` folders
     (and no ``manifest.json``: a converted suite is opened as a suite)."""
     path = Path(path)
-    if not path.is_dir() or (path / "manifest.json").exists():
-        return False
-    keys = {s.key for s in imagenet_star_shifts()}
-    return any((path / f"{k}.zip").is_file() or (path / k).is_dir() for k in keys)
+    return path.is_dir() and not (path / "manifest.json").exists() and bool(release_shifts(path))
 
 
 def release_shifts(path: str | Path) -> list[str]:
@@ -314,8 +277,6 @@ def _cache_root(cache_dir: str | None) -> Path:
 
 def _memo_sha256(path: Path, memo_file: Path) -> str:
     """sha256 of a (multi-GB) file, remembered by its path and stat key so unchanged zips are hashed once."""
-    from genshift.fsutil import atomic_write_json, read_json
-
     key = f"{path.resolve()}|{StatKey.of(path)}"
     try:
         memo = read_json(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo")
@@ -331,8 +292,6 @@ def _memo_sha256(path: Path, memo_file: Path) -> str:
 
 def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
     """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names and stat keys)."""
-    import hashlib
-
     out = {}
     for s in shifts:
         z = root / f"{s}.zip"
@@ -351,10 +310,6 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
                     cache_dir: str | None, source: dict, repo_id: str | None = None,
                     revision: str | None = None, **convert_kw) -> LocalSuite:
     """Convert once into the cache (keyed by the release content, the mask and the shifts), then open + verify."""
-    import hashlib
-
-    from genshift.fsutil import atomic_write_json, canonical_json
-
     if mask is None:  # resolved by the callers: None here means --no-mask
         log.warning("--no-mask: every image is kept (the authors' CLIP filter is not applied); the paper scored "
                     "the filtered set (the default)")
@@ -381,13 +336,9 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
 
 def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: str | Path | None = None,
                  strict: bool = False, cache_dir: str | None = None, **convert_kw) -> LocalSuite:
-    """A local copy of the release (``<shift>.zip`` files and/or extracted ``<shift>/`` folders)
-    -> a verified format-1 ``LocalSuite``, converted once into the cache. ``mask``: ``None`` = the
-    released mask (:func:`released_mask`), ``NO_MASK`` = none, else a file.
-
-    The cache key is the zips' sha256 (remembered by path, size and mtime, so 60 GB are hashed
-    once), or for extracted folders their listing, plus the mask's sha256 and the shifts.
-    """
+    """A local copy of the release -> a verified ``LocalSuite``, converted once into the cache (keyed by
+    the zips' sha256, remembered by stat key, or the folders' listing). ``mask``: ``None`` = the
+    released mask (:func:`released_mask`), ``NO_MASK`` = none, else a file."""
     root = Path(folder)
     if not root.is_dir():
         raise BenchError(f"release folder {str(root)!r} does not exist")
@@ -404,11 +355,8 @@ def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: 
 def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | None = None, mask: str | None = None,
                   strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
                   token: str | None = None) -> LocalSuite:
-    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open.
-
-    Without ``revision`` the repo's ``main`` must resolve to the paper-era commit
-    (``DATA_REVISION_PREFIX``); ``mask`` as in :func:`open_release`.
-    """
+    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open. Without
+    ``revision``, ``main`` must resolve to the paper-era commit; ``mask`` as in :func:`open_release`."""
     from genshift.hubio import resolve, snapshot
 
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
@@ -432,17 +380,10 @@ def released_mask_path(cache_dir: str | None = None) -> Path:
 
 
 def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Path:
-    """The authors' ``masks.npy`` at the pinned commit: from the cache, else downloaded once.
-
-    The file must have the pinned size and sha256 (checked on every use, so a damaged or swapped
-    cache file is refused, never scored); a download is written to a temporary name and renamed
-    only after the check. Offline (``HF_HUB_OFFLINE=1``) or unreachable: one error saying where to
-    put the file.
-    """
+    """The authors' ``masks.npy`` at the pinned commit, from the cache or downloaded once; its pinned size
+    and sha256 are checked on every use (a download before it is renamed into place)."""
     import urllib.request
 
-    from genshift.errors import OfflineError
-    from genshift.fsutil import atomic_path
     from genshift.hubio import OFFLINE_ROUTE, _offline
 
     dest = released_mask_path(cache_dir)
@@ -493,10 +434,8 @@ def resolve_mask(mask: str | Path | None, *, cache_dir: str | None = None) -> Pa
 
 
 def mask_record(mask: str | Path | None, generator: dict, *, cache_dir: str | None = None) -> dict | None:
-    """What a result records about the mask of a converted release, from the suite's manifest
-    ``generator`` (the mask its ``keep`` column was made with): ``path``, ``sha256`` and ``source``
-    (``released`` = the pinned masks.npy, ``file`` = another file, given as ``mask``; ``none`` =
-    unfiltered). ``None`` for suites that are not a converted release."""
+    """A result's ``suite.mask`` for a converted release (``None`` for other suites), from the manifest's
+    ``generator``: ``path``, ``sha256``, ``source`` (``released`` | ``file``, given as ``mask`` | ``none``)."""
     if generator.get("builder") != "genshift.upstream":
         return None
     used = generator.get("mask")

@@ -1,4 +1,4 @@
-"""The suite writer used by every builder and by ``bench import-folder``.
+"""The suite writer used by every builder and by ``bench import-folder`` (``docs/format.md`` section 3).
 
 Usage::
 
@@ -8,11 +8,8 @@ Usage::
                 w.write_shard(config, shard, n, rows)
         w.finalize(generator=provenance, card=render)
 
-Each shard is written with pyarrow under ``Features.arrow_schema`` (the ``datasets`` features go
-into the parquet metadata key ``huggingface`` exactly as ``datasets`` writes it, so ``Image`` and
-``ClassLabel`` survive) to a temporary name and renamed. A rerun with the same fingerprint skips
-finished shards; a different fingerprint is refused unless ``overwrite``. The manifest (format
-1.1, with each config's rows digest) is written last.
+A rerun with the same fingerprint skips finished shards; a different one is refused unless
+``overwrite``. The manifest is written last.
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ from genshift.suite_format import (
     SHARD_RE,
     Manifest,
     build_manifest,
-    check_config_name,
     check_name,
     rows_digest_table,
     shard_name,
@@ -74,21 +70,11 @@ class ShardStats:
 
 
 class SuiteWriter:
-    """Write a suite in format 1, shard by shard, resumably.
+    """Write a suite into the folder ``root``, shard by shard, resumably.
 
-    Parameters
-    ----------
-    root : path
-        The suite folder.
-    suite_id : str
-        Registry id (or a user-chosen name for imported suites).
-    extra_features : Features or dict, optional
-        Provenance columns added after the required ones.
-    fingerprint : dict
-        Everything that determines the content (settings, seeds, model ids). A folder holding a
-        build with another fingerprint is refused unless ``overwrite``.
-    overwrite : bool
-        Replace a different (or finished) build in ``root``.
+    ``extra_features``: provenance columns after the required ones. ``fingerprint``: everything that
+    determines the content (settings, seeds, model ids); a folder holding a build with another one is
+    refused unless ``overwrite`` (which also replaces a finished build).
     """
 
     def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
@@ -112,25 +98,21 @@ class SuiteWriter:
 
         state_path = self.root / BUILD_STATE
         if self.root.exists() and any(self.root.iterdir()):
-            if not state_path.is_file():
-                if (self.root / MANIFEST).is_file() and overwrite:
-                    shutil.rmtree(self.root)
-                else:
-                    raise BenchError(f"output directory {str(self.root)!r} is not empty and holds no bench build; "
-                                     "choose an empty or new directory")
-            else:
+            if state_path.is_file():
                 try:
                     old = read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
                 except IntegrityError:
                     old = {}
                 old = old if isinstance(old, dict) else {}
-                same = old.get("fingerprint_sha256") == self.fingerprint_sha256
-                if not same or overwrite:
-                    if not overwrite:
-                        raise BenchError(f"output directory {str(self.root)!r} holds a different build "
-                                         f"(suite {old.get('suite_id')!r}, other settings); pass --overwrite to "
-                                         "replace it or choose another --out")
-                    shutil.rmtree(self.root)
+                if old.get("fingerprint_sha256") != self.fingerprint_sha256 and not overwrite:
+                    raise BenchError(f"output directory {str(self.root)!r} holds a different build "
+                                     f"(suite {old.get('suite_id')!r}, other settings); pass --overwrite to "
+                                     "replace it or choose another --out")
+            elif not ((self.root / MANIFEST).is_file() and overwrite):
+                raise BenchError(f"output directory {str(self.root)!r} is not empty and holds no bench build; "
+                                 "choose an empty or new directory")
+            if overwrite:
+                shutil.rmtree(self.root)
         ensure_writable_dir(self.root)
         if not state_path.is_file():
             atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
@@ -166,7 +148,7 @@ class SuiteWriter:
 
     def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> ShardStats:
         """Write one shard atomically from an iterable of row dicts (streamed, bounded memory)."""
-        check_config_name(config)
+        check_name(config)
         rel = shard_name(config, index, num_shards)
         for other in (self.root / "data" / config).glob("*.parquet"):
             m = SHARD_RE.match(other.name)

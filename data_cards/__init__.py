@@ -1,15 +1,6 @@
-"""Dataset card templates, rendered when a suite is finalised or published.
-
-A card is YAML front matter built from the manifest with the public Hub and ``datasets`` APIs
-(``huggingface_hub.DatasetCardData``; ``MetadataConfigs`` for one ``configs`` entry per shift /
-edit family, so ``datasets.load_dataset(folder, config)`` loads that config alone;
-``DatasetInfosDict`` for per-config split sizes) followed by a Markdown body rendered from
-``<template>.md.j2`` in this package. The header stays compact: the features live in each
-parquet file's ``huggingface`` metadata (and in the manifest), not once per config in the card.
-
-A leaf: it imports nothing of genshift (a manifest is read through its attributes: ``suite_id``,
-``configs`` with ``rows``/``kept``/``files``, ``files`` with ``size``, ``generator``). The suite's
-other Hub file, ``eval.yaml`` (its benchmark tasks), is written by ``genshift.eval_yaml``.
+"""Dataset card templates, rendered when a suite is finalised (``docs/format.md`` section 5): a YAML header
+built with the public Hub and ``datasets`` APIs, then a Markdown body from ``<template>.md.j2``. A leaf:
+it imports nothing of genshift (a manifest is read through its attributes).
 """
 
 from __future__ import annotations

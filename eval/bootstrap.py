@@ -1,34 +1,12 @@
 r"""Seeded, paired bootstrap over images: one set of draws per (seed, image set).
 
-Every interval in a result and every rank interval on the leaderboard comes from the same
-resamples: :func:`resampling` draws them from ``(seed, key, n, n_boot)`` only, where ``key``
-names the image set (the suite config) and the n images are in their fixed order (sorted
-``image_id``, the order of predictions files). Two models scored on the same config therefore
-get the **same** resampled images, in separate runs or together, so the difference of their
-replicates is the bootstrap of their difference (a paired bootstrap, Efron & Tibshirani 1993,
-ch. 6).
-
-How the resamples are laid out (so that 1.2 M rows re-score in well under a second):
-
-- a fixed random permutation ``perm`` of the n images and K "pools", each the resample counts
-  of one ordinary bootstrap draw (n draws with replacement: a Multinomial(n; 1/n, ..., 1/n)
-  vector);
-- replicate ``b = k * R + j`` gives image ``i`` the count
-  ``pool_k[(perm[i] + offset_k + j * step) mod n]``: the k-th pool, rotated. A rotated
-  multinomial count vector with equal cell probabilities is again one (the cells are
-  exchangeable), so **every replicate is exactly an ordinary bootstrap resample** of the n
-  images; rotations of one pool are spaced ``step >= 32`` apart and, through ``perm``, do not
-  follow the order of the images (whose neighbours share a class), so replicates of one pool
-  are nearly uncorrelated (for a mean: correlation O(1/sqrt(n))).
-- ``R = min(n_boot, n // 32)`` rotations per pool (at least 1), ``K = ceil(n_boot / R)``
-  pools: large sets need one pool, sets of fewer than 64 images one pool per replicate (the
-  textbook bootstrap).
-
-:meth:`Resampling.sums` computes the replicate sums :math:`\sum_i W_{bi} v_i` for value
-columns ``v``: for large sets as a circular cross-correlation of each pool with the permuted
-values by FFT (O(K n log n) instead of O(B n), ``scipy.fft``), otherwise with the explicit
-count matrix (:meth:`Resampling.matrix`); sums of integer values are rounded to the exact integers, so both
-routes give identical numbers (a test checks it). Intervals are percentile intervals.
+Every interval in a result and every rank interval on the leaderboard comes from the same resamples:
+:func:`resampling` draws them from ``(seed, key, n, n_boot)`` only, where ``key`` names the image set
+(the suite config) and the n images are in their fixed order (sorted ``image_id``). Two models scored
+on one config get the **same** resampled images, so the difference of their replicates is the bootstrap
+of their difference (a paired bootstrap, Efron & Tibshirani 1993, ch. 6). How the resamples are laid
+out (rotated multinomial pools, each replicate exactly an ordinary resample; sums by FFT):
+``docs/results.md``, "Intervals".
 """
 
 from __future__ import annotations

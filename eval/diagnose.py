@@ -1,11 +1,7 @@
-"""``bench diagnose``: failure directions of one evaluated model on one suite.
-
-Joins a result's stored predictions with CLIP embeddings of the suite images, fits per class the
-failure-direction SVM of Jain et al. (``genshift.eval.failure_directions``) and writes ``diagnose.json``
-next to the result: per class the direction's strength with a permutation null, the hardest and
-easiest image ids, the captions that name the hard and easy subpopulations, and the validation
-proxy; thumbnails of the strongest classes' hardest and easiest images, and a self-contained
-``diagnose.html`` of all of it (``genshift.eval.diagnose_report``). It never changes benchmark scores.
+"""``bench diagnose``: failure directions of one evaluated model on one suite (``docs/leaderboard.md``,
+"Failure directions in pictures"): the result's predictions joined with CLIP embeddings of the images,
+one SVM per class (``genshift.eval.failure_directions``), written as ``diagnose.json`` and
+``diagnose.html`` next to the result. It never changes benchmark scores.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Failure directions in pictures: thumbnails, a self-contained HTML report, and the leaderboard's view.
-
-``bench diagnose`` stores, beside ``diagnose.json``, small JPEG thumbnails of the hardest and
-easiest images of the strongest classes (inside the JSON, base64) and writes ``diagnose.html``:
-one page per model with, per class, the direction's strength against the permutation null, the
-captions naming the hard and easy subpopulations, and the images — no external resources, every
-text (class names, captions, image ids, model id) HTML-escaped.
-
-The leaderboard reads the same JSON through :func:`load_report_for_view`, which treats it as
-untrusted input: size and structure are checked, every thumbnail is decoded and re-encoded (so
-nothing but a small raster image is ever shown), and numbers become text here.
+"""Failure directions in pictures (``docs/leaderboard.md``): thumbnails, a self-contained HTML report (every
+text escaped, no external resource) and the leaderboard's view of ``diagnose.json``, read as untrusted
+input (:func:`load_report_for_view`: every thumbnail decoded and re-encoded).
 """
 
 from __future__ import annotations
@@ -73,6 +65,12 @@ def _num(v, fmt: str = "{:.3f}") -> str:
     return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else "-"
 
 
+def _beats_null(d: dict) -> bool:
+    """A direction stronger than its permutation null's 95th percentile (a weaker one is not a finding)."""
+    strength, p95 = d.get("strength"), d.get("null_p95")
+    return isinstance(strength, (int, float)) and isinstance(p95, (int, float)) and strength > p95
+
+
 def _captions(value) -> list[str]:
     if not isinstance(value, list):
         return []
@@ -98,13 +96,11 @@ def write_html(report: dict, path: str | Path) -> Path:
     for d in report["classes"]:
         pictures = strip(d.get("hardest", []), "hardest") + strip(d.get("easiest", []), "easiest")
         hard, easy = _captions(d.get("hard_captions")), _captions(d.get("easy_captions"))
-        above = (isinstance(d.get("strength"), (int, float)) and isinstance(d.get("null_p95"), (int, float))
-                 and d["strength"] > d["null_p95"])
         sections.append(
             f'<section><h3>{e(d["label"])} {e(d.get("name", ""))} <small>{e(d.get("wnid", ""))}</small></h3>'
-            f'<p class="{"strong" if above else "weak"}">strength {e(_num(d.get("strength")))} vs permutation null '
-            f'p95 {e(_num(d.get("null_p95")))} (mean {e(_num(d.get("null_mean")))}); {e(d.get("n_errors"))} errors of '
-            f'{e(d.get("n"))} images; status {e(d.get("status", ""))}</p>'
+            f'<p class="{"strong" if _beats_null(d) else "weak"}">strength {e(_num(d.get("strength")))} vs '
+            f'permutation null p95 {e(_num(d.get("null_p95")))} (mean {e(_num(d.get("null_mean")))}); '
+            f'{e(d.get("n_errors"))} errors of {e(d.get("n"))} images; status {e(d.get("status", ""))}</p>'
             + (f"<p>hard: {'; '.join(e(c) for c in hard[:3])}</p>" if hard else "")
             + (f"<p>easy: {'; '.join(e(c) for c in easy[:3])}</p>" if easy else "")
             + pictures + "</section>")
@@ -169,9 +165,5 @@ def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSE
         classes.append({"label": str(d.get("label", "?")), "name": str(d.get("name", "")),
                         "strength_text": _num(d.get("strength")), "null_text": _num(d.get("null_p95")),
                         "n": str(d.get("n", "?")), "n_errors": str(d.get("n_errors", "?")),
-                        "hard_caption": hard[0] if hard else "", **ids,
-                        # a direction no stronger than its permutation null is not a finding
-                        "significant": (isinstance(d.get("strength"), (int, float))
-                                        and isinstance(d.get("null_p95"), (int, float))
-                                        and d["strength"] > d["null_p95"])})
+                        "hard_caption": hard[0] if hard else "", **ids, "significant": _beats_null(d)})
     return {"model": str(data.get("model", "")), "classes": classes, "thumbnails": thumbs}

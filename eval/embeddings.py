@@ -1,22 +1,8 @@
 """CLIP embeddings of suite images and of captions, for analyses such as failure directions.
 
-Embeddings are cached as ``.npz`` (image ids + float32 embeddings, unnormalised as the
-failure-directions code uses them) per (suite manifest, config, CLIP model, image view,
-precision). Default model: OpenAI CLIP ViT-B/32 through open_clip (``ViT-B-32-quickgelu``/``openai``).
-
-How a stored image becomes CLIP input (:class:`ImageView`, recorded in the report):
-
-- ``classifier-square`` (default, as the authors' code does it, Jain et al. 2023,
-  MadryLab/failure-directions): the image as the classifier saw it (the result's recorded data
-  config: timm's resize + centre crop, or LANCE's squash), un-normalised back to [0, 1], then a
-  square resize to CLIP's input size (no crop; bilinear, antialiased, torchvision's default),
-  then CLIP normalisation. Depends on the classifier's data config, so cached per data config.
-- ``center-crop``: the stored image's centre square, bicubic resize, CLIP normalisation
-  (classifier-independent: one cache entry per suite).
-
-Precision (``ClipEncoder.precision``): ``auto`` runs CLIP under fp16 autocast on a GPU, as the
-authors did, and in fp32 on the CPU; ``fp16`` / ``bf16`` / ``fp32`` force one (bf16 autocast
-runs on the CPU too).
+Image embeddings are cached as ``.npz`` (ids + unnormalised float32 embeddings) per suite manifest,
+config, CLIP model, image view and precision; what the views and precisions are: ``docs/reproducing.md``,
+"Failure directions". Default model: OpenAI CLIP ViT-B/32 through open_clip.
 """
 
 from __future__ import annotations

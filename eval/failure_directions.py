@@ -1,27 +1,11 @@
 r"""Failure directions (Jain et al., ICLR 2023): explain where a model fails, in words.
 
-For each class, a linear SVM on CLIP image embeddings predicts whether the model got an image
-right; its normal vector is the class's failure direction (Sec. 2), its cross-validated balanced
-accuracy the direction's *strength* (Sec. 2.1), and the captions whose embedding difference to a
-reference caption has the most negative / positive SVM decision value name the hard / easy
-subpopulation (Sec. 2.2, :math:`\hat c = (c - r)/\lVert c - r\rVert_2`).
-
-Implemented as the authors' code does it (MadryLab/failure-directions; paper config
-``normalized_svm_base_config``):
-
-- pre-processing: :math:`z = (e - \mu)/\sigma`, then :math:`z \leftarrow z/\lVert z\rVert_2`, with
-  :math:`\mu, \sigma` (ddof = 1) from a reference set of image embeddings;
-- per class: ``SVC(kernel="linear", class_weight="balanced")`` over ``C`` in ``logspace(-6, 0, 7)``,
-  2-fold unshuffled stratified CV scored by balanced accuracy, a C kept only if **strictly** better
-  (ties keep the smallest), refit on all of the class's samples; positive decision = correct;
-- captions: raw text embeddings, difference to the reference caption pushed through the **same**
-  image pre-processing (the code's behaviour; ``caption_whitening=False`` gives the paper's plain
-  normalisation), scored with ``decision_function``.
-
-Guards the code lacks: classes with fewer than ``min_errors`` errors or ``min_correct`` correct
-images are ``skipped`` with their counts (the original crashes or silently drops them), samples
-are sorted by image id before fitting (folds depend on order), and each strength comes with a
-permutation null (the max over 7 noisy CV estimates is biased above 0.5).
+For each class, a linear SVM on CLIP image embeddings predicts whether the model got an image right;
+its normal vector is the class's failure direction (Sec. 2), its cross-validated balanced accuracy the
+direction's *strength* (Sec. 2.1), and the captions whose embedding difference to a reference caption
+has the most negative / positive decision value name the hard / easy subpopulation (Sec. 2.2,
+:math:`\hat c = (c - r)/\lVert c - r\rVert_2`). Fit as the authors' code does it, with guards it lacks:
+``docs/reproducing.md``, "Failure directions".
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""ImageNet-val top-1 per model as the x-axis of an ID/OOD fit, from timm's results CSV.
-
-timm's ``results-imagenet.csv`` (columns ``model,img_size,top1,...``, top-1 in percent) lists
-some tags at two input sizes (``resnet50.a1_in1k``: 80.382 at 224 and 81.240 at 288). A result
-is matched on ``(model, img_size)``: the model id in its normal form
-(``genshift.identity.timm_name``: no ``timm/`` / ``hf-hub:`` prefix, no revision) and the
-input size its eval recorded (``data_config.input_size``; 288 for ``resnet50.a1_in1k``, which
-timm evaluates at its test size). A CSV without ``img_size`` gives one row per model.
-A repeated (model, img_size) row or a result without its row is one error line, never a guess.
+"""ImageNet-val top-1 per model as the x-axis of an ID/OOD fit, from timm's results CSV (``docs/reproducing.md``,
+``--id-accuracy``): a result is matched on its model's timm name and the input size its eval recorded; a
+repeated (model, img_size) row or a result without its row is one error line, never a guess.
 """
 
 from __future__ import annotations

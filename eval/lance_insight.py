@@ -1,10 +1,6 @@
-"""LANCE's class-level insight (paper Sec. 4.2, Fig. 6): clusters of edits ranked by mean Δp.
-
-Edits are represented by the CLIP text-feature difference between the edit words and the words
-they replace (stored per counterfactual by the builder as ``edit_text_direction``); K-means
-groups similar interventions, and clusters are ranked by the model's mean Δp = |p(y|x) - p(y|x')|
-over their pairs, with example pairs. This is an analysis of a result (stored under
-``analysis``), not a benchmark metric.
+"""LANCE's class-level insight (paper Sec. 4.2, Fig. 6): K-means clusters of edits (the CLIP text direction
+edit words - replaced words, ``edit_text_direction``) ranked by the model's mean Δp over their pairs, with
+example pairs. An analysis of a result (stored under ``analysis``), not a benchmark metric.
 """
 
 from __future__ import annotations

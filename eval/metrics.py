@@ -1,13 +1,9 @@
 r"""Metrics: pure functions of per-image predictions (numpy arrays in, numbers out; no I/O).
 
-Convention (as scikit-learn's): ``*_accuracy`` / ``*_score`` are higher-is-better, ``*_rate`` of
-failures and ``*_impact`` / ``delta_p`` are lower-is-better; ``delta_acc_at_k`` is signed
-(negative = drop); each metric's direction, label and unit are declared once in ``genshift.families``.
-Accuracies are fractions in [0, 1]; tables show percentage points. Every
-function defines its empty-input behaviour: it returns ``nan`` (callers store ``null``).
-
-Inputs share one shape convention: ``y_true`` (n,) ImageNet-1k indices and ``topk`` (n, K)
-predicted class indices sorted by decreasing probability (K >= the k asked for).
+Direction, label and unit of each metric are declared once in ``genshift.families``; ``delta_acc_at_k``
+is signed (negative = drop). Accuracies are fractions in [0, 1]; empty input gives ``nan`` (stored as
+``null``). Inputs: ``y_true`` (n,) ImageNet-1k indices, ``topk`` (n, K) predicted class indices sorted
+by decreasing probability (K >= the k asked for).
 """
 
 from __future__ import annotations
@@ -85,9 +81,6 @@ def delta_p(p_orig, p_cf) -> np.ndarray:
     [0.6, 0.3]
     """
     return np.abs(np.asarray(p_orig, dtype=np.float64) - np.asarray(p_cf, dtype=np.float64))
-
-
-PAPER_EDIT_TYPES = ("subject", "object", "adjective", "domain", "background")
 
 
 def paper_edit_type(edit_type: str | None) -> str | None:

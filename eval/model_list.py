@@ -85,7 +85,8 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None, 
     ``--models FILE`` (or a population: its members at their recorded data config, or at today's
     timm config with ``population_config="today"``). Every name is checked (timm's close matches
     for unknown ones) before any data is touched. Returns the specs and the wildcard expansions."""
-    from genshift.eval.models import given_name, parse_model_name
+    from genshift.eval.models import parse_model_name
+    from genshift.identity import timm_name
 
     raw: list[ModelSpec] = []
     for m in models or []:
@@ -134,7 +135,7 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None, 
                              "architecture: give the bare architecture name, their ids are then the files' sha256)")
         seen[key] = spec.name
         if spec.checkpoint is not None:  # the same weights under two names are scored once
-            same = (given_name(spec.name).split(".", 1)[0], checkpoint_sha256(spec.checkpoint))
+            same = (timm_name(spec.name).split(".", 1)[0], checkpoint_sha256(spec.checkpoint))
             if same in weights:
                 raise BenchError(f"checkpoint {spec.checkpoint!r} of {spec.name!r} holds the same weights (sha256 "
                                  f"{same[1][:12]}…) as {weights[same]!r}; each model is scored once, remove one")
@@ -155,8 +156,8 @@ def checkpoint_sha256(path: str) -> str:
 
 def _canonical_id(ref, spec: ModelSpec) -> str:
     """The id ``load_classifier`` will give the model (its output folder), without loading it."""
-    from genshift.eval.models import checkpoint_model_id
+    from genshift.identity import timm_name
 
-    if spec.checkpoint is not None:
-        return checkpoint_model_id(spec.name, checkpoint_sha256(spec.checkpoint))
+    if spec.checkpoint is not None:  # its id needs its tensors (genshift.identity): the name and file stand in
+        return f"{timm_name(spec.name)}={checkpoint_sha256(spec.checkpoint)[:16]}"
     return f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text)

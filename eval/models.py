@@ -7,11 +7,12 @@ Accepted names::
     hf-hub:timm/resnet50.a1_in1k@<sha>  explicit Hub form, optionally pinned to a commit
     <any of these> + --checkpoint FILE   architecture from the name, weights from a local file
 
-The Hub revision is always resolved to a 40-character commit sha before loading (online: the
-Hub API; offline: the local cache's refs), the weights are loaded at that sha, and the sha256 of
-the weight file is recorded. Preprocessing is ``resolve_data_config({}, model=m,
-use_test_size=True)`` + ``create_transform`` (what timm's ``validate.py`` and results tables use;
-see ``docs/results.md``).
+The Hub revision is resolved to a 40-character commit sha before loading (offline: the local cache's
+refs) and the weight file's sha256 recorded. The model is identified by ``genshift.identity`` (its
+canonical id and tensors digest; a name given to local weights is only ``declared_name``). The
+architecture is sized on the meta device before any real allocation: refused over
+``MAX_MODEL_PARAMS`` or over what its weights can hold. Preprocessing is timm's own eval config at
+test size (``eval_transform``; ``docs/results.md``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from genshift.errors import BenchError, NotFoundError, OfflineError, first_line
+from genshift.errors import BenchError, NotFoundError, OfflineError, first_line, one_line
 from genshift.fsutil import StatKey, sha256_file
 from genshift.hubio import OFFLINE_ROUTE, resolve_revision
 from genshift.eval.results import PROTOCOL_OPTIONS
@@ -34,9 +35,10 @@ from genshift.eval.results import PROTOCOL_OPTIONS
 log = logging.getLogger(__name__)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
-# The largest timm ImageNet classifiers hold ~1B parameters (eva_giant: 4 GB in fp32); a training
-# checkpoint with EMA weights and Adam state is ~4x that. Anything larger is not a checkpoint.
+# The largest timm ImageNet classifiers hold ~1B parameters (eva_giant: 4 GB in fp32; vit_gigantic 1.8B); a
+# training checkpoint with EMA weights and Adam state is ~4x that. Anything larger is not a classifier.
 MAX_CHECKPOINT_BYTES = 32 << 30
+MAX_MODEL_PARAMS = 2 * 10**9
 
 
 @dataclass(frozen=True)
@@ -56,16 +58,18 @@ class LoadedClassifier:
     model: torch.nn.Module
     transform: object
     data_config: dict
-    model_id: str                 # canonical id, e.g. "timm/resnet50.a1_in1k"
+    model_id: str                 # canonical id (genshift.identity): "timm/resnet50.a1_in1k", "resnet50@sha256:<16 hex>"
     architecture: str
-    tag: str | None
-    source: str                   # "hf-hub" | "checkpoint" | "random"
+    tag: str | None               # Hub weights' tag; None for local weights (their name is only declared_name)
+    source: str                   # one of genshift.identity.SOURCES
     weights_revision: str | None  # 40-char Hub sha
-    weights_sha256: str | None
+    weights_sha256: str | None    # the weights file's bytes
     weights_file: str | None
     num_params: int
     pretrained_cfg: dict = field(default_factory=dict)
     checkpoint_weights: str | None = None  # "model" | "ema" when --checkpoint was a training checkpoint
+    tensors_sha256: str | None = None      # genshift.identity.tensors_sha256 of the loaded state dict
+    declared_name: str | None = None       # the name local weights were given (a claim, never the id)
 
     @classmethod
     def from_module(cls, model: torch.nn.Module, *, model_id: str | None = None, data_config: dict | None = None,
@@ -93,18 +97,21 @@ class LoadedClassifier:
         return cls(model=model, transform=transform, data_config=data_config, tag=None, source="module",
                    model_id=canonical_id(source="module", name=name, tensors_sha256=digest), architecture=name,
                    weights_revision=None, weights_sha256=None, weights_file=None, pretrained_cfg=_jsonable(cfg),
-                   num_params=sum(p.numel() for p in model.parameters()))
+                   num_params=sum(p.numel() for p in model.parameters()), tensors_sha256=digest,
+                   declared_name=model_id)
 
     def describe(self) -> dict:
-        # checkpoint_weights only when it applies, so other results keep their config hash
-        extra = {"checkpoint_weights": self.checkpoint_weights} if self.checkpoint_weights else {}
+        # optional fields only when they apply
+        extra = {k: v for k, v in (("checkpoint_weights", self.checkpoint_weights),
+                                   ("declared_name", self.declared_name)) if v}
         return {**extra,
             "id": self.model_id, "architecture": self.architecture, "tag": self.tag, "source": self.source,
             "weights_revision": self.weights_revision, "weights_sha256": self.weights_sha256,
-            "num_params": self.num_params,
-            "pretrained_cfg": {k: v for k, v in self.pretrained_cfg.items()
-                               if k in ("hf_hub_id", "architecture", "tag", "license", "num_classes",
-                                        "input_size", "test_input_size", "crop_pct", "test_crop_pct")},
+            "tensors_sha256": self.tensors_sha256, "num_params": self.num_params,
+            "pretrained_cfg": {k: v for k, v in self.pretrained_cfg.items()  # local weights: no Hub repo to link
+                               if k in ("architecture", "tag", "license", "num_classes", "input_size",
+                                        "test_input_size", "crop_pct", "test_crop_pct")
+                               or k == "hf_hub_id" and self.source == "hf-hub"},
         }
 
 
@@ -117,15 +124,11 @@ def parse_model_name(text: str) -> ModelRef:
         raise BenchError("empty --model; give a timm name such as 'resnet50.a1_in1k' or 'timm/resnet50.a1_in1k'")
     body, _, rev = raw.partition("@")
     rev = rev or None
-    if body.startswith("hf-hub:"):
-        repo = body[len("hf-hub:"):]
-        name = repo.split("/", 1)[1] if repo.startswith("timm/") else None
-        return ModelRef(raw, name, repo, rev)
+    body = body[len("hf-hub:"):] if body.startswith("hf-hub:") else body
     if "/" in body:
         if body.count("/") != 1:
             raise BenchError(f"model {raw!r} is not a timm name or an org/name Hub repo id")
-        name = body.split("/", 1)[1] if body.startswith("timm/") else None
-        return ModelRef(raw, name, body, rev)
+        return ModelRef(raw, body.split("/", 1)[1] if body.startswith("timm/") else None, body, rev)
     # registry name: resolve the default tag and the weights' Hub repo
     arch = body.split(".", 1)[0]
     if not timm.is_model(arch):
@@ -136,23 +139,6 @@ def parse_model_name(text: str) -> ModelRef:
     full = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else cfg.architecture
     repo = (cfg.hf_hub_id or "").split("@")[0] or None
     return ModelRef(raw, full, repo, rev)
-
-
-def given_name(text: str) -> str:
-    """The timm name as the user wrote it: no ``hf-hub:`` / ``timm/`` prefix, no ``@revision``, and no
-    default tag filled in."""
-    body = text.strip().partition("@")[0]
-    body = body[len("hf-hub:"):] if body.startswith("hf-hub:") else body
-    return body[len("timm/"):] if body.startswith("timm/") else body
-
-
-def checkpoint_model_id(text: str, weights_sha256: str) -> str:
-    """The id of local weights: the name the user gave when it names a tag (``NAME=CHECKPOINT``, a
-    list's ``NAME CHECKPOINT``), otherwise the architecture and the file's sha256 prefix
-    (``resnet18@sha256:1a2b3c4d5e6f``); never the registry's default pretrained tag, which these
-    weights were not loaded from. Two checkpoints of one architecture thus get two ids."""
-    name = given_name(text)
-    return name if "." in name else f"{name}@sha256:{weights_sha256[:12]}"
 
 
 def _pretrained_cfg(name: str):
@@ -179,16 +165,6 @@ def resolve_model_revision(repo_id: str, revision: str | None) -> str:
     """The 40-character commit sha of ``repo_id`` at ``revision`` (default ``main``)."""
     return resolve_revision(repo_id, revision, repo_type="model",
                             pin_hint=f"(hf-hub:{repo_id}@<sha>), or pass a local file with --checkpoint")
-
-
-def _cached_weights(repo_id: str, sha: str, preferred: str | None) -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    for fn in ((preferred,) if preferred else ()) + WEIGHT_FILES:
-        p = try_to_load_from_cache(repo_id, fn, revision=sha)
-        if isinstance(p, str) and os.path.isfile(p):
-            return p
-    return None
 
 
 def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
@@ -219,64 +195,105 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     """
     import timm
 
+    from genshift.identity import canonical_id, tensors_sha256, timm_name
+
     if checkpoint is not None:
         check_checkpoint_file(checkpoint)  # before any architecture is built (eva_giant: 3.7 GB of RAM)
     ref = parse_model_name(name)
-    picked = None
-    if checkpoint is not None:
+    picked = rev = wfile = wsha = declared = None
+    if checkpoint is not None or not pretrained:
         arch_name = ref.name or (ref.repo_id.split("/", 1)[1] if ref.repo_id else None)
         if arch_name is None or not timm.is_model(arch_name.split(".", 1)[0]):
             raise BenchError(f"--checkpoint needs a timm architecture name as --model, got {name!r}")
+        state = read_checkpoint(checkpoint, weights=checkpoint_weights) if checkpoint is not None else None
+        meta = _meta_params(lambda: timm.create_model(arch_name, pretrained=False), arch_name)
+        if state is not None:
+            _fits(meta.num_params, sum(t.numel() for t in state[0].values()), arch_name, "values")
         model = timm.create_model(arch_name, pretrained=False)
-        entry = load_checkpoint(model, checkpoint, remap_by_order=remap_by_order, weights=checkpoint_weights)
-        picked = checkpoint_weights if entry is not None else None
-        source, rev, wfile = "checkpoint", None, str(checkpoint)
-        wsha = weights_sha256(checkpoint)
-        model_id = checkpoint_model_id(name, wsha)
-    elif not pretrained:
-        arch_name = ref.name or name
-        model = timm.create_model(arch_name, pretrained=False)
-        source, rev, wfile, wsha, model_id = "random", None, None, None, arch_name
+        source, declared = ("checkpoint" if checkpoint is not None else "random"), timm_name(name)
+        if checkpoint is not None:
+            entry = load_checkpoint(model, checkpoint, remap_by_order=remap_by_order, state=state)
+            picked = checkpoint_weights if entry is not None else None
+            wfile, wsha = str(checkpoint), weights_sha256(checkpoint)
     else:
         if ref.repo_id is None:
             raise BenchError(f"timm has no Hub weights for {name!r}; pass --checkpoint FILE")
         rev = resolve_model_revision(ref.repo_id, ref.revision)
-        model = _create_pinned(ref, rev)
+        model, wfile = _create_pinned(ref, rev)
         arch_name = ref.name or model.pretrained_cfg.get("architecture", ref.repo_id)
-        preferred = model.pretrained_cfg.get("hf_hub_filename")
-        wfile = _cached_weights(ref.repo_id, rev, preferred)
-        wsha = weights_sha256(wfile) if wfile else None
-        source, model_id = "hf-hub", ref.repo_id
+        source, wsha = "hf-hub", weights_sha256(wfile)
+    digest = tensors_sha256(model.state_dict())  # what was loaded, whatever file or format it came from
+    arch, _, tag = arch_name.partition(".")
+    model_id = canonical_id(source=source, name=arch, repo_id=ref.repo_id, tensors_sha256=digest)
     check_label_space(model, model_id)
     model.eval().to(device)
     cfg = dict(model.pretrained_cfg or {})
     data_config, transform = eval_transform(model, preprocess, data_config)
-    arch, _, tag = (ref.name or arch_name).partition(".")
-    if source == "checkpoint":  # only a tag the user named: the registry's default tag is not these weights
-        tag = given_name(name).partition(".")[2]
     return LoadedClassifier(
         model=model, transform=transform, data_config=data_config, model_id=model_id, architecture=arch,
-        tag=tag or (None if source == "checkpoint" else cfg.get("tag")), source=source, weights_revision=rev, weights_sha256=wsha, weights_file=wfile,
-        num_params=sum(p.numel() for p in model.parameters()), pretrained_cfg=_jsonable(cfg),
-        checkpoint_weights=picked,
+        tag=(tag or cfg.get("tag")) if source == "hf-hub" else None, source=source, weights_revision=rev,
+        weights_sha256=wsha, weights_file=wfile, num_params=sum(p.numel() for p in model.parameters()),
+        pretrained_cfg=_jsonable(cfg), checkpoint_weights=picked, tensors_sha256=digest, declared_name=declared,
     )
 
 
+def _meta_params(build, what: str):
+    """Build ``build()`` on the meta device (no memory) and count its parameters (``num_params``): refused
+    over ``MAX_MODEL_PARAMS`` before anything real is allocated. Returns the meta model."""
+    try:
+        with torch.device("meta"):
+            model = build()
+    except (RuntimeError, NotImplementedError) as e:
+        raise BenchError(f"{what} cannot be sized before it is built ({type(e).__name__}: {one_line(e, 160)})") from None
+    model.num_params = n = sum(p.numel() for p in model.parameters())
+    if n > MAX_MODEL_PARAMS:
+        raise BenchError(f"{what} has {n:,} parameters, over the limit of {MAX_MODEL_PARAMS:,} for an ImageNet "
+                         "classifier; check its name or its repo's config.json")
+    return model
+
+
+def _fits(n: int, have: int, what: str, unit: str) -> None:
+    """Weights of ``have`` bytes (at least one a parameter) or tensor values cannot hold fewer than ``n`` parameters:
+    an architecture (a name, a repo's config.json) that is not its weights' is refused before it is built."""
+    if have < n:
+        raise BenchError(f"the {'checkpoint' if unit == 'values' else 'weights file'} does not fit {what}: it has "
+                         f"{n:,} parameters, the weights hold {have:,} {unit} (check the model name or config.json)")
+
+
 def _create_pinned(ref: ModelRef, sha: str):
+    """The Hub model at ``sha`` and its weights file, sized on the meta device before anything is allocated."""
     import timm
     from huggingface_hub import errors
 
+    if ref.name is not None and _pretrained_cfg(ref.name) is not None:
+        # registry cfg (incl. test size) with the weights pinned at the resolved sha
+        args, kw = (ref.name,), {"pretrained_cfg_overlay": {"hf_hub_id": f"{ref.repo_id}@{sha}"}}
+    else:
+        args, kw = (f"hf-hub:{ref.repo_id}@{sha}",), {}
     try:
-        if ref.name is not None and _pretrained_cfg(ref.name) is not None:
-            # registry cfg (incl. test size) with the weights pinned at the resolved sha
-            return timm.create_model(ref.name, pretrained=True,
-                                     pretrained_cfg_overlay={"hf_hub_id": f"{ref.repo_id}@{sha}"})
-        return timm.create_model(f"hf-hub:{ref.repo_id}@{sha}", pretrained=True)
+        meta = _meta_params(lambda: timm.create_model(*args, pretrained=False, **kw), f"{ref.repo_id}@{sha[:12]}")
+        wfile = _hub_weights(ref.repo_id, sha, meta.pretrained_cfg.get("hf_hub_filename"))
+        _fits(meta.num_params, os.path.getsize(wfile), f"{ref.repo_id}@{sha[:12]}", "bytes")
+        return timm.create_model(*args, pretrained=True, **kw), wfile
     except errors.LocalEntryNotFoundError:
         raise OfflineError(f"weights of {ref.repo_id}@{sha[:12]} are not in the local cache and the Hub is not "
                            f"reachable; run once with network or pass --checkpoint FILE{OFFLINE_ROUTE}") from None
     except errors.EntryNotFoundError as e:
         raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model repo?") from None
+
+
+def _hub_weights(repo_id: str, sha: str, preferred: str | None) -> str:
+    """The weights file of a Hub model at ``sha`` (downloaded to the cache, as timm then reads it)."""
+    from huggingface_hub import errors, hf_hub_download
+
+    for fn in dict.fromkeys(((preferred,) if preferred else ()) + WEIGHT_FILES):
+        try:
+            return hf_hub_download(repo_id, fn, revision=sha)
+        except errors.LocalEntryNotFoundError:
+            raise
+        except errors.EntryNotFoundError:
+            continue
+    raise errors.EntryNotFoundError(f"none of {', '.join(WEIGHT_FILES)}")
 
 
 PREPROCESS = PROTOCOL_OPTIONS["preprocess"]  # one list: eval_transform builds them, the result schema checks them
@@ -452,13 +469,13 @@ def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple
 
 
 def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by_order: bool = False,
-                    weights: str = "model") -> str | None:
-    """Load a local checkpoint safely and strictly (see :func:`read_checkpoint`); mismatches are one error.
-
-    Returns the training-checkpoint entry that was loaded (``None`` for a plain state dict).
+                    weights: str = "model", state: tuple[dict, str | None] | None = None) -> str | None:
+    """Load a local checkpoint safely and strictly (see :func:`read_checkpoint`; ``state``: what it returned
+    for ``path`` already); mismatches are one error. Returns the training-checkpoint entry that was loaded
+    (``None`` for a plain state dict).
     """
     path = Path(path)
-    sd, entry = read_checkpoint(path, weights=weights)
+    sd, entry = state or read_checkpoint(path, weights=weights)
     own = model.state_dict()
     if remap_by_order and set(sd) != set(own):
         if len(sd) != len(own):

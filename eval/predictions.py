@@ -1,25 +1,11 @@
-"""Per-image predictions files: the schema, and checkpointed writing with resume.
+"""Per-image predictions files: the schema (``schema``; the table in ``docs/results.md``), bounded reading,
+and checkpointed writing with resume.
 
-One parquet file per (model, suite config), rows sorted by ``image_id``:
-
-=================  ==========================  ==============================================
-column             type                        meaning
-=================  ==========================  ==============================================
-image_id           string                      the suite's image id
-label              int16                       true ImageNet-1k class
-keep               bool                        the suite's quality-filter flag
-pair_id            string (nullable)           the suite's pair id (LANCE joins)
-topk_idx           fixed_size_list<int16>[K]   the K most probable classes, most probable first
-topk_prob          fixed_size_list<float32>[K] their softmax probabilities
-true_prob          float32                     softmax probability of the true class
-true_rank          int32                       position of the true class, ties by class index
-=================  ==========================  ==============================================
-
-plus string columns copied from the suite when present (``CARRIED_COLUMNS``). Classes are ordered
-by probability, descending, ties by lower class index (``genshift.eval.inference.rank_classes``); the
-top-k is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is
-exact for every k (``true_rank < k``), not only k <= K, and agrees with the stored top-k. Metrics are pure functions
-of these files (``genshift.eval.scoring``), so every number can be recomputed without a GPU.
+One parquet file per (model, suite config), rows sorted by ``image_id``. Classes are ordered by
+probability, descending, ties by lower class index (``genshift.eval.inference.rank_classes``); the top-k
+is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is exact for
+every k (``true_rank < k``) and agrees with the stored top-k. Metrics are pure functions of these files
+(``genshift.eval.scoring``), so every number can be recomputed without a GPU.
 """
 
 from __future__ import annotations
@@ -245,24 +231,78 @@ class CheckpointedPredictions:
 
 
 SMALL_ROWS = 20_000  # predictions files up to this many rows are decoded on the calling thread
+# a predictions file is bounded before it is big (the largest configs have ~10^5 rows of ~100 bytes; a row
+# of top-1000 lists is 6 KB): at most this many rows, and this many bytes decoded
+MAX_PREDICTION_ROWS = 2_000_000
+MAX_DECODED_BYTES = 512 << 20
 
 
 def read_predictions(path: str | Path, columns: list[str] | None = None, *, data: bytes | None = None) -> pa.Table:
-    """Read one predictions file, checking it has the base columns (its footer bounded first).
-    ``data``: the file's bytes, read (and hashed) already; parsed instead of reading ``path`` again, so
-    what was hashed is what is read."""
-    check_parquet_footer(path if data is None else data, f"predictions file {path}")
+    """Read one predictions file (the base and carried columns, or ``columns``), checking it has the base
+    columns. ``data``: the file's bytes, read (and hashed) already; parsed instead of reading ``path``
+    again, so what was hashed is what is read.
+
+    Bounded before it is big: the footer (``check_parquet_footer``); the row count, the decompressed size
+    the row groups declare and the fixed-width columns' size (rows x width) before any page is read; then
+    the strings, read as dictionaries (a zstd "bomb" of one long repeated value stays one value) and
+    counted as they would decode, batch by batch, before anything is expanded.
+    """
+    where = f"predictions file {path}"
+    check_parquet_footer(path if data is None else data, where)
+    src = (lambda: path) if data is None else (lambda: pa.BufferReader(data))
     try:
-        with pq.ParquetFile(path if data is None else pa.BufferReader(data)) as f:  # a single file: read_table's dataset layer costs ~8x on small files
+        with pq.ParquetFile(src()) as f:
+            schema = f.schema_arrow
+            md = f.metadata
+        names = columns or [c for c in (*BASE_COLUMNS, *CARRIED_COLUMNS) if c in schema.names]
+        fields = [schema.field(c) for c in names if c in schema.names]
+        strings = [x.name for x in fields if pa.types.is_string(x.type) or pa.types.is_large_string(x.type)]
+        width = sum(_width(x) for x in fields if x.name not in strings)
+        declared = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        if md.num_rows > MAX_PREDICTION_ROWS or max(declared, md.num_rows * width) > MAX_DECODED_BYTES:
+            raise IntegrityError(f"{where} holds {md.num_rows:,} rows and {max(declared, md.num_rows * width):,} "
+                                 f"bytes decompressed, over the limits of {MAX_PREDICTION_ROWS:,} rows and "
+                                 f"{MAX_DECODED_BYTES >> 20} MiB; not a predictions file")
+        batches, decoded = [], md.num_rows * width
+        with pq.ParquetFile(src(), read_dictionary=strings) as f:
             # a thread pool per small file costs more than it decodes in parallel (a leaderboard check reads 15,000)
-            table = f.read(columns=columns, use_threads=f.metadata.num_rows > SMALL_ROWS)
-    except (OSError, pa.ArrowInvalid) as e:
-        raise IntegrityError(f"predictions file {path} is not readable parquet ({e})") from None
-    need = [c for c in (columns or BASE_COLUMNS) if c in BASE_COLUMNS]
-    missing = [c for c in need if c not in table.column_names]
+            for batch in f.iter_batches(batch_size=1 << 14, columns=[x.name for x in fields],
+                                        use_threads=md.num_rows > SMALL_ROWS):
+                decoded += sum(_string_bytes(batch[c]) for c in strings)
+                if decoded > MAX_DECODED_BYTES:
+                    raise IntegrityError(f"{where} decompresses to more than {MAX_DECODED_BYTES >> 20} MiB; not a "
+                                         "predictions file")
+                batches.append(batch)
+        table = pa.Table.from_batches(batches) if batches else pa.schema(fields).empty_table()
+        for c in strings:
+            table = table.set_column(table.schema.get_field_index(c), schema.field(c), table[c].cast(schema.field(c).type))
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise IntegrityError(f"{where} is not readable parquet ({e})") from None
+    missing = [c for c in (columns or BASE_COLUMNS) if c in BASE_COLUMNS and c not in table.column_names]
     if missing:
-        raise IntegrityError(f"predictions file {path} lacks column(s) {missing}")
+        raise IntegrityError(f"{where} lacks column(s) {missing}")
     return table
+
+
+def _width(f: pa.Field) -> int:
+    """Bytes a row of a column decodes to; a column of variable width other than strings is refused."""
+    t = f.type
+    if pa.types.is_fixed_size_list(t):
+        return t.list_size * _width(pa.field(f.name, t.value_type))
+    try:
+        return max(1, t.bit_width // 8)
+    except ValueError:  # not fixed width (a list, a binary): nothing a predictions file holds
+        raise IntegrityError(f"column {f.name!r} of type {t} is not a predictions column type") from None
+
+
+def _string_bytes(col) -> int:
+    """What a dictionary-encoded string column decodes to: the lengths of the values its indices take."""
+    import pyarrow.compute as pc
+
+    if not pa.types.is_dictionary(col.type):
+        return col.nbytes
+    lengths = pc.binary_length(col.dictionary).take(col.indices)
+    return int(pc.sum(lengths).as_py() or 0) + 4 * len(col)
 
 
 def topk_matrix(table: pa.Table) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""The result record: one JSON per (model, suite), schema version 1 (``docs/results.md``).
+"""The result record: one JSON per (model, suite), schema version 2 (``docs/results.md``).
 
-A result carries everything needed to trust and recompute its numbers: the model (id, weights
-revision and sha256, resolved preprocessing), the suite (id, Hub repo, dataset commit, manifest
+A result carries everything needed to trust and recompute its numbers: the model (its canonical
+id and tensors digest, ``genshift.identity``; weights revision and sha256, resolved preprocessing), the suite (id, Hub repo, dataset commit, manifest
 hash), the eval protocol and its hash, library and code versions, the device, timings, the
 metrics with intervals, and the predictions files with their sha256. Numbers stay numbers.
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 from genshift.errors import CONTROL_CHARS, BenchError, IntegrityError
 from genshift.fsutil import atomic_write_bytes, canonical_json, parse_json, read_limited, sha256_bytes
 from genshift.hubio import SHA_RE
+from genshift.identity import SOURCES, identity_of
 from genshift.suite_format import CONFIG_RE, SHA256_RE  # one set of names and limits
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: canonical model ids and the tensors digest (genshift.identity)
 KIND = "genshift-result"
 RESULT_FILE = "result.json"
 # protocol options added after schema 1 shipped: present only when used, each with its values
@@ -33,7 +34,6 @@ MAX_RESULT_BYTES = 5 * 2**20     # real results are tens of KiB; the leaderboard
 MAX_PREDICTIONS_BYTES = 512 * 2**20
 MAX_TEXT = 10_000                # notes
 MAX_NAME = 300                   # ids, names
-MODEL_SOURCES = ("hf-hub", "checkpoint", "module", "random")
 FLAGS = ("unpinned_suite", "construction_model", "partial", "skipped_bad_images")
 COUNT_KEYS = ("total", "kept", "predicted", "skipped_bad", "skipped_bad_ids")
 MAX_SKIPPED_IDS = 100
@@ -44,23 +44,25 @@ MAX_NUM_PARAMS = 10**12
 
 
 def path_slug(text: str) -> str:
-    """One path component for an id: ASCII letters, digits and ``._-`` kept, anything else ``--``; never
-    empty, ``.`` or ``..``; at most 96 characters. The one folder-naming rule of ``bench eval --out``,
-    ``bench submit`` and the results store (``entry_dir``)."""
+    """One path component for a suite id: ASCII letters, digits and ``._-`` kept, anything else ``--``;
+    never empty, ``.`` or ``..``; at most 96 characters (model folders: ``genshift.identity.folder_name``)."""
     slug = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "._-" else "--" for ch in text)[:96]
     return slug if slug.strip(".") else "_" + slug
 
 
 def entry_dir(result: dict) -> str:
-    """``<suite slug>/<model slug>``: the folder a result belongs in, in a run folder and in the results
-    store, derived from the result's own suite and model ids (an entry filed anywhere else is refused)."""
-    return f"{path_slug(result['suite']['id'])}/{path_slug(result['model']['id'])}"
+    """``<suite slug>/<model folder>``: the folder a result belongs in, in a run folder and in the results
+    store, derived from the result's own suite id and canonical model id (one folder per model id:
+    ``genshift.identity.folder_name``); an entry filed anywhere else is refused."""
+    from genshift.identity import folder_name
+
+    return f"{path_slug(result['suite']['id'])}/{folder_name(result['model']['id'])}"
 
 
 def config_hash(model: dict, suite: dict, protocol: dict, data_config: dict) -> str:
     """sha256 of the canonical JSON of what defines the evaluation (not how fast it ran)."""
     ident = {
-        "model": {k: model.get(k) for k in ("id", "source", "weights_revision", "weights_sha256")},
+        "model": {k: model.get(k) for k in ("id", "source", "weights_revision", "weights_sha256", "tensors_sha256")},
         "suite": {k: suite.get(k) for k in ("id", "manifest_sha256", "configs", "pinned", "revision")},
         "protocol": protocol,
         "data_config": data_config,
@@ -117,15 +119,18 @@ def write_result(path: str | Path, result: dict) -> str:
     return sha256_bytes(data)
 
 
-def load_result(path: str | Path) -> dict:
-    """Read and validate a result file (one clear error for anything malformed)."""
-    path = Path(path)
+def read_result_bytes(path: Path) -> bytes:
+    """A result file's bytes, within ``MAX_RESULT_BYTES`` (bounded even if it grows after the stat)."""
     if not path.is_file():
         raise BenchError(f"result file {str(path)!r} does not exist")
     if path.stat().st_size > MAX_RESULT_BYTES:
         raise IntegrityError(f"result file {path} is larger than {MAX_RESULT_BYTES // 2**20} MiB; not a result")
-    return parse_result(read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file", fix="not a result"),
-                        where=str(path))  # bounded even if it grew since the stat
+    return read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file", fix="not a result")
+
+
+def load_result(path: str | Path) -> dict:
+    """Read and validate a result file (one clear error for anything malformed)."""
+    return parse_result(read_result_bytes(Path(path)), where=str(path))
 
 
 def parse_result(raw: bytes, *, where: str) -> dict:
@@ -246,21 +251,25 @@ def validate(result, *, where: str) -> None:
         raise IntegrityError(f"{where}: not a genshift-bench result (kind {repr(result.get('kind'))[:40]})")
     version = result.get("schema_version")
     if version != SCHEMA_VERSION or isinstance(version, bool):
-        raise IntegrityError(f"{where}: result schema_version {repr(version)[:20]} is not supported (this genshift-bench "
-                             f"reads {SCHEMA_VERSION}); upgrade genshift-bench or re-run the eval")
+        why = "was written before canonical model ids" if version == 1 else "is not supported"
+        raise IntegrityError(f"{where}: result schema_version {repr(version)[:20]} {why} (this genshift-bench reads "
+                             f"{SCHEMA_VERSION}); re-run `bench eval` (or upgrade genshift-bench)")
     c.obj(result, "result", required=("schema_version", "kind", "model", "data_config", "suite", "protocol",
                                       "config_hash", "run", "environment", "started_at", "finished_at", "counts",
                                       "metrics", "predictions", "flags"),
           optional=("notes", "analysis"), extra=False)
 
-    m = c.obj(result["model"], "model", required=("id", "source", "weights_revision", "weights_sha256"))
+    m = c.obj(result["model"], "model", required=("id", "source", "weights_revision", "weights_sha256",
+                                                  "tensors_sha256"))
     c.text(m["id"], "model.id")
-    c.text(m.get("architecture"), "model.architecture", none=True)
+    for k in ("architecture", "declared_name"):
+        c.text(m.get(k), f"model.{k}", none=True)
     c.text(m.get("tag"), "model.tag", none=True, empty=True)
-    if m["source"] not in MODEL_SOURCES:
-        c.fail("model.source", f"must be one of {list(MODEL_SOURCES)}")
+    if m["source"] not in SOURCES:
+        c.fail("model.source", f"must be one of {list(SOURCES)}")
     c.text(m["weights_revision"], "model.weights_revision", none=True, pattern=SHA_RE)
     c.text(m["weights_sha256"], "model.weights_sha256", none=True, pattern=SHA256_RE)
+    c.text(m["tensors_sha256"], "model.tensors_sha256", pattern=SHA256_RE)
     if m["source"] == "hf-hub" and m["weights_revision"] is None:
         c.fail("model.weights_revision", "is required for Hub weights (a 40-character commit sha)")
     if m["source"] == "checkpoint" and m["weights_sha256"] is None:
@@ -269,6 +278,10 @@ def validate(result, *, where: str) -> None:
         c.fail("model.weights_revision", "must be null unless the weights come from the Hub")
     c.integer(m.get("num_params"), "model.num_params", hi=MAX_NUM_PARAMS, none=True)
     c.json_value(c.obj(m.get("pretrained_cfg", {}), "model.pretrained_cfg"), "model.pretrained_cfg")
+    try:  # the id must be the canonical id of the weights the record describes, else one line naming it
+        identity_of(m)
+    except BenchError as e:
+        raise IntegrityError(f"{where}: {e}") from None
 
     dc = c.obj(result["data_config"], "data_config")
     c.json_value(dc, "data_config")

@@ -108,12 +108,8 @@ def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> 
 
 
 def outcome_replicates(config: str, outcomes: dict[str, np.ndarray], o: ScoringOptions) -> dict[str, np.ndarray]:
-    """Bootstrap replicates ``(n_boot,)`` of the mean of each per-image outcome of one config.
-
-    All outcomes of a config share the config's resamples (``genshift.eval.bootstrap``: keyed by seed and
-    config name, images in ``image_id`` order), which are the ones the leaderboard's rank
-    intervals and every other result on this config use: intervals of different models are paired.
-    """
+    """Bootstrap replicates ``(n_boot,)`` of the mean of each per-image outcome of one config, all on the
+    config's resamples (``genshift.eval.bootstrap``), so intervals of different models are paired."""
     names = list(outcomes)
     if not names:
         return {}

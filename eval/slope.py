@@ -1,18 +1,7 @@
-"""Cross-model quantities of a shift, from result records (``bench slope``; reused by the leaderboard).
-
-Dataset Interfaces characterises each shift by two numbers over a population of models:
-
-- **ID/OOD slope**: regress the models' shift accuracy on their in-distribution accuracy
-  (``genshift.eval.metrics.id_ood_fit``, linear and probit). The ID axis is the suite's reference config
-  (ImageNet* ``base``) by default, or accuracies given per model (e.g. ImageNet-val top-1 from a
-  pinned timm results CSV). :func:`slope_table`.
-- **Absolute impact of the shift** (``shift_impact``): "the shift's overall severity, measured as
-  the average drop in accuracy due to the distribution shift", i.e. each model's drop
-  acc(reference) − acc(shift) averaged over the models, with a Student-t interval over models.
-  :func:`shift_impact` (pure, on the drops) and :func:`shift_impact_table` (from results).
-
-Not to be confused with a result's ``model_mean_impact``: one model's drop averaged over the
-shifts (``genshift.eval.scoring``), which ranks models, not shifts.
+"""Cross-model quantities of a shift, from result records (``bench slope``; reused by the leaderboard;
+``docs/results.md``, "Cross-model metrics"): the ID/OOD fit of each shift (:func:`slope_table`) and the
+paper's absolute impact of a shift, the drop averaged over models (:func:`shift_impact`), not to be
+confused with a result's ``model_mean_impact`` (one model's drop averaged over shifts).
 """
 
 from __future__ import annotations
@@ -132,7 +121,8 @@ def slope_table(results: list[dict], *, reference_config: str | None = None,
     else:
         x = [_acc1(r, ref) for r in results]
         if any(v is None for v in x):
-            raise BenchError(f"reference config {ref!r} is missing from some results; evaluate it or give ID accuracies")
+            raise BenchError(f"reference config {ref!r} is missing from some results; evaluate it or give ID "
+                             "accuracies")
         id_desc = f"config {ref}"
     shifts = sorted(set.intersection(*(set(r["metrics"]["configs"]) for r in results)) - {ref})
     table = {}

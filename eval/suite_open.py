@@ -86,7 +86,7 @@ def is_construction_model(model_id: str, construction: tuple[str, ...], weights_
     """Whether a model is one of a suite's construction models (``genshift.suites.construction_models``):
     by id in normal form (``timm/x``, ``hf-hub:timm/x@sha`` and ``x`` are one model), or by weights
     sha256 for an entry ``sha256:<hex>``."""
-    from genshift.model_ids import model_key
+    from genshift.identity import timm_name as model_key
 
     key = model_key(model_id)
     return any((weights_sha256 is not None and c == f"sha256:{weights_sha256}") or key == model_key(c)

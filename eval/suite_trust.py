@@ -1,23 +1,11 @@
-"""Which suite manifests a verifier trusts, and what a result is checked against (``docs/results.md``).
+"""Which suite manifests a verifier trusts, and what a result is checked against (``docs/results.md``,
+"Trust roots").
 
-A result names its suite by the sha256 of the suite's ``manifest.json``. The manifest carries,
-per config, the row count, the kept count and the **rows digest**
-(``genshift.suite_format.rows_digest`` over ``(image_id, label, keep)``), so a result's
-predictions can be checked against the suite with the manifest alone, no images.
-
-Trust roots (a manifest is trusted only when it comes from one of these; a manifest shipped
-next to a result, or found where the result says its suite was, is not one):
-
-1. ``--suite PATH|ID``: a suite folder, a ``manifest.json`` file, a registry id or a Hub repo the
-   verifier names;
-2. ``--suites DIR``: a folder of trusted manifests (``*.json``) and/or suite folders
-   (``*/manifest.json``) that the maintainers keep;
-3. the registry: a registered suite pinned to a commit sha, its ``manifest.json`` fetched at that
-   sha (only that file; the leaderboard store reads it from the local Hub cache and never
-   downloads while loading).
-
-``bench verify`` without any of these falls back to the folder the result recorded as its
-source, says so, and may not ``--sign``.
+A result names its suite by the sha256 of its ``manifest.json``, which carries per config the row
+count, the kept count and the rows digest, so predictions are checked with the manifest alone. A
+manifest is trusted only from a trust root: ``--suite`` (a folder, manifest file, registry id or Hub
+repo the verifier names), ``--suites DIR`` (the maintainers' folder), or the registry (a pinned suite's
+``manifest.json`` at its sha); never one shipped next to a result or found where the result says.
 """
 
 from __future__ import annotations
@@ -41,6 +29,7 @@ class SuiteRef:
     origin: str
     trusted: bool
     local: object | None = None  # genshift.reader.LocalSuite
+    opens: str | None = None     # a manifest alone: the trusted name its images open by (a registry id)
     _rows: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -159,8 +148,11 @@ def _registry_manifest(suite_id, *, download: bool) -> SuiteRef | None:
     spec = SUITES.get(suite_id)
     if not spec.revision or spec.source != "format1":
         return None
-    return hub_manifest(spec.repo_id, spec.revision, download=download, trusted=True,
-                        origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
+    ref = hub_manifest(spec.repo_id, spec.revision, download=download, trusted=True,
+                       origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
+    if ref is not None:
+        ref.opens = suite_id
+    return ref
 
 
 def hub_manifest(repo_id: str, revision: str, *, download: bool, trusted: bool, origin: str | None = None):

@@ -54,6 +54,7 @@ from genshift.eval.options import EvalOptions
 from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
 from genshift.eval.progress import Progress
 from genshift.eval.results import RESULT_FILE, config_hash, load_result, path_slug as slug  # the one folder rule
+from genshift.identity import folder_name
 from genshift.eval.suite_open import is_construction_model, open_suite
 
 log = logging.getLogger(__name__)
@@ -280,13 +281,14 @@ class Sweep:
             "unit_rows": opts.unit_rows, "normalize_on_device": run_opts["normalize_on_device"],
             "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0],
             "cpu_threads": opts.cpu_threads, "compiled": compiled}))
-        run_dir = self.suite_dir / slug(clf.model_id)
+        run_dir = self.suite_dir / folder_name(clf.model_id)
         contained(run_dir, self.out)
         state = {
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
             "scoring": asdict(scoring), "metric_family": info.metric_family,
-            "construction_model": is_construction_model(clf.model_id, info.construction_models, clf.weights_sha256),
+            "construction_model": is_construction_model(clf.declared_name or clf.model_id, info.construction_models,
+                                                        clf.weights_sha256),
             "partial": bool(opts.limit_per_class) or set(self.configs) != set(suite.configs),
             "units": {c: len(self.units[c][1]) for c in self.configs},
             "unit_ids": self.unit_ids,

@@ -1,26 +1,14 @@
 """``bench verify``: check a result against the suite it claims, and optionally against the model.
 
-A result is never checked only against itself: a forger can recompute every hash and metric.
-Checks, each reported by what differs (``docs/results.md``, "Verification"):
-
-1. schema: every field's type and range (``genshift.eval.results.validate``), under size/depth limits;
-2. every predictions file: exists inside the run folder, recorded sha256 and row count, the
-   predictions schema (column types, top-k width = ``protocol.topk``), ``image_id`` sorted and
-   unique, and each row internally consistent: labels and classes in [0, 1000), top-k classes
-   distinct, probabilities in [0, 1] and descending, ``true_prob``/``true_rank`` agreeing with the
-   stored top-k (``check_rows``);
-3. against the **suite** (a trusted manifest, ``genshift.eval.suite_trust``): the manifest hash, suite id
-   and configs; each config's predictions reproduce the suite's rows digest over
-   ``(image_id, label, keep)`` (dropped, duplicated or relabelled rows are found); ``counts`` and
-   ``flags`` recomputed, never trusted;
-4. the config hash (model id, source, weights, suite id/manifest/configs/pinned/revision,
-   protocol, preprocessing) recomputes;
-5. every metric recomputes from the predictions (floats within 1e-9 relative);
-6. ``recheck=N``: N images drawn from the **suite's** rows (seed fresh from ``secrets`` unless
-   given, recorded) are re-run through the model at the recorded weights; the whole stored row
-   must match: top-k classes and probabilities, ``true_prob`` and ``true_rank`` (within
-   ``prob_tol``, ties within the tolerance accepted). An image of the suite missing from the
-   predictions is a mismatch.
+A result is never checked only against itself (a forger can recompute every hash and metric); each
+problem is reported by what differs. In order (``docs/results.md``, "Verification", states each):
+the schema (``genshift.eval.results.validate``: the model id must be its weights' canonical id); every
+predictions file (``check_predictions_files``, ``check_rows``); the predictions against a trusted
+suite manifest (``check_against_suite``: rows digest, counts and flags recomputed); the config hash;
+every metric recomputed; then, with ``recheck``, rows drawn from the suite re-run through the model
+(``_recheck``: the guaranteed sample of :func:`sample_size`, or every row), loaded from where the
+result says its weights came from and identified again, whole rows compared. A failure says how many
+rows disagree, never which.
 """
 
 from __future__ import annotations
@@ -29,6 +17,7 @@ import io
 import json
 import math
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,12 +30,15 @@ from genshift.imagenet import NUM_CLASSES
 from genshift.pixels import to_rgb
 from genshift.suite_format import rows_digest_table
 from genshift.eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
-from genshift.eval.results import (MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash,
-                          parse_result)
+from genshift.eval.results import (MAX_PREDICTIONS_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash, parse_result,
+                                   read_result_bytes)
 from genshift.eval.scoring import ScoringOptions, score
 from genshift.eval.suite_trust import SuiteRef, TrustedSuites, open_ref
 
 MAX_PROBLEMS = 20
+DETECT_FRACTION = 0.005    # the guarantee: a result with at least this fraction of its rows altered ...
+DETECT_PROBABILITY = 0.99  # ... is caught by a default re-check with at least this probability
+RECHECK_BATCH = 32         # images per forward pass of a re-check (its memory bound)
 
 
 @dataclass
@@ -59,7 +51,7 @@ class VerifyReport:
     predictions_sha256: dict[str, str] = field(default_factory=dict)  # path -> sha256 of the file as checked
     suite: SuiteRef | None = None          # what the predictions were checked against
     rows_digests: dict[str, str] = field(default_factory=dict)
-    recheck: dict | None = None            # {"n", "seed", "images": [[config, image_id], ...]}
+    recheck: dict | None = None            # {"n", "N", "seed", "seed_policy", "guarantee", "disagreeing"}
     tables: dict = field(default_factory=dict, repr=False)  # config -> predictions table, as hashed and checked
 
     @property
@@ -76,27 +68,20 @@ def result_path(path: str | Path) -> Path:
     return p / RESULT_FILE if p.is_dir() else p
 
 
-def read_result_bytes(path: Path) -> bytes:
-    if not path.is_file():
-        raise BenchError(f"result file {str(path)!r} does not exist")
-    size = path.stat().st_size
-    if size > MAX_RESULT_BYTES:
-        raise IntegrityError(f"result file {path} is {size / 2**20:.1f} MiB, over the {MAX_RESULT_BYTES >> 20} MiB "
-                             "limit; not a result")
-    return read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result file", fix="not a result")
-
-
-def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = None, suites: TrustedSuites | None = None,
-                  mask: str | None = None, checkpoint: str | None = None, device: str = "cpu", seed: int | None = None,
-                  prob_tol: float = 1e-3, use_recorded_suite: bool = False, require_suite: bool = True,
-                  raw: bytes | None = None, result: dict | None = None) -> VerifyReport:
+def verify_result(path: str | Path, *, recheck: int | str | None = None, suite: str | None = None,
+                  suites: TrustedSuites | None = None, mask: str | None = None, checkpoint: str | None = None,
+                  device: str = "cpu", seed: int | None = None, prob_tol: float = 1e-3, batch_size: int = RECHECK_BATCH,
+                  use_recorded_suite: bool = False, require_suite: bool = True, raw: bytes | None = None,
+                  result: dict | None = None) -> VerifyReport:
     """Verify one result (see the module docstring). Raises ``IntegrityError`` when the result
     file itself is unreadable or breaks the schema; everything else is a listed problem.
 
     ``suite`` names the suite (a trust root); ``suites`` holds trusted manifests (default: the
     registry's pinned manifests). ``use_recorded_suite=True`` (plain ``bench verify``, ``bench
     submit``: one's own results) falls back to the suite the result recorded, which is not a
-    trust root; a verifier of other people's results leaves it off.
+    trust root, and re-runs images from it; a verifier of other people's results leaves it off.
+    ``recheck``: ``"auto"`` (the guaranteed sample), ``"all"`` or a number of rows; ``batch_size`` images
+    per forward pass.
     ``require_suite=False`` (the leaderboard store without ``--suites``): a result whose suite is
     not found is not a problem, ``report.suite_checked`` is then False. ``raw``: the result file's bytes,
     read already; ``result``: what ``parse_result(raw)`` returned for them (not parsed again).
@@ -134,8 +119,9 @@ def verify_result(path: str | Path, *, recheck: int = 0, suite: str | None = Non
             report.problems += _capped(diffs, "metric differences")
             report.checked.append("every metric recomputed from the predictions")
     if recheck and not report.problems:
-        report.problems += _recheck(result, tables, report, n=recheck, suite=suite, mask=mask, checkpoint=checkpoint,
-                                    device=device, seed=seed, prob_tol=prob_tol)
+        report.problems += _recheck(result, tables, report, recheck=recheck, suite=suite, mask=mask,
+                                    checkpoint=checkpoint, device=device, seed=seed, prob_tol=prob_tol,
+                                    trusted_only=not use_recorded_suite, batch_size=batch_size)
     return report
 
 
@@ -205,10 +191,8 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
     if table.num_rows == 0:
         return []
     ids = table["image_id"].to_pylist()
-    for a, b in zip(ids, ids[1:]):
-        if not a < b:
-            return [f"{where}: image_id {b[:80]!r} " + ("is duplicated" if a == b else "is out of order")
-                    + " (predictions are one row per image, sorted by image_id)"]
+    if any(not a < b for a, b in zip(ids, ids[1:])):  # image ids are never named: what a submitter sees says how many
+        return [f"{where}: image_id is not strictly increasing (predictions are one row per image, sorted by image_id)"]
     labels = table["label"].to_numpy().astype(np.int64)
     top = topk_matrix(table).astype(np.int64)
     probs = table["topk_prob"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, topk)
@@ -217,8 +201,7 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
 
     def bad(mask: np.ndarray, what: str) -> None:
         if mask.any():
-            i = int(np.flatnonzero(mask)[0])
-            problems.append(f"{where}: {int(mask.sum())} row(s) {what} (first: {ids[i][:80]!r})")
+            problems.append(f"{where}: {int(mask.sum())} row(s) {what}")
 
     bad((labels < 0) | (labels >= NUM_CLASSES), "have a label outside [0, 1000)")
     bad(((top < 0) | (top >= NUM_CLASSES)).any(axis=1), "have a top-k class outside [0, 1000)")
@@ -334,17 +317,15 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
             extra = [i for i in pids if i not in expected]
             wrong = [i for i, lab, k in zip(pids, plabels, pkeeps) if i in suite_rows and suite_rows[i] != (lab, k)]
             if extra or wrong:
-                first = (extra or wrong)[0]
                 problems.append(f"{cfg}: {len(extra)} predicted image(s) not in the suite{' selection' if limited else ''} "
-                                f"and {len(wrong)} with another label/keep than the suite (first: {first[:80]!r})")
+                                f"and {len(wrong)} with another label/keep than the suite")
                 continue
             missing = expected - set(pids)
             expected_n, skipped = len(expected), len(missing)
             listed = stored["skipped_bad_ids"]
             ids_ok = set(listed) <= missing and len(set(listed)) == len(listed) == min(skipped, MAX_SKIPPED_IDS)
             if skipped and not protocol["skip_bad_images"]:
-                problems.append(f"{cfg}: {skipped} image(s) of the suite are missing from the predictions "
-                                f"(first: {sorted(missing)[0][:80]!r})")
+                problems.append(f"{cfg}: {skipped} image(s) of the suite are missing from the predictions")
                 continue
             if not ids_ok:
                 problems.append(f"{cfg}: counts.{cfg}.skipped_bad_ids does not list the images missing from the predictions")
@@ -358,7 +339,8 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     spec = SUITES.get(rec["id"]) if rec["id"] in SUITES else None
     flags = {
         "unpinned_suite": not rec["pinned"],
-        "construction_model": is_construction_model(result["model"]["id"], construction_models(m, spec),
+        "construction_model": is_construction_model(result["model"].get("declared_name") or result["model"]["id"],
+                                                    construction_models(m, spec),
                                                     result["model"]["weights_sha256"]),
         "partial": limited or set(rec["configs"]) != set(m.configs),
         "skipped_bad_images": any(result["counts"][c]["skipped_bad"] > 0 for c in rec["configs"]),
@@ -418,52 +400,74 @@ def compare(stored, recomputed, where: str, *, rel: float = 1e-9) -> list[str]:
     return [f"{where}: stored {str(stored)[:80]}, recomputed {str(recomputed)[:80]}"]
 
 
-def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite: str | None, mask: str | None,
-             checkpoint: str | None, device: str, seed: int | None, prob_tol: float) -> list[str]:
+def miss_probability(total: int, altered: int, n: int) -> float:
+    """The chance that ``n`` rows drawn without replacement from ``total`` miss all ``altered`` ones:
+    the hypergeometric P(X = 0) = prod_{i<n} (total - altered - i) / (total - i)."""
+    i = np.arange(min(n, total))
+    return float(np.prod(np.maximum(total - altered - i, 0) / (total - i)))
+
+
+def sample_size(total: int, *, fraction: float = DETECT_FRACTION, probability: float = DETECT_PROBABILITY) -> int:
+    """The fewest rows to draw from ``total`` so that a result with at least ``fraction`` of them altered
+    (K = ceil(fraction * total), at least 1) is caught with ``probability``: the least n with
+    :func:`miss_probability` <= 1 - probability: nearly every row of a small suite (one altered row
+    in 200 is caught by 198 draws of 200 with probability 0.99).
+
+    >>> sample_size(10**6), sample_size(10_000), sample_size(200)
+    (919, 878, 198)
+    """
+    if total <= 0:
+        return 0
+    altered = max(1, math.ceil(round(fraction * total, 9)))
+    # drawing with replacement misses more often: its n, log(1 - p) / log(1 - f), always suffices
+    i = np.arange(min(total, math.ceil(math.log(1 - probability) / math.log(1 - fraction))))
+    miss = np.cumprod(np.maximum(total - altered - i, 0) / (total - i))
+    return int(np.argmax(miss <= 1 - probability)) + 1 if (miss <= 1 - probability).any() else len(i)
+
+
+def detected_fraction(total: int, n: int, *, probability: float = DETECT_PROBABILITY) -> float:
+    """The smallest fraction of altered rows that ``n`` draws from ``total`` catch with ``probability``."""
+    lo, hi = 1, total  # miss_probability falls as the altered count grows; at total it is 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if miss_probability(total, mid, n) <= 1 - probability else (mid + 1, hi)
+    return lo / total
+
+
+def draw(total: int, n: int, seed: int) -> np.ndarray:
+    """Which of ``total`` pool rows a re-check re-runs: ``min(n, total)`` distinct indices, sorted (numpy's
+    PCG64 seeded with ``seed``). The one draw of ``bench verify`` and ``bench review``."""
+    return np.sort(np.random.default_rng(seed).choice(total, size=min(n, total), replace=False))
+
+
+def recheck_count(recheck: int | str, total: int) -> int:
+    """How many of ``total`` rows a re-check draws: ``"auto"`` the guaranteed :func:`sample_size`,
+    ``"all"`` every row, a number at most ``total``."""
+    if recheck == "auto":
+        return sample_size(total)
+    if recheck == "all":
+        return total
+    if isinstance(recheck, bool) or not isinstance(recheck, int) or recheck < 1:
+        raise BenchError(f"recheck must be a number of images (at least 1), 'auto' or 'all', got {recheck!r}")
+    return min(recheck, total)
+
+
+def _recheck(result: dict, tables: dict, report: VerifyReport, *, recheck: int | str, suite: str | None,
+             mask: str | None, checkpoint: str | None, device: str, seed: int | None, prob_tol: float,
+             trusted_only: bool, batch_size: int) -> list[str]:
     import torch
     from PIL import Image
 
-    from genshift.eval.models import load_classifier
-    from genshift.eval.suite_open import reopen_suite
-
-    local = report.suite.local if report.suite is not None else None  # the suite the rows were checked against
-    if local is None:
-        try:
-            local = reopen_suite(result, suite=suite, mask=mask, configs=tuple(tables)).suite
-        except IntegrityError as e:
-            return [str(e)]
+    local = _images_of(result, report, suite=suite, mask=mask, trusted_only=trusted_only, configs=tuple(tables))
     if local.manifest.sha256 != result["suite"]["manifest_sha256"]:
         return [f"the suite's manifest {local.manifest.sha256[:12]}… is not the result's; pass the right suite with --suite"]
     local.verify(sorted(tables))  # images are read only from files that match the manifest
-    m = result["model"]
-    if m["source"] == "checkpoint" and not checkpoint:
-        raise BenchError("this result used local weights; pass them with --checkpoint to re-run images")
-    name = m["id"] if m["source"] != "hf-hub" else f"hf-hub:{m['id']}@{m['weights_revision']}"
-    recorded = None
-    if "data_config" in result["protocol"]:  # a population's record of the paper's timm (genshift.populations)
-        from genshift.identity import timm_name
-        from genshift.populations import recorded_data_config
-        recorded = recorded_data_config(timm_name(m["id"]), result["protocol"]["data_config"])
-    try:
-        clf = load_classifier(name, checkpoint=checkpoint, device=device, remap_by_order=True,
-                              checkpoint_weights=m.get("checkpoint_weights") or "model",
-                              preprocess=result["protocol"].get("preprocess", "timm"), data_config=recorded)
-    except Exception as e:
-        from genshift.hubio import _unreachable
-
-        # the network, the Hub's answers and memory are the checker's own trouble; anything else is the model's
-        if isinstance(e, (BenchError, OSError, MemoryError)) or _unreachable(e) or type(e).__name__ == "OutOfMemoryError":
-            raise
-        raise BenchError(f"model {name} cannot be loaded ({type(e).__name__}: {one_line(e, 200)}); it must load with "
-                         "timm at its recorded weights") from None
-    if clf.source != m["source"]:
-        return [f"model.source is {m['source']!r}, the model loads as {clf.source!r}"]
-    if m["weights_sha256"] != clf.weights_sha256:
-        return [f"weights sha256 {str(clf.weights_sha256)[:12]}… differ from the result's {str(m['weights_sha256'])[:12]}…"]
-    # the model's description and preprocessing as the model itself gives them, not as the result says
-    loaded = {**clf.describe(), "data_config": clf.data_config}
-    stored = {**m, "data_config": result["data_config"]}
-    differ = [k for k in loaded if k != "id" and json.loads(json.dumps(loaded[k])) != stored.get(k)]
+    clf = _load_recorded_model(result["model"], checkpoint=checkpoint, device=device,
+                               preprocess=result["protocol"].get("preprocess", "timm"),
+                               data_config=result["protocol"].get("data_config"))
+    loaded = {**clf.describe(), "data_config": clf.data_config}  # the model as it loads, not as the result says
+    stored = {**result["model"], "data_config": result["data_config"]}
+    differ = [k for k in sorted(set(loaded) | set(stored)) if json.loads(json.dumps(loaded.get(k))) != stored.get(k)]
     if differ:
         return [f"the model loads with other {', '.join(differ)} than the result records"]
 
@@ -477,45 +481,111 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, n: int, suite:
             chosen = _limited_ids(ids, t["label"].to_pylist(), limit)
             ids = [i for i in ids if i in chosen]
         pool += [(cfg, i) for i in sorted(ids)]
-    seed = secrets.randbits(63) if seed is None else int(seed)
-    rng = np.random.default_rng(seed)
-    picks = [pool[i] for i in sorted(rng.choice(len(pool), size=min(n, len(pool)), replace=False))]
-    report.recheck = {"n": len(picks), "seed": seed, "images": [list(p) for p in picks]}
-    skipped = {c: set(result["counts"][c]["skipped_bad_ids"]) for c in tables}
-    problems = []
+    given = seed is not None
+    seed = int(seed) if given else secrets.randbits(63)
+    picks = [pool[i] for i in draw(len(pool), recheck_count(recheck, len(pool)), seed)]
+    kinds: list[str] = []  # one per disagreeing row; which rows is never said
     for cfg in sorted({c for c, _ in picks}):
         t = tables[cfg]
         index = {iid: r for r, iid in enumerate(t["image_id"].to_pylist())}
-        ids = [i for c, i in picks if c == cfg]
-        missing = [i for i in ids if i not in index and i not in skipped[cfg]]
-        problems += [f"{cfg}/{i}: in the suite but missing from the predictions" for i in missing]
-        ids = [i for i in ids if i in index]
-        if not ids:
-            continue
-        images = _images_by_id(local, cfg, set(ids))
-        decoded = []
-        for i in list(ids):
+        wanted = {i for c, i in picks if c == cfg} - set(result["counts"][cfg]["skipped_bad_ids"])
+        kinds += ["in the suite but missing from the predictions"] * len(wanted - set(index))
+        batch_ids, batch = [], []
+
+        def run() -> None:
+            with torch.inference_mode():
+                probs = clf.model(torch.stack(batch).to(device)).float().softmax(-1).cpu().numpy()
+            kinds.extend(row_disagreements(probs, t.take([index[i] for i in batch_ids]), tol=prob_tol))
+            batch_ids.clear()
+            batch.clear()
+
+        for iid, data in _stream_images(local, cfg, wanted & set(index)):
             try:  # sides checked from the header by to_rgb before any decode (genshift.pixels)
-                with Image.open(io.BytesIO(images[i])) as im:
-                    decoded.append(clf.transform(to_rgb(im)))
-            except Exception as e:  # noqa: BLE001 - a stored prediction for an image that cannot be decoded
-                problems.append(f"{cfg}/{i}: has a stored prediction but the image does not decode "
-                                f"({type(e).__name__}: {one_line(e, 160)})")
-                ids.remove(i)
-        if not ids:
-            continue
-        x = torch.stack(decoded).to(device)
-        with torch.inference_mode():
-            probs = clf.model(x).float().softmax(-1).cpu().numpy()
-        sub = t.take([index[i] for i in ids])
-        problems += compare_rows(cfg, ids, probs, sub, tol=prob_tol)
-    report.checked.append(f"{len(picks)} images drawn from the suite (seed {seed}) re-run through the model; whole rows compared")
-    return problems
+                with Image.open(io.BytesIO(data)) as im:
+                    batch.append(clf.transform(to_rgb(im)))
+            except Exception:  # noqa: BLE001 - a stored prediction for an image that cannot be decoded
+                kinds.append("a stored prediction for an image that does not decode")
+                continue
+            batch_ids.append(iid)
+            if len(batch) == batch_size:
+                run()
+        if batch:
+            run()
+    report.recheck = {"n": len(picks), "N": len(pool), "seed": seed, "seed_policy": "given" if given else "fresh",
+                      "guarantee": {"fraction": detected_fraction(len(pool), len(picks)),
+                                    "probability": DETECT_PROBABILITY},
+                      "disagreeing": len(kinds)}
+    report.checked.append(f"{len(picks)} of {len(pool)} suite rows drawn (seed {'given' if given else 'fresh'}) re-run "
+                          f"through the model; whole rows compared")
+    if not kinds:
+        return []
+    counts = ", ".join(f"{c} {k}" for k, c in sorted(Counter(kinds).items(), key=lambda kc: -kc[1]))
+    return [f"{len(kinds)} of the {len(picks)} re-run rows disagree with the stored predictions ({counts})"]
 
 
-def compare_rows(cfg: str, ids: list[str], probs: np.ndarray, sub: pa.Table, *, tol: float) -> list[str]:
-    """Stored rows against re-run softmax outputs ``probs`` (n, 1000): top-k classes and
-    probabilities, true_prob and true_rank, each within ``tol`` (ties within ``tol`` accepted)."""
+def _images_of(result: dict, report: VerifyReport, *, suite: str | None, mask: str | None, trusted_only: bool,
+               configs: tuple):
+    """The suite whose images are re-run: the trusted one the rows were checked against (its folder, or its
+    registry id opened here); never a path a result records unless ``trusted_only`` is off (one's own result)."""
+    from genshift.eval.suite_open import open_suite, reopen_suite
+
+    ref = report.suite
+    if ref is not None and ref.local is not None:
+        return ref.local
+    if ref is not None and ref.trusted:
+        if ref.opens is None:
+            raise BenchError(f"the trusted {ref.origin} is a manifest only, without images; pass the suite's folder or "
+                             "registry id with --suite to re-run them")
+        return open_suite(ref.opens, mask=mask, configs=configs).suite
+    if trusted_only:
+        raise BenchError("no trusted copy of the suite to re-run images from; pass it with --suite")
+    try:
+        return reopen_suite(result, suite=suite, mask=mask, configs=configs).suite
+    except IntegrityError as e:
+        raise BenchError(str(e)) from None
+
+
+def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, preprocess: str,
+                         data_config: str | None = None):
+    """The model a result records, from where it says its weights came: Hub weights from the Hub at the
+    recorded revision (never from ``checkpoint``), local weights from ``checkpoint`` (never from a Hub repo)."""
+    from genshift.eval.models import load_classifier
+    from genshift.hubio import _unreachable
+
+    if m["source"] == "hf-hub":
+        if checkpoint:
+            raise BenchError(f"{m['id']} was scored with Hub weights: they are re-run from the Hub at the recorded "
+                             "revision, never from a --checkpoint; drop --checkpoint")
+        name = f"hf-hub:{m['id']}@{m['weights_revision']}"
+    elif m["source"] == "checkpoint":
+        if not checkpoint:
+            raise BenchError("this result used local weights; pass them with --checkpoint to re-run images (local "
+                             "weights are never fetched from a Hub repo)")
+        name = m.get("declared_name") or m.get("architecture") or ""
+    else:
+        raise BenchError(f"a result of {m['source']} weights cannot be re-run: only the process that scored it had them")
+    recorded = None
+    if data_config is not None:  # a population's record of the paper's timm (genshift.populations)
+        from genshift.identity import timm_name
+        from genshift.populations import recorded_data_config
+
+        recorded = recorded_data_config(timm_name(m.get("declared_name") or m["id"]), data_config)
+    try:
+        return load_classifier(name, checkpoint=checkpoint if m["source"] == "checkpoint" else None, device=device,
+                               remap_by_order=True, checkpoint_weights=m.get("checkpoint_weights") or "model",
+                               preprocess=preprocess, data_config=recorded)
+    except Exception as e:
+        # the network, the Hub's answers and memory are the checker's own trouble; anything else is the model's
+        if isinstance(e, (BenchError, OSError, MemoryError)) or _unreachable(e) or type(e).__name__ == "OutOfMemoryError":
+            raise
+        raise BenchError(f"model {name} cannot be loaded ({type(e).__name__}: {one_line(e, 200)}); it must load with "
+                         "timm at its recorded weights") from None
+
+
+def row_disagreements(probs: np.ndarray, sub: pa.Table, *, tol: float) -> list[str]:
+    """What disagrees, one entry per disagreeing row, between stored rows ``sub`` and re-run softmax outputs
+    ``probs`` (n, 1000): the true-class probability, a top-k probability, a class that belongs in the top-k
+    but is not stored there, the true rank (each within ``tol``; ties within ``tol`` accepted)."""
     top = topk_matrix(sub)
     k = top.shape[1]
     tprobs = sub["topk_prob"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
@@ -523,40 +593,32 @@ def compare_rows(cfg: str, ids: list[str], probs: np.ndarray, sub: pa.Table, *, 
     tp = sub["true_prob"].to_numpy(zero_copy_only=False)
     tr = sub["true_rank"].to_numpy(zero_copy_only=False)
     out = []
-    for j, iid in enumerate(ids):
-        p = probs[j]
-        y = labels[j]
-        where = f"{cfg}/{iid}"
-        if abs(p[y] - tp[j]) > tol:
-            out.append(f"{where}: true-class probability {p[y]:.5f} re-run vs {tp[j]:.5f} stored")
-            continue
-        diff = np.abs(p[top[j]] - tprobs[j])
-        if (diff > tol).any():
-            c = int(np.argmax(diff))
-            out.append(f"{where}: top-{c + 1} class {int(top[j, c])} has probability {p[top[j, c]]:.5f} re-run vs "
-                       f"{tprobs[j, c]:.5f} stored")
-            continue
-        others = np.delete(p, top[j])
-        if others.size and others.max() > tprobs[j, -1] + tol:
-            out.append(f"{where}: class {int(np.argmax(np.where(np.isin(np.arange(p.size), top[j]), -1, p)))} "
-                       f"(p {others.max():.5f}) belongs in the top-{k} but is not stored there")
-            continue
-        lo, hi = int((p > p[y] + tol).sum()), int((p > p[y] - tol).sum())
-        if not lo <= tr[j] <= hi:
-            out.append(f"{where}: true_rank {int(tr[j])} stored, re-run {int((p > p[y]).sum())}")
+    for p, y, t, tpr, tp_j, tr_j in zip(probs, labels, top, tprobs, tp, tr):
+        others = np.delete(p, t)
+        if abs(p[y] - tp_j) > tol:
+            out.append("true-class probability")
+        elif (np.abs(p[t] - tpr) > tol).any():
+            out.append("top-k probability")
+        elif others.size and others.max() > tpr[-1] + tol:
+            out.append("class missing from the top-k")
+        elif not (p > p[y] + tol).sum() <= tr_j <= (p > p[y] - tol).sum():
+            out.append("true rank")
     return out
 
 
-def _images_by_id(suite, config: str, ids: set[str]) -> dict[str, bytes]:
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+def _stream_images(suite, config: str, ids: set[str]):
+    """``(image_id, image bytes)`` of the rows ``ids`` of a config, one row group at a time (groups holding
+    none of them are not read), so memory stays bounded by a row group whatever is re-run."""
+    from genshift.reader import read_row_group
 
-    out = {}
-    for f in suite.files(config):
-        t = pq.read_table(f, columns=["image_id", "image"], filters=pc.field("image_id").isin(list(ids)))
-        for iid, img in zip(t["image_id"].to_pylist(), t["image"].combine_chunks().field("bytes").to_pylist()):
-            out[iid] = img
-    return out
+    for group in suite.row_groups(config):
+        names = read_row_group(suite.root, group, ["image_id"])["image_id"].to_pylist()
+        if ids.isdisjoint(names):
+            continue
+        images = read_row_group(suite.root, group, ["image"])["image"].combine_chunks().field("bytes")
+        for i, iid in enumerate(names):
+            if iid in ids:
+                yield iid, images[i].as_py()
 
 
 def verify_suite_dir(path: str | Path) -> str:

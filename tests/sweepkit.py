@@ -15,6 +15,7 @@ from genshift.eval.options import EvalOptions
 from genshift.eval.sweep import SweepRequest, run_sweep
 
 ARCHS = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_resnet.r160_in1k")  # 2 + 1 share a data config
+FOLDER: dict[str, str] = {}  # arch -> the run folder of its zoo weights (genshift.identity.folder_name), set by zoo
 OPTS = dict(batch_size=4, workers=0, compile="off", unit_rows=4, progress=False)
 CLI_OPTS = ["--workers", "0", "--batch-size", "4", "--compile", "off", "--no-progress"]
 
@@ -26,6 +27,8 @@ def zoo(tmp_path_factory):
     import torch
     from safetensors.torch import save_file
 
+    from genshift.identity import canonical_id, folder_name, tensors_sha256
+
     d = tmp_path_factory.mktemp("zoo")
     out = {}
     for i, arch in enumerate(ARCHS):
@@ -33,6 +36,8 @@ def zoo(tmp_path_factory):
         m = timm.create_model(arch, pretrained=False)
         out[arch] = d / f"{arch}.safetensors"
         save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(out[arch]))
+        FOLDER[arch] = folder_name(canonical_id(source="checkpoint", name=arch.split(".")[0],
+                                                tensors_sha256=tensors_sha256(m.state_dict())))
     return out
 
 

@@ -802,7 +802,7 @@ def test_checking_and_painting_import_no_torch_and_no_datasets():
     assert list(loaded.values()) == [[], []], loaded
 
 
-def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
+def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, tiny_checkpoint, tiny_id, monkeypatch):
     """The Space as deployed: its own requirements.txt has no torch, and checking stored entries (hashes,
     rows against the trusted suite, every metric recomputed, the stamp) must not need it. A real entry
     scored on a trusted suite and signed (`bench verify --recheck --sign`) is on the Hub stand-in; the
@@ -850,7 +850,7 @@ def test_exported_space_checks_every_entry_without_torch(tmp_path, toy_suite, ti
     assert importlib.util.find_spec("torch") is not None and not shown["torch_findable"]
     assert shown["python"] == (os.environ.get("GENSHIFT_SPACE_PYTHON") or sys.executable)
     assert not shown["torch_installed"] and shown["hidden_loaded"] == []
-    assert shown["models"] == ["test_resnet.r160_in1k"] and shown["verified"] == [True], shown["tables"]
+    assert shown["models"] == [tiny_id] and shown["verified"] == [True], shown["tables"]
     assert any("1 results (1 verified), 0 rejected" in t for t in shown["texts"]), shown["texts"]
 
 

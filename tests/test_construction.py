@@ -13,7 +13,7 @@ from genshift.eval.verify import verify_result
 
 
 @pytest.mark.slow
-def test_a_suite_built_with_another_target_flags_that_target(tmp_path, tiny_checkpoint):
+def test_a_suite_built_with_another_target_flags_that_target(tmp_path, tiny_checkpoint, tiny_folder):
     out = tmp_path / "ing"
     # the registry's in-g-vit target is vit_base_patch16_224.augreg_in1k; the smoke build mines with
     # test_resnet.r160_in1k (random weights) and records it as the suite's target
@@ -23,7 +23,7 @@ def test_a_suite_built_with_another_target_flags_that_target(tmp_path, tiny_chec
     assert not _is_construction_model("timm/vit_base_patch16_224.augreg_in1k", info.construction_models)
     assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(out),
                  "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
-    path = tmp_path / "runs/in-g-vit/test_resnet.r160_in1k/result.json"
+    path = tmp_path / "runs/in-g-vit" / tiny_folder / "result.json"
     assert json.loads(path.read_text())["flags"]["construction_model"] is True
     rep = verify_result(path, suite=str(out))   # verify recomputes the flag the same way
     assert rep.ok, rep.problems

@@ -51,7 +51,7 @@ def test_compiled_forward_with_a_padded_last_batch_matches_eager(tmp_path, toy_s
 
 def test_eval_writes_predictions_metrics_and_provenance(tmp_path, toy_suite, tiny_checkpoint):
     result, path = _eval(tmp_path, toy_suite, tiny_checkpoint)
-    assert path.name == "result.json" and result["schema_version"] == 1
+    assert path.name == "result.json" and result["schema_version"] == 2
     assert result["model"]["source"] == "checkpoint" and len(result["model"]["weights_sha256"]) == 64
     assert result["data_config"]["input_size"] == [3, 160, 160]  # timm's test-size config of the model
     assert result["suite"]["manifest_sha256"] and result["suite"]["configs"] == ["base", "shifted"]
@@ -132,7 +132,7 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     assert not rep.ok and any("true_prob" in p for p in rep.problems)
 
 
-def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, monkeypatch):
+def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, tiny_folder, monkeypatch):
     from genshift.synthetic import make_synthetic_suite
     from genshift.eval import predictions as P
 
@@ -153,7 +153,7 @@ def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint
     monkeypatch.setattr(P.CheckpointedPredictions, "add", flaky_add)
     with pytest.raises(KeyboardInterrupt):
         _eval(tmp_path / "run", toy_suite, tiny_checkpoint, batch_size=5, unit_rows=5)
-    work = tmp_path / "run" / "runs" / "toy" / "test_resnet.r160_in1k" / ".work" / "base"
+    work = tmp_path / "run" / "runs" / "toy" / tiny_folder / ".work" / "base"
     assert len(list(work.glob("part-*.parquet"))) == 2
     monkeypatch.setattr(P.CheckpointedPredictions, "add", orig_add)
     result, path = _eval(tmp_path / "run", toy_suite, tiny_checkpoint, batch_size=5, unit_rows=5)
@@ -194,13 +194,11 @@ def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights)
                  "--suite", str(tmp_path / "photos"), "--out", str(tmp_path / "runs"), "--workers", "0",
                  "--no-progress", "--compile", "off"])
     assert code == 0
-    # local weights under a bare architecture name: the id is the file's sha256 prefix, not timm's default tag
-    import hashlib
-
-    sha = hashlib.sha256(open(lite0_weights, "rb").read()).hexdigest()
-    run = tmp_path / "runs/photos" / f"tf_efficientnet_lite0--sha256--{sha[:12]}"
+    # local weights: the id is the architecture and its tensors' digest (genshift.identity), not timm's default tag
+    (run,) = (tmp_path / "runs/photos").iterdir()
     result = json.loads((run / "result.json").read_text())
-    assert result["model"]["id"] == f"tf_efficientnet_lite0@sha256:{sha[:12]}" and result["model"]["tag"] is None
+    assert result["model"]["id"] == f"tf_efficientnet_lite0@sha256:{result['model']['tensors_sha256'][:16]}"
+    assert run.name == result["model"]["id"].replace(":", "-") and result["model"]["tag"] is None
     assert result["metrics"]["configs"]["real"]["acc5"]["value"] == 1.0
     t = pq.read_table(run / "predictions/real.parquet")
     top = dict(zip(t["image_id"].to_pylist(), t["topk_idx"].to_pylist()))
@@ -300,7 +298,7 @@ def test_output_dir_not_writable(tmp_path, toy_suite, tiny_checkpoint):
     ("{", "not valid JSON"),
     (json.dumps({"kind": "genshift-result", "schema_version": 7}), "schema_version 7 is not supported"),
     (json.dumps({"kind": "other"}), "not a genshift-bench result"),
-    (json.dumps({"kind": "genshift-result", "schema_version": 1}), "field 'model' is missing"),
+    (json.dumps({"kind": "genshift-result", "schema_version": 2}), "field 'model' is missing"),
 ])
 def test_malformed_result_files(tmp_path, capsys, content, match):
     p = tmp_path / "result.json"
@@ -443,10 +441,10 @@ def test_rank_classes_hand_computed_ties():
     assert rank.tolist() == [4, 3]  # class 4 ties class 0 at 0.1 and comes after it; class 3 after 0, 1, 2
 
 
-def test_verify_recheck_names_a_stored_image_that_does_not_decode_in_one_line(tmp_path, toy_suite, tiny_checkpoint,
-                                                                             monkeypatch):
-    """An image whose header claims sides over the bounds (a forged suite a result points at) is one
-    problem naming it, checked from the header before any decode; the other drawn images are still compared."""
+def test_verify_recheck_counts_a_stored_image_that_does_not_decode_in_one_line(tmp_path, toy_suite, tiny_checkpoint,
+                                                                              monkeypatch):
+    """An image whose header claims sides over the bounds (a forged suite a result points at) is counted as a
+    disagreeing row, checked from the header before any decode, never named; the other drawn images still match."""
     import struct
     import zlib
 
@@ -458,18 +456,18 @@ def test_verify_recheck_names_a_stored_image_that_does_not_decode_in_one_line(tm
 
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 12_000, 8_000, 8, 2, 0, 0, 0))
            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
-    real = verify._images_by_id
+    real = verify._stream_images
     forged = []
 
     def one_forged(suite, config, ids):
-        out = real(suite, config, ids)
-        victim = sorted(out)[0]
-        forged.append(f"{config}/{victim}")
-        return {**out, victim: png}
+        for iid, data in real(suite, config, ids):
+            if not forged:
+                forged.append(iid)
+                data = png
+            yield iid, data
 
-    monkeypatch.setattr(verify, "_images_by_id", one_forged)
+    monkeypatch.setattr(verify, "_stream_images", one_forged)
     rep = verify_result(path, recheck=6, checkpoint=str(tiny_checkpoint), suite=str(toy_suite))
-    assert not rep.ok and forged
-    bad = [p for p in rep.problems if "does not decode" in p]
-    assert [p.split(":")[0] for p in bad] == forged and all("\n" not in p for p in bad)
-    assert "12000x8000 pixels" in bad[0] and len(rep.problems) == len(bad)  # the other images matched
+    assert not rep.ok and forged and rep.recheck["disagreeing"] == 1
+    assert rep.problems == ["1 of the 6 re-run rows disagree with the stored predictions (1 a stored prediction for "
+                            "an image that does not decode)"]

@@ -319,52 +319,6 @@ def test_malformed_and_huge_eval_results_files_on_model_repos_are_skipped(hub_wo
     assert len(problems) == 1 and "org/huge" not in problems[0] and "notes is not a short" in problems[0]
 
 
-def test_review_publishes_to_the_model_repo_after_merge_and_links_it(hub_world, monkeypatch):
-    """`bench review --publish-model-results`: verify, sign, merge, then the model-repo PR is opened with the
-    stamp's key in its notes and linked in the results PR; a second review pass opens nothing new."""
-    from huggingface_hub import parse_eval_result_entries
-
-    from genshift.eval import stamps
-    from genshift.leaderboard.hub_results import MODEL_PR_MARKER
-    from genshift.leaderboard.review import review
-    from genshift.leaderboard.submit import submit
-
-    w = hub_world
-    hub, api = w["hub"], w["api"]
-    _point_hub_defaults_at(monkeypatch, hub, w["tmp"] / "hub-cache")  # the re-run loads the recorded Hub weights
-    (w["result"].parent / "verification.json").unlink()  # the submitter's own stamp is never sent
-    api.create_repo("org/results", repo_type="dataset")
-    submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
-    kw = dict(key_path=str(w["key"]), recheck=2, merge=True, suite=str(w["suite"]), endpoint=hub.endpoint, token="t",
-              publish_model_results=True)
-    [out] = review("org/results", **kw)
-    assert out.status == "passed" and out.merged, out.problems
-    assert list(out.model_prs.values()) == [f"{hub.endpoint}/org/tiny-resnet/discussions/1"], out.model_prs
-    model = hub.repos[("model", "org/tiny-resnet")]
-    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
-    [key] = stamps.load_trusted_keys(w["trusted"])
-    assert all(f"verified by genshift-bench: stamp key {key}" in e.notes for e in entries)
-    comments = [e.content for e in api.get_discussion_details("org/results", 1, repo_type="dataset").events
-                if e.type == "comment"]
-    assert MODEL_PR_MARKER in comments[-1] and "/org/tiny-resnet/discussions/1 (opened)" in comments[-1]
-    # rerun: PR 1 is merged, nothing is reviewed, no second model PR, no new comment
-    posts = sum(m == "POST" for m, _ in hub.requests)
-    assert [o.status for o in review("org/results", **kw)] == []
-    assert model.prs == 1 and sum(m == "POST" for m, _ in hub.requests) == posts
-    # a new submission of the same model: reviewed and merged, and the SAME open model PR is updated
-    res = json.loads(w["result"].read_text())
-    res["notes"] = "rerun"
-    w["result"].write_text(json.dumps(res))
-    submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
-    [out2] = review("org/results", **kw)
-    assert out2.pr == 2 and out2.merged and model.prs == 1, out2.problems
-    comments = [e.content for e in api.get_discussion_details("org/results", 2, repo_type="dataset").events
-                if e.type == "comment"]
-    assert "/org/tiny-resnet/discussions/1 (updated)" in comments[-1]
-    updated = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
-    assert updated[0].source_url != entries[0].source_url  # points at the merged commit of PR 2
-
-
 def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_world, monkeypatch, capsys):
     """`bench leaderboard --hub-results`: the app (under Streamlit's AppTest) shows the Hub's leaderboard of the
     suite's dataset below the ranking; a Hub-reported model with a higher score never enters the ranking."""
@@ -409,42 +363,6 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
     assert "Reported on the Hub" in [s.value for s in at.subheader]
 
 
-def test_a_pr_merged_on_a_later_review_run_is_published_once(hub_world, monkeypatch, capsys):
-    """`bench review` without --merge passes a PR; a later `--merge --publish-model-results` run merges it without
-    re-running images and then opens the model-repo PR and links it; a third run adds nothing."""
-    from huggingface_hub import parse_eval_result_entries
-
-    from genshift.cli import main
-    from genshift.leaderboard.hub_results import MODEL_PR_MARKER
-    from genshift.leaderboard.submit import submit
-
-    w = hub_world
-    hub, api = w["hub"], w["api"]
-    _point_hub_defaults_at(monkeypatch, hub, w["tmp"] / "hub-cache")
-    (w["result"].parent / "verification.json").unlink()
-    api.create_repo("org/results", repo_type="dataset")
-    submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
-    cli = ["review", "--repo", "org/results", "--key", str(w["key"]), "--suite", str(w["suite"]), "--recheck", "2"]
-    assert main(cli) == 0 and "passed" in capsys.readouterr().out
-    assert ("model", "org/tiny-resnet") in hub.repos and hub.repos[("model", "org/tiny-resnet")].prs == 0
-
-    assert main(cli + ["--merge", "--publish-model-results"]) == 0
-    out = capsys.readouterr().out
-    assert "skipped (passed earlier) + merged" in out, out
-    model = hub.repos[("model", "org/tiny-resnet")]
-    assert model.prs == 1
-    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
-    assert entries and all("verified by genshift-bench: stamp key" in e.notes for e in entries)
-    comments = [e.content for e in api.get_discussion_details("org/results", 1, repo_type="dataset").events
-                if e.type == "comment"]
-    assert MODEL_PR_MARKER in comments[-1] and "/org/tiny-resnet/discussions/1 (opened)" in comments[-1]
-
-    posts = sum(m == "POST" for m, _ in hub.requests)
-    assert main(cli + ["--merge", "--publish-model-results"]) == 0
-    assert "no open pull requests" in capsys.readouterr().out
-    assert model.prs == 1 and sum(m == "POST" for m, _ in hub.requests) == posts
-
-
 def test_a_verified_result_is_reported_only_on_its_own_model_repo(hub_world, capsys):
     """Mallory takes a verified entry of org/tiny-resnet and asks for it on her own model repo: refused, one line,
     nothing opened there, so no model page says "verified by genshift-bench" about numbers of another model."""
@@ -470,11 +388,14 @@ def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(h
     from genshift.fsutil import canonical_json, sha256_file
     from genshift.eval.results import config_hash
     from genshift.eval.stamps import load_private_key, sign
+    from genshift.identity import canonical_of
 
     w = hub_world
     run = w["result"].parent
     res = json.loads(w["result"].read_text())
     res["model"].update(source="checkpoint", weights_revision=None)
+    res["model"]["pretrained_cfg"].pop("hf_hub_id")
+    res["model"]["id"] = canonical_of(res["model"])  # local weights: never a Hub repo's id
     res["config_hash"] = config_hash(res["model"], res["suite"], res["protocol"], res["data_config"])
     w["result"].write_bytes(canonical_json(res))
     stamp = json.loads((run / "verification.json").read_text())

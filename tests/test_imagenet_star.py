@@ -325,7 +325,7 @@ def test_class_plus_shift_rule_gates_on_shift_presence_and_still_hits_the_target
 
 # -- the builder ----------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, tiny_checkpoint):
+def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, tiny_checkpoint, tiny_folder):
     suite = LocalSuite.open(smoke_suite)
     suite.verify()
     m = suite.manifest
@@ -349,7 +349,7 @@ def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, ti
     code = main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
                  str(smoke_suite), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"])
     assert code == 0
-    result = json.loads((tmp_path / "runs/imagenet-star/test_resnet.r160_in1k/result.json").read_text())
+    result = json.loads((tmp_path / "runs/imagenet-star" / tiny_folder / "result.json").read_text())
     assert result["suite"]["metric_family"] == "imagenet_star"
     assert "in_the_snow" in result["metrics"]["imagenet_star"]["absolute_impact"]
     assert result["flags"]["construction_model"] is False

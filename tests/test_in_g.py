@@ -176,7 +176,7 @@ def test_mining_is_deterministic_and_resumes_per_caption(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint):
+def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint, tiny_folder):
     out = tmp_path / "ing"
     assert main(["build", "in-g-vit", "--smoke", "--out", str(out), "--no-progress"]) == 0
     suite = LocalSuite.open(out)
@@ -190,7 +190,7 @@ def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint):
     assert gen["generation"]["batch_size_effective"] == {"0": 4} and gen["determinism"]["cpu_intra_op_threads"] == 1
     assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite", str(out),
                  "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
-    result = json.loads((tmp_path / "runs/in-g-vit/test_resnet.r160_in1k/result.json").read_text())
+    result = json.loads((tmp_path / "runs/in-g-vit" / tiny_folder / "result.json").read_text())
     rates = result["metrics"]["in_g"]["generated"]
     assert set(rates) == {"top1_error", "top3_failure_rate", "parent_failure_rate"}
     from genshift.eval.suite_open import is_construction_model

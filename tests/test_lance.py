@@ -274,7 +274,7 @@ def smoke_suite(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
+def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint, tiny_folder):
     suite = LocalSuite.open(smoke_suite)
     suite.verify()
     assert suite.configs == ["counterfactual", "original", "reconstruction"]
@@ -294,7 +294,7 @@ def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint):
     assert sum(suite.manifest.generator["edits_tried"]["edit_type"].values()) >= len(cf)
     assert main(["eval", "--model", "test_resnet.r160_in1k", "--checkpoint", str(tiny_checkpoint), "--suite",
                  str(smoke_suite), "--out", str(tmp_path / "runs"), "--workers", "0", "--no-progress"]) == 0
-    result = json.loads((tmp_path / "runs/lance-hardimagenet/test_resnet.r160_in1k/result.json").read_text())
+    result = json.loads((tmp_path / "runs/lance-hardimagenet" / tiny_folder / "result.json").read_text())
     lance = result["metrics"]["lance"]
     assert lance["n_pairs"] == len(cf)  # a Δp for every pair
     from genshift.eval.metrics import paper_edit_type  # Δp is reported by the paper's five types (weather in background)

@@ -323,7 +323,7 @@ def test_shift_impact_is_a_shifts_drop_averaged_over_models_by_hand(tmp_path, ca
     assert shift_impact([None, float("nan")]) == {"value": None, "ci": None, "n": 0}
     paths = []
     for r in results:
-        p = tmp_path / f"{r['model']['id']}.json"
+        p = tmp_path / f"{r['model']['id'].replace('/', '--')}.json"
         p.write_text(json.dumps(r))
         paths.append(str(p))
     assert main(["slope", *paths, "--json"]) == 0

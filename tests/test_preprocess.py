@@ -47,7 +47,7 @@ def test_lance_square_squashes_the_whole_image_to_224_without_a_crop():
         eval_transform(model, "lance")
 
 
-def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path, toy_suite, tiny_checkpoint):
+def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path, toy_suite, tiny_checkpoint, tiny_folder):
     from genshift.cli import main
     from genshift.eval.results import config_hash, load_result
     from genshift.eval.verify import verify_result
@@ -56,7 +56,7 @@ def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path
                  str(toy_suite), "--preprocess", "lance-square", "--out", str(tmp_path), "--workers", "0",
                  "--compile", "off", "--no-progress"])
     assert code == 0
-    path = tmp_path / "toy" / "test_resnet.r160_in1k" / "result.json"
+    path = tmp_path / "toy" / tiny_folder / "result.json"
     r = load_result(path)
     assert r["protocol"]["preprocess"] == "lance-square" and r["data_config"]["crop_mode"] == "squash"
     assert r["data_config"]["input_size"] == [3, 224, 224]  # the tiny model's own test size is 160

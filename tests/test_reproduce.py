@@ -35,7 +35,7 @@ def _save(root, name, result):
 def _local(result, arch, digest, declared=None):
     """The record of local weights as ``genshift.identity`` names them (``bench eval --model NAME=FILE``)."""
     result["model"].update(id=f"{arch}@sha256:{digest}", source="checkpoint", tensors_sha256=digest * 4,
-                           weights_revision=None, weights_sha256="f" * 64)
+                           weights_revision=None, weights_sha256="f" * 64, architecture=arch)
     if declared:
         result["model"]["declared_name"] = declared
     return result

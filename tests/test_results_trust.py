@@ -24,7 +24,7 @@ from genshift.eval.predictions import read_predictions
 from genshift.eval.results import config_hash
 from genshift.eval.scoring import ScoringOptions, score
 from genshift.eval.suite_trust import TrustedSuites
-from genshift.eval.verify import verify_result
+from genshift.eval.verify import draw, verify_result
 from genshift.leaderboard.store import load_store
 
 
@@ -186,21 +186,22 @@ def test_recheck_draws_from_the_suite_with_a_fresh_recorded_seed(run, made, tiny
     key = tmp_path / "m.key"
     assert main(["keygen", str(key), "--name", "maintainer"]) == 0
     assert oct(key.stat().st_mode & 0o777) == "0o600"
-    seeds, images = [], []
+    seeds = []
     for _ in range(2):
         assert main(["verify", str(run), "--recheck", "3", "--checkpoint", str(tiny_checkpoint), "--suite",
                      str(made[0]), "--sign", str(key)]) == 0
         stamp = json.loads((run / "verification.json").read_text())
         seeds.append(stamp["recheck"]["seed"])
-        images.append(stamp["recheck"]["images"])
-        assert stamp["recheck"]["n"] == 3 and len(stamp["recheck"]["images"]) == 3
+        assert stamp["recheck"]["n"] == 3 and stamp["recheck"]["N"] == 80 and "images" not in stamp["recheck"]
+        assert stamp["recheck"]["seed_policy"] == "fresh" and stamp["recheck"]["disagreeing"] == 0
         assert stamp["predictions_sha256"] == {p: sha256_file(run / p) for p in
                                                ("predictions/base.parquet", "predictions/shifted.parquet")}
         assert stamp["suite"]["rows_digests"].keys() == {"base", "shifted"}
     assert seeds[0] != seeds[1]
-    # a given seed draws the same images again
+    # a given seed draws the same rows again (the draw is a function of the pool size, n and the seed)
     rep = verify_result(run, recheck=3, seed=seeds[0], checkpoint=str(tiny_checkpoint), suite=str(made[0]))
-    assert rep.recheck["images"] == images[0]
+    assert rep.recheck["seed"] == seeds[0] and rep.recheck["seed_policy"] == "given"
+    assert list(draw(80, 3, seeds[0])) == list(draw(80, 3, seeds[0])) != list(draw(80, 3, seeds[1]))
 
 
 def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0_weights, tmp_path):
@@ -221,8 +222,8 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
     assert json.loads((run / "result.json").read_text())["metrics"]["configs"]["shifted"]["acc1"]["value"] == 1.0
     assert verify_result(run, suite=str(suite)).ok  # nothing but a re-run can see this
     rep = verify_result(run, recheck=10, checkpoint=lite0_weights, suite=str(suite))
-    assert not rep.ok and any(p.startswith("shifted/") for p in rep.problems)
-    assert rep.recheck["n"] == 10 and isinstance(rep.recheck["seed"], int)
+    assert not rep.ok and any("of the 10 re-run rows disagree" in p for p in rep.problems), rep.problems
+    assert rep.recheck["n"] == 10 and isinstance(rep.recheck["seed"], int) and rep.recheck["disagreeing"] > 0
 
     # a forgery of one stored probability only (the row stays consistent): the whole-row comparison finds it
     (run / "predictions" / "shifted.parquet").write_bytes(honest)
@@ -237,7 +238,7 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
 
     forge(run, "shifted", nudge)
     rep = verify_result(run, recheck=10, checkpoint=lite0_weights, suite=str(suite))
-    assert not rep.ok and any("top-10 class" in p for p in rep.problems), rep.problems
+    assert not rep.ok and any("top-k probability" in p for p in rep.problems), rep.problems
 
 
 def test_signing_refuses_an_untrusted_suite_and_an_unsigned_stamp(run, tiny_checkpoint, tmp_path, capsys):
@@ -246,8 +247,9 @@ def test_signing_refuses_an_untrusted_suite_and_an_unsigned_stamp(run, tiny_chec
     # no --suite/--suites: the recorded folder is not a trust root, so nothing gets signed
     assert main(["verify", str(run), "--recheck", "2", "--checkpoint", str(tiny_checkpoint), "--sign", str(key)]) == 1
     assert not (run / "verification.json").exists()
-    assert main(["verify", str(run), "--recheck", "2", "--stamp"]) == 2
-    assert "--stamp needs --sign" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --stamp is gone: an unsigned stamp never verifies
+        main(["verify", str(run), "--recheck", "2", "--stamp"])
+    assert "unrecognized arguments: --stamp" in capsys.readouterr().err
 
 
 def _entry(store_root, **kw):
@@ -638,9 +640,145 @@ def test_schema_rejects_display_tricks_and_absurd_sizes(run, where, value, why):
 
     r = json.loads((run / "result.json").read_text())
     parse_result(canonical_json(r), where="ok")  # the honest result passes
+    honest = r["model"]["id"]
     r["model"][where] = value
     with pytest.raises(IntegrityError, match=f"model.{where} .*{why}"):
         parse_result(canonical_json(r), where="x")
     r["model"]["num_params"] = MAX_NUM_PARAMS  # the bound itself is allowed
-    r["model"]["id"] = "timm/resnet50.a1_in1k"
+    r["model"]["id"] = honest
     parse_result(canonical_json(r), where="ok")
+
+
+# -- issue 30: one identity, a re-check with a stated guarantee, bounded inputs ----------------------------------
+LOOK_ALIKES = ["x", "timm/x", "hf-hub:timm/x", "x@v2", " x", "TIMM/x", "t\u0456mm/x", "someorg/x"]
+
+
+@pytest.mark.parametrize("alias", LOOK_ALIKES)
+def test_look_alike_ids_are_never_verified_or_signed(run, made, tiny_checkpoint, tmp_path, capsys, alias):
+    """One result copied under eight spellings of an id, each re-verified with --recheck --checkpoint --sign as
+    the attack did: every one is refused in one line naming the canonical id, and no stamp is written."""
+    key = tmp_path / "m.key"
+    stamps.generate_key(key)
+    honest = json.loads((run / "result.json").read_text())["model"]["id"]
+    rewrite(run, lambda r: r["model"].update(id=alias.replace("x", "test_resnet.r160_in1k")))
+    capsys.readouterr()
+    code = main(["verify", str(run), "--recheck", "--checkpoint", str(tiny_checkpoint), "--suite", str(made[0]),
+                 "--sign", str(key)])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and "canonical" in err, err
+    assert f"their canonical id is '{honest}'" in err or "is not a canonical id" in err
+    assert not (run / "verification.json").exists()
+    assert load_store(str(run.parent.parent), suites=[str(made[0])]).entries == []  # the store refuses it too
+
+
+def _doc_guarantee_table() -> dict[float, float]:
+    """The detection table of docs/leaderboard.md ("What verified guarantees"): altered % -> caught %."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "leaderboard.md").read_text()
+    section = text[text.index("### What verified guarantees"):]
+    rows = re.findall(r"^\|\s*([0-9.]+)%\s*\|\s*([0-9.]+)%", section, re.M)
+    return {float(a) / 100: float(b) / 100 for a, b in rows}
+
+
+def test_the_documented_guarantee_holds_in_a_simulation_of_the_projects_own_draw():
+    """docs/leaderboard.md states the default sample size, the formula and the chance to catch each fraction of
+    altered rows; a simulation drawing with genshift.eval.verify.draw (the code bench verify and bench review
+    run) catches forged rows as often as stated."""
+    from genshift.eval.verify import DETECT_FRACTION, DETECT_PROBABILITY, draw, miss_probability, sample_size
+
+    table = _doc_guarantee_table()
+    assert set(table) == {0.001, 0.005, 0.01, 0.02, 0.05}
+    total = 100_000
+    n = sample_size(total)
+    assert n == 915 and sample_size(10**7) == 919 and sample_size(200) == 198
+    assert 1 - miss_probability(total, int(DETECT_FRACTION * total), n) >= DETECT_PROBABILITY
+    rng = np.random.default_rng(0)
+    trials = 2000
+    for fraction, stated in table.items():
+        assert abs((1 - miss_probability(total, int(fraction * total), 919)) - stated) < 0.006  # as printed
+        forged = set(rng.choice(total, int(fraction * total), replace=False).tolist())
+        caught = sum(not forged.isdisjoint(draw(total, n, seed).tolist()) for seed in range(trials)) / trials
+        sigma = (stated * (1 - stated) / trials) ** 0.5
+        assert caught >= stated - 4 * sigma - 0.005, (fraction, caught, stated)
+    assert table[DETECT_FRACTION] >= DETECT_PROBABILITY
+
+
+def test_signing_and_verify_share_the_guaranteed_default(run, made, tiny_checkpoint, tmp_path):
+    """`bench verify --sign` without --recheck re-checks the guaranteed sample (here: every one of 80 rows, as a
+    suite this small needs), as `bench verify --recheck` without N and `bench review` do."""
+    from genshift.eval.verify import sample_size
+    from genshift.leaderboard.review import Reviewer
+
+    key = tmp_path / "m.key"
+    stamps.generate_key(key)
+    assert main(["verify", str(run), "--checkpoint", str(tiny_checkpoint), "--suite", str(made[0]),
+                 "--sign", str(key)]) == 0
+    rc = json.loads((run / "verification.json").read_text())["recheck"]
+    assert rc["n"] == sample_size(80) == 80 and rc["N"] == 80 and rc["guarantee"] == {"fraction": 1 / 80,
+                                                                                       "probability": 0.99}
+    assert Reviewer("org/r", key_path=str(key), endpoint="http://127.0.0.1:9").recheck == "auto"
+
+
+def test_the_rerun_is_batched_and_streamed(run, made, tiny_checkpoint, monkeypatch):
+    """`--recheck all` on every image: the images go through the model in batches of --batch-size, never all at
+    once (919 images in one batch reached 9.7 GB)."""
+    import genshift.eval.models
+
+    real, seen = genshift.eval.models.load_classifier, []
+
+    def recording(*a, **k):
+        clf = real(*a, **k)
+        forward = clf.model.forward
+        clf.model.forward = lambda x: seen.append(len(x)) or forward(x)
+        return clf
+    monkeypatch.setattr(genshift.eval.models, "load_classifier", recording)
+    rep = verify_result(run, recheck="all", batch_size=8, checkpoint=str(tiny_checkpoint), suite=str(made[0]))
+    assert rep.ok and rep.recheck["n"] == 80 and sum(seen) == 80 and max(seen) == 8, seen
+
+
+def confident(t):
+    """Every row a confident top-1 hit (label first at probability 0.9, still self-consistent)."""
+    t = label_first(t)
+    probs = np.stack(t["topk_prob"].to_numpy(zero_copy_only=False))
+    probs = np.concatenate([np.full((len(probs), 1), 0.9), probs[:, :-1] / 10], axis=1).astype(np.float32)
+    t = t.set_column(t.schema.get_field_index("topk_prob"), t.schema.field("topk_prob"),
+                     pa.FixedSizeListArray.from_arrays(pa.array(probs.ravel()), probs.shape[1]))
+    return col(t, "true_prob", probs[:, 0])
+
+
+def test_a_rerun_failure_says_how_many_rows_disagree_never_which(run, made, tiny_checkpoint):
+    forge(run, "shifted", confident)
+    rep = verify_result(run, recheck="all", checkpoint=str(tiny_checkpoint), suite=str(made[0]))
+    assert not rep.ok and rep.recheck["disagreeing"] > 0
+    text = "\n".join(rep.problems + rep.checked) + json.dumps(rep.recheck)
+    assert f"{rep.recheck['disagreeing']} of the 80 re-run rows disagree" in text
+    ids = pq.read_table(run / "predictions" / "shifted.parquet")["image_id"].to_pylist()
+    assert not any(i in text for i in ids)  # no image is named
+
+
+@pytest.mark.subprocess
+def test_a_zstd_bomb_predictions_file_is_refused_before_it_is_decoded(tmp_path):
+    """A 2 KiB zstd parquet that decodes to 576 MiB (the board and the reviewer reached 3.96 GB on one): refused
+    with one line, the reader's memory staying far below what the file decodes to; a file declaring more rows
+    than any predictions file holds is refused from its footer alone."""
+    import subprocess
+    import sys
+
+    big = pa.table({"image_id": pa.array(["a" * (1 << 20)] * 64)})
+    with pq.ParquetWriter(tmp_path / "bomb.parquet", big.schema, compression="zstd") as w:
+        for _ in range(9):
+            w.write_table(big)
+    del big
+    pq.write_table(pa.table({"image_id": pa.array(["a"] * 2_100_000)}), tmp_path / "rows.parquet", compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 8192
+    code = ("import re, sys\nfrom genshift.eval.predictions import read_predictions\n"
+            "for f in sys.argv[1:]:\n    try:\n        read_predictions(f)\n    except Exception as e:\n"
+            "        print(type(e).__name__, e)\n"  # the peak resident size of this process (not inherited, as ru_maxrss is)
+            "print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.parquet"), str(tmp_path / "rows.parquet")],
+                         capture_output=True, text=True, timeout=300).stdout.splitlines()
+    assert out[0].startswith("IntegrityError") and "decompresses to more than 512 MiB" in out[0], out
+    assert out[1].startswith("IntegrityError") and "2,100,000 rows" in out[1], out
+    assert int(out[2]) < 400, f"peak RSS {out[2]} MiB"

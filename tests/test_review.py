@@ -78,17 +78,17 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         submit(forged, "org/results", endpoint=hub.endpoint)
         kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=False, checkpoint=str(tiny_checkpoint), suite=str(toy_suite),
                   endpoint=hub.endpoint)
-        dry = {o.pr: o for o in review("org/results", **kw)}  # reviewed, stamped, commented, not merged
-        assert dry[1].status == "passed" and not dry[1].merged
-        kw["merge"] = True
-        first = {o.pr: o for o in review("org/results", **kw)}  # a later run with --merge merges it, no re-review
-        assert first[1].status == "skipped" and first[2].status == "skipped"
-        first[2] = dry[2]
-        assert first[1].merged and dry[1].problems == []
-        assert first[2].status == "failed" and not first[2].merged
-        assert any("true-class probability" in p for p in first[2].problems), first[2].problems
-
+        dry = {o.pr: o for o in review("org/results", **kw)}  # reviewed and answered, nothing published
+        assert dry[1].status == "passed" and not dry[1].merged and dry[1].problems == []
+        assert dry[2].status == "failed" and not dry[2].merged
+        assert any("true-class probability" in p for p in dry[2].problems), dry[2].problems
         repo = hub.repos[("dataset", "org/results")]
+        assert not any(p.endswith("result.json") for p in repo.commits[repo.refs["main"]].files)
+        kw.update(merge=True, again=(1,))
+        first = {o.pr: o for o in review("org/results", **kw)}  # --again PR --merge: reviewed anew and published
+        assert first[1].status == "passed" and first[1].merged and first[2].status == "skipped"
+        kw["again"] = ()
+
         main = repo.commits[repo.refs["main"]].files
         entry = dry[1].entries[0]
         stamp = json.loads(main[f"{entry}/verification.json"])
@@ -97,10 +97,10 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         assert main[f"{entry}/result.json"] == good.read_bytes()
         d1 = api.get_discussion_details("org/results", 1, repo_type="dataset")
         d2 = api.get_discussion_details("org/results", 2, repo_type="dataset")
-        assert d1.status == "merged" and d2.status == "open"
+        assert d1.status == "closed" and d2.status == "open"
         c1 = [e.content for e in d1.events if e.type == "comment"]
         c2 = [e.content for e in d2.events if e.type == "comment"]
-        assert "Verification passed" in c1[0] and MARKER.search(c1[0])
+        assert "Verification passed" in c1[-1] and "Published to `main`" in c1[-1] and MARKER.search(c1[-1])
         assert "Verification failed" in c2[0] and "true-class probability" in c2[0]
         assert "verification.json" not in "".join(repo.commits[repo.refs["refs/pr/2"]].files)
 
@@ -123,7 +123,7 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, caps
 
     from genshift.cli import main
     from genshift.eval import stamps
-    from genshift.leaderboard.review import Reviewer, review, watch
+    from genshift.leaderboard.review import review
 
     stamps.generate_key(tmp_path / "k")
     with FakeHub() as hub:
@@ -135,21 +135,17 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, caps
                           create_pr=True, commit_message="stray file")
         out = review("org/results", key_path=str(tmp_path / "k"), recheck=5, endpoint=hub.endpoint)
         assert [o.status for o in out] == ["failed", "failed"]
-        assert "rejected by the store" in out[0].problems[0]
+        assert "s/m: result file s/m/result.json is not valid JSON" in out[0].problems[0]
         assert "changes README.md" in out[1].problems[0]
         comment = [e.content for e in api.get_discussion_details("org/results", 2, repo_type="dataset").events
                    if e.type == "comment"][0]
         assert "```text\nchanges README.md" in comment  # data-derived text quoted, never live Markdown
 
-        # the CLI (HF_ENDPOINT, read by huggingface_hub) and the --watch loop: both PRs already reviewed
+        # the CLI (HF_ENDPOINT, read by huggingface_hub): both PRs already reviewed
         monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
         assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "k"), "--recheck", "5"]) == 0
         out = capsys.readouterr().out
         assert out.count("skipped") == 2 and "#1" in out and "#2" in out
-        passes = []
-        watch(Reviewer("org/results", key_path=str(tmp_path / "k"), endpoint=hub.endpoint), 0.01,
-              report=passes.append, passes=2)
-        assert [[o.status for o in p] for p in passes] == [["skipped", "skipped"]] * 2
 
 
 def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
@@ -162,7 +158,7 @@ def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     # a key file whose read fails (an I/O error, whoever runs the test): one line, no traceback
     assert main(["review", "--repo", "org/results", "--key", "/proc/self/mem"]) != 0
     err = capsys.readouterr().err
-    assert err.startswith("error: signing key '/proc/self/mem' cannot be read (Input/output error)") and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: bench review: signing key '/proc/self/mem' cannot be read (Input/output error)") and len(err.strip().splitlines()) == 1
 
 
 # -- attacks on the review service: markers, ownership, terminal answers --------------------------------------------
@@ -190,6 +186,21 @@ def _copy(made, tmp_path, name, change=None):
     if change:
         _rewrite(run, change)
     return run
+
+
+def _as(model_id, source="checkpoint", revision="a" * 40):
+    """A change making a result the self-consistent record of another model (only a re-run can tell): Hub
+    weights ``model_id``, or local weights whose tensors digest is made from ``model_id``."""
+    from genshift.fsutil import sha256_bytes
+
+    def change(r):
+        m, digest = r["model"], sha256_bytes(model_id.encode())
+        m.update(tensors_sha256=digest, id=f"test_resnet@sha256:{digest[:16]}")
+        if source == "hf-hub":
+            m.pop("declared_name", None)
+            m.update(id=model_id, source=source, weights_revision=revision,
+                     pretrained_cfg={**m["pretrained_cfg"], "hf_hub_id": model_id})
+    return change
 
 
 def _entry_ops(run, folder):
@@ -232,7 +243,7 @@ def _head(hub, num):
     return repo.refs[f"refs/pr/{num}"]
 
 
-def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
+def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None, suite=True):
     """``bench review`` through the CLI, against the local Hub as the maintainer's account."""
     from huggingface_hub import constants
 
@@ -241,8 +252,12 @@ def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None):
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT sets at import
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setenv("HF_TOKEN", token)
-    return main(["review", "--repo", "org/results", "--key", str(key or made[2]), "--suite", str(made[0]),
-                 "--recheck", "5", *extra])
+    return main(["review", "--repo", "org/results", "--key", str(key or made[2]),
+                 *(["--suite", str(made[0])] if suite else []), "--recheck", "5", *extra])
+
+
+class _Calls(list):
+    modes: list  # the recheck asked for, call by call
 
 
 @pytest.fixture
@@ -250,11 +265,13 @@ def reruns(monkeypatch):
     """Every image re-run ``bench review`` asks for (``verify_result`` with ``recheck``), by result path."""
     import genshift.eval.verify
 
-    calls, real = [], genshift.eval.verify.verify_result
+    calls, real = _Calls(), genshift.eval.verify.verify_result
+    calls.modes = []
 
     def counting(path, **kw):
         if kw.get("recheck"):
             calls.append(str(path))
+            calls.modes.append(kw["recheck"])
         return real(path, **kw)
     monkeypatch.setattr(genshift.eval.verify, "verify_result", counting)
     return calls
@@ -265,7 +282,7 @@ def test_forged_and_copied_review_markers_are_not_believed(made, tmp_path, monke
     from genshift.eval import stamps
     from genshift.leaderboard.review import Reviewer
 
-    entry = "toy/test_resnet.r160_in1k"
+    entry = f"toy/{made[1].name}"
     stamps.generate_key(tmp_path / "alice.key")
     alice_key = Reviewer("org/results", key_path=str(tmp_path / "alice.key"), endpoint="http://127.0.0.1:9")
     maint = Reviewer("org/results", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
@@ -293,7 +310,7 @@ def test_forged_and_copied_review_markers_are_not_believed(made, tmp_path, monke
         main = repo.commits[repo.refs["main"]].files
         assert main.get("README.md") is None                       # PR 1 not merged
         assert f"{entry}/verification.json" in main                # PR 2 reviewed, stamped and merged
-        assert hub.repos[("dataset", "org/results")].discussions[pr2]["status"] == "merged"
+        assert hub.repos[("dataset", "org/results")].discussions[pr2]["status"] == "closed"
         assert hub.repos[("dataset", "org/results")].discussions[pr1]["status"] == "open"
         author, text = _comments(hub, pr1)[-1]
         assert author == "maintainer" and "Verification failed" in text and "changes README.md" in text
@@ -334,11 +351,12 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
 
     from genshift.leaderboard.store import load_store
 
-    own = "toy/test_resnet.r160_in1k"
-    other = _copy(made, tmp_path, "other", lambda r: r["model"].update(id="timm/other_model.in1k"))
-    org_m = _copy(made, tmp_path, "org_m", lambda r: r["model"].update(id="org/m"))
-    collide = _copy(made, tmp_path, "collide", lambda r: r["model"].update(id="org--m"))  # the same folder name
+    own = f"toy/{made[1].name}"
+    other = _copy(made, tmp_path, "other", _as("other weights"))
+    org_m = _copy(made, tmp_path, "org_m", _as("org/m", "hf-hub"))
+    collide = _copy(made, tmp_path, "collide", lambda r: r["model"].update(id="org--m"))  # path_slug's same folder
     again = _copy(made, tmp_path, "again", lambda r: r.update(notes="re-run with a newer timm"))
+    monkeypatch.setattr("genshift.leaderboard.review.MAX_OPEN_PRS", 100)  # many PRs of one account here
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         api = HfApi(endpoint=hub.endpoint, token="tok-maint")
@@ -354,21 +372,22 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
             "unnamed": _open_pr(hub, "tok-alice", _entry_ops(again, own)
                                 + [CommitOperationAdd(f"{own}/predictions/junk.parquet", b"PAR1 not named")]),
             "replace": _open_pr(hub, "tok-alice", _entry_ops(again, own)),             # same model id: allowed
-            "race": _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "race", lambda r: r["model"].update(
-                id="org--q")), "toy/org--q")),                                      # new at its base, but ...
+            "race": _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "race", _as("org/q", "hf-hub")),
+                                                          "toy/org--q")),          # new at its base, but ...
         }
-        # ... main moved on after the PR was opened: another model's entry now holds that folder
-        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: r["model"].update(
-            id="org/q")), "toy/org--q"), repo_type="dataset", commit_message="merged meanwhile")
+        # ... main moved on after the PR was opened: org/q's entry under another protocol now holds that folder
+        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: (_as("org/q", "hf-hub")(r), r[
+            "protocol"]["scoring"].update(n_boot=200))), "toy/org--q"), repo_type="dataset", commit_message="merged meanwhile")
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
         capsys.readouterr()
         said = {k: _comments(hub, n)[-1][1] for k, n in prs.items()}
-        assert "filed under toy/test_resnet.r160_in1k/, but its result is timm/other_model.in1k on toy, which " \
-               "belongs under toy/timm--other_model.in1k/" in said["overwrite"]
-        assert "filed under other-suite/a..b/" in said["misfiled"] and "belongs under toy/test_resnet.r160_in1k/" \
-            in said["misfiled"]
-        assert "replaces the entry of org/m with a result of org--m on toy" in said["collide"]
-        assert "replaces the entry of org/q with a result of org--q on toy" in said["race"]
+        other_id = json.loads((other / "result.json").read_text())["model"]["id"]
+        assert f"filed under {own}/, but its result is {other_id} on toy, which belongs under " \
+               f"toy/{other_id.replace(':', '-')}/" in said["overwrite"]
+        assert "filed under other-suite/a..b/" in said["misfiled"] and f"belongs under {own}/" in said["misfiled"]
+        assert "model id 'org--m' is not a canonical id" in said["collide"]  # no id can share another's folder
+        assert "replaces the entry of org/q under another suite version or protocol with a result of org/q" \
+            in said["race"]
         assert "verification stamps are written only by the reviewer" in said["stamp"]
         assert "changes README.md" in said["readme"]
         assert f"changes {own}/predictions/junk.parquet, which {own}/result.json does not name" in said["unnamed"]
@@ -380,13 +399,13 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
 
     # the store refuses a misfiled entry the same way (its folder is owned by the result's suite and model ids)
     store = tmp_path / "store"
-    shutil.copytree(other, store / "toy" / "test_resnet.r160_in1k")
-    shutil.copytree(made[1], store / "toy" / "test_resnet.r160_in1k.v2")
+    shutil.copytree(other, store / own)
+    shutil.copytree(made[1], store / f"{own}.v2")
     loaded = load_store(str(store), suites=[str(made[0])])
     assert loaded.entries == [] and len(loaded.rejected) == 2
     reasons = {e.path.parent.name: e.reason for e in loaded.rejected}
-    assert "belongs under toy/timm--other_model.in1k/" in reasons["test_resnet.r160_in1k"]
-    assert "filed under toy/test_resnet.r160_in1k.v2/" in reasons["test_resnet.r160_in1k.v2"]
+    assert f"belongs under toy/{other_id.replace(':', '-')}/" in reasons[made[1].name]
+    assert f"filed under {own}.v2/" in reasons[f"{made[1].name}.v2"]
 
 
 def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monkeypatch, capsys, tiny_checkpoint,
@@ -395,13 +414,12 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
     import torch
     from safetensors.torch import save_file
 
-    entry = "toy/test_resnet.r160_in1k"
+    entry = f"toy/{made[1].name}"
     torch.manual_seed(1)  # the same architecture, other weights: not what the entry was scored with
     other_weights = tmp_path / "other.safetensors"
     save_file({k: v.contiguous() for k, v in timm.create_model("test_resnet.r160_in1k").state_dict().items()},
               str(other_weights))
-    missing = _copy(made, tmp_path, "missing", lambda r: r["model"].update(
-        source="hf-hub", id="org/no-such-model", weights_revision="a" * 40))
+    missing = _copy(made, tmp_path, "missing", _as("org/no-such-model", "hf-hub"))
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         # a timm model repo whose weights do not fit its architecture: timm cannot load it
@@ -414,8 +432,7 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
             "org/broken", [CommitOperationAdd("config.json", json.dumps(cfg, default=str).encode()),
                            CommitOperationAdd("model.safetensors", str(tmp_path / "broken.safetensors"))],
             commit_message="weights").oid
-        broken_run = _copy(made, tmp_path, "broken", lambda r: r["model"].update(
-            source="hf-hub", id="org/broken", weights_revision=sha))
+        broken_run = _copy(made, tmp_path, "broken", _as("org/broken", "hf-hub", sha))
         pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
         gone = _open_pr(hub, "tok-alice", _entry_ops(missing, "toy/org--no-such-model"))
         broken = _open_pr(hub, "tok-alice", _entry_ops(broken_run, "toy/org--broken"))
@@ -429,7 +446,7 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
         (_, text), = _comments(hub, gone)
         assert "cannot be checked" in text and "model org/no-such-model is not available on the Hub" in text
         (_, text), = _comments(hub, broken)
-        assert "cannot be checked" in text and "model hf-hub:org/broken@" in text and "cannot be loaded (RuntimeError" in text
+        assert "cannot be checked" in text and "it has 469,688 parameters, the weights hold" in text
         tried = len(reruns)
         assert tried == 2  # both Hub models reached the re-run; the local-weights entry was refused before it
 
@@ -455,19 +472,9 @@ def test_every_pr_gets_a_terminal_answer_and_is_not_retried(made, tmp_path, monk
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
         capsys.readouterr()
         texts = [t for _, t in _comments(hub, pr)]
-        assert len(texts) == 4 and "Verification passed" in texts[2] and texts[3].startswith("Merged by `bench review`")
-        assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "merged"
+        assert len(texts) == 3 and "Verification passed" in texts[2] and "Published to `main`" in texts[2]
+        assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "closed"
         assert len(reruns) == tried + 1
-
-        # --merge merges only the commit that was reviewed: a push between the review and the merge stops it
-        from genshift.leaderboard.review import Outcome, Reviewer
-        late = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v4", lambda r: r.update(notes="v4")), entry))
-        reviewed = _head(hub, late)
-        _push(hub, "tok-alice", late, _entry_ops(_copy(made, tmp_path, "v5", lambda r: r.update(notes="v5")), entry))
-        outcome = Outcome(late, head=reviewed, status="passed")
-        Reviewer("org/results", key_path=str(made[2]), endpoint=hub.endpoint, merge=True)._merge(outcome)
-        assert not outcome.merged and "head moved" in outcome.problems[0]
-        assert hub.repos[("dataset", "org/results")].discussions[late]["status"] == "open"
 
 
 def test_review_exits_non_zero_only_when_the_service_fails(made, monkeypatch, capsys):
@@ -501,7 +508,7 @@ def test_a_crash_in_a_check_is_no_answer_and_is_retried(made, monkeypatch, capsy
         return real(path, **kw)
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
-        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], "toy/test_resnet.r160_in1k"))
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], f"toy/{made[1].name}"))
         monkeypatch.setattr(genshift.eval.verify, "verify_result", crash)
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 1  # the service failed
         assert "RuntimeError: CUDA error" in capsys.readouterr().out and _comments(hub, pr) == []  # no answer
@@ -519,42 +526,6 @@ def test_entry_folders_are_derived_from_the_ids():
     assert entry_dir({"suite": {"id": "imagenet-star"}, "model": {"id": "org/m"}}) == "imagenet-star/org--m"
 
 
-def test_a_pr_merged_on_a_later_run_is_checked_against_main_as_it_is_then(made, tmp_path, monkeypatch, capsys,
-                                                                          tiny_checkpoint, reruns):
-    """Passed without --merge, then main moved on: another model's entry now holds the PR's folder. The later
-    --merge run re-checks ownership against main (no image re-run) and answers 'failed' instead of merging,
-    once, rather than overwriting that entry."""
-    from huggingface_hub import HfApi
-
-    entry = "toy/test_resnet.r160_in1k"
-    with FakeHub(users=USERS) as hub:
-        hub.create("dataset", "org/results")
-        api = HfApi(endpoint=hub.endpoint, token="tok-maint")
-        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
-        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0  # no --merge
-        assert "passed" in capsys.readouterr().out and len(reruns) == 1
-        # meanwhile main got org/q's entry in that folder (a maintainer's direct commit)
-        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: r["model"].update(
-            id="org/q")), entry), repo_type="dataset", commit_message="merged meanwhile")
-        repo = hub.repos[("dataset", "org/results")]
-        before = repo.commits[repo.refs["main"]].files[f"{entry}/result.json"]
-
-        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
-        out = capsys.readouterr().out
-        assert len(reruns) == 1  # the ownership re-check needs no image re-run
-        assert repo.discussions[pr]["status"] == "open", out
-        assert repo.commits[repo.refs["main"]].files[f"{entry}/result.json"] == before  # org/q's entry stands
-        author, text = _comments(hub, pr)[-1]
-        assert author == "maintainer" and "Verification failed" in text
-        assert "replaces the entry of org/q with a result of test_resnet.r160_in1k on toy" in text
-
-        # its new (failed) answer at the same head is the one believed from now on: nothing more is done
-        posts = sum(m == "POST" for m, _ in hub.requests)
-        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
-        assert "skipped (failed earlier)" in capsys.readouterr().out
-        assert sum(m == "POST" for m, _ in hub.requests) == posts and repo.discussions[pr]["status"] == "open"
-
-
 def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_path, monkeypatch, capsys,
                                                                        tiny_checkpoint):
     """The submitter pushes while the images are re-run: the stamps are not committed on top of the unreviewed
@@ -562,7 +533,7 @@ def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_
     new head."""
     import genshift.eval.verify
 
-    entry = "toy/test_resnet.r160_in1k"
+    entry = f"toy/{made[1].name}"
     real = genshift.eval.verify.verify_result
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
@@ -583,7 +554,7 @@ def test_a_push_during_the_review_is_no_answer_and_no_service_failure(made, tmp_
         monkeypatch.setattr(genshift.eval.verify, "verify_result", real)
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
         capsys.readouterr()
-        assert repo.discussions[pr]["status"] == "merged"
+        assert repo.discussions[pr]["status"] == "closed"
         assert b"pushed during the review" in repo.commits[repo.refs["main"]].files[f"{entry}/result.json"]
 
 
@@ -605,30 +576,27 @@ def test_a_pr_of_thousands_of_files_gets_one_bounded_answer(made, monkeypatch, c
 
 def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, monkeypatch, capsys, tiny_checkpoint,
                                                                 reruns):
-    """The PR holds the reviewer's own stamps from its earlier pass; the submitter pushes a new run of the same
-    model: the new head is reviewed (images re-run), re-stamped and merged, not failed for the old stamps. A
-    stamp the reviewer did not sign is still refused."""
+    """Passed without --merge; the submitter pushes a new run of the same model: the new head is reviewed (images
+    re-run) and published with --merge. A verification.json a submitter pushes fails the PR: stamps are written
+    only by the reviewer, on main."""
     from huggingface_hub import CommitOperationAdd
 
-    entry = "toy/test_resnet.r160_in1k"
+    entry = f"toy/{made[1].name}"
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
         capsys.readouterr()
         repo = hub.repos[("dataset", "org/results")]
-        old_stamp = repo.commits[_head(hub, pr)].files[f"{entry}/verification.json"]
         _push(hub, "tok-alice", pr, _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")), entry))
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
         out = capsys.readouterr().out
-        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "merged", out
+        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "closed", out
         main = repo.commits[repo.refs["main"]].files
-        assert b'"v2"' in main[f"{entry}/result.json"] and main[f"{entry}/verification.json"] != old_stamp
+        assert b'"v2"' in main[f"{entry}/result.json"] and f"{entry}/verification.json" in main
 
-        # a stamp signed by anyone else (here: an unsigned one) in a later push still fails the PR
-        pr2 = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v3", lambda r: r.update(notes="v3")), entry))
-        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
-        _push(hub, "tok-alice", pr2, [CommitOperationAdd(f"{entry}/verification.json", b'{"kind": "x"}')])
+        pr2 = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v3", lambda r: r.update(notes="v3")), entry)
+                       + [CommitOperationAdd(f"{entry}/verification.json", b'{"kind": "x"}')])
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
         capsys.readouterr()
         assert "verification stamps are written only by the reviewer" in _comments(hub, pr2)[-1][1]
@@ -637,11 +605,12 @@ def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, 
 def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download(made, monkeypatch, capsys, reruns):
     """`.gitattributes` changed or deleted, a predictions file whose name has a space or non-ASCII letters, a
     result over the size limit: each fails with the offending path, and nothing reaches the image re-run."""
-    import genshift.leaderboard.store
+    import genshift.eval.results
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-    entry = "toy/test_resnet.r160_in1k"
-    monkeypatch.setattr(genshift.leaderboard.store, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test
+    entry = f"toy/{made[1].name}"
+    monkeypatch.setattr(genshift.eval.results, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test
+    monkeypatch.setattr("genshift.leaderboard.review.MAX_OPEN_PRS", 100)  # many PRs of one account here
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         prs = {
@@ -674,33 +643,15 @@ def test_a_pr_with_too_many_entries_is_refused_before_any_download(made, monkeyp
         hub.create("dataset", "org/results")
         pr = _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"toy/m{i}/result.json", b"{}")
                                            for i in range(MAX_ENTRIES_PER_PR + 1)])
-        downloads = sum("/resolve/" in p for _, p in hub.requests)
+        def downloads():  # of the PR's files (the service reads its own ledger on main too)
+            return sum("/resolve/" in p and "review-ledger.json" not in p for _, p in hub.requests)
+        before = downloads()
         assert _bench_review(monkeypatch, hub, made) == 0
         capsys.readouterr()
         text = _comments(hub, pr)[-1][1]
         assert "Verification failed" in text and f"adds or changes {MAX_ENTRIES_PER_PR + 1} entries" in text
         assert f"at most {MAX_ENTRIES_PER_PR} per pull request" in text
-        assert reruns == [] and sum("/resolve/" in p for _, p in hub.requests) == downloads
-
-
-def test_publishing_a_model_that_is_not_on_the_hub_is_a_line_and_the_merge_stands(made, monkeypatch, capsys,
-                                                                                   tiny_checkpoint):
-    """--publish-model-results on an entry scored with local weights: merged, and the results PR says in one line
-    why it was not reported on a model page; the run exits 0 and a rerun posts nothing."""
-    entry = "toy/test_resnet.r160_in1k"
-    with FakeHub(users=USERS) as hub:
-        hub.create("dataset", "org/results")
-        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
-        args = ("--checkpoint", str(tiny_checkpoint), "--merge", "--publish-model-results")
-        assert _bench_review(monkeypatch, hub, made, *args) == 0
-        capsys.readouterr()
-        assert hub.repos[("dataset", "org/results")].discussions[pr]["status"] == "merged"
-        author, text = _comments(hub, pr)[-1]
-        assert author == "maintainer" and f"`{entry}`: not reported on the model page" in text
-        assert "is not a Hub model repo" in text and text.count("\n- ") == 1
-        posts = sum(m == "POST" for m, _ in hub.requests)
-        assert _bench_review(monkeypatch, hub, made, *args) == 0
-        assert sum(m == "POST" for m, _ in hub.requests) == posts
+        assert reruns == [] and downloads() == before
 
 
 def test_a_marker_is_bound_to_its_repo(made):
@@ -719,14 +670,14 @@ def test_a_marker_is_bound_to_its_repo(made):
     assert results.answers(3, events) == {} and staging.answers(4, events) == {}
 
 
-def test_a_failed_comment_after_the_stamp_commit_is_recovered_on_the_next_run(made, monkeypatch, capsys,
-                                                                              tiny_checkpoint, reruns):
-    """The Hub fails the answer's comment right after the stamps were committed: that run fails (exit 1, no
-    answer); the next one reviews the stamped head again, its own stamps are no reason to fail, and answers once."""
+def test_a_failed_comment_after_publishing_is_recovered_on_the_next_run(made, monkeypatch, capsys,
+                                                                        tiny_checkpoint, reruns):
+    """The Hub fails the answer's comment right after the entry was published: that run fails (exit 1, no answer);
+    the next one reviews the head again, publishes the same files and answers once."""
     import requests
     from huggingface_hub import HfApi, errors
 
-    entry = "toy/test_resnet.r160_in1k"
+    entry = f"toy/{made[1].name}"
     real = HfApi.comment_discussion
 
     def down(self, *a, **kw):
@@ -737,13 +688,241 @@ def test_a_failed_comment_after_the_stamp_commit_is_recovered_on_the_next_run(ma
         hub.create("dataset", "org/results")
         pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
         monkeypatch.setattr(HfApi, "comment_discussion", down)
-        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 1
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 1
         capsys.readouterr()
         repo = hub.repos[("dataset", "org/results")]
-        assert f"{entry}/verification.json" in repo.commits[_head(hub, pr)].files and _comments(hub, pr) == []
+        assert f"{entry}/verification.json" in _main_files(hub) and _comments(hub, pr) == []
         monkeypatch.setattr(HfApi, "comment_discussion", real)
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--merge") == 0
         capsys.readouterr()
-        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "merged"
+        assert len(reruns) == 2 and repo.discussions[pr]["status"] == "closed"
         assert [t for _, t in _comments(hub, pr) if "Verification" in t][0].startswith("**Verification passed")
         assert len([t for _, t in _comments(hub, pr) if "Verification" in t]) == 1
+
+
+# -- issue 30: one identity, a re-check that cannot be retried away, a review that cannot be raced ---------------
+def _main_files(hub):
+    repo = hub.repos[("dataset", "org/results")]
+    return repo.commits[repo.refs["main"]].files
+
+
+def _confident(run):
+    """Edit a run's predictions as a forger would (every row a confident top-1 hit), keeping them consistent."""
+    _forge(run / "result.json")
+    return run
+
+
+def _publish_model(hub, tmp_path, repo="timm/test_resnet.r160_in1k"):
+    """The genuine Hub weights of ``repo`` (the tiny model at seed 0: ``tiny_checkpoint``'s tensors); its sha."""
+    import timm
+    import torch
+    from huggingface_hub import HfApi
+    from timm.models._hub import save_for_hf
+
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model("test_resnet.r160_in1k", pretrained=False), str(tmp_path / "hub-model"),
+                safe_serialization=True)
+    hub.create("model", repo)
+    return HfApi(endpoint=hub.endpoint).upload_folder(repo_id=repo, folder_path=str(tmp_path / "hub-model"),
+                                                      commit_message="weights").oid
+
+
+def test_own_weights_under_a_hub_models_id_never_pass_review(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
+    """Mallory raises a classifier bias in her own weights of the architecture, scores them, edits model.id to the
+    Hub model's and the maintainer reviews with her --checkpoint: refused, the id is not the canonical id of the
+    weights the record describes. Claiming the Hub's weights instead (source, revision): re-run from the Hub, never
+    from her file, so the weights that load are not hers: failed. Nothing reaches main."""
+    from safetensors.torch import load_file, save_file
+
+    from genshift import evaluate
+
+    sd = load_file(str(tiny_checkpoint))
+    sd["fc.bias"][:10] += 3.0  # the suite's ten classes: a better score on it
+    save_file(sd, str(tmp_path / "mallory.safetensors"))
+    path = evaluate(f"test_resnet.r160_in1k={tmp_path / 'mallory.safetensors'}", str(made[0]), out=tmp_path / "runs",
+                    batch_size=40, workers=0, compile="off", progress=False).path
+    hers = json.loads(path.read_text())["model"]["id"]
+    target = "timm/test_resnet.r160_in1k"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        sha = _publish_model(hub, tmp_path)
+        renamed = tmp_path / "renamed"
+        shutil.copytree(path.parent, renamed)
+        _rewrite(renamed, lambda r: r["model"].update(id=target))
+        claimed = tmp_path / "claimed"
+        shutil.copytree(path.parent, claimed)
+        _rewrite(claimed, _as(target, "hf-hub", sha))
+        claimed_result = json.loads((claimed / "result.json").read_text())
+        claimed_result["model"]["tensors_sha256"] = json.loads(path.read_text())["model"]["tensors_sha256"]  # hers
+        (claimed / "result.json").write_text(json.dumps(claimed_result))
+        _rewrite(claimed)
+        prs = [_open_pr(hub, "tok-mallory", _entry_ops(run, "toy/timm--test_resnet.r160_in1k")) for run in (renamed, claimed)]
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tmp_path / "mallory.safetensors")) == 0
+        said = [_comments(hub, n)[-1][1] for n in prs]
+        assert "Verification failed" in said[0] and f"their canonical id is '{hers}'" in said[0]
+        assert "Verification failed" in said[1] and "the model loads with other" in said[1] and "tensors_sha256" in said[1]
+        assert not any(p.startswith("toy/timm--") for p in _main_files(hub))
+
+
+def test_a_rerun_that_disagrees_says_how_many_never_which_and_forces_a_full_rerun(made, tmp_path, monkeypatch, capsys,
+                                                                                 tiny_checkpoint, reruns):
+    """A forged result fails with the count of disagreeing rows, no image named. Its model id is then re-run on every
+    row the next time (a fresh sample per push would let a forger retry), until a full re-run passes or the
+    maintainer asks for the usual sample with --again; the state lives in review-ledger.json on main."""
+    import pyarrow.parquet as pq
+
+    from genshift.leaderboard.review import LEDGER_FILE
+
+    entry = f"toy/{made[1].name}"
+    model_id = json.loads((made[1] / "result.json").read_text())["model"]["id"]
+    ids = [i for p in sorted((made[0] / "data").rglob("*.parquet")) for i in pq.read_table(p, columns=["image_id"])
+           ["image_id"].to_pylist()]
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", _entry_ops(_confident(_copy(made, tmp_path, "forged")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        text = _comments(hub, pr)[-1][1]
+        assert "Verification failed" in text and "of the 5 re-run rows disagree with the stored predictions" in text
+        assert not any(i in text for i in ids) and "seed" not in text  # which rows: never said
+        assert json.loads(_main_files(hub)[LEDGER_FILE])["failed"][model_id]["pr"] == pr
+        # the honest run pushed next: re-run in full, passes, clears the model id
+        _push(hub, "tok-mallory", pr, _entry_ops(made[1], entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        assert reruns.modes == [5, "all"] and "Verification passed" in _comments(hub, pr)[-1][1]
+        assert model_id not in json.loads(_main_files(hub)[LEDGER_FILE])["failed"]
+        # failed again; the maintainer's --again takes the usual sample instead of every row
+        pr2 = _open_pr(hub, "tok-mallory", _entry_ops(_confident(_copy(made, tmp_path, "forged2")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
+        _push(hub, "tok-mallory", pr2, _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")), entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--again", str(pr2)) == 0
+        assert reruns.modes[2:] == [5, 5] and "Verification passed" in _comments(hub, pr2)[-1][1]
+
+
+def test_per_submitter_bounds_are_answered_in_one_line(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
+    """At most 3 open PRs of one account are reviewed (the 4th waits, told so once in one line); the images re-run
+    for one account per day are bounded (a PR over the day's budget waits for the next day)."""
+    from huggingface_hub import CommitOperationAdd
+
+    import genshift.leaderboard.review as review
+
+    entry = f"toy/{made[1].name}"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        junk = [_open_pr(hub, "tok-mallory", [CommitOperationAdd(f"junk{i}.txt", b"x")]) for i in range(4)]
+        assert _bench_review(monkeypatch, hub, made) == 0
+        assert "deferred" in capsys.readouterr().out
+        said = [_comments(hub, n) for n in junk]
+        assert all("Verification failed" in c[-1][1] for c in said[:3])
+        (_, waiting), = said[3]
+        assert waiting.startswith("**Not reviewed yet**: mallory has 4 open pull requests and only the oldest 3 are "
+                                  "reviewed") and waiting.count("\n") == 2  # one line, then the signed marker
+        assert _bench_review(monkeypatch, hub, made) == 0 and len(_comments(hub, junk[3])) == 1  # said once per head
+
+        monkeypatch.setattr(review, "MAX_IMAGES_PER_DAY", 100)
+        first = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        second = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "v2", lambda r: r.update(notes="v2")),
+                                                       entry))
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--recheck", "all") == 0
+        assert "Verification passed" in _comments(hub, first)[-1][1]
+        text = _comments(hub, second)[-1][1]
+        assert text.startswith("**Not reviewed yet**: alice has had 80 images re-run today") and "tomorrow" in text
+
+
+def test_a_push_between_the_head_check_and_the_merge_never_lands_on_main(made, tmp_path, monkeypatch, capsys,
+                                                                        tiny_checkpoint):
+    """Between the reviewer's last look at the PR head and what lands on main, the submitter pushes a commit that
+    deletes a verified entry and rewrites README.md and .gitattributes: main gets exactly the reviewed files."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    entry = f"toy/{made[1].name}"
+    verified = "toy/org--m"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        HfApi(endpoint=hub.endpoint, token="tok-maint").create_commit(
+            "org/results", _entry_ops(_copy(made, tmp_path, "org_m", _as("org/m", "hf-hub")), verified)
+            + [CommitOperationAdd("README.md", b"# results\n")], repo_type="dataset", commit_message="main")
+        before = dict(_main_files(hub))
+        pr = _open_pr(hub, "tok-alice", _entry_ops(made[1], entry))
+        injected = []
+
+        def push_first(real):
+            def call(self, *a, **kw):
+                if not injected and (real.__name__ == "merge_pull_request" or kw.get("revision") in (None, "main")):
+                    injected.append(_push(hub, "tok-alice", pr, [
+                        CommitOperationDelete(f"{verified}/result.json"), CommitOperationAdd("README.md", b"# pwned\n"),
+                        CommitOperationAdd(".gitattributes", b"* -text\n")]))
+                return real(self, *a, **kw)
+            return call
+        monkeypatch.setattr(HfApi, "merge_pull_request", push_first(HfApi.merge_pull_request))
+        monkeypatch.setattr(HfApi, "create_commit", push_first(HfApi.create_commit))
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tiny_checkpoint)) == 0
+        assert injected
+        main = _main_files(hub)
+        assert main[f"{entry}/result.json"] == (made[1] / "result.json").read_bytes()
+        assert f"{entry}/verification.json" in main
+        assert {p: b for p, b in main.items() if not p.startswith(entry + "/") and p != "review-ledger.json"} == before
+
+
+def test_another_protocol_or_the_same_weights_never_replace_an_entry(made, tmp_path, monkeypatch, capsys,
+                                                                    tiny_checkpoint, reruns):
+    """A genuine result of the same model scored with --bootstrap 200 is another entry, never a replacement of the
+    one on main; the same weights under another id are one entry, already there. Both refused before any re-run."""
+    from huggingface_hub import HfApi
+
+    entry = f"toy/{made[1].name}"
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        HfApi(endpoint=hub.endpoint, token="tok-maint").create_commit(
+            "org/results", _entry_ops(made[1], entry), repo_type="dataset", commit_message="the verified entry")
+        before = dict(_main_files(hub))
+        boot = _open_pr(hub, "tok-alice", _entry_ops(_copy(made, tmp_path, "boot", lambda r: r["protocol"]["scoring"]
+                                                           .update(n_boot=200)), entry))
+        twin = _copy(made, tmp_path, "twin", _as("org/twin", "hf-hub"))
+        twin_result = json.loads((twin / "result.json").read_text())
+        twin_result["model"]["tensors_sha256"] = json.loads((made[1] / "result.json").read_text())["model"]["tensors_sha256"]
+        (twin / "result.json").write_text(json.dumps(twin_result))
+        _rewrite(twin)
+        same = _open_pr(hub, "tok-alice", _entry_ops(twin, "toy/org--twin"))
+        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tiny_checkpoint)) == 0
+        assert "under another suite version or protocol" in _comments(hub, boot)[-1][1]
+        assert "the same weights (tensors sha256" in _comments(hub, same)[-1][1]
+        assert reruns == [] and {p: b for p, b in _main_files(hub).items() if p != "review-ledger.json"} == before
+
+
+def test_a_300_character_folder_in_a_pr_path_is_that_prs_failure(made, monkeypatch, capsys):
+    """A path the reviewer's file system cannot hold is the submission's fault: that PR fails, the service stays
+    green (it used to count the OSError as its own failure, on every run)."""
+    from huggingface_hub import CommitOperationAdd
+
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        pr = _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"toy/{'a' * 300}/result.json",
+                                                              (made[1] / "result.json").read_bytes())])
+        assert _bench_review(monkeypatch, hub, made) == 0
+        assert "failed" in capsys.readouterr().out
+        text = _comments(hub, pr)[-1][1]
+        assert "Verification failed" in text and "paths of at most 200 characters" in text
+
+
+def test_the_reviewer_never_opens_a_path_a_result_records(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
+    """A result's suite.source and suite.mask.path name files on the reviewer's machine: never opened. The public
+    answer is the same whether /etc/passwd exists or not (the images come from the trusted suite alone)."""
+    import genshift.eval.suite_open
+
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    shutil.copy(made[0] / "manifest.json", trusted / "toy.json")  # a trusted manifest, without images
+    probes = {}
+    for name, path in (("exists", "/etc/passwd"), ("absent", "/nonexistent/passwd")):
+        probes[name] = _copy(made, tmp_path, name, lambda r, path=path: r["suite"].update(
+            source=path, mask={"path": path, "sha256": "0" * 64, "source": "file"}))
+    opened = []
+    monkeypatch.setattr(genshift.eval.suite_open, "reopen_suite", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    with FakeHub(users=USERS) as hub:
+        hub.create("dataset", "org/results")
+        prs = {k: _open_pr(hub, "tok-alice", _entry_ops(run, f"toy/{made[1].name}")) for k, run in probes.items()}
+        assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint), "--suites", str(trusted),
+                             suite=False) == 0
+        said = {k: _comments(hub, n)[-1][1].rsplit("<!--", 1)[0] for k, n in prs.items()}
+        assert said["exists"] == said["absent"] and "manifest only" in said["exists"], said
+        assert "passwd" not in said["exists"] and opened == []

@@ -15,7 +15,7 @@ from genshift.errors import BenchError, IntegrityError
 from genshift.eval.model_list import resolve_models
 from genshift.eval.options import EvalOptions
 from genshift.eval.sweep import SweepRequest, run_sweep
-from tests.sweepkit import ARCHS, CLI_OPTS, OPTS, files, singles, suite, sweep, zoo  # noqa: F401 - fixtures
+from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, files, singles, suite, sweep, zoo  # noqa: F401 - fixtures
 
 
 def test_sweep_equals_single_runs_byte_for_byte(tmp_path, suite, zoo, singles):
@@ -24,11 +24,11 @@ def test_sweep_equals_single_runs_byte_for_byte(tmp_path, suite, zoo, singles):
     ref = files(singles)
     assert len(ref) == 6 and files(tmp_path) == ref
     for a in ARCHS:
-        r = json.loads((tmp_path / "toy" / a / "result.json").read_text())
-        s = json.loads((singles / "toy" / a / "result.json").read_text())
+        r = json.loads((tmp_path / "toy" / FOLDER[a] / "result.json").read_text())
+        s = json.loads((singles / "toy" / FOLDER[a] / "result.json").read_text())
         assert r["config_hash"] == s["config_hash"] and r["metrics"] == s["metrics"]
         assert r["run"]["effective_batch_size"] == 4
-        assert not (tmp_path / "toy" / a / ".work").exists()
+        assert not (tmp_path / "toy" / FOLDER[a] / ".work").exists()
 
 
 def test_a_finished_run_is_found_without_opening_the_suite_or_loading_a_model(tmp_path, suite, zoo, capsys,
@@ -39,7 +39,7 @@ def test_a_finished_run_is_found_without_opening_the_suite_or_loading_a_model(tm
 
     argv = ["eval", "--model", f"{ARCHS[2]}={zoo[ARCHS[2]]}", "--suite", str(suite), "--out", str(tmp_path), *CLI_OPTS]
     assert main(argv) == 0
-    result = tmp_path / "toy" / ARCHS[2] / "result.json"
+    result = tmp_path / "toy" / FOLDER[ARCHS[2]] / "result.json"
     mtime = result.stat().st_mtime_ns
     capsys.readouterr()
 
@@ -117,18 +117,19 @@ def test_failing_model_leaves_the_others_intact(tmp_path, suite, zoo, singles, m
     models.write_text("".join(f"{a} {zoo[a]}\n" for a in ARCHS) + f"test_efficientnet.r160_in1k {bad}\n")
     code = main(["eval", "--models", str(models), "--suite", str(suite), "--out", str(tmp_path), *CLI_OPTS])
     out = capsys.readouterr().out
-    assert code == 1 and "2 model(s) failed: test_vit.r160_in1k, test_efficientnet.r160_in1k" in out
+    vit = FOLDER[ARCHS[1]]  # loaded, then failed: under its canonical id's folder
+    assert code == 1 and f"2 model(s) failed: {vit.replace('sha256-', 'sha256:')}, test_efficientnet.r160_in1k" in out
     ref = files(singles)
     got = files(tmp_path)
     assert {k: v for k, v in ref.items() if "test_vit" not in k} == got
-    fail = json.loads((tmp_path / "toy" / "test_vit.r160_in1k" / "failure.json").read_text())
+    fail = json.loads((tmp_path / "toy" / vit / "failure.json").read_text())
     assert "illegal memory access" in fail["error"]
     # the rerun retries the failed model only, resuming its written units
     monkeypatch.setattr(inference.Forward, "__call__", orig)
     models.write_text("".join(f"{a} {zoo[a]}\n" for a in ARCHS))
     assert main(["eval", "--models", str(models), "--suite", str(suite), "--out", str(tmp_path), *CLI_OPTS]) == 0
     assert files(tmp_path) == ref
-    assert not (tmp_path / "toy" / "test_vit.r160_in1k" / "failure.json").exists()
+    assert not (tmp_path / "toy" / vit / "failure.json").exists()
 
 
 def test_wildcards_and_model_lists(tmp_path, suite):
@@ -245,8 +246,8 @@ def test_effective_batch_size_after_oom_backoff_is_recorded(tmp_path, suite, zoo
 
 
 def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
-    """A checkpoint's id is the name given with it or the architecture + the file's sha256 prefix, never
-    the registry's default tag; the same weights under two names are scored once."""
+    """A checkpoint's id is its architecture + its tensors' digest (genshift.identity), never the name given with
+    it (kept as declared_name) nor the registry's default tag; the same weights under two names are scored once."""
     import hashlib
 
     import timm
@@ -262,14 +263,16 @@ def test_local_weights_get_their_own_identity(tmp_path, suite, zoo, capsys):
     jobs = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
                                   options=EvalOptions(**OPTS)))
     ids = sorted(j.model_id for j in jobs)
-    assert ids == sorted(f"test_resnet@sha256:{s[:12]}" for s in sha.values())
+    assert len(set(ids)) == 2 and all(i.startswith("test_resnet@sha256:") for i in ids)
     for j in jobs:
         assert j.status == "done" and "r160_in1k" not in j.model_id and j.result["model"]["tag"] is None
         assert j.result["model"]["weights_sha256"] == sha[j.spec.checkpoint]
-    # a name with a tag is the user's name for the weights, kept as given
+        assert j.result["model"]["declared_name"] == "test_resnet"
+    # a name with a tag is the user's claim about the weights, kept as declared_name, never their id
     specs, _ = resolve_models([f"{a}={zoo[a]}"])
-    assert run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs"),
-                                  options=EvalOptions(**OPTS)))[0].model_id == a
+    job = run_sweep(SweepRequest(models=tuple(specs), suite=str(suite), out=str(tmp_path / "runs2"),
+                                 options=EvalOptions(**OPTS)))[0]  # (in runs: evaluated already)
+    assert job.model_id == FOLDER[a].replace("sha256-", "sha256:") and job.result["model"]["declared_name"] == a
     with pytest.raises(BenchError, match="is listed twice"):
         resolve_models([f"test_resnet={zoo[a]}", f"timm/test_resnet={zoo[a]}"])
     with pytest.raises(BenchError, match=r"holds the same weights \(sha256 .*\) as 'test_resnet.r160_in1k'"):
@@ -336,7 +339,7 @@ def test_each_predictions_file_is_read_back_once(tmp_path, suite, zoo, singles, 
         monkeypatch.setattr(pq, name, counted_arrow(getattr(pq, name)))
     jobs = sweep(tmp_path, suite, zoo)
     assert [j.status for j in jobs] == ["done"] * 3
-    assert sorted(reads) == sorted(f"{a}/{c}.parquet" for a in ARCHS for c in ("base", "shifted"))
+    assert sorted(reads) == sorted(f"{FOLDER[a]}/{c}.parquet" for a in ARCHS for c in ("base", "shifted"))
     monkeypatch.undo()
     assert files(tmp_path) == files(singles)
     for j in jobs:  # the recorded digest is the file's

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from genshift.cli import main
-from tests.sweepkit import ARCHS, cli, files, singles, suite, zoo  # noqa: F401 - fixtures
+from tests.sweepkit import ARCHS, FOLDER, cli, files, singles, suite, zoo  # noqa: F401 - fixtures
 
 LAUNCHERS = {
     "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
@@ -37,7 +37,7 @@ def test_launched_processes_each_do_their_units_and_equal_one_process(tmp_path, 
     assert not list((tmp_path / "two").rglob(".work")) and not list((tmp_path / "two").rglob("part-*"))
     world = 1 if launcher == "accelerate-cpu" else 2
     for a in ARCHS:
-        r = json.loads((tmp_path / "two" / "toy" / a / "result.json").read_text())
+        r = json.loads((tmp_path / "two" / "toy" / FOLDER[a] / "result.json").read_text())
         assert r["run"]["processes"] == world and r["run"]["cpu_threads"] == 1
         assert r["counts"]["base"]["predicted"] == 18
         # which process wrote which units, from the part sidecars each process wrote

@@ -14,7 +14,7 @@ from genshift import evaluate
 from genshift.cli import main
 from genshift.errors import BenchError
 from tests.sweepkit import (  # noqa: F401 - fixtures
-    ARCHS, CLI_OPTS, OPTS, cli, fake_world, files, flush_every_unit, singles, suite, sweep, zoo,
+    ARCHS, CLI_OPTS, FOLDER, OPTS, cli, fake_world, files, flush_every_unit, singles, suite, sweep, zoo,
 )
 
 
@@ -66,7 +66,7 @@ def test_resume_with_another_thread_count_is_refused(tmp_path, suite, zoo, monke
     assert "holds a run of this model and suite with other settings" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.rglob("part-*.parquet")) == parts  # nothing mixed, nothing removed
     assert main(argv) == 0  # the same thread count resumes
-    r = json.loads((tmp_path / "toy" / a / "result.json").read_text())
+    r = json.loads((tmp_path / "toy" / FOLDER[a] / "result.json").read_text())
     assert r["run"]["cpu_threads"] == 1 and r["run"]["timings"]["base"]["resumed_units"] == len(parts)
 
 
@@ -91,13 +91,13 @@ def test_killed_process_resumes_byte_identical(tmp_path, big, zoo, sig):
     a = ARCHS[0]
     env, cmd = cli("--model", f"{a}={zoo[a]}", "--suite", str(suite), "--out", str(tmp_path), *CLI_OPTS)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    work = tmp_path / "big" / a / ".work"
+    work = tmp_path / "big" / FOLDER[a] / ".work"
     deadline = time.time() + 300
     while not list(work.glob("base/part-*.parquet")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    if (tmp_path / "big" / a / "result.json").exists():
+    if (tmp_path / "big" / FOLDER[a] / "result.json").exists():
         pytest.skip("the run finished before the signal landed")
     if sig == signal.SIGTERM:
         assert proc.returncode == 143 and "rerun resumes" in err, err
@@ -108,7 +108,7 @@ def test_killed_process_resumes_byte_identical(tmp_path, big, zoo, sig):
     assert p.returncode == 0, p.stderr
     assert not stray.exists() and not work.exists()
     assert files(tmp_path) == ref
-    r = json.loads((tmp_path / "big" / a / "result.json").read_text())
+    r = json.loads((tmp_path / "big" / FOLDER[a] / "result.json").read_text())
     assert r["run"]["timings"]["base"]["resumed_units"] > 0
 
 
@@ -119,12 +119,12 @@ def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, mo
     # a 2-process sweep where only process 0 ran: half the units are missing
     fake_world(monkeypatch, 2, 0)
     jobs = sweep(tmp_path, suite, zoo, archs=(a,))
-    assert jobs[0].result is None and (tmp_path / "toy" / a / ".work").is_dir()
-    with pytest.raises(BenchError, match=r"units missing: toy/test_resnet.r160_in1k: config base: unit\(s\) "):
+    assert jobs[0].result is None and (tmp_path / "toy" / FOLDER[a] / ".work").is_dir()
+    with pytest.raises(BenchError, match=rf"units missing: toy/{FOLDER[a]}: config base: unit\(s\) "):
         merging.merge(tmp_path)
     monkeypatch.undo()
     sweep(tmp_path, suite, zoo, archs=(a,))  # the rerun (one process here) does the rest and builds the result
-    assert files(tmp_path) == {k: v for k, v in files(singles).items() if a in k}
+    assert files(tmp_path) == {k: v for k, v in files(singles).items() if FOLDER[a] in k}
 
 
 @pytest.fixture(scope="module")
@@ -141,11 +141,11 @@ def split_run(tmp_path_factory, suite, zoo):
         for rank in (0, 1, 0, 1, 0, 1):
             fake_world(mp, 2, rank)
             sweep(out, suite, zoo, archs=(a,))
-            if not merging.missing_units(out / "toy" / a, out):
+            if not merging.missing_units(out / "toy" / FOLDER[a], out):
                 break
     finally:
         mp.undo()
-    work = out / "toy" / a / ".work"
+    work = out / "toy" / FOLDER[a] / ".work"
     assert {p.parent.name for p in work.rglob("part-*.parquet")} == {"base", "shifted"}
     return out
 
@@ -231,11 +231,11 @@ def test_hostile_merge_is_one_line_and_touches_nothing(tmp_path, split_run, suit
     out = tmp_path / "out"
     shutil.copytree(split_run, out, symlinks=True)
     a = ARCHS[2]
-    run = out / "toy" / a
+    run = out / "toy" / FOLDER[a]
     # another model's unfinished run (same suite, same units), outside this --out
     other_out = tmp_path / "other"
     shutil.copytree(split_run, other_out, symlinks=True)
-    other = other_out / "toy" / a
+    other = other_out / "toy" / FOLDER[a]
     for side in (other / ".work").rglob("part-*.json"):  # as another model's run would have written them
         side.write_text(json.dumps({**json.loads(side.read_text()), "run_key": "0" * 64}))
     _hostile(case, run, other)
@@ -253,7 +253,7 @@ def test_merge_of_a_split_run_builds_the_single_run_bytes(tmp_path, split_run, s
     shutil.copytree(split_run, out)
     assert main(["eval", "--merge", str(out)]) == 0
     a = ARCHS[2]
-    assert files(out) == {k: v for k, v in files(singles).items() if a in k}
-    r = json.loads((out / "toy" / a / "result.json").read_text())
+    assert files(out) == {k: v for k, v in files(singles).items() if FOLDER[a] in k}
+    r = json.loads((out / "toy" / FOLDER[a] / "result.json").read_text())
     assert not r["flags"]["partial"] and r["counts"]["base"]["predicted"] == 18
     assert set(r["run"]["timings"]["base"]["units_by_rank"]) == {"0", "1"}

@@ -130,7 +130,7 @@ def test_unknown_shift_and_absent_zip(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_checkpoint):
+def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_checkpoint, tiny_folder):
     """`bench eval --suite imagenet-star-upstream --mask masks.npy` against a local Hub holding the zips."""
     import json
 
@@ -157,7 +157,7 @@ def test_bench_eval_scores_the_upstream_release_from_the_hub(tmp_path, tiny_chec
                              env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         # the result records the mask, so --recheck reopens the same filtered suite without being told
-        run_dir = tmp_path / "runs/imagenet-star-upstream/test_resnet.r160_in1k"
+        run_dir = tmp_path / "runs/imagenet-star-upstream" / tiny_folder
         recheck = ["verify", str(run_dir), "--recheck", "3", "--checkpoint", str(tiny_checkpoint)]
         v = bench_subprocess(recheck, env=env, cwd=tmp_path)
         assert v.returncode == 0 and "OK:" in v.stdout, v.stdout + v.stderr[-2000:]

@@ -1,34 +1,36 @@
-"""`bench review`: verify, sign, comment on and merge pull requests to the results repo."""
+"""`bench review`: verify, sign, comment on and publish pull requests to the results repo."""
 
 from __future__ import annotations
 
 from genshift.cli._common import add_verb, positive_int, print_table
+from genshift.cli.verify import recheck_arg
 
 
 def add_parser(sub):
     p = add_verb(sub, "review", help="verify every open pull request on the results repo (maintainers)",
                  description="For each open pull request on the results dataset repo not yet answered at its head "
-                             "commit: check every new entry as the leaderboard store does (its folder is derived from "
-                             "its result; an existing entry may only be replaced by the same model), re-run a fresh "
-                             "random sample of its images through the model, sign a verification stamp with the "
-                             "maintainer key and commit it to the PR, and (--merge) merge what passed (a PR that passed on an "
-                             "earlier run is merged only after its ownership is re-checked against main). Every PR gets "
-                             "one answer per head: passed, failed or cannot be checked, a comment ending with a "
-                             "marker signed by --key (only those, by the HF_TOKEN account, are believed); a PR pushed to "
-                             "during its review is 'moved' and reviewed at its new head next time. Exits "
-                             "non-zero only when the service failed (Hub unreachable, token refused, a crash), never "
-                             "for a bad submission. Needs HF_TOKEN with write access.",
+                             "commit (at most 3 per submitter at a time, oldest first): check every new entry (its "
+                             "folder is derived from its canonical model id; an existing entry may only be replaced by "
+                             "the same model under the same protocol), re-run rows drawn from the suite through the "
+                             "model (by default enough that a result with 0.5% or more altered rows is caught with "
+                             "probability 99%; every row for a model whose last re-run found disagreeing rows), and with "
+                             "--merge commit exactly the reviewed files and a verification stamp signed by --key to "
+                             "main and close the PR. Run it on a schedule (CI, cron). Every PR gets one answer per head: "
+                             "passed, failed, cannot be checked, or not reviewed yet (a submitter's bound), a comment "
+                             "ending with a marker signed by --key (only those, by the HF_TOKEN account, are "
+                             "believed). Exits non-zero only when the service failed (Hub unreachable, token refused, "
+                             "a crash), never for a bad submission. Needs HF_TOKEN with write access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
-                          "  bench review --repo my-org/genshift-results --key maintainer.key --watch 600\n"
                           "  bench review --repo my-org/genshift-results --key maintainer.key --again 12 --checkpoint w.pt\n")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME on the Hub")
     p.add_argument("--key", required=True,
                    help="maintainer's ed25519 private key (bench keygen) that signs stamps and the review answers")
-    p.add_argument("--recheck", type=positive_int, default=50,
-                   help="images per entry re-run through the model, drawn with a fresh seed (default: 50)")
-    p.add_argument("--merge", action="store_true", help="merge the pull requests that pass every check")
-    p.add_argument("--watch", type=float, metavar="SECONDS",
-                   help="keep running: review again every SECONDS (default: one pass, for scheduled CI)")
+    p.add_argument("--recheck", type=recheck_arg, default="auto", metavar="N|all|auto",
+                   help="rows per entry re-run through the model, drawn with a fresh seed (default auto: the "
+                        "guaranteed sample; every row for Hub weights with --device cuda)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass (default 32)")
+    p.add_argument("--merge", action="store_true", help="publish what passes: commit exactly the reviewed files and "
+                                                        "their stamps to main, close the pull request")
     p.add_argument("--suite", help="the suite the entries were scored on, a trusted folder or Hub repo (default: found "
                                    "among --suites / the registry's pinned suites)")
     p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
@@ -36,12 +38,10 @@ def add_parser(sub):
                                         "recorded Hub weights); an entry scored with other local weights is "
                                         "answered 'cannot be checked'")
     p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
-    p.add_argument("--publish-model-results", action="store_true",
-                   help="after a merge, open (or update) a pull request on each entry's Hub model repo adding "
-                        ".eval_results/<suite id>.yaml, and link it in the PR comment (docs/hub.md)")
     p.add_argument("--again", type=positive_int, action="append", default=[], metavar="PR",
                    help="review pull request PR again although it was answered at its head (e.g. an entry that "
-                        "could not be checked, now with --checkpoint); repeatable")
+                        "could not be checked, now with --checkpoint, or a model whose last re-run failed, with the "
+                        "--recheck sample instead of every row); repeatable")
     return p
 
 
@@ -57,17 +57,10 @@ def _print(outcomes) -> None:
 
 
 def run(args) -> int:
-    from genshift.errors import BenchError
-    from genshift.leaderboard.review import Reviewer, watch
+    from genshift.leaderboard.review import Reviewer
 
-    if args.watch is not None and not 1 <= args.watch <= 7 * 86400:
-        raise BenchError(f"--watch must be 1..604800 seconds, got {args.watch}")
-    reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
+    outcomes = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
                         suites=args.suites, checkpoint=args.checkpoint, device=args.device, again=tuple(args.again),
-                        publish_model_results=args.publish_model_results)
-    if args.watch is not None:
-        watch(reviewer, args.watch, report=_print)
-        return 0
-    outcomes = reviewer.run_once()
+                        batch_size=args.batch_size).run_once()
     _print(outcomes)
     return 1 if any(o.status == "error" for o in outcomes) else 0  # "error": the service failed on that PR

@@ -8,70 +8,69 @@ from pathlib import Path
 from genshift.cli._common import add_verb, bounded_int, print_json
 
 
+def recheck_arg(text: str) -> int | str:
+    """``--recheck`` of ``bench verify`` and ``bench review``: ``auto`` (the guaranteed sample), ``all`` or N."""
+    if text in ("auto", "all"):
+        return text
+    return bounded_int(1, 10**8, "a number of images, 'auto' or 'all'")(text)
+
+
 def add_parser(sub):
     p = add_verb(
         sub, "verify", help="verify a result against its suite, or a suite folder",
-        description="Verify a result against the suite it claims: the schema, the predictions files (sha256, rows, "
-                    "each row's consistency), the predictions against the suite's trusted manifest (rows digest, "
-                    "counts, flags), the config hash and every metric recomputed. --recheck N re-runs N images "
-                    "drawn from the suite (fresh random seed, printed) through the model and compares whole rows; "
-                    "--sign KEY then writes a signed verification.json (the leaderboard's verified badge). "
-                    "Given a suite folder, check every file against its manifest. Exits 1 on any mismatch, "
-                    "naming what differs. Trust roots: docs/results.md.",
+        description="Verify a result against the suite it claims: the schema (the model id must be the canonical id "
+                    "of its weights), the predictions files (sha256, rows, each row's consistency), the predictions "
+                    "against the suite's trusted manifest (rows digest, counts, flags), the config hash and every "
+                    "metric recomputed. --recheck re-runs rows drawn from the suite (fresh random seed) through the "
+                    "model, loaded from where the result says its weights came from, and compares whole rows; by "
+                    "default enough rows that a result with 0.5% or more altered rows is caught with probability "
+                    "99% (docs/leaderboard.md), 'all' every row. --sign KEY (re-checks as --recheck does) then writes "
+                    "a signed verification.json (the leaderboard's verified badge). Given a suite folder, check every "
+                    "file against its manifest. Exits 1 on any mismatch, naming what differs. Trust roots: "
+                    "docs/results.md.",
         examples="  bench verify runs/imagenet-star/timm--resnet50.a1_in1k --suite imagenet-star\n"
-                 "  bench verify ENTRY --suites trusted-suites/ --recheck 50 --sign ~/.genshift/maintainer.key\n"
+                 "  bench verify ENTRY --suites trusted-suites/ --sign ~/.genshift/maintainer.key\n"
+                 "  bench verify ENTRY --suite imagenet-star --recheck all --device cuda\n"
                  "  bench verify ./my-suite\n")
     p.add_argument("path", help="result.json, a run folder holding one, or a suite folder")
-    p.add_argument("--recheck", type=bounded_int(0, 100_000, "a number of images"), default=0, metavar="N",
-                   help="re-run N images drawn from the suite through the model and compare the stored rows")
+    p.add_argument("--recheck", type=recheck_arg, nargs="?", const="auto", default=None, metavar="N|all",
+                   help="re-run rows drawn from the suite through the model and compare the stored rows (default "
+                        "when given without a value, and with --sign: the guaranteed sample size)")
+    p.add_argument("--batch-size", type=bounded_int(1, 4096, "a batch size"), default=32,
+                   help="images per forward pass of --recheck (bounds its memory; default 32)")
     p.add_argument("--suite", help="the suite to check against (a trust root): a suite folder, a manifest.json, a "
                                    "registry id or a Hub repo; also where --recheck reads images")
     p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
     p.add_argument("--mask", help="ImageNet* upstream masks.npy for --recheck (default: the file the result recorded)")
-    p.add_argument("--checkpoint", help="local weights, for results made with --checkpoint")
+    p.add_argument("--checkpoint", help="local weights, for results made with --checkpoint (never for Hub weights)")
     p.add_argument("--device", default="cpu", help="device for --recheck (cpu, cuda, cuda:1)")
     p.add_argument("--seed", type=bounded_int(0, 2**63 - 1, "a seed"), default=None,
-                   help="which images --recheck draws (default: a fresh random seed, printed and recorded)")
-    p.add_argument("--sign", metavar="KEY", help="with --recheck: on success write verification.json signed with "
-                                                 "this private key (bench keygen)")
-    p.add_argument("--stamp", action="store_true", help="kept for old scripts: needs --sign KEY (an unsigned "
-                                                        "stamp is never verified)")
+                   help="which rows --recheck draws (default: a fresh random seed, recorded)")
+    p.add_argument("--sign", metavar="KEY", help="on success write verification.json signed with this private key "
+                                                 "(bench keygen); re-checks images (--recheck, default guaranteed)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
-def _refuse_partial(target: Path) -> None:
-    """--sign on a partial result: one line, before any image is re-run (make_stamp refuses it too)."""
-    from genshift.errors import BenchError
-    from genshift.eval.results import RESULT_FILE, load_result
-    from genshift.eval.stamps import unrankable
-
-    path = target / RESULT_FILE if target.is_dir() else target
-    if path.is_file():
-        why = unrankable(load_result(path))
-        if why:
-            raise BenchError(f"--sign refused for {target}: {why}")
-
-
 def run(args) -> int:
     from genshift.errors import BenchError
-    from genshift.eval.verify import verify_result, verify_suite_dir
+    from genshift.eval.verify import result_path, verify_result, verify_suite_dir
 
     target = Path(args.path)
     if target.is_dir() and (target / "manifest.json").is_file():
         print(verify_suite_dir(target))
         return 0
-    if args.stamp and not args.sign:
-        raise BenchError("--stamp needs --sign KEY: an unsigned stamp is never shown as verified "
-                         "(create a key with `bench keygen KEY`)")
     key = None
     if args.sign:
         from genshift.eval.stamps import load_private_key
 
-        if args.recheck < 1:
-            raise BenchError("--sign needs --recheck N (a verified badge means images were re-run through the model)")
-        key = load_private_key(args.sign)  # before minutes of work
-        _refuse_partial(target)
+        from genshift.eval.results import load_result
+        from genshift.eval.stamps import unrankable
+
+        args.recheck = args.recheck or "auto"  # a verified badge means images were re-run through the model
+        key = load_private_key(args.sign)  # before minutes of work, as is a partial result: one line, nothing re-run
+        if result_path(target).is_file() and (why := unrankable(load_result(result_path(target)))):
+            raise BenchError(f"--sign refused for {target}: {why}")
     suites = None
     if args.suites:
         from genshift.eval.suite_trust import TrustedSuites
@@ -79,7 +78,7 @@ def run(args) -> int:
         suites = TrustedSuites.from_paths([args.suites], registry=True, download=True)
     report = verify_result(target, recheck=args.recheck, suite=args.suite, suites=suites, mask=args.mask,
                            checkpoint=args.checkpoint, device=args.device, seed=args.seed,
-                           use_recorded_suite=key is None)
+                           batch_size=args.batch_size, use_recorded_suite=key is None)
     stamp = None
     if key is not None and report.ok:
         from genshift.eval.stamps import write_stamp
