@@ -76,8 +76,9 @@ def lit_llama_to_hf(base: Mapping[str, torch.Tensor], lora: Mapping[str, torch.T
         out[q + "mlp.down_proj.weight"] = get(base, p + "mlp.c_proj.weight")
         out[q + "input_layernorm.weight"] = get(base, p + "rms_1.scale")
         out[q + "post_attention_layernorm.weight"] = get(base, p + "rms_2.scale")
-    config = {"vocab_size": vocab, "hidden_size": d, "intermediate_size": out["model.layers.0.mlp.gate_proj.weight"].shape[0]
-              if layers else 4 * d, "num_hidden_layers": len(layers), "num_attention_heads": n_head,
+    ffn = out["model.layers.0.mlp.gate_proj.weight"].shape[0] if layers else 4 * d
+    config = {"vocab_size": vocab, "hidden_size": d, "intermediate_size": ffn, "num_hidden_layers": len(layers),
+              "num_attention_heads": n_head,
               "num_key_value_heads": n_head, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
               "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
     return config, {k: v.to(dtype).contiguous() for k, v in out.items()}
@@ -120,10 +121,10 @@ def released_perturber_dir(*, revision: str | None = None, cache_dir: str | None
     """Download the released files at a resolved commit and convert them once (cached by that sha)."""
     from huggingface_hub import hf_hub_download
 
-    from genshift import hub
+    from genshift import hubio
 
-    sha = hub.resolve_revision(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint, cache_dir=cache_dir,
-                               pin_hint="as a commit of LANCE-release/checkpoints")
+    sha = hubio.resolve_revision(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint, cache_dir=cache_dir,
+                                 pin_hint="as a commit of LANCE-release/checkpoints")
     out = (Path(cache_dir) / "genshift" if cache_dir else cache_root()) / f"lance-perturber-{sha[:12]}"
     if (out / "config.json").is_file():
         return out

@@ -97,13 +97,14 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
     """
     import pyarrow.parquet as pq
 
-    from genshift import hub
+    from genshift import hubio
 
     repo_id, _, rev = ref.partition("@")
-    hub._check_repo_id(repo_id)
-    sha = hub.resolve_revision(repo_id, rev or None, endpoint=endpoint, cache_dir=cache_dir,
-                               pin_hint=f"as --hub-val {repo_id}@<sha>")
-    root = hub.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint)
+    if not hubio.is_repo_id(repo_id):
+        raise BenchError(f"{repo_id!r} is not a Hub repo id; give --hub-val ORG/NAME[@SHA]")
+    sha = hubio.resolve_revision(repo_id, rev or None, endpoint=endpoint, cache_dir=cache_dir,
+                                 pin_hint=f"as --hub-val {repo_id}@<sha>")
+    root = hubio.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint)
     paths = sorted(root.glob(files))
     if not paths:
         raise BenchError(f"{repo_id}@{sha[:12]} has no files matching {files!r}; pass the validation parquet files "
