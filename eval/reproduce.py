@@ -111,8 +111,8 @@ def match_population(pop: Population, results: list[tuple[str, dict]], suite: st
             outside.append(f"{r['model']['id']} ({how})")
             continue
         if hit.paper in found:
-            raise BenchError(f"two results of {hit.paper} ({hit.model}) on {suite}: {found[hit.paper].path} and {path}; "
-                             "keep one per model")
+            raise BenchError(f"two results of {hit.paper} ({hit.model}) on {suite}: {found[hit.paper].path} and "
+                             f"{path}; keep one per model")
         found[hit.paper] = Found(hit, path, r, how)
     manifests = {f.result["suite"]["manifest_sha256"] for f in found.values()}
     if len(manifests) > 1:
@@ -140,7 +140,8 @@ def _missing_line(m: Member, suite: str, extra: str = "") -> str:
     return f"{m.paper}: bench eval --model {m.model} --suite {suite}{extra}"
 
 
-_LANCE_ROWS = {"1 Original": ("acc{k}_T", None), "2 Reconstructed": ("acc{k}_reconstruction", "delta_acc{k}_reconstruction"),
+_LANCE_ROWS = {"1 Original": ("acc{k}_T", None),
+               "2 Reconstructed": ("acc{k}_reconstruction", "delta_acc{k}_reconstruction"),
                "4 LANCE": ("acc{k}_counterfactual", "delta_acc{k}")}
 
 
@@ -233,7 +234,8 @@ def _in_g_fig4(results: list[tuple[str, dict]], members=None) -> dict:
         summary[f"{col} diff"] = "" if ours is None else f"{ours[0] - lo:+.2f}/{ours[1] - hi:+.2f}"
         cells.append({"row": "in21k range", "column": col, "metric": "top3_failure_rate", "ours": ours,
                       "paper": [float(lo), float(hi)],
-                      "diff": None if ours is None else [ours[0] - lo, ours[1] - hi], "source": _source(rep, paper["text"])})
+                      "diff": None if ours is None else [ours[0] - lo, ours[1] - hi],
+                      "source": _source(rep, paper["text"])})
         if ours is None and have:
             notes.append(f"{col}: the range needs all {len(group)} ImageNet-21k models; {len(have)} scored")
     rows.append(summary)
