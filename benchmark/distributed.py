@@ -1,14 +1,8 @@
-"""This process's place in a multi-process run, for eval sweeps and suite builds alike, and the
-deterministic split of work items over processes.
-
-Launchers tell a process its place through the environment: torchrun and ``accelerate launch``
-(``--multi_gpu``, or a multi-GPU config) set ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; an MPI
-launch (``accelerate launch --cpu --mpirun_hostfile ...``) sets its ``PMI_*`` / ``OMPI_COMM_WORLD_*``
-variables. The environment is read here, strictly, and accelerate's ``PartialState`` (``cpu=True``
-for CPU work, so a CPU run gets a gloo group instead of silently running as one process) must
-agree with it; anything that cannot be read consistently is refused with one line.
-``accelerate launch --cpu --num_processes N`` without an MPI host file starts one process
-(accelerate's simple launcher): that process is a world of one and does all the work.
+"""This process's place in a multi-process run (eval sweeps and suite builds alike) and the
+deterministic split of work items over processes. The launcher's environment (torchrun's and
+``accelerate launch``'s ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; an MPI launch's ``PMI_*`` /
+``OMPI_COMM_WORLD_*``) is read strictly and must agree with accelerate's ``PartialState``
+(``cpu=True`` for CPU work, so a CPU launch gets a gloo group); anything inconsistent is one line.
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ HINT = "start the processes with torchrun or accelerate launch, which set them c
 
 
 def _env_int(names: tuple[str, ...], env) -> tuple[str, int] | None:
-    """The first of ``names`` that is set, as ``(name, value)``; a value that is not a small whole
-    number is refused."""
+    """The first of ``names`` that is set, as ``(name, value)``; not a small whole number: refused."""
     for name in names:
         text = env.get(name)
         if text is None or text.strip() == "":
@@ -51,7 +44,8 @@ def read_launcher_env(env=None) -> tuple[int, int, int]:
     local, local_world = _env_int(LOCAL_RANK_VARS, env), _env_int(LOCAL_WORLD_VARS, env)
     if world is None:
         if rank is not None and rank[1] != 0:
-            raise BenchError(f"launcher variable {rank[0]}={rank[1]} is set but no world size ({WORLD_VARS[0]}); {HINT}")
+            raise BenchError(f"launcher variable {rank[0]}={rank[1]} is set but no world size ({WORLD_VARS[0]}); "
+                             f"{HINT}")
         return 1, 0, 0
     if not 1 <= world[1] <= MAX_WORLD:
         raise BenchError(f"launcher variable {world[0]}={world[1]}: the world size must be in 1..{MAX_WORLD}; {HINT}")

@@ -1,10 +1,6 @@
-"""Streamed inference of one suite config to a predictions file, resumable.
-
-The data path: the config's parquet row groups are the streaming units; DataLoader workers read
-a unit, decode its JPEGs and apply timm's eval transform; the main process packs units into model
-batches of ``batch_size``, runs the forward pass under ``torch.inference_mode`` (optionally
-channels-last, ``torch.compile`` and AMP on GPU), and checkpoints finished units. Memory is bounded
-by (workers x prefetch x unit size) whatever the suite size.
+"""Streamed, resumable inference: DataLoader workers decode and transform a unit of rows, the main
+process runs it through every model that needs it in batches of ``batch_size`` and checkpoints it.
+Memory is bounded by (workers x prefetch x unit size) whatever the suite size.
 """
 
 from __future__ import annotations
@@ -23,11 +19,11 @@ import numpy as np
 import torch
 
 from genshift.errors import BenchError, one_line
+from genshift.eval.options import EvalOptions, OptionError
+from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock
 from genshift.oom import BatchBackoff
 from genshift.pixels import check_size, size_of, to_rgb
 from genshift.reader import LocalSuite, RowGroup, read_row_group
-from genshift.eval.options import EvalOptions, OptionError
-from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock
 
 log = logging.getLogger(__name__)
 COMPILE_MIN_IMAGES = 4000  # compile auto: runs of this many images pay a cold compile back on a GPU
@@ -35,11 +31,8 @@ COMPILE_MIN_IMAGES = 4000  # compile auto: runs of this many images pay a cold c
 
 @dataclass(frozen=True)
 class Unit:
-    """A contiguous run of the config's (selected) rows: a whole number of model batches.
-
-    Batches never span units, so a resumed run forms exactly the batches of an uninterrupted
-    one and its predictions are bit-identical.
-    """
+    """A run of the config's (selected) rows, a whole number of batches: batches never span units, so
+    a resumed run forms exactly the batches of an uninterrupted one (bit-identical predictions)."""
 
     index: int
     rows: tuple[tuple[int, int], ...]  # (row-group index in the config, row within the group)
@@ -83,24 +76,20 @@ class UnitDataset(torch.utils.data.Dataset):
 
         unit = self.units[i]
         cols = ["image", "image_id", "label", "keep", "pair_id", *self.carried]
-        parts = {}
-        for g in dict.fromkeys(g for g, _ in unit.rows):
-            parts[g] = read_row_group(self.root, self.groups[g], columns=cols)
+        parts = {g: read_row_group(self.root, self.groups[g], columns=cols) for g in {g for g, _ in unit.rows}}
         meta: dict[str, list] = {c: [] for c in cols if c != "image"}
         tensors, bad = [], []
         for g, r in unit.rows:
             row = {c: parts[g][c][r].as_py() for c in cols}
             if self.transform is None:
                 tensors.append(torch.frombuffer(bytearray(row["image"]["bytes"]), dtype=torch.uint8))
-                for c in meta:
-                    meta[c].append(row[c])
-                continue
-            try:
-                with Image.open(io.BytesIO(row["image"]["bytes"])) as im:
-                    tensors.append(self.transform(to_rgb(im)))
-            except Exception as e:  # noqa: BLE001 - reported per image id in the main process
-                bad.append((row["image_id"], f"{type(e).__name__}: {e}"))
-                continue
+            else:
+                try:
+                    with Image.open(io.BytesIO(row["image"]["bytes"])) as im:
+                        tensors.append(self.transform(to_rgb(im)))
+                except Exception as e:  # noqa: BLE001 - reported per image id in the main process
+                    bad.append((row["image_id"], f"{type(e).__name__}: {e}"))
+                    continue
             for c in meta:
                 meta[c].append(row[c])
         x = tensors if self.transform is None else torch.stack(tensors) if tensors else torch.empty(0)
@@ -109,13 +98,9 @@ class UnitDataset(torch.utils.data.Dataset):
 
 class DeviceDecoder:
     """``decode="device"``: JPEG batches decoded by ``torchvision.io.decode_jpeg`` on the device, then
-    timm's eval geometry (shorter side to ``floor(size / crop_pct)``, centre crop) as tensor ops.
-
-    Pixels differ slightly from PIL's decode and resize (another IDCT and antialiased tensor
-    resize), so the choice is recorded in the result's protocol. Non-JPEG images are decoded on
-    the CPU by PIL through ``genshift.pixels.to_rgb``, as the default path does. Output: uint8 NCHW on the device (the model's
-    forward normalises it).
-    """
+    timm's eval geometry (shorter side to ``floor(size / crop_pct)``, centre crop) as tensor ops;
+    other formats decoded as the default path does. Output: uint8 NCHW on the device. Pixels differ
+    slightly from PIL's, so the choice is recorded in the protocol."""
 
     def __init__(self, data_config: dict, device: str) -> None:
         import math
@@ -129,9 +114,9 @@ class DeviceDecoder:
         crop_pct = data_config.get("crop_pct") or 0.875
         self.size = (h, w)
         self.scale = (math.floor(h / crop_pct), math.floor(w / crop_pct))
-        interp = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
-                  "nearest": InterpolationMode.NEAREST}
-        self.interpolation = interp.get(data_config.get("interpolation"), InterpolationMode.BILINEAR)
+        interp = data_config.get("interpolation")
+        known = interp in ("bicubic", "bilinear", "nearest")
+        self.interpolation = InterpolationMode(interp) if known else InterpolationMode.BILINEAR
         self.device = torch.device(device)
 
     def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
@@ -139,39 +124,32 @@ class DeviceDecoder:
         from torchvision.io import ImageReadMode, decode_jpeg
         from torchvision.transforms.v2 import functional as F
 
-        is_jpeg = [bool(d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8) for d in datas]
-        images: list[torch.Tensor | None] = [None] * len(datas)
+        images: dict[int, torch.Tensor] = {}
         bad: list[tuple[int, str]] = []
-        jpeg_idx = []
-        for i in (i for i, j in enumerate(is_jpeg) if j):
-            try:  # sides from the header, before the device allocates them (genshift.pixels bounds)
-                check_size(size_of(datas[i].numpy().tobytes()))
-                jpeg_idx.append(i)
-            except Exception as e:  # noqa: BLE001 - this image's, named
-                bad.append((i, f"{type(e).__name__}: {e}"))
-        if jpeg_idx:
+        jpegs = []
+        for i, d in enumerate(datas):
             try:
-                out = decode_jpeg([datas[i] for i in jpeg_idx], mode=ImageReadMode.RGB, device=self.device)
-                for i, im in zip(jpeg_idx, out):
-                    images[i] = im
-            except RuntimeError:  # one bad file fails the batch: decode one by one to name it
-                for i in jpeg_idx:
-                    try:
-                        images[i] = decode_jpeg(datas[i], mode=ImageReadMode.RGB, device=self.device)
-                    except RuntimeError as e:
-                        bad.append((i, f"RuntimeError: {e}"))
-        for i, j in enumerate(is_jpeg):
-            if not j:  # other formats: decoded on the CPU exactly as the default path does (genshift.pixels)
-                try:
-                    with Image.open(io.BytesIO(datas[i].numpy().tobytes())) as im:
+                if d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8:
+                    check_size(size_of(d.numpy().tobytes()))  # sides from the header, before the device allocates
+                    jpegs.append(i)
+                else:  # other formats: decoded on the CPU exactly as the default path does (genshift.pixels)
+                    with Image.open(io.BytesIO(d.numpy().tobytes())) as im:
                         rgb = np.asarray(to_rgb(im))
                     images[i] = torch.from_numpy(rgb.copy()).permute(2, 0, 1).to(self.device)
-                except Exception as e:  # noqa: BLE001 - any decoder failure is this image's, named
-                    bad.append((i, f"{type(e).__name__}: {e}"))
+            except Exception as e:  # noqa: BLE001 - any decoder failure is this image's, named
+                bad.append((i, f"{type(e).__name__}: {e}"))
+        try:
+            if jpegs:
+                images.update(zip(jpegs, decode_jpeg([datas[i] for i in jpegs], mode=ImageReadMode.RGB,
+                                                     device=self.device)))
+        except RuntimeError:  # one bad file fails the batch: decode one by one to name it
+            for i in jpegs:
+                try:
+                    images[i] = decode_jpeg(datas[i], mode=ImageReadMode.RGB, device=self.device)
+                except RuntimeError as e:
+                    bad.append((i, f"RuntimeError: {e}"))
         out = []
-        for im in images:
-            if im is None:
-                continue
+        for _, im in sorted(images.items()):
             if self.scale[0] == self.scale[1]:
                 im = F.resize(im, [self.scale[0]], interpolation=self.interpolation, antialias=True)
             else:  # timm's ResizeKeepRatio for non-square targets: the shorter side to its target
@@ -221,13 +199,11 @@ def torch_state(opts: EvalOptions):
 
 
 class Forward:
-    """The model's forward pass as configured: channels-last, compile, AMP, top-k + true class.
-    ``close()`` ends its forward threads."""
+    """The model's forward pass as configured: channels-last, compile (decided for the whole workload,
+    ``wants_compile``), AMP, top-k + true class. ``close()`` ends its forward threads."""
 
     def __init__(self, model: torch.nn.Module, opts: EvalOptions, *, compile: bool,
                  data_config: dict | None = None) -> None:
-        """``compile``: the decision made for the model's whole workload (``wants_compile``), so a
-        resumed or split run keeps the numerics of an uninterrupted one."""
         self.device = torch.device(opts.device)
         self.norm = None
         if opts.device_normalizes():
@@ -292,11 +268,8 @@ class Forward:
         return out
 
     def map(self, x: torch.Tensor, labels: torch.Tensor) -> list[tuple[np.ndarray, ...]]:
-        """The batches of ``x`` (``batch_size`` rows each, in order), up to ``threads`` of them at once.
-
-        Each batch is the same forward pass at ``cpu_threads`` intra-op threads whichever thread runs it,
-        so the bytes equal a one-thread run's; two cores then compute two batches where one intra-op
-        team of two would change the reduction order (docs/performance.md, "forward threads")."""
+        """The batches of ``x`` (``batch_size`` rows each, in order), up to ``threads`` at once, each at
+        ``cpu_threads`` intra-op threads: a one-thread run's bytes (docs/performance.md, "Forward threads")."""
         spans = [(a, min(a + self.batch_size, x.shape[0])) for a in range(0, x.shape[0], self.batch_size)]
 
         def one(span: tuple[int, int]) -> tuple[np.ndarray, ...]:
@@ -332,11 +305,8 @@ def _block(meta: dict, outs: list[tuple[np.ndarray, ...]], carried: tuple[str, .
 
 @dataclass
 class ModelFeed:
-    """One model's share of a streamed config: its forward pass, OOM back-off and checkpoints.
-
-    Several feeds share one decoded stream (a preprocessing group of a sweep): each unit is
-    decoded and transformed once and handed to every feed that still needs it.
-    """
+    """One model's share of a streamed config (a preprocessing group's models share each decoded unit):
+    its forward pass, OOM back-off and checkpoints."""
 
     name: str
     forward: Forward
@@ -355,34 +325,24 @@ class ModelFeed:
         return out
 
 
-def unit_loader(suite: LocalSuite, groups: list[RowGroup], units: list[Unit], transform, carried: tuple[str, ...],
-                opts: EvalOptions):
-    """DataLoader over ``units`` (workers decode and transform; pinned memory on CUDA)."""
-    workers = opts.resolved_workers()
-    return torch.utils.data.DataLoader(
-        UnitDataset(suite.root, groups, units, transform, carried), batch_size=None, shuffle=False,
-        num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=opts.device.startswith("cuda"),
-        collate_fn=lambda item: item,
-    )
-
-
 def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units: list[Unit], groups: list[RowGroup],
                   data_config: dict, opts: EvalOptions, *, on_failure=None, on_unit=None, transform=None) -> None:
-    """Decode each of ``units`` once and run it through every feed that needs it.
-
-    A feed whose model raises is handed to ``on_failure(feed, exc)`` (and dropped) when given, so
-    one broken model does not stop the others; without it the error propagates. ``on_unit(rows,
-    n_models)`` reports progress. ``transform``: a module's own (``genshift.evaluate(transform=)``)
-    instead of timm's for ``data_config``.
-    """
+    """Decode each of ``units`` once and run it through every feed that needs it. A feed whose model
+    raises goes to ``on_failure(feed, exc)`` and is dropped (without it the error propagates);
+    ``on_unit(rows, n_models)`` reports progress; ``transform``: a module's own instead of timm's."""
     carried = tuple(c for c in CARRIED_COLUMNS if c in suite.manifest.features)
     live = list(feeds)
     wanted = [u for u in units if any(u.index in f.todo for f in live)]
     decoder = DeviceDecoder(data_config, opts.device) if opts.decode == "device" else None
     if decoder is None and transform is None:
         transform = make_transform(data_config, uint8=opts.device_normalizes())
+    workers = opts.resolved_workers()
+    loader = torch.utils.data.DataLoader(
+        UnitDataset(suite.root, groups, wanted, transform, carried), batch_size=None, shuffle=False,
+        num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=opts.device.startswith("cuda"),
+        collate_fn=lambda item: item)
     try:
-        for item in unit_loader(suite, groups, wanted, transform, carried, opts):
+        for item in loader:
             if not live:
                 break
             if decoder is not None:

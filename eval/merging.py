@@ -8,34 +8,33 @@ sidecars, one per contiguous run of streaming units.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from datetime import datetime, timezone
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from genshift.errors import BenchError, IntegrityError, one_line
-from genshift.fsutil import parse_json, read_limited, sha256_bytes
 from genshift.eval.predictions import (
-    CheckpointedPredictions, check_config_name, contained, part_range, safe_config_dir, schema,
+    CheckpointedPredictions,
+    check_config_name,
+    contained,
+    part_range,
+    safe_config_dir,
+    schema,
     unit_digest,
 )
 from genshift.eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, environment, write_result
 from genshift.eval.scoring import ScoringOptions, score
-from genshift.families import get_family
 from genshift.eval.suite_open import open_suite
+from genshift.families import get_family
+from genshift.fsutil import INCOMPLETE, read_json, sha256_bytes
 
 JOB_FILE = "job.json"          # in .work/: everything needed to build the result from the parts
 WORK = ".work"
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 MAX_JOB_BYTES = 64 << 20       # job.json holds one digest per unit: ~20 bytes a unit
 MAX_SIDECAR_BYTES = 16 << 20
 MAX_UNITS = 1_000_000           # per config (a unit is >= 1 batch of rows)
@@ -46,29 +45,27 @@ JOB_KEYS = {"model": dict, "data_config": dict, "suite": dict, "protocol": dict,
             "reopen": dict, "compile": bool, "group": str}
 
 
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
 def refuse_links(path: Path, out: Path) -> Path:
     """``path`` inside ``out`` with no symbolic link on the way (a ``.work`` linked to another run
     would otherwise get that run's parts merged and removed); returns it resolved."""
-    p = Path(path)
-    rel = p.relative_to(out) if p.is_relative_to(out) else None
-    if rel is not None:
-        cur = Path(out)
-        for part in rel.parts:
-            cur = cur / part
-            if cur.is_symlink():
-                raise IntegrityError(f"{str(cur)!r} is a symbolic link; bench eval never writes one, so it did not "
-                                     "write this run: remove the link (nothing was merged or removed)")
+    p, out = Path(path), Path(out)
+    for step in (*reversed(p.parents), p):
+        if step != out and step.is_relative_to(out) and step.is_symlink():
+            raise IntegrityError(f"{str(step)!r} is a symbolic link; bench eval never writes one, so it did not "
+                                 "write this run: remove the link (nothing was merged or removed)")
     return contained(p, out)
 
 
 def read_job(run_dir: Path) -> dict:
     """``.work/job.json`` read with a size limit and every key the merge uses checked for type."""
-    path = run_dir / WORK / JOB_FILE
     where = f"{run_dir}/{WORK}/{JOB_FILE}"
-    if not path.is_file():
+    if not (run_dir / WORK / JOB_FILE).is_file():
         raise IntegrityError(f"{run_dir} has no {WORK}/{JOB_FILE}; it is not an unfinished bench eval run")
-    state = parse_json(read_limited(path, max_bytes=MAX_JOB_BYTES, what="job file"), what="job file",
-                       where=where, max_bytes=MAX_JOB_BYTES)
+    state = read_json(run_dir / WORK / JOB_FILE, max_bytes=MAX_JOB_BYTES, what="job file", where=where)
 
     def bad(what: str) -> IntegrityError:
         return IntegrityError(f"{where}: {what}; it was not written by this version of bench eval (rerun the "
@@ -79,14 +76,14 @@ def read_job(run_dir: Path) -> dict:
     for key, typ in JOB_KEYS.items():
         if key not in state:
             raise bad(f"key {key!r} is missing")
-        if not isinstance(state[key], typ) or (typ is int and isinstance(state[key], bool)):
+        if not _is(state[key], typ):
             raise bad(f"key {key!r} is not a {typ.__name__}")
     configs = state["suite"].get("configs")
     if not isinstance(configs, list) or not configs or set(configs) != set(state["units"]):
         raise bad("suite.configs and units name different configs")
     for config, n in state["units"].items():
         check_config_name(config)
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_UNITS:
+        if not _is(n, int) or not 0 <= n <= MAX_UNITS:
             raise bad(f"units of config {config!r} is not a whole number in 0..{MAX_UNITS}")
         ids = state["unit_ids"].get(config)
         if not isinstance(ids, list) or len(ids) != n or not all(isinstance(x, str) for x in ids):
@@ -98,6 +95,11 @@ def read_job(run_dir: Path) -> dict:
     if not 1 <= state["topk"] <= 1000 or not all(isinstance(c, str) for c in state["carried"]):
         raise bad("topk or carried columns are out of range")
     return state
+
+
+def _is(value, typ: type) -> bool:
+    """``isinstance`` as JSON means it: a bool is not a number."""
+    return isinstance(value, typ) and not (typ is int and isinstance(value, bool))
 
 
 def inspect_parts(run_dir: Path, state: dict, out: Path) -> tuple[dict[str, list[dict]], dict[str, list[int]]]:
@@ -121,7 +123,13 @@ def inspect_parts(run_dir: Path, state: dict, out: Path) -> tuple[dict[str, list
             if part.is_symlink():
                 raise IntegrityError(f"part {name} is a symbolic link; remove it (nothing was merged or removed)")
             first, last = part_range(part, n)
-            info = _sidecar(part, name)
+            side = part.with_suffix(".json")
+            if not side.is_file() or side.is_symlink():
+                raise IntegrityError(f"part {name} has no sidecar {side.name}; it was not written by bench eval, "
+                                     "remove it")
+            info = read_json(side, max_bytes=MAX_SIDECAR_BYTES, what="part sidecar", where=name, max_depth=8)
+            if not isinstance(info, dict):
+                raise IntegrityError(f"part {name}: its sidecar is not a JSON object; remove the part")
             units = list(range(first, last + 1))
             if info.get("run_key") != key:
                 raise IntegrityError(f"part {name} was written by another run (other model, suite, settings or "
@@ -138,17 +146,6 @@ def inspect_parts(run_dir: Path, state: dict, out: Path) -> tuple[dict[str, list
         if miss:
             missing[config] = miss
     return infos, missing
-
-
-def _sidecar(part: Path, name: str) -> dict:
-    side = part.with_suffix(".json")
-    if not side.is_file() or side.is_symlink():
-        raise IntegrityError(f"part {name} has no sidecar {side.name}; it was not written by bench eval, remove it")
-    info = parse_json(read_limited(side, max_bytes=MAX_SIDECAR_BYTES, what="part sidecar"),
-                      what="part sidecar", where=name, max_bytes=MAX_SIDECAR_BYTES, max_depth=8)
-    if not isinstance(info, dict):
-        raise IntegrityError(f"part {name}: its sidecar is not a JSON object; remove the part")
-    return info
 
 
 def _check_rows(part: Path, name: str, info: dict, units: list[int], sch, digests: list[str]) -> None:
@@ -172,19 +169,8 @@ def _check_rows(part: Path, name: str, info: dict, units: list[int], sch, digest
         at += r
 
 
-def done_units(work: Path, config: str, n_units: int) -> set[int]:
-    """Units of a config with a part on disk, from the part names (bounded by the unit count)."""
-    d = work / config
-    done: set[int] = set()
-    for part in sorted(d.glob("part-*.parquet")) if d.is_dir() else ():
-        first, last = part_range(part, n_units)
-        done.update(range(first, last + 1))
-    return done
-
-
 def missing_units(run_dir: Path, out: Path) -> dict[str, list[int]]:
-    state = read_job(run_dir)
-    return inspect_parts(run_dir, state, out)[1]
+    return inspect_parts(run_dir, read_job(run_dir), out)[1]
 
 
 def describe_missing(missing: dict[str, list[int]]) -> str:
@@ -203,24 +189,26 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     parts, missing = inspect_parts(run_dir, state, out)
     if missing:
         raise BenchError(f"{run_dir.name}: units missing ({describe_missing(missing)}); rerun the sweep to fill them")
-    session = read_json(work / "session.json", {}).get("session")
+    session = read_state(work / "session.json").get("session")
     sch = schema(state["topk"], tuple(state["carried"]))
-    counts, predictions, tables, timings = {}, [], {}, {}
-    eff_batch = []
+    counts, predictions, tables, timings, eff_batch = {}, [], {}, {}, []
     for config in state["suite"]["configs"]:
-        ckpt = CheckpointedPredictions(work, config, sch, n_units=state["units"][config])
         infos = parts[config]
         out_path = contained(run_dir / "predictions" / f"{config}.parquet", out)
-        rows = ckpt.finish(out_path)
-        tables[config], digest = _read_back(out_path)
+        rows = CheckpointedPredictions(work, config, sch, n_units=state["units"][config]).finish(out_path)
+        data = out_path.read_bytes()  # one read: the table scored and the sha256 recorded are of the same bytes
+        tables[config] = pq.read_table(pa.BufferReader(data))
         skipped = [i for info in infos for i in info.get("skipped_bad", [])]
         counts[config] = {**state["counts"][config], "predicted": rows, "skipped_bad": len(skipped),
                           "skipped_bad_ids": sorted(skipped)[:100]}
         predictions.append({"config": config, "path": f"predictions/{config}.parquet", "rows": rows,
-                            "sha256": digest})
+                            "sha256": sha256_bytes(data)})
         seconds = sum(i.get("seconds", 0.0) for i in infos)
         sizes = [i["batch_size"] for i in infos if i.get("batch_size")]
         eff_batch += sizes
+        by_rank = Counter()  # which process wrote how many units: the evidence that a split run was split
+        for i in infos:
+            by_rank[str(i.get("rank", 0))] += len(i.get("units", []))
         timings[config] = {"seconds": round(seconds, 3),
                            "model_seconds": round(sum(i.get("model_seconds", 0.0) for i in infos), 3),
                            # threads that ran batches (per process; model_seconds sums over them)
@@ -229,19 +217,16 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
                            "compiled": state["compile"],
                            "resumed_units": sum(len(i.get("units", [])) for i in infos if i.get("session") != session),
                            "effective_batch_size": min(sizes) if sizes else None,
-                           # which process wrote how many units: the evidence that a split run was split
-                           "units_by_rank": _units_by_rank(infos)}
+                           "units_by_rank": dict(sorted(by_rank.items()))}
     scoring = ScoringOptions(**state["scoring"])
     metrics = score(state["metric_family"], tables, scoring)
-    analysis = {}
     family = get_family(state["metric_family"])
+    analysis = {}
     if family.analysis is not None:  # LANCE: Fig. 6's clusters of text edits (genshift.eval.lance_insight)
         if suite is None:
             r = state["reopen"]
             suite = open_suite(r["suite"], revision=r["revision"], configs=tuple(r["configs"]), mask=r["mask"]).suite
-        found = family.resolve(family.analysis)(suite, tables, seed=scoring.seed)
-        if found:
-            analysis.update(found)
+        analysis = family.resolve(family.analysis)(suite, tables, seed=scoring.seed) or {}
     flags = {
         "unpinned_suite": not state["suite"]["pinned"], "construction_model": state["construction_model"],
         "partial": state["partial"],
@@ -261,21 +246,6 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     write_result(run_dir / RESULT_FILE, result)
     shutil.rmtree(refuse_links(work, out))
     return result
-
-
-def _read_back(path: Path) -> tuple[pa.Table, str]:
-    """A predictions file just written, read once: the table scored and the sha256 recorded are of
-    the same bytes (no second read for the hash)."""
-    data = path.read_bytes()
-    return pq.read_table(pa.BufferReader(data)), sha256_bytes(data)
-
-
-def _units_by_rank(infos: list[dict]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for i in infos:
-        key = str(i.get("rank", 0))
-        out[key] = out.get(key, 0) + len(i.get("units", []))
-    return dict(sorted(out.items()))
 
 
 def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
@@ -311,8 +281,23 @@ def locked(path: Path):
     return FileLock(str(path))
 
 
-def read_json(path: Path, default):
+def clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:
+    """Temp files of killed runs (``*.incomplete``) inside this run folder; with ``work_too`` also a
+    stale ``.work`` (a run killed between writing its result and removing its checkpoints)."""
+    if not run_dir.is_dir():
+        return
+    for p in run_dir.rglob(f"*{INCOMPLETE}"):
+        if p.is_file() and not p.is_symlink():
+            refuse_links(p, out).unlink(missing_ok=True)
+    if work_too and (run_dir / WORK).is_dir():
+        shutil.rmtree(refuse_links(run_dir / WORK, out))
+
+
+def read_state(path: Path) -> dict:
+    """A state file of ours (``run.json``, ``session.json``) through the one untrusted-JSON parser;
+    ``{}`` when it is absent or not a JSON object."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return default
+        state = read_json(path, max_bytes=MAX_SIDECAR_BYTES, what="run state")
+    except BenchError:
+        return {}
+    return state if isinstance(state, dict) else {}

@@ -10,7 +10,6 @@ every k (``true_rank < k``) and agrees with the stored top-k. Metrics are pure f
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
@@ -94,9 +93,20 @@ def part_range(part: Path, n_units: int | None = None) -> tuple[int, int]:
                              "written by bench eval, remove it or rerun with --force")
     first, last = int(m.group(1)), int(m.group(2))
     if first > last or (n_units is not None and last >= n_units):
-        raise IntegrityError(f"checkpoint {str(part)!r}: units {first}..{last} are not inside this run's 0..{(n_units or 0) - 1}; "
-                             "it was not written by this run, remove it or rerun with --force")
+        raise IntegrityError(f"checkpoint {str(part)!r}: units {first}..{last} are not inside this run's "
+                             f"0..{(n_units or 0) - 1}; it was not written by this run, remove it or rerun with "
+                             "--force")
     return first, last
+
+
+def done_units(config_dir: Path, n_units: int | None = None) -> set[int]:
+    """Units with a part in ``config_dir``, from the part names (bounded by the unit count); what the
+    parts hold is checked when they are merged (``genshift.eval.merging``)."""
+    done: set[int] = set()
+    for part in sorted(config_dir.glob("part-*.parquet")) if config_dir.is_dir() else ():
+        first, last = part_range(part, n_units)
+        done.update(range(first, last + 1))
+    return done
 
 
 def unit_digest(image_ids) -> str:
@@ -151,16 +161,7 @@ class CheckpointedPredictions:
         self._pending_info = {"model_seconds": 0.0}
         self._last_flush = time.monotonic()
         self.batch_size: int | None = None
-        self.done_units: set[int] = self.scan()
-
-    def scan(self) -> set[int]:
-        """Units already on disk (from any process or an earlier run), from the part names; what the
-        parts hold is checked when they are merged (``genshift.eval.merging``)."""
-        done: set[int] = set()
-        for part in sorted(self.dir.glob("part-*.parquet")):
-            first, last = part_range(part, self.n_units)
-            done.update(range(first, last + 1))
-        return done
+        self.done_units = done_units(self.dir, n_units)  # from any process or an earlier run
 
     def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0,
             threads_used: int = 1) -> None:
@@ -204,17 +205,6 @@ class CheckpointedPredictions:
         self._pending, self._pending_units, self._pending_skipped = [], [], []
         self._pending_info = {"model_seconds": 0.0}
         self._last_flush = now
-
-    def part_info(self) -> list[dict]:
-        """The sidecars of the parts on disk (one per part; missing ones read as empty)."""
-        out = []
-        for part in sorted(self.dir.glob("part-*.parquet")):
-            side = part.with_suffix(".json")
-            try:
-                out.append(json.loads(side.read_text()))
-            except (OSError, ValueError):
-                out.append({})
-        return out
 
     def finish(self, out_path: Path) -> int:
         """Merge all parts into ``out_path`` (sorted by image_id); returns the row count."""
@@ -275,7 +265,8 @@ def read_predictions(path: str | Path, columns: list[str] | None = None, *, data
                 batches.append(batch)
         table = pa.Table.from_batches(batches) if batches else pa.schema(fields).empty_table()
         for c in strings:
-            table = table.set_column(table.schema.get_field_index(c), schema.field(c), table[c].cast(schema.field(c).type))
+            field = schema.field(c)
+            table = table.set_column(table.schema.get_field_index(c), field, table[c].cast(field.type))
     except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise IntegrityError(f"{where} is not readable parquet ({e})") from None
     missing = [c for c in (columns or BASE_COLUMNS) if c in BASE_COLUMNS and c not in table.column_names]

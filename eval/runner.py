@@ -1,16 +1,7 @@
 """The library's way in: ``genshift.evaluate``, its :class:`Result`, ``genshift.verify`` and
-``genshift.slope``. ``bench eval`` and a notebook call the same code (``genshift.eval.sweep``).
-
-Output layout (``out``)::
-
-    <out>/<suite id>/<model slug>/result.json
-    <out>/<suite id>/<model slug>/predictions/<config>.parquet
-    <out>/<suite id>/<model slug>/.work/            units of an unfinished run + job.json (removed at the end)
-    <out>/<suite id>/<model slug>/failure.json      a model that failed in a sweep (removed by the rerun)
-
-A killed run resumes from its last flushed units; a finished run is a no-op unless ``force``.
-``out=None`` runs in a temporary folder that is removed: the :class:`Result` holds the
-predictions' bytes.
+``genshift.slope``; ``bench eval`` runs the same code (``genshift.eval.sweep``). What ``out`` holds:
+docs/results.md. ``out=None`` runs in a temporary folder that is removed (the :class:`Result` holds
+the predictions' bytes).
 """
 
 from __future__ import annotations

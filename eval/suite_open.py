@@ -1,9 +1,5 @@
-"""Opening the suite a run scores: a local folder, a registry id or a Hub repo id, verified, with
-its scoring spec (metric family, reference config, construction models); and the suite a stored
-result was made on (``bench verify --recheck``, ``bench diagnose``).
-
-A module of its own so that the one-model entry point (``genshift.eval.runner``) and the sweep
-(``genshift.eval.sweep``) both depend on it and not on each other.
+"""Opening the suite a run scores (a local folder, a registry id or a Hub repo id), verified, with
+its scoring spec; and the suite a stored result was made on (``bench verify --recheck``, ``bench diagnose``).
 """
 
 from __future__ import annotations
@@ -47,12 +43,9 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
 
 def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = None,
                  configs: tuple[str, ...] | None = None) -> SuiteInfo:
-    """The suite a result was made on (for ``bench verify --recheck`` and ``bench diagnose``).
-
-    By default it is opened as recorded (source, revision and, for the upstream ImageNet*
-    adapter, the mask file); ``suite`` / ``mask`` point elsewhere. The opened suite must have
-    the result's manifest hash.
-    """
+    """The suite a result was made on, opened as recorded (source, revision and, for the upstream
+    ImageNet* adapter, the mask file) unless ``suite`` / ``mask`` point elsewhere; it must have the
+    result's manifest hash."""
     from genshift import upstream
 
     rec = result["suite"]
@@ -70,8 +63,8 @@ def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = N
             raise BenchError(f"the result was scored with a mask file of sha256 {rec_mask['sha256'][:12]}… whose "
                              "path was not recorded; pass that file with --mask")
         if not Path(mask).is_file():
-            raise BenchError(f"the result was scored with the mask {mask} (sha256 {rec_mask['sha256'][:12]}…), which is "
-                             "not there any more; pass the same file with --mask")
+            raise BenchError(f"the result was scored with the mask {mask} (sha256 {rec_mask['sha256'][:12]}…), which "
+                             "is not there any more; pass the same file with --mask")
     if mask is not None and rec_mask and sha256_file(mask) != rec_mask["sha256"]:
         raise IntegrityError(f"mask {mask} is not the one the result was scored with (sha256 "
                              f"{rec_mask['sha256'][:12]}…); pass that file with --mask")

@@ -1,30 +1,11 @@
 """Many models, one decode: an evaluation of a model list on one suite, in one or many processes.
 
-A sweep scores every model of a list on one suite and writes, for each model, exactly the
-``result.json`` and ``predictions/<config>.parquet`` a single evaluation of that model writes (a
-single ``genshift.evaluate`` or ``bench eval`` *is* a sweep of one model), so the results store,
-``bench verify`` and ``bench submit`` need no change.
-
-How the work is shared:
-
-- **Preprocessing groups.** Models are grouped by their resolved data config (input size, crop,
-  interpolation, and mean/std unless the device normalises); each unit of a config is decoded and
-  transformed once per group and fed to every model of the group. At most ``max_resident`` models
-  are loaded at once: a larger group runs in chunks, one chunk after another.
-- **Work items** are ``(chunk, config, unit)`` with cost = models still needing the unit x rows.
-  Under ``accelerate launch`` (or torchrun) they are split across processes by a deterministic
-  greedy balance of cost (``genshift.distributed``). Each process writes its units atomically into
-  each model's ``.work/<config>/`` folder.
-- **Merging.** Whichever process finds a model's units complete builds its predictions files and
-  result (under a file lock); ``bench eval --merge OUT`` does the same after the fact
-  (``genshift.eval.merging``).
-- **Resume.** Units flushed by rows and by time survive a kill; a rerun skips them, skips models
-  already finished, and cleans temp files left by killed runs. Predictions files are sorted by
-  ``image_id`` and written from one chunk, so their bytes do not depend on the process count or
-  on where a run was interrupted.
-- **Nothing to do.** A finished run records the digest of its request (model name and weights,
-  suite pin, options); a rerun of the same request finds it without opening the suite or loading
-  a model.
+Each model gets exactly the ``result.json`` and ``predictions/<config>.parquet`` a single
+``genshift.evaluate`` writes (one evaluation *is* a sweep of one model). Models with one data config
+share each unit's decode, at most ``max_resident`` loaded at once; ``(chunk, config, unit)`` work
+items are balanced over launched processes (``genshift.distributed``); whichever process completes
+a model builds its result (``genshift.eval.merging``). Resume, the split and the "nothing to do"
+answer: docs/performance.md, "Sweeps" and "Resume and distribution".
 """
 
 from __future__ import annotations
@@ -38,24 +19,18 @@ from pathlib import Path
 from genshift import upstream
 from genshift.distributed import balance, current_process
 from genshift.errors import BenchError, one_line
-from genshift.families import get_family
-from genshift.fsutil import (
-    INCOMPLETE, atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file,
-)
-from genshift.oom import BatchBackoff
-from genshift.eval.inference import (
-    Forward, ModelFeed, check_device, plan_units, predict_units, torch_state, wants_compile,
-)
-from genshift.eval.merging import (
-    JOB_FILE, WORK, describe_missing, done_units, finish_run, locked, missing_units, now, read_json, refuse_links,
-)
+from genshift.eval import inference, merging, predictions
+from genshift.eval.inference import predict_units
+from genshift.eval.merging import WORK, finish_run, refuse_links
 from genshift.eval.model_list import ModelSpec, checkpoint_sha256
 from genshift.eval.options import EvalOptions
-from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, check_config_name, contained, schema, unit_digest
-from genshift.eval.progress import Progress
-from genshift.eval.results import RESULT_FILE, config_hash, load_result, path_slug as slug  # the one folder rule
-from genshift.identity import folder_name
+from genshift.eval.results import RESULT_FILE, config_hash, load_result
+from genshift.eval.results import path_slug as slug  # the one folder rule
 from genshift.eval.suite_open import is_construction_model, open_suite
+from genshift.families import get_family
+from genshift.fsutil import atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
+from genshift.identity import folder_name
+from genshift.oom import BatchBackoff
 
 log = logging.getLogger(__name__)
 RUN_STATE = "run.json"
@@ -76,30 +51,25 @@ class SweepRequest:
 
 @dataclass
 class Job:
-    """One model of the sweep: what its result records and where it goes."""
+    """One model of the sweep: what its result records (``state``, the job file) and where it goes."""
 
     spec: ModelSpec
     clf: object | None
     model_id: str
     run_dir: Path
-    state: dict                    # JOB_FILE contents
+    state: dict
     status: str = "todo"           # todo | done | failed
     error: str | None = None
     result: dict | None = None
 
-    @property
-    def group_key(self) -> str:
-        return self.state["group"]
-
 
 def unit_digests(suite, config: str, groups, units) -> list[str]:
-    """Per streaming unit, the digest of the image ids it holds (job.json): what lets a merge check
-    that a part's rows are its units' images."""
+    """Per unit, the digest of its image ids (job.json): a merge checks each part's rows against it."""
     ids = suite.read_columns(config, ["image_id"])["image_id"].to_pylist()
     offsets = [0]
     for g in groups:
         offsets.append(offsets[-1] + g.num_rows)
-    return [unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
+    return [predictions.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
 
 
 def load_model(opts: EvalOptions, spec: ModelSpec):
@@ -130,11 +100,10 @@ class Sweep:
         self.dist = current_process(self.opts.device)
         if self.dist.count > 1 and self.opts.device == "cuda":
             self.opts = replace(self.opts, device=f"cuda:{self.dist.local_index}")
-        self.device = check_device(self.opts.device)
+        self.device = inference.check_device(self.opts.device)
         self.single = len(req.models) == 1
         self.jobs: list[Job] = []
-
-    # ---- planning ----------------------------------------------------------------------------
+        self.running = ""  # the config being scored, for the progress bar
 
     def prepare(self) -> None:
         """Find the finished runs of this request; open and verify the suite, load and describe every
@@ -154,9 +123,10 @@ class Sweep:
         suite = self.suite = self.info.suite
         self.configs = suite.select(list(req.configs) if req.configs else None)
         for c in self.configs:
-            check_config_name(c)  # a config name that cannot be a folder is refused before any work
-        self.units = {c: plan_units(suite, c, batch_size=self.opts.resolved_batch_size(), unit_rows=self.opts.unit_rows,
-                                    limit_per_class=self.opts.limit_per_class) for c in self.configs}
+            predictions.check_config_name(c)  # a config name that cannot be a folder is refused before any work
+        self.units = {c: inference.plan_units(suite, c, batch_size=self.opts.resolved_batch_size(),
+                                              unit_rows=self.opts.unit_rows, limit_per_class=self.opts.limit_per_class)
+                      for c in self.configs}
         self.unit_ids = {c: unit_digests(suite, c, *self.units[c]) for c in self.configs}
         self.out = ensure_writable_dir(self.out, what="output folder")
         self.suite_dir = self.out / slug(suite.suite_id)
@@ -177,7 +147,7 @@ class Sweep:
         self.jobs.sort(key=lambda j: req.models.index(j.spec))
         for job in self.jobs:
             if job.status == "todo":
-                job.state["session"] = read_json(job.run_dir / WORK / "session.json", {}).get("session", "")
+                job.state["session"] = merging.read_state(job.run_dir / WORK / "session.json").get("session", "")
 
     def request_key(self, spec: ModelSpec) -> str | None:
         """The digest of what decides a model's files: its name and weights, the suite's pin and the
@@ -224,8 +194,7 @@ class Sweep:
         """Request digest -> run folder, for every finished run under the output folder."""
         found = {}
         for state in self.out.glob(f"*/*/{RUN_STATE}"):
-            key = read_json(state, {}).get("request_key")
-            run = state.parent
+            key, run = merging.read_state(state).get("request_key"), state.parent
             finished = (run / RESULT_FILE).is_file() and not (run / WORK).exists()
             if finished and key is not None and key in self.keys.values():
                 found[key] = run
@@ -265,7 +234,7 @@ class Sweep:
         n_images = sum(len(u.rows) for c in self.configs for u in self.units[c][1])
         # compile decided from the model's whole workload, not what is left: a resumed or split
         # run uses the numerics of an uninterrupted one
-        compiled = wants_compile(opts, n_images=n_images)
+        compiled = inference.wants_compile(opts, n_images=n_images)
         run_opts = {"device": self.device, "amp": opts.amp, "amp_dtype": opts.amp_dtype if opts.amp else None,
                     "batch_size": opts.resolved_batch_size(), "channels_last": opts.channels_last,
                     "compile": opts.compile, "workers": opts.resolved_workers(),
@@ -282,7 +251,7 @@ class Sweep:
             "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0],
             "cpu_threads": opts.cpu_threads, "compiled": compiled}))
         run_dir = self.suite_dir / folder_name(clf.model_id)
-        contained(run_dir, self.out)
+        predictions.contained(run_dir, self.out)
         state = {
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
@@ -294,8 +263,8 @@ class Sweep:
             "unit_ids": self.unit_ids,
             "counts": {c: {"total": suite.manifest.config(c).rows, "kept": suite.manifest.config(c).kept}
                        for c in self.configs},
-            "carried": [c for c in CARRIED_COLUMNS if c in suite.manifest.features],
-            "topk": opts.topk, "notes": opts.notes, "started_at": now(),
+            "carried": [c for c in predictions.CARRIED_COLUMNS if c in suite.manifest.features],
+            "topk": opts.topk, "notes": opts.notes, "started_at": merging.now(),
             "reopen": {"suite": req.suite, "revision": opts.revision, "mask": opts.mask, "configs": list(self.configs)},
             "compile": compiled,
             "group": _group_key(clf.data_config, opts),
@@ -315,7 +284,7 @@ class Sweep:
             if old and old.get("config_hash") == chash and old.get("run", {}).get("predictions_key") == pred_key:
                 self._done(job, old)
                 if self.dist.is_main:
-                    _clean_leftovers(run_dir, self.out, work_too=True)
+                    merging.clean_leftovers(run_dir, self.out, work_too=True)
                     self._write_state(job)  # the next rerun of this request finds it at once
                 return
         if len([j for j in self.jobs if j.clf is not None]) >= opts.max_resident:
@@ -323,12 +292,9 @@ class Sweep:
         self.jobs.append(job)
 
     def _fail_early(self, spec: ModelSpec, exc: BaseException) -> None:
-        job = Job(spec, None, spec.name, contained(self.suite_dir / slug(spec.name), self.out), {})
+        job = Job(spec, None, spec.name, predictions.contained(self.suite_dir / slug(spec.name), self.out), {})
         self.jobs.append(job)
-        if self.dist.is_main:
-            self._record_failure(job, exc)
-        else:
-            job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        self._record_failure(job, exc)  # its failure file written by the main process only (no job state)
 
     def _write_state(self, job: Job) -> None:
         atomic_write_json(job.run_dir / RUN_STATE, {"predictions_key": job.state["run"]["predictions_key"],
@@ -338,7 +304,7 @@ class Sweep:
         """Resume checkpoints made with the same predictions key; refuse to clobber other settings."""
         run_dir = ensure_writable_dir(job.run_dir, what="output folder")
         pred_key = job.state["run"]["predictions_key"]
-        old = read_json(run_dir / RUN_STATE, {}).get("predictions_key")
+        old = merging.read_state(run_dir / RUN_STATE).get("predictions_key")
         has_outputs = any((run_dir / p).exists() for p in (RESULT_FILE, "predictions", WORK))
         if old != pred_key and has_outputs and not self.opts.force:
             raise BenchError(f"{run_dir} holds a run of this model and suite with other settings; re-run with "
@@ -348,20 +314,18 @@ class Sweep:
                 if (run_dir / name).exists():
                     shutil.rmtree(refuse_links(run_dir / name, self.out))
             (run_dir / RESULT_FILE).unlink(missing_ok=True)
-        _clean_leftovers(run_dir, self.out, work_too=False)
+        merging.clean_leftovers(run_dir, self.out, work_too=False)
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)
         self._write_state(job)
-        atomic_write_json(run_dir / WORK / JOB_FILE, job.state)
+        atomic_write_json(run_dir / WORK / merging.JOB_FILE, job.state)
         atomic_write_json(run_dir / WORK / "session.json", {"session": session})
-
-    # ---- work items --------------------------------------------------------------------------
 
     def chunks(self) -> list[list[Job]]:
         """Models to run, by preprocessing group, in chunks of at most ``max_resident``."""
-        todo = sorted((j for j in self.jobs if j.status == "todo"), key=lambda j: (j.group_key, j.model_id))
+        todo = sorted((j for j in self.jobs if j.status == "todo"), key=lambda j: (j.state["group"], j.model_id))
         by_group: dict[str, list[Job]] = {}
         for j in todo:
-            by_group.setdefault(j.group_key, []).append(j)
+            by_group.setdefault(j.state["group"], []).append(j)
         n = self.opts.max_resident
         return [js[i:i + n] for js in by_group.values() for i in range(0, len(js), n)]
 
@@ -370,7 +334,7 @@ class Sweep:
         items = []
         for ci, chunk in enumerate(self.chunks()):
             for c in self.configs:
-                done = {j.model_id: done_units(j.run_dir / WORK, c, len(self.units[c][1])) for j in chunk}
+                done = {j.model_id: predictions.done_units(j.run_dir / WORK / c, len(self.units[c][1])) for j in chunk}
                 for u in self.units[c][1]:
                     need = [j.model_id for j in chunk if u.index not in done[j.model_id]]
                     if need:
@@ -378,36 +342,44 @@ class Sweep:
                                       "models": need, "cost": len(need) * len(u.rows), "rows": len(u.rows)})
         return balance(items, self.dist.count)
 
-    # ---- running -----------------------------------------------------------------------------
-
     def run(self) -> list[Job]:
-        with torch_state(self.opts):
+        with inference.torch_state(self.opts):
             self.prepare()
             if all(j.status != "todo" for j in self.jobs):
                 return self.jobs
             # every process computes the same split from the same state on disk: nobody writes before all planned
             items = [i for i in self.items() if i["rank"] == self.dist.index]
             self.dist.wait()
-            bar = Progress(sum(i["cost"] for i in items), len(self.jobs), sum(j.status == "done" for j in self.jobs),
-                           enabled=self.opts.progress and bool(items), rank=self.dist.index)
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=sum(i["cost"] for i in items), unit="img·model", dynamic_ncols=True,
+                            disable=not (self.opts.progress and items),
+                            desc=f"sweep[{self.dist.index}]" if self.dist.index else "sweep")
+            self._progress()
             try:
                 for ci, chunk in enumerate(self.chunks()):
                     mine = [i for i in items if i["chunk"] == ci]
                     if mine:
-                        self._run_chunk(chunk, mine, bar)
+                        self._run_chunk(chunk, mine)
                     for job in chunk:
                         if job.status == "todo":
                             job.clf = None  # free the weights before the next chunk loads
-                            self._try_finish(job, bar)
+                            self._try_finish(job)
             finally:
-                bar.close()
+                self.bar.close()
             # the last process to finish builds what the others left (a no-op on one process)
             for job in self.jobs:
                 if job.status == "todo":
-                    self._try_finish(job, bar)
+                    self._try_finish(job)
         return self.jobs
 
-    def _run_chunk(self, chunk: list[Job], items: list[dict], bar) -> None:
+    def _progress(self, rows: int = 0, n_models: int = 0) -> None:
+        """The bar: model-images done (rows x models served), images/s, ETA, models finished."""
+        self.bar.update(rows * n_models)
+        done = sum(j.status == "done" for j in self.jobs)
+        self.bar.set_postfix_str(f"models done {done}/{len(self.jobs)} {self.running}", refresh=False)
+
+    def _run_chunk(self, chunk: list[Job], items: list[dict]) -> None:
         for job in chunk:
             if job.clf is None and job.status == "todo":
                 try:
@@ -423,7 +395,7 @@ class Sweep:
         try:
             for job in list(live):
                 try:
-                    forwards[job.model_id] = Forward(job.clf.model, self.opts, compile=job.state["compile"],
+                    forwards[job.model_id] = inference.Forward(job.clf.model, self.opts, compile=job.state["compile"],
                                                      data_config=data_config)
                 except Exception as e:  # noqa: BLE001 - recorded for this model
                     self._record_failure(job, e)
@@ -435,20 +407,20 @@ class Sweep:
                     continue
                 groups, units = self.units[config]
                 feeds = []
-                sch = schema(self.opts.topk, tuple(live[0].state["carried"]))
+                sch = predictions.schema(self.opts.topk, tuple(live[0].state["carried"]))
                 for job in live:
-                    ckpt = CheckpointedPredictions(job.run_dir / WORK, config, sch, session=job.state["session"],
-                                                   rank=self.dist.index, run_key=job.state["run"]["predictions_key"],
-                                                   n_units=len(units))
+                    ckpt = predictions.CheckpointedPredictions(
+                        job.run_dir / WORK, config, sch, session=job.state["session"], rank=self.dist.index,
+                        run_key=job.state["run"]["predictions_key"], n_units=len(units))
                     todo = {u for u, models in mine.items() if job.model_id in models} - ckpt.done_units
-                    feeds.append(ModelFeed(job.model_id, forwards[job.model_id], ckpt,
+                    feeds.append(inference.ModelFeed(job.model_id, forwards[job.model_id], ckpt,
                                            BatchBackoff(self.opts.resolved_batch_size(), what="eval batch"), todo))
                 by_id = {j.model_id: j for j in live}
-                bar.config = config
+                self.running = config
                 predict_units(self.suite, config, feeds, [u for u in units if u.index in mine], groups, data_config,
                               self.opts, on_failure=None if self.single else
-                              (lambda feed, exc: self._record_failure(by_id[feed.name], exc)),
-                              on_unit=bar.update, transform=custom)
+                              (lambda feed, exc, by_id=by_id: self._record_failure(by_id[feed.name], exc)),
+                              on_unit=self._progress, transform=custom)
         finally:
             for f in forwards.values():
                 f.close()
@@ -461,34 +433,24 @@ class Sweep:
         job.clf = None
         log.error("%s failed: %s (the sweep goes on)", job.model_id, job.error)
         if self.dist.is_main or job.state:
-            atomic_write_json(job.run_dir / FAILURE_FILE, {"model": job.model_id, "error": job.error, "at": now()})
+            failure = {"model": job.model_id, "error": job.error, "at": merging.now()}
+            atomic_write_json(job.run_dir / FAILURE_FILE, failure)
 
-    def _try_finish(self, job: Job, bar) -> None:
-        with locked(job.run_dir / ".lock"):
-            if (job.run_dir / RESULT_FILE).is_file() and not (job.run_dir / WORK / JOB_FILE).is_file():
+    def _try_finish(self, job: Job) -> None:
+        with merging.locked(job.run_dir / ".lock"):
+            if (job.run_dir / RESULT_FILE).is_file() and not (job.run_dir / WORK / merging.JOB_FILE).is_file():
                 job.status, job.result = "done", load_result(job.run_dir / RESULT_FILE)  # another process built it
-                bar.model_done()
+                self._progress()
                 return
-            missing = missing_units(job.run_dir, self.out)
+            missing = merging.missing_units(job.run_dir, self.out)
             if missing:
                 if self.dist.count == 1:
-                    raise BenchError(f"{job.model_id}: units missing after the run ({describe_missing(missing)})")
+                    missing = merging.describe_missing(missing)
+                    raise BenchError(f"{job.model_id}: units missing after the run ({missing})")
                 return
             job.result = finish_run(job.run_dir, self.out, suite=self.suite)
             job.status = "done"
-            bar.model_done()
-
-
-def _clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:
-    """Temp files of killed runs (``*.incomplete``) inside this run folder; with ``work_too`` also a
-    stale ``.work`` (a run killed between writing its result and removing its checkpoints)."""
-    if not run_dir.is_dir():
-        return
-    for p in run_dir.rglob(f"*{INCOMPLETE}"):
-        if p.is_file() and not p.is_symlink():
-            refuse_links(p, out).unlink(missing_ok=True)
-    if work_too and (run_dir / WORK).is_dir():
-        shutil.rmtree(refuse_links(run_dir / WORK, out))
+            self._progress()
 
 
 def run_sweep(req: SweepRequest) -> list[Job]:

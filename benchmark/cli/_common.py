@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from genshift.errors import BenchError
-
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """The description and examples kept as written; the default of every option that takes a value
@@ -80,14 +78,19 @@ def print_table(rows: list[dict], columns: list[str], *, file=None) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=file)
 
 
+def percent(m: dict | None) -> str:
+    """A metric ``{"value", "ci"}`` (fractions) in percent or points with its interval; '-' when undefined."""
+    if not m or m.get("value") is None or m["value"] != m["value"]:
+        return "-"
+    text = f"{100 * m['value']:.2f}"
+    if m.get("ci") and m["ci"][0] == m["ci"][0]:
+        text += f" [{100 * m['ci'][0]:.2f}, {100 * m['ci'][1]:.2f}]"
+    return text
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
-
-
-def require(cond: bool, message: str) -> None:
-    if not cond:
-        raise BenchError(message)
 
 
 def add_mask_options(p: argparse.ArgumentParser) -> None:

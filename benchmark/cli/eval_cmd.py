@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
-from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, print_json, print_table
+from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, percent, print_json, print_table
 
 
 def add_parser(sub):
@@ -19,7 +20,8 @@ def add_parser(sub):
         examples=(
             "  bench eval --model timm/resnet50.a1_in1k --suite imagenet-star-upstream --configs base,in_the_snow\n"
             "  bench eval --model resnet50.a1_in1k --suite ./my-suite --device cuda --amp --batch-size 256\n"
-            "  bench eval --model tf_efficientnet_lite0 --checkpoint lite0.pth --remap-by-order --suite ./photos-suite\n"
+            "  bench eval --model tf_efficientnet_lite0 --checkpoint lite0.pth --remap-by-order "
+            "--suite ./photos-suite\n"
             "  HF_HUB_OFFLINE=1 bench eval --model hf-hub:timm/resnet50.a1_in1k@<sha> --suite lance-hardimagenet\n"
             "  bench eval --model 'timm/convnext_*.fb_in1k' --model resnet50.a1_in1k --suite imagenet-star\n"
             "  bench eval --models zoo.txt --suite ./my-suite --max-resident 8\n"
@@ -70,7 +72,8 @@ def add_parser(sub):
                         "with another value is refused) (1..1024)")
     p.add_argument("--forward-threads", type=_int,
                    help="CPU: batches computed at once, each on its own thread at --cpu-threads (default: this "
-                        "process's share of the cores / --cpu-threads; the bytes do not depend on it; recorded) (1..256)")
+                        "process's share of the cores / --cpu-threads; the bytes do not depend on it; recorded) "
+                        "(1..256)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the model (auto: on a GPU, for runs of 4000 images or more)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
@@ -115,16 +118,9 @@ def options_from(args):
     """The ``EvalOptions`` the flags ask for; a bad value is one line naming its flag."""
     from genshift.eval.options import EvalOptions, OptionError
 
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(args, f.name)}
     try:
-        return EvalOptions(
-            revision=args.revision, mask=mask_arg(args), remap_by_order=args.remap_by_order,
-            checkpoint_weights=args.checkpoint_weights, preprocess=args.preprocess, topk=args.topk,
-            limit_per_class=args.limit_per_class, skip_bad_images=args.skip_bad_images, filter=args.filter,
-            reference_accuracy=args.reference_accuracy, bootstrap=args.bootstrap, seed=args.seed, device=args.device,
-            batch_size=args.batch_size, workers=args.workers, amp=args.amp, amp_dtype=args.amp_dtype,
-            channels_last=args.channels_last, compile=args.compile, decode=args.decode, cpu_threads=args.cpu_threads,
-            forward_threads=args.forward_threads, max_resident=args.max_resident, force=args.force, notes=args.notes,
-            progress=args.progress)
+        return EvalOptions(**{**given, "mask": mask_arg(args)})
     except OptionError as e:
         raise flag_error(e) from None
 
@@ -229,16 +225,6 @@ def print_sweep(jobs) -> None:
               + "; the others' results are complete, a rerun retries the failed ones")
 
 
-def _fmt(m: dict | None) -> str:
-    """A fraction (and its interval) in percent or points; '-' when undefined."""
-    if not m or m.get("value") is None or m["value"] != m["value"]:
-        return "-"
-    text = f"{100 * m['value']:.2f}"
-    if m.get("ci") and m["ci"][0] == m["ci"][0]:
-        text += f" [{100 * m['ci'][0]:.2f}, {100 * m['ci'][1]:.2f}]"
-    return text
-
-
 def print_summary(result: dict) -> None:
     """The end-of-run table: acc@1 (with its interval) and acc@5 per config, then every other number the
     suite's family declares (``genshift.families``), under its label and unit."""
@@ -246,8 +232,8 @@ def print_summary(result: dict) -> None:
 
     family = get_family(result["suite"]["metric_family"])
     cols = family.columns(result)
-    rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": _fmt(m["acc1"]), "acc@5 %": _fmt(m["acc5"])}
-            for c, m in result["metrics"]["configs"].items()]
+    rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": percent(m["acc1"]),
+             "acc@5 %": percent(m["acc5"])} for c, m in result["metrics"]["configs"].items()]
     print(f"{result['model']['id']} on {result['suite']['id']}"
           f" (manifest {result['suite']['manifest_sha256'][:12]}, config hash {result['config_hash'][:12]})")
     print_table(rows, ["config", "scored", "acc@1 % [95% CI]", "acc@5 %"])
@@ -258,7 +244,7 @@ def print_summary(result: dict) -> None:
             if col.endswith(("_lo", "_hi")):
                 continue
             ci = [cols.get(f"{col}_lo"), cols.get(f"{col}_hi")]
-            shown = _fmt({"value": cols[col], "ci": ci if None not in ci else None})
+            shown = percent({"value": cols[col], "ci": ci if None not in ci else None})
             where = f" ({col.split('/', 1)[1]})" if "/" in col else ""
             print(f"{metric.label}{where}: {shown} {metric.unit}")
     flags = [k for k, v in result["flags"].items() if v]

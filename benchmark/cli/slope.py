@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from genshift.cli._common import add_verb, print_json, print_table
+from genshift.cli._common import add_verb, percent, print_json, print_table
 
 
 def add_parser(sub):
@@ -18,7 +18,8 @@ def add_parser(sub):
                              "drop averaged over shifts.)",
                  examples="  bench slope runs/imagenet-star/*/result.json\n"
                           "  bench slope runs/imagenet-star/*/result.json --scale probit --json\n"
-                          "  bench slope runs/imagenet-star-upstream/*/result.json --id-accuracy results-imagenet.csv\n")
+                          "  bench slope runs/imagenet-star-upstream/*/result.json "
+                          "--id-accuracy results-imagenet.csv\n")
     p.add_argument("results", nargs="+", help="result.json files (or run folders)")
     p.add_argument("--reference", help="in-distribution config (default: the suite's, e.g. base)")
     p.add_argument("--id-accuracy", metavar="CSV",
@@ -36,19 +37,11 @@ def _num(v: float, fmt: str = ".3f") -> str:
     return "-" if v is None or v != v else format(v, fmt)
 
 
-def _pp(m: dict | None) -> str:
-    if not m or m.get("value") is None:
-        return "-"
-    text = f"{100 * m['value']:.2f}"
-    return text + (f" [{100 * m['ci'][0]:.2f}, {100 * m['ci'][1]:.2f}]" if m.get("ci") else "")
-
-
 def run(args) -> int:
+    from genshift.eval.id_axis import id_accuracy, read_id_table
     from genshift.eval.results import load_result
     from genshift.eval.slope import SCALES, slope_table
     from genshift.eval.verify import result_path
-
-    from genshift.eval.id_axis import id_accuracy, read_id_table
 
     id_table = read_id_table(args.id_accuracy) if args.id_accuracy else None  # options before the results
     results = [load_result(result_path(p)) for p in args.results]
@@ -72,7 +65,7 @@ def run(args) -> int:
             row.update({f"{scale} slope": _num(f["slope"]), f"{scale} intercept": _num(f["intercept"]),
                         f"{scale} R^2": _num(f["r2"])})
         if impact is not None:
-            row["shift impact pp [95% CI over models]"] = _pp(impact.get(shift))
+            row["shift impact pp [95% CI over models]"] = percent(impact.get(shift))
         rows.append(row)
     print(f"ID axis: {table['id_axis']}; {len(table['models'])} models")
     print_table(rows, list(rows[0]) if rows else ["shift"])
