@@ -1,18 +1,17 @@
-"""Verification stamps, signed with ed25519 (``docs/leaderboard.md``, "Signing").
+"""The board record: what verification signs and what the leaderboard page reads (``docs/leaderboard.md``,
+"The board record" and "Signing").
 
-A stamp (``verification.json`` beside a result) records that a maintainer re-ran a sample of the
-result's images through the model and every check passed. It counts only when it is signed by a
-key the leaderboard trusts and names the result and predictions files exactly as they are now:
-an unsigned, badly signed, stale or hand-written stamp is shown as unverified, with the reason.
+A record holds everything the board shows of one entry (identity, protocol, metrics with intervals, the
+per-image correctness the rank intervals need, the hashes of the files it vouches for), so the page never
+recomputes a metric nor reads a predictions file to draw itself. ``bench verify --sign`` and ``bench
+review`` write it signed (:func:`write_stamp`) as ``verification.json``; a local folder's unsigned results
+get the same record built from ``result.json`` (:func:`build_record`). It counts only when a trusted key
+signed it and it names ``result.json`` as it is now (:func:`check_stamp`).
 
-Keys are raw ed25519 keys from the ``cryptography`` package:
-
-- private key: PKCS#8 PEM, written with mode 0600 (``bench keygen KEY``);
-- public key: one line ``ed25519 <base64 of the 32 raw bytes> <name>`` (``KEY.pub``);
-- trusted keys file: any number of such lines (``#`` comments), so ``cat KEY.pub >> trusted``.
-
-The signature covers the canonical JSON (``genshift.fsutil.canonical_json``) of the stamp
-without its ``signature`` field.
+Keys are raw ed25519 keys (the ``cryptography`` package): the private key PKCS#8 PEM, mode 0600 (``bench
+keygen KEY``); a public key one line ``ed25519 <base64 of the 32 raw bytes> <name>`` (``KEY.pub``); a
+trusted-keys file any number of such lines (``#`` comments). The signature covers the canonical JSON
+(``genshift.fsutil.canonical_json``) of the record without its ``signature`` field.
 """
 
 from __future__ import annotations
@@ -29,10 +28,10 @@ from genshift.errors import BenchError
 from genshift.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_bytes, canonical_json, read_limited,
                             read_text_limited, sha256_bytes)
 
-STAMP_KIND = "genshift-verification"
-STAMP_VERSION = 2
+STAMP_KIND = "genshift-board-record"
+STAMP_VERSION = 3
 ALGORITHM = "ed25519"
-MAX_STAMP_BYTES = 1 << 20
+MAX_STAMP_BYTES = 4 << 20
 MAX_PRIVATE_KEY_BYTES = 1 << 14
 
 
@@ -178,10 +177,11 @@ def check_signature(stamp, trusted: dict[str, PublicKey]) -> str | None:
 
 
 STAMP_FILE = "verification.json"
+RECORD_FIELDS = ("protocol", "data_config", "flags", "metrics")  # copied from the result as they are
 
 
 def unrankable(result: dict) -> str:
-    """Why a (schema-valid) result can never be ranked and so is never signed, or "" if it can be: a
+    """Why a (schema-valid) result or record can never be ranked and so is never signed, or "" if it can be: a
     partial run (``--limit-per-class``, or not every config of the suite; ``flags.partial`` as
     ``bench verify`` recomputes it). A stamp on it would put a subset of the images on the board."""
     if result["protocol"]["limit_per_class"] is not None:
@@ -192,8 +192,66 @@ def unrankable(result: dict) -> str:
     return ""
 
 
+def build_record(result: dict, *, result_sha256: str, predictions_sha256: dict[str, str], tables=None) -> dict:
+    """The board record of a (schema-valid) result; ``BenchError`` if its model id is not the canonical id of
+    the weights it records. ``tables`` (config -> predictions table, as checked): add the per-image
+    correctness the rank intervals need."""
+    from genshift.identity import identity_of
+
+    ident = identity_of(result["model"])
+    m, s = result["model"], result["suite"]
+    record = {
+        "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
+        "model": {"id": ident.id, "source": ident.source, "weights_revision": ident.revision,
+                  "tensors_sha256": ident.tensors_sha256, "weights_sha256": m.get("weights_sha256"),
+                  "declared_name": m.get("declared_name"), "architecture": m.get("architecture"), "tag": m.get("tag"),
+                  "num_params": m.get("num_params"), "paper_ids": (m.get("pretrained_cfg") or {}).get("paper_ids")},
+        "suite": {k: s.get(k) for k in ("id", "manifest_sha256", "metric_family", "configs", "repo_id", "revision")},
+        **{k: result[k] for k in RECORD_FIELDS},
+        "files": {"result.json": result_sha256, **dict(sorted(predictions_sha256.items()))},
+    }
+    if tables is not None:
+        record["correct"] = correctness(result, tables)
+    return record
+
+
+def correctness(result: dict, tables: dict) -> dict:
+    """Per config: the scored images' order (sha256 of their ids, sorted as stored), their count, and whether the
+    true class is in the top ``Family.rank_k`` (the board's rank outcome), bit-packed in base64; for a family
+    ranked by a paired Δ (LANCE) the counterfactuals' originals (``match``: int32, base64) that pair them."""
+    import numpy as np
+
+    from genshift.eval.metrics import pair_up
+    from genshift.families import get_family
+
+    family = get_family(result["suite"]["metric_family"])
+    out, pairs = {}, {}
+    for p in result["predictions"]:
+        t = tables[p["config"]]
+        if result["protocol"]["scoring"]["filter"]:
+            t = t.filter(t["keep"])
+        ids = t["image_id"].to_pylist()
+        hits = t["true_rank"].to_numpy() < family.rank_k
+        out[p["config"]] = {"images": sha256_bytes("\n".join(ids).encode()), "n": len(ids), "k": family.rank_k,
+                            "hits": base64.b64encode(np.packbits(hits).tobytes()).decode()}
+        pairs[p["config"]] = t["pair_id"].to_pylist()
+    if family.rank_paired_delta:
+        match = pair_up(pairs["original"], pairs["counterfactual"]).astype("<i4")
+        out["counterfactual"]["match"] = base64.b64encode(match.tobytes()).decode()
+    return out
+
+
+def hits(record: dict, config: str):
+    """``(image-order digest, bool hits)`` of one config of a signed record (:func:`correctness`)."""
+    import numpy as np
+
+    c = record["correct"][config]
+    packed = np.frombuffer(base64.b64decode(c["hits"]), dtype=np.uint8)
+    return c["images"], np.unpackbits(packed, count=int(c["n"])).astype(bool)
+
+
 def make_stamp(report) -> dict:
-    """The (unsigned) stamp body for a passed ``genshift.eval.verify.VerifyReport`` with a recheck."""
+    """The (unsigned) record of a passed ``genshift.eval.verify.VerifyReport`` with a recheck."""
     from datetime import datetime, timezone
 
     from genshift import __version__
@@ -205,50 +263,45 @@ def make_stamp(report) -> dict:
     why = unrankable(result)
     if why:
         raise BenchError(f"not signed: {why}")
-    return {
-        "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
-        "result_sha256": report.result_sha256,
-        "predictions_sha256": dict(sorted(report.predictions_sha256.items())),
-        "model": {"id": result["model"]["id"], "weights_sha256": result["model"]["weights_sha256"]},
-        "suite": {"id": result["suite"]["id"], "manifest_sha256": report.suite.sha256,
-                  "trust_root": report.suite.origin, "rows_digests": dict(sorted(report.rows_digests.items()))},
-        "recheck": report.recheck,
-        "checks": list(report.checked),
-        "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "genshift_bench": __version__,
-    }
+    record = build_record(result, result_sha256=report.result_sha256, predictions_sha256=report.predictions_sha256,
+                          tables=report.tables)
+    record["suite"].update(trust_root=report.suite.origin, rows_digests=dict(sorted(report.rows_digests.items())))
+    return {**record, "recheck": report.recheck, "checks": list(report.checked),
+            "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "genshift_bench": __version__}
 
 
 def write_stamp(report, private_key) -> Path:
-    """Sign the stamp of ``report`` and write it next to the result (temp name + rename)."""
+    """Sign the record of ``report`` and write it next to the result (temp name + rename)."""
     out = report.path.parent / STAMP_FILE
     atomic_write_bytes(out, canonical_json(sign(make_stamp(report), private_key)))
     return out
 
 
-def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str, str],
+def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str, str] | None = None,
                 trusted: dict[str, PublicKey]) -> tuple[dict | None, str]:
-    """``(stamp, "")`` if the stamp bytes are a stamp signed by a trusted key for exactly these files,
-    else ``(None, why not)``: unsigned, unknown key, bad signature, stale, or not a stamp."""
+    """``(record, "")`` if the bytes are a record signed by a trusted key for ``result.json`` as it is now
+    (and, when given, these predictions files), else ``(None, why not)``: unsigned, unknown key, bad
+    signature, stale, or not a record."""
     from genshift.fsutil import parse_json
 
     try:
-        stamp = parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)
+        record = parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)
     except BenchError as e:
         return None, str(e)
-    if not isinstance(stamp, dict) or stamp.get("kind") != STAMP_KIND or stamp.get("version") != STAMP_VERSION:
-        return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} stamp (re-verify with `bench verify --sign`)"
-    why = check_signature(stamp, trusted)
+    if not isinstance(record, dict) or record.get("kind") != STAMP_KIND or record.get("version") != STAMP_VERSION:
+        return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} (re-verify with `bench verify --sign`)"
+    why = check_signature(record, trusted)
     if why:
         return None, why
-    if stamp.get("ok") is not True:
+    files = record.get("files")
+    if record.get("ok") is not True or not isinstance(files, dict):
         return None, "the stamp does not record a passed verification"
-    if stamp.get("result_sha256") != result_sha256:
+    if files.get("result.json") != result_sha256:
         return None, "the stamp is stale: result.json changed after it was verified"
-    if stamp.get("predictions_sha256") != predictions_sha256:
+    if predictions_sha256 is not None and {k: v for k, v in files.items() if k != "result.json"} != predictions_sha256:
         return None, "the stamp is stale: the predictions files changed after they were verified"
-    recheck = stamp.get("recheck")
+    recheck = record.get("recheck")
     if not (isinstance(recheck, dict) and isinstance(recheck.get("n"), int) and recheck["n"] >= 1
             and isinstance(recheck.get("seed"), int)):
         return None, "the stamp records no re-run of images"
-    return stamp, ""
+    return record, ""

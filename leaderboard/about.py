@@ -3,21 +3,25 @@ paper, how to submit (fixed Markdown; ``docs/leaderboard.md`` says the same for 
 
 ABOUT = r"""
 **What is ranked.** Only entries that are *verified* and *complete* are ranked, and only among themselves:
-verified means a maintainer re-ran a random sample of the entry's images through the model and signed a stamp
-(`verification.json`) with a key this board trusts, naming the result and predictions files exactly as they are
-now; complete means every config of the suite was scored, with no `--limit-per-class`. Rank intervals are computed
-over the same set. Everything else (unverified, partial, stale stamps) is listed as a community entry, with its
-numbers and flags and no rank, because anyone can write a result file: numbers that recompute from their own
-predictions can still be forged predictions. Construction models (used to build, mine or filter the suite) are
-never ranked. Filters hide rows; they never re-rank.
+verified means a maintainer re-ran a random sample of the entry's images through the model and signed its record
+(`verification.json`) with a key this board trusts, for the result file as it is now; complete means every config of
+the suite was scored, with no `--limit-per-class`. Rank intervals are computed over the same set. Everything else
+(unverified, partial, stale) is listed as a community entry, with its own numbers and no rank, because anyone can write
+a result file. Construction models (used to build, mine or filter the suite) are never ranked. Filters hide rows;
+they never re-rank.
 
-**How entries are verified.** Every entry is checked when the board loads, the way `bench verify` checks it: the
-schema, the predictions files against their sha256, the predictions against the suite's trusted manifest, and every
-metric recomputed from the predictions. `bench review` (or a maintainer with `bench verify --recheck N --sign KEY`)
-re-runs a fresh random sample of images through the model at the recorded weights and signs the stamp with the
-maintainer key. When any file of an entry changes, the board checks it again before showing it. Of several entries
-for one model, a verified one wins, then the most recently signed stamp, then the first entry path; never a field of
-the result. Entries with the same weights under different model ids are flagged.
+**One entry per model.** Entries are keyed by the model's canonical identity: a Hub repo id, or
+`name@sha256:<digest of the tensors>` for local weights, which are marked "local weights", never shown under or linked
+to a Hub model. The same weights under two ids are listed and ranked once (a verified entry wins, then Hub weights
+over a local copy, then the record signed last), and the entry shown says so in its flags. A result of the same model
+under another protocol (e.g. other bootstrap settings) is on a board of its own.
+
+**How entries are verified.** `bench review` (or a maintainer with `bench verify --recheck N --sign KEY`) checks the
+result against the suite's trusted manifest, recomputes every metric, re-runs a fresh random sample of images through
+the model at the recorded weights, and signs the record this page reads: the numbers, the per-image correctness behind
+the rank intervals, and the hashes of the files. This page checks the signature and the result file's hash; a
+predictions file is hashed when a view reads it (the model drilldown), and one that changed marks the entry stale at
+once.
 
 **Metrics.**
 - ImageNet\* (Vendrow et al., 2023, *Dataset Interfaces: Diagnosing Model Failures Using Controllable

@@ -1,9 +1,9 @@
 """Aggregation: one row per model, cross-model fits, and ranks with paired-bootstrap intervals.
 
-Everything here is a pure function of the store's accepted entries (results + predictions);
-the Streamlit app only displays it. The ID/OOD fits are ``genshift.eval.slope.slope_table`` (the same
+Everything here is a pure function of the store's entries' records (``genshift.eval.stamps``): no
+predictions file is read but for a model's drilldown; the Streamlit app only displays it. The ID/OOD fits are ``genshift.eval.slope.slope_table`` (the same
 function as ``bench slope``); rank intervals use ``genshift.eval.bootstrap.paired_mean_replicates`` over
-per-image correctness, so every model is resampled on the same images.
+the records' per-image correctness, so every model is resampled on the same images.
 """
 
 from __future__ import annotations
@@ -15,16 +15,10 @@ import numpy as np
 import pandas as pd
 
 from genshift.errors import BenchError
-from genshift.identity import timm_name as model_key
+from genshift.families import get_family
+from genshift.identity import timm_name
 from genshift.eval import bootstrap
 
-# the metric a suite family is ranked by: (column, higher_is_better, label)
-HEADLINE = {
-    "imagenet_star": ("mean_shift_acc1", True, "mean shift acc@1"),
-    "lance": ("delta_acc1", True, "Δacc@1"),
-    "in_g": ("top3_failure_rate", False, "top-3 failure rate"),
-    "accuracy": ("mean_acc1", True, "mean acc@1"),
-}
 PRETRAIN_RULES = (
     (r"laion|datacomp|dfn|openai|clip|webli|merged2b", "image-text"),
     (r"in22k|in21k|in12k|22k|21k", "in21k/22k"),
@@ -51,40 +45,46 @@ def pretraining_of(tag: str | None) -> str:
 
 
 def not_ranked_because(entry) -> str:
-    """Why an accepted entry is not in the official ranking, or "" if it is: only **verified** (a stamp
-    signed by a trusted key for the files as they are now, ``genshift.leaderboard.store``), **complete** (every
-    config of the suite, no ``--limit-per-class``: ``genshift.eval.stamps.unrankable``) entries of models that
-    did not help build the suite are ranked, among themselves."""
+    """Why an accepted entry is not in the official ranking, or "" if it is: only **verified** (a record signed
+    by a trusted key for ``result.json`` as it is now, ``genshift.leaderboard.store``), **complete** (every config
+    of the suite, no ``--limit-per-class``: ``genshift.eval.stamps.unrankable``) entries of models that did not
+    help build the suite are ranked, among themselves."""
     from genshift.eval.stamps import unrankable
 
-    r = entry.result
+    r = entry.record
     if r["flags"]["construction_model"]:
         return "construction model (used to build the suite: biased by construction, never ranked)"
     partial = unrankable(r)
     if partial:
         return partial.split(";")[0]
-    if not entry.verified:
-        return "not verified" + (f" ({entry.note})" if entry.note else "")
-    return ""
-
-
-def _v(metric: dict | None) -> float:
-    return np.nan if not metric or metric.get("value") is None else float(metric["value"])
+    return entry.note if not entry.verified else ""
 
 
 def _ci(metric: dict | None, i: int) -> float:
     return np.nan if not metric or not metric.get("ci") else float(metric["ci"][i])
 
 
-def model_table(entries) -> pd.DataFrame:
-    """One row per model for one suite: identity, flags, headline metric with CI, per-config metrics.
+def base_config(doc: dict) -> str | None:
+    """The reference config a family scores its shifts against (``Family.reference``: ImageNet*'s base), if any."""
+    ref = doc["protocol"]["scoring"].get("reference_config") or "base"
+    return ref if get_family(doc["suite"]["metric_family"]).reference and ref in doc["suite"]["configs"] else None
 
-    An entry whose result cannot be tabulated is left out and named in ``df.attrs["skipped"]``
+
+def model_table(entries) -> pd.DataFrame:
+    """One row per model for one board: identity, trust, headline metric with CI, per-config metrics.
+
+    An entry whose record cannot be tabulated is left out and named in ``df.attrs["skipped"]``
     (model id, reason): one odd entry never takes the board down."""
     rows, skipped = [], []
     for e in entries:
         try:
-            rows.append(_row(e))
+            why = not_ranked_because(e)
+            m = e.record["model"]
+            rows.append({"model": str(m["id"]), "weights": "local weights" if e.identity.local else "Hub",
+                         "verified": e.verified, "ranked": not why, "not_ranked_because": why,
+                         "flags": "; ".join(e.flags), **metric_columns(e.record),
+                         "paper": ",".join(str(p) for p in (m.get("paper_ids") or []))
+                         if isinstance(m.get("paper_ids"), list) else str(m.get("paper_ids") or "")})
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as ex:
             skipped.append((str(e.model_id), f"cannot be tabulated ({type(ex).__name__}: {ex})"))
     df = pd.DataFrame(rows)
@@ -92,81 +92,41 @@ def model_table(entries) -> pd.DataFrame:
     return df
 
 
-def _row(e) -> dict:
-    r = e.result
-    fam = r["suite"]["metric_family"]
-    m = r["metrics"]
-    why = not_ranked_because(e)
-    row = {
-        "model": str(r["model"]["id"]), "architecture": str(r["model"].get("architecture") or ""),
-        "family": family_of(str(r["model"].get("architecture") or str(r["model"]["id"]).split("/")[-1])),
-        "pretraining": pretraining_of(r["model"].get("tag")),
-        "params_m": (r["model"].get("num_params") or 0) / 1e6,
-        "verified": e.verified, "construction_model": bool(r["flags"].get("construction_model")),
-        "partial": bool(r["flags"].get("partial")) or r["protocol"]["limit_per_class"] is not None,
-        "pinned_suite": not r["flags"].get("unpinned_suite"),
-        "ranked": not why, "not_ranked_because": why,
-        "flags": "; ".join(getattr(e, "flags", []) or []),
-        "img_size": (r["data_config"].get("input_size") or [None, None, None])[-1],
-        "dataset_revision": r["suite"].get("revision") or "", "manifest_sha256": r["suite"]["manifest_sha256"],
-        "weights_sha256": r["model"].get("weights_sha256") or "", "config_hash": r["config_hash"],
-        "finished_at": r.get("finished_at", ""),
+def metric_columns(doc: dict) -> dict:
+    """What a board row shows of a result or a record (they share these fields): model facts, flags, the
+    family's numbers (``Family.columns``: fractions) and the reference config's acc@1 (``base_acc1``)."""
+    m = doc["model"]
+    cols = get_family(doc["suite"]["metric_family"]).columns(doc)
+    base = base_config(doc)
+    return {
+        "architecture": str(m.get("architecture") or ""),
+        "family": family_of(str(m.get("architecture") or str(m["id"]).split("/")[-1].split("@")[0])),
+        "pretraining": pretraining_of(m.get("tag")), "params_m": (m.get("num_params") or 0) / 1e6,
+        "construction_model": bool(doc["flags"].get("construction_model")),
+        "partial": bool(doc["flags"].get("partial")) or doc["protocol"]["limit_per_class"] is not None,
+        "pinned_suite": not doc["flags"].get("unpinned_suite"),
+        "base_acc1": cols.get(f"acc1/{base}", np.nan) if base else np.nan, **cols,
     }
-    configs = m["configs"]
-    for c, cm in configs.items():
-        row[f"acc1/{c}"] = _v(cm["acc1"])
-        row[f"acc5/{c}"] = _v(cm["acc5"])
-    if fam == "imagenet_star":
-        star = m.get("imagenet_star", {})
-        ref = r["protocol"]["scoring"].get("reference_config") or "base"
-        shifts = [c for c in configs if c != ref]
-        vals = [row[f"acc1/{c}"] for c in shifts if not np.isnan(row[f"acc1/{c}"])]
-        row["mean_shift_acc1"] = float(np.mean(vals)) if vals else np.nan
-        mean_impact = star.get("model_mean_impact", star.get("mean_absolute_impact"))  # older results: old name
-        row["model_mean_impact"] = _v(mean_impact)
-        row["model_mean_impact_lo"] = _ci(mean_impact, 0)
-        row["model_mean_impact_hi"] = _ci(mean_impact, 1)
-        for s, im in star.get("absolute_impact", {}).items():
-            row[f"impact/{s}"] = _v(im)
-    elif fam == "lance":
-        lance = m.get("lance", {})
-        t = lance.get("headline_T", "originals_with_counterfactual")
-        for k in (1, 5):
-            d = lance.get(f"delta_acc{k}", {}).get(t)
-            row[f"delta_acc{k}"], row[f"delta_acc{k}_lo"], row[f"delta_acc{k}_hi"] = _v(d), _ci(d, 0), _ci(d, 1)
-        row["mean_delta_p"] = _v(lance.get("delta_p"))
-        for et, dm in lance.get("delta_p_by_edit_type", {}).items():
-            row[f"delta_p/{et}"] = _v(dm)
-    elif fam == "in_g":
-        for c, rates in m.get("in_g", {}).items():
-            for k, v in rates.items():
-                row[k if len(m["in_g"]) == 1 else f"{k}/{c}"] = _v(v)
-                row[f"{k}_lo"], row[f"{k}_hi"] = _ci(v, 0), _ci(v, 1)
-    vals = [v for k, v in row.items() if k.startswith("acc1/") and not np.isnan(v)]
-    row["mean_acc1"] = float(np.mean(vals)) if vals else np.nan
-    return row
 
 
-def headline(family: str) -> tuple[str, bool, str]:
-    return HEADLINE.get(family, HEADLINE["accuracy"])
+def topk_matrix(entries, config: str) -> np.ndarray | None:
+    """Per-image hits (the top-k the family's headline counts) of every model on one config, ``(n, M)``, from
+    their signed records; None unless all models were scored on the same images in the same order."""
+    from genshift.eval.stamps import hits
 
-
-def topk_matrix(entries, config: str, k: int = 1) -> np.ndarray | None:
-    """Per-image top-``k`` hits of every model on one config, ``(n, M)``; None unless all models
-    were scored on the same images (a paired comparison needs identical image sets)."""
     cols, digest = [], None
     for e in entries:
-        if not any(x["config"] == config for x in e.result["predictions"]):
+        try:
+            d, h = hits(e.record, config)
+        except (KeyError, TypeError, ValueError):
             return None
-        d, ranks = e.true_ranks(config)
         if digest is not None and d != digest:
             return None
         digest = d
-        cols.append(ranks < k)
+        cols.append(h)
     return np.stack(cols, axis=1) if cols else None
 
 
-RANK_METHOD = 3  # bump when the ranking changes: cached intervals of older code are not reused
 SCORE_DECIMALS = 12  # scores equal to 12 decimals are ties (float noise never splits a tie)
 
 
@@ -179,80 +139,55 @@ class RankInterval:
     value_hi: float = float("nan")
 
 
-def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
-                   confidence: float = 0.95) -> dict[str, RankInterval] | None:
-    """Cached wrapper of :func:`compute_rank_intervals`: results are stored next to the store's
-    verification cache, keyed by every entry's result sha256 and the options."""
-    import json
-
-    from genshift.fsutil import atomic_write_json, canonical_json, sha256_bytes
-
-    cache_dir = entries[0].cache_dir if entries else None
-    key = sha256_bytes(canonical_json([[e.model_id, e.result_sha256] for e in entries] +
-                                      [RANK_METHOD, family, configs, n_boot, seed, confidence]))
-    path = cache_dir / f"ranks-{key[:32]}.json" if cache_dir else None
-    if path is not None and path.is_file():
-        try:
-            return {m: RankInterval(*v) for m, v in json.loads(path.read_text()).items()}
-        except (ValueError, TypeError):
-            pass
-    out = compute_rank_intervals(entries, family=family, configs=configs, n_boot=n_boot, seed=seed,
-                                 confidence=confidence)
-    if out is not None and path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, {m: [r.rank, r.lo, r.hi, r.value_lo, r.value_hi] for m, r in out.items()})
-        except OSError:
-            pass
-    return out
-
-
 def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int = 1000,
                         seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``,
-    from per-image outcomes resampled identically for all models; None if the image sets differ.
+    from the records' per-image outcomes (``Family.rank_k``/``rank_misses``) resampled identically for all
+    models; None if the image sets differ.
 
-    - ImageNet* / plain accuracy: mean acc@1 over ``configs`` (paired bootstrap over images per config);
-    - IN-G: top-3 failure rate averaged over ``configs`` (lower is better);
-    - LANCE: Δacc@1 on the headline originals, with the result's own cluster bootstrap over
-      source images (``genshift.eval.scoring.delta_acc_replicates``).
+    - the mean over ``configs`` of each config's hit (or miss) rate, a paired bootstrap over images per
+      config (ImageNet*'s mean shift acc@1, IN-G's top-3 failure rate, plain accuracy);
+    - ``Family.rank_paired_delta`` (LANCE): Δacc on the headline originals, with the result's own cluster
+      bootstrap over source images (``genshift.eval.scoring.delta_acc_replicates``).
     """
-    from genshift.eval import metrics, scoring
+    import base64
 
-    if family == "lance":
+    from genshift.eval import scoring
+
+    fam = get_family(family)
+    if fam.rank_paired_delta:
         h_o, h_c = topk_matrix(entries, "original"), topk_matrix(entries, "counterfactual")
-        if h_o is None or h_c is None:
+        matches = {e.record["correct"]["counterfactual"].get("match") for e in entries}
+        if h_o is None or h_c is None or len(matches) != 1 or None in matches:
             return None
-        orig_ids, cf_ids = entries[0].pair_ids("original"), entries[0].pair_ids("counterfactual")
-        match = metrics.pair_up(orig_ids, cf_ids)
+        match = np.frombuffer(base64.b64decode(matches.pop()), dtype="<i4").astype(np.int64)
         if (match < 0).any():
             return None
-        every = scoring.LANCE_HEADLINE_T == "all_originals"
-        mask = np.ones(len(orig_ids), dtype=bool) if every else np.isin(np.arange(len(orig_ids)), match)
-        w = scoring.lance_pair_weights(len(orig_ids), scoring.ScoringOptions(n_boot=n_boot, seed=seed))
+        n = h_o.shape[0]
+        mask = np.ones(n, bool) if scoring.LANCE_HEADLINE_T == "all_originals" else np.isin(np.arange(n), match)
+        w = scoring.lance_pair_weights(n, scoring.ScoringOptions(n_boot=n_boot, seed=seed))
         d = scoring.delta_acc_replicates(h_o, h_c, match, mask, w)
         return d.delta, d.delta_reps, True
-    k, higher = (3, False) if family == "in_g" else (1, True)
     reps, point = [], []
     for c in configs:
-        hits = topk_matrix(entries, c, k)
+        hits = topk_matrix(entries, c)
         if hits is None:
             return None
-        values = hits if higher else ~hits
+        values = ~hits if fam.rank_misses else hits
         reps.append(bootstrap.paired_mean_replicates(values, n_boot=n_boot, seed=seed, key=c))
         point.append(values.mean(axis=0))
-    return np.mean(point, axis=0), np.mean(reps, axis=0), higher
+    return np.mean(point, axis=0), np.mean(reps, axis=0), fam.headline_metric.higher_is_better
 
 
-def compute_rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
-                           confidence: float = 0.95) -> dict[str, RankInterval] | None:
+def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
+                   confidence: float = 0.95) -> dict[str, RankInterval] | None:
     """Ranks by the family's headline metric (:func:`headline_replicates`) with percentile intervals
     of each model's rank over the shared bootstrap replicates. Rank 1 = best; tied models share
     the better rank; scores are compared to ``SCORE_DECIMALS`` decimals so float noise never splits a
     tie. Each model also gets the percentile interval of its headline value over the same
     replicates (``value_lo``, ``value_hi``). ``None`` if the models were not scored on identical
     image sets."""
-    if not entries or (family != "lance" and not configs):
+    if not entries or (not get_family(family).rank_paired_delta and not configs):
         return None
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
     if h is None:
@@ -277,38 +212,34 @@ def point_ranks(values, *, higher: bool) -> np.ndarray:
     v = np.round(np.asarray(values, dtype=np.float64), SCORE_DECIMALS)
     out = np.full(v.shape, np.nan)
     ok = ~np.isnan(v)
-    if ok.any():  # pandas' "min" ranks (scipy's rankdata is the same; importing scipy.stats costs a first paint ~1 s)
+    if ok.any():
         out[ok] = pd.Series(v[ok]).rank(method="min", ascending=not higher).to_numpy()
     return out
 
 
-def board_table(entries, *, intervals: bool = True) -> tuple[pd.DataFrame, dict]:
+def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """One board as the leaderboard shows it: :func:`model_table` with rank, rank interval and headline
     interval columns over its ranked entries only (:func:`not_ranked_because`), sorted by rank (ties: by
-    model); other rows have no rank. Rank intervals (:func:`rank_intervals`) where the ranked entries
-    share their images; point ranks where they do not, or without ``intervals`` (a board still being
-    checked). Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``,
-    ``metric_label`` (:func:`headline`), ``configs``, ``rank_configs`` and ``skipped`` (as model_table)."""
+    model); other rows have no rank. ``ranks``: :func:`rank_intervals` of the ranked entries; without them,
+    point ranks. Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``,
+    ``metric_label`` (the family's headline), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
     df = model_table(entries)
-    family = entries[0].result["suite"]["metric_family"]
-    metric, higher, label = headline(family)
+    family = entries[0].record["suite"]["metric_family"]
+    head = get_family(family).headline_metric
+    metric, higher, label = head.key, head.higher_is_better, head.label
     configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
-    rank_configs = [c for c in configs if family != "imagenet_star" or c != "base"]
+    base = base_config(entries[0].record)
+    rank_configs = get_family(family).rank_configs(configs, base)
     meta = {"family": family, "metric": metric, "higher": higher, "metric_label": label, "configs": configs,
-            "rank_configs": rank_configs, "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
-    df = df.copy()
+            "rank_configs": rank_configs, "base": base, "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
     ranked = df[df["ranked"]]
-    ranks = None
-    if intervals and len(ranked):
-        models = set(ranked["model"])
-        ranks = rank_intervals([e for e in entries if e.model_id in models], family=family, configs=rank_configs)
     if ranks:
         get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
         df["rank"], df["rank_lo"], df["rank_hi"] = get("rank"), get("lo"), get("hi")
         for col, f in ((f"{metric}_lo", "value_lo"), (f"{metric}_hi", "value_hi")):
             if col not in df.columns or df[col].isna().all():
                 df[col] = get(f)
-    else:  # image sets differ (or a partial board): point ranks only
+    else:  # no intervals (yet, or the image sets differ): point ranks only
         by_model = dict(zip(ranked["model"], point_ranks(ranked[metric], higher=higher)))
         df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
         df["rank_lo"] = df["rank_hi"] = np.nan
@@ -378,17 +309,17 @@ def eval_sizes(entries) -> dict[str, int | None]:
     """Model id -> the input size its eval ran at, for :func:`join_id_accuracy`."""
     from genshift.eval.id_axis import eval_img_size
 
-    return {e.model_id: eval_img_size(e.result) for e in entries}
+    return {e.model_id: eval_img_size(e.record) for e in entries}
 
 
 def join_id_accuracy(models, table: dict, sizes: dict[str, int | None] | None = None) -> tuple[dict[str, float], list[str]]:
-    """Match result model ids to the CSV's rows: the id in normal form (``genshift.identity.timm_name``)
+    """Match result model ids to the CSV's rows: the bare timm name (``genshift.identity.timm_name``)
     at the model's eval input size (``sizes``), else its only row. Returns (model id -> accuracy for
     the matched, unmatched model ids)."""
     matched, unmatched = {}, []
     sized = {k[0] for k in table if isinstance(k, tuple)}
     for m in models:
-        key, size = model_key(m), (sizes or {}).get(m)
+        key, size = timm_name(m), (sizes or {}).get(m)
         # a CSV with sizes: the row at the eval's size (its only row when the size is unknown)
         hit = table.get((key, size)) if key in sized and size is not None else table.get(key)
         if hit is None:
@@ -406,7 +337,7 @@ def slope_fits(entries, *, reference_config: str | None = None,
 
     if id_accuracy is not None:
         entries = [e for e in entries if e.model_id in id_accuracy]
-    results = [e.result for e in entries]
+    results = [e.record for e in entries]  # a record carries what slope_table reads of a result
     if len(results) < 2:
         return None
     try:
@@ -419,8 +350,8 @@ def per_class_accuracy(entry, config: str) -> pd.DataFrame:
     """acc@1 per class of one model on one config (for the drilldown's worst classes)."""
     from genshift import imagenet
 
-    t = entry.read_predictions(config, ["label", "keep", "true_rank"])  # re-checks the files first
-    if entry.result["protocol"]["scoring"]["filter"]:
+    t = entry.read_predictions(config, ["label", "keep", "true_rank"])  # hashed against the record first
+    if entry.record["protocol"]["scoring"]["filter"]:
         t = t.filter(t["keep"])
     df = pd.DataFrame({"label": t["label"].to_numpy(), "hit": t["true_rank"].to_numpy() == 0})
     out = df.groupby("label")["hit"].agg(["mean", "size"]).reset_index()

@@ -2,7 +2,10 @@
 
 Values are exported in the units the page shows, and every header says which: accuracies and
 rates in percent (``acc@1/shift_01 (%)``), differences of two accuracies or probabilities in
-percentage points (``model_mean_impact (pp)``), parameters in millions (``params (M)``).
+percentage points (``model_mean_impact (pp)``), parameters in millions (``params (M)``); rounded to
+:data:`DECIMALS` places (0.01 pp resolves one image in 10,000, finer than any suite's accuracy steps),
+ranks as integers. The JSON is plain RFC 8259 JSON: missing values are ``null``, nothing escaped that
+need not be (``/`` and non-ASCII stay as they are).
 
 Model names and notes come from submitted results, so a text cell starting with ``=``, ``+``,
 ``-``, ``@``, tab or carriage return would run as a formula in Excel/LibreOffice/Sheets. Such
@@ -13,33 +16,49 @@ CSV export is switched off, ``client.disableDataExport``).
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
+DECIMALS = {"%": 2, "pp": 2, "params (M)": 3}
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-PP_PREFIXES = ("impact/", "delta_p", "delta_acc", "model_mean_impact", "mean_delta_p", "effective_robustness")
-PERCENT_PREFIXES = ("acc1/", "acc5/", "mean_acc1", "mean_shift_acc1", "top1_error", "top3_failure_rate",
-                    "parent_failure_rate")
+def _units() -> dict[str, str]:
+    from genshift.families import FAMILIES
+
+    out = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp"}
+    for name in FAMILIES:
+        out.update({m.key: m.unit for m in FAMILIES.get(name).metrics})
+    return out
+
+
+UNITS = _units()  # column key -> unit, as the metric families declare them (genshift.families)
 
 
 def unit(col: str) -> str:
-    """``"pp"`` for differences of two accuracies/probabilities, ``"%"`` for accuracies and rates, else ""."""
-    if col.startswith(PP_PREFIXES):
-        return "pp"
-    return "%" if col.startswith(PERCENT_PREFIXES) else ""
+    """The unit of a board column: ``"pp"`` for differences of two accuracies/probabilities, ``"%"`` for accuracies
+    and rates (as its family declares the metric; ``<key>/<config>`` and ``<key>_lo``/``_hi`` too), else ""."""
+    key = col.split("/", 1)[0]
+    for suffix in ("_lo", "_hi", "_linear", "_probit"):
+        key = key.removesuffix(suffix)
+    return UNITS.get(key, "")
 
 
 def with_units(view: pd.DataFrame) -> pd.DataFrame:
-    """A copy in the page's units (fractions x 100) whose headers name them."""
-    out = view.copy()
-    names = {}
+    """A copy in the page's units (fractions x 100), rounded (:data:`DECIMALS`), whose headers name them."""
+    out = view.drop(columns=[c for c in ("ranked",) if c in view.columns])
+    names = {"params_m": "params (M)"}
     for col in out.columns:
         u = unit(col)
-        if u and pd.api.types.is_numeric_dtype(out[col]) and not pd.api.types.is_bool_dtype(out[col]):
-            out[col] = out[col] * 100
+        if u and pd.api.types.is_float_dtype(out[col]):
+            out[col] = (out[col] * 100).round(DECIMALS[u])
             names[col] = f"{col.replace('acc1/', 'acc@1/').replace('acc5/', 'acc@5/')} ({u})"
-    names["params_m"] = "params (M)"
+    for col in ("rank", "rank_lo", "rank_hi"):
+        if col in out.columns:
+            out[col] = out[col].astype("Int64")
+    if "params_m" in out.columns:
+        out["params_m"] = out["params_m"].round(DECIMALS["params (M)"])
     return out.rename(columns=names)
 
 
@@ -65,4 +84,5 @@ def to_csv_bytes(view: pd.DataFrame) -> bytes:
 
 
 def to_json_bytes(view: pd.DataFrame) -> bytes:
-    return with_units(view).to_json(orient="records", indent=1).encode()
+    rows = with_units(view).astype(object).where(lambda d: d.notna(), None).to_dict(orient="records")
+    return json.dumps(rows, indent=1, ensure_ascii=False, allow_nan=False, default=lambda v: v.item()).encode()

@@ -273,8 +273,8 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
     import pandas as pd
     import streamlit as st
 
-    datasets = sorted({str(e.result["suite"].get("repo_id")) for e in entries
-                       if is_repo_id(str(e.result["suite"].get("repo_id") or ""))})
+    datasets = sorted({str(e.record["suite"].get("repo_id")) for e in entries
+                       if is_repo_id(str(e.record["suite"].get("repo_id") or ""))})
     st.subheader("Reported on the Hub")
     st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
                "(.eval_results files; 'community' while their pull request is open). They are not verified by "
@@ -283,7 +283,7 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
         st.text("This board's results were not scored on a Hub dataset repo.")
         return
     for ds in datasets:
-        rows, problems = _cached_hub_reported(ds, endpoint)
+        rows, problems = st.cache_data(ttl=600, show_spinner=False)(hub_reported)(ds, endpoint=endpoint)
         st.text(f"datasets/{ds}: {len(rows)} reported")
         if rows:
             st.dataframe(pd.DataFrame(rows, columns=list(HUB_COLUMNS)), hide_index=True, key=f"hub_reported_{ds}",
@@ -292,12 +292,3 @@ def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
         for p in problems[:20]:
             st.text(p)
 
-
-def _cached_hub_reported(dataset_id: str, endpoint: str | None):
-    import streamlit as st
-
-    @st.cache_data(ttl=600, show_spinner=False)
-    def read(ds: str, ep: str | None):
-        return hub_reported(ds, endpoint=ep)
-
-    return read(dataset_id, endpoint)

@@ -1,36 +1,27 @@
-"""``bench leaderboard --export-space DIR``: a deployable Hugging Face Space of the leaderboard.
-
-The folder holds everything the Space needs and nothing it would have to fetch besides the
-pinned results and the pinned packages:
-
-- ``README.md``: the Space card, front matter ``sdk: streamlit`` with the Streamlit version and
-  ``app_file: app.py``;
-- ``app.py``: runs the leaderboard app (``pkg/genshift/leaderboard/app.py``) with the settings below;
-- ``pkg/genshift/``: this version's ``genshift`` core, ``genshift.eval`` and ``genshift.leaderboard`` (source and
-  package data only);
-- ``requirements.txt``: the leaderboard's dependencies pinned to the versions it was exported with;
-- ``space.json``: the results repo **pinned to a commit sha**, and the file names below;
-- ``trusted_keys`` (and ``id_accuracy.csv``): copies of the files given;
-- ``.streamlit/config.toml``: viewer mode (``client.toolbarMode = "viewer"``: no developer menu,
-  no Deploy button; ``client.disableDataExport``: no grid CSV export, the app's own downloads are
-  formula-safe), headless, no usage statistics.
-
-Push it with ``huggingface-cli upload --repo-type space ORG/NAME DIR .`` (``docs/leaderboard.md``).
+"""``bench leaderboard --export-space DIR``: a deployable Hugging Face Space of the leaderboard
+(``docs/leaderboard.md``, "Hosting: a Hugging Face Space"): the Space card (``sdk: streamlit``, ``tags:
+[leaderboard, ...]``), ``requirements.txt`` pinned, a wheel of ``genshift-bench`` built from this checkout
+(installed by ``app.py`` without its dependencies: the page needs no torch), ``app.py``, ``space.json`` (the
+page's settings, the results pinned: ``ORG/NAME@sha`` or a local store copied into ``results/``), copies of
+the trusted keys, ImageNet-val accuracy and trusted suite manifests, and ``.streamlit/config.toml`` in
+viewer mode. Push it with ``hf upload ORG/NAME DIR . --repo-type space``.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
 from genshift.errors import BenchError
 
-# the parts of the genshift package the app imports, and where each goes in the Space
-PACKAGES = {"genshift": "genshift", "genshift.eval": "genshift/eval", "genshift.leaderboard": "genshift/leaderboard"}
-REQUIREMENTS = ("streamlit", "plotly", "pandas", "numpy", "pyarrow", "scipy", "huggingface_hub", "datasets",
-                "pyyaml", "pillow", "cryptography", "tqdm", "pydantic")
+REQUIREMENTS = ("streamlit", "plotly", "pandas", "numpy", "pyarrow", "scipy", "huggingface_hub", "cryptography",
+                "pyyaml", "pillow", "pydantic")
 STREAMLIT_CONFIG = """[client]
 toolbarMode = "viewer"
 disableDataExport = true
@@ -43,27 +34,28 @@ runOnSave = false
 [browser]
 gatherUsageStats = false
 """
-APP = '''"""Hugging Face Space entry point: the genshift-bench leaderboard over the pinned results repo."""
+APP = '''"""Hugging Face Space entry point: the genshift-bench leaderboard (what it shows: space.json)."""
 
-import json
-import os
-import runpy
+import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "pkg"))
-config = json.loads((HERE / "space.json").read_text())
-os.environ["GENSHIFT_RESULTS"] = config["results"]
-for key, env in (("trusted_keys", "GENSHIFT_TRUSTED_KEYS"), ("id_accuracy", "GENSHIFT_ID_ACCURACY"),
-                 ("suites", "GENSHIFT_SUITES")):
-    if config.get(key):
-        os.environ[env] = str(HERE / config[key])
-    else:
-        os.environ.pop(env, None)
-if __name__ == "__main__":  # a worker of the store check (spawn) imports this file as "__mp_main__": no app there
-    runpy.run_path(str(HERE / "pkg" / "genshift" / "leaderboard" / "app.py"), run_name="__main__")
+WHEEL = {wheel!r}  # built from the checkout this Space was exported from; its dependencies: requirements.txt
+try:
+    installed = metadata.version("genshift-bench")
+except metadata.PackageNotFoundError:
+    installed = None
+if WHEEL and installed != {version!r}:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", str(HERE / WHEEL)], check=True)
+
+from genshift.leaderboard import Settings  # noqa: E402
+from genshift.leaderboard.ui import main  # noqa: E402
+
+main(Settings.loads((HERE / "space.json").read_text(), base=HERE))
 '''
+TAGS = ("leaderboard", "submission:semiautomatic", "test:public", "judge:auto", "modality:image")
 
 
 def _pins() -> list[str]:
@@ -77,9 +69,35 @@ def _pins() -> list[str]:
     return out
 
 
-def card(results: str, *, title: str) -> str:
+def _package(into: Path) -> tuple[str | None, str]:
+    """``(wheel file name, requirement)``: a wheel of the checkout ``genshift`` is imported from (built from its
+    package folders only), or, for an installed release, no wheel and the release pinned."""
+    import tomllib
+
+    import genshift
+
+    src = Path(genshift.__file__).resolve().parent.parent  # a checkout: the folder of pyproject.toml
+    if not (src / "pyproject.toml").is_file():
+        return None, f"genshift-bench=={metadata.version('genshift-bench')}"
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(src / name, tmp)
+        for folder in set(folders):
+            shutil.copytree(src / folder, Path(tmp) / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                              "-w", str(into), tmp], capture_output=True, text=True)
+    wheels = sorted(into.glob("genshift_bench-*.whl"))
+    if run.returncode or not wheels:
+        raise BenchError(f"building the genshift-bench wheel from {src} failed: {run.stderr.strip()[-300:]}")
+    return wheels[0].name, ""
+
+
+def card(source: str, *, title: str) -> str:
     from streamlit import __version__ as streamlit_version
 
+    pinned = f"commit `{source.partition('@')[2]}` of `{source.partition('@')[0]}`" if "@" in source else \
+        "the results copied into this Space (`results/`)"
     return f"""---
 title: {json.dumps(title)}
 emoji: 📊
@@ -89,64 +107,49 @@ sdk: streamlit
 sdk_version: {streamlit_version}
 app_file: app.py
 pinned: false
+short_description: ImageNet classifiers under generated distribution shifts
+tags:
+{chr(10).join(f"  - {t}" for t in TAGS)}
 ---
 
 # {title}
 
-Robustness of ImageNet classifiers to generated distribution shifts (genshift-bench). Every number
-is recomputed from the stored per-image predictions of the results repository, pinned to commit
-`{results.partition("@")[2]}` of `{results.partition("@")[0]}`; an entry counts as verified only when a
-maintainer key listed in `trusted_keys` signed its verification stamp.
+Robustness of ImageNet classifiers to generated distribution shifts (genshift-bench), read from {pinned}.
+Only verified, complete entries are ranked: a maintainer key listed in `trusted_keys` signed their record
+after re-running a sample of their images through the model.
 
-To update the board, export the Space again at the new results commit and push it.
+To update the board, export the Space again and push it.
 """
 
 
-def export_space(out: str | Path, *, results: str, revision: str | None, trusted_keys: str | None = None,
-                 id_accuracy: str | None = None, suites: str | None = None,
-                 title: str = "genshift-bench leaderboard") -> Path:
-    """Write the Space folder (temp name + rename: never half-written). ``results`` is a Hub dataset repo
-    ``ORG/NAME`` resolved to ``revision`` (a commit sha); a local folder cannot be served by a Space."""
-    repo = results.partition("@")[0]
-    if revision is None or repo.count("/") != 1 or Path(results).exists():
-        raise BenchError("--export-space needs --results ORG/NAME[@sha] of a Hub dataset repo (a Space cannot read "
-                         "a local folder); push the results first")
+def export_space(out: str | Path, settings) -> Path:
+    """Write the Space folder for ``settings`` (``genshift.leaderboard.Settings``; a Hub store's ``results``
+    pinned ``ORG/NAME@sha``) under a temporary name, then rename it: never half-written."""
+    from genshift.fsutil import INCOMPLETE
+
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise BenchError(f"{out} exists and is not empty; give a new folder for the Space")
     pins = _pins()
-    import importlib.util
-    import tempfile
-
-    from genshift.fsutil import INCOMPLETE
-
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=INCOMPLETE, dir=out.parent))
     try:
-        for pkg, dst in PACKAGES.items():
-            src = Path(importlib.util.find_spec(pkg).origin).parent
-            shutil.copytree(src, tmp / "pkg" / dst, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".*", "cli"))
-        config = {"results": f"{repo}@{revision}", "trusted_keys": None, "id_accuracy": None, "suites": None}
-        if trusted_keys:
-            from genshift.eval.stamps import load_trusted_keys
-
-            load_trusted_keys(trusted_keys)  # a bad keys file fails here, not in the Space
-            shutil.copyfile(trusted_keys, tmp / "trusted_keys")
-            config["trusted_keys"] = "trusted_keys"
-        if id_accuracy:
-            from genshift.leaderboard.aggregate import read_id_accuracy
-
-            read_id_accuracy(id_accuracy)
-            shutil.copyfile(id_accuracy, tmp / "id_accuracy.csv")
-            config["id_accuracy"] = "id_accuracy.csv"
-        if suites:
-            _copy_trusted_manifests(Path(suites), tmp / "suites")
-            config["suites"] = "suites"
-        (tmp / "space.json").write_text(json.dumps(config, indent=1) + "\n")
-        (tmp / "app.py").write_text(APP)
-        (tmp / "requirements.txt").write_text("\n".join(pins) + "\n")
-        (tmp / "README.md").write_text(card(config["results"], title=title))
+        wheel, requirement = _package(tmp)
+        copies = {}
+        if Path(settings.results).is_dir():
+            _copy_store(Path(settings.results), tmp / "results")
+            copies["results"] = "results"
+        for key, name in (("trusted_keys", "trusted_keys"), ("id_accuracy", "id_accuracy.csv")):
+            if getattr(settings, key):
+                shutil.copyfile(getattr(settings, key), tmp / name)
+                copies[key] = name
+        if settings.suites:
+            _copy_trusted_manifests(Path(settings.suites), tmp / "suites")
+            copies["suites"] = "suites"
+        (tmp / "space.json").write_text(json.dumps(json.loads(replace(settings, **copies).dumps()), indent=1) + "\n")
+        (tmp / "app.py").write_text(APP.format(wheel=wheel, version=metadata.version("genshift-bench")))
+        (tmp / "requirements.txt").write_text("\n".join(pins + [requirement] if requirement else pins) + "\n")
+        (tmp / "README.md").write_text(card(settings.results, title=settings.title))
         (tmp / ".streamlit").mkdir()
         (tmp / ".streamlit" / "config.toml").write_text(STREAMLIT_CONFIG)
         tmp.chmod(0o755)
@@ -159,11 +162,24 @@ def export_space(out: str | Path, *, results: str, revision: str | None, trusted
     return out
 
 
+def _copy_store(src: Path, dst: Path) -> None:
+    """Every entry's files a board reads (result, record, diagnose report, the predictions the result names)."""
+    from genshift.leaderboard.store import DIAGNOSE, STAMP
+
+    for result in sorted(src.glob("*/*/result.json")):
+        rel = result.parent.relative_to(src)
+        files = [result.name, STAMP, DIAGNOSE] + [p.relative_to(result.parent).as_posix()
+                                                  for p in result.parent.glob("predictions/*.parquet")]
+        for name in files:
+            if (result.parent / name).is_file():
+                (dst / rel / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(result.parent / name, dst / rel / name)
+
+
 def _copy_trusted_manifests(src: Path, dst: Path) -> None:
     """The trusted suites' manifests only (no data), each as ``<manifest sha256>.json``, bytes unchanged
     (the sha256 a result records is of these bytes)."""
     from genshift.eval.suite_trust import TrustedSuites
-
     from genshift.fsutil import sha256_file
     from genshift.suite_format import MANIFEST
 

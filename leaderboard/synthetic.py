@@ -1,7 +1,6 @@
-"""Synthetic results stores (tests, the load benchmark, demos): valid results + predictions that
-pass ``bench verify``, for many models without running any.
-
-    python -m genshift.leaderboard.synthetic --out /tmp/store --models 50 --configs 24 --rows 200
+"""Synthetic results stores (tests, the board's benchmark): valid results + predictions that pass
+``bench verify``, for many models without running any (:func:`make_store`, :func:`write_model`), and a
+maintainer's signed record for them (:func:`sign_entry`).
 
 Each model gets a latent skill; its per-image correctness on each config is drawn around it, with
 shared image difficulty so that models are correlated as real ones are. Metrics are computed by
@@ -10,7 +9,6 @@ shared image difficulty so that models are correlated as real ones are. Metrics 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +31,11 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
                 num_params: float, skill: float, difficulty: dict, rng: np.random.Generator,
                 family: str = "imagenet_star", manifest: str = SYNTHETIC_MANIFEST, notes: str = "",
                 flags: dict | None = None, finished_at: str = "2026-11-01T00:00:00+00:00",
-                weights_sha256: str | None = None) -> Path:
+                weights_sha256: str | None = None, tensors_sha256: str | None = None, source: str = "hf-hub",
+                paper_ids: str | None = None) -> Path:
+    """One valid entry under ``root``. ``model_id`` must be the canonical id of what it records
+    (``genshift.identity``): ``ORG/NAME`` with ``source="hf-hub"``, ``<architecture>@sha256:<16 hex of
+    tensors_sha256>`` for local weights (``source="checkpoint"``)."""
     run = root / path_slug(suite_id) / folder_name(model_id)
     (run / "predictions").mkdir(parents=True, exist_ok=True)
     tables, preds = {}, []
@@ -62,10 +64,12 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
         tables[c] = t
         preds.append({"config": c, "path": f"predictions/{c}.parquet", "rows": t.num_rows, "sha256": sha256_file(path)})
     opts = ScoringOptions(reference_config="base" if family == "imagenet_star" else None, n_boot=200)
+    hub = source == "hf-hub"
     weights_sha256 = weights_sha256 or sha256_bytes(model_id.encode())
-    model = {"id": model_id, "architecture": architecture, "tag": tag, "source": "hf-hub",
-             "weights_revision": "0" * 40, "weights_sha256": weights_sha256, "tensors_sha256": weights_sha256,
-             "num_params": int(num_params), "pretrained_cfg": {"hf_hub_id": model_id}}
+    model = {"id": model_id, "architecture": architecture, "tag": tag, "source": source,
+             "weights_revision": "0" * 40 if hub else None, "num_params": int(num_params),
+             "weights_sha256": weights_sha256, "tensors_sha256": tensors_sha256 or weights_sha256,
+             "pretrained_cfg": {"hf_hub_id": model_id, "paper_ids": paper_ids} if hub else {}}
     suite = {"id": suite_id, "repo_id": None, "revision": None, "pinned": True, "manifest_sha256": manifest,
              "suite_version": "1.0.0", "configs": configs, "metric_family": family, "source": suite_id}
     data_config = {"input_size": [3, 224, 224], "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],
@@ -88,24 +92,26 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
     return path
 
 
-def sign_entry(result_path: str | Path, key_path: str | Path) -> Path:
-    """A maintainer's signed stamp (the format ``bench verify --sign`` writes) for a synthetic entry, which
-    has no model to re-run: for tests and benchmarks of the verified path. Creates the key if absent."""
+def sign_entry(result_path: str | Path, key_path: str | Path, *, verified_at: str = "2026-11-01T00:00:00+00:00") -> Path:
+    """A maintainer's signed record (the format ``bench verify --sign`` writes) for an entry whose model cannot
+    be re-run (a synthetic one): for tests and benchmarks of the verified path. Creates the key if absent."""
     import json
 
     from genshift.fsutil import atomic_write_bytes, canonical_json
     from genshift.eval import stamps
+    from genshift.eval.predictions import read_predictions
 
     result_path, key_path = Path(result_path), Path(key_path)
     if not key_path.exists():
         stamps.generate_key(key_path)
     r = json.loads(result_path.read_bytes())
-    body = {"kind": stamps.STAMP_KIND, "version": stamps.STAMP_VERSION, "ok": True,
-            "result_sha256": sha256_file(result_path),
-            "predictions_sha256": {p["path"]: sha256_file(result_path.parent / p["path"]) for p in r["predictions"]},
-            "recheck": {"n": 20, "seed": 1, "images": []}, "verified_at": "2026-11-01T00:00:00+00:00"}
+    files = {p["path"]: result_path.parent / p["path"] for p in r["predictions"]}
+    record = stamps.build_record(r, result_sha256=sha256_file(result_path),
+                                 predictions_sha256={k: sha256_file(f) for k, f in files.items()},
+                                 tables={p["config"]: read_predictions(files[p["path"]]) for p in r["predictions"]})
+    record.update(recheck={"n": 20, "seed": 1, "images": []}, checks=["synthetic"], verified_at=verified_at)
     out = result_path.parent / stamps.STAMP_FILE
-    atomic_write_bytes(out, canonical_json(stamps.sign(body, stamps.load_private_key(key_path))))
+    atomic_write_bytes(out, canonical_json(stamps.sign(record, stamps.load_private_key(key_path))))
     return out
 
 
@@ -122,20 +128,3 @@ def make_store(root: str | Path, *, models: int = 12, configs: int = 6, rows: in
                                  architecture=arch, tag=tag, num_params=params, skill=rng.normal(1.0, 0.6),
                                  difficulty=difficulty, rng=rng))
     return paths
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--models", type=int, default=12)
-    ap.add_argument("--configs", type=int, default=6)
-    ap.add_argument("--rows", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    paths = make_store(args.out, models=args.models, configs=args.configs, rows=args.rows, seed=args.seed)
-    print(f"wrote {len(paths)} results under {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

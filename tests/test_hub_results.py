@@ -324,8 +324,6 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
     suite's dataset below the ranking; a Hub-reported model with a higher score never enters the ranking."""
     import shutil
 
-    from streamlit.testing.v1 import AppTest
-
     from genshift.cli import main
 
     w = hub_world
@@ -339,16 +337,12 @@ def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_wo
           "source": {"url": "https://example.org/other"}}]).encode())], commit_message="results")
     store = w["tmp"] / "store" / "toy" / "org--tiny-resnet"
     shutil.copytree(w["result"].parent, store)
-    monkeypatch.setenv("GENSHIFT_RESULTS", str(store.parent.parent))
-    monkeypatch.delenv("GENSHIFT_TRUSTED_KEYS", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    from tests.test_leaderboard import APP, _settle
+    from tests.boardkit import app
 
-    monkeypatch.delenv("GENSHIFT_HUB_RESULTS", raising=False)
-    at = _settle(AppTest.from_file(APP, default_timeout=120))
+    at = app(store.parent.parent)
     assert not at.exception and "Reported on the Hub" not in [s.value for s in at.subheader]  # opt-in
-    monkeypatch.setenv("GENSHIFT_HUB_RESULTS", "1")
-    at = _settle(AppTest.from_file(APP, default_timeout=120))
+    at = app(store.parent.parent, hub_results=True)
     assert not at.exception
     ranking = at.dataframe[0].value
     assert list(ranking["model"]) == ["org/tiny-resnet"]  # org/other (99 %) is not ranked
@@ -399,7 +393,7 @@ def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(h
     res["config_hash"] = config_hash(res["model"], res["suite"], res["protocol"], res["data_config"])
     w["result"].write_bytes(canonical_json(res))
     stamp = json.loads((run / "verification.json").read_text())
-    stamp["result_sha256"] = sha256_file(w["result"])
+    stamp["files"]["result.json"] = sha256_file(w["result"])  # a maintainer signed these exact files
     (run / "verification.json").write_bytes(canonical_json(sign(stamp, load_private_key(str(w["key"])))))
     _merge_into_results(w)
     assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",

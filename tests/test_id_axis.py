@@ -78,7 +78,7 @@ def test_board_matching_uses_the_same_normal_form_and_the_evals_size(csv_file, t
     assert matched == {"timm/resnet50.a1_in1k": pytest.approx(0.8124), "timm/resnet18.a1_in1k": pytest.approx(0.71504),
                        tv: pytest.approx(0.76156)}
     # the board's sizes come from the results' data_config
-    entries = [type("E", (), {"model_id": "timm/resnet50.a1_in1k", "result": _star("timm/resnet50.a1_in1k", 9, 6,
+    entries = [type("E", (), {"model_id": "timm/resnet50.a1_in1k", "record": _star("timm/resnet50.a1_in1k", 9, 6,
                                                                                      size=288)})()]
     assert aggregate.eval_sizes(entries) == {"timm/resnet50.a1_in1k": 288}
     dup = tmp_path / "dup.csv"

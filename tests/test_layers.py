@@ -163,11 +163,7 @@ def _cycles(within: str, graph: dict[str, dict[str, int]] | None = None) -> list
     return found
 
 
-@pytest.mark.parametrize("within", [
-    "core", "data_cards", "eval", "builders", "cli",
-    pytest.param("leaderboard", marks=pytest.mark.xfail(strict=True, reason="leaderboard.store <-> "
-                                                         "leaderboard.check_pool (BOARD's rewrite of the store)")),
-])
+@pytest.mark.parametrize("within", ["core", "data_cards", "eval", "builders", "leaderboard", "cli"])
 def test_no_import_cycles(within):
     """Layers cannot form cycles (the arrows above point one way); neither may modules inside a layer."""
     assert _cycles(within) == []

@@ -31,16 +31,9 @@ def test_reported_frame_cites_every_number():
 
 
 def _app(source):
-    import os
+    from tests.boardkit import app
 
-    from streamlit.testing.v1 import AppTest
-
-    from tests.test_leaderboard import APP
-    os.environ["GENSHIFT_RESULTS"] = str(source)
-    os.environ.pop("GENSHIFT_TRUSTED_KEYS", None)
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    return at
+    return app(source)
 
 
 def test_board_shows_the_reported_table_before_the_first_result(tmp_path):

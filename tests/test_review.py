@@ -1,5 +1,6 @@
 """`bench review` end to end against the local Hub server: PRs, stamps, comments, merges."""
 
+import hashlib
 import json
 import shutil
 
@@ -93,7 +94,8 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         entry = dry[1].entries[0]
         stamp = json.loads(main[f"{entry}/verification.json"])
         assert stamps.check_signature(stamp, trusted) is None and stamp["recheck"]["n"] == 80
-        assert isinstance(stamp["recheck"]["seed"], int) and stamp["result_sha256"]
+        assert isinstance(stamp["recheck"]["seed"], int)
+        assert stamp["files"]["result.json"] == hashlib.sha256(good.read_bytes()).hexdigest()
         assert main[f"{entry}/result.json"] == good.read_bytes()
         d1 = api.get_discussion_details("org/results", 1, repo_type="dataset")
         d2 = api.get_discussion_details("org/results", 2, repo_type="dataset")

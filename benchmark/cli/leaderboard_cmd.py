@@ -13,8 +13,8 @@ STREAMLIT_FLAGS = ("--server.headless", "true", "--browser.gatherUsageStats", "f
 def add_parser(sub):
     p = add_verb(sub, "leaderboard", help="serve the Streamlit leaderboard (or export it as a Hugging Face Space)",
                  description="Serve the leaderboard app over a results store: a folder of `bench eval --out` runs, or "
-                             "a Hub dataset repo ORG/NAME[@sha] of results (pin a sha for a reproducible board). "
-                             "With --export-space, write a deployable Streamlit Space instead.",
+                             "a Hub dataset repo ORG/NAME[@sha] of results (pinned to a sha here, so the board is "
+                             "reproducible). With --export-space, write a deployable Streamlit Space instead.",
                  examples="  bench leaderboard --results runs\n"
                           "  bench leaderboard --results my-org/genshift-results@3f2a...c9 --trusted-keys trusted "
                           "--port 8600\n"
@@ -24,12 +24,10 @@ def add_parser(sub):
     p.add_argument("--port", type=int, default=8501, help="port to serve on (default: 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--trusted-keys", metavar="FILE",
-                   help="maintainers' public keys (KEY.pub lines); only stamps signed by one count as verified")
+                   help="maintainers' public keys (KEY.pub lines); only records signed by one count as verified")
     p.add_argument("--suites", metavar="DIR",
-                   help="trusted suite manifests (*.json) and/or suite folders: every entry is checked against its "
-                        "suite's manifest (rows digest, counts) and entries on other suite data are rejected "
-                        "(default: the registry's manifests in the local Hub cache; entries of other suites are "
-                        "shown as not checked against their suite)")
+                   help="trusted suite manifests (*.json) and/or suite folders: entries made on other suite data "
+                        "(another manifest) are rejected")
     p.add_argument("--id-accuracy", metavar="FILE",
                    help="ImageNet-val top-1 per model for the ID/OOD x-axis: timm's results-imagenet.csv or any "
                         "CSV with columns model,top1 (percent)")
@@ -37,8 +35,8 @@ def add_parser(sub):
                    help="also show the scores model repos report on the Hub for each suite's dataset (its Hub "
                         "leaderboard) in a separate, never-ranked 'Reported on the Hub' table (docs/hub.md)")
     p.add_argument("--export-space", metavar="DIR",
-                   help="write a deployable Hugging Face Space (Streamlit) for --results ORG/NAME pinned to its "
-                        "current commit, then exit")
+                   help="write a deployable Hugging Face Space (Streamlit) of this board, then exit: a Hub store "
+                        "pinned to its current commit, a local store copied in")
     return p
 
 
@@ -56,20 +54,18 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def run(args) -> int:
+def settings_of(args):
+    """The page's :class:`~genshift.leaderboard.Settings` from the options, each file checked now (one error
+    line, not a broken board later); a Hub store is pinned to the commit its revision names now."""
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
-    from genshift.errors import BenchError
+    from genshift.leaderboard import Settings
 
-    if not 1 <= args.port <= 65535:
-        raise BenchError(f"--port must be 1..65535, got {args.port}")
     if args.trusted_keys:
         from genshift.eval.stamps import load_trusted_keys
 
-        load_trusted_keys(args.trusted_keys)  # a bad file is one error line now, not a broken board later
+        load_trusted_keys(args.trusted_keys)
     if args.id_accuracy:
         from genshift.leaderboard.aggregate import read_id_accuracy
 
@@ -77,92 +73,45 @@ def run(args) -> int:
     if args.suites:
         from genshift.eval.suite_trust import TrustedSuites
 
-        TrustedSuites.from_paths([args.suites], registry=False)  # a bad folder is one error line now
+        TrustedSuites.from_paths([args.suites], registry=False)
+    results = args.results
+    if Path(results).is_dir():
+        results = os.path.abspath(results)
+    else:
+        from genshift.hubio import is_repo_id, resolve_revision
+        from genshift.leaderboard.store import resolve_source
+
+        repo, _, rev = results.partition("@")
+        if not is_repo_id(repo):
+            resolve_source(results)  # the one line saying what a store is
+        results = f"{repo}@{resolve_revision(repo, rev or None)}"
+    absolute = lambda p: os.path.abspath(p) if p else None  # noqa: E731
+    return Settings(results=results, trusted_keys=absolute(args.trusted_keys), suites=absolute(args.suites),
+                    id_accuracy=absolute(args.id_accuracy), hub_results=args.hub_results)
+
+
+def run(args) -> int:
+    import importlib.util
+
+    from genshift.errors import BenchError
+
+    if not 1 <= args.port <= 65535:
+        raise BenchError(f"--port must be 1..65535, got {args.port}")
+    settings = settings_of(args)
     if args.export_space:
         from genshift.leaderboard.space import export_space
 
-        if Path(args.results).exists():
-            raise BenchError("--export-space needs --results ORG/NAME[@sha] of a Hub dataset repo (a Space cannot "
-                             "read a local folder); push the results first")
-        from genshift.hub import resolve_revision
-
-        repo, _, rev = args.results.partition("@")
-        sha = resolve_revision(repo, rev or None)
-        out = export_space(args.export_space, results=repo, revision=sha, trusted_keys=args.trusted_keys,
-                           id_accuracy=args.id_accuracy, suites=args.suites)
-        print(f"Space for {repo}@{sha} written to {out}; push it with: "
-              f"huggingface-cli upload --repo-type space ORG/NAME {out} .")
+        out = export_space(args.export_space, settings)
+        print(f"Space for {settings.results} written to {out}; push it with:\n"
+              f"  hf upload ORG/NAME {out} . --repo-type space")
         return 0
-    if Path(args.results).is_dir():  # a local store: no need to import the store module (~0.4 s) before serving
-        root, revision = Path(args.results), None
-    else:
-        from genshift.leaderboard.store import resolve_source
-
-        root, revision = resolve_source(args.results)  # checks the store exists (or downloads it) first
     if not port_free(args.host, args.port):
         raise BenchError(f"port {args.port} on {args.host} is in use; pass another --port")
-    import importlib.util
+    from streamlit.web import cli as streamlit_cli
 
-    app = Path(importlib.util.find_spec("genshift.leaderboard").origin).parent / "app.py"
-    source = str(root) if revision is None else f"{args.results.partition('@')[0]}@{revision}"
-    env = {**os.environ, "GENSHIFT_RESULTS": source}
-    env.pop("GENSHIFT_HUB_RESULTS", None)
-    if args.hub_results:
-        env["GENSHIFT_HUB_RESULTS"] = "1"
-    for name, value in (("GENSHIFT_TRUSTED_KEYS", args.trusted_keys), ("GENSHIFT_ID_ACCURACY", args.id_accuracy),
-                        ("GENSHIFT_SUITES", args.suites)):
-        if value:
-            env[name] = os.path.abspath(value)
-        else:
-            env.pop(name, None)
-    # streamlit's command line; the app's imports and the index's head are read once it listens (genshift.leaderboard.serve)
-    cmd = [sys.executable, "-m", "genshift.leaderboard.serve", "run", str(app), "--server.port", str(args.port),
-           "--server.address", args.host, *STREAMLIT_FLAGS]
-    print(f"leaderboard for {source} on http://{args.host}:{args.port}", flush=True)
-    return serve(cmd, env)
-
-
-STOP_GRACE_S = 10.0
-
-
-def serve(cmd: list[str], env: dict) -> int:
-    """Run the Streamlit server as a child and stop it with us: SIGTERM, SIGINT or SIGHUP to `bench
-    leaderboard` is passed on as SIGTERM (killed after STOP_GRACE_S), so no orphaned server keeps the
-    port; returns the server's exit status, or 128 + the signal number when stopped by one."""
-    import signal
-    import subprocess
-    import sys
-
-    from genshift.leaderboard.check_pool import die_with_parent
-
-    linux = sys.platform.startswith("linux")
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent if linux else None)
-    stopped: list[int] = []
-
-    class Stop(Exception):
-        pass
-
-    def stop(signum, _frame):
-        if not stopped:  # a second signal while stopping changes nothing
-            stopped.append(signum)
-            proc.send_signal(signal.SIGTERM)
-            raise Stop
-
-    signals = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)]
-    previous = {s: signal.signal(s, stop) for s in signals}
-    try:
-        try:
-            rc = proc.wait()
-        except Stop:
-            try:
-                rc = proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if proc.poll() is None:  # any other way out of this process: never leave the server behind
-            proc.kill()
-            proc.wait()
-    return 128 + stopped[0] if stopped else rc
+    app = importlib.util.find_spec("genshift.leaderboard.app").origin
+    print(f"leaderboard for {settings.results} on http://{args.host}:{args.port}", flush=True)
+    # Streamlit's own `streamlit run`, in this process: it stops on SIGINT/SIGTERM as Streamlit does
+    streamlit_cli.main(args=["run", app, "--server.port", str(args.port), "--server.address", args.host,
+                             *STREAMLIT_FLAGS, "--", settings.dumps()], prog_name="streamlit")
+    return 0
