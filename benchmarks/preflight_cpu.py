@@ -132,8 +132,8 @@ def nti_p2p() -> dict:
 
 
 def blip2_caption() -> dict:
-    from transformers import BlipImageProcessor, Blip2Processor
     from PIL import Image
+    from transformers import Blip2Processor, BlipImageProcessor
 
     from genshift.builders import real_models as rm
     from genshift.builders.captioner import Captioner
@@ -156,7 +156,8 @@ def blip2_caption() -> dict:
 def _child(stage: str) -> dict:
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    out = {"sd2-generate": sd2_generate, "ti-step": ti_step, "nti-p2p": nti_p2p, "blip2-caption": blip2_caption}[stage]()
+    runs = {"sd2-generate": sd2_generate, "ti-step": ti_step, "nti-p2p": nti_p2p, "blip2-caption": blip2_caption}
+    out = runs[stage]()
     out["seconds_wall"] = time.perf_counter() - t0
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     return out
