@@ -18,11 +18,6 @@ from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
 log = logging.getLogger(__name__)
 
 
-def _patterns(configs: list[str] | None) -> list[str]:
-    pats = [MANIFEST, CARD, EVAL_YAML]  # eval.yaml: checked by `bench verify` on the downloaded folder
-    return pats + (["data/**"] if configs is None else [f"data/{c}/*" for c in configs])
-
-
 def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | None = None,
                    cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None,
                    force_download: bool = False) -> LocalSuite:
@@ -39,8 +34,8 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
     hint = f"re-download with `bench download {repo_id} --revision {sha} --force-download`"
     suite = LocalSuite.open(root, repo_id=repo_id, revision=sha, redownload_hint=hint)
     selected = suite.select(configs)
-    try:
-        root = snapshot(repo_id, patterns=_patterns(selected), **kw)
+    try:  # eval.yaml too: `bench verify` checks it on the downloaded folder
+        root = snapshot(repo_id, patterns=[MANIFEST, CARD, EVAL_YAML, *(f"data/{c}/*" for c in selected)], **kw)
     except OfflineError:  # the manifest is cached, some shards are not
         raise OfflineError(f"the cached snapshot of {repo_id}@{sha} is incomplete (it lacks files of "
                            f"{', '.join(selected)}) and the Hub is not reachable; run `bench download {repo_id} "
@@ -81,10 +76,8 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
             _no_mask(mask, suite)
             local = download_suite(spec.repo_id, revision=rev, configs=configs, cache_dir=cache_dir,
                                    endpoint=endpoint, token=token, force_download=force_download)
-        local.pinned = rev is not None and bool(hubio.SHA_RE.match(rev))
-        if spec.source == "upstream-imagenet-star" and rev is None:
-            # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
-            local.pinned = True
+        # an unpinned upstream: open_upstream accepted main only as the release commit (DATA_REVISION_PREFIX)
+        local.pinned = bool(hubio.SHA_RE.match(rev or "")) or (spec.source == "upstream-imagenet-star" and rev is None)
         if not local.pinned:
             log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
                         suite, spec.repo_id, local.revision)
@@ -93,7 +86,7 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
         _no_mask(mask, suite)
         local = download_suite(suite, revision=revision, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
                                token=token, force_download=force_download)
-        local.pinned = revision is not None and bool(hubio.SHA_RE.match(revision))
+        local.pinned = bool(hubio.SHA_RE.match(revision or ""))
         return local
     raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset repo, "
                   "or the path of a suite folder.")
@@ -111,14 +104,6 @@ def _no_mask(mask: str | None, suite: str) -> None:
                          f"of its zips), not to {suite!r}; format-1 suites carry their filter in the `keep` column")
 
 
-def publish_files(suite: LocalSuite) -> list[str]:
-    """What a release holds: the card, ``eval.yaml``, the manifest and exactly the data files the manifest lists.
-
-    Anything else in the folder (``build.json``, leftovers, notes) is never uploaded.
-    """
-    return [CARD, EVAL_YAML, MANIFEST, *sorted(suite.manifest.files)]
-
-
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
@@ -130,9 +115,9 @@ def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
                         where=str(path))
         return path
     name = (suite.card or {}).get("pretty_name")
+    name = name if isinstance(name, str) else None
     try:
-        text = render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None)
-        atomic_write_bytes(path, text.encode())
+        atomic_write_bytes(path, render_eval_yaml(suite.manifest, name=name).encode())
     except OSError as e:
         raise BenchError(f"cannot write {path} ({e.strerror}); publish from a writable copy of the suite "
                          "folder") from None
@@ -148,15 +133,6 @@ def card_gating(suite: LocalSuite) -> bool:
     (``extra_gated_prompt``, e.g. LANCE); a suite without a card is refused."""
     card = suite.require_card()
     return bool(card.get("extra_gated_prompt") or card.get("extra_gated_fields"))
-
-
-def _upload_one_commit(api, repo_id: str, folder: Path, files: list[str], *, parent: str, message: str) -> str:
-    """All files in ONE commit against ``parent``: a concurrent commit makes it fail instead of mixing releases."""
-    from huggingface_hub import CommitOperationAdd
-
-    ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files]
-    return api.create_commit(repo_id=repo_id, repo_type="dataset", operations=ops, parent_commit=parent,
-                             commit_message=message).oid
 
 
 def _upload_large(api, repo_id: str, folder: Path, files: list[str], *, message: str) -> str:
@@ -195,7 +171,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     card asks (``gating``: the Hub's ``auto`` or ``manual``) and return the tagged sha (``docs/hub.md``
     section 6). Up to ``large_threshold`` bytes: ONE commit against the current head; above: resumably,
     then checked file by file before the tag."""
-    from huggingface_hub import errors
+    from huggingface_hub import CommitOperationAdd, errors
 
     hubio._check_repo_id(repo_id)
     if gating not in GATING:
@@ -210,7 +186,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     gated = card_gating(suite)
     ensure_eval_yaml(folder, suite)
     tag = tag or f"v{suite.manifest.suite_version}"
-    files = publish_files(suite)
+    files = [CARD, EVAL_YAML, MANIFEST, *sorted(suite.manifest.files)]  # never build.json, leftovers, notes
     total = sum((folder / f).stat().st_size for f in files)
     large = total > large_threshold
     if len(files) > 100 and not large:
@@ -222,8 +198,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     try:
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
         parent = api.dataset_info(repo_id, revision="main").sha
-        existing = {t.name for t in api.list_repo_refs(repo_id, repo_type="dataset").tags}
-        if tag in existing:
+        if tag in {t.name for t in api.list_repo_refs(repo_id, repo_type="dataset").tags}:
             raise BenchError(f"tag {tag!r} already exists in datasets/{repo_id}; bump the suite version or pass --tag")
         if large:
             log.info("%.1f GB in %d files: resumable upload in several commits (rerun to resume)", total / 1e9,
@@ -231,8 +206,10 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
             head = _upload_large(api, repo_id, folder, files, message=message)
             _check_remote(api, repo_id, head, folder, suite, files)
             sha = head
-        else:
-            sha = _upload_one_commit(api, repo_id, folder, files, parent=parent, message=message)
+        else:  # ONE commit against the head read above: a concurrent commit fails it instead of mixing releases
+            ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files]
+            sha = api.create_commit(repo_id=repo_id, repo_type="dataset", operations=ops, parent_commit=parent,
+                                    commit_message=message).oid
         api.create_tag(repo_id, repo_type="dataset", tag=tag, revision=sha,
                        tag_message=f"manifest sha256 {suite.manifest.sha256}")
         if gated:

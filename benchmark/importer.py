@@ -63,34 +63,21 @@ class Layout:
     reference: str | None
 
 
-def _label(text: str, where: str) -> int:
-    try:
-        return imagenet.parse_class(text)
-    except BenchError as e:
-        raise BenchError(f"{where}: label: {e}") from None
-
-
-def read_csv_rows(csv_path: Path) -> list[list[str]]:
-    """The rows of a UTF-8 CSV (a byte-order mark, as Excel writes, is dropped); any other
-    encoding is one error naming the file and how to convert it."""
+def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
+    """``path,label`` rows of a UTF-8 CSV under the key ``None``; with a header ``path,label,shift`` the
+    rows grouped by their shift (a multi-shift import). An Excel byte-order mark is dropped."""
     name = display(csv_path.name)
     text = read_text_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
                              fix="a path,label list is far smaller, check that --csv names the right file",
                              encoding_fix=f"save it as UTF-8 (Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} "
                                           f"> utf8-{name})")
     try:
-        return list(csv.reader(io.StringIO(text, newline="")))
+        rows = list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as e:
         raise BenchError(f"{name} is not a readable CSV ({e}); write one 'path,label' pair per line") from None
-
-
-def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
-    """``path,label`` rows under the key ``None``; with a header ``path,label,shift`` the rows
-    grouped by their shift (a multi-shift import)."""
     by_shift: dict[str | None, list[tuple[Path, int]]] = {}
-    name = display(csv_path.name)
     with_shift = False
-    for i, row in enumerate(read_csv_rows(csv_path), 1):
+    for i, row in enumerate(rows, 1):
         if not row or not "".join(row).strip():
             continue
         if i == 1 and row[0].strip().lower() == "path":
@@ -103,8 +90,12 @@ def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, i
         if shift is not None and not CONFIG_RE.fullmatch(shift):
             raise BenchError(f"{name} line {i}: shift {shift[:70]!r} is not a valid config name; use lower-case "
                              "letters, digits, '_' or '-' (at most 64 characters)")
+        try:
+            label = imagenet.parse_class(row[1])
+        except BenchError as e:
+            raise BenchError(f"{name} line {i}: label: {e}") from None
         p = Path(row[0].strip())
-        by_shift.setdefault(shift, []).append((p if p.is_absolute() else src / p, _label(row[1], f"{name} line {i}")))
+        by_shift.setdefault(shift, []).append((p if p.is_absolute() else src / p, label))
     return by_shift
 
 

@@ -76,15 +76,10 @@ def rows_digest(image_ids, labels, keeps) -> str:
     """A config's rows digest (``docs/format.md`` section 4.1): sha256 over its ``(image_id, label,
     keep)`` rows in ``image_id`` (code-point) order, one compact JSON array per line. The reference
     implementation of :func:`rows_digest_table`."""
-    ids = [str(i) for i in image_ids]
-    labels = [int(x) for x in labels]
-    keeps = [bool(k) for k in keeps]
-    if not (len(ids) == len(labels) == len(keeps)):
-        raise ValueError("image_ids, labels and keeps differ in length")
+    rows = [[str(i), int(x), bool(k)] for i, x, k in zip(image_ids, labels, keeps, strict=True)]
     h = hashlib.sha256()
-    for i in sorted(range(len(ids)), key=ids.__getitem__):
-        h.update(json.dumps([ids[i], labels[i], keeps[i]], ensure_ascii=False, separators=(",", ":")).encode())
-        h.update(b"\n")
+    for row in sorted(rows, key=lambda r: r[0]):
+        h.update((json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
     return h.hexdigest()
 
 
@@ -176,8 +171,8 @@ def check_features(features: dict, *, where: str) -> None:
     base = _base_feature_dict()
     for col in REQUIRED_COLUMNS:
         if features[col] != base[col]:
-            shown = str(features[col])[:80]
-            raise IntegrityError(f"{where}: column {col!r} has feature {shown}, expected {str(base[col])[:80]}; "
+            raise IntegrityError(f"{where}: column {col!r} has feature {str(features[col])[:80]}, expected "
+                                 f"{str(base[col])[:80]}; "
                                  "rebuild the suite with genshift.writer.SuiteWriter")
 
 
@@ -331,21 +326,13 @@ def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: di
         for rel in configs[name]["files"]:
             p = root / rel
             files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "suite_id": suite_id,
-        "suite_version": suite_version,
-        "split": SPLIT,
+    return canonical_json({
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "suite_id": suite_id, "suite_version": suite_version,
+        "split": SPLIT, "files": files, "features": features.to_dict(), "generator": generator,
         "configs": {n: {"rows": c["rows"], "kept": c["kept"], "files": sorted(c["files"]),
-                        "rows_digest": c["rows_digest"]}
-                    for n, c in sorted(configs.items())},
-        "files": files,
-        "features": features.to_dict(),
+                        "rows_digest": c["rows_digest"]} for n, c in configs.items()},
         "columns": list(features),  # column order (JSON object keys are sorted)
-        "generator": generator,
-    }
-    return canonical_json(manifest)
+    })
 
 
 def verify_files(root: str | Path, manifest: Manifest, configs: list[str] | None = None, *,
@@ -447,18 +434,17 @@ def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
                 row = pc.index(pc.is_null(t[col]), True).as_py()
                 raise IntegrityError(f"config {name!r}, {rel} row {row}: {col} is null; every row needs one "
                                      "(rebuild the suite)")
-        if t.num_rows and not pc.all(pc.equal(t["config"], name)).as_py():
-            row = pc.index(pc.not_equal(t["config"], name), True).as_py()
+        wrong = pc.not_equal(t["config"], name)
+        if pc.any(wrong).as_py():
+            row = pc.index(wrong, True).as_py()
             found = t["config"][row].as_py()[:64]
             raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {found!r}, "
                                  f"not {name!r}; a row belongs to the folder it is stored in (rebuild the suite)")
-        if t.num_rows:
-            lo, hi = pc.min_max(t["label"]).values()
-            if lo.as_py() < 0 or hi.as_py() >= 1000:
-                bad = pc.or_(pc.less(t["label"], 0), pc.greater_equal(t["label"], 1000))
-                row = pc.index(bad, True).as_py()
-                raise IntegrityError(f"config {name!r}, {rel} row {row}: label {t['label'][row].as_py()} is not an "
-                                     "ImageNet-1k index in [0, 1000); fix the label (see docs/format.md)")
+        bad = pc.or_(pc.less(t["label"], 0), pc.greater_equal(t["label"], 1000))
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            raise IntegrityError(f"config {name!r}, {rel} row {row}: label {t['label'][row].as_py()} is not an "
+                                 "ImageNet-1k index in [0, 1000); fix the label (see docs/format.md)")
     rows = sum(t.num_rows for _, t in tables)
     ids, labels, keeps = _sorted_rows(pa.concat_tables(t for _, t in tables))
     if rows > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, rows - 1))).as_py():  # sorted: repeats are adjacent

@@ -1,21 +1,20 @@
-"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks
-(``docs/hub.md`` section 5, ``docs/format.md`` section 7): the release's zips (or extracted folders)
-become a format-1 suite without re-encoding any JPEG, ``keep`` indexed by (class, image number) in the
-mask, never by file position. By default the release is scored as the paper scored it: the pinned
-``masks.npy`` applied and ``main`` resolved to the paper-era commit.
-
-Entry points: :func:`open_upstream` (the Hub repo at a sha), :func:`open_release` (a local folder),
-both converting once into ``<cache>/upstream/<key>/``, and :func:`convert_release` (explicit output).
+"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks: the
+release's zips (or extracted folders) become a format-1 suite without re-encoding, ``keep`` indexed by
+(class, image number) in the mask (``docs/hub.md`` section 5, ``docs/format.md`` section 7). Entry points:
+:func:`open_upstream` (the Hub repo at a sha) and :func:`open_release` (a local folder), both converting
+once into ``<cache>/upstream/<key>/``, and :func:`convert_release` (explicit output).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import logging
 import pickle
 import re
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,42 +121,30 @@ def _class_of(folder: str) -> int | None:
         return None
 
 
-def _entries(root: Path, shift: str) -> Iterator[tuple[str, Path, str | None]]:
-    """(relative name, source, zip member) for every file of one shift."""
-    zpath = root / f"{shift}.zip"
-    folder = root / shift
+def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
+                 ) -> tuple[dict[tuple[int, int], ReleaseImage], list[str]]:
+    """Index one shift's images (its zip, else its folder) by (class, image number); also list unexpected files."""
+    root = Path(root)
+    zpath, folder = root / f"{shift}.zip", root / shift
     if zpath.is_file():
         with zipfile.ZipFile(zpath) as zf:
-            for info in zf.infolist():
-                if not info.is_dir():
-                    yield info.filename, zpath, info.filename
+            entries = [(info.filename, zpath, info.filename) for info in zf.infolist() if not info.is_dir()]
     elif folder.is_dir():
-        for p in sorted(folder.rglob("*")):
-            if p.is_file():
-                yield str(p.relative_to(root)), p, None
+        entries = [(str(p.relative_to(root)), p, None) for p in sorted(folder.rglob("*")) if p.is_file()]
     else:
         raise BenchError(f"{root} has neither {shift}.zip nor a {shift}/ folder; download that shift or drop it "
                          "from --configs")
-
-
-def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
-                 ) -> tuple[dict[tuple[int, int], ReleaseImage], list[str]]:
-    """Index one shift's images by (class, image number); also list unexpected files."""
-    root = Path(root)
     found: dict[tuple[int, int], ReleaseImage] = {}
     unexpected = []
-    for name, source, member in _entries(root, shift):
+    for name, source, member in entries:
         parts = name.split("/")
         m = IMAGE_RE.match(parts[-1])
         label = _class_of(parts[-2]) if len(parts) >= 2 else None
-        if m is None or label is None or int(m.group(1)) >= per_class:
+        key = (label, int(m.group(1))) if m and label is not None else None
+        if key is None or key[1] >= per_class or key in found:
             unexpected.append(name)
-            continue
-        key = (label, int(m.group(1)))
-        if key in found:
-            unexpected.append(name)
-            continue
-        found[key] = ReleaseImage(shift, label, key[1], source, member)
+        else:
+            found[key] = ReleaseImage(shift, *key, source, member)
     return found, unexpected
 
 
@@ -170,6 +157,7 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     a warning counted in ``generator.files`` (an error with ``strict``). ``per_class`` and ``classes``
     shrink the expected layout (tests); ``zip_sha256``: hashes the caller already has."""
     from datasets import Value
+    from tqdm.auto import tqdm
 
     from genshift.writer import SuiteWriter
 
@@ -207,15 +195,15 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     sources = {s: known_sha.get(s) or sha256_file(root / f"{s}.zip") for s in shifts if (root / f"{s}.zip").is_file()}
     fingerprint = {"zips_sha256": sources, "mask_sha256": sha256_file(mask) if mask else None,
                    "shifts": shifts, "per_class": per_class, "classes": classes if len(classes) < 1000 else "all"}
-    from tqdm.auto import tqdm
-
     # the full release is ~1.2 M images (25-35 min): a bar on a terminal, silent otherwise (disable=None)
     bar = tqdm(total=sum(len(indexed[s]) for s in shifts), desc="convert ImageNet*", unit="img", disable=None)
     with bar, SuiteWriter(out, suite_id="imagenet-star-upstream", extra_features={"source_file": Value("string")},
                           fingerprint=fingerprint, overwrite=overwrite) as w:
+        position = {c: i for i, c in enumerate(classes)}
         for s in shifts:
+            # deterministic shards: 100 classes each (50 x 100 = 5,000 images)
             items = sorted(indexed[s].values(), key=lambda r: (r.label, r.number))
-            blocks = _blocks(items, classes)
+            blocks = [list(g) for _, g in itertools.groupby(items, key=lambda r: position[r.label] // 100)]
             for shard, block in enumerate(blocks):
                 n_shards = len(blocks)
                 if not w.shard_done(s, shard, n_shards):
@@ -228,22 +216,14 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
         return w.finalize(generator=generator, card=card)
 
 
-def _blocks(items: list[ReleaseImage], classes: list[int]) -> list[list[ReleaseImage]]:
-    """Deterministic shards: 100 classes per shard (50 x 100 = 5,000 images)."""
-    position = {c: i for i, c in enumerate(classes)}
-    by: dict[int, list[ReleaseImage]] = {}
-    for it in items:
-        by.setdefault(position[it.label] // 100, []).append(it)
-    return [by[k] for k in sorted(by)]
-
-
 def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
-    zf_cache: dict[Path, zipfile.ZipFile] = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        zips: dict[Path, zipfile.ZipFile] = {}
         for it in items:
             if it.member is not None:
-                zf = zf_cache.get(it.source) or zf_cache.setdefault(it.source, zipfile.ZipFile(it.source))
-                data = zf.read(it.member)
+                if it.source not in zips:
+                    zips[it.source] = stack.enter_context(zipfile.ZipFile(it.source))
+                data = zips[it.source].read(it.member)
                 src = f"{it.source.name}:{it.member}"
             else:
                 data = it.source.read_bytes()
@@ -253,9 +233,6 @@ def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
                    "image_id": f"{it.shift}/{wnid}/{it.number:02d}", "config": it.shift,
                    "keep": True if masks is None else bool(masks[it.shift][per_class * it.label + it.number]),
                    "pair_id": None, "source_file": src}
-    finally:
-        for zf in zf_cache.values():
-            zf.close()
 
 
 def is_release_folder(path: str | Path) -> bool:
@@ -324,10 +301,8 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
         convert_release(release, out, shifts=shifts, mask=mask, strict=strict, source=source, zip_sha256=zips,
                         **convert_kw)
     suite = LocalSuite.open(out, repo_id=repo_id, revision=revision)
-    if strict:  # a cached conversion made without --strict may hold a short release
-        short = {s: f for s, f in suite.manifest.generator.get("files", {}).items() if f["missing"] or f["unexpected"]}
-        if short:
-            s, f = next(iter(short.items()))
+    for s, f in suite.manifest.generator.get("files", {}).items():
+        if strict and (f["missing"] or f["unexpected"]):  # a cached conversion made without --strict
             raise IntegrityError(f"{s}: {f['missing']} missing file(s), {f['unexpected']} unexpected (--strict); "
                                  "pass a complete release or drop --strict")
     suite.verify(shifts)

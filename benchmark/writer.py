@@ -15,6 +15,7 @@ A rerun with the same fingerprint skips finished shards; a different one is refu
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets import Features, Image
 
+from genshift import fsutil
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import (
-    INCOMPLETE,
-    atomic_path,
-    atomic_write_bytes,
-    atomic_write_json,
-    canonical_json,
-    ensure_writable_dir,
-    read_json,
-    sha256_bytes,
-)
 from genshift.suite_format import (
     BUILD_STATE,
     CARD,
@@ -89,18 +81,12 @@ class SuiteWriter:
         self.rows_per_group = rows_per_group
         state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
                  "fingerprint": self.fingerprint}
-        self.fingerprint_sha256 = sha256_bytes(canonical_json(state))
-        self._open(state, overwrite, clean_incomplete)
-
-    # -- set-up ---------------------------------------------------------------------------------
-    def _open(self, state: dict, overwrite: bool, clean_incomplete: bool) -> None:
-        import shutil
-
+        self.fingerprint_sha256 = fsutil.sha256_bytes(fsutil.canonical_json(state))
         state_path = self.root / BUILD_STATE
         if self.root.exists() and any(self.root.iterdir()):
             if state_path.is_file():
                 try:
-                    old = read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
+                    old = fsutil.read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
                 except IntegrityError:
                     old = {}
                 old = old if isinstance(old, dict) else {}
@@ -113,12 +99,12 @@ class SuiteWriter:
                                  "choose an empty or new directory")
             if overwrite:
                 shutil.rmtree(self.root)
-        ensure_writable_dir(self.root)
+        fsutil.ensure_writable_dir(self.root)
         if not state_path.is_file():
-            atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
+            fsutil.atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
         # Only one process may clean: in a distributed build the others' in-flight files look the same.
         if clean_incomplete:
-            for stale in self.root.rglob(f"*{INCOMPLETE}"):
+            for stale in self.root.rglob(f"*{fsutil.INCOMPLETE}"):
                 log.warning("removing %s left by an interrupted run", stale)
                 stale.unlink()
 
@@ -128,11 +114,6 @@ class SuiteWriter:
     def __exit__(self, *exc) -> None:
         return None
 
-    @property
-    def finished(self) -> bool:
-        return (self.root / MANIFEST).is_file()
-
-    # -- shards ---------------------------------------------------------------------------------
     def shard_done(self, config: str, index: int, num_shards: int) -> bool:
         """True iff the shard's final file exists and its parquet footer reads."""
         p = self.root / shard_name(config, index, num_shards)
@@ -157,7 +138,7 @@ class SuiteWriter:
                                  f"{num_shards}; keep the shard count of a build, or pass --overwrite")
         n = kept = 0
         schema, group = self.features.arrow_schema, self.rows_per_group  # the schema carries the features metadata
-        with atomic_path(self.root / rel) as tmp:
+        with fsutil.atomic_path(self.root / rel) as tmp:
             with pq.ParquetWriter(tmp, schema, **self._parquet_options()) as writer:
                 batch: list[dict] = []
                 for row in rows:
@@ -211,7 +192,6 @@ class SuiteWriter:
             raise ValueError(f"row {row['image_id']!r}: image must be embedded as {{'bytes': <encoded image>, "
                              "'path': None}")
 
-    # -- finish ---------------------------------------------------------------------------------
     def finalize(self, *, generator: Mapping, card: Callable[[Manifest], str] | None = None) -> Manifest:
         """Check completeness and uniqueness, write the card and, last, the manifest."""
         configs: dict[str, dict] = {}
@@ -248,6 +228,6 @@ class SuiteWriter:
                                         configs=configs, features=self.features, generator=dict(generator))
         manifest = Manifest.from_bytes(manifest_bytes, where=str(self.root / MANIFEST))
         if card is not None:
-            atomic_write_bytes(self.root / CARD, card(manifest).encode())
-        atomic_write_bytes(self.root / MANIFEST, manifest_bytes)
+            fsutil.atomic_write_bytes(self.root / CARD, card(manifest).encode())
+        fsutil.atomic_write_bytes(self.root / MANIFEST, manifest_bytes)
         return manifest
