@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from genshift import hubio
+from genshift import hubio, upstream
 from genshift.errors import BenchError, OfflineError, first_line, unknown
+from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
 from genshift.fsutil import atomic_write_bytes, read_limited
 from genshift.hubio import is_repo_id, resolve_revision, snapshot  # noqa: F401 - re-exported
 from genshift.reader import LocalSuite
 from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
+from genshift.suites import SUITES
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,6 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
     a local copy of the upstream ImageNet* release (``mask``, ``strict``), a registry id or ``ORG/NAME``.
     ``revision`` of the suite returned is the resolved sha (``None`` for a folder); ``pinned`` is False
     when no pin chose it (an unpinned registry entry, a branch or tag): results flag such runs."""
-    from genshift import upstream
-    from genshift.suites import SUITES
-
     path = Path(suite)
     if path.exists():
         if upstream.is_release_folder(path):
@@ -66,30 +65,25 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
             log.warning("note: %s is a synthetic demo suite of random-noise images: any model scores ~0%% on it; it "
                         "checks the plumbing, not the model (score real images: bench import-folder)", suite)
         return local
-    if suite in SUITES:
-        spec = SUITES.get(suite)
-        rev = revision or spec.revision
-        if spec.source == "upstream-imagenet-star":
-            local = upstream.open_upstream(spec.repo_id, revision=rev, configs=configs, mask=mask, strict=strict,
-                                           cache_dir=cache_dir, endpoint=endpoint, token=token)
-        else:
-            _no_mask(mask, suite)
-            local = download_suite(spec.repo_id, revision=rev, configs=configs, cache_dir=cache_dir,
-                                   endpoint=endpoint, token=token, force_download=force_download)
-        # an unpinned upstream: open_upstream accepted main only as the release commit (DATA_REVISION_PREFIX)
-        local.pinned = bool(hubio.SHA_RE.match(rev or "")) or (spec.source == "upstream-imagenet-star" and rev is None)
-        if not local.pinned:
-            log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
-                        suite, spec.repo_id, local.revision)
-        return local
-    if is_repo_id(suite):
+    spec = SUITES.get(suite) if suite in SUITES else None
+    if spec is None and not is_repo_id(suite):
+        raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset "
+                      "repo, or the path of a suite folder.")
+    repo_id, rev = (spec.repo_id, revision or spec.revision) if spec else (suite, revision)
+    from_release = spec is not None and spec.source == "upstream-imagenet-star"
+    if from_release:
+        local = upstream.open_upstream(repo_id, revision=rev, configs=configs, mask=mask, strict=strict,
+                                       cache_dir=cache_dir, endpoint=endpoint, token=token)
+    else:
         _no_mask(mask, suite)
-        local = download_suite(suite, revision=revision, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
+        local = download_suite(repo_id, revision=rev, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
                                token=token, force_download=force_download)
-        local.pinned = bool(hubio.SHA_RE.match(revision or ""))
-        return local
-    raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset repo, "
-                  "or the path of a suite folder.")
+    # an unpinned upstream: open_upstream accepted main only as the release commit (DATA_REVISION_PREFIX)
+    local.pinned = bool(hubio.SHA_RE.match(rev or "")) or (from_release and rev is None)
+    if spec is not None and not local.pinned:
+        log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
+                    suite, repo_id, local.revision)
+    return local
 
 
 def is_noise_demo(suite: LocalSuite) -> bool:
@@ -107,8 +101,6 @@ def _no_mask(mask: str | None, suite: str) -> None:
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
-    from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
-
     path = Path(folder) / EVAL_YAML
     if path.is_file():
         check_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), suite.manifest,

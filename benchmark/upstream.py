@@ -13,6 +13,7 @@ import itertools
 import logging
 import pickle
 import re
+import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from genshift import imagenet
+from genshift import hubio, imagenet
 from genshift.errors import BenchError, IntegrityError, OfflineError, unknown
 from genshift.fsutil import StatKey, atomic_path, atomic_write_json, cache_root, canonical_json, read_json, sha256_file
 from genshift.reader import LocalSuite
@@ -168,14 +169,11 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
         if s not in known:
             raise unknown("ImageNet* shift", s, known)
     masks = load_masks(mask, per_class=per_class) if mask else None
-    if masks is not None:
-        absent = [s for s in shifts if s not in masks]
-        if absent:
-            raise IntegrityError(f"the mask file has no entry for shift(s) {', '.join(absent)}")
+    if absent := [s for s in shifts if masks is not None and s not in masks]:
+        raise IntegrityError(f"the mask file has no entry for shift(s) {', '.join(absent)}")
     classes = list(range(imagenet.NUM_CLASSES)) if classes is None else sorted(set(classes))
     expected = {(c, n) for c in classes for n in range(per_class)}
-    report = {}
-    indexed = {}
+    report, indexed = {}, {}
     for s in shifts:
         found, unexpected = scan_release(root, s, per_class=per_class)
         missing = sorted(expected - set(found))
@@ -191,8 +189,8 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
         indexed[s] = {k: v for k, v in found.items() if k in expected}
         if not indexed[s]:
             raise IntegrityError(f"{s}: no images of the expected layout <shift>/<wnid or index>/NN.jpg were found")
-    known_sha = zip_sha256 or {}
-    sources = {s: known_sha.get(s) or sha256_file(root / f"{s}.zip") for s in shifts if (root / f"{s}.zip").is_file()}
+    zips = {s: root / f"{s}.zip" for s in shifts if (root / f"{s}.zip").is_file()}
+    sources = {s: (zip_sha256 or {}).get(s) or sha256_file(z) for s, z in zips.items()}
     fingerprint = {"zips_sha256": sources, "mask_sha256": sha256_file(mask) if mask else None,
                    "shifts": shifts, "per_class": per_class, "classes": classes if len(classes) < 1000 else "all"}
     # the full release is ~1.2 M images (25-35 min): a bar on a terminal, silent otherwise (disable=None)
@@ -205,9 +203,8 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
             items = sorted(indexed[s].values(), key=lambda r: (r.label, r.number))
             blocks = [list(g) for _, g in itertools.groupby(items, key=lambda r: position[r.label] // 100)]
             for shard, block in enumerate(blocks):
-                n_shards = len(blocks)
-                if not w.shard_done(s, shard, n_shards):
-                    w.write_shard(s, shard, n_shards, _rows(block, masks, per_class))
+                if not w.shard_done(s, shard, len(blocks)):
+                    w.write_shard(s, shard, len(blocks), _rows(block, masks, per_class))
                 bar.update(len(block))
         generator = {"builder": "genshift.upstream", "source": source or {"folder": root.name},
                      "mask": None if mask is None else {"file": Path(mask).name, "sha256": fingerprint["mask_sha256"],
@@ -257,10 +254,9 @@ def _memo_sha256(path: Path, memo_file: Path) -> str:
     key = f"{path.resolve()}|{StatKey.of(path)}"
     try:
         memo = read_json(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo")
-    except IntegrityError:
+    except IntegrityError:  # missing or damaged: hashed again
         memo = {}
-    if not isinstance(memo, dict):
-        memo = {}
+    memo = memo if isinstance(memo, dict) else {}
     if key not in memo:
         memo[key] = sha256_file(path)
         atomic_write_json(memo_file, memo)
@@ -332,17 +328,15 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
                   token: str | None = None) -> LocalSuite:
     """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open. Without
     ``revision``, ``main`` must resolve to the paper-era commit; ``mask`` as in :func:`open_release`."""
-    from genshift.hubio import resolve, snapshot
-
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
-    sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
+    sha, reachable = hubio.resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     if revision is None and not sha.startswith(DATA_REVISION_PREFIX):
         raise IntegrityError(f"{repo_id} main is now {sha[:12]}…, not the commit {DATA_REVISION_PREFIX}… the "
                              f"paper's release was scored at; pass --revision {sha} to score this revision anyway "
                              "(recorded in the result)")
-    snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
-                    endpoint=endpoint, token=token, local_only=not reachable)
+    snap = hubio.snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
+                          endpoint=endpoint, token=token, local_only=not reachable)
     # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)
     return _open_converted(snap, shifts=shifts, key={"repo_id": repo_id, "revision": sha}, mask=mask, strict=strict,
                            cache_dir=cache_dir, source={"repo_id": repo_id, "revision": sha}, repo_id=repo_id,
@@ -357,19 +351,15 @@ def released_mask_path(cache_dir: str | None = None) -> Path:
 def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Path:
     """The authors' ``masks.npy`` at the pinned commit, from the cache or downloaded once; its pinned size
     and sha256 are checked on every use (a download before it is renamed into place)."""
-    import urllib.request
-
-    from genshift.hubio import OFFLINE_ROUTE, _offline
-
     dest = released_mask_path(cache_dir)
     where = (f"download {MASK_URL} ({MASK_SIZE:,} bytes, sha256 {MASK_SHA256}) and put it at {dest}, pass another "
              "file with --mask FILE, or score the unfiltered release with --no-mask")
     if dest.is_file():
         _check_released_mask(dest, f"the cached {dest}", "delete it (it is downloaded again) or " + where)
         return dest
-    if _offline():
+    if hubio._offline():
         raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and the authors' masks.npy is not cached; {where}"
-                           f"{OFFLINE_ROUTE}")
+                           f"{hubio.OFFLINE_ROUTE}")
     with atomic_path(dest) as tmp:
         try:
             with urllib.request.urlopen(MASK_URL, timeout=timeout) as r, open(tmp, "wb") as f:
@@ -379,7 +369,7 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
                         break
         except OSError as e:  # URLError and timeouts are OSErrors
             raise OfflineError(f"could not download the authors' masks.npy ({type(e).__name__}: "
-                               f"{getattr(e, 'reason', e)}); {where}{OFFLINE_ROUTE}") from None
+                               f"{getattr(e, 'reason', e)}); {where}{hubio.OFFLINE_ROUTE}") from None
         _check_released_mask(tmp, f"the masks.npy downloaded from {MASK_URL}", where)
     log.info("downloaded the authors' masks.npy (%s) to %s", MASK_COMMIT[:12], dest)
     return dest
