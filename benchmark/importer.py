@@ -1,10 +1,7 @@
-"""``bench import-folder``: your own images as a suite in format 1.1.
-
-Layouts, what is stored for each kind of image and every check: ``docs/hub.md`` section 7 (and
-``docs/format.md`` section 7). Every file is fully decoded before anything is written, then stored
-as ``bench eval`` decodes it (``genshift.pixels.to_rgb``): a plain JPEG (RGB or L, no EXIF rotation)
-byte for byte, anything else as a lossless 8-bit PNG. The suite is written to
-``.<out name>.<pid>.incomplete`` beside ``out`` and renamed at the end.
+"""``bench import-folder``: your own images as a suite in format 1.1 (layouts, storage and checks: ``docs/hub.md``
+section 7). Every file is fully decoded before anything is written, then stored as ``bench eval`` decodes it: a
+plain JPEG (RGB or L, no EXIF rotation) byte for byte, anything else as a lossless 8-bit PNG. The suite is
+written to ``.<out name>.<pid>.incomplete`` beside ``out`` and renamed at the end.
 """
 
 from __future__ import annotations
@@ -16,9 +13,11 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,8 +115,7 @@ def _class_pairs(d: Path) -> list[tuple[Path, int]]:
     """``<wnid>/<image>`` files of one folder (images in nested folders count for their wnid)."""
     dirs = _subdirs(d)
     wnids = set(imagenet.wnids())
-    bad = [x for x in dirs if x.name not in wnids]
-    if bad:
+    if bad := [x for x in dirs if x.name not in wnids]:
         raise BenchError(f"sub-folders of {display(d)} must be ImageNet-1k wnids (e.g. n01440764), or shift folders "
                          f"holding wnid folders (<shift>/<wnid>/<image>); found {_names(bad)}; rename them or use "
                          "--csv path,label")
@@ -174,8 +172,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         if csv_path is not None:
             per_config = {s: by_shift[s] for s in sorted(by_shift)}
         else:
-            bad = [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]
-            if bad:
+            if bad := [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]:
                 raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename "
                                  "them with lower-case letters, digits, '_' or '-' (at most 64 characters)")
             if _top_files(src):
@@ -189,8 +186,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         if len(per_config) < 2:
             raise BenchError(f"{where} hold only the reference {reference!r}; add at least one shift beside it, or "
                              "import it as one config")
-        empty = [c for c, p in per_config.items() if not p]
-        if empty:
+        if empty := [c for c, p in per_config.items() if not p]:
             raise BenchError(f"shift(s) {', '.join(map(repr, empty))} hold no images; add images or remove them")
     items, seen = [], {}
     for cfg, pairs in per_config.items():
@@ -214,8 +210,6 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
                          "<shift>/<wnid>/<image> files or a --csv list")
     return Layout(sorted(items, key=lambda it: it.image_id), tuple(per_config), reference)
 
-
-# -- images -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ImageInfo:
@@ -299,15 +293,11 @@ def _store_file(path: Path, digest: bytes, info: ImageInfo) -> bytes | None:
         data = read_limited(path, max_bytes=MAX_IMAGE_BYTES, what="image")
     except IntegrityError:
         return None
-    if hashlib.sha256(data).digest() != digest:  # the bytes stored are the bytes checked
-        return None
-    return stored_bytes(data, info)[0]
+    return stored_bytes(data, info)[0] if hashlib.sha256(data).digest() == digest else None  # bytes as checked
 
 
 def _worker_init(parent: int) -> None:
     """Worker processes end when the import dies, even by ``kill -9`` (they would wait forever)."""
-    import threading
-
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
@@ -326,8 +316,6 @@ def _in_order(fn, jobs: list[tuple], pool, *, window: int | None = None):
         else:
             yield from pool.map(fn, *zip(*part), chunksize=CHUNK)
 
-
-# -- output folder ------------------------------------------------------------------------------
 
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
@@ -357,8 +345,6 @@ def clean_leftovers(out: Path) -> list[Path]:
     return removed
 
 
-# -- import -------------------------------------------------------------------------------------
-
 def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | None = None,
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
                   skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
@@ -369,14 +355,11 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     ``workers`` processes decode and convert images (default: one per CPU, at most
     ``DEFAULT_WORKERS``; 0 = in this process). Rows and shards are the same for any number.
     """
-    from concurrent.futures import ProcessPoolExecutor
-
     # every option is checked before any file is read
     check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
-    if config is not None:
-        check_name(config)
-    if base is not None:
-        check_name(base)
+    for value in (config, base):
+        if value is not None:
+            check_name(value)
     if not isinstance(shard_size, int) or not 1 <= shard_size <= MAX_SHARD_SIZE:
         raise BenchError(f"--shard-size must be between 1 and {MAX_SHARD_SIZE}, got {shard_size}")
     if workers is None:
@@ -422,8 +405,7 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
     if not good:
         raise BenchError(f"none of the {len(layout.items)} files in {display(src)} is a readable image")
     by_config = {c: [it for it in good if it.config == c] for c in layout.configs}
-    empty = [c for c, its in by_config.items() if not its]
-    if empty:
+    if empty := [c for c, its in by_config.items() if not its]:
         raise BenchError(f"config(s) {', '.join(map(repr, empty))} have no readable image left; fix or add images")
 
     tmp = out.parent / f".{out.name}.{os.getpid()}.incomplete"
@@ -459,24 +441,20 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
                 generator.update(metric_family="imagenet_star", reference_config=layout.reference)
             w.finalize(generator=generator, card=card)
         (tmp / "build.json").unlink(missing_ok=True)
-        _swap_into_place(tmp, out, overwrite=overwrite)
+        # into place: a replaced suite is moved aside first and removed last, so a kill at any point leaves
+        # either suite plus leftovers the next run cleans
+        prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
+        old = out.parent / f".{out.name}.{os.getpid()}.old.incomplete"
+        if out.exists():
+            os.rename(out, old)
+        os.rename(tmp, out)
+        _remove(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if skipped:
         log.warning("skipped %d unreadable file(s), e.g. %s", len(skipped), skipped[0])
     return Manifest.load(out)
-
-
-def _swap_into_place(tmp: Path, out: Path, *, overwrite: bool) -> None:
-    """Rename the finished suite to ``out``; a replaced suite is moved aside first and removed
-    last, so a kill at any point leaves either suite plus leftovers the next run cleans."""
-    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
-    old = out.parent / f".{out.name}.{os.getpid()}.old.incomplete"
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
-    _remove(old)
 
 
 def _remove(path: Path) -> None:

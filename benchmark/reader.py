@@ -1,9 +1,7 @@
-"""Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot).
-
-The one validation layer for suites from outside (``docs/format.md`` section 4.2): :meth:`LocalSuite.open`
-checks the manifest, the card and that every path stays inside the folder; :meth:`LocalSuite.verify` the
-selected configs' files and rows, before any model is loaded. Rows are then read as a ``datasets.Dataset``
-(:meth:`LocalSuite.dataset`) or streamed by parquet row group (:func:`read_row_group`, the eval harness).
+"""Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot): the one validation
+layer for suites from outside (``docs/format.md`` section 4.2). :meth:`LocalSuite.open` checks the manifest, the
+card and that every path stays inside the folder; :meth:`LocalSuite.verify` the selected configs' files and rows,
+before any model is loaded; :func:`read_row_group` streams rows by parquet row group (the eval harness).
 """
 
 from __future__ import annotations
@@ -38,11 +36,8 @@ class RowGroup:
 
 @dataclass
 class LocalSuite:
-    """A suite folder with a parsed manifest.
-
-    ``repo_id`` and ``revision`` are set when the folder is a Hub snapshot; ``revision`` is then
-    the resolved 40-character commit sha.
-    """
+    """A suite folder with a parsed manifest; ``repo_id`` and ``revision`` (then the resolved 40-character
+    commit sha) are set when the folder is a Hub snapshot."""
 
     root: Path
     manifest: Manifest
@@ -97,8 +92,6 @@ class LocalSuite:
         """Check the selected configs' files (size, sha256, embedded features) and rows
         (:func:`~genshift.suite_format.check_rows`; no image bytes are read)."""
         todo = [c for c in self.select(configs) if c not in self._verified]
-        if not todo:
-            return
         suite_format.verify_files(self.root, self.manifest, todo, redownload_hint=self.redownload_hint)
         for c in todo:
             info = self.manifest.config(c)

@@ -52,14 +52,8 @@ def base_features() -> Features:
     """Features of the required columns. ``label`` is a ClassLabel over the 1000 wnids."""
     from datasets import ClassLabel, Features, Image, Value  # here: the leaderboard reads results without it
 
-    return Features({
-        "image": Image(),
-        "label": ClassLabel(names=list(imagenet.wnids())),
-        "image_id": Value("string"),
-        "config": Value("string"),
-        "keep": Value("bool"),
-        "pair_id": Value("string"),
-    })
+    return Features({"image": Image(), "label": ClassLabel(names=list(imagenet.wnids())), "image_id": Value("string"),
+                     "config": Value("string"), "keep": Value("bool"), "pair_id": Value("string")})
 
 
 def suite_features(extra: Features | dict | None = None) -> Features:
@@ -165,8 +159,7 @@ def _base_feature_dict() -> dict:
 
 def check_features(features: dict, *, where: str) -> None:
     """Raise unless a features dict holds the required columns with the required types."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in features]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in features]:
         raise IntegrityError(f"{where}: missing required column(s) {', '.join(missing)}; see docs/format.md")
     base = _base_feature_dict()
     for col in REQUIRED_COLUMNS:
@@ -288,8 +281,7 @@ class Manifest:
                            "data/<config>/test-NNNNN-of-NNNNN.parquet (no '..', no absolute paths)")
         files = {rel: ManifestFile(rel, e.size, e.sha256) for rel, e in m.files.items()}
         configs = {name: _config_info(name, c, version, files, where) for name, c in m.configs.items()}
-        orphans = sorted(set(files) - {p for c in configs.values() for p in c.files})
-        if orphans:
+        if orphans := sorted(set(files) - {p for c in configs.values() for p in c.files}):
             raise _bad(where, f"file {orphans[0]} belongs to no config")
         check_features(m.features, where=f"{where}: features")
         columns = list(m.features) if m.columns is None else m.columns
@@ -404,15 +396,13 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
             raise IntegrityError(f"{rel}: {meta.num_row_groups} row groups, over the limit of {MAX_ROW_GROUPS} per "
                                  "shard; write shards with genshift.writer.SuiteWriter (100 rows per group)")
         schema = meta.schema.to_arrow_schema()
-        missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
-        if missing:
+        if missing := [c for c in REQUIRED_COLUMNS if c not in schema.names]:
             raise IntegrityError(f"{rel}: missing required column(s) {', '.join(missing)}; see docs/format.md")
         for c, types in {**ROW_COLUMNS, "image": IMAGE_TYPES}.items():
             if schema.field(c).type not in types:
                 raise IntegrityError(f"{rel}: column {c!r} has type {schema.field(c).type}, expected {types[0]}; "
                                      "rebuild the suite with genshift.writer.SuiteWriter")
-        big = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]
-        if big:
+        if big := [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]:
             raise IntegrityError(f"{rel}: row group {big[0]} holds {meta.row_group(big[0]).num_rows} rows, more than "
                                  f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per "
                                  "group)")

@@ -25,20 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets import Features, Image
 
-from genshift import fsutil
+from genshift import fsutil, suite_format
 from genshift.errors import BenchError, IntegrityError
-from genshift.suite_format import (
-    BUILD_STATE,
-    CARD,
-    MANIFEST,
-    SHARD_RE,
-    Manifest,
-    build_manifest,
-    check_name,
-    rows_digest_table,
-    shard_name,
-    suite_features,
-)
+from genshift.suite_format import BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest
 
 log = logging.getLogger(__name__)
 IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
@@ -74,9 +63,9 @@ class SuiteWriter:
                  overwrite: bool = False, rows_per_group: int = IMAGE_ROWS_PER_GROUP,
                  clean_incomplete: bool = True) -> None:
         self.root = Path(root)
-        self.suite_id = check_name(suite_id, "suite id")
+        self.suite_id = suite_format.check_name(suite_id, "suite id")
         self.suite_version = suite_version
-        self.features = suite_features(extra_features)
+        self.features = suite_format.suite_features(extra_features)
         self.fingerprint = dict(fingerprint or {})
         self.rows_per_group = rows_per_group
         state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
@@ -116,7 +105,7 @@ class SuiteWriter:
 
     def shard_done(self, config: str, index: int, num_shards: int) -> bool:
         """True iff the shard's final file exists and its parquet footer reads."""
-        p = self.root / shard_name(config, index, num_shards)
+        p = self.root / suite_format.shard_name(config, index, num_shards)
         if not p.is_file():
             return False
         try:
@@ -129,8 +118,7 @@ class SuiteWriter:
 
     def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> ShardStats:
         """Write one shard atomically from an iterable of row dicts (streamed, bounded memory)."""
-        check_name(config)
-        rel = shard_name(config, index, num_shards)
+        rel = suite_format.shard_name(config, index, num_shards)  # checks the config name
         for other in (self.root / "data" / config).glob("*.parquet"):
             m = SHARD_RE.match(other.name)
             if m and int(m.group(2)) != num_shards:
@@ -174,11 +162,9 @@ class SuiteWriter:
                 "write_page_index": True, "use_content_defined_chunking": True}
 
     def _check_row(self, row: Mapping, config: str, rel: str) -> None:
-        missing = [c for c in self.features if c not in row]
-        if missing:
+        if missing := [c for c in self.features if c not in row]:
             raise ValueError(f"row for {rel} lacks column(s) {missing}")
-        extra = [c for c in row if c not in self.features]
-        if extra:
+        if extra := [c for c in row if c not in self.features]:
             raise ValueError(f"row for {rel} has undeclared column(s) {extra}; declare them in extra_features")
         if row["config"] != config:
             raise ValueError(f"row {row['image_id']!r} has config {row['config']!r} but is written to {config!r}")
@@ -207,8 +193,7 @@ class SuiteWriter:
                                      "--overwrite")
             total = counts.pop()
             have = {int(SHARD_RE.match(p.name).group(1)) for p in files}
-            missing = sorted(set(range(total)) - have)
-            if missing:
+            if missing := sorted(set(range(total)) - have):
                 raise BenchError(f"config {cdir.name!r} is missing shard(s) {missing[:10]} of {total}; "
                                  "rerun the build to finish them")
             tables = []
@@ -223,9 +208,10 @@ class SuiteWriter:
             table = pa.concat_tables(tables)
             configs[cdir.name] = {"rows": table.num_rows, "kept": int(pc.sum(table["keep"]).as_py() or 0),
                                   "files": [p.relative_to(self.root).as_posix() for p in files],
-                                  "rows_digest": rows_digest_table(table)}
-        manifest_bytes = build_manifest(self.root, suite_id=self.suite_id, suite_version=self.suite_version,
-                                        configs=configs, features=self.features, generator=dict(generator))
+                                  "rows_digest": suite_format.rows_digest_table(table)}
+        manifest_bytes = suite_format.build_manifest(self.root, suite_id=self.suite_id, configs=configs,
+                                                     suite_version=self.suite_version, features=self.features,
+                                                     generator=dict(generator))
         manifest = Manifest.from_bytes(manifest_bytes, where=str(self.root / MANIFEST))
         if card is not None:
             fsutil.atomic_write_bytes(self.root / CARD, card(manifest).encode())
