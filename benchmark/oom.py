@@ -4,6 +4,7 @@ of memory is retried at half the size until it fits; the size that worked is kep
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -21,16 +22,6 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
-def _free_cache() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 class BatchBackoff:
@@ -56,7 +47,11 @@ class BatchBackoff:
             except Exception as e:  # noqa: BLE001 - only OOM is handled, the rest re-raised
                 if not is_oom(e):
                     raise
-                _free_cache()
+                import torch
+
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
                 if self.batch_size == 1:
                     raise BenchError(f"out of accelerator memory even with a {self.what} of 1; use a smaller "
                                      "model or resolution, or free the device") from None

@@ -7,6 +7,8 @@ which timm's resize would turn into 2 GB. ``MAX_PIXELS`` is Pillow's decompressi
 
 from __future__ import annotations
 
+import io
+
 MAX_SIDE = 32768
 MAX_PIXELS = 89_478_485
 MAX_ASPECT = 50
@@ -33,8 +35,6 @@ def check_size(size: tuple[int, int]) -> None:
 
 def size_of(data: bytes) -> tuple[int, int]:
     """``(width, height)`` from an encoded image's header, without decoding its pixels."""
-    import io
-
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
@@ -62,12 +62,9 @@ def to_8bit(im):
         raise ValueError("floating-point image; save it with 8 or 16 bits per channel")
     if mode == "1":
         return im.convert("L")
-    if mode in ("L", "RGB"):
-        if "transparency" not in im.info:
-            return im
+    if "transparency" not in im.info and mode in ("L", "RGB", "P"):
+        return im if mode != "P" else im.convert("RGB")
     if mode in ("LA", "La", "RGBA", "RGBa", "PA", "P", "L", "RGB"):
-        if mode == "P" and "transparency" not in im.info:
-            return im.convert("RGB")
         rgba = im.convert("RGBA")  # palette/tRNS transparency become alpha
         flat = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         flat.alpha_composite(rgba)  # composite on white: what a viewer shows

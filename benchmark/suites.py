@@ -19,8 +19,10 @@ from importlib import resources
 import yaml
 
 from genshift import imagenet
+from genshift.errors import IntegrityError
 from genshift.families import FAMILIES
 from genshift.hubio import SHA_RE
+from genshift.identity import timm_name
 from genshift.registry import Registry
 
 METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)
@@ -118,8 +120,6 @@ def list_suites(pattern: str = "*") -> list[str]:
 def declared_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config a suite outside the registry declares in its manifest's
     ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
-    from genshift.errors import IntegrityError
-
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
     family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
     if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str)
@@ -134,8 +134,6 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
     """The models that built, mined or filtered a suite, whose results are flagged: the target the build
     recorded (``generator.target``, IN-G's mining classifier; local weights as ``sha256:<hex>``, not their
     architecture), else the registry's ``construction_models`` (the CLIP filters of ImageNet* and LANCE)."""
-    from genshift.identity import timm_name
-
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
     target = gen.get("target")
     if isinstance(target, dict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import resources
 
 import jinja2
-from datasets import DatasetInfo, SplitDict, SplitInfo
+from datasets import DatasetInfo
 from datasets.info import DatasetInfosDict
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
@@ -42,17 +42,13 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
         pretty_name=pretty_name or manifest.suite_id,
         tags=["genshift-bench", "distribution-shift", "imagenet", *(tags or [])],
     )
-    infos = {}
-    for name in sorted(manifest.configs):
-        c = manifest.configs[name]
-        info = DatasetInfo(config_name=name)  # no features: they travel in the parquet metadata
-        info.splits = SplitDict()
-        info.splits.add(SplitInfo(name="test", num_examples=c.rows,
-                                  num_bytes=sum(manifest.files[f].size for f in c.files)))
-        infos[name] = info
+    infos = DatasetInfosDict()  # no features: they travel in the parquet metadata
+    for name, c in sorted(manifest.configs.items()):
+        split = {"name": "test", "num_examples": c.rows, "num_bytes": sum(manifest.files[f].size for f in c.files)}
+        infos[name] = DatasetInfo(config_name=name, splits={"test": split})
     MetadataConfigs({name: {"data_files": [{"split": "test", "path": f"data/{name}/*.parquet"}]}
                      for name in sorted(manifest.configs)}).to_dataset_card_data(data)
-    DatasetInfosDict(infos).to_dataset_card_data(data)
+    infos.to_dataset_card_data(data)
     if gated:
         data["extra_gated_prompt"] = IMAGENET_TERMS
     return data
@@ -95,10 +91,8 @@ def upstream_card(manifest) -> str:
 def render_card(manifest, *, template: str = "generic", context: dict | None = None,
                 license: str = "other", license_name: str | None = None, license_link: str | None = None,
                 pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> str:
-    """Render a complete README.md for a suite: YAML front matter + the template's body.
-
-    ``license="other"`` gets ``license_name``/``license_link`` (default: the ImageNet terms).
-    """
+    """A complete README.md for a suite: YAML front matter + the template's body; ``license="other"`` gets
+    ``license_name``/``license_link`` (default: the ImageNet terms)."""
     head = card_data(manifest, license=license, license_name=license_name, license_link=license_link,
                      pretty_name=pretty_name, tags=tags, gated=gated)
     body = _env().get_template(f"{template}.md.j2").render(
