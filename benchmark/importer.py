@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from genshift import imagenet
@@ -34,7 +34,6 @@ MAX_IMAGE_BYTES = 1 << 28
 DEFAULT_WORKERS = 8
 CHUNK = 16  # images per worker task
 MAX_WORKERS = 256
-_EXIF_ORIENTATION = 0x0112
 
 
 def display(path: str | os.PathLike) -> str:
@@ -54,8 +53,7 @@ class Item:
 
 @dataclass(frozen=True)
 class Layout:
-    """What an import folder holds: its items (sorted by image id) and, for multi-shift folders,
-    the reference config."""
+    """What an import folder holds: its items (sorted by image id) and the reference config of a multi-shift one."""
 
     items: list[Item]
     configs: tuple[str, ...]
@@ -126,21 +124,15 @@ def _class_pairs(d: Path) -> list[tuple[Path, int]]:
     if top:
         log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
                     len(top), display(d), top[0])
-    pairs = []
-    for x in dirs:
-        label = imagenet.index_of(x.name)
-        pairs += [(p, label) for p in sorted(x.rglob("*")) if p.is_file() and not p.name.startswith(".")]
-    return pairs
+    return [(p, imagenet.index_of(x.name)) for x in dirs
+            for p in sorted(x.rglob("*")) if p.is_file() and not p.name.startswith(".")]
 
 
 def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path | None = None,
              base: str | None = None) -> Layout:
-    """The images to import and the suite's configs; every naming problem is one clear error.
-
-    ``<wnid>/`` sub-folders (or a ``path,label`` CSV) make one config named ``config``;
-    sub-folders that hold ``<wnid>/`` folders themselves (or a ``path,label,shift`` CSV) are
-    shifts, one config each, with ``base`` (default ``"base"``) as the reference.
-    """
+    """The images to import and the suite's configs; every naming problem is one clear error. ``<wnid>/``
+    sub-folders (or a ``path,label`` CSV) make one config named ``config``; sub-folders holding ``<wnid>/``
+    folders (or a ``path,label,shift`` CSV) are shifts, one config each, ``base`` the reference."""
     src = Path(src)
     if not src.is_dir():
         raise BenchError(f"import folder {display(src)!r} does not exist or is not a folder")
@@ -236,7 +228,7 @@ def decode_image(data: bytes, *, pixels: bool = True):
                 check_size(im.size)  # from the header: a 208-byte PNG may claim 20000x2 pixels
                 im.load()
                 fmt, mode = im.format or "unknown", im.mode
-                orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+                orientation = im.getexif().get(0x0112, 1)  # the EXIF Orientation tag
                 orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
                 passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
                 out = None
@@ -330,13 +322,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_leftovers(out: Path) -> list[Path]:
-    """Remove ``.<out name>.<pid>[.old].incomplete`` folders of imports to ``out`` that were
-    killed (their process is gone); returns what was removed."""
+    """Remove the ``.<out name>.<pid>[.old].incomplete`` folders of killed imports to ``out``; returns them."""
     pattern = re.compile(rf"^\.{re.escape(out.name)}\.(\d+)(\.old)?\.incomplete$")
     removed = []
-    if not out.parent.is_dir():
-        return removed
-    for p in out.parent.iterdir():
+    for p in out.parent.iterdir() if out.parent.is_dir() else ():
         m = pattern.fullmatch(p.name)
         if m and not _pid_alive(int(m.group(1))):
             log.warning("removing %s left by an interrupted import", display(p))
@@ -349,12 +338,10 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
                   skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
                   progress: bool = True, card: Callable[[Manifest], str] | None = None) -> Manifest:
-    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its
-    dataset card (``genshift.data_cards.import_card``, as ``bench import-folder`` does).
-
-    ``workers`` processes decode and convert images (default: one per CPU, at most
-    ``DEFAULT_WORKERS``; 0 = in this process). Rows and shards are the same for any number.
-    """
+    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its dataset card
+    (``genshift.data_cards.import_card``, as ``bench import-folder`` does). ``workers`` processes decode and
+    convert images (default: one per CPU, at most ``DEFAULT_WORKERS``; 0 = in this process): rows and shards
+    are the same for any number."""
     # every option is checked before any file is read
     check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
     for value in (config, base):
@@ -418,12 +405,10 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
             for it, data in zip(block, stored):
                 if data is None:
                     raise BenchError(f"{it.rel} changed during the import; rerun when the folder is not being written")
-                info = checked[it.image_id][1]
                 bar.update(1)
                 yield {"image": {"bytes": data, "path": None}, "label": it.label, "image_id": it.image_id,
                        "config": it.config, "keep": True, "pair_id": None, "source_path": it.rel,
-                       "source_format": info.source_format, "source_mode": info.source_mode,
-                       "exif_orientation": info.exif_orientation, "reencoded": info.reencoded}
+                       **asdict(checked[it.image_id][1])}  # source_format, source_mode, exif_orientation, reencoded
 
         extra = {"source_path": Value("string"), "source_format": Value("string"), "source_mode": Value("string"),
                  "exif_orientation": Value("int8"), "reencoded": Value("bool")}

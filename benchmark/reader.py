@@ -36,8 +36,7 @@ class RowGroup:
 
 @dataclass
 class LocalSuite:
-    """A suite folder with a parsed manifest; ``repo_id`` and ``revision`` (then the resolved 40-character
-    commit sha) are set when the folder is a Hub snapshot."""
+    """A suite folder with a parsed manifest; for a Hub snapshot, its ``repo_id`` and resolved ``revision`` sha."""
 
     root: Path
     manifest: Manifest
@@ -66,8 +65,7 @@ class LocalSuite:
         manifest = Manifest.load(root)
         for rel in (CARD, *manifest.files):
             _check_inside(root, rel, inside)
-        suite = cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision,
-                    redownload_hint=redownload_hint)
+        suite = cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision, redownload_hint=redownload_hint)
         if (root / CARD).is_file():
             suite.card = parse_card(root / CARD, manifest)
         return suite
@@ -89,8 +87,7 @@ class LocalSuite:
         return list(dict.fromkeys(configs))
 
     def verify(self, configs: list[str] | None = None) -> None:
-        """Check the selected configs' files (size, sha256, embedded features) and rows
-        (:func:`~genshift.suite_format.check_rows`; no image bytes are read)."""
+        """Check the selected configs' files (size, sha256, features) and rows, never reading image bytes."""
         todo = [c for c in self.select(configs) if c not in self._verified]
         suite_format.verify_files(self.root, self.manifest, todo, redownload_hint=self.redownload_hint)
         for c in todo:
@@ -102,8 +99,7 @@ class LocalSuite:
         self._verified.update(todo)
 
     def rows_digest(self, config: str) -> str:
-        """The config's rows digest (format 1.1): the manifest's, or for a format-1 suite computed
-        from its verified rows (no image bytes are read)."""
+        """The config's rows digest: the manifest's, or for a format-1 suite computed from its verified rows."""
         recorded = self.manifest.config(config).rows_digest
         if recorded is not None:
             return recorded
@@ -174,11 +170,8 @@ def _check_inside(root: Path, rel: str, inside: Path) -> None:
 
 
 def parse_card(path: Path, manifest: Manifest) -> dict:
-    """The card's YAML header, parsed with size, depth and alias limits and checked against the manifest.
-
-    The header must list one ``configs`` entry per manifest config, with its own shards as the
-    ``test`` split, so that ``datasets.load_dataset(folder, config)`` loads exactly that config.
-    """
+    """The card's YAML header, parsed with size, depth and alias limits; it must list one ``configs`` entry
+    per manifest config with its own shards as the ``test`` split (``datasets.load_dataset(folder, config)``)."""
     where = str(path)
     data = read_limited(path, max_bytes=MAX_CARD_BYTES, what="dataset card")
     fix = "re-render the card with genshift.data_cards.render_card (docs/format.md section 5)"

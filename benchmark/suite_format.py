@@ -77,9 +77,6 @@ def rows_digest(image_ids, labels, keeps) -> str:
     return h.hexdigest()
 
 
-_NEEDS_JSON_ESCAPE = r'["\\\x00-\x1f]'
-
-
 def rows_digest_table(table: pa.Table) -> str:
     """:func:`rows_digest` of a table's ``image_id``, ``label`` and ``keep`` columns, with Arrow kernels
     (``benchmarks/rows_check_speed.py``). Arrow's stable sort of strings by UTF-8 bytes is code-point order."""
@@ -98,7 +95,7 @@ def _sorted_rows(table: pa.Table) -> tuple[pa.Array, pa.Array, pa.Array]:
 
 
 def _digest_sorted(ids: pa.Array, labels: pa.Array, keeps: pa.Array) -> str:
-    escape = pc.match_substring_regex(ids, _NEEDS_JSON_ESCAPE)
+    escape = pc.match_substring_regex(ids, r'["\\\x00-\x1f]')  # characters JSON escapes
     if pc.any(escape).as_py():  # rare: quote, backslash or control characters -> json's own escapes
         fixed = [json.dumps(v, ensure_ascii=False)[1:-1] if e else v
                  for v, e in zip(ids.to_pylist(), escape.to_pylist())]
@@ -311,8 +308,7 @@ class Manifest:
 
 def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: dict[str, dict],
                    features: Features, generator: dict) -> bytes:
-    """Hash every shard under ``root`` and return the manifest's bytes (canonical JSON); ``configs``
-    maps each config to ``{"rows", "kept", "files", "rows_digest"}``."""
+    """Hash the shards of ``configs`` (``{"rows", "kept", "files", "rows_digest"}`` each): the manifest's bytes."""
     files = {}
     for name in sorted(configs):
         for rel in configs[name]["files"]:
@@ -331,10 +327,9 @@ def verify_files(root: str | Path, manifest: Manifest, configs: list[str] | None
                  redownload_hint: str | None = None) -> int:
     """Check size and sha256 of every file of ``configs`` (default all); returns the bytes checked."""
     root = Path(root)
-    names = list(manifest.configs) if configs is None else configs
     hint = redownload_hint or "rebuild the suite or restore the file"
     checked = 0
-    for name in names:
+    for name in list(manifest.configs) if configs is None else configs:
         for rel in manifest.config(name).files:
             entry = manifest.files[rel]
             p = root / rel
@@ -362,12 +357,10 @@ MAX_ROW_GROUP_ROWS = 1000  # the format writes 100; eval streams one row group a
 # import's largest shard has 1000 groups of 100 rows; footers grow ~9.3 KB a group (docs/format.md 4.2)
 MAX_ROW_GROUPS = 2048
 MAX_FOOTER_BYTES = 32 << 20
-_PARQUET_MAGIC = b"PAR1"
 
 
 def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
-    """Refuse a parquet file (a path, or its bytes) whose footer is over ``MAX_FOOTER_BYTES``, from its
-    8-byte tail, before pyarrow parses it."""
+    """Refuse a parquet file (a path, or its bytes) whose 8-byte tail declares a footer over ``MAX_FOOTER_BYTES``."""
     if isinstance(path, bytes):
         tail = path[-8:]
     else:
@@ -378,7 +371,7 @@ def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
                 tail = f.read(8)
         except OSError as e:
             raise IntegrityError(f"{where}: cannot be read ({e.strerror}); re-download or rebuild the suite") from None
-    if len(tail) < 8 or tail[4:] != _PARQUET_MAGIC:
+    if len(tail) < 8 or tail[4:] != b"PAR1":
         raise IntegrityError(f"{where}: not a parquet file (no PAR1 footer); re-download or rebuild it")
     footer = int.from_bytes(tail[:4], "little")
     if footer > MAX_FOOTER_BYTES:

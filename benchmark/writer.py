@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -43,20 +42,11 @@ def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
     return [path]
 
 
-@dataclass(frozen=True)
-class ShardStats:
-    path: str
-    rows: int
-    kept: int
-
-
 class SuiteWriter:
-    """Write a suite into the folder ``root``, shard by shard, resumably.
-
-    ``extra_features``: provenance columns after the required ones. ``fingerprint``: everything that
-    determines the content (settings, seeds, model ids); a folder holding a build with another one is
-    refused unless ``overwrite`` (which also replaces a finished build).
-    """
+    """Write a suite into the folder ``root``, shard by shard, resumably. ``extra_features``: provenance
+    columns after the required ones. ``fingerprint``: everything that determines the content (settings, seeds,
+    model ids); a folder holding a build with another one is refused unless ``overwrite`` (which also
+    replaces a finished build)."""
 
     def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
                  extra_features: Features | dict | None = None, fingerprint: Mapping | None = None,
@@ -66,10 +56,9 @@ class SuiteWriter:
         self.suite_id = suite_format.check_name(suite_id, "suite id")
         self.suite_version = suite_version
         self.features = suite_format.suite_features(extra_features)
-        self.fingerprint = dict(fingerprint or {})
         self.rows_per_group = rows_per_group
         state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
-                 "fingerprint": self.fingerprint}
+                 "fingerprint": dict(fingerprint or {})}
         self.fingerprint_sha256 = fsutil.sha256_bytes(fsutil.canonical_json(state))
         state_path = self.root / BUILD_STATE
         if self.root.exists() and any(self.root.iterdir()):
@@ -91,8 +80,7 @@ class SuiteWriter:
         fsutil.ensure_writable_dir(self.root)
         if not state_path.is_file():
             fsutil.atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
-        # Only one process may clean: in a distributed build the others' in-flight files look the same.
-        if clean_incomplete:
+        if clean_incomplete:  # one process cleans: in a distributed build, others' in-flight files look the same
             for stale in self.root.rglob(f"*{fsutil.INCOMPLETE}"):
                 log.warning("removing %s left by an interrupted run", stale)
                 stale.unlink()
@@ -116,7 +104,7 @@ class SuiteWriter:
             return False
         return True
 
-    def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> ShardStats:
+    def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> None:
         """Write one shard atomically from an iterable of row dicts (streamed, bounded memory)."""
         rel = suite_format.shard_name(config, index, num_shards)  # checks the config name
         for other in (self.root / "data" / config).glob("*.parquet"):
@@ -124,7 +112,7 @@ class SuiteWriter:
             if m and int(m.group(2)) != num_shards:
                 raise BenchError(f"{other} was written with {int(m.group(2))} shards, this run asks for "
                                  f"{num_shards}; keep the shard count of a build, or pass --overwrite")
-        n = kept = 0
+        n = 0
         schema, group = self.features.arrow_schema, self.rows_per_group  # the schema carries the features metadata
         with fsutil.atomic_path(self.root / rel) as tmp:
             with pq.ParquetWriter(tmp, schema, **self._parquet_options()) as writer:
@@ -133,7 +121,6 @@ class SuiteWriter:
                     self._check_row(row, config, rel)
                     batch.append(self.features.encode_example(dict(row)))
                     n += 1
-                    kept += bool(row["keep"])
                     if len(batch) == group:
                         writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
                         batch = []
@@ -143,12 +130,10 @@ class SuiteWriter:
                     raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
                                      "(use fewer shards)")
         log.debug("wrote %s: %d rows", rel, n)
-        return ShardStats(rel, n, kept)
 
     def _parquet_options(self) -> dict:
-        """The column options ``datasets`` uses for parquet: encoded images stored plain and
-        uncompressed (JPEG/PNG bytes do not compress), every other column snappy + dictionary;
-        content-defined chunking so that re-uploads of similar shards deduplicate on the Hub."""
+        """The column options ``datasets`` uses: encoded images plain and uncompressed, every other column snappy
+        + dictionary; content-defined chunking so that re-uploads of similar shards deduplicate on the Hub."""
         schema = self.features.arrow_schema
         compression, dictionary, encoding = {}, [], {}
         for name, feat in self.features.items():
@@ -187,19 +172,17 @@ class SuiteWriter:
         seen: dict[str, str] = {}
         for cdir in sorted(p for p in data.iterdir() if p.is_dir()):
             files = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
-            counts = {int(SHARD_RE.match(p.name).group(2)) for p in files}
+            numbers = [tuple(map(int, SHARD_RE.match(p.name).groups())) for p in files]  # (index, count)
+            counts = {n for _, n in numbers}
             if len(counts) != 1:
                 raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with "
                                      "--overwrite")
             total = counts.pop()
-            have = {int(SHARD_RE.match(p.name).group(1)) for p in files}
-            if missing := sorted(set(range(total)) - have):
+            if missing := sorted(set(range(total)) - {i for i, _ in numbers}):
                 raise BenchError(f"config {cdir.name!r} is missing shard(s) {missing[:10]} of {total}; "
                                  "rerun the build to finish them")
-            tables = []
-            for p in files:
-                table = pq.read_table(p, columns=["image_id", "label", "keep"])
-                tables.append(table)
+            tables = [pq.read_table(p, columns=["image_id", "label", "keep"]) for p in files]
+            for p, table in zip(files, tables):
                 for iid in table["image_id"].to_pylist():
                     if iid in seen:
                         raise IntegrityError(f"duplicate image_id {iid!r} in {p.relative_to(self.root)} and "
