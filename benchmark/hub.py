@@ -61,7 +61,8 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
         _no_mask(mask, suite)
         local = LocalSuite.open(path)
         local.verify(local.select(configs))
-        if is_noise_demo(local):
+        gen = local.manifest.generator or {}
+        if gen.get("builder") == "genshift.synthetic" or gen.get("images") == "noise":  # genshift.synthetic
             log.warning("note: %s is a synthetic demo suite of random-noise images: any model scores ~0%% on it; it "
                         "checks the plumbing, not the model (score real images: bench import-folder)", suite)
         return local
@@ -84,12 +85,6 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
         log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
                     suite, repo_id, local.revision)
     return local
-
-
-def is_noise_demo(suite: LocalSuite) -> bool:
-    """A suite written by ``genshift.synthetic``: coloured noise, no class in any image."""
-    gen = suite.manifest.generator or {}
-    return gen.get("builder") == "genshift.synthetic" or gen.get("images") == "noise"
 
 
 def _no_mask(mask: str | None, suite: str) -> None:
@@ -121,8 +116,7 @@ GATING = ("auto", "manual")
 
 
 def card_gating(suite: LocalSuite) -> bool:
-    """Whether the suite's dataset card (as the reader parsed and checked it) asks for gated access
-    (``extra_gated_prompt``, e.g. LANCE); a suite without a card is refused."""
+    """Whether the suite's (required) card asks for gated access (``extra_gated_prompt``, e.g. LANCE)."""
     card = suite.require_card()
     return bool(card.get("extra_gated_prompt") or card.get("extra_gated_fields"))
 
@@ -160,9 +154,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
                   token: str | None = None, private: bool = False, commit_message: str | None = None,
                   large_threshold: int = LARGE_UPLOAD_BYTES, gating: str = "auto") -> str:
     """Upload a verified suite, tag it (default ``v<suite_version>``, which must not exist), gate it when its
-    card asks (``gating``: the Hub's ``auto`` or ``manual``) and return the tagged sha (``docs/hub.md``
-    section 6). Up to ``large_threshold`` bytes: ONE commit against the current head; above: resumably,
-    then checked file by file before the tag."""
+    card asks (``gating``: ``auto`` | ``manual``); returns the tagged sha. ``docs/hub.md`` section 6."""
     from huggingface_hub import CommitOperationAdd, errors
 
     hubio._check_repo_id(repo_id)

@@ -115,13 +115,6 @@ class ReleaseImage:
     member: str | None  # path inside the zip
 
 
-def _class_of(folder: str) -> int | None:
-    try:
-        return imagenet.parse_class(folder)
-    except BenchError:
-        return None
-
-
 def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
                  ) -> tuple[dict[tuple[int, int], ReleaseImage], list[str]]:
     """Index one shift's images (its zip, else its folder) by (class, image number); also list unexpected files."""
@@ -140,7 +133,10 @@ def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
     for name, source, member in entries:
         parts = name.split("/")
         m = IMAGE_RE.match(parts[-1])
-        label = _class_of(parts[-2]) if len(parts) >= 2 else None
+        try:
+            label = imagenet.parse_class(parts[-2]) if len(parts) >= 2 else None
+        except BenchError:  # not a wnid or class index folder
+            label = None
         key = (label, int(m.group(1))) if m and label is not None else None
         if key is None or key[1] >= per_class or key in found:
             unexpected.append(name)
@@ -153,10 +149,9 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
                     strict: bool = False, per_class: int = PER_CLASS, classes: Iterable[int] | None = None,
                     source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None,
                     card: Callable[[Manifest], str] | None = None) -> Manifest:
-    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``; ``card``
-    renders its dataset card (``genshift.data_cards.upstream_card``). Missing and unexpected files are
-    a warning counted in ``generator.files`` (an error with ``strict``). ``per_class`` and ``classes``
-    shrink the expected layout (tests); ``zip_sha256``: hashes the caller already has."""
+    """A release folder (zips or extracted folders) -> a format-1 suite at ``out``; missing and unexpected files
+    are counted in ``generator.files`` and warned about (an error with ``strict``). ``per_class``, ``classes``: a
+    smaller layout (tests); ``zip_sha256``: hashes the caller has; ``card``: ``data_cards.upstream_card``."""
     from datasets import Value
     from tqdm.auto import tqdm
 
@@ -233,8 +228,7 @@ def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
 
 
 def is_release_folder(path: str | Path) -> bool:
-    """True for a folder holding released ``<shift>.zip`` files or extracted ``<shift>/`` folders
-    (and no ``manifest.json``: a converted suite is opened as a suite)."""
+    """A folder of released ``<shift>.zip`` files or ``<shift>/`` folders (and no ``manifest.json``)."""
     path = Path(path)
     return path.is_dir() and not (path / "manifest.json").exists() and bool(release_shifts(path))
 
@@ -271,11 +265,9 @@ def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str
         if z.is_file():
             out[s] = "zip:" + _memo_sha256(z, memo_file)
         elif (root / s).is_dir():
-            h = hashlib.sha256()
-            for f in sorted((root / s).rglob("*")):
-                if f.is_file():
-                    h.update(f"{f.relative_to(root)}|{StatKey.of(f)}\n".encode())
-            out[s] = "dir:" + h.hexdigest()
+            listing = "".join(f"{f.relative_to(root)}|{StatKey.of(f)}\n" for f in sorted((root / s).rglob("*"))
+                              if f.is_file())
+            out[s] = "dir:" + hashlib.sha256(listing.encode()).hexdigest()
     return out
 
 
@@ -337,10 +329,9 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
                              "(recorded in the result)")
     snap = hubio.snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
                           endpoint=endpoint, token=token, local_only=not reachable)
-    # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)
-    return _open_converted(snap, shifts=shifts, key={"repo_id": repo_id, "revision": sha}, mask=mask, strict=strict,
-                           cache_dir=cache_dir, source={"repo_id": repo_id, "revision": sha}, repo_id=repo_id,
-                           revision=sha)
+    pin = {"repo_id": repo_id, "revision": sha}  # a commit sha fixes the zips' bytes: the cache key (no 60 GB hash)
+    return _open_converted(snap, shifts=shifts, key=pin, mask=mask, strict=strict, cache_dir=cache_dir, source=pin,
+                           repo_id=repo_id, revision=sha)
 
 
 def released_mask_path(cache_dir: str | None = None) -> Path:
@@ -385,8 +376,7 @@ def _check_released_mask(path: Path, what: str, fix: str) -> None:
 
 
 def resolve_mask(mask: str | Path | None, *, cache_dir: str | None = None) -> Path | None:
-    """The mask file to apply: ``None`` -> the released one (:func:`released_mask`), ``NO_MASK`` -> no
-    mask, anything else -> that file (which must exist)."""
+    """The mask to apply: ``None`` -> :func:`released_mask`, ``NO_MASK`` -> none, else that (existing) file."""
     if mask is None:
         return released_mask(cache_dir=cache_dir)
     if str(mask) == NO_MASK:
