@@ -61,15 +61,12 @@ def os_error_message(e: OSError) -> str:
     """One line for an ``OSError`` that reached the CLI: what failed, on which path (``e.filename``, which
     :func:`genshift.fsutil.atomic_path` adds where pyarrow and ``file.write`` give only the errno), the fix."""
     code, filename, filename2 = e.errno, e.filename, e.filename2
-    if code is None:  # re-raised from a DataLoader worker: the original error is the traceback's last line
-        m = _ERRNO_TEXT.search(str(e))
-        if m:
-            code, filename = int(m.group(1)), m.group(2)
+    # re-raised from a DataLoader worker: the original error is the traceback's last line
+    if code is None and (m := _ERRNO_TEXT.search(str(e))):
+        code, filename = int(m.group(1)), m.group(2)
     # os.strerror: pyarrow's strerror is "Error writing bytes to file. Detail: [errno 28] ..."
-    if code is not None:
-        reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
-    else:
-        reason = (e.strerror or str(e) or type(e).__name__).strip().splitlines()[-1]
+    reason = (f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code is not None
+              else (e.strerror or str(e) or type(e).__name__).strip().splitlines()[-1])
     where = f" on {str(filename)!r}" if filename is not None else ""
     if filename2 is not None:
         where += f" -> {str(filename2)!r}"
@@ -85,8 +82,7 @@ def first_line(text: object, limit: int | None = 200) -> str:
 
 
 def one_line(text: object, limit: int | None = None) -> str:
-    """``text`` (outside text: exception texts, file names) as one printable line: terminal escapes and
-    control characters removed, lines joined."""
+    """``text`` from outside as one printable line: terminal escapes and control characters removed, lines joined."""
     parts = CONTROL_CHARS.sub("\n", _ESCAPE.sub("", str(text))).split("\n")
     line = " ".join(part.strip() for part in parts if part.strip())
     return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"

@@ -78,8 +78,7 @@ class Family:
 
     def rank_configs(self, configs: list[str], reference: str | None = None) -> list[str]:
         """The configs the board's rank outcome averages over."""
-        ref = reference or "base"
-        return [c for c in configs if not (self.reference and c == ref)]
+        return [c for c in configs if not (self.reference and c == (reference or "base"))]
 
     def columns(self, result: Mapping) -> dict[str, float]:
         """Every number of the family in a result, by column: per-config acc@1/acc@5, ``mean_acc1``
@@ -223,8 +222,7 @@ def _in_g_columns(result: Mapping) -> dict:
 def _in_g_tasks(configs: list[str], reference: str | None) -> list[Task]:
     if len(configs) == 1:
         return [Task("top3_failure_rate", configs[0], "top3_failure_rate", "top-3 failure rate")]
-    return [Task(f"top3_failure_rate_{c}", c, f"top3_failure_rate/{c}", f"top-3 failure rate on {c}")
-            for c in configs]
+    return [Task(f"top3_failure_rate_{c}", c, f"top3_failure_rate/{c}", f"top-3 failure rate on {c}") for c in configs]
 
 
 IN_G = Family(

@@ -210,16 +210,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 _UMASK_LOCK = threading.Lock()
 
 
 def _umask() -> int:
-    """The process's umask, read without setting it where Linux shows it (set and restored from two threads
-    at once, it could be left 0)."""
+    """The process's umask, read where Linux shows it instead of set and restored (racy between two threads)."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:

@@ -106,8 +106,7 @@ def is_under(index: int, synset: str) -> bool:
 
 @lru_cache(maxsize=1)
 def parent_membership() -> np.ndarray:
-    """Boolean matrix ``M[y, c]``: class ``c`` is under the IN-G parent of class ``y`` (a class without a
-    parent, none among the 1000, contains only itself)."""
+    """``M[y, c]``: class ``c`` is under the IN-G parent of class ``y`` (a class without a parent: itself only)."""
     cls = classes()
     anc = [set(c.ancestors) | {c.wnid} for c in cls]
     m = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=bool)

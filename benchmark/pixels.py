@@ -19,8 +19,7 @@ class ImageSizeError(ValueError):
 
 
 def check_size(size: tuple[int, int]) -> None:
-    """Refuse an image size (``(width, height)`` from its header) outside the bounds, one line
-    with the value and the limit; the caller names the file."""
+    """Refuse a ``(width, height)`` from an image header outside the bounds (the caller names the file)."""
     w, h = size
     if w < 1 or h < 1:
         raise ImageSizeError(f"{w}x{h} pixels: an image needs at least one pixel per side")
@@ -45,8 +44,7 @@ _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
 
 
 def to_8bit(im):
-    """Pillow image of any mode -> 8-bit ``RGB`` or ``L`` with the same picture; its size is
-    checked first (:func:`check_size`), before Pillow decodes it or a transform resizes it."""
+    """Pillow image of any mode -> 8-bit ``RGB`` or ``L``, the same picture; the size is checked first."""
     import numpy as np
     from PIL import Image
 

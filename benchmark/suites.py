@@ -46,8 +46,8 @@ class Shift:
 @lru_cache(maxsize=1)
 def imagenet_star_shifts() -> tuple[Shift, ...]:
     """The ImageNet* prompt table (package data ``imagenet_star_shifts.yaml``)."""
-    text = resources.files("genshift").joinpath("_data", "imagenet_star_shifts.yaml").read_text()
-    return tuple(Shift(**row) for row in yaml.safe_load(text))
+    rows = yaml.safe_load(resources.files("genshift").joinpath("_data", "imagenet_star_shifts.yaml").read_text())
+    return tuple(Shift(**row) for row in rows)
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,6 @@ class SuiteSpec:
         if self.reference_config is not None and self.reference_config not in self.configs:
             raise ValueError(f"suite {self.id!r}: reference config {self.reference_config!r} is not a config")
 
-    @property
-    def pinned(self) -> bool:
-        return self.revision is not None
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -95,9 +91,8 @@ def _register_defaults(reg: Registry[SuiteSpec]) -> None:
     subsets = {"hard_imagenet": lambda: tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS),
                "imagenet_a": imagenet.imagenet_a_indices}
     for row in yaml.safe_load(resources.files("genshift").joinpath("_data", "suites.yaml").read_text()):
-        configs = row.pop("configs")
-        star = configs == "imagenet_star_shifts"
-        row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(configs)
+        star = row["configs"] == "imagenet_star_shifts"  # the prompt table's keys
+        row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(row["configs"])
         if "label_subset" in row:
             row["label_subset"] = subsets[row["label_subset"]]()
         row["construction_models"] = tuple(row.get("construction_models", ()))

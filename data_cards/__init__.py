@@ -35,13 +35,10 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
     if license == "other":
         license_name = license_name or IMAGENET_LICENSE[0]
         license_link = license_link or IMAGENET_LICENSE[1]
-    data = DatasetCardData(
-        license=license, license_name=license_name, license_link=license_link,
-        task_categories=["image-classification"],
-        size_categories=[size_category(sum(c.rows for c in manifest.configs.values()))],
-        pretty_name=pretty_name or manifest.suite_id,
-        tags=["genshift-bench", "distribution-shift", "imagenet", *(tags or [])],
-    )
+    data = DatasetCardData(license=license, license_name=license_name, license_link=license_link,
+                           task_categories=["image-classification"], pretty_name=pretty_name or manifest.suite_id,
+                           size_categories=[size_category(sum(c.rows for c in manifest.configs.values()))],
+                           tags=["genshift-bench", "distribution-shift", "imagenet", *(tags or [])])
     infos = DatasetInfosDict()  # no features: they travel in the parquet metadata
     for name, c in sorted(manifest.configs.items()):
         split = {"name": "test", "num_examples": c.rows, "num_bytes": sum(manifest.files[f].size for f in c.files)}
@@ -52,14 +49,6 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
     if gated:
         data["extra_gated_prompt"] = IMAGENET_TERMS
     return data
-
-
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FunctionLoader(
-            lambda name: resources.files("genshift.data_cards").joinpath(name).read_text(encoding="utf-8")),
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
-    )
 
 
 def demo_card(manifest) -> str:
@@ -95,7 +84,8 @@ def render_card(manifest, *, template: str = "generic", context: dict | None = N
     ``license_name``/``license_link`` (default: the ImageNet terms)."""
     head = card_data(manifest, license=license, license_name=license_name, license_link=license_link,
                      pretty_name=pretty_name, tags=tags, gated=gated)
-    body = _env().get_template(f"{template}.md.j2").render(
-        manifest=manifest, configs=manifest.configs, generator=manifest.generator,
-        imagenet_terms=IMAGENET_TERMS, **(context or {}))
+    text = resources.files("genshift.data_cards").joinpath(f"{template}.md.j2").read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    body = env.from_string(text).render(manifest=manifest, configs=manifest.configs, generator=manifest.generator,
+                                        imagenet_terms=IMAGENET_TERMS, **(context or {}))
     return "---\n" + head.to_yaml() + "\n---\n\n" + body
