@@ -38,40 +38,46 @@ WORK = ".work"
 class Config(BuildConfig):
     """The options of ``bench build lance-hardimagenet`` (defaults: the paper's settings, Table 6)."""
 
-    imagenet_val: str | None = option(None, "ImageNet validation folder (<wnid>/ folders, or flat + "
-                                            "LOC_val_solution.csv)")
-    hub_val: str | None = option(None, "a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> "
-                                       "(gated: HF_TOKEN)", metavar="ORG/NAME[@SHA]")
+    imagenet_val: str | None = option(
+        None, "ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
+    hub_val: str | None = option(
+        None, "a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> (gated: HF_TOKEN)",
+        metavar="ORG/NAME[@SHA]")
     hub_val_files: str = option("data/validation-*.parquet", "glob of its validation parquet files (image + label)")
     allow_partial: bool = option(False, "build from an incomplete validation folder")
     captioner: str = option("Salesforce/blip2-opt-2.7b-coco", "BLIP-2 checkpoint (Hub repo) that captions the images")
-    caption_min_length: int = option(20, "minimum caption length (the paper: 'a minimum caption length of 20 words')",
-                                     min=0)
-    caption_length_unit: str = option("words", "what --caption-min-length counts: words (the paper's text) or tokens "
-                                               "(new tokens, as the LAVIS/Table 6 'min length')",
-                                      choices=("words", "tokens"))
-    perturber: str = option("Qwen/Qwen2.5-7B-Instruct", "an instruction LLM (Table 5 prompts with examples), or "
-                                                        "'lance-release': the authors' fine-tuned LLaMA-7B + LoRA from "
-                                                        "LANCE-release/checkpoints, converted once (~27 GB)")
-    edit_types: tuple[str, ...] = option(lp.EDIT_TYPES, "perturber prompts to run (the fine types; weather is a "
-                                         "background edit unless --separate-weather)", choices=lp.EDIT_TYPES)
-    separate_weather: bool = option(False, "report weather as a sixth edit_type instead of within background (the "
-                                           "paper has five)")
-    edit_sampling: str = option("type-uniform", "type-uniform: each draw picks a type uniformly, then one of its "
-                                                "edits (Algorithm 1); pool-uniform: a seeded shuffle of all edits (the "
-                                                "released code's, unseeded there)", choices=lp.SAMPLING)
+    caption_min_length: int = option(
+        20, "minimum caption length (the paper: 'a minimum caption length of 20 words')", min=0)
+    caption_length_unit: str = option(
+        "words", "what --caption-min-length counts: words (the paper's text) or tokens (new tokens, as the "
+        "LAVIS/Table 6 'min length')", choices=("words", "tokens"))
+    perturber: str = option(
+        "Qwen/Qwen2.5-7B-Instruct", "an instruction LLM (Table 5 prompts with examples), or 'lance-release': the "
+        "authors' fine-tuned LLaMA-7B + LoRA from LANCE-release/checkpoints, converted once (~27 GB)")
+    edit_types: tuple[str, ...] = option(
+        lp.EDIT_TYPES, "perturber prompts to run (the fine types; weather is a background edit unless "
+        "--separate-weather)", choices=lp.EDIT_TYPES)
+    separate_weather: bool = option(
+        False, "report weather as a sixth edit_type instead of within background (the paper has five)")
+    edit_sampling: str = option(
+        "type-uniform", "type-uniform: each draw picks a type uniformly, then one of its edits (Algorithm 1); "
+        "pool-uniform: a seeded shuffle of all edits (the released code's, unseeded there)", choices=lp.SAMPLING)
     max_edits: int = option(10, "Algorithm 1's N: edits drawn per source image (see --cap-counts)", min=1)
-    cap_counts: str = option("tries", "what --max-edits counts: tries (Algorithm 1: N draws, a rejected edit uses its "
-                                      "try) or kept (draw until N edits passed the text filter)", choices=lp.CAP_COUNTS)
-    image_format: str = option("jpeg-q75", "how images are stored: jpeg-q75 (the files the paper scored, PIL's default "
-                                           "JPEG quality 75) or png (lossless)", choices=IMAGE_FORMATS)
+    cap_counts: str = option(
+        "tries", "what --max-edits counts: tries (Algorithm 1: N draws, a rejected edit uses its try) or kept (draw "
+        "until N edits passed the text filter)", choices=lp.CAP_COUNTS)
+    image_format: str = option(
+        "jpeg-q75", "how images are stored: jpeg-q75 (the files the paper scored, PIL's default JPEG quality 75) or "
+        "png (lossless)", choices=IMAGE_FORMATS)
     text_filter: str = option("sbert", "text model that rejects edits changing the class", choices=("sbert", "clip"))
-    editor: str = option("CompVis/stable-diffusion-v1-4", "Stable Diffusion checkpoint (Hub repo) for null-text "
-                                                          "inversion and prompt-to-prompt")
+    editor: str = option(
+        "CompVis/stable-diffusion-v1-4", "Stable Diffusion checkpoint (Hub repo) for null-text inversion and "
+        "prompt-to-prompt")
     steps: int = option(50, "diffusion steps per image", min=1)
     guidance: float = option(7.5, "classifier-free guidance scale")
-    fs: tuple[float, ...] = option((0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "self-attention injection fractions swept in one "
-                                   "pass (the paper's Table 6: 0.4 ... 0.9; the released code: 0.4 ... 0.8)")
+    fs: tuple[float, ...] = option(
+        (0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "self-attention injection fractions swept in one pass (the paper's Table 6: "
+        "0.4 ... 0.9; the released code: 0.4 ... 0.8)")
     reweight: float = option(2.0, "prompt-to-prompt attention reweighting of the edited words")
     eq_bug_compat: bool = option(False, "reproduce the released code's bug (reweighting only for the first f)")
     clip_model: str = option("ViT-L-14", "open_clip architecture of the CLIP checks")
@@ -98,8 +104,7 @@ def _features():
 
 
 def encode_image(img, image_format: str) -> bytes:
-    """Stored image bytes: ``jpeg-q75`` as the files the authors' classifiers scored (PIL's default
-    quality) or lossless ``png``."""
+    """``jpeg-q75`` as the files the authors' classifiers scored (PIL's default quality), or lossless ``png``."""
     buf = io.BytesIO()
     if image_format == "jpeg-q75":
         img.convert("RGB").save(buf, format="JPEG", quality=75)
@@ -122,21 +127,17 @@ class SmokePerturber:
         return [e for t, a in raw.items() for e in lp.edits_from_answer(caption, t, a)], raw
 
 
-def _smoke_sources(tmp: Path):
+def _smoke_sources() -> list[SourceImage]:
+    """Four scikit-image photographs (PNG bytes), two of each of the first two Hard ImageNet classes."""
     from PIL import Image
     from skimage import data
 
     from genshift.suites import HARD_IMAGENET_WNIDS
 
     photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
-    out = []
-    tmp.mkdir(parents=True, exist_ok=True)
-    for i, arr in enumerate(photos):
-        w = HARD_IMAGENET_WNIDS[i // 2]
-        p = tmp / f"smoke_{i:04d}.png"
-        Image.fromarray(arr).save(p)
-        out.append(SourceImage(f"smoke_{i:04d}", w, imagenet.index_of(w), p))
-    return out
+    wnids = [HARD_IMAGENET_WNIDS[i // 2] for i in range(len(photos))]
+    return [SourceImage(f"smoke_{i:04d}", w, imagenet.index_of(w), None, encode_image(Image.fromarray(a), "png"))
+            for i, (a, w) in enumerate(zip(photos, wnids))]
 
 
 def _editor_config(cfg: Config):
@@ -218,19 +219,18 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
     from genshift.builders.lance_checks import CheckThresholds, choose, score_edits
 
     crop = load_crop(src, editor.cfg.size)
-    caption, sampling_seed = plan["caption"], plan["sampling_seed"]
+    caption = plan["caption"]
     base = {**dict.fromkeys(_features()), "label": src.label, "pair_id": src.source_id, "keep": True,
-            "source_image_id": src.source_id, "caption": caption, "seed": 0, "edit_sampling_seed": sampling_seed}
+            "source_image_id": src.source_id, "caption": caption, "seed": 0,
+            "edit_sampling_seed": plan["sampling_seed"]}
 
-    def image(img) -> dict:
-        return {"bytes": encode_image(img, cfg.image_format), "path": None}
+    def row(role: str, img, image_id: str, **columns) -> dict:
+        return {**base, "image": {"bytes": encode_image(img, cfg.image_format), "path": None},
+                "image_id": f"{role}/{image_id}", "config": role, "role": role, **columns}
 
     inv = editor.null_text_inversion(crop, caption)
     recon = editor.decode(editor.reconstruct(inv))[0]
-    rows = [{**base, "image": image(crop), "image_id": f"original/{src.source_id}", "config": "original",
-             "role": "original"},
-            {**base, "image": image(recon), "image_id": f"reconstruction/{src.source_id}", "config": "reconstruction",
-             "role": "reconstruction"}]
+    rows = [row("original", crop, src.source_id), row("reconstruction", recon, src.source_id)]
     th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if cfg.smoke else CheckThresholds()
     for k, d in enumerate(plan["kept"]):
         e, ts = lp.Edit(**d["edit"]), d["scores"]
@@ -242,15 +242,13 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
         if best is None:
             continue
         tdir = (clip.encode_texts([e.edit]) - clip.encode_texts([e.original or ""]))[0].cpu().numpy()
-        rows.append({**base, "image": image(images[[s.f for s in scores].index(best.f)]),
-                     "image_id": f"counterfactual/{src.source_id}/{k:02d}", "config": "counterfactual",
-                     "role": "counterfactual", "edit_type": d["edit_type"], "edit_type_fine": e.edit_type,
-                     "edit_draw": d["index"], "edited_caption": e.edited_caption,
-                     "original_words": e.original, "edit_words": e.edit, "f": best.f,
-                     "clip_img_sim": best.clip_img_sim, "clip_sim_0": best.clip_sim_0, "clip_sim_1": best.clip_sim_1,
-                     "clip_dir_sim": best.clip_dir_sim, "text_class_sim": ts["class_sim"],
-                     "text_same_sim": ts["same_sim"], "edit_text_direction": np.asarray(tdir, np.float32).tolist(),
-                     "seed": derive_seed(cfg.seed, src.source_id, e.edit_type)})
+        rows.append(row("counterfactual", images[[s.f for s in scores].index(best.f)], f"{src.source_id}/{k:02d}",
+                        edit_type=d["edit_type"], edit_type_fine=e.edit_type, edit_draw=d["index"],
+                        edited_caption=e.edited_caption, original_words=e.original, edit_words=e.edit, f=best.f,
+                        clip_img_sim=best.clip_img_sim, clip_sim_0=best.clip_sim_0, clip_sim_1=best.clip_sim_1,
+                        clip_dir_sim=best.clip_dir_sim, text_class_sim=ts["class_sim"], text_same_sim=ts["same_sim"],
+                        edit_text_direction=np.asarray(tdir, np.float32).tolist(),
+                        seed=derive_seed(cfg.seed, src.source_id, e.edit_type)))
     tried = [[d["edit_type"], d["edit"]["edit_type"]] for d in plan["kept"]]  # sent to the editor: (type, fine type)
     return rows, tried
 
@@ -291,7 +289,7 @@ def run(cfg: Config) -> int:
     device = proc.device(cfg.device, cpu=cfg.smoke)  # each accelerate process on its node-local GPU
     hub_source = None
     if cfg.smoke:
-        sources = _smoke_sources(out.parent / f".{out.name}-smoke-sources")
+        sources = _smoke_sources()
     elif cfg.imagenet_val:
         sources = find_sources(cfg.imagenet_val, allow_partial=cfg.allow_partial)
     elif cfg.hub_val:
@@ -299,9 +297,8 @@ def run(cfg: Config) -> int:
     else:
         raise BenchError("give the ImageNet validation images with --imagenet-val DIR or --hub-val ORG/NAME[@SHA] "
                          "(or --smoke)")
-    fingerprint = {k: v for k, v in asdict(cfg).items()
-                   if k not in ("progress", "overwrite", "device", "hub_val", "out", "imagenet_val")}
-    fingerprint["hub_source"] = hub_source  # the resolved commit, not the ref the user typed
+    skip = ("progress", "overwrite", "device", "hub_val", "out", "imagenet_val")  # hub_source: the resolved commit
+    fingerprint = {k: v for k, v in asdict(cfg).items() if k not in skip} | {"hub_source": hub_source}
     writer = common.open_writer(cfg, proc, suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
     if writer is None:
         return 0
@@ -366,10 +363,9 @@ def run(cfg: Config) -> int:
             if not writer.shard_done(config, i, n):
                 writer.write_shard(config, i, n, rows[i::n])
     counts = {c: len(r) for c, r in by_config.items()}
-    length = caption_length(cfg)
+    unit = "tokens" if cfg.smoke else cfg.caption_length_unit
     p = {"builder": "genshift.builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
-         "captioner": used["captioner"], "caption_length": {"unit": "tokens" if cfg.smoke else cfg.caption_length_unit,
-                                                            **length, "beams": 5},
+         "captioner": used["captioner"], "caption_length": {"unit": unit, **caption_length(cfg), "beams": 5},
          "perturber": used["perturber"], "text_filter": used["text_filter"],
          "editor": asdict(ed), "clip": used["clip"], "seed": cfg.seed, "edit_types": list(cfg.edit_types),
          "max_edits": cfg.max_edits, "image_format": cfg.image_format,
@@ -385,7 +381,5 @@ def run(cfg: Config) -> int:
         pretty_name="LANCE counterfactuals of Hard ImageNet (genshift-bench rebuild)",
         tags=["lance", "counterfactual", "hard-imagenet"], context={"p": p, "json": json.dumps}))
     shutil.rmtree(work, ignore_errors=True)
-    if cfg.smoke:
-        shutil.rmtree(out.parent / f".{out.name}-smoke-sources", ignore_errors=True)
     print(f"built {out}: {counts}; manifest sha256 {manifest.sha256}")
     return 0
