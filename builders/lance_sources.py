@@ -19,6 +19,7 @@ from genshift.suites import HARD_IMAGENET_WNIDS
 
 log = logging.getLogger(__name__)
 PER_CLASS = 50
+SUFFIXES = (".jpeg", ".jpg", ".png")
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,8 @@ class SourceImage:
 
 def _labels_file(root: Path) -> dict[str, str] | None:
     for name in ("LOC_val_solution.csv", "val_labels.txt", "labels.txt"):
-        p = root / name
-        if not p.is_file():
-            p = root.parent / name
-        if not p.is_file():
+        p = next((d / name for d in (root, root.parent) if (d / name).is_file()), None)
+        if p is None:
             continue
         out = {}
         if p.suffix == ".csv":
@@ -57,21 +56,18 @@ def find_sources(root: str | Path, *, wnids=HARD_IMAGENET_WNIDS, per_class: int 
     root = Path(root)
     if not root.is_dir():
         raise BenchError(f"ImageNet validation folder {str(root)!r} does not exist; pass --imagenet-val DIR")
-    found: dict[str, list[Path]] = {w: [] for w in wnids}
+    def images(folder: Path) -> list[Path]:
+        return sorted(p for p in folder.iterdir() if p.suffix.lower() in SUFFIXES) if folder.is_dir() else []
+
     if any((root / w).is_dir() for w in wnids):
-        for w in wnids:
-            d = root / w
-            if d.is_dir():
-                found[w] = sorted(p for p in d.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        found = {w: images(root / w) for w in wnids}
     else:
         labels = _labels_file(root)
         if labels is None:
             raise BenchError(f"{root} has no <wnid>/ class folders and no labels file (LOC_val_solution.csv or "
                              "'<file> <wnid>' lines); give the validation images in one of those layouts")
-        for p in sorted(root.iterdir()):
-            w = labels.get(p.stem)
-            if w in found and p.suffix.lower() in (".jpeg", ".jpg", ".png"):
-                found[w].append(p)
+        flat = images(root)
+        found = {w: [p for p in flat if labels.get(p.stem) == w] for w in wnids}
     _report_missing({w: len(v) for w, v in found.items()}, per_class, allow_partial, "the validation folder")
     return [SourceImage(p.stem, w, imagenet.index_of(w), p) for w in wnids for p in found[w][:per_class]]
 
@@ -120,9 +116,8 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
                                  "validation dataset with image and label columns")
         for g in range(pf.num_row_groups):
             labels = pf.read_row_group(g, columns=["label"]).column(0).to_pylist()
-            hits = [(i, by_index.get(y) if isinstance(y, int) else (y if y in found else None))
-                    for i, y in enumerate(labels)]
-            hits = [(i, w) for i, w in hits if w is not None and len(found[w]) < per_class]
+            hits = [(i, by_index.get(y) if isinstance(y, int) else y) for i, y in enumerate(labels)]
+            hits = [(i, w) for i, w in hits if w in found and len(found[w]) < per_class]
             if not hits:
                 continue
             images = pf.read_row_group(g, columns=["image"]).column(0)
