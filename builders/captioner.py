@@ -1,11 +1,5 @@
-"""Image captioning with BLIP-2 through transformers (LANCE captions; IN-G seed captions).
-
-``caption(images, prefix=...)`` continues ``prefix`` (BLIP-2's text prompt) and returns text that starts
-with it; the defaults are LANCE's Table 6 (5 beams, 20-100 new tokens); ``min_words`` holds the end back
-until the continuation has that many words; ``shots`` puts (image, caption) pairs before each image
-(IN-G's few-shot prompt). Decoder-only (OPT) and encoder-decoder (Flan-T5: the decoder starts with the
-prefix) language models both work. :meth:`Captioner.tiny`: random weights from a config, no download.
-"""
+"""Image captioning with BLIP-2 through transformers (LANCE captions; IN-G seed captions), with a
+decoder-only (OPT) or an encoder-decoder (Flan-T5: the decoder starts with the prefix) language model."""
 
 from __future__ import annotations
 
@@ -34,8 +28,7 @@ class Captioner:
 
         from genshift.builders.common import loading
 
-        gpu = device.startswith("cuda")
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if gpu else torch.float32)
+        torch_dtype = getattr(torch, dtype or ("float16" if device.startswith("cuda") else "float32"))
         with loading(f"captioner {model_id!r}", "check the id (a BLIP-2 checkpoint such as "
                                                 "Salesforce/blip2-opt-2.7b-coco) and that it is cached"):
             processor = Blip2Processor.from_pretrained(model_id)
@@ -93,15 +86,17 @@ class Captioner:
     def caption(self, images: Sequence, *, prefix: str | None = None, num_beams: int = 5, min_new_tokens: int = 20,
                 max_new_tokens: int = 100, repetition_penalty: float = 1.0, do_sample: bool = False,
                 seed: int | None = None, min_words: int | None = None, shots: Sequence = ()) -> list[str]:
-        """One caption per image; with ``prefix``, generation continues it and the text starts with it.
-        ``shots``: (image, caption) pairs placed before each image (few-shot prompting)."""
+        """One caption per image, continuing ``prefix`` (the text starts with it); the defaults are LANCE's Table 6
+        (5 beams, 20-100 new tokens); ``min_words`` holds the end back until the continuation has that many words;
+        ``shots``: (image, caption) pairs placed before each image (IN-G's few-shot prompt)."""
         if min_new_tokens > max_new_tokens:
             raise BenchError(f"min_new_tokens {min_new_tokens} > max_new_tokens {max_new_tokens}")
         images = [im.convert("RGB") for im in images]
+        prefix = prefix or ""
         if shots:
-            inputs = self._few_shot_inputs(images, prefix or "", shots)
+            inputs = self._few_shot_inputs(images, prefix, shots)
         else:
-            inputs = self.processor(images=images, text=[prefix or ""] * len(images), return_tensors="pt")
+            inputs = self.processor(images=images, text=[prefix] * len(images), return_tensors="pt")
         inputs = inputs.to(self.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
         start = inputs["input_ids"].shape[1]  # decoder-only: the output repeats the prompt
@@ -111,10 +106,7 @@ class Captioner:
                 forced += self.processor.tokenizer(prefix, add_special_tokens=False)["input_ids"]
             inputs["decoder_input_ids"] = torch.tensor([forced] * len(images), device=self.device)
             start = len(forced)
-        extra = {}
-        if min_words:
-            from transformers import LogitsProcessorList
-            extra["logits_processor"] = LogitsProcessorList([MinWords(self.processor.tokenizer, start, min_words)])
+        extra = {"logits_processor": [MinWords(self.processor.tokenizer, start, min_words)]} if min_words else {}
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -122,7 +114,7 @@ class Captioner:
                                       max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty,
                                       do_sample=do_sample, **extra)
         tails = self.processor.tokenizer.batch_decode(out[:, start:], skip_special_tokens=True)
-        return [normalize(f"{prefix or ''} {t}") for t in tails]
+        return [normalize(f"{prefix} {t}") for t in tails]
 
     def _few_shot_inputs(self, images: list, prefix: str, shots: Sequence):
         """Token ids of [shot image, shot caption]... [image, prefix] (each image: its query tokens, then the text

@@ -16,11 +16,10 @@ import numpy as np
 
 from genshift import imagenet
 from genshift.builders.common import Checked, ConfigError, option
+from genshift.builders.in_g_mining import Classify, Generate
 from genshift.builders.in_g_prompts import captioner_fn, class_prompt, seed_caption, shots
 from genshift.builders.seeding import derive_seed
 
-Generate = Callable[[list[str], list[int]], list[bytes]]
-Classify = Callable[[list[bytes]], np.ndarray]
 Caption = Callable[[list[bytes], str], list[str]]  # images, forced prefix -> texts
 
 

@@ -70,16 +70,6 @@ class Config(BuildConfig):
                                        "its cap")
 
 
-def _features():
-    from datasets import Sequence, Value
-
-    return {"caption": Value("string"), "caption_id": Value("string"), "class_prompt": Value("string"),
-            "parent_wnid": Value("string"), "seed": Value("int64"), "attempt": Value("int32"),
-            "generator": Value("string"), "target_model": Value("string"), "target_weights_sha256": Value("string"),
-            "target_top5_idx": Sequence(Value("int16")), "target_top5_prob": Sequence(Value("float32")),
-            "top1_miss": Value("bool"), "top3_miss": Value("bool"), "parent_failure": Value("bool")}
-
-
 def _seed_images(cfg: Config):
     """(label, image file or bytes) of the images to caption: ImageNet-A's, or two synthetic ones per class (smoke)."""
     if cfg.smoke:
@@ -143,6 +133,8 @@ def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]
 
 @threaded
 def run(cfg: Config) -> int:
+    from datasets import Sequence, Value
+
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
     from genshift.data_cards import render_card
@@ -168,7 +160,12 @@ def run(cfg: Config) -> int:
     fingerprint = {"suite": cfg.suite, "target": target, "captions": seeds, "dedup": cfg.dedup_captions,
                    "mining": asdict(mining), "generation": asdict(settings), "an": cfg.an, "smoke": cfg.smoke,
                    "cpu_threads": cfg.cpu_threads}
-    writer = common.open_writer(cfg, proc, suite_id=cfg.suite, extra_features=_features(), fingerprint=fingerprint)
+    features = {"caption": Value("string"), "caption_id": Value("string"), "class_prompt": Value("string"),
+                "parent_wnid": Value("string"), "seed": Value("int64"), "attempt": Value("int32"),
+                "generator": Value("string"), "target_model": Value("string"), "target_weights_sha256": Value("string"),
+                "target_top5_idx": Sequence(Value("int16")), "target_top5_prob": Sequence(Value("float32")),
+                "top1_miss": Value("bool"), "top3_miss": Value("bool"), "parent_failure": Value("bool")}
+    writer = common.open_writer(cfg, proc, suite_id=cfg.suite, extra_features=features, fingerprint=fingerprint)
     if writer is None:
         return 0
     if proc.is_main:  # the main process captions; the others read its captions
