@@ -38,47 +38,39 @@ class Captioner:
     @classmethod
     def tiny(cls, *, seed: int = 0, lm: str = "opt") -> Captioner:
         """Random weights; ``lm="opt"`` (decoder-only) or ``"t5"`` (encoder-decoder, as Flan-T5)."""
+        import transformers
         from tokenizers import ByteLevelBPETokenizer
-        from transformers import (
-            Blip2Config,
-            Blip2ForConditionalGeneration,
-            Blip2Processor,
-            Blip2QFormerConfig,
-            Blip2VisionConfig,
-            BlipImageProcessor,
-            OPTConfig,
-            PreTrainedTokenizerFast,
-            T5Config,
-        )
 
         corpus = ["a photo of a dog on the grass in the snow", "a realistic photograph of a fly (insect).",
                   "the background is blurred. it is on a yellow flower. the background is green."] * 20
         bpe = ByteLevelBPETokenizer()
         bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
                                 special_tokens=["<pad>", "</s>", "<s>", "<unk>", "<image>"])
-        tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>", eos_token="</s>",
-                                      pad_token="<pad>", unk_token="<unk>")
+        tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>",
+                                                   eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
         n_query = 4
         vocab = len(tok)
         ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
         if lm == "opt":
-            text_config = OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
-                                    num_attention_heads=4, max_position_embeddings=1024, word_embed_proj_dim=32, **ids)
+            text_config = transformers.OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
+                                                 num_attention_heads=4, max_position_embeddings=1024,
+                                                 word_embed_proj_dim=32, **ids)
         elif lm == "t5":
-            text_config = T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-                                   decoder_start_token_id=tok.pad_token_id, **ids)
+            text_config = transformers.T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                                                num_heads=4, decoder_start_token_id=tok.pad_token_id, **ids)
         else:
             raise BenchError(f"unknown tiny language model {lm!r}; use opt or t5")
-        cfg = Blip2Config(
-            vision_config=Blip2VisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                                            num_attention_heads=4, image_size=32, patch_size=8),
-            qformer_config=Blip2QFormerConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                              intermediate_size=37, encoder_hidden_size=32, vocab_size=vocab),
-            text_config=text_config,
-            num_query_tokens=n_query, image_token_index=tok.convert_tokens_to_ids("<image>"))
+        cfg = transformers.Blip2Config(
+            vision_config=transformers.Blip2VisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                                         num_attention_heads=4, image_size=32, patch_size=8),
+            qformer_config=transformers.Blip2QFormerConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                           intermediate_size=37, encoder_hidden_size=32,
+                                                           vocab_size=vocab),
+            text_config=text_config, num_query_tokens=n_query, image_token_index=tok.convert_tokens_to_ids("<image>"))
         torch.manual_seed(seed)
-        model = Blip2ForConditionalGeneration(cfg)
-        processor = Blip2Processor(BlipImageProcessor(size={"height": 32, "width": 32}), tok, num_query_tokens=n_query)
+        model = transformers.Blip2ForConditionalGeneration(cfg)
+        pixels = transformers.BlipImageProcessor(size={"height": 32, "width": 32})
+        processor = transformers.Blip2Processor(pixels, tok, num_query_tokens=n_query)
         name = "tiny-random-blip2" if lm == "opt" else "tiny-random-blip2-t5"
         return cls(model, processor, model_id=f"{name}(seed={seed})")
 

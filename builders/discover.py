@@ -167,12 +167,3 @@ def search(cfg: Config) -> dict:
         classify, _ = classifier_from_timm(cfg.model, device=device, checkpoint=cfg.checkpoint)
     return discover(label, generate=gen.generate, classify=classify, target=target, cfg=cfg,
                     caption=captioner_fn(cap, shots()[0] if cfg.captioning == "three-shot" else []))
-
-
-def format_report(report: dict) -> list[dict]:
-    return [{"caption": h["caption"][len(report["class_prompt"]):].strip() or "(class prompt)",
-             "failures": f"{h['failures']}/{h['n']}", "rate %": f"{100 * h['rate']:.1f}",
-             "ratio": "-" if h["ratio"] is None else f"{h['ratio']:.2f}", "p": f"{h['p_value']:.2g}",
-             "q (BH)": f"{h['q_value']:.2g}", "significant": "yes" if h["significant"] else ""}
-            for h in report["hypotheses"] + report["refinement"]]
-

@@ -224,9 +224,7 @@ class Perturber:
                                                         add_generation_prompt=True)
         ids = self.tokenizer(prompt, return_tensors="pt").to(self.device)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
-            torch.manual_seed(seed)
-            if torch.cuda.is_available():
-                torch.cuda.manual_seed_all(seed)
+            torch.manual_seed(seed)  # every device's generator
             out = self.model.generate(**ids, do_sample=True, temperature=self.temperature, top_k=0,
                                       max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
