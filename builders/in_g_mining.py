@@ -1,10 +1,6 @@
-"""Failure mining for IN-G (Wiles et al. s4.2; ``docs/builders.md``).
-
-Per seed caption: sample images (seeds from the caption id), classify them with the target, keep those
-that fail by the paper's definition (none of the top-3 under the true class's WordNet parent:
-``genshift.eval.metrics.parent_failures``) until ``cap`` are kept or ``n_max`` sampled. Each caption's
-outcome is checkpointed atomically.
-"""
+"""Failure mining for IN-G (Wiles et al. s4.2; ``docs/builders.md``): per seed caption, images (seeds from the
+caption id) until ``cap`` fail by the paper's definition (none of the top-3 under the true class's WordNet parent:
+``genshift.eval.metrics.parent_failures``) or ``n_max`` were sampled; each caption's outcome is checkpointed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Source images for LANCE: the 750 ImageNet validation images of the 15 Hard ImageNet classes.
-
-Matched by wnid (``genshift.suites.HARD_IMAGENET_WNIDS``), from a local folder (``<wnid>/`` folders, or
-flat with ``LOC_val_solution.csv`` or ``<file> <wnid>`` lines) or a Hub dataset's validation parquet
-files at a resolved commit (``docs/builders.md``); each image centre-cropped, resized to 512 px (PIL
-bicubic, as the released code) and converted to RGB. Missing images are reported by wnid.
-"""
+"""Source images for LANCE: the 750 ImageNet validation images of the 15 Hard ImageNet classes, matched by
+wnid, from a local folder or a Hub dataset (``docs/builders.md``, LANCE "Sources"); missing ones reported by wnid."""
 
 from __future__ import annotations
 
@@ -115,15 +110,13 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
                 raise BenchError(f"{f.name} has no {col!r} column (columns: {', '.join(names)}); give an ImageNet "
                                  "validation dataset with image and label columns")
         for g in range(pf.num_row_groups):
-            labels = pf.read_row_group(g, columns=["label"]).column(0).to_pylist()
-            hits = [(i, by_index.get(y) if isinstance(y, int) else y) for i, y in enumerate(labels)]
-            hits = [(i, w) for i, w in hits if w in found and len(found[w]) < per_class]
-            if not hits:
-                continue
-            images = pf.read_row_group(g, columns=["image"]).column(0)
-            for i, w in hits:
-                if len(found[w]) == per_class:  # filled earlier in this row group
+            images = None  # read only for a row group that holds a wanted row
+            for i, y in enumerate(pf.read_row_group(g, columns=["label"]).column(0).to_pylist()):
+                w = by_index.get(y) if isinstance(y, int) else y
+                if w not in found or len(found[w]) == per_class:
                     continue
+                if images is None:
+                    images = pf.read_row_group(g, columns=["image"]).column(0)
                 cell = images[i].as_py()
                 data, name = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
                 if not data:
@@ -136,7 +129,7 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
 
 
 def load_crop(src: SourceImage | Path, size: int = 512):
-    """Centre square crop + bicubic resize to ``size``, RGB (grayscale/CMYK converted)."""
+    """Centre square crop + bicubic resize to ``size`` (PIL, as the released code), RGB (grayscale/CMYK converted)."""
     import io
 
     from PIL import Image, UnidentifiedImageError
