@@ -48,10 +48,6 @@ class Inversion:
     nti_losses: list[float] = field(default_factory=list)
 
 
-# --------------------------------------------------------------------------------------------------
-# prompt-to-prompt: token alignment and the attention controller
-
-
 def align_tokens(src: list[int], tgt: list[int]) -> np.ndarray:
     """Global alignment (match +1, mismatch -1, gap -1); for each target position, the aligned
     source position or -1 (a new token). Prompt-to-prompt's refinement mapper."""
@@ -163,23 +159,20 @@ class P2PAttnProcessor:
         return out / attn.rescale_output_factor
 
 
-# --------------------------------------------------------------------------------------------------
-# the editor
-
-
 class Editor:
+    """Null-text inversion and prompt-to-prompt edits on one Stable Diffusion pipeline (DDIM, ``cfg.steps``)."""
+
     def __init__(self, pipe, cfg: EditorConfig, *, device: str = "cpu") -> None:
         from diffusers import DDIMScheduler
 
         self.cfg = cfg
         self.device = torch.device(device)
         self.pipe = pipe.to(device)
-        self.pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, clip_sample=False,
-                                                        set_alpha_to_one=False, steps_offset=1)
+        self.sched = self.pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, clip_sample=False,
+                                                                     set_alpha_to_one=False, steps_offset=1)
         self.unet, self.vae, self.tokenizer, self.text_encoder = pipe.unet, pipe.vae, pipe.tokenizer, pipe.text_encoder
         for m in (self.unet, self.vae, self.text_encoder):
             m.requires_grad_(False)
-        self.sched = self.pipe.scheduler
         self.sched.set_timesteps(cfg.steps)
         self.alphas = self.sched.alphas_cumprod.to(self.device)
         self.final_alpha = self.sched.alphas_cumprod[0].to(self.device)  # set_alpha_to_one=False
@@ -208,7 +201,6 @@ class Editor:
                                        feature_extractor=None, requires_safety_checker=False)
         return cls(pipe, cfg, device="cpu")
 
-    # -- basics -------------------------------------------------------------------------------
     def _unet(self, latents, t, context):
         self.unet_calls += 1
         return self.unet(latents, t, encoder_hidden_states=context).sample
@@ -244,7 +236,6 @@ class Editor:
         x0 = (z - (1 - a_from) ** 0.5 * eps) / a_from ** 0.5
         return a_to ** 0.5 * x0 + (1 - a_to) ** 0.5 * eps
 
-    # -- inversion ------------------------------------------------------------------------------
     @torch.no_grad()
     def ddim_inversion(self, z0: torch.Tensor, prompt: str) -> list[torch.Tensor]:
         cond = self.embed([prompt])
@@ -308,7 +299,6 @@ class Editor:
     def reconstruct(self, inv: Inversion) -> torch.Tensor:
         return self.sample(inv.z_T, [inv.prompt], inv.uncond)
 
-    # -- editing ------------------------------------------------------------------------------
     def edit_word_positions(self, prompt: str, words: str) -> list[int]:
         """Token positions of ``words`` inside the tokenized ``prompt`` (the first occurrence; [] if none)."""
         ids, sub = self.token_ids(prompt), self.tokenizer(words, add_special_tokens=False).input_ids
