@@ -95,37 +95,34 @@ def _seed_images(cfg: Config):
     return out
 
 
-def caption_images(cfg: Config, device: str) -> tuple[list[tuple[int, str]], dict]:
-    """One seed caption per image (:func:`_seed_images`), by the configured captioning; and how."""
+def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
+    """The seed captions and how they were made: read from ``--captions``, or one per image of
+    :func:`_seed_images` by the configured captioning (cached in the work folder for a resumed build)."""
     from genshift.builders.captioner import Captioner
 
-    cap = Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
-    few, record = shots() if cfg.captioning == "three-shot" else ([], [])
-    caption, images, caps = captioner_fn(cap, few), _seed_images(cfg), []
-    for y in dict.fromkeys(y for y, _ in images):
-        prompt = class_prompt(y, an=cfg.an).text
-        caps += [(y, seed_caption(prompt, t)) for t in caption([src for label, src in images if label == y], prompt)]
-    info = {"source": "smoke: synthetic images" if cfg.smoke else "imagenet-a", "captioner": cap.model_id,
-            "captioning": cfg.captioning, "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
-    if few:
-        info.update(shots=record, prompt=FEW_SHOT_PROMPT)
-    return caps, info
-
-
-def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
+    cache = out / WORK / "captions.jsonl"
     if cfg.captions:
         caps = read_captions(cfg.captions, an=cfg.an)
         info = {"source": "file", "file": Path(cfg.captions).name, "sha256": sha256_file(cfg.captions)}
+    elif cache.is_file():
+        lines = cache.read_text().splitlines()
+        info = json.loads(lines[0])
+        caps = [(r["class"], r["caption"]) for r in map(json.loads, lines[1:])]
     else:  # caption ImageNet-A (or, --smoke, synthetic images)
-        cache = out / WORK / "captions.jsonl"
-        if cache.is_file():
-            lines = cache.read_text().splitlines()
-            info = json.loads(lines[0])
-            caps = [(r["class"], r["caption"]) for r in map(json.loads, lines[1:])]
-        else:
-            caps, info = caption_images(cfg, device)
-            text = [json.dumps(info)] + [json.dumps({"class": y, "caption": c}) for y, c in caps]
-            atomic_write_bytes(cache, ("\n".join(text) + "\n").encode())
+        cap = Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
+        few, record = shots() if cfg.captioning == "three-shot" else ([], [])
+        caption, images, caps = captioner_fn(cap, few), _seed_images(cfg), []
+        for y in dict.fromkeys(y for y, _ in images):
+            prompt = class_prompt(y, an=cfg.an).text
+            texts = caption([src for label, src in images if label == y], prompt)
+            caps += [(y, seed_caption(prompt, t)) for t in texts]
+        info = {"source": "smoke: synthetic images" if cfg.smoke else "imagenet-a", "captioner": cap.model_id,
+                "captioning": cfg.captioning,
+                "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
+        if few:
+            info.update(shots=record, prompt=FEW_SHOT_PROMPT)
+        text = [json.dumps(info)] + [json.dumps({"class": y, "caption": c}) for y, c in caps]
+        atomic_write_bytes(cache, ("\n".join(text) + "\n").encode())
     if cfg.dedup_captions:
         caps = list(dict.fromkeys(caps))
     return caps, {**info, "deduplicated": cfg.dedup_captions}

@@ -113,11 +113,9 @@ class P2PController:
 
 
 class P2PAttnProcessor:
-    """A diffusers attention processor that hands probabilities to a controller.
-
-    Where the maps are edited at this step it mirrors diffusers' ``AttnProcessor`` (spatial norm, group
-    norm, 4-d inputs, residual and rescale handling included); elsewhere it is ``AttnProcessor2_0`` (SDPA).
-    """
+    """A diffusers attention processor that hands probabilities to a controller: where the maps are edited at this
+    step, diffusers' ``AttnProcessor`` (spatial norm, group norm, 4-d inputs, residual and rescale handling
+    included); elsewhere ``AttnProcessor2_0`` (SDPA)."""
 
     def __init__(self, controller: P2PController, is_cross: bool) -> None:
         from diffusers.models.attention_processor import AttnProcessor2_0
@@ -307,10 +305,8 @@ class Editor:
 
     def edit(self, inv: Inversion, target_prompt: str, edit_words: str, *, fs: tuple[float, ...] | None = None
              ) -> tuple[torch.Tensor, P2PController]:
-        """One batched pass: branch 0 = source (reconstruction), branch j = edit with fraction fs[j-1].
-
-        Returns the final latents of every branch, (1 + len(fs), 4, h, w), and the controller.
-        """
+        """One batched pass: branch 0 = source (reconstruction), branch j = edit with fraction fs[j-1]; returns the
+        final latents of every branch, (1 + len(fs), 4, h, w), and the controller."""
         fs = tuple(self.cfg.fs if fs is None else fs)
         src, tgt = self.token_ids(inv.prompt), self.token_ids(target_prompt)
         eq = torch.ones(len(fs), len(tgt), device=self.device)

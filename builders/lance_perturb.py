@@ -92,11 +92,8 @@ def word_diff(caption: str, edited: str, *, merge_gap: int = 1) -> tuple[str, st
 
 
 def edits_from_answer(caption: str, edit_type: str, answer: str, *, min_overlap: float = 0.5) -> list[Edit]:
-    """Edits parsed from one LLM answer.
-
-    Variations identical to the caption are skipped, and so are lines that are not variations of
-    it at all (word-sequence similarity below ``min_overlap``: chatter such as "Sure, here are ...").
-    """
+    """Edits parsed from one LLM answer: variations identical to the caption are skipped, and so are lines that
+    are not variations of it (word-sequence similarity below ``min_overlap``: chatter such as "Sure, here are")."""
     out = []
     words = _words(caption)
     for v in parse_variations(answer):

@@ -81,11 +81,8 @@ def _report_missing(counts: dict[str, int], per_class: int, allow_partial: bool,
 def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnids=HARD_IMAGENET_WNIDS,
                      per_class: int = PER_CLASS, allow_partial: bool = False, cache_dir: str | None = None,
                      endpoint: str | None = None) -> tuple[list[SourceImage], dict]:
-    """The Hard ImageNet validation images of a Hub dataset ``ORG/NAME[@revision]``, and provenance.
-
-    Only the parquet files matching ``files`` are downloaded, at the resolved commit (recorded).
-    Rows are kept in file order, the first ``per_class`` of each class.
-    """
+    """The Hard ImageNet validation images of a Hub dataset ``ORG/NAME[@revision]`` (the parquet files matching
+    ``files`` at the resolved commit; in file order, the first ``per_class`` of each class), and provenance."""
     import pyarrow.parquet as pq
 
     from genshift import hubio
