@@ -17,7 +17,7 @@ import numpy as np
 from genshift import imagenet
 from genshift.builders.common import Checked, ConfigError, option
 from genshift.builders.in_g_mining import Classify, Generate
-from genshift.builders.in_g_prompts import captioner_fn, class_prompt, seed_caption, shots
+from genshift.builders.in_g_prompts import CAPTIONING, captioner_fn, class_prompt, seed_caption, shots
 from genshift.builders.seeding import derive_seed
 
 Caption = Callable[[list[bytes], str], list[str]]  # images, forced prefix -> texts
@@ -40,8 +40,7 @@ class Config(Checked):
                                                                      "generates the images")
     captioner: str = option("Salesforce/blip2-opt-2.7b", "BLIP-2 checkpoint (Hub repo) that captions the failures")
     captioning: str = option("three-shot", "three-shot: the paper's few-shot prompt (the IN-G shots); single-image: "
-                                           "the image and its class prompt only",
-                             choices=("three-shot", "single-image"))
+                                           "the image and its class prompt only", choices=CAPTIONING)
     steps: int = option(50, "diffusion steps per image", min=1)
     size: int = option(512, "generated image size in pixels", min=8)
     batch_size: int = option(8, "images per generation batch", min=1)

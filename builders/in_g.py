@@ -19,13 +19,12 @@ from pathlib import Path
 from genshift import imagenet
 from genshift.builders import common
 from genshift.builders.common import BuildConfig, ConfigError, option, threaded
-from genshift.builders.in_g_prompts import captioner_fn, class_prompt, read_captions, seed_caption, shots
+from genshift.builders.in_g_prompts import CAPTIONING, captioner_fn, class_prompt, read_captions, seed_caption, shots
 from genshift.errors import BenchError
 from genshift.fsutil import atomic_write_bytes, sha256_file
 
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
 WORK = ".work"
-CAPTIONING = ("three-shot", "single-image")
 FEW_SHOT_PROMPT = ("per shot: the shot image (its BLIP-2 query tokens), then its caption; then the image to caption "
                    "and its class prompt, which the captioner continues")
 
@@ -73,14 +72,13 @@ class Config(BuildConfig):
 def _seed_images(cfg: Config):
     """(label, image file or bytes) of the images to caption: ImageNet-A's, or two synthetic ones per class (smoke)."""
     if cfg.smoke:
-        import numpy as np
         from PIL import Image
 
         out = []
         for k, y in enumerate(imagenet.imagenet_a_indices()[:2]):
             for i in range(2):
                 buf = io.BytesIO()
-                Image.fromarray(np.full((48, 48, 3), (60 * k + 90 * i) % 256, np.uint8)).save(buf, format="PNG")
+                Image.new("RGB", (48, 48), ((60 * k + 90 * i) % 256,) * 3).save(buf, format="PNG")
                 out.append((y, buf.getvalue()))
         return out
     root = Path(cfg.imagenet_a)
