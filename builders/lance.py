@@ -38,46 +38,40 @@ WORK = ".work"
 class Config(BuildConfig):
     """The options of ``bench build lance-hardimagenet`` (defaults: the paper's settings, Table 6)."""
 
-    imagenet_val: str | None = option(
-        None, "ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
-    hub_val: str | None = option(
-        None, "a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> (gated: HF_TOKEN)",
-        metavar="ORG/NAME[@SHA]")
+    imagenet_val: str | None = option(None, "ImageNet validation folder (<wnid>/ folders, or flat + "
+                                            "LOC_val_solution.csv)")
+    hub_val: str | None = option(None, "a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> "
+                                       "(gated: HF_TOKEN)", metavar="ORG/NAME[@SHA]")
     hub_val_files: str = option("data/validation-*.parquet", "glob of its validation parquet files (image + label)")
     allow_partial: bool = option(False, "build from an incomplete validation folder")
     captioner: str = option("Salesforce/blip2-opt-2.7b-coco", "BLIP-2 checkpoint (Hub repo) that captions the images")
-    caption_min_length: int = option(
-        20, "minimum caption length (the paper: 'a minimum caption length of 20 words')", min=0)
-    caption_length_unit: str = option(
-        "words", "what --caption-min-length counts: words (the paper's text) or tokens (new tokens, as the "
-        "LAVIS/Table 6 'min length')", choices=("words", "tokens"))
-    perturber: str = option(
-        "Qwen/Qwen2.5-7B-Instruct", "an instruction LLM (Table 5 prompts with examples), or 'lance-release': the "
-        "authors' fine-tuned LLaMA-7B + LoRA from LANCE-release/checkpoints, converted once (~27 GB)")
-    edit_types: tuple[str, ...] = option(
-        lp.EDIT_TYPES, "perturber prompts to run (the fine types; weather is a background edit unless "
-        "--separate-weather)", choices=lp.EDIT_TYPES)
-    separate_weather: bool = option(
-        False, "report weather as a sixth edit_type instead of within background (the paper has five)")
-    edit_sampling: str = option(
-        "type-uniform", "type-uniform: each draw picks a type uniformly, then one of its edits (Algorithm 1); "
-        "pool-uniform: a seeded shuffle of all edits (the released code's, unseeded there)", choices=lp.SAMPLING)
+    caption_min_length: int = option(20, "minimum caption length (the paper: 'a minimum caption length of 20 words')",
+                                     min=0)
+    caption_length_unit: str = option("words", "what --caption-min-length counts: words (the paper's text) or tokens "
+                                               "(new tokens, as the LAVIS/Table 6 'min length')",
+                                      choices=("words", "tokens"))
+    perturber: str = option("Qwen/Qwen2.5-7B-Instruct", "an instruction LLM (Table 5 prompts with examples), or "
+                                                        "'lance-release': the authors' fine-tuned LLaMA-7B + LoRA from "
+                                                        "LANCE-release/checkpoints, converted once (~27 GB)")
+    edit_types: tuple[str, ...] = option(lp.EDIT_TYPES, "perturber prompts to run (the fine types; weather is a "
+                                         "background edit unless --separate-weather)", choices=lp.EDIT_TYPES)
+    separate_weather: bool = option(False, "report weather as a sixth edit_type instead of within background (the "
+                                           "paper has five)")
+    edit_sampling: str = option("type-uniform", "type-uniform: each draw picks a type uniformly, then one of its "
+                                                "edits (Algorithm 1); pool-uniform: a seeded shuffle of all edits (the "
+                                                "released code's, unseeded there)", choices=lp.SAMPLING)
     max_edits: int = option(10, "Algorithm 1's N: edits drawn per source image (see --cap-counts)", min=1)
-    cap_counts: str = option(
-        "tries", "what --max-edits counts: tries (Algorithm 1: N draws, a rejected edit uses its try) or kept (draw "
-        "until N edits passed the text filter)", choices=lp.CAP_COUNTS)
-    image_format: str = option(
-        "jpeg-q75", "how images are stored: jpeg-q75 (the files the paper scored, PIL's default JPEG quality 75) or "
-        "png (lossless)", choices=IMAGE_FORMATS)
+    cap_counts: str = option("tries", "what --max-edits counts: tries (Algorithm 1: N draws, a rejected edit uses its "
+                                      "try) or kept (draw until N edits passed the text filter)", choices=lp.CAP_COUNTS)
+    image_format: str = option("jpeg-q75", "how images are stored: jpeg-q75 (the files the paper scored, PIL's default "
+                                           "JPEG quality 75) or png (lossless)", choices=IMAGE_FORMATS)
     text_filter: str = option("sbert", "text model that rejects edits changing the class", choices=("sbert", "clip"))
-    editor: str = option(
-        "CompVis/stable-diffusion-v1-4", "Stable Diffusion checkpoint (Hub repo) for null-text inversion and "
-        "prompt-to-prompt")
+    editor: str = option("CompVis/stable-diffusion-v1-4", "Stable Diffusion checkpoint (Hub repo) for null-text "
+                                                          "inversion and prompt-to-prompt")
     steps: int = option(50, "diffusion steps per image", min=1)
     guidance: float = option(7.5, "classifier-free guidance scale")
-    fs: tuple[float, ...] = option(
-        (0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "self-attention injection fractions swept in one pass (the paper's Table 6: "
-        "0.4 ... 0.9; the released code: 0.4 ... 0.8)")
+    fs: tuple[float, ...] = option((0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "self-attention injection fractions swept in one "
+                                   "pass (the paper's Table 6: 0.4 ... 0.9; the released code: 0.4 ... 0.8)")
     reweight: float = option(2.0, "prompt-to-prompt attention reweighting of the edited words")
     eq_bug_compat: bool = option(False, "reproduce the released code's bug (reweighting only for the first f)")
     clip_model: str = option("ViT-L-14", "open_clip architecture of the CLIP checks")
