@@ -303,22 +303,20 @@ def run(cfg: Config) -> int:
             and not (work / f"{s.source_id}.parquet").is_file()]
     # three stages over all of this process's images, each with only its own models loaded (the four
     # together do not fit a 24 GiB GPU; docs/performance.md); each image's plan is checkpointed per stage
-    plan_file = {s.source_id: work / f"{s.source_id}.plan.json" for s in todo}
-    plans = {s.source_id: _load_plan(plan_file[s.source_id]) for s in todo}
+    plans = {s.source_id: _load_plan(work / f"{s.source_id}.plan.json") for s in todo}
 
     def stage(desc: str, images: list, load, step) -> None:
-        """One stage over ``images``, its models loaded first and given back before the next stage loads."""
+        """One stage over ``images``, its models loaded first and given back before the next stage loads; the
+        plan a step returns is checkpointed."""
         if not images:
             return
         models = load()
         for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not cfg.progress, dynamic_ncols=True):
-            step(src, *models)
+            if (plan := step(src, *models)) is not None:
+                plans[src.source_id] = plan
+                _save_plan(work / f"{src.source_id}.plan.json", plan)
         del models
         common.free(device)
-
-    def planned(src, plan: dict) -> None:
-        plans[src.source_id] = plan
-        _save_plan(plan_file[src.source_id], plan)
 
     def rendered(src, editor, clip) -> None:
         plan = plans[src.source_id]
@@ -328,10 +326,10 @@ def run(cfg: Config) -> int:
         common.save_parquet(work / f"{src.source_id}.parquet", table, {"tried": tried, "models": models})
 
     stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(cfg, device),),
-          lambda src, captioner: planned(src, caption_image(src, captioner=captioner, ed=ed, cfg=cfg)))
+          lambda src, captioner: caption_image(src, captioner=captioner, ed=ed, cfg=cfg))
     stage("edits", [s for s in todo if "kept" not in plans[s.source_id]], lambda: _text_models(cfg, device),
-          lambda src, perturber, text_filter: planned(src, plan_edits(src, plans[src.source_id], perturber=perturber,
-                                                                      text_filter=text_filter, cfg=cfg)))
+          lambda src, perturber, text_filter: plan_edits(src, plans[src.source_id], perturber=perturber,
+                                                         text_filter=text_filter, cfg=cfg))
     stage("images", todo, lambda: _image_models(cfg, device, ed), rendered)
     proc.wait()
     if not proc.is_main:
