@@ -30,10 +30,6 @@ class SuiteRef:
     def sha256(self) -> str:
         return self.manifest.sha256
 
-    def config_counts(self, config: str) -> tuple[int, int]:
-        c = self.manifest.configs[config]
-        return c.rows, c.kept
-
     def rows_digest(self, config: str) -> str | None:
         """The config's rows digest: recorded in the manifest (format 1.1), else computed from the rows."""
         recorded = self.manifest.configs[config].rows_digest
