@@ -110,19 +110,12 @@ class Reviewer:
         self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
-        try:
-            self.key = load_private_key(key_path)
-            self.checkpoint_sha256 = None
-            if checkpoint:
-                from genshift.fsutil import sha256_file
+        self.key = load_private_key(key_path)
+        self.checkpoint_sha256 = None
+        if checkpoint:  # one line for a missing, empty or unreadable file before any PR is looked at
+            from genshift.eval.models import check_checkpoint_file, weights_sha256
 
-                if not Path(checkpoint).is_file():
-                    raise BenchError(f"--checkpoint {checkpoint!r} does not exist; give the weights file results were "
-                                     "scored with")
-                self.checkpoint_sha256 = sha256_file(checkpoint)
-        except OSError as e:  # e.g. no permission: the service cannot start, one line
-            raise BenchError(f"cannot read {e.filename or key_path!r} ({e.strerror or type(e).__name__}); check the "
-                             "file and its permissions") from None
+            self.checkpoint_sha256 = weights_sha256(check_checkpoint_file(checkpoint))
         raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.public = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}  # the only key a marker may carry
         self.api = HfApi(endpoint=endpoint, token=token)
