@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from genshift.errors import BenchError, OfflineError, first_line, one_line
+from genshift.hubio import is_repo_id
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
@@ -104,7 +105,7 @@ class Reviewer:
         from genshift.eval.stamps import PublicKey, key_id, load_private_key
         from genshift.eval.verify import recheck_count
 
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", repo_id or ""):
+        if not is_repo_id(repo_id):
             raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
         recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
         self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
