@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from genshift.identity import folder_name
-from genshift.leaderboard.synthetic import write_model
 from tests.boardkit import board, chrome, common, key_of
+from tests.synthetic_store import write_model
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.subprocess,
               pytest.mark.skipif(not chrome(), reason="Debian chromium + chromium-driver are not installed")]
