@@ -280,22 +280,13 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
     return (lo, hi) if scale == "linear" else (norm.cdf(lo), norm.cdf(hi))
 
 
-def read_id_accuracy(path) -> dict:
-    """ImageNet-val top-1 from timm's ``results-imagenet.csv`` (or any CSV with ``model`` and ``top1``
-    columns, top-1 in percent), as fractions, read by ``genshift.eval.id_axis.read_id_table`` (a repeated
-    (model, img_size) row is one error line). Keys: ``(model, img_size)`` for every sized row, and
-    the bare model name where the model has one row (a model listed at two sizes needs the size
-    its eval ran at: :func:`join_id_accuracy`'s ``sizes``)."""
+def read_id_accuracy(path) -> dict[str, dict[int | None, float]]:
+    """ImageNet-val top-1 (fractions) by bare timm name, then input size (None: the CSV has no ``img_size``), from
+    timm's ``results-imagenet.csv`` or any CSV with ``model`` and ``top1`` (percent) columns, read by
+    ``genshift.eval.id_axis.read_id_table`` (a repeated (model, img_size) row is one error line)."""
     from genshift.eval.id_axis import read_id_table
 
-    out: dict = {}
-    for model, by_size in read_id_table(path).rows.items():
-        for size, row in by_size.items():
-            if size is not None:
-                out[(model, size)] = row.top1
-        if len(by_size) == 1:
-            out[model] = next(iter(by_size.values())).top1
-    return out
+    return {m: {size: row.top1 for size, row in by_size.items()} for m, by_size in read_id_table(path).rows.items()}
 
 
 def eval_sizes(entries) -> dict[str, int | None]:
@@ -306,15 +297,16 @@ def eval_sizes(entries) -> dict[str, int | None]:
 
 
 def join_id_accuracy(models, table: dict, sizes: dict | None = None) -> tuple[dict[str, float], list[str]]:
-    """Match result model ids to the CSV's rows: the bare timm name (``genshift.identity.timm_name``)
-    at the model's eval input size (``sizes``), else its only row. Returns (model id -> accuracy for
-    the matched, unmatched model ids)."""
+    """Match result model ids to the CSV's rows: the bare timm name (``genshift.identity.timm_name``) at the
+    model's eval input size (``sizes``) where the CSV has sizes, else (or the size unknown) its only row; a model
+    listed at two sizes is never guessed. Returns (model id -> accuracy of the matched, unmatched model ids)."""
     matched, unmatched = {}, []
-    sized = {k[0] for k in table if isinstance(k, tuple)}
     for m in models:
-        key, size = timm_name(m), (sizes or {}).get(m)
-        # a CSV with sizes: the row at the eval's size (its only row when the size is unknown)
-        hit = table.get((key, size)) if key in sized and size is not None else table.get(key)
+        by_size, size = table.get(timm_name(m), {}), (sizes or {}).get(m)
+        if size is not None and None not in by_size:
+            hit = by_size.get(size)
+        else:
+            hit = next(iter(by_size.values())) if len(by_size) == 1 else None
         if hit is None:
             unmatched.append(m)
         else:
