@@ -61,6 +61,7 @@ class Entry:
     model_id = property(lambda self: self.record["model"]["id"] if self.record else "?")
     suite_id = property(lambda self: self.record["suite"]["id"] if self.record else "?")
     verified = property(lambda self: self.status == "verified")
+    stamp = property(lambda self: self.record if self.verified else None)  # the signed record of a verified entry
     run_dir = property(lambda self: self.path.parent)
 
     @property
@@ -264,11 +265,11 @@ def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, digest: str, t
 
 
 def _signed_time(e: Entry) -> float:
-    """A verified entry's ``verified_at`` (signed by the maintainer) as a POSIX time; -inf if none or unreadable."""
+    """The stamp's ``verified_at`` (signed by the maintainer) as a POSIX time; -inf if none or unreadable."""
     from datetime import UTC, datetime
 
     try:
-        t = datetime.fromisoformat(str(e.record["verified_at"] if e.verified else None))
+        t = datetime.fromisoformat(str((e.stamp or {})["verified_at"]))
         return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
     except (KeyError, TypeError, ValueError, OverflowError):
         return float("-inf")
