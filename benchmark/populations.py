@@ -5,9 +5,9 @@
     >>> list_populations()
     ['imagenet-star-61', 'in-g-fig4', 'lance-table2']
 
-Per member: a full timm ``arch.tag``, the paper's name for it, its role (:data:`ROLES`) and, for
-ImageNet*, the data config the paper's timm resolved (``imagenet_star_61.yaml``, written by
-``scripts/pin_imagenet_star.py``). ``bench eval --models <population>`` scores its public members.
+Per member: a timm ``arch.tag``, the paper's name, its role (:data:`ROLES`) and, for ImageNet*, the data
+config the paper's timm resolved (``imagenet_star_61.yaml``, from ``scripts/pin_imagenet_star.py``).
+``docs/reproducing.md`` tells how each population was chosen and how ``bench eval --models`` scores it.
 """
 
 from __future__ import annotations

@@ -132,8 +132,8 @@ def nti_p2p() -> dict:
 
 
 def blip2_caption() -> dict:
-    from transformers import BlipImageProcessor, Blip2Processor
     from PIL import Image
+    from transformers import Blip2Processor, BlipImageProcessor
 
     from genshift.builders import real_models as rm
     from genshift.builders.captioner import Captioner
@@ -156,7 +156,8 @@ def blip2_caption() -> dict:
 def _child(stage: str) -> dict:
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    out = {"sd2-generate": sd2_generate, "ti-step": ti_step, "nti-p2p": nti_p2p, "blip2-caption": blip2_caption}[stage]()
+    runs = {"sd2-generate": sd2_generate, "ti-step": ti_step, "nti-p2p": nti_p2p, "blip2-caption": blip2_caption}
+    out = runs[stage]()
     out["seconds_wall"] = time.perf_counter() - t0
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     return out
@@ -164,14 +165,16 @@ def _child(stage: str) -> dict:
 
 def _estimate_gib(stage: str) -> float:
     """The preflight's meta estimate (CPU dtypes) of the stage's peak, to skip what would not fit."""
+    from functools import partial
+
     from genshift.builders import preflight as pf
 
-    runs = {"sd2-generate": lambda: pf.sd_generation(SD2, 768, 768, torch.float32, class_tokens=True,
-                                                     prompts=["a photo of a <TOKEN>"]),
-            "ti-step": lambda: pf.ti_step(SD2, 768, torch.float32),
-            "nti-p2p": lambda: pf.p2p_edit(SD14, 512, (0.4, 0.5, 0.6, 0.7, 0.8)),
-            "blip2-caption": lambda: pf.blip2_caption(BLIP2, torch.bfloat16, new_tokens=20)}
-    st = pf.Stage(stage, stage, torch.float32, 1, runs[stage]())
+    runs = {"sd2-generate": partial(pf.sd_generation, SD2, 768, 768, torch.float32, class_tokens=True,
+                                    prompts=["a photo of a <TOKEN>"]),
+            "ti-step": partial(pf.ti_step, SD2, 768, torch.float32),
+            "nti-p2p": partial(pf.p2p_edit, SD14, 512, (0.4, 0.5, 0.6, 0.7, 0.8)),
+            "blip2-caption": partial(pf.blip2_caption, BLIP2, torch.bfloat16, new_tokens=20)}
+    st = pf.Stage(stage, stage, torch.float32, 1, runs[stage])
     rep = pf.check_stage(st)
     return rep.peak / pf.GiB
 

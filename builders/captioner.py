@@ -1,25 +1,10 @@
 """Image captioning with BLIP-2 through transformers (LANCE captions; IN-G seed captions).
 
-``caption(images, prefix=...)`` forces the generated text to continue ``prefix`` (BLIP-2's text
-prompt): IN-G forces the class prompt ("a realistic photograph of a fly (insect).", Wiles et al.),
-LANCE uses "a photo of". Decoding defaults follow the LANCE paper (Table 6): beam search with 5
-beams, 20-100 new tokens, repetition penalty 1.0. ``min_words`` instead holds the end of the caption
-back until the continuation has that many words (LANCE: "a minimum caption length of 20 words").
-The returned text always starts with the prefix.
-
-Few-shot (IN-G: "forces descriptive completions via few-shot prompting. In particular, we use three
-shots, with each shot being an image and caption pair"): with ``shots`` the prompt interleaves each
-shot's image (its query tokens, as BLIP-2 places one image) and caption, then the image to caption
-and the prefix; the images' query outputs fill their places in order (BLIP-2's own generate).
-
-Both kinds of BLIP-2 language model work: decoder-only (OPT: the prompt is the start of the
-generated sequence, whose continuation is read after it) and encoder-decoder (Flan-T5: the
-prompt goes to the encoder, as in the BLIP-2 processor, and the decoder is started with
-``decoder_start_token`` + the prefix's tokens, so it continues the prefix; the returned ids are
-the decoder's, read after that start).
-
-``Captioner.tiny(lm="opt" | "t5")`` is the same model class built from a config with random
-weights and a byte-level BPE tokenizer trained in memory: no download, for tests and ``--smoke``.
+``caption(images, prefix=...)`` continues ``prefix`` (BLIP-2's text prompt) and returns text that starts
+with it; the defaults are LANCE's Table 6 (5 beams, 20-100 new tokens); ``min_words`` holds the end back
+until the continuation has that many words; ``shots`` puts (image, caption) pairs before each image
+(IN-G's few-shot prompt). Decoder-only (OPT) and encoder-decoder (Flan-T5: the decoder starts with the
+prefix) language models both work. :meth:`Captioner.tiny`: random weights from a config, no download.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from genshift.errors import BenchError, first_line
+from genshift.errors import BenchError
 
 DEFAULT_MODEL = "Salesforce/blip2-opt-2.7b-coco"
 
@@ -47,21 +32,31 @@ class Captioner:
     def from_pretrained(cls, model_id: str = DEFAULT_MODEL, *, device: str = "cpu", dtype: str | None = None):
         from transformers import Blip2ForConditionalGeneration, Blip2Processor
 
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if device.startswith("cuda") else torch.float32)
-        try:
+        from genshift.builders.common import loading
+
+        gpu = device.startswith("cuda")
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if gpu else torch.float32)
+        with loading(f"captioner {model_id!r}", "check the id (a BLIP-2 checkpoint such as "
+                                                "Salesforce/blip2-opt-2.7b-coco) and that it is cached"):
             processor = Blip2Processor.from_pretrained(model_id)
             model = Blip2ForConditionalGeneration.from_pretrained(model_id, torch_dtype=torch_dtype)
-        except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load captioner {model_id!r}: {first_line(e)}; check the id (a BLIP-2 "
-                             "checkpoint such as Salesforce/blip2-opt-2.7b-coco) and that it is cached") from None
         return cls(model, processor, model_id=model_id, device=device, dtype=torch_dtype)
 
     @classmethod
-    def tiny(cls, *, seed: int = 0, lm: str = "opt") -> "Captioner":
+    def tiny(cls, *, seed: int = 0, lm: str = "opt") -> Captioner:
         """Random weights; ``lm="opt"`` (decoder-only) or ``"t5"`` (encoder-decoder, as Flan-T5)."""
         from tokenizers import ByteLevelBPETokenizer
-        from transformers import (Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, Blip2QFormerConfig,
-                                  Blip2VisionConfig, BlipImageProcessor, OPTConfig, PreTrainedTokenizerFast, T5Config)
+        from transformers import (
+            Blip2Config,
+            Blip2ForConditionalGeneration,
+            Blip2Processor,
+            Blip2QFormerConfig,
+            Blip2VisionConfig,
+            BlipImageProcessor,
+            OPTConfig,
+            PreTrainedTokenizerFast,
+            T5Config,
+        )
 
         corpus = ["a photo of a dog on the grass in the snow", "a realistic photograph of a fly (insect).",
                   "the background is blurred. it is on a yellow flower. the background is green."] * 20

@@ -1,29 +1,10 @@
 """The ImageNet* CLIP quality filter: scores stored per image, and a calibrated ``keep`` rule.
 
-Scores (Vendrow et al. 2023; ``docs/builders.md``): open_clip ViT-H-14 (laion2b_s32b_b79k), cosine of
-L2-normalised image and text embeddings, no logit scale:
-
-- class presence ``clip_class_score``: ``"a photo of a <class name>"``;
-- shift presence ``clip_shift_score`` (null for ``base``): the shift's prompt with the class
-  replaced by "thing" ("a photo of a thing in the snow", "an oil painting of a thing").
-
-The authors' captions, thresholds and rule are unknown (spec s5); what is known are the kept
-fractions per shift of their released masks (spec s6, shipped as
-``builders/_data/imagenet_star_released_masks.yaml``). The rule here, with ``n`` images of a
-shift and target fraction ``f``:
-
-- ``class`` (default): keep an image iff ``clip_class_score >= T_class[shift]``. ``T_class`` is
-  the ``ceil(n (1 - f))``-th smallest class score of the shift (0-based index), so exactly
-  ``floor(n f)`` images are kept when scores are distinct. A full build (n = 50,000) thus keeps
-  exactly the released kept count of every shift. Why class presence: ``base`` can only have
-  been filtered on it, and per-class kept counts correlate with base's (spec s5).
-- ``class+shift``: additionally require ``clip_shift_score >= T_shift[shift]``, where ``T_shift``
-  drops the ``shift_quantile`` fraction of the shift's images with the lowest shift-presence
-  score (``base`` has no shift score and is not gated); ``T_class`` is then calibrated on the
-  images that pass the gate, so the kept fraction is still ``floor(n f) / n``.
-
-Every threshold is recorded in the manifest at full float precision, so the ``keep`` column can
-be recomputed from the stored scores.
+Scores (Vendrow et al. 2023; ``docs/builders.md``): open_clip ViT-H-14, cosine of normalised embeddings
+(no logit scale) with ``"a photo of a <class name>"`` (class presence) and with the shift's prompt, the
+class replaced by "thing" (shift presence; null for ``base``). The authors' rule is unknown; their
+released masks' kept fraction per shift is known (``builders/_data/imagenet_star_released_masks.yaml``),
+and :func:`calibrate` reproduces it. Thresholds are recorded unrounded: ``keep`` can be recomputed.
 """
 
 from __future__ import annotations
@@ -51,13 +32,8 @@ def released_kept_counts() -> tuple[int, dict[str, int]]:
     return int(raw["images_per_shift"]), {k: int(v) for k, v in raw["kept"].items()}
 
 
-def _released_fractions() -> dict[str, float]:
-    n, kept = released_kept_counts()
-    return {k: v / n for k, v in kept.items()}
-
-
 # Kept fraction per shift in the authors' released masks.npy (exact: kept / 50000).
-RELEASED_KEPT_FRACTION = _released_fractions()
+RELEASED_KEPT_FRACTION = {k: v / released_kept_counts()[0] for k, v in released_kept_counts()[1].items()}
 
 
 def class_caption(class_name: str) -> str:
@@ -109,20 +85,10 @@ def _threshold_keeping(scores: np.ndarray, k: int) -> float:
 def calibrate(class_scores: Mapping[str, np.ndarray], target: Mapping[str, float], *, rule: str = "class",
               shift_scores: Mapping[str, np.ndarray] | None = None, shift_quantile: float = 0.1
               ) -> dict[str, Thresholds]:
-    """Per-shift thresholds that keep ``floor(n f)`` of each shift's ``n`` images (distinct scores).
-
-    Parameters
-    ----------
-    class_scores : dict
-        shift -> class-presence scores of all its images.
-    target : dict
-        shift -> kept fraction to reproduce (default data: :data:`RELEASED_KEPT_FRACTION`).
-    rule : ``"class"`` or ``"class+shift"``
-    shift_scores : dict, optional
-        shift -> shift-presence scores (NaN where undefined, e.g. ``base``); needed for ``class+shift``.
-    shift_quantile : float
-        ``class+shift``: the fraction of a shift's images the shift gate removes.
-    """
+    """Per-shift thresholds that keep ``floor(n f)`` of each shift's ``n`` images (distinct scores), ``f`` =
+    ``target[shift]``. ``class``: keep iff the class score >= ``T_class``, the ``ceil(n (1 - f))``-th smallest
+    (0-based). ``class+shift``: a gate first drops the ``shift_quantile`` of the images with the lowest shift
+    score (NaN, as ``base``'s, is never gated); ``T_class`` is calibrated on the images that pass it."""
     if rule not in KEEP_RULES:
         raise BenchError(f"unknown keep rule {rule!r}; use one of {', '.join(KEEP_RULES)}")
     if rule == "class+shift" and (shift_scores is None or not 0.0 <= shift_quantile < 1.0):

@@ -1,8 +1,5 @@
-"""CLIP similarity scores with open_clip (quality filters and image checks of every builder).
-
-All embeddings are L2-normalised float32; a score is the cosine of two embeddings (no logit
-scale), as the ImageNet* and LANCE filters define it.
-"""
+"""CLIP embeddings with open_clip (the builders' filters and checks): L2-normalised float32, scored by
+cosine (no logit scale), as the ImageNet* and LANCE filters define it."""
 
 from __future__ import annotations
 
@@ -12,11 +9,7 @@ import torch
 
 
 class ClipScorer:
-    """Image and text embeddings from one open_clip model.
-
-    Build with :meth:`from_pretrained` (real weights from the Hub cache) or :meth:`tiny` (random
-    weights, tests and ``--smoke``). ``model_id`` is recorded in every row that uses the scores.
-    """
+    """Image and text embeddings from one open_clip model (``model_id`` is recorded with the scores)."""
 
     def __init__(self, model, preprocess, tokenizer, *, model_id: str, device: str | torch.device = "cpu",
                  autocast_dtype: torch.dtype | None = None) -> None:
@@ -29,23 +22,21 @@ class ClipScorer:
 
     @classmethod
     def from_pretrained(cls, name: str = "ViT-H-14", pretrained: str = "laion2b_s32b_b79k", *,
-                        device: str | torch.device = "cpu", cache_dir: str | None = None) -> "ClipScorer":
+                        device: str | torch.device = "cpu", cache_dir: str | None = None) -> ClipScorer:
         import open_clip
 
-        from genshift.errors import BenchError
+        from genshift.builders.common import loading
 
-        try:
+        with loading(f"open_clip {name}/{pretrained}", "check the names (open_clip.list_pretrained()) and that the "
+                                                       "weights are cached or the Hub reachable", (RuntimeError,)):
             model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained,
                                                                          cache_dir=cache_dir)
-        except RuntimeError as e:
-            raise BenchError(f"could not load open_clip {name}/{pretrained}: {e}; check the names "
-                             "(open_clip.list_pretrained()) and that the weights are cached or the Hub reachable") from None
         autocast = torch.float16 if torch.device(device).type == "cuda" else None
         return cls(model, preprocess, open_clip.get_tokenizer(name), model_id=f"open_clip:{name}/{pretrained}",
                    device=device, autocast_dtype=autocast)
 
     @classmethod
-    def tiny(cls, *, seed: int = 0, device: str | torch.device = "cpu") -> "ClipScorer":
+    def tiny(cls, *, seed: int = 0, device: str | torch.device = "cpu") -> ClipScorer:
         import open_clip
 
         from genshift.builders.tiny import tiny_open_clip

@@ -1,31 +1,24 @@
 """What every builder shares: its typed config's base, and the steps the three builders take alike.
 
-A builder's options are one frozen dataclass (:class:`BuildConfig` and the builder's own fields),
-validated once when it is made: a bad value is a :class:`ConfigError` naming the field. Each field
-carries its help text (``option``), so ``bench build`` derives its options from the config and the
-builder never sees argparse.
-
-Builds whose bytes do not depend on where or with how many CPU threads they ran: builders record
-file names and sha256, never paths (:func:`files_digest`), and run every model step under
-:func:`fixed_threads` (``cpu_threads``; CPU kernels sum in an order that depends on the number of
-intra-op threads): the setting that decides the bytes is fixed,
-recorded in the manifest (:func:`provenance`) and part of the build fingerprint, so resuming a
-build with another value is refused. GPU kernels are not covered: a GPU build is byte-reproducible
-on the same GPU model and library versions, which the manifest records.
+A builder's options are one frozen dataclass (:class:`BuildConfig` + its own fields, each with its
+help: ``option``), validated once when made (:class:`ConfigError` names the field). Bytes do not depend
+on where or with how many threads a build ran (``docs/builders.md``, "Reproducible bytes"): paths are
+recorded as digests (:func:`files_digest`), model steps run under :func:`fixed_threads`.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from genshift.errors import BenchError
+from genshift.errors import BenchError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +86,15 @@ def fixed_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def threaded(run: Callable[[BuildConfig], int]) -> Callable[[BuildConfig], int]:
+    """A builder's ``run(cfg)`` under :func:`fixed_threads` ``(cfg.cpu_threads)``."""
+    @functools.wraps(run)
+    def wrapper(cfg: BuildConfig) -> int:
+        with fixed_threads(cfg.cpu_threads):
+            return run(cfg)
+    return wrapper
+
+
 def provenance(cpu_threads: int, device: str) -> dict:
     """What decides the bytes besides the models and seeds (goes into the manifest)."""
     import torch
@@ -120,16 +122,36 @@ def files_digest(root, files) -> dict:
 def open_writer(cfg: BuildConfig, proc, **kw):
     """The suite writer of every process (the main one opens, and may replace, the build first), or
     None when the folder already holds this build."""
+    from genshift.suite_format import MANIFEST
     from genshift.writer import SuiteWriter
 
-    writer = None
-    if proc.is_main:
-        writer = SuiteWriter(cfg.out, overwrite=cfg.overwrite, **kw)
-        if writer.finished:
-            print(f"{cfg.out} is already built (manifest present); nothing to do")
-            return None
+    writer = SuiteWriter(cfg.out, overwrite=cfg.overwrite, **kw) if proc.is_main else None
     proc.wait()  # the main process may have replaced an old build; then everyone opens it
+    if (Path(cfg.out) / MANIFEST).is_file():  # this build (another one was refused or replaced)
+        if proc.is_main:
+            print(f"{cfg.out} is already built (manifest present); nothing to do")
+        return None
     return writer or SuiteWriter(cfg.out, clean_incomplete=False, **kw)
+
+
+def save_parquet(path: Path, table, meta: dict) -> None:
+    """A checkpoint: the pyarrow ``table`` with ``meta`` (JSON values) in its schema metadata, atomically."""
+    import pyarrow.parquet as pq
+
+    from genshift.fsutil import atomic_path
+
+    table = table.replace_schema_metadata({k: json.dumps(v) for k, v in meta.items()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def load_parquet(path: Path) -> tuple[list[dict], dict]:
+    """The rows and the metadata of a :func:`save_parquet` checkpoint."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    meta = {k.decode(): json.loads(v) for k, v in (table.schema.metadata or {}).items()}
+    return table.to_pylist(), meta
 
 
 def record_batch_size(work: Path, index: int, size: int) -> None:
@@ -171,6 +193,15 @@ def versions(*packages: str) -> dict:
         except md.PackageNotFoundError:
             out[pkg] = None
     return out
+
+
+@contextmanager
+def loading(what: str, hint: str, errors: tuple = (OSError, ValueError)) -> Iterator[None]:
+    """Turn a failed ``from_pretrained`` into one line: "cannot load ``what``: why; ``hint``"."""
+    try:
+        yield
+    except errors as e:
+        raise BenchError(f"cannot load {what}: {first_line(e)}; {hint}") from None
 
 
 def free(device: str) -> None:

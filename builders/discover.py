@@ -1,29 +1,22 @@
-"""``bench discover``: open-ended failure search for one class (Wiles et al. s4.1).
+"""``bench discover``: open-ended failure search for one class (Wiles et al. s4.1; ``docs/builders.md``).
 
-1. Baseline: generate images from the class prompt alone; measure the model's failure rate
-   (top-1 != class) or, with ``target``, the rate at which it predicts the target class.
-2. Caption the baseline failures with the captioner forced to continue the class prompt (at most
-   two sentences): these captions are hypotheses for what causes the failures.
-3. Generate images from each hypothesis and measure the same rate.
-4. Report each caption's rate, its ratio to the baseline, the counts, and a one-sided Fisher exact
-   test (caption rate > baseline rate). Up to ``max_captions`` hypotheses are tested at once, so a
-   hypothesis is called significant by its Benjamini-Hochberg q-value (false discovery rate
-   ``alpha`` over the family), not its raw p-value; optionally refine the winning caption
-   sentence by sentence (class prompt + one sentence at a time; a family of its own), as the
-   paper refines its automatic captions.
+The failure rate (top-1 != class; with ``target``: the rate of predicting it) of images from the class
+prompt is the baseline. Captions of the failing images are hypotheses, each tested by its own images'
+rate against the baseline (one-sided Fisher exact test; significant by the Benjamini-Hochberg q-value
+over the family tested together); the winner is optionally refined sentence by sentence.
 """
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from genshift.builders.common import Checked, option
-from genshift.builders.in_g_prompts import class_prompt, seed_caption
+from genshift import imagenet
+from genshift.builders.common import Checked, ConfigError, option
+from genshift.builders.in_g_prompts import captioner_fn, class_prompt, seed_caption, shots
 from genshift.builders.seeding import derive_seed
 
 Generate = Callable[[list[str], list[int]], list[bytes]]
@@ -48,7 +41,8 @@ class Config(Checked):
                                                                      "generates the images")
     captioner: str = option("Salesforce/blip2-opt-2.7b", "BLIP-2 checkpoint (Hub repo) that captions the failures")
     captioning: str = option("three-shot", "three-shot: the paper's few-shot prompt (the IN-G shots); single-image: "
-                                           "the image and its class prompt only", choices=("three-shot", "single-image"))
+                                           "the image and its class prompt only",
+                             choices=("three-shot", "single-image"))
     steps: int = option(50, "diffusion steps per image", min=1)
     size: int = option(512, "generated image size in pixels", min=8)
     batch_size: int = option(8, "images per generation batch", min=1)
@@ -129,8 +123,8 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
     report = {"class": label, "class_prompt": prompt, "target": target,
               "rate": "target rate" if target is not None else "total failure rate (top-1 != class)",
               "baseline": {"failures": k0, "n": cfg.n_baseline, "rate": k0 / cfg.n_baseline},
-              "config": {k: getattr(cfg, k) for k in ("n_baseline", "n_per_caption", "max_captions", "batch_size", "seed",
-                                                       "refine", "alpha", "captioning")},
+              "config": {k: getattr(cfg, k) for k in ("n_baseline", "n_per_caption", "max_captions", "batch_size",
+                                                       "seed", "refine", "alpha", "captioning")},
               "hypotheses": [], "refinement": []}
     if not failing:
         report["note"] = "no baseline failure to caption; raise --n-baseline"
@@ -148,31 +142,9 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
     return report
 
 
-def captioner_fn(captioner, *, captioning: str = "three-shot") -> Caption:
-    """Adapt ``genshift.builders.captioner.Captioner`` to the (images, prefix) -> texts signature, with the
-    IN-G captioning: the three shots before each image (``three-shot``) or the image alone."""
-    from PIL import Image
-
-    from genshift.builders.in_g import DECODING
-    from genshift.builders.in_g_prompts import shots
-
-    few = shots()[0] if captioning == "three-shot" else []
-
-    def caption(images: list[bytes], prefix: str) -> list[str]:
-        out = []
-        for a in range(0, len(images), 16):
-            pil = [Image.open(io.BytesIO(b)) for b in images[a:a + 16]]
-            out += captioner.caption(pil, prefix=prefix, shots=few, **DECODING)
-        return out
-
-    return caption
-
-
 def search(cfg: Config) -> dict:
     """``bench discover``: load the models the config names and run :func:`discover`; the report."""
-    from genshift import imagenet
     from genshift.builders.captioner import Captioner
-    from genshift.builders.common import ConfigError
     from genshift.builders.in_g_mining import classifier_from_timm
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 
@@ -195,16 +167,13 @@ def search(cfg: Config) -> dict:
         cap = Captioner.from_pretrained(cfg.captioner, device=device)
         classify, _ = classifier_from_timm(cfg.model, device=device, checkpoint=cfg.checkpoint)
     return discover(label, generate=gen.generate, classify=classify, target=target, cfg=cfg,
-                    caption=captioner_fn(cap, captioning=cfg.captioning))
+                    caption=captioner_fn(cap, shots()[0] if cfg.captioning == "three-shot" else []))
 
 
 def format_report(report: dict) -> list[dict]:
-    rows = []
-    for h in report["hypotheses"] + report["refinement"]:
-        rows.append({"caption": h["caption"][len(report["class_prompt"]):].strip() or "(class prompt)",
-                     "failures": f"{h['failures']}/{h['n']}", "rate %": f"{100 * h['rate']:.1f}",
-                     "ratio": "-" if h["ratio"] is None else f"{h['ratio']:.2f}", "p": f"{h['p_value']:.2g}",
-                     "q (BH)": f"{h['q_value']:.2g}",
-                     "significant": "yes" if h["significant"] else ""})
-    return rows
+    return [{"caption": h["caption"][len(report["class_prompt"]):].strip() or "(class prompt)",
+             "failures": f"{h['failures']}/{h['n']}", "rate %": f"{100 * h['rate']:.1f}",
+             "ratio": "-" if h["ratio"] is None else f"{h['ratio']:.2f}", "p": f"{h['p_value']:.2g}",
+             "q (BH)": f"{h['q_value']:.2g}", "significant": "yes" if h["significant"] else ""}
+            for h in report["hypotheses"] + report["refinement"]]
 

@@ -1,22 +1,13 @@
 """``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces).
 
-Pipeline (Vendrow et al. 2023): class tokens (the released ones by default, tokens trained
-here with ``--train-tokens``, or the class names with ``--tokens none``) -> Stable Diffusion 2 with
-the shift prompts (Euler, 50 steps, guidance 7.5, 768 px, stored as 512 px JPEG) -> CLIP presence
-scores -> ``keep`` (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
+Class tokens (released by default; ``--train-tokens``: textual inversion here; ``--tokens none``: class
+names) -> Stable Diffusion 2 with the shift prompts -> CLIP presence scores -> ``keep`` calibrated
+per shift (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
 
-Two phases, both resumable:
-
-1. **generate** (every process of an ``accelerate launch``): work items (shift, class, sample) are
-   grouped into shards by ``sha256(shift/class) mod shards``; shards are dealt round-robin to the
-   processes; each image's seed derives from (suite seed, shift, class, sample); images are
-   scored by CLIP and written shard by shard, atomically, to ``<out>/.stage/``. A rerun skips
-   finished shards. Processes do not meet at a collective barrier afterwards (an hour-long
-   imbalance would exceed NCCL's timeout): the others exit, the main process waits until every
-   staged shard exists on the (shared) file system.
-2. **filter** (main process): per shift, thresholds are calibrated on all of the shift's scores;
-   the final shards are written to ``<out>/data/`` with ``keep`` set (JPEG bytes copied, never
-   re-encoded), then the card and, last, the manifest.
+Two resumable phases: every process generates and scores its shards (``sha256(shift/class) mod
+shards``, dealt round-robin) into ``<out>/.stage/``; the main process waits for every staged shard
+(a file-system wait, not a barrier), calibrates the thresholds on each shift's scores and writes the
+final shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
 """
 
 from __future__ import annotations
@@ -24,10 +15,15 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
+from genshift import imagenet
+from genshift.builders import common
+from genshift.builders.common import BuildConfig, ConfigError, option, threaded
+from genshift.errors import BenchError, unknown
+from genshift.fsutil import sha256_file
 
 SUITE_ID = "imagenet-star"
 STAGE = ".stage"
@@ -84,8 +80,6 @@ class Config(BuildConfig):
 
 
 def parse_classes(items) -> list[int]:
-    from genshift import imagenet
-
     if not items:
         return list(range(imagenet.NUM_CLASSES))
     out = []
@@ -104,14 +98,14 @@ def parse_classes(items) -> list[int]:
 def shift_table(cfg: Config) -> dict[str, str]:
     import yaml
 
-    from genshift.errors import unknown
     from genshift.suites import imagenet_star_shifts
 
     if cfg.shifts_file:
         try:
             table = {r["key"]: r["prompt"] for r in yaml.safe_load(Path(cfg.shifts_file).read_text())}
         except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-            raise ConfigError("shifts_file", f"{cfg.shifts_file!r}: expected a YAML list of {{key, prompt}} ({e})") from None
+            raise ConfigError("shifts_file", f"{cfg.shifts_file!r}: expected a YAML list of {{key, prompt}} "
+                                             f"({e})") from None
     else:
         table = {s.key: s.prompt for s in imagenet_star_shifts()}
     for key, prompt in table.items():
@@ -175,41 +169,39 @@ def _smoke_training_images(root: Path, classes: list[int]) -> Path:
     import numpy as np
     from PIL import Image
 
-    from genshift import imagenet
-
     rng = np.random.default_rng(0)
     for c in classes:
         d = root / imagenet.wnids()[c]
         d.mkdir(parents=True, exist_ok=True)
         colour = rng.integers(0, 256, 3)
         for i in range(2):
-            Image.fromarray(np.clip(colour + rng.normal(0, 12, (40, 48, 3)), 0, 255).astype(np.uint8)).save(d / f"{i}.png")
+            pixels = np.clip(colour + rng.normal(0, 12, (40, 48, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(d / f"{i}.png")
     return root
 
 
 def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int, lr: float, resolution: int,
            model_id: str):
     """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
-    from genshift.builders.common import files_digest, wait_for
-    from genshift.distributed import current_process
     from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
+    from genshift.distributed import current_process
 
     ti = TIConfig(steps=steps, lr=lr, resolution=resolution)
     tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, process=current_process(),
                           progress=cfg.progress)
     if len(tokens) < len(classes):  # other processes train the rest: wait for their files
-        wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)", cfg.wait_timeout)
+        common.wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)",
+                        cfg.wait_timeout)
         tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, progress=False)
     used = [f for c in folder_classes(data, classes=classes) for f in c.files]
     return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "model": model_id,
-                    "data": files_digest(data, used), "settings": "genshift.builders.textual_inversion.TIConfig "
+                    "data": common.files_digest(data, used), "settings": "genshift.builders.textual_inversion.TIConfig "
                                                                   "defaults otherwise"}
 
 
 def _load_models(cfg: Config, settings, classes: list[int], device: str, token_kind: str, token_path: str | None,
                  tokens: dict | None):
     """(generator, CLIP scorer, token provenance); ``tokens`` = the loaded released/file tokens."""
-    from genshift.fsutil import sha256_file
     from genshift.builders.clip_scoring import ClipScorer
     from genshift.builders.sd_generate import SDGenerator
     from genshift.builders.textual_inversion import TIRun
@@ -230,8 +222,8 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
         return SDGenerator.tiny(settings, tokens=tokens), ClipScorer.tiny(), info
     info = {"tokens": None}
     if token_kind in ("released", "file"):
-        info = {"tokens": "madrylab/imagenet-star-tokens tokens.zip" if token_kind == "released" else Path(token_path).name,
-                "tokens_sha256": tokens_digest(token_path)}
+        name = "madrylab/imagenet-star-tokens tokens.zip" if token_kind == "released" else Path(token_path).name
+        info = {"tokens": name, "tokens_sha256": tokens_digest(token_path)}
     elif token_kind == "trained":
         base = SDGenerator.from_pretrained(settings, device=device)
         run = TIRun.from_components(base.pipe.components, device)
@@ -264,7 +256,6 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
 
     from PIL import Image
 
-    from genshift import imagenet
     from genshift.builders.clip_filter import clip_scores
     from genshift.builders.seeding import derive_seed
 
@@ -291,21 +282,13 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
     record_batch_size(gen.backoff.batch_size)
 
 
+@threaded
 def run(cfg: Config) -> int:
-    with fixed_threads(cfg.cpu_threads):
-        return _run(cfg)
-
-
-def _run(cfg: Config) -> int:
-    import torch  # noqa: F401 - fail early if the builder extras are missing
     from tqdm.auto import tqdm
 
-    from genshift import imagenet
-    from genshift.builders.common import effective_batch_sizes, provenance, record_batch_size, versions, wait_for
-    from genshift.distributed import current_process, plan_nonempty_shards
     from genshift.builders.tokens import load_token_zip, token_name, tokens_digest
     from genshift.data_cards import render_card
-    from genshift.suite_format import MANIFEST
+    from genshift.distributed import current_process, plan_nonempty_shards
     from genshift.writer import SuiteWriter
 
     shifts = shift_table(cfg)
@@ -321,7 +304,7 @@ def _run(cfg: Config) -> int:
     token_kind, token_path = token_source(cfg)
     tokens = load_token_zip(token_path, classes=classes) if token_kind in ("released", "file") else None  # validated
     fingerprint = {"shifts": shifts, "classes": classes, "samples": samples, "seed": cfg.seed,
-                   "shards": {s: len(p) for s, p in plans.items()}, "generation": settings.to_dict(),
+                   "shards": {s: len(p) for s, p in plans.items()}, "generation": asdict(settings),
                    "tokens": token_kind, "tokens_sha256": tokens_digest(token_path) if tokens else None,
                    "ti": [cfg.ti_steps, cfg.ti_lr] if token_kind == "trained" else None, "smoke": cfg.smoke,
                    "clip": None if cfg.smoke else [cfg.clip_model, cfg.clip_pretrained],
@@ -334,15 +317,9 @@ def _run(cfg: Config) -> int:
         if proc.is_main:
             print(f"tokens: {out / 'tokens.zip'}")
         return 0
-    if proc.is_main:
-        final = SuiteWriter(out, overwrite=cfg.overwrite, **writer_kw)
-    proc.wait()  # the main process may have replaced an old build; then everyone opens it
-    if (out / MANIFEST).is_file():  # (same fingerprint, else the writer refused)
-        if proc.is_main:
-            print(f"{out} is already built (manifest present); nothing to do")
+    final = common.open_writer(cfg, proc, **writer_kw)
+    if final is None:
         return 0
-    if not proc.is_main:
-        final = SuiteWriter(out, clean_incomplete=False, **writer_kw)
     stage = SuiteWriter(out / STAGE, clean_incomplete=proc.is_main, **writer_kw)
     proc.wait()  # nobody writes before the main process has cleaned up stale temporary files
 
@@ -358,22 +335,23 @@ def _run(cfg: Config) -> int:
     try:
         for shift, i, shard in mine:
             rows = _shard_rows([(c, k) for c in shard for k in range(samples)], shift, shifts[shift], gen, clip,
-                               cfg.seed, token_names, bar, lambda b: record_batch_size(out / STAGE, proc.index, b))
+                               cfg.seed, token_names, bar, partial(common.record_batch_size, out / STAGE, proc.index))
             stage.write_shard(shift, i, len(plans[shift]), rows)
     finally:
         bar.close()
     if not proc.is_main:
         return 0
     if proc.count > 1:
-        wait_for(lambda: [f"{s} #{i}" for s, i, _ in work if not stage.shard_done(s, i, len(plans[s]))],
-                 "generated shard(s)", cfg.wait_timeout)
+        common.wait_for(lambda: [f"{s} #{i}" for s, i, _ in work if not stage.shard_done(s, i, len(plans[s]))],
+                        "generated shard(s)", cfg.wait_timeout)
     p = {"builder": "genshift.builders.imagenet_star", "paper": "Vendrow et al., Dataset Interfaces (2023)",
-         "generation": {**gen.provenance(), "batch_size_effective": effective_batch_sizes(out / STAGE)},
-         "determinism": provenance(cfg.cpu_threads, device), "clip_filter": {"model": clip.model_id, "rule": cfg.keep_rule},
+         "generation": {**gen.provenance(), "batch_size_effective": common.effective_batch_sizes(out / STAGE)},
+         "determinism": common.provenance(cfg.cpu_threads, device),
+         "clip_filter": {"model": clip.model_id, "rule": cfg.keep_rule},
          "seed": cfg.seed, "seed_rule": "derive_seed(seed, shift, class, sample) = sha256 -> 63 bits",
          "samples_per_class": samples, "classes": len(classes), "shifts": shifts, **token_info,
-         "library_versions": versions("torch", "diffusers", "transformers", "open_clip_torch", "datasets", "pillow",
-                                      "genshift-bench")}
+         "library_versions": common.versions("torch", "diffusers", "transformers", "open_clip_torch", "datasets",
+                                             "pillow", "genshift-bench")}
     p["clip_filter"].update(_filter_phase(out, final, {s: len(v) for s, v in plans.items()}, fractions, cfg.keep_rule,
                                           cfg.shift_gate_quantile))
     manifest = final.finalize(generator=p, card=lambda m: render_card(
@@ -392,9 +370,8 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
     import numpy as np
     import pyarrow.parquet as pq
 
-    from genshift.errors import BenchError
-    from genshift.suite_format import shard_name
     from genshift.builders.clip_filter import calibrate, keep_flags, kept_target
+    from genshift.suite_format import shard_name
 
     def source(shift, i, n) -> Path:  # the staged shard, or the final one a previous filter phase wrote
         staged = out / STAGE / shard_name(shift, i, n)

@@ -1,12 +1,11 @@
 """``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
 
-No code or data was released for these sets; this is an open re-creation with substitutes
-(``docs/builders.md``): seed captions from every ImageNet-A image (BLIP-2 prompted with three
-shots, as the paper's captioner, forced to continue the class prompt, at most two sentences; or a
-caption file); Stable Diffusion 2.1-base as the generator; the timm target (``resnet50.tv_in1k`` /
-``vit_base_patch16_224.augreg_in1k``); failures kept by the WordNet-parent rule up to a cap per
-caption. Mining is resumable per caption and spread over ``accelerate`` processes by caption id;
-the main process writes the suite.
+An open re-creation with substitutes (no code or data was released; ``docs/builders.md``): seed captions
+of every ImageNet-A image (BLIP-2, three-shot, continuing the class prompt) or from a file; Stable
+Diffusion 2.1-base; the timm target; failures kept by the WordNet-parent rule up to a cap per caption.
+
+Mining is resumable per caption and spread over ``accelerate`` processes by caption id; the main
+process writes the suite.
 """
 
 from __future__ import annotations
@@ -17,12 +16,16 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
+from genshift import imagenet
+from genshift.builders import common
+from genshift.builders.common import BuildConfig, ConfigError, option, threaded
+from genshift.builders.in_g_prompts import captioner_fn, class_prompt, read_captions, seed_caption, shots
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_write_bytes, sha256_file
 
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
 WORK = ".work"
 CAPTIONING = ("three-shot", "single-image")
-DECODING = {"num_beams": 5, "min_new_tokens": 8, "max_new_tokens": 40}
 FEW_SHOT_PROMPT = ("per shot: the shot image (its BLIP-2 query tokens), then its caption; then the image to caption "
                    "and its class prompt, which the captioner continues")
 
@@ -63,7 +66,8 @@ class Config(BuildConfig):
         if self.captions and self.imagenet_a:
             raise ConfigError("captions", "give seed captions one way: --captions FILE or --imagenet-a DIR")
         if self.n_max < self.cap:
-            raise ConfigError("n_max", f"{self.n_max} is smaller than --cap {self.cap}: a caption could never fill its cap")
+            raise ConfigError("n_max", f"{self.n_max} is smaller than --cap {self.cap}: a caption could never fill "
+                                       "its cap")
 
 
 def _features():
@@ -78,9 +82,6 @@ def _features():
 
 def _seed_images(cfg: Config):
     """(label, image file or bytes) of the images to caption: ImageNet-A's, or two synthetic ones per class (smoke)."""
-    from genshift import imagenet
-    from genshift.errors import BenchError
-
     if cfg.smoke:
         import numpy as np
         from PIL import Image
@@ -106,20 +107,14 @@ def _seed_images(cfg: Config):
 
 def caption_images(cfg: Config, device: str) -> tuple[list[tuple[int, str]], dict]:
     """One seed caption per image (:func:`_seed_images`), by the configured captioning; and how."""
-    from PIL import Image
-
     from genshift.builders.captioner import Captioner
-    from genshift.builders.in_g_prompts import class_prompt, seed_caption, shots
 
     cap = Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
     few, record = shots() if cfg.captioning == "three-shot" else ([], [])
-    caps, images = [], _seed_images(cfg)
+    caption, images, caps = captioner_fn(cap, few), _seed_images(cfg), []
     for y in dict.fromkeys(y for y, _ in images):
         prompt = class_prompt(y, an=cfg.an).text
-        mine = [src for label, src in images if label == y]
-        for a in range(0, len(mine), 16):
-            batch = [Image.open(io.BytesIO(s) if isinstance(s, bytes) else s) for s in mine[a:a + 16]]
-            caps += [(y, seed_caption(prompt, t)) for t in cap.caption(batch, prefix=prompt, shots=few, **DECODING)]
+        caps += [(y, seed_caption(prompt, t)) for t in caption([src for label, src in images if label == y], prompt)]
     info = {"source": "smoke: synthetic images" if cfg.smoke else "imagenet-a", "captioner": cap.model_id,
             "captioning": cfg.captioning, "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
     if few:
@@ -128,9 +123,6 @@ def caption_images(cfg: Config, device: str) -> tuple[list[tuple[int, str]], dic
 
 
 def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
-    from genshift.fsutil import atomic_write_bytes, sha256_file
-    from genshift.builders.in_g_prompts import read_captions
-
     if cfg.captions:
         caps = read_captions(cfg.captions, an=cfg.an)
         info = {"source": "file", "file": Path(cfg.captions).name, "sha256": sha256_file(cfg.captions)}
@@ -149,19 +141,12 @@ def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]
     return caps, {**info, "deduplicated": cfg.dedup_captions}
 
 
+@threaded
 def run(cfg: Config) -> int:
-    with fixed_threads(cfg.cpu_threads):
-        return _run(cfg)
-
-
-def _run(cfg: Config) -> int:
-    from genshift.builders.common import effective_batch_sizes, open_writer, provenance, record_batch_size
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-    from genshift.distributed import current_process, plan_nonempty_shards, shard_of
     from genshift.data_cards import render_card
-    from genshift.errors import BenchError
-    from genshift.fsutil import sha256_file
+    from genshift.distributed import current_process, plan_nonempty_shards, shard_of
 
     if not (cfg.captions or cfg.imagenet_a or cfg.smoke):  # before anything is written
         raise BenchError("give seed captions: --captions FILE or --imagenet-a DIR (images to caption)")
@@ -181,9 +166,9 @@ def _run(cfg: Config) -> int:
     seeds = ({"file": sha256_file(cfg.captions)} if cfg.captions else  # what the seed captions come from
              {"captioner": cfg.captioner, "captioning": cfg.captioning, "images_per_class": cfg.images_per_class})
     fingerprint = {"suite": cfg.suite, "target": target, "captions": seeds, "dedup": cfg.dedup_captions,
-                   "mining": asdict(mining), "generation": settings.to_dict(), "an": cfg.an, "smoke": cfg.smoke,
+                   "mining": asdict(mining), "generation": asdict(settings), "an": cfg.an, "smoke": cfg.smoke,
                    "cpu_threads": cfg.cpu_threads}
-    writer = open_writer(cfg, proc, suite_id=cfg.suite, extra_features=_features(), fingerprint=fingerprint)
+    writer = common.open_writer(cfg, proc, suite_id=cfg.suite, extra_features=_features(), fingerprint=fingerprint)
     if writer is None:
         return 0
     if proc.is_main:  # the main process captions; the others read its captions
@@ -205,14 +190,15 @@ def _run(cfg: Config) -> int:
     kw = dict(generate=gen.generate, classify=classify, cfg=mining)
     mine_all(captions, out / WORK / "captions", owns=lambda cid: shard_of(cid, proc.count) == proc.index,
              progress=cfg.progress, **kw)
-    record_batch_size(out / WORK, proc.index, gen.backoff.batch_size)
+    common.record_batch_size(out / WORK, proc.index, gen.backoff.batch_size)
     proc.wait()
     if not proc.is_main:
         return 0
     results = mine_all(captions, out / WORK / "captions", progress=False, **kw)  # every checkpoint exists: loads all
     with_failures = [r for r in results.values() if r.kept]
     if not with_failures:
-        raise BenchError(f"no failures were found for any of {len(results)} captions; raise --n-max or check the target")
+        raise BenchError(f"no failures were found for any of {len(results)} captions; raise --n-max or check the "
+                         "target")
     shards = plan_nonempty_shards(with_failures, max(1, len(with_failures) // cfg.captions_per_shard),
                                   key=lambda r: r.caption_id)
     for i, shard in enumerate(shards):
@@ -223,8 +209,8 @@ def _run(cfg: Config) -> int:
     kept = sum(s["kept"] for s in stats.values())
     p = {"builder": "genshift.builders.in_g", "paper": "Wiles, Albuquerque, Gowal (2022)", "suite": cfg.suite,
          "target": {"model": target, **target_desc},
-         "generation": {**gen.provenance(), "batch_size_effective": effective_batch_sizes(out / WORK)},
-         "determinism": provenance(cfg.cpu_threads, device),
+         "generation": {**gen.provenance(), "batch_size_effective": common.effective_batch_sizes(out / WORK)},
+         "determinism": common.provenance(cfg.cpu_threads, device),
          "mining": {**asdict(mining), "failure": "none of the target's top-3 predictions is under the WordNet parent "
                                                  "of the label", "seed_rule": "derive_seed(seed, caption_id, attempt)"},
          "captions": {**caption_info, "count": len(results), "with_failures": len(with_failures)},
@@ -241,8 +227,6 @@ def _run(cfg: Config) -> int:
 
 
 def _rows(results, settings, target: str, target_desc: dict, an: bool):
-    from genshift.builders.in_g_prompts import class_prompt
-
     for r in results:
         cp = class_prompt(r.label, an=an)
         for a in r.kept:

@@ -1,27 +1,25 @@
 """Failure mining for IN-G (Wiles et al. s4.2; ``docs/builders.md``).
 
-For each seed caption: sample images (one seed per attempt, derived from the caption id), classify
-them with the target model, and keep those that fail by the paper's definition — none of the top-3
-predictions is under the true class's WordNet parent (``genshift.eval.metrics.parent_failures``; plain top-1
-and top-3 misses are recorded too) — until ``cap`` images are kept or ``n_max`` were sampled.
-Generation and classification run in batches; each caption's outcome is checkpointed atomically,
-so a rerun resumes caption by caption.
+Per seed caption: sample images (seeds from the caption id), classify them with the target, keep those
+that fail by the paper's definition (none of the top-3 under the true class's WordNet parent:
+``genshift.eval.metrics.parent_failures``) until ``cap`` are kept or ``n_max`` sampled. Each caption's
+outcome is checkpointed atomically.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from genshift.errors import BenchError
-from genshift.fsutil import atomic_path
+from genshift.builders.common import load_parquet, save_parquet
 from genshift.builders.seeding import derive_seed
+from genshift.errors import BenchError
 from genshift.eval.metrics import parent_failures
 
 Generate = Callable[[list[str], list[int]], list[bytes]]
@@ -72,23 +70,16 @@ class CaptionResult:
 
     def save(self, path: Path) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        rows = [asdict(a) for a in self.kept]
-        table = pa.Table.from_pylist(rows, schema=_schema()).replace_schema_metadata(
-            {"caption": json.dumps({"caption_id": self.caption_id, "label": self.label, "caption": self.caption,
-                                    "sampled": self.sampled})})
-        with atomic_path(path) as tmp:
-            pq.write_table(table, tmp)
+        table = pa.Table.from_pylist([asdict(a) for a in self.kept], schema=_schema())
+        save_parquet(path, table, {"caption": {"caption_id": self.caption_id, "label": self.label,
+                                               "caption": self.caption, "sampled": self.sampled}})
 
     @classmethod
-    def load(cls, path: Path) -> "CaptionResult":
-        import pyarrow.parquet as pq
-
-        t = pq.read_table(path)
-        meta = json.loads(t.schema.metadata[b"caption"])
-        return cls(meta["caption_id"], meta["label"], meta["caption"], meta["sampled"],
-                   [Attempt(**r) for r in t.to_pylist()])
+    def load(cls, path: Path) -> CaptionResult:
+        rows, meta = load_parquet(path)
+        c = meta["caption"]
+        return cls(c["caption_id"], c["label"], c["caption"], c["sampled"], [Attempt(**r) for r in rows])
 
 
 def _schema():
@@ -130,8 +121,6 @@ def mine_all(captions: Sequence[tuple[int, str]], work_dir: Path, *, generate: G
              ) -> dict[str, CaptionResult]:
     """Mine every caption this process owns, resuming from checkpoints in ``work_dir``."""
     from tqdm.auto import tqdm
-
-    from collections import Counter
 
     work_dir.mkdir(parents=True, exist_ok=True)
     out = {}

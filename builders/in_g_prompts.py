@@ -1,20 +1,18 @@
 """IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``docs/builders.md``).
 
-Class prompt: ``"a realistic photograph of a {class} ({parent})."`` with class = the first WordNet
-lemma and parent = the WordNet 3.0 grandparent with the smallest synset offset (the shipped
-hierarchy, ``genshift.imagenet``). The article is "a" as in every example of the paper; ``an=True``
-switches to a/an.
-
-A seed caption is the class prompt followed by at most two generated sentences, lower-cased
-(spec s4 step 3). Captions come from a captioner forced to continue the class prompt, or from a
-file the user brings (CSV ``class,caption`` or JSONL ``{"class", "caption"}``; class = index or wnid).
+Class prompt: ``"a realistic photograph of a {first lemma} ({parent})."``, parent = the WordNet 3.0
+grandparent with the smallest offset (``genshift.imagenet``); ``an=True`` writes a/an. A seed caption is
+the class prompt and at most two generated sentences, lower-cased: from a captioner forced to continue
+the prompt, or a file (CSV ``class,caption`` or JSONL ``{"class", "caption"}``; class = index or wnid).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from genshift import imagenet
 from genshift.errors import BenchError
 
 TEMPLATE = "a realistic photograph of {article} {name} ({parent})."
+DECODING = {"num_beams": 5, "min_new_tokens": 8, "max_new_tokens": 40}  # the IN-G captioner's
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,6 @@ def shots() -> tuple[list, list[dict]]:
     """The captioner's three shots (package data ``in_g_shots.yaml``): ``[(PIL image, caption)]`` and
     their record for the suite's provenance (image file, its sha256, caption)."""
     import hashlib
-    import io
     from importlib import resources
 
     import yaml
@@ -116,3 +114,18 @@ def shots() -> tuple[list, list[dict]]:
         out.append((Image.open(io.BytesIO(raw)).convert("RGB"), s["caption"]))
         record.append({"image": s["image"], "sha256": hashlib.sha256(raw).hexdigest(), "caption": s["caption"]})
     return out, record
+
+
+def captioner_fn(captioner, shots: Sequence = ()) -> Callable[[list, str], list[str]]:
+    """``caption(images, class prompt) -> texts`` by a :class:`~genshift.builders.captioner.Captioner` with the
+    IN-G decoding and ``shots`` (:func:`shots`) before each image; images are files or encoded bytes."""
+    from PIL import Image
+
+    def caption(images: list, prefix: str) -> list[str]:
+        out = []
+        for a in range(0, len(images), 16):
+            pil = [Image.open(io.BytesIO(im) if isinstance(im, bytes) else im) for im in images[a:a + 16]]
+            out += captioner.caption(pil, prefix=prefix, shots=shots, **DECODING)
+        return out
+
+    return caption

@@ -1,21 +1,12 @@
 """``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
 
-Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop ->
-caption (BLIP-2, "a photo of ...", at least 20 words) -> caption edits from an instruction LLM (six
-prompts; the paper's five types, weather within background) -> edits drawn as Algorithm 1 does (a
-seeded draw of the type, then of an edit of it) through the text filter (the class must not
-change), N = ``--max-edits`` tries (``--cap-counts kept``: until N pass) -> null-text inversion
-once -> prompt-to-prompt for every kept edit with the f sweep 0.4 ... 0.9 in one batched pass ->
-CLIP checks -> the best passing f.
+Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop -> BLIP-2
+caption -> LLM caption edits, drawn through the text filter -> null-text inversion -> prompt-to-prompt
+with the f sweep in one batched pass -> CLIP checks -> the best passing f. Rows: ``original``,
+``reconstruction`` (the control) and a ``counterfactual`` per accepted edit, joined by ``pair_id``.
 
-Rows: ``original`` (the 512 crop the classifier sees), ``reconstruction`` (null-text inversion
-without edit: the control) and ``counterfactual`` (one per accepted edit), stored as JPEG quality 75
-like the files the paper scored (``--image-format png``: lossless), joined by ``pair_id`` =
-the validation image id, so ``bench eval`` reports acc@k, Δacc@k and Δp per edit type and class.
-The steps run as three stages over all of a process's images (:func:`caption_image`, :func:`plan_edits`,
-:func:`render_image`), each with only its own models loaded: the four models together (31 GiB) do
-not fit a 24 GiB GPU, the largest stage (the LLM, 14.5 GiB) does. Each image's plan (caption, drawn
-edits) and rows are checkpointed; ``accelerate launch`` spreads images over GPUs.
+Three stages over all of a process's images (:func:`caption_image`, :func:`plan_edits`,
+:func:`render_image`), each with only its own models loaded; each image's plan and rows are checkpointed.
 """
 
 from __future__ import annotations
@@ -24,11 +15,18 @@ import io
 import json
 import logging
 import shutil
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genshift.builders.common import BuildConfig, ConfigError, fixed_threads, option
-from genshift.builders.lance_perturb import CAP_COUNTS, EDIT_TYPES, SAMPLING, sampling_record
+from genshift import imagenet
+from genshift.builders import common
+from genshift.builders import lance_perturb as lp
+from genshift.builders.common import BuildConfig, ConfigError, option, threaded
+from genshift.builders.lance_sources import SourceImage, find_hub_sources, find_sources, load_crop
+from genshift.builders.seeding import derive_seed
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
@@ -40,7 +38,8 @@ WORK = ".work"
 class Config(BuildConfig):
     """The options of ``bench build lance-hardimagenet`` (defaults: the paper's settings, Table 6)."""
 
-    imagenet_val: str | None = option(None, "ImageNet validation folder (<wnid>/ folders, or flat + LOC_val_solution.csv)")
+    imagenet_val: str | None = option(None, "ImageNet validation folder (<wnid>/ folders, or flat + "
+                                            "LOC_val_solution.csv)")
     hub_val: str | None = option(None, "a Hub ImageNet dataset you have access to, e.g. ILSVRC/imagenet-1k@<sha> "
                                        "(gated: HF_TOKEN)", metavar="ORG/NAME[@SHA]")
     hub_val_files: str = option("data/validation-*.parquet", "glob of its validation parquet files (image + label)")
@@ -54,16 +53,16 @@ class Config(BuildConfig):
     perturber: str = option("Qwen/Qwen2.5-7B-Instruct", "an instruction LLM (Table 5 prompts with examples), or "
                                                         "'lance-release': the authors' fine-tuned LLaMA-7B + LoRA from "
                                                         "LANCE-release/checkpoints, converted once (~27 GB)")
-    edit_types: tuple[str, ...] = option(EDIT_TYPES, "perturber prompts to run (the fine types; weather is a background "
-                                                     "edit unless --separate-weather)", choices=EDIT_TYPES)
+    edit_types: tuple[str, ...] = option(lp.EDIT_TYPES, "perturber prompts to run (the fine types; weather is a "
+                                         "background edit unless --separate-weather)", choices=lp.EDIT_TYPES)
     separate_weather: bool = option(False, "report weather as a sixth edit_type instead of within background (the "
                                            "paper has five)")
-    edit_sampling: str = option("type-uniform", "type-uniform: each draw picks a type uniformly, then one of its edits "
-                                                "(Algorithm 1); pool-uniform: a seeded shuffle of all edits (the released "
-                                                "code's, unseeded there)", choices=SAMPLING)
+    edit_sampling: str = option("type-uniform", "type-uniform: each draw picks a type uniformly, then one of its "
+                                                "edits (Algorithm 1); pool-uniform: a seeded shuffle of all edits (the "
+                                                "released code's, unseeded there)", choices=lp.SAMPLING)
     max_edits: int = option(10, "Algorithm 1's N: edits drawn per source image (see --cap-counts)", min=1)
     cap_counts: str = option("tries", "what --max-edits counts: tries (Algorithm 1: N draws, a rejected edit uses its "
-                                      "try) or kept (draw until N edits passed the text filter)", choices=CAP_COUNTS)
+                                      "try) or kept (draw until N edits passed the text filter)", choices=lp.CAP_COUNTS)
     image_format: str = option("jpeg-q75", "how images are stored: jpeg-q75 (the files the paper scored, PIL's default "
                                            "JPEG quality 75) or png (lossless)", choices=IMAGE_FORMATS)
     text_filter: str = option("sbert", "text model that rejects edits changing the class", choices=("sbert", "clip"))
@@ -99,15 +98,13 @@ def _features():
 
 
 def encode_image(img, image_format: str) -> bytes:
-    """Stored image bytes: ``jpeg-q75`` as the authors' outputs (``img.save(path)`` of a ``.jpeg``,
-    PIL's default quality 75; the classifier scored these files) or lossless ``png``."""
+    """Stored image bytes: ``jpeg-q75`` as the files the authors' classifiers scored (PIL's default
+    quality) or lossless ``png``."""
     buf = io.BytesIO()
     if image_format == "jpeg-q75":
         img.convert("RGB").save(buf, format="JPEG", quality=75)
-    elif image_format == "png":
-        img.save(buf, format="PNG")
     else:
-        raise ValueError(f"unknown image format {image_format!r}")
+        img.save(buf, format="PNG")
     return buf.getvalue()
 
 
@@ -117,23 +114,19 @@ class SmokePerturber:
     model_id = "smoke rule-based perturber"
 
     def perturb(self, caption: str, *, edit_types=("weather", "domain", "background"), **_):
-        from genshift.builders.lance_perturb import edits_from_answer
-
         body = caption[len("a photo of"):] if caption.startswith("a photo of") else None
         answers = {"weather": f"### Variations:\n1. {caption} in the snow\n",
                    "background": f"### Variations:\n1. {caption} on a sunny beach\n",
                    "domain": f"### Variations:\n1. a painting of{body}\n" if body is not None else ""}
         raw = {t: answers[t] for t in edit_types if t in answers}
-        return [e for t, a in raw.items() for e in edits_from_answer(caption, t, a)], raw
+        return [e for t, a in raw.items() for e in lp.edits_from_answer(caption, t, a)], raw
 
 
 def _smoke_sources(tmp: Path):
     from PIL import Image
     from skimage import data
 
-    from genshift import imagenet
     from genshift.suites import HARD_IMAGENET_WNIDS
-    from genshift.builders.lance_sources import SourceImage
 
     photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
     out = []
@@ -171,12 +164,10 @@ def _captioner(cfg: Config, device: str):
 
 def _text_models(cfg: Config, device: str):
     """The perturber and the text filter (the CLIP variant loads its own CLIP: the editor is not loaded yet)."""
-    from genshift.builders.lance_perturb import Perturber, TextFilter
-
     if cfg.smoke:
-        return SmokePerturber(), TextFilter.sentence_bert()
-    text = TextFilter.sentence_bert() if cfg.text_filter == "sbert" else TextFilter.clip(_clip(cfg, device))
-    return Perturber.from_pretrained(cfg.perturber, device=device), text
+        return SmokePerturber(), lp.TextFilter.sentence_bert()
+    text = lp.TextFilter.sentence_bert() if cfg.text_filter == "sbert" else lp.TextFilter.clip(_clip(cfg, device))
+    return lp.Perturber.from_pretrained(cfg.perturber, device=device), text
 
 
 def _image_models(cfg: Config, device: str, ed):
@@ -197,9 +188,6 @@ def caption_length(cfg: Config) -> dict:
 
 def caption_image(src, *, captioner, ed, cfg: Config) -> dict:
     """Stage 1 of one source image: its caption (BLIP-2, "a photo of ..." on the editor's crop)."""
-    from genshift.builders.lance_sources import load_crop
-    from genshift.builders.seeding import derive_seed
-
     caption = captioner.caption([load_crop(src, ed.size)], prefix="a photo of", num_beams=5,
                                 seed=derive_seed(cfg.seed, src.source_id, "caption"), **caption_length(cfg))[0]
     return {"caption": caption, "captioner": captioner.model_id}
@@ -208,18 +196,14 @@ def caption_image(src, *, captioner, ed, cfg: Config) -> dict:
 def plan_edits(src, plan: dict, *, perturber, text_filter, cfg: Config) -> dict:
     """Stage 2 of one source image: the LLM's edits of its caption, drawn through the text filter
     (Algorithm 1, lines 8-11); the kept draws are what stage 3 renders."""
-    from genshift import imagenet
-    from genshift.builders.lance_perturb import paper_type, sample_edits
-    from genshift.builders.seeding import derive_seed
-
     caption = plan["caption"]
     edits, _raw = perturber.perturb(caption, edit_types=cfg.edit_types,
                                     seed_fn=lambda t: derive_seed(cfg.seed, src.source_id, t))
     class_name = imagenet.get_class(src.label).name
     sampling_seed = derive_seed(cfg.seed, src.source_id, "edit-sampling")
-    draws = sample_edits(edits, seed=sampling_seed, max_edits=cfg.max_edits, method=cfg.edit_sampling,
-                         cap=cfg.cap_counts, accept=lambda e: text_filter.check(e, class_name),
-                         type_of=lambda e: paper_type(e.edit_type, separate_weather=cfg.separate_weather))
+    draws = lp.sample_edits(edits, seed=sampling_seed, max_edits=cfg.max_edits, method=cfg.edit_sampling,
+                            cap=cfg.cap_counts, accept=lambda e: text_filter.check(e, class_name),
+                            type_of=lambda e: lp.paper_type(e.edit_type, separate_weather=cfg.separate_weather))
     kept = [{"index": d.index, "edit_type": d.edit_type, "edit": asdict(d.edit), "scores": d.scores}
             for d in draws if d.accepted]
     return {**plan, "sampling_seed": sampling_seed, "kept": kept, "perturber": perturber.model_id,
@@ -232,17 +216,11 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
     import numpy as np
 
     from genshift.builders.lance_checks import CheckThresholds, choose, score_edits
-    from genshift.builders.lance_perturb import Edit
-    from genshift.builders.lance_sources import load_crop
-    from genshift.builders.seeding import derive_seed
 
     crop = load_crop(src, editor.cfg.size)
     caption, sampling_seed = plan["caption"], plan["sampling_seed"]
-    base = {"label": src.label, "pair_id": src.source_id, "source_image_id": src.source_id, "keep": True,
-            "caption": caption, "edited_caption": None, "original_words": None, "edit_words": None, "edit_type": None,
-            "f": None, "clip_img_sim": None, "clip_sim_0": None, "clip_sim_1": None, "clip_dir_sim": None,
-            "text_class_sim": None, "text_same_sim": None, "edit_text_direction": None, "seed": 0,
-            "edit_type_fine": None, "edit_sampling_seed": sampling_seed, "edit_draw": None}
+    base = {**dict.fromkeys(_features()), "label": src.label, "pair_id": src.source_id, "keep": True,
+            "source_image_id": src.source_id, "caption": caption, "seed": 0, "edit_sampling_seed": sampling_seed}
 
     def image(img) -> dict:
         return {"bytes": encode_image(img, cfg.image_format), "path": None}
@@ -255,10 +233,11 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
              "role": "reconstruction"}]
     th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if cfg.smoke else CheckThresholds()
     for k, d in enumerate(plan["kept"]):
-        e, ts = Edit(**d["edit"]), d["scores"]
+        e, ts = lp.Edit(**d["edit"]), d["scores"]
         z, _ = editor.edit(inv, e.edited_caption, e.edit)
         images = editor.decode(z[1:])
-        scores = score_edits(clip, recon, images, list(editor.cfg.fs), caption, e.edited_caption, e.original, e.edit, th)
+        scores = score_edits(clip, recon, images, list(editor.cfg.fs), caption, e.edited_caption, e.original, e.edit,
+                             th)
         best = choose(scores)
         if best is None:
             continue
@@ -276,29 +255,6 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
     return rows, tried
 
 
-def _save_rows(rows: list[dict], tried: list, models: dict, path: Path) -> None:
-    """One source image's rows, with the types of the edits it tried and the models that made them in the
-    file's metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from genshift.fsutil import atomic_path
-
-    table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])
-    table = table.replace_schema_metadata({b"tried": json.dumps(tried).encode(), b"models": json.dumps(models).encode()})
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
-def _load_rows(path: Path) -> tuple[list[dict], list, dict]:
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
-    meta = table.schema.metadata or {}
-    return ([{**r, "image": {"bytes": r["image"], "path": None}} for r in table.to_pylist()],
-            json.loads(meta.get(b"tried", b"[]")), json.loads(meta.get(b"models", b"{}")))
-
-
 def _load_plan(path: Path) -> dict | None:
     """An image's checkpointed plan, or None (not made yet, or unreadable: made again)."""
     try:
@@ -312,33 +268,23 @@ def _load_plan(path: Path) -> dict | None:
 
 
 def _save_plan(path: Path, plan: dict) -> None:
-    from genshift.fsutil import atomic_write_bytes
-
     atomic_write_bytes(path, json.dumps(plan).encode())  # NaN stays NaN (a text score), as in the rows
 
 
 def _type_counts(pairs) -> dict:
     """``{"edit_type": {type: n}, "edit_type_fine": {fine type: n}}`` of (type, fine type) pairs."""
-    from collections import Counter
-
     pairs = list(pairs)
     return {"edit_type": dict(sorted(Counter(t for t, _ in pairs).items())),
             "edit_type_fine": dict(sorted(Counter(f for _, f in pairs).items()))}
 
 
+@threaded
 def run(cfg: Config) -> int:
-    with fixed_threads(cfg.cpu_threads):
-        return _run(cfg)
-
-
-def _run(cfg: Config) -> int:
+    import pyarrow as pa
     from tqdm.auto import tqdm
 
-    from genshift.builders.common import free, open_writer, provenance
-    from genshift.builders.lance_sources import find_hub_sources, find_sources
-    from genshift.distributed import current_process, shard_of
     from genshift.data_cards import render_card
-    from genshift.errors import BenchError
+    from genshift.distributed import current_process, shard_of
 
     out = Path(cfg.out)
     proc = current_process()
@@ -356,7 +302,7 @@ def _run(cfg: Config) -> int:
     fingerprint = {k: v for k, v in asdict(cfg).items()
                    if k not in ("progress", "overwrite", "device", "hub_val", "out", "imagenet_val")}
     fingerprint["hub_source"] = hub_source  # the resolved commit, not the ref the user typed
-    writer = open_writer(cfg, proc, suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
+    writer = common.open_writer(cfg, proc, suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
     if writer is None:
         return 0
     ed = _editor_config(cfg)
@@ -377,7 +323,7 @@ def _run(cfg: Config) -> int:
         for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not cfg.progress, dynamic_ncols=True):
             step(src, *models)
         del models
-        free(device)
+        common.free(device)
 
     def planned(src, plan: dict) -> None:
         plans[src.source_id] = plan
@@ -387,7 +333,8 @@ def _run(cfg: Config) -> int:
         plan = plans[src.source_id]
         rows, tried = render_image(src, plan, editor=editor, clip=clip, cfg=cfg)
         models = {k: plan[k] for k in ("captioner", "perturber", "text_filter")} | {"clip": clip.model_id}
-        _save_rows(rows, tried, models, work / f"{src.source_id}.parquet")
+        table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])  # + what made them
+        common.save_parquet(work / f"{src.source_id}.parquet", table, {"tried": tried, "models": models})
 
     stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(cfg, device),),
           lambda src, captioner: planned(src, caption_image(src, captioner=captioner, ed=ed, cfg=cfg)))
@@ -402,11 +349,11 @@ def _run(cfg: Config) -> int:
     tried_all: list = []
     models: set[str] = set()
     for s in sources:
-        rows, tried, used = _load_rows(work / f"{s.source_id}.parquet")
-        tried_all += tried
-        models.add(json.dumps(used, sort_keys=True))
+        rows, meta = common.load_parquet(work / f"{s.source_id}.parquet")
+        tried_all += meta.get("tried", [])
+        models.add(json.dumps(meta.get("models", {}), sort_keys=True))
         for r in rows:
-            by_config[r["config"]].append(r)
+            by_config[r["config"]].append({**r, "image": {"bytes": r["image"], "path": None}})
     used = json.loads(models.pop()) if len(models) == 1 else {}
     if set(used) != {"captioner", "perturber", "text_filter", "clip"}:  # before any shard is written
         raise BenchError(f"the images checkpointed in {work} were made with different models or by an older version "
@@ -426,10 +373,11 @@ def _run(cfg: Config) -> int:
          "perturber": used["perturber"], "text_filter": used["text_filter"],
          "editor": asdict(ed), "clip": used["clip"], "seed": cfg.seed, "edit_types": list(cfg.edit_types),
          "max_edits": cfg.max_edits, "image_format": cfg.image_format,
-         "edit_sampling": sampling_record(cfg.edit_sampling, separate_weather=cfg.separate_weather, cap=cfg.cap_counts),
+         "edit_sampling": lp.sampling_record(cfg.edit_sampling, separate_weather=cfg.separate_weather,
+                                             cap=cfg.cap_counts),
          "edits_tried": _type_counts(tried_all),
          "counterfactuals": _type_counts((r["edit_type"], r["edit_type_fine"]) for r in by_config["counterfactual"]),
-         "determinism": provenance(cfg.cpu_threads, device), "smoke_relaxed_thresholds": cfg.smoke,
+         "determinism": common.provenance(cfg.cpu_threads, device), "smoke_relaxed_thresholds": cfg.smoke,
          "eq_bug_compat": cfg.eq_bug_compat, "counts": counts, "sources": len(sources),
          "source_dataset": hub_source or ("local ImageNet validation folder" if cfg.imagenet_val else "smoke")}
     manifest = writer.finalize(generator=p, card=lambda m: render_card(

@@ -1,21 +1,14 @@
-"""LANCE's image checks (the "checks and balances", paper Sec. 3.2 and Algorithm 1).
+"""LANCE's image checks (the "checks and balances", Sec. 3.2 and Algorithm 1; ``docs/builders.md``).
 
-With CLIP ViT-L/14 (``genshift.builders.clip_scoring.ClipScorer``; L2-normalised embeddings, cosine), for
-the null-text reconstruction x (the "original" inside the filters, as in the released code), an
-edited image x', the caption c and the edited caption c':
-
-- image-image similarity cos(E_I(x), E_I(x')) >= 0.7;
-- image-text similarity >= 0.2 for (x, c) and for (x', c');
-- directional similarity cos(E_I(x') - E_I(x), E_T(c') - E_T(c)) >= 0.2 (Eq. 2 up to the paper's
-  sign typo: the code keeps cos >= tau);
-- x' closer to the edit words than to the original words (when words were removed).
-
-Among the sweep's f values that pass, the one with the highest directional similarity is kept.
+With CLIP embeddings of the null-text reconstruction x (the "original" in the released code's filters),
+an edit x', the caption c and the edited caption c': cos(x, x') >= 0.7, cos(x, c) and cos(x', c') >= 0.2,
+the direction cos(x' - x, c' - c) >= 0.2 (Eq. 2 up to its sign typo), and x' closer to the edit words
+than to the removed ones. Of the f values that pass, the highest directional similarity is kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -38,9 +31,6 @@ class CheckScores:
     edit_word_sim: float | None
     original_word_sim: float | None
     passed: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:

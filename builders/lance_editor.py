@@ -1,38 +1,21 @@
 """LANCE's editor on current diffusers: DDIM inversion, null-text inversion, prompt-to-prompt.
 
-- **DDIM inversion** (conditional prediction only) from the VAE posterior mean x scaling factor.
-- **Null-text inversion** (Mokady et al.; LANCE Eq. 1): per step k, optimise the unconditional
-  ("null-text") embedding so one guided DDIM step from the current latent lands on the inversion
-  trajectory: :math:`\\min_{\\emptyset_k} \\|z_{k-1} - S_{k-1}(\\hat z_k, \\emptyset_k, c)\\|^2`; Adam, up
-  to 10 iterations, lr 1e-2 (1 - k/100), early stop below 1e-5 + k 2e-5 (the released code's
-  settings). The per-step embeddings are reused for every edit of the image.
-- **Prompt-to-prompt** (Hertz et al.) through **diffusers attention processors** installed with
-  ``unet.set_attn_processor`` (never monkey-patched classes): cross-attention of the edited
-  branches is *refined* (source maps carried over for aligned tokens) and the edit words'
-  attention *reweighted* (x2) for the first 80% of steps; self-attention maps of at most 32x32
-  queries are injected from the source for the first fraction *f* of steps. The *f* sweep runs as
-  ONE batched denoising pass: branch 0 is the source (its output is the null-text
-  reconstruction), branch j the edit with fraction f_j.
-- ``eq_bug_compat=True`` reproduces the released code's generator-exhaustion bug (only the first
-  f gets the reweighting; ``docs/builders.md``); the default fixes it. LocalBlend is not applied
-  (inert in the released code).
-
-Attention probabilities are only materialised where they are edited (cross-attention, and
-self-attention maps within the injection size); other layers use SDPA.
+Null-text inversion (Mokady et al.; LANCE Eq. 1) fits one unconditional embedding per step so a guided
+DDIM step lands on the inversion trajectory, :math:`\\min_{\\emptyset_k} \\|z_{k-1} - S_{k-1}(\\hat z_k,
+\\emptyset_k, c)\\|^2` (Adam, at most 10 iterations, the released code's lr and early stop). Prompt-to-prompt
+(Hertz et al.) runs through diffusers attention processors (``unet.set_attn_processor``): cross-attention
+refined and the edit words reweighted for 80% of the steps, self-attention injected for the first
+fraction f; the f sweep is ONE batched pass (branch 0: the reconstruction). Probabilities are only
+materialised where they are edited; other layers use SDPA. ``docs/builders.md`` (Editor).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from genshift.errors import BenchError, first_line
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -125,12 +108,16 @@ class P2PController:
             for j, s in enumerate(self.self_steps):
                 if self.cur_step < s:
                     cond[1 + j] = base
+        self.tick()
+        return probs
+
+    def tick(self) -> None:
+        """Count one attention layer's call (the step clock)."""
         self.calls += 1
         self.cur_layer += 1
         if self.cur_layer == self.num_layers:
             self.cur_layer = 0
             self.cur_step += 1
-        return probs
 
 
 class P2PAttnProcessor:
@@ -170,7 +157,7 @@ class P2PAttnProcessor:
             probs = ctl(attn.get_attention_scores(q, k, attention_mask), self.is_cross)
             out = attn.batch_to_head_dim(torch.bmm(probs, v))
         else:
-            _advance(ctl)
+            ctl.tick()  # a layer not edited at this step
             heads = attn.heads
             q, k, v = (t.view(t.shape[0], -1, heads, t.shape[-1] // heads).transpose(1, 2) for t in (query, key, value))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=attn.scale)
@@ -181,15 +168,6 @@ class P2PAttnProcessor:
         if attn.residual_connection:
             out = out + residual
         return out / attn.rescale_output_factor
-
-
-def _advance(ctl: P2PController) -> None:
-    """Count a layer call that needed no editing (keeps the step clock right)."""
-    ctl.calls += 1
-    ctl.cur_layer += 1
-    if ctl.cur_layer == ctl.num_layers:
-        ctl.cur_layer = 0
-        ctl.cur_step += 1
 
 
 def install_controller(unet, controller: P2PController) -> dict:
@@ -225,20 +203,20 @@ class Editor:
         self.unet_calls = 0
 
     @classmethod
-    def from_pretrained(cls, cfg: EditorConfig, *, device: str = "cpu") -> "Editor":
+    def from_pretrained(cls, cfg: EditorConfig, *, device: str = "cpu") -> Editor:
         from diffusers import StableDiffusionPipeline
 
-        try:
+        from genshift.builders.common import loading
+
+        with loading(f"editor {cfg.model_id!r}", "check the id (SD 1.4 is CompVis/stable-diffusion-v1-4) and that "
+                                                 "the weights are cached"):
             pipe = StableDiffusionPipeline.from_pretrained(cfg.model_id, revision=cfg.revision,
                                                            torch_dtype=getattr(torch, cfg.dtype),
                                                            safety_checker=None, requires_safety_checker=False)
-        except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load editor {cfg.model_id!r}: {first_line(e)}; check the id (SD 1.4 is "
-                             "CompVis/stable-diffusion-v1-4) and that the weights are cached") from None
         return cls(pipe, cfg, device=device)
 
     @classmethod
-    def tiny(cls, cfg: EditorConfig, *, seed: int = 0) -> "Editor":
+    def tiny(cls, cfg: EditorConfig, *, seed: int = 0) -> Editor:
         from diffusers import StableDiffusionPipeline
 
         from genshift.builders.tiny import tiny_sd_components

@@ -1,21 +1,10 @@
 """The released LANCE perturber (lit-llama LLaMA-7B + LoRA) as a transformers ``LlamaForCausalLM``.
 
-``--perturber lance-release`` uses the authors' own caption editor instead of an open instruction
-LLM. The weights are in the Hub dataset ``LANCE-release/checkpoints``, folder ``caption_editing/``
-(``docs/builders.md``): ``lit-llama.pth`` (full LLaMA-7B, lit-llama layout, fp32),
-``lit-llama-lora-finetuned.pth`` (the LoRA, bf16) and ``tokenizer.model`` (sentencepiece). No
-transformers/PEFT format exists, so they are converted once into a cached transformers folder:
-
-- the LoRA (loralib ``MergedLinear`` on the fused ``c_attn``, Q and V enabled, r 8, α 16) is
-  merged: ``W_q += (α/r) B_q A_q``, ``W_v += (α/r) B_v A_v`` (``lora_A`` stacks the two groups'
-  r rows, ``lora_B`` their output rows, as loralib's grouped conv1d);
-- the fused Q|K|V rows are split, and Q and K get the rotary permutation from Meta's interleaved
-  pairs to transformers' rotate-half layout (the ``permute`` of transformers'
-  ``convert_llama_weights_to_hf``); lit-llama's RMSNorm eps is 1e-5.
-
-The prompt is the released code's Alpaca frame with the instructions **without** the Table 5
-examples (the model was fine-tuned on them without examples); decoding as the code: pure
-sampling at temperature 1.0, up to 400 new tokens.
+The authors' files (``LANCE-release/checkpoints``, ``caption_editing/``; ``docs/builders.md``) exist only
+in lit-llama's format; they are converted once into a cached transformers folder: the LoRA (loralib
+``MergedLinear`` on the fused ``c_attn``, Q and V, r 8, alpha 16) merged as ``W += (alpha/r) B A`` per
+group, the fused Q|K|V rows split, Q and K permuted from Meta's interleaved rotary pairs to transformers'
+rotate-half layout (as transformers' ``convert_llama_weights_to_hf``); RMSNorm eps 1e-5.
 """
 
 from __future__ import annotations
@@ -87,8 +76,9 @@ def lit_llama_to_hf(base: Mapping[str, torch.Tensor], lora: Mapping[str, torch.T
         out[q + "mlp.down_proj.weight"] = get(base, p + "mlp.c_proj.weight")
         out[q + "input_layernorm.weight"] = get(base, p + "rms_1.scale")
         out[q + "post_attention_layernorm.weight"] = get(base, p + "rms_2.scale")
-    config = {"vocab_size": vocab, "hidden_size": d, "intermediate_size": out["model.layers.0.mlp.gate_proj.weight"].shape[0]
-              if layers else 4 * d, "num_hidden_layers": len(layers), "num_attention_heads": n_head,
+    ffn = out["model.layers.0.mlp.gate_proj.weight"].shape[0] if layers else 4 * d
+    config = {"vocab_size": vocab, "hidden_size": d, "intermediate_size": ffn, "num_hidden_layers": len(layers),
+              "num_attention_heads": n_head,
               "num_key_value_heads": n_head, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
               "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
     return config, {k: v.to(dtype).contiguous() for k, v in out.items()}
@@ -131,10 +121,10 @@ def released_perturber_dir(*, revision: str | None = None, cache_dir: str | None
     """Download the released files at a resolved commit and convert them once (cached by that sha)."""
     from huggingface_hub import hf_hub_download
 
-    from genshift import hub
+    from genshift import hubio
 
-    sha = hub.resolve_revision(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint, cache_dir=cache_dir,
-                               pin_hint="as a commit of LANCE-release/checkpoints")
+    sha = hubio.resolve_revision(RELEASE_REPO, revision or RELEASE_REVISION, endpoint=endpoint, cache_dir=cache_dir,
+                                 pin_hint="as a commit of LANCE-release/checkpoints")
     out = (Path(cache_dir) / "genshift" if cache_dir else cache_root()) / f"lance-perturber-{sha[:12]}"
     if (out / "config.json").is_file():
         return out

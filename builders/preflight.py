@@ -1,22 +1,11 @@
 """``bench build <suite> --preflight``: every builder stage checked at the real models' sizes.
 
-Each stage builds its default model(s) from the published configs (``genshift.builders.real_models``) on
-the **meta** device (no memory, no download) and runs the builder's own code path on tensors of
-the real shapes: the textual-inversion loss and its backward (``TIRun``), prompt encoding with the
-1000 injected class tokens, one guided UNet call and the VAE decode (``SDGenerator``), open_clip
-image and text embeddings (``ClipScorer``), the BLIP-2 forward with the processor's image-token
-layout, the perturber LLM's forward over its prompt, DDIM inversion, one null-text-inversion
-step and a prompt-to-prompt edit through the attention processors (``Editor``), the timm
-target's forward. A shape error is a failed stage.
-
-What meta tensors cannot run is data-dependent: the schedulers' sigma comparisons, beam search
-and sampling, PIL conversion, Python floats of scores. Those run in
-``benchmarks/preflight_cpu.py`` (real-size random weights on CPU).
-
-Memory is estimated from the pass itself: :class:`LiveBytes` adds up the storages alive at once
-(weights at the device's dtype + the activation peak), attention counted as the fused kernel a
-device runs (:class:`FusedAttention`). The models a builder holds together (:func:`resident_groups`)
-are summed, and the largest such set is what must fit.
+Each stage builds its default models from the published configs (``genshift.builders.real_models``) on the
+**meta** device and runs the builder's own code path on tensors of the real shapes (a shape error fails
+the stage; ``docs/builders.md``, "Preflight"). What meta tensors cannot run (data-dependent steps) runs in
+``benchmarks/preflight_cpu.py``. Memory is the pass itself: :class:`LiveBytes` adds up the storages alive
+at once, attention counted as the fused kernel (:class:`FusedAttention`); the models a builder holds
+together (:func:`resident_groups`) are summed, and the largest such set is what must fit.
 """
 
 from __future__ import annotations
@@ -24,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -38,16 +28,10 @@ GiB = 2 ** 30
 USABLE = 0.9  # of the device memory (allocator fragmentation, CUDA context)
 
 
-# --------------------------------------------------------------------------------------------------
-# memory of a pass on the meta device
-
-
 class LiveBytes(TorchDispatchMode):
-    """Peak bytes of the storages alive at once among those created inside the mode.
-
-    A storage is alive while anything but this tracker holds it (a tensor, a view, a parameter, a
-    tensor autograd saved for the backward): its use count, read whenever the running total would
-    pass the peak. Off (``active``) while models are built: their weights are counted from the modules."""
+    """Peak bytes of the storages created inside the mode and alive at once (held by anything but this
+    tracker: its use count, read when the total would pass the peak). Off (``active``) while models are
+    built: their weights are counted from the modules."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -93,10 +77,8 @@ class _Fused(torch.autograd.Function):
 
 
 class FusedAttention(TorchFunctionMode):
-    """``F.scaled_dot_product_attention`` as a fused kernel: the output, no probability matrix.
-
-    (On meta, SDPA decomposes into the math path and would count an L x S matrix per head that
-    flash / memory-efficient / CPU-flash kernels never hold.)"""
+    """``F.scaled_dot_product_attention`` as a fused kernel: the output, no L x S probability matrix (on
+    meta, SDPA decomposes into the math path, which fused kernels never hold)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.scaled_dot_product_attention:
@@ -110,12 +92,13 @@ class FusedAttention(TorchFunctionMode):
 
 class Probe:
     """A stage's pass: ``built(**models)`` records the models' parameters and weight bytes and starts
-    counting live bytes; ``peak`` = weights + the activation peak."""
+    counting live bytes (``peak`` = weights + the activation peak); ``check`` records what passed."""
 
     def __init__(self) -> None:
         self.mem = LiveBytes()
         self.params: dict[str, int] = {}
         self.total = self.weights = 0
+        self.checks: list[str] = []
 
     def built(self, **models: torch.nn.Module) -> None:
         self.params = {k: rm.param_count(m) for k, m in models.items()}
@@ -128,9 +111,10 @@ class Probe:
     def peak(self) -> int:
         return self.weights + self.mem.peak
 
-
-# --------------------------------------------------------------------------------------------------
-# stages
+    def check(self, cond: bool, what: str) -> None:
+        if not cond:
+            raise AssertionError(what)
+        self.checks.append(what)
 
 
 @dataclass
@@ -159,14 +143,8 @@ class Stage:
     model: str
     dtype: torch.dtype
     batch: int                  # the batch the builder runs (1 where it works image by image)
-    run: Callable               # run(batch, probe) -> checks; calls probe.built(**models) once built
+    run: Callable               # run(batch=, probe=): probe.built(**models) once built, then probe.check(...)
     not_on_meta: str = ""
-
-
-def _check(cond: bool, what: str, checks: list[str]) -> None:
-    if not cond:
-        raise AssertionError(what)
-    checks.append(what)
 
 
 def _pil(size: int):
@@ -175,194 +153,165 @@ def _pil(size: int):
     return Image.new("RGB", (size, size), (120, 90, 60))
 
 
-def ti_step(model_id: str, resolution: int, dtype: torch.dtype):
+def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, probe: Probe) -> None:
     """One textual-inversion step: the loss of ``TIRun`` (v-prediction target) and its backward."""
-    def run(batch, probe):
-        from genshift.builders.textual_inversion import TEMPLATES, TIRun, initializer, template_ids
+    from genshift.builders.textual_inversion import TEMPLATES, TIRun, initializer, template_ids
 
-        r = TIRun.from_components(rm.stable_diffusion(model_id, dtype=dtype), "meta")
-        probe.built(unet=r.unet, vae=r.vae, text_encoder=r.text_encoder)
-        checks: list[str] = []
-        width = r.text_encoder.config.hidden_size
-        _check(width == r.unet.config.cross_attention_dim, f"token width {width} = UNet cross-attention width", checks)
-        split, base = r.install(initializer(r.tokenizer, r.text_encoder, "Golden Retriever"))
-        try:
-            ids = torch.tensor([template_ids(r.tokenizer, TEMPLATES[i % len(TEMPLATES)], r.token_id)
-                                for i in range(batch)], device="meta")
-            _check(ids.shape[1] == r.tokenizer.model_max_length == 77, "template ids padded to 77 tokens", checks)
-            pixels = torch.empty(batch, 3, resolution, resolution, device="meta", dtype=r.dtype)
-            r.loss(pixels, ids, torch.Generator().manual_seed(0)).backward()
-            _check(split.vector.grad is not None and split.vector.grad.shape == (width,),
-                   f"gradient reaches the learned row ({width},)", checks)
-        finally:
-            r.text_encoder.set_input_embeddings(base)
-        return checks
-    return run
+    r = TIRun.from_components(rm.stable_diffusion(model_id, dtype=dtype), "meta")
+    probe.built(unet=r.unet, vae=r.vae, text_encoder=r.text_encoder)
+    width = r.text_encoder.config.hidden_size
+    probe.check(width == r.unet.config.cross_attention_dim, f"token width {width} = UNet cross-attention width")
+    split, base = r.install(initializer(r.tokenizer, r.text_encoder, "Golden Retriever"))
+    try:
+        ids = torch.tensor([template_ids(r.tokenizer, TEMPLATES[i % len(TEMPLATES)], r.token_id)
+                            for i in range(batch)], device="meta")
+        probe.check(ids.shape[1] == r.tokenizer.model_max_length == 77, "template ids padded to 77 tokens")
+        pixels = torch.empty(batch, 3, resolution, resolution, device="meta", dtype=r.dtype)
+        r.loss(pixels, ids, torch.Generator().manual_seed(0)).backward()
+        probe.check(split.vector.grad is not None and split.vector.grad.shape == (width,),
+                    f"gradient reaches the learned row ({width},)")
+    finally:
+        r.text_encoder.set_input_embeddings(base)
 
 
 def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *, class_tokens: bool,
-                  prompts: list[str]):
+                  prompts: list[str], batch: int, probe: Probe) -> None:
     """``SDGenerator``: prompt embeddings (with the 1000 class tokens), seeded latents, one guided
     UNet call, the VAE decode."""
-    def run(batch, probe):
-        from diffusers import StableDiffusionPipeline
+    from diffusers import StableDiffusionPipeline
 
-        from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-        from genshift.builders.tokens import inject_tokens, token_name
+    from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+    from genshift.builders.tokens import inject_tokens, token_name
 
-        c = rm.stable_diffusion(model_id, dtype=dtype)
-        probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
-        width_t = c["text_encoder"].config.hidden_size
-        checks: list[str] = []
-        texts = list(prompts)
-        if class_tokens:
-            ids = inject_tokens(c["tokenizer"], c["text_encoder"], {i: torch.zeros(width_t) for i in range(1000)})
-            _check(ids[0] == 49408 and ids[999] == 50407, "class tokens injected as ids 49408..50407", checks)
-            longest = max(range(1000), key=lambda i: len(c["tokenizer"].tokenize(token_name(i))))
-            texts = [p.replace("<TOKEN>", token_name(longest)) for p in prompts]
-        longest_prompt = max(len(c["tokenizer"](t).input_ids) for t in texts)
-        _check(longest_prompt <= 77, f"longest prompt {longest_prompt} <= 77 tokens (no truncation)", checks)
-        s = GenerationSettings(model_id=model_id, height=height, width=width, dtype=str(dtype).split(".")[-1],
-                               batch_size=batch)
-        pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-        gen = SDGenerator(pipe, s, device="meta")
-        cond = gen.encode_prompts([texts[i % len(texts)] for i in range(batch)])
-        uncond = gen.encode_prompts([""] * batch)
-        _check(cond.shape == (batch, 77, width_t) and cond.dtype == dtype, f"prompt embeddings ({batch}, 77, {width_t}) "
-               f"{str(dtype).split('.')[-1]}", checks)
-        lat = gen.initial_latents(range(batch))
-        f = gen.pipe.vae_scale_factor
-        _check(lat.shape == (batch, 4, height // f, width // f), f"latents {tuple(lat.shape)}", checks)
-        with torch.inference_mode():
-            gen.pipe.scheduler.set_timesteps(s.steps)
-            t = gen.pipe.scheduler.timesteps[0].to("meta")
-            eps = gen.pipe.unet(torch.cat([lat, lat]), t, encoder_hidden_states=torch.cat([uncond, cond])).sample
-            _check(eps.shape == (2 * batch, *lat.shape[1:]), "guided UNet call (2 x batch)", checks)
-            img = gen.pipe.vae.decode(lat / gen.pipe.vae.config.scaling_factor).sample
-        _check(img.shape == (batch, 3, height, width), f"decoded images {height}x{width}", checks)
-        return checks
-    return run
+    c = rm.stable_diffusion(model_id, dtype=dtype)
+    probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
+    width_t = c["text_encoder"].config.hidden_size
+    texts = list(prompts)
+    if class_tokens:
+        ids = inject_tokens(c["tokenizer"], c["text_encoder"], {i: torch.zeros(width_t) for i in range(1000)})
+        probe.check(ids[0] == 49408 and ids[999] == 50407, "class tokens injected as ids 49408..50407")
+        longest = max(range(1000), key=lambda i: len(c["tokenizer"].tokenize(token_name(i))))
+        texts = [p.replace("<TOKEN>", token_name(longest)) for p in prompts]
+    longest_prompt = max(len(c["tokenizer"](t).input_ids) for t in texts)
+    probe.check(longest_prompt <= 77, f"longest prompt {longest_prompt} <= 77 tokens (no truncation)")
+    s = GenerationSettings(model_id=model_id, height=height, width=width, dtype=str(dtype).split(".")[-1],
+                           batch_size=batch)
+    pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    gen = SDGenerator(pipe, s, device="meta")
+    cond = gen.encode_prompts([texts[i % len(texts)] for i in range(batch)])
+    uncond = gen.encode_prompts([""] * batch)
+    probe.check(cond.shape == (batch, 77, width_t) and cond.dtype == dtype,
+                f"prompt embeddings ({batch}, 77, {width_t}) {str(dtype).split('.')[-1]}")
+    lat = gen.initial_latents(range(batch))
+    f = gen.pipe.vae_scale_factor
+    probe.check(lat.shape == (batch, 4, height // f, width // f), f"latents {tuple(lat.shape)}")
+    with torch.inference_mode():
+        gen.pipe.scheduler.set_timesteps(s.steps)
+        t = gen.pipe.scheduler.timesteps[0].to("meta")
+        eps = gen.pipe.unet(torch.cat([lat, lat]), t, encoder_hidden_states=torch.cat([uncond, cond])).sample
+        probe.check(eps.shape == (2 * batch, *lat.shape[1:]), "guided UNet call (2 x batch)")
+        img = gen.pipe.vae.decode(lat / gen.pipe.vae.config.scaling_factor).sample
+    probe.check(img.shape == (batch, 3, height, width), f"decoded images {height}x{width}")
 
 
-def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2):
+def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2, batch: int, probe: Probe) -> None:
     """``ClipScorer``: image embeddings of a batch and the text embeddings it is scored against."""
-    def run(batch, probe):
-        from genshift.builders.clip_scoring import ClipScorer
+    from genshift.builders.clip_scoring import ClipScorer
 
-        model, preprocess, tokenizer = rm.open_clip_model(name, dtype=dtype)
-        probe.built(model=model)
-        scorer = ClipScorer(model, preprocess, tokenizer, model_id=f"open_clip:{name}", device="meta")
-        img = scorer.encode_images([_pil(512)] * batch)
-        txt = scorer.encode_texts(["a photo of a Golden Retriever"] * texts)
-        d = model.text_projection.shape[1] if model.text_projection is not None else img.shape[1]
-        checks: list[str] = []
-        _check(img.shape == (batch, d) and txt.shape == (texts, d), f"image and text embeddings of width {d}", checks)
-        return checks
-    return run
+    model, preprocess, tokenizer = rm.open_clip_model(name, dtype=dtype)
+    probe.built(model=model)
+    scorer = ClipScorer(model, preprocess, tokenizer, model_id=f"open_clip:{name}", device="meta")
+    img = scorer.encode_images([_pil(512)] * batch)
+    txt = scorer.encode_texts(["a photo of a Golden Retriever"] * texts)
+    d = model.text_projection.shape[1] if model.text_projection is not None else img.shape[1]
+    probe.check(img.shape == (batch, d) and txt.shape == (texts, d), f"image and text embeddings of width {d}")
 
 
 def blip2_caption(model_id: str, dtype: torch.dtype, *, images: int = 1, prompt_tokens: int = 12,
-                  new_tokens: int = 100, beams: int = 5):
-    """BLIP-2 at the processor's layout: each of the prompt's ``images`` (the image to caption and the
-    few-shot images before it) through the vision tower and the Q-Former's ``num_query_tokens``
-    queries, projected to the language model's width, with ``prompt_tokens`` of text; the language
-    model runs ``beams`` sequences per image, as beam search does.
-
-    By parts on meta: ``Blip2ForConditionalGeneration.forward`` reads the values of the all-ones
-    Q-Former mask it builds (``.all()``), which meta tensors do not have; the whole forward and beam
-    search run in ``benchmarks/preflight_cpu.py``."""
-    def run(batch, probe):
-        model = rm.blip2(model_id, dtype=dtype)
-        probe.built(model=model, vision_model=model.vision_model, qformer=model.qformer,
-                    language_model=model.language_model)
-        cfg, checks = model.config, []
-        size, n = cfg.vision_config.image_size, batch * images
-        with torch.inference_mode():
-            image = model.vision_model(torch.empty(n, 3, size, size, device="meta", dtype=dtype))[0]
-            patches = (size // cfg.vision_config.patch_size) ** 2 + 1
-            _check(image.shape == (n, patches, cfg.vision_config.hidden_size), f"{patches} image tokens", checks)
-            q = model.qformer(query_embeds=model.query_tokens.expand(n, -1, -1), encoder_hidden_states=image)[0]
-            queries = cfg.num_query_tokens * images
-            lm_in = model.language_projection(q[:, :cfg.num_query_tokens]).reshape(batch, queries, -1)
-            lm_in = lm_in.repeat_interleave(beams, 0)
-            lm = model.language_model
-            width = lm.get_input_embeddings().embedding_dim
-            _check(lm_in.shape == (batch * beams, queries, width), f"{queries} queries ({images} image(s)) projected "
-                   f"to the LM width {width}", checks)
-            text = lm.get_input_embeddings()(torch.full((batch * beams, prompt_tokens + new_tokens), 5, device="meta"))
-            if cfg.text_config.is_encoder_decoder:
-                out = lm(inputs_embeds=torch.cat([lm_in, text[:, :prompt_tokens]], 1), decoder_inputs_embeds=text)
-            else:
-                out = lm(inputs_embeds=torch.cat([lm_in, text], 1))
-        _check(out.logits.shape[-1] == cfg.text_config.vocab_size, f"logits over {cfg.text_config.vocab_size} tokens",
-               checks)
-        return checks
-    return run
+                  new_tokens: int = 100, beams: int = 5, batch: int, probe: Probe) -> None:
+    """BLIP-2 at the processor's layout: each of the prompt's ``images`` (few-shot images, then the image)
+    through the vision tower and the Q-Former's queries, projected to the language model's width, with
+    ``prompt_tokens`` of text; ``beams`` sequences per image, as beam search runs. By parts: the one-call
+    forward reads the values of the Q-Former mask it builds, which meta tensors do not have."""
+    model = rm.blip2(model_id, dtype=dtype)
+    probe.built(model=model, vision_model=model.vision_model, qformer=model.qformer,
+                language_model=model.language_model)
+    cfg = model.config
+    size, n = cfg.vision_config.image_size, batch * images
+    with torch.inference_mode():
+        image = model.vision_model(torch.empty(n, 3, size, size, device="meta", dtype=dtype))[0]
+        patches = (size // cfg.vision_config.patch_size) ** 2 + 1
+        probe.check(image.shape == (n, patches, cfg.vision_config.hidden_size), f"{patches} image tokens")
+        q = model.qformer(query_embeds=model.query_tokens.expand(n, -1, -1), encoder_hidden_states=image)[0]
+        queries = cfg.num_query_tokens * images
+        lm_in = model.language_projection(q[:, :cfg.num_query_tokens]).reshape(batch, queries, -1)
+        lm_in = lm_in.repeat_interleave(beams, 0)
+        lm = model.language_model
+        width = lm.get_input_embeddings().embedding_dim
+        probe.check(lm_in.shape == (batch * beams, queries, width),
+                    f"{queries} queries ({images} image(s)) projected to the LM width {width}")
+        text = lm.get_input_embeddings()(torch.full((batch * beams, prompt_tokens + new_tokens), 5, device="meta"))
+        if cfg.text_config.is_encoder_decoder:
+            out = lm(inputs_embeds=torch.cat([lm_in, text[:, :prompt_tokens]], 1), decoder_inputs_embeds=text)
+        else:
+            out = lm(inputs_embeds=torch.cat([lm_in, text], 1))
+    vocab = cfg.text_config.vocab_size
+    probe.check(out.logits.shape[-1] == vocab, f"logits over {vocab} tokens")
 
 
-def llm_prompt(model_id: str, dtype: torch.dtype, *, prompt_tokens: int, new_tokens: int):
+def llm_prompt(model_id: str, dtype: torch.dtype, *, prompt_tokens: int, new_tokens: int, batch: int,
+               probe: Probe) -> None:
     """The perturber's forward over its prompt plus the answer it may write (the KV cache of generate)."""
-    def run(batch, probe):
-        model = rm.causal_lm(model_id, dtype=dtype)
-        probe.built(model=model)
-        with torch.inference_mode():
-            out = model(input_ids=torch.full((batch, prompt_tokens + new_tokens), 3, dtype=torch.long, device="meta"),
-                        use_cache=True, logits_to_keep=1)
-        checks: list[str] = []
-        _check(out.logits.shape == (batch, 1, model.config.vocab_size), "next-token logits", checks)
-        return checks
-    return run
+    model = rm.causal_lm(model_id, dtype=dtype)
+    probe.built(model=model)
+    with torch.inference_mode():
+        out = model(input_ids=torch.full((batch, prompt_tokens + new_tokens), 3, dtype=torch.long, device="meta"),
+                    use_cache=True, logits_to_keep=1)
+    probe.check(out.logits.shape == (batch, 1, model.config.vocab_size), "next-token logits")
 
 
-def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2):
+def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2, *, batch: int, probe: Probe) -> None:
     """``Editor``: DDIM inversion, one null-text-inversion step (Eq. 1), a prompt-to-prompt edit of
     every f in one batched pass through the attention processors, the VAE decode (fp32, as the
     released code). ``steps`` scheduler steps stand for the 50."""
-    def run(batch, probe):
-        from diffusers import StableDiffusionPipeline
+    from diffusers import StableDiffusionPipeline
 
-        from genshift.builders.lance_editor import Editor, EditorConfig, Inversion
+    from genshift.builders.lance_editor import Editor, EditorConfig, Inversion
 
-        c = rm.stable_diffusion(model_id)
-        pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-        ed = Editor(pipe, EditorConfig(model_id=model_id, steps=steps, size=size, fs=fs), device="meta")
-        probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
-        checks: list[str] = []
-        src, tgt = "a photo of a dog on the grass", "a photo of a dog on the beach in the snow"
-        z0 = ed.encode(_pil(size))
-        _check(z0.shape == (1, 4, size // 8, size // 8), f"source latent {tuple(z0.shape)}", checks)
-        traj = ed.ddim_inversion(z0, src)
-        cond, uncond = ed.embed([src]), ed.embed([""]).clone().requires_grad_(True)
-        t = int(ed.sched.timesteps[0])
-        with torch.no_grad():
-            eps_c = ed._unet(traj[-1], t, cond)
-        ed.nti_step(traj[-1], t, uncond, eps_c, traj[-2], torch.optim.Adam([uncond], lr=1e-2))
-        _check(uncond.grad is not None and uncond.grad.shape == cond.shape, "null-text embedding optimised", checks)
-        calls = ed.unet_calls
-        z, ctl = ed.edit(Inversion(src, traj[-1], [uncond.detach()] * steps, traj), tgt, "beach in the snow")
-        _check(z.shape == (1 + len(fs), 4, size // 8, size // 8), f"{1 + len(fs)} branches in one pass", checks)
-        _check(ctl.num_layers == len(ed.unet.attn_processors) and ctl.calls == (ed.unet_calls - calls) * ctl.num_layers,
-               f"controller ran on all {ctl.num_layers} attention layers ({ctl.cross_layers} cross) every step", checks)
-        with torch.inference_mode():
-            img = ed.vae.decode(z / ed.vae.config.scaling_factor).sample
-        _check(img.shape == (1 + len(fs), 3, size, size), "decoded edits", checks)
-        return checks
-    return run
+    c = rm.stable_diffusion(model_id)
+    pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    ed = Editor(pipe, EditorConfig(model_id=model_id, steps=steps, size=size, fs=fs), device="meta")
+    probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
+    src, tgt = "a photo of a dog on the grass", "a photo of a dog on the beach in the snow"
+    z0 = ed.encode(_pil(size))
+    probe.check(z0.shape == (1, 4, size // 8, size // 8), f"source latent {tuple(z0.shape)}")
+    traj = ed.ddim_inversion(z0, src)
+    cond, uncond = ed.embed([src]), ed.embed([""]).clone().requires_grad_(True)
+    t = int(ed.sched.timesteps[0])
+    with torch.no_grad():
+        eps_c = ed._unet(traj[-1], t, cond)
+    ed.nti_step(traj[-1], t, uncond, eps_c, traj[-2], torch.optim.Adam([uncond], lr=1e-2))
+    probe.check(uncond.grad is not None and uncond.grad.shape == cond.shape, "null-text embedding optimised")
+    calls = ed.unet_calls
+    z, ctl = ed.edit(Inversion(src, traj[-1], [uncond.detach()] * steps, traj), tgt, "beach in the snow")
+    probe.check(z.shape == (1 + len(fs), 4, size // 8, size // 8), f"{1 + len(fs)} branches in one pass")
+    every_step = ctl.calls == (ed.unet_calls - calls) * ctl.num_layers
+    probe.check(ctl.num_layers == len(ed.unet.attn_processors) and every_step,
+                f"controller ran on all {ctl.num_layers} attention layers ({ctl.cross_layers} cross) every step")
+    with torch.inference_mode():
+        img = ed.vae.decode(z / ed.vae.config.scaling_factor).sample
+    probe.check(img.shape == (1 + len(fs), 3, size, size), "decoded edits")
 
 
-def timm_classify(name: str, dtype: torch.dtype):
-    def run(batch, probe):
-        import timm.data
+def timm_classify(name: str, dtype: torch.dtype, *, batch: int, probe: Probe) -> None:
+    import timm.data
 
-        model = rm.timm_model(name, dtype=dtype)
-        probe.built(model=model)
-        size = timm.data.resolve_data_config(model=model)["input_size"]
-        with torch.inference_mode():
-            out = model(torch.empty(batch, *size, device="meta", dtype=dtype))
-        checks: list[str] = []
-        _check(out.shape == (batch, 1000), f"{size[1]} px input -> 1000 logits", checks)
-        return checks
-    return run
+    model = rm.timm_model(name, dtype=dtype)
+    probe.built(model=model)
+    size = timm.data.resolve_data_config(model=model)["input_size"]
+    with torch.inference_mode():
+        out = model(torch.empty(batch, *size, device="meta", dtype=dtype))
+    probe.check(out.shape == (batch, 1000), f"{size[1]} px input -> 1000 logits")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -380,26 +329,27 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
         gen_dtype = getattr(torch, cfg.dtype) if gpu else f32
         prompts = [s.prompt for s in imagenet_star_shifts()]
         return [
-            Stage("textual inversion (--train-tokens)", cfg.model, gen_dtype, 1, ti_step(cfg.model, cfg.width, gen_dtype),
+            Stage("textual inversion (--train-tokens)", cfg.model, gen_dtype, 1,
+                  partial(ti_step, cfg.model, cfg.width, gen_dtype),
                   "the optimiser loop's loss values (covered: benchmarks/preflight_cpu.py)"),
             Stage("generation", cfg.model, gen_dtype, batch,
-                  sd_generation(cfg.model, cfg.height, cfg.width, gen_dtype, class_tokens=cfg.tokens != "none",
-                                prompts=prompts),
+                  partial(sd_generation, cfg.model, cfg.height, cfg.width, gen_dtype,
+                          class_tokens=cfg.tokens != "none", prompts=prompts),
                   "the Euler loop (sigma comparisons) and the JPEG output (covered: benchmarks/preflight_cpu.py)"),
-            Stage("CLIP filter", f"open_clip:{cfg.clip_model}", f32, batch, clip_embed(cfg.clip_model, f32),
+            Stage("CLIP filter", f"open_clip:{cfg.clip_model}", f32, batch, partial(clip_embed, cfg.clip_model, f32),
                   "the scores as numbers"),
         ]
     if suite_id == "lance-hardimagenet":
         return [
-            Stage("caption", cfg.captioner, half, 1, blip2_caption(cfg.captioner, half),
+            Stage("caption", cfg.captioner, half, 1, partial(blip2_caption, cfg.captioner, half),
                   "the one-call forward (its Q-Former mask is read) and beam search (covered: "
                   "benchmarks/preflight_cpu.py)"),
             Stage("perturbation prompting", cfg.perturber, bf16, 1,
-                  llm_prompt(cfg.perturber, bf16, prompt_tokens=1024, new_tokens=400), "sampling"),
-            Stage("NTI + P2P editing", cfg.editor, f32, 1, p2p_edit(cfg.editor, 512, cfg.fs),
+                  partial(llm_prompt, cfg.perturber, bf16, prompt_tokens=1024, new_tokens=400), "sampling"),
+            Stage("NTI + P2P editing", cfg.editor, f32, 1, partial(p2p_edit, cfg.editor, 512, cfg.fs),
                   "NTI's early stop on the loss value; PNG output (covered: benchmarks/preflight_cpu.py)"),
             Stage("CLIP checks", f"open_clip:{cfg.clip_model}", f32, 1 + len(cfg.fs),
-                  clip_embed(cfg.clip_model, f32, texts=4), "the pass/fail comparisons"),
+                  partial(clip_embed, cfg.clip_model, f32, texts=4), "the pass/fail comparisons"),
         ]
     if suite_id in ("in-g-rn", "in-g-vit"):
         from genshift.builders.in_g import TARGETS
@@ -409,14 +359,15 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
         shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image
         return [
             Stage("caption (--imagenet-a)", cfg.captioner, half, 16,
-                  blip2_caption(cfg.captioner, half, images=4 if shots else 1, prompt_tokens=200 if shots else 12,
-                                new_tokens=40), "the one-call forward (its Q-Former mask is read) and beam search"),
+                  partial(blip2_caption, cfg.captioner, half, images=4 if shots else 1,
+                          prompt_tokens=200 if shots else 12, new_tokens=40),
+                  "the one-call forward (its Q-Former mask is read) and beam search"),
             Stage("generation", cfg.generator, gen_dtype, batch,
-                  sd_generation(cfg.generator, cfg.size, cfg.size, gen_dtype, class_tokens=False,
-                                prompts=["a realistic photograph of a Golden Retriever (dog). It is lying in the snow "
-                                         "next to a red sled, and the background is a pine forest."]),
+                  partial(sd_generation, cfg.generator, cfg.size, cfg.size, gen_dtype, class_tokens=False,
+                          prompts=["a realistic photograph of a Golden Retriever (dog). It is lying in the snow "
+                                   "next to a red sled, and the background is a pine forest."]),
                   "the scheduler loop and the JPEG output"),
-            Stage("target", f"timm:{target}", f32, batch, timm_classify(target, f32), "top-3 test"),
+            Stage("target", f"timm:{target}", f32, batch, partial(timm_classify, target, f32), "top-3 test"),
         ]
     raise BenchError(f"no preflight for {suite_id!r}")
 
@@ -458,8 +409,9 @@ def check_stage(st: Stage) -> Report:
     try:
         probe = Probe()
         with FusedAttention(), probe.mem:
-            rep.checks = st.run(st.batch, probe)
+            st.run(batch=st.batch, probe=probe)
         rep.components, rep.params, rep.weights, rep.peak = probe.params, probe.total, probe.weights, probe.peak
+        rep.checks = probe.checks
     except Exception as e:  # noqa: BLE001 - a stage that fails its pass is reported, not raised
         rep.error = f"{type(e).__name__}: {one_line(e, 300)}"
     return rep
@@ -488,7 +440,8 @@ def render(suite_id: str, reports: list[Report], device: str, where: str, capaci
             lines.append(f"{r.stage:<34} {r.model:<40} FAILED: {r.error}")
             continue
         fit = "?" if r.fits is None else ("yes" if r.fits else "NO (use a bigger device or a smaller dtype or batch)")
-        lines.append(f"{r.stage:<34} {r.model:<40} {r.params:>15,} {r.dtype:<9} {r.batch:>5} {r.peak / GiB:8.2f}  {fit}")
+        row = f"{r.stage:<34} {r.model:<40} {r.params:>15,} {r.dtype:<9} {r.batch:>5} {r.peak / GiB:8.2f}"
+        lines.append(f"{row}  {fit}")
         if len(r.components) > 1:
             lines += [f"{'':<36}{name:<38} {n:>15,}" for name, n in r.components.items() if name != "model"]
     names, peak = together(suite_id, reports, cfg)

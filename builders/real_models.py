@@ -1,12 +1,9 @@
 """The real architectures of the builders' default models, with random weights, without the weights.
 
-``builders/_data/real_models.json`` holds the published configs (diffusers ``config.json`` keys,
-transformers configs) of every Hub model a builder loads by default, each with its source repo
-and file; open_clip and timm models are built from those libraries' own registries by name
-(``open_clip.create_model``, ``timm.create_model``: both ship their model configs). Everything is
-built under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory and a second, so the
-builders' code paths can be shape-checked at real size (``genshift.builders.preflight``); on ``"cpu"`` or
-``"cuda"`` the same call gives real random-weight models to time and measure.
+``builders/_data/real_models.json`` holds the published configs of every Hub model a builder loads by
+default, each with its source; open_clip and timm models come from those libraries' registries. Built
+under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory (``genshift.builders.preflight``);
+on ``"cpu"`` or ``"cuda"`` the same call gives real random-weight models to time and measure.
 """
 
 from __future__ import annotations
@@ -30,25 +27,19 @@ def published() -> dict[str, dict]:
     return json.loads(DATA.read_text(encoding="utf-8"))["models"]
 
 
-def spec(model_id: str) -> dict:
+def spec(model_id: str, kind: str | None = None, hint: str = "") -> dict:
+    """The shipped spec of ``model_id``, which must be a ``kind`` model when given."""
     table = published()
     if model_id not in table:
         raise unknown("model with a shipped config", model_id, table)
+    if kind is not None and table[model_id]["kind"] != kind:
+        raise BenchError(f"{model_id} is a {table[model_id]['kind']} model, not {kind}{hint}")
     return table[model_id]
 
 
 def param_count(*modules: torch.nn.Module) -> int:
     """Parameters of the modules, each tensor counted once (tied weights are one tensor)."""
-    seen: dict[int, int] = {}
-    for m in modules:
-        for p in m.parameters():
-            seen[id(p)] = p.numel()
-    return sum(seen.values())
-
-
-def _clean(config: dict) -> dict:
-    """A diffusers config without its bookkeeping keys (``_class_name``, ``_diffusers_version``)."""
-    return {k: v for k, v in config.items() if not k.startswith("_")}
+    return sum({id(p): p.numel() for m in modules for p in m.parameters()}.values())
 
 
 @contextmanager
@@ -78,13 +69,11 @@ def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype 
 
     from genshift.builders.tiny import clip_tokenizer
 
-    s = spec(model_id)
-    if s["kind"] != "stable-diffusion":
-        raise BenchError(f"{model_id} is a {s['kind']} model, not Stable Diffusion")
+    s = spec(model_id, "stable-diffusion")
     c = s["components"]
     with building(device, dtype):
-        unet = _class(c["unet"]["class"])(**_clean(c["unet"]["config"]))
-        vae = _class(c["vae"]["class"])(**_clean(c["vae"]["config"]))
+        unet = _class(c["unet"]["class"]).from_config(c["unet"]["config"])
+        vae = _class(c["vae"]["class"]).from_config(c["vae"]["config"])
     with building(device, text_encoder_dtype):
         text_encoder = _class(c["text_encoder"]["class"])(CLIPTextConfig(**c["text_encoder"]["config"]))
     scheduler = _class(s["scheduler"]["class"]).from_config(s["scheduler"]["config"])
@@ -96,9 +85,7 @@ def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype 
 def blip2(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32):
     from transformers import Blip2Config, Blip2ForConditionalGeneration
 
-    s = spec(model_id)
-    if s["kind"] != "blip2":
-        raise BenchError(f"{model_id} is a {s['kind']} model, not BLIP-2; give a Salesforce/blip2-* captioner")
+    s = spec(model_id, "blip2", "; give a Salesforce/blip2-* captioner")
     with building(device, dtype):
         model = Blip2ForConditionalGeneration(Blip2Config(**s["config"])).eval()
     for name in getattr(model, "_keep_in_fp32_modules", None) or []:  # as from_pretrained keeps them
@@ -114,10 +101,7 @@ def causal_lm(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch
     """The perturber LLM (``lance-release``: LLaMA-7B as ``genshift.builders.lance_litllama`` converts it)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    s = spec(model_id)
-    if s["kind"] != "causal-lm":
-        raise BenchError(f"{model_id} is a {s['kind']} model, not a causal LM")
-    cfg = dict(s["config"])
+    cfg = dict(spec(model_id, "causal-lm")["config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with building(device, dtype):
         return AutoModelForCausalLM.from_config(config).eval()

@@ -1,34 +1,25 @@
-"""Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders).
+"""Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders; ``docs/builders.md``).
 
-Every image has its own ``torch.Generator`` seeded from its ids (``genshift.builders.seeding``); its
-starting latents are drawn from it in float32 on the CPU, so an image's noise depends neither on
-the other images of its batch nor on the device or dtype the UNet runs in. The UNet's arithmetic
-can: CPU kernels chosen by batch size may differ in the last bits (a pixel level or two after
-JPEG), so equal bytes need an equal batch composition, and the batch size a build really used
-is recorded (``batch_size_effective`` in the manifest). Generation runs in
-batches with the pipeline's default SDPA attention (``AttnProcessor2_0``) and fp16/bf16 UNet and
-VAE on GPU; the text encoder stays float32 (the authors' ImageNet* build requires it;
-``docs/builders.md``), its embeddings are cached per prompt and cast to the UNet's dtype
-before they reach the denoising loop. Out-of-memory batches are retried at half size
-(``genshift.oom.BatchBackoff``); the output is stored-size JPEG bytes (PIL bicubic resize,
-recorded quality).
+Each image's starting latents come from its own ``torch.Generator`` (``genshift.builders.seeding``), drawn
+in float32 on the CPU: they depend neither on the batch nor on the device or dtype. The UNet's CPU
+kernels may still differ in the last bits with the batch size, so equal bytes need an equal batch
+composition: the batch size a build ended with is recorded (``batch_size_effective``). The text encoder
+stays float32; its embeddings are cached per prompt and cast to the UNet's dtype.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
-from genshift.errors import BenchError, first_line
-from genshift.oom import BatchBackoff
 from genshift.builders.seeding import generator
+from genshift.errors import BenchError
+from genshift.oom import BatchBackoff
 
-log = logging.getLogger(__name__)
 PROMPT_CACHE = 4096  # prompts whose embeddings are kept (ImageNet*: one per (shift, class))
 
 
@@ -36,7 +27,7 @@ PROMPT_CACHE = 4096  # prompts whose embeddings are kept (ImageNet*: one per (sh
 class GenerationSettings:
     model_id: str = "stabilityai/stable-diffusion-2"
     revision: str | None = None
-    scheduler: str = "euler"            # "euler" (ImageNet*: EulerDiscrete) | "ddim" | "default"
+    scheduler: str = "euler"            # "euler" (ImageNet*: EulerDiscrete) | "default" (the checkpoint's)
     steps: int = 50
     guidance: float = 7.5
     height: int = 768
@@ -52,11 +43,6 @@ class GenerationSettings:
             raise BenchError(f"height and width must be multiples of 8, got {self.height}x{self.width}")
         if not 1 <= self.jpeg_quality <= 100:
             raise BenchError(f"JPEG quality must be in 1..100, got {self.jpeg_quality}")
-        if self.dtype not in ("float16", "bfloat16", "float32"):
-            raise BenchError(f"unknown dtype {self.dtype!r}; use float16, bfloat16 or float32")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def snapshot_revision(path: str) -> str | None:
@@ -66,12 +52,8 @@ def snapshot_revision(path: str) -> str | None:
 
 
 class SDGenerator:
-    """A Stable Diffusion pipeline plus the settings it is run with.
-
-    ``pipe`` is the complete pipeline (text encoder included: one call per prompt, the authors'
-    way, is ``pipe(prompt, ...)``); :meth:`generate` runs a text-encoder-less view of the same
-    modules (``denoiser``) on cached, dtype-cast prompt embeddings.
-    """
+    """A Stable Diffusion pipeline (``pipe``, text encoder included) and its settings; :meth:`generate` runs
+    a text-encoder-less view of its modules (:attr:`denoiser`) on cached, dtype-cast prompt embeddings."""
 
     def __init__(self, pipe, settings: GenerationSettings, *, device: str = "cpu") -> None:
         self.pipe = pipe
@@ -87,15 +69,14 @@ class SDGenerator:
         """Load the pipeline (weights from the Hub cache); inject class tokens if given."""
         from diffusers import StableDiffusionPipeline
 
+        from genshift.builders.common import loading
+
         cuda = device.startswith("cuda")
         dtype = getattr(torch, settings.dtype) if cuda else torch.float32
-        try:
+        with loading(settings.model_id, "check the model id and that the weights are cached or the Hub reachable"):
             pipe = StableDiffusionPipeline.from_pretrained(settings.model_id, revision=settings.revision,
                                                            variant=settings.variant, torch_dtype=dtype,
                                                            safety_checker=None, requires_safety_checker=False)
-        except (OSError, ValueError) as e:
-            raise BenchError(f"cannot load {settings.model_id}: {first_line(e)}; check the model id and "
-                             "that the weights are cached or the Hub reachable") from None
         pipe.text_encoder.to(torch.float32)  # fp32 text encoder under fp16 UNet/VAE, as the authors' build
         gen = cls._finish(pipe, settings, device=device, tokens=tokens)
         gen.resolved_revision = snapshot_revision(getattr(pipe.unet.config, "_name_or_path", "")) or settings.revision
@@ -122,14 +103,12 @@ class SDGenerator:
 
     @classmethod
     def _finish(cls, pipe, settings: GenerationSettings, *, device: str, tokens: dict | None):
-        from diffusers import DDIMScheduler, EulerDiscreteScheduler
+        from diffusers import EulerDiscreteScheduler
 
         if settings.scheduler == "euler":
             pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
-        elif settings.scheduler == "ddim":
-            pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
         elif settings.scheduler != "default":
-            raise BenchError(f"unknown scheduler {settings.scheduler!r}; use euler, ddim or default")
+            raise BenchError(f"unknown scheduler {settings.scheduler!r}; use euler or default")
         if tokens:
             from genshift.builders.tokens import inject_tokens
             inject_tokens(pipe.tokenizer, pipe.text_encoder, tokens)
@@ -139,11 +118,8 @@ class SDGenerator:
 
     @property
     def denoiser(self):
-        """The pipeline's UNet, VAE and scheduler without a text encoder: it takes embeddings as given.
-
-        (With a text encoder present, diffusers casts ``prompt_embeds`` back to the text encoder's
-        float32, which a fp16/bf16 UNet rejects.)
-        """
+        """The pipeline's UNet, VAE and scheduler without a text encoder, taking embeddings as given (with
+        one, diffusers casts ``prompt_embeds`` back to its float32, which a fp16/bf16 UNet rejects)."""
         if self._denoiser is None:
             from diffusers import StableDiffusionPipeline
 
@@ -201,7 +177,7 @@ class SDGenerator:
     def provenance(self) -> dict:
         import diffusers
 
-        return {**self.settings.to_dict(), "resolved_revision": self.resolved_revision,
+        return {**asdict(self.settings), "resolved_revision": self.resolved_revision,
                 "pipeline": type(self.pipe).__name__, "scheduler_class": type(self.pipe.scheduler).__name__,
                 "attention": "SDPA (diffusers AttnProcessor2_0)", "diffusers": diffusers.__version__,
                 "unet_dtype": str(self.pipe.unet.dtype), "text_encoder_dtype": str(self.pipe.text_encoder.dtype),

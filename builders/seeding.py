@@ -1,15 +1,13 @@
-"""Deterministic seeds for every generated item.
-
-A seed is derived from the suite seed and the item's ids by hashing, so it does not depend on
-the order, batching or sharding of the work, and two different ids never share a seed by
-construction of the hash (collisions are 2**-63 events).
-"""
+"""Deterministic seeds for every generated item: a hash of the suite seed and the item's ids, independent
+of the order, batching and sharding of the work."""
 
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SEED_BITS = 63
 
@@ -29,4 +27,6 @@ def derive_seed(root_seed: int, *ids: str | int) -> int:
 
 def generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A fresh ``torch.Generator`` seeded with ``seed`` (one per item; never global state)."""
+    import torch
+
     return torch.Generator(device=device).manual_seed(int(seed))

@@ -1,26 +1,11 @@
 """Textual inversion: learn one token per class (a "dataset interface" for any image collection).
 
-The settings of Dataset Interfaces (Vendrow et al. 2023; ``docs/builders.md``), all
-overridable (:class:`TIConfig`): 3000 steps, batch 1, AdamW (lr 5e-4 constant, betas 0.9/0.999,
-weight decay 1e-2, eps 1e-8); 768 px centre square crop + PIL bicubic resize + horizontal flip
-(p = 0.5), pixels in [-1, 1]; a random one of the 27 textual-inversion "object" templates per
-step; latents = VAE sample x scaling factor, t uniform in 0..T-1, a DDPM noise scheduler from
-the model's scheduler config; loss = MSE(UNet(x_t, t, text), target) with the **velocity**
-target ``get_velocity(latents, noise, t)`` for v-prediction models (SD 2) and the noise for
-epsilon models. As in the authors' data loader, each pass over a class's images is a fresh
-shuffle.
-
-The token starts at the mean of the class name's sub-word embeddings (no BOS/EOS) and only its
-**direction** is learned: :class:`SplitEmbedding` serves the frozen table plus one trainable
-row, rescaled to the initialiser's L2 norm in every forward pass (the authors' "SplitEmbedding"
-with pinned magnitudes). The row is served for an id one past the table, and the template token
-ids are built around it (:func:`template_ids`), so neither the tokenizer nor the text encoder is
-modified. Precision follows the authors: UNet and VAE in the load dtype (fp16 on GPU), the text
-encoder in float32 under fp16 autocast, gradients scaled when fp16.
-
-Training is resumable per class (``<work>/<idx>.bin`` written atomically when a class finishes;
-a rerun skips it) and refuses a work folder trained with other settings. Run it with
-``bench build imagenet-star --train-tokens DIR`` (``--tokens-only``: the tokens, no generation).
+Dataset Interfaces' settings (Vendrow et al. 2023; ``docs/builders.md``; :class:`TIConfig`): per step a
+random one of the 27 "object" templates, a VAE sample, t uniform over a DDPM scheduler made from the
+model's, MSE against the velocity (v-prediction, SD 2) or the noise; each pass over a class's images is
+a fresh shuffle. The token starts at the mean of the class name's sub-word embeddings and only its
+direction is learned (:class:`SplitEmbedding`, served for an id one past the table: tokenizer and text
+encoder stay unmodified). Resumable per class; a work folder trained with other settings is refused.
 """
 
 from __future__ import annotations
@@ -71,17 +56,9 @@ class TIConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.resolution < 8:
-            raise BenchError(f"textual inversion needs steps >= 1, batch size >= 1 and resolution >= 8, got "
-                             f"{self.steps}, {self.batch_size}, {self.resolution}")
         bad = [t for t in self.templates if t.count("{}") != 1]
         if not self.templates or bad:
             raise BenchError(f"every template needs exactly one '{{}}' for the token, got {bad[:1] or 'none'}")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["betas"], d["templates"] = list(self.betas), list(self.templates)
-        return d
 
 
 @dataclass(frozen=True)
@@ -216,7 +193,7 @@ class TIRun:
         self.token_id = self.text_encoder.get_input_embeddings().num_embeddings
 
     @classmethod
-    def from_components(cls, components: dict, device: str | torch.device = "cpu") -> "TIRun":
+    def from_components(cls, components: dict, device: str | torch.device = "cpu") -> TIRun:
         """From ``genshift.builders.tiny.tiny_sd_components()``-style dicts or a pipeline's ``components``."""
         return cls(components["unet"], components["vae"], components["text_encoder"], components["tokenizer"],
                    components["scheduler"], torch.device(device))
@@ -333,7 +310,7 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
     todo_classes = folder_classes(data_dir, classes=classes)
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    _check_recipe(work_dir, {"model_id": model_id, "label_space": "imagenet", "textual_inversion": cfg.to_dict()})
+    _check_recipe(work_dir, {"model_id": model_id, "label_space": "imagenet", "textual_inversion": asdict(cfg)})
     mine = [c for i, c in enumerate(todo_classes) if process is None or process.owns(i)]
     todo = [c for c in mine if not (work_dir / f"{c.index}.bin").is_file()]
     if len(todo) < len(mine):

@@ -1,10 +1,7 @@
-"""Tiny random-weight models built from configs, for ``--smoke`` runs and tests.
+"""Tiny random-weight models built from configs, for ``--smoke`` runs and tests (no network).
 
-Nothing here touches the network: the CLIP BPE tokenizer is rebuilt from the vocabulary file that
-open_clip ships (the same merges as OpenAI CLIP / SD's tokenizer), and every model is created
-from a config after ``torch.manual_seed(seed)``, as diffusers' ``get_dummy_components`` does.
-The real code paths (pipelines, schedulers, attention processors, open_clip encoders) run
-unchanged on these models.
+Each model is created after ``torch.manual_seed(seed)`` (diffusers' ``get_dummy_components``); the CLIP
+BPE tokenizer is rebuilt from open_clip's vocabulary file. The real code paths run on them unchanged.
 """
 
 from __future__ import annotations
@@ -22,11 +19,8 @@ TINY_TEXT_DIM = 32
 
 @lru_cache(maxsize=1)
 def clip_bpe_files() -> tuple[str, str]:
-    """Write ``vocab.json`` + ``merges.txt`` of the CLIP BPE (49,408 tokens) and return their paths.
-
-    Derived from open_clip's ``bpe_simple_vocab_16e6.txt.gz`` exactly as its ``SimpleTokenizer``
-    derives its encoder; the two special tokens get transformers' names.
-    """
+    """Paths of ``vocab.json`` + ``merges.txt`` of the CLIP BPE (49,408 tokens), derived from open_clip's
+    vocabulary file as its ``SimpleTokenizer`` does; the two special tokens get transformers' names."""
     import open_clip.tokenizer as oct
 
     merges = gzip.open(oct.default_bpe()).read().decode("utf-8").split("\n")[1:49152 - 256 - 2 + 1]
@@ -40,10 +34,7 @@ def clip_bpe_files() -> tuple[str, str]:
 
 
 def clip_tokenizer(*, model_max_length: int = 77, pad_token: str = "<|endoftext|>"):
-    """The slow CLIP tokenizer of Stable Diffusion, built offline.
-
-    SD 1.x pads with ``<|endoftext|>``; SD 2's tokenizer pads with ``"!"`` (pass ``pad_token="!"``).
-    """
+    """The slow CLIP tokenizer of Stable Diffusion, built offline (SD 2's pads with ``"!"``)."""
     from transformers import CLIPTokenizer
 
     vocab, merges = clip_bpe_files()
@@ -51,12 +42,8 @@ def clip_tokenizer(*, model_max_length: int = 77, pad_token: str = "<|endoftext|
 
 
 def tiny_sd_components(*, seed: int = 0, prediction_type: str = "v_prediction", sample_size: int = 32) -> dict:
-    """UNet, VAE, text encoder, tokenizer and scheduler of a tiny Stable Diffusion.
-
-    ``prediction_type="v_prediction"`` + Euler mirrors SD 2 (ImageNet*); ``"epsilon"`` + DDIM
-    mirrors SD 1.4 (LANCE). The VAE downsamples by 2 (one down block), so a 32-px latent is a
-    64-px image.
-    """
+    """UNet, VAE, text encoder, tokenizer and scheduler of a tiny Stable Diffusion: ``v_prediction`` + Euler as
+    SD 2 (ImageNet*), ``epsilon`` + DDIM as SD 1.4 (LANCE). The VAE downsamples by 2: 32-px latents, 64-px images."""
     from diffusers import AutoencoderKL, DDIMScheduler, EulerDiscreteScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -95,10 +82,8 @@ def tiny_sd_components(*, seed: int = 0, prediction_type: str = "v_prediction", 
 
 
 def tiny_open_clip(*, seed: int = 0, image_size: int = 32):
-    """A tiny open_clip ``CLIP`` (random weights), its eval preprocess and tokenizer.
-
-    Same classes and text path (EOS pooling, batch-first transformer) as ViT-H-14 / ViT-L-14.
-    """
+    """A tiny open_clip ``CLIP`` (random weights; the classes and text path of ViT-H-14 / ViT-L-14), its eval
+    preprocess and tokenizer."""
     import open_clip
     from open_clip.transform import image_transform
 

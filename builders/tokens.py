@@ -1,16 +1,10 @@
-"""ImageNet* class tokens: read/write the released ``tokens.zip`` and inject tokens into a text encoder.
+"""ImageNet* class tokens: read/write ``tokens.zip`` and inject tokens into a text encoder.
 
-The release (``madrylab/imagenet-star-tokens``, a Hub *dataset* repo, file ``tokens.zip``) holds
-``tokens/<class index>.bin``, one ``torch.save``d float tensor of shape (1024,) per class
-(Vendrow et al. 2023's release; ``docs/builders.md``). Each is loaded with ``torch.load(weights_only=True)`` (no
-arbitrary unpickling) and validated; (1024,) and (1, 1024), float16 and float32 are accepted.
-Our textual-inversion trainer writes the same layout (a zip, or a folder ``tokens/<idx>.bin``).
-
-Tokens are named ``<{class name}-{index}>`` with the OpenAI class names, spaces and capitals
-kept (``<Golden Retriever-207>``), and added to the tokenizer in ONE call as non-normalised
-tokens: they match the prompt text before CLIP's lower-casing normaliser, with the slow (4.x)
-and the tokenizers-backed (5.x) ``CLIPTokenizer`` alike. Class c gets id ``len(tokenizer) + rank
-of c``, i.e. ``49408 + c`` with all 1000 classes, as in the authors' build.
+The release (``madrylab/imagenet-star-tokens``, a Hub dataset; ``docs/builders.md``) holds
+``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class, loaded with
+``weights_only=True`` and validated; our textual inversion writes the same layout. Tokens are named
+``<{class name}-{index}>`` (``<Golden Retriever-207>``) and added as non-normalised tokens in one call
+(capitals and spaces kept with either CLIPTokenizer backend): class c gets id ``49408 + c`` with all 1000.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """A paper's table from a population's results, with the paper's reported numbers beside ours.
 
-``reproduce(table, results)`` matches the results to the table's model population
-(``genshift.populations``) by model identity (``genshift.identity``), reads each cell from the
-results' metrics and pairs it with the number the paper reports (package data ``reported.yaml``,
-each with paper, table and row). It never runs a model: results come from ``bench eval --models
-<population>``. A member's row is filled by
-
-- a result of its Hub weights (canonical id ``timm/<its tag>``; the revision is reported), or
-- a result of local weights declared as its tag (``bench eval --model <its tag>=<file>``: the
-  result's ``model.declared_name``), marked "declared local weights" with the weights' digest, or
-- for a member without public weights (a replica), the local weights the user names for it
-  (``members={"RN2": "resnet50@sha256:<16 hex>"}``, ``bench reproduce --member RN2=<id>``),
-
-never by architecture alone; every other result is listed as outside the population, with why.
-The report says which result filled which row (``filled``).
-
-Tables:
-
-- ``lance-table2``: LANCE Table 2, acc@1 / acc@5 on Original (T), Reconstructed (the
-  reconstructions of T) and LANCE (all counterfactuals T'), and Δacc@1 / Δacc@5 (Eq. 3, the
-  table's subscripts) of Reconstructed and LANCE; T = the result's headline T
-  (``metrics.lance.headline_T``: originals with at least one counterfactual, as the paper's
-  fractions of 576 show).
-- ``in-g-fig4``: IN-G Fig. 4, the top-3 failure rate (true class not in the top 3) of each model
-  on IN-G-RN and IN-G-ViT; the paper prints the replicas' rates (78%, 77%) and the range over the
-  ImageNet-21k models (39-53%, 50-61%); ours is compared as a range too.
-- ``imagenet-star-slopes``: Dataset Interfaces' per-shift absolute impact and ID/OOD slope over
-  the 61-model population (``genshift.eval.slope``), on ``base`` or, with ``id_table``, ImageNet-val
-  top-1 (``genshift.eval.id_axis``); the paper plots these, so there is no number beside them.
+``reproduce(table, results)`` matches the results to the table's population (``genshift.populations``) by
+model identity (``genshift.identity``), never by architecture alone: a member's row is filled by a result
+of its Hub weights, of local weights declared as its tag (``model.declared_name``) or, for a member
+without public weights, of the local weights named for it (``members``). Each cell is paired with the
+number the paper reports (package data ``reported.yaml``); no model is run. The tables and what each
+cell reads: ``docs/reproducing.md``.
 """
 
 from __future__ import annotations
@@ -133,8 +111,8 @@ def match_population(pop: Population, results: list[tuple[str, dict]], suite: st
             outside.append(f"{r['model']['id']} ({how})")
             continue
         if hit.paper in found:
-            raise BenchError(f"two results of {hit.paper} ({hit.model}) on {suite}: {found[hit.paper].path} and {path}; "
-                             "keep one per model")
+            raise BenchError(f"two results of {hit.paper} ({hit.model}) on {suite}: {found[hit.paper].path} and "
+                             f"{path}; keep one per model")
         found[hit.paper] = Found(hit, path, r, how)
     manifests = {f.result["suite"]["manifest_sha256"] for f in found.values()}
     if len(manifests) > 1:
@@ -147,16 +125,12 @@ def _pct(v) -> float | None:
     return None if v is None else 100 * float(v)
 
 
-def _fmt(values, digits: int = 2) -> str:
-    return " / ".join("-" if v is None else f"{v:+.{digits}f}" if digits == 1 else f"{v:.{digits}f}" for v in values)
+def _fmt(values, spec: str = ".2f") -> str:
+    return " / ".join("-" if v is None else format(v, spec) for v in values)
 
 
 def _diff(ours, paper) -> list[float | None]:
     return [None if a is None or b is None else a - b for a, b in zip(ours, paper)]
-
-
-def _signed(values) -> str:
-    return " / ".join("-" if v is None else f"{v:+.2f}" for v in values)
 
 
 def _missing_line(m: Member, suite: str, extra: str = "") -> str:
@@ -166,7 +140,8 @@ def _missing_line(m: Member, suite: str, extra: str = "") -> str:
     return f"{m.paper}: bench eval --model {m.model} --suite {suite}{extra}"
 
 
-_LANCE_ROWS = {"1 Original": ("acc{k}_T", None), "2 Reconstructed": ("acc{k}_reconstruction", "delta_acc{k}_reconstruction"),
+_LANCE_ROWS = {"1 Original": ("acc{k}_T", None),
+               "2 Reconstructed": ("acc{k}_reconstruction", "delta_acc{k}_reconstruction"),
                "4 LANCE": ("acc{k}_counterfactual", "delta_acc{k}")}
 
 
@@ -205,14 +180,14 @@ def _lance_table2(results: list[tuple[str, dict]], members=None) -> dict:
             acc, delta = _lance_cells(found[col].result, r["row"]) if col in found else ([None] * 2, [None] * 2)
             paper, paper_delta = r["values"][col], (r.get("deltas") or {}).get(col)
             lines["ours"][col], lines["paper"][col] = _fmt(acc), _fmt(paper)
-            lines["ours - paper"][col] = _signed(_diff(acc, paper))
+            lines["ours - paper"][col] = _fmt(_diff(acc, paper), "+.2f")
             for metric, a, b in zip(rep["metrics"], acc, paper):
                 cells.append({"row": r["row"], "column": col, "metric": metric, "ours": a, "paper": b,
                               "diff": None if a is None else a - b, "source": _source(rep, r["row"])})
             if paper_delta is None:
                 continue
-            lines["Δ ours"][col], lines["Δ paper"][col] = _signed(delta), _fmt(paper_delta, 1)
-            lines["Δ ours - Δ paper"][col] = _signed(_diff(delta, paper_delta))
+            lines["Δ ours"][col], lines["Δ paper"][col] = _fmt(delta, "+.2f"), _fmt(paper_delta, "+.1f")
+            lines["Δ ours - Δ paper"][col] = _fmt(_diff(delta, paper_delta), "+.2f")
             for metric, a, b in zip(rep["metrics"], delta, paper_delta):
                 cells.append({"row": r["row"], "column": col, "metric": f"delta_{metric}", "ours": a, "paper": b,
                               "diff": None if a is None else a - b, "source": _source(rep, r["row"] + " (subscript)")})
@@ -259,7 +234,8 @@ def _in_g_fig4(results: list[tuple[str, dict]], members=None) -> dict:
         summary[f"{col} diff"] = "" if ours is None else f"{ours[0] - lo:+.2f}/{ours[1] - hi:+.2f}"
         cells.append({"row": "in21k range", "column": col, "metric": "top3_failure_rate", "ours": ours,
                       "paper": [float(lo), float(hi)],
-                      "diff": None if ours is None else [ours[0] - lo, ours[1] - hi], "source": _source(rep, paper["text"])})
+                      "diff": None if ours is None else [ours[0] - lo, ours[1] - hi],
+                      "source": _source(rep, paper["text"])})
         if ours is None and have:
             notes.append(f"{col}: the range needs all {len(group)} ImageNet-21k models; {len(have)} scored")
     rows.append(summary)

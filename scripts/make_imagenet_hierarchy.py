@@ -1,29 +1,13 @@
-"""Generate ``benchmark/_data/imagenet_hierarchy.json`` from Princeton WordNet 3.0.
+"""Generate ``benchmark/_data/imagenet_hierarchy.json`` from Princeton WordNet 3.0 (committed; byte for byte).
 
-The JSON is committed; runtime code and tests never need WordNet. This script documents how
-it was made and regenerates it byte for byte.
-
-How it was made (2026-11-22)::
-
-    apt-get install wordnet-base            # Debian 12, version 1:3.0-37 = Princeton WordNet 3.0
+    apt-get install wordnet-base            # Debian 12, 1:3.0-37 = Princeton WordNet 3.0 (2026-11-22)
     python scripts/make_imagenet_hierarchy.py --wordnet /usr/share/wordnet
 
-Inputs:
-- ``data.noun`` of WordNet 3.0 (offsets equal ImageNet wnids: ``n`` + 8-digit offset);
-- the 1000 ImageNet-1k wnids in class-index order and the 200 ImageNet-A wnids, from the
-  files timm ships (``timm/data/_info/imagenet_synsets.txt``, ``imagenet_a_synsets.txt``);
-- readable class names: open_clip's ``IMAGENET_CLASSNAMES`` (the OpenAI "clean" names,
-  which are also the names ImageNet* tokens are built from).
-
-Per class it records the lemmas, the direct hypernyms, the hypernym closure with the minimum
-hop distance, the grandparents (two hops up) and the IN-G parent chosen by the rule of Wiles
-et al. as reconstructed here: the grandparent with the smallest
-synset offset. Hypernyms are ``@`` and ``@i`` pointers, always sorted by offset, so the output
-does not depend on hash order (the NLTK pitfall noted in the spec).
-
-It also records, for failure directions (Jain et al.), the closest ancestor from the authors'
-ancestor list by breadth-first search, ties broken by name (a deterministic reconstruction of the
-released code's choice).
+Inputs: WordNet's ``data.noun`` (offsets are wnids), timm's ImageNet-1k and ImageNet-A wnid lists, and
+open_clip's OpenAI class names (those of the ImageNet* tokens). Per class: lemmas, direct hypernyms
+(``@`` and ``@i``, sorted by offset: no hash order), the hypernym closure with minimum hop distances, the
+grandparents, the IN-G parent (the grandparent with the smallest offset, Wiles et al. as reconstructed
+here) and the closest failure-directions ancestor (Jain et al.'s list; BFS, ties by name).
 """
 
 from __future__ import annotations
@@ -57,15 +41,10 @@ def parse_data_noun(path: Path) -> dict[str, dict]:
             offset, _lex, ss_type, w_cnt = fields[0], fields[1], fields[2], int(fields[3], 16)
             if ss_type != "n":
                 continue
-            lemmas = [fields[4 + 2 * i] for i in range(w_cnt)]
             pos = 4 + 2 * w_cnt
-            p_cnt = int(fields[pos])
-            hyper = []
-            for i in range(p_cnt):
-                sym, target, tpos = fields[pos + 1 + 4 * i : pos + 4 + 4 * i]
-                if sym in ("@", "@i") and tpos == "n":
-                    hyper.append("n" + target)
-            synsets["n" + offset] = {"lemmas": lemmas, "hypernyms": sorted(set(hyper))}
+            pointers = [fields[pos + 1 + 4 * i: pos + 4 + 4 * i] for i in range(int(fields[pos]))]
+            hyper = {"n" + target for sym, target, tpos in pointers if sym in ("@", "@i") and tpos == "n"}
+            synsets["n" + offset] = {"lemmas": fields[4:pos:2], "hypernyms": sorted(hyper)}
     return synsets
 
 
@@ -88,13 +67,8 @@ def readable(lemma: str) -> str:
 
 def fd_ancestor(wnid: str, synsets: dict[str, dict]) -> str | None:
     """Closest failure-directions ancestor by BFS (hops), ties broken by name."""
-    names = set(FD_ANCESTORS)
-    anc = closure(wnid, synsets)
-    best = sorted(
-        (d, synsets[a]["lemmas"][0].lower()) for a, d in anc.items()
-        if synsets[a]["lemmas"][0].lower() in names
-    )
-    return best[0][1] if best else None
+    found = [(d, synsets[a]["lemmas"][0].lower()) for a, d in closure(wnid, synsets).items()]
+    return min(((d, name) for d, name in found if name in FD_ANCESTORS), default=(None, None))[1]
 
 
 def build(wordnet: Path) -> dict:
@@ -116,18 +90,10 @@ def build(wordnet: Path) -> dict:
         grand = sorted({g for h in synsets[wnid]["hypernyms"] for g in synsets[h]["hypernyms"]})
         parent = min(grand) if grand else None  # wnids are 'n' + zero-padded offset: str order = offset order
         referenced.update(anc)
-        classes.append({
-            "index": index,
-            "wnid": wnid,
-            "name": name,
-            "lemma": readable(synsets[wnid]["lemmas"][0]),
-            "lemmas": [readable(x) for x in synsets[wnid]["lemmas"]],
-            "hypernyms": synsets[wnid]["hypernyms"],
-            "ancestors": {a: anc[a] for a in sorted(anc)},
-            "grandparents": grand,
-            "parent": parent,
-            "fd_ancestor": fd_ancestor(wnid, synsets),
-        })
+        classes.append({"index": index, "wnid": wnid, "name": name, "lemma": readable(synsets[wnid]["lemmas"][0]),
+                        "lemmas": [readable(x) for x in synsets[wnid]["lemmas"]],
+                        "hypernyms": synsets[wnid]["hypernyms"], "ancestors": {a: anc[a] for a in sorted(anc)},
+                        "grandparents": grand, "parent": parent, "fd_ancestor": fd_ancestor(wnid, synsets)})
     index_of = {c["wnid"]: c["index"] for c in classes}
     return {
         "source": {

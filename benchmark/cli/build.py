@@ -1,8 +1,7 @@
 """`bench build <suite>`: regenerate a benchmark suite (GPU; `--smoke` runs tiny models on CPU).
 
-Each builder's options are its typed config (``genshift.builders.common.BuildConfig`` and the
-builder's own fields, each with its help): this module turns the config's fields into flags and the
-parsed flags into a config, and the builder never sees argparse."""
+A builder's flags are its typed config's fields (``genshift.builders.common.BuildConfig``); the parsed
+flags become a config, and the builder never sees argparse."""
 
 from __future__ import annotations
 
@@ -10,11 +9,7 @@ import argparse
 import dataclasses
 import importlib
 
-from genshift.cli._common import add_verb, csv_list
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after each option's help; the description and examples kept as written."""
+from genshift.cli._common import HelpFormatter, add_verb, csv_list
 
 
 def flag(name: str, cls) -> str:
@@ -29,7 +24,7 @@ def add_config(p: argparse.ArgumentParser, cls) -> None:
         m, t = f.metadata, str(f.type)
         if "help" not in m:
             continue
-        kw = {"dest": f.name, "help": m["help"], "default": f.default, **({"required": True} if m.get("required") else {})}
+        kw = {"dest": f.name, "help": m["help"], "default": f.default, "required": m.get("required", False)}
         if t == "bool":  # absent: the config's default (and no "(default: ...)" after a switch's help)
             kw.update(action="store_false" if f.default else "store_true", default=argparse.SUPPRESS)
         else:
@@ -50,20 +45,17 @@ def flagged(cls, fn, *a, **kw):
         raise BenchError(f"{flag(e.field, cls)}: {e.message}") from None
 
 
-def config_from(cls, args, **extra):
+def config_from(cls, args):
     """The config ``cls`` from parsed flags."""
-    return flagged(cls, cls, **{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-                                if hasattr(args, f.name)}, **extra)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return flagged(cls, cls, **given)
 
 
-def _examples(suite_id: str, module) -> str:
-    """The builder's own EXAMPLES, else the three ways every builder runs."""
-    own = getattr(module, "EXAMPLES", None)
-    if own:
-        return own
+def _examples(suite_id: str) -> str:
+    """The three ways every builder runs."""
     return (f"  bench build {suite_id} --smoke --out /tmp/{suite_id}-smoke      # whole pipeline, tiny models, CPU\n"
             f"  bench build {suite_id} --out {suite_id}/                        # one GPU; rerun to resume\n"
-            f"  accelerate launch -m genshift build {suite_id} --out {suite_id}/   # every GPU (and node)\n")
+            f"  accelerate launch -m genshift build {suite_id} --out {suite_id}/   # every GPU (and node)")
 
 
 def _description(module) -> str:
@@ -86,18 +78,9 @@ def add_parser(sub):
                                 help="which suite to build (`bench suites` lists them); "
                                      "`bench build <suite> --help` shows its options")
     for suite_id in BUILDERS:
-        try:
-            module = importlib.import_module(BUILDERS.get(suite_id))
-        except ModuleNotFoundError as e:  # builder not available in this checkout
-            bp = builders.add_parser(suite_id, help=f"build {suite_id}",
-                                     description=f"Build {suite_id} (not available here: {e}).",
-                                     epilog="examples:\n" + _examples(suite_id, None).rstrip(),
-                                     formatter_class=_Formatter)
-            bp.set_defaults(_builder_error=str(e))
-            continue
+        module = importlib.import_module(BUILDERS.get(suite_id))
         bp = builders.add_parser(suite_id, help=f"build {suite_id}", description=_description(module),
-                                 epilog="examples:\n" + _examples(suite_id, module).rstrip(),
-                                 formatter_class=_Formatter)
+                                 epilog="examples:\n" + _examples(suite_id), formatter_class=HelpFormatter)
         add_config(bp, module.Config)
         g = bp.add_argument_group("preflight (no download, no output: the real architectures with random weights)")
         g.add_argument("--preflight", action="store_true",
@@ -112,9 +95,6 @@ def add_parser(sub):
 def run(args) -> int:
     from genshift.errors import BenchError
 
-    if getattr(args, "_builder_error", None):
-        raise BenchError(f"builder for {args.suite!r} is not available: {args._builder_error}; "
-                         "install the builder extras: pip install 'genshift-bench[builders]'")
     module = args._builder
     cfg = config_from(module.Config, args)  # (IN-G's config takes <suite> as its suite)
     if args.preflight:

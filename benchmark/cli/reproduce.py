@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from genshift.cli._common import add_verb, print_json, print_table
-
 from genshift.eval.reproduce import TABLES  # light: yaml and the population registry
 
 
@@ -12,7 +11,8 @@ def _member(text: str) -> tuple[str, str]:
 
     paper, sep, mid = text.partition("=")
     if not sep or not paper or not mid:
-        raise argparse.ArgumentTypeError(f"expected PAPER_NAME=MODEL_ID (e.g. RN2=resnet50@sha256:<16 hex>), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected PAPER_NAME=MODEL_ID (e.g. RN2=resnet50@sha256:<16 hex>), got "
+                                         f"{text!r}")
     return paper, mid
 
 
@@ -27,7 +27,8 @@ def add_parser(sub):
                              "Lists the population's models that have no result yet (with the command that scores "
                              "each) and the settings that make a number disagree. Runs no model.",
                  examples="  bench reproduce lance-table2 runs/lance-hardimagenet/\n"
-                          "  bench reproduce in-g-fig4 runs/in-g-rn/ runs/in-g-vit/ --member RN2=resnet50@sha256:<16 hex>\n"
+                          "  bench reproduce in-g-fig4 runs/in-g-rn/ runs/in-g-vit/ "
+                          "--member RN2=resnet50@sha256:<16 hex>\n"
                           "  bench reproduce imagenet-star-slopes runs/imagenet-star-upstream/ --json\n"
                           "  bench reproduce imagenet-star-slopes runs/imagenet-star-upstream/ --id-accuracy "
                           "results-imagenet.csv\n")
