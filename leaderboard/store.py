@@ -35,12 +35,12 @@ class Trust:
 
 
 def trust(trusted_keys=None, suites=None) -> Trust:
-    """``trusted_keys``: a trusted-keys file; ``suites``: trusted suite folders or manifest files (given: entries on
-    other suite data are rejected)."""
+    """``trusted_keys``: a trusted-keys file or ``load_trusted_keys``'s dict; ``suites``: trusted suite folders or
+    manifest files (given: entries on other suite data are rejected)."""
     from genshift.eval.stamps import load_trusted_keys
     from genshift.eval.suite_trust import TrustedSuites
 
-    keys = load_trusted_keys(trusted_keys) if trusted_keys else {}
+    keys = trusted_keys if isinstance(trusted_keys, dict) else load_trusted_keys(trusted_keys) if trusted_keys else {}
     manifests = None if suites is None else frozenset(TrustedSuites.from_paths(suites, registry=False).by_sha)
     digest = sha256_bytes(canonical_json([sorted(keys), sorted(manifests or []), manifests is None]))
     return Trust(keys, manifests, digest)
