@@ -1,9 +1,5 @@
-"""User-facing errors.
-
-Every ``BenchError`` carries one line that says what was wrong, with the value, and how to fix
-it. The CLI prints it as ``error: <message>`` and exits non-zero; anything else that escapes is
-a bug and keeps its traceback.
-"""
+"""User-facing errors: a ``BenchError`` is one line saying what was wrong, with the value, and how to fix
+it; the CLI prints ``error: <message>`` and exits non-zero (anything else that escapes is a bug)."""
 
 from __future__ import annotations
 
@@ -62,21 +58,15 @@ _OS_FIXES.update({code: _NETWORK for code in (errno.ECONNREFUSED, errno.ECONNRES
 
 
 def os_error_message(e: OSError) -> str:
-    """One line for an ``OSError`` that reached the CLI: what failed, on which path, and the fix.
-
-    ``e.filename`` names the path; writes through :func:`genshift.fsutil.atomic_path` add it
-    when the library that failed did not (pyarrow and ``file.write`` report only the errno).
-    """
+    """One line for an ``OSError`` that reached the CLI: what failed, on which path (``e.filename``, which
+    :func:`genshift.fsutil.atomic_path` adds where pyarrow and ``file.write`` give only the errno), the fix."""
     code, filename, filename2 = e.errno, e.filename, e.filename2
-    if code is None:  # re-raised from a DataLoader worker: the original error is the traceback's last line
-        m = _ERRNO_TEXT.search(str(e))
-        if m:
-            code, filename = int(m.group(1)), m.group(2)
+    # re-raised from a DataLoader worker: the original error is the traceback's last line
+    if code is None and (m := _ERRNO_TEXT.search(str(e))):
+        code, filename = int(m.group(1)), m.group(2)
     # os.strerror: pyarrow's strerror is "Error writing bytes to file. Detail: [errno 28] ..."
-    if code is not None:
-        reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
-    else:
-        reason = (e.strerror or str(e) or type(e).__name__).strip().splitlines()[-1]
+    reason = (f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code is not None
+              else (e.strerror or str(e) or type(e).__name__).strip().splitlines()[-1])
     where = f" on {str(filename)!r}" if filename is not None else ""
     if filename2 is not None:
         where += f" -> {str(filename2)!r}"
@@ -92,10 +82,7 @@ def first_line(text: object, limit: int | None = 200) -> str:
 
 
 def one_line(text: object, limit: int | None = None) -> str:
-    """``text`` as one printable line: terminal escapes and control characters removed, lines joined.
-
-    Messages quote outside text (exception texts, file names) that may hold newlines or colour codes.
-    """
+    """``text`` from outside as one printable line: terminal escapes and control characters removed, lines joined."""
     parts = CONTROL_CHARS.sub("\n", _ESCAPE.sub("", str(text))).split("\n")
     line = " ".join(part.strip() for part in parts if part.strip())
     return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
@@ -104,9 +91,7 @@ def one_line(text: object, limit: int | None = None) -> str:
 def did_you_mean(name: str, choices: Iterable[str], *, n: int = 3) -> str:
     """``" Did you mean 'x'?"`` for the closest choices, or ``""``."""
     close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
-    if not close:
-        return ""
-    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?" if close else ""
 
 
 def unknown(kind: str, name: str, choices: Iterable[str], *, hint: str = "") -> NotFoundError:

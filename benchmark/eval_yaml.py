@@ -13,6 +13,7 @@ from genshift.families import Task, get_family
 from genshift.fsutil import load_yaml
 from genshift.schema import Schema, Text, validate
 from genshift.suite_format import EVAL_YAML, SPLIT
+from genshift.suites import SUITES, declared_scoring, get_suite
 
 FRAMEWORK = "genshift-bench"
 MAX_EVAL_YAML_BYTES = 64 << 10
@@ -32,8 +33,6 @@ def tasks(family: str, configs: list[str], reference: str | None = None) -> list
 
 def suite_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config of a suite: the registry's entry, else what its manifest declares."""
-    from genshift.suites import SUITES, declared_scoring, get_suite
-
     if manifest.suite_id in SUITES:
         spec = get_suite(manifest.suite_id)
         return spec.metric_family, spec.reference_config
@@ -48,9 +47,8 @@ def suite_tasks(manifest) -> list[Task]:
 def eval_yaml_dict(manifest, *, name: str | None = None, description: str | None = None) -> dict:
     """The ``eval.yaml`` content of a suite as a dict (name and description from its card)."""
     family, _ = suite_scoring(manifest)
-    fam = get_family(family)
-    pp = sorted({fam.metric(t.column.split("/")[0]).label for t in suite_tasks(manifest)
-                 if fam.metric(t.column.split("/")[0]).unit == "pp"})
+    metrics = [get_family(family).metric(t.column.split("/")[0]) for t in suite_tasks(manifest)]
+    pp = sorted({m.label for m in metrics if m.unit == "pp"})
     lines = [description or f"{manifest.suite_id}: how ImageNet classifiers fail under a generated distribution "
              f"shift (genshift-bench suite, metric family {family}).",
              UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),

@@ -1,26 +1,13 @@
 """Metric families: each suite family declares its metrics once, and everything reads the declaration.
 
-A suite's metric family (``genshift.suites``: ``imagenet_star``, ``lance``, ``in_g``, or plain
-``accuracy``) decides which numbers a result carries and which one ranks a model. Each family is
-registered here, in the spirit of lm-evaluation-harness's ``register_metric`` and timm's
-``register_model``, with
-
-- its metrics (:class:`Metric`: key, label, unit, direction, the paper's equation);
-- its headline (the metric the board ranks by) and how the board's per-image rank outcome is
-  made (``rank_k``, ``rank_misses``, ``rank_paired_delta``, :meth:`Family.rank_configs`);
-- whether it scores shifts against a reference config (``reference``: ImageNet*'s ``base``);
-- the scorer of its metrics block, its extra per-image outcomes and its result analysis, as lazy
-  ``"module:function"`` targets (lm-eval's lazy registry entries: the core never imports the eval
-  layer; ``genshift.eval.scoring.score`` and the sweep resolve them);
-- :meth:`Family.columns`: the family's numbers read off a result (the board's table, its CSV and
-  JSON, ``bench reproduce``), fractions throughout (the board shows percent and pp);
-- :meth:`Family.tasks`: the Hub ``eval.yaml`` tasks of a suite of the family.
-
-Scoring, verify (which recomputes with scoring), the board, ``eval.yaml`` and ``reproduce`` read
-these declarations; no other module branches on a family's name.
-
-Units: ``"%"`` is a fraction shown in percent; ``"pp"`` a difference of two fractions shown in
-percentage points.
+A suite's family (``imagenet_star``, ``lance``, ``in_g`` or plain ``accuracy``) decides which numbers a
+result carries and which one ranks a model. Each :class:`Family` is registered here (in the spirit of
+lm-eval's ``register_metric`` and timm's ``register_model``) with its metrics, its headline, the board's
+per-image rank outcome, whether it scores shifts against a reference config, and its scorer, extra
+outcomes and analysis as lazy ``"module:function"`` targets (the core never imports the eval layer).
+Scoring, verify, the board, ``eval.yaml`` and ``reproduce`` read these declarations; no other module
+branches on a family's name. Units: ``"%"`` is a fraction shown in percent; ``"pp"`` a difference of
+two fractions shown in percentage points.
 """
 
 from __future__ import annotations
@@ -91,8 +78,7 @@ class Family:
 
     def rank_configs(self, configs: list[str], reference: str | None = None) -> list[str]:
         """The configs the board's rank outcome averages over."""
-        ref = reference or "base"
-        return [c for c in configs if not (self.reference and c == ref)]
+        return [c for c in configs if not (self.reference and c == (reference or "base"))]
 
     def columns(self, result: Mapping) -> dict[str, float]:
         """Every number of the family in a result, by column: per-config acc@1/acc@5, ``mean_acc1``
@@ -209,7 +195,8 @@ LANCE = Family(
     metrics=(
         ACC1, ACC5,
         Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored"),
-        Metric("delta_acc1", "Δacc@1", "pp", True, "Prabhu et al. 2023, Eq. 3 at k = 1 (T: originals with a counterfactual)"),
+        Metric("delta_acc1", "Δacc@1", "pp", True,
+               "Prabhu et al. 2023, Eq. 3 at k = 1 (T: originals with a counterfactual)"),
         Metric("delta_acc5", "Δacc@5", "pp", True, "Prabhu et al. 2023, Eq. 3 at k = 5"),
         Metric("mean_delta_p", "mean Δp", "pp", False,
                "Prabhu et al. 2023, §4: Δp(y_GT|x) = |p(y_GT|x) - p(y_GT|x')|, averaged over the pairs"),
@@ -223,9 +210,6 @@ LANCE = Family(
 
 # ---- IN-G (Wiles et al.) ------------------------------------------------------------------------
 
-IN_G_RATES = ("top1_error", "top3_failure_rate", "parent_failure_rate")
-
-
 def _in_g_columns(result: Mapping) -> dict:
     rates = result["metrics"].get("in_g", {})
     cols = {}
@@ -238,8 +222,7 @@ def _in_g_columns(result: Mapping) -> dict:
 def _in_g_tasks(configs: list[str], reference: str | None) -> list[Task]:
     if len(configs) == 1:
         return [Task("top3_failure_rate", configs[0], "top3_failure_rate", "top-3 failure rate")]
-    return [Task(f"top3_failure_rate_{c}", c, f"top3_failure_rate/{c}", f"top-3 failure rate on {c}")
-            for c in configs]
+    return [Task(f"top3_failure_rate_{c}", c, f"top3_failure_rate/{c}", f"top-3 failure rate on {c}") for c in configs]
 
 
 IN_G = Family(

@@ -23,7 +23,6 @@ INCOMPLETE = ".incomplete"
 MAX_JSON_DEPTH = 32  # no file of the project nests deeper (a result: 6 levels)
 FIX = "it was not written by genshift-bench (re-download or rebuild it)"
 MAX_LIST_BYTES = 1 << 20  # a list file (--models, trusted keys): thousands of lines fit in far less
-_CHUNK = 1 << 20
 
 
 def cache_root() -> Path:
@@ -51,11 +50,8 @@ class StatKey:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -102,12 +98,10 @@ def json_depth(obj) -> int:
     deepest, stack = 0, [(obj, 1)]
     while stack:
         node, d = stack.pop()
-        if isinstance(node, dict):
-            node = node.values()
-        elif not isinstance(node, list):
-            continue
-        deepest = max(deepest, d)
-        stack.extend((child, d + 1) for child in node if isinstance(child, (dict, list)))
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, d)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, d + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
 
 
@@ -216,16 +210,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 _UMASK_LOCK = threading.Lock()
 
 
 def _umask() -> int:
-    """The process's umask, read without setting it where Linux shows it (set and restored from two threads
-    at once, it could be left 0)."""
+    """The process's umask, read where Linux shows it instead of set and restored (racy between two threads)."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
@@ -270,8 +262,7 @@ def prepare_fresh_dir(path: str | os.PathLike, *, overwrite: bool, marker_files:
     if path.exists():
         if not path.is_dir():
             raise BenchError(f"{what} {str(path)!r} exists and is not a directory; choose another path")
-        contents = list(path.iterdir())
-        if contents:
+        if any(path.iterdir()):
             if not overwrite:
                 raise BenchError(f"{what} {str(path)!r} already exists; pass --overwrite to replace it "
                                  "or choose another path")

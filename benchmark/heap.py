@@ -15,12 +15,9 @@ M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # <malloc.h>
 
 
 def keep_freed_memory() -> bool:
-    """Serve large blocks from the heap, never trim it, and serve every thread from it (call before the
-    threads allocate); True when glibc took all three settings."""
-    name = ctypes.util.find_library("c")
+    """Large blocks from the heap, never trimmed, one arena (call before threads allocate); True if glibc agreed."""
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to tune
         return False
     ok = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**30)) and bool(mallopt(M_ARENA_MAX, 1))

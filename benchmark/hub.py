@@ -8,19 +8,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from genshift import hubio
+from genshift import hubio, upstream
 from genshift.errors import BenchError, OfflineError, first_line, unknown
+from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
 from genshift.fsutil import atomic_write_bytes, read_limited
 from genshift.hubio import is_repo_id, resolve_revision, snapshot  # noqa: F401 - re-exported
 from genshift.reader import LocalSuite
 from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
+from genshift.suites import SUITES
 
 log = logging.getLogger(__name__)
-
-
-def _patterns(configs: list[str] | None) -> list[str]:
-    pats = [MANIFEST, CARD, EVAL_YAML]  # eval.yaml: checked by `bench verify` on the downloaded folder
-    return pats + (["data/**"] if configs is None else [f"data/{c}/*" for c in configs])
 
 
 def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | None = None,
@@ -39,8 +36,8 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
     hint = f"re-download with `bench download {repo_id} --revision {sha} --force-download`"
     suite = LocalSuite.open(root, repo_id=repo_id, revision=sha, redownload_hint=hint)
     selected = suite.select(configs)
-    try:
-        root = snapshot(repo_id, patterns=_patterns(selected), **kw)
+    try:  # eval.yaml too: `bench verify` checks it on the downloaded folder
+        root = snapshot(repo_id, patterns=[MANIFEST, CARD, EVAL_YAML, *(f"data/{c}/*" for c in selected)], **kw)
     except OfflineError:  # the manifest is cached, some shards are not
         raise OfflineError(f"the cached snapshot of {repo_id}@{sha} is incomplete (it lacks files of "
                            f"{', '.join(selected)}) and the Hub is not reachable; run `bench download {repo_id} "
@@ -57,9 +54,6 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
     a local copy of the upstream ImageNet* release (``mask``, ``strict``), a registry id or ``ORG/NAME``.
     ``revision`` of the suite returned is the resolved sha (``None`` for a folder); ``pinned`` is False
     when no pin chose it (an unpinned registry entry, a branch or tag): results flag such runs."""
-    from genshift import upstream
-    from genshift.suites import SUITES
-
     path = Path(suite)
     if path.exists():
         if upstream.is_release_folder(path):
@@ -67,42 +61,30 @@ def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | 
         _no_mask(mask, suite)
         local = LocalSuite.open(path)
         local.verify(local.select(configs))
-        if is_noise_demo(local):
+        gen = local.manifest.generator or {}
+        if gen.get("builder") == "genshift.synthetic" or gen.get("images") == "noise":  # genshift.synthetic
             log.warning("note: %s is a synthetic demo suite of random-noise images: any model scores ~0%% on it; it "
                         "checks the plumbing, not the model (score real images: bench import-folder)", suite)
         return local
-    if suite in SUITES:
-        spec = SUITES.get(suite)
-        rev = revision or spec.revision
-        if spec.source == "upstream-imagenet-star":
-            local = upstream.open_upstream(spec.repo_id, revision=rev, configs=configs, mask=mask, strict=strict,
-                                           cache_dir=cache_dir, endpoint=endpoint, token=token)
-        else:
-            _no_mask(mask, suite)
-            local = download_suite(spec.repo_id, revision=rev, configs=configs, cache_dir=cache_dir,
-                                   endpoint=endpoint, token=token, force_download=force_download)
-        local.pinned = rev is not None and bool(hubio.SHA_RE.match(rev))
-        if spec.source == "upstream-imagenet-star" and rev is None:
-            # open_upstream accepted main only as the release commit (upstream.DATA_REVISION_PREFIX)
-            local.pinned = True
-        if not local.pinned:
-            log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
-                        suite, spec.repo_id, local.revision)
-        return local
-    if is_repo_id(suite):
+    spec = SUITES.get(suite) if suite in SUITES else None
+    if spec is None and not is_repo_id(suite):
+        raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset "
+                      "repo, or the path of a suite folder.")
+    repo_id, rev = (spec.repo_id, revision or spec.revision) if spec else (suite, revision)
+    from_release = spec is not None and spec.source == "upstream-imagenet-star"
+    if from_release:
+        local = upstream.open_upstream(repo_id, revision=rev, configs=configs, mask=mask, strict=strict,
+                                       cache_dir=cache_dir, endpoint=endpoint, token=token)
+    else:
         _no_mask(mask, suite)
-        local = download_suite(suite, revision=revision, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
+        local = download_suite(repo_id, revision=rev, configs=configs, cache_dir=cache_dir, endpoint=endpoint,
                                token=token, force_download=force_download)
-        local.pinned = revision is not None and bool(hubio.SHA_RE.match(revision))
-        return local
-    raise unknown("suite", suite, SUITES, hint="Give a registry id (`bench suites`), an ORG/NAME Hub dataset repo, "
-                  "or the path of a suite folder.")
-
-
-def is_noise_demo(suite: LocalSuite) -> bool:
-    """A suite written by ``genshift.synthetic``: coloured noise, no class in any image."""
-    gen = suite.manifest.generator or {}
-    return gen.get("builder") == "genshift.synthetic" or gen.get("images") == "noise"
+    # an unpinned upstream: open_upstream accepted main only as the release commit (DATA_REVISION_PREFIX)
+    local.pinned = bool(hubio.SHA_RE.match(rev or "")) or (from_release and rev is None)
+    if spec is not None and not local.pinned:
+        log.warning("suite %s is not pinned to a commit sha; using %s@%s (recorded in the result as unpinned)",
+                    suite, repo_id, local.revision)
+    return local
 
 
 def _no_mask(mask: str | None, suite: str) -> None:
@@ -111,28 +93,18 @@ def _no_mask(mask: str | None, suite: str) -> None:
                          f"of its zips), not to {suite!r}; format-1 suites carry their filter in the `keep` column")
 
 
-def publish_files(suite: LocalSuite) -> list[str]:
-    """What a release holds: the card, ``eval.yaml``, the manifest and exactly the data files the manifest lists.
-
-    Anything else in the folder (``build.json``, leftovers, notes) is never uploaded.
-    """
-    return [CARD, EVAL_YAML, MANIFEST, *sorted(suite.manifest.files)]
-
-
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
     """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
     manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
-    from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
-
     path = Path(folder) / EVAL_YAML
     if path.is_file():
         check_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), suite.manifest,
                         where=str(path))
         return path
     name = (suite.card or {}).get("pretty_name")
+    name = name if isinstance(name, str) else None
     try:
-        text = render_eval_yaml(suite.manifest, name=name if isinstance(name, str) else None)
-        atomic_write_bytes(path, text.encode())
+        atomic_write_bytes(path, render_eval_yaml(suite.manifest, name=name).encode())
     except OSError as e:
         raise BenchError(f"cannot write {path} ({e.strerror}); publish from a writable copy of the suite "
                          "folder") from None
@@ -144,19 +116,9 @@ GATING = ("auto", "manual")
 
 
 def card_gating(suite: LocalSuite) -> bool:
-    """Whether the suite's dataset card (as the reader parsed and checked it) asks for gated access
-    (``extra_gated_prompt``, e.g. LANCE); a suite without a card is refused."""
+    """Whether the suite's (required) card asks for gated access (``extra_gated_prompt``, e.g. LANCE)."""
     card = suite.require_card()
     return bool(card.get("extra_gated_prompt") or card.get("extra_gated_fields"))
-
-
-def _upload_one_commit(api, repo_id: str, folder: Path, files: list[str], *, parent: str, message: str) -> str:
-    """All files in ONE commit against ``parent``: a concurrent commit makes it fail instead of mixing releases."""
-    from huggingface_hub import CommitOperationAdd
-
-    ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files]
-    return api.create_commit(repo_id=repo_id, repo_type="dataset", operations=ops, parent_commit=parent,
-                             commit_message=message).oid
 
 
 def _upload_large(api, repo_id: str, folder: Path, files: list[str], *, message: str) -> str:
@@ -192,10 +154,8 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
                   token: str | None = None, private: bool = False, commit_message: str | None = None,
                   large_threshold: int = LARGE_UPLOAD_BYTES, gating: str = "auto") -> str:
     """Upload a verified suite, tag it (default ``v<suite_version>``, which must not exist), gate it when its
-    card asks (``gating``: the Hub's ``auto`` or ``manual``) and return the tagged sha (``docs/hub.md``
-    section 6). Up to ``large_threshold`` bytes: ONE commit against the current head; above: resumably,
-    then checked file by file before the tag."""
-    from huggingface_hub import errors
+    card asks (``gating``: ``auto`` | ``manual``); returns the tagged sha. ``docs/hub.md`` section 6."""
+    from huggingface_hub import CommitOperationAdd, errors
 
     hubio._check_repo_id(repo_id)
     if gating not in GATING:
@@ -210,7 +170,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     gated = card_gating(suite)
     ensure_eval_yaml(folder, suite)
     tag = tag or f"v{suite.manifest.suite_version}"
-    files = publish_files(suite)
+    files = [CARD, EVAL_YAML, MANIFEST, *sorted(suite.manifest.files)]  # never build.json, leftovers, notes
     total = sum((folder / f).stat().st_size for f in files)
     large = total > large_threshold
     if len(files) > 100 and not large:
@@ -222,8 +182,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
     try:
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
         parent = api.dataset_info(repo_id, revision="main").sha
-        existing = {t.name for t in api.list_repo_refs(repo_id, repo_type="dataset").tags}
-        if tag in existing:
+        if tag in {t.name for t in api.list_repo_refs(repo_id, repo_type="dataset").tags}:
             raise BenchError(f"tag {tag!r} already exists in datasets/{repo_id}; bump the suite version or pass --tag")
         if large:
             log.info("%.1f GB in %d files: resumable upload in several commits (rerun to resume)", total / 1e9,
@@ -231,8 +190,10 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
             head = _upload_large(api, repo_id, folder, files, message=message)
             _check_remote(api, repo_id, head, folder, suite, files)
             sha = head
-        else:
-            sha = _upload_one_commit(api, repo_id, folder, files, parent=parent, message=message)
+        else:  # ONE commit against the head read above: a concurrent commit fails it instead of mixing releases
+            ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files]
+            sha = api.create_commit(repo_id=repo_id, repo_type="dataset", operations=ops, parent_commit=parent,
+                                    commit_message=message).oid
         api.create_tag(repo_id, repo_type="dataset", tag=tag, revision=sha,
                        tag_message=f"manifest sha256 {suite.manifest.sha256}")
         if gated:

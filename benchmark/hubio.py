@@ -10,6 +10,8 @@ import logging
 import re
 from pathlib import Path
 
+from huggingface_hub import constants  # light; HfApi and the errors are imported where they are used
+
 from genshift.errors import BenchError, NotFoundError, OfflineError, first_line
 
 log = logging.getLogger(__name__)
@@ -33,14 +35,10 @@ def is_repo_id(text: object) -> bool:
 
 
 def _offline() -> bool:
-    from huggingface_hub import constants
-
     return constants.is_offline_mode()
 
 
 def _endpoint(endpoint: str | None) -> str:
-    from huggingface_hub import constants
-
     return (endpoint or constants.ENDPOINT).rstrip("/")
 
 
@@ -99,10 +97,9 @@ def resolve_revision(repo_id: str, revision: str | None, **kw) -> str:
 def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", endpoint: str | None = None,
             token: str | None = None, cache_dir: str | None = None,
             pin_hint: str = "with --revision") -> tuple[str, bool]:
-    """``(sha, reachable)`` of a repo at ``revision`` (default ``main``) by ``HfApi.resolve_revision``'s
-    rules (``docs/hub.md`` section 4): offline, a branch or tag resolves from the cache's ``refs/`` record
-    or is an ``OfflineError`` saying to pin a sha (``pin_hint``: how). ``reachable`` is False when only the
-    cache can be read: pass ``local_only=True`` to :func:`snapshot` then (no client retries)."""
+    """``(sha, reachable)`` of a repo at ``revision`` (default ``main``) by ``HfApi.resolve_revision``'s rules
+    (``docs/hub.md`` section 4: offline, a branch or tag needs the cache's ``refs/`` record, else an
+    ``OfflineError`` asks to pin a sha ``pin_hint``). ``reachable`` False: call :func:`snapshot` ``local_only``."""
     from huggingface_hub import errors
 
     rev = revision or "main"

@@ -1,13 +1,9 @@
-"""The ImageNet-1k label space and its WordNet 3.0 hierarchy, shipped as package data.
+"""The ImageNet-1k label space and its WordNet 3.0 hierarchy (package data made by
+``scripts/make_imagenet_hierarchy.py``; WordNet under ``benchmark/_data/WORDNET_LICENSE``).
 
-Indices are the standard class indices (0..999, wnids in sorted order, as timm and torchvision
-use them). Names are the OpenAI "clean" names (open_clip's ``IMAGENET_CLASSNAMES``); two of them
-are duplicated ("missile" 657/744, "sunglasses" 836/837), so every name lookup in this project
-goes through indices or wnids, never through names.
-
-The hierarchy JSON was generated once by ``scripts/make_imagenet_hierarchy.py``; see that script
-for the exact inputs. WordNet is distributed under the Princeton WordNet licence
-(``benchmark/_data/WORDNET_LICENSE``).
+Indices are the standard ones (0..999, wnids in sorted order, as in timm and torchvision). Names are
+open_clip's "clean" names, two of them duplicated ("missile" 657/744, "sunglasses" 836/837): every
+lookup goes through indices or wnids, never names.
 """
 
 from __future__ import annotations
@@ -26,11 +22,8 @@ NUM_CLASSES = 1000
 
 @dataclass(frozen=True)
 class ImageNetClass:
-    """One ImageNet-1k class.
-
-    ``parent`` is the IN-G prompt parent (the grandparent with the smallest offset, Wiles et al.
-    as ``scripts/make_imagenet_hierarchy.py`` reconstructs it); ``ancestors`` is the full hypernym closure.
-    """
+    """One class; ``parent``: the IN-G prompt parent (Wiles et al.: the grandparent with the smallest offset);
+    ``ancestors``: the full hypernym closure."""
 
     index: int
     wnid: str
@@ -113,18 +106,12 @@ def is_under(index: int, synset: str) -> bool:
 
 @lru_cache(maxsize=1)
 def parent_membership() -> np.ndarray:
-    """Boolean matrix ``M[y, c]``: class ``c`` is under the IN-G parent of class ``y``.
-
-    Classes without a parent (none among the 1000, but guarded) only contain themselves.
-    """
+    """``M[y, c]``: class ``c`` is under the IN-G parent of class ``y`` (a class without a parent: itself only)."""
     cls = classes()
     anc = [set(c.ancestors) | {c.wnid} for c in cls]
     m = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=bool)
     for y, cy in enumerate(cls):
-        if cy.parent is None:
-            m[y, y] = True
-            continue
-        m[y] = [cy.parent in a for a in anc]
+        m[y] = [cy.parent in a for a in anc] if cy.parent is not None else np.arange(NUM_CLASSES) == y
     m.setflags(write=False)
     return m
 

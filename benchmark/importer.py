@@ -1,10 +1,7 @@
-"""``bench import-folder``: your own images as a suite in format 1.1.
-
-Layouts, what is stored for each kind of image and every check: ``docs/hub.md`` section 7 (and
-``docs/format.md`` section 7). Every file is fully decoded before anything is written, then stored
-as ``bench eval`` decodes it (``genshift.pixels.to_rgb``): a plain JPEG (RGB or L, no EXIF rotation)
-byte for byte, anything else as a lossless 8-bit PNG. The suite is written to
-``.<out name>.<pid>.incomplete`` beside ``out`` and renamed at the end.
+"""``bench import-folder``: your own images as a suite in format 1.1 (layouts, storage and checks: ``docs/hub.md``
+section 7). Every file is fully decoded before anything is written, then stored as ``bench eval`` decodes it: a
+plain JPEG (RGB or L, no EXIF rotation) byte for byte, anything else as a lossless 8-bit PNG. The suite is
+written to ``.<out name>.<pid>.incomplete`` beside ``out`` and renamed at the end.
 """
 
 from __future__ import annotations
@@ -16,10 +13,12 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from genshift import imagenet
@@ -35,7 +34,6 @@ MAX_IMAGE_BYTES = 1 << 28
 DEFAULT_WORKERS = 8
 CHUNK = 16  # images per worker task
 MAX_WORKERS = 256
-_EXIF_ORIENTATION = 0x0112
 
 
 def display(path: str | os.PathLike) -> str:
@@ -55,42 +53,28 @@ class Item:
 
 @dataclass(frozen=True)
 class Layout:
-    """What an import folder holds: its items (sorted by image id) and, for multi-shift folders,
-    the reference config."""
+    """What an import folder holds: its items (sorted by image id) and the reference config of a multi-shift one."""
 
     items: list[Item]
     configs: tuple[str, ...]
     reference: str | None
 
 
-def _label(text: str, where: str) -> int:
-    try:
-        return imagenet.parse_class(text)
-    except BenchError as e:
-        raise BenchError(f"{where}: label: {e}") from None
-
-
-def read_csv_rows(csv_path: Path) -> list[list[str]]:
-    """The rows of a UTF-8 CSV (a byte-order mark, as Excel writes, is dropped); any other
-    encoding is one error naming the file and how to convert it."""
+def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
+    """``path,label`` rows of a UTF-8 CSV under the key ``None``; with a header ``path,label,shift`` the
+    rows grouped by their shift (a multi-shift import). An Excel byte-order mark is dropped."""
     name = display(csv_path.name)
     text = read_text_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
                              fix="a path,label list is far smaller, check that --csv names the right file",
                              encoding_fix=f"save it as UTF-8 (Excel: 'CSV UTF-8'; or: iconv -f latin1 -t utf-8 {name} "
                                           f"> utf8-{name})")
     try:
-        return list(csv.reader(io.StringIO(text, newline="")))
+        rows = list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as e:
         raise BenchError(f"{name} is not a readable CSV ({e}); write one 'path,label' pair per line") from None
-
-
-def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
-    """``path,label`` rows under the key ``None``; with a header ``path,label,shift`` the rows
-    grouped by their shift (a multi-shift import)."""
     by_shift: dict[str | None, list[tuple[Path, int]]] = {}
-    name = display(csv_path.name)
     with_shift = False
-    for i, row in enumerate(read_csv_rows(csv_path), 1):
+    for i, row in enumerate(rows, 1):
         if not row or not "".join(row).strip():
             continue
         if i == 1 and row[0].strip().lower() == "path":
@@ -103,8 +87,12 @@ def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, i
         if shift is not None and not CONFIG_RE.fullmatch(shift):
             raise BenchError(f"{name} line {i}: shift {shift[:70]!r} is not a valid config name; use lower-case "
                              "letters, digits, '_' or '-' (at most 64 characters)")
+        try:
+            label = imagenet.parse_class(row[1])
+        except BenchError as e:
+            raise BenchError(f"{name} line {i}: label: {e}") from None
         p = Path(row[0].strip())
-        by_shift.setdefault(shift, []).append((p if p.is_absolute() else src / p, _label(row[1], f"{name} line {i}")))
+        by_shift.setdefault(shift, []).append((p if p.is_absolute() else src / p, label))
     return by_shift
 
 
@@ -125,8 +113,7 @@ def _class_pairs(d: Path) -> list[tuple[Path, int]]:
     """``<wnid>/<image>`` files of one folder (images in nested folders count for their wnid)."""
     dirs = _subdirs(d)
     wnids = set(imagenet.wnids())
-    bad = [x for x in dirs if x.name not in wnids]
-    if bad:
+    if bad := [x for x in dirs if x.name not in wnids]:
         raise BenchError(f"sub-folders of {display(d)} must be ImageNet-1k wnids (e.g. n01440764), or shift folders "
                          f"holding wnid folders (<shift>/<wnid>/<image>); found {_names(bad)}; rename them or use "
                          "--csv path,label")
@@ -137,21 +124,15 @@ def _class_pairs(d: Path) -> list[tuple[Path, int]]:
     if top:
         log.warning("ignoring %d file(s) at the top of %s (e.g. %s): only <wnid>/ sub-folders are imported",
                     len(top), display(d), top[0])
-    pairs = []
-    for x in dirs:
-        label = imagenet.index_of(x.name)
-        pairs += [(p, label) for p in sorted(x.rglob("*")) if p.is_file() and not p.name.startswith(".")]
-    return pairs
+    return [(p, imagenet.index_of(x.name)) for x in dirs
+            for p in sorted(x.rglob("*")) if p.is_file() and not p.name.startswith(".")]
 
 
 def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path | None = None,
              base: str | None = None) -> Layout:
-    """The images to import and the suite's configs; every naming problem is one clear error.
-
-    ``<wnid>/`` sub-folders (or a ``path,label`` CSV) make one config named ``config``;
-    sub-folders that hold ``<wnid>/`` folders themselves (or a ``path,label,shift`` CSV) are
-    shifts, one config each, with ``base`` (default ``"base"``) as the reference.
-    """
+    """The images to import and the suite's configs; every naming problem is one clear error. ``<wnid>/``
+    sub-folders (or a ``path,label`` CSV) make one config named ``config``; sub-folders holding ``<wnid>/``
+    folders (or a ``path,label,shift`` CSV) are shifts, one config each, ``base`` the reference."""
     src = Path(src)
     if not src.is_dir():
         raise BenchError(f"import folder {display(src)!r} does not exist or is not a folder")
@@ -183,8 +164,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         if csv_path is not None:
             per_config = {s: by_shift[s] for s in sorted(by_shift)}
         else:
-            bad = [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]
-            if bad:
+            if bad := [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]:
                 raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename "
                                  "them with lower-case letters, digits, '_' or '-' (at most 64 characters)")
             if _top_files(src):
@@ -198,8 +178,7 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         if len(per_config) < 2:
             raise BenchError(f"{where} hold only the reference {reference!r}; add at least one shift beside it, or "
                              "import it as one config")
-        empty = [c for c, p in per_config.items() if not p]
-        if empty:
+        if empty := [c for c, p in per_config.items() if not p]:
             raise BenchError(f"shift(s) {', '.join(map(repr, empty))} hold no images; add images or remove them")
     items, seen = [], {}
     for cfg, pairs in per_config.items():
@@ -223,8 +202,6 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
                          "<shift>/<wnid>/<image> files or a --csv list")
     return Layout(sorted(items, key=lambda it: it.image_id), tuple(per_config), reference)
 
-
-# -- images -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ImageInfo:
@@ -251,7 +228,7 @@ def decode_image(data: bytes, *, pixels: bool = True):
                 check_size(im.size)  # from the header: a 208-byte PNG may claim 20000x2 pixels
                 im.load()
                 fmt, mode = im.format or "unknown", im.mode
-                orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+                orientation = im.getexif().get(0x0112, 1)  # the EXIF Orientation tag
                 orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
                 passthrough = fmt == "JPEG" and mode in ("RGB", "L") and orientation == 1
                 out = None
@@ -308,15 +285,11 @@ def _store_file(path: Path, digest: bytes, info: ImageInfo) -> bytes | None:
         data = read_limited(path, max_bytes=MAX_IMAGE_BYTES, what="image")
     except IntegrityError:
         return None
-    if hashlib.sha256(data).digest() != digest:  # the bytes stored are the bytes checked
-        return None
-    return stored_bytes(data, info)[0]
+    return stored_bytes(data, info)[0] if hashlib.sha256(data).digest() == digest else None  # bytes as checked
 
 
 def _worker_init(parent: int) -> None:
     """Worker processes end when the import dies, even by ``kill -9`` (they would wait forever)."""
-    import threading
-
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
@@ -336,8 +309,6 @@ def _in_order(fn, jobs: list[tuple], pool, *, window: int | None = None):
             yield from pool.map(fn, *zip(*part), chunksize=CHUNK)
 
 
-# -- output folder ------------------------------------------------------------------------------
-
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return False  # this process starts an import only after its previous one ended
@@ -351,13 +322,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_leftovers(out: Path) -> list[Path]:
-    """Remove ``.<out name>.<pid>[.old].incomplete`` folders of imports to ``out`` that were
-    killed (their process is gone); returns what was removed."""
+    """Remove the ``.<out name>.<pid>[.old].incomplete`` folders of killed imports to ``out``; returns them."""
     pattern = re.compile(rf"^\.{re.escape(out.name)}\.(\d+)(\.old)?\.incomplete$")
     removed = []
-    if not out.parent.is_dir():
-        return removed
-    for p in out.parent.iterdir():
+    for p in out.parent.iterdir() if out.parent.is_dir() else ():
         m = pattern.fullmatch(p.name)
         if m and not _pid_alive(int(m.group(1))):
             log.warning("removing %s left by an interrupted import", display(p))
@@ -366,26 +334,19 @@ def clean_leftovers(out: Path) -> list[Path]:
     return removed
 
 
-# -- import -------------------------------------------------------------------------------------
-
 def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | None = None,
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
                   skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
                   progress: bool = True, card: Callable[[Manifest], str] | None = None) -> Manifest:
-    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its
-    dataset card (``genshift.data_cards.import_card``, as ``bench import-folder`` does).
-
-    ``workers`` processes decode and convert images (default: one per CPU, at most
-    ``DEFAULT_WORKERS``; 0 = in this process). Rows and shards are the same for any number.
-    """
-    from concurrent.futures import ProcessPoolExecutor
-
+    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its dataset card
+    (``genshift.data_cards.import_card``, as ``bench import-folder`` does). ``workers`` processes decode and
+    convert images (default: one per CPU, at most ``DEFAULT_WORKERS``; 0 = in this process): rows and shards
+    are the same for any number."""
     # every option is checked before any file is read
     check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
-    if config is not None:
-        check_name(config)
-    if base is not None:
-        check_name(base)
+    for value in (config, base):
+        if value is not None:
+            check_name(value)
     if not isinstance(shard_size, int) or not 1 <= shard_size <= MAX_SHARD_SIZE:
         raise BenchError(f"--shard-size must be between 1 and {MAX_SHARD_SIZE}, got {shard_size}")
     if workers is None:
@@ -431,8 +392,7 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
     if not good:
         raise BenchError(f"none of the {len(layout.items)} files in {display(src)} is a readable image")
     by_config = {c: [it for it in good if it.config == c] for c in layout.configs}
-    empty = [c for c, its in by_config.items() if not its]
-    if empty:
+    if empty := [c for c, its in by_config.items() if not its]:
         raise BenchError(f"config(s) {', '.join(map(repr, empty))} have no readable image left; fix or add images")
 
     tmp = out.parent / f".{out.name}.{os.getpid()}.incomplete"
@@ -445,12 +405,10 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
             for it, data in zip(block, stored):
                 if data is None:
                     raise BenchError(f"{it.rel} changed during the import; rerun when the folder is not being written")
-                info = checked[it.image_id][1]
                 bar.update(1)
                 yield {"image": {"bytes": data, "path": None}, "label": it.label, "image_id": it.image_id,
                        "config": it.config, "keep": True, "pair_id": None, "source_path": it.rel,
-                       "source_format": info.source_format, "source_mode": info.source_mode,
-                       "exif_orientation": info.exif_orientation, "reencoded": info.reencoded}
+                       **asdict(checked[it.image_id][1])}  # source_format, source_mode, exif_orientation, reencoded
 
         extra = {"source_path": Value("string"), "source_format": Value("string"), "source_mode": Value("string"),
                  "exif_orientation": Value("int8"), "reencoded": Value("bool")}
@@ -468,24 +426,20 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
                 generator.update(metric_family="imagenet_star", reference_config=layout.reference)
             w.finalize(generator=generator, card=card)
         (tmp / "build.json").unlink(missing_ok=True)
-        _swap_into_place(tmp, out, overwrite=overwrite)
+        # into place: a replaced suite is moved aside first and removed last, so a kill at any point leaves
+        # either suite plus leftovers the next run cleans
+        prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
+        old = out.parent / f".{out.name}.{os.getpid()}.old.incomplete"
+        if out.exists():
+            os.rename(out, old)
+        os.rename(tmp, out)
+        _remove(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if skipped:
         log.warning("skipped %d unreadable file(s), e.g. %s", len(skipped), skipped[0])
     return Manifest.load(out)
-
-
-def _swap_into_place(tmp: Path, out: Path, *, overwrite: bool) -> None:
-    """Rename the finished suite to ``out``; a replaced suite is moved aside first and removed
-    last, so a kill at any point leaves either suite plus leftovers the next run cleans."""
-    prepare_fresh_dir(out, overwrite=overwrite, marker_files=(MANIFEST, "build.json"), what="--out", remove=False)
-    old = out.parent / f".{out.name}.{os.getpid()}.old.incomplete"
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
-    _remove(old)
 
 
 def _remove(path: Path) -> None:

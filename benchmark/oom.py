@@ -4,6 +4,7 @@ of memory is retried at half the size until it fits; the size that worked is kep
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -18,24 +19,12 @@ R = TypeVar("R")
 def is_oom(exc: BaseException) -> bool:
     import torch
 
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
-def _free_cache() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    oom_text = isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or oom_text
 
 
 class BatchBackoff:
-    """Run a function over a sequence in batches of ``batch_size``, halving it on out-of-memory; ``what`` is
-    batched, for messages ("eval batch", "generation batch")."""
+    """Run a function over a sequence in batches, halving ``batch_size`` on out-of-memory (``what``: for messages)."""
 
     def __init__(self, batch_size: int, *, what: str = "batch") -> None:
         if batch_size < 1:
@@ -44,9 +33,8 @@ class BatchBackoff:
         self.what = what
 
     def call(self, fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], *, batches_per_call: int = 1) -> list[R]:
-        """``fn`` applied to ``items`` in chunks of the current size (``batches_per_call`` batches per
-        call, for a ``fn`` that runs several at once); results concatenated. A chunk that runs out of
-        memory is run again whole at half the size."""
+        """``fn`` over ``items`` in chunks of the current size (``batches_per_call`` batches per call), results
+        concatenated; a chunk that runs out of memory is run again whole at half the size."""
         out: list[R] = []
         start = 0
         while start < len(items):
@@ -56,7 +44,11 @@ class BatchBackoff:
             except Exception as e:  # noqa: BLE001 - only OOM is handled, the rest re-raised
                 if not is_oom(e):
                     raise
-                _free_cache()
+                import torch
+
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
                 if self.batch_size == 1:
                     raise BenchError(f"out of accelerator memory even with a {self.what} of 1; use a smaller "
                                      "model or resolution, or free the device") from None

@@ -7,6 +7,8 @@ which timm's resize would turn into 2 GB. ``MAX_PIXELS`` is Pillow's decompressi
 
 from __future__ import annotations
 
+import io
+
 MAX_SIDE = 32768
 MAX_PIXELS = 89_478_485
 MAX_ASPECT = 50
@@ -17,8 +19,7 @@ class ImageSizeError(ValueError):
 
 
 def check_size(size: tuple[int, int]) -> None:
-    """Refuse an image size (``(width, height)`` from its header) outside the bounds, one line
-    with the value and the limit; the caller names the file."""
+    """Refuse a ``(width, height)`` from an image header outside the bounds (the caller names the file)."""
     w, h = size
     if w < 1 or h < 1:
         raise ImageSizeError(f"{w}x{h} pixels: an image needs at least one pixel per side")
@@ -33,8 +34,6 @@ def check_size(size: tuple[int, int]) -> None:
 
 def size_of(data: bytes) -> tuple[int, int]:
     """``(width, height)`` from an encoded image's header, without decoding its pixels."""
-    import io
-
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
@@ -45,8 +44,7 @@ _GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
 
 
 def to_8bit(im):
-    """Pillow image of any mode -> 8-bit ``RGB`` or ``L`` with the same picture; its size is
-    checked first (:func:`check_size`), before Pillow decodes it or a transform resizes it."""
+    """Pillow image of any mode -> 8-bit ``RGB`` or ``L``, the same picture; the size is checked first."""
     import numpy as np
     from PIL import Image
 
@@ -62,12 +60,9 @@ def to_8bit(im):
         raise ValueError("floating-point image; save it with 8 or 16 bits per channel")
     if mode == "1":
         return im.convert("L")
-    if mode in ("L", "RGB"):
-        if "transparency" not in im.info:
-            return im
+    if "transparency" not in im.info and mode in ("L", "RGB", "P"):
+        return im if mode != "P" else im.convert("RGB")
     if mode in ("LA", "La", "RGBA", "RGBa", "PA", "P", "L", "RGB"):
-        if mode == "P" and "transparency" not in im.info:
-            return im.convert("RGB")
         rgba = im.convert("RGBA")  # palette/tRNS transparency become alpha
         flat = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         flat.alpha_composite(rgba)  # composite on white: what a viewer shows

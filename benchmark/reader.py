@@ -1,9 +1,7 @@
-"""Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot).
-
-The one validation layer for suites from outside (``docs/format.md`` section 4.2): :meth:`LocalSuite.open`
-checks the manifest, the card and that every path stays inside the folder; :meth:`LocalSuite.verify` the
-selected configs' files and rows, before any model is loaded. Rows are then read as a ``datasets.Dataset``
-(:meth:`LocalSuite.dataset`) or streamed by parquet row group (:func:`read_row_group`, the eval harness).
+"""Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot): the one validation
+layer for suites from outside (``docs/format.md`` section 4.2). :meth:`LocalSuite.open` checks the manifest, the
+card and that every path stays inside the folder; :meth:`LocalSuite.verify` the selected configs' files and rows,
+before any model is loaded; :func:`read_row_group` streams rows by parquet row group (the eval harness).
 """
 
 from __future__ import annotations
@@ -17,19 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from genshift import suite_format
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import StatKey, load_yaml, read_limited
-from genshift.suite_format import (
-    CARD,
-    MANIFEST,
-    SPLIT,
-    Manifest,
-    check_features,
-    check_rows,
-    read_parquet_features,
-    read_row_table,
-    verify_files,
-)
+from genshift.suite_format import CARD, MANIFEST, SPLIT, Manifest
 
 MAX_CARD_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32
@@ -47,11 +36,7 @@ class RowGroup:
 
 @dataclass
 class LocalSuite:
-    """A suite folder with a parsed manifest.
-
-    ``repo_id`` and ``revision`` are set when the folder is a Hub snapshot; ``revision`` is then
-    the resolved 40-character commit sha.
-    """
+    """A suite folder with a parsed manifest; for a Hub snapshot, its ``repo_id`` and resolved ``revision`` sha."""
 
     root: Path
     manifest: Manifest
@@ -80,8 +65,7 @@ class LocalSuite:
         manifest = Manifest.load(root)
         for rel in (CARD, *manifest.files):
             _check_inside(root, rel, inside)
-        suite = cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision,
-                    redownload_hint=redownload_hint)
+        suite = cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision, redownload_hint=redownload_hint)
         if (root / CARD).is_file():
             suite.card = parse_card(root / CARD, manifest)
         return suite
@@ -103,26 +87,19 @@ class LocalSuite:
         return list(dict.fromkeys(configs))
 
     def verify(self, configs: list[str] | None = None) -> None:
-        """Check the selected configs' files (size, sha256, embedded features) and rows
-        (:func:`~genshift.suite_format.check_rows`; no image bytes are read)."""
+        """Check the selected configs' files (size, sha256, features) and rows, never reading image bytes."""
         todo = [c for c in self.select(configs) if c not in self._verified]
-        if not todo:
-            return
-        verify_files(self.root, self.manifest, todo, redownload_hint=self.redownload_hint)
+        suite_format.verify_files(self.root, self.manifest, todo, redownload_hint=self.redownload_hint)
         for c in todo:
-            for rel in self.manifest.config(c).files:
-                check_features(read_parquet_features(self.root / rel), where=rel)
-            self._digests[c] = self.validate_rows(c)
+            info = self.manifest.config(c)
+            for rel in info.files:
+                suite_format.check_features(suite_format.read_parquet_features(self.root / rel), where=rel)
+            tables = [(rel, suite_format.read_row_table(self.root / rel, rel)) for rel in info.files]
+            self._digests[c] = suite_format.check_rows(info, tables)
         self._verified.update(todo)
 
-    def validate_rows(self, config: str) -> str:
-        """Check one config's rows against the manifest (files must be verified); returns its rows digest."""
-        info = self.manifest.config(config)
-        return check_rows(info, [(rel, read_row_table(self.root / rel, rel)) for rel in info.files])
-
     def rows_digest(self, config: str) -> str:
-        """The config's rows digest (format 1.1): the manifest's, or for a format-1 suite computed
-        from its verified rows (no image bytes are read)."""
+        """The config's rows digest: the manifest's, or for a format-1 suite computed from its verified rows."""
         recorded = self.manifest.config(config).rows_digest
         if recorded is not None:
             return recorded
@@ -193,29 +170,24 @@ def _check_inside(root: Path, rel: str, inside: Path) -> None:
 
 
 def parse_card(path: Path, manifest: Manifest) -> dict:
-    """The card's YAML header, parsed with size, depth and alias limits and checked against the manifest.
-
-    The header must list one ``configs`` entry per manifest config, with its own shards as the
-    ``test`` split, so that ``datasets.load_dataset(folder, config)`` loads exactly that config.
-    """
+    """The card's YAML header, parsed with size, depth and alias limits; it must list one ``configs`` entry
+    per manifest config with its own shards as the ``test`` split (``datasets.load_dataset(folder, config)``)."""
     where = str(path)
     data = read_limited(path, max_bytes=MAX_CARD_BYTES, what="dataset card")
+    fix = "re-render the card with genshift.data_cards.render_card (docs/format.md section 5)"
 
     def bad(what: str) -> IntegrityError:
-        return IntegrityError(f"{where}: {what}; re-render the card with genshift.data_cards.render_card "
-                              "(docs/format.md section 5)")
+        return IntegrityError(f"{where}: {what}; {fix}")
 
     try:
-        text = data.decode("utf-8")
+        lines = data.decode("utf-8").split("\n")
     except UnicodeDecodeError:
         raise bad("the card is not UTF-8") from None
-    lines = text.split("\n")
-    if lines[0].strip() != "---" or "---" not in (ln.strip() for ln in lines[1:]):
+    end = next((i for i, ln in enumerate(lines[1:], 1) if ln.strip() == "---"), None)
+    if lines[0].strip() != "---" or end is None:
         raise bad("the card has no YAML header between '---' lines")
-    end = next(i for i, ln in enumerate(lines[1:], 1) if ln.strip() == "---")
-    header = "\n".join(lines[1:end])
-    head = load_yaml(header, what="the card's YAML", where=where, max_depth=MAX_YAML_DEPTH,
-                     fix="; re-render the card with genshift.data_cards.render_card (docs/format.md section 5)")
+    head = load_yaml("\n".join(lines[1:end]), what="the card's YAML", where=where, max_depth=MAX_YAML_DEPTH,
+                     fix=f"; {fix}")
     if not isinstance(head, dict):
         raise bad("the card's YAML header is not a mapping")
     entries = head.get("configs")

@@ -28,10 +28,8 @@ S = TypeVar("S", bound=Schema)
 
 def describe(error: dict) -> str:
     """One pydantic error as ``field 'a.b["c/d"][0]': <what>, got <value>`` (``field 'a' is missing``)."""
-    path = ""
-    for p in error["loc"]:
-        path += f"[{p}]" if isinstance(p, int) else f".{p}" if p.isidentifier() else f'["{one_line(p, 80)}"]'
-    path = path.lstrip(".")
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" if p.isidentifier() else f'["{one_line(p, 80)}"]'
+                   for p in error["loc"]).lstrip(".")
     if error["type"] == "missing":
         return f"field {path!r} is missing"
     what = "should be an object" if error["type"] in ("model_type", "dict_type") else \

@@ -52,14 +52,8 @@ def base_features() -> Features:
     """Features of the required columns. ``label`` is a ClassLabel over the 1000 wnids."""
     from datasets import ClassLabel, Features, Image, Value  # here: the leaderboard reads results without it
 
-    return Features({
-        "image": Image(),
-        "label": ClassLabel(names=list(imagenet.wnids())),
-        "image_id": Value("string"),
-        "config": Value("string"),
-        "keep": Value("bool"),
-        "pair_id": Value("string"),
-    })
+    return Features({"image": Image(), "label": ClassLabel(names=list(imagenet.wnids())), "image_id": Value("string"),
+                     "config": Value("string"), "keep": Value("bool"), "pair_id": Value("string")})
 
 
 def suite_features(extra: Features | dict | None = None) -> Features:
@@ -76,19 +70,11 @@ def rows_digest(image_ids, labels, keeps) -> str:
     """A config's rows digest (``docs/format.md`` section 4.1): sha256 over its ``(image_id, label,
     keep)`` rows in ``image_id`` (code-point) order, one compact JSON array per line. The reference
     implementation of :func:`rows_digest_table`."""
-    ids = [str(i) for i in image_ids]
-    labels = [int(x) for x in labels]
-    keeps = [bool(k) for k in keeps]
-    if not (len(ids) == len(labels) == len(keeps)):
-        raise ValueError("image_ids, labels and keeps differ in length")
+    rows = [[str(i), int(x), bool(k)] for i, x, k in zip(image_ids, labels, keeps, strict=True)]
     h = hashlib.sha256()
-    for i in sorted(range(len(ids)), key=ids.__getitem__):
-        h.update(json.dumps([ids[i], labels[i], keeps[i]], ensure_ascii=False, separators=(",", ":")).encode())
-        h.update(b"\n")
+    for row in sorted(rows, key=lambda r: r[0]):
+        h.update((json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
     return h.hexdigest()
-
-
-_NEEDS_JSON_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def rows_digest_table(table: pa.Table) -> str:
@@ -109,7 +95,7 @@ def _sorted_rows(table: pa.Table) -> tuple[pa.Array, pa.Array, pa.Array]:
 
 
 def _digest_sorted(ids: pa.Array, labels: pa.Array, keeps: pa.Array) -> str:
-    escape = pc.match_substring_regex(ids, _NEEDS_JSON_ESCAPE)
+    escape = pc.match_substring_regex(ids, r'["\\\x00-\x1f]')  # characters JSON escapes
     if pc.any(escape).as_py():  # rare: quote, backslash or control characters -> json's own escapes
         fixed = [json.dumps(v, ensure_ascii=False)[1:-1] if e else v
                  for v, e in zip(ids.to_pylist(), escape.to_pylist())]
@@ -170,14 +156,13 @@ def _base_feature_dict() -> dict:
 
 def check_features(features: dict, *, where: str) -> None:
     """Raise unless a features dict holds the required columns with the required types."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in features]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in features]:
         raise IntegrityError(f"{where}: missing required column(s) {', '.join(missing)}; see docs/format.md")
     base = _base_feature_dict()
     for col in REQUIRED_COLUMNS:
         if features[col] != base[col]:
-            shown = str(features[col])[:80]
-            raise IntegrityError(f"{where}: column {col!r} has feature {shown}, expected {str(base[col])[:80]}; "
+            raise IntegrityError(f"{where}: column {col!r} has feature {str(features[col])[:80]}, expected "
+                                 f"{str(base[col])[:80]}; "
                                  "rebuild the suite with genshift.writer.SuiteWriter")
 
 
@@ -293,8 +278,7 @@ class Manifest:
                            "data/<config>/test-NNNNN-of-NNNNN.parquet (no '..', no absolute paths)")
         files = {rel: ManifestFile(rel, e.size, e.sha256) for rel, e in m.files.items()}
         configs = {name: _config_info(name, c, version, files, where) for name, c in m.configs.items()}
-        orphans = sorted(set(files) - {p for c in configs.values() for p in c.files})
-        if orphans:
+        if orphans := sorted(set(files) - {p for c in configs.values() for p in c.files}):
             raise _bad(where, f"file {orphans[0]} belongs to no config")
         check_features(m.features, where=f"{where}: features")
         columns = list(m.features) if m.columns is None else m.columns
@@ -324,38 +308,28 @@ class Manifest:
 
 def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: dict[str, dict],
                    features: Features, generator: dict) -> bytes:
-    """Hash every shard under ``root`` and return the manifest's bytes (canonical JSON); ``configs``
-    maps each config to ``{"rows", "kept", "files", "rows_digest"}``."""
+    """Hash the shards of ``configs`` (``{"rows", "kept", "files", "rows_digest"}`` each): the manifest's bytes."""
     files = {}
     for name in sorted(configs):
         for rel in configs[name]["files"]:
             p = root / rel
             files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "suite_id": suite_id,
-        "suite_version": suite_version,
-        "split": SPLIT,
+    return canonical_json({
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "suite_id": suite_id, "suite_version": suite_version,
+        "split": SPLIT, "files": files, "features": features.to_dict(), "generator": generator,
         "configs": {n: {"rows": c["rows"], "kept": c["kept"], "files": sorted(c["files"]),
-                        "rows_digest": c["rows_digest"]}
-                    for n, c in sorted(configs.items())},
-        "files": files,
-        "features": features.to_dict(),
+                        "rows_digest": c["rows_digest"]} for n, c in configs.items()},
         "columns": list(features),  # column order (JSON object keys are sorted)
-        "generator": generator,
-    }
-    return canonical_json(manifest)
+    })
 
 
 def verify_files(root: str | Path, manifest: Manifest, configs: list[str] | None = None, *,
                  redownload_hint: str | None = None) -> int:
     """Check size and sha256 of every file of ``configs`` (default all); returns the bytes checked."""
     root = Path(root)
-    names = list(manifest.configs) if configs is None else configs
     hint = redownload_hint or "rebuild the suite or restore the file"
     checked = 0
-    for name in names:
+    for name in list(manifest.configs) if configs is None else configs:
         for rel in manifest.config(name).files:
             entry = manifest.files[rel]
             p = root / rel
@@ -383,12 +357,10 @@ MAX_ROW_GROUP_ROWS = 1000  # the format writes 100; eval streams one row group a
 # import's largest shard has 1000 groups of 100 rows; footers grow ~9.3 KB a group (docs/format.md 4.2)
 MAX_ROW_GROUPS = 2048
 MAX_FOOTER_BYTES = 32 << 20
-_PARQUET_MAGIC = b"PAR1"
 
 
 def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
-    """Refuse a parquet file (a path, or its bytes) whose footer is over ``MAX_FOOTER_BYTES``, from its
-    8-byte tail, before pyarrow parses it."""
+    """Refuse a parquet file (a path, or its bytes) whose 8-byte tail declares a footer over ``MAX_FOOTER_BYTES``."""
     if isinstance(path, bytes):
         tail = path[-8:]
     else:
@@ -399,7 +371,7 @@ def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
                 tail = f.read(8)
         except OSError as e:
             raise IntegrityError(f"{where}: cannot be read ({e.strerror}); re-download or rebuild the suite") from None
-    if len(tail) < 8 or tail[4:] != _PARQUET_MAGIC:
+    if len(tail) < 8 or tail[4:] != b"PAR1":
         raise IntegrityError(f"{where}: not a parquet file (no PAR1 footer); re-download or rebuild it")
     footer = int.from_bytes(tail[:4], "little")
     if footer > MAX_FOOTER_BYTES:
@@ -417,15 +389,13 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
             raise IntegrityError(f"{rel}: {meta.num_row_groups} row groups, over the limit of {MAX_ROW_GROUPS} per "
                                  "shard; write shards with genshift.writer.SuiteWriter (100 rows per group)")
         schema = meta.schema.to_arrow_schema()
-        missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
-        if missing:
+        if missing := [c for c in REQUIRED_COLUMNS if c not in schema.names]:
             raise IntegrityError(f"{rel}: missing required column(s) {', '.join(missing)}; see docs/format.md")
         for c, types in {**ROW_COLUMNS, "image": IMAGE_TYPES}.items():
             if schema.field(c).type not in types:
                 raise IntegrityError(f"{rel}: column {c!r} has type {schema.field(c).type}, expected {types[0]}; "
                                      "rebuild the suite with genshift.writer.SuiteWriter")
-        big = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]
-        if big:
+        if big := [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]:
             raise IntegrityError(f"{rel}: row group {big[0]} holds {meta.row_group(big[0]).num_rows} rows, more than "
                                  f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per "
                                  "group)")
@@ -447,18 +417,17 @@ def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
                 row = pc.index(pc.is_null(t[col]), True).as_py()
                 raise IntegrityError(f"config {name!r}, {rel} row {row}: {col} is null; every row needs one "
                                      "(rebuild the suite)")
-        if t.num_rows and not pc.all(pc.equal(t["config"], name)).as_py():
-            row = pc.index(pc.not_equal(t["config"], name), True).as_py()
+        wrong = pc.not_equal(t["config"], name)
+        if pc.any(wrong).as_py():
+            row = pc.index(wrong, True).as_py()
             found = t["config"][row].as_py()[:64]
             raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {found!r}, "
                                  f"not {name!r}; a row belongs to the folder it is stored in (rebuild the suite)")
-        if t.num_rows:
-            lo, hi = pc.min_max(t["label"]).values()
-            if lo.as_py() < 0 or hi.as_py() >= 1000:
-                bad = pc.or_(pc.less(t["label"], 0), pc.greater_equal(t["label"], 1000))
-                row = pc.index(bad, True).as_py()
-                raise IntegrityError(f"config {name!r}, {rel} row {row}: label {t['label'][row].as_py()} is not an "
-                                     "ImageNet-1k index in [0, 1000); fix the label (see docs/format.md)")
+        bad = pc.or_(pc.less(t["label"], 0), pc.greater_equal(t["label"], 1000))
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            raise IntegrityError(f"config {name!r}, {rel} row {row}: label {t['label'][row].as_py()} is not an "
+                                 "ImageNet-1k index in [0, 1000); fix the label (see docs/format.md)")
     rows = sum(t.num_rows for _, t in tables)
     ids, labels, keeps = _sorted_rows(pa.concat_tables(t for _, t in tables))
     if rows > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, rows - 1))).as_py():  # sorted: repeats are adjacent

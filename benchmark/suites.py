@@ -19,8 +19,10 @@ from importlib import resources
 import yaml
 
 from genshift import imagenet
+from genshift.errors import IntegrityError
 from genshift.families import FAMILIES
 from genshift.hubio import SHA_RE
+from genshift.identity import timm_name
 from genshift.registry import Registry
 
 METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)
@@ -44,8 +46,8 @@ class Shift:
 @lru_cache(maxsize=1)
 def imagenet_star_shifts() -> tuple[Shift, ...]:
     """The ImageNet* prompt table (package data ``imagenet_star_shifts.yaml``)."""
-    text = resources.files("genshift").joinpath("_data", "imagenet_star_shifts.yaml").read_text()
-    return tuple(Shift(**row) for row in yaml.safe_load(text))
+    rows = yaml.safe_load(resources.files("genshift").joinpath("_data", "imagenet_star_shifts.yaml").read_text())
+    return tuple(Shift(**row) for row in rows)
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,6 @@ class SuiteSpec:
         if self.reference_config is not None and self.reference_config not in self.configs:
             raise ValueError(f"suite {self.id!r}: reference config {self.reference_config!r} is not a config")
 
-    @property
-    def pinned(self) -> bool:
-        return self.revision is not None
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -93,9 +91,8 @@ def _register_defaults(reg: Registry[SuiteSpec]) -> None:
     subsets = {"hard_imagenet": lambda: tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS),
                "imagenet_a": imagenet.imagenet_a_indices}
     for row in yaml.safe_load(resources.files("genshift").joinpath("_data", "suites.yaml").read_text()):
-        configs = row.pop("configs")
-        star = configs == "imagenet_star_shifts"
-        row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(configs)
+        star = row["configs"] == "imagenet_star_shifts"  # the prompt table's keys
+        row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(row["configs"])
         if "label_subset" in row:
             row["label_subset"] = subsets[row["label_subset"]]()
         row["construction_models"] = tuple(row.get("construction_models", ()))
@@ -118,8 +115,6 @@ def list_suites(pattern: str = "*") -> list[str]:
 def declared_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config a suite outside the registry declares in its manifest's
     ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
-    from genshift.errors import IntegrityError
-
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
     family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
     if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str)
@@ -134,8 +129,6 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
     """The models that built, mined or filtered a suite, whose results are flagged: the target the build
     recorded (``generator.target``, IN-G's mining classifier; local weights as ``sha256:<hex>``, not their
     architecture), else the registry's ``construction_models`` (the CLIP filters of ImageNet* and LANCE)."""
-    from genshift.identity import timm_name
-
     gen = manifest.generator if isinstance(manifest.generator, dict) else {}
     target = gen.get("target")
     if isinstance(target, dict):

@@ -1,9 +1,5 @@
-"""Deterministic synthetic suites for tests, benchmark scripts and offline demos.
-
-    bench demo-suite --out /tmp/toy --configs base,in_the_snow --classes 10 --per-class 4
-
-Images are small JPEGs whose colour depends on (config, class, index), generated from a seeded
-``numpy`` generator, so two calls with the same arguments write byte-identical suites.
+"""Deterministic synthetic suites for tests, benchmark scripts and offline demos (``bench demo-suite``): small
+noise JPEGs from a numpy generator seeded by (config, class, index), so the same arguments write the same bytes.
 """
 
 from __future__ import annotations
@@ -35,41 +31,28 @@ def make_synthetic_suite(root: str | Path, *, suite_id: str = "toy", configs: Se
                          image_size: int = 64, seed: int = 0, overwrite: bool = False,
                          card: Callable[[Manifest], str] | None = None) -> Manifest:
     """Write a suite (format 1.1) and return its ``Manifest``; ``card`` renders its dataset card
-    (``genshift.data_cards.demo_card``; none is written without it).
-
-    With ``pairs=True`` every row of every config gets ``pair_id = "<class>/<index>"`` (so the
-    first config can play LANCE's ``original`` and the others its counterfactuals). With
-    ``edit_types`` an ``edit_type`` column cycles through them.
-    """
+    (``genshift.data_cards.demo_card``; none is written without it). With ``pairs=True`` every row gets
+    ``pair_id = "<class>/<index>"`` (the first config can play LANCE's ``original``, the others its
+    counterfactuals); with ``edit_types`` an ``edit_type`` column cycles through them."""
     extra = {"seed": Value("int64")}
     if edit_types:
         extra["edit_type"] = Value("string")
+    items = [(c, i) for c in classes for i in range(per_class)]
     with SuiteWriter(root, suite_id=suite_id, extra_features=extra, overwrite=overwrite,
                      fingerprint={"synthetic": [list(configs), list(classes), per_class, seed, keep_fraction]}) as w:
         for ci, config in enumerate(configs):
-            items = [(c, i) for c in classes for i in range(per_class)]
             for shard in range(num_shards):
                 if w.shard_done(config, shard, num_shards):
                     continue
-
-                def rows(shard=shard, ci=ci, config=config, items=items):
-                    for k, (c, i) in enumerate(items):
-                        if k % num_shards != shard:
-                            continue
-                        row_seed = seed * 1_000_003 + ci * 100_003 + c * 1009 + i
-                        rng = np.random.default_rng(row_seed)
-                        row = {
-                            "image": {"bytes": synthetic_jpeg(rng, image_size), "path": None},
-                            "label": int(c),
-                            "image_id": f"{config}/{c:03d}/{i:02d}",
-                            "config": config,
-                            "keep": bool(rng.random() < keep_fraction),
-                            "pair_id": f"{c:03d}/{i:02d}" if pairs else None,
-                            "seed": row_seed,
-                        }
-                        if edit_types:
-                            row["edit_type"] = edit_types[(c + i) % len(edit_types)]
-                        yield row
-
-                w.write_shard(config, shard, num_shards, rows())
+                rows = []
+                for c, i in items[shard::num_shards]:
+                    row_seed = seed * 1_000_003 + ci * 100_003 + c * 1009 + i
+                    rng = np.random.default_rng(row_seed)
+                    rows.append({"image": {"bytes": synthetic_jpeg(rng, image_size), "path": None}, "label": int(c),
+                                 "image_id": f"{config}/{c:03d}/{i:02d}", "config": config,
+                                 "keep": bool(rng.random() < keep_fraction),
+                                 "pair_id": f"{c:03d}/{i:02d}" if pairs else None, "seed": row_seed})
+                    if edit_types:
+                        rows[-1]["edit_type"] = edit_types[(c + i) % len(edit_types)]
+                w.write_shard(config, shard, num_shards, rows)
         return w.finalize(generator={"builder": "genshift.synthetic", "seed": seed, "images": "noise"}, card=card)

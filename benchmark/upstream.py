@@ -1,27 +1,27 @@
-"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks
-(``docs/hub.md`` section 5, ``docs/format.md`` section 7): the release's zips (or extracted folders)
-become a format-1 suite without re-encoding any JPEG, ``keep`` indexed by (class, image number) in the
-mask, never by file position. By default the release is scored as the paper scored it: the pinned
-``masks.npy`` applied and ``main`` resolved to the paper-era commit.
-
-Entry points: :func:`open_upstream` (the Hub repo at a sha), :func:`open_release` (a local folder),
-both converting once into ``<cache>/upstream/<key>/``, and :func:`convert_release` (explicit output).
+"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks: the
+release's zips (or extracted folders) become a format-1 suite without re-encoding, ``keep`` indexed by
+(class, image number) in the mask (``docs/hub.md`` section 5, ``docs/format.md`` section 7). Entry points:
+:func:`open_upstream` (the Hub repo at a sha) and :func:`open_release` (a local folder), both converting
+once into ``<cache>/upstream/<key>/``, and :func:`convert_release` (explicit output).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import logging
 import pickle
 import re
+import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from genshift import imagenet
+from genshift import hubio, imagenet
 from genshift.errors import BenchError, IntegrityError, OfflineError, unknown
 from genshift.fsutil import StatKey, atomic_path, atomic_write_json, cache_root, canonical_json, read_json, sha256_file
 from genshift.reader import LocalSuite
@@ -115,49 +115,33 @@ class ReleaseImage:
     member: str | None  # path inside the zip
 
 
-def _class_of(folder: str) -> int | None:
-    try:
-        return imagenet.parse_class(folder)
-    except BenchError:
-        return None
-
-
-def _entries(root: Path, shift: str) -> Iterator[tuple[str, Path, str | None]]:
-    """(relative name, source, zip member) for every file of one shift."""
-    zpath = root / f"{shift}.zip"
-    folder = root / shift
+def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
+                 ) -> tuple[dict[tuple[int, int], ReleaseImage], list[str]]:
+    """Index one shift's images (its zip, else its folder) by (class, image number); also list unexpected files."""
+    root = Path(root)
+    zpath, folder = root / f"{shift}.zip", root / shift
     if zpath.is_file():
         with zipfile.ZipFile(zpath) as zf:
-            for info in zf.infolist():
-                if not info.is_dir():
-                    yield info.filename, zpath, info.filename
+            entries = [(info.filename, zpath, info.filename) for info in zf.infolist() if not info.is_dir()]
     elif folder.is_dir():
-        for p in sorted(folder.rglob("*")):
-            if p.is_file():
-                yield str(p.relative_to(root)), p, None
+        entries = [(str(p.relative_to(root)), p, None) for p in sorted(folder.rglob("*")) if p.is_file()]
     else:
         raise BenchError(f"{root} has neither {shift}.zip nor a {shift}/ folder; download that shift or drop it "
                          "from --configs")
-
-
-def scan_release(root: str | Path, shift: str, *, per_class: int = PER_CLASS
-                 ) -> tuple[dict[tuple[int, int], ReleaseImage], list[str]]:
-    """Index one shift's images by (class, image number); also list unexpected files."""
-    root = Path(root)
     found: dict[tuple[int, int], ReleaseImage] = {}
     unexpected = []
-    for name, source, member in _entries(root, shift):
+    for name, source, member in entries:
         parts = name.split("/")
         m = IMAGE_RE.match(parts[-1])
-        label = _class_of(parts[-2]) if len(parts) >= 2 else None
-        if m is None or label is None or int(m.group(1)) >= per_class:
+        try:
+            label = imagenet.parse_class(parts[-2]) if len(parts) >= 2 else None
+        except BenchError:  # not a wnid or class index folder
+            label = None
+        key = (label, int(m.group(1))) if m and label is not None else None
+        if key is None or key[1] >= per_class or key in found:
             unexpected.append(name)
-            continue
-        key = (label, int(m.group(1)))
-        if key in found:
-            unexpected.append(name)
-            continue
-        found[key] = ReleaseImage(shift, label, key[1], source, member)
+        else:
+            found[key] = ReleaseImage(shift, *key, source, member)
     return found, unexpected
 
 
@@ -165,11 +149,11 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
                     strict: bool = False, per_class: int = PER_CLASS, classes: Iterable[int] | None = None,
                     source: dict | None = None, overwrite: bool = False, zip_sha256: dict[str, str] | None = None,
                     card: Callable[[Manifest], str] | None = None) -> Manifest:
-    """Convert a release folder (zips or extracted folders) into a format-1 suite at ``out``; ``card``
-    renders its dataset card (``genshift.data_cards.upstream_card``). Missing and unexpected files are
-    a warning counted in ``generator.files`` (an error with ``strict``). ``per_class`` and ``classes``
-    shrink the expected layout (tests); ``zip_sha256``: hashes the caller already has."""
+    """A release folder (zips or extracted folders) -> a format-1 suite at ``out``; missing and unexpected files
+    are counted in ``generator.files`` and warned about (an error with ``strict``). ``per_class``, ``classes``: a
+    smaller layout (tests); ``zip_sha256``: hashes the caller has; ``card``: ``data_cards.upstream_card``."""
     from datasets import Value
+    from tqdm.auto import tqdm
 
     from genshift.writer import SuiteWriter
 
@@ -180,14 +164,11 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
         if s not in known:
             raise unknown("ImageNet* shift", s, known)
     masks = load_masks(mask, per_class=per_class) if mask else None
-    if masks is not None:
-        absent = [s for s in shifts if s not in masks]
-        if absent:
-            raise IntegrityError(f"the mask file has no entry for shift(s) {', '.join(absent)}")
+    if absent := [s for s in shifts if masks is not None and s not in masks]:
+        raise IntegrityError(f"the mask file has no entry for shift(s) {', '.join(absent)}")
     classes = list(range(imagenet.NUM_CLASSES)) if classes is None else sorted(set(classes))
     expected = {(c, n) for c in classes for n in range(per_class)}
-    report = {}
-    indexed = {}
+    report, indexed = {}, {}
     for s in shifts:
         found, unexpected = scan_release(root, s, per_class=per_class)
         missing = sorted(expected - set(found))
@@ -203,23 +184,22 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
         indexed[s] = {k: v for k, v in found.items() if k in expected}
         if not indexed[s]:
             raise IntegrityError(f"{s}: no images of the expected layout <shift>/<wnid or index>/NN.jpg were found")
-    known_sha = zip_sha256 or {}
-    sources = {s: known_sha.get(s) or sha256_file(root / f"{s}.zip") for s in shifts if (root / f"{s}.zip").is_file()}
+    zips = {s: root / f"{s}.zip" for s in shifts if (root / f"{s}.zip").is_file()}
+    sources = {s: (zip_sha256 or {}).get(s) or sha256_file(z) for s, z in zips.items()}
     fingerprint = {"zips_sha256": sources, "mask_sha256": sha256_file(mask) if mask else None,
                    "shifts": shifts, "per_class": per_class, "classes": classes if len(classes) < 1000 else "all"}
-    from tqdm.auto import tqdm
-
     # the full release is ~1.2 M images (25-35 min): a bar on a terminal, silent otherwise (disable=None)
     bar = tqdm(total=sum(len(indexed[s]) for s in shifts), desc="convert ImageNet*", unit="img", disable=None)
     with bar, SuiteWriter(out, suite_id="imagenet-star-upstream", extra_features={"source_file": Value("string")},
                           fingerprint=fingerprint, overwrite=overwrite) as w:
+        position = {c: i for i, c in enumerate(classes)}
         for s in shifts:
+            # deterministic shards: 100 classes each (50 x 100 = 5,000 images)
             items = sorted(indexed[s].values(), key=lambda r: (r.label, r.number))
-            blocks = _blocks(items, classes)
+            blocks = [list(g) for _, g in itertools.groupby(items, key=lambda r: position[r.label] // 100)]
             for shard, block in enumerate(blocks):
-                n_shards = len(blocks)
-                if not w.shard_done(s, shard, n_shards):
-                    w.write_shard(s, shard, n_shards, _rows(block, masks, per_class))
+                if not w.shard_done(s, shard, len(blocks)):
+                    w.write_shard(s, shard, len(blocks), _rows(block, masks, per_class))
                 bar.update(len(block))
         generator = {"builder": "genshift.upstream", "source": source or {"folder": root.name},
                      "mask": None if mask is None else {"file": Path(mask).name, "sha256": fingerprint["mask_sha256"],
@@ -228,22 +208,14 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
         return w.finalize(generator=generator, card=card)
 
 
-def _blocks(items: list[ReleaseImage], classes: list[int]) -> list[list[ReleaseImage]]:
-    """Deterministic shards: 100 classes per shard (50 x 100 = 5,000 images)."""
-    position = {c: i for i, c in enumerate(classes)}
-    by: dict[int, list[ReleaseImage]] = {}
-    for it in items:
-        by.setdefault(position[it.label] // 100, []).append(it)
-    return [by[k] for k in sorted(by)]
-
-
 def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
-    zf_cache: dict[Path, zipfile.ZipFile] = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        zips: dict[Path, zipfile.ZipFile] = {}
         for it in items:
             if it.member is not None:
-                zf = zf_cache.get(it.source) or zf_cache.setdefault(it.source, zipfile.ZipFile(it.source))
-                data = zf.read(it.member)
+                if it.source not in zips:
+                    zips[it.source] = stack.enter_context(zipfile.ZipFile(it.source))
+                data = zips[it.source].read(it.member)
                 src = f"{it.source.name}:{it.member}"
             else:
                 data = it.source.read_bytes()
@@ -253,14 +225,10 @@ def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
                    "image_id": f"{it.shift}/{wnid}/{it.number:02d}", "config": it.shift,
                    "keep": True if masks is None else bool(masks[it.shift][per_class * it.label + it.number]),
                    "pair_id": None, "source_file": src}
-    finally:
-        for zf in zf_cache.values():
-            zf.close()
 
 
 def is_release_folder(path: str | Path) -> bool:
-    """True for a folder holding released ``<shift>.zip`` files or extracted ``<shift>/`` folders
-    (and no ``manifest.json``: a converted suite is opened as a suite)."""
+    """A folder of released ``<shift>.zip`` files or ``<shift>/`` folders (and no ``manifest.json``)."""
     path = Path(path)
     return path.is_dir() and not (path / "manifest.json").exists() and bool(release_shifts(path))
 
@@ -280,10 +248,9 @@ def _memo_sha256(path: Path, memo_file: Path) -> str:
     key = f"{path.resolve()}|{StatKey.of(path)}"
     try:
         memo = read_json(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo")
-    except IntegrityError:
+    except IntegrityError:  # missing or damaged: hashed again
         memo = {}
-    if not isinstance(memo, dict):
-        memo = {}
+    memo = memo if isinstance(memo, dict) else {}
     if key not in memo:
         memo[key] = sha256_file(path)
         atomic_write_json(memo_file, memo)
@@ -298,11 +265,9 @@ def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str
         if z.is_file():
             out[s] = "zip:" + _memo_sha256(z, memo_file)
         elif (root / s).is_dir():
-            h = hashlib.sha256()
-            for f in sorted((root / s).rglob("*")):
-                if f.is_file():
-                    h.update(f"{f.relative_to(root)}|{StatKey.of(f)}\n".encode())
-            out[s] = "dir:" + h.hexdigest()
+            listing = "".join(f"{f.relative_to(root)}|{StatKey.of(f)}\n" for f in sorted((root / s).rglob("*"))
+                              if f.is_file())
+            out[s] = "dir:" + hashlib.sha256(listing.encode()).hexdigest()
     return out
 
 
@@ -324,10 +289,8 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
         convert_release(release, out, shifts=shifts, mask=mask, strict=strict, source=source, zip_sha256=zips,
                         **convert_kw)
     suite = LocalSuite.open(out, repo_id=repo_id, revision=revision)
-    if strict:  # a cached conversion made without --strict may hold a short release
-        short = {s: f for s, f in suite.manifest.generator.get("files", {}).items() if f["missing"] or f["unexpected"]}
-        if short:
-            s, f = next(iter(short.items()))
+    for s, f in suite.manifest.generator.get("files", {}).items():
+        if strict and (f["missing"] or f["unexpected"]):  # a cached conversion made without --strict
             raise IntegrityError(f"{s}: {f['missing']} missing file(s), {f['unexpected']} unexpected (--strict); "
                                  "pass a complete release or drop --strict")
     suite.verify(shifts)
@@ -357,21 +320,18 @@ def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | No
                   token: str | None = None) -> LocalSuite:
     """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open. Without
     ``revision``, ``main`` must resolve to the paper-era commit; ``mask`` as in :func:`open_release`."""
-    from genshift.hubio import resolve, snapshot
-
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
-    sha, reachable = resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
+    sha, reachable = hubio.resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     if revision is None and not sha.startswith(DATA_REVISION_PREFIX):
         raise IntegrityError(f"{repo_id} main is now {sha[:12]}…, not the commit {DATA_REVISION_PREFIX}… the "
                              f"paper's release was scored at; pass --revision {sha} to score this revision anyway "
                              "(recorded in the result)")
-    snap = snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
-                    endpoint=endpoint, token=token, local_only=not reachable)
-    # a commit sha fixes the zips' bytes, so it is the cache key (no need to hash 60 GB)
-    return _open_converted(snap, shifts=shifts, key={"repo_id": repo_id, "revision": sha}, mask=mask, strict=strict,
-                           cache_dir=cache_dir, source={"repo_id": repo_id, "revision": sha}, repo_id=repo_id,
-                           revision=sha)
+    snap = hubio.snapshot(repo_id, revision=sha, patterns=[f"{s}.zip" for s in shifts], cache_dir=cache_dir,
+                          endpoint=endpoint, token=token, local_only=not reachable)
+    pin = {"repo_id": repo_id, "revision": sha}  # a commit sha fixes the zips' bytes: the cache key (no 60 GB hash)
+    return _open_converted(snap, shifts=shifts, key=pin, mask=mask, strict=strict, cache_dir=cache_dir, source=pin,
+                           repo_id=repo_id, revision=sha)
 
 
 def released_mask_path(cache_dir: str | None = None) -> Path:
@@ -382,19 +342,15 @@ def released_mask_path(cache_dir: str | None = None) -> Path:
 def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Path:
     """The authors' ``masks.npy`` at the pinned commit, from the cache or downloaded once; its pinned size
     and sha256 are checked on every use (a download before it is renamed into place)."""
-    import urllib.request
-
-    from genshift.hubio import OFFLINE_ROUTE, _offline
-
     dest = released_mask_path(cache_dir)
     where = (f"download {MASK_URL} ({MASK_SIZE:,} bytes, sha256 {MASK_SHA256}) and put it at {dest}, pass another "
              "file with --mask FILE, or score the unfiltered release with --no-mask")
     if dest.is_file():
         _check_released_mask(dest, f"the cached {dest}", "delete it (it is downloaded again) or " + where)
         return dest
-    if _offline():
+    if hubio._offline():
         raise OfflineError(f"offline (HF_HUB_OFFLINE=1) and the authors' masks.npy is not cached; {where}"
-                           f"{OFFLINE_ROUTE}")
+                           f"{hubio.OFFLINE_ROUTE}")
     with atomic_path(dest) as tmp:
         try:
             with urllib.request.urlopen(MASK_URL, timeout=timeout) as r, open(tmp, "wb") as f:
@@ -404,7 +360,7 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
                         break
         except OSError as e:  # URLError and timeouts are OSErrors
             raise OfflineError(f"could not download the authors' masks.npy ({type(e).__name__}: "
-                               f"{getattr(e, 'reason', e)}); {where}{OFFLINE_ROUTE}") from None
+                               f"{getattr(e, 'reason', e)}); {where}{hubio.OFFLINE_ROUTE}") from None
         _check_released_mask(tmp, f"the masks.npy downloaded from {MASK_URL}", where)
     log.info("downloaded the authors' masks.npy (%s) to %s", MASK_COMMIT[:12], dest)
     return dest
@@ -420,8 +376,7 @@ def _check_released_mask(path: Path, what: str, fix: str) -> None:
 
 
 def resolve_mask(mask: str | Path | None, *, cache_dir: str | None = None) -> Path | None:
-    """The mask file to apply: ``None`` -> the released one (:func:`released_mask`), ``NO_MASK`` -> no
-    mask, anything else -> that file (which must exist)."""
+    """The mask to apply: ``None`` -> :func:`released_mask`, ``NO_MASK`` -> none, else that (existing) file."""
     if mask is None:
         return released_mask(cache_dir=cache_dir)
     if str(mask) == NO_MASK:

@@ -15,8 +15,8 @@ A rerun with the same fingerprint skips finished shards; a different one is refu
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,29 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets import Features, Image
 
+from genshift import fsutil, suite_format
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import (
-    INCOMPLETE,
-    atomic_path,
-    atomic_write_bytes,
-    atomic_write_json,
-    canonical_json,
-    ensure_writable_dir,
-    read_json,
-    sha256_bytes,
-)
-from genshift.suite_format import (
-    BUILD_STATE,
-    CARD,
-    MANIFEST,
-    SHARD_RE,
-    Manifest,
-    build_manifest,
-    check_name,
-    rows_digest_table,
-    shard_name,
-    suite_features,
-)
+from genshift.suite_format import BUILD_STATE, CARD, MANIFEST, SHARD_RE, Manifest
 
 log = logging.getLogger(__name__)
 IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
@@ -62,45 +42,29 @@ def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
     return [path]
 
 
-@dataclass(frozen=True)
-class ShardStats:
-    path: str
-    rows: int
-    kept: int
-
-
 class SuiteWriter:
-    """Write a suite into the folder ``root``, shard by shard, resumably.
-
-    ``extra_features``: provenance columns after the required ones. ``fingerprint``: everything that
-    determines the content (settings, seeds, model ids); a folder holding a build with another one is
-    refused unless ``overwrite`` (which also replaces a finished build).
-    """
+    """Write a suite into the folder ``root``, shard by shard, resumably. ``extra_features``: provenance
+    columns after the required ones. ``fingerprint``: everything that determines the content (settings, seeds,
+    model ids); a folder holding a build with another one is refused unless ``overwrite`` (which also
+    replaces a finished build)."""
 
     def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
                  extra_features: Features | dict | None = None, fingerprint: Mapping | None = None,
                  overwrite: bool = False, rows_per_group: int = IMAGE_ROWS_PER_GROUP,
                  clean_incomplete: bool = True) -> None:
         self.root = Path(root)
-        self.suite_id = check_name(suite_id, "suite id")
+        self.suite_id = suite_format.check_name(suite_id, "suite id")
         self.suite_version = suite_version
-        self.features = suite_features(extra_features)
-        self.fingerprint = dict(fingerprint or {})
+        self.features = suite_format.suite_features(extra_features)
         self.rows_per_group = rows_per_group
         state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
-                 "fingerprint": self.fingerprint}
-        self.fingerprint_sha256 = sha256_bytes(canonical_json(state))
-        self._open(state, overwrite, clean_incomplete)
-
-    # -- set-up ---------------------------------------------------------------------------------
-    def _open(self, state: dict, overwrite: bool, clean_incomplete: bool) -> None:
-        import shutil
-
+                 "fingerprint": dict(fingerprint or {})}
+        self.fingerprint_sha256 = fsutil.sha256_bytes(fsutil.canonical_json(state))
         state_path = self.root / BUILD_STATE
         if self.root.exists() and any(self.root.iterdir()):
             if state_path.is_file():
                 try:
-                    old = read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
+                    old = fsutil.read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
                 except IntegrityError:
                     old = {}
                 old = old if isinstance(old, dict) else {}
@@ -113,12 +77,11 @@ class SuiteWriter:
                                  "choose an empty or new directory")
             if overwrite:
                 shutil.rmtree(self.root)
-        ensure_writable_dir(self.root)
+        fsutil.ensure_writable_dir(self.root)
         if not state_path.is_file():
-            atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
-        # Only one process may clean: in a distributed build the others' in-flight files look the same.
-        if clean_incomplete:
-            for stale in self.root.rglob(f"*{INCOMPLETE}"):
+            fsutil.atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
+        if clean_incomplete:  # one process cleans: in a distributed build, others' in-flight files look the same
+            for stale in self.root.rglob(f"*{fsutil.INCOMPLETE}"):
                 log.warning("removing %s left by an interrupted run", stale)
                 stale.unlink()
 
@@ -128,14 +91,9 @@ class SuiteWriter:
     def __exit__(self, *exc) -> None:
         return None
 
-    @property
-    def finished(self) -> bool:
-        return (self.root / MANIFEST).is_file()
-
-    # -- shards ---------------------------------------------------------------------------------
     def shard_done(self, config: str, index: int, num_shards: int) -> bool:
         """True iff the shard's final file exists and its parquet footer reads."""
-        p = self.root / shard_name(config, index, num_shards)
+        p = self.root / suite_format.shard_name(config, index, num_shards)
         if not p.is_file():
             return False
         try:
@@ -146,25 +104,23 @@ class SuiteWriter:
             return False
         return True
 
-    def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> ShardStats:
+    def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> None:
         """Write one shard atomically from an iterable of row dicts (streamed, bounded memory)."""
-        check_name(config)
-        rel = shard_name(config, index, num_shards)
+        rel = suite_format.shard_name(config, index, num_shards)  # checks the config name
         for other in (self.root / "data" / config).glob("*.parquet"):
             m = SHARD_RE.match(other.name)
             if m and int(m.group(2)) != num_shards:
                 raise BenchError(f"{other} was written with {int(m.group(2))} shards, this run asks for "
                                  f"{num_shards}; keep the shard count of a build, or pass --overwrite")
-        n = kept = 0
+        n = 0
         schema, group = self.features.arrow_schema, self.rows_per_group  # the schema carries the features metadata
-        with atomic_path(self.root / rel) as tmp:
+        with fsutil.atomic_path(self.root / rel) as tmp:
             with pq.ParquetWriter(tmp, schema, **self._parquet_options()) as writer:
                 batch: list[dict] = []
                 for row in rows:
                     self._check_row(row, config, rel)
                     batch.append(self.features.encode_example(dict(row)))
                     n += 1
-                    kept += bool(row["keep"])
                     if len(batch) == group:
                         writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
                         batch = []
@@ -174,12 +130,10 @@ class SuiteWriter:
                     raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
                                      "(use fewer shards)")
         log.debug("wrote %s: %d rows", rel, n)
-        return ShardStats(rel, n, kept)
 
     def _parquet_options(self) -> dict:
-        """The column options ``datasets`` uses for parquet: encoded images stored plain and
-        uncompressed (JPEG/PNG bytes do not compress), every other column snappy + dictionary;
-        content-defined chunking so that re-uploads of similar shards deduplicate on the Hub."""
+        """The column options ``datasets`` uses: encoded images plain and uncompressed, every other column snappy
+        + dictionary; content-defined chunking so that re-uploads of similar shards deduplicate on the Hub."""
         schema = self.features.arrow_schema
         compression, dictionary, encoding = {}, [], {}
         for name, feat in self.features.items():
@@ -193,11 +147,9 @@ class SuiteWriter:
                 "write_page_index": True, "use_content_defined_chunking": True}
 
     def _check_row(self, row: Mapping, config: str, rel: str) -> None:
-        missing = [c for c in self.features if c not in row]
-        if missing:
+        if missing := [c for c in self.features if c not in row]:
             raise ValueError(f"row for {rel} lacks column(s) {missing}")
-        extra = [c for c in row if c not in self.features]
-        if extra:
+        if extra := [c for c in row if c not in self.features]:
             raise ValueError(f"row for {rel} has undeclared column(s) {extra}; declare them in extra_features")
         if row["config"] != config:
             raise ValueError(f"row {row['image_id']!r} has config {row['config']!r} but is written to {config!r}")
@@ -211,7 +163,6 @@ class SuiteWriter:
             raise ValueError(f"row {row['image_id']!r}: image must be embedded as {{'bytes': <encoded image>, "
                              "'path': None}")
 
-    # -- finish ---------------------------------------------------------------------------------
     def finalize(self, *, generator: Mapping, card: Callable[[Manifest], str] | None = None) -> Manifest:
         """Check completeness and uniqueness, write the card and, last, the manifest."""
         configs: dict[str, dict] = {}
@@ -221,20 +172,17 @@ class SuiteWriter:
         seen: dict[str, str] = {}
         for cdir in sorted(p for p in data.iterdir() if p.is_dir()):
             files = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
-            counts = {int(SHARD_RE.match(p.name).group(2)) for p in files}
+            numbers = [tuple(map(int, SHARD_RE.match(p.name).groups())) for p in files]  # (index, count)
+            counts = {n for _, n in numbers}
             if len(counts) != 1:
                 raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with "
                                      "--overwrite")
             total = counts.pop()
-            have = {int(SHARD_RE.match(p.name).group(1)) for p in files}
-            missing = sorted(set(range(total)) - have)
-            if missing:
+            if missing := sorted(set(range(total)) - {i for i, _ in numbers}):
                 raise BenchError(f"config {cdir.name!r} is missing shard(s) {missing[:10]} of {total}; "
                                  "rerun the build to finish them")
-            tables = []
-            for p in files:
-                table = pq.read_table(p, columns=["image_id", "label", "keep"])
-                tables.append(table)
+            tables = [pq.read_table(p, columns=["image_id", "label", "keep"]) for p in files]
+            for p, table in zip(files, tables):
                 for iid in table["image_id"].to_pylist():
                     if iid in seen:
                         raise IntegrityError(f"duplicate image_id {iid!r} in {p.relative_to(self.root)} and "
@@ -243,11 +191,12 @@ class SuiteWriter:
             table = pa.concat_tables(tables)
             configs[cdir.name] = {"rows": table.num_rows, "kept": int(pc.sum(table["keep"]).as_py() or 0),
                                   "files": [p.relative_to(self.root).as_posix() for p in files],
-                                  "rows_digest": rows_digest_table(table)}
-        manifest_bytes = build_manifest(self.root, suite_id=self.suite_id, suite_version=self.suite_version,
-                                        configs=configs, features=self.features, generator=dict(generator))
+                                  "rows_digest": suite_format.rows_digest_table(table)}
+        manifest_bytes = suite_format.build_manifest(self.root, suite_id=self.suite_id, configs=configs,
+                                                     suite_version=self.suite_version, features=self.features,
+                                                     generator=dict(generator))
         manifest = Manifest.from_bytes(manifest_bytes, where=str(self.root / MANIFEST))
         if card is not None:
-            atomic_write_bytes(self.root / CARD, card(manifest).encode())
-        atomic_write_bytes(self.root / MANIFEST, manifest_bytes)
+            fsutil.atomic_write_bytes(self.root / CARD, card(manifest).encode())
+        fsutil.atomic_write_bytes(self.root / MANIFEST, manifest_bytes)
         return manifest

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import resources
 
 import jinja2
-from datasets import DatasetInfo, SplitDict, SplitInfo
+from datasets import DatasetInfo
 from datasets.info import DatasetInfosDict
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
@@ -35,35 +35,20 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
     if license == "other":
         license_name = license_name or IMAGENET_LICENSE[0]
         license_link = license_link or IMAGENET_LICENSE[1]
-    data = DatasetCardData(
-        license=license, license_name=license_name, license_link=license_link,
-        task_categories=["image-classification"],
-        size_categories=[size_category(sum(c.rows for c in manifest.configs.values()))],
-        pretty_name=pretty_name or manifest.suite_id,
-        tags=["genshift-bench", "distribution-shift", "imagenet", *(tags or [])],
-    )
-    infos = {}
-    for name in sorted(manifest.configs):
-        c = manifest.configs[name]
-        info = DatasetInfo(config_name=name)  # no features: they travel in the parquet metadata
-        info.splits = SplitDict()
-        info.splits.add(SplitInfo(name="test", num_examples=c.rows,
-                                  num_bytes=sum(manifest.files[f].size for f in c.files)))
-        infos[name] = info
+    data = DatasetCardData(license=license, license_name=license_name, license_link=license_link,
+                           task_categories=["image-classification"], pretty_name=pretty_name or manifest.suite_id,
+                           size_categories=[size_category(sum(c.rows for c in manifest.configs.values()))],
+                           tags=["genshift-bench", "distribution-shift", "imagenet", *(tags or [])])
+    infos = DatasetInfosDict()  # no features: they travel in the parquet metadata
+    for name, c in sorted(manifest.configs.items()):
+        split = {"name": "test", "num_examples": c.rows, "num_bytes": sum(manifest.files[f].size for f in c.files)}
+        infos[name] = DatasetInfo(config_name=name, splits={"test": split})
     MetadataConfigs({name: {"data_files": [{"split": "test", "path": f"data/{name}/*.parquet"}]}
                      for name in sorted(manifest.configs)}).to_dataset_card_data(data)
-    DatasetInfosDict(infos).to_dataset_card_data(data)
+    infos.to_dataset_card_data(data)
     if gated:
         data["extra_gated_prompt"] = IMAGENET_TERMS
     return data
-
-
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FunctionLoader(
-            lambda name: resources.files("genshift.data_cards").joinpath(name).read_text(encoding="utf-8")),
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
-    )
 
 
 def demo_card(manifest) -> str:
@@ -95,13 +80,12 @@ def upstream_card(manifest) -> str:
 def render_card(manifest, *, template: str = "generic", context: dict | None = None,
                 license: str = "other", license_name: str | None = None, license_link: str | None = None,
                 pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> str:
-    """Render a complete README.md for a suite: YAML front matter + the template's body.
-
-    ``license="other"`` gets ``license_name``/``license_link`` (default: the ImageNet terms).
-    """
+    """A complete README.md for a suite: YAML front matter + the template's body; ``license="other"`` gets
+    ``license_name``/``license_link`` (default: the ImageNet terms)."""
     head = card_data(manifest, license=license, license_name=license_name, license_link=license_link,
                      pretty_name=pretty_name, tags=tags, gated=gated)
-    body = _env().get_template(f"{template}.md.j2").render(
-        manifest=manifest, configs=manifest.configs, generator=manifest.generator,
-        imagenet_terms=IMAGENET_TERMS, **(context or {}))
+    text = resources.files("genshift.data_cards").joinpath(f"{template}.md.j2").read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    body = env.from_string(text).render(manifest=manifest, configs=manifest.configs, generator=manifest.generator,
+                                        imagenet_terms=IMAGENET_TERMS, **(context or {}))
     return "---\n" + head.to_yaml() + "\n---\n\n" + body
