@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
@@ -19,6 +20,7 @@ from genshift.eval.failure_directions import DirectionOptions, Whitening, class_
 from genshift.eval.metrics import parent_failures
 from genshift.eval.predictions import read_predictions, topk_matrix
 from genshift.eval.results import load_result
+from genshift.eval.suite_open import open_suite, reopen_suite
 from genshift.fsutil import atomic_write_json, sha256_file
 
 CRITERIA = ("top1", "top3", "parent")
@@ -56,10 +58,6 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     (``genshift.eval.embeddings.ImageView``; default the authors' square resize of the classifier's input).
     ``whiten_reference``: the images whose CLIP statistics whiten the embeddings
     (:func:`parse_whiten_reference`; the authors used the training split; default: the analysed images)."""
-    from tqdm.auto import tqdm
-
-    from genshift.eval.suite_open import reopen_suite
-
     options = options or DirectionOptions()
     path = Path(result_path)
     path = path / "result.json" if path.is_dir() else path
@@ -100,8 +98,6 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     if ref is None:
         ref_emb, ref_desc = emb, {"images": "the scored images of the analysed configs", "n": int(emb.shape[0])}
     else:
-        from genshift.eval.suite_open import open_suite
-
         ref_suite = info.suite if own_ref else open_suite(ref[0], configs=tuple(ref[1])).suite
         unknown = [c for c in ref[1] if c not in ref_suite.configs]
         if unknown:

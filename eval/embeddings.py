@@ -14,9 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from torchvision.transforms import functional as F
+from tqdm.auto import tqdm
 
 from genshift.errors import BenchError
-from genshift.fsutil import atomic_path
+from genshift.eval.inference import make_transform
+from genshift.fsutil import atomic_path, canonical_json, sha256_bytes
 from genshift.pixels import to_rgb
 from genshift.reader import LocalSuite, read_row_group
 
@@ -40,8 +44,6 @@ class ImageView:
             raise BenchError("the classifier-square view needs the classifier's data config (the result's data_config)")
 
     def key(self) -> str:
-        from genshift.fsutil import canonical_json, sha256_bytes
-
         if self.kind == "center-crop":
             return self.kind
         return f"{self.kind}-{sha256_bytes(canonical_json(self.data_config))[:12]}"
@@ -92,17 +94,12 @@ class ClipEncoder:
         return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.autocast_dtype()]
 
     def _image_tensor(self, data: bytes, view: ImageView) -> torch.Tensor:
-        from PIL import Image
-        from torchvision.transforms import functional as F
-
         with Image.open(io.BytesIO(data)) as im:
             im = to_rgb(im)
             if view.kind == "center-crop":
                 side = min(im.size)
                 im = F.center_crop(im, [side, side]).resize((self.image_size, self.image_size), Image.BICUBIC)
                 return F.normalize(F.to_tensor(im), self.mean, self.std)
-            from genshift.eval.inference import make_transform
-
             x = make_transform(view.data_config, uint8=False)(im)  # what the classifier was given
         mean = torch.tensor(view.data_config["mean"]).view(3, 1, 1)
         std = torch.tensor(view.data_config["std"]).view(3, 1, 1)
@@ -127,8 +124,6 @@ class ClipEncoder:
 def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder, *, cache_dir: str | Path,
                            view: ImageView, batch_size: int = 64) -> tuple[list[str], np.ndarray]:
     """Image ids and embeddings of a config (computed once per view and precision, then read from the cache)."""
-    from tqdm.auto import tqdm
-
     safe = encoder.model_id.replace("/", "_").replace(":", "_")
     name = f"{config}__{safe}__{view.key()}__{encoder.resolved_precision()}.npz"
     path = Path(cache_dir) / suite.manifest.sha256 / name

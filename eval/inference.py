@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as F
 
 from genshift.errors import BenchError, one_line
 from genshift.eval.options import EvalOptions, OptionError
@@ -47,12 +53,10 @@ def plan_units(suite: LocalSuite, config: str, *, batch_size: int, unit_rows: in
         meta = suite.read_columns(config, ["image_id", "label"])
         ids = meta["image_id"].to_pylist()
         labels = meta["label"].to_numpy()
-        chosen: set[int] = set()
-        per_class: dict[int, int] = {}
+        chosen, per_class = set(), Counter()
         for pos in sorted(range(len(ids)), key=ids.__getitem__):
-            c = int(labels[pos])
-            if per_class.get(c, 0) < limit_per_class:
-                per_class[c] = per_class.get(c, 0) + 1
+            per_class[labels[pos]] += 1
+            if per_class[labels[pos]] <= limit_per_class:
                 chosen.add(pos)
         positions = [p for i, p in enumerate(positions) if i in chosen]
     size = batch_size * max(1, -(-unit_rows // batch_size))
@@ -72,8 +76,6 @@ class UnitDataset(torch.utils.data.Dataset):
         return len(self.units)
 
     def __getitem__(self, i: int) -> dict:
-        from PIL import Image
-
         unit = self.units[i]
         cols = ["image", "image_id", "label", "keep", "pair_id", *self.carried]
         parts = {g: read_row_group(self.root, self.groups[g], columns=cols) for g in {g for g, _ in unit.rows}}
@@ -103,10 +105,6 @@ class DeviceDecoder:
     slightly from PIL's, so the choice is recorded in the protocol."""
 
     def __init__(self, data_config: dict, device: str) -> None:
-        import math
-
-        from torchvision.transforms import InterpolationMode
-
         if data_config.get("crop_mode", "center") not in (None, "center"):
             raise OptionError("decode", f"decode=device supports timm's 'center' crop mode only, this model uses "
                              f"{data_config['crop_mode']!r}; use decode=cpu")
@@ -120,10 +118,6 @@ class DeviceDecoder:
         self.device = torch.device(device)
 
     def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
-        from PIL import Image
-        from torchvision.io import ImageReadMode, decode_jpeg
-        from torchvision.transforms.v2 import functional as F
-
         images: dict[int, torch.Tensor] = {}
         bad: list[tuple[int, str]] = []
         jpegs = []
@@ -205,11 +199,10 @@ class Forward:
     def __init__(self, model: torch.nn.Module, opts: EvalOptions, *, compile: bool,
                  data_config: dict | None = None) -> None:
         self.device = torch.device(opts.device)
-        self.norm = None
+        self.norm = None  # (mean, std) on the 0..255 scale when the device normalises uint8 batches
         if opts.device_normalizes():
-            mean = torch.tensor(data_config["mean"], device=self.device).view(1, 3, 1, 1) * 255
-            std = torch.tensor(data_config["std"], device=self.device).view(1, 3, 1, 1) * 255
-            self.norm = (mean, std)
+            self.norm = [torch.tensor(data_config[k], device=self.device).view(1, 3, 1, 1) * 255
+                         for k in ("mean", "std")]
         self.topk = opts.topk
         self.batch_size = opts.resolved_batch_size()
         self.thread_ids: set[int] = set()  # threads that ran a batch: the evidence forward threads ran

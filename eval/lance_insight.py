@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from genshift.eval.metrics import delta_p, pair_up
+
 EXAMPLE_FIELDS = ("pair_id", "edit_type", "original_words", "edit_words")  # shown with each example pair
 
 
@@ -46,8 +48,6 @@ def cluster_edits(directions, delta_p, *, k: int = 5, seed: int = 0, labels=None
 def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict | None:
     """A LANCE result's analysis ``{"lance_edit_clusters": ...}`` (the family's ``analysis`` target): the
     suite's edit directions clustered, with the predictions' Δp."""
-    from genshift.eval.metrics import delta_p, pair_up
-
     if not ({"counterfactual", "original"} <= set(tables) and "edit_text_direction" in suite.manifest.features):
         return None
     cols = suite.read_columns("counterfactual", ["image_id", "edit_text_direction", "edit_type", "original_words",

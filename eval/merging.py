@@ -1,9 +1,6 @@
 """Building a model's result from the parts its processes wrote (any process of a sweep, or
-``bench eval --merge OUT`` after the fact).
-
-Layout of an unfinished run: ``<run>/.work/job.json`` (everything needed to build the result),
-``<run>/.work/session.json`` and ``<run>/.work/<config>/part-<first>-<last>.parquet`` + ``.json``
-sidecars, one per contiguous run of streaming units.
+``bench eval --merge OUT`` after the fact). An unfinished run: ``<run>/.work/job.json``, ``session.json``
+and ``<config>/part-<first>-<last>.parquet`` + ``.json`` sidecars, one per contiguous run of units.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock
 
 from genshift.errors import BenchError, IntegrityError, one_line
 from genshift.eval.predictions import (
@@ -174,11 +172,8 @@ def missing_units(run_dir: Path, out: Path) -> dict[str, list[int]]:
 
 
 def describe_missing(missing: dict[str, list[int]]) -> str:
-    parts = []
-    for c, units in missing.items():
-        shown = ", ".join(map(str, units[:8])) + (f" … ({len(units)} in all)" if len(units) > 8 else "")
-        parts.append(f"config {c}: unit(s) {shown}")
-    return "; ".join(parts)
+    more = {c: f" … ({len(units)} in all)" if len(units) > 8 else "" for c, units in missing.items()}
+    return "; ".join(f"config {c}: unit(s) {', '.join(map(str, units[:8]))}{more[c]}" for c, units in missing.items())
 
 
 def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
@@ -275,8 +270,6 @@ def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
 
 def locked(path: Path):
     """An exclusive lock across processes on ``path`` (filelock's)."""
-    from filelock import FileLock
-
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(path))
 
