@@ -84,17 +84,13 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         if result["protocol"]["scoring"]["filter"]:
             t = t.filter(t["keep"])
         ids, emb = suite_image_embeddings(info.suite, c, encoder, cache_dir=cache_dir, view=view)
-        pos = {i: k for k, i in enumerate(ids)}
-        rows = [pos[i] for i in t["image_id"].to_pylist()]
-        ids_all += t["image_id"].to_pylist()
-        for i in t["image_id"].to_pylist():
-            where.setdefault(i, c)
-        emb_all.append(emb[rows])
+        pos, scored = {i: k for k, i in enumerate(ids)}, t["image_id"].to_pylist()
+        ids_all += scored
+        where.update({i: c for i in scored if i not in where})
+        emb_all.append(emb[[pos[i] for i in scored]])
         labels_all.append(t["label"].to_numpy().astype(np.int64))
         right_all.append(correctness(t, criterion))
-    emb = np.concatenate(emb_all)
-    labels = np.concatenate(labels_all)
-    right = np.concatenate(right_all)
+    emb, labels, right = (np.concatenate(parts) for parts in (emb_all, labels_all, right_all))
     if ref is None:
         ref_emb, ref_desc = emb, {"images": "the scored images of the analysed configs", "n": int(emb.shape[0])}
     else:

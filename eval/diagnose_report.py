@@ -9,6 +9,7 @@ import base64
 import html
 import io
 import math
+from contextlib import suppress
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -130,15 +131,12 @@ def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSE
     """``diagnose.json`` of a store entry, checked and reduced to what the leaderboard shows; None if
     absent or not a valid report (a bad file never breaks the drilldown)."""
     p = Path(run_dir) / REPORT
-    if not p.is_file():
-        return None
     try:
-        data = read_json(p, max_bytes=MAX_REPORT_BYTES, what=REPORT)
+        data = read_json(p, max_bytes=MAX_REPORT_BYTES, what=REPORT) if p.is_file() else None
     except BenchError:
         return None
-    if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose":
-        return None
-    if not isinstance(data.get("classes"), list):
+    report = isinstance(data, dict) and data.get("kind") == "genshift-diagnose"
+    if not report or not isinstance(data.get("classes"), list):
         return None
     raw_thumbs = data.get("thumbnails") if isinstance(data.get("thumbnails"), dict) else {}
     classes, thumbs = [], {}
@@ -151,12 +149,9 @@ def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSE
                else [] for k in ("hardest", "easiest")}
         for iid in ids["hardest"] + ids["easiest"]:
             if iid not in thumbs and isinstance(raw_thumbs.get(iid), str):
-                try:
-                    clean = _thumb(base64.b64decode(raw_thumbs[iid], validate=True))
-                except ValueError:
-                    clean = None
-                if clean:
-                    thumbs[iid] = clean
+                with suppress(ValueError):  # not base64: left out, as a thumbnail that does not decode
+                    if clean := _thumb(base64.b64decode(raw_thumbs[iid], validate=True)):
+                        thumbs[iid] = clean
         hard = _captions(d.get("hard_captions"))
         classes.append({"label": str(d.get("label", "?")), "name": str(d.get("name", "")),
                         "strength_text": _num(d.get("strength")), "null_text": _num(d.get("null_p95")),

@@ -132,15 +132,12 @@ def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder,
             return f["ids"].tolist(), f["emb"]
     suite.verify([config])
     ids, chunks = [], []
-    groups = suite.row_groups(config)
-    for g in tqdm(groups, desc=f"CLIP {config}", unit="group", leave=False):
+    for g in tqdm(suite.row_groups(config), desc=f"CLIP {config}", unit="group", leave=False):
         t = read_row_group(suite.root, g, columns=["image_id", "image"])
         data = t["image"].combine_chunks().field("bytes").to_pylist()
-        for a in range(0, len(data), batch_size):
-            chunks.append(encoder.encode_images(data[a:a + batch_size], view))
+        chunks += [encoder.encode_images(data[a:a + batch_size], view) for a in range(0, len(data), batch_size)]
         ids += t["image_id"].to_pylist()
     emb = np.concatenate(chunks).astype(np.float32)
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, ids=np.asarray(ids), emb=emb)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, ids=np.asarray(ids), emb=emb)
     return ids, emb

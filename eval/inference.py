@@ -118,9 +118,7 @@ class DeviceDecoder:
         self.device = torch.device(device)
 
     def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
-        images: dict[int, torch.Tensor] = {}
-        bad: list[tuple[int, str]] = []
-        jpegs = []
+        images, bad, jpegs = {}, [], []  # position -> decoded image; (position, error); positions of JPEGs
         for i, d in enumerate(datas):
             try:
                 if d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8:
@@ -128,8 +126,7 @@ class DeviceDecoder:
                     jpegs.append(i)
                 else:  # other formats: decoded on the CPU exactly as the default path does (genshift.pixels)
                     with Image.open(io.BytesIO(d.numpy().tobytes())) as im:
-                        rgb = np.asarray(to_rgb(im))
-                    images[i] = torch.from_numpy(rgb.copy()).permute(2, 0, 1).to(self.device)
+                        images[i] = F.pil_to_tensor(to_rgb(im)).to(self.device)
             except Exception as e:  # noqa: BLE001 - any decoder failure is this image's, named
                 bad.append((i, f"{type(e).__name__}: {e}"))
         try:
@@ -144,12 +141,10 @@ class DeviceDecoder:
                     bad.append((i, f"RuntimeError: {e}"))
         out = []
         for _, im in sorted(images.items()):
-            if self.scale[0] == self.scale[1]:
-                im = F.resize(im, [self.scale[0]], interpolation=self.interpolation, antialias=True)
-            else:  # timm's ResizeKeepRatio for non-square targets: the shorter side to its target
-                ratio = max(self.scale[0] / im.shape[-2], self.scale[1] / im.shape[-1])
-                im = F.resize(im, [round(im.shape[-2] * ratio), round(im.shape[-1] * ratio)],
-                              interpolation=self.interpolation, antialias=True)
+            # a square target: the shorter side to it; else timm's ResizeKeepRatio (each side at least its target)
+            ratio = max(self.scale[0] / im.shape[-2], self.scale[1] / im.shape[-1])
+            size = [self.scale[0]] if self.scale[0] == self.scale[1] else [round(s * ratio) for s in im.shape[-2:]]
+            im = F.resize(im, size, interpolation=self.interpolation, antialias=True)
             out.append(F.center_crop(im, list(self.size)))
         x = torch.stack(out) if out else torch.empty(0, 3, *self.size, dtype=torch.uint8, device=self.device)
         return x, sorted(bad)

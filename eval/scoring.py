@@ -96,8 +96,7 @@ def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> 
         outcomes = {f"acc{k}": c.hits(k) for k in (1, 5)}
         if extra is not None:
             outcomes.update(extra(c))
-        for m, r in outcome_replicates(name, outcomes, options).items():
-            reps[f"{name}/{m}"] = r
+        reps.update({f"{name}/{m}": r for m, r in outcome_replicates(name, outcomes, options).items()})
         for k in (1, 5):
             entry[f"acc{k}"] = _metric(outcomes[f"acc{k}"].mean() if c.n else np.nan, reps[f"{name}/acc{k}"], c.n,
                                        options.confidence)

@@ -177,12 +177,9 @@ def print_summary(result: dict) -> None:
     print(f"{result['model']['id']} on {result['suite']['id']}"
           f" (manifest {result['suite']['manifest_sha256'][:12]}, config hash {result['config_hash'][:12]})")
     print_table(rows, ["config", "scored", "acc@1 % [95% CI]", "acc@5 %"])
-    for metric in family.metrics:
-        if metric.key in ("acc1", "acc5"):
-            continue
-        for col in sorted(k for k in cols if k == metric.key or k.startswith(metric.key + "/")):
-            if col.endswith(("_lo", "_hi")):
-                continue
+    for metric in (m for m in family.metrics if m.key not in ("acc1", "acc5")):
+        mine = [k for k in cols if k == metric.key or k.startswith(metric.key + "/")]
+        for col in sorted(k for k in mine if not k.endswith(("_lo", "_hi"))):
             ci = [cols.get(f"{col}_lo"), cols.get(f"{col}_hi")]
             shown = percent({"value": cols[col], "ci": ci if None not in ci else None})
             where = f" ({col.split('/', 1)[1]})" if "/" in col else ""
