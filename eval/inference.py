@@ -355,14 +355,13 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
                     feed.ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk), skipped_bad=bad,
                                   model_seconds=feed.forward.seconds - before,
                                   threads_used=len(feed.forward.thread_ids))
+                    feed.todo.discard(item["unit"])
+                    served += 1
                 except Exception as e:  # noqa: BLE001 - recorded for this model; the others go on
                     if on_failure is None:
                         raise
                     live.remove(feed)
                     on_failure(feed, e)
-                    continue
-                feed.todo.discard(item["unit"])
-                served += 1
             if on_unit:
                 on_unit(len(item["meta"]["image_id"]) + len(item["bad"]), served)
     finally:

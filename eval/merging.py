@@ -9,6 +9,7 @@ import os
 import shutil
 from collections import Counter
 from datetime import UTC, datetime
+from itertools import accumulate
 from pathlib import Path
 
 import pyarrow as pa
@@ -160,11 +161,9 @@ def _check_rows(part: Path, name: str, info: dict, units: list[int], sch, digest
         raise IntegrityError(f"part {name} is not readable parquet ({one_line(e, limit=200)}); remove it") from None
     if len(ids) != sum(rows):
         raise IntegrityError(f"part {name} holds {len(ids)} rows, its units have {sum(rows)}; remove it")
-    at = 0
-    for u, r, s in zip(units, rows, skipped):
+    for u, r, s, at in zip(units, rows, skipped, accumulate(rows, initial=0)):
         if unit_digest(ids[at:at + r] + s) != digests[u]:
             raise IntegrityError(f"part {name}: the rows of unit {u} are not that unit's images; remove the part")
-        at += r
 
 
 def missing_units(run_dir: Path, out: Path) -> dict[str, list[int]]:
