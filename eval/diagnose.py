@@ -1,7 +1,6 @@
-"""``bench diagnose``: failure directions of one evaluated model on one suite (``docs/leaderboard.md``,
-"Failure directions in pictures"): the result's predictions joined with CLIP embeddings of the images,
-one SVM per class (``genshift.eval.failure_directions``), written as ``diagnose.json`` and
-``diagnose.html`` next to the result. It never changes benchmark scores.
+"""``bench diagnose`` (``docs/leaderboard.md``, "Failure directions in pictures"): a result's predictions joined
+with CLIP embeddings of its images, one SVM per class (``genshift.eval.failure_directions``), written as
+``diagnose.json`` and ``diagnose.html`` next to the result. It never changes benchmark scores.
 """
 
 from __future__ import annotations
@@ -129,7 +128,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         "kind": "genshift-diagnose", "schema_version": 1, "result": str(path), "model": result["model"]["id"],
         "suite": {k: result["suite"][k] for k in ("id", "manifest_sha256")}, "configs": configs,
         "criterion": criterion, "clip": encoder.model_id, "options": asdict(options),
-        "embedding": {"image_view": view.to_dict(), "precision": encoder.resolved_precision()},
+        "embedding": {"image_view": asdict(view), "precision": encoder.resolved_precision()},
         "whitening_reference": ref_desc,
         "n_images": int(labels.size), "classes": out,
     }

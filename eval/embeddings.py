@@ -1,8 +1,6 @@
-"""CLIP embeddings of suite images and of captions, for analyses such as failure directions.
-
-Image embeddings are cached as ``.npz`` (ids + unnormalised float32 embeddings) per suite manifest,
-config, CLIP model, image view and precision; what the views and precisions are: ``docs/reproducing.md``,
-"Failure directions". Default model: OpenAI CLIP ViT-B/32 through open_clip.
+"""CLIP embeddings (open_clip; default OpenAI ViT-B/32) of suite images and of captions, for failure directions.
+Image embeddings are cached as ``.npz`` (ids + unnormalised float32) per suite manifest, config, CLIP model,
+image view and precision (the views and precisions: ``docs/reproducing.md``, "Failure directions").
 """
 
 from __future__ import annotations
@@ -47,9 +45,6 @@ class ImageView:
         if self.kind == "center-crop":
             return self.kind
         return f"{self.kind}-{sha256_bytes(canonical_json(self.data_config))[:12]}"
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "data_config": self.data_config}
 
 
 @dataclass

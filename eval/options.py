@@ -1,7 +1,6 @@
-"""Every option of an evaluation in one typed object that checks itself (``genshift.EvalOptions``).
-
-Errors name the option (``topk must be in 5..1000, got 3``); the CLI maps an option to its flag.
-The options that change the numbers are recorded in the result (``protocol``, ``run``) and hashed.
+"""Every option of an evaluation in one typed object that checks itself (``genshift.EvalOptions``): errors
+name the option (``topk must be in 5..1000, got 3``), the CLI maps it to its flag. The options that change the
+numbers are recorded in the result (``protocol``, ``run``) and hashed.
 """
 
 from __future__ import annotations

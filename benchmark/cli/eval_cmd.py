@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 
 from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, percent, print_json, print_table
 from genshift.cli.build import add_config, flag
-from genshift.eval.options import EvalOptions
+from genshift.errors import BenchError
+from genshift.eval.options import EvalOptions, OptionError
+from genshift.families import get_family
+from genshift.heap import keep_freed_memory
 
 
 def add_parser(sub):
@@ -79,12 +83,6 @@ def _on_sigterm(signum, frame):
 
 
 def run(args) -> int:
-    import signal
-
-    from genshift.errors import BenchError
-    from genshift.eval.options import OptionError
-    from genshift.heap import keep_freed_memory
-
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(args, f.name)}
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -104,7 +102,6 @@ def run(args) -> int:
 
 
 def _run(args, opts) -> int:
-    from genshift.errors import BenchError
     from genshift.eval.merging import merge
     from genshift.eval.model_list import resolve_models
     from genshift.eval.sweep import SweepRequest, run_sweep
@@ -142,8 +139,6 @@ def _run(args, opts) -> int:
 def print_sweep(jobs) -> None:
     """The end-of-sweep table: one row per model with the suite family's headline and mean acc@1, each
     under its declared label (``genshift.families``), and the result path or the error."""
-    from genshift.families import get_family
-
     done = [j.result for j in jobs if j.result]
     family = get_family(done[0]["suite"]["metric_family"] if done else "accuracy")
     shown = list(dict.fromkeys((family.headline, "mean_acc1")))
@@ -168,8 +163,6 @@ def print_sweep(jobs) -> None:
 def print_summary(result: dict) -> None:
     """The end-of-run table: acc@1 (with its interval) and acc@5 per config, then every other number the
     suite's family declares (``genshift.families``), under its label and unit."""
-    from genshift.families import get_family
-
     family = get_family(result["suite"]["metric_family"])
     cols = family.columns(result)
     rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": percent(m["acc1"]),
