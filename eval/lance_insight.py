@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from genshift.eval.metrics import delta_p, pair_up
+from genshift.eval import metrics
 
 EXAMPLE_FIELDS = ("pair_id", "edit_type", "original_words", "edit_words")  # shown with each example pair
 
@@ -54,9 +54,9 @@ def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict |
                                                  "edit_words", "pair_id"]).to_pylist()
     meta = {r["image_id"]: r for r in cols}
     orig, cf = tables["original"], tables["counterfactual"]
-    match = pair_up(orig["pair_id"].to_pylist(), cf["pair_id"].to_pylist())
+    match = metrics.pair_up(orig["pair_id"].to_pylist(), cf["pair_id"].to_pylist())
     ok = match >= 0
-    dp = delta_p(orig["true_prob"].to_numpy()[match[ok]], cf["true_prob"].to_numpy()[ok])
+    dp = metrics.delta_p(orig["true_prob"].to_numpy()[match[ok]], cf["true_prob"].to_numpy()[ok])
     ids = [i for i, good in zip(cf["image_id"].to_pylist(), ok) if good]
     dirs = [meta[i]["edit_text_direction"] for i in ids]
     clusters = cluster_edits(dirs, dp, k=k, seed=seed, labels=cf["label"].to_numpy()[ok])

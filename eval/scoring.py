@@ -122,8 +122,8 @@ def imagenet_star_block(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions)
     ref = o.reference_config or "base"
     shifts = [c for c in cfgs if c != ref]
     if o.reference_accuracy is not None:
-        ref_value, ref_reps, ref_desc = float(o.reference_accuracy), np.full(o.n_boot, float(o.reference_accuracy)), \
-            f"given accuracy {o.reference_accuracy}"
+        ref_value, ref_desc = float(o.reference_accuracy), f"given accuracy {o.reference_accuracy}"
+        ref_reps = np.full(o.n_boot, ref_value)
     elif ref in cfgs:
         ref_value = cfgs[ref].hits(1).mean() if cfgs[ref].n else np.nan
         ref_reps, ref_desc = reps[f"{ref}/acc1"], f"config {ref}"
