@@ -1,7 +1,6 @@
-"""``bench diagnose``: failure directions of one evaluated model on one suite (``docs/leaderboard.md``,
-"Failure directions in pictures"): the result's predictions joined with CLIP embeddings of the images,
-one SVM per class (``genshift.eval.failure_directions``), written as ``diagnose.json`` and
-``diagnose.html`` next to the result. It never changes benchmark scores.
+"""``bench diagnose`` (``docs/leaderboard.md``, "Failure directions in pictures"): a result's predictions joined
+with CLIP embeddings of its images, one SVM per class (``genshift.eval.failure_directions``), written as
+``diagnose.json`` and ``diagnose.html`` next to the result. It never changes benchmark scores.
 """
 
 from __future__ import annotations
@@ -10,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
@@ -19,6 +19,7 @@ from genshift.eval.failure_directions import DirectionOptions, Whitening, class_
 from genshift.eval.metrics import parent_failures
 from genshift.eval.predictions import read_predictions, topk_matrix
 from genshift.eval.results import load_result
+from genshift.eval.suite_open import open_suite, reopen_suite
 from genshift.fsutil import atomic_write_json, sha256_file
 
 CRITERIA = ("top1", "top3", "parent")
@@ -56,10 +57,6 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
     (``genshift.eval.embeddings.ImageView``; default the authors' square resize of the classifier's input).
     ``whiten_reference``: the images whose CLIP statistics whiten the embeddings
     (:func:`parse_whiten_reference`; the authors used the training split; default: the analysed images)."""
-    from tqdm.auto import tqdm
-
-    from genshift.eval.suite_open import reopen_suite
-
     options = options or DirectionOptions()
     path = Path(result_path)
     path = path / "result.json" if path.is_dir() else path
@@ -86,22 +83,16 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         if result["protocol"]["scoring"]["filter"]:
             t = t.filter(t["keep"])
         ids, emb = suite_image_embeddings(info.suite, c, encoder, cache_dir=cache_dir, view=view)
-        pos = {i: k for k, i in enumerate(ids)}
-        rows = [pos[i] for i in t["image_id"].to_pylist()]
-        ids_all += t["image_id"].to_pylist()
-        for i in t["image_id"].to_pylist():
-            where.setdefault(i, c)
-        emb_all.append(emb[rows])
+        pos, scored = {i: k for k, i in enumerate(ids)}, t["image_id"].to_pylist()
+        ids_all += scored
+        where.update({i: c for i in scored if i not in where})
+        emb_all.append(emb[[pos[i] for i in scored]])
         labels_all.append(t["label"].to_numpy().astype(np.int64))
         right_all.append(correctness(t, criterion))
-    emb = np.concatenate(emb_all)
-    labels = np.concatenate(labels_all)
-    right = np.concatenate(right_all)
+    emb, labels, right = (np.concatenate(parts) for parts in (emb_all, labels_all, right_all))
     if ref is None:
         ref_emb, ref_desc = emb, {"images": "the scored images of the analysed configs", "n": int(emb.shape[0])}
     else:
-        from genshift.eval.suite_open import open_suite
-
         ref_suite = info.suite if own_ref else open_suite(ref[0], configs=tuple(ref[1])).suite
         unknown = [c for c in ref[1] if c not in ref_suite.configs]
         if unknown:
@@ -137,7 +128,7 @@ def diagnose(result_path: str | Path, *, encoder: ClipEncoder, cache_dir: str | 
         "kind": "genshift-diagnose", "schema_version": 1, "result": str(path), "model": result["model"]["id"],
         "suite": {k: result["suite"][k] for k in ("id", "manifest_sha256")}, "configs": configs,
         "criterion": criterion, "clip": encoder.model_id, "options": asdict(options),
-        "embedding": {"image_view": view.to_dict(), "precision": encoder.resolved_precision()},
+        "embedding": {"image_view": asdict(view), "precision": encoder.resolved_precision()},
         "whitening_reference": ref_desc,
         "n_images": int(labels.size), "classes": out,
     }

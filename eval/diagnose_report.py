@@ -9,7 +9,16 @@ import base64
 import html
 import io
 import math
+from contextlib import suppress
 from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from PIL import Image
+
+from genshift.errors import BenchError
+from genshift.fsutil import atomic_write_bytes, read_json
+from genshift.pixels import to_rgb
 
 REPORT = "diagnose.json"
 HTML_REPORT = "diagnose.html"
@@ -22,10 +31,6 @@ MAX_IMAGE_PIXELS = 64 * 2**20
 
 def _thumb(data: bytes) -> str | None:
     """A base64 JPEG thumbnail of an encoded image, or None if it does not decode."""
-    from PIL import Image
-
-    from genshift.pixels import to_rgb
-
     try:
         with Image.open(io.BytesIO(data)) as im:
             if im.width * im.height > MAX_IMAGE_PIXELS:
@@ -42,9 +47,6 @@ def _thumb(data: bytes) -> str | None:
 def thumbnails(suite, where: dict[str, str], classes: list[dict]) -> dict[str, str]:
     """Thumbnails of the hardest/easiest images of the first ``THUMB_CLASSES`` classes; ``where`` maps
     an image id to the config it was read from."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     wanted: dict[str, set[str]] = {}
     for d in classes[:THUMB_CLASSES]:
         for iid in d.get("hardest", [])[:THUMB_PER_SIDE] + d.get("easiest", [])[:THUMB_PER_SIDE]:
@@ -79,8 +81,6 @@ def _captions(value) -> list[str]:
 
 def write_html(report: dict, path: str | Path) -> Path:
     """A self-contained HTML page of the report (inline CSS and images; all text escaped)."""
-    from genshift.fsutil import atomic_write_bytes
-
     e = lambda s: html.escape(str(s), quote=True)
     thumbs = report.get("thumbnails", {})
 
@@ -130,19 +130,13 @@ direction worth reading; the hardest and easiest images lie at the two ends of i
 def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSES) -> dict | None:
     """``diagnose.json`` of a store entry, checked and reduced to what the leaderboard shows; None if
     absent or not a valid report (a bad file never breaks the drilldown)."""
-    from genshift.errors import BenchError
-    from genshift.fsutil import read_json
-
     p = Path(run_dir) / REPORT
-    if not p.is_file():
-        return None
     try:
-        data = read_json(p, max_bytes=MAX_REPORT_BYTES, what=REPORT)
+        data = read_json(p, max_bytes=MAX_REPORT_BYTES, what=REPORT) if p.is_file() else None
     except BenchError:
         return None
-    if not isinstance(data, dict) or data.get("kind") != "genshift-diagnose":
-        return None
-    if not isinstance(data.get("classes"), list):
+    report = isinstance(data, dict) and data.get("kind") == "genshift-diagnose"
+    if not report or not isinstance(data.get("classes"), list):
         return None
     raw_thumbs = data.get("thumbnails") if isinstance(data.get("thumbnails"), dict) else {}
     classes, thumbs = [], {}
@@ -155,12 +149,9 @@ def load_report_for_view(run_dir: str | Path, *, max_classes: int = THUMB_CLASSE
                else [] for k in ("hardest", "easiest")}
         for iid in ids["hardest"] + ids["easiest"]:
             if iid not in thumbs and isinstance(raw_thumbs.get(iid), str):
-                try:
-                    clean = _thumb(base64.b64decode(raw_thumbs[iid], validate=True))
-                except ValueError:
-                    clean = None
-                if clean:
-                    thumbs[iid] = clean
+                with suppress(ValueError):  # not base64: left out, as a thumbnail that does not decode
+                    if clean := _thumb(base64.b64decode(raw_thumbs[iid], validate=True)):
+                        thumbs[iid] = clean
         hard = _captions(d.get("hard_captions"))
         classes.append({"label": str(d.get("label", "?")), "name": str(d.get("name", "")),
                         "strength_text": _num(d.get("strength")), "null_text": _num(d.get("null_p95")),

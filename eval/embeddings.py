@@ -1,8 +1,6 @@
-"""CLIP embeddings of suite images and of captions, for analyses such as failure directions.
-
-Image embeddings are cached as ``.npz`` (ids + unnormalised float32 embeddings) per suite manifest,
-config, CLIP model, image view and precision; what the views and precisions are: ``docs/reproducing.md``,
-"Failure directions". Default model: OpenAI CLIP ViT-B/32 through open_clip.
+"""CLIP embeddings (open_clip; default OpenAI ViT-B/32) of suite images and of captions, for failure directions.
+Image embeddings are cached as ``.npz`` (ids + unnormalised float32) per suite manifest, config, CLIP model,
+image view and precision (the views and precisions: ``docs/reproducing.md``, "Failure directions").
 """
 
 from __future__ import annotations
@@ -14,9 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from torchvision.transforms import functional as F
+from tqdm.auto import tqdm
 
 from genshift.errors import BenchError
-from genshift.fsutil import atomic_path
+from genshift.eval.inference import make_transform
+from genshift.fsutil import atomic_path, canonical_json, sha256_bytes
 from genshift.pixels import to_rgb
 from genshift.reader import LocalSuite, read_row_group
 
@@ -40,14 +42,9 @@ class ImageView:
             raise BenchError("the classifier-square view needs the classifier's data config (the result's data_config)")
 
     def key(self) -> str:
-        from genshift.fsutil import canonical_json, sha256_bytes
-
         if self.kind == "center-crop":
             return self.kind
         return f"{self.kind}-{sha256_bytes(canonical_json(self.data_config))[:12]}"
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "data_config": self.data_config}
 
 
 @dataclass
@@ -92,17 +89,12 @@ class ClipEncoder:
         return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.autocast_dtype()]
 
     def _image_tensor(self, data: bytes, view: ImageView) -> torch.Tensor:
-        from PIL import Image
-        from torchvision.transforms import functional as F
-
         with Image.open(io.BytesIO(data)) as im:
             im = to_rgb(im)
             if view.kind == "center-crop":
                 side = min(im.size)
                 im = F.center_crop(im, [side, side]).resize((self.image_size, self.image_size), Image.BICUBIC)
                 return F.normalize(F.to_tensor(im), self.mean, self.std)
-            from genshift.eval.inference import make_transform
-
             x = make_transform(view.data_config, uint8=False)(im)  # what the classifier was given
         mean = torch.tensor(view.data_config["mean"]).view(3, 1, 1)
         std = torch.tensor(view.data_config["std"]).view(3, 1, 1)
@@ -127,8 +119,6 @@ class ClipEncoder:
 def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder, *, cache_dir: str | Path,
                            view: ImageView, batch_size: int = 64) -> tuple[list[str], np.ndarray]:
     """Image ids and embeddings of a config (computed once per view and precision, then read from the cache)."""
-    from tqdm.auto import tqdm
-
     safe = encoder.model_id.replace("/", "_").replace(":", "_")
     name = f"{config}__{safe}__{view.key()}__{encoder.resolved_precision()}.npz"
     path = Path(cache_dir) / suite.manifest.sha256 / name
@@ -137,15 +127,12 @@ def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder,
             return f["ids"].tolist(), f["emb"]
     suite.verify([config])
     ids, chunks = [], []
-    groups = suite.row_groups(config)
-    for g in tqdm(groups, desc=f"CLIP {config}", unit="group", leave=False):
+    for g in tqdm(suite.row_groups(config), desc=f"CLIP {config}", unit="group", leave=False):
         t = read_row_group(suite.root, g, columns=["image_id", "image"])
         data = t["image"].combine_chunks().field("bytes").to_pylist()
-        for a in range(0, len(data), batch_size):
-            chunks.append(encoder.encode_images(data[a:a + batch_size], view))
+        chunks += [encoder.encode_images(data[a:a + batch_size], view) for a in range(0, len(data), batch_size)]
         ids += t["image_id"].to_pylist()
     emb = np.concatenate(chunks).astype(np.float32)
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, ids=np.asarray(ids), emb=emb)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, ids=np.asarray(ids), emb=emb)
     return ids, emb

@@ -132,10 +132,8 @@ def class_direction(label: int, ids: Sequence[str], emb: np.ndarray, correct: np
     y = np.asarray(correct, dtype=int)[order]
     n_err = int((y == 0).sum())
     out = ClassDirection(label=int(label), status="ok", n=int(y.size), n_errors=n_err)
-    if n_err < opts.min_errors or y.size - n_err < opts.min_correct:
-        out.status = "skipped"
-        return out
-    strength, c, svm = search_svm(z, y, opts)
+    too_few = n_err < opts.min_errors or y.size - n_err < opts.min_correct
+    strength, c, svm = (None, None, None) if too_few else search_svm(z, y, opts)
     if svm is None:
         out.status = "skipped"
         return out
@@ -144,18 +142,15 @@ def class_direction(label: int, ids: Sequence[str], emb: np.ndarray, correct: np
         rng = np.random.default_rng(opts.seed + int(label))
         null = [search_svm(z, rng.permutation(y), opts)[0] for _ in range(opts.n_null)]
         out.null_mean, out.null_p95 = float(np.nanmean(null)), float(np.nanquantile(null, 0.95))
-    h = svm.decision_function(z)
-    rank = np.argsort(h, kind="stable")
+    rank = np.argsort(svm.decision_function(z), kind="stable")
     out.hardest = [ids[i] for i in rank[: opts.k_images]]
     out.easiest = [ids[i] for i in rank[::-1][: opts.k_images]]
     if encode_text is not None:
         ref, caps = candidate_captions(label, reference=opts.reference_caption)
         t = encode_text([ref, *caps])
         diff = t[1:] - t[0]
-        if opts.caption_whitening:
-            d = white(diff)
-        else:
-            d = diff / np.maximum(np.linalg.norm(diff, axis=-1, keepdims=True), 1e-12)
+        d = (white(diff) if opts.caption_whitening  # the code's pre-processing; else the paper's normalisation
+             else diff / np.maximum(np.linalg.norm(diff, axis=-1, keepdims=True), 1e-12))
         values = svm.decision_function(d)
         srt = np.argsort(values, kind="stable")
         out.hard_captions = [(caps[i], float(values[i])) for i in srt[: opts.k_captions]]

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as F
 
 from genshift.errors import BenchError, one_line
 from genshift.eval.options import EvalOptions, OptionError
@@ -47,12 +53,10 @@ def plan_units(suite: LocalSuite, config: str, *, batch_size: int, unit_rows: in
         meta = suite.read_columns(config, ["image_id", "label"])
         ids = meta["image_id"].to_pylist()
         labels = meta["label"].to_numpy()
-        chosen: set[int] = set()
-        per_class: dict[int, int] = {}
+        chosen, per_class = set(), Counter()
         for pos in sorted(range(len(ids)), key=ids.__getitem__):
-            c = int(labels[pos])
-            if per_class.get(c, 0) < limit_per_class:
-                per_class[c] = per_class.get(c, 0) + 1
+            per_class[labels[pos]] += 1
+            if per_class[labels[pos]] <= limit_per_class:
                 chosen.add(pos)
         positions = [p for i, p in enumerate(positions) if i in chosen]
     size = batch_size * max(1, -(-unit_rows // batch_size))
@@ -72,8 +76,6 @@ class UnitDataset(torch.utils.data.Dataset):
         return len(self.units)
 
     def __getitem__(self, i: int) -> dict:
-        from PIL import Image
-
         unit = self.units[i]
         cols = ["image", "image_id", "label", "keep", "pair_id", *self.carried]
         parts = {g: read_row_group(self.root, self.groups[g], columns=cols) for g in {g for g, _ in unit.rows}}
@@ -103,10 +105,6 @@ class DeviceDecoder:
     slightly from PIL's, so the choice is recorded in the protocol."""
 
     def __init__(self, data_config: dict, device: str) -> None:
-        import math
-
-        from torchvision.transforms import InterpolationMode
-
         if data_config.get("crop_mode", "center") not in (None, "center"):
             raise OptionError("decode", f"decode=device supports timm's 'center' crop mode only, this model uses "
                              f"{data_config['crop_mode']!r}; use decode=cpu")
@@ -120,13 +118,7 @@ class DeviceDecoder:
         self.device = torch.device(device)
 
     def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
-        from PIL import Image
-        from torchvision.io import ImageReadMode, decode_jpeg
-        from torchvision.transforms.v2 import functional as F
-
-        images: dict[int, torch.Tensor] = {}
-        bad: list[tuple[int, str]] = []
-        jpegs = []
+        images, bad, jpegs = {}, [], []  # position -> decoded image; (position, error); positions of JPEGs
         for i, d in enumerate(datas):
             try:
                 if d.numel() > 2 and d[0] == 0xFF and d[1] == 0xD8:
@@ -134,8 +126,7 @@ class DeviceDecoder:
                     jpegs.append(i)
                 else:  # other formats: decoded on the CPU exactly as the default path does (genshift.pixels)
                     with Image.open(io.BytesIO(d.numpy().tobytes())) as im:
-                        rgb = np.asarray(to_rgb(im))
-                    images[i] = torch.from_numpy(rgb.copy()).permute(2, 0, 1).to(self.device)
+                        images[i] = F.pil_to_tensor(to_rgb(im)).to(self.device)
             except Exception as e:  # noqa: BLE001 - any decoder failure is this image's, named
                 bad.append((i, f"{type(e).__name__}: {e}"))
         try:
@@ -150,12 +141,10 @@ class DeviceDecoder:
                     bad.append((i, f"RuntimeError: {e}"))
         out = []
         for _, im in sorted(images.items()):
-            if self.scale[0] == self.scale[1]:
-                im = F.resize(im, [self.scale[0]], interpolation=self.interpolation, antialias=True)
-            else:  # timm's ResizeKeepRatio for non-square targets: the shorter side to its target
-                ratio = max(self.scale[0] / im.shape[-2], self.scale[1] / im.shape[-1])
-                im = F.resize(im, [round(im.shape[-2] * ratio), round(im.shape[-1] * ratio)],
-                              interpolation=self.interpolation, antialias=True)
+            # a square target: the shorter side to it; else timm's ResizeKeepRatio (each side at least its target)
+            ratio = max(self.scale[0] / im.shape[-2], self.scale[1] / im.shape[-1])
+            size = [self.scale[0]] if self.scale[0] == self.scale[1] else [round(s * ratio) for s in im.shape[-2:]]
+            im = F.resize(im, size, interpolation=self.interpolation, antialias=True)
             out.append(F.center_crop(im, list(self.size)))
         x = torch.stack(out) if out else torch.empty(0, 3, *self.size, dtype=torch.uint8, device=self.device)
         return x, sorted(bad)
@@ -205,11 +194,10 @@ class Forward:
     def __init__(self, model: torch.nn.Module, opts: EvalOptions, *, compile: bool,
                  data_config: dict | None = None) -> None:
         self.device = torch.device(opts.device)
-        self.norm = None
+        self.norm = None  # (mean, std) on the 0..255 scale when the device normalises uint8 batches
         if opts.device_normalizes():
-            mean = torch.tensor(data_config["mean"], device=self.device).view(1, 3, 1, 1) * 255
-            std = torch.tensor(data_config["std"], device=self.device).view(1, 3, 1, 1) * 255
-            self.norm = (mean, std)
+            self.norm = [torch.tensor(data_config[k], device=self.device).view(1, 3, 1, 1) * 255
+                         for k in ("mean", "std")]
         self.topk = opts.topk
         self.batch_size = opts.resolved_batch_size()
         self.thread_ids: set[int] = set()  # threads that ran a batch: the evidence forward threads ran
@@ -367,14 +355,13 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
                     feed.ckpt.add(item["unit"], _block(item["meta"], outs, carried, opts.topk), skipped_bad=bad,
                                   model_seconds=feed.forward.seconds - before,
                                   threads_used=len(feed.forward.thread_ids))
+                    feed.todo.discard(item["unit"])
+                    served += 1
                 except Exception as e:  # noqa: BLE001 - recorded for this model; the others go on
                     if on_failure is None:
                         raise
                     live.remove(feed)
                     on_failure(feed, e)
-                    continue
-                feed.todo.discard(item["unit"])
-                served += 1
             if on_unit:
                 on_unit(len(item["meta"]["image_id"]) + len(item["bad"]), served)
     finally:

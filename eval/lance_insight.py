@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from genshift.eval import metrics
+
 EXAMPLE_FIELDS = ("pair_id", "edit_type", "original_words", "edit_words")  # shown with each example pair
 
 
@@ -46,17 +48,15 @@ def cluster_edits(directions, delta_p, *, k: int = 5, seed: int = 0, labels=None
 def result_clusters(suite, tables: dict, *, k: int = 5, seed: int = 0) -> dict | None:
     """A LANCE result's analysis ``{"lance_edit_clusters": ...}`` (the family's ``analysis`` target): the
     suite's edit directions clustered, with the predictions' Δp."""
-    from genshift.eval.metrics import delta_p, pair_up
-
     if not ({"counterfactual", "original"} <= set(tables) and "edit_text_direction" in suite.manifest.features):
         return None
     cols = suite.read_columns("counterfactual", ["image_id", "edit_text_direction", "edit_type", "original_words",
                                                  "edit_words", "pair_id"]).to_pylist()
     meta = {r["image_id"]: r for r in cols}
     orig, cf = tables["original"], tables["counterfactual"]
-    match = pair_up(orig["pair_id"].to_pylist(), cf["pair_id"].to_pylist())
+    match = metrics.pair_up(orig["pair_id"].to_pylist(), cf["pair_id"].to_pylist())
     ok = match >= 0
-    dp = delta_p(orig["true_prob"].to_numpy()[match[ok]], cf["true_prob"].to_numpy()[ok])
+    dp = metrics.delta_p(orig["true_prob"].to_numpy()[match[ok]], cf["true_prob"].to_numpy()[ok])
     ids = [i for i, good in zip(cf["image_id"].to_pylist(), ok) if good]
     dirs = [meta[i]["edit_text_direction"] for i in ids]
     clusters = cluster_edits(dirs, dp, k=k, seed=seed, labels=cf["label"].to_numpy()[ok])

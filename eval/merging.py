@@ -1,9 +1,6 @@
 """Building a model's result from the parts its processes wrote (any process of a sweep, or
-``bench eval --merge OUT`` after the fact).
-
-Layout of an unfinished run: ``<run>/.work/job.json`` (everything needed to build the result),
-``<run>/.work/session.json`` and ``<run>/.work/<config>/part-<first>-<last>.parquet`` + ``.json``
-sidecars, one per contiguous run of streaming units.
+``bench eval --merge OUT`` after the fact). An unfinished run: ``<run>/.work/job.json``, ``session.json``
+and ``<config>/part-<first>-<last>.parquet`` + ``.json`` sidecars, one per contiguous run of units.
 """
 
 from __future__ import annotations
@@ -12,10 +9,12 @@ import os
 import shutil
 from collections import Counter
 from datetime import UTC, datetime
+from itertools import accumulate
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock
 
 from genshift.errors import BenchError, IntegrityError, one_line
 from genshift.eval.predictions import (
@@ -162,11 +161,9 @@ def _check_rows(part: Path, name: str, info: dict, units: list[int], sch, digest
         raise IntegrityError(f"part {name} is not readable parquet ({one_line(e, limit=200)}); remove it") from None
     if len(ids) != sum(rows):
         raise IntegrityError(f"part {name} holds {len(ids)} rows, its units have {sum(rows)}; remove it")
-    at = 0
-    for u, r, s in zip(units, rows, skipped):
+    for u, r, s, at in zip(units, rows, skipped, accumulate(rows, initial=0)):
         if unit_digest(ids[at:at + r] + s) != digests[u]:
             raise IntegrityError(f"part {name}: the rows of unit {u} are not that unit's images; remove the part")
-        at += r
 
 
 def missing_units(run_dir: Path, out: Path) -> dict[str, list[int]]:
@@ -174,11 +171,8 @@ def missing_units(run_dir: Path, out: Path) -> dict[str, list[int]]:
 
 
 def describe_missing(missing: dict[str, list[int]]) -> str:
-    parts = []
-    for c, units in missing.items():
-        shown = ", ".join(map(str, units[:8])) + (f" … ({len(units)} in all)" if len(units) > 8 else "")
-        parts.append(f"config {c}: unit(s) {shown}")
-    return "; ".join(parts)
+    more = {c: f" … ({len(units)} in all)" if len(units) > 8 else "" for c, units in missing.items()}
+    return "; ".join(f"config {c}: unit(s) {', '.join(map(str, units[:8]))}{more[c]}" for c, units in missing.items())
 
 
 def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
@@ -275,8 +269,6 @@ def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
 
 def locked(path: Path):
     """An exclusive lock across processes on ``path`` (filelock's)."""
-    from filelock import FileLock
-
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(path))
 

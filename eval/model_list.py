@@ -7,8 +7,10 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from genshift.errors import BenchError
+from genshift.errors import BenchError, did_you_mean
 from genshift.fsutil import MAX_LIST_BYTES, read_text_limited
+from genshift.identity import timm_name
+from genshift.populations import is_population, list_populations, population_models
 
 WILDCARD_CHARS = "*?["
 MAX_MODELS = 5000
@@ -58,9 +60,6 @@ def parse_models_file(path: str | os.PathLike) -> list[ModelSpec]:
     (relative paths are taken from the file's folder); ``#`` starts a comment."""
     p = Path(path)
     if not p.exists():
-        from genshift.errors import did_you_mean
-        from genshift.populations import list_populations
-
         raise BenchError(f"--models {str(p)!r}: no such file and no such population."
                          f"{did_you_mean(str(p), list_populations())} (populations: {', '.join(list_populations())})")
     text = read_text_limited(p, max_bytes=MAX_LIST_BYTES, what="--models file")  # /dev/zero: one line, at once
@@ -86,7 +85,6 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None, 
     timm config with ``population_config="today"``). Every name is checked (timm's close matches
     for unknown ones) before any data is touched. Returns the specs and the wildcard expansions."""
     from genshift.eval.models import parse_model_name
-    from genshift.identity import timm_name
 
     raw: list[ModelSpec] = []
     for m in models or []:
@@ -95,10 +93,11 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None, 
             raise BenchError(f"--model {m!r}: NAME=CHECKPOINT needs a checkpoint path after '='")
         raw.append(ModelSpec(name.strip(), ck or None))
     if models_file:
-        from genshift.populations import is_population, population_models  # a named population, unless a file
-        listed = ([ModelSpec(n, None, data_config=dc, data_config_from=src)
-                   for n, dc, src in population_models(models_file, config=population_config)]
-                  if is_population(models_file) and not os.path.exists(models_file) else parse_models_file(models_file))
+        if is_population(models_file) and not os.path.exists(models_file):  # a named population, unless a file
+            listed = [ModelSpec(n, None, data_config=dc, data_config_from=src)
+                      for n, dc, src in population_models(models_file, config=population_config)]
+        else:
+            listed = parse_models_file(models_file)
         if not listed:
             raise BenchError(f"--models file {models_file!r} lists no model (only blank or # comment lines)")
         raw += listed
@@ -128,7 +127,10 @@ def resolve_models(models: list[str] | None, *, models_file: str | None = None, 
     weights: dict[tuple, str] = {}
     for spec in specs:
         ref = parse_model_name(spec.name)  # unknown names fail here, with timm's close matches
-        key = _canonical_id(ref, spec)
+        # the id load_classifier will give the model (its output folder), without loading it; a checkpoint's id
+        # needs its tensors (genshift.identity): the name and the file stand in
+        key = (f"{timm_name(spec.name)}={checkpoint_sha256(spec.checkpoint)[:16]}" if spec.checkpoint is not None
+               else f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text))
         if key in seen:
             raise BenchError(f"model {key!r} is listed twice (as {seen[key]!r} and {spec.name!r}); "
                              "each model is scored once per sweep, remove the duplicate (two checkpoints of one "
@@ -152,12 +154,3 @@ def checkpoint_sha256(path: str) -> str:
         return weights_sha256(path)  # the one memo: loading the model later reuses this digest
     except OSError as e:
         raise BenchError(f"checkpoint {path!r} cannot be read ({e.strerror}); check the path") from None
-
-
-def _canonical_id(ref, spec: ModelSpec) -> str:
-    """The id ``load_classifier`` will give the model (its output folder), without loading it."""
-    from genshift.identity import timm_name
-
-    if spec.checkpoint is not None:  # its id needs its tensors (genshift.identity): the name and file stand in
-        return f"{timm_name(spec.name)}={checkpoint_sha256(spec.checkpoint)[:16]}"
-    return f"{ref.repo_id}@{ref.revision}" if ref.revision else (ref.repo_id or ref.text)

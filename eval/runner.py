@@ -1,7 +1,6 @@
-"""The library's way in: ``genshift.evaluate``, its :class:`Result`, ``genshift.verify`` and
-``genshift.slope``; ``bench eval`` runs the same code (``genshift.eval.sweep``). What ``out`` holds:
-docs/results.md. ``out=None`` runs in a temporary folder that is removed (the :class:`Result` holds
-the predictions' bytes).
+"""The library's way in: ``genshift.evaluate``, its :class:`Result`, ``genshift.verify`` and ``genshift.slope``;
+``bench eval`` runs the same code (``genshift.eval.sweep``). What ``out`` holds: docs/results.md; ``out=None``
+runs in a temporary folder that is removed (the :class:`Result` holds the predictions' bytes).
 """
 
 from __future__ import annotations

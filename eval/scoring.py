@@ -96,8 +96,7 @@ def score(family: str, tables: dict[str, pa.Table], options: ScoringOptions) -> 
         outcomes = {f"acc{k}": c.hits(k) for k in (1, 5)}
         if extra is not None:
             outcomes.update(extra(c))
-        for m, r in outcome_replicates(name, outcomes, options).items():
-            reps[f"{name}/{m}"] = r
+        reps.update({f"{name}/{m}": r for m, r in outcome_replicates(name, outcomes, options).items()})
         for k in (1, 5):
             entry[f"acc{k}"] = _metric(outcomes[f"acc{k}"].mean() if c.n else np.nan, reps[f"{name}/acc{k}"], c.n,
                                        options.confidence)
@@ -123,8 +122,8 @@ def imagenet_star_block(cfgs: dict[str, _Config], reps: dict, o: ScoringOptions)
     ref = o.reference_config or "base"
     shifts = [c for c in cfgs if c != ref]
     if o.reference_accuracy is not None:
-        ref_value, ref_reps, ref_desc = float(o.reference_accuracy), np.full(o.n_boot, float(o.reference_accuracy)), \
-            f"given accuracy {o.reference_accuracy}"
+        ref_value, ref_desc = float(o.reference_accuracy), f"given accuracy {o.reference_accuracy}"
+        ref_reps = np.full(o.n_boot, ref_value)
     elif ref in cfgs:
         ref_value = cfgs[ref].hits(1).mean() if cfgs[ref].n else np.nan
         ref_reps, ref_desc = reps[f"{ref}/acc1"], f"config {ref}"

@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from genshift import hub, upstream
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import sha256_file
+from genshift.identity import timm_name
 from genshift.reader import LocalSuite
+from genshift.suites import SUITES, construction_models, declared_scoring, get_suite
 
 
 @dataclass(frozen=True)
@@ -25,20 +28,11 @@ class SuiteInfo:
 def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ...] | None = None,
                mask: str | None = None) -> SuiteInfo:
     """A local suite folder, a registry id or a Hub repo id -> a verified ``LocalSuite`` + its spec."""
-    from genshift import hub
-    from genshift.suites import SUITES, construction_models, declared_scoring, get_suite
-
     suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
     key = text if text in SUITES else suite.suite_id
     spec = get_suite(key) if key in SUITES else None
     family, reference = (spec.metric_family, spec.reference_config) if spec else declared_scoring(suite.manifest)
-    return SuiteInfo(
-        suite=suite,
-        metric_family=family,
-        reference_config=reference,
-        construction_models=construction_models(suite.manifest, spec),
-        pinned=suite.pinned, source=text,
-    )
+    return SuiteInfo(suite, family, reference, construction_models(suite.manifest, spec), suite.pinned, source=text)
 
 
 def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = None,
@@ -46,8 +40,6 @@ def reopen_suite(result: dict, *, suite: str | None = None, mask: str | None = N
     """The suite a result was made on, opened as recorded (source, revision and, for the upstream
     ImageNet* adapter, the mask file) unless ``suite`` / ``mask`` point elsewhere; it must have the
     result's manifest hash."""
-    from genshift import upstream
-
     rec = result["suite"]
     rec_mask = rec.get("mask") or {}
     src = suite or rec.get("source") or rec["id"]
@@ -79,8 +71,6 @@ def is_construction_model(model_id: str, construction: tuple[str, ...], weights_
     """Whether a model is one of a suite's construction models (``genshift.suites.construction_models``):
     by id in normal form (``timm/x``, ``hf-hub:timm/x@sha`` and ``x`` are one model), or by weights
     sha256 for an entry ``sha256:<hex>``."""
-    from genshift.identity import timm_name as model_key
-
-    key = model_key(model_id)
-    return any((weights_sha256 is not None and c == f"sha256:{weights_sha256}") or key == model_key(c)
+    key = timm_name(model_id)
+    return any((weights_sha256 is not None and c == f"sha256:{weights_sha256}") or key == timm_name(c)
                for c in construction if c)

@@ -1,11 +1,7 @@
-"""Many models, one decode: an evaluation of a model list on one suite, in one or many processes.
-
-Each model gets exactly the ``result.json`` and ``predictions/<config>.parquet`` a single
-``genshift.evaluate`` writes (one evaluation *is* a sweep of one model). Models with one data config
-share each unit's decode, at most ``max_resident`` loaded at once; ``(chunk, config, unit)`` work
-items are balanced over launched processes (``genshift.distributed``); whichever process completes
-a model builds its result (``genshift.eval.merging``). Resume, the split and the "nothing to do"
-answer: docs/performance.md, "Sweeps" and "Resume and distribution".
+"""Many models, one decode: a model list scored on one suite, in one or many processes; each model
+gets the files a single ``genshift.evaluate`` writes (one evaluation *is* a sweep of one model).
+Groups, chunks, the work split, resume and "nothing to do": docs/performance.md, "Sweeps" and
+"Resume and distribution".
 """
 
 from __future__ import annotations
@@ -13,8 +9,12 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field, replace
+from itertools import accumulate, groupby
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from genshift import upstream
 from genshift.distributed import balance, current_process
@@ -29,8 +29,10 @@ from genshift.eval.results import path_slug as slug  # the one folder rule
 from genshift.eval.suite_open import is_construction_model, open_suite
 from genshift.families import get_family
 from genshift.fsutil import atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
+from genshift.hubio import SHA_RE
 from genshift.identity import folder_name
 from genshift.oom import BatchBackoff
+from genshift.suites import SUITES
 
 log = logging.getLogger(__name__)
 RUN_STATE = "run.json"
@@ -66,9 +68,7 @@ class Job:
 def unit_digests(suite, config: str, groups, units) -> list[str]:
     """Per unit, the digest of its image ids (job.json): a merge checks each part's rows against it."""
     ids = suite.read_columns(config, ["image_id"])["image_id"].to_pylist()
-    offsets = [0]
-    for g in groups:
-        offsets.append(offsets[-1] + g.num_rows)
+    offsets = [0, *accumulate(g.num_rows for g in groups)]
     return [predictions.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
 
 
@@ -115,8 +115,8 @@ class Sweep:
         todo = [spec for spec in req.models if self.keys[spec] not in finished]
         for spec in req.models:
             if spec not in todo:
-                self._done(Job(spec, None, "", finished[self.keys[spec]], {}),
-                           load_result(finished[self.keys[spec]] / RESULT_FILE))
+                run_dir = finished[self.keys[spec]]
+                self._done(Job(spec, None, "", run_dir, {}), load_result(run_dir / RESULT_FILE))
         if not todo:
             return
         self.info = open_suite(req.suite, revision=self.opts.revision, configs=req.configs, mask=self.opts.mask)
@@ -153,9 +153,6 @@ class Sweep:
         """The digest of what decides a model's files: its name and weights, the suite's pin and the
         options (``RUN_ONLY`` left out); None where that is not known without the full route (an
         unpinned suite, an unresolvable Hub revision)."""
-        from genshift.hubio import SHA_RE
-        from genshift.suites import SUITES
-
         opts, req = self.opts, self.req
         path = Path(req.suite)
         if (path / "manifest.json").is_file():
@@ -165,13 +162,13 @@ class Sweep:
             if path.exists() or not rev or not SHA_RE.match(rev):
                 return None
             suite = f"{req.suite}@{rev}"
-        mask = sha256_file(opts.mask) if opts.mask and Path(opts.mask).is_file() else opts.mask
         weights = self._weights_key(spec)
         if weights is None:
             return None
         numbers = {k: v for k, v in asdict(opts).items() if k not in RUN_ONLY}
         numbers.update(device=opts.device.split(":")[0], batch_size=opts.resolved_batch_size(),
-                       normalize_on_device=opts.device_normalizes(), mask=mask)
+                       normalize_on_device=opts.device_normalizes(),
+                       mask=sha256_file(opts.mask) if opts.mask and Path(opts.mask).is_file() else opts.mask)
         return sha256_bytes(canonical_json({"model": spec.name, "weights": weights, "suite": suite,
                                             "configs": list(req.configs or ()), "options": numbers}))
 
@@ -213,7 +210,9 @@ class Sweep:
         except Exception as e:  # noqa: BLE001 - one model's bad weights or download: recorded, the sweep goes on
             if self.single:
                 raise
-            self._fail_early(spec, e)
+            job = Job(spec, None, spec.name, predictions.contained(self.suite_dir / slug(spec.name), self.out), {})
+            self.jobs.append(job)
+            self._record_failure(job, e)  # its failure file written by the main process only (no job state)
             return
         model_desc = clf.describe()
         suite_desc = {
@@ -222,8 +221,7 @@ class Sweep:
             "configs": self.configs, "metric_family": info.metric_family, "source": info.source,
             "mask": upstream.mask_record(opts.mask, suite.manifest.generator),
         }
-        reference = (info.reference_config or "base") if get_family(info.metric_family).reference else None
-        scoring = opts.scoring(reference)
+        scoring = opts.scoring((info.reference_config or "base") if get_family(info.metric_family).reference else None)
         protocol = {"topk": opts.topk, "limit_per_class": opts.limit_per_class, "preprocess": opts.preprocess,
                     "skip_bad_images": opts.skip_bad_images, "scoring": scoring.to_dict()}
         if opts.decode != "cpu":  # only a non-default decode is recorded (keeps earlier config hashes)
@@ -275,12 +273,10 @@ class Sweep:
         job = Job(spec, clf, clf.model_id, run_dir, state)
         if any(j.model_id == job.model_id for j in self.jobs):
             raise BenchError(f"model {job.model_id!r} is listed twice; remove the duplicate")
-        result_path = run_dir / RESULT_FILE
-        if result_path.exists() and not opts.force:
-            try:
-                old = load_result(result_path)
-            except BenchError:
-                old = None
+        if (run_dir / RESULT_FILE).exists() and not opts.force:
+            old = None
+            with suppress(BenchError):
+                old = load_result(run_dir / RESULT_FILE)
             if old and old.get("config_hash") == chash and old.get("run", {}).get("predictions_key") == pred_key:
                 self._done(job, old)
                 if self.dist.is_main:
@@ -290,11 +286,6 @@ class Sweep:
         if len([j for j in self.jobs if j.clf is not None]) >= opts.max_resident:
             job.clf = None  # loaded again when its chunk runs
         self.jobs.append(job)
-
-    def _fail_early(self, spec: ModelSpec, exc: BaseException) -> None:
-        job = Job(spec, None, spec.name, predictions.contained(self.suite_dir / slug(spec.name), self.out), {})
-        self.jobs.append(job)
-        self._record_failure(job, exc)  # its failure file written by the main process only (no job state)
 
     def _write_state(self, job: Job) -> None:
         atomic_write_json(job.run_dir / RUN_STATE, {"predictions_key": job.state["run"]["predictions_key"],
@@ -323,11 +314,9 @@ class Sweep:
     def chunks(self) -> list[list[Job]]:
         """Models to run, by preprocessing group, in chunks of at most ``max_resident``."""
         todo = sorted((j for j in self.jobs if j.status == "todo"), key=lambda j: (j.state["group"], j.model_id))
-        by_group: dict[str, list[Job]] = {}
-        for j in todo:
-            by_group.setdefault(j.state["group"], []).append(j)
+        groups = [list(js) for _, js in groupby(todo, key=lambda j: j.state["group"])]
         n = self.opts.max_resident
-        return [js[i:i + n] for js in by_group.values() for i in range(0, len(js), n)]
+        return [js[i:i + n] for js in groups for i in range(0, len(js), n)]
 
     def items(self) -> list[dict]:
         """Every (chunk, config, unit) still to do, with its cost and the process it belongs to."""
@@ -350,8 +339,6 @@ class Sweep:
             # every process computes the same split from the same state on disk: nobody writes before all planned
             items = [i for i in self.items() if i["rank"] == self.dist.index]
             self.dist.wait()
-            from tqdm.auto import tqdm
-
             self.bar = tqdm(total=sum(i["cost"] for i in items), unit="img·model", dynamic_ncols=True,
                             disable=not (self.opts.progress and items),
                             desc=f"sweep[{self.dist.index}]" if self.dist.index else "sweep")
@@ -380,47 +367,42 @@ class Sweep:
         self.bar.set_postfix_str(f"models done {done}/{len(self.jobs)} {self.running}", refresh=False)
 
     def _run_chunk(self, chunk: list[Job], items: list[dict]) -> None:
-        for job in chunk:
-            if job.clf is None and job.status == "todo":
-                try:
-                    job.clf = load_model(self.opts, job.spec)
-                except Exception as e:  # noqa: BLE001 - recorded for this model
-                    self._record_failure(job, e)
-        live = [j for j in chunk if j.status == "todo"]
-        if not live:
-            return
-        data_config = live[0].state["data_config"]
-        custom = live[0].clf.transform if "transform" in data_config else None  # a module's own transform
         forwards = {}
         try:
-            for job in list(live):
-                try:
+            for job in chunk:
+                if job.status != "todo":
+                    continue
+                try:  # each model normalises with its own data config (a group may share only the decode)
+                    if job.clf is None:
+                        job.clf = load_model(self.opts, job.spec)
                     forwards[job.model_id] = inference.Forward(job.clf.model, self.opts, compile=job.state["compile"],
-                                                     data_config=data_config)
+                                                               data_config=job.state["data_config"])
                 except Exception as e:  # noqa: BLE001 - recorded for this model
                     self._record_failure(job, e)
-                    live.remove(job)
             for config in self.configs:
                 mine = {i["unit"]: i["models"] for i in items if i["config"] == config}
-                live = [j for j in live if j.status == "todo"]
+                live = [j for j in chunk if j.status == "todo"]
                 if not mine or not live:
                     continue
                 groups, units = self.units[config]
-                feeds = []
+                data_config = live[0].state["data_config"]
                 sch = predictions.schema(self.opts.topk, tuple(live[0].state["carried"]))
+                feeds = []
                 for job in live:
                     ckpt = predictions.CheckpointedPredictions(
                         job.run_dir / WORK, config, sch, session=job.state["session"], rank=self.dist.index,
                         run_key=job.state["run"]["predictions_key"], n_units=len(units))
                     todo = {u for u, models in mine.items() if job.model_id in models} - ckpt.done_units
                     feeds.append(inference.ModelFeed(job.model_id, forwards[job.model_id], ckpt,
-                                           BatchBackoff(self.opts.resolved_batch_size(), what="eval batch"), todo))
+                                                     BatchBackoff(self.opts.resolved_batch_size(), what="eval batch"),
+                                                     todo))
                 by_id = {j.model_id: j for j in live}
                 self.running = config
                 predict_units(self.suite, config, feeds, [u for u in units if u.index in mine], groups, data_config,
                               self.opts, on_failure=None if self.single else
                               (lambda feed, exc, by_id=by_id: self._record_failure(by_id[feed.name], exc)),
-                              on_unit=self._progress, transform=custom)
+                              on_unit=self._progress,
+                              transform=live[0].clf.transform if "transform" in data_config else None)
         finally:
             for f in forwards.values():
                 f.close()
@@ -428,9 +410,7 @@ class Sweep:
     def _record_failure(self, job: Job, exc: BaseException) -> None:
         if self.single:
             raise exc
-        job.status = "failed"
-        job.error = one_line(f"{type(exc).__name__}: {exc}", limit=500)
-        job.clf = None
+        job.status, job.error, job.clf = "failed", one_line(f"{type(exc).__name__}: {exc}", limit=500), None
         log.error("%s failed: %s (the sweep goes on)", job.model_id, job.error)
         if self.dist.is_main or job.state:
             failure = {"model": job.model_id, "error": job.error, "at": merging.now()}
@@ -443,14 +423,11 @@ class Sweep:
                 self._progress()
                 return
             missing = merging.missing_units(job.run_dir, self.out)
-            if missing:
-                if self.dist.count == 1:
-                    missing = merging.describe_missing(missing)
-                    raise BenchError(f"{job.model_id}: units missing after the run ({missing})")
-                return
-            job.result = finish_run(job.run_dir, self.out, suite=self.suite)
-            job.status = "done"
-            self._progress()
+            if missing and self.dist.count == 1:
+                raise BenchError(f"{job.model_id}: units missing after the run ({merging.describe_missing(missing)})")
+            if not missing:  # else another process still has units of it
+                job.result, job.status = finish_run(job.run_dir, self.out, suite=self.suite), "done"
+                self._progress()
 
 
 def run_sweep(req: SweepRequest) -> list[Job]:

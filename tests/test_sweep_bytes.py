@@ -12,7 +12,7 @@ import pytest
 from genshift import evaluate
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
-from genshift.eval.model_list import resolve_models
+from genshift.eval.model_list import ModelSpec, resolve_models
 from genshift.eval.options import EvalOptions
 from genshift.eval.sweep import SweepRequest, run_sweep
 from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, files, singles, suite, sweep, zoo  # noqa: F401 - fixtures
@@ -95,6 +95,19 @@ def test_one_decode_feeds_every_model_of_a_group(tmp_path, suite, zoo, monkeypat
     sweep(tmp_path, suite, zoo)
     # 2 configs x 5 units of <= 4 rows, decoded once per group (2 groups) -> 20, not 30
     assert len(seen) == 20
+
+
+def test_models_of_a_group_normalise_with_their_own_mean_and_std(tmp_path, suite, zoo):
+    """A device-normalised group shares the uint8 decode, never the mean/std: each model's bytes are its own run's."""
+    specs = (ModelSpec(ARCHS[0], str(zoo[ARCHS[0]])),
+             ModelSpec(ARCHS[1], str(zoo[ARCHS[1]]), data_config={"mean": (0.485, 0.456, 0.406),
+                                                                   "std": (0.229, 0.224, 0.225)}))
+    opts = EvalOptions(**OPTS, normalize_on_device=True)
+    for i, spec in enumerate(specs):
+        run_sweep(SweepRequest(models=(spec,), suite=str(suite), out=str(tmp_path / f"alone{i}"), options=opts))
+    jobs = run_sweep(SweepRequest(models=specs, suite=str(suite), out=str(tmp_path / "both"), options=opts))
+    assert len({j.state["group"] for j in jobs}) == 1  # one decode for both
+    assert files(tmp_path / "both") == {**files(tmp_path / "alone0"), **files(tmp_path / "alone1")}
 
 
 def test_failing_model_leaves_the_others_intact(tmp_path, suite, zoo, singles, monkeypatch, capsys):

@@ -1,9 +1,7 @@
-"""The ``bench`` command: one module per verb, each with ``add_parser`` and ``run``.
-
-Heavy imports live inside each verb's ``run`` so ``bench --help`` and ``bench suites`` are fast.
-A ``BenchError`` becomes ``error: bench <verb>: <one line>`` on stderr and a non-zero exit; so does an ``OSError``
-from the environment (a full disk, a read-only or forbidden folder: the line names the errno, the
-path and the fix; ``-vv`` adds the traceback). Anything else is a bug and keeps its traceback.
+"""The ``bench`` command: one module per verb, each with ``add_parser`` and ``run`` (heavy imports inside
+``run``, so ``bench --help`` is fast). A ``BenchError`` becomes ``error: bench <verb>: <one line>`` on stderr and a
+non-zero exit; so does an ``OSError`` from the environment (a full disk, a read-only or forbidden folder: the line
+names the errno, the path and the fix; ``-vv`` adds the traceback). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

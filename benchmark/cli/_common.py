@@ -89,8 +89,7 @@ def percent(m: dict | None) -> str:
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
+    print(json.dumps(obj, indent=2, sort_keys=True))
 
 
 def add_mask_options(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ def flag(name: str, cls) -> str:
     return (f.metadata.get("flag") if f else None) or "--" + name.replace("_", "-")
 
 
-def add_config(p: argparse.ArgumentParser, cls) -> None:
+def add_config(p: argparse.ArgumentParser, cls, *, int_type=int) -> None:
     """One flag per field of the config dataclass ``cls`` that has help (type, default, choices from the field)."""
     for f in dataclasses.fields(cls):
         m, t = f.metadata, str(f.type)
@@ -28,7 +28,7 @@ def add_config(p: argparse.ArgumentParser, cls) -> None:
         if t == "bool":  # absent: the config's default (and no "(default: ...)" after a switch's help)
             kw.update(action="store_false" if f.default else "store_true", default=argparse.SUPPRESS)
         else:
-            conv = float if "float" in t else int if "int" in t else str
+            conv = float if "float" in t else int_type if "int" in t else str
             kw["type"] = (lambda s, c=conv: tuple(c(x) for x in csv_list(s))) if t.startswith("tuple") else conv
             kw.update({k: m[k] for k in ("choices", "metavar") if k in m and not t.startswith("tuple")})
         p.add_argument(flag(f.name, cls), **kw)

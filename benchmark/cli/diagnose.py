@@ -62,12 +62,11 @@ def run(args) -> int:
     report, path = diagnose(args.result, encoder=enc, cache_dir=cache, configs=args.configs, classes=classes,
                             criterion=args.criterion, options=opts, suite=args.suite, mask=args.mask,
                             image_view=args.clip_image, whiten_reference=args.whiten_reference)
-    rows = []
-    for d in report["classes"][: args.top]:
-        rows.append({"class": f"{d['label']} {d['name']}", "n": d["n"], "errors": d["n_errors"],
-                     "strength": "-" if d["strength"] is None else f"{d['strength']:.3f}",
-                     "null p95": "-" if d["null_p95"] is None else f"{d['null_p95']:.3f}",
-                     "hardest caption": d["hard_captions"][0][0] if d["hard_captions"] else d["status"]})
+    rows = [{"class": f"{d['label']} {d['name']}", "n": d["n"], "errors": d["n_errors"],
+             "strength": "-" if d["strength"] is None else f"{d['strength']:.3f}",
+             "null p95": "-" if d["null_p95"] is None else f"{d['null_p95']:.3f}",
+             "hardest caption": d["hard_captions"][0][0] if d["hard_captions"] else d["status"]}
+            for d in report["classes"][: args.top]]
     print_table(rows, ["class", "n", "errors", "strength", "null p95", "hardest caption"])
     print(f"\nreport: {path}\npictures: {path.with_name('diagnose.html')}")
     return 0

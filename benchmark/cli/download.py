@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg
 
 
@@ -31,8 +33,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    import sys
-
     from genshift import hub
 
     suite = hub.open_suite(args.suite, revision=args.revision, configs=args.configs, cache_dir=args.cache_dir,

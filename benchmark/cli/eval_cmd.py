@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 
 from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, percent, print_json, print_table
+from genshift.cli.build import add_config, flag
+from genshift.errors import BenchError
+from genshift.eval.options import EvalOptions, OptionError
+from genshift.families import get_family
+from genshift.heap import keep_freed_memory
 
 
 def add_parser(sub):
@@ -43,62 +49,16 @@ def add_parser(sub):
                         "config (today); recorded in the result's protocol")
     p.add_argument("--suite", help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
-    p.add_argument("--revision", help="suite commit sha (overrides the registry's pin)")
     p.add_argument("--checkpoint", help="local weights of the one --model: safetensors, a PyTorch state dict or a "
                                         "timm training checkpoint")
-    p.add_argument("--checkpoint-weights", choices=("model", "ema"), default="model",
-                   help="which weights of a timm training checkpoint: model (default, as timm's validate.py) or ema")
-    p.add_argument("--remap-by-order", action="store_true",
-                   help="map checkpoint tensors onto the model by position when key names differ")
-    p.add_argument("--preprocess", choices=("timm", "lance-square", "lance-square-model-norm"), default="timm",
-                   help="timm: the model's own eval transform (resize + centre crop); lance-square: LANCE's "
-                        "evaluation setting, the whole image squashed to 224x224, no crop, ImageNet mean/std for "
-                        "every model (as the authors ran it); lance-square-model-norm: the same squash with the "
-                        "model's own mean/std (recorded in the result)")
     add_mask_options(p)
-    p.add_argument("--limit-per-class", type=_int, help="score only the first N images of each class (1..10000000)")
-    p.add_argument("--batch-size", type=_int, help="default: 8 on CPU (fastest there), 256 on CUDA (1..65536)")
-    p.add_argument("--workers", type=_int, help="DataLoader decode workers (default: min(4, cpus-1); 0..64)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (under accelerate launch: each process's GPU)")
-    p.add_argument("--decode", choices=("cpu", "device"), default="cpu",
-                   help="cpu: PIL decode in the workers (default); device: JPEG batches decoded with "
-                        "torchvision.io.decode_jpeg on --device (pixels differ slightly; recorded in the protocol)")
-    p.add_argument("--amp", action="store_true",
-                   help="autocast (bf16 by default) on CUDA, or on CPU to check the GPU numerics path there")
-    p.add_argument("--amp-dtype", choices=("bfloat16", "float16"), default="bfloat16", help="autocast dtype with --amp")
-    p.add_argument("--cpu-threads", type=_int, default=1,
-                   help="torch intra-op threads per process (default 1: the bytes of CPU predictions depend on the "
-                        "thread count, so one value makes 1 and N processes write the same bytes; recorded; a resume "
-                        "with another value is refused) (1..1024)")
-    p.add_argument("--forward-threads", type=_int,
-                   help="CPU: batches computed at once, each on its own thread at --cpu-threads (default: this "
-                        "process's share of the cores / --cpu-threads; the bytes do not depend on it; recorded) "
-                        "(1..256)")
-    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                   help="torch.compile the model (auto: on a GPU, for runs of 4000 images or more)")
-    p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
-                   help="keep the default NCHW memory format")
-    p.add_argument("--topk", type=_int, default=10, help="predictions stored per image (5..1000)")
-    p.add_argument("--no-filter", dest="filter", action="store_false", help="score filtered (keep=false) rows too")
-    p.add_argument("--reference-accuracy", type=float,
-                   help="ImageNet*: absolute impact against this in-distribution accuracy (0..1) instead of base")
-    p.add_argument("--bootstrap", type=_int, default=1000, help="bootstrap replicates for the intervals (1..100000)")
-    p.add_argument("--seed", type=_int, default=0, help="bootstrap seed (0..2**63-1)")
-    p.add_argument("--skip-bad-images", action="store_true", help="skip and count images that do not decode")
-    p.add_argument("--max-resident", type=_int, default=4,
-                   help="sweep: models loaded at once; a larger preprocessing group is run in chunks (1..1024)")
+    add_config(p, EvalOptions, int_type=_int)  # every option of genshift.evaluate: its field's help, bounds, choices
     p.add_argument("--merge", metavar="OUT",
                    help="build the results of a (distributed) sweep in OUT from its units, after checking what "
                         "every part holds (this run's, its units' images, no overlaps); names missing units")
     p.add_argument("--out", default="runs", help="output directory")
-    p.add_argument("--force", action="store_true", help="re-run even if a finished result exists")
-    p.add_argument("--notes", default="", help="free text stored in the result (up to 10000 characters)")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
-
-
-FLAGS = {"filter": "--no-filter", "channels_last": "--no-channels-last", "progress": "--no-progress"}
 
 
 def _int(text: str):
@@ -114,26 +74,6 @@ def _int(text: str):
         return int(v) if v.is_integer() and abs(v) < 1e300 else text
 
 
-def options_from(args):
-    """The ``EvalOptions`` the flags ask for; a bad value is one line naming its flag."""
-    from genshift.eval.options import EvalOptions, OptionError
-
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(args, f.name)}
-    try:
-        return EvalOptions(**{**given, "mask": mask_arg(args)})
-    except OptionError as e:
-        raise flag_error(e) from None
-
-
-def flag_error(e):
-    """An ``OptionError`` as the CLI says it: the option's name replaced by its flag."""
-    from genshift.errors import BenchError
-
-    flag = FLAGS.get(e.option, "--" + e.option.replace("_", "-"))
-    text = str(e)
-    return BenchError(flag + text[len(e.option):] if text.startswith(e.option) else text)
-
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C: checkpoints are flushed on the way out."""
 
@@ -143,15 +83,17 @@ def _on_sigterm(signum, frame):
 
 
 def run(args) -> int:
-    import signal
-
-    from genshift.heap import keep_freed_memory
-
-    opts = options_from(args)  # every option checked before anything is read or loaded
-    keep_freed_memory()  # before any tensor or DataLoader worker: batches reuse heap blocks (genshift.heap)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(args, f.name)}
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        opts = EvalOptions(**{**given, "mask": mask_arg(args)})  # every option checked before anything is read
+        keep_freed_memory()  # before any tensor or DataLoader worker: batches reuse heap blocks (genshift.heap)
         return _run(args, opts)
+    except OptionError as e:  # the option's name replaced by its flag
+        text = str(e)
+        if text.startswith(e.option):
+            text = flag(e.option, EvalOptions) + text[len(e.option):]
+        raise BenchError(text) from None
     except Terminated:
         print("terminated; finished units are flushed and a rerun resumes", file=sys.stderr)
         return 143
@@ -160,10 +102,8 @@ def run(args) -> int:
 
 
 def _run(args, opts) -> int:
-    from genshift.errors import BenchError
     from genshift.eval.merging import merge
     from genshift.eval.model_list import resolve_models
-    from genshift.eval.options import OptionError
     from genshift.eval.sweep import SweepRequest, run_sweep
 
     if args.merge:
@@ -180,10 +120,7 @@ def _run(args, opts) -> int:
         raise BenchError("--suite is required: a registry id (see `bench suites`), a Hub repo id or a suite folder")
     req = SweepRequest(models=tuple(specs), suite=args.suite, configs=tuple(args.configs) if args.configs else None,
                        out=args.out, options=opts, wildcards=expansions)
-    try:
-        jobs = run_sweep(req)
-    except OptionError as e:
-        raise flag_error(e) from None
+    jobs = run_sweep(req)
     if len(jobs) == 1 and jobs[0].result is not None:
         if args.json:
             print_json(jobs[0].result)
@@ -202,8 +139,6 @@ def _run(args, opts) -> int:
 def print_sweep(jobs) -> None:
     """The end-of-sweep table: one row per model with the suite family's headline and mean acc@1, each
     under its declared label (``genshift.families``), and the result path or the error."""
-    from genshift.families import get_family
-
     done = [j.result for j in jobs if j.result]
     family = get_family(done[0]["suite"]["metric_family"] if done else "accuracy")
     shown = list(dict.fromkeys((family.headline, "mean_acc1")))
@@ -228,8 +163,6 @@ def print_sweep(jobs) -> None:
 def print_summary(result: dict) -> None:
     """The end-of-run table: acc@1 (with its interval) and acc@5 per config, then every other number the
     suite's family declares (``genshift.families``), under its label and unit."""
-    from genshift.families import get_family
-
     family = get_family(result["suite"]["metric_family"])
     cols = family.columns(result)
     rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": percent(m["acc1"]),
@@ -237,12 +170,9 @@ def print_summary(result: dict) -> None:
     print(f"{result['model']['id']} on {result['suite']['id']}"
           f" (manifest {result['suite']['manifest_sha256'][:12]}, config hash {result['config_hash'][:12]})")
     print_table(rows, ["config", "scored", "acc@1 % [95% CI]", "acc@5 %"])
-    for metric in family.metrics:
-        if metric.key in ("acc1", "acc5"):
-            continue
-        for col in sorted(k for k in cols if k == metric.key or k.startswith(metric.key + "/")):
-            if col.endswith(("_lo", "_hi")):
-                continue
+    for metric in (m for m in family.metrics if m.key not in ("acc1", "acc5")):
+        mine = [k for k in cols if k == metric.key or k.startswith(metric.key + "/")]
+        for col in sorted(k for k in mine if not k.endswith(("_lo", "_hi"))):
             ci = [cols.get(f"{col}_lo"), cols.get(f"{col}_hi")]
             shown = percent({"value": cols[col], "ci": ci if None not in ci else None})
             where = f" ({col.split('/', 1)[1]})" if "/" in col else ""

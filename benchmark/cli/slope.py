@@ -46,9 +46,7 @@ def run(args) -> int:
     id_table = read_id_table(args.id_accuracy) if args.id_accuracy else None  # options before the results
     results = [load_result(result_path(p)) for p in args.results]
     scales = SCALES if args.scale == "both" else (args.scale,)
-    ids = sizes = None
-    if id_table is not None:
-        ids, sizes = id_accuracy(results, id_table)
+    ids, sizes = id_accuracy(results, id_table) if id_table is not None else (None, None)
     table = slope_table(results, reference_config=args.reference, id_accuracy=ids, scales=scales)
     if ids is not None:
         table["id_axis"] = f"ImageNet-val top-1 from {args.id_accuracy} at each eval's input size"
@@ -69,18 +67,17 @@ def run(args) -> int:
         rows.append(row)
     print(f"ID axis: {table['id_axis']}; {len(table['models'])} models")
     print_table(rows, list(rows[0]) if rows else ["shift"])
-    # effective robustness: each model's accuracy above (+) or below the line, in points, on the first scale
     scale = scales[0]
-    er = []
-    for model in table["models"]:
-        row = {"model": model}
-        for shift, fits in table["shifts"].items():
-            f = fits[scale]
-            scored = model in f["models"]
-            row[shift] = _num(100 * f["effective_robustness"][f["models"].index(model)], "+.2f") if scored else "-"
-        er.append(row)
+
+    def robustness(model: str, fit: dict) -> str:
+        """The model's accuracy above (+) or below the line, in points; '-' when it has no score on the shift."""
+        if model not in fit["models"]:
+            return "-"
+        return _num(100 * fit["effective_robustness"][fit["models"].index(model)], "+.2f")
+
     print(f"\neffective robustness ({scale} fit), pp:")
-    print_table(er, ["model", *table["shifts"]])
+    print_table([{"model": m, **{s: robustness(m, fits[scale]) for s, fits in table["shifts"].items()}}
+                 for m in table["models"]], ["model", *table["shifts"]])
     for w in table["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     return 0

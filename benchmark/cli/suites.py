@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from genshift.cli._common import add_verb, print_json, print_table
 
 
@@ -23,24 +25,26 @@ def run(args) -> int:
     from genshift.populations import get_population, list_populations
     from genshift.suites import get_suite, list_suites
 
-    if args.populations:
-        return _populations([get_population(n) for n in list_populations()], args.json)
+    if args.populations:  # every model of every population, and why each tag
+        pops = [get_population(n) for n in list_populations()]
+        if args.json:
+            print_json([p.to_dict() for p in pops])
+            return 0
+        for p in pops:
+            print(f"{p.name}: {p.title}\n  source: {p.source}\n  choice: {p.choice}")
+            print_table([{"model": m.model + (" (your checkpoint)" if m.local else ""), "paper": m.paper,
+                          "role": m.role} for m in p.members], ["model", "paper", "role"])
+            print()
+        return 0
     specs = [get_suite(s) for s in list_suites(args.pattern)]
     if args.json:
         print_json([s.to_dict() for s in specs])
         return 0
-    rows = [{
-        "suite": s.id,
-        "repo": s.repo_id,
-        "revision": s.revision[:12] if s.revision else "unpinned",
-        "configs": len(s.configs) if len(s.configs) > 3 else ",".join(s.configs),
-        "metrics": s.metric_family,
-        "labels": "all 1000" if s.label_subset is None else f"{len(s.label_subset)} classes",
-        "title": s.title,
-    } for s in specs]
+    rows = [{"suite": s.id, "repo": s.repo_id, "revision": s.revision[:12] if s.revision else "unpinned",
+             "configs": len(s.configs) if len(s.configs) > 3 else ",".join(s.configs), "metrics": s.metric_family,
+             "labels": "all 1000" if s.label_subset is None else f"{len(s.label_subset)} classes", "title": s.title}
+            for s in specs]
     if not rows:
-        import difflib
-
         close = difflib.get_close_matches(args.pattern, list_suites(), n=1)
         print(f"no suite matches {args.pattern!r}" + (f"; did you mean {close[0]!r}?" if close else "")
               + "; run `bench suites` for the list")
@@ -48,21 +52,9 @@ def run(args) -> int:
     print_table(rows, ["suite", "repo", "revision", "configs", "metrics", "labels", "title"])
     listed = {sp.id for sp in specs}  # the populations that score a listed suite
     pops = [p for p in (get_population(n) for n in list_populations()) if listed & set(p.suites)]
-    if not pops:
-        return 0
-    print("\nmodel populations (bench eval --models <population>; bench suites --populations for the models):")
-    print_table([{"population": p.name, "models": len(p.members), "suites": ",".join(p.suites), "title": p.title}
-                 for p in pops], ["population", "models", "suites", "title"])
+    if pops:
+        print("\nmodel populations (bench eval --models <population>; bench suites --populations for the models):")
+        print_table([{"population": p.name, "models": len(p.members), "suites": ",".join(p.suites), "title": p.title}
+                     for p in pops], ["population", "models", "suites", "title"])
     return 0
 
-
-def _populations(pops, as_json: bool) -> int:
-    if as_json:
-        print_json([p.to_dict() for p in pops])
-        return 0
-    for p in pops:
-        print(f"{p.name}: {p.title}\n  source: {p.source}\n  choice: {p.choice}")
-        print_table([{"model": m.model + (" (your checkpoint)" if m.local else ""), "paper": m.paper, "role": m.role}
-                     for m in p.members], ["model", "paper", "role"])
-        print()
-    return 0
