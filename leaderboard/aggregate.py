@@ -1,8 +1,6 @@
 """Aggregation: one row per model, cross-model fits, and ranks with paired-bootstrap intervals
-(``docs/leaderboard.md``, "What the app shows").
-
-Pure functions of the store's entries' records (``genshift.eval.stamps``); no predictions file is read but for a
-model's drilldown. The ID/OOD fits are ``genshift.eval.slope.slope_table`` (as ``bench slope``).
+(``docs/leaderboard.md``, "What the app shows"): pure functions of the entries' records (``genshift.eval.stamps``);
+only a model's drilldown reads a predictions file. The ID/OOD fits are ``genshift.eval.slope.slope_table``.
 """
 
 from __future__ import annotations
@@ -48,17 +46,9 @@ def not_ranked_because(entry) -> str:
     ranked": verified, complete, not a construction model)."""
     from genshift.eval.stamps import unrankable
 
-    r = entry.record
-    if r["flags"]["construction_model"]:
+    if entry.record["flags"]["construction_model"]:
         return "construction model (used to build the suite: biased by construction, never ranked)"
-    partial = unrankable(r)
-    if partial:
-        return partial.split(";")[0]
-    return entry.note if not entry.verified else ""
-
-
-def _ci(metric: dict | None, i: int) -> float:
-    return np.nan if not metric or not metric.get("ci") else float(metric["ci"][i])
+    return unrankable(entry.record).split(";")[0] or ("" if entry.verified else entry.note)
 
 
 def base_config(doc: dict) -> str | None:
@@ -76,31 +66,26 @@ def model_table(entries) -> pd.DataFrame:
     rows, skipped = [], []
     for e in entries:
         try:
-            rows.append(_row(e))
+            doc, why = e.record, not_ranked_because(e)
+            m, base = doc["model"], base_config(doc)
+            cols, papers = get_family(doc["suite"]["metric_family"]).columns(doc), m.get("paper_ids")
+            rows.append({
+                "model": str(m["id"]), "weights": "local weights" if e.identity.local else "Hub",
+                "verified": e.verified, "ranked": not why, "not_ranked_because": why, "flags": "; ".join(e.flags),
+                "architecture": str(m.get("architecture") or ""),
+                "family": family_of(str(m.get("architecture") or str(m["id"]).split("/")[-1].split("@")[0])),
+                "pretraining": pretraining_of(m.get("tag")), "params_m": (m.get("num_params") or 0) / 1e6,
+                "construction_model": bool(doc["flags"].get("construction_model")),
+                "partial": bool(doc["flags"].get("partial")) or doc["protocol"]["limit_per_class"] is not None,
+                "pinned_suite": not doc["flags"].get("unpinned_suite"),
+                "base_acc1": cols.get(f"acc1/{base}", np.nan) if base else np.nan, **cols,
+                "paper": ",".join(str(p) for p in papers) if isinstance(papers, list) else str(papers or ""),
+            })
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as ex:
             skipped.append((str(e.model_id), f"cannot be tabulated ({type(ex).__name__}: {ex})"))
     df = pd.DataFrame(rows)
     df.attrs["skipped"] = skipped
     return df
-
-
-def _row(e) -> dict:
-    doc, why = e.record, not_ranked_because(e)
-    m, base = doc["model"], base_config(doc)
-    cols = get_family(doc["suite"]["metric_family"]).columns(doc)
-    papers = m.get("paper_ids")
-    return {
-        "model": str(m["id"]), "weights": "local weights" if e.identity.local else "Hub", "verified": e.verified,
-        "ranked": not why, "not_ranked_because": why, "flags": "; ".join(e.flags),
-        "architecture": str(m.get("architecture") or ""),
-        "family": family_of(str(m.get("architecture") or str(m["id"]).split("/")[-1].split("@")[0])),
-        "pretraining": pretraining_of(m.get("tag")), "params_m": (m.get("num_params") or 0) / 1e6,
-        "construction_model": bool(doc["flags"].get("construction_model")),
-        "partial": bool(doc["flags"].get("partial")) or doc["protocol"]["limit_per_class"] is not None,
-        "pinned_suite": not doc["flags"].get("unpinned_suite"),
-        "base_acc1": cols.get(f"acc1/{base}", np.nan) if base else np.nan, **cols,
-        "paper": ",".join(str(p) for p in papers) if isinstance(papers, list) else str(papers or ""),
-    }
 
 
 def topk_matrix(entries, config: str) -> np.ndarray | None:
@@ -135,15 +120,11 @@ class RankInterval:
 
 def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int = 1000,
                         seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool] | None:
-    """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``,
-    from the records' per-image outcomes (``Family.rank_k``/``rank_misses``) resampled identically for all
-    models; None if the image sets differ.
-
-    - the mean over ``configs`` of each config's hit (or miss) rate, a paired bootstrap over images per
-      config (ImageNet*'s mean shift acc@1, IN-G's top-3 failure rate, plain accuracy);
-    - ``Family.rank_paired_delta`` (LANCE): Δacc on the headline originals, with the result's own cluster
-      bootstrap over source images (``genshift.eval.scoring.delta_acc_replicates``).
-    """
+    """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``, from the
+    records' per-image outcomes (``Family.rank_k``/``rank_misses``) resampled identically for all models; None if
+    the image sets differ. The mean over ``configs`` of each config's hit (or miss) rate, by a paired bootstrap over
+    images per config; with ``Family.rank_paired_delta`` (LANCE) Δacc on the headline originals, by the result's own
+    cluster bootstrap over source images (``genshift.eval.scoring.delta_acc_replicates``)."""
     import base64
 
     from genshift.eval import scoring
@@ -216,16 +197,13 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
     model); other rows have no rank. ``ranks``: :func:`rank_intervals` of the ranked entries; without them,
     point ranks. Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``, ``metric_label``
     (the family's headline), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
-    df = model_table(entries)
-    family = entries[0].record["suite"]["metric_family"]
+    df, family, base = model_table(entries), entries[0].record["suite"]["metric_family"], base_config(entries[0].record)
     head = get_family(family).headline_metric
-    metric, higher, label = head.key, head.higher_is_better, head.label
+    metric, higher = head.key, head.higher_is_better
     configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
-    base = base_config(entries[0].record)
-    rank_configs = get_family(family).rank_configs(configs, base)
-    meta = {"family": family, "metric": metric, "higher": higher, "metric_label": label, "configs": configs,
-            "rank_configs": rank_configs, "base": base, "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
-    ranked = df[df["ranked"]]
+    meta = {"family": family, "metric": metric, "higher": higher, "metric_label": head.label, "configs": configs,
+            "rank_configs": get_family(family).rank_configs(configs, base), "base": base,
+            "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
     if ranks:
         get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
         df["rank"], df["rank_lo"], df["rank_hi"] = get("rank"), get("lo"), get("hi")
@@ -233,6 +211,7 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
             if col not in df.columns or df[col].isna().all():
                 df[col] = get(f)
     else:  # no intervals (yet, or the image sets differ): point ranks only
+        ranked = df[df["ranked"]]
         by_model = dict(zip(ranked["model"], point_ranks(ranked[metric], higher=higher)))
         df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
         df["rank_lo"] = df["rank_hi"] = np.nan
