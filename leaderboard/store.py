@@ -1,16 +1,16 @@
-"""The results store: a folder (or a Hub dataset repo at a pinned revision) of ``bench eval`` runs, read as records.
-
-Layout: ``<suite id>/<model folder>/{result.json, predictions/<config>.parquet, verification.json}``. What an
-entry's record is, when it is verified, rejected or superseded, and which boards it is on:
-``docs/leaderboard.md`` ("The board record", "What is ranked", "Trust"). Reading opens two small files per entry
-and checks one signature; a file is hashed when a view reads it (:meth:`Entry.read_file`). Nothing about one
-entry can take the board down.
+"""The results store: a folder (or a Hub dataset repo at a pinned revision) of ``bench eval`` runs, read as records:
+``<suite id>/<model folder>/{result.json, predictions/<config>.parquet, verification.json}``. Records, verified,
+rejected, superseded, boards: ``docs/leaderboard.md`` ("The board record", "What is ranked", "Trust"). Reading
+opens two small files per entry and checks one signature; a file is hashed when a view reads it
+(:meth:`Entry.read_file`). Nothing about one entry can take the board down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -146,10 +146,8 @@ class Store:
 
 def _most_verified_first(entries: list[Entry], key) -> list[str]:
     """The values of ``key`` over ``entries``: most verified entries first, then most entries, then by value."""
-    groups: dict[str, list[Entry]] = {}
-    for e in entries:
-        groups.setdefault(key(e), []).append(e)
-    return sorted(groups, key=lambda k: (-sum(e.verified for e in groups[k]), -len(groups[k]), k))
+    total, verified = Counter(map(key, entries)), Counter(key(e) for e in entries if e.verified)
+    return sorted(total, key=lambda k: (-verified[k], -total[k], k))
 
 
 def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float = 4.0) -> tuple[Path, str | None]:
@@ -187,18 +185,14 @@ def _reachable(url: str, timeout: float) -> bool:
     import threading
     from urllib.parse import urlsplit
 
-    u, done = urlsplit(url), []
+    u, done = urlsplit(url), threading.Event()
 
-    def connect():
-        try:
+    def connect():  # on a thread: the name lookup has no timeout of its own
+        with contextlib.suppress(OSError):
             socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout).close()
-            done.append(True)
-        except OSError:
-            pass
-    t = threading.Thread(target=connect, daemon=True)
-    t.start()
-    t.join(timeout)
-    return bool(done)
+            done.set()
+    threading.Thread(target=connect, daemon=True).start()
+    return done.wait(timeout)
 
 
 def misfiled(path: Path, doc: dict) -> str:
