@@ -7,6 +7,7 @@ widget options, neutralised plot labels only: "Trust").
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import re
@@ -81,19 +82,16 @@ def one_decimal(label: str):
     return st.column_config.NumberColumn(label, format="%.1f")
 
 
+@contextlib.contextmanager
 def guarded(title: str):
     """One view that fails to draw shows why, and the rest of the board stays up."""
-    def wrap(fn):
-        def inner(*a, **kw):
-            try:
-                return fn(*a, **kw)
-            except Exception as e:  # noqa: BLE001 - a view's failure must not take the board down
-                if type(e).__name__ in ("StopException", "RerunException"):
-                    raise
-                st.error(f"The {title} view could not be drawn for this selection.")
-                st.text(f"{type(e).__name__}: {e}")
-        return inner
-    return wrap
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - a view's failure must not take the board down
+        if type(e).__name__ in ("StopException", "RerunException"):
+            raise
+        st.error(f"The {title} view could not be drawn for this selection.")
+        st.text(f"{type(e).__name__}: {e}")
 
 
 def main(settings: Settings | None = None) -> None:
@@ -108,11 +106,11 @@ def main(settings: Settings | None = None) -> None:
         st.error("Could not open the results store.")
         st.text(one_line(e, 400))
         st.stop()
-    verified = sum(e.verified for e in store.entries)
     st.caption("Robustness of ImageNet classifiers to generated distribution shifts. Only verified, complete entries "
                "are ranked: a maintainer re-ran their images and signed their record (see About).")
     pinned = f" @ {store.revision}" if store.revision and store.revision not in store.source else ""
     keys = f" | trusted keys: {os.path.basename(settings.trusted_keys)}" if settings.trusted_keys else ""
+    verified = sum(e.verified for e in store.entries)
     st.text(f"results store: {store.source}{pinned} | {len(store.entries)} results ({verified} verified), "
             f"{len(store.rejected)} rejected, {len(store.superseded)} superseded{keys}")
     if not store.entries:
@@ -173,12 +171,11 @@ def main(settings: Settings | None = None) -> None:
             board_df, meta = aggregate.board_table(entries, ranks=ranks)
             view = board_df[keep(board_df)].reset_index(drop=True)
             _table(slot, view[view["ranked"]], meta, groups, ranked=True)
-    tabs = st.tabs(TABS, key="tab", bind="query-params")
     views = (lambda: st.markdown(ABOUT), lambda: _heatmap(view, meta), lambda: _id_ood(settings, entries, view, meta),
              lambda: _drilldown(entries, view, meta), lambda: _rejected(store, meta["skipped"]))
-    for tab, draw in zip(tabs, views):
+    for tab, name, draw in zip(st.tabs(TABS, key="tab", bind="query-params"), TABS, views):
         if tab.open:
-            with tab:
+            with tab, guarded(name):
                 draw()
 
 
@@ -259,7 +256,6 @@ def heatmap_figure(view: pd.DataFrame, configs: list[str]):
     return fig
 
 
-@guarded("heatmap")
 def _heatmap(view: pd.DataFrame, meta: dict) -> None:
     if view.empty:
         st.info("No model matches the filters.")
@@ -306,7 +302,6 @@ def id_ood_figure(x, y, models: list[str], fit: dict, *, shift: str, axis: str):
     return fig
 
 
-@guarded("ID/OOD")
 def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -> None:
     if not meta["base"]:
         st.info("ID/OOD fits need a suite scored against a reference config (ImageNet*'s base) and its shifts.")
@@ -358,7 +353,6 @@ def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -
                                "shift_impact_hi": one_decimal("95% CI hi (pp)")})
 
 
-@guarded("drilldown")
 def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
     """One model's record, and what only its files hold: they are hashed against the record when read here, and
     an entry whose files changed is marked stale at once."""
