@@ -42,8 +42,7 @@ def pretraining_of(tag: str | None) -> str:
 
 
 def not_ranked_because(entry) -> str:
-    """Why an accepted entry is not in the official ranking, or "" if it is (``docs/leaderboard.md``, "What is
-    ranked": verified, complete, not a construction model)."""
+    """Why an accepted entry is not ranked, or "" if it is (``docs/leaderboard.md``, "What is ranked")."""
     from genshift.eval.stamps import unrankable
 
     if entry.record["flags"]["construction_model"]:
@@ -58,11 +57,8 @@ def base_config(doc: dict) -> str | None:
 
 
 def model_table(entries) -> pd.DataFrame:
-    """One row per model for one board: identity, trust, model facts, flags, the family's numbers
-    (``Family.columns``: fractions) and the reference config's acc@1 (``base_acc1``).
-
-    An entry whose record cannot be tabulated is left out and named in ``df.attrs["skipped"]``
-    (model id, reason): one odd entry never takes the board down."""
+    """One row per model of a board: identity, trust, model facts, flags, ``Family.columns`` (fractions) and
+    ``base_acc1``. An entry that cannot be tabulated is left out and named in ``df.attrs["skipped"]``."""
     rows, skipped = [], []
     for e in entries:
         try:
@@ -156,12 +152,9 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
 
 def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
                    confidence: float = 0.95) -> dict[str, RankInterval] | None:
-    """Ranks by the family's headline metric (:func:`headline_replicates`) with percentile intervals
-    of each model's rank over the shared bootstrap replicates. Rank 1 = best; tied models share
-    the better rank; scores are compared to ``SCORE_DECIMALS`` decimals so float noise never splits a
-    tie. Each model also gets the percentile interval of its headline value over the same
-    replicates (``value_lo``, ``value_hi``). ``None`` if the models were not scored on identical
-    image sets."""
+    """Ranks by the family's headline metric (:func:`headline_replicates`; 1 = best, ties to ``SCORE_DECIMALS``
+    decimals share the better rank) with percentile intervals of each model's rank and headline value
+    (``value_lo``, ``value_hi``) over the shared replicates; None unless the image sets are identical."""
     if not entries or (not get_family(family).rank_paired_delta and not configs):
         return None
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
@@ -192,11 +185,9 @@ def point_ranks(values, *, higher: bool) -> np.ndarray:
 
 
 def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, dict]:
-    """One board as the leaderboard shows it: :func:`model_table` with rank, rank interval and headline
-    interval columns over its ranked entries only (:func:`not_ranked_because`), sorted by rank (ties: by
-    model); other rows have no rank. ``ranks``: :func:`rank_intervals` of the ranked entries; without them,
-    point ranks. Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``, ``metric_label``
-    (the family's headline), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
+    """One board as the page shows it: :func:`model_table` sorted by rank (ties: by model), ranks over its ranked
+    entries only: ``ranks`` (:func:`rank_intervals`) or, without them, point ranks. Also the ``meta`` a view needs:
+    ``family``, ``metric``, ``higher``, ``metric_label``, ``configs``, ``rank_configs``, ``base``, ``skipped``."""
     df, family, base = model_table(entries), entries[0].record["suite"]["metric_family"], base_config(entries[0].record)
     head = get_family(family).headline_metric
     metric, higher = head.key, head.higher_is_better
@@ -243,9 +234,8 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
     from genshift.eval.metrics import probit
 
-    gx, gy, gg = (np.asarray(x, float), np.asarray(y, float), np.asarray(grid, float))
-    if scale == "probit":
-        gx, gy, gg = probit(gx), probit(gy), probit(gg)
+    g = probit if scale == "probit" else np.asarray
+    gx, gy, gg = (g(np.asarray(v, float)) for v in (x, y, grid))
     n = gx.size
     nan = np.full(gg.shape, np.nan)
     if n < 3 or np.ptp(gx) == 0:
@@ -260,9 +250,8 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
 
 def read_id_accuracy(path) -> dict[str, dict[int | None, float]]:
-    """ImageNet-val top-1 (fractions) by bare timm name, then input size (None: the CSV has no ``img_size``), from
-    timm's ``results-imagenet.csv`` or any CSV with ``model`` and ``top1`` (percent) columns, read by
-    ``genshift.eval.id_axis.read_id_table`` (a repeated (model, img_size) row is one error line)."""
+    """ImageNet-val top-1 (fractions) by bare timm name, then input size (None: no ``img_size`` column), as
+    ``genshift.eval.id_axis.read_id_table`` reads the CSV."""
     from genshift.eval.id_axis import read_id_table
 
     return {m: {size: row.top1 for size, row in by_size.items()} for m, by_size in read_id_table(path).rows.items()}
