@@ -10,20 +10,13 @@ import json
 
 import pandas as pd
 
+from genshift.families import FAMILIES, get_family
+
 DECIMALS = {"%": 2, "pp": 2, "params (M)": 3}
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _units() -> dict[str, str]:
-    from genshift.families import FAMILIES
-
-    out = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp"}
-    for name in FAMILIES:
-        out.update({m.key: m.unit for m in FAMILIES.get(name).metrics})
-    return out
-
-
-UNITS = _units()  # column key -> unit, as the metric families declare them (genshift.families)
+# column key -> unit, as the metric families declare them
+UNITS = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp",
+         **{m.key: m.unit for name in FAMILIES for m in get_family(name).metrics}}
 
 
 def unit(col: str) -> str:
@@ -37,7 +30,7 @@ def unit(col: str) -> str:
 
 def with_units(view: pd.DataFrame) -> pd.DataFrame:
     """A copy in the page's units (fractions x 100), rounded (:data:`DECIMALS`), whose headers name them."""
-    out = view.drop(columns=[c for c in ("ranked",) if c in view.columns])
+    out = view.drop(columns="ranked", errors="ignore")
     names = {"params_m": "params (M)"}
     for col in out.columns:
         u = unit(col)
