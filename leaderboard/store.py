@@ -276,11 +276,9 @@ def precedence(e: Entry) -> tuple:
 
 
 def _why(win: Entry, other: Entry) -> str:
-    if win.verified != other.verified:
-        return "verified"
-    if win.identity.local != other.identity.local:
-        return "Hub weights win over a local copy"
-    return "stamp signed later" if win.verified and _signed_time(win) != _signed_time(other) else "first path"
+    """What decided between two entries: the first part of their :func:`precedence` that differs."""
+    reasons = ("verified", "Hub weights win over a local copy", "stamp signed later", "first path")
+    return next(why for why, a, b in zip(reasons, precedence(win), precedence(other)) if a != b)
 
 
 def assemble(store: Store, entries: list[Entry], stale: dict | None = None) -> Store:
