@@ -67,10 +67,6 @@ def plot_label(text) -> str:
     return str(text).replace("&", "＆").replace("<", "‹").replace(">", "›")
 
 
-def safe_filename(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:80] or "board"
-
-
 def show_df(df: pd.DataFrame, target=st, **kw) -> None:
     """Every dataframe goes through here: data-derived text stays text (a cell, never Markdown), a missing
     value is "-" (never None or nan)."""
@@ -150,7 +146,7 @@ def main(settings: Settings | None = None) -> None:
                    "own, no maintainer has re-run their images, so they hold no rank.")
         _table(st, community, meta, groups, ranked=False)
     # the downloads are made when clicked, from the final view (the closures read `view` then: with its intervals)
-    c1, c2, name = *st.columns(2), safe_filename(suite)
+    c1, c2, name = *st.columns(2), re.sub(r"[^A-Za-z0-9._-]+", "_", suite)[:80] or "board"
     c1.download_button("Download CSV", lambda: to_csv_bytes(view), mime="text/csv", key="download_csv",
                        file_name=f"{name}-leaderboard.csv")
     c2.download_button("Download JSON", lambda: to_json_bytes(view), mime="application/json",
@@ -182,10 +178,8 @@ def main(settings: Settings | None = None) -> None:
 def _filters(df: pd.DataFrame):
     """The sidebar's filters (all in the URL): a function selecting the rows they keep, and the column groups."""
     q = st.sidebar.text_input("Search models", key="q", bind="query-params").strip().lower()
-    fam = st.sidebar.multiselect("Architecture family", sorted(df["family"].unique()), key="family",
-                                 bind="query-params")
-    pre = st.sidebar.multiselect("Pretraining data", sorted(df["pretraining"].unique()), key="pretraining",
-                                 bind="query-params")
+    picked = {col: st.sidebar.multiselect(label, sorted(df[col].unique()), key=col, bind="query-params")
+              for col, label in (("family", "Architecture family"), ("pretraining", "Pretraining data"))}
     top = max(float(np.ceil(df["params_m"].max() + 1e-9)), 1.0)
     lo, hi = st.sidebar.slider("Parameters (M)", 0.0, top, (0.0, top), key="params", bind="query-params")
     verified = st.sidebar.checkbox("Verified only (hide the community entries)", key="verified", bind="query-params")
@@ -195,10 +189,9 @@ def _filters(df: pd.DataFrame):
 
     def keep(d: pd.DataFrame) -> pd.Series:  # filters select rows, never re-rank
         k = d["params_m"].between(lo, hi) & (d["verified"] | (not verified)) & (~d["construction_model"] | construction)
-        if fam:
-            k &= d["family"].isin(fam)
-        if pre:
-            k &= d["pretraining"].isin(pre)
+        for col, chosen in picked.items():
+            if chosen:
+                k &= d[col].isin(chosen)
         if q:
             k &= d["model"].str.lower().str.contains(q, regex=False) | d["architecture"].str.lower().str.contains(
                 q, regex=False)
