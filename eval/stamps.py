@@ -1,9 +1,7 @@
-"""The board record: what verification signs (``verification.json``) and what the leaderboard page reads.
-
-Contract and format: ``docs/leaderboard.md``, "The board record" and "Signing". :func:`build_record` makes the
-record of a result (a community entry's, unsigned), :func:`make_stamp` + :func:`sign` (or :func:`write_stamp`)
-a verified one's; :func:`check_stamp` says whether one counts. Keys are raw ed25519 keys (``cryptography``);
-the signature covers the canonical JSON (``genshift.fsutil.canonical_json``) of the record without ``signature``.
+"""The board record: what verification signs (``verification.json``) and the leaderboard page reads
+(``docs/leaderboard.md``, "The board record", "Signing"). :func:`build_record`: a result's (unsigned) record;
+:func:`make_stamp` + :func:`sign` (or :func:`write_stamp`): a verified one's; :func:`check_stamp`: whether one counts.
+ed25519 keys (``cryptography``) sign the canonical JSON (``fsutil.canonical_json``) of the record but ``signature``.
 """
 
 from __future__ import annotations
@@ -52,8 +50,6 @@ def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
     if path.is_symlink():
         raise BenchError(f"{path} is a symbolic link (to {os.readlink(path)!r}); a private key is never written "
                          "through a link: give the path of a new plain file")
-    if path.exists():
-        raise BenchError(f"{path} already exists; choose another path (a key is never overwritten)")
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
@@ -66,7 +62,7 @@ def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
             os.fsync(f.fileno())
         try:
             os.link(tmp, path, follow_symlinks=False)
-        except FileExistsError:  # created meanwhile (or a link placed there): refused, never replaced
+        except FileExistsError:  # there already (or a link placed there meanwhile): refused, never replaced
             raise BenchError(f"{path} already exists; choose another path (a key is never overwritten)") from None
     finally:
         os.unlink(tmp)
@@ -164,7 +160,10 @@ def check_signature(stamp: dict, trusted: dict[str, PublicKey]) -> str | None:
 
 
 STAMP_FILE = "verification.json"
-RECORD_FIELDS = ("protocol", "data_config", "flags", "metrics")  # copied from the result as they are
+# what a record copies from the result as it is: top-level fields, then the model's and the suite's
+RECORD_FIELDS = ("protocol", "data_config", "flags", "metrics")
+MODEL_FIELDS = ("weights_sha256", "declared_name", "architecture", "tag", "num_params")
+SUITE_FIELDS = ("id", "manifest_sha256", "metric_family", "configs", "repo_id", "revision")
 
 
 def unrankable(result: dict) -> str:
@@ -185,15 +184,13 @@ def build_record(result: dict, *, result_sha256: str, predictions_sha256: dict[s
     correctness the rank intervals need."""
     from genshift.identity import identity_of
 
-    ident = identity_of(result["model"])
-    m, s = result["model"], result["suite"]
+    m, ident = result["model"], identity_of(result["model"])
     record = {
         "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
         "model": {"id": ident.id, "source": ident.source, "weights_revision": ident.revision,
-                  "tensors_sha256": ident.tensors_sha256, "weights_sha256": m.get("weights_sha256"),
-                  "declared_name": m.get("declared_name"), "architecture": m.get("architecture"), "tag": m.get("tag"),
-                  "num_params": m.get("num_params"), "paper_ids": (m.get("pretrained_cfg") or {}).get("paper_ids")},
-        "suite": {k: s.get(k) for k in ("id", "manifest_sha256", "metric_family", "configs", "repo_id", "revision")},
+                  "tensors_sha256": ident.tensors_sha256, **{k: m.get(k) for k in MODEL_FIELDS},
+                  "paper_ids": (m.get("pretrained_cfg") or {}).get("paper_ids")},
+        "suite": {k: result["suite"].get(k) for k in SUITE_FIELDS},
         **{k: result[k] for k in RECORD_FIELDS},
         "files": {"result.json": result_sha256, **dict(sorted(predictions_sha256.items()))},
     }
