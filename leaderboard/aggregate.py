@@ -89,17 +89,13 @@ def topk_matrix(entries, config: str) -> np.ndarray | None:
     their signed records; None unless all models were scored on the same images in the same order."""
     from genshift.eval.stamps import hits
 
-    cols, digest = [], None
-    for e in entries:
-        try:
-            d, h = hits(e.record, config)
-        except (KeyError, TypeError, ValueError):
-            return None
-        if digest is not None and d != digest:
-            return None
-        digest = d
-        cols.append(h)
-    return np.stack(cols, axis=1) if cols else None
+    try:
+        got = [hits(e.record, config) for e in entries]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not got or len({digest for digest, _ in got}) != 1:
+        return None
+    return np.stack([h for _, h in got], axis=1)
 
 
 SCORE_DECIMALS = 12  # scores equal to 12 decimals are ties (float noise never splits a tie)
@@ -209,10 +205,9 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
     for col in (f"{metric}_lo", f"{metric}_hi"):
         if col not in df.columns:
             df[col] = np.nan
-    df["_unranked"] = df["rank"].isna()
-    df = df.sort_values(["_unranked", "rank", metric, "model"], ascending=[True, True, not higher, True],
-                        na_position="last").drop(columns="_unranked").reset_index(drop=True)
-    return df, meta
+    # unranked rows (rank NaN) last, by metric and model as ranked ties are
+    df = df.sort_values(["rank", metric, "model"], ascending=[True, not higher, True], na_position="last")
+    return df.reset_index(drop=True), meta
 
 
 MIN_FIT_MODELS = 5  # fewer models than this: the ID/OOD line is shown with a warning
