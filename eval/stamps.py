@@ -40,9 +40,8 @@ def key_id(raw: bytes) -> str:
 
 
 def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
-    """Write a new private key to ``path`` (0600, refused if it exists) and its public line to ``path.pub``.
-    Written to a temporary file and hard-linked into place: whole or absent, never replacing a file or written
-    through a link (``docs/leaderboard.md``, "Signing")."""
+    """Write a new private key to ``path`` (0600, hard-linked into place: whole or absent, never replacing a file
+    or written through a link) and its public line to ``path.pub``."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -168,8 +167,7 @@ SUITE_FIELDS = ("id", "manifest_sha256", "metric_family", "configs", "repo_id", 
 
 def unrankable(result: dict) -> str:
     """Why a (schema-valid) result or record can never be ranked and so is never signed, or "" if it can be: a
-    partial run (``--limit-per-class``, or not every config of the suite; ``flags.partial`` as
-    ``bench verify`` recomputes it). A stamp on it would put a subset of the images on the board."""
+    partial run (``--limit-per-class``, or ``flags.partial`` as ``bench verify`` recomputes it)."""
     if result["protocol"]["limit_per_class"] is not None:
         return (f"the result was scored with --limit-per-class {result['protocol']['limit_per_class']} (a partial "
                 "run); re-run `bench eval` on every image of every config")

@@ -282,9 +282,8 @@ def slope_fits(entries, *, id_accuracy: dict[str, float] | None = None) -> dict 
     With ``id_accuracy`` (model id -> ImageNet-val top-1) only the models it names are fitted."""
     from genshift.eval.slope import slope_table
 
-    if id_accuracy is not None:
-        entries = [e for e in entries if e.model_id in id_accuracy]
-    results = [e.record for e in entries]  # a record carries what slope_table reads of a result
+    # a record carries what slope_table reads of a result
+    results = [e.record for e in entries if id_accuracy is None or e.model_id in id_accuracy]
     if len(results) < 2:
         return None
     try:

@@ -1,7 +1,6 @@
 """The CSV and JSON downloads of a board view (``docs/leaderboard.md``, "Search and filters"): the page's units in
-every header, rounded to :data:`DECIMALS` places, ranks as integers, plain RFC 8259 JSON (``null``, nothing escaped
-that need not be). Text cells a spreadsheet would run as a formula get a leading apostrophe in the CSV (OWASP,
-"CSV Injection"); numbers stay numbers and a lone ``-`` placeholder is not a formula.
+every header, rounded to :data:`DECIMALS` places, plain JSON; text cells a spreadsheet would run as a formula get a
+leading apostrophe in the CSV (OWASP, "CSV Injection").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The results store: a folder (or a Hub dataset repo at a pinned revision) of ``bench eval`` runs, read as records:
 ``<suite id>/<model folder>/{result.json, predictions/<config>.parquet, verification.json}``. Records, verified,
-rejected, superseded, boards: ``docs/leaderboard.md`` ("The board record", "What is ranked", "Trust"). Reading
-opens two small files per entry and checks one signature; a file is hashed when a view reads it
-(:meth:`Entry.read_file`). Nothing about one entry can take the board down.
-"""
+rejected, superseded, boards: ``docs/leaderboard.md`` ("The board record", "What is ranked", "Trust"). Nothing
+about one entry can take the board down."""
 
 from __future__ import annotations
 
@@ -152,8 +150,7 @@ def _most_verified_first(entries: list[Entry], key) -> list[str]:
 
 def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float = 4.0) -> tuple[Path, str | None]:
     """A local folder, or ``ORG/NAME[@rev]`` of a Hub dataset repo: its records downloaded at a commit sha
-    (predictions follow when read). A cached snapshot at a pinned sha opens without the network; a Hub that
-    does not answer is one line after at most ``probe_s`` seconds (never huggingface_hub's retries)."""
+    (``docs/leaderboard.md``, "The board record": "A Hub store")."""
     from genshift.errors import OfflineError
     from genshift.hubio import SHA_RE, _endpoint, _offline, is_repo_id, resolve_revision, snapshot
 
@@ -282,9 +279,8 @@ def _why(win: Entry, other: Entry) -> str:
 
 
 def assemble(store: Store, entries: list[Entry], stale: dict | None = None) -> Store:
-    """Sort read entries into the store's shown / rejected / superseded lists: one shown entry per identity (the
-    same tensors) and per model id on each board, by :func:`precedence`; the entry shown says so in its flags.
-    ``stale``: entry digest -> why a file it vouches for was found changed (the entry is then not verified)."""
+    """Sort read entries into the store's shown / rejected / superseded lists (one shown per identity and per
+    model id on each board, by :func:`precedence`). ``stale``: entry digest -> why it is no longer verified."""
     shown = []
     for e in entries:
         e.flags = []

@@ -1,8 +1,6 @@
 """The leaderboard's page (Streamlit): :func:`main` with one :class:`Settings` (``docs/leaderboard.md``, "What the
-app shows"). The ranking table is sent first and the rank intervals fill it in; a tab runs only while open; every
-widget is bound to the URL. Text from results is never rendered as Markdown or HTML (dataframe cells, ``st.text``,
-widget options, neutralised plot labels only: "Trust").
-"""
+app shows"). Text from results is never rendered as Markdown or HTML (dataframe cells, ``st.text``, widget options,
+neutralised plot labels only: "Trust")."""
 
 from __future__ import annotations
 
@@ -347,8 +345,7 @@ def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -
 
 
 def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
-    """One model's record, and what only its files hold: they are hashed against the record when read here, and
-    an entry whose files changed is marked stale at once."""
+    """One model's record, and what only its files hold (hashed when read here: a changed file marks it stale)."""
     import plotly.graph_objects as go
 
     if view.empty:
