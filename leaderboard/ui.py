@@ -220,15 +220,14 @@ def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool
              COLUMNS[2]: ["family", "params_m", "pretraining", "architecture", "card", "paper"],
              COLUMNS[3]: ["partial", "pinned_suite", "construction_model"]}
     cols += [c for g in groups for c in extra.get(g, [])]
+    decimal = {metric: label, f"{metric}_lo": "95% lo", f"{metric}_hi": "95% hi", "params_m": "params (M)",
+               "base_acc1": f"{base} acc@1 (%)", **{c: f"{c.split('/', 1)[1]} (%)" for c in extra[COLUMNS[0]]},
+               **{m.key: f"{m.label} ({m.unit})" for m in secondary}}  # column -> label, shown with one decimal
     config = {"rank": num("rank", format="%d", pinned=True), "model": text("model", pinned=True),
               "rank_lo": num("rank lo", format="%d"), "rank_hi": num("rank hi", format="%d"),
-              metric: one_decimal(label), f"{metric}_lo": one_decimal("95% lo"),
-              f"{metric}_hi": one_decimal("95% hi"), "base_acc1": one_decimal(f"{base} acc@1 (%)"),
-              "params_m": one_decimal("params (M)"), "not_ranked_because": text("not ranked because", width="large"),
-              "card": link("card", display_text="model card"), "paper": link("paper", display_text="paper"),
-              **{c: one_decimal(f"{c.split('/', 1)[1]} (%)") for c in extra[COLUMNS[0]]},
-              **{m.key: one_decimal(f"{m.label} ({m.unit})") for m in secondary},
-              **{c: text(c.replace("_", " ")) for c in ("pinned_suite", "construction_model")}}
+              "not_ranked_because": text("not ranked because", width="large"), "pinned_suite": text("pinned suite"),
+              "construction_model": text("construction model"), "card": link("card", display_text="model card"),
+              "paper": link("paper", display_text="paper"), **{c: one_decimal(v) for c, v in decimal.items()}}
     show_df(shown[cols], target, column_config=config, width="stretch",
             alt="official ranking" if ranked else "community entries")
 
