@@ -241,12 +241,10 @@ def make_stamp(report) -> dict:
     if not report.ok or not report.recheck or not report.suite_checked or not report.suite.trusted:
         raise BenchError("only a verification that passed, re-ran images and checked the predictions against a "
                          "trusted suite manifest can be stamped")
-    result = report.result
-    why = unrankable(result)
-    if why:
+    if why := unrankable(report.result):
         raise BenchError(f"not signed: {why}")
-    record = build_record(result, result_sha256=report.result_sha256, predictions_sha256=report.predictions_sha256,
-                          tables=report.tables)
+    record = build_record(report.result, result_sha256=report.result_sha256,
+                          predictions_sha256=report.predictions_sha256, tables=report.tables)
     record["suite"].update(trust_root=report.suite.origin, rows_digests=dict(sorted(report.rows_digests.items())))
     return {**record, "recheck": report.recheck, "checks": list(report.checked),
             "verified_at": datetime.now(UTC).isoformat(timespec="seconds"), "genshift_bench": __version__}
@@ -272,8 +270,7 @@ def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str,
         return None, str(e)
     if not isinstance(record, dict) or record.get("kind") != STAMP_KIND or record.get("version") != STAMP_VERSION:
         return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} (re-verify with `bench verify --sign`)"
-    why = check_signature(record, trusted)
-    if why:
+    if why := check_signature(record, trusted):
         return None, why
     files = record.get("files")
     if record.get("ok") is not True or not isinstance(files, dict):
