@@ -165,10 +165,8 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
                          "dataset repo ORG/NAME[@sha]")
     patterns = [f"*/*/{name}" for name in (RESULT_FILE, STAMP, DIAGNOSE)]
     if SHA_RE.match(rev):
-        try:
+        with contextlib.suppress(BenchError):  # else not cached yet
             return snapshot(repo, revision=rev, patterns=patterns, cache_dir=cache_dir, local_only=True), rev
-        except BenchError:
-            pass  # not cached yet
     if _offline() or not _reachable(_endpoint(None), probe_s):
         raise OfflineError(f"the Hugging Face Hub ({_endpoint(None)}) does not answer (or HF_HUB_OFFLINE is set) and "
                            f"no copy of the results repository {source} is cached here, so it cannot be read now")
