@@ -1,9 +1,7 @@
-"""The board record: what verification signs (``verification.json``) and what the leaderboard page reads.
-
-Contract and format: ``docs/leaderboard.md``, "The board record" and "Signing". :func:`build_record` makes the
-record of a result (a community entry's, unsigned), :func:`make_stamp` + :func:`sign` (or :func:`write_stamp`)
-a verified one's; :func:`check_stamp` says whether one counts. Keys are raw ed25519 keys (``cryptography``);
-the signature covers the canonical JSON (``genshift.fsutil.canonical_json``) of the record without ``signature``.
+"""The board record: what verification signs (``verification.json``) and the leaderboard page reads
+(``docs/leaderboard.md``, "The board record", "Signing"). :func:`build_record`: a result's (unsigned) record;
+:func:`make_stamp` + :func:`sign` (or :func:`write_stamp`): a verified one's; :func:`check_stamp`: whether one counts.
+ed25519 keys (``cryptography``) sign the canonical JSON (``fsutil.canonical_json``) of the record but ``signature``.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ def key_id(raw: bytes) -> str:
 
 
 def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
-    """Write a new private key to ``path`` (0600, refused if it exists) and its public line to ``path.pub``.
-    Written to a temporary file and hard-linked into place: whole or absent, never replacing a file or written
-    through a link (``docs/leaderboard.md``, "Signing")."""
+    """Write a new private key to ``path`` (0600, hard-linked into place: whole or absent, never replacing a file
+    or written through a link) and its public line to ``path.pub``."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -52,8 +49,6 @@ def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
     if path.is_symlink():
         raise BenchError(f"{path} is a symbolic link (to {os.readlink(path)!r}); a private key is never written "
                          "through a link: give the path of a new plain file")
-    if path.exists():
-        raise BenchError(f"{path} already exists; choose another path (a key is never overwritten)")
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
@@ -66,7 +61,7 @@ def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
             os.fsync(f.fileno())
         try:
             os.link(tmp, path, follow_symlinks=False)
-        except FileExistsError:  # created meanwhile (or a link placed there): refused, never replaced
+        except FileExistsError:  # there already (or a link placed there meanwhile): refused, never replaced
             raise BenchError(f"{path} already exists; choose another path (a key is never overwritten)") from None
     finally:
         os.unlink(tmp)
@@ -164,13 +159,15 @@ def check_signature(stamp: dict, trusted: dict[str, PublicKey]) -> str | None:
 
 
 STAMP_FILE = "verification.json"
-RECORD_FIELDS = ("protocol", "data_config", "flags", "metrics")  # copied from the result as they are
+# what a record copies from the result as it is: top-level fields, then the model's and the suite's
+RECORD_FIELDS = ("protocol", "data_config", "flags", "metrics")
+MODEL_FIELDS = ("weights_sha256", "declared_name", "architecture", "tag", "num_params")
+SUITE_FIELDS = ("id", "manifest_sha256", "metric_family", "configs", "repo_id", "revision")
 
 
 def unrankable(result: dict) -> str:
     """Why a (schema-valid) result or record can never be ranked and so is never signed, or "" if it can be: a
-    partial run (``--limit-per-class``, or not every config of the suite; ``flags.partial`` as
-    ``bench verify`` recomputes it). A stamp on it would put a subset of the images on the board."""
+    partial run (``--limit-per-class``, or ``flags.partial`` as ``bench verify`` recomputes it)."""
     if result["protocol"]["limit_per_class"] is not None:
         return (f"the result was scored with --limit-per-class {result['protocol']['limit_per_class']} (a partial "
                 "run); re-run `bench eval` on every image of every config")
@@ -185,15 +182,13 @@ def build_record(result: dict, *, result_sha256: str, predictions_sha256: dict[s
     correctness the rank intervals need."""
     from genshift.identity import identity_of
 
-    ident = identity_of(result["model"])
-    m, s = result["model"], result["suite"]
+    m, ident = result["model"], identity_of(result["model"])
     record = {
         "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
         "model": {"id": ident.id, "source": ident.source, "weights_revision": ident.revision,
-                  "tensors_sha256": ident.tensors_sha256, "weights_sha256": m.get("weights_sha256"),
-                  "declared_name": m.get("declared_name"), "architecture": m.get("architecture"), "tag": m.get("tag"),
-                  "num_params": m.get("num_params"), "paper_ids": (m.get("pretrained_cfg") or {}).get("paper_ids")},
-        "suite": {k: s.get(k) for k in ("id", "manifest_sha256", "metric_family", "configs", "repo_id", "revision")},
+                  "tensors_sha256": ident.tensors_sha256, **{k: m.get(k) for k in MODEL_FIELDS},
+                  "paper_ids": (m.get("pretrained_cfg") or {}).get("paper_ids")},
+        "suite": {k: result["suite"].get(k) for k in SUITE_FIELDS},
         **{k: result[k] for k in RECORD_FIELDS},
         "files": {"result.json": result_sha256, **dict(sorted(predictions_sha256.items()))},
     }
@@ -246,12 +241,10 @@ def make_stamp(report) -> dict:
     if not report.ok or not report.recheck or not report.suite_checked or not report.suite.trusted:
         raise BenchError("only a verification that passed, re-ran images and checked the predictions against a "
                          "trusted suite manifest can be stamped")
-    result = report.result
-    why = unrankable(result)
-    if why:
+    if why := unrankable(report.result):
         raise BenchError(f"not signed: {why}")
-    record = build_record(result, result_sha256=report.result_sha256, predictions_sha256=report.predictions_sha256,
-                          tables=report.tables)
+    record = build_record(report.result, result_sha256=report.result_sha256,
+                          predictions_sha256=report.predictions_sha256, tables=report.tables)
     record["suite"].update(trust_root=report.suite.origin, rows_digests=dict(sorted(report.rows_digests.items())))
     return {**record, "recheck": report.recheck, "checks": list(report.checked),
             "verified_at": datetime.now(UTC).isoformat(timespec="seconds"), "genshift_bench": __version__}
@@ -277,8 +270,7 @@ def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str,
         return None, str(e)
     if not isinstance(record, dict) or record.get("kind") != STAMP_KIND or record.get("version") != STAMP_VERSION:
         return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} (re-verify with `bench verify --sign`)"
-    why = check_signature(record, trusted)
-    if why:
+    if why := check_signature(record, trusted):
         return None, why
     files = record.get("files")
     if record.get("ok") is not True or not isinstance(files, dict):

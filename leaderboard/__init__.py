@@ -1,5 +1,4 @@
-"""The leaderboard: results store, cross-model aggregation, and the Streamlit page; :class:`Settings` is what the
-page is told (``bench leaderboard``'s options, an exported Space's ``space.json``)."""
+"""The leaderboard: results store, cross-model aggregation, and the Streamlit page told its :class:`Settings`."""
 
 from __future__ import annotations
 

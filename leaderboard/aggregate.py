@@ -1,8 +1,6 @@
 """Aggregation: one row per model, cross-model fits, and ranks with paired-bootstrap intervals
-(``docs/leaderboard.md``, "What the app shows").
-
-Pure functions of the store's entries' records (``genshift.eval.stamps``); no predictions file is read but for a
-model's drilldown. The ID/OOD fits are ``genshift.eval.slope.slope_table`` (as ``bench slope``).
+(``docs/leaderboard.md``, "What the app shows"): pure functions of the entries' records (``genshift.eval.stamps``);
+only a model's drilldown reads a predictions file. The ID/OOD fits are ``genshift.eval.slope.slope_table``.
 """
 
 from __future__ import annotations
@@ -44,21 +42,12 @@ def pretraining_of(tag: str | None) -> str:
 
 
 def not_ranked_because(entry) -> str:
-    """Why an accepted entry is not in the official ranking, or "" if it is (``docs/leaderboard.md``, "What is
-    ranked": verified, complete, not a construction model)."""
+    """Why an accepted entry is not ranked, or "" if it is (``docs/leaderboard.md``, "What is ranked")."""
     from genshift.eval.stamps import unrankable
 
-    r = entry.record
-    if r["flags"]["construction_model"]:
+    if entry.record["flags"]["construction_model"]:
         return "construction model (used to build the suite: biased by construction, never ranked)"
-    partial = unrankable(r)
-    if partial:
-        return partial.split(";")[0]
-    return entry.note if not entry.verified else ""
-
-
-def _ci(metric: dict | None, i: int) -> float:
-    return np.nan if not metric or not metric.get("ci") else float(metric["ci"][i])
+    return unrankable(entry.record).split(";")[0] or ("" if entry.verified else entry.note)
 
 
 def base_config(doc: dict) -> str | None:
@@ -68,15 +57,26 @@ def base_config(doc: dict) -> str | None:
 
 
 def model_table(entries) -> pd.DataFrame:
-    """One row per model for one board: identity, trust, model facts, flags, the family's numbers
-    (``Family.columns``: fractions) and the reference config's acc@1 (``base_acc1``).
-
-    An entry whose record cannot be tabulated is left out and named in ``df.attrs["skipped"]``
-    (model id, reason): one odd entry never takes the board down."""
+    """One row per model of a board: identity, trust, model facts, flags, ``Family.columns`` (fractions) and
+    ``base_acc1``. An entry that cannot be tabulated is left out and named in ``df.attrs["skipped"]``."""
     rows, skipped = [], []
     for e in entries:
         try:
-            rows.append(_row(e))
+            doc, why = e.record, not_ranked_because(e)
+            m, base = doc["model"], base_config(doc)
+            cols, papers = get_family(doc["suite"]["metric_family"]).columns(doc), m.get("paper_ids")
+            rows.append({
+                "model": str(m["id"]), "weights": "local weights" if e.identity.local else "Hub",
+                "verified": e.verified, "ranked": not why, "not_ranked_because": why, "flags": "; ".join(e.flags),
+                "architecture": str(m.get("architecture") or ""),
+                "family": family_of(str(m.get("architecture") or str(m["id"]).split("/")[-1].split("@")[0])),
+                "pretraining": pretraining_of(m.get("tag")), "params_m": (m.get("num_params") or 0) / 1e6,
+                "construction_model": bool(doc["flags"].get("construction_model")),
+                "partial": bool(doc["flags"].get("partial")) or doc["protocol"]["limit_per_class"] is not None,
+                "pinned_suite": not doc["flags"].get("unpinned_suite"),
+                "base_acc1": cols.get(f"acc1/{base}", np.nan) if base else np.nan, **cols,
+                "paper": ",".join(str(p) for p in papers) if isinstance(papers, list) else str(papers or ""),
+            })
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as ex:
             skipped.append((str(e.model_id), f"cannot be tabulated ({type(ex).__name__}: {ex})"))
     df = pd.DataFrame(rows)
@@ -84,41 +84,18 @@ def model_table(entries) -> pd.DataFrame:
     return df
 
 
-def _row(e) -> dict:
-    doc, why = e.record, not_ranked_because(e)
-    m, base = doc["model"], base_config(doc)
-    cols = get_family(doc["suite"]["metric_family"]).columns(doc)
-    papers = m.get("paper_ids")
-    return {
-        "model": str(m["id"]), "weights": "local weights" if e.identity.local else "Hub", "verified": e.verified,
-        "ranked": not why, "not_ranked_because": why, "flags": "; ".join(e.flags),
-        "architecture": str(m.get("architecture") or ""),
-        "family": family_of(str(m.get("architecture") or str(m["id"]).split("/")[-1].split("@")[0])),
-        "pretraining": pretraining_of(m.get("tag")), "params_m": (m.get("num_params") or 0) / 1e6,
-        "construction_model": bool(doc["flags"].get("construction_model")),
-        "partial": bool(doc["flags"].get("partial")) or doc["protocol"]["limit_per_class"] is not None,
-        "pinned_suite": not doc["flags"].get("unpinned_suite"),
-        "base_acc1": cols.get(f"acc1/{base}", np.nan) if base else np.nan, **cols,
-        "paper": ",".join(str(p) for p in papers) if isinstance(papers, list) else str(papers or ""),
-    }
-
-
 def topk_matrix(entries, config: str) -> np.ndarray | None:
     """Per-image hits (the top-k the family's headline counts) of every model on one config, ``(n, M)``, from
     their signed records; None unless all models were scored on the same images in the same order."""
     from genshift.eval.stamps import hits
 
-    cols, digest = [], None
-    for e in entries:
-        try:
-            d, h = hits(e.record, config)
-        except (KeyError, TypeError, ValueError):
-            return None
-        if digest is not None and d != digest:
-            return None
-        digest = d
-        cols.append(h)
-    return np.stack(cols, axis=1) if cols else None
+    try:
+        got = [hits(e.record, config) for e in entries]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not got or len({digest for digest, _ in got}) != 1:
+        return None
+    return np.stack([h for _, h in got], axis=1)
 
 
 SCORE_DECIMALS = 12  # scores equal to 12 decimals are ties (float noise never splits a tie)
@@ -135,15 +112,11 @@ class RankInterval:
 
 def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int = 1000,
                         seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool] | None:
-    """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``,
-    from the records' per-image outcomes (``Family.rank_k``/``rank_misses``) resampled identically for all
-    models; None if the image sets differ.
-
-    - the mean over ``configs`` of each config's hit (or miss) rate, a paired bootstrap over images per
-      config (ImageNet*'s mean shift acc@1, IN-G's top-3 failure rate, plain accuracy);
-    - ``Family.rank_paired_delta`` (LANCE): Δacc on the headline originals, with the result's own cluster
-      bootstrap over source images (``genshift.eval.scoring.delta_acc_replicates``).
-    """
+    """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``, from the
+    records' per-image outcomes (``Family.rank_k``/``rank_misses``) resampled identically for all models; None if
+    the image sets differ. The mean over ``configs`` of each config's hit (or miss) rate, by a paired bootstrap over
+    images per config; with ``Family.rank_paired_delta`` (LANCE) Δacc on the headline originals, by the result's own
+    cluster bootstrap over source images (``genshift.eval.scoring.delta_acc_replicates``)."""
     import base64
 
     from genshift.eval import scoring
@@ -175,12 +148,9 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
 
 def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
                    confidence: float = 0.95) -> dict[str, RankInterval] | None:
-    """Ranks by the family's headline metric (:func:`headline_replicates`) with percentile intervals
-    of each model's rank over the shared bootstrap replicates. Rank 1 = best; tied models share
-    the better rank; scores are compared to ``SCORE_DECIMALS`` decimals so float noise never splits a
-    tie. Each model also gets the percentile interval of its headline value over the same
-    replicates (``value_lo``, ``value_hi``). ``None`` if the models were not scored on identical
-    image sets."""
+    """Ranks by the family's headline metric (:func:`headline_replicates`; 1 = best, ties to ``SCORE_DECIMALS``
+    decimals share the better rank) with percentile intervals of each model's rank and headline value
+    (``value_lo``, ``value_hi``) over the shared replicates; None unless the image sets are identical."""
     if not entries or (not get_family(family).rank_paired_delta and not configs):
         return None
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
@@ -211,21 +181,16 @@ def point_ranks(values, *, higher: bool) -> np.ndarray:
 
 
 def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, dict]:
-    """One board as the leaderboard shows it: :func:`model_table` with rank, rank interval and headline
-    interval columns over its ranked entries only (:func:`not_ranked_because`), sorted by rank (ties: by
-    model); other rows have no rank. ``ranks``: :func:`rank_intervals` of the ranked entries; without them,
-    point ranks. Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``, ``metric_label``
-    (the family's headline), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
-    df = model_table(entries)
-    family = entries[0].record["suite"]["metric_family"]
+    """One board as the page shows it: :func:`model_table` sorted by rank (ties: by model), ranks over its ranked
+    entries only: ``ranks`` (:func:`rank_intervals`) or, without them, point ranks. Also the ``meta`` a view needs:
+    ``family``, ``metric``, ``higher``, ``metric_label``, ``configs``, ``rank_configs``, ``base``, ``skipped``."""
+    df, family, base = model_table(entries), entries[0].record["suite"]["metric_family"], base_config(entries[0].record)
     head = get_family(family).headline_metric
-    metric, higher, label = head.key, head.higher_is_better, head.label
+    metric, higher = head.key, head.higher_is_better
     configs = sorted(c[len("acc1/"):] for c in df.columns if c.startswith("acc1/"))
-    base = base_config(entries[0].record)
-    rank_configs = get_family(family).rank_configs(configs, base)
-    meta = {"family": family, "metric": metric, "higher": higher, "metric_label": label, "configs": configs,
-            "rank_configs": rank_configs, "base": base, "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
-    ranked = df[df["ranked"]]
+    meta = {"family": family, "metric": metric, "higher": higher, "metric_label": head.label, "configs": configs,
+            "rank_configs": get_family(family).rank_configs(configs, base), "base": base,
+            "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
     if ranks:
         get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
         df["rank"], df["rank_lo"], df["rank_hi"] = get("rank"), get("lo"), get("hi")
@@ -233,16 +198,16 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
             if col not in df.columns or df[col].isna().all():
                 df[col] = get(f)
     else:  # no intervals (yet, or the image sets differ): point ranks only
+        ranked = df[df["ranked"]]
         by_model = dict(zip(ranked["model"], point_ranks(ranked[metric], higher=higher)))
         df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
         df["rank_lo"] = df["rank_hi"] = np.nan
     for col in (f"{metric}_lo", f"{metric}_hi"):
         if col not in df.columns:
             df[col] = np.nan
-    df["_unranked"] = df["rank"].isna()
-    df = df.sort_values(["_unranked", "rank", metric, "model"], ascending=[True, True, not higher, True],
-                        na_position="last").drop(columns="_unranked").reset_index(drop=True)
-    return df, meta
+    # unranked rows (rank NaN) last, by metric and model as ranked ties are
+    df = df.sort_values(["rank", metric, "model"], ascending=[True, not higher, True], na_position="last")
+    return df.reset_index(drop=True), meta
 
 
 MIN_FIT_MODELS = 5  # fewer models than this: the ID/OOD line is shown with a warning
@@ -264,9 +229,8 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
     from genshift.eval.metrics import probit
 
-    gx, gy, gg = (np.asarray(x, float), np.asarray(y, float), np.asarray(grid, float))
-    if scale == "probit":
-        gx, gy, gg = probit(gx), probit(gy), probit(gg)
+    g = probit if scale == "probit" else np.asarray
+    gx, gy, gg = (g(np.asarray(v, float)) for v in (x, y, grid))
     n = gx.size
     nan = np.full(gg.shape, np.nan)
     if n < 3 or np.ptp(gx) == 0:
@@ -281,9 +245,8 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
 
 def read_id_accuracy(path) -> dict[str, dict[int | None, float]]:
-    """ImageNet-val top-1 (fractions) by bare timm name, then input size (None: the CSV has no ``img_size``), from
-    timm's ``results-imagenet.csv`` or any CSV with ``model`` and ``top1`` (percent) columns, read by
-    ``genshift.eval.id_axis.read_id_table`` (a repeated (model, img_size) row is one error line)."""
+    """ImageNet-val top-1 (fractions) by bare timm name, then input size (None: no ``img_size`` column), as
+    ``genshift.eval.id_axis.read_id_table`` reads the CSV."""
     from genshift.eval.id_axis import read_id_table
 
     return {m: {size: row.top1 for size, row in by_size.items()} for m, by_size in read_id_table(path).rows.items()}
@@ -319,9 +282,8 @@ def slope_fits(entries, *, id_accuracy: dict[str, float] | None = None) -> dict 
     With ``id_accuracy`` (model id -> ImageNet-val top-1) only the models it names are fitted."""
     from genshift.eval.slope import slope_table
 
-    if id_accuracy is not None:
-        entries = [e for e in entries if e.model_id in id_accuracy]
-    results = [e.record for e in entries]  # a record carries what slope_table reads of a result
+    # a record carries what slope_table reads of a result
+    results = [e.record for e in entries if id_accuracy is None or e.model_id in id_accuracy]
     if len(results) < 2:
         return None
     try:

@@ -1,7 +1,6 @@
 """The CSV and JSON downloads of a board view (``docs/leaderboard.md``, "Search and filters"): the page's units in
-every header, rounded to :data:`DECIMALS` places, ranks as integers, plain RFC 8259 JSON (``null``, nothing escaped
-that need not be). Text cells a spreadsheet would run as a formula get a leading apostrophe in the CSV (OWASP,
-"CSV Injection"); numbers stay numbers and a lone ``-`` placeholder is not a formula.
+every header, rounded to :data:`DECIMALS` places, plain JSON; text cells a spreadsheet would run as a formula get a
+leading apostrophe in the CSV (OWASP, "CSV Injection").
 """
 
 from __future__ import annotations
@@ -10,20 +9,13 @@ import json
 
 import pandas as pd
 
+from genshift.families import FAMILIES, get_family
+
 DECIMALS = {"%": 2, "pp": 2, "params (M)": 3}
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _units() -> dict[str, str]:
-    from genshift.families import FAMILIES
-
-    out = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp"}
-    for name in FAMILIES:
-        out.update({m.key: m.unit for m in FAMILIES.get(name).metrics})
-    return out
-
-
-UNITS = _units()  # column key -> unit, as the metric families declare them (genshift.families)
+# column key -> unit, as the metric families declare them
+UNITS = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp",
+         **{m.key: m.unit for name in FAMILIES for m in get_family(name).metrics}}
 
 
 def unit(col: str) -> str:
@@ -37,7 +29,7 @@ def unit(col: str) -> str:
 
 def with_units(view: pd.DataFrame) -> pd.DataFrame:
     """A copy in the page's units (fractions x 100), rounded (:data:`DECIMALS`), whose headers name them."""
-    out = view.drop(columns=[c for c in ("ranked",) if c in view.columns])
+    out = view.drop(columns="ranked", errors="ignore")
     names = {"params_m": "params (M)"}
     for col in out.columns:
         u = unit(col)

@@ -130,17 +130,14 @@ def export_space(out: str | Path, settings) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=INCOMPLETE, dir=out.parent))
     try:
         wheel, requirement = _package(tmp)
-        copies = {}
-        if Path(settings.results).is_dir():
-            _copy_store(Path(settings.results), tmp / "results")
-            copies["results"] = "results"
-        for key, name in (("trusted_keys", "trusted_keys"), ("id_accuracy", "id_accuracy.csv")):
-            if getattr(settings, key):
-                shutil.copyfile(getattr(settings, key), tmp / name)
+        copies = {}  # setting -> its copy in the Space
+        for key, name, copy in (("results", "results", _copy_store), ("trusted_keys", "trusted_keys", shutil.copyfile),
+                                ("id_accuracy", "id_accuracy.csv", shutil.copyfile),
+                                ("suites", "suites", _copy_trusted_manifests)):
+            src = getattr(settings, key)
+            if src and (key != "results" or Path(src).is_dir()):  # a Hub store is pinned, never copied
+                copy(Path(src), tmp / name)
                 copies[key] = name
-        if settings.suites:
-            _copy_trusted_manifests(Path(settings.suites), tmp / "suites")
-            copies["suites"] = "suites"
         (tmp / "space.json").write_text(json.dumps(json.loads(replace(settings, **copies).dumps()), indent=1) + "\n")
         (tmp / "app.py").write_text(APP.format(wheel=wheel, version=metadata.version("genshift-bench")))
         (tmp / "requirements.txt").write_text("\n".join(pins + [requirement] if requirement else pins) + "\n")

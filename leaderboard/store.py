@@ -1,16 +1,14 @@
-"""The results store: a folder (or a Hub dataset repo at a pinned revision) of ``bench eval`` runs, read as records.
-
-Layout: ``<suite id>/<model folder>/{result.json, predictions/<config>.parquet, verification.json}``. What an
-entry's record is, when it is verified, rejected or superseded, and which boards it is on:
-``docs/leaderboard.md`` ("The board record", "What is ranked", "Trust"). Reading opens two small files per entry
-and checks one signature; a file is hashed when a view reads it (:meth:`Entry.read_file`). Nothing about one
-entry can take the board down.
-"""
+"""The results store: a folder (or a Hub dataset repo at a pinned revision) of ``bench eval`` runs, read as records:
+``<suite id>/<model folder>/{result.json, predictions/<config>.parquet, verification.json}``. Records, verified,
+rejected, superseded, boards: ``docs/leaderboard.md`` ("The board record", "What is ranked", "Trust"). Nothing
+about one entry can take the board down."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -146,16 +144,13 @@ class Store:
 
 def _most_verified_first(entries: list[Entry], key) -> list[str]:
     """The values of ``key`` over ``entries``: most verified entries first, then most entries, then by value."""
-    groups: dict[str, list[Entry]] = {}
-    for e in entries:
-        groups.setdefault(key(e), []).append(e)
-    return sorted(groups, key=lambda k: (-sum(e.verified for e in groups[k]), -len(groups[k]), k))
+    total, verified = Counter(map(key, entries)), Counter(key(e) for e in entries if e.verified)
+    return sorted(total, key=lambda k: (-verified[k], -total[k], k))
 
 
 def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float = 4.0) -> tuple[Path, str | None]:
     """A local folder, or ``ORG/NAME[@rev]`` of a Hub dataset repo: its records downloaded at a commit sha
-    (predictions follow when read). A cached snapshot at a pinned sha opens without the network; a Hub that
-    does not answer is one line after at most ``probe_s`` seconds (never huggingface_hub's retries)."""
+    (``docs/leaderboard.md``, "The board record": "A Hub store")."""
     from genshift.errors import OfflineError
     from genshift.hubio import SHA_RE, _endpoint, _offline, is_repo_id, resolve_revision, snapshot
 
@@ -170,10 +165,8 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
                          "dataset repo ORG/NAME[@sha]")
     patterns = [f"*/*/{name}" for name in (RESULT_FILE, STAMP, DIAGNOSE)]
     if SHA_RE.match(rev):
-        try:
+        with contextlib.suppress(BenchError):  # else not cached yet
             return snapshot(repo, revision=rev, patterns=patterns, cache_dir=cache_dir, local_only=True), rev
-        except BenchError:
-            pass  # not cached yet
     if _offline() or not _reachable(_endpoint(None), probe_s):
         raise OfflineError(f"the Hugging Face Hub ({_endpoint(None)}) does not answer (or HF_HUB_OFFLINE is set) and "
                            f"no copy of the results repository {source} is cached here, so it cannot be read now")
@@ -187,18 +180,14 @@ def _reachable(url: str, timeout: float) -> bool:
     import threading
     from urllib.parse import urlsplit
 
-    u, done = urlsplit(url), []
+    u, done = urlsplit(url), threading.Event()
 
-    def connect():
-        try:
+    def connect():  # on a thread: the name lookup has no timeout of its own
+        with contextlib.suppress(OSError):
             socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout).close()
-            done.append(True)
-        except OSError:
-            pass
-    t = threading.Thread(target=connect, daemon=True)
-    t.start()
-    t.join(timeout)
-    return bool(done)
+            done.set()
+    threading.Thread(target=connect, daemon=True).start()
+    return done.wait(timeout)
 
 
 def misfiled(path: Path, doc: dict) -> str:
@@ -282,17 +271,14 @@ def precedence(e: Entry) -> tuple:
 
 
 def _why(win: Entry, other: Entry) -> str:
-    if win.verified != other.verified:
-        return "verified"
-    if win.identity.local != other.identity.local:
-        return "Hub weights win over a local copy"
-    return "stamp signed later" if win.verified and _signed_time(win) != _signed_time(other) else "first path"
+    """What decided between two entries: the first part of their :func:`precedence` that differs."""
+    reasons = ("verified", "Hub weights win over a local copy", "stamp signed later", "first path")
+    return next(why for why, a, b in zip(reasons, precedence(win), precedence(other)) if a != b)
 
 
 def assemble(store: Store, entries: list[Entry], stale: dict | None = None) -> Store:
-    """Sort read entries into the store's shown / rejected / superseded lists: one shown entry per identity (the
-    same tensors) and per model id on each board, by :func:`precedence`; the entry shown says so in its flags.
-    ``stale``: entry digest -> why a file it vouches for was found changed (the entry is then not verified)."""
+    """Sort read entries into the store's shown / rejected / superseded lists (one shown per identity and per
+    model id on each board, by :func:`precedence`). ``stale``: entry digest -> why it is no longer verified."""
     shown = []
     for e in entries:
         e.flags = []

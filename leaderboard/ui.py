@@ -1,12 +1,11 @@
 """The leaderboard's page (Streamlit): :func:`main` with one :class:`Settings` (``docs/leaderboard.md``, "What the
-app shows"). The ranking table is sent first and the rank intervals fill it in; a tab runs only while open; every
-widget is bound to the URL. Text from results is never rendered as Markdown or HTML (dataframe cells, ``st.text``,
-widget options, neutralised plot labels only: "Trust").
-"""
+app shows"). Text from results is never rendered as Markdown or HTML (dataframe cells, ``st.text``, widget options,
+neutralised plot labels only: "Trust")."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import re
@@ -17,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from genshift.errors import IntegrityError, one_line
-from genshift.families import get_family, value
+from genshift.families import get_family, interval
 from genshift.fsutil import canonical_json, sha256_bytes
 from genshift.leaderboard import Settings, aggregate, reported
 from genshift.leaderboard.about import ABOUT
@@ -66,10 +65,6 @@ def plot_label(text) -> str:
     return str(text).replace("&", "＆").replace("<", "‹").replace(">", "›")
 
 
-def safe_filename(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:80] or "board"
-
-
 def show_df(df: pd.DataFrame, target=st, **kw) -> None:
     """Every dataframe goes through here: data-derived text stays text (a cell, never Markdown), a missing
     value is "-" (never None or nan)."""
@@ -81,19 +76,16 @@ def one_decimal(label: str):
     return st.column_config.NumberColumn(label, format="%.1f")
 
 
+@contextlib.contextmanager
 def guarded(title: str):
     """One view that fails to draw shows why, and the rest of the board stays up."""
-    def wrap(fn):
-        def inner(*a, **kw):
-            try:
-                return fn(*a, **kw)
-            except Exception as e:  # noqa: BLE001 - a view's failure must not take the board down
-                if type(e).__name__ in ("StopException", "RerunException"):
-                    raise
-                st.error(f"The {title} view could not be drawn for this selection.")
-                st.text(f"{type(e).__name__}: {e}")
-        return inner
-    return wrap
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - a view's failure must not take the board down
+        if type(e).__name__ in ("StopException", "RerunException"):
+            raise
+        st.error(f"The {title} view could not be drawn for this selection.")
+        st.text(f"{type(e).__name__}: {e}")
 
 
 def main(settings: Settings | None = None) -> None:
@@ -108,11 +100,11 @@ def main(settings: Settings | None = None) -> None:
         st.error("Could not open the results store.")
         st.text(one_line(e, 400))
         st.stop()
-    verified = sum(e.verified for e in store.entries)
     st.caption("Robustness of ImageNet classifiers to generated distribution shifts. Only verified, complete entries "
                "are ranked: a maintainer re-ran their images and signed their record (see About).")
     pinned = f" @ {store.revision}" if store.revision and store.revision not in store.source else ""
     keys = f" | trusted keys: {os.path.basename(settings.trusted_keys)}" if settings.trusted_keys else ""
+    verified = sum(e.verified for e in store.entries)
     st.text(f"results store: {store.source}{pinned} | {len(store.entries)} results ({verified} verified), "
             f"{len(store.rejected)} rejected, {len(store.superseded)} superseded{keys}")
     if not store.entries:
@@ -151,11 +143,11 @@ def main(settings: Settings | None = None) -> None:
         st.caption("Unverified, partial or stale entries, and construction models: their numbers are the results' "
                    "own, no maintainer has re-run their images, so they hold no rank.")
         _table(st, community, meta, groups, ranked=False)
-    exported = {"view": view}  # the downloads are made when clicked, from the view with its intervals
-    c1, c2, name = *st.columns(2), safe_filename(suite)
-    c1.download_button("Download CSV", lambda: to_csv_bytes(exported["view"]), mime="text/csv", key="download_csv",
+    # the downloads are made when clicked, from the final view (the closures read `view` then: with its intervals)
+    c1, c2, name = *st.columns(2), re.sub(r"[^A-Za-z0-9._-]+", "_", suite)[:80] or "board"
+    c1.download_button("Download CSV", lambda: to_csv_bytes(view), mime="text/csv", key="download_csv",
                        file_name=f"{name}-leaderboard.csv")
-    c2.download_button("Download JSON", lambda: to_json_bytes(exported["view"]), mime="application/json",
+    c2.download_button("Download JSON", lambda: to_json_bytes(view), mime="application/json",
                        file_name=f"{name}-leaderboard.json", key="download_json")
     with st.expander("Top 10 as text"):
         st.text("\n".join(f"{int(r.rank):>3}  {r.model}  {100 * getattr(r, meta['metric']):.1f}"
@@ -172,24 +164,20 @@ def main(settings: Settings | None = None) -> None:
         if ranks:
             board_df, meta = aggregate.board_table(entries, ranks=ranks)
             view = board_df[keep(board_df)].reset_index(drop=True)
-            exported["view"] = view
             _table(slot, view[view["ranked"]], meta, groups, ranked=True)
-    tabs = st.tabs(TABS, key="tab", bind="query-params")
     views = (lambda: st.markdown(ABOUT), lambda: _heatmap(view, meta), lambda: _id_ood(settings, entries, view, meta),
              lambda: _drilldown(entries, view, meta), lambda: _rejected(store, meta["skipped"]))
-    for tab, draw in zip(tabs, views):
+    for tab, name, draw in zip(st.tabs(TABS, key="tab", bind="query-params"), TABS, views):
         if tab.open:
-            with tab:
+            with tab, guarded(name):
                 draw()
 
 
 def _filters(df: pd.DataFrame):
     """The sidebar's filters (all in the URL): a function selecting the rows they keep, and the column groups."""
     q = st.sidebar.text_input("Search models", key="q", bind="query-params").strip().lower()
-    fam = st.sidebar.multiselect("Architecture family", sorted(df["family"].unique()), key="family",
-                                 bind="query-params")
-    pre = st.sidebar.multiselect("Pretraining data", sorted(df["pretraining"].unique()), key="pretraining",
-                                 bind="query-params")
+    picked = {col: st.sidebar.multiselect(label, sorted(df[col].unique()), key=col, bind="query-params")
+              for col, label in (("family", "Architecture family"), ("pretraining", "Pretraining data"))}
     top = max(float(np.ceil(df["params_m"].max() + 1e-9)), 1.0)
     lo, hi = st.sidebar.slider("Parameters (M)", 0.0, top, (0.0, top), key="params", bind="query-params")
     verified = st.sidebar.checkbox("Verified only (hide the community entries)", key="verified", bind="query-params")
@@ -199,10 +187,9 @@ def _filters(df: pd.DataFrame):
 
     def keep(d: pd.DataFrame) -> pd.Series:  # filters select rows, never re-rank
         k = d["params_m"].between(lo, hi) & (d["verified"] | (not verified)) & (~d["construction_model"] | construction)
-        if fam:
-            k &= d["family"].isin(fam)
-        if pre:
-            k &= d["pretraining"].isin(pre)
+        for col, chosen in picked.items():
+            if chosen:
+                k &= d[col].isin(chosen)
         if q:
             k &= d["model"].str.lower().str.contains(q, regex=False) | d["architecture"].str.lower().str.contains(
                 q, regex=False)
@@ -210,16 +197,10 @@ def _filters(df: pd.DataFrame):
     return keep, groups
 
 
-def _links(view: pd.DataFrame) -> tuple[list, list]:
-    """Each row's Hub model card (Hub weights only: local weights link nowhere) and arXiv paper, or None."""
-    cards = [f"https://huggingface.co/{m}" if w == "Hub" else None for m, w in zip(view["model"], view["weights"])]
-    papers = [f"https://arxiv.org/abs/{m.group(1)}" if (m := ARXIV.search(p)) else None for p in view["paper"]]
-    return cards, papers
-
-
 def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool) -> None:
     num, text, link = st.column_config.NumberColumn, st.column_config.TextColumn, st.column_config.LinkColumn
-    metric, label, base = meta["metric"], meta["metric_label"], meta["base"]
+    metric, base = meta["metric"], meta["base"]
+    label = f"{meta['metric_label']} ({unit(metric)})" if unit(metric) else meta["metric_label"]
     shown = view.copy()
     for c in shown.columns:
         if unit(c) and pd.api.types.is_float_dtype(shown[c]):
@@ -227,7 +208,9 @@ def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool
     shown["verified"] = np.where(shown["verified"], "✓ verified", "✗ not verified")
     for c in ("partial", "pinned_suite", "construction_model"):
         shown[c] = np.where(shown[c], "yes", "no")
-    shown["card"], shown["paper"] = _links(shown)
+    # the Hub model card (Hub weights only: local weights link nowhere) and the arXiv paper, or None
+    shown["card"] = [f"https://huggingface.co/{m}" if w == "Hub" else None for m, w in zip(view.model, view.weights)]
+    shown["paper"] = [f"https://arxiv.org/abs/{a.group(1)}" if (a := ARXIV.search(p)) else None for p in view.paper]
     secondary = [m for m in get_family(meta["family"]).metrics if not m.per and m.key in shown.columns
                  and m.key not in (metric, "mean_shift_acc1", "mean_acc1")]
     cols = ((["rank"] if ranked else []) + ["model", metric, f"{metric}_lo", f"{metric}_hi"]
@@ -237,16 +220,14 @@ def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool
              COLUMNS[2]: ["family", "params_m", "pretraining", "architecture", "card", "paper"],
              COLUMNS[3]: ["partial", "pinned_suite", "construction_model"]}
     cols += [c for g in groups for c in extra.get(g, [])]
-    u = lambda c: f" ({unit(c)})" if unit(c) else ""  # noqa: E731
+    decimal = {metric: label, f"{metric}_lo": "95% lo", f"{metric}_hi": "95% hi", "params_m": "params (M)",
+               "base_acc1": f"{base} acc@1 (%)", **{c: f"{c.split('/', 1)[1]} (%)" for c in extra[COLUMNS[0]]},
+               **{m.key: f"{m.label} ({m.unit})" for m in secondary}}  # column -> label, shown with one decimal
     config = {"rank": num("rank", format="%d", pinned=True), "model": text("model", pinned=True),
               "rank_lo": num("rank lo", format="%d"), "rank_hi": num("rank hi", format="%d"),
-              metric: one_decimal(f"{label}{u(metric)}"), f"{metric}_lo": one_decimal("95% lo"),
-              f"{metric}_hi": one_decimal("95% hi"), "base_acc1": one_decimal(f"{base} acc@1 (%)"),
-              "params_m": one_decimal("params (M)"), "not_ranked_because": text("not ranked because", width="large"),
-              "card": link("card", display_text="model card"), "paper": link("paper", display_text="paper"),
-              **{c: one_decimal(f"{c.split('/', 1)[1]} (%)") for c in extra[COLUMNS[0]]},
-              **{m.key: one_decimal(f"{m.label} ({m.unit})") for m in secondary},
-              **{c: text(c.replace("_", " ")) for c in ("pinned_suite", "construction_model")}}
+              "not_ranked_because": text("not ranked because", width="large"), "pinned_suite": text("pinned suite"),
+              "construction_model": text("construction model"), "card": link("card", display_text="model card"),
+              "paper": link("paper", display_text="paper"), **{c: one_decimal(v) for c, v in decimal.items()}}
     show_df(shown[cols], target, column_config=config, width="stretch",
             alt="official ranking" if ranked else "community entries")
 
@@ -265,7 +246,6 @@ def heatmap_figure(view: pd.DataFrame, configs: list[str]):
     return fig
 
 
-@guarded("heatmap")
 def _heatmap(view: pd.DataFrame, meta: dict) -> None:
     if view.empty:
         st.info("No model matches the filters.")
@@ -312,7 +292,6 @@ def id_ood_figure(x, y, models: list[str], fit: dict, *, shift: str, axis: str):
     return fig
 
 
-@guarded("ID/OOD")
 def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -> None:
     if not meta["base"]:
         st.info("ID/OOD fits need a suite scored against a reference config (ImageNet*'s base) and its shifts.")
@@ -345,30 +324,27 @@ def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -
                "y = x line lost accuracy under the shift. Effective robustness: a model's shift accuracy minus the "
                "fitted line's prediction at its in-distribution accuracy (Taori et al., 2020), in percentage "
                "points, most robust first.")
-    er = pd.DataFrame({"model": f["linear"]["models"],
-                       "effective_robustness_linear": 100 * np.array(f["linear"]["effective_robustness"], float),
-                       "effective_robustness_probit": 100 * np.array(f["probit"]["effective_robustness"], float)})
+    scales = ("linear", "probit")
+    er = pd.DataFrame({"model": f["linear"]["models"]} | {
+        f"effective_robustness_{s}": 100 * np.array(f[s]["effective_robustness"], float) for s in scales})
     show_df(er.sort_values(["effective_robustness_linear", "model"], ascending=[False, True], na_position="last"),
             key="effective_robustness",
-            column_config={"effective_robustness_linear": one_decimal("eff. robustness, linear (pp)"),
-                           "effective_robustness_probit": one_decimal("eff. robustness, probit (pp)")})
+            column_config={f"effective_robustness_{s}": one_decimal(f"eff. robustness, {s} (pp)") for s in scales})
     impact = fits.get("shift_impact") or {}
     if impact:
-        rows = [{"shift": sh, "shift_impact": 100 * v["value"] if v["value"] is not None else np.nan,
-                 "ci_lo": 100 * v["ci"][0] if v["ci"] else np.nan, "ci_hi": 100 * v["ci"][1] if v["ci"] else np.nan,
-                 "models": v["n"]} for sh, v in impact.items()]
+        rows = [{"shift": sh, **{k: 100 * x for k, x in interval("shift_impact", v).items()}, "models": v["n"]}
+                for sh, v in impact.items()]
         st.caption("Shift impact (Vendrow et al.): per shift, the drop acc(reference) − acc(shift) averaged over "
                    "the models on this board, with a 95% t interval over models, in percentage points. Not a "
                    "model's own mean impact over shifts (the table's 'model mean impact').")
         show_df(pd.DataFrame(rows).sort_values(["shift_impact", "shift"], ascending=[False, True]), key="shift_impact",
-                column_config={"shift_impact": one_decimal("shift impact (pp)"), "ci_lo": one_decimal("95% CI lo (pp)"),
-                               "ci_hi": one_decimal("95% CI hi (pp)")})
+                column_config={"shift_impact": one_decimal("shift impact (pp)"),
+                               "shift_impact_lo": one_decimal("95% CI lo (pp)"),
+                               "shift_impact_hi": one_decimal("95% CI hi (pp)")})
 
 
-@guarded("drilldown")
 def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
-    """One model's record, and what only its files hold: they are hashed against the record when read here, and
-    an entry whose files changed is marked stale at once."""
+    """One model's record, and what only its files hold (hashed when read here: a changed file marks it stale)."""
     import plotly.graph_objects as go
 
     if view.empty:
@@ -384,12 +360,10 @@ def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
         st.warning("Not verified: the numbers are the result's own.")
         st.text(f"why: {entry.note}")
     cm = rec["metrics"]["configs"]
-    vals = [100 * value(cm[c]["acc1"]) for c in configs if c in cm]
-    lo = [100 * aggregate._ci(cm[c]["acc1"], 0) for c in configs if c in cm]
-    hi = [100 * aggregate._ci(cm[c]["acc1"], 1) for c in configs if c in cm]
-    fig = go.Figure(go.Bar(x=[plot_label(c) for c in configs if c in cm], y=vals, texttemplate="%{y:.1f}",
-                           error_y={"type": "data", "symmetric": False, "array": np.subtract(hi, vals),
-                                    "arrayminus": np.subtract(vals, lo)}))
+    drawn = [c for c in configs if c in cm]
+    acc, lo, hi = 100 * np.array([list(interval("acc1", cm[c]["acc1"]).values()) for c in drawn]).reshape(-1, 3).T
+    fig = go.Figure(go.Bar(x=[plot_label(c) for c in drawn], y=list(acc), texttemplate="%{y:.1f}",
+                           error_y={"type": "data", "symmetric": False, "array": hi - acc, "arrayminus": acc - lo}))
     fig.update_layout(yaxis={"title": "acc@1 % (95% interval)", "range": [0, 100]}, height=340)
     st.plotly_chart(fig, key="drill_bars")
     config = st.selectbox("Worst classes on", configs, key="drill_config", bind="query-params")
