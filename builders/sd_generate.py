@@ -45,12 +45,6 @@ class GenerationSettings:
             raise BenchError(f"JPEG quality must be in 1..100, got {self.jpeg_quality}")
 
 
-def snapshot_revision(path: str) -> str | None:
-    """The commit sha of a Hub-cache snapshot path (``.../snapshots/<sha>/...``), if it is one."""
-    m = re.search(r"snapshots[/\\]([0-9a-f]{40})", str(path))
-    return m.group(1) if m else None
-
-
 class SDGenerator:
     """A Stable Diffusion pipeline (``pipe``, text encoder included) and its settings; :meth:`generate` runs
     a text-encoder-less view of its modules (:attr:`denoiser`) on cached, dtype-cast prompt embeddings."""
@@ -79,7 +73,8 @@ class SDGenerator:
                                                            safety_checker=None, requires_safety_checker=False)
         pipe.text_encoder.to(torch.float32)  # fp32 text encoder under fp16 UNet/VAE, as the authors' build
         gen = cls._finish(pipe, settings, device=device, tokens=tokens)
-        gen.resolved_revision = snapshot_revision(getattr(pipe.unet.config, "_name_or_path", "")) or settings.revision
+        snapshot = re.search(r"snapshots[/\\]([0-9a-f]{40})", str(getattr(pipe.unet.config, "_name_or_path", "")))
+        gen.resolved_revision = snapshot.group(1) if snapshot else settings.revision  # the Hub cache's commit
         return gen
 
     @classmethod
