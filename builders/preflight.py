@@ -5,7 +5,7 @@ Each stage builds its default models from the published configs (``genshift.buil
 the stage; ``docs/builders.md``, "Preflight"). What meta tensors cannot run (data-dependent steps) runs in
 ``benchmarks/preflight_cpu.py``. Memory is the pass itself: :class:`LiveBytes` adds up the storages alive
 at once, attention counted as the fused kernel (:class:`FusedAttention`); the models a builder holds
-together (:func:`resident_groups`) are summed, and the largest such set is what must fit.
+together (:func:`together`) are summed, and the largest such set is what must fit.
 """
 
 from __future__ import annotations
@@ -161,8 +161,7 @@ def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, p
     probe.built(unet=r.unet, vae=r.vae, text_encoder=r.text_encoder)
     width = r.text_encoder.config.hidden_size
     probe.check(width == r.unet.config.cross_attention_dim, f"token width {width} = UNet cross-attention width")
-    split, base = r.install(initializer(r.tokenizer, r.text_encoder, "Golden Retriever"))
-    try:
+    with r.installed(initializer(r.tokenizer, r.text_encoder, "Golden Retriever")) as split:
         ids = torch.tensor([template_ids(r.tokenizer, TEMPLATES[i % len(TEMPLATES)], r.token_id)
                             for i in range(batch)], device="meta")
         probe.check(ids.shape[1] == r.tokenizer.model_max_length == 77, "template ids padded to 77 tokens")
@@ -170,8 +169,6 @@ def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, p
         r.loss(pixels, ids, torch.Generator().manual_seed(0)).backward()
         probe.check(split.vector.grad is not None and split.vector.grad.shape == (width,),
                     f"gradient reaches the learned row ({width},)")
-    finally:
-        r.text_encoder.set_input_embeddings(base)
 
 
 def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *, class_tokens: bool,
@@ -372,35 +369,26 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     raise BenchError(f"no preflight for {suite_id!r}")
 
 
-def resident_groups(suite_id: str, cfg=None) -> list[tuple[str, ...]]:
-    """The sets of stages whose models a builder holds on the device at the same time, one set after the
-    other. LANCE runs its stages over all images in turn (``genshift.builders.lance``): the captioner alone, then the
-    perturber (with CLIP when ``--text-filter clip``), then the editor with CLIP."""
-    if suite_id == "lance-hardimagenet":
-        clip_text = getattr(cfg, "text_filter", "sbert") == "clip"
-        return [("caption",), ("perturbation prompting",) + (("CLIP checks",) if clip_text else ()),
-                ("NTI + P2P editing", "CLIP checks")]
-    return {"imagenet-star": [("generation", "CLIP filter")], "in-g-rn": [("generation", "target")],
-            "in-g-vit": [("generation", "target")]}.get(suite_id, [])
-
-
 def _groups(suite_id: str, reports: list[Report], cfg=None) -> list[list[Report]]:
-    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, cfg)]
+    """The passed stages whose models a builder holds on the device at the same time, one set after the other.
+    LANCE runs its stages over all images in turn (``genshift.builders.lance``): the captioner alone, then the
+    perturber (with CLIP when ``--text-filter clip``), then the editor with CLIP."""
+    clip_text = ("CLIP checks",) if getattr(cfg, "text_filter", "sbert") == "clip" else ()
+    names = {"imagenet-star": [("generation", "CLIP filter")], "in-g-rn": [("generation", "target")],
+             "in-g-vit": [("generation", "target")], "lance-hardimagenet": [
+                 ("caption",), ("perturbation prompting", *clip_text), ("NTI + P2P editing", "CLIP checks")]}
+    groups = [[r for r in reports if r.ok and r.stage in g] for g in names.get(suite_id, [])]
     return [g for g in groups if g]
 
 
-def _group_peak(group: list[Report]) -> int:
-    """All the group's weights plus the largest activation peak among them (one stage runs at a time)."""
-    return sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
-
-
 def together(suite_id: str, reports: list[Report], cfg=None) -> tuple[list[str], int]:
-    """(stage names, peak bytes) of the largest set of models the builder keeps loaded at once."""
-    groups = _groups(suite_id, reports, cfg)
-    if not groups:
-        return [], 0
-    top = max(groups, key=_group_peak)
-    return [r.stage for r in top], _group_peak(top)
+    """(stage names, peak bytes) of the largest set of models the builder keeps loaded at once: all their
+    weights plus the largest activation peak among them (one stage runs at a time)."""
+    def peak(group: list[Report]) -> int:
+        return sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
+
+    top = max(_groups(suite_id, reports, cfg), key=peak, default=[])
+    return [r.stage for r in top], peak(top) if top else 0
 
 
 def check_stage(st: Stage) -> Report:

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from genshift import imagenet
+from genshift.builders.seeding import derive_seed
 from genshift.errors import BenchError
 from genshift.fsutil import atomic_write_json, canonical_json
 
@@ -224,11 +225,16 @@ class TIRun:
             target = noise
         return F.mse_loss(pred.float(), target.float())
 
-    def install(self, init: torch.Tensor, *, hold_norm: bool = True) -> tuple[SplitEmbedding, torch.nn.Module]:
+    @contextlib.contextmanager
+    def installed(self, init: torch.Tensor, *, hold_norm: bool = True) -> Iterator[SplitEmbedding]:
+        """The text encoder serves ``init`` for :attr:`token_id` inside the block; its own table after."""
         base = self.text_encoder.get_input_embeddings()
         split = SplitEmbedding(base, self.token_id, init.to(self.device), hold_norm=hold_norm).to(self.device)
         self.text_encoder.set_input_embeddings(split)
-        return split, base
+        try:
+            yield split
+        finally:
+            self.text_encoder.set_input_embeddings(base)
 
 
 def _picks(n_files: int, cfg: TIConfig, seed: int):
@@ -241,22 +247,16 @@ def _picks(n_files: int, cfg: TIConfig, seed: int):
             yield f, rng.randrange(len(cfg.templates)), rng.random() < cfg.flip_p
 
 
-def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig(), *,
-                      on_step: Callable[[int, float], None] | None = None) -> tuple[torch.Tensor, list[float]]:
+def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig()) -> tuple[torch.Tensor, list[float]]:
     """Learn one class token; returns the served vector (at the initialiser's norm) and the losses."""
-    from genshift.builders.seeding import derive_seed
-
-    if not cls.files:
-        raise BenchError(f"class {cls.index} ({cls.name!r}) has no training images; add images or drop the class")
     init = initializer(run.tokenizer, run.text_encoder, cls.name)
     seed = derive_seed(cfg.seed, "textual-inversion", cls.index)
     gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
-    split, base = run.install(init, hold_norm=cfg.hold_norm)
     scaler = torch.amp.GradScaler(run.device.type, enabled=run.device.type == "cuda" and run.dtype == torch.float16)
-    opt = torch.optim.AdamW([split.vector], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.eps)
     losses: list[float] = []
-    try:
-        for step in range(cfg.steps):
+    with run.installed(init, hold_norm=cfg.hold_norm) as split:
+        opt = torch.optim.AdamW([split.vector], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.eps)
+        for _ in range(cfg.steps):
             pixels, ids = run.batch(cls, [next(picks) for _ in range(cfg.batch_size)], cfg)
             loss = run.loss(pixels, ids, gen)
             scaler.scale(loss).backward()
@@ -264,34 +264,16 @@ def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig()
             scaler.update()
             opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
-            if on_step:
-                on_step(step, losses[-1])
-        vector = split.direction().detach().float().cpu().clone()
-    finally:
-        run.text_encoder.set_input_embeddings(base)
-    return vector, losses
+        return split.direction().detach().float().cpu().clone(), losses
 
 
 @torch.no_grad()
 def eval_loss(run: TIRun, cls: TrainingClass, vector: torch.Tensor, cfg: TIConfig = TIConfig(), *, n: int = 16,
               seed: int = 1234) -> float:
     """Mean loss of ``vector`` (used as given) on ``n`` fixed (image, template, flip, noise, t) draws."""
-    split, base = run.install(vector, hold_norm=False)
-    try:
-        gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
+    gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
+    with run.installed(vector, hold_norm=False):
         return float(np.mean([float(run.loss(*run.batch(cls, [next(picks)], cfg), gen)) for _ in range(n)]))
-    finally:
-        run.text_encoder.set_input_embeddings(base)
-
-
-def _check_recipe(work_dir: Path, recipe: dict) -> None:
-    path = work_dir / SETTINGS_FILE
-    if path.is_file():
-        if json.loads(path.read_text()) != json.loads(canonical_json(recipe)):
-            raise BenchError(f"{str(work_dir)!r} holds tokens trained with other settings ({path}); use another "
-                             "folder or the same settings")
-    else:
-        atomic_write_json(path, recipe)
 
 
 def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TIConfig = TIConfig(), *,
@@ -310,7 +292,13 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
     todo_classes = folder_classes(data_dir, classes=classes)
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    _check_recipe(work_dir, {"model_id": model_id, "label_space": "imagenet", "textual_inversion": asdict(cfg)})
+    recipe = {"model_id": model_id, "label_space": "imagenet", "textual_inversion": asdict(cfg)}
+    path = work_dir / SETTINGS_FILE
+    if not path.is_file():
+        atomic_write_json(path, recipe)
+    elif json.loads(path.read_text()) != json.loads(canonical_json(recipe)):
+        raise BenchError(f"{str(work_dir)!r} holds tokens trained with other settings ({path}); use another folder "
+                         "or the same settings")
     mine = [c for i, c in enumerate(todo_classes) if process is None or process.owns(i)]
     todo = [c for c in mine if not (work_dir / f"{c.index}.bin").is_file()]
     if len(todo) < len(mine):
