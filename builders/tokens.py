@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from genshift import imagenet
-from genshift.errors import BenchError, IntegrityError
+from genshift.errors import BenchError, IntegrityError, first_line
 from genshift.fsutil import atomic_path, sha256_file
 
 MEMBER_RE = re.compile(r"^(?:.*/)?(\d+)\.bin$")
@@ -94,8 +94,7 @@ def load_token_zip(path: str | Path, *, dim: int | None = 1024, classes: list[in
         try:
             t = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - anything unreadable is the file's fault
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise IntegrityError(f"{where}: not a saved tensor ({type(e).__name__}: {first})") from None
+            raise IntegrityError(f"{where}: not a saved tensor ({type(e).__name__}: {first_line(e)})") from None
         out[idx] = _check_vector(t, where=where, dim=dim)
     missing = sorted(wanted - set(out))
     if missing:
@@ -113,13 +112,12 @@ def save_token_file(vector: torch.Tensor, path: str | Path) -> None:
 
 def save_token_zip(tokens: Mapping[int, torch.Tensor], path: str | Path) -> None:
     """Write tokens in the release layout (``tokens/<idx>.bin``, float32), atomically and reproducibly."""
-    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w") as zf:
         for idx in sorted(tokens):
             buf = io.BytesIO()
             torch.save(_check_vector(tokens[idx], where=f"token of class {idx}", dim=None), buf)
-            info = zipfile.ZipInfo(f"tokens/{int(idx)}.bin", date_time=_ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, buf.getvalue())
+            zf.writestr(zipfile.ZipInfo(f"tokens/{int(idx)}.bin", date_time=_ZIP_DATE), buf.getvalue(),
+                        compress_type=zipfile.ZIP_DEFLATED)
 
 
 def inject_tokens(tokenizer, text_encoder, tokens: Mapping[int, torch.Tensor]) -> dict[int, int]:
