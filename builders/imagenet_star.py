@@ -4,10 +4,9 @@ Class tokens (released by default; ``--train-tokens``: textual inversion here; `
 names) -> Stable Diffusion 2 with the shift prompts -> CLIP presence scores -> ``keep`` calibrated
 per shift (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
 
-Two resumable phases: every process generates and scores its shards (``sha256(shift/class) mod
-shards``, dealt round-robin) into ``<out>/.stage/``; the main process waits for every staged shard
-(a file-system wait, not a barrier), calibrates the thresholds on each shift's scores and writes the
-final shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
+Two resumable phases: every process generates and scores its shards into ``<out>/.stage/``; the main
+process waits for them (on the file system), calibrates each shift's thresholds and writes the final
+shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
 """
 
 from __future__ import annotations
@@ -149,19 +148,17 @@ def generation_settings(cfg: Config):
                               variant=cfg.variant)
 
 
-def token_source(cfg: Config) -> tuple[str, str | None]:
-    """(kind, path or None) of the class tokens, resolved before anything heavy is loaded."""
-    from genshift.builders.tokens import download_released_tokens
+def token_source(cfg: Config, classes: list[int]) -> tuple[str, str | None, dict | None]:
+    """(kind, path, tokens) of the class tokens; a released or given file is loaded and validated here,
+    before anything heavy is."""
+    from genshift.builders.tokens import download_released_tokens, load_token_zip
 
-    if cfg.smoke:
-        return "smoke", None
-    if cfg.tokens == "none":
-        return "none", None
+    if cfg.smoke or cfg.tokens == "none":
+        return ("smoke" if cfg.smoke else "none"), None, None
     if cfg.train_tokens:
-        return "trained", cfg.train_tokens
-    if cfg.tokens == "hub":
-        return "released", str(download_released_tokens())
-    return "file", cfg.tokens
+        return "trained", cfg.train_tokens, None
+    path = str(download_released_tokens()) if cfg.tokens == "hub" else cfg.tokens
+    return ("released" if cfg.tokens == "hub" else "file"), path, load_token_zip(path, classes=classes)
 
 
 def _smoke_training_images(root: Path, classes: list[int]) -> Path:
@@ -277,8 +274,7 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
                    "seed": seeds[j], "sample": k, **fixed, "clip_class_score": float(sc["class_score"][j]),
                    "clip_shift_score": None if math.isnan(shift_score) else shift_score,
                    "clip_image_embedding": sc["embedding"][j].tolist()}
-        if bar is not None:
-            bar.update(len(chunk))
+        bar.update(len(chunk))
     record_batch_size(gen.backoff.batch_size)
 
 
@@ -286,7 +282,7 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
 def run(cfg: Config) -> int:
     from tqdm.auto import tqdm
 
-    from genshift.builders.tokens import load_token_zip, token_name, tokens_digest
+    from genshift.builders.tokens import token_name, tokens_digest
     from genshift.data_cards import render_card
     from genshift.distributed import current_process, plan_nonempty_shards
     from genshift.writer import SuiteWriter
@@ -301,8 +297,7 @@ def run(cfg: Config) -> int:
     out = Path(cfg.out)
     n_shards = cfg.num_shards or max(1, math.ceil(len(classes) * samples / cfg.images_per_shard))
     plans = {s: plan_nonempty_shards(classes, n_shards, key=lambda c, s=s: f"{s}/{c}") for s in shifts}
-    token_kind, token_path = token_source(cfg)
-    tokens = load_token_zip(token_path, classes=classes) if token_kind in ("released", "file") else None  # validated
+    token_kind, token_path, tokens = token_source(cfg, classes)
     fingerprint = {"shifts": shifts, "classes": classes, "samples": samples, "seed": cfg.seed,
                    "shards": {s: len(p) for s, p in plans.items()}, "generation": asdict(settings),
                    "tokens": token_kind, "tokens_sha256": tokens_digest(token_path) if tokens else None,
@@ -330,15 +325,12 @@ def run(cfg: Config) -> int:
     if mine or proc.is_main or token_kind == "trained":  # every process trains its share of the tokens
         gen, clip, token_info = _load_models(cfg, settings, classes, device, token_kind, token_path, tokens)
     token_names = {c: (imagenet.get_class(c).name if token_kind == "none" else token_name(c)) for c in classes}
-    bar = tqdm(total=sum(len(shard) * samples for _, _, shard in mine), desc=f"generate [{proc.index}/{proc.count}]",
-               unit="img", disable=not cfg.progress, dynamic_ncols=True)
-    try:
+    with tqdm(total=sum(len(shard) * samples for _, _, shard in mine), desc=f"generate [{proc.index}/{proc.count}]",
+              unit="img", disable=not cfg.progress, dynamic_ncols=True) as bar:
         for shift, i, shard in mine:
             rows = _shard_rows([(c, k) for c in shard for k in range(samples)], shift, shifts[shift], gen, clip,
                                cfg.seed, token_names, bar, partial(common.record_batch_size, out / STAGE, proc.index))
             stage.write_shard(shift, i, len(plans[shift]), rows)
-    finally:
-        bar.close()
     if not proc.is_main:
         return 0
     if proc.count > 1:
@@ -367,7 +359,7 @@ def run(cfg: Config) -> int:
 
 def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: str, gate_quantile: float) -> dict:
     """Calibrate per-shift thresholds on all staged scores, then write the final shards with keep."""
-    import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from genshift.builders.clip_filter import calibrate, keep_flags, kept_target
@@ -390,10 +382,9 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
         raise BenchError(f"{len(missing)} generated shard(s) are missing (e.g. {missing[0]}); rerun the build")
     cls_scores, shift_scores = {}, {}
     for shift, n in n_shards.items():
-        parts = [pq.read_table(source(shift, i, n), columns=["clip_class_score", "clip_shift_score"]) for i in range(n)]
-        cls_scores[shift] = np.concatenate([t["clip_class_score"].to_numpy() for t in parts])
-        shift_scores[shift] = np.concatenate([t["clip_shift_score"].to_numpy(zero_copy_only=False).astype(float)
-                                              for t in parts])
+        t = pa.concat_tables(pq.read_table(source(shift, i, n), columns=["clip_class_score", "clip_shift_score"])
+                             for i in range(n))
+        cls_scores[shift], shift_scores[shift] = t["clip_class_score"].to_numpy(), t["clip_shift_score"].to_numpy()
     thresholds = calibrate(cls_scores, fractions, rule=rule, shift_scores=shift_scores, shift_quantile=gate_quantile)
     for shift, n in n_shards.items():
         for i in range(n):
