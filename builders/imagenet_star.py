@@ -11,6 +11,7 @@ shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
@@ -18,11 +19,18 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import yaml
+
 from genshift import imagenet
 from genshift.builders import common
+from genshift.builders.clip_filter import RELEASED_KEPT_FRACTION, calibrate, clip_scores, keep_flags, kept_target
 from genshift.builders.common import BuildConfig, ConfigError, option, threaded
+from genshift.builders.seeding import derive_seed
+from genshift.distributed import current_process, plan_nonempty_shards
 from genshift.errors import BenchError, unknown
 from genshift.fsutil import sha256_file
+from genshift.suites import imagenet_star_shifts
 
 SUITE_ID = "imagenet-star"
 STAGE = ".stage"
@@ -95,10 +103,6 @@ def parse_classes(items) -> list[int]:
 
 
 def shift_table(cfg: Config) -> dict[str, str]:
-    import yaml
-
-    from genshift.suites import imagenet_star_shifts
-
     if cfg.shifts_file:
         try:
             table = {r["key"]: r["prompt"] for r in yaml.safe_load(Path(cfg.shifts_file).read_text())}
@@ -117,8 +121,6 @@ def shift_table(cfg: Config) -> dict[str, str]:
 
 
 def kept_fractions(cfg: Config, shifts) -> dict[str, float]:
-    from genshift.builders.clip_filter import RELEASED_KEPT_FRACTION
-
     table = dict(RELEASED_KEPT_FRACTION)
     if cfg.kept_fractions:
         try:
@@ -163,7 +165,6 @@ def token_source(cfg: Config, classes: list[int]) -> tuple[str, str | None, dict
 
 def _smoke_training_images(root: Path, classes: list[int]) -> Path:
     """Two tiny synthetic images per class (distinct colours), as ``<wnid>/<i>.png``."""
-    import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -177,23 +178,25 @@ def _smoke_training_images(root: Path, classes: list[int]) -> Path:
     return root
 
 
-def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int, lr: float, resolution: int,
-           model_id: str):
-    """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
+def _train(cfg: Config, run, classes: list[int], root: Path, data, what: str, *, steps: int, lr: float,
+           resolution: int, model_id: str) -> tuple[dict, dict]:
+    """Tokens of ``classes`` by textual inversion, split over the processes (every process gets all; resumable in
+    ``root/.tokens``), written to ``root/tokens.zip``; returns them and their provenance (``what`` they are)."""
     from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
-    from genshift.distributed import current_process
+    from genshift.builders.tokens import save_token_zip
 
-    ti = TIConfig(steps=steps, lr=lr, resolution=resolution)
+    ti, work = TIConfig(steps=steps, lr=lr, resolution=resolution), root / TOKENS_WORK
     tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, process=current_process(),
                           progress=cfg.progress)
     if len(tokens) < len(classes):  # other processes train the rest: wait for their files
         common.wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)",
                         cfg.wait_timeout)
         tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, progress=False)
+    save_token_zip(tokens, root / "tokens.zip")
     used = [f for c in folder_classes(data, classes=classes) for f in c.files]
-    return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "model": model_id,
-                    "data": common.files_digest(data, used), "settings": "genshift.builders.textual_inversion.TIConfig "
-                                                                  "defaults otherwise"}
+    return tokens, {"tokens": what, "tokens_sha256": sha256_file(root / "tokens.zip"), "textual_inversion": {
+        "steps": steps, "lr": lr, "resolution": resolution, "model": model_id, "data": common.files_digest(data, used),
+        "settings": "genshift.builders.textual_inversion.TIConfig defaults otherwise"}}
 
 
 def _load_models(cfg: Config, settings, classes: list[int], device: str, token_kind: str, token_path: str | None,
@@ -202,7 +205,7 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     from genshift.builders.clip_scoring import ClipScorer
     from genshift.builders.sd_generate import SDGenerator
     from genshift.builders.textual_inversion import TIRun
-    from genshift.builders.tokens import load_token_zip, save_token_zip, tokens_digest
+    from genshift.builders.tokens import load_token_zip, tokens_digest
 
     out = Path(cfg.out)
     if token_kind == "smoke":  # a few textual-inversion steps on synthetic images, then the real token path
@@ -210,12 +213,9 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
 
         data = _smoke_training_images(out / STAGE / "smoke-images", classes)
         run = TIRun.from_components(tiny_sd_components(), "cpu")
-        tokens, ti = _train(cfg, run, classes, out / STAGE / TOKENS_WORK, data, steps=2, lr=5e-3, resolution=32,
-                            model_id=SMOKE_MODEL)
-        save_token_zip(tokens, out / STAGE / "tokens.zip")
+        _, info = _train(cfg, run, classes, out / STAGE, data, "textual inversion on synthetic images (smoke)",
+                         steps=2, lr=5e-3, resolution=32, model_id=SMOKE_MODEL)
         tokens = load_token_zip(out / STAGE / "tokens.zip", dim=None, classes=classes)
-        info = {"tokens": "textual inversion on synthetic images (smoke)", "textual_inversion": ti,
-                "tokens_sha256": sha256_file(out / STAGE / "tokens.zip")}
         return SDGenerator.tiny(settings, tokens=tokens), ClipScorer.tiny(), info
     info = {"tokens": None}
     if token_kind in ("released", "file"):
@@ -224,12 +224,9 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     elif token_kind == "trained":
         base = SDGenerator.from_pretrained(settings, device=device)
         run = TIRun.from_components(base.pipe.components, device)
-        tokens, ti = _train(cfg, run, classes, out / TOKENS_WORK, token_path, steps=cfg.ti_steps, lr=cfg.ti_lr,
-                            resolution=cfg.height, model_id=settings.model_id)
+        tokens, info = _train(cfg, run, classes, out, token_path, "trained here (tokens.zip)", steps=cfg.ti_steps,
+                              lr=cfg.ti_lr, resolution=cfg.height, model_id=settings.model_id)
         del base, run
-        save_token_zip(tokens, out / "tokens.zip")
-        info = {"tokens": "trained here (tokens.zip)", "tokens_sha256": sha256_file(out / "tokens.zip"),
-                "textual_inversion": ti}
         if cfg.tokens_only:
             return None, None, info
     gen = SDGenerator.from_pretrained(settings, device=device, tokens=tokens)
@@ -249,12 +246,7 @@ def _features():
 def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, record_batch_size):
     """Generate, score and yield the rows of one shard, in batches; then record the batch size
     (this runs before the shard's file is renamed into place)."""
-    import io
-
     from PIL import Image
-
-    from genshift.builders.clip_filter import clip_scores
-    from genshift.builders.seeding import derive_seed
 
     fixed = {"generator": gen.settings.model_id, "generator_revision": gen.resolved_revision,
              "scheduler": type(gen.pipe.scheduler).__name__, "steps": gen.settings.steps,
@@ -284,7 +276,6 @@ def run(cfg: Config) -> int:
 
     from genshift.builders.tokens import token_name, tokens_digest
     from genshift.data_cards import render_card
-    from genshift.distributed import current_process, plan_nonempty_shards
     from genshift.writer import SuiteWriter
 
     shifts = shift_table(cfg)
@@ -362,7 +353,6 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from genshift.builders.clip_filter import calibrate, keep_flags, kept_target
     from genshift.suite_format import shard_name
 
     def source(shift, i, n) -> Path:  # the staged shard, or the final one a previous filter phase wrote
