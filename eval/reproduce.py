@@ -62,36 +62,30 @@ class Found:
 
 def check_members(pop: Population, members: dict[str, str] | None) -> dict[str, str]:
     """``{paper name: canonical local id}`` for the members without public weights, checked."""
-    out = {}
+    local = [m.paper for m in pop.members if m.local]
     for paper, mid in (members or {}).items():
-        m = next((m for m in pop.members if m.paper == paper), None)
-        if m is None or not m.local:
-            local = [m.paper for m in pop.members if m.local]
+        if paper not in local:
             raise BenchError(f"--member {paper}=...: {pop.name} has no member {paper!r} without public weights "
                              f"(those are {', '.join(local) or 'none'}; the others are matched by their weights)")
         if not LOCAL_ID.fullmatch(check_id(mid)):
             raise BenchError(f"--member {paper}={mid}: give the local weights' model id (<arch>@sha256:<16 hex>, "
                              "the result's model.id)")
-        out[paper] = mid
-    return out
+    return dict(members or {})
 
 
 def _member_of(pop: Population, model: dict, members: dict[str, str]) -> tuple[Member | None, str]:
     """The member whose row a result's weights fill, and how (or None and why not)."""
-    mid = model["id"]
+    mid, public = model["id"], {m.model: m for m in pop.members if not m.local}
     if model.get("source") == "hf-hub":
-        tag = timm_name(mid)
-        hit = next((m for m in pop.members if not m.local and m.model == tag), None)
-        rev = model.get("weights_revision") or "unpinned"
-        return hit, f"Hub weights {tag}@{rev[:12]}" if hit else f"{tag}: not a member's weights"
+        tag, rev = timm_name(mid), model.get("weights_revision") or "unpinned"
+        return public.get(tag), f"Hub weights {tag}@{rev[:12]}" if tag in public else f"{tag}: not a member's weights"
     digest = mid.split("@sha256:", 1)[1] if "@sha256:" in mid else (model.get("tensors_sha256") or "?")[:16]
     named = next((p for p, i in members.items() if i == mid), None)
     if named is not None:
         return next(m for m in pop.members if m.paper == named), f"your weights for {named} (sha256:{digest})"
     declared = timm_name(model.get("declared_name") or "")
-    hit = next((m for m in pop.members if not m.local and declared and m.model == declared), None)
-    if hit is not None:
-        return hit, f"declared local weights {declared} (sha256:{digest})"
+    if declared in public:
+        return public[declared], f"declared local weights {declared} (sha256:{digest})"
     return None, ("local weights declared as " + declared if declared else "local weights, undeclared") + \
         "; name a member's tag (bench eval --model TAG=FILE) or a replica (--member)"
 
