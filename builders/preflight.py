@@ -1,11 +1,8 @@
-"""``bench build <suite> --preflight``: every builder stage checked at the real models' sizes.
+"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models'
+sizes (``genshift.builders.real_models``), with the memory it needs (``docs/builders.md``, "Preflight").
 
-Each stage builds its default models from the published configs (``genshift.builders.real_models``) on the
-**meta** device and runs the builder's own code path on tensors of the real shapes (a shape error fails
-the stage; ``docs/builders.md``, "Preflight"). What meta tensors cannot run (data-dependent steps) runs in
-``benchmarks/preflight_cpu.py``. Memory is the pass itself: :class:`LiveBytes` adds up the storages alive
-at once, attention counted as the fused kernel (:class:`FusedAttention`); the models a builder holds
-together (:func:`together`) are summed, and the largest such set is what must fit.
+Memory is the pass itself: :class:`LiveBytes` adds up the storages alive at once, attention counted as the
+fused kernel (:class:`FusedAttention`); the largest set of models a builder holds together must fit.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from genshift.builders import real_models as rm
 from genshift.errors import BenchError, one_line
+from genshift.suites import imagenet_star_shifts
 
 GiB = 2 ** 30
 USABLE = 0.9  # of the device memory (allocator fragmentation, CUDA context)
@@ -173,10 +171,7 @@ def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, p
 
 def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *, class_tokens: bool,
                   prompts: list[str], batch: int, probe: Probe) -> None:
-    """``SDGenerator``: prompt embeddings (with the 1000 class tokens), seeded latents, one guided
-    UNet call, the VAE decode."""
-    from diffusers import StableDiffusionPipeline
-
+    """``SDGenerator``: prompt embeddings (1000 class tokens), seeded latents, a guided UNet call, the decode."""
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
     from genshift.builders.tokens import inject_tokens, token_name
 
@@ -191,10 +186,9 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
         texts = [p.replace("<TOKEN>", token_name(longest)) for p in prompts]
     longest_prompt = max(len(c["tokenizer"](t).input_ids) for t in texts)
     probe.check(longest_prompt <= 77, f"longest prompt {longest_prompt} <= 77 tokens (no truncation)")
-    s = GenerationSettings(model_id=model_id, height=height, width=width, dtype=str(dtype).split(".")[-1],
-                           batch_size=batch)
-    pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    gen = SDGenerator(pipe, s, device="meta")
+    s = GenerationSettings(model_id=model_id, scheduler="default", height=height, width=width,
+                           dtype=str(dtype).split(".")[-1], batch_size=batch)
+    gen = SDGenerator.from_components(c, s, device="meta")
     cond = gen.encode_prompts([texts[i % len(texts)] for i in range(batch)])
     uncond = gen.encode_prompts([""] * batch)
     probe.check(cond.shape == (batch, 77, width_t) and cond.dtype == dtype,
@@ -226,10 +220,8 @@ def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2, batch: int, pro
 
 def blip2_caption(model_id: str, dtype: torch.dtype, *, images: int = 1, prompt_tokens: int = 12,
                   new_tokens: int = 100, beams: int = 5, batch: int, probe: Probe) -> None:
-    """BLIP-2 at the processor's layout: each of the prompt's ``images`` (few-shot images, then the image)
-    through the vision tower and the Q-Former's queries, projected to the language model's width, with
-    ``prompt_tokens`` of text; ``beams`` sequences per image, as beam search runs. By parts: the one-call
-    forward reads the values of the Q-Former mask it builds, which meta tensors do not have."""
+    """BLIP-2 by parts, at the processor's layout: the prompt's ``images`` (few-shot images, then the image)
+    as queries at the LM width before ``prompt_tokens`` of text; ``beams`` sequences per image."""
     model = rm.blip2(model_id, dtype=dtype)
     probe.built(model=model, vision_model=model.vision_model, qformer=model.qformer,
                 language_model=model.language_model)
@@ -268,9 +260,8 @@ def llm_prompt(model_id: str, dtype: torch.dtype, *, prompt_tokens: int, new_tok
 
 
 def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2, *, batch: int, probe: Probe) -> None:
-    """``Editor``: DDIM inversion, one null-text-inversion step (Eq. 1), a prompt-to-prompt edit of
-    every f in one batched pass through the attention processors, the VAE decode (fp32, as the
-    released code). ``steps`` scheduler steps stand for the 50."""
+    """``Editor``: DDIM inversion, one null-text-inversion step (Eq. 1), every f's prompt-to-prompt edit in
+    one pass, the VAE decode (fp32, as the released code); ``steps`` scheduler steps stand for the 50."""
     from diffusers import StableDiffusionPipeline
 
     from genshift.builders.lance_editor import Editor, EditorConfig, Inversion
@@ -320,10 +311,8 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     gpu, f32 = device.startswith("cuda"), torch.float32
     batch = getattr(cfg, "batch_size", 1)
     half, bf16 = (torch.float16, torch.bfloat16) if gpu else (f32, f32)
+    gen_dtype = getattr(torch, cfg.dtype) if gpu and hasattr(cfg, "dtype") else f32  # the generators' (ImageNet*, IN-G)
     if suite_id == "imagenet-star":
-        from genshift.suites import imagenet_star_shifts
-
-        gen_dtype = getattr(torch, cfg.dtype) if gpu else f32
         prompts = [s.prompt for s in imagenet_star_shifts()]
         return [
             Stage("textual inversion (--train-tokens)", cfg.model, gen_dtype, 1,
@@ -351,7 +340,6 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     if suite_id in ("in-g-rn", "in-g-vit"):
         from genshift.builders.in_g import TARGETS
 
-        gen_dtype = getattr(torch, cfg.dtype) if gpu else f32
         target = cfg.target or TARGETS[suite_id]
         shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image
         return [
