@@ -64,7 +64,5 @@ def run(args) -> int:
                          ("results outside the population (ignored)", report["outside_population"]),
                          ("notes (what makes a number disagree)", report["notes"])):
         if lines:
-            print(f"\n{title}:")
-            for line in lines:
-                print(f"  {line}")
+            print(f"\n{title}:", *(f"  {line}" for line in lines), sep="\n")
     return 0
