@@ -311,10 +311,9 @@ def run(cfg: Config) -> int:
 
     work = [(shift, i, shard) for shift in shifts for i, shard in enumerate(plans[shift])]
     mine = [w for w in proc.my_shards(work) if not stage.shard_done(w[0], w[1], len(plans[w[0]]))]
-    gen = clip = None
-    token_info = {"tokens": None}
-    if mine or proc.is_main or token_kind == "trained":  # every process trains its share of the tokens
-        gen, clip, token_info = _load_models(cfg, settings, classes, device, token_kind, token_path, tokens)
+    if not (mine or proc.is_main or token_kind == "trained"):  # (every process trains its share of the tokens)
+        return 0  # nothing left for this process
+    gen, clip, token_info = _load_models(cfg, settings, classes, device, token_kind, token_path, tokens)
     token_names = {c: (imagenet.get_class(c).name if token_kind == "none" else token_name(c)) for c in classes}
     with tqdm(total=sum(len(shard) * samples for _, _, shard in mine), desc=f"generate [{proc.index}/{proc.count}]",
               unit="img", disable=not cfg.progress, dynamic_ncols=True) as bar:
