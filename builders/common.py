@@ -1,9 +1,5 @@
-"""What every builder shares: its typed config's base, and the steps the three builders take alike.
-
-A builder's options are one frozen dataclass (:class:`BuildConfig` + its own fields, each with its
-help: ``option``), validated once when made (:class:`ConfigError` names the field). Bytes do not depend
-on where or with how many threads a build ran (``docs/builders.md``, "Reproducible bytes"): paths are
-recorded as digests (:func:`files_digest`), model steps run under :func:`fixed_threads`.
+"""What every builder shares: its typed config's base (:class:`BuildConfig`, fields made with :func:`option`,
+checked once when made) and the steps the three builders take alike (``docs/builders.md``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The real architectures of the builders' default models, with random weights, without the weights.
 
-``builders/_data/real_models.json`` holds the published configs of every Hub model a builder loads by
-default, each with its source; open_clip and timm models come from those libraries' registries. Built
-under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory (``genshift.builders.preflight``);
-on ``"cpu"`` or ``"cuda"`` the same call gives real random-weight models to time and measure.
+From the published configs in ``builders/_data/real_models.json`` (each with its source) or open_clip's and
+timm's registries, built under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory.
 """
 
 from __future__ import annotations

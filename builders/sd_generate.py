@@ -1,10 +1,8 @@
 """Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders; ``docs/builders.md``).
 
-Each image's starting latents come from its own ``torch.Generator`` (``genshift.builders.seeding``), drawn
-in float32 on the CPU: they depend neither on the batch nor on the device or dtype. The UNet's CPU
-kernels may still differ in the last bits with the batch size, so equal bytes need an equal batch
-composition: the batch size a build ended with is recorded (``batch_size_effective``). The text encoder
-stays float32; its embeddings are cached per prompt and cast to the UNet's dtype.
+Each image's starting latents are its own float32 CPU draw (``genshift.builders.seeding``): they depend
+neither on the batch nor on the device or dtype. The UNet's CPU kernels may still differ in the last bits
+with the batch size, so the batch size a build ended with is recorded (``batch_size_effective``).
 """
 
 from __future__ import annotations

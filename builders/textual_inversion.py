@@ -1,11 +1,9 @@
 """Textual inversion: learn one token per class (a "dataset interface" for any image collection).
 
-Dataset Interfaces' settings (Vendrow et al. 2023; ``docs/builders.md``; :class:`TIConfig`): per step a
+Dataset Interfaces' settings (Vendrow et al. 2023; :class:`TIConfig`; ``docs/builders.md``): per step a
 random one of the 27 "object" templates, a VAE sample, t uniform over a DDPM scheduler made from the
-model's, MSE against the velocity (v-prediction, SD 2) or the noise; each pass over a class's images is
-a fresh shuffle. The token starts at the mean of the class name's sub-word embeddings and only its
-direction is learned (:class:`SplitEmbedding`, served for an id one past the table: tokenizer and text
-encoder stay unmodified). Resumable per class; a work folder trained with other settings is refused.
+model's, MSE against the velocity (v-prediction, SD 2) or the noise. The token starts at the mean of the
+class name's sub-word embeddings and only its direction is learned (:class:`SplitEmbedding`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """ImageNet* class tokens: read/write ``tokens.zip`` and inject tokens into a text encoder.
 
-The release (``madrylab/imagenet-star-tokens``, a Hub dataset; ``docs/builders.md``) holds
-``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class, loaded with
-``weights_only=True`` and validated; our textual inversion writes the same layout. Tokens are named
-``<{class name}-{index}>`` (``<Golden Retriever-207>``) and added as non-normalised tokens in one call
-(capitals and spaces kept with either CLIPTokenizer backend): class c gets id ``49408 + c`` with all 1000.
+The layout of the release (``madrylab/imagenet-star-tokens``), which our textual inversion writes too:
+``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class (``docs/builders.md``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A paper's table from a population's results, with the paper's reported numbers beside ours.
 
-``reproduce(table, results)`` matches the results to the table's population (``genshift.populations``) by
-model identity (``genshift.identity``), never by architecture alone: a member's row is filled by a result
-of its Hub weights, of local weights declared as its tag (``model.declared_name``) or, for a member
-without public weights, of the local weights named for it (``members``). Each cell is paired with the
-number the paper reports (package data ``reported.yaml``); no model is run. The tables and what each
-cell reads: ``docs/reproducing.md``.
+Results fill a member's row by model identity (``genshift.identity``), never by architecture alone; each
+cell is paired with the number the paper reports (package data ``reported.yaml``); no model is run. The
+matching rules, the tables and what each cell reads: ``docs/reproducing.md``.
 """
 
 from __future__ import annotations
