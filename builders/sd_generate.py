@@ -84,13 +84,11 @@ class SDGenerator:
         return gen
 
     @classmethod
-    def tiny(cls, settings: GenerationSettings, *, seed: int = 0, prediction_type: str = "v_prediction",
-             tokens: dict | None = None):
+    def tiny(cls, settings: GenerationSettings, *, prediction_type: str = "v_prediction", tokens: dict | None = None):
         """The same pipeline on tiny random-weight components (``--smoke`` and tests; CPU)."""
         from genshift.builders.tiny import tiny_sd_components
 
-        return cls.from_components(tiny_sd_components(seed=seed, prediction_type=prediction_type), settings,
-                                   device="cpu", tokens=tokens)
+        return cls.from_components(tiny_sd_components(prediction_type=prediction_type), settings, tokens=tokens)
 
     @classmethod
     def from_components(cls, components: dict, settings: GenerationSettings, *, device: str = "cpu",

@@ -18,6 +18,7 @@ import torch
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, first_line
 from genshift.fsutil import atomic_path, sha256_file
+from genshift.suites import get_suite
 
 MEMBER_RE = re.compile(r"^(?:.*/)?(\d+)\.bin$")
 TOKENS_REPO = "madrylab/imagenet-star-tokens"
@@ -165,19 +166,16 @@ def tokens_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def download_released_tokens(*, revision: str | None = None, cache_dir: str | None = None) -> Path:
+def download_released_tokens() -> Path:
     """``tokens.zip`` from the Hub (or the HF cache), checked against the released sha256."""
     from huggingface_hub import hf_hub_download
 
+    revision = get_suite("imagenet-star").extra["tokens"]["revision"]  # the release's commit, not a moving main
     try:
-        from genshift.suites import get_suite
-
-        pinned = get_suite("imagenet-star").extra["tokens"]["revision"]  # the release's commit, not a moving main
-        path = Path(hf_hub_download(TOKENS_REPO, TOKENS_FILE, repo_type="dataset", revision=revision or pinned,
-                                    cache_dir=cache_dir))
+        path = Path(hf_hub_download(TOKENS_REPO, TOKENS_FILE, repo_type="dataset", revision=revision))
     except Exception as e:  # noqa: BLE001 - offline, gated, missing: all mean "get the file yourself"
         raise BenchError(f"could not get {TOKENS_FILE} from the Hub dataset {TOKENS_REPO} ({type(e).__name__}); "
-                         "download it and pass --tokens PATH, or build with --no-tokens") from None
+                         "download it and pass --tokens PATH, or build with --tokens none") from None
     digest = sha256_file(path)
     if digest != TOKENS_SHA256:
         raise IntegrityError(f"{TOKENS_REPO}/{TOKENS_FILE} has sha256 {digest}, not the released {TOKENS_SHA256}; "
