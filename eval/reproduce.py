@@ -274,14 +274,12 @@ def _imagenet_star_slopes(results: list[tuple[str, dict]], members=None, id_tabl
 
 
 def _report(name, rep, pop, suite, found, outside, cells, layout, notes, missing) -> dict:
-    return {
-        "table": name, "title": rep["title"], "paper": rep["paper"], "where": rep["where"],
-        "population": pop.name, "suite": suite, "layout": layout, "cells": cells,
-        "filled": [{"row": k, "id": f.result["model"]["id"], "weights": f.weights, "result": f.path}
-                   for k, f in found.items()],
-        "missing": missing, "outside_population": sorted(outside), "not_reproduced": rep.get("not_reproduced", {}),
-        "notes": notes,
-    }
+    return {"table": name, "title": rep["title"], "paper": rep["paper"], "where": rep["where"], "population": pop.name,
+            "suite": suite, "layout": layout, "cells": cells,
+            "filled": [{"row": k, "id": f.result["model"]["id"], "weights": f.weights, "result": f.path}
+                       for k, f in found.items()],
+            "missing": missing, "outside_population": sorted(outside),
+            "not_reproduced": rep.get("not_reproduced", {}), "notes": notes}
 
 
 _BUILDERS = {"lance-table2": _lance_table2, "in-g-fig4": _in_g_fig4, "imagenet-star-slopes": _imagenet_star_slopes}
