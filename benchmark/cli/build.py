@@ -9,7 +9,9 @@ import argparse
 import dataclasses
 import importlib
 
+from genshift.builders.common import ConfigError
 from genshift.cli._common import HelpFormatter, add_verb, csv_list
+from genshift.errors import BenchError
 
 EXAMPLES = """examples:
   bench build {s} --smoke --out /tmp/{s}-smoke      # whole pipeline, tiny models, CPU
@@ -41,9 +43,6 @@ def add_config(p: argparse.ArgumentParser, cls) -> None:
 
 def flagged(cls, fn, *a, **kw):
     """``fn(*a, **kw)`` with a bad config value reported by its flag (one line)."""
-    from genshift.builders.common import ConfigError
-    from genshift.errors import BenchError
-
     try:
         return fn(*a, **kw)
     except ConfigError as e:
@@ -86,8 +85,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from genshift.errors import BenchError
-
     module = args._builder
     cfg = config_from(module.Config, args)  # (IN-G's config takes <suite> as its suite)
     if args.preflight:
