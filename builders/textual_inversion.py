@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from genshift import imagenet
 from genshift.builders.seeding import derive_seed
+from genshift.builders.tokens import load_token_zip, save_token_file
 from genshift.errors import BenchError
 from genshift.fsutil import atomic_write_json, canonical_json
 
@@ -280,8 +281,6 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
     ``process`` (``genshift.distributed.Process``) classes are split round-robin over processes.
     """
     from tqdm.auto import tqdm
-
-    from genshift.builders.tokens import load_token_zip, save_token_file
 
     todo_classes = folder_classes(data_dir, classes=classes)
     work_dir = Path(work_dir)
