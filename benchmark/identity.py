@@ -1,29 +1,9 @@
 """One identity per model: the canonical id of what was loaded, and the digest of its tensors.
 
-Every part that names, matches or ranks a model calls this module and nothing else: eval (what a
-result records), verify and sign (a result whose id is not its own canonical form is refused),
-submit and review, the results store and the board (entries keyed and de-duplicated here),
-``reproduce`` (population members), the ID axis (``timm_name``).
-
-Canonical ids
--------------
-- **Hub weights**: the Hub repo id as the loaded model names it, ``ORG/NAME`` (timm's:
-  ``timm/<arch>.<tag>``). The revision (a 40-hex commit sha) and the tensors' digest are recorded
-  beside the id, never in it.
-- **Anything else** (a local checkpoint, an ``nn.Module`` passed to ``genshift.evaluate``, random
-  weights): ``<name>@sha256:<first 16 hex of the tensors' digest>``, where ``<name>`` is the timm
-  architecture (or, for a module timm does not know, the ``model_id`` it was given). A name the
-  user gave such as ``resnet50.a1_in1k=ck.pth`` is kept as ``declared_name``: it is a claim, never
-  the identity, so local weights are never filed, shown or ranked as a Hub model.
-
-An id is ASCII: parts of ``[A-Za-z0-9._-]`` (no ``--`` or ``..``, as the Hub requires), at most one
-``/``, at most :data:`MAX_ID_CHARS` characters. So whitespace, look-alike letters (Cyrillic ``і``),
-``hf-hub:`` prefixes and ``@revision`` suffixes are never part of an id; :func:`folder_name` maps
-ids one-to-one onto folder names.
-
-Weights are identified by their **tensors** (:func:`tensors_sha256`: names, dtypes, shapes and
-bytes of the state dict), not by a file's bytes: the same tensors saved as ``.pth`` and as
-``.safetensors`` are one model.
+Every part that names, matches or ranks a model calls this module (eval, verify and sign, submit, review, the
+store and board, ``reproduce``, the ID axis). The rules: ``docs/results.md``, "Model identity": Hub weights are
+``ORG/NAME``; anything else ``<arch>@sha256:<16 hex of the tensors' digest>``, a user's name for local weights only
+``declared_name``; ids are ASCII, at most :data:`MAX_ID_CHARS`, and :func:`folder_name` maps them one-to-one.
 """
 
 from __future__ import annotations
@@ -46,10 +26,8 @@ _TIMM_PREFIX = re.compile(r"^(hf-hub:|hf_hub:)?(timm/)?")
 
 
 def tensors_sha256(state_dict: Mapping) -> str:
-    """The sha256 of a state dict's content: every tensor's name, dtype, shape and bytes, in name order.
-
-    Independent of the file format and of how the dict was saved (``torch.save``, safetensors,
-    a training checkpoint's ``state_dict``), of the tensors' devices and memory layout.
+    """The sha256 of a state dict's content: every tensor's name, dtype, shape and bytes, in name order;
+    independent of the file format, the tensors' devices and memory layout.
 
     >>> import torch
     >>> a = {"w": torch.arange(6.).reshape(2, 3), "b": torch.zeros(2)}
@@ -76,10 +54,8 @@ def tensors_sha256(state_dict: Mapping) -> str:
 
 
 def canonical_id(*, source: str, name: str, repo_id: str | None = None, tensors_sha256: str | None = None) -> str:
-    """The canonical id of loaded weights (see the module docstring).
-
-    ``source`` is where the weights came from (:data:`SOURCES`), ``name`` the timm architecture
-    (or a module's given ``model_id``), ``repo_id`` the Hub repo the weights were loaded from.
+    """The canonical id of loaded weights from ``source`` (:data:`SOURCES`), ``name`` (the timm architecture or a
+    module's ``model_id``) and ``repo_id`` (the Hub repo they were loaded from).
 
     >>> canonical_id(source="hf-hub", name="resnet50", repo_id="timm/resnet50.a1_in1k")
     'timm/resnet50.a1_in1k'
@@ -118,8 +94,7 @@ def check_id(model_id: str) -> str:
 
 
 def suggest(text: str) -> str | None:
-    """The canonical-looking id a malformed one was probably meant to be (prefix, revision, spaces and
-    case of a ``timm/`` repo removed), or None when it cannot be read off the text."""
+    """The id a malformed one was probably meant to be (prefix, revision, spaces, a ``timm/`` repo's case), or None."""
     body = _TIMM_PREFIX.sub(lambda m: "timm/" if m.group(2) else "", text.strip())
     body = body.split("@", 1)[0] if "@sha256:" not in body else body
     if body.lower().startswith("timm/"):
@@ -151,8 +126,8 @@ class Identity:
 
 
 def canonical_of(model: Mapping) -> str:
-    """The canonical id that a result's ``model`` record's own loading facts give (source,
-    architecture or declared module name, Hub repo, tensors' digest)."""
+    """The canonical id a result's ``model`` record's loading facts give (source, architecture or a module's
+    declared name, Hub repo, tensors' digest)."""
     source = model.get("source")
     repo = (model.get("pretrained_cfg") or {}).get("hf_hub_id") if model.get("repo_id") is None else model["repo_id"]
     name = model.get("architecture") or ""
@@ -193,10 +168,8 @@ def folder_name(model_id: str) -> str:
 
 
 def timm_name(model_id: str) -> str:
-    """The bare timm name of a model id, as timm's results CSVs and the papers' populations name models.
-
-    ``timm/<arch.tag>``, ``hf-hub:timm/<arch.tag>@<sha>`` and ``<arch.tag>`` all give
-    ``<arch.tag>``; a non-timm Hub repo keeps its ``org/name`` (without ``hf-hub:`` and revision).
+    """The bare timm name of a model id, as timm's results CSVs and the papers' populations name models (a non-timm
+    Hub repo keeps its ``org/name``).
 
     >>> timm_name("hf-hub:timm/resnet50.a1_in1k@0123abc"), timm_name("timm/resnet50.a1_in1k")
     ('resnet50.a1_in1k', 'resnet50.a1_in1k')

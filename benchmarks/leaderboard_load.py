@@ -83,9 +83,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from genshift.cli.leaderboard_cmd import STREAMLIT_FLAGS
-    from genshift.leaderboard.synthetic import make_store, sign_entry
     from tests.browser import chromium
     from tests.hubtools import free_port
+    from tests.synthetic_store import make_store, sign_entry
 
     work = Path(tempfile.mkdtemp(prefix="genshift-board-"))
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -1,38 +1,27 @@
 """Load any timm ImageNet-1k classifier with pinned weights and timm's own eval preprocessing.
 
-Accepted names::
-
-    resnet50.a1_in1k                 timm registry name (arch.tag; a bare arch takes its default tag)
-    timm/resnet50.a1_in1k            Hub repo id of timm weights
-    hf-hub:timm/resnet50.a1_in1k@<sha>  explicit Hub form, optionally pinned to a commit
-    <any of these> + --checkpoint FILE   architecture from the name, weights from a local file
-
-The Hub revision is resolved to a 40-character commit sha before loading (offline: the local cache's
-refs) and the weight file's sha256 recorded. The model is identified by ``genshift.identity`` (its
-canonical id and tensors digest; a name given to local weights is only ``declared_name``). The
-architecture is sized on the meta device before any real allocation: refused over
-``MAX_MODEL_PARAMS`` or over what its weights can hold. Preprocessing is timm's own eval config at
-test size (``eval_transform``; ``docs/results.md``).
+Names: ``resnet50.a1_in1k`` (timm registry; a bare arch takes its default tag), ``timm/resnet50.a1_in1k`` (a Hub
+repo), ``hf-hub:<repo>@<sha>`` (pinned), any of them with ``checkpoint=FILE`` (the architecture from the name, the
+weights from the file; README, "`bench eval` in more detail"). The Hub revision is resolved to a commit sha, the
+model identified by ``genshift.identity`` and sized on the meta device before any real allocation.
 """
 
 from __future__ import annotations
 
 import difflib
-import logging
+import functools
 import os
 import stat
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from genshift.errors import BenchError, NotFoundError, OfflineError, first_line, one_line
+from genshift.eval.results import PROTOCOL_OPTIONS
 from genshift.fsutil import StatKey, sha256_file
 from genshift.hubio import OFFLINE_ROUTE, resolve_revision
-from genshift.eval.results import PROTOCOL_OPTIONS
 
-log = logging.getLogger(__name__)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 # The largest timm ImageNet classifiers hold ~1B parameters (eva_giant: 4 GB in fp32; vit_gigantic 1.8B); a
@@ -58,7 +47,7 @@ class LoadedClassifier:
     model: torch.nn.Module
     transform: object
     data_config: dict
-    model_id: str                 # canonical id (genshift.identity): "timm/resnet50.a1_in1k", "resnet50@sha256:<16 hex>"
+    model_id: str                 # canonical id (genshift.identity): "timm/resnet50.a1_in1k", "resnet50@sha256:<hex>"
     architecture: str
     tag: str | None               # Hub weights' tag; None for local weights (their name is only declared_name)
     source: str                   # one of genshift.identity.SOURCES
@@ -173,25 +162,10 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
                     data_config: dict | None = None) -> LoadedClassifier:
     """Create the model, load pinned weights, check the label space, resolve preprocessing.
 
-    Parameters
-    ----------
-    name : str
-        timm name, ``timm/<name>`` or ``hf-hub:<repo>[@rev]`` (see module docstring).
-    checkpoint : path, optional
-        Local weights: safetensors, a plain PyTorch state dict or a timm training checkpoint, always
-        loaded weights-only (:func:`read_checkpoint`).
-    remap_by_order : bool
-        Map checkpoint tensors onto the model's state dict by position when key names differ
-        (e.g. a port whose tensors are in timm's order); shapes must still match one to one.
-    pretrained : bool
-        ``False`` builds random weights (tests, throughput benchmarks).
-    checkpoint_weights : {"model", "ema"}
-        Which weights of a training checkpoint to score (default ``model``, as timm's ``validate.py``).
-    preprocess : str
-        ``"timm"`` (the model's own eval transform) or ``"lance-square"`` (see :func:`eval_transform`).
-    data_config : dict, optional
-        Data config keys (input_size, crop_pct, interpolation, mean, std) over timm's resolved ones: a
-        population's record of what the paper's timm resolved (``genshift.populations``).
+    ``checkpoint``: local weights (:func:`read_checkpoint`); ``remap_by_order``: map its tensors onto the model's
+    by position when key names differ (shapes must still match); ``pretrained=False``: random weights;
+    ``checkpoint_weights``: ``"model"`` or ``"ema"`` of a training checkpoint; ``preprocess`` and ``data_config``
+    (a population's record of the paper's timm, ``genshift.populations``): :func:`eval_transform`.
     """
     import timm
 
@@ -244,7 +218,8 @@ def _meta_params(build, what: str):
         with torch.device("meta"):
             model = build()
     except (RuntimeError, NotImplementedError) as e:
-        raise BenchError(f"{what} cannot be sized before it is built ({type(e).__name__}: {one_line(e, 160)})") from None
+        raise BenchError(f"{what} cannot be sized before it is built ({type(e).__name__}: {one_line(e, 160)})") \
+            from None
     model.num_params = n = sum(p.numel() for p in model.parameters())
     if n > MAX_MODEL_PARAMS:
         raise BenchError(f"{what} has {n:,} parameters, over the limit of {MAX_MODEL_PARAMS:,} for an ImageNet "
@@ -279,7 +254,8 @@ def _create_pinned(ref: ModelRef, sha: str):
         raise OfflineError(f"weights of {ref.repo_id}@{sha[:12]} are not in the local cache and the Hub is not "
                            f"reachable; run once with network or pass --checkpoint FILE{OFFLINE_ROUTE}") from None
     except errors.EntryNotFoundError as e:
-        raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model repo?") from None
+        raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model "
+                            "repo?") from None
 
 
 def _hub_weights(repo_id: str, sha: str, preferred: str | None) -> str:
@@ -300,19 +276,11 @@ PREPROCESS = PROTOCOL_OPTIONS["preprocess"]  # one list: eval_transform builds t
 
 
 def eval_transform(model, preprocess: str = "timm", recorded: dict | None = None) -> tuple[dict, object]:
-    """The eval data config and the transform built from it (``timm.data.create_transform``).
-
-    - ``"timm"``: timm's own eval config at test size (``resolve_data_config(..., use_test_size=True)``):
-      resize the shorter side, centre crop.
-    - ``"lance-square"``: the setting of LANCE's released evaluation walkthrough (Prabhu et al. 2023):
-      the whole image squashed to 224 x 224 (torchvision ``Resize((224, 224))``, bilinear) with no crop,
-      then ImageNet mean/std (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225) for every model, as the
-      walkthrough's ``Normalize`` does. Expressed as timm's ``crop_mode="squash"`` with
-      ``crop_pct=1.0``, so the data config (hashed into the result's ``config_hash``) says it.
-    - ``"lance-square-model-norm"``: the same squash with the model's own mean/std (0.5 for the
-      augreg ViTs): what the model was trained with, not what the authors ran.
-
-    ``recorded`` (a population's data config, e.g. timm 0.6.12's) replaces timm's resolved keys first.
+    """The eval data config and the transform built from it (``timm.data.create_transform``): ``"timm"``, timm's
+    own at test size; ``"lance-square"``, LANCE's released evaluation (Prabhu et al. 2023): squashed to 224 x 224,
+    bilinear, no crop, ImageNet mean/std for every model, as timm's ``crop_mode="squash"``, ``crop_pct=1.0`` so the
+    recorded data config says it; ``"lance-square-model-norm"``, the same with the model's own mean/std
+    (``docs/results.md``, ``data_config``). ``recorded`` (a population's data config) replaces timm's keys first.
     """
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform, resolve_data_config
 
@@ -343,12 +311,8 @@ _MODEL_ENTRIES = ("state_dict", "model", "model_state_dict")
 
 
 def _torch_load_safely(path: Path):
-    """``torch.load(weights_only=True)`` with the harmless globals of timm training checkpoints allowed.
-
-    timm's ``train.py`` (``CheckpointSaver``) stores its ``argparse.Namespace`` under ``args``; a
-    Namespace only holds attributes, and weights-only unpickling still checks each of its values.
-    Nothing is ever fully unpickled: any other global is refused and named.
-    """
+    """``torch.load(weights_only=True)`` allowing the ``argparse.Namespace`` timm's ``train.py`` stores under
+    ``args`` (its values are still checked); any other global is refused and named."""
     import argparse
     import pickle
 
@@ -368,30 +332,16 @@ def _torch_load_safely(path: Path):
                          "torch.save(model.state_dict(), 'weights.pth') or safetensors") from None
 
 
-_SHA_MEMO: dict[tuple, str] = {}
-_SHA_LOCK = threading.Lock()
-_SHA_MEMO_MAX = 4096
-
-
 def weights_sha256(path: str | os.PathLike) -> str:
-    """The sha256 of a weights file, read once per process for each (file, size, mtime_ns).
-
-    A sweep needs it when it checks the model list, when it loads each model and when a chunk
-    reloads a model it had to drop (``max_resident``): one read of a multi-GB file instead of three.
-    A file rewritten in place has a new size or mtime and is hashed again. Thread-safe (the next
-    chunk's models load in a background thread).
-    """
+    """The sha256 of a weights file, read once per process while the file is unchanged (``StatKey``): a sweep
+    checks the model list, loads and reloads (``max_resident``) a model with one read of a multi-GB file."""
     real = os.path.realpath(path)
-    key = (real, StatKey.of(real))
-    with _SHA_LOCK:
-        digest = _SHA_MEMO.get(key)
-    if digest is None:
-        digest = sha256_file(real)
-        with _SHA_LOCK:
-            if len(_SHA_MEMO) >= _SHA_MEMO_MAX:
-                _SHA_MEMO.clear()
-            _SHA_MEMO[key] = digest
-    return digest
+    return _sha256_of(real, StatKey.of(real))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sha256_of(path: str, key: StatKey) -> str:
+    return sha256_file(path)
 
 
 def check_checkpoint_file(path: str | os.PathLike) -> Path:
@@ -422,14 +372,9 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
 
 
 def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple[dict, str | None]:
-    """A checkpoint file -> ``(state_dict, entry)``; ``entry`` names the training-checkpoint key used.
-
-    Reads safetensors files, plain state dicts and training checkpoints as timm's ``train.py``
-    writes them (``state_dict``, ``state_dict_ema``, ``args``, ``optimizer``, ``epoch`` ...), always
-    weights-only. ``weights`` picks ``"model"`` (the trained weights, timm ``validate.py``'s default)
-    or ``"ema"`` (``state_dict_ema``, as ``validate.py --use-ema``). ``module.``/``_orig_mod.``
-    prefixes (DDP, torch.compile) are removed with timm's ``clean_state_dict``.
-    """
+    """A checkpoint file -> ``(state_dict, entry)``, ``entry`` the training-checkpoint key used: safetensors, a plain
+    state dict or a timm ``train.py`` checkpoint, weights-only; ``weights`` ``"model"`` (timm ``validate.py``'s
+    default) or ``"ema"`` (``--use-ema``); prefixes removed by timm's ``clean_state_dict``."""
     from timm.models import clean_state_dict
 
     path = Path(path)
@@ -470,10 +415,8 @@ def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple
 
 def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by_order: bool = False,
                     weights: str = "model", state: tuple[dict, str | None] | None = None) -> str | None:
-    """Load a local checkpoint safely and strictly (see :func:`read_checkpoint`; ``state``: what it returned
-    for ``path`` already); mismatches are one error. Returns the training-checkpoint entry that was loaded
-    (``None`` for a plain state dict).
-    """
+    """Load a local checkpoint strictly (``state``: :func:`read_checkpoint`'s answer for ``path``, read already);
+    mismatches are one error. Returns the training-checkpoint entry loaded (``None``: a plain state dict)."""
     path = Path(path)
     sd, entry = state or read_checkpoint(path, weights=weights)
     own = model.state_dict()

@@ -1,11 +1,7 @@
-"""Per-image predictions files: the schema (``schema``; the table in ``docs/results.md``), bounded reading,
-and checkpointed writing with resume.
-
-One parquet file per (model, suite config), rows sorted by ``image_id``. Classes are ordered by
-probability, descending, ties by lower class index (``genshift.eval.inference.rank_classes``); the top-k
-is the first K of that order and ``true_rank`` the true class's position in it, so acc@k is exact for
-every k (``true_rank < k``) and agrees with the stored top-k. Metrics are pure functions of these files
-(``genshift.eval.scoring``), so every number can be recomputed without a GPU.
+"""Per-image predictions files: the schema (the table in ``docs/results.md``, "Predictions file"), bounded
+reading, and checkpointed writing with resume. One parquet file per (model, suite config), rows sorted by
+``image_id``; classes ordered by probability, ties by lower class index (``genshift.eval.inference.rank_classes``),
+so acc@k is exact for every k (``true_rank < k``) and metrics are pure functions of these files.
 """
 
 from __future__ import annotations
@@ -137,12 +133,9 @@ def safe_config_dir(work_dir: Path, config: str) -> Path:
 class CheckpointedPredictions:
     """Collect prediction blocks for one config, flushing parts atomically so a killed run resumes.
 
-    Parts live in ``<work_dir>/<config>/part-<first unit>-<last unit>.parquet`` with a JSON
-    sidecar (rows skipped as undecodable, seconds, effective batch size, session); ``done_units``
-    tells the runner which streaming units to skip. Parts are flushed every ``flush_rows`` rows
-    *and* every ``flush_seconds`` seconds, so a kill -9 loses at most about that much work. Units
-    of one config may be written by several processes (each its own units); ``finish`` merges all
-    parts, sorted by ``image_id``, into the final file and removes them.
+    Parts: ``<work_dir>/<config>/part-<first unit>-<last unit>.parquet`` with a JSON sidecar (skipped rows,
+    seconds, batch size, session), flushed every ``flush_rows`` rows and every ``flush_seconds``; ``done_units``:
+    what to skip. ``finish`` merges every process's parts, sorted by ``image_id``, into the final file.
     """
 
     def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048,
@@ -228,14 +221,12 @@ MAX_DECODED_BYTES = 512 << 20
 
 
 def read_predictions(path: str | Path, columns: list[str] | None = None, *, data: bytes | None = None) -> pa.Table:
-    """Read one predictions file (the base and carried columns, or ``columns``), checking it has the base
-    columns. ``data``: the file's bytes, read (and hashed) already; parsed instead of reading ``path``
-    again, so what was hashed is what is read.
+    """Read one predictions file (the base and carried columns, or ``columns``), checking it has the base columns;
+    ``data``: its bytes, read and hashed already (what was hashed is what is read).
 
-    Bounded before it is big: the footer (``check_parquet_footer``); the row count, the decompressed size
-    the row groups declare and the fixed-width columns' size (rows x width) before any page is read; then
-    the strings, read as dictionaries (a zstd "bomb" of one long repeated value stays one value) and
-    counted as they would decode, batch by batch, before anything is expanded.
+    Bounded before it is big: the footer; the row count, the row groups' declared decompressed size and the
+    fixed-width columns' size before any page is read; then the strings read as dictionaries (a zstd "bomb" of
+    one repeated value stays one value), counted as they would decode, batch by batch.
     """
     where = f"predictions file {path}"
     check_parquet_footer(path if data is None else data, where)
@@ -288,8 +279,6 @@ def _width(f: pa.Field) -> int:
 
 def _string_bytes(col) -> int:
     """What a dictionary-encoded string column decodes to: the lengths of the values its indices take."""
-    import pyarrow.compute as pc
-
     if not pa.types.is_dictionary(col.type):
         return col.nbytes
     lengths = pc.binary_length(col.dictionary).take(col.indices)

@@ -1,17 +1,9 @@
-"""The board record: what verification signs and what the leaderboard page reads (``docs/leaderboard.md``,
-"The board record" and "Signing").
+"""The board record: what verification signs (``verification.json``) and what the leaderboard page reads.
 
-A record holds everything the board shows of one entry (identity, protocol, metrics with intervals, the
-per-image correctness the rank intervals need, the hashes of the files it vouches for), so the page never
-recomputes a metric nor reads a predictions file to draw itself. ``bench verify --sign`` and ``bench
-review`` write it signed (:func:`write_stamp`) as ``verification.json``; a local folder's unsigned results
-get the same record built from ``result.json`` (:func:`build_record`). It counts only when a trusted key
-signed it and it names ``result.json`` as it is now (:func:`check_stamp`).
-
-Keys are raw ed25519 keys (the ``cryptography`` package): the private key PKCS#8 PEM, mode 0600 (``bench
-keygen KEY``); a public key one line ``ed25519 <base64 of the 32 raw bytes> <name>`` (``KEY.pub``); a
-trusted-keys file any number of such lines (``#`` comments). The signature covers the canonical JSON
-(``genshift.fsutil.canonical_json``) of the record without its ``signature`` field.
+Contract and format: ``docs/leaderboard.md``, "The board record" and "Signing". :func:`build_record` makes the
+record of a result (a community entry's, unsigned), :func:`make_stamp` + :func:`sign` (or :func:`write_stamp`)
+a verified one's; :func:`check_stamp` says whether one counts. Keys are raw ed25519 keys (``cryptography``);
+the signature covers the canonical JSON (``genshift.fsutil.canonical_json``) of the record without ``signature``.
 """
 
 from __future__ import annotations
@@ -24,9 +16,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from genshift import fsutil
 from genshift.errors import BenchError
-from genshift.fsutil import (INCOMPLETE, MAX_LIST_BYTES, atomic_write_bytes, canonical_json, read_limited,
-                            read_text_limited, sha256_bytes)
+from genshift.fsutil import atomic_write_bytes, canonical_json, read_limited, sha256_bytes
 
 STAMP_KIND = "genshift-board-record"
 STAMP_VERSION = 3
@@ -51,11 +43,8 @@ def key_id(raw: bytes) -> str:
 
 def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
     """Write a new private key to ``path`` (0600, refused if it exists) and its public line to ``path.pub``.
-
-    The key is written to a 0600 temporary file beside ``path`` and hard-linked into place: the
-    link is atomic, never replaces anything (an existing file or a symlink, dangling or not) and
-    never follows a link, so a key is whole or absent and cannot be written somewhere else.
-    """
+    Written to a temporary file and hard-linked into place: whole or absent, never replacing a file or written
+    through a link (``docs/leaderboard.md``, "Signing")."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -69,7 +58,7 @@ def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=INCOMPLETE, dir=path.parent)  # mode 0600
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=fsutil.INCOMPLETE, dir=path.parent)  # mode 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(pem)
@@ -88,8 +77,7 @@ def generate_key(path: str | os.PathLike, *, name: str = "") -> PublicKey:
 
 
 def load_private_key(path: str | os.PathLike):
-    """The ed25519 signing key at ``path``; refused, as ssh does, when group or others may read or
-    write it (``chmod 600``): a key others can read may sign stamps that are not the maintainer's."""
+    """The ed25519 signing key at ``path``; refused, as ssh does, when group or others may read or write it."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -105,7 +93,8 @@ def load_private_key(path: str | os.PathLike):
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
-        raise BenchError(f"{path} is not an unencrypted PEM private key ({e}); create one with `bench keygen`") from None
+        raise BenchError(f"{path} is not an unencrypted PEM private key ({e}); create one with `bench keygen`") \
+            from None
     if not isinstance(key, Ed25519PrivateKey):
         raise BenchError(f"{path} is not an ed25519 key; create one with `bench keygen`")
     return key
@@ -129,7 +118,7 @@ def load_trusted_keys(path: str | os.PathLike) -> dict[str, PublicKey]:
     path = Path(path)
     if not path.exists():
         raise BenchError(f"trusted keys file {str(path)!r} does not exist; it holds the maintainers' KEY.pub lines")
-    text = read_text_limited(path, max_bytes=MAX_LIST_BYTES, what="trusted keys file",
+    text = fsutil.read_text_limited(path, max_bytes=fsutil.MAX_LIST_BYTES, what="trusted keys file",
                              fix="it holds one 'ed25519 KEY name' line per maintainer: is it the right file?")
     keys = {}
     for n, line in enumerate(text.splitlines(), 1):
@@ -151,13 +140,11 @@ def sign(stamp: dict, private_key) -> dict:
                                   "value": base64.b64encode(sig).decode()}}
 
 
-def check_signature(stamp, trusted: dict[str, PublicKey]) -> str | None:
+def check_signature(stamp: dict, trusted: dict[str, PublicKey]) -> str | None:
     """None if ``stamp`` is signed by a trusted key, else why not (one line)."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    if not isinstance(stamp, dict):
-        return "the stamp is not a JSON object"
     sig = stamp.get("signature")
     if sig is None:
         return "the stamp is not signed"
@@ -185,8 +172,8 @@ def unrankable(result: dict) -> str:
     partial run (``--limit-per-class``, or not every config of the suite; ``flags.partial`` as
     ``bench verify`` recomputes it). A stamp on it would put a subset of the images on the board."""
     if result["protocol"]["limit_per_class"] is not None:
-        return (f"the result was scored with --limit-per-class {result['protocol']['limit_per_class']} (a partial run); "
-                "re-run `bench eval` on every image of every config")
+        return (f"the result was scored with --limit-per-class {result['protocol']['limit_per_class']} (a partial "
+                "run); re-run `bench eval` on every image of every config")
     if result["flags"]["partial"]:
         return "the result is partial (not every config of the suite); re-run `bench eval` on every config"
     return ""
@@ -252,7 +239,7 @@ def hits(record: dict, config: str):
 
 def make_stamp(report) -> dict:
     """The (unsigned) record of a passed ``genshift.eval.verify.VerifyReport`` with a recheck."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from genshift import __version__
 
@@ -267,7 +254,7 @@ def make_stamp(report) -> dict:
                           tables=report.tables)
     record["suite"].update(trust_root=report.suite.origin, rows_digests=dict(sorted(report.rows_digests.items())))
     return {**record, "recheck": report.recheck, "checks": list(report.checked),
-            "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "genshift_bench": __version__}
+            "verified_at": datetime.now(UTC).isoformat(timespec="seconds"), "genshift_bench": __version__}
 
 
 def write_stamp(report, private_key) -> Path:

@@ -1,12 +1,6 @@
-"""Which suite manifests a verifier trusts, and what a result is checked against (``docs/results.md``,
-"Trust roots").
-
-A result names its suite by the sha256 of its ``manifest.json``, which carries per config the row
-count, the kept count and the rows digest, so predictions are checked with the manifest alone. A
-manifest is trusted only from a trust root: ``--suite`` (a folder, manifest file, registry id or Hub
-repo the verifier names), ``--suites DIR`` (the maintainers' folder), or the registry (a pinned suite's
-``manifest.json`` at its sha); never one shipped next to a result or found where the result says.
-"""
+"""Which suite manifests a verifier trusts (``--suite``, ``--suites DIR``, the registry's pinned ones; never a
+manifest shipped with a result or found where it says) and what a result is checked against (``docs/results.md``,
+"Trust roots")."""
 
 from __future__ import annotations
 
@@ -35,10 +29,6 @@ class SuiteRef:
     @property
     def sha256(self) -> str:
         return self.manifest.sha256
-
-    def config_counts(self, config: str) -> tuple[int, int]:
-        c = self.manifest.configs[config]
-        return c.rows, c.kept
 
     def rows_digest(self, config: str) -> str | None:
         """The config's rows digest: recorded in the manifest (format 1.1), else computed from the rows."""
@@ -80,11 +70,8 @@ def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: s
 
 @dataclass
 class TrustedSuites:
-    """Trusted manifests by sha256 (``--suite``, ``--suites DIR``), plus registry-pinned manifests.
-
-    ``download``: whether a registry manifest may be fetched from the Hub (``bench verify``) or
-    only read from the local Hub cache (the leaderboard store, which never blocks on the network).
-    """
+    """Trusted manifests by sha256 (``--suite``, ``--suites DIR``), plus registry-pinned manifests; ``download``:
+    may fetch a registry manifest (``bench verify``), else only the local Hub cache (the store)."""
 
     by_sha: dict[str, SuiteRef] = field(default_factory=dict)
     registry: bool = True
@@ -92,7 +79,7 @@ class TrustedSuites:
     _registry_seen: dict = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_paths(cls, paths, *, registry: bool = True, download: bool = False) -> "TrustedSuites":
+    def from_paths(cls, paths, *, registry: bool = True, download: bool = False) -> TrustedSuites:
         out = cls(registry=registry, download=download)
         for p in paths or ():
             out.add_path(Path(p))

@@ -1,19 +1,14 @@
-"""``bench verify``: check a result against the suite it claims, and optionally against the model.
+"""``bench verify``: check a result against the suite it claims and, with ``recheck``, against the model.
 
-A result is never checked only against itself (a forger can recompute every hash and metric); each
-problem is reported by what differs. In order (``docs/results.md``, "Verification", states each):
-the schema (``genshift.eval.results.validate``: the model id must be its weights' canonical id); every
-predictions file (``check_predictions_files``, ``check_rows``); the predictions against a trusted
-suite manifest (``check_against_suite``: rows digest, counts and flags recomputed); the config hash;
-every metric recomputed; then, with ``recheck``, rows drawn from the suite re-run through the model
-(``_recheck``: the guaranteed sample of :func:`sample_size`, or every row), loaded from where the
-result says its weights came from and identified again, whole rows compared. A failure says how many
-rows disagree, never which.
+A result is never checked only against itself (a forger can recompute every hash and metric). The checks in
+order: ``docs/results.md``, "Verification"; the re-check's sample and guarantee: ``docs/leaderboard.md``,
+"What verified guarantees". A failure says how many rows disagree, never which.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import secrets
@@ -25,15 +20,15 @@ import numpy as np
 import pyarrow as pa
 
 from genshift.errors import BenchError, IntegrityError, one_line
+from genshift.eval import results
+from genshift.eval.predictions import BASE_COLUMNS, read_predictions, topk_matrix
+from genshift.eval.predictions import schema as predictions_schema
+from genshift.eval.scoring import ScoringOptions, score
+from genshift.eval.suite_trust import SuiteRef, TrustedSuites, open_ref
 from genshift.fsutil import read_limited, sha256_bytes
 from genshift.imagenet import NUM_CLASSES
 from genshift.pixels import to_rgb
 from genshift.suite_format import rows_digest_table
-from genshift.eval.predictions import BASE_COLUMNS, read_predictions, schema as predictions_schema, topk_matrix
-from genshift.eval.results import (MAX_PREDICTIONS_BYTES, MAX_SKIPPED_IDS, RESULT_FILE, config_hash, parse_result,
-                                   read_result_bytes)
-from genshift.eval.scoring import ScoringOptions, score
-from genshift.eval.suite_trust import SuiteRef, TrustedSuites, open_ref
 
 MAX_PROBLEMS = 20
 DETECT_FRACTION = 0.005    # the guarantee: a result with at least this fraction of its rows altered ...
@@ -65,7 +60,7 @@ class VerifyReport:
 
 def result_path(path: str | Path) -> Path:
     p = Path(path)
-    return p / RESULT_FILE if p.is_dir() else p
+    return p / results.RESULT_FILE if p.is_dir() else p
 
 
 def verify_result(path: str | Path, *, recheck: int | str | None = None, suite: str | None = None,
@@ -73,25 +68,23 @@ def verify_result(path: str | Path, *, recheck: int | str | None = None, suite: 
                   device: str = "cpu", seed: int | None = None, prob_tol: float = 1e-3, batch_size: int = RECHECK_BATCH,
                   use_recorded_suite: bool = False, require_suite: bool = True, raw: bytes | None = None,
                   result: dict | None = None) -> VerifyReport:
-    """Verify one result (see the module docstring). Raises ``IntegrityError`` when the result
-    file itself is unreadable or breaks the schema; everything else is a listed problem.
+    """Verify one result; ``IntegrityError`` when the result file is unreadable or breaks the schema, any other
+    problem listed in the report.
 
-    ``suite`` names the suite (a trust root); ``suites`` holds trusted manifests (default: the
-    registry's pinned manifests). ``use_recorded_suite=True`` (plain ``bench verify``, ``bench
-    submit``: one's own results) falls back to the suite the result recorded, which is not a
-    trust root, and re-runs images from it; a verifier of other people's results leaves it off.
-    ``recheck``: ``"auto"`` (the guaranteed sample), ``"all"`` or a number of rows; ``batch_size`` images
-    per forward pass.
-    ``require_suite=False`` (the leaderboard store without ``--suites``): a result whose suite is
-    not found is not a problem, ``report.suite_checked`` is then False. ``raw``: the result file's bytes,
-    read already; ``result``: what ``parse_result(raw)`` returned for them (not parsed again).
+    ``suite``/``suites``: trust roots (default: the registry's pinned manifests). ``use_recorded_suite`` (one's
+    own result: plain ``bench verify``, ``bench submit``) falls back to the suite the result records, which is
+    not a trust root. ``recheck``: ``"auto"`` (the guaranteed sample), ``"all"`` or a number of rows.
+    ``require_suite=False`` (the store without ``--suites``): a suite not found is no problem
+    (``report.suite_checked`` is False). ``raw``, ``result``: the file's bytes and their ``parse_result``, done
+    by the caller already.
     """
     path = result_path(path)
-    raw = read_result_bytes(path) if raw is None else raw
-    if result is None:  # else parse_result(raw) was done by the caller (the leaderboard), not done twice
-        result = parse_result(raw, where=str(path))
+    raw = results.read_result_bytes(path) if raw is None else raw
+    if result is None:
+        result = results.parse_result(raw, where=str(path))
     report = VerifyReport(path, result=result, result_sha256=sha256_bytes(raw))
     tables = report.tables = check_predictions_files(path.parent, result, report)
+    complete = len(tables) == len(result["predictions"])
 
     ref, why = find_suite(result, suite=suite, suites=suites, use_recorded=use_recorded_suite, mask=mask)
     if ref is None:
@@ -99,18 +92,19 @@ def verify_result(path: str | Path, *, recheck: int | str | None = None, suite: 
             report.problems.append(f"the predictions could not be checked against the suite: {why}")
     else:
         report.suite = ref
-        if len(tables) == len(result["predictions"]):
+        if complete:
             report.problems += check_against_suite(result, tables, ref, report)
 
-    want = config_hash(result["model"], result["suite"], result["protocol"], result["data_config"])
+    want = results.config_hash(result["model"], result["suite"], result["protocol"], result["data_config"])
     if want != result["config_hash"]:
         report.problems.append(f"config_hash {result['config_hash'][:12]}… does not match the recorded model, "
                                f"suite and protocol ({want[:12]}…)")
     report.checked.append("config hash")
 
-    if len(tables) == len(result["predictions"]):
+    if complete:
         try:
-            recomputed = score(result["suite"]["metric_family"], tables, ScoringOptions(**result["protocol"]["scoring"]))
+            options = ScoringOptions(**result["protocol"]["scoring"])
+            recomputed = score(result["suite"]["metric_family"], tables, options)
         except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as e:
             report.problems.append(f"the metrics could not be recomputed from the predictions ({type(e).__name__}: "
                                    f"{str(e)[:200]})")
@@ -132,9 +126,8 @@ def _capped(problems: list[str], what: str) -> list[str]:
 
 
 def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> dict[str, pa.Table]:
-    """Hash, read and check each predictions file; returns the tables that passed, by config. Each file
-    is read once: the bytes hashed are the bytes parsed (a file swapped between a hash and a second read
-    would be checked as one content and scored as another)."""
+    """Hash, read and check each predictions file; the tables that passed, by config. Each file is read once:
+    the bytes hashed are the bytes parsed and scored."""
     tables = {}
     topk = result["protocol"]["topk"]
     for entry in result["predictions"]:
@@ -143,12 +136,8 @@ def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> d
         if not f.is_file():  # a regular file (or a link to one: Hub snapshots link to blobs); never a device or fifo
             report.problems.append(f"{rel} is missing")
             continue
-        size = f.stat().st_size
-        if size > MAX_PREDICTIONS_BYTES:
-            report.problems.append(f"{rel} is {size >> 20} MiB, over the {MAX_PREDICTIONS_BYTES >> 20} MiB limit")
-            continue
-        try:
-            data = read_limited(f, max_bytes=MAX_PREDICTIONS_BYTES, what="predictions file")
+        try:  # at most MAX_PREDICTIONS_BYTES + 1 bytes are read, whatever the file's size
+            data = read_limited(f, max_bytes=results.MAX_PREDICTIONS_BYTES, what="predictions file")
         except IntegrityError as e:
             report.problems.append(str(e))
             continue
@@ -193,11 +182,7 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
     ids = table["image_id"].to_pylist()
     if any(not a < b for a, b in zip(ids, ids[1:])):  # image ids are never named: what a submitter sees says how many
         return [f"{where}: image_id is not strictly increasing (predictions are one row per image, sorted by image_id)"]
-    labels = table["label"].to_numpy().astype(np.int64)
-    top = topk_matrix(table).astype(np.int64)
-    probs = table["topk_prob"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, topk)
-    tp = table["true_prob"].to_numpy(zero_copy_only=False)
-    tr = table["true_rank"].to_numpy(zero_copy_only=False).astype(np.int64)
+    labels, top, probs, tp, tr = _arrays(table)
 
     def bad(mask: np.ndarray, what: str) -> None:
         if mask.any():
@@ -228,9 +213,10 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
     bad(found & (tr != pos), "have true_rank different from the label's position in the top-k")
     bad(~found & (tr < topk), "have true_rank inside the top-k but the label is not there")
     # not in the top-k: the label is at most as probable as the last one, ranks at least after the larger ones
-    last = probs[:, -1]
-    bad(~found & (tp > last + tol), "have true_prob above the last top-k probability, yet the label is not in the top-k")
-    bad(~found & (tp > 1 - probs.sum(axis=1) + 1e-3), "have true_prob larger than the probability left outside the top-k")
+    bad(~found & (tp > probs[:, -1] + tol),
+        "have true_prob above the last top-k probability, yet the label is not in the top-k")
+    bad(~found & (tp > 1 - probs.sum(axis=1) + 1e-3),
+        "have true_prob larger than the probability left outside the top-k")
     return problems
 
 
@@ -267,8 +253,8 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
 
 def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
     """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
-    from genshift.suites import SUITES, construction_models, declared_scoring
     from genshift.eval.suite_open import is_construction_model
+    from genshift.suites import SUITES, construction_models, declared_scoring
 
     rec, m = result["suite"], ref.manifest
     trust = "" if ref.trusted else " (the folder recorded in the result: not a trust root; use --suite to choose)"
@@ -287,7 +273,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     limited = protocol["limit_per_class"] is not None
     for cfg in rec["configs"]:
         t = tables[cfg]
-        total, kept = ref.config_counts(cfg)
+        total, kept = m.configs[cfg].rows, m.configs[cfg].kept
         stored = result["counts"][cfg]
         rows = ref.rows(cfg) if (limited or stored["skipped_bad"] or t.num_rows != total) else None
         if rows is None:
@@ -301,11 +287,12 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
                 continue
             got = rows_digest_table(t)
             if got != want:
-                problems.append(f"{cfg}: the predictions' (image_id, label, keep) rows do not reproduce the suite's rows "
-                                f"digest ({got[:12]}… vs {want[:12]}…): rows dropped, added, duplicated or relabelled")
+                problems.append(f"{cfg}: the predictions' (image_id, label, keep) rows do not reproduce the suite's "
+                                f"rows digest ({got[:12]}… vs {want[:12]}…): rows dropped, added, duplicated or "
+                                "relabelled")
                 continue
             report.rows_digests[cfg] = want
-            expected_n, skipped = total, 0
+            skipped = 0
         else:
             pids, plabels, pkeeps = (t[c].to_pylist() for c in ("image_id", "label", "keep"))
             sids, slabels, skeeps = rows
@@ -317,22 +304,22 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
             extra = [i for i in pids if i not in expected]
             wrong = [i for i, lab, k in zip(pids, plabels, pkeeps) if i in suite_rows and suite_rows[i] != (lab, k)]
             if extra or wrong:
-                problems.append(f"{cfg}: {len(extra)} predicted image(s) not in the suite{' selection' if limited else ''} "
+                selection = " selection" if limited else ""
+                problems.append(f"{cfg}: {len(extra)} predicted image(s) not in the suite{selection} "
                                 f"and {len(wrong)} with another label/keep than the suite")
                 continue
             missing = expected - set(pids)
-            expected_n, skipped = len(expected), len(missing)
+            skipped = len(missing)
             listed = stored["skipped_bad_ids"]
-            ids_ok = set(listed) <= missing and len(set(listed)) == len(listed) == min(skipped, MAX_SKIPPED_IDS)
+            ids_ok = set(listed) <= missing and len(set(listed)) == len(listed) == min(skipped, results.MAX_SKIPPED_IDS)
             if skipped and not protocol["skip_bad_images"]:
                 problems.append(f"{cfg}: {skipped} image(s) of the suite are missing from the predictions")
                 continue
             if not ids_ok:
-                problems.append(f"{cfg}: counts.{cfg}.skipped_bad_ids does not list the images missing from the predictions")
+                problems.append(f"{cfg}: counts.{cfg}.skipped_bad_ids does not list the images missing from the "
+                                "predictions")
             report.rows_digests[cfg] = rows_digest_table(t)
         want_counts = {"total": total, "kept": kept, "predicted": t.num_rows, "skipped_bad": skipped}
-        if not limited and expected_n != total:
-            problems.append(f"{cfg}: expected {total} rows")
         for k, v in want_counts.items():
             if stored[k] != v:
                 problems.append(f"counts.{cfg}.{k} is {stored[k]}, recomputed {v}")
@@ -456,11 +443,11 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, recheck: int |
              mask: str | None, checkpoint: str | None, device: str, seed: int | None, prob_tol: float,
              trusted_only: bool, batch_size: int) -> list[str]:
     import torch
-    from PIL import Image
 
     local = _images_of(result, report, suite=suite, mask=mask, trusted_only=trusted_only, configs=tuple(tables))
     if local.manifest.sha256 != result["suite"]["manifest_sha256"]:
-        return [f"the suite's manifest {local.manifest.sha256[:12]}… is not the result's; pass the right suite with --suite"]
+        return [f"the suite's manifest {local.manifest.sha256[:12]}… is not the result's; pass the right suite with "
+                "--suite"]
     local.verify(sorted(tables))  # images are read only from files that match the manifest
     clf = _load_recorded_model(result["model"], checkpoint=checkpoint, device=device,
                                preprocess=result["protocol"].get("preprocess", "timm"),
@@ -490,27 +477,13 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, recheck: int |
         index = {iid: r for r, iid in enumerate(t["image_id"].to_pylist())}
         wanted = {i for c, i in picks if c == cfg} - set(result["counts"][cfg]["skipped_bad_ids"])
         kinds += ["in the suite but missing from the predictions"] * len(wanted - set(index))
-        batch_ids, batch = [], []
 
-        def run() -> None:
+        images = _decoded(_stream_images(local, cfg, wanted & set(index)), clf.transform, kinds)
+        while batch := list(itertools.islice(images, batch_size)):
+            ids, xs = zip(*batch)
             with torch.inference_mode():
-                probs = clf.model(torch.stack(batch).to(device)).float().softmax(-1).cpu().numpy()
-            kinds.extend(row_disagreements(probs, t.take([index[i] for i in batch_ids]), tol=prob_tol))
-            batch_ids.clear()
-            batch.clear()
-
-        for iid, data in _stream_images(local, cfg, wanted & set(index)):
-            try:  # sides checked from the header by to_rgb before any decode (genshift.pixels)
-                with Image.open(io.BytesIO(data)) as im:
-                    batch.append(clf.transform(to_rgb(im)))
-            except Exception:  # noqa: BLE001 - a stored prediction for an image that cannot be decoded
-                kinds.append("a stored prediction for an image that does not decode")
-                continue
-            batch_ids.append(iid)
-            if len(batch) == batch_size:
-                run()
-        if batch:
-            run()
+                probs = clf.model(torch.stack(xs).to(device)).float().softmax(-1).cpu().numpy()
+            kinds += row_disagreements(probs, t.take([index[i] for i in ids]), tol=prob_tol)
     report.recheck = {"n": len(picks), "N": len(pool), "seed": seed, "seed_policy": "given" if given else "fresh",
                       "guarantee": {"fraction": detected_fraction(len(pool), len(picks)),
                                     "probability": DETECT_PROBABILITY},
@@ -563,7 +536,8 @@ def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, prepro
                              "weights are never fetched from a Hub repo)")
         name = m.get("declared_name") or m.get("architecture") or ""
     else:
-        raise BenchError(f"a result of {m['source']} weights cannot be re-run: only the process that scored it had them")
+        raise BenchError(f"a result of {m['source']} weights cannot be re-run: only the process that scored it had "
+                         "them")
     recorded = None
     if data_config is not None:  # a population's record of the paper's timm (genshift.populations)
         from genshift.identity import timm_name
@@ -576,22 +550,26 @@ def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, prepro
                                preprocess=preprocess, data_config=recorded)
     except Exception as e:
         # the network, the Hub's answers and memory are the checker's own trouble; anything else is the model's
-        if isinstance(e, (BenchError, OSError, MemoryError)) or _unreachable(e) or type(e).__name__ == "OutOfMemoryError":
+        if isinstance(e, (BenchError, OSError, MemoryError)) or _unreachable(e) or \
+                type(e).__name__ == "OutOfMemoryError":
             raise
         raise BenchError(f"model {name} cannot be loaded ({type(e).__name__}: {one_line(e, 200)}); it must load with "
                          "timm at its recorded weights") from None
+
+
+def _arrays(table: pa.Table) -> tuple[np.ndarray, ...]:
+    """``(label, topk_idx, topk_prob, true_prob, true_rank)`` of a predictions table as numpy arrays."""
+    top = topk_matrix(table).astype(np.int64)
+    probs = table["topk_prob"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, top.shape[1])
+    return (table["label"].to_numpy().astype(np.int64), top, probs, table["true_prob"].to_numpy(zero_copy_only=False),
+            table["true_rank"].to_numpy(zero_copy_only=False).astype(np.int64))
 
 
 def row_disagreements(probs: np.ndarray, sub: pa.Table, *, tol: float) -> list[str]:
     """What disagrees, one entry per disagreeing row, between stored rows ``sub`` and re-run softmax outputs
     ``probs`` (n, 1000): the true-class probability, a top-k probability, a class that belongs in the top-k
     but is not stored there, the true rank (each within ``tol``; ties within ``tol`` accepted)."""
-    top = topk_matrix(sub)
-    k = top.shape[1]
-    tprobs = sub["topk_prob"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
-    labels = sub["label"].to_numpy().astype(np.int64)
-    tp = sub["true_prob"].to_numpy(zero_copy_only=False)
-    tr = sub["true_rank"].to_numpy(zero_copy_only=False)
+    labels, top, tprobs, tp, tr = _arrays(sub)
     out = []
     for p, y, t, tpr, tp_j, tr_j in zip(probs, labels, top, tprobs, tp, tr):
         others = np.delete(p, t)
@@ -604,6 +582,21 @@ def row_disagreements(probs: np.ndarray, sub: pa.Table, *, tol: float) -> list[s
         elif not (p > p[y] + tol).sum() <= tr_j <= (p > p[y] - tol).sum():
             out.append("true rank")
     return out
+
+
+def _decoded(stream, transform, failed: list[str]):
+    """``(image_id, transformed image)`` for each ``(image_id, image bytes)`` of ``stream``; an image that does not
+    decode is one entry in ``failed``."""
+    from PIL import Image
+
+    for iid, data in stream:
+        try:  # sides checked from the header by to_rgb before any decode (genshift.pixels)
+            with Image.open(io.BytesIO(data)) as im:
+                x = transform(to_rgb(im))
+        except Exception:  # noqa: BLE001 - a stored prediction for an image that cannot be decoded
+            failed.append("a stored prediction for an image that does not decode")
+            continue
+        yield iid, x
 
 
 def _stream_images(suite, config: str, ids: set[str]):
@@ -638,7 +631,6 @@ def verify_suite_dir(path: str | Path) -> str:
 
 def _eval_yaml_state(suite) -> str:
     """A suite's eval.yaml (its Hub benchmark declaration) is checked when present; `bench publish` writes it."""
-    from genshift.fsutil import read_limited
     from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 
     path = Path(suite.root) / EVAL_YAML

@@ -1,9 +1,8 @@
-"""Aggregation: one row per model, cross-model fits, and ranks with paired-bootstrap intervals.
+"""Aggregation: one row per model, cross-model fits, and ranks with paired-bootstrap intervals
+(``docs/leaderboard.md``, "What the app shows").
 
-Everything here is a pure function of the store's entries' records (``genshift.eval.stamps``): no
-predictions file is read but for a model's drilldown; the Streamlit app only displays it. The ID/OOD fits are ``genshift.eval.slope.slope_table`` (the same
-function as ``bench slope``); rank intervals use ``genshift.eval.bootstrap.paired_mean_replicates`` over
-the records' per-image correctness, so every model is resampled on the same images.
+Pure functions of the store's entries' records (``genshift.eval.stamps``); no predictions file is read but for a
+model's drilldown. The ID/OOD fits are ``genshift.eval.slope.slope_table`` (as ``bench slope``).
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from genshift.errors import BenchError
+from genshift.eval import bootstrap
 from genshift.families import get_family
 from genshift.identity import timm_name
-from genshift.eval import bootstrap
 
 PRETRAIN_RULES = (
     (r"laion|datacomp|dfn|openai|clip|webli|merged2b", "image-text"),
@@ -45,10 +44,8 @@ def pretraining_of(tag: str | None) -> str:
 
 
 def not_ranked_because(entry) -> str:
-    """Why an accepted entry is not in the official ranking, or "" if it is: only **verified** (a record signed
-    by a trusted key for ``result.json`` as it is now, ``genshift.leaderboard.store``), **complete** (every config
-    of the suite, no ``--limit-per-class``: ``genshift.eval.stamps.unrankable``) entries of models that did not
-    help build the suite are ranked, among themselves."""
+    """Why an accepted entry is not in the official ranking, or "" if it is (``docs/leaderboard.md``, "What is
+    ranked": verified, complete, not a construction model)."""
     from genshift.eval.stamps import unrankable
 
     r = entry.record
@@ -71,20 +68,15 @@ def base_config(doc: dict) -> str | None:
 
 
 def model_table(entries) -> pd.DataFrame:
-    """One row per model for one board: identity, trust, headline metric with CI, per-config metrics.
+    """One row per model for one board: identity, trust, model facts, flags, the family's numbers
+    (``Family.columns``: fractions) and the reference config's acc@1 (``base_acc1``).
 
     An entry whose record cannot be tabulated is left out and named in ``df.attrs["skipped"]``
     (model id, reason): one odd entry never takes the board down."""
     rows, skipped = [], []
     for e in entries:
         try:
-            why = not_ranked_because(e)
-            m = e.record["model"]
-            rows.append({"model": str(m["id"]), "weights": "local weights" if e.identity.local else "Hub",
-                         "verified": e.verified, "ranked": not why, "not_ranked_because": why,
-                         "flags": "; ".join(e.flags), **metric_columns(e.record),
-                         "paper": ",".join(str(p) for p in (m.get("paper_ids") or []))
-                         if isinstance(m.get("paper_ids"), list) else str(m.get("paper_ids") or "")})
+            rows.append(_row(e))
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as ex:
             skipped.append((str(e.model_id), f"cannot be tabulated ({type(ex).__name__}: {ex})"))
     df = pd.DataFrame(rows)
@@ -92,13 +84,14 @@ def model_table(entries) -> pd.DataFrame:
     return df
 
 
-def metric_columns(doc: dict) -> dict:
-    """What a board row shows of a result or a record (they share these fields): model facts, flags, the
-    family's numbers (``Family.columns``: fractions) and the reference config's acc@1 (``base_acc1``)."""
-    m = doc["model"]
+def _row(e) -> dict:
+    doc, why = e.record, not_ranked_because(e)
+    m, base = doc["model"], base_config(doc)
     cols = get_family(doc["suite"]["metric_family"]).columns(doc)
-    base = base_config(doc)
+    papers = m.get("paper_ids")
     return {
+        "model": str(m["id"]), "weights": "local weights" if e.identity.local else "Hub", "verified": e.verified,
+        "ranked": not why, "not_ranked_because": why, "flags": "; ".join(e.flags),
         "architecture": str(m.get("architecture") or ""),
         "family": family_of(str(m.get("architecture") or str(m["id"]).split("/")[-1].split("@")[0])),
         "pretraining": pretraining_of(m.get("tag")), "params_m": (m.get("num_params") or 0) / 1e6,
@@ -106,6 +99,7 @@ def metric_columns(doc: dict) -> dict:
         "partial": bool(doc["flags"].get("partial")) or doc["protocol"]["limit_per_class"] is not None,
         "pinned_suite": not doc["flags"].get("unpinned_suite"),
         "base_acc1": cols.get(f"acc1/{base}", np.nan) if base else np.nan, **cols,
+        "paper": ",".join(str(p) for p in papers) if isinstance(papers, list) else str(papers or ""),
     }
 
 
@@ -195,9 +189,8 @@ def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 10
     from scipy.stats import rankdata
 
     score, rep, higher = h
-    score, rep = np.round(score, SCORE_DECIMALS), np.round(rep, SCORE_DECIMALS)
-    sign = -1.0 if higher else 1.0
-    ranks = rankdata(sign * score, method="min").astype(int)  # ties share the better rank (1, 1, 3)
+    ranks = point_ranks(score, higher=higher).astype(int)
+    rep, sign = np.round(rep, SCORE_DECIMALS), -1.0 if higher else 1.0
     alpha = (1 - confidence) / 2
     # a tie spans the ranks it could take: the interval runs from the best to the worst of them
     lo = np.floor(np.quantile(rankdata(sign * rep, method="min", axis=1), alpha, axis=0)).astype(int)
@@ -221,8 +214,8 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
     """One board as the leaderboard shows it: :func:`model_table` with rank, rank interval and headline
     interval columns over its ranked entries only (:func:`not_ranked_because`), sorted by rank (ties: by
     model); other rows have no rank. ``ranks``: :func:`rank_intervals` of the ranked entries; without them,
-    point ranks. Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``,
-    ``metric_label`` (the family's headline), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
+    point ranks. Also returns what a view needs to draw it: ``family``, ``metric``, ``higher``, ``metric_label``
+    (the family's headline), ``configs``, ``rank_configs``, ``base`` and ``skipped`` (as model_table)."""
     df = model_table(entries)
     family = entries[0].record["suite"]["metric_family"]
     head = get_family(family).headline_metric
@@ -287,22 +280,13 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
     return (lo, hi) if scale == "linear" else (norm.cdf(lo), norm.cdf(hi))
 
 
-def read_id_accuracy(path) -> dict:
-    """ImageNet-val top-1 from timm's ``results-imagenet.csv`` (or any CSV with ``model`` and ``top1``
-    columns, top-1 in percent), as fractions, read by ``genshift.eval.id_axis.read_id_table`` (a repeated
-    (model, img_size) row is one error line). Keys: ``(model, img_size)`` for every sized row, and
-    the bare model name where the model has one row (a model listed at two sizes needs the size
-    its eval ran at: :func:`join_id_accuracy`'s ``sizes``)."""
+def read_id_accuracy(path) -> dict[str, dict[int | None, float]]:
+    """ImageNet-val top-1 (fractions) by bare timm name, then input size (None: the CSV has no ``img_size``), from
+    timm's ``results-imagenet.csv`` or any CSV with ``model`` and ``top1`` (percent) columns, read by
+    ``genshift.eval.id_axis.read_id_table`` (a repeated (model, img_size) row is one error line)."""
     from genshift.eval.id_axis import read_id_table
 
-    out: dict = {}
-    for model, by_size in read_id_table(path).rows.items():
-        for size, row in by_size.items():
-            if size is not None:
-                out[(model, size)] = row.top1
-        if len(by_size) == 1:
-            out[model] = next(iter(by_size.values())).top1
-    return out
+    return {m: {size: row.top1 for size, row in by_size.items()} for m, by_size in read_id_table(path).rows.items()}
 
 
 def eval_sizes(entries) -> dict[str, int | None]:
@@ -312,16 +296,17 @@ def eval_sizes(entries) -> dict[str, int | None]:
     return {e.model_id: eval_img_size(e.record) for e in entries}
 
 
-def join_id_accuracy(models, table: dict, sizes: dict[str, int | None] | None = None) -> tuple[dict[str, float], list[str]]:
-    """Match result model ids to the CSV's rows: the bare timm name (``genshift.identity.timm_name``)
-    at the model's eval input size (``sizes``), else its only row. Returns (model id -> accuracy for
-    the matched, unmatched model ids)."""
+def join_id_accuracy(models, table: dict, sizes: dict | None = None) -> tuple[dict[str, float], list[str]]:
+    """Match result model ids to the CSV's rows: the bare timm name (``genshift.identity.timm_name``) at the
+    model's eval input size (``sizes``) where the CSV has sizes, else (or the size unknown) its only row; a model
+    listed at two sizes is never guessed. Returns (model id -> accuracy of the matched, unmatched model ids)."""
     matched, unmatched = {}, []
-    sized = {k[0] for k in table if isinstance(k, tuple)}
     for m in models:
-        key, size = timm_name(m), (sizes or {}).get(m)
-        # a CSV with sizes: the row at the eval's size (its only row when the size is unknown)
-        hit = table.get((key, size)) if key in sized and size is not None else table.get(key)
+        by_size, size = table.get(timm_name(m), {}), (sizes or {}).get(m)
+        if size is not None and None not in by_size:
+            hit = by_size.get(size)
+        else:
+            hit = next(iter(by_size.values())) if len(by_size) == 1 else None
         if hit is None:
             unmatched.append(m)
         else:
@@ -329,8 +314,7 @@ def join_id_accuracy(models, table: dict, sizes: dict[str, int | None] | None = 
     return matched, unmatched
 
 
-def slope_fits(entries, *, reference_config: str | None = None,
-               id_accuracy: dict[str, float] | None = None) -> dict | None:
+def slope_fits(entries, *, id_accuracy: dict[str, float] | None = None) -> dict | None:
     """ID/OOD fits per shift (``genshift.eval.slope.slope_table``); None with fewer than 2 comparable models.
     With ``id_accuracy`` (model id -> ImageNet-val top-1) only the models it names are fitted."""
     from genshift.eval.slope import slope_table
@@ -341,7 +325,7 @@ def slope_fits(entries, *, reference_config: str | None = None,
     if len(results) < 2:
         return None
     try:
-        return slope_table(results, reference_config=reference_config, id_accuracy=id_accuracy)
+        return slope_table(results, id_accuracy=id_accuracy)
     except BenchError:
         return None
 

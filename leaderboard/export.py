@@ -1,17 +1,7 @@
-"""The CSV and JSON downloads of a board view: units in every header, safe to open in a spreadsheet.
-
-Values are exported in the units the page shows, and every header says which: accuracies and
-rates in percent (``acc@1/shift_01 (%)``), differences of two accuracies or probabilities in
-percentage points (``model_mean_impact (pp)``), parameters in millions (``params (M)``); rounded to
-:data:`DECIMALS` places (0.01 pp resolves one image in 10,000, finer than any suite's accuracy steps),
-ranks as integers. The JSON is plain RFC 8259 JSON: missing values are ``null``, nothing escaped that
-need not be (``/`` and non-ASCII stay as they are).
-
-Model names and notes come from submitted results, so a text cell starting with ``=``, ``+``,
-``-``, ``@``, tab or carriage return would run as a formula in Excel/LibreOffice/Sheets. Such
-cells get a leading apostrophe in the CSV (OWASP, "CSV Injection"); numbers stay numbers, and the
-placeholder ``-`` alone is not a formula. The page itself shows text as it is (the data grid's own
-CSV export is switched off, ``client.disableDataExport``).
+"""The CSV and JSON downloads of a board view (``docs/leaderboard.md``, "Search and filters"): the page's units in
+every header, rounded to :data:`DECIMALS` places, ranks as integers, plain RFC 8259 JSON (``null``, nothing escaped
+that need not be). Text cells a spreadsheet would run as a formula get a leading apostrophe in the CSV (OWASP,
+"CSV Injection"); numbers stay numbers and a lone ``-`` placeholder is not a formula.
 """
 
 from __future__ import annotations
@@ -69,18 +59,13 @@ def defuse(value):
     return value
 
 
-def defuse_frame(view: pd.DataFrame) -> pd.DataFrame:
-    """A copy whose text cells are all defused (numbers and booleans untouched). The app shows only
-    such frames, so the data grid's own "Download as CSV" is formula-safe as well."""
-    safe = view.copy()
+def to_csv_bytes(view: pd.DataFrame) -> bytes:
+    """The view in the page's units, every text cell defused (numbers and booleans untouched)."""
+    safe = with_units(view)
     for col in safe.columns:
         if not pd.api.types.is_numeric_dtype(safe[col]) and not pd.api.types.is_bool_dtype(safe[col]):
             safe[col] = safe[col].map(defuse)
-    return safe
-
-
-def to_csv_bytes(view: pd.DataFrame) -> bytes:
-    return defuse_frame(with_units(view)).to_csv(index=False).encode()
+    return safe.to_csv(index=False).encode()
 
 
 def to_json_bytes(view: pd.DataFrame) -> bytes:

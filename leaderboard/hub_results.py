@@ -1,13 +1,7 @@
-"""Results where the field looks for them: ``.eval_results`` on model repos, and the Hub's side on the board
-(``docs/hub.md``, section 9).
-
-- :func:`publish_entry`: one entry of the results repo -> a pull request on the model repo adding
-  ``.eval_results/<suite id>.yaml`` (huggingface_hub's ``EvalResultEntry``): one value per task the
-  suite's ``eval.yaml`` declares, in percent, for complete results on a pinned suite, a Hub model's only
-  on its own repo; "verified" only with a stamp signed by a trusted key over these exact files and the
-  repo's own weights (``model.source`` ``hf-hub``). One open PR per (model repo, suite), updated.
-- :func:`hub_reported`: the benchmark's Hub leaderboard as the board's separate, never-ranked "Reported
-  on the Hub" rows, each bounded and type-checked (a malformed row is dropped with one line).
+"""Results where the field looks for them (``docs/hub.md``, section 9): :func:`publish_entry` reports an entry of
+the results repo on its model repo as ``.eval_results/<suite id>.yaml`` (a pull request; "verified" only with a
+trusted stamp over these files and the repo's own weights); :func:`hub_reported` reads the benchmark's Hub
+leaderboard as the board's separate, never-ranked rows, each bounded and type-checked.
 """
 
 from __future__ import annotations
@@ -27,8 +21,8 @@ URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
 
 
 def task_values(result: dict) -> dict[str, float]:
-    """Each task's value in the task's units (percent = 100 × the stored fraction), read off the result by its
-    family's declaration (``genshift.families``: the same columns the board shows); undefined values are left out."""
+    """Each task's value in percent, read off the result by its family's declaration (``genshift.families``: the
+    board's columns); undefined values are left out."""
     from genshift.families import get_family
 
     s = result["suite"]
@@ -92,8 +86,8 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
     """The task ids the benchmark's ``eval.yaml`` declares on its ``main`` (what the Hub reads)."""
     from huggingface_hub import errors
 
-    from genshift.fsutil import read_limited
     from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
+    from genshift.fsutil import read_limited
 
     try:
         path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")
@@ -101,24 +95,25 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
         raise BenchError(f"datasets/{dataset_id} has no {EVAL_YAML}, so the Hub does not treat it as a benchmark; "
                          "publish the suite with `bench publish` (it writes eval.yaml)") from None
     except (errors.HfHubHTTPError, OSError) as e:
-        raise BenchError(f"cannot read datasets/{dataset_id}/{EVAL_YAML} ({type(e).__name__}: {one_line(e, 160)})") from None
+        raise BenchError(f"cannot read datasets/{dataset_id}/{EVAL_YAML} ({type(e).__name__}: "
+                         f"{one_line(e, 160)})") from None
     doc = parse_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML),
                           where=f"datasets/{dataset_id}/{EVAL_YAML}")
     return {t["id"] for t in doc["tasks"]}
 
 
 def _read_entry(api, results_repo: str, prefix: str, revision: str, root: Path, trusted: dict):
-    """Download ``<prefix>/`` of the results repo at ``revision``; ``(result, stamp or None, result sha256)``
-    where the stamp counts only if signed by a ``trusted`` key for exactly these files."""
-    from genshift.fsutil import read_limited, sha256_bytes
+    """``(result, stamp or None, result sha256)`` of ``<prefix>/`` of the results repo at ``revision``; the stamp
+    only if signed by a ``trusted`` key for exactly these files."""
     from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
     from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
+    from genshift.fsutil import read_limited, sha256_bytes
 
     files = {f for f in api.list_repo_files(results_repo, repo_type="dataset", revision=revision)
              if f.startswith(prefix + "/")}
     if f"{prefix}/result.json" not in files:
-        raise BenchError(f"datasets/{results_repo}@{revision[:12]} has no entry {prefix}/ (result.json); submit it with "
-                         f"`bench submit RESULT --repo {results_repo}` and have it merged first")
+        raise BenchError(f"datasets/{results_repo}@{revision[:12]} has no entry {prefix}/ (result.json); submit it "
+                         f"with `bench submit RESULT --repo {results_repo}` and have it merged first")
 
     def get(name: str, limit: int) -> bytes:
         p = api.hf_hub_download(results_repo, f"{prefix}/{name}", repo_type="dataset", revision=revision,
@@ -139,13 +134,13 @@ def _read_entry(api, results_repo: str, prefix: str, revision: str, root: Path, 
 
 def open_or_update_pr(api, model_repo: str, path_in_repo: str, data: bytes, *, title: str,
                       description: str) -> tuple[str, str]:
-    """``(pr url, "opened" | "updated" | "unchanged")``: our open PR with ``title`` gets a new commit when
-    the file differs; otherwise a new PR is opened. Only PRs opened by the token's own user count."""
+    """``(pr url, "opened" | "updated" | "unchanged")``: the token's user's open PR with ``title`` gets a new commit
+    when the file differs, else a new PR is opened."""
     from huggingface_hub import CommitOperationAdd, errors
 
     try:
         me = api.whoami().get("name")
-    except (errors.HfHubHTTPError, EnvironmentError, ValueError) as e:  # no token, or a refused one
+    except (OSError, errors.HfHubHTTPError, ValueError) as e:  # no token, or a refused one
         raise BenchError(f"opening a pull request on {model_repo} needs a token with write access (`hf auth login` or "
                          f"HF_TOKEN): {one_line(e, 120)}") from None
     mine = [d for d in api.get_repo_discussions(model_repo, discussion_type="pull_request", discussion_status="open")
@@ -170,10 +165,7 @@ def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = No
                   revision: str = "main", expect_sha256: str | None = None, endpoint: str | None = None,
                   token: str | None = None, api=None) -> tuple[str, str]:
     """Open (or update) the model-repo PR for the results-repo entry ``prefix``; ``(url, what happened)``.
-
-    ``model_repo`` defaults to the result's Hub model id; ``expect_sha256``: the entry's result.json
-    must be exactly this file (``bench submit`` passes the local result's hash).
-    """
+    ``model_repo``: default the result's Hub model id; ``expect_sha256``: the entry's result.json must be this."""
     from huggingface_hub import HfApi, errors
 
     api = api or HfApi(endpoint=endpoint, token=token)
@@ -193,7 +185,8 @@ def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = No
                              f"on its own model repo (--model-repo {m['id']})")
         if m.get("source") != "hf-hub":
             stamp = None  # the stamp vouches for local weights by hash; nothing ties them to this repo's files
-        entries = build_entries(result, stamp=stamp, source_url=f"{api.endpoint}/datasets/{results_repo}/tree/{sha}/{prefix}",
+        source_url = f"{api.endpoint}/datasets/{results_repo}/tree/{sha}/{prefix}"
+        entries = build_entries(result, stamp=stamp, source_url=source_url,
                                 declared=declared_tasks(api, result["suite"]["repo_id"]))
         suite = result["suite"]["id"]
         desc = (f"Adds `.eval_results/{suite}.yaml`: {m['id']} on the genshift-bench suite "
@@ -245,8 +238,8 @@ def hub_row(e) -> dict:
 
 
 def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | None = None, api=None):
-    """``(rows, problems)``: the benchmark's Hub leaderboard (``HfApi.get_dataset_leaderboard``) as board rows
-    (community, never ranked with verified entries) and one line per dropped row or failed request."""
+    """``(rows, problems)``: the benchmark's Hub leaderboard as board rows (community, never ranked) and one line
+    per dropped row or failed request."""
     from huggingface_hub import HfApi
 
     api = api or HfApi(endpoint=endpoint, token=token)
@@ -268,8 +261,7 @@ def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | N
 
 # -- the board's table ------------------------------------------------------------------------------
 def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
-    """The "Reported on the Hub" table under the ranking (Streamlit): the Hub leaderboard of each dataset the
-    board's entries were scored on. Community numbers: never verified here, never ranked with the board."""
+    """The "Reported on the Hub" table under the ranking (Streamlit), for each dataset the board's entries used."""
     import pandas as pd
     import streamlit as st
 

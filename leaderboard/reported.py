@@ -1,9 +1,5 @@
-"""The papers' reported per-model numbers as a board table of their own.
-
-Shown under the heading "Reported in the paper": the numbers are the papers' (package data
-``benchmark/_data/reported.yaml``, each with paper, table and row), never verified and never
-ranked, and they are kept out of the ranked table so the board is useful before the first
-submission and a verified re-run can be read beside what the paper reported.
+"""The papers' reported per-model numbers as a board table of their own, "Reported in the paper": never verified,
+never ranked (``docs/leaderboard.md``, "What the app shows"; package data ``benchmark/_data/reported.yaml``).
 """
 
 from __future__ import annotations
@@ -27,21 +23,20 @@ def reported_frame(suite: str | None = None) -> pd.DataFrame:
     for rep in reported().values():
         if suite is not None and suite not in rep["suites"]:
             continue
-        tags = {m.paper: m.model + (" (own checkpoint)" if m.local else "") for m in get_population(rep["population"]).members}
+        members = get_population(rep["population"]).members
+        tags = {m.paper: m.model + (" (own checkpoint)" if m.local else "") for m in members}
+        source = {"paper": rep["paper"], "where": rep["where"]}
         for r in rep["rows"]:
             if "values" in r:  # a table: the paper's row x model columns
-                for model, values in r["values"].items():
-                    for metric, v in zip(rep["metrics"], values):
-                        rows.append({"suite": rep["suites"][0], "row": r["row"], "model": model,
-                                     "timm": tags.get(model, ""), "metric": _METRIC_NAMES[metric],
-                                     "reported": f"{v:.2f}", "paper": rep["paper"], "where": rep["where"]})
+                rows += [{"suite": rep["suites"][0], "row": r["row"], "model": model, "timm": tags.get(model, ""),
+                          "metric": _METRIC_NAMES[metric], "reported": f"{v:.2f}", **source}
+                         for model, values in r["values"].items() for metric, v in zip(rep["metrics"], values)]
             else:  # a number or range stated in the text for one model or a group
-                group = [m for m, t in ((m.paper, m.role) for m in get_population(rep["population"]).members)
-                         if m == r["row"] or t == r["row"]]
+                group = [m.paper for m in members if r["row"] in (m.paper, m.role)]
                 value = f"{r['value']:.0f}" if "value" in r else f"{r['range'][0]}-{r['range'][1]}"
                 rows.append({"suite": r["suite"], "row": r["text"], "model": ", ".join(group),
                              "timm": ", ".join(tags[m] for m in group), "metric": _METRIC_NAMES[rep["metrics"][0]],
-                             "reported": value, "paper": rep["paper"], "where": rep["where"]})
+                             "reported": value, **source})
     frame = pd.DataFrame(rows, columns=["suite", "row", "model", "timm", "metric", "reported", "paper", "where"])
     return frame if suite is None else frame[frame["suite"] == suite].reset_index(drop=True)
 

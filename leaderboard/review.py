@@ -1,17 +1,8 @@
-"""``bench review``: verify every pull request on the results repo, sign, comment and publish to ``main``.
+"""``bench review``: verify every open pull request on the results repo, sign, comment and publish to ``main``.
 
-For each open pull request not yet answered at its head (oldest first, at most ``MAX_OPEN_PRS`` per
-submitter): list what it changes (only ``<suite>/<model>/`` results and the predictions they name,
-bounded in count, size and path length); check each entry (filed under its own ids' folder, then
-``genshift.eval.verify.verify_result`` against a trusted suite, re-running rows through the model loaded
-from where the result says its weights came from); refuse replacing an entry of ``main`` by another
-model, suite data or protocol, and weights already there under another id; with ``merge``, commit
-exactly the reviewed files and a signed stamp per entry to ``main`` itself (a push after the review never
-lands) and close the PR. Every PR gets one signed answer per head: ``passed``, ``failed`` (how many rows
-disagreed, never which), ``unreviewable`` or ``deferred`` (a submitter's bound). A model id whose re-run
-disagreed is re-run in full next time; that state and each submitter's images per day are kept in
-``review-ledger.json`` on ``main``. Only the service's own failure leaves a PR unanswered (``error``,
-retried). The full statement: ``docs/leaderboard.md``, "Automatic verification".
+What is checked, the answers, the per-submitter bounds, the ledger and the signed markers:
+``docs/leaderboard.md``, "Automatic verification: `bench review`". Only the service's own failure leaves a PR
+unanswered (``error``, retried on the next run).
 """
 
 from __future__ import annotations
@@ -22,10 +13,11 @@ import logging
 import re
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from genshift.errors import BenchError, OfflineError, first_line, one_line
+from genshift.hubio import is_repo_id
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
@@ -63,13 +55,13 @@ class Deferred(BenchError):
 
 
 def _marker_body(repo_id: str, pr: int, head: str, outcome: str) -> dict:
-    """What a review marker's signature covers: the answer is bound to one repo, one PR and one head."""
+    """What a review marker's signature covers: one repo, one PR, one head, one outcome."""
     return {"kind": MARKER_KIND, "version": 2, "repo": repo_id, "pr": pr, "head": head, "outcome": outcome}
 
 
 def _block(lines: list[str]) -> str:
-    """Data-derived lines inside a fenced block: the Hub renders comments as Markdown. At most
-    ``MAX_COMMENT_LINES`` lines of at most 500 characters; the rest is counted."""
+    """Data-derived lines in a fenced block (comments are Markdown): the first ``MAX_COMMENT_LINES``, each
+    at most 500 characters, then a count of the rest."""
     shown = [one_line(line, 500) for line in lines[:MAX_COMMENT_LINES]]
     if len(lines) > MAX_COMMENT_LINES:
         shown.append(f"… and {len(lines) - MAX_COMMENT_LINES} more")
@@ -89,6 +81,13 @@ def _hub_failure(e: BaseException) -> bool:
     return isinstance(e, (OfflineError, errors.HfHubHTTPError, OSError)) or _unreachable(e)
 
 
+def _same_weights(result: dict, entries: dict[str, dict | None], entry: str) -> str | None:
+    """Another entry of ``entries`` holding the same weights (tensors) on the same suite, if any."""
+    key = (result["model"]["tensors_sha256"], result["suite"]["id"])
+    return next((f for f, r in sorted(entries.items()) if r and f != entry
+                 and (r["model"]["tensors_sha256"], r["suite"]["id"]) == key), None)
+
+
 def _board(result: dict) -> tuple:
     """What an entry may be replaced only by the same of: model id, suite id, suite data and protocol."""
     return (result["model"]["id"], result["suite"]["id"], result["suite"]["manifest_sha256"],
@@ -106,25 +105,18 @@ class Reviewer:
         from genshift.eval.stamps import PublicKey, key_id, load_private_key
         from genshift.eval.verify import recheck_count
 
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", repo_id or ""):
+        if not is_repo_id(repo_id):
             raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
         recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
         self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
-        try:
-            self.key = load_private_key(key_path)
-            self.checkpoint_sha256 = None
-            if checkpoint:
-                from genshift.fsutil import sha256_file
+        self.key = load_private_key(key_path)
+        self.checkpoint_sha256 = None
+        if checkpoint:  # one line for a missing, empty or unreadable file before any PR is looked at
+            from genshift.eval.models import check_checkpoint_file, weights_sha256
 
-                if not Path(checkpoint).is_file():
-                    raise BenchError(f"--checkpoint {checkpoint!r} does not exist; give the weights file results were "
-                                     "scored with")
-                self.checkpoint_sha256 = sha256_file(checkpoint)
-        except OSError as e:  # e.g. no permission: the service cannot start, one line
-            raise BenchError(f"cannot read {e.filename or key_path!r} ({e.strerror or type(e).__name__}); check the "
-                             "file and its permissions") from None
+            self.checkpoint_sha256 = weights_sha256(check_checkpoint_file(checkpoint))
         raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.public = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}  # the only key a marker may carry
         self.api = HfApi(endpoint=endpoint, token=token)
@@ -141,9 +133,8 @@ class Reviewer:
 
     # -- one pass over the open pull requests ------------------------------------------------
     def run_once(self) -> list[Outcome]:
-        """Review every open PR. Raises ``BenchError`` only when the service cannot work at all (the Hub
-        unreachable, the repo missing, an invalid token, a damaged ledger); one PR's failure is that PR's
-        ``error`` outcome."""
+        """Review every open PR; ``BenchError`` only when the service cannot work at all (the Hub unreachable, the
+        repo missing, a refused token, a damaged ledger). One PR's failure is that PR's ``error`` outcome."""
         from huggingface_hub import errors
 
         try:
@@ -173,8 +164,8 @@ class Reviewer:
         return out
 
     def _whoami(self) -> None:
-        """The reviewing account, once: only its comments can carry review markers (defence in depth
-        behind the signatures). Without a token there is no account to compare with; signatures decide."""
+        """The reviewing account, once: only its comments can carry markers (behind the signatures, which
+        alone decide without a token)."""
         from huggingface_hub import errors
 
         if self._account_known:
@@ -228,9 +219,9 @@ class Reviewer:
 
     def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, dict]) -> list[str]:
         """Commit exactly the reviewed files (downloaded at the reviewed head into ``files``) and their stamps to
-        ``main`` itself, each entry's folder replaced, on top of the ``main`` they are checked against now: a push
-        to the PR after the review never lands. A PR pushed to since is not published and gets no answer
-        (``moved``: the next run reviews its new head). Returns why it may not be published, if so."""
+        ``main``, each entry's folder replaced, with the ``main`` they are checked against now as parent: a push to
+        the PR after the review never lands; a PR pushed to since is ``moved`` (no answer; its new head is
+        reviewed next run). Returns why it may not be published, if so."""
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete, errors
 
         from genshift.eval.stamps import STAMP_FILE
@@ -275,9 +266,8 @@ class Reviewer:
         return f"<!-- genshift-review v=2 head={head} outcome={outcome} key={sig['key_id']} sig={sig['value']} -->"
 
     def answers(self, num: int, events) -> dict[str, str]:
-        """head sha -> outcome of this service's own earlier answers on PR ``num``: markers in comments by the
-        reviewing account whose signature by the maintainer key covers this repo, this PR, that head and that
-        outcome. Anything else (unsigned, another key, copied from another PR, edited) is ignored."""
+        """head sha -> outcome of this service's earlier answers on PR ``num``: markers by the reviewing account
+        whose signature by the maintainer key covers this repo, PR, head and outcome; anything else is ignored."""
         from genshift.eval.stamps import check_signature
 
         out = {}
@@ -295,8 +285,8 @@ class Reviewer:
 
     # -- the ledger: failed model ids and each submitter's re-run images, on main ------------
     def _read_ledger(self) -> None:
-        """``review-ledger.json`` on ``main``, which only maintainers and this service write (a pull request
-        touching it fails): everything in it only makes reviews stricter (full re-runs, deferrals)."""
+        """``review-ledger.json`` on ``main`` (only maintainers and this service write it): it only makes reviews
+        stricter (full re-runs, deferrals). The Hub unreachable is the service's failure, never an empty ledger."""
         from huggingface_hub import errors
 
         from genshift.fsutil import canonical_json, read_json
@@ -306,6 +296,8 @@ class Reviewer:
             try:
                 path = self._download("main", LEDGER_FILE, Path(tmp))
                 doc = read_json(path, where=LEDGER_FILE, what="review ledger", max_bytes=MAX_LEDGER_BYTES)
+            except errors.LocalEntryNotFoundError:
+                raise  # not found in a cache because the Hub did not answer: forgetting failed ids would weaken reviews
             except errors.EntryNotFoundError:
                 doc = self.ledger
         if not (isinstance(doc, dict) and isinstance(doc.get("failed"), dict) and isinstance(doc.get("usage"), dict)
@@ -319,7 +311,7 @@ class Reviewer:
 
         from genshift.fsutil import canonical_json
 
-        today = datetime.now(timezone.utc).date().isoformat()
+        today = datetime.now(UTC).date().isoformat()
         self.ledger["usage"] = {a: u for a, u in self.ledger["usage"].items() if u.get("day") == today}
         data = canonical_json(self.ledger)
         if data != self._ledger_read:
@@ -329,7 +321,7 @@ class Reviewer:
 
     def _charge(self, author: str, images: int, *, planned: bool = False) -> None:
         """Count ``images`` re-run for ``author`` today; ``planned``: only check that they fit (else ``Deferred``)."""
-        today = datetime.now(timezone.utc).date().isoformat()
+        today = datetime.now(UTC).date().isoformat()
         usage = self.ledger["usage"].get(author)
         used = usage["images"] if usage and usage.get("day") == today else 0
         if planned:
@@ -341,8 +333,8 @@ class Reviewer:
 
     # -- steps --------------------------------------------------------------------------------
     def _examine(self, num: int, head: str, outcome: Outcome, root: Path) -> tuple[list[str], dict[str, dict]]:
-        """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry. Raises
-        ``BenchError`` when it cannot be checked (what the reviewer is missing)."""
+        """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry; ``BenchError``
+        when it cannot be checked (what the reviewer is missing)."""
         changed, at_head, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head)
         outcome.entries = sorted(changed)
         if problems:
@@ -353,8 +345,7 @@ class Reviewer:
         return self._check(results, outcome, root / "main")
 
     def _merge_base(self, pr_ref: str) -> str:
-        """The newest commit of the PR's history that is also on main: the PR's changes are relative to it
-        (main may have moved on since, e.g. by merging other submissions)."""
+        """The newest commit of the PR's history that is also on main: what the PR changes is relative to it."""
         on_main = {c.commit_id for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset")}
         for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset", revision=pr_ref):
             if c.commit_id in on_main:
@@ -374,17 +365,18 @@ class Reviewer:
 
         old, new = self._tree(base), self._tree(head)
         changed: dict[str, set] = {}
-        problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(set(old) - set(new))]
+        problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(old.keys() - new)]
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
             shown = path if len(path) <= MAX_PATH_CHARS else path[:MAX_PATH_CHARS] + "…"
             m = ENTRY_FILE.match(path) if len(path) <= MAX_PATH_CHARS else None
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
+                stamp = path.endswith("/verification.json")
                 problems.append(f"changes {shown}: a submission may only add or replace <suite>/<model>/result.json "
                                 f"and <suite>/<model>/predictions/*.parquet (paths of at most {MAX_PATH_CHARS} "
                                 "characters), nothing else" + (" (verification stamps are written only by the "
-                                                               "reviewer)" if path.endswith("/verification.json") else ""))
+                                                               "reviewer)" if stamp else ""))
                 continue
             limit = MAX_RESULT_BYTES if m.group(3) == "result.json" else MAX_PREDICTIONS_BYTES
             if (f.size or 0) > limit:
@@ -399,23 +391,26 @@ class Reviewer:
         return changed, set(new), problems
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
-               root: Path) -> tuple[dict[str, Path], list[str]]:
-        """Download each changed entry at the head: its result.json, then the predictions files it names
-        (nothing else). A changed file that the entry's result does not name is a problem."""
-        from genshift.eval.results import parse_result
+               root: Path) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
+        """Download and parse each changed entry's result.json at the head, then the predictions files it names
+        (nothing else; a changed file it does not name is a problem): entry -> (path, result), problems."""
+        from genshift.eval.results import parse_result, read_result_bytes
 
         results, problems = {}, []
         for entry in sorted(changed):
-            results[entry] = path = self._download(head, f"{entry}/result.json", root)
+            path = self._download(head, f"{entry}/result.json", root)
             try:
-                named = [f"{entry}/{p['path']}" for p in parse_result(path.read_bytes(), where=str(path))["predictions"]]
-            except BenchError:
-                continue  # the check below rejects it, with the reason
+                result = parse_result(read_result_bytes(path), where=f"{entry}/result.json")
+            except BenchError as e:
+                problems.append(f"{entry}: {e}")
+                continue
+            results[entry] = (path, result)
+            named = {f"{entry}/{p['path']}" for p in result["predictions"]}
+            unnamed = changed[entry] - named - {f"{entry}/result.json"}
             problems += [f"changes {f}, which {entry}/result.json does not name: a submission adds only its result "
-                         "and the predictions files it names" for f in sorted(changed[entry] - {f"{entry}/result.json", *named})]
-            for f in named:
-                if f in at_head and ENTRY_FILE.match(f):
-                    self._download(head, f, root)
+                         "and the predictions files it names" for f in sorted(unnamed)]
+            for f in sorted(named & at_head):
+                self._download(head, f, root)
         return results, problems
 
     def _download(self, rev: str, path: str, root: Path) -> Path:
@@ -430,17 +425,17 @@ class Reviewer:
             for p in self._tree(main):
                 m = ENTRY_FILE.match(p)
                 if m and m.group(3) == "result.json":
+                    entry = p.rsplit("/", 1)[0]
                     try:
-                        index[p.rsplit("/", 1)[0]] = parse_result(read_result_bytes(self._download(main, p, root)), where=p)
+                        index[entry] = parse_result(read_result_bytes(self._download(main, p, root)), where=p)
                     except BenchError:
-                        index[p.rsplit("/", 1)[0]] = None
+                        index[entry] = None
             self._main_index = (main, index)
         return self._main_index[1]
 
     def _owner_problem(self, entry: str, result: dict, main: str, root: Path) -> str:
-        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is at ``main``, or "": the entry there is
-        replaced only by the same model id on the same suite data under the same protocol (another protocol is
-        another entry, never a replacement), and weights already on main under another id are refused."""
+        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is now, or "": only the same model id, suite
+        data and protocol replaces an entry; weights already there under another id are refused."""
         index = self._index(main, root)
         if entry in index and (index[entry] is None or _board(index[entry]) != _board(result)):
             owner = index[entry]
@@ -450,36 +445,29 @@ class Reviewer:
             return (f"{entry}: replaces the entry of {what} with a result of {result['model']['id']} on "
                     f"{result['suite']['id']}; an entry is replaced only by the same model on the same suite data "
                     "under the same protocol")
-        digest = result["model"]["tensors_sha256"]
-        same = sorted(f for f, r in index.items() if r and f != entry and r["model"]["tensors_sha256"] == digest
-                      and r["suite"]["id"] == result["suite"]["id"])
-        if same:
-            return (f"{entry}: the same weights (tensors sha256 {digest[:12]}…) are already on the board as "
-                    f"{index[same[0]]['model']['id']}; one set of weights is one entry")
+        if same := _same_weights(result, index, entry):
+            return (f"{entry}: the same weights (tensors sha256 {result['model']['tensors_sha256'][:12]}…) are already "
+                    f"on the board as {index[same]['model']['id']}; one set of weights is one entry")
         return ""
 
-    def _check(self, results: dict[str, Path], outcome: Outcome, main_root: Path) -> tuple[list[str], dict[str, dict]]:
+    def _check(self, results: dict[str, tuple[Path, dict]], outcome: Outcome,
+               main_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
-        from genshift.eval.results import entry_dir, parse_result, read_result_bytes
+        from genshift.eval.results import entry_dir
         from genshift.eval.stamps import make_stamp, sign
         from genshift.eval.verify import recheck_count
 
         problems, stamps, checked = [], {}, {}
         main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
-        for entry, path in sorted(results.items()):
-            try:
-                result = parse_result(read_result_bytes(path), where=f"{entry}/result.json")
-            except BenchError as e:
-                problems.append(f"{entry}: {e}")
-                continue
+        for entry, (_, result) in sorted(results.items()):
             if entry_dir(result) != entry:
                 problems.append(f"{entry}: filed under {entry}/, but its result is {result['model']['id']} on "
                                 f"{result['suite']['id']}, which belongs under {entry_dir(result)}/")
             elif why := self._owner_problem(entry, result, main, main_root):
                 problems.append(why)
-            elif other := next((e for e, r in checked.items() if r["model"]["tensors_sha256"] ==
-                                result["model"]["tensors_sha256"] and r["suite"]["id"] == result["suite"]["id"]), None):
-                problems.append(f"{entry}: the same weights as {other} in this pull request; one set of weights is one entry")
+            elif other := _same_weights(result, checked, entry):
+                problems.append(f"{entry}: the same weights as {other} in this pull request; one set of weights is one "
+                                "entry")
             else:
                 checked[entry] = result
         if problems:
@@ -487,10 +475,11 @@ class Reviewer:
         plans = {e: self._mode(r, outcome.pr) for e, r in checked.items()}
         for r in checked.values():
             self._can_rerun(r)
-        self._charge(outcome.author, sum(recheck_count(plans[e], sum(r["counts"][c]["total"] for c in r["suite"]["configs"]))
-                                         for e, r in checked.items()), planned=True)
+        planned = sum(recheck_count(plans[e], sum(r["counts"][c]["total"] for c in r["suite"]["configs"]))
+                      for e, r in checked.items())
+        self._charge(outcome.author, planned, planned=True)
         for entry, result in sorted(checked.items()):
-            report = self._rerun(entry, results[entry], result, plans[entry])
+            report = self._rerun(entry, results[entry][0], result, plans[entry])
             self._charge(outcome.author, (report.recheck or {}).get("n", 0))
             self._record(result["model"]["id"], outcome.pr, report, plans[entry])
             if not report.ok:
@@ -505,9 +494,8 @@ class Reviewer:
         return problems, stamps
 
     def _mode(self, result: dict, pr: int) -> int | str:
-        """How many rows an entry's re-run draws: every row for a model id whose earlier re-run found rows that
-        disagree (unless the maintainer asks ``--again``) and for Hub weights when the reviewer has a GPU; else
-        the reviewer's ``recheck`` (by default the guaranteed sample)."""
+        """How many rows an entry's re-run draws: every row for a model id whose last re-run disagreed (unless
+        ``--again``) and for Hub weights on a GPU; else the reviewer's ``recheck``."""
         if result["model"]["id"] in self.ledger["failed"] and pr not in self.again:
             return "all"
         if self.recheck == "auto" and result["model"]["source"] == "hf-hub" and self.device.startswith("cuda"):
@@ -515,8 +503,8 @@ class Reviewer:
         return self.recheck
 
     def _record(self, model_id: str, pr: int, report, mode) -> None:
-        """Keep the ledger's failed model ids: added when a re-run found disagreeing rows, cleared by a re-run
-        of every row (or one the maintainer asked for with ``--again``) that found none."""
+        """The ledger's failed model ids: added by a re-run that disagreed, cleared by a full (or ``--again``) one
+        that did not."""
         rows = (report.recheck or {}).get("disagreeing")
         if rows:
             self.ledger["failed"][model_id] = {"pr": pr, "disagreeing": rows, "n": report.recheck["n"]}
@@ -524,8 +512,8 @@ class Reviewer:
             self.ledger["failed"].pop(model_id, None)
 
     def _rerun(self, entry: str, path: Path, result: dict, mode):
-        """``verify_result`` with a fresh re-run of rows (seed=None: drawn now, recorded in the stamp). A model
-        the Hub does not have (repo, revision or weights file missing, gated) makes the PR unreviewable."""
+        """``verify_result`` with rows drawn now (recorded in the stamp); a model the Hub does not have (repo,
+        revision or weights missing, gated) makes the PR unreviewable."""
         from huggingface_hub import errors
 
         from genshift.eval.verify import verify_result
@@ -545,7 +533,7 @@ class Reviewer:
                              "publish the model repo (public) at that revision, or score a model that is") from None
 
     def _can_rerun(self, result: dict) -> None:
-        """Raise ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
+        """``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
         m = result["model"]
         if m["source"] in ("module", "random"):
             raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "

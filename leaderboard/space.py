@@ -1,10 +1,5 @@
-"""``bench leaderboard --export-space DIR``: a deployable Hugging Face Space of the leaderboard
-(``docs/leaderboard.md``, "Hosting: a Hugging Face Space"): the Space card (``sdk: streamlit``, ``tags:
-[leaderboard, ...]``), ``requirements.txt`` pinned, a wheel of ``genshift-bench`` built from this checkout
-(installed by ``app.py`` without its dependencies: the page needs no torch), ``app.py``, ``space.json`` (the
-page's settings, the results pinned: ``ORG/NAME@sha`` or a local store copied into ``results/``), copies of
-the trusted keys, ImageNet-val accuracy and trusted suite manifests, and ``.streamlit/config.toml`` in
-viewer mode. Push it with ``hf upload ORG/NAME DIR . --repo-type space``.
+"""``bench leaderboard --export-space DIR``: a deployable Hugging Face Space of the leaderboard; what it holds:
+``docs/leaderboard.md``, "Hosting: a Hugging Face Space". Push it with ``hf upload ORG/NAME DIR . --repo-type space``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The results store: a folder (or a Hub dataset repo at a pinned revision) of ``bench eval`` runs, read as records.
 
-Layout (what ``bench eval --out`` writes, and what ``bench submit`` proposes in a pull request)::
-
-    <suite id>/<model slug>/result.json
-    <suite id>/<model slug>/predictions/<config>.parquet
-    <suite id>/<model slug>/verification.json     the signed board record (`bench verify --sign`, `bench review`)
-
-Each entry becomes one **record** (``genshift.eval.stamps``): a **verified** entry's is its signed
-``verification.json`` (a trusted key, ``result.json`` as it is now); any other entry's is built from its
-result (a community entry: shown, never ranked, with the reason). Reading opens two small files per
-entry and checks one signature: no metric is recomputed, no predictions file is read. A view hashes a
-file when it reads it (:meth:`Entry.read_file`). An entry is **rejected**, with the reason, when its
-result is malformed, records a model id that is not the canonical id of its weights
-(``genshift.identity``), is filed under a folder that is not its own, or (trusted suites given) was
-made on other suite data. Nothing about one entry can take the board down.
-
-**Boards** compare results on the same suite data (manifest hash) under the same protocol; a suite's
-board with the most verified entries is its default. :func:`assemble` keeps **one entry per
-identity** (``Identity.key``: the same tensors) **and model id** on a board, by :func:`precedence`.
+Layout: ``<suite id>/<model folder>/{result.json, predictions/<config>.parquet, verification.json}``. What an
+entry's record is, when it is verified, rejected or superseded, and which boards it is on:
+``docs/leaderboard.md`` ("The board record", "What is ranked", "Trust"). Reading opens two small files per entry
+and checks one signature; a file is hashed when a view reads it (:meth:`Entry.read_file`). Nothing about one
+entry can take the board down.
 """
 
 from __future__ import annotations
@@ -29,10 +16,11 @@ from functools import cached_property
 from pathlib import Path
 
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import canonical_json, read_limited, sha256_bytes
 from genshift.eval.diagnose_report import REPORT as DIAGNOSE
 from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE
-from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_FILE as STAMP
+from genshift.eval.stamps import MAX_STAMP_BYTES
+from genshift.eval.stamps import STAMP_FILE as STAMP
+from genshift.fsutil import canonical_json, read_limited, sha256_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +36,14 @@ class Trust:
 
 def trust(trusted_keys=None, suites=None) -> Trust:
     """``trusted_keys``: a trusted-keys file or ``load_trusted_keys``'s dict; ``suites``: trusted suite folders or
-    manifest files, or a ``TrustedSuites`` (given: entries on other suite data are rejected)."""
+    manifest files (given: entries on other suite data are rejected)."""
     from genshift.eval.stamps import load_trusted_keys
     from genshift.eval.suite_trust import TrustedSuites
 
     keys = trusted_keys if isinstance(trusted_keys, dict) else load_trusted_keys(trusted_keys) if trusted_keys else {}
-    manifests = None
-    if suites is not None:
-        ts = suites if isinstance(suites, TrustedSuites) else TrustedSuites.from_paths(suites, registry=False)
-        manifests = frozenset(ts.by_sha)
-    return Trust(keys, manifests, sha256_bytes(canonical_json([sorted(keys), sorted(manifests or []),
-                                                               manifests is None])))
+    manifests = None if suites is None else frozenset(TrustedSuites.from_paths(suites, registry=False).by_sha)
+    digest = sha256_bytes(canonical_json([sorted(keys), sorted(manifests or []), manifests is None]))
+    return Trust(keys, manifests, digest)
 
 
 @dataclass
@@ -88,9 +73,8 @@ class Entry:
     @cached_property
     def board(self) -> str:
         """``<manifest sha256[:12]>-<protocol sha256[:8]>``: results on one board are comparable."""
-        r = self.record or {}
-        protocol = sha256_bytes(canonical_json(r.get("protocol", {})))
-        return f"{r.get('suite', {}).get('manifest_sha256', '?')[:12]}-{protocol[:8]}"
+        protocol = sha256_bytes(canonical_json(self.record["protocol"]))
+        return f"{self.record['suite']['manifest_sha256'][:12]}-{protocol[:8]}"
 
     @property
     def result(self) -> dict | None:
@@ -113,7 +97,8 @@ class Entry:
 
                 f = Path(hf_hub_download(self.hub[0], f"{self.run_dir.parent.name}/{self.run_dir.name}/{rel}",
                                          repo_type="dataset", revision=self.hub[1]))
-            data = read_limited(f, max_bytes=MAX_RESULT_BYTES if rel == RESULT_FILE else MAX_PREDICTIONS_BYTES, what=rel)
+            limit = MAX_RESULT_BYTES if rel == RESULT_FILE else MAX_PREDICTIONS_BYTES
+            data = read_limited(f, max_bytes=limit, what=rel)
         except Exception as e:  # noqa: BLE001 - missing, unreadable or not downloadable: the record no longer holds
             raise IntegrityError(f"{self.run_dir.name}: {rel} cannot be read ({e})") from None
         if sha256_bytes(data) != self.record["files"].get(rel):
@@ -145,27 +130,26 @@ class Store:
 
     def suites(self) -> list[str]:
         """Suite ids, the one with the most verified entries first (ties: most entries, then by id)."""
-        n: dict[str, list[int]] = {}
-        for e in self.entries:
-            c = n.setdefault(e.suite_id, [0, 0])
-            c[0] += e.verified
-            c[1] += 1
-        return sorted(n, key=lambda s: (-n[s][0], -n[s][1], s))
+        return _most_verified_first(self.entries, lambda e: e.suite_id)
 
     def boards(self, suite_id: str) -> list[str]:
-        """The suite's boards, the one with the most verified entries first (ties: most entries, then
-        the board id); never ordered by a field a submitter writes."""
-        groups: dict[str, list[Entry]] = {}
-        for e in self.entries:
-            if e.suite_id == suite_id:
-                groups.setdefault(e.board, []).append(e)
-        return sorted(groups, key=lambda b: (-sum(e.verified for e in groups[b]), -len(groups[b]), b))
+        """The suite's boards, ordered as :meth:`suites`; never by a field a submitter writes."""
+        return _most_verified_first([e for e in self.entries if e.suite_id == suite_id], lambda e: e.board)
 
     def for_suite(self, suite_id: str, board: str | None = None) -> list[Entry]:
         """The entries of one board of the suite (default: its main board), sorted by model id."""
         boards = self.boards(suite_id)
         board = board if board in boards else (boards or [None])[0]
-        return sorted((e for e in self.entries if e.suite_id == suite_id and e.board == board), key=lambda e: e.model_id)
+        shown = [e for e in self.entries if e.suite_id == suite_id and e.board == board]
+        return sorted(shown, key=lambda e: e.model_id)
+
+
+def _most_verified_first(entries: list[Entry], key) -> list[str]:
+    """The values of ``key`` over ``entries``: most verified entries first, then most entries, then by value."""
+    groups: dict[str, list[Entry]] = {}
+    for e in entries:
+        groups.setdefault(key(e), []).append(e)
+    return sorted(groups, key=lambda k: (-sum(e.verified for e in groups[k]), -len(groups[k]), k))
 
 
 def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float = 4.0) -> tuple[Path, str | None]:
@@ -191,8 +175,8 @@ def resolve_source(source: str, *, cache_dir: str | None = None, probe_s: float 
         except BenchError:
             pass  # not cached yet
     if _offline() or not _reachable(_endpoint(None), probe_s):
-        raise OfflineError(f"the Hugging Face Hub ({_endpoint(None)}) does not answer (or HF_HUB_OFFLINE is set) and no "
-                           f"copy of the results repository {source} is cached here, so it cannot be read now")
+        raise OfflineError(f"the Hugging Face Hub ({_endpoint(None)}) does not answer (or HF_HUB_OFFLINE is set) and "
+                           f"no copy of the results repository {source} is cached here, so it cannot be read now")
     sha = resolve_revision(repo, rev or None)
     return snapshot(repo, revision=sha, patterns=patterns, cache_dir=cache_dir), sha
 
@@ -252,21 +236,22 @@ def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, digest: str, t
     from genshift.eval.results import parse_result
     from genshift.eval.stamps import build_record, check_stamp
 
-    entry = Entry(path, digest=digest, reason=raw if isinstance(raw, str) else "")
+    if isinstance(raw, str):
+        return Entry(path, digest=digest, reason=raw)
+    entry = Entry(path, digest=digest)
     try:
-        record, why = (None, "no verification stamp") if stamp is None or entry.reason else \
+        record, why = (None, "no verification stamp") if stamp is None else \
             check_stamp(stamp, result_sha256=sha256_bytes(raw), trusted=t.keys)
-        if record is None and not entry.reason:  # a community entry
+        if record is None:  # a community entry
             result = parse_result(raw, where=str(path))
             record = build_record(result, result_sha256=sha256_bytes(raw),
                                   predictions_sha256={p["path"]: p["sha256"] for p in result["predictions"]})
             why = "this board trusts no maintainer key" if stamp is not None and not t.keys else why
             entry._result, entry.note = result, f"not verified: {why}"
-        if not entry.reason:
-            entry.reason = misfiled(path, record)
-        if not entry.reason and t.manifests is not None and record["suite"]["manifest_sha256"] not in t.manifests:
-            entry.reason = (f"made on suite data this leaderboard does not trust (manifest "
-                            f"{record['suite']['manifest_sha256'][:12]}…); maintainers add the suite with --suites")
+        manifest = record["suite"]["manifest_sha256"]
+        entry.reason = misfiled(path, record) or ("" if t.manifests is None or manifest in t.manifests else
+                                                  f"made on suite data this leaderboard does not trust (manifest "
+                                                  f"{manifest[:12]}…); maintainers add the suite with --suites")
         if not entry.reason:
             entry.record, entry.status = record, "accepted" if entry.note else "verified"
     except (BenchError, ValueError) as e:
@@ -281,11 +266,11 @@ def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, digest: str, t
 
 def _signed_time(e: Entry) -> float:
     """The stamp's ``verified_at`` (signed by the maintainer) as a POSIX time; -inf if none or unreadable."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     try:
         t = datetime.fromisoformat(str((e.stamp or {})["verified_at"]))
-        return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+        return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
     except (KeyError, TypeError, ValueError, OverflowError):
         return float("-inf")
 

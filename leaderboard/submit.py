@@ -1,13 +1,6 @@
-"""``bench submit``: propose a result to the public results repo as a pull request.
-
-The result is checked locally first exactly as the leaderboard will check it (schema,
-predictions hashes, every metric recomputed) and against the size limits; then its
-``result.json`` and predictions files are committed to ``<suite id>/<model slug>/`` of the results
-dataset repo in **one** pull request. Maintainers review the PR, CI runs
-``bench verify --recheck N --sign KEY`` on it, and merging publishes it (``docs/leaderboard.md``).
-
-Once merged, :func:`submit_to_model_repo` (``bench submit --model-repo``) reports the entry on the
-model's Hub page (``genshift.leaderboard.hub_results``, ``docs/hub.md``).
+"""``bench submit``: propose a result to the results repo as one pull request (``docs/leaderboard.md``,
+"Submitting a result"), checked locally first as ``bench review`` will check it; with ``--model-repo``, report
+the merged entry on the model's Hub page (``genshift.leaderboard.hub_results``).
 """
 
 from __future__ import annotations
@@ -21,16 +14,16 @@ from genshift.eval.verify import result_path, verify_result
 
 def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, trusted_keys: str | None = None,
                          endpoint: str | None = None, token: str | None = None) -> tuple[str, str]:
-    """Open (or update) a PR on ``model_repo`` adding ``.eval_results/<suite id>.yaml`` for this result, whose
-    entry must already be merged in the results repo ``repo_id`` (the source the Hub entry links to).
-    Verified only with a stamp signed by one of ``trusted_keys``. Returns ``(url, what happened)``."""
-    from genshift.fsutil import read_limited, sha256_bytes
-    from genshift.eval.results import MAX_RESULT_BYTES, parse_result
+    """Open (or update) a PR on ``model_repo`` adding ``.eval_results/<suite id>.yaml`` for this result, whose entry
+    must be merged in the results repo ``repo_id`` already; verified only with a stamp signed by one of
+    ``trusted_keys``. Returns ``(url, what happened)``."""
+    from genshift.eval.results import parse_result, read_result_bytes
     from genshift.eval.stamps import load_trusted_keys
+    from genshift.fsutil import sha256_bytes
     from genshift.leaderboard.hub_results import publish_entry
 
     path = result_path(result)
-    raw = read_limited(path, max_bytes=MAX_RESULT_BYTES, what="result.json")
+    raw = read_result_bytes(path)
     res = parse_result(raw, where=str(path))
     trusted = load_trusted_keys(trusted_keys) if trusted_keys else {}
     return publish_entry(repo_id, entry_dir(res), model_repo=model_repo, trusted=trusted,

@@ -1,16 +1,7 @@
-"""The genshift-bench leaderboard's page (Streamlit), run by ``leaderboard/app.py``.
-
-``bench leaderboard`` serves it with its options as one :class:`Settings` (``streamlit run app.py --
-<settings as JSON>``); an exported Space passes its ``space.json``. Each run reads the store's
-records (``genshift.leaderboard.store``: two small files and one signature check per entry, parsed
-once per content digest with ``st.cache_data``) and draws them: the ranking table is sent first,
-the rank intervals fill it in once computed (cached by the digests of the board's records), and a
-tab's content runs only while that tab is open.
-
-Text from results and stores (model ids, suite ids, config names, notes, stamp fields, reasons) is
-never rendered as Markdown or HTML: dataframe cells, ``st.text``, widget options and escaped plot
-labels only; in the CSV download, text cells a spreadsheet would evaluate get a leading apostrophe.
-Every view is in the URL (widgets bound to query parameters), so a shared link restores it.
+"""The leaderboard's page (Streamlit): :func:`main` with one :class:`Settings` (``docs/leaderboard.md``, "What the
+app shows"). The ranking table is sent first and the rank intervals fill it in; a tab runs only while open; every
+widget is bound to the URL. Text from results is never rendered as Markdown or HTML (dataframe cells, ``st.text``,
+widget options, neutralised plot labels only: "Trust").
 """
 
 from __future__ import annotations
@@ -85,6 +76,11 @@ def show_df(df: pd.DataFrame, target=st, **kw) -> None:
     target.dataframe(df, hide_index=True, placeholder="-", **kw)
 
 
+def one_decimal(label: str):
+    """A number column shown with one decimal (percent, percentage points, millions)."""
+    return st.column_config.NumberColumn(label, format="%.1f")
+
+
 def guarded(title: str):
     """One view that fails to draw shows why, and the rest of the board stays up."""
     def wrap(fn):
@@ -115,11 +111,10 @@ def main(settings: Settings | None = None) -> None:
     verified = sum(e.verified for e in store.entries)
     st.caption("Robustness of ImageNet classifiers to generated distribution shifts. Only verified, complete entries "
                "are ranked: a maintainer re-ran their images and signed their record (see About).")
-    st.text(f"results store: {store.source}" + (f" @ {store.revision}" if store.revision and store.revision not in
-                                                 store.source else "") +
-            f" | {len(store.entries)} results ({verified} verified), {len(store.rejected)} rejected, "
-            f"{len(store.superseded)} superseded" + (f" | trusted keys: {os.path.basename(settings.trusted_keys)}"
-                                                     if settings.trusted_keys else ""))
+    pinned = f" @ {store.revision}" if store.revision and store.revision not in store.source else ""
+    keys = f" | trusted keys: {os.path.basename(settings.trusted_keys)}" if settings.trusted_keys else ""
+    st.text(f"results store: {store.source}{pinned} | {len(store.entries)} results ({verified} verified), "
+            f"{len(store.rejected)} rejected, {len(store.superseded)} superseded{keys}")
     if not store.entries:
         st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out "
                 "<store>` or open a pull request with `bench submit`.")
@@ -157,11 +152,11 @@ def main(settings: Settings | None = None) -> None:
                    "own, no maintainer has re-run their images, so they hold no rank.")
         _table(st, community, meta, groups, ranked=False)
     exported = {"view": view}  # the downloads are made when clicked, from the view with its intervals
-    c1, c2 = st.columns(2)
+    c1, c2, name = *st.columns(2), safe_filename(suite)
     c1.download_button("Download CSV", lambda: to_csv_bytes(exported["view"]), mime="text/csv", key="download_csv",
-                       file_name=f"{safe_filename(suite)}-leaderboard.csv")
+                       file_name=f"{name}-leaderboard.csv")
     c2.download_button("Download JSON", lambda: to_json_bytes(exported["view"]), mime="application/json",
-                       file_name=f"{safe_filename(suite)}-leaderboard.json", key="download_json")
+                       file_name=f"{name}-leaderboard.json", key="download_json")
     with st.expander("Top 10 as text"):
         st.text("\n".join(f"{int(r.rank):>3}  {r.model}  {100 * getattr(r, meta['metric']):.1f}"
                           for r in view[view["ranked"]].head(10).itertuples()) or "nothing is ranked on this board")
@@ -180,7 +175,7 @@ def main(settings: Settings | None = None) -> None:
             exported["view"] = view
             _table(slot, view[view["ranked"]], meta, groups, ranked=True)
     tabs = st.tabs(TABS, key="tab", bind="query-params")
-    views = (_about, lambda: _heatmap(view, meta), lambda: _id_ood(settings, entries, view, meta),
+    views = (lambda: st.markdown(ABOUT), lambda: _heatmap(view, meta), lambda: _id_ood(settings, entries, view, meta),
              lambda: _drilldown(entries, view, meta), lambda: _rejected(store, meta["skipped"]))
     for tab, draw in zip(tabs, views):
         if tab.open:
@@ -223,7 +218,7 @@ def _links(view: pd.DataFrame) -> tuple[list, list]:
 
 
 def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool) -> None:
-    num, text = st.column_config.NumberColumn, st.column_config.TextColumn
+    num, text, link = st.column_config.NumberColumn, st.column_config.TextColumn, st.column_config.LinkColumn
     metric, label, base = meta["metric"], meta["metric_label"], meta["base"]
     shown = view.copy()
     for c in shown.columns:
@@ -245,13 +240,12 @@ def _table(target, view: pd.DataFrame, meta: dict, groups: list, *, ranked: bool
     u = lambda c: f" ({unit(c)})" if unit(c) else ""  # noqa: E731
     config = {"rank": num("rank", format="%d", pinned=True), "model": text("model", pinned=True),
               "rank_lo": num("rank lo", format="%d"), "rank_hi": num("rank hi", format="%d"),
-              metric: num(f"{label}{u(metric)}", format="%.1f"), f"{metric}_lo": num("95% lo", format="%.1f"),
-              f"{metric}_hi": num("95% hi", format="%.1f"), "base_acc1": num(f"{base} acc@1 (%)", format="%.1f"),
-              "not_ranked_because": text("not ranked because", width="large"), "params_m": num("params (M)", format="%.1f"),
-              "card": st.column_config.LinkColumn("card", display_text="model card"),
-              "paper": st.column_config.LinkColumn("paper", display_text="paper"),
-              **{c: num(f"{c.split('/', 1)[1]} (%)", format="%.1f") for c in extra[COLUMNS[0]]},
-              **{m.key: num(f"{m.label} ({m.unit})", format="%.1f") for m in secondary},
+              metric: one_decimal(f"{label}{u(metric)}"), f"{metric}_lo": one_decimal("95% lo"),
+              f"{metric}_hi": one_decimal("95% hi"), "base_acc1": one_decimal(f"{base} acc@1 (%)"),
+              "params_m": one_decimal("params (M)"), "not_ranked_because": text("not ranked because", width="large"),
+              "card": link("card", display_text="model card"), "paper": link("paper", display_text="paper"),
+              **{c: one_decimal(f"{c.split('/', 1)[1]} (%)") for c in extra[COLUMNS[0]]},
+              **{m.key: one_decimal(f"{m.label} ({m.unit})") for m in secondary},
               **{c: text(c.replace("_", " ")) for c in ("pinned_suite", "construction_model")}}
     show_df(shown[cols], target, column_config=config, width="stretch",
             alt="official ranking" if ranked else "community entries")
@@ -354,10 +348,10 @@ def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -
     er = pd.DataFrame({"model": f["linear"]["models"],
                        "effective_robustness_linear": 100 * np.array(f["linear"]["effective_robustness"], float),
                        "effective_robustness_probit": 100 * np.array(f["probit"]["effective_robustness"], float)})
-    pp = lambda label: st.column_config.NumberColumn(label, format="%.1f")  # noqa: E731
     show_df(er.sort_values(["effective_robustness_linear", "model"], ascending=[False, True], na_position="last"),
-            key="effective_robustness", column_config={"effective_robustness_linear": pp("eff. robustness, linear (pp)"),
-                                                       "effective_robustness_probit": pp("eff. robustness, probit (pp)")})
+            key="effective_robustness",
+            column_config={"effective_robustness_linear": one_decimal("eff. robustness, linear (pp)"),
+                           "effective_robustness_probit": one_decimal("eff. robustness, probit (pp)")})
     impact = fits.get("shift_impact") or {}
     if impact:
         rows = [{"shift": sh, "shift_impact": 100 * v["value"] if v["value"] is not None else np.nan,
@@ -367,8 +361,8 @@ def _id_ood(settings: Settings, entries: list, view: pd.DataFrame, meta: dict) -
                    "the models on this board, with a 95% t interval over models, in percentage points. Not a "
                    "model's own mean impact over shifts (the table's 'model mean impact').")
         show_df(pd.DataFrame(rows).sort_values(["shift_impact", "shift"], ascending=[False, True]), key="shift_impact",
-                column_config={"shift_impact": pp("shift impact (pp)"), "ci_lo": pp("95% CI lo (pp)"),
-                               "ci_hi": pp("95% CI hi (pp)")})
+                column_config={"shift_impact": one_decimal("shift impact (pp)"), "ci_lo": one_decimal("95% CI lo (pp)"),
+                               "ci_hi": one_decimal("95% CI hi (pp)")})
 
 
 @guarded("drilldown")
@@ -409,7 +403,7 @@ def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
         st.text(str(e))
         return
     show_df(worst[["class", "acc1", "n"]].assign(acc1=100 * worst["acc1"]), key="worst_classes",
-            column_config={"acc1": st.column_config.NumberColumn("acc@1 (%)", format="%.1f")})
+            column_config={"acc1": one_decimal("acc@1 (%)")})
     m = r["model"]
     prov = {
         "model id": m["id"], "weights": "local weights" if entry.identity.local else "Hub",
@@ -469,7 +463,3 @@ def _rejected(store: Store, skipped: list) -> None:
                 column_config={"reason": st.column_config.TextColumn("reason", width="large")})
     else:
         st.text("No rejected, superseded, flagged or stale entries.")
-
-
-def _about() -> None:
-    st.markdown(ABOUT)  # fixed text (leaderboard/about.py), no data in it

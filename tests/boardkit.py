@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from genshift.leaderboard.synthetic import make_store, sign_entry, write_model
+from tests.synthetic_store import make_store, sign_entry, write_model
 
 CONFIGS = ["base", "shift_01", "shift_02"]
 

@@ -22,6 +22,22 @@ try:  # CI runs the fuzz tests on a fixed example sequence (a red CI must be rep
 except ImportError:  # hypothesis is in the test extra; its tests skip without it
     pass
 
+@pytest.fixture(autouse=True)
+def _streamlit_logs_to_the_current_stderr():
+    """Streamlit's console handlers take the sys.stderr of the moment they are made (its import, or a
+    config load in ``bench leaderboard``): made inside a test that captures stderr, they keep that test's
+    stream, closed after it, and a later Streamlit warning prints a "Logging error" into another test's
+    captured stderr. After each test they write to the stderr of the session again."""
+    yield
+    import logging
+    import sys
+
+    if "streamlit" in sys.modules:
+        for logger in list(logging.Logger.manager.loggerDict.values()):
+            handler = getattr(logger, "streamlit_console_handler", None)
+            if handler is not None:
+                handler.stream = sys.stderr  # not setStream: it flushes the closed stream first
+
 
 @pytest.fixture
 def toy_suite(tmp_path):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from genshift.identity import folder_name
-from genshift.leaderboard.synthetic import write_model
 from tests.boardkit import board, chrome, common, key_of
+from tests.synthetic_store import write_model
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.subprocess,
               pytest.mark.skipif(not chrome(), reason="Debian chromium + chromium-driver are not installed")]
@@ -77,7 +77,8 @@ def test_real_browser_renders_the_leaderboard_and_a_deep_link_into_a_model(page)
     headers = driver.execute_script("return Array.from(document.querySelectorAll('[role=columnheader]'))"
                                     ".map(h => h.textContent)")
     assert "95% lo" in headers and "mean shift acc@1 (%)" in headers
-    assert not driver.execute_script("return Array.from(document.scripts).some(s => (s.text || '').includes('alert(1)'))")
+    assert not driver.execute_script("return Array.from(document.scripts)"
+                                     ".some(s => (s.text || '').includes('alert(1)'))")
     # a shared link into a model's drilldown: its pictures, and the link stays in the address bar
     driver.get(url + "?tab=Model+drilldown&model=timm%2Ftie_b.in1k&params=5.0&params=20.0")
     until(driver, lambda d: idle(d) and "strength 0.810" in d.find_element(By.TAG_NAME, "body").text)

@@ -15,8 +15,8 @@ import pytest
 from genshift.eval.results import write_result
 from genshift.identity import folder_name
 from genshift.leaderboard.store import load_store
-from genshift.leaderboard.synthetic import ARCHS, make_store, sign_entry, write_model
 from tests.boardkit import app, board, common, download, fresh_caches, grid, key_of, move, table, texts  # noqa: F401
+from tests.synthetic_store import ARCHS, make_store, sign_entry, write_model
 
 WHAT_IS_RANKED = re.compile(r"^## What is ranked\n(.*?)\n## ", re.S | re.M)
 MARKDOWN = "[click](https://evil.example) ![i](https://evil.example/a.png) **bold** <script>alert(1)</script>"

@@ -15,8 +15,8 @@ from genshift.fsutil import canonical_json, sha256_bytes, sha256_file
 from genshift.identity import folder_name
 from genshift.leaderboard import store as store_mod
 from genshift.leaderboard.store import load_store
-from genshift.leaderboard.synthetic import sign_entry, write_model
 from tests.boardkit import app, board, common, fresh_caches, grid, key_of, move, table  # noqa: F401
+from tests.synthetic_store import sign_entry, write_model
 
 
 def _dir(root, model_id):

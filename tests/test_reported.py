@@ -45,7 +45,7 @@ def test_board_shows_the_reported_table_before_the_first_result(tmp_path):
 
 
 def test_reported_rows_sit_beside_the_ranked_table_never_in_it(tmp_path):
-    from genshift.leaderboard.synthetic import write_model
+    from tests.synthetic_store import write_model
 
     rng = np.random.default_rng(0)
     difficulty = {"generated": rng.normal(0, 1, 40)}

@@ -143,8 +143,10 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, caps
                    if e.type == "comment"][0]
         assert "```text\nchanges README.md" in comment  # data-derived text quoted, never live Markdown
 
-        # the CLI (HF_ENDPOINT, read by huggingface_hub): both PRs already reviewed
+        # the CLI (HF_ENDPOINT, read by huggingface_hub at import): both PRs already reviewed
         monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
         assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "k"), "--recheck", "5"]) == 0
         out = capsys.readouterr().out
         assert out.count("skipped") == 2 and "#1" in out and "#2" in out

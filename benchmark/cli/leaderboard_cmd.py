@@ -60,27 +60,18 @@ def settings_of(args):
     import os
     from pathlib import Path
 
+    from genshift.hubio import is_repo_id, resolve_revision
     from genshift.leaderboard import Settings
+    from genshift.leaderboard.aggregate import read_id_accuracy
+    from genshift.leaderboard.store import resolve_source, trust
 
-    if args.trusted_keys:
-        from genshift.eval.stamps import load_trusted_keys
-
-        load_trusted_keys(args.trusted_keys)
+    trust(args.trusted_keys, [args.suites] if args.suites else None)  # both read as the page will read them
     if args.id_accuracy:
-        from genshift.leaderboard.aggregate import read_id_accuracy
-
         read_id_accuracy(args.id_accuracy)
-    if args.suites:
-        from genshift.eval.suite_trust import TrustedSuites
-
-        TrustedSuites.from_paths([args.suites], registry=False)
     results = args.results
     if Path(results).is_dir():
         results = os.path.abspath(results)
     else:
-        from genshift.hubio import is_repo_id, resolve_revision
-        from genshift.leaderboard.store import resolve_source
-
         repo, _, rev = results.partition("@")
         if not is_repo_id(repo):
             resolve_source(results)  # the one line saying what a store is

@@ -62,10 +62,8 @@ def run(args) -> int:
         return 0
     key = None
     if args.sign:
-        from genshift.eval.stamps import load_private_key
-
         from genshift.eval.results import load_result
-        from genshift.eval.stamps import unrankable
+        from genshift.eval.stamps import load_private_key, unrankable
 
         args.recheck = args.recheck or "auto"  # a verified badge means images were re-run through the model
         key = load_private_key(args.sign)  # before minutes of work, as is a partial result: one line, nothing re-run

@@ -1,6 +1,6 @@
-"""Synthetic results stores (tests, the board's benchmark): valid results + predictions that pass
-``bench verify``, for many models without running any (:func:`make_store`, :func:`write_model`), and a
-maintainer's signed record for them (:func:`sign_entry`).
+"""Synthetic results stores for the board's tests and ``benchmarks/leaderboard_load.py`` (test tooling, not
+library): valid results + predictions that pass ``bench verify``, for many models without running any
+(:func:`make_store`, :func:`write_model`), and a maintainer's signed record for them (:func:`sign_entry`).
 
 Each model gets a latent skill; its per-image correctness on each config is drawn around it, with
 shared image difficulty so that models are correlated as real ones are. Metrics are computed by
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from genshift.fsutil import sha256_bytes, sha256_file
 from genshift.eval.predictions import PredictionBlock, schema
 from genshift.eval.results import KIND, SCHEMA_VERSION, config_hash, path_slug, write_result
-from genshift.identity import folder_name
 from genshift.eval.scoring import ScoringOptions, score
+from genshift.fsutil import sha256_bytes, sha256_file
+from genshift.identity import folder_name
 
 ARCHS = [("resnet50", "a1_in1k", 25.6e6), ("vit_base_patch16_224", "augreg_in21k_ft_in1k", 86.6e6),
          ("convnext_tiny", "fb_in1k", 28.6e6), ("efficientnet_b0", "ra_in1k", 5.3e6),
@@ -92,14 +92,15 @@ def write_model(root: Path, *, suite_id: str, configs: list[str], model_id: str,
     return path
 
 
-def sign_entry(result_path: str | Path, key_path: str | Path, *, verified_at: str = "2026-11-01T00:00:00+00:00") -> Path:
+def sign_entry(result_path: str | Path, key_path: str | Path, *,
+               verified_at: str = "2026-11-01T00:00:00+00:00") -> Path:
     """A maintainer's signed record (the format ``bench verify --sign`` writes) for an entry whose model cannot
     be re-run (a synthetic one): for tests and benchmarks of the verified path. Creates the key if absent."""
     import json
 
-    from genshift.fsutil import atomic_write_bytes, canonical_json
     from genshift.eval import stamps
     from genshift.eval.predictions import read_predictions
+    from genshift.fsutil import atomic_write_bytes, canonical_json
 
     result_path, key_path = Path(result_path), Path(key_path)
     if not key_path.exists():
