@@ -1,11 +1,5 @@
-"""Image captioning with BLIP-2 through transformers (LANCE captions; IN-G seed captions).
-
-``caption(images, prefix=...)`` continues ``prefix`` (BLIP-2's text prompt) and returns text that starts
-with it; the defaults are LANCE's Table 6 (5 beams, 20-100 new tokens); ``min_words`` holds the end back
-until the continuation has that many words; ``shots`` puts (image, caption) pairs before each image
-(IN-G's few-shot prompt). Decoder-only (OPT) and encoder-decoder (Flan-T5: the decoder starts with the
-prefix) language models both work. :meth:`Captioner.tiny`: random weights from a config, no download.
-"""
+"""Image captioning with BLIP-2 through transformers (LANCE captions; IN-G seed captions), with a
+decoder-only (OPT) or an encoder-decoder (Flan-T5: the decoder starts with the prefix) language model."""
 
 from __future__ import annotations
 
@@ -34,8 +28,7 @@ class Captioner:
 
         from genshift.builders.common import loading
 
-        gpu = device.startswith("cuda")
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if gpu else torch.float32)
+        torch_dtype = getattr(torch, dtype or ("float16" if device.startswith("cuda") else "float32"))
         with loading(f"captioner {model_id!r}", "check the id (a BLIP-2 checkpoint such as "
                                                 "Salesforce/blip2-opt-2.7b-coco) and that it is cached"):
             processor = Blip2Processor.from_pretrained(model_id)
@@ -45,47 +38,39 @@ class Captioner:
     @classmethod
     def tiny(cls, *, seed: int = 0, lm: str = "opt") -> Captioner:
         """Random weights; ``lm="opt"`` (decoder-only) or ``"t5"`` (encoder-decoder, as Flan-T5)."""
+        import transformers
         from tokenizers import ByteLevelBPETokenizer
-        from transformers import (
-            Blip2Config,
-            Blip2ForConditionalGeneration,
-            Blip2Processor,
-            Blip2QFormerConfig,
-            Blip2VisionConfig,
-            BlipImageProcessor,
-            OPTConfig,
-            PreTrainedTokenizerFast,
-            T5Config,
-        )
 
         corpus = ["a photo of a dog on the grass in the snow", "a realistic photograph of a fly (insect).",
                   "the background is blurred. it is on a yellow flower. the background is green."] * 20
         bpe = ByteLevelBPETokenizer()
         bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
                                 special_tokens=["<pad>", "</s>", "<s>", "<unk>", "<image>"])
-        tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>", eos_token="</s>",
-                                      pad_token="<pad>", unk_token="<unk>")
+        tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>",
+                                                   eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
         n_query = 4
         vocab = len(tok)
         ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
         if lm == "opt":
-            text_config = OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
-                                    num_attention_heads=4, max_position_embeddings=1024, word_embed_proj_dim=32, **ids)
+            text_config = transformers.OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, ffn_dim=37,
+                                                 num_attention_heads=4, max_position_embeddings=1024,
+                                                 word_embed_proj_dim=32, **ids)
         elif lm == "t5":
-            text_config = T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-                                   decoder_start_token_id=tok.pad_token_id, **ids)
+            text_config = transformers.T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                                                num_heads=4, decoder_start_token_id=tok.pad_token_id, **ids)
         else:
             raise BenchError(f"unknown tiny language model {lm!r}; use opt or t5")
-        cfg = Blip2Config(
-            vision_config=Blip2VisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                                            num_attention_heads=4, image_size=32, patch_size=8),
-            qformer_config=Blip2QFormerConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                              intermediate_size=37, encoder_hidden_size=32, vocab_size=vocab),
-            text_config=text_config,
-            num_query_tokens=n_query, image_token_index=tok.convert_tokens_to_ids("<image>"))
+        cfg = transformers.Blip2Config(
+            vision_config=transformers.Blip2VisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                                         num_attention_heads=4, image_size=32, patch_size=8),
+            qformer_config=transformers.Blip2QFormerConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                           intermediate_size=37, encoder_hidden_size=32,
+                                                           vocab_size=vocab),
+            text_config=text_config, num_query_tokens=n_query, image_token_index=tok.convert_tokens_to_ids("<image>"))
         torch.manual_seed(seed)
-        model = Blip2ForConditionalGeneration(cfg)
-        processor = Blip2Processor(BlipImageProcessor(size={"height": 32, "width": 32}), tok, num_query_tokens=n_query)
+        model = transformers.Blip2ForConditionalGeneration(cfg)
+        pixels = transformers.BlipImageProcessor(size={"height": 32, "width": 32})
+        processor = transformers.Blip2Processor(pixels, tok, num_query_tokens=n_query)
         name = "tiny-random-blip2" if lm == "opt" else "tiny-random-blip2-t5"
         return cls(model, processor, model_id=f"{name}(seed={seed})")
 
@@ -93,15 +78,17 @@ class Captioner:
     def caption(self, images: Sequence, *, prefix: str | None = None, num_beams: int = 5, min_new_tokens: int = 20,
                 max_new_tokens: int = 100, repetition_penalty: float = 1.0, do_sample: bool = False,
                 seed: int | None = None, min_words: int | None = None, shots: Sequence = ()) -> list[str]:
-        """One caption per image; with ``prefix``, generation continues it and the text starts with it.
-        ``shots``: (image, caption) pairs placed before each image (few-shot prompting)."""
+        """One caption per image, continuing ``prefix`` (the text starts with it); the defaults are LANCE's Table 6
+        (5 beams, 20-100 new tokens); ``min_words`` holds the end back until the continuation has that many words;
+        ``shots``: (image, caption) pairs placed before each image (IN-G's few-shot prompt)."""
         if min_new_tokens > max_new_tokens:
             raise BenchError(f"min_new_tokens {min_new_tokens} > max_new_tokens {max_new_tokens}")
         images = [im.convert("RGB") for im in images]
+        prefix = prefix or ""
         if shots:
-            inputs = self._few_shot_inputs(images, prefix or "", shots)
+            inputs = self._few_shot_inputs(images, prefix, shots)
         else:
-            inputs = self.processor(images=images, text=[prefix or ""] * len(images), return_tensors="pt")
+            inputs = self.processor(images=images, text=[prefix] * len(images), return_tensors="pt")
         inputs = inputs.to(self.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
         start = inputs["input_ids"].shape[1]  # decoder-only: the output repeats the prompt
@@ -111,10 +98,7 @@ class Captioner:
                 forced += self.processor.tokenizer(prefix, add_special_tokens=False)["input_ids"]
             inputs["decoder_input_ids"] = torch.tensor([forced] * len(images), device=self.device)
             start = len(forced)
-        extra = {}
-        if min_words:
-            from transformers import LogitsProcessorList
-            extra["logits_processor"] = LogitsProcessorList([MinWords(self.processor.tokenizer, start, min_words)])
+        extra = {"logits_processor": [MinWords(self.processor.tokenizer, start, min_words)]} if min_words else {}
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -122,7 +106,7 @@ class Captioner:
                                       max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty,
                                       do_sample=do_sample, **extra)
         tails = self.processor.tokenizer.batch_decode(out[:, start:], skip_special_tokens=True)
-        return [normalize(f"{prefix or ''} {t}") for t in tails]
+        return [normalize(f"{prefix} {t}") for t in tails]
 
     def _few_shot_inputs(self, images: list, prefix: str, shots: Sequence):
         """Token ids of [shot image, shot caption]... [image, prefix] (each image: its query tokens, then the text

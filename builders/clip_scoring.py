@@ -44,26 +44,23 @@ class ClipScorer:
         model, preprocess, _ = tiny_open_clip(seed=seed)
         return cls(model, preprocess, open_clip.tokenize, model_id=f"tiny-open-clip(seed={seed})", device=device)
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return torch.autocast(device_type="cpu", enabled=False)
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+    def _normalized(self, encode, x: torch.Tensor) -> torch.Tensor:
+        """``encode(x)`` under fp16 autocast on CUDA (``autocast_dtype``), L2-normalised float32, ``(n, d)``."""
+        on = self.autocast_dtype is not None
+        with torch.autocast(self.device.type if on else "cpu", dtype=self.autocast_dtype, enabled=on):
+            e = encode(x.to(self.device))
+        return torch.nn.functional.normalize(e.float(), dim=-1)
 
     @torch.inference_mode()
     def encode_images(self, images: Sequence) -> torch.Tensor:
-        """L2-normalised embeddings of PIL images, shape ``(n, d)``."""
-        x = torch.stack([self.preprocess(im.convert("RGB")) for im in images]).to(self.device)
-        with self._autocast():
-            e = self.model.encode_image(x)
-        return torch.nn.functional.normalize(e.float(), dim=-1)
+        """Embeddings of PIL images."""
+        x = torch.stack([self.preprocess(im.convert("RGB")) for im in images])
+        return self._normalized(self.model.encode_image, x)
 
     @torch.inference_mode()
     def encode_texts(self, texts: Sequence[str]) -> torch.Tensor:
-        """L2-normalised text embeddings (open_clip's own EOS-pooled text path), ``(n, d)``."""
-        tokens = self.tokenizer(list(texts)).to(self.device)
-        with self._autocast():
-            e = self.model.encode_text(tokens)
-        return torch.nn.functional.normalize(e.float(), dim=-1)
+        """Text embeddings (open_clip's own EOS-pooled text path)."""
+        return self._normalized(self.model.encode_text, self.tokenizer(list(texts)))
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -16,11 +16,10 @@ import numpy as np
 
 from genshift import imagenet
 from genshift.builders.common import Checked, ConfigError, option
-from genshift.builders.in_g_prompts import captioner_fn, class_prompt, seed_caption, shots
+from genshift.builders.in_g_mining import Classify, Generate
+from genshift.builders.in_g_prompts import CAPTIONING, captioner_fn, class_prompt, seed_caption, shots
 from genshift.builders.seeding import derive_seed
 
-Generate = Callable[[list[str], list[int]], list[bytes]]
-Classify = Callable[[list[bytes]], np.ndarray]
 Caption = Callable[[list[bytes], str], list[str]]  # images, forced prefix -> texts
 
 
@@ -41,8 +40,7 @@ class Config(Checked):
                                                                      "generates the images")
     captioner: str = option("Salesforce/blip2-opt-2.7b", "BLIP-2 checkpoint (Hub repo) that captions the failures")
     captioning: str = option("three-shot", "three-shot: the paper's few-shot prompt (the IN-G shots); single-image: "
-                                           "the image and its class prompt only",
-                             choices=("three-shot", "single-image"))
+                                           "the image and its class prompt only", choices=CAPTIONING)
     steps: int = option(50, "diffusion steps per image", min=1)
     size: int = option(512, "generated image size in pixels", min=8)
     batch_size: int = option(8, "images per generation batch", min=1)
@@ -168,12 +166,3 @@ def search(cfg: Config) -> dict:
         classify, _ = classifier_from_timm(cfg.model, device=device, checkpoint=cfg.checkpoint)
     return discover(label, generate=gen.generate, classify=classify, target=target, cfg=cfg,
                     caption=captioner_fn(cap, shots()[0] if cfg.captioning == "three-shot" else []))
-
-
-def format_report(report: dict) -> list[dict]:
-    return [{"caption": h["caption"][len(report["class_prompt"]):].strip() or "(class prompt)",
-             "failures": f"{h['failures']}/{h['n']}", "rate %": f"{100 * h['rate']:.1f}",
-             "ratio": "-" if h["ratio"] is None else f"{h['ratio']:.2f}", "p": f"{h['p_value']:.2g}",
-             "q (BH)": f"{h['q_value']:.2g}", "significant": "yes" if h["significant"] else ""}
-            for h in report["hypotheses"] + report["refinement"]]
-

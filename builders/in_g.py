@@ -19,13 +19,12 @@ from pathlib import Path
 from genshift import imagenet
 from genshift.builders import common
 from genshift.builders.common import BuildConfig, ConfigError, option, threaded
-from genshift.builders.in_g_prompts import captioner_fn, class_prompt, read_captions, seed_caption, shots
+from genshift.builders.in_g_prompts import CAPTIONING, captioner_fn, class_prompt, read_captions, seed_caption, shots
 from genshift.errors import BenchError
 from genshift.fsutil import atomic_write_bytes, sha256_file
 
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
 WORK = ".work"
-CAPTIONING = ("three-shot", "single-image")
 FEW_SHOT_PROMPT = ("per shot: the shot image (its BLIP-2 query tokens), then its caption; then the image to caption "
                    "and its class prompt, which the captioner continues")
 
@@ -70,27 +69,16 @@ class Config(BuildConfig):
                                        "its cap")
 
 
-def _features():
-    from datasets import Sequence, Value
-
-    return {"caption": Value("string"), "caption_id": Value("string"), "class_prompt": Value("string"),
-            "parent_wnid": Value("string"), "seed": Value("int64"), "attempt": Value("int32"),
-            "generator": Value("string"), "target_model": Value("string"), "target_weights_sha256": Value("string"),
-            "target_top5_idx": Sequence(Value("int16")), "target_top5_prob": Sequence(Value("float32")),
-            "top1_miss": Value("bool"), "top3_miss": Value("bool"), "parent_failure": Value("bool")}
-
-
 def _seed_images(cfg: Config):
     """(label, image file or bytes) of the images to caption: ImageNet-A's, or two synthetic ones per class (smoke)."""
     if cfg.smoke:
-        import numpy as np
         from PIL import Image
 
         out = []
         for k, y in enumerate(imagenet.imagenet_a_indices()[:2]):
             for i in range(2):
                 buf = io.BytesIO()
-                Image.fromarray(np.full((48, 48, 3), (60 * k + 90 * i) % 256, np.uint8)).save(buf, format="PNG")
+                Image.new("RGB", (48, 48), ((60 * k + 90 * i) % 256,) * 3).save(buf, format="PNG")
                 out.append((y, buf.getvalue()))
         return out
     root = Path(cfg.imagenet_a)
@@ -105,37 +93,34 @@ def _seed_images(cfg: Config):
     return out
 
 
-def caption_images(cfg: Config, device: str) -> tuple[list[tuple[int, str]], dict]:
-    """One seed caption per image (:func:`_seed_images`), by the configured captioning; and how."""
+def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
+    """The seed captions and how they were made: read from ``--captions``, or one per image of
+    :func:`_seed_images` by the configured captioning (cached in the work folder for a resumed build)."""
     from genshift.builders.captioner import Captioner
 
-    cap = Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
-    few, record = shots() if cfg.captioning == "three-shot" else ([], [])
-    caption, images, caps = captioner_fn(cap, few), _seed_images(cfg), []
-    for y in dict.fromkeys(y for y, _ in images):
-        prompt = class_prompt(y, an=cfg.an).text
-        caps += [(y, seed_caption(prompt, t)) for t in caption([src for label, src in images if label == y], prompt)]
-    info = {"source": "smoke: synthetic images" if cfg.smoke else "imagenet-a", "captioner": cap.model_id,
-            "captioning": cfg.captioning, "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
-    if few:
-        info.update(shots=record, prompt=FEW_SHOT_PROMPT)
-    return caps, info
-
-
-def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]], dict]:
+    cache = out / WORK / "captions.jsonl"
     if cfg.captions:
         caps = read_captions(cfg.captions, an=cfg.an)
         info = {"source": "file", "file": Path(cfg.captions).name, "sha256": sha256_file(cfg.captions)}
+    elif cache.is_file():
+        lines = cache.read_text().splitlines()
+        info = json.loads(lines[0])
+        caps = [(r["class"], r["caption"]) for r in map(json.loads, lines[1:])]
     else:  # caption ImageNet-A (or, --smoke, synthetic images)
-        cache = out / WORK / "captions.jsonl"
-        if cache.is_file():
-            lines = cache.read_text().splitlines()
-            info = json.loads(lines[0])
-            caps = [(r["class"], r["caption"]) for r in map(json.loads, lines[1:])]
-        else:
-            caps, info = caption_images(cfg, device)
-            text = [json.dumps(info)] + [json.dumps({"class": y, "caption": c}) for y, c in caps]
-            atomic_write_bytes(cache, ("\n".join(text) + "\n").encode())
+        cap = Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
+        few, record = shots() if cfg.captioning == "three-shot" else ([], [])
+        caption, images, caps = captioner_fn(cap, few), _seed_images(cfg), []
+        for y in dict.fromkeys(y for y, _ in images):
+            prompt = class_prompt(y, an=cfg.an).text
+            texts = caption([src for label, src in images if label == y], prompt)
+            caps += [(y, seed_caption(prompt, t)) for t in texts]
+        info = {"source": "smoke: synthetic images" if cfg.smoke else "imagenet-a", "captioner": cap.model_id,
+                "captioning": cfg.captioning,
+                "decoding": "beam 5, 8-40 new tokens, forced class prompt, <= 2 sentences"}
+        if few:
+            info.update(shots=record, prompt=FEW_SHOT_PROMPT)
+        text = [json.dumps(info)] + [json.dumps({"class": y, "caption": c}) for y, c in caps]
+        atomic_write_bytes(cache, ("\n".join(text) + "\n").encode())
     if cfg.dedup_captions:
         caps = list(dict.fromkeys(caps))
     return caps, {**info, "deduplicated": cfg.dedup_captions}
@@ -143,6 +128,8 @@ def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]
 
 @threaded
 def run(cfg: Config) -> int:
+    from datasets import Sequence, Value
+
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
     from genshift.data_cards import render_card
@@ -168,7 +155,12 @@ def run(cfg: Config) -> int:
     fingerprint = {"suite": cfg.suite, "target": target, "captions": seeds, "dedup": cfg.dedup_captions,
                    "mining": asdict(mining), "generation": asdict(settings), "an": cfg.an, "smoke": cfg.smoke,
                    "cpu_threads": cfg.cpu_threads}
-    writer = common.open_writer(cfg, proc, suite_id=cfg.suite, extra_features=_features(), fingerprint=fingerprint)
+    features = {"caption": Value("string"), "caption_id": Value("string"), "class_prompt": Value("string"),
+                "parent_wnid": Value("string"), "seed": Value("int64"), "attempt": Value("int32"),
+                "generator": Value("string"), "target_model": Value("string"), "target_weights_sha256": Value("string"),
+                "target_top5_idx": Sequence(Value("int16")), "target_top5_prob": Sequence(Value("float32")),
+                "top1_miss": Value("bool"), "top3_miss": Value("bool"), "parent_failure": Value("bool")}
+    writer = common.open_writer(cfg, proc, suite_id=cfg.suite, extra_features=features, fingerprint=fingerprint)
     if writer is None:
         return 0
     if proc.is_main:  # the main process captions; the others read its captions

@@ -1,10 +1,6 @@
-"""Failure mining for IN-G (Wiles et al. s4.2; ``docs/builders.md``).
-
-Per seed caption: sample images (seeds from the caption id), classify them with the target, keep those
-that fail by the paper's definition (none of the top-3 under the true class's WordNet parent:
-``genshift.eval.metrics.parent_failures``) until ``cap`` are kept or ``n_max`` sampled. Each caption's
-outcome is checkpointed atomically.
-"""
+"""Failure mining for IN-G (Wiles et al. s4.2; ``docs/builders.md``): per seed caption, images (seeds from the
+caption id) until ``cap`` fail by the paper's definition (none of the top-3 under the true class's WordNet parent:
+``genshift.eval.metrics.parent_failures``) or ``n_max`` were sampled; each caption's outcome is checkpointed."""
 
 from __future__ import annotations
 
@@ -71,7 +67,10 @@ class CaptionResult:
     def save(self, path: Path) -> None:
         import pyarrow as pa
 
-        table = pa.Table.from_pylist([asdict(a) for a in self.kept], schema=_schema())
+        schema = pa.schema([("index", pa.int32()), ("seed", pa.int64()), ("image", pa.binary()),
+                            ("top5_idx", pa.list_(pa.int16())), ("top5_prob", pa.list_(pa.float32())),
+                            ("top1_miss", pa.bool_()), ("top3_miss", pa.bool_()), ("parent_failure", pa.bool_())])
+        table = pa.Table.from_pylist([asdict(a) for a in self.kept], schema=schema)
         save_parquet(path, table, {"caption": {"caption_id": self.caption_id, "label": self.label,
                                                "caption": self.caption, "sampled": self.sampled}})
 
@@ -82,16 +81,8 @@ class CaptionResult:
         return cls(c["caption_id"], c["label"], c["caption"], c["sampled"], [Attempt(**r) for r in rows])
 
 
-def _schema():
-    import pyarrow as pa
-
-    return pa.schema([("index", pa.int32()), ("seed", pa.int64()), ("image", pa.binary()),
-                      ("top5_idx", pa.list_(pa.int16())), ("top5_prob", pa.list_(pa.float32())),
-                      ("top1_miss", pa.bool_()), ("top3_miss", pa.bool_()), ("parent_failure", pa.bool_())])
-
-
 def mine_caption(label: int, caption: str, *, generate: Generate, classify: Classify, cfg: MiningConfig,
-                 on_batch: Callable[[int], None] | None = None, cid: str | None = None) -> CaptionResult:
+                 cid: str | None = None) -> CaptionResult:
     """Sample until ``cfg.cap`` failures are kept or ``cfg.n_max`` images were sampled."""
     cid = cid or caption_id(label, caption)
     kept: list[Attempt] = []
@@ -102,17 +93,13 @@ def mine_caption(label: int, caption: str, *, generate: Generate, classify: Clas
         images = generate([caption] * n, seeds)
         probs = np.asarray(classify(images), dtype=np.float64)
         top5 = np.argsort(-probs, axis=1, kind="stable")[:, :5]
-        labels = np.full(n, label)
-        fail = parent_failures(labels, top5[:, :3])
-        for j in range(n):
-            if fail[j] and len(kept) < cfg.cap:
-                kept.append(Attempt(index=sampled + j, seed=seeds[j], image=images[j],
-                                    top5_idx=top5[j].tolist(), top5_prob=probs[j, top5[j]].astype(np.float32).tolist(),
-                                    top1_miss=bool(top5[j, 0] != label), top3_miss=bool(label not in top5[j, :3]),
-                                    parent_failure=True))
+        fail = parent_failures(np.full(n, label), top5[:, :3])
+        for j in np.flatnonzero(fail)[:cfg.cap - len(kept)].tolist():
+            kept.append(Attempt(index=sampled + j, seed=seeds[j], image=images[j],
+                                top5_idx=top5[j].tolist(), top5_prob=probs[j, top5[j]].astype(np.float32).tolist(),
+                                top1_miss=bool(top5[j, 0] != label), top3_miss=bool(label not in top5[j, :3]),
+                                parent_failure=True))
         sampled += n
-        if on_batch:
-            on_batch(n)
     return CaptionResult(cid, label, caption, sampled, kept)
 
 
@@ -123,8 +110,7 @@ def mine_all(captions: Sequence[tuple[int, str]], work_dir: Path, *, generate: G
     from tqdm.auto import tqdm
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    out = {}
-    todo = []
+    out, todo = {}, []
     seen: Counter = Counter()
     for label, caption in captions:
         cid = caption_id(label, caption, seen[label, caption])

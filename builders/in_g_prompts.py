@@ -20,6 +20,7 @@ from genshift import imagenet
 from genshift.errors import BenchError
 
 TEMPLATE = "a realistic photograph of {article} {name} ({parent})."
+CAPTIONING = ("three-shot", "single-image")  # the paper's few-shot prompt (shots()), or the image alone
 DECODING = {"num_beams": 5, "min_new_tokens": 8, "max_new_tokens": 40}  # the IN-G captioner's
 
 

@@ -98,8 +98,7 @@ def _features():
 
 
 def encode_image(img, image_format: str) -> bytes:
-    """Stored image bytes: ``jpeg-q75`` as the files the authors' classifiers scored (PIL's default
-    quality) or lossless ``png``."""
+    """``jpeg-q75`` as the files the authors' classifiers scored (PIL's default quality), or lossless ``png``."""
     buf = io.BytesIO()
     if image_format == "jpeg-q75":
         img.convert("RGB").save(buf, format="JPEG", quality=75)
@@ -122,21 +121,17 @@ class SmokePerturber:
         return [e for t, a in raw.items() for e in lp.edits_from_answer(caption, t, a)], raw
 
 
-def _smoke_sources(tmp: Path):
+def _smoke_sources() -> list[SourceImage]:
+    """Four scikit-image photographs (PNG bytes), two of each of the first two Hard ImageNet classes."""
     from PIL import Image
     from skimage import data
 
     from genshift.suites import HARD_IMAGENET_WNIDS
 
     photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
-    out = []
-    tmp.mkdir(parents=True, exist_ok=True)
-    for i, arr in enumerate(photos):
-        w = HARD_IMAGENET_WNIDS[i // 2]
-        p = tmp / f"smoke_{i:04d}.png"
-        Image.fromarray(arr).save(p)
-        out.append(SourceImage(f"smoke_{i:04d}", w, imagenet.index_of(w), p))
-    return out
+    wnids = [HARD_IMAGENET_WNIDS[i // 2] for i in range(len(photos))]
+    return [SourceImage(f"smoke_{i:04d}", w, imagenet.index_of(w), None, encode_image(Image.fromarray(a), "png"))
+            for i, (a, w) in enumerate(zip(photos, wnids))]
 
 
 def _editor_config(cfg: Config):
@@ -218,19 +213,18 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
     from genshift.builders.lance_checks import CheckThresholds, choose, score_edits
 
     crop = load_crop(src, editor.cfg.size)
-    caption, sampling_seed = plan["caption"], plan["sampling_seed"]
+    caption = plan["caption"]
     base = {**dict.fromkeys(_features()), "label": src.label, "pair_id": src.source_id, "keep": True,
-            "source_image_id": src.source_id, "caption": caption, "seed": 0, "edit_sampling_seed": sampling_seed}
+            "source_image_id": src.source_id, "caption": caption, "seed": 0,
+            "edit_sampling_seed": plan["sampling_seed"]}
 
-    def image(img) -> dict:
-        return {"bytes": encode_image(img, cfg.image_format), "path": None}
+    def row(role: str, img, image_id: str, **columns) -> dict:
+        return {**base, "image": {"bytes": encode_image(img, cfg.image_format), "path": None},
+                "image_id": f"{role}/{image_id}", "config": role, "role": role, **columns}
 
     inv = editor.null_text_inversion(crop, caption)
     recon = editor.decode(editor.reconstruct(inv))[0]
-    rows = [{**base, "image": image(crop), "image_id": f"original/{src.source_id}", "config": "original",
-             "role": "original"},
-            {**base, "image": image(recon), "image_id": f"reconstruction/{src.source_id}", "config": "reconstruction",
-             "role": "reconstruction"}]
+    rows = [row("original", crop, src.source_id), row("reconstruction", recon, src.source_id)]
     th = CheckThresholds(-1.0, -1.0, -1.0, closer_to_edit=False) if cfg.smoke else CheckThresholds()
     for k, d in enumerate(plan["kept"]):
         e, ts = lp.Edit(**d["edit"]), d["scores"]
@@ -242,15 +236,13 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
         if best is None:
             continue
         tdir = (clip.encode_texts([e.edit]) - clip.encode_texts([e.original or ""]))[0].cpu().numpy()
-        rows.append({**base, "image": image(images[[s.f for s in scores].index(best.f)]),
-                     "image_id": f"counterfactual/{src.source_id}/{k:02d}", "config": "counterfactual",
-                     "role": "counterfactual", "edit_type": d["edit_type"], "edit_type_fine": e.edit_type,
-                     "edit_draw": d["index"], "edited_caption": e.edited_caption,
-                     "original_words": e.original, "edit_words": e.edit, "f": best.f,
-                     "clip_img_sim": best.clip_img_sim, "clip_sim_0": best.clip_sim_0, "clip_sim_1": best.clip_sim_1,
-                     "clip_dir_sim": best.clip_dir_sim, "text_class_sim": ts["class_sim"],
-                     "text_same_sim": ts["same_sim"], "edit_text_direction": np.asarray(tdir, np.float32).tolist(),
-                     "seed": derive_seed(cfg.seed, src.source_id, e.edit_type)})
+        rows.append(row("counterfactual", images[[s.f for s in scores].index(best.f)], f"{src.source_id}/{k:02d}",
+                        edit_type=d["edit_type"], edit_type_fine=e.edit_type, edit_draw=d["index"],
+                        edited_caption=e.edited_caption, original_words=e.original, edit_words=e.edit, f=best.f,
+                        clip_img_sim=best.clip_img_sim, clip_sim_0=best.clip_sim_0, clip_sim_1=best.clip_sim_1,
+                        clip_dir_sim=best.clip_dir_sim, text_class_sim=ts["class_sim"], text_same_sim=ts["same_sim"],
+                        edit_text_direction=np.asarray(tdir, np.float32).tolist(),
+                        seed=derive_seed(cfg.seed, src.source_id, e.edit_type)))
     tried = [[d["edit_type"], d["edit"]["edit_type"]] for d in plan["kept"]]  # sent to the editor: (type, fine type)
     return rows, tried
 
@@ -291,7 +283,7 @@ def run(cfg: Config) -> int:
     device = proc.device(cfg.device, cpu=cfg.smoke)  # each accelerate process on its node-local GPU
     hub_source = None
     if cfg.smoke:
-        sources = _smoke_sources(out.parent / f".{out.name}-smoke-sources")
+        sources = _smoke_sources()
     elif cfg.imagenet_val:
         sources = find_sources(cfg.imagenet_val, allow_partial=cfg.allow_partial)
     elif cfg.hub_val:
@@ -299,9 +291,8 @@ def run(cfg: Config) -> int:
     else:
         raise BenchError("give the ImageNet validation images with --imagenet-val DIR or --hub-val ORG/NAME[@SHA] "
                          "(or --smoke)")
-    fingerprint = {k: v for k, v in asdict(cfg).items()
-                   if k not in ("progress", "overwrite", "device", "hub_val", "out", "imagenet_val")}
-    fingerprint["hub_source"] = hub_source  # the resolved commit, not the ref the user typed
+    skip = ("progress", "overwrite", "device", "hub_val", "out", "imagenet_val")  # hub_source: the resolved commit
+    fingerprint = {k: v for k, v in asdict(cfg).items() if k not in skip} | {"hub_source": hub_source}
     writer = common.open_writer(cfg, proc, suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
     if writer is None:
         return 0
@@ -312,22 +303,20 @@ def run(cfg: Config) -> int:
             and not (work / f"{s.source_id}.parquet").is_file()]
     # three stages over all of this process's images, each with only its own models loaded (the four
     # together do not fit a 24 GiB GPU; docs/performance.md); each image's plan is checkpointed per stage
-    plan_file = {s.source_id: work / f"{s.source_id}.plan.json" for s in todo}
-    plans = {s.source_id: _load_plan(plan_file[s.source_id]) for s in todo}
+    plans = {s.source_id: _load_plan(work / f"{s.source_id}.plan.json") for s in todo}
 
     def stage(desc: str, images: list, load, step) -> None:
-        """One stage over ``images``, its models loaded first and given back before the next stage loads."""
+        """One stage over ``images``, its models loaded first and given back before the next stage loads; the
+        plan a step returns is checkpointed."""
         if not images:
             return
         models = load()
         for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not cfg.progress, dynamic_ncols=True):
-            step(src, *models)
+            if (plan := step(src, *models)) is not None:
+                plans[src.source_id] = plan
+                _save_plan(work / f"{src.source_id}.plan.json", plan)
         del models
         common.free(device)
-
-    def planned(src, plan: dict) -> None:
-        plans[src.source_id] = plan
-        _save_plan(plan_file[src.source_id], plan)
 
     def rendered(src, editor, clip) -> None:
         plan = plans[src.source_id]
@@ -337,10 +326,10 @@ def run(cfg: Config) -> int:
         common.save_parquet(work / f"{src.source_id}.parquet", table, {"tried": tried, "models": models})
 
     stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(cfg, device),),
-          lambda src, captioner: planned(src, caption_image(src, captioner=captioner, ed=ed, cfg=cfg)))
+          lambda src, captioner: caption_image(src, captioner=captioner, ed=ed, cfg=cfg))
     stage("edits", [s for s in todo if "kept" not in plans[s.source_id]], lambda: _text_models(cfg, device),
-          lambda src, perturber, text_filter: planned(src, plan_edits(src, plans[src.source_id], perturber=perturber,
-                                                                      text_filter=text_filter, cfg=cfg)))
+          lambda src, perturber, text_filter: plan_edits(src, plans[src.source_id], perturber=perturber,
+                                                         text_filter=text_filter, cfg=cfg))
     stage("images", todo, lambda: _image_models(cfg, device, ed), rendered)
     proc.wait()
     if not proc.is_main:
@@ -366,10 +355,9 @@ def run(cfg: Config) -> int:
             if not writer.shard_done(config, i, n):
                 writer.write_shard(config, i, n, rows[i::n])
     counts = {c: len(r) for c, r in by_config.items()}
-    length = caption_length(cfg)
+    unit = "tokens" if cfg.smoke else cfg.caption_length_unit
     p = {"builder": "genshift.builders.lance", "paper": "Prabhu et al., LANCE (NeurIPS 2023)",
-         "captioner": used["captioner"], "caption_length": {"unit": "tokens" if cfg.smoke else cfg.caption_length_unit,
-                                                            **length, "beams": 5},
+         "captioner": used["captioner"], "caption_length": {"unit": unit, **caption_length(cfg), "beams": 5},
          "perturber": used["perturber"], "text_filter": used["text_filter"],
          "editor": asdict(ed), "clip": used["clip"], "seed": cfg.seed, "edit_types": list(cfg.edit_types),
          "max_edits": cfg.max_edits, "image_format": cfg.image_format,
@@ -385,7 +373,5 @@ def run(cfg: Config) -> int:
         pretty_name="LANCE counterfactuals of Hard ImageNet (genshift-bench rebuild)",
         tags=["lance", "counterfactual", "hard-imagenet"], context={"p": p, "json": json.dumps}))
     shutil.rmtree(work, ignore_errors=True)
-    if cfg.smoke:
-        shutil.rmtree(out.parent / f".{out.name}-smoke-sources", ignore_errors=True)
     print(f"built {out}: {counts}; manifest sha256 {manifest.sha256}")
     return 0

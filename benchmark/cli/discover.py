@@ -21,16 +21,21 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from genshift.builders.discover import Config, format_report, search
+    from genshift.builders.discover import Config, search
     from genshift.cli.build import config_from, flagged
     from genshift.fsutil import atomic_write_json
 
     cfg = config_from(Config, args)
     report = flagged(Config, search, cfg)
-    b = report["baseline"]
-    print(f"{report['class_prompt']}  baseline {report['rate']}: {b['failures']}/{b['n']} = {100 * b['rate']:.2f}%")
+    b, prompt = report["baseline"], report["class_prompt"]
+    print(f"{prompt}  baseline {report['rate']}: {b['failures']}/{b['n']} = {100 * b['rate']:.2f}%")
+    rows = [{"caption": h["caption"][len(prompt):].strip() or "(class prompt)",
+             "failures": f"{h['failures']}/{h['n']}", "rate %": f"{100 * h['rate']:.1f}",
+             "ratio": "-" if h["ratio"] is None else f"{h['ratio']:.2f}", "p": f"{h['p_value']:.2g}",
+             "q (BH)": f"{h['q_value']:.2g}", "significant": "yes" if h["significant"] else ""}
+            for h in report["hypotheses"] + report["refinement"]]
     if report["hypotheses"]:
-        print_table(format_report(report), ["caption", "failures", "rate %", "ratio", "p", "q (BH)", "significant"])
+        print_table(rows, list(rows[0]))
     else:
         print(report.get("note", "no hypotheses"))
     if cfg.out:
