@@ -72,35 +72,29 @@ class Population:
                 "models": [{k: v for k, v in asdict(m).items() if v is not None} for m in self.members]}
 
 
-def _member(pop: str, e: dict) -> Member:
-    if set(e) - _KEYS or e.get("role") not in ROLES or not e.get("model") or not e.get("paper"):
-        raise ValueError(f"population {pop}: bad member {e!r} (needs model, paper and a role of {', '.join(ROLES)})")
-    return Member(**e)
-
-
-def _parse(rows: list[dict]) -> list[Population]:
-    out = []
-    for row in rows:
-        entries, source = row.get("models"), None
-        if "models_file" in row:  # members written by a script, with the paper's data configs
-            data = yaml.safe_load(resources.files("genshift").joinpath("_data", row["models_file"]).read_text())
-            entries, source = data["models"], f"timm {data['timm']}"
-        members = tuple(_member(row["name"], e) for e in entries)
-        tags = [m.model for m in members if not m.local]
-        if len(set(tags)) != len(tags) or len({m.paper for m in members}) != len(members):
-            raise ValueError(f"population {row['name']} lists a model twice")
-        out.append(Population(name=row["name"], title=row["title"], source=row["source"],
-                              suites=tuple(row["suites"]), choice=" ".join(row["choice"].split()),
-                              members=members, data_config_from=source))
-    return out
+def _data(name: str):
+    return yaml.safe_load(resources.files("genshift").joinpath("_data", name).read_text())
 
 
 @lru_cache(maxsize=1)
 def _registry() -> Registry[Population]:
     reg: Registry[Population] = Registry("population")
-    text = resources.files("genshift").joinpath("_data", "populations.yaml").read_text()
-    for pop in _parse(yaml.safe_load(text)):
-        reg.register(pop.name, pop)
+    for row in _data("populations.yaml"):
+        entries, source = row.get("models"), None
+        if "models_file" in row:  # members written by a script, with the paper's data configs
+            data = _data(row["models_file"])
+            entries, source = data["models"], f"timm {data['timm']}"
+        for e in entries:
+            if set(e) - _KEYS or e.get("role") not in ROLES or not e.get("model") or not e.get("paper"):
+                raise ValueError(f"population {row['name']}: bad member {e!r} (needs model, paper and a role of "
+                                 f"{', '.join(ROLES)})")
+        members = tuple(Member(**e) for e in entries)
+        tags = [m.model for m in members if not m.local]
+        if len(set(tags)) != len(tags) or len({m.paper for m in members}) != len(members):
+            raise ValueError(f"population {row['name']} lists a model twice")
+        reg.register(row["name"], Population(name=row["name"], title=row["title"], source=row["source"],
+                                             suites=tuple(row["suites"]), choice=" ".join(row["choice"].split()),
+                                             members=members, data_config_from=source))
     reg.freeze()
     return reg
 
@@ -138,10 +132,9 @@ def population_models(name: str, *, config: str = "paper") -> list[tuple[str, di
 def recorded_data_config(model: str, source: str) -> dict:
     """The data config recorded for timm tag ``model`` by the population whose configs come from
     ``source`` (a result's ``protocol.data_config``, e.g. "timm 0.6.12"): what verify re-runs with."""
-    for name in list_populations():
-        pop = get_population(name)
-        hit = next((m for m in pop.members if pop.data_config_from == source and m.model == model), None)
-        if hit is not None:
-            return hit.data_config
+    pops = [get_population(name) for name in list_populations()]
+    hit = next((m for p in pops if p.data_config_from == source for m in p.members if m.model == model), None)
+    if hit is not None:
+        return hit.data_config
     raise BenchError(f"no population records a {source} data config for {model!r}; the result's protocol.data_config "
                      "cannot be re-run here")

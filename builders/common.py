@@ -1,24 +1,24 @@
-"""What every builder shares: its typed config's base, and the steps the three builders take alike.
-
-A builder's options are one frozen dataclass (:class:`BuildConfig` + its own fields, each with its
-help: ``option``), validated once when made (:class:`ConfigError` names the field). Bytes do not depend
-on where or with how many threads a build ran (``docs/builders.md``, "Reproducible bytes"): paths are
-recorded as digests (:func:`files_digest`), model steps run under :func:`fixed_threads`.
+"""What every builder shares: its typed config's base (:class:`BuildConfig`, fields made with :func:`option`,
+checked once when made) and the steps the three builders take alike (``docs/builders.md``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
+import gc
+import hashlib
+import importlib.metadata
 import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from genshift.errors import BenchError, first_line
+from genshift.fsutil import atomic_path, atomic_write_json, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class BuildConfig(Checked):
     progress: bool = option(True, "no progress bar", flag="--no-progress")
 
 
-@contextmanager
+@contextlib.contextmanager
 def fixed_threads(n: int) -> Iterator[None]:
     """Run the body with ``torch.set_num_threads(n)``; the previous count is restored afterwards."""
     import torch
@@ -110,10 +110,6 @@ def files_digest(root, files) -> dict:
     """``{"name": folder name, "files": n, "sha256": ...}`` of the files used from a local folder:
     sha256 over ``relative/path:sha256(content)`` lines in path order, so the record names what
     was read without the machine's path."""
-    import hashlib
-
-    from genshift.fsutil import sha256_file
-
     root = Path(root)
     lines = sorted(f"{Path(f).relative_to(root).as_posix()}:{sha256_file(f)}\n" for f in files)
     return {"name": root.name, "files": len(lines), "sha256": hashlib.sha256("".join(lines).encode()).hexdigest()}
@@ -138,8 +134,6 @@ def save_parquet(path: Path, table, meta: dict) -> None:
     """A checkpoint: the pyarrow ``table`` with ``meta`` (JSON values) in its schema metadata, atomically."""
     import pyarrow.parquet as pq
 
-    from genshift.fsutil import atomic_path
-
     table = table.replace_schema_metadata({k: json.dumps(v) for k, v in meta.items()})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
@@ -156,8 +150,6 @@ def load_parquet(path: Path) -> tuple[list[dict], dict]:
 
 def record_batch_size(work: Path, index: int, size: int) -> None:
     """The generation batch size process ``index`` ended with (after any out-of-memory back-off)."""
-    from genshift.fsutil import atomic_write_json
-
     atomic_write_json(work / f"batch-size-{index}.json", {"batch_size": size})
 
 
@@ -184,18 +176,15 @@ def wait_for(missing_fn, what: str, timeout: float, *, poll: float = 10.0) -> No
 
 
 def versions(*packages: str) -> dict:
-    import importlib.metadata as md
-
-    out = {}
+    """``{package: installed version or None}``."""
+    out = dict.fromkeys(packages)
     for pkg in packages:
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[pkg] = importlib.metadata.version(pkg)
     return out
 
 
-@contextmanager
+@contextlib.contextmanager
 def loading(what: str, hint: str, errors: tuple = (OSError, ValueError)) -> Iterator[None]:
     """Turn a failed ``from_pretrained`` into one line: "cannot load ``what``: why; ``hint``"."""
     try:
@@ -206,8 +195,6 @@ def loading(what: str, hint: str, errors: tuple = (OSError, ValueError)) -> Iter
 
 def free(device: str) -> None:
     """Give a finished stage's models back (the caller dropped its references) before the next loads."""
-    import gc
-
     import torch
 
     gc.collect()

@@ -4,14 +4,14 @@ Class tokens (released by default; ``--train-tokens``: textual inversion here; `
 names) -> Stable Diffusion 2 with the shift prompts -> CLIP presence scores -> ``keep`` calibrated
 per shift (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
 
-Two resumable phases: every process generates and scores its shards (``sha256(shift/class) mod
-shards``, dealt round-robin) into ``<out>/.stage/``; the main process waits for every staged shard
-(a file-system wait, not a barrier), calibrates the thresholds on each shift's scores and writes the
-final shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
+Two resumable phases: every process generates and scores its shards into ``<out>/.stage/``; the main
+process waits for them (on the file system), calibrates each shift's thresholds and writes the final
+shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
@@ -19,11 +19,18 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import yaml
+
 from genshift import imagenet
 from genshift.builders import common
+from genshift.builders.clip_filter import RELEASED_KEPT_FRACTION, calibrate, clip_scores, keep_flags, kept_target
 from genshift.builders.common import BuildConfig, ConfigError, option, threaded
+from genshift.builders.seeding import derive_seed
+from genshift.distributed import current_process, plan_nonempty_shards
 from genshift.errors import BenchError, unknown
 from genshift.fsutil import sha256_file
+from genshift.suites import imagenet_star_shifts
 
 SUITE_ID = "imagenet-star"
 STAGE = ".stage"
@@ -96,10 +103,6 @@ def parse_classes(items) -> list[int]:
 
 
 def shift_table(cfg: Config) -> dict[str, str]:
-    import yaml
-
-    from genshift.suites import imagenet_star_shifts
-
     if cfg.shifts_file:
         try:
             table = {r["key"]: r["prompt"] for r in yaml.safe_load(Path(cfg.shifts_file).read_text())}
@@ -118,8 +121,6 @@ def shift_table(cfg: Config) -> dict[str, str]:
 
 
 def kept_fractions(cfg: Config, shifts) -> dict[str, float]:
-    from genshift.builders.clip_filter import RELEASED_KEPT_FRACTION
-
     table = dict(RELEASED_KEPT_FRACTION)
     if cfg.kept_fractions:
         try:
@@ -149,24 +150,21 @@ def generation_settings(cfg: Config):
                               variant=cfg.variant)
 
 
-def token_source(cfg: Config) -> tuple[str, str | None]:
-    """(kind, path or None) of the class tokens, resolved before anything heavy is loaded."""
-    from genshift.builders.tokens import download_released_tokens
+def token_source(cfg: Config, classes: list[int]) -> tuple[str, str | None, dict | None]:
+    """(kind, path, tokens) of the class tokens; a released or given file is loaded and validated here,
+    before anything heavy is."""
+    from genshift.builders.tokens import download_released_tokens, load_token_zip
 
-    if cfg.smoke:
-        return "smoke", None
-    if cfg.tokens == "none":
-        return "none", None
+    if cfg.smoke or cfg.tokens == "none":
+        return ("smoke" if cfg.smoke else "none"), None, None
     if cfg.train_tokens:
-        return "trained", cfg.train_tokens
-    if cfg.tokens == "hub":
-        return "released", str(download_released_tokens())
-    return "file", cfg.tokens
+        return "trained", cfg.train_tokens, None
+    path = str(download_released_tokens()) if cfg.tokens == "hub" else cfg.tokens
+    return ("released" if cfg.tokens == "hub" else "file"), path, load_token_zip(path, classes=classes)
 
 
 def _smoke_training_images(root: Path, classes: list[int]) -> Path:
     """Two tiny synthetic images per class (distinct colours), as ``<wnid>/<i>.png``."""
-    import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -180,23 +178,25 @@ def _smoke_training_images(root: Path, classes: list[int]) -> Path:
     return root
 
 
-def _train(cfg: Config, run, classes: list[int], work: Path, data, *, steps: int, lr: float, resolution: int,
-           model_id: str):
-    """Tokens of ``classes`` by textual inversion, split over the processes; every process gets all."""
+def _train(cfg: Config, run, classes: list[int], root: Path, data, what: str, *, steps: int, lr: float,
+           resolution: int, model_id: str) -> tuple[dict, dict]:
+    """Tokens of ``classes`` by textual inversion, split over the processes (every process gets all; resumable in
+    ``root/.tokens``), written to ``root/tokens.zip``; returns them and their provenance (``what`` they are)."""
     from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
-    from genshift.distributed import current_process
+    from genshift.builders.tokens import save_token_zip
 
-    ti = TIConfig(steps=steps, lr=lr, resolution=resolution)
+    ti, work = TIConfig(steps=steps, lr=lr, resolution=resolution), root / TOKENS_WORK
     tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, process=current_process(),
                           progress=cfg.progress)
     if len(tokens) < len(classes):  # other processes train the rest: wait for their files
         common.wait_for(lambda: [c for c in classes if not (work / f"{c}.bin").is_file()], "class token(s)",
                         cfg.wait_timeout)
         tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, progress=False)
+    save_token_zip(tokens, root / "tokens.zip")
     used = [f for c in folder_classes(data, classes=classes) for f in c.files]
-    return tokens, {"steps": steps, "lr": lr, "resolution": resolution, "model": model_id,
-                    "data": common.files_digest(data, used), "settings": "genshift.builders.textual_inversion.TIConfig "
-                                                                  "defaults otherwise"}
+    return tokens, {"tokens": what, "tokens_sha256": sha256_file(root / "tokens.zip"), "textual_inversion": {
+        "steps": steps, "lr": lr, "resolution": resolution, "model": model_id, "data": common.files_digest(data, used),
+        "settings": "genshift.builders.textual_inversion.TIConfig defaults otherwise"}}
 
 
 def _load_models(cfg: Config, settings, classes: list[int], device: str, token_kind: str, token_path: str | None,
@@ -205,7 +205,7 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     from genshift.builders.clip_scoring import ClipScorer
     from genshift.builders.sd_generate import SDGenerator
     from genshift.builders.textual_inversion import TIRun
-    from genshift.builders.tokens import load_token_zip, save_token_zip, tokens_digest
+    from genshift.builders.tokens import load_token_zip, tokens_digest
 
     out = Path(cfg.out)
     if token_kind == "smoke":  # a few textual-inversion steps on synthetic images, then the real token path
@@ -213,12 +213,9 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
 
         data = _smoke_training_images(out / STAGE / "smoke-images", classes)
         run = TIRun.from_components(tiny_sd_components(), "cpu")
-        tokens, ti = _train(cfg, run, classes, out / STAGE / TOKENS_WORK, data, steps=2, lr=5e-3, resolution=32,
-                            model_id=SMOKE_MODEL)
-        save_token_zip(tokens, out / STAGE / "tokens.zip")
+        _, info = _train(cfg, run, classes, out / STAGE, data, "textual inversion on synthetic images (smoke)",
+                         steps=2, lr=5e-3, resolution=32, model_id=SMOKE_MODEL)
         tokens = load_token_zip(out / STAGE / "tokens.zip", dim=None, classes=classes)
-        info = {"tokens": "textual inversion on synthetic images (smoke)", "textual_inversion": ti,
-                "tokens_sha256": sha256_file(out / STAGE / "tokens.zip")}
         return SDGenerator.tiny(settings, tokens=tokens), ClipScorer.tiny(), info
     info = {"tokens": None}
     if token_kind in ("released", "file"):
@@ -227,12 +224,9 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     elif token_kind == "trained":
         base = SDGenerator.from_pretrained(settings, device=device)
         run = TIRun.from_components(base.pipe.components, device)
-        tokens, ti = _train(cfg, run, classes, out / TOKENS_WORK, token_path, steps=cfg.ti_steps, lr=cfg.ti_lr,
-                            resolution=cfg.height, model_id=settings.model_id)
+        tokens, info = _train(cfg, run, classes, out, token_path, "trained here (tokens.zip)", steps=cfg.ti_steps,
+                              lr=cfg.ti_lr, resolution=cfg.height, model_id=settings.model_id)
         del base, run
-        save_token_zip(tokens, out / "tokens.zip")
-        info = {"tokens": "trained here (tokens.zip)", "tokens_sha256": sha256_file(out / "tokens.zip"),
-                "textual_inversion": ti}
         if cfg.tokens_only:
             return None, None, info
     gen = SDGenerator.from_pretrained(settings, device=device, tokens=tokens)
@@ -252,12 +246,7 @@ def _features():
 def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, record_batch_size):
     """Generate, score and yield the rows of one shard, in batches; then record the batch size
     (this runs before the shard's file is renamed into place)."""
-    import io
-
     from PIL import Image
-
-    from genshift.builders.clip_filter import clip_scores
-    from genshift.builders.seeding import derive_seed
 
     fixed = {"generator": gen.settings.model_id, "generator_revision": gen.resolved_revision,
              "scheduler": type(gen.pipe.scheduler).__name__, "steps": gen.settings.steps,
@@ -277,8 +266,7 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
                    "seed": seeds[j], "sample": k, **fixed, "clip_class_score": float(sc["class_score"][j]),
                    "clip_shift_score": None if math.isnan(shift_score) else shift_score,
                    "clip_image_embedding": sc["embedding"][j].tolist()}
-        if bar is not None:
-            bar.update(len(chunk))
+        bar.update(len(chunk))
     record_batch_size(gen.backoff.batch_size)
 
 
@@ -286,9 +274,8 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
 def run(cfg: Config) -> int:
     from tqdm.auto import tqdm
 
-    from genshift.builders.tokens import load_token_zip, token_name, tokens_digest
+    from genshift.builders.tokens import token_name, tokens_digest
     from genshift.data_cards import render_card
-    from genshift.distributed import current_process, plan_nonempty_shards
     from genshift.writer import SuiteWriter
 
     shifts = shift_table(cfg)
@@ -301,8 +288,7 @@ def run(cfg: Config) -> int:
     out = Path(cfg.out)
     n_shards = cfg.num_shards or max(1, math.ceil(len(classes) * samples / cfg.images_per_shard))
     plans = {s: plan_nonempty_shards(classes, n_shards, key=lambda c, s=s: f"{s}/{c}") for s in shifts}
-    token_kind, token_path = token_source(cfg)
-    tokens = load_token_zip(token_path, classes=classes) if token_kind in ("released", "file") else None  # validated
+    token_kind, token_path, tokens = token_source(cfg, classes)
     fingerprint = {"shifts": shifts, "classes": classes, "samples": samples, "seed": cfg.seed,
                    "shards": {s: len(p) for s, p in plans.items()}, "generation": asdict(settings),
                    "tokens": token_kind, "tokens_sha256": tokens_digest(token_path) if tokens else None,
@@ -325,20 +311,16 @@ def run(cfg: Config) -> int:
 
     work = [(shift, i, shard) for shift in shifts for i, shard in enumerate(plans[shift])]
     mine = [w for w in proc.my_shards(work) if not stage.shard_done(w[0], w[1], len(plans[w[0]]))]
-    gen = clip = None
-    token_info = {"tokens": None}
-    if mine or proc.is_main or token_kind == "trained":  # every process trains its share of the tokens
-        gen, clip, token_info = _load_models(cfg, settings, classes, device, token_kind, token_path, tokens)
+    if not (mine or proc.is_main or token_kind == "trained"):  # (every process trains its share of the tokens)
+        return 0  # nothing left for this process
+    gen, clip, token_info = _load_models(cfg, settings, classes, device, token_kind, token_path, tokens)
     token_names = {c: (imagenet.get_class(c).name if token_kind == "none" else token_name(c)) for c in classes}
-    bar = tqdm(total=sum(len(shard) * samples for _, _, shard in mine), desc=f"generate [{proc.index}/{proc.count}]",
-               unit="img", disable=not cfg.progress, dynamic_ncols=True)
-    try:
+    with tqdm(total=sum(len(shard) * samples for _, _, shard in mine), desc=f"generate [{proc.index}/{proc.count}]",
+              unit="img", disable=not cfg.progress, dynamic_ncols=True) as bar:
         for shift, i, shard in mine:
             rows = _shard_rows([(c, k) for c in shard for k in range(samples)], shift, shifts[shift], gen, clip,
                                cfg.seed, token_names, bar, partial(common.record_batch_size, out / STAGE, proc.index))
             stage.write_shard(shift, i, len(plans[shift]), rows)
-    finally:
-        bar.close()
     if not proc.is_main:
         return 0
     if proc.count > 1:
@@ -367,10 +349,9 @@ def run(cfg: Config) -> int:
 
 def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: str, gate_quantile: float) -> dict:
     """Calibrate per-shift thresholds on all staged scores, then write the final shards with keep."""
-    import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from genshift.builders.clip_filter import calibrate, keep_flags, kept_target
     from genshift.suite_format import shard_name
 
     def source(shift, i, n) -> Path:  # the staged shard, or the final one a previous filter phase wrote
@@ -390,10 +371,9 @@ def _filter_phase(out: Path, final, n_shards: dict[str, int], fractions, rule: s
         raise BenchError(f"{len(missing)} generated shard(s) are missing (e.g. {missing[0]}); rerun the build")
     cls_scores, shift_scores = {}, {}
     for shift, n in n_shards.items():
-        parts = [pq.read_table(source(shift, i, n), columns=["clip_class_score", "clip_shift_score"]) for i in range(n)]
-        cls_scores[shift] = np.concatenate([t["clip_class_score"].to_numpy() for t in parts])
-        shift_scores[shift] = np.concatenate([t["clip_shift_score"].to_numpy(zero_copy_only=False).astype(float)
-                                              for t in parts])
+        t = pa.concat_tables(pq.read_table(source(shift, i, n), columns=["clip_class_score", "clip_shift_score"])
+                             for i in range(n))
+        cls_scores[shift], shift_scores[shift] = t["clip_class_score"].to_numpy(), t["clip_shift_score"].to_numpy()
     thresholds = calibrate(cls_scores, fractions, rule=rule, shift_scores=shift_scores, shift_quantile=gate_quantile)
     for shift, n in n_shards.items():
         for i in range(n):

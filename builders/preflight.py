@@ -1,11 +1,8 @@
-"""``bench build <suite> --preflight``: every builder stage checked at the real models' sizes.
+"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models'
+sizes (``genshift.builders.real_models``), with the memory it needs (``docs/builders.md``, "Preflight").
 
-Each stage builds its default models from the published configs (``genshift.builders.real_models``) on the
-**meta** device and runs the builder's own code path on tensors of the real shapes (a shape error fails
-the stage; ``docs/builders.md``, "Preflight"). What meta tensors cannot run (data-dependent steps) runs in
-``benchmarks/preflight_cpu.py``. Memory is the pass itself: :class:`LiveBytes` adds up the storages alive
-at once, attention counted as the fused kernel (:class:`FusedAttention`); the models a builder holds
-together (:func:`resident_groups`) are summed, and the largest such set is what must fit.
+Memory is the pass itself: :class:`LiveBytes` adds up the storages alive at once, attention counted as the
+fused kernel (:class:`FusedAttention`); the largest set of models a builder holds together must fit.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from genshift.builders import real_models as rm
 from genshift.errors import BenchError, one_line
+from genshift.suites import imagenet_star_shifts
 
 GiB = 2 ** 30
 USABLE = 0.9  # of the device memory (allocator fragmentation, CUDA context)
@@ -161,8 +159,7 @@ def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, p
     probe.built(unet=r.unet, vae=r.vae, text_encoder=r.text_encoder)
     width = r.text_encoder.config.hidden_size
     probe.check(width == r.unet.config.cross_attention_dim, f"token width {width} = UNet cross-attention width")
-    split, base = r.install(initializer(r.tokenizer, r.text_encoder, "Golden Retriever"))
-    try:
+    with r.installed(initializer(r.tokenizer, r.text_encoder, "Golden Retriever")) as split:
         ids = torch.tensor([template_ids(r.tokenizer, TEMPLATES[i % len(TEMPLATES)], r.token_id)
                             for i in range(batch)], device="meta")
         probe.check(ids.shape[1] == r.tokenizer.model_max_length == 77, "template ids padded to 77 tokens")
@@ -170,16 +167,11 @@ def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, p
         r.loss(pixels, ids, torch.Generator().manual_seed(0)).backward()
         probe.check(split.vector.grad is not None and split.vector.grad.shape == (width,),
                     f"gradient reaches the learned row ({width},)")
-    finally:
-        r.text_encoder.set_input_embeddings(base)
 
 
 def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *, class_tokens: bool,
                   prompts: list[str], batch: int, probe: Probe) -> None:
-    """``SDGenerator``: prompt embeddings (with the 1000 class tokens), seeded latents, one guided
-    UNet call, the VAE decode."""
-    from diffusers import StableDiffusionPipeline
-
+    """``SDGenerator``: prompt embeddings (1000 class tokens), seeded latents, a guided UNet call, the decode."""
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
     from genshift.builders.tokens import inject_tokens, token_name
 
@@ -194,10 +186,9 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
         texts = [p.replace("<TOKEN>", token_name(longest)) for p in prompts]
     longest_prompt = max(len(c["tokenizer"](t).input_ids) for t in texts)
     probe.check(longest_prompt <= 77, f"longest prompt {longest_prompt} <= 77 tokens (no truncation)")
-    s = GenerationSettings(model_id=model_id, height=height, width=width, dtype=str(dtype).split(".")[-1],
-                           batch_size=batch)
-    pipe = StableDiffusionPipeline(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    gen = SDGenerator(pipe, s, device="meta")
+    s = GenerationSettings(model_id=model_id, scheduler="default", height=height, width=width,
+                           dtype=str(dtype).split(".")[-1], batch_size=batch)
+    gen = SDGenerator.from_components(c, s, device="meta")
     cond = gen.encode_prompts([texts[i % len(texts)] for i in range(batch)])
     uncond = gen.encode_prompts([""] * batch)
     probe.check(cond.shape == (batch, 77, width_t) and cond.dtype == dtype,
@@ -229,10 +220,8 @@ def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2, batch: int, pro
 
 def blip2_caption(model_id: str, dtype: torch.dtype, *, images: int = 1, prompt_tokens: int = 12,
                   new_tokens: int = 100, beams: int = 5, batch: int, probe: Probe) -> None:
-    """BLIP-2 at the processor's layout: each of the prompt's ``images`` (few-shot images, then the image)
-    through the vision tower and the Q-Former's queries, projected to the language model's width, with
-    ``prompt_tokens`` of text; ``beams`` sequences per image, as beam search runs. By parts: the one-call
-    forward reads the values of the Q-Former mask it builds, which meta tensors do not have."""
+    """BLIP-2 by parts, at the processor's layout: the prompt's ``images`` (few-shot images, then the image)
+    as queries at the LM width before ``prompt_tokens`` of text; ``beams`` sequences per image."""
     model = rm.blip2(model_id, dtype=dtype)
     probe.built(model=model, vision_model=model.vision_model, qformer=model.qformer,
                 language_model=model.language_model)
@@ -271,9 +260,8 @@ def llm_prompt(model_id: str, dtype: torch.dtype, *, prompt_tokens: int, new_tok
 
 
 def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2, *, batch: int, probe: Probe) -> None:
-    """``Editor``: DDIM inversion, one null-text-inversion step (Eq. 1), a prompt-to-prompt edit of
-    every f in one batched pass through the attention processors, the VAE decode (fp32, as the
-    released code). ``steps`` scheduler steps stand for the 50."""
+    """``Editor``: DDIM inversion, one null-text-inversion step (Eq. 1), every f's prompt-to-prompt edit in
+    one pass, the VAE decode (fp32, as the released code); ``steps`` scheduler steps stand for the 50."""
     from diffusers import StableDiffusionPipeline
 
     from genshift.builders.lance_editor import Editor, EditorConfig, Inversion
@@ -323,10 +311,8 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     gpu, f32 = device.startswith("cuda"), torch.float32
     batch = getattr(cfg, "batch_size", 1)
     half, bf16 = (torch.float16, torch.bfloat16) if gpu else (f32, f32)
+    gen_dtype = getattr(torch, cfg.dtype) if gpu and hasattr(cfg, "dtype") else f32  # the generators' (ImageNet*, IN-G)
     if suite_id == "imagenet-star":
-        from genshift.suites import imagenet_star_shifts
-
-        gen_dtype = getattr(torch, cfg.dtype) if gpu else f32
         prompts = [s.prompt for s in imagenet_star_shifts()]
         return [
             Stage("textual inversion (--train-tokens)", cfg.model, gen_dtype, 1,
@@ -354,7 +340,6 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     if suite_id in ("in-g-rn", "in-g-vit"):
         from genshift.builders.in_g import TARGETS
 
-        gen_dtype = getattr(torch, cfg.dtype) if gpu else f32
         target = cfg.target or TARGETS[suite_id]
         shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image
         return [
@@ -372,35 +357,26 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     raise BenchError(f"no preflight for {suite_id!r}")
 
 
-def resident_groups(suite_id: str, cfg=None) -> list[tuple[str, ...]]:
-    """The sets of stages whose models a builder holds on the device at the same time, one set after the
-    other. LANCE runs its stages over all images in turn (``genshift.builders.lance``): the captioner alone, then the
-    perturber (with CLIP when ``--text-filter clip``), then the editor with CLIP."""
-    if suite_id == "lance-hardimagenet":
-        clip_text = getattr(cfg, "text_filter", "sbert") == "clip"
-        return [("caption",), ("perturbation prompting",) + (("CLIP checks",) if clip_text else ()),
-                ("NTI + P2P editing", "CLIP checks")]
-    return {"imagenet-star": [("generation", "CLIP filter")], "in-g-rn": [("generation", "target")],
-            "in-g-vit": [("generation", "target")]}.get(suite_id, [])
-
-
 def _groups(suite_id: str, reports: list[Report], cfg=None) -> list[list[Report]]:
-    groups = [[r for r in reports if r.ok and r.stage in g] for g in resident_groups(suite_id, cfg)]
+    """The passed stages whose models a builder holds on the device at the same time, one set after the other.
+    LANCE runs its stages over all images in turn (``genshift.builders.lance``): the captioner alone, then the
+    perturber (with CLIP when ``--text-filter clip``), then the editor with CLIP."""
+    clip_text = ("CLIP checks",) if getattr(cfg, "text_filter", "sbert") == "clip" else ()
+    names = {"imagenet-star": [("generation", "CLIP filter")], "in-g-rn": [("generation", "target")],
+             "in-g-vit": [("generation", "target")], "lance-hardimagenet": [
+                 ("caption",), ("perturbation prompting", *clip_text), ("NTI + P2P editing", "CLIP checks")]}
+    groups = [[r for r in reports if r.ok and r.stage in g] for g in names.get(suite_id, [])]
     return [g for g in groups if g]
 
 
-def _group_peak(group: list[Report]) -> int:
-    """All the group's weights plus the largest activation peak among them (one stage runs at a time)."""
-    return sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
-
-
 def together(suite_id: str, reports: list[Report], cfg=None) -> tuple[list[str], int]:
-    """(stage names, peak bytes) of the largest set of models the builder keeps loaded at once."""
-    groups = _groups(suite_id, reports, cfg)
-    if not groups:
-        return [], 0
-    top = max(groups, key=_group_peak)
-    return [r.stage for r in top], _group_peak(top)
+    """(stage names, peak bytes) of the largest set of models the builder keeps loaded at once: all their
+    weights plus the largest activation peak among them (one stage runs at a time)."""
+    def peak(group: list[Report]) -> int:
+        return sum(r.weights for r in group) + max(r.peak - r.weights for r in group)
+
+    top = max(_groups(suite_id, reports, cfg), key=peak, default=[])
+    return [r.stage for r in top], peak(top) if top else 0
 
 
 def check_stage(st: Stage) -> Report:

@@ -1,9 +1,7 @@
 """The real architectures of the builders' default models, with random weights, without the weights.
 
-``builders/_data/real_models.json`` holds the published configs of every Hub model a builder loads by
-default, each with its source; open_clip and timm models come from those libraries' registries. Built
-under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory (``genshift.builders.preflight``);
-on ``"cpu"`` or ``"cuda"`` the same call gives real random-weight models to time and measure.
+From the published configs in ``builders/_data/real_models.json`` (each with its source) or open_clip's and
+timm's registries, built under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import logging
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from pydoc import locate
 
 import torch
 
@@ -54,13 +53,6 @@ def building(device: str, dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _class(dotted: str):
-    import importlib
-
-    module, name = dotted.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
-
-
 def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32,
                      text_encoder_dtype: torch.dtype = torch.float32) -> dict:
     """UNet, VAE, text encoder (random weights), tokenizer and scheduler of a Stable Diffusion
@@ -72,11 +64,11 @@ def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype 
     s = spec(model_id, "stable-diffusion")
     c = s["components"]
     with building(device, dtype):
-        unet = _class(c["unet"]["class"]).from_config(c["unet"]["config"])
-        vae = _class(c["vae"]["class"]).from_config(c["vae"]["config"])
+        unet = locate(c["unet"]["class"]).from_config(c["unet"]["config"])
+        vae = locate(c["vae"]["class"]).from_config(c["vae"]["config"])
     with building(device, text_encoder_dtype):
-        text_encoder = _class(c["text_encoder"]["class"])(CLIPTextConfig(**c["text_encoder"]["config"]))
-    scheduler = _class(s["scheduler"]["class"]).from_config(s["scheduler"]["config"])
+        text_encoder = locate(c["text_encoder"]["class"])(CLIPTextConfig(**c["text_encoder"]["config"]))
+    scheduler = locate(s["scheduler"]["class"]).from_config(s["scheduler"]["config"])
     tok = s["tokenizer"]
     return {"unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder.eval(), "scheduler": scheduler,
             "tokenizer": clip_tokenizer(model_max_length=tok["model_max_length"], pad_token=tok["pad_token"])}

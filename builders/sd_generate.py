@@ -1,10 +1,8 @@
 """Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders; ``docs/builders.md``).
 
-Each image's starting latents come from its own ``torch.Generator`` (``genshift.builders.seeding``), drawn
-in float32 on the CPU: they depend neither on the batch nor on the device or dtype. The UNet's CPU
-kernels may still differ in the last bits with the batch size, so equal bytes need an equal batch
-composition: the batch size a build ended with is recorded (``batch_size_effective``). The text encoder
-stays float32; its embeddings are cached per prompt and cast to the UNet's dtype.
+Each image's starting latents are its own float32 CPU draw (``genshift.builders.seeding``): they depend
+neither on the batch nor on the device or dtype. The UNet's CPU kernels may still differ in the last bits
+with the batch size, so the batch size a build ended with is recorded (``batch_size_effective``).
 """
 
 from __future__ import annotations
@@ -15,8 +13,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
+from genshift.builders.common import loading
 from genshift.builders.seeding import generator
+from genshift.builders.tokens import inject_tokens
 from genshift.errors import BenchError
 from genshift.oom import BatchBackoff
 
@@ -43,19 +44,22 @@ class GenerationSettings:
             raise BenchError(f"height and width must be multiples of 8, got {self.height}x{self.width}")
         if not 1 <= self.jpeg_quality <= 100:
             raise BenchError(f"JPEG quality must be in 1..100, got {self.jpeg_quality}")
-
-
-def snapshot_revision(path: str) -> str | None:
-    """The commit sha of a Hub-cache snapshot path (``.../snapshots/<sha>/...``), if it is one."""
-    m = re.search(r"snapshots[/\\]([0-9a-f]{40})", str(path))
-    return m.group(1) if m else None
+        if self.scheduler not in ("euler", "default"):
+            raise BenchError(f"unknown scheduler {self.scheduler!r}; use euler or default")
 
 
 class SDGenerator:
     """A Stable Diffusion pipeline (``pipe``, text encoder included) and its settings; :meth:`generate` runs
     a text-encoder-less view of its modules (:attr:`denoiser`) on cached, dtype-cast prompt embeddings."""
 
-    def __init__(self, pipe, settings: GenerationSettings, *, device: str = "cpu") -> None:
+    def __init__(self, pipe, settings: GenerationSettings, *, device: str = "cpu", tokens: dict | None = None) -> None:
+        """Wrap ``pipe``: the settings' scheduler, the class ``tokens`` injected, moved to ``device``."""
+        if settings.scheduler == "euler":
+            pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        if tokens:
+            inject_tokens(pipe.tokenizer, pipe.text_encoder, tokens)
+        pipe.set_progress_bar_config(disable=True)
+        pipe.to(device)
         self.pipe = pipe
         self.settings = settings
         self.device = torch.device(device)
@@ -67,10 +71,6 @@ class SDGenerator:
     @classmethod
     def from_pretrained(cls, settings: GenerationSettings, *, device: str = "cpu", tokens: dict | None = None):
         """Load the pipeline (weights from the Hub cache); inject class tokens if given."""
-        from diffusers import StableDiffusionPipeline
-
-        from genshift.builders.common import loading
-
         cuda = device.startswith("cuda")
         dtype = getattr(torch, settings.dtype) if cuda else torch.float32
         with loading(settings.model_id, "check the model id and that the weights are cached or the Hub reachable"):
@@ -78,51 +78,31 @@ class SDGenerator:
                                                            variant=settings.variant, torch_dtype=dtype,
                                                            safety_checker=None, requires_safety_checker=False)
         pipe.text_encoder.to(torch.float32)  # fp32 text encoder under fp16 UNet/VAE, as the authors' build
-        gen = cls._finish(pipe, settings, device=device, tokens=tokens)
-        gen.resolved_revision = snapshot_revision(getattr(pipe.unet.config, "_name_or_path", "")) or settings.revision
+        gen = cls(pipe, settings, device=device, tokens=tokens)
+        snapshot = re.search(r"snapshots[/\\]([0-9a-f]{40})", str(getattr(pipe.unet.config, "_name_or_path", "")))
+        gen.resolved_revision = snapshot.group(1) if snapshot else settings.revision  # the Hub cache's commit
         return gen
 
     @classmethod
-    def tiny(cls, settings: GenerationSettings, *, seed: int = 0, prediction_type: str = "v_prediction",
-             tokens: dict | None = None):
+    def tiny(cls, settings: GenerationSettings, *, prediction_type: str = "v_prediction", tokens: dict | None = None):
         """The same pipeline on tiny random-weight components (``--smoke`` and tests; CPU)."""
         from genshift.builders.tiny import tiny_sd_components
 
-        return cls.from_components(tiny_sd_components(seed=seed, prediction_type=prediction_type), settings,
-                                   device="cpu", tokens=tokens)
+        return cls.from_components(tiny_sd_components(prediction_type=prediction_type), settings, tokens=tokens)
 
     @classmethod
     def from_components(cls, components: dict, settings: GenerationSettings, *, device: str = "cpu",
                         tokens: dict | None = None):
         """The same pipeline on given components (``genshift.builders.tiny``, ``genshift.builders.real_models``)."""
-        from diffusers import StableDiffusionPipeline
-
         pipe = StableDiffusionPipeline(**components, safety_checker=None, feature_extractor=None,
                                        requires_safety_checker=False)
-        return cls._finish(pipe, settings, device=device, tokens=tokens)
-
-    @classmethod
-    def _finish(cls, pipe, settings: GenerationSettings, *, device: str, tokens: dict | None):
-        from diffusers import EulerDiscreteScheduler
-
-        if settings.scheduler == "euler":
-            pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
-        elif settings.scheduler != "default":
-            raise BenchError(f"unknown scheduler {settings.scheduler!r}; use euler or default")
-        if tokens:
-            from genshift.builders.tokens import inject_tokens
-            inject_tokens(pipe.tokenizer, pipe.text_encoder, tokens)
-        pipe.set_progress_bar_config(disable=True)
-        pipe.to(device)
-        return cls(pipe, settings, device=device)
+        return cls(pipe, settings, device=device, tokens=tokens)
 
     @property
     def denoiser(self):
         """The pipeline's UNet, VAE and scheduler without a text encoder, taking embeddings as given (with
         one, diffusers casts ``prompt_embeds`` back to its float32, which a fp16/bf16 UNet rejects)."""
         if self._denoiser is None:
-            from diffusers import StableDiffusionPipeline
-
             p = self.pipe
             self._denoiser = StableDiffusionPipeline(vae=p.vae, text_encoder=None, tokenizer=None, unet=p.unet,
                                                      scheduler=p.scheduler, safety_checker=None,

@@ -1,11 +1,9 @@
 """Textual inversion: learn one token per class (a "dataset interface" for any image collection).
 
-Dataset Interfaces' settings (Vendrow et al. 2023; ``docs/builders.md``; :class:`TIConfig`): per step a
+Dataset Interfaces' settings (Vendrow et al. 2023; :class:`TIConfig`; ``docs/builders.md``): per step a
 random one of the 27 "object" templates, a VAE sample, t uniform over a DDPM scheduler made from the
-model's, MSE against the velocity (v-prediction, SD 2) or the noise; each pass over a class's images is
-a fresh shuffle. The token starts at the mean of the class name's sub-word embeddings and only its
-direction is learned (:class:`SplitEmbedding`, served for an id one past the table: tokenizer and text
-encoder stay unmodified). Resumable per class; a work folder trained with other settings is refused.
+model's, MSE against the velocity (v-prediction, SD 2) or the noise. The token starts at the mean of the
+class name's sub-word embeddings and only its direction is learned (:class:`SplitEmbedding`).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from genshift import imagenet
+from genshift.builders.seeding import derive_seed
+from genshift.builders.tokens import load_token_zip, save_token_file
 from genshift.errors import BenchError
 from genshift.fsutil import atomic_write_json, canonical_json
 
@@ -156,10 +156,8 @@ def template_ids(tokenizer, template: str, token_id: int) -> list[int]:
 
 
 def initializer(tokenizer, text_encoder, class_name: str) -> torch.Tensor:
-    """Mean of the class name's sub-word embeddings (no BOS/EOS), float32."""
+    """Mean of the class name's sub-word embeddings (no BOS/EOS), float32; names are ImageNet's, never empty."""
     ids = tokenizer(class_name, add_special_tokens=False).input_ids
-    if not ids:
-        raise BenchError(f"class name {class_name!r} tokenizes to nothing; give a non-empty name")
     table = text_encoder.get_input_embeddings().weight
     return table[torch.tensor(ids, device=table.device)].detach().float().mean(0)
 
@@ -196,7 +194,7 @@ class TIRun:
     def from_components(cls, components: dict, device: str | torch.device = "cpu") -> TIRun:
         """From ``genshift.builders.tiny.tiny_sd_components()``-style dicts or a pipeline's ``components``."""
         return cls(components["unet"], components["vae"], components["text_encoder"], components["tokenizer"],
-                   components["scheduler"], torch.device(device))
+                   components["scheduler"], device)
 
     def batch(self, cls: TrainingClass, picks: Sequence[tuple[int, int, bool]], cfg: TIConfig):
         """Pixels and token ids for (file index, template index, flip) picks."""
@@ -218,17 +216,20 @@ class TIRun:
         with torch.autocast("cuda", dtype=self.dtype) if amp else contextlib.nullcontext():
             hidden = self.text_encoder(ids)[0]
         pred = self.unet(noisy.to(self.dtype), t, hidden.to(self.dtype)).sample
-        if self.noise_scheduler.config.prediction_type == "v_prediction":
-            target = self.noise_scheduler.get_velocity(latents, noise, t)
-        else:
-            target = noise
+        v_prediction = self.noise_scheduler.config.prediction_type == "v_prediction"
+        target = self.noise_scheduler.get_velocity(latents, noise, t) if v_prediction else noise
         return F.mse_loss(pred.float(), target.float())
 
-    def install(self, init: torch.Tensor, *, hold_norm: bool = True) -> tuple[SplitEmbedding, torch.nn.Module]:
+    @contextlib.contextmanager
+    def installed(self, init: torch.Tensor, *, hold_norm: bool = True) -> Iterator[SplitEmbedding]:
+        """The text encoder serves ``init`` for :attr:`token_id` inside the block; its own table after."""
         base = self.text_encoder.get_input_embeddings()
         split = SplitEmbedding(base, self.token_id, init.to(self.device), hold_norm=hold_norm).to(self.device)
         self.text_encoder.set_input_embeddings(split)
-        return split, base
+        try:
+            yield split
+        finally:
+            self.text_encoder.set_input_embeddings(base)
 
 
 def _picks(n_files: int, cfg: TIConfig, seed: int):
@@ -241,22 +242,16 @@ def _picks(n_files: int, cfg: TIConfig, seed: int):
             yield f, rng.randrange(len(cfg.templates)), rng.random() < cfg.flip_p
 
 
-def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig(), *,
-                      on_step: Callable[[int, float], None] | None = None) -> tuple[torch.Tensor, list[float]]:
+def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig()) -> tuple[torch.Tensor, list[float]]:
     """Learn one class token; returns the served vector (at the initialiser's norm) and the losses."""
-    from genshift.builders.seeding import derive_seed
-
-    if not cls.files:
-        raise BenchError(f"class {cls.index} ({cls.name!r}) has no training images; add images or drop the class")
     init = initializer(run.tokenizer, run.text_encoder, cls.name)
     seed = derive_seed(cfg.seed, "textual-inversion", cls.index)
     gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
-    split, base = run.install(init, hold_norm=cfg.hold_norm)
     scaler = torch.amp.GradScaler(run.device.type, enabled=run.device.type == "cuda" and run.dtype == torch.float16)
-    opt = torch.optim.AdamW([split.vector], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.eps)
     losses: list[float] = []
-    try:
-        for step in range(cfg.steps):
+    with run.installed(init, hold_norm=cfg.hold_norm) as split:
+        opt = torch.optim.AdamW([split.vector], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.eps)
+        for _ in range(cfg.steps):
             pixels, ids = run.batch(cls, [next(picks) for _ in range(cfg.batch_size)], cfg)
             loss = run.loss(pixels, ids, gen)
             scaler.scale(loss).backward()
@@ -264,34 +259,16 @@ def train_class_token(run: TIRun, cls: TrainingClass, cfg: TIConfig = TIConfig()
             scaler.update()
             opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
-            if on_step:
-                on_step(step, losses[-1])
-        vector = split.direction().detach().float().cpu().clone()
-    finally:
-        run.text_encoder.set_input_embeddings(base)
-    return vector, losses
+        return split.direction().detach().float().cpu().clone(), losses
 
 
 @torch.no_grad()
 def eval_loss(run: TIRun, cls: TrainingClass, vector: torch.Tensor, cfg: TIConfig = TIConfig(), *, n: int = 16,
               seed: int = 1234) -> float:
     """Mean loss of ``vector`` (used as given) on ``n`` fixed (image, template, flip, noise, t) draws."""
-    split, base = run.install(vector, hold_norm=False)
-    try:
-        gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
+    gen, picks = torch.Generator().manual_seed(seed), _picks(len(cls.files), cfg, seed)
+    with run.installed(vector, hold_norm=False):
         return float(np.mean([float(run.loss(*run.batch(cls, [next(picks)], cfg), gen)) for _ in range(n)]))
-    finally:
-        run.text_encoder.set_input_embeddings(base)
-
-
-def _check_recipe(work_dir: Path, recipe: dict) -> None:
-    path = work_dir / SETTINGS_FILE
-    if path.is_file():
-        if json.loads(path.read_text()) != json.loads(canonical_json(recipe)):
-            raise BenchError(f"{str(work_dir)!r} holds tokens trained with other settings ({path}); use another "
-                             "folder or the same settings")
-    else:
-        atomic_write_json(path, recipe)
 
 
 def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TIConfig = TIConfig(), *,
@@ -305,12 +282,16 @@ def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TI
     """
     from tqdm.auto import tqdm
 
-    from genshift.builders.tokens import load_token_zip, save_token_file
-
     todo_classes = folder_classes(data_dir, classes=classes)
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    _check_recipe(work_dir, {"model_id": model_id, "label_space": "imagenet", "textual_inversion": asdict(cfg)})
+    recipe = {"model_id": model_id, "label_space": "imagenet", "textual_inversion": asdict(cfg)}
+    path = work_dir / SETTINGS_FILE
+    if not path.is_file():
+        atomic_write_json(path, recipe)
+    elif json.loads(path.read_text()) != json.loads(canonical_json(recipe)):
+        raise BenchError(f"{str(work_dir)!r} holds tokens trained with other settings ({path}); use another folder "
+                         "or the same settings")
     mine = [c for i, c in enumerate(todo_classes) if process is None or process.owns(i)]
     todo = [c for c in mine if not (work_dir / f"{c.index}.bin").is_file()]
     if len(todo) < len(mine):

@@ -48,37 +48,25 @@ def tiny_sd_components(*, seed: int = 0, prediction_type: str = "v_prediction", 
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
-        block_out_channels=(32, 64), layers_per_block=1, sample_size=sample_size, in_channels=4, out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=TINY_TEXT_DIM, attention_head_dim=(2, 4), use_linear_projection=True,
-        norm_num_groups=8,
-    )
+    unet = UNet2DConditionModel(block_out_channels=(32, 64), layers_per_block=1, sample_size=sample_size, in_channels=4,
+                                out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=TINY_TEXT_DIM,
+                                attention_head_dim=(2, 4), use_linear_projection=True, norm_num_groups=8)
     torch.manual_seed(seed)
-    vae = AutoencoderKL(
-        block_out_channels=(16, 32), in_channels=3, out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), latent_channels=4, norm_num_groups=8,
-        sample_size=sample_size * 2,
-    )
+    vae = AutoencoderKL(block_out_channels=(16, 32), in_channels=3, out_channels=3, latent_channels=4,
+                        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"), norm_num_groups=8,
+                        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), sample_size=sample_size * 2)
     torch.manual_seed(seed)
     text_encoder = CLIPTextModel(CLIPTextConfig(
-        bos_token_id=49406, eos_token_id=49407, hidden_size=TINY_TEXT_DIM, intermediate_size=37,
-        layer_norm_eps=1e-05, num_attention_heads=4, num_hidden_layers=2, pad_token_id=1,
-        vocab_size=49408, projection_dim=TINY_TEXT_DIM, hidden_act="gelu",
-    ))
-    sched_kwargs = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                        prediction_type=prediction_type, steps_offset=1)
-    if prediction_type == "v_prediction":
-        scheduler = EulerDiscreteScheduler(**sched_kwargs)
-    else:
-        scheduler = DDIMScheduler(clip_sample=False, set_alpha_to_one=False, **sched_kwargs)
-    return {
-        "unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder.eval(),
-        "tokenizer": clip_tokenizer(pad_token="!" if prediction_type == "v_prediction" else "<|endoftext|>"),
-        "scheduler": scheduler,
-    }
+        bos_token_id=49406, eos_token_id=49407, hidden_size=TINY_TEXT_DIM, intermediate_size=37, layer_norm_eps=1e-05,
+        num_attention_heads=4, num_hidden_layers=2, pad_token_id=1, vocab_size=49408, projection_dim=TINY_TEXT_DIM,
+        hidden_act="gelu"))
+    sd2 = prediction_type == "v_prediction"  # SD 2's tokenizer pads with "!"
+    kw = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", prediction_type=prediction_type,
+              steps_offset=1)
+    scheduler = EulerDiscreteScheduler(**kw) if sd2 else DDIMScheduler(clip_sample=False, set_alpha_to_one=False, **kw)
+    return {"unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder.eval(), "scheduler": scheduler,
+            "tokenizer": clip_tokenizer(pad_token="!" if sd2 else "<|endoftext|>")}
 
 
 def tiny_open_clip(*, seed: int = 0, image_size: int = 32):

@@ -1,10 +1,7 @@
 """ImageNet* class tokens: read/write ``tokens.zip`` and inject tokens into a text encoder.
 
-The release (``madrylab/imagenet-star-tokens``, a Hub dataset; ``docs/builders.md``) holds
-``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class, loaded with
-``weights_only=True`` and validated; our textual inversion writes the same layout. Tokens are named
-``<{class name}-{index}>`` (``<Golden Retriever-207>``) and added as non-normalised tokens in one call
-(capitals and spaces kept with either CLIPTokenizer backend): class c gets id ``49408 + c`` with all 1000.
+The layout of the release (``madrylab/imagenet-star-tokens``), which our textual inversion writes too:
+``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class (``docs/builders.md``).
 """
 
 from __future__ import annotations
@@ -19,8 +16,9 @@ from pathlib import Path
 import torch
 
 from genshift import imagenet
-from genshift.errors import BenchError, IntegrityError
+from genshift.errors import BenchError, IntegrityError, first_line
 from genshift.fsutil import atomic_path, sha256_file
+from genshift.suites import get_suite
 
 MEMBER_RE = re.compile(r"^(?:.*/)?(\d+)\.bin$")
 TOKENS_REPO = "madrylab/imagenet-star-tokens"
@@ -94,8 +92,7 @@ def load_token_zip(path: str | Path, *, dim: int | None = 1024, classes: list[in
         try:
             t = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - anything unreadable is the file's fault
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise IntegrityError(f"{where}: not a saved tensor ({type(e).__name__}: {first})") from None
+            raise IntegrityError(f"{where}: not a saved tensor ({type(e).__name__}: {first_line(e)})") from None
         out[idx] = _check_vector(t, where=where, dim=dim)
     missing = sorted(wanted - set(out))
     if missing:
@@ -113,13 +110,12 @@ def save_token_file(vector: torch.Tensor, path: str | Path) -> None:
 
 def save_token_zip(tokens: Mapping[int, torch.Tensor], path: str | Path) -> None:
     """Write tokens in the release layout (``tokens/<idx>.bin``, float32), atomically and reproducibly."""
-    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w") as zf:
         for idx in sorted(tokens):
             buf = io.BytesIO()
             torch.save(_check_vector(tokens[idx], where=f"token of class {idx}", dim=None), buf)
-            info = zipfile.ZipInfo(f"tokens/{int(idx)}.bin", date_time=_ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, buf.getvalue())
+            zf.writestr(zipfile.ZipInfo(f"tokens/{int(idx)}.bin", date_time=_ZIP_DATE), buf.getvalue(),
+                        compress_type=zipfile.ZIP_DEFLATED)
 
 
 def inject_tokens(tokenizer, text_encoder, tokens: Mapping[int, torch.Tensor]) -> dict[int, int]:
@@ -170,19 +166,16 @@ def tokens_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def download_released_tokens(*, revision: str | None = None, cache_dir: str | None = None) -> Path:
+def download_released_tokens() -> Path:
     """``tokens.zip`` from the Hub (or the HF cache), checked against the released sha256."""
     from huggingface_hub import hf_hub_download
 
+    revision = get_suite("imagenet-star").extra["tokens"]["revision"]  # the release's commit, not a moving main
     try:
-        from genshift.suites import get_suite
-
-        pinned = get_suite("imagenet-star").extra["tokens"]["revision"]  # the release's commit, not a moving main
-        path = Path(hf_hub_download(TOKENS_REPO, TOKENS_FILE, repo_type="dataset", revision=revision or pinned,
-                                    cache_dir=cache_dir))
+        path = Path(hf_hub_download(TOKENS_REPO, TOKENS_FILE, repo_type="dataset", revision=revision))
     except Exception as e:  # noqa: BLE001 - offline, gated, missing: all mean "get the file yourself"
         raise BenchError(f"could not get {TOKENS_FILE} from the Hub dataset {TOKENS_REPO} ({type(e).__name__}); "
-                         "download it and pass --tokens PATH, or build with --no-tokens") from None
+                         "download it and pass --tokens PATH, or build with --tokens none") from None
     digest = sha256_file(path)
     if digest != TOKENS_SHA256:
         raise IntegrityError(f"{TOKENS_REPO}/{TOKENS_FILE} has sha256 {digest}, not the released {TOKENS_SHA256}; "

@@ -1,11 +1,8 @@
 """A paper's table from a population's results, with the paper's reported numbers beside ours.
 
-``reproduce(table, results)`` matches the results to the table's population (``genshift.populations``) by
-model identity (``genshift.identity``), never by architecture alone: a member's row is filled by a result
-of its Hub weights, of local weights declared as its tag (``model.declared_name``) or, for a member
-without public weights, of the local weights named for it (``members``). Each cell is paired with the
-number the paper reports (package data ``reported.yaml``); no model is run. The tables and what each
-cell reads: ``docs/reproducing.md``.
+Results fill a member's row by model identity (``genshift.identity``), never by architecture alone; each
+cell is paired with the number the paper reports (package data ``reported.yaml``); no model is run. The
+matching rules, the tables and what each cell reads: ``docs/reproducing.md``.
 """
 
 from __future__ import annotations
@@ -62,36 +59,30 @@ class Found:
 
 def check_members(pop: Population, members: dict[str, str] | None) -> dict[str, str]:
     """``{paper name: canonical local id}`` for the members without public weights, checked."""
-    out = {}
+    local = [m.paper for m in pop.members if m.local]
     for paper, mid in (members or {}).items():
-        m = next((m for m in pop.members if m.paper == paper), None)
-        if m is None or not m.local:
-            local = [m.paper for m in pop.members if m.local]
+        if paper not in local:
             raise BenchError(f"--member {paper}=...: {pop.name} has no member {paper!r} without public weights "
                              f"(those are {', '.join(local) or 'none'}; the others are matched by their weights)")
         if not LOCAL_ID.fullmatch(check_id(mid)):
             raise BenchError(f"--member {paper}={mid}: give the local weights' model id (<arch>@sha256:<16 hex>, "
                              "the result's model.id)")
-        out[paper] = mid
-    return out
+    return dict(members or {})
 
 
 def _member_of(pop: Population, model: dict, members: dict[str, str]) -> tuple[Member | None, str]:
     """The member whose row a result's weights fill, and how (or None and why not)."""
-    mid = model["id"]
+    mid, public = model["id"], {m.model: m for m in pop.members if not m.local}
     if model.get("source") == "hf-hub":
-        tag = timm_name(mid)
-        hit = next((m for m in pop.members if not m.local and m.model == tag), None)
-        rev = model.get("weights_revision") or "unpinned"
-        return hit, f"Hub weights {tag}@{rev[:12]}" if hit else f"{tag}: not a member's weights"
+        tag, rev = timm_name(mid), model.get("weights_revision") or "unpinned"
+        return public.get(tag), f"Hub weights {tag}@{rev[:12]}" if tag in public else f"{tag}: not a member's weights"
     digest = mid.split("@sha256:", 1)[1] if "@sha256:" in mid else (model.get("tensors_sha256") or "?")[:16]
     named = next((p for p, i in members.items() if i == mid), None)
     if named is not None:
         return next(m for m in pop.members if m.paper == named), f"your weights for {named} (sha256:{digest})"
     declared = timm_name(model.get("declared_name") or "")
-    hit = next((m for m in pop.members if not m.local and declared and m.model == declared), None)
-    if hit is not None:
-        return hit, f"declared local weights {declared} (sha256:{digest})"
+    if declared in public:
+        return public[declared], f"declared local weights {declared} (sha256:{digest})"
     return None, ("local weights declared as " + declared if declared else "local weights, undeclared") + \
         "; name a member's tag (bench eval --model TAG=FILE) or a replica (--member)"
 
@@ -283,14 +274,12 @@ def _imagenet_star_slopes(results: list[tuple[str, dict]], members=None, id_tabl
 
 
 def _report(name, rep, pop, suite, found, outside, cells, layout, notes, missing) -> dict:
-    return {
-        "table": name, "title": rep["title"], "paper": rep["paper"], "where": rep["where"],
-        "population": pop.name, "suite": suite, "layout": layout, "cells": cells,
-        "filled": [{"row": k, "id": f.result["model"]["id"], "weights": f.weights, "result": f.path}
-                   for k, f in found.items()],
-        "missing": missing, "outside_population": sorted(outside), "not_reproduced": rep.get("not_reproduced", {}),
-        "notes": notes,
-    }
+    return {"table": name, "title": rep["title"], "paper": rep["paper"], "where": rep["where"], "population": pop.name,
+            "suite": suite, "layout": layout, "cells": cells,
+            "filled": [{"row": k, "id": f.result["model"]["id"], "weights": f.weights, "result": f.path}
+                       for k, f in found.items()],
+            "missing": missing, "outside_population": sorted(outside),
+            "not_reproduced": rep.get("not_reproduced", {}), "notes": notes}
 
 
 _BUILDERS = {"lance-table2": _lance_table2, "in-g-fig4": _in_g_fig4, "imagenet-star-slopes": _imagenet_star_slopes}

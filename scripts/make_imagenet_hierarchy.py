@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from collections import deque
 from pathlib import Path
+
+from genshift.fsutil import atomic_write_bytes
 
 OUT = Path(__file__).resolve().parents[1] / "benchmark" / "_data" / "imagenet_hierarchy.json"
 
@@ -122,15 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     if not (args.wordnet / "data.noun").is_file():
-        print(f"error: no data.noun in {args.wordnet}; install Debian's wordnet-base or pass --wordnet DIR",
-              file=sys.stderr)
-        return 2
-    data = build(args.wordnet)
-    text = json.dumps(data, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
-    tmp = args.out.with_suffix(".json.incomplete")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({len(text.encode()):,} bytes, sha256 {hashlib.sha256(text.encode()).hexdigest()})")
+        ap.error(f"no data.noun in {args.wordnet}; install Debian's wordnet-base or pass --wordnet DIR")
+    data = (json.dumps(build(args.wordnet), indent=1, sort_keys=False, ensure_ascii=False) + "\n").encode()
+    atomic_write_bytes(args.out, data)
+    print(f"wrote {args.out} ({len(data):,} bytes, sha256 {hashlib.sha256(data).hexdigest()})")
     return 0
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "benchmark" / "_data" / "imagenet_star_61.yaml"
@@ -52,8 +52,7 @@ print(json.dumps(out))
 def read_old(wheel: str | Path, names: list[str]) -> dict[str, dict]:
     """``{name: {"url", "data_config"}}`` from timm 0.6.12's own source (the wheel file)."""
     with tempfile.TemporaryDirectory() as tmp:
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(tmp)
+        shutil.unpack_archive(wheel, tmp, "zip")
         version = next(Path(tmp).glob("timm-*.dist-info")).name
         if not version.startswith("timm-0.6.12."):
             raise SystemExit(f"{wheel} is {version}, not timm 0.6.12")
@@ -61,11 +60,9 @@ def read_old(wheel: str | Path, names: list[str]) -> dict[str, dict]:
                               capture_output=True, text=True, check=False)
     if proc.returncode:
         raise SystemExit(f"reading timm 0.6.12 failed:\n{proc.stderr[-2000:]}")
-    out = json.loads(proc.stdout)
-    for v in out.values():
-        v["data_config"] = {k: list(x) if isinstance(x, (list, tuple)) else x
-                            for k, x in v["data_config"].items() if k in DATA_KEYS}
-    return out
+    out = json.loads(proc.stdout)  # (tuples came back as lists)
+    return {n: {**v, "data_config": {k: x for k, x in v["data_config"].items() if k in DATA_KEYS}}
+            for n, v in out.items()}
 
 
 def _unhashed(url: str) -> str:
@@ -126,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheel", required=True, help="timm-0.6.12-py3-none-any.whl (pip download timm==0.6.12 --no-deps)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
-    text = render(derive(args.wheel, read_names()))
-    Path(args.out).write_text(text)
+    Path(args.out).write_text(render(derive(args.wheel, read_names())))
     print(args.out)
     return 0
 

@@ -9,7 +9,14 @@ import argparse
 import dataclasses
 import importlib
 
+from genshift.builders.common import ConfigError
 from genshift.cli._common import HelpFormatter, add_verb, csv_list
+from genshift.errors import BenchError
+
+EXAMPLES = """examples:
+  bench build {s} --smoke --out /tmp/{s}-smoke      # whole pipeline, tiny models, CPU
+  bench build {s} --out {s}/                        # one GPU; rerun to resume
+  accelerate launch -m genshift build {s} --out {s}/   # every GPU (and node)"""  # the three ways every builder runs
 
 
 def flag(name: str, cls) -> str:
@@ -36,9 +43,6 @@ def add_config(p: argparse.ArgumentParser, cls, *, int_type=int) -> None:
 
 def flagged(cls, fn, *a, **kw):
     """``fn(*a, **kw)`` with a bad config value reported by its flag (one line)."""
-    from genshift.builders.common import ConfigError
-    from genshift.errors import BenchError
-
     try:
         return fn(*a, **kw)
     except ConfigError as e:
@@ -49,19 +53,6 @@ def config_from(cls, args):
     """The config ``cls`` from parsed flags."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
     return flagged(cls, cls, **given)
-
-
-def _examples(suite_id: str) -> str:
-    """The three ways every builder runs."""
-    return (f"  bench build {suite_id} --smoke --out /tmp/{suite_id}-smoke      # whole pipeline, tiny models, CPU\n"
-            f"  bench build {suite_id} --out {suite_id}/                        # one GPU; rerun to resume\n"
-            f"  accelerate launch -m genshift build {suite_id} --out {suite_id}/   # every GPU (and node)")
-
-
-def _description(module) -> str:
-    """The builder module's docstring, its first two paragraphs (what it builds, and how)."""
-    doc = (module.__doc__ or "").strip()
-    return "\n\n".join(doc.split("\n\n")[:2]).replace("``", "`")
 
 
 def add_parser(sub):
@@ -79,8 +70,9 @@ def add_parser(sub):
                                      "`bench build <suite> --help` shows its options")
     for suite_id in BUILDERS:
         module = importlib.import_module(BUILDERS.get(suite_id))
-        bp = builders.add_parser(suite_id, help=f"build {suite_id}", description=_description(module),
-                                 epilog="examples:\n" + _examples(suite_id), formatter_class=HelpFormatter)
+        what_and_how = "\n\n".join((module.__doc__ or "").strip().split("\n\n")[:2])  # the docstring's first two
+        bp = builders.add_parser(suite_id, help=f"build {suite_id}", description=what_and_how.replace("``", "`"),
+                                 epilog=EXAMPLES.format(s=suite_id), formatter_class=HelpFormatter)
         add_config(bp, module.Config)
         g = bp.add_argument_group("preflight (no download, no output: the real architectures with random weights)")
         g.add_argument("--preflight", action="store_true",
@@ -93,8 +85,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from genshift.errors import BenchError
-
     module = args._builder
     cfg = config_from(module.Config, args)  # (IN-G's config takes <suite> as its suite)
     if args.preflight:

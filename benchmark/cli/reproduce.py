@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from genshift.cli._common import add_verb, print_json, print_table
-from genshift.eval.reproduce import TABLES  # light: yaml and the population registry
+from genshift.eval.reproduce import TABLES, reproduce, result_files  # light: yaml and the population registry
 
 
 def _member(text: str) -> tuple[str, str]:
@@ -46,7 +46,6 @@ def add_parser(sub):
 
 def run(args) -> int:
     from genshift.eval.id_axis import read_id_table
-    from genshift.eval.reproduce import reproduce, result_files
     from genshift.eval.results import load_result
 
     id_table = read_id_table(args.id_accuracy) if args.id_accuracy else None
@@ -64,7 +63,5 @@ def run(args) -> int:
                          ("results outside the population (ignored)", report["outside_population"]),
                          ("notes (what makes a number disagree)", report["notes"])):
         if lines:
-            print(f"\n{title}:")
-            for line in lines:
-                print(f"  {line}")
+            print(f"\n{title}:", *(f"  {line}" for line in lines), sep="\n")
     return 0
