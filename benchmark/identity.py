@@ -67,8 +67,7 @@ def canonical_id(*, source: str, name: str, repo_id: str | None = None, tensors_
     if source == "hf-hub":
         if not repo_id:
             raise ValueError("Hub weights need the repo id they were loaded from")
-        check_id(repo_id)
-        return repo_id
+        return check_id(repo_id)
     if not tensors_sha256 or not re.fullmatch(r"[0-9a-f]{64}", tensors_sha256):
         raise ValueError(f"{source} weights need the 64-hex sha256 of their tensors, got {tensors_sha256!r}")
     if not NAME.fullmatch(name or "") or "--" in name or ".." in name:

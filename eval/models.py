@@ -8,19 +8,27 @@ model identified by ``genshift.identity`` and sized on the meta device before an
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import functools
 import os
+import pickle
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import huggingface_hub as hf
+import timm
 import torch
+from safetensors.torch import load_file
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform, resolve_data_config
+from timm.models import clean_state_dict, get_pretrained_cfg
 
 from genshift.errors import BenchError, NotFoundError, OfflineError, first_line, one_line
 from genshift.eval.results import PROTOCOL_OPTIONS
 from genshift.fsutil import StatKey, sha256_file
 from genshift.hubio import OFFLINE_ROUTE, resolve_revision
+from genshift.identity import canonical_id, tensors_sha256, timm_name
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
@@ -47,14 +55,14 @@ class LoadedClassifier:
     model: torch.nn.Module
     transform: object
     data_config: dict
-    model_id: str                 # canonical id (genshift.identity): "timm/resnet50.a1_in1k", "resnet50@sha256:<hex>"
+    model_id: str                        # canonical id (genshift.identity): "timm/resnet50.a1_in1k", "arch@sha256:…"
     architecture: str
-    tag: str | None               # Hub weights' tag; None for local weights (their name is only declared_name)
-    source: str                   # one of genshift.identity.SOURCES
-    weights_revision: str | None  # 40-char Hub sha
-    weights_sha256: str | None    # the weights file's bytes
-    weights_file: str | None
+    source: str                          # one of genshift.identity.SOURCES
     num_params: int
+    tag: str | None = None               # Hub weights' tag; None for local weights (their name is only declared_name)
+    weights_revision: str | None = None  # 40-char Hub sha
+    weights_sha256: str | None = None    # the weights file's bytes
+    weights_file: str | None = None
     pretrained_cfg: dict = field(default_factory=dict)
     checkpoint_weights: str | None = None  # "model" | "ema" when --checkpoint was a training checkpoint
     tensors_sha256: str | None = None      # genshift.identity.tensors_sha256 of the loaded state dict
@@ -66,10 +74,6 @@ class LoadedClassifier:
         """A module holding its weights (``genshift.evaluate(model=...)``): a timm model brings its data
         config; any other module takes ``data_config`` (timm's keys, the rest defaulted as timm does) or
         ``transform``, and ``model_id``. Its id: the architecture (or ``model_id``) and its tensors' digest."""
-        from timm.data import resolve_data_config
-
-        from genshift.identity import canonical_id, tensors_sha256
-
         cfg = dict(getattr(model, "pretrained_cfg", None) or {})
         name = cfg.get("architecture") or model_id
         if name is None or (not cfg and data_config is None and transform is None):
@@ -83,11 +87,10 @@ class LoadedClassifier:
             data_config, transform = eval_transform(model, preprocess)
         check_label_space(model, name)
         digest = tensors_sha256(model.state_dict())
-        return cls(model=model, transform=transform, data_config=data_config, tag=None, source="module",
-                   model_id=canonical_id(source="module", name=name, tensors_sha256=digest), architecture=name,
-                   weights_revision=None, weights_sha256=None, weights_file=None, pretrained_cfg=_jsonable(cfg),
+        return cls(model=model, transform=transform, data_config=data_config, source="module", architecture=name,
+                   model_id=canonical_id(source="module", name=name, tensors_sha256=digest), declared_name=model_id,
                    num_params=sum(p.numel() for p in model.parameters()), tensors_sha256=digest,
-                   declared_name=model_id)
+                   pretrained_cfg=_jsonable(cfg))
 
     def describe(self) -> dict:
         # optional fields only when they apply
@@ -106,8 +109,6 @@ class LoadedClassifier:
 
 def parse_model_name(text: str) -> ModelRef:
     """Split a user-given model name into registry name, Hub repo and revision."""
-    import timm
-
     raw = text.strip()
     if not raw:
         raise BenchError("empty --model; give a timm name such as 'resnet50.a1_in1k' or 'timm/resnet50.a1_in1k'")
@@ -131,8 +132,6 @@ def parse_model_name(text: str) -> ModelRef:
 
 
 def _pretrained_cfg(name: str):
-    from timm.models import get_pretrained_cfg
-
     try:
         return get_pretrained_cfg(name, allow_unregistered=False)
     except Exception:  # noqa: BLE001 - timm raises several types for unknown tags
@@ -140,8 +139,6 @@ def _pretrained_cfg(name: str):
 
 
 def _suggest(name: str) -> str:
-    import timm
-
     arch = name.split(".", 1)[0]
     pool = timm.list_pretrained(f"{arch}*") or timm.list_pretrained()
     close = difflib.get_close_matches(name, pool, n=4, cutoff=0.4)
@@ -167,10 +164,6 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     ``checkpoint_weights``: ``"model"`` or ``"ema"`` of a training checkpoint; ``preprocess`` and ``data_config``
     (a population's record of the paper's timm, ``genshift.populations``): :func:`eval_transform`.
     """
-    import timm
-
-    from genshift.identity import canonical_id, tensors_sha256, timm_name
-
     if checkpoint is not None:
         check_checkpoint_file(checkpoint)  # before any architecture is built (eva_giant: 3.7 GB of RAM)
     ref = parse_model_name(name)
@@ -237,9 +230,6 @@ def _fits(n: int, have: int, what: str, unit: str) -> None:
 
 def _create_pinned(ref: ModelRef, sha: str):
     """The Hub model at ``sha`` and its weights file, sized on the meta device before anything is allocated."""
-    import timm
-    from huggingface_hub import errors
-
     if ref.name is not None and _pretrained_cfg(ref.name) is not None:
         # registry cfg (incl. test size) with the weights pinned at the resolved sha
         args, kw = (ref.name,), {"pretrained_cfg_overlay": {"hf_hub_id": f"{ref.repo_id}@{sha}"}}
@@ -250,29 +240,24 @@ def _create_pinned(ref: ModelRef, sha: str):
         wfile = _hub_weights(ref.repo_id, sha, meta.pretrained_cfg.get("hf_hub_filename"))
         _fits(meta.num_params, os.path.getsize(wfile), f"{ref.repo_id}@{sha[:12]}", "bytes")
         return timm.create_model(*args, pretrained=True, **kw), wfile
-    except errors.LocalEntryNotFoundError:
+    except hf.errors.LocalEntryNotFoundError:
         raise OfflineError(f"weights of {ref.repo_id}@{sha[:12]} are not in the local cache and the Hub is not "
                            f"reachable; run once with network or pass --checkpoint FILE{OFFLINE_ROUTE}") from None
-    except errors.EntryNotFoundError as e:
+    except hf.errors.EntryNotFoundError as e:
         raise NotFoundError(f"{ref.repo_id}@{sha[:12]} has no timm weights/config ({e}); is it a timm model "
                             "repo?") from None
 
 
 def _hub_weights(repo_id: str, sha: str, preferred: str | None) -> str:
     """The weights file of a Hub model at ``sha`` (downloaded to the cache, as timm then reads it)."""
-    from huggingface_hub import errors, hf_hub_download
-
     for fn in dict.fromkeys(((preferred,) if preferred else ()) + WEIGHT_FILES):
         try:
-            return hf_hub_download(repo_id, fn, revision=sha)
-        except errors.LocalEntryNotFoundError:
+            return hf.hf_hub_download(repo_id, fn, revision=sha)
+        except hf.errors.LocalEntryNotFoundError:
             raise
-        except errors.EntryNotFoundError:
+        except hf.errors.EntryNotFoundError:
             continue
-    raise errors.EntryNotFoundError(f"none of {', '.join(WEIGHT_FILES)}")
-
-
-PREPROCESS = PROTOCOL_OPTIONS["preprocess"]  # one list: eval_transform builds them, the result schema checks them
+    raise hf.errors.EntryNotFoundError(f"none of {', '.join(WEIGHT_FILES)}")
 
 
 def eval_transform(model, preprocess: str = "timm", recorded: dict | None = None) -> tuple[dict, object]:
@@ -282,8 +267,6 @@ def eval_transform(model, preprocess: str = "timm", recorded: dict | None = None
     recorded data config says it; ``"lance-square-model-norm"``, the same with the model's own mean/std
     (``docs/results.md``, ``data_config``). ``recorded`` (a population's data config) replaces timm's keys first.
     """
-    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform, resolve_data_config
-
     cfg = resolve_data_config({}, model=model, use_test_size=True)
     if recorded:
         cfg.update({k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()})
@@ -292,7 +275,9 @@ def eval_transform(model, preprocess: str = "timm", recorded: dict | None = None
         if preprocess == "lance-square":
             cfg.update(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
     elif preprocess != "timm":
-        raise BenchError(f"unknown preprocessing {preprocess!r}; choose one of {', '.join(PREPROCESS)}")
+        # one list: eval_transform builds them, the result schema checks them
+        raise BenchError(f"unknown preprocessing {preprocess!r}; choose one of "
+                         f"{', '.join(PROTOCOL_OPTIONS['preprocess'])}")
     transform = create_transform(**cfg, is_training=False)
     return _jsonable({k: cfg[k] for k in DATA_CONFIG_KEYS if k in cfg}), transform
 
@@ -304,32 +289,9 @@ def check_label_space(model, model_id: str) -> None:
                          "ImageNet-1k classifiers only (pick an *_in1k or *_ft_in1k tag)")
 
 
-CHECKPOINT_WEIGHTS = ("model", "ema")
-# Entries of a training checkpoint, in the order timm's ``load_state_dict`` looks for them.
-_EMA_ENTRIES = ("state_dict_ema", "model_ema")
-_MODEL_ENTRIES = ("state_dict", "model", "model_state_dict")
-
-
-def _torch_load_safely(path: Path):
-    """``torch.load(weights_only=True)`` allowing the ``argparse.Namespace`` timm's ``train.py`` stores under
-    ``args`` (its values are still checked); any other global is refused and named."""
-    import argparse
-    import pickle
-
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        try:
-            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-        except Exception:  # noqa: BLE001 - not a pickle torch can scan: the file is damaged, said below
-            unsafe = []
-        unsafe = [g for g in unsafe if g != "argparse.Namespace"]
-        if not unsafe:
-            raise
-        raise BenchError(f"checkpoint {str(path)!r} holds Python objects ({', '.join(unsafe[:3])}) that weights-only "
-                         "loading refuses (bench never unpickles arbitrary code); save the weights alone: "
-                         "torch.save(model.state_dict(), 'weights.pth') or safetensors") from None
+# Entries of a training checkpoint for each choice of weights, in the order timm's ``load_state_dict`` looks for them.
+_ENTRIES = {"model": ("state_dict", "model", "model_state_dict"), "ema": ("state_dict_ema", "model_ema")}
+CHECKPOINT_WEIGHTS = tuple(_ENTRIES)
 
 
 def weights_sha256(path: str | os.PathLike) -> str:
@@ -351,10 +313,9 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
     path = Path(path)
     try:
         st = path.stat()
-    except FileNotFoundError:
-        raise BenchError(f"checkpoint {str(path)!r} does not exist; check the path") from None
     except OSError as e:
-        raise BenchError(f"checkpoint {str(path)!r} cannot be read ({e.strerror}); check the path") from None
+        why = "does not exist" if isinstance(e, FileNotFoundError) else f"cannot be read ({e.strerror})"
+        raise BenchError(f"checkpoint {str(path)!r} {why}; check the path") from None
     if not stat.S_ISREG(st.st_mode):
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, pipe or socket)"
         raise BenchError(f"checkpoint {str(path)!r} is {kind}; give the weights file (.safetensors, .pth, .bin)")
@@ -371,40 +332,46 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
     return path
 
 
+def _unsafe_globals(path: Path) -> list[str]:
+    """The globals, other than timm's ``argparse.Namespace``, that make weights-only loading refuse a pickle."""
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception:  # noqa: BLE001 - not a pickle torch can scan: the file is damaged, said by the caller
+        return []
+    return [g for g in unsafe if g != "argparse.Namespace"]
+
+
 def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple[dict, str | None]:
     """A checkpoint file -> ``(state_dict, entry)``, ``entry`` the training-checkpoint key used: safetensors, a plain
     state dict or a timm ``train.py`` checkpoint, weights-only; ``weights`` ``"model"`` (timm ``validate.py``'s
     default) or ``"ema"`` (``--use-ema``); prefixes removed by timm's ``clean_state_dict``."""
-    from timm.models import clean_state_dict
-
     path = Path(path)
     if weights not in CHECKPOINT_WEIGHTS:
         raise BenchError(f"--checkpoint-weights must be one of {', '.join(CHECKPOINT_WEIGHTS)}, got {weights!r}")
     check_checkpoint_file(path)
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
             sd = load_file(str(path))
-        else:
-            sd = _torch_load_safely(path)
-    except BenchError:
-        raise
+        else:  # timm's train.py stores its argparse.Namespace under ``args`` (its values are still checked)
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any decode failure is the user's file
+        unsafe = _unsafe_globals(path) if isinstance(e, pickle.UnpicklingError) else []
+        if unsafe:
+            raise BenchError(f"checkpoint {str(path)!r} holds Python objects ({', '.join(unsafe[:3])}) that "
+                             "weights-only loading refuses (bench never unpickles arbitrary code); save the weights "
+                             "alone: torch.save(model.state_dict(), 'weights.pth') or safetensors") from None
         raise BenchError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}: {first_line(e)}); expected a "
                          "safetensors file, a PyTorch state dict or a timm training checkpoint") from None
-    entry = None
-    if isinstance(sd, dict):
-        ema = next((k for k in _EMA_ENTRIES if isinstance(sd.get(k), dict)), None)
-        plain = next((k for k in _MODEL_ENTRIES if isinstance(sd.get(k), dict)), None)
-        if weights == "ema":
-            if ema is None:
-                raise BenchError(f"checkpoint {path.name} has no EMA weights (no state_dict_ema entry); drop "
-                                 "--checkpoint-weights ema to score its model weights")
-            entry = ema
-        elif plain is not None:
-            entry = plain
-        elif ema is not None:
-            raise BenchError(f"checkpoint {path.name} holds only EMA weights ({ema}); pass --checkpoint-weights ema")
+    entries = sd if isinstance(sd, dict) else {}
+    found = {w: next((k for k in keys if isinstance(entries.get(k), dict)), None) for w, keys in _ENTRIES.items()}
+    entry = found[weights]
+    if weights == "ema" and entry is None:
+        raise BenchError(f"checkpoint {path.name} has no EMA weights (no state_dict_ema entry); drop "
+                         "--checkpoint-weights ema to score its model weights")
+    if entry is None and found["ema"] is not None:
+        raise BenchError(f"checkpoint {path.name} holds only EMA weights ({found['ema']}); pass "
+                         "--checkpoint-weights ema")
     if entry is not None:
         sd = sd[entry]
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
@@ -424,24 +391,16 @@ def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, *, remap_by
         if len(sd) != len(own):
             raise BenchError(f"checkpoint {path.name} has {len(sd)} tensors, model has {len(own)}; cannot map by order")
         sd = dict(zip(own.keys(), sd.values()))
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
-              if k in sd and sd[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing keys (e.g. {missing[0]})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
-        if shapes:
-            parts.append(f"{len(shapes)} shape mismatches (e.g. {shapes[0]})")
+    mismatches = {"missing keys": [k for k in own if k not in sd], "unexpected keys": [k for k in sd if k not in own],
+                  "shape mismatches": [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
+                                       if k in sd and sd[k].shape != own[k].shape]}
+    parts = [f"{len(keys)} {what} (e.g. {keys[0]})" for what, keys in mismatches.items() if keys]
+    if parts:
         hint = " (keys differ but count matches: try --remap-by-order)" if (
-            not remap_by_order and len(sd) == len(own) and not shapes) else ""
+            not remap_by_order and len(sd) == len(own) and not mismatches["shape mismatches"]) else ""
         raise BenchError(f"checkpoint {path.name} does not fit {type(model).__name__}: {'; '.join(parts)}{hint}")
     model.load_state_dict(sd, strict=True)
     return entry
-
 
 
 def _jsonable(obj):

@@ -69,9 +69,7 @@ class PredictionBlock:
             "true_prob": pa.array(self.true_prob.astype(np.float32)),
             "true_rank": pa.array(self.true_rank.astype(np.int32)),
         }
-        for name in sch.names:
-            if name not in cols:
-                cols[name] = pa.array(self.carried[name], pa.string())
+        cols |= {name: pa.array(self.carried[name], pa.string()) for name in sch.names if name not in cols}
         return pa.table(cols, schema=sch)
 
 
@@ -144,60 +142,49 @@ class CheckpointedPredictions:
         self.work_dir = Path(work_dir)
         self.dir = safe_config_dir(self.work_dir, config)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.schema = sch
-        self.flush_rows = flush_rows
-        self.flush_seconds = flush_seconds
+        self.schema, self.flush_rows, self.flush_seconds = sch, flush_rows, flush_seconds
         self.session, self.rank, self.run_key, self.n_units = session, rank, run_key, n_units
-        self._pending: list[pa.Table] = []
-        self._pending_units: list[int] = []
-        self._pending_skipped: list[list[str]] = []
-        self._pending_info = {"model_seconds": 0.0}
+        self._pending: list[tuple[int, pa.Table, list[str]]] = []  # (unit, its rows, its skipped image ids)
+        self._timings = {"model_seconds": 0.0}
         self._last_flush = time.monotonic()
         self.batch_size: int | None = None
         self.done_units = done_units(self.dir, n_units)  # from any process or an earlier run
 
     def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0,
             threads_used: int = 1) -> None:
-        self._pending.append(block.to_table(self.schema))
-        self._pending_units.append(unit)
-        self._pending_skipped.append(list(skipped_bad))
-        self._pending_info["model_seconds"] += model_seconds
+        self._pending.append((unit, block.to_table(self.schema), list(skipped_bad)))
+        self._timings["model_seconds"] += model_seconds
         # how many threads had run this model's batches so far: the evidence that --forward-threads ran
-        self._pending_info["forward_threads_used"] = max(self._pending_info.get("forward_threads_used", 0),
-                                                         threads_used)
-        if (sum(t.num_rows for t in self._pending) >= self.flush_rows
+        self._timings["forward_threads_used"] = max(self._timings.get("forward_threads_used", 0), threads_used)
+        if (sum(t.num_rows for _, t, _ in self._pending) >= self.flush_rows
                 or time.monotonic() - self._last_flush >= self.flush_seconds):
             self.flush()
 
     def flush(self) -> None:
         if not self._pending:
             return
-        units = self._pending_units
+        units = [u for u, _, _ in self._pending]
         if units != sorted(units) or len(set(units)) != len(units):
             raise RuntimeError(f"units flushed out of order: {units}")
         now = time.monotonic()
-        totals = {**self._pending_info, "seconds": round(now - self._last_flush, 3)}
-        zero = {"model_seconds": 0.0, "seconds": 0.0}
+        timings = {**self._timings, "seconds": round(now - self._last_flush, 3)}
         # one part per contiguous run of units (a process of a distributed sweep holds scattered units);
         # the flush's timings go in the first part's sidecar; rows and skipped images are per unit, so a
         # merge can check every part against the units it names (genshift.eval.merging)
-        start = 0
-        for i in range(1, len(units) + 1):
-            if i == len(units) or units[i] != units[i - 1] + 1:
-                name = f"part-{units[start]:07d}-{units[i - 1]:07d}"
-                skipped = self._pending_skipped[start:i]
-                info = {**(totals if start == 0 else zero), "units": units[start:i], "batch_size": self.batch_size,
-                        "session": self.session, "rank": self.rank, "run_key": self.run_key,
-                        "rows_per_unit": [t.num_rows for t in self._pending[start:i]],
-                        "skipped_per_unit": skipped, "skipped_bad": [x for s in skipped for x in s]}
-                atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
-                with atomic_path(self.dir / f"{name}.parquet") as tmp:
-                    pq.write_table(pa.concat_tables(self._pending[start:i]), tmp)
-                start = i
+        starts = [i for i, u in enumerate(units) if i == 0 or u != units[i - 1] + 1]
+        for first, end in zip(starts, [*starts[1:], len(units)]):
+            run = self._pending[first:end]
+            name = f"part-{run[0][0]:07d}-{run[-1][0]:07d}"
+            skipped = [s for _, _, s in run]
+            info = {**timings, "units": [u for u, _, _ in run], "batch_size": self.batch_size, "session": self.session,
+                    "rank": self.rank, "run_key": self.run_key, "rows_per_unit": [t.num_rows for _, t, _ in run],
+                    "skipped_per_unit": skipped, "skipped_bad": [x for s in skipped for x in s]}
+            atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
+            with atomic_path(self.dir / f"{name}.parquet") as tmp:
+                pq.write_table(pa.concat_tables([t for _, t, _ in run]), tmp)
+            timings = {"model_seconds": 0.0, "seconds": 0.0}
         self.done_units.update(units)
-        self._pending, self._pending_units, self._pending_skipped = [], [], []
-        self._pending_info = {"model_seconds": 0.0}
-        self._last_flush = now
+        self._pending, self._timings, self._last_flush = [], {"model_seconds": 0.0}, now
 
     def finish(self, out_path: Path) -> int:
         """Merge all parts into ``out_path`` (sorted by image_id); returns the row count."""

@@ -18,10 +18,11 @@ from pydantic_core import PydanticCustomError
 from genshift.errors import CONTROL_CHARS, BenchError, IntegrityError
 from genshift.fsutil import atomic_write_bytes, canonical_json, parse_json, read_limited, sha256_bytes
 from genshift.hubio import SHA_RE
-from genshift.identity import SOURCES, identity_of
+from genshift.identity import SOURCES, folder_name, identity_of
 from genshift.schema import Count, Schema, Sha256
 from genshift.schema import validate as check_schema
 from genshift.suite_format import CONFIG_RE  # one set of names and limits
+from genshift.suites import METRIC_FAMILIES
 
 SCHEMA_VERSION = 2  # 2: canonical model ids and the tensors digest (genshift.identity)
 KIND = "genshift-result"
@@ -52,8 +53,6 @@ def entry_dir(result: dict) -> str:
     """``<suite slug>/<model folder>``: the folder a result belongs in, in a run folder and in the results
     store, derived from the result's own suite id and canonical model id (one folder per model id:
     ``genshift.identity.folder_name``); an entry filed anywhere else is refused."""
-    from genshift.identity import folder_name
-
     return f"{path_slug(result['suite']['id'])}/{folder_name(result['model']['id'])}"
 
 
@@ -298,8 +297,6 @@ class _Result(Schema, extra="forbid"):
 def validate(result, *, where: str) -> None:
     """Check every field's type and range (``docs/results.md``, "Schema"); one ``IntegrityError`` naming the
     field. Consumers (verify, the store, the board, submit) then index the result without further checks."""
-    from genshift.suites import METRIC_FAMILIES
-
     if not isinstance(result, dict):
         raise IntegrityError(f"{where}: a result is a JSON object, got {type(result).__name__}")
     if result.get("kind") != KIND:

@@ -8,9 +8,14 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import huggingface_hub as hf
+
 from genshift.errors import BenchError
+from genshift.eval.suite_open import open_suite
 from genshift.fsutil import read_limited
+from genshift.reader import LocalSuite
 from genshift.suite_format import MANIFEST, MAX_MANIFEST_BYTES, Manifest
+from genshift.suites import SUITES
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +59,12 @@ def load_manifest_file(path: Path, *, where: str | None = None) -> Manifest:
 
 def open_ref(source: str, *, trusted: bool, revision: str | None = None, mask: str | None = None) -> SuiteRef:
     """A suite folder, a manifest file, or (downloaded) a registry id / Hub repo."""
-    from genshift.reader import LocalSuite
-
     path = Path(source)
     if path.is_dir() and (path / MANIFEST).is_file():
         local = LocalSuite.open(path)
         return SuiteRef(local.manifest, f"suite folder {path}", trusted, local)
     if path.is_file():
         return SuiteRef(load_manifest_file(path), f"manifest {path}", trusted)
-    from genshift.eval.suite_open import open_suite
-
     info = open_suite(source, revision=revision, mask=mask)
     return SuiteRef(info.suite.manifest, f"suite {source}", trusted, info.suite)
 
@@ -109,43 +110,27 @@ class TrustedSuites:
     def lookup(self, suite: dict) -> SuiteRef | None:
         """The trusted manifest with the result's ``suite.manifest_sha256``, if any."""
         sha = suite.get("manifest_sha256")
-        if sha in self.by_sha:
-            return self.by_sha[sha]
-        if self.registry:
-            ref = self._registry_ref(suite.get("id"))
-            if ref is not None and ref.sha256 == sha:
-                return ref
-        return None
+        if sha not in self.by_sha and self.registry:
+            self._registry_ref(suite.get("id"))  # added to by_sha when there is one
+        return self.by_sha.get(sha)
 
-    def _registry_ref(self, suite_id) -> SuiteRef | None:
-        if suite_id in self._registry_seen:
-            return self._registry_seen[suite_id]
-        self._registry_seen[suite_id] = ref = _registry_manifest(suite_id, download=self.download)
-        if ref is not None:
-            self.add(ref)
-        return ref
-
-
-def _registry_manifest(suite_id, *, download: bool) -> SuiteRef | None:
-    """The manifest of a registered suite at its pinned sha (only ``manifest.json``), or None."""
-    from genshift.suites import SUITES
-
-    if not isinstance(suite_id, str) or suite_id not in SUITES:
-        return None
-    spec = SUITES.get(suite_id)
-    if not spec.revision or spec.source != "format1":
-        return None
-    ref = hub_manifest(spec.repo_id, spec.revision, download=download, trusted=True,
-                       origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
-    if ref is not None:
-        ref.opens = suite_id
-    return ref
+    def _registry_ref(self, suite_id: str) -> SuiteRef | None:
+        """The manifest of a registered suite at its pinned sha (only ``manifest.json``), or None; looked up once."""
+        if suite_id not in self._registry_seen:
+            spec = SUITES.get(suite_id) if suite_id in SUITES else None
+            ref = None
+            if spec is not None and spec.revision and spec.source == "format1":
+                ref = hub_manifest(spec.repo_id, spec.revision, download=self.download, trusted=True,
+                                   origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
+            if ref is not None:
+                ref.opens = suite_id
+                self.add(ref)
+            self._registry_seen[suite_id] = ref
+        return self._registry_seen[suite_id]
 
 
 def hub_manifest(repo_id: str, revision: str, *, download: bool, trusted: bool, origin: str | None = None):
     """The ``manifest.json`` of a Hub dataset repo at a commit sha (only that file), or None."""
-    import huggingface_hub as hf
-
     try:
         if download:
             path = hf.hf_hub_download(repo_id, MANIFEST, repo_type="dataset", revision=revision)

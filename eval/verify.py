@@ -7,6 +7,7 @@ order: ``docs/results.md``, "Verification"; the re-check's sample and guarantee:
 
 from __future__ import annotations
 
+import bisect
 import io
 import itertools
 import json
@@ -20,15 +21,21 @@ import numpy as np
 import pyarrow as pa
 
 from genshift.errors import BenchError, IntegrityError, one_line
-from genshift.eval import results
+from genshift.eval import results, suite_open
 from genshift.eval.predictions import BASE_COLUMNS, read_predictions, topk_matrix
 from genshift.eval.predictions import schema as predictions_schema
 from genshift.eval.scoring import ScoringOptions, score
-from genshift.eval.suite_trust import SuiteRef, TrustedSuites, open_ref
+from genshift.eval.suite_trust import SuiteRef, TrustedSuites, hub_manifest, open_ref
+from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 from genshift.fsutil import read_limited, sha256_bytes
+from genshift.hubio import _unreachable
+from genshift.identity import timm_name
 from genshift.imagenet import NUM_CLASSES
 from genshift.pixels import to_rgb
+from genshift.populations import recorded_data_config
+from genshift.reader import LocalSuite, read_row_group
 from genshift.suite_format import rows_digest_table
+from genshift.suites import SUITES, construction_models, declared_scoring
 
 MAX_PROBLEMS = 20
 DETECT_FRACTION = 0.005    # the guarantee: a result with at least this fraction of its rows altered ...
@@ -80,8 +87,7 @@ def verify_result(path: str | Path, *, recheck: int | str | None = None, suite: 
     """
     path = result_path(path)
     raw = results.read_result_bytes(path) if raw is None else raw
-    if result is None:
-        result = results.parse_result(raw, where=str(path))
+    result = results.parse_result(raw, where=str(path)) if result is None else result
     report = VerifyReport(path, result=result, result_sha256=sha256_bytes(raw))
     tables = report.tables = check_predictions_files(path.parent, result, report)
     complete = len(tables) == len(result["predictions"])
@@ -129,7 +135,6 @@ def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> d
     """Hash, read and check each predictions file; the tables that passed, by config. Each file is read once:
     the bytes hashed are the bytes parsed and scored."""
     tables = {}
-    topk = result["protocol"]["topk"]
     for entry in result["predictions"]:
         rel = entry["path"]
         f = base / rel
@@ -138,24 +143,17 @@ def check_predictions_files(base: Path, result: dict, report: VerifyReport) -> d
             continue
         try:  # at most MAX_PREDICTIONS_BYTES + 1 bytes are read, whatever the file's size
             data = read_limited(f, max_bytes=results.MAX_PREDICTIONS_BYTES, what="predictions file")
-        except IntegrityError as e:
-            report.problems.append(str(e))
-            continue
-        digest = sha256_bytes(data)
-        report.predictions_sha256[rel] = digest
-        if digest != entry["sha256"]:
-            report.problems.append(f"{rel} sha256 {digest[:12]}… differs from the result's "
-                                   f"{entry['sha256'][:12]}… (file replaced or tampered)")
-            continue
-        try:
+            report.predictions_sha256[rel] = digest = sha256_bytes(data)
+            if digest != entry["sha256"]:
+                raise IntegrityError(f"{rel} sha256 {digest[:12]}… differs from the result's "
+                                     f"{entry['sha256'][:12]}… (file replaced or tampered)")
             table = read_predictions(f, data=data)
+            if table.num_rows != entry["rows"]:
+                raise IntegrityError(f"{rel} has {table.num_rows} rows, the result says {entry['rows']}")
         except IntegrityError as e:
             report.problems.append(str(e))
             continue
-        if table.num_rows != entry["rows"]:
-            report.problems.append(f"{rel} has {table.num_rows} rows, the result says {entry['rows']}")
-            continue
-        problems = check_rows(table, topk=min(topk, NUM_CLASSES), where=rel)
+        problems = check_rows(table, topk=min(result["protocol"]["topk"], NUM_CLASSES), where=rel)
         if problems:
             report.problems += _capped(problems, f"row problems in {rel}")
             continue
@@ -202,8 +200,7 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
     hit = top == labels[:, None]
     found = hit.any(axis=1)
     pos = hit.argmax(axis=1)
-    rows = np.arange(len(ids))
-    p_at = probs[rows, pos]
+    p_at = probs[np.arange(len(ids)), pos]
     # one order for both (genshift.eval.inference.rank_classes): probability descending, ties by class index
     bad(((np.diff(probs, axis=1) == 0) & (np.diff(top, axis=1) < 0)).any(axis=1),
         "list tied top-k classes out of class-index order")
@@ -226,26 +223,22 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
     rec = result["suite"]
     if suite is not None:
         try:
-            ref = open_ref(suite, trusted=True, mask=mask)
+            return open_ref(suite, trusted=True, mask=mask), ""
         except BenchError as e:
             return None, f"--suite {suite}: {e}"
-        return ref, ""
     trusted = suites if suites is not None else TrustedSuites(registry=True, download=True)
     ref = trusted.lookup(rec)
     if ref is not None:
         return ref, ""
     src = rec.get("source")
     if use_recorded and isinstance(src, str):
-        from genshift.eval.suite_open import reopen_suite
-        from genshift.eval.suite_trust import hub_manifest
-
         if rec.get("repo_id") and rec.get("revision") and not Path(src).exists():  # the manifest alone, if it is one
             ref = hub_manifest(rec["repo_id"], rec["revision"], download=True, trusted=False)
             if ref is not None and ref.sha256 == rec["manifest_sha256"]:
                 return ref, ""
         # as recorded (folder, registry id or Hub repo at its revision; an upstream ImageNet* mask too);
         # what cannot be opened is the user's to fix (--suite, --mask): one error line
-        info = reopen_suite(result, mask=mask, configs=tuple(rec["configs"]))
+        info = suite_open.reopen_suite(result, mask=mask, configs=tuple(rec["configs"]))
         return SuiteRef(info.suite.manifest, f"suite {src[:200]} (as recorded)", False, info.suite), ""
     return None, (f"no trusted manifest with sha256 {rec['manifest_sha256'][:12]}… (suite {rec['id']!r}); pass the "
                   "suite with --suite PATH|ID or a folder of trusted manifests with --suites DIR")
@@ -253,9 +246,6 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
 
 def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef, report: VerifyReport) -> list[str]:
     """Suite identity, rows digests, counts and flags recomputed from the suite's manifest (and rows)."""
-    from genshift.eval.suite_open import is_construction_model
-    from genshift.suites import SUITES, construction_models, declared_scoring
-
     rec, m = result["suite"], ref.manifest
     trust = "" if ref.trusted else " (the folder recorded in the result: not a trust root; use --suite to choose)"
     if m.sha256 != rec["manifest_sha256"]:
@@ -272,10 +262,8 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     protocol = result["protocol"]
     limited = protocol["limit_per_class"] is not None
     for cfg in rec["configs"]:
-        t = tables[cfg]
-        total, kept = m.configs[cfg].rows, m.configs[cfg].kept
-        stored = result["counts"][cfg]
-        rows = ref.rows(cfg) if (limited or stored["skipped_bad"] or t.num_rows != total) else None
+        t, stored, info = tables[cfg], result["counts"][cfg], m.configs[cfg]
+        rows = ref.rows(cfg) if (limited or stored["skipped_bad"] or t.num_rows != info.rows) else None
         if rows is None:
             if limited or stored["skipped_bad"]:
                 problems.append(f"{cfg}: a run with --limit-per-class or skipped images can only be checked with the "
@@ -309,32 +297,29 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
                                 f"and {len(wrong)} with another label/keep than the suite")
                 continue
             missing = expected - set(pids)
-            skipped = len(missing)
-            listed = stored["skipped_bad_ids"]
-            ids_ok = set(listed) <= missing and len(set(listed)) == len(listed) == min(skipped, results.MAX_SKIPPED_IDS)
+            skipped, listed = len(missing), stored["skipped_bad_ids"]
             if skipped and not protocol["skip_bad_images"]:
                 problems.append(f"{cfg}: {skipped} image(s) of the suite are missing from the predictions")
                 continue
-            if not ids_ok:
+            if not (set(listed) <= missing
+                    and len(set(listed)) == len(listed) == min(skipped, results.MAX_SKIPPED_IDS)):
                 problems.append(f"{cfg}: counts.{cfg}.skipped_bad_ids does not list the images missing from the "
                                 "predictions")
             report.rows_digests[cfg] = rows_digest_table(t)
-        want_counts = {"total": total, "kept": kept, "predicted": t.num_rows, "skipped_bad": skipped}
-        for k, v in want_counts.items():
-            if stored[k] != v:
-                problems.append(f"counts.{cfg}.{k} is {stored[k]}, recomputed {v}")
+        recomputed = {"total": info.rows, "kept": info.kept, "predicted": t.num_rows, "skipped_bad": skipped}
+        problems += [f"counts.{cfg}.{k} is {stored[k]}, recomputed {v}" for k, v in recomputed.items()
+                     if stored[k] != v]
     spec = SUITES.get(rec["id"]) if rec["id"] in SUITES else None
+    model = result["model"]
     flags = {
         "unpinned_suite": not rec["pinned"],
-        "construction_model": is_construction_model(result["model"].get("declared_name") or result["model"]["id"],
-                                                    construction_models(m, spec),
-                                                    result["model"]["weights_sha256"]),
+        "construction_model": suite_open.is_construction_model(model.get("declared_name") or model["id"],
+                                                               construction_models(m, spec), model["weights_sha256"]),
         "partial": limited or set(rec["configs"]) != set(m.configs),
         "skipped_bad_images": any(result["counts"][c]["skipped_bad"] > 0 for c in rec["configs"]),
     }
-    for k, v in flags.items():
-        if result["flags"][k] != v:
-            problems.append(f"flags.{k} is {result['flags'][k]}, recomputed {v}")
+    problems += [f"flags.{k} is {result['flags'][k]}, recomputed {v}" for k, v in flags.items()
+                 if result["flags"][k] != v]
     try:
         family = spec.metric_family if spec else declared_scoring(m)[0]
     except IntegrityError as e:
@@ -355,12 +340,11 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
 
 def _limited_ids(ids: list[str], labels: list[int], limit: int) -> set[str]:
     """The first ``limit`` image ids per class in image_id order (as ``genshift.eval.inference.plan_units``)."""
-    chosen, per_class = set(), {}
-    for i in sorted(range(len(ids)), key=ids.__getitem__):
-        c = int(labels[i])
-        if per_class.get(c, 0) < limit:
-            per_class[c] = per_class.get(c, 0) + 1
-            chosen.add(ids[i])
+    chosen, per_class = set(), Counter()
+    for i, c in sorted(zip(ids, labels)):  # image ids are unique
+        if per_class[c] < limit:
+            per_class[c] += 1
+            chosen.add(i)
     return chosen
 
 
@@ -414,11 +398,9 @@ def sample_size(total: int, *, fraction: float = DETECT_FRACTION, probability: f
 
 def detected_fraction(total: int, n: int, *, probability: float = DETECT_PROBABILITY) -> float:
     """The smallest fraction of altered rows that ``n`` draws from ``total`` catch with ``probability``."""
-    lo, hi = 1, total  # miss_probability falls as the altered count grows; at total it is 0
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if miss_probability(total, mid, n) <= 1 - probability else (mid + 1, hi)
-    return lo / total
+    # miss_probability falls as the altered count grows; at total it is 0
+    caught = bisect.bisect_left(range(1, total), True, key=lambda k: miss_probability(total, k, n) <= 1 - probability)
+    return (caught + 1) / total
 
 
 def draw(total: int, n: int, seed: int) -> np.ndarray:
@@ -465,8 +447,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, recheck: int |
         t = local.read_columns(cfg, ["image_id", "label"])
         ids = t["image_id"].to_pylist()
         if limit:
-            chosen = _limited_ids(ids, t["label"].to_pylist(), limit)
-            ids = [i for i in ids if i in chosen]
+            ids = _limited_ids(ids, t["label"].to_pylist(), limit)
         pool += [(cfg, i) for i in sorted(ids)]
     given = seed is not None
     seed = int(seed) if given else secrets.randbits(63)
@@ -500,8 +481,6 @@ def _images_of(result: dict, report: VerifyReport, *, suite: str | None, mask: s
                configs: tuple):
     """The suite whose images are re-run: the trusted one the rows were checked against (its folder, or its
     registry id opened here); never a path a result records unless ``trusted_only`` is off (one's own result)."""
-    from genshift.eval.suite_open import open_suite, reopen_suite
-
     ref = report.suite
     if ref is not None and ref.local is not None:
         return ref.local
@@ -509,11 +488,11 @@ def _images_of(result: dict, report: VerifyReport, *, suite: str | None, mask: s
         if ref.opens is None:
             raise BenchError(f"the trusted {ref.origin} is a manifest only, without images; pass the suite's folder or "
                              "registry id with --suite to re-run them")
-        return open_suite(ref.opens, mask=mask, configs=configs).suite
+        return suite_open.open_suite(ref.opens, mask=mask, configs=configs).suite
     if trusted_only:
         raise BenchError("no trusted copy of the suite to re-run images from; pass it with --suite")
     try:
-        return reopen_suite(result, suite=suite, mask=mask, configs=configs).suite
+        return suite_open.reopen_suite(result, suite=suite, mask=mask, configs=configs).suite
     except IntegrityError as e:
         raise BenchError(str(e)) from None
 
@@ -523,7 +502,6 @@ def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, prepro
     """The model a result records, from where it says its weights came: Hub weights from the Hub at the
     recorded revision (never from ``checkpoint``), local weights from ``checkpoint`` (never from a Hub repo)."""
     from genshift.eval.models import load_classifier
-    from genshift.hubio import _unreachable
 
     if m["source"] == "hf-hub":
         if checkpoint:
@@ -540,9 +518,6 @@ def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, prepro
                          "them")
     recorded = None
     if data_config is not None:  # a population's record of the paper's timm (genshift.populations)
-        from genshift.identity import timm_name
-        from genshift.populations import recorded_data_config
-
         recorded = recorded_data_config(timm_name(m.get("declared_name") or m["id"]), data_config)
     try:
         return load_classifier(name, checkpoint=checkpoint if m["source"] == "checkpoint" else None, device=device,
@@ -602,8 +577,6 @@ def _decoded(stream, transform, failed: list[str]):
 def _stream_images(suite, config: str, ids: set[str]):
     """``(image_id, image bytes)`` of the rows ``ids`` of a config, one row group at a time (groups holding
     none of them are not read), so memory stays bounded by a row group whatever is re-run."""
-    from genshift.reader import read_row_group
-
     for group in suite.row_groups(config):
         names = read_row_group(suite.root, group, ["image_id"])["image_id"].to_pylist()
         if ids.isdisjoint(names):
@@ -617,25 +590,17 @@ def _stream_images(suite, config: str, ids: set[str]):
 def verify_suite_dir(path: str | Path) -> str:
     """Verify a suite folder against its manifest (files, rows, rows digests) and require its
     dataset card (part of the format); returns a one-line summary."""
-    from genshift.reader import LocalSuite
-
     suite = LocalSuite.open(path)
     suite.require_card()
     suite.verify()
     m = suite.manifest
-    rows = sum(c.rows for c in m.configs.values())
+    declared = Path(suite.root) / EVAL_YAML  # the suite's Hub benchmark declaration, checked when present
+    if declared.is_file():
+        doc = check_eval_yaml(read_limited(declared, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), m,
+                              where=str(declared))
+        state = f"{EVAL_YAML} declares its {len(doc['tasks'])} tasks"
+    else:
+        state = f"no {EVAL_YAML} yet (`bench publish` writes it)"
     return (f"{path}: suite {m.suite_id} v{m.suite_version} (format {m.format_version}), {len(m.configs)} configs, "
-            f"{rows} rows, {len(m.files)} files and every row verified, card present, {_eval_yaml_state(suite)}; "
-            f"manifest sha256 {m.sha256}")
-
-
-def _eval_yaml_state(suite) -> str:
-    """A suite's eval.yaml (its Hub benchmark declaration) is checked when present; `bench publish` writes it."""
-    from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
-
-    path = Path(suite.root) / EVAL_YAML
-    if not path.is_file():
-        return f"no {EVAL_YAML} yet (`bench publish` writes it)"
-    doc = check_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), suite.manifest,
-                          where=str(path))
-    return f"{EVAL_YAML} declares its {len(doc['tasks'])} tasks"
+            f"{sum(c.rows for c in m.configs.values())} rows, {len(m.files)} files and every row verified, card "
+            f"present, {state}; manifest sha256 {m.sha256}")

@@ -11,7 +11,15 @@ import re
 import tempfile
 from pathlib import Path
 
+import yaml
+from huggingface_hub import CommitOperationAdd, EvalResultEntry, HfApi, errors, eval_result_entries_to_yaml
+
 from genshift.errors import BenchError, one_line
+from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
+from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
+from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
+from genshift.families import get_family
+from genshift.fsutil import read_limited, sha256_bytes
 from genshift.hubio import SHA_RE, is_repo_id
 
 MAX_HUB_ROWS = 500            # leaderboard rows read from the Hub
@@ -23,8 +31,6 @@ URL_RE = re.compile(r"^https?://[^\s<>\"'`]{1,280}$")
 def task_values(result: dict) -> dict[str, float]:
     """Each task's value in percent, read off the result by its family's declaration (``genshift.families``: the
     board's columns); undefined values are left out."""
-    from genshift.families import get_family
-
     s = result["suite"]
     family = get_family(s["metric_family"])
     cols = family.columns(result)
@@ -54,8 +60,6 @@ def _notes(result: dict, stamp: dict | None) -> str:
 
 def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared: set[str]):
     """The ``EvalResultEntry`` list for one complete result (see the module docstring)."""
-    from huggingface_hub import EvalResultEntry
-
     s = result["suite"]
     if result["flags"].get("partial"):
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not reported to model pages; "
@@ -76,19 +80,11 @@ def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared
 
 
 def entries_yaml(entries) -> bytes:
-    import yaml
-    from huggingface_hub import eval_result_entries_to_yaml
-
     return yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False, allow_unicode=True).encode()
 
 
 def declared_tasks(api, dataset_id: str) -> set[str]:
     """The task ids the benchmark's ``eval.yaml`` declares on its ``main`` (what the Hub reads)."""
-    from huggingface_hub import errors
-
-    from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
-    from genshift.fsutil import read_limited
-
     try:
         path = api.hf_hub_download(dataset_id, EVAL_YAML, repo_type="dataset", revision="main")
     except errors.EntryNotFoundError:
@@ -105,10 +101,6 @@ def declared_tasks(api, dataset_id: str) -> set[str]:
 def _read_entry(api, results_repo: str, prefix: str, revision: str, root: Path, trusted: dict):
     """``(result, stamp or None, result sha256)`` of ``<prefix>/`` of the results repo at ``revision``; the stamp
     only if signed by a ``trusted`` key for exactly these files."""
-    from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
-    from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
-    from genshift.fsutil import read_limited, sha256_bytes
-
     files = {f for f in api.list_repo_files(results_repo, repo_type="dataset", revision=revision)
              if f.startswith(prefix + "/")}
     if f"{prefix}/result.json" not in files:
@@ -136,8 +128,6 @@ def open_or_update_pr(api, model_repo: str, path_in_repo: str, data: bytes, *, t
                       description: str) -> tuple[str, str]:
     """``(pr url, "opened" | "updated" | "unchanged")``: the token's user's open PR with ``title`` gets a new commit
     when the file differs, else a new PR is opened."""
-    from huggingface_hub import CommitOperationAdd, errors
-
     try:
         me = api.whoami().get("name")
     except (OSError, errors.HfHubHTTPError, ValueError) as e:  # no token, or a refused one
@@ -166,8 +156,6 @@ def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = No
                   token: str | None = None, api=None) -> tuple[str, str]:
     """Open (or update) the model-repo PR for the results-repo entry ``prefix``; ``(url, what happened)``.
     ``model_repo``: default the result's Hub model id; ``expect_sha256``: the entry's result.json must be this."""
-    from huggingface_hub import HfApi, errors
-
     api = api or HfApi(endpoint=endpoint, token=token)
     try:
         sha = api.dataset_info(results_repo, revision=revision).sha
@@ -240,8 +228,6 @@ def hub_row(e) -> dict:
 def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | None = None, api=None):
     """``(rows, problems)``: the benchmark's Hub leaderboard as board rows (community, never ranked) and one line
     per dropped row or failed request."""
-    from huggingface_hub import HfApi
-
     api = api or HfApi(endpoint=endpoint, token=token)
     try:
         raw = api.get_dataset_leaderboard(dataset_id, base_model_only=False, timeout=30)

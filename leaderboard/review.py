@@ -16,8 +16,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, errors
+from huggingface_hub.hf_api import RepoFile
+
 from genshift.errors import BenchError, OfflineError, first_line, one_line
-from genshift.hubio import is_repo_id
+from genshift.eval import verify
+from genshift.eval.results import entry_dir, parse_result, read_result_bytes
+from genshift.eval.stamps import STAMP_FILE, PublicKey, check_signature, key_id, load_private_key, make_stamp, sign
+from genshift.eval.suite_trust import TrustedSuites
+from genshift.fsutil import canonical_json, read_json
+from genshift.hubio import _unreachable, is_repo_id
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
@@ -72,10 +81,6 @@ def _block(lines: list[str]) -> str:
 def _hub_failure(e: BaseException) -> bool:
     """True when ``e`` is the service's own failure (network, the Hub answering an error), not the submission's:
     a file-system error a submitted path causes (a name too long) is the submission's."""
-    from huggingface_hub import errors
-
-    from genshift.hubio import _unreachable
-
     if isinstance(e, OSError) and e.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EINVAL):
         return False
     return isinstance(e, (OfflineError, errors.HfHubHTTPError, OSError)) or _unreachable(e)
@@ -99,24 +104,17 @@ class Reviewer:
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
                  work_dir: str | None = None, again: tuple[int, ...] = (), batch_size: int = 32):
-        from cryptography.hazmat.primitives import serialization
-        from huggingface_hub import HfApi
-
-        from genshift.eval.stamps import PublicKey, key_id, load_private_key
-        from genshift.eval.verify import recheck_count
+        from genshift.eval.models import check_checkpoint_file, weights_sha256
 
         if not is_repo_id(repo_id):
             raise BenchError(f"--repo {repo_id!r} is not a Hub repo id; give ORG/NAME of the results dataset repo")
-        recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
+        verify.recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
         self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
         self.key = load_private_key(key_path)
-        self.checkpoint_sha256 = None
-        if checkpoint:  # one line for a missing, empty or unreadable file before any PR is looked at
-            from genshift.eval.models import check_checkpoint_file, weights_sha256
-
-            self.checkpoint_sha256 = weights_sha256(check_checkpoint_file(checkpoint))
+        # one line for a missing, empty or unreadable file before any PR is looked at
+        self.checkpoint_sha256 = weights_sha256(check_checkpoint_file(checkpoint)) if checkpoint else None
         raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.public = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}  # the only key a marker may carry
         self.api = HfApi(endpoint=endpoint, token=token)
@@ -125,22 +123,17 @@ class Reviewer:
         self.ledger: dict = {}
         self._ledger_read = ""  # the ledger's canonical JSON as read: written back only when changed
         self._main_index: tuple[str, dict] = ("", {})
-        self.suites = None  # trusted suite manifests (genshift.eval.suite_trust); default: the registry's pinned ones
-        if suites:
-            from genshift.eval.suite_trust import TrustedSuites
-
-            self.suites = TrustedSuites.from_paths([suites], registry=True, download=True)
+        # trusted suite manifests; default (None): the registry's pinned ones
+        self.suites = TrustedSuites.from_paths([suites], registry=True, download=True) if suites else None
 
     # -- one pass over the open pull requests ------------------------------------------------
     def run_once(self) -> list[Outcome]:
         """Review every open PR; ``BenchError`` only when the service cannot work at all (the Hub unreachable, the
         repo missing, a refused token, a damaged ledger). One PR's failure is that PR's ``error`` outcome."""
-        from huggingface_hub import errors
-
         try:
             self._whoami()
-            prs = [d for d in self.api.get_repo_discussions(self.repo_id, repo_type="dataset",
-                                                            discussion_type="pull_request", discussion_status="open")]
+            prs = list(self.api.get_repo_discussions(self.repo_id, repo_type="dataset", discussion_type="pull_request",
+                                                     discussion_status="open"))
             self._read_ledger()
         except errors.RepositoryNotFoundError:
             raise BenchError(f"results repo datasets/{self.repo_id} not found (or no access: set HF_TOKEN)") from None
@@ -151,10 +144,10 @@ class Reviewer:
                 raise
             raise BenchError(f"cannot list the pull requests of datasets/{self.repo_id} "
                              f"({type(e).__name__}: {one_line(e, 200)})") from None
-        out, queue = [], {}
-        for d in sorted(prs, key=lambda d: d.num):
+        out, queue, prs = [], {}, sorted(prs, key=lambda d: d.num)
+        for d in prs:
             queue.setdefault(d.author, []).append(d.num)
-        for d in sorted(prs, key=lambda d: d.num):
+        for d in prs:
             try:
                 out.append(self.review_pr(d.num, author=d.author or "", queue=queue[d.author]))
             except Exception as e:  # noqa: BLE001 - one PR never stops the others; the next run retries it
@@ -166,8 +159,6 @@ class Reviewer:
     def _whoami(self) -> None:
         """The reviewing account, once: only its comments can carry markers (behind the signatures, which
         alone decide without a token)."""
-        from huggingface_hub import errors
-
         if self._account_known:
             return
         try:
@@ -222,11 +213,6 @@ class Reviewer:
         ``main``, each entry's folder replaced, with the ``main`` they are checked against now as parent: a push to
         the PR after the review never lands; a PR pushed to since is ``moved`` (no answer; its new head is
         reviewed next run). Returns why it may not be published, if so."""
-        from huggingface_hub import CommitOperationAdd, CommitOperationDelete, errors
-
-        from genshift.eval.stamps import STAMP_FILE
-        from genshift.fsutil import canonical_json
-
         now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
         if now != outcome.head:
             outcome.status, outcome.problems = "moved", [f"the head moved to {now[:12]} during the review"]
@@ -260,16 +246,12 @@ class Reviewer:
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
         """The hidden line that ends a review comment: the outcome at ``head``, signed by the maintainer key."""
-        from genshift.eval.stamps import sign
-
         sig = sign(_marker_body(self.repo_id, num, head, outcome), self.key)["signature"]
         return f"<!-- genshift-review v=2 head={head} outcome={outcome} key={sig['key_id']} sig={sig['value']} -->"
 
     def answers(self, num: int, events) -> dict[str, str]:
         """head sha -> outcome of this service's earlier answers on PR ``num``: markers by the reviewing account
         whose signature by the maintainer key covers this repo, PR, head and outcome; anything else is ignored."""
-        from genshift.eval.stamps import check_signature
-
         out = {}
         for ev in events:
             if ev.type != "comment" or (self.account is not None and ev.author != self.account):
@@ -287,10 +269,6 @@ class Reviewer:
     def _read_ledger(self) -> None:
         """``review-ledger.json`` on ``main`` (only maintainers and this service write it): it only makes reviews
         stricter (full re-runs, deferrals). The Hub unreachable is the service's failure, never an empty ledger."""
-        from huggingface_hub import errors
-
-        from genshift.fsutil import canonical_json, read_json
-
         self.ledger = {"kind": LEDGER_KIND, "failed": {}, "usage": {}}
         with tempfile.TemporaryDirectory(prefix="genshift-review-ledger-", dir=self.work_dir) as tmp:
             try:
@@ -307,10 +285,6 @@ class Reviewer:
         self._ledger_read = canonical_json(self.ledger)
 
     def _write_ledger(self) -> None:
-        from huggingface_hub import CommitOperationAdd
-
-        from genshift.fsutil import canonical_json
-
         today = datetime.now(UTC).date().isoformat()
         self.ledger["usage"] = {a: u for a, u in self.ledger["usage"].items() if u.get("day") == today}
         data = canonical_json(self.ledger)
@@ -353,8 +327,6 @@ class Reviewer:
         raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
 
     def _tree(self, rev: str) -> dict:
-        from huggingface_hub.hf_api import RepoFile
-
         return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
                                                             recursive=True) if isinstance(f, RepoFile)}
 
@@ -394,8 +366,6 @@ class Reviewer:
                root: Path) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
         """Download and parse each changed entry's result.json at the head, then the predictions files it names
         (nothing else; a changed file it does not name is a problem): entry -> (path, result), problems."""
-        from genshift.eval.results import parse_result, read_result_bytes
-
         results, problems = {}, []
         for entry in sorted(changed):
             path = self._download(head, f"{entry}/result.json", root)
@@ -418,8 +388,6 @@ class Reviewer:
 
     def _index(self, main: str, root: Path) -> dict[str, dict | None]:
         """Every entry on ``main`` (folder -> its result, None if unreadable), read once per commit of main."""
-        from genshift.eval.results import parse_result, read_result_bytes
-
         if self._main_index[0] != main:
             index = {}
             for p in self._tree(main):
@@ -453,10 +421,6 @@ class Reviewer:
     def _check(self, results: dict[str, tuple[Path, dict]], outcome: Outcome,
                main_root: Path) -> tuple[list[str], dict[str, dict]]:
         """Problems of the downloaded entries, and a signed stamp for each entry that passed."""
-        from genshift.eval.results import entry_dir
-        from genshift.eval.stamps import make_stamp, sign
-        from genshift.eval.verify import recheck_count
-
         problems, stamps, checked = [], {}, {}
         main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
         for entry, (_, result) in sorted(results.items()):
@@ -473,15 +437,19 @@ class Reviewer:
         if problems:
             return problems, {}
         plans = {e: self._mode(r, outcome.pr) for e, r in checked.items()}
-        for r in checked.values():
-            self._can_rerun(r)
-        planned = sum(recheck_count(plans[e], sum(r["counts"][c]["total"] for c in r["suite"]["configs"]))
+        planned = sum(verify.recheck_count(plans[e], sum(r["counts"][c]["total"] for c in r["suite"]["configs"]))
                       for e, r in checked.items())
         self._charge(outcome.author, planned, planned=True)
         for entry, result in sorted(checked.items()):
             report = self._rerun(entry, results[entry][0], result, plans[entry])
             self._charge(outcome.author, (report.recheck or {}).get("n", 0))
-            self._record(result["model"]["id"], outcome.pr, report, plans[entry])
+            # the ledger's failed model ids: added by a re-run that disagreed, cleared by a full (or --again) one
+            # that did not
+            rows, model_id = (report.recheck or {}).get("disagreeing"), result["model"]["id"]
+            if rows:
+                self.ledger["failed"][model_id] = {"pr": outcome.pr, "disagreeing": rows, "n": report.recheck["n"]}
+            elif rows == 0 and report.ok and (plans[entry] == "all" or outcome.pr in self.again):
+                self.ledger["failed"].pop(model_id, None)
             if not report.ok:
                 problems += [f"{entry}: {p}" for p in report.problems[:20]]
                 continue
@@ -495,34 +463,35 @@ class Reviewer:
 
     def _mode(self, result: dict, pr: int) -> int | str:
         """How many rows an entry's re-run draws: every row for a model id whose last re-run disagreed (unless
-        ``--again``) and for Hub weights on a GPU; else the reviewer's ``recheck``."""
-        if result["model"]["id"] in self.ledger["failed"] and pr not in self.again:
+        ``--again``) and for Hub weights on a GPU; else the reviewer's ``recheck``. ``BenchError`` (the PR is
+        unreviewable) when the reviewer lacks the weights the entry was scored with."""
+        m = result["model"]
+        if m["source"] in ("module", "random"):
+            raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "
+                             "them as a Hub model repo, or as a file a maintainer reviews with --checkpoint")
+        if m["source"] == "checkpoint" and self.checkpoint_sha256 is None:
+            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
+                             "the reviewer does not have: publish the weights as a Hub model repo and score with "
+                             "them, or ask a maintainer to review with those weights (--checkpoint)")
+        if m["source"] == "checkpoint" and m["weights_sha256"] != self.checkpoint_sha256:
+            raise BenchError(f"{m['id']} was scored with local weights of sha256 {str(m['weights_sha256'])[:12]}…, not "
+                             f"the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
+                             "weights, or ask a maintainer to review with yours")
+        # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
+        if m["id"] in self.ledger["failed"] and pr not in self.again:
             return "all"
-        if self.recheck == "auto" and result["model"]["source"] == "hf-hub" and self.device.startswith("cuda"):
+        if self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda"):
             return "all"
         return self.recheck
-
-    def _record(self, model_id: str, pr: int, report, mode) -> None:
-        """The ledger's failed model ids: added by a re-run that disagreed, cleared by a full (or ``--again``) one
-        that did not."""
-        rows = (report.recheck or {}).get("disagreeing")
-        if rows:
-            self.ledger["failed"][model_id] = {"pr": pr, "disagreeing": rows, "n": report.recheck["n"]}
-        elif rows == 0 and report.ok and (mode == "all" or pr in self.again):
-            self.ledger["failed"].pop(model_id, None)
 
     def _rerun(self, entry: str, path: Path, result: dict, mode):
         """``verify_result`` with rows drawn now (recorded in the stamp); a model the Hub does not have (repo,
         revision or weights missing, gated) makes the PR unreviewable."""
-        from huggingface_hub import errors
-
-        from genshift.eval.verify import verify_result
-
         m = result["model"]
         try:
-            return verify_result(path, recheck=mode, suite=self.suite, suites=self.suites, device=self.device,
-                                 checkpoint=self.checkpoint if m["source"] == "checkpoint" else None,
-                                 batch_size=self.batch_size)
+            return verify.verify_result(path, recheck=mode, suite=self.suite, suites=self.suites, device=self.device,
+                                        checkpoint=self.checkpoint if m["source"] == "checkpoint" else None,
+                                        batch_size=self.batch_size)
         except OfflineError:
             raise  # the reviewer's network: retried
         except BenchError as ex:
@@ -531,23 +500,6 @@ class Reviewer:
             raise BenchError(f"{entry}: model {m['id']} is not available on the Hub at its recorded weights "
                              f"({type(ex).__name__}: {first_line(ex, 160)}); "
                              "publish the model repo (public) at that revision, or score a model that is") from None
-
-    def _can_rerun(self, result: dict) -> None:
-        """``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
-        m = result["model"]
-        if m["source"] in ("module", "random"):
-            raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "
-                             "them as a Hub model repo, or as a file a maintainer reviews with --checkpoint")
-        if m["source"] != "checkpoint":
-            return  # Hub weights: fetched at the recorded revision (a missing repo raises from genshift.eval.models)
-        if self.checkpoint_sha256 is None:
-            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
-                             "the reviewer does not have: publish the weights as a Hub model repo and score with "
-                             "them, or ask a maintainer to review with those weights (--checkpoint)")
-        if m["weights_sha256"] != self.checkpoint_sha256:
-            raise BenchError(f"{m['id']} was scored with local weights of sha256 {str(m['weights_sha256'])[:12]}…, not "
-                             f"the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
-                             "weights, or ask a maintainer to review with yours")
 
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:
         if outcome.status == "passed":

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from huggingface_hub import CommitOperationAdd, HfApi, errors
+
 from genshift.errors import BenchError, OfflineError, first_line
-from genshift.eval.results import MAX_PREDICTIONS_BYTES, entry_dir
+from genshift.eval.results import entry_dir, parse_result, read_result_bytes
+from genshift.eval.stamps import load_trusted_keys
 from genshift.eval.verify import result_path, verify_result
+from genshift.fsutil import sha256_bytes
+from genshift.leaderboard.hub_results import publish_entry
 
 
 def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, trusted_keys: str | None = None,
@@ -17,11 +22,6 @@ def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, t
     """Open (or update) a PR on ``model_repo`` adding ``.eval_results/<suite id>.yaml`` for this result, whose entry
     must be merged in the results repo ``repo_id`` already; verified only with a stamp signed by one of
     ``trusted_keys``. Returns ``(url, what happened)``."""
-    from genshift.eval.results import parse_result, read_result_bytes
-    from genshift.eval.stamps import load_trusted_keys
-    from genshift.fsutil import sha256_bytes
-    from genshift.leaderboard.hub_results import publish_entry
-
     path = result_path(result)
     raw = read_result_bytes(path)
     res = parse_result(raw, where=str(path))
@@ -33,8 +33,6 @@ def submit_to_model_repo(result: str | Path, repo_id: str, model_repo: str, *, t
 def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, token: str | None = None,
            message: str | None = None) -> str:
     """Open the pull request; returns its URL."""
-    from huggingface_hub import CommitOperationAdd, HfApi, errors
-
     path = result_path(result)
     # the schema (types and ranges) first: one clear error for a malformed result; the submitter's own suite
     report = verify_result(path, use_recorded_suite=True)
@@ -44,13 +42,9 @@ def submit(result: str | Path, repo_id: str, *, endpoint: str | None = None, tok
     if res["flags"].get("partial"):
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not accepted; "
                          "evaluate every config without --limit-per-class")
-    prefix = entry_dir(res)
+    prefix = entry_dir(res)  # every predictions file was read within MAX_PREDICTIONS_BYTES by the verification
     ops = [CommitOperationAdd(f"{prefix}/result.json", str(path))]
-    for p in res["predictions"]:
-        f = path.parent / p["path"]
-        if f.stat().st_size > MAX_PREDICTIONS_BYTES:
-            raise BenchError(f"{f.name} is over the {MAX_PREDICTIONS_BYTES // 2**20} MiB limit for predictions")
-        ops.append(CommitOperationAdd(f"{prefix}/{p['path']}", str(f)))
+    ops += [CommitOperationAdd(f"{prefix}/{p['path']}", str(path.parent / p["path"])) for p in res["predictions"]]
     api = HfApi(endpoint=endpoint, token=token)
     title = message or f"Add {res['model']['id']} on {res['suite']['id']} (config {res['config_hash'][:12]})"
     try:

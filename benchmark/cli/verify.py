@@ -54,6 +54,9 @@ def add_parser(sub):
 
 def run(args) -> int:
     from genshift.errors import BenchError
+    from genshift.eval.results import load_result
+    from genshift.eval.stamps import load_private_key, unrankable, write_stamp
+    from genshift.eval.suite_trust import TrustedSuites
     from genshift.eval.verify import result_path, verify_result, verify_suite_dir
 
     target = Path(args.path)
@@ -62,26 +65,15 @@ def run(args) -> int:
         return 0
     key = None
     if args.sign:
-        from genshift.eval.results import load_result
-        from genshift.eval.stamps import load_private_key, unrankable
-
         args.recheck = args.recheck or "auto"  # a verified badge means images were re-run through the model
         key = load_private_key(args.sign)  # before minutes of work, as is a partial result: one line, nothing re-run
         if result_path(target).is_file() and (why := unrankable(load_result(result_path(target)))):
             raise BenchError(f"--sign refused for {target}: {why}")
-    suites = None
-    if args.suites:
-        from genshift.eval.suite_trust import TrustedSuites
-
-        suites = TrustedSuites.from_paths([args.suites], registry=True, download=True)
+    suites = TrustedSuites.from_paths([args.suites], registry=True, download=True) if args.suites else None
     report = verify_result(target, recheck=args.recheck, suite=args.suite, suites=suites, mask=args.mask,
                            checkpoint=args.checkpoint, device=args.device, seed=args.seed,
                            batch_size=args.batch_size, use_recorded_suite=key is None)
-    stamp = None
-    if key is not None and report.ok:
-        from genshift.eval.stamps import write_stamp
-
-        stamp = write_stamp(report, key)
+    stamp = write_stamp(report, key) if key is not None and report.ok else None
     if args.json:
         print_json({"path": str(report.path), "ok": report.ok, "problems": report.problems, "checked": report.checked,
                     "recheck": report.recheck, "stamp": str(stamp) if stamp else None})
