@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +58,7 @@ class Outcome:
     merge_commit: str = ""
     earlier: str = ""            # skipped: the outcome of the earlier review at this head
     author: str = ""
+    model_prs: list[str] = field(default_factory=list)  # "<entry>: <url> (opened|updated|unchanged)"
 
 
 class Deferred(BenchError):
@@ -103,7 +105,8 @@ class Reviewer:
     def __init__(self, repo_id: str, *, key_path: str, recheck: int | str = "auto", merge: bool = False,
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
-                 work_dir: str | None = None, again: tuple[int, ...] = (), batch_size: int = 32):
+                 work_dir: str | None = None, again: tuple[int, ...] = (), batch_size: int = 32,
+                 publish_model_results: bool = False):
         from genshift.eval.models import check_checkpoint_file, weights_sha256
 
         if not is_repo_id(repo_id):
@@ -111,6 +114,7 @@ class Reviewer:
         verify.recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
         self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
+        self.publish_model_results = publish_model_results
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
         self.key = load_private_key(key_path)
         # one line for a missing, empty or unreadable file before any PR is looked at
@@ -203,6 +207,8 @@ class Reviewer:
         if outcome.status == "moved":
             return outcome
         outcome.status, outcome.problems = ("failed", problems) if problems else ("passed", [])
+        if outcome.merged and self.publish_model_results:
+            self._publish_model_results(outcome)
         self._comment(num, head, outcome)
         if outcome.merged:
             self.api.change_discussion_status(self.repo_id, num, "closed", repo_type="dataset")
@@ -242,6 +248,22 @@ class Reviewer:
             return []
         outcome.merged, outcome.merge_commit = True, info.oid
         return []
+
+    def _publish_model_results(self, outcome: Outcome) -> None:
+        """Open (or update) the model-repo PR of each published entry of Hub weights (``docs/hub.md``, "Results
+        reach model pages"), "verified" by the reviewer's own key; a failure is one of the outcome's problems and
+        never undoes the publish."""
+        from genshift.leaderboard.hub_results import publish_entry
+
+        for entry in outcome.entries:
+            if "@" in entry:  # local weights (NAME@sha256-…): no model repo of their own
+                continue
+            try:
+                url, what = publish_entry(self.repo_id, entry, trusted=self.public, revision=outcome.merge_commit,
+                                          api=self.api)
+                outcome.model_prs.append(f"{entry}: {url} ({what})")
+            except Exception as e:  # noqa: BLE001 - the publish to main stands; the failure is reported
+                outcome.problems.append(f"{entry}: not reported on its model page: {one_line(e, 200)}")
 
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
@@ -509,6 +531,9 @@ class Reviewer:
                         f"entry: exactly the files reviewed at {head}. This pull request is closed."
                         if outcome.merged else "Not published (a review without --merge).") + "\n\n"
                     + _block(outcome.checked))
+            if outcome.model_prs or outcome.problems:
+                text += "\n\n**Reported on the Hub model pages** (community results until the model owners merge " \
+                        "them):\n\n" + _block(outcome.model_prs + outcome.problems)
         elif outcome.status == "deferred":
             text = f"**Not reviewed yet**: {outcome.problems[0]}"
         elif outcome.status == "unreviewable":
@@ -526,3 +551,18 @@ class Reviewer:
 def review(repo_id: str, **kw) -> list[Outcome]:
     """One pass over the open pull requests (see the module docstring)."""
     return Reviewer(repo_id, **kw).run_once()
+
+
+def watch(reviewer: Reviewer, interval: float, *, report, passes: int | None = None, sleep=time.sleep) -> None:
+    """``report(reviewer.run_once())`` every ``interval`` seconds (``passes``: stop after that many); a failed pass
+    (``BenchError``, e.g. the Hub unreachable) is logged and retried at the next."""
+    n = 0
+    while True:
+        try:
+            report(reviewer.run_once())
+        except BenchError as e:
+            log.warning("review pass failed (retried in %gs): %s", interval, e)
+        n += 1
+        if n == passes:
+            return
+        sleep(interval)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from genshift.cli._common import add_verb, positive_int, print_table
+from genshift.cli._common import add_verb, bounded_int, positive_int, print_table
 from genshift.cli.verify import recheck_arg
 
 
@@ -21,6 +21,7 @@ def add_parser(sub):
                              "believed). Exits non-zero only when the service failed (Hub unreachable, token refused, "
                              "a crash), never for a bad submission. Needs HF_TOKEN with write access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
+                          "  bench review --repo my-org/genshift-results --key maintainer.key --merge --watch 600\n"
                           "  bench review --repo my-org/genshift-results --key maintainer.key --again 12 "
                           "--checkpoint w.pt\n")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME on the Hub")
@@ -32,6 +33,12 @@ def add_parser(sub):
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--merge", action="store_true", help="publish what passes: commit exactly the reviewed files and "
                                                         "their stamps to main, close the pull request")
+    p.add_argument("--publish-model-results", action="store_true",
+                   help="with --merge: open (or update) a pull request on each published Hub model's repo adding "
+                        ".eval_results/<suite id>.yaml, linked in the answer (docs/hub.md)")
+    p.add_argument("--watch", type=bounded_int(1, 604800, "seconds"), metavar="SECONDS",
+                   help="keep running: a pass every SECONDS, a failed pass retried at the next (default: one pass, "
+                        "for scheduled CI)")
     p.add_argument("--suite", help="the suite the entries were scored on, a trusted folder or Hub repo (default: found "
                                    "among --suites / the registry's pinned suites)")
     p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
@@ -58,10 +65,14 @@ def _print(outcomes) -> None:
 
 
 def run(args) -> int:
-    from genshift.leaderboard.review import Reviewer
+    from genshift.leaderboard.review import Reviewer, watch
 
-    outcomes = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
+    reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
                         suites=args.suites, checkpoint=args.checkpoint, device=args.device, again=tuple(args.again),
-                        batch_size=args.batch_size).run_once()
+                        batch_size=args.batch_size, publish_model_results=args.publish_model_results)
+    if args.watch:
+        watch(reviewer, args.watch, report=_print)
+        return 0
+    outcomes = reviewer.run_once()
     _print(outcomes)
     return 1 if any(o.status == "error" for o in outcomes) else 0  # "error": the service failed on that PR
