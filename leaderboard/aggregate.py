@@ -191,20 +191,17 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
     meta = {"family": family, "metric": metric, "higher": higher, "metric_label": head.label, "configs": configs,
             "rank_configs": get_family(family).rank_configs(configs, base), "base": base,
             "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
+    get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
     if ranks:
-        get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
         df["rank"], df["rank_lo"], df["rank_hi"] = get("rank"), get("lo"), get("hi")
-        for col, f in ((f"{metric}_lo", "value_lo"), (f"{metric}_hi", "value_hi")):
-            if col not in df.columns or df[col].isna().all():
-                df[col] = get(f)
     else:  # no intervals (yet, or the image sets differ): point ranks only
         ranked = df[df["ranked"]]
         by_model = dict(zip(ranked["model"], point_ranks(ranked[metric], higher=higher)))
         df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
         df["rank_lo"] = df["rank_hi"] = np.nan
-    for col in (f"{metric}_lo", f"{metric}_hi"):
-        if col not in df.columns:
-            df[col] = np.nan
+    for col, f in ((f"{metric}_lo", "value_lo"), (f"{metric}_hi", "value_hi")):
+        if col not in df.columns or df[col].isna().all():
+            df[col] = get(f) if ranks else np.nan
     # unranked rows (rank NaN) last, by metric and model as ranked ties are
     df = df.sort_values(["rank", metric, "model"], ascending=[True, not higher, True], na_position="last")
     return df.reset_index(drop=True), meta

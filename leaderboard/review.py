@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -23,11 +24,12 @@ from huggingface_hub.hf_api import RepoFile
 
 from genshift.errors import BenchError, OfflineError, first_line, one_line
 from genshift.eval import verify
-from genshift.eval.results import entry_dir, parse_result, read_result_bytes
+from genshift.eval.results import parse_result, read_result_bytes
 from genshift.eval.stamps import STAMP_FILE, PublicKey, check_signature, key_id, load_private_key, make_stamp, sign
 from genshift.eval.suite_trust import TrustedSuites
 from genshift.fsutil import canonical_json, read_json
 from genshift.hubio import _unreachable, is_repo_id
+from genshift.leaderboard.store import misfiled
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
@@ -71,8 +73,7 @@ def _marker_body(repo_id: str, pr: int, head: str, outcome: str) -> dict:
 
 
 def _block(lines: list[str]) -> str:
-    """Data-derived lines in a fenced block (comments are Markdown): the first ``MAX_COMMENT_LINES``, each
-    at most 500 characters, then a count of the rest."""
+    """Data-derived lines in a fenced block (comments are Markdown), at most ``MAX_COMMENT_LINES`` of 500 characters."""
     shown = [one_line(line, 500) for line in lines[:MAX_COMMENT_LINES]]
     if len(lines) > MAX_COMMENT_LINES:
         shown.append(f"… and {len(lines) - MAX_COMMENT_LINES} more")
@@ -122,8 +123,6 @@ class Reviewer:
         raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.public = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}  # the only key a marker may carry
         self.api = HfApi(endpoint=endpoint, token=token)
-        self.account: str | None = None
-        self._account_known = False
         self.ledger: dict = {}
         self._ledger_read = ""  # the ledger's canonical JSON as read: written back only when changed
         self._main_index: tuple[str, dict] = ("", {})
@@ -135,7 +134,7 @@ class Reviewer:
         """Review every open PR; ``BenchError`` only when the service cannot work at all (the Hub unreachable, the
         repo missing, a refused token, a damaged ledger). One PR's failure is that PR's ``error`` outcome."""
         try:
-            self._whoami()
+            self.account  # noqa: B018 - asked once, before any PR
             prs = list(self.api.get_repo_discussions(self.repo_id, repo_type="dataset", discussion_type="pull_request",
                                                      discussion_status="open"))
             self._read_ledger()
@@ -160,25 +159,21 @@ class Reviewer:
         self._write_ledger()
         return out
 
-    def _whoami(self) -> None:
-        """The reviewing account, once: only its comments can carry markers (behind the signatures, which
-        alone decide without a token)."""
-        if self._account_known:
-            return
+    @cached_property
+    def account(self) -> str | None:
+        """The reviewing account: only its comments can carry markers (the signatures alone decide without a token)."""
         try:
-            self.account = self.api.whoami()["name"]
+            return self.api.whoami()["name"]
         except errors.LocalTokenNotFoundError:
-            self.account = None
+            return None
         except errors.HfHubHTTPError as e:
             if getattr(e.response, "status_code", None) == 401:
                 raise BenchError("the Hub refused the token (401): set HF_TOKEN to a valid token with write access "
                                  f"to datasets/{self.repo_id}") from None
             raise
-        self._account_known = True
 
     def review_pr(self, num: int, *, author: str = "", queue: list[int] = ()) -> Outcome:
-        """Review PR ``num``; ``queue``: the submitter's open PRs, oldest first (only the first ``MAX_OPEN_PRS``
-        are reviewed)."""
+        """Review PR ``num``; ``queue``: the submitter's open PRs, oldest first."""
         head = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{num}").sha
         outcome = Outcome(num, head=head, author=author)
         earlier = self.answers(num, self.api.get_discussion_details(self.repo_id, num, repo_type="dataset").events)
@@ -190,7 +185,12 @@ class Reviewer:
                 if num in queue[MAX_OPEN_PRS:]:
                     raise Deferred(f"{author or 'this submitter'} has {len(queue)} open pull requests and only the "
                                    f"oldest {MAX_OPEN_PRS} are reviewed: close one of them and this one is reviewed")
-                problems, stamps = self._examine(num, head, outcome, Path(tmp))
+                changed, at_head, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head)
+                outcome.entries = sorted(changed)
+                if not problems:
+                    results, problems = self._fetch(head, changed, at_head, Path(tmp) / "head")
+                if not problems:
+                    problems, stamps = self._check(results, outcome, Path(tmp) / "main")
                 if not problems and self.merge:
                     problems = self._publish(outcome, Path(tmp) / "head", stamps)
             except Exception as e:
@@ -215,10 +215,8 @@ class Reviewer:
         return outcome
 
     def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, dict]) -> list[str]:
-        """Commit exactly the reviewed files (downloaded at the reviewed head into ``files``) and their stamps to
-        ``main``, each entry's folder replaced, with the ``main`` they are checked against now as parent: a push to
-        the PR after the review never lands; a PR pushed to since is ``moved`` (no answer; its new head is
-        reviewed next run). Returns why it may not be published, if so."""
+        """Commit the reviewed files (``files``) and their stamps to ``main`` (``docs/leaderboard.md``, step 5 of
+        "Automatic verification"); returns why they may not be published, if so."""
         now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
         if now != outcome.head:
             outcome.status, outcome.problems = "moved", [f"the head moved to {now[:12]} during the review"]
@@ -250,9 +248,8 @@ class Reviewer:
         return []
 
     def _publish_model_results(self, outcome: Outcome) -> None:
-        """Open (or update) the model-repo PR of each published entry of Hub weights (``docs/hub.md``, "Results
-        reach model pages"), "verified" by the reviewer's own key; a failure is one of the outcome's problems and
-        never undoes the publish."""
+        """``--publish-model-results``: each published entry of Hub weights reported on its model repo (``docs/hub.md``,
+        "Results reach model pages"); a failure is one of the outcome's problems, never an undone publish."""
         from genshift.leaderboard.hub_results import publish_entry
 
         for entry in outcome.entries:
@@ -289,8 +286,7 @@ class Reviewer:
 
     # -- the ledger: failed model ids and each submitter's re-run images, on main ------------
     def _read_ledger(self) -> None:
-        """``review-ledger.json`` on ``main`` (only maintainers and this service write it): it only makes reviews
-        stricter (full re-runs, deferrals). The Hub unreachable is the service's failure, never an empty ledger."""
+        """``review-ledger.json`` on ``main``; the Hub unreachable is the service's failure, never an empty ledger."""
         self.ledger = {"kind": LEDGER_KIND, "failed": {}, "usage": {}}
         with tempfile.TemporaryDirectory(prefix="genshift-review-ledger-", dir=self.work_dir) as tmp:
             try:
@@ -328,18 +324,6 @@ class Reviewer:
         self.ledger["usage"][author] = {"day": today, "images": used + images}
 
     # -- steps --------------------------------------------------------------------------------
-    def _examine(self, num: int, head: str, outcome: Outcome, root: Path) -> tuple[list[str], dict[str, dict]]:
-        """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry; ``BenchError``
-        when it cannot be checked (what the reviewer is missing)."""
-        changed, at_head, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head)
-        outcome.entries = sorted(changed)
-        if problems:
-            return problems, {}
-        results, problems = self._fetch(head, changed, at_head, root / "head")
-        if problems:
-            return problems, {}
-        return self._check(results, outcome, root / "main")
-
     def _merge_base(self, pr_ref: str) -> str:
         """The newest commit of the PR's history that is also on main: what the PR changes is relative to it."""
         on_main = {c.commit_id for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset")}
@@ -446,9 +430,8 @@ class Reviewer:
         problems, stamps, checked = [], {}, {}
         main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
         for entry, (_, result) in sorted(results.items()):
-            if entry_dir(result) != entry:
-                problems.append(f"{entry}: filed under {entry}/, but its result is {result['model']['id']} on "
-                                f"{result['suite']['id']}, which belongs under {entry_dir(result)}/")
+            if why := misfiled(Path(entry, "result.json"), result):
+                problems.append(f"{entry}: {why}")
             elif why := self._owner_problem(entry, result, main, main_root):
                 problems.append(why)
             elif other := _same_weights(result, checked, entry):
@@ -484,21 +467,18 @@ class Reviewer:
         return problems, stamps
 
     def _mode(self, result: dict, pr: int) -> int | str:
-        """How many rows an entry's re-run draws: every row for a model id whose last re-run disagreed (unless
-        ``--again``) and for Hub weights on a GPU; else the reviewer's ``recheck``. ``BenchError`` (the PR is
-        unreviewable) when the reviewer lacks the weights the entry was scored with."""
+        """How many rows an entry's re-run draws (``docs/leaderboard.md``, "What verified guarantees");
+        ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
         m = result["model"]
         if m["source"] in ("module", "random"):
             raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "
                              "them as a Hub model repo, or as a file a maintainer reviews with --checkpoint")
-        if m["source"] == "checkpoint" and self.checkpoint_sha256 is None:
-            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
-                             "the reviewer does not have: publish the weights as a Hub model repo and score with "
-                             "them, or ask a maintainer to review with those weights (--checkpoint)")
         if m["source"] == "checkpoint" and m["weights_sha256"] != self.checkpoint_sha256:
-            raise BenchError(f"{m['id']} was scored with local weights of sha256 {str(m['weights_sha256'])[:12]}…, not "
-                             f"the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
-                             "weights, or ask a maintainer to review with yours")
+            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) " + (
+                "that the reviewer does not have: publish the weights as a Hub model repo and score with them, or ask "
+                "a maintainer to review with those weights (--checkpoint)" if self.checkpoint_sha256 is None else
+                f"that are not the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
+                "weights, or ask a maintainer to review with yours"))
         # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
         if m["id"] in self.ledger["failed"] and pr not in self.again:
             return "all"
