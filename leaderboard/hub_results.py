@@ -238,29 +238,3 @@ def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | N
         problems.append(f"the Hub leaderboard of {dataset_id} has {len(raw)} rows; the first {MAX_HUB_ROWS} are shown")
     return rows, problems
 
-
-# -- the board's table ------------------------------------------------------------------------------
-def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
-    """The "Reported on the Hub" table under the ranking (Streamlit), for each dataset the board's entries used."""
-    import pandas as pd
-    import streamlit as st
-
-    datasets = sorted({str(e.record["suite"].get("repo_id")) for e in entries
-                       if is_repo_id(str(e.record["suite"].get("repo_id") or ""))})
-    st.subheader("Reported on the Hub")
-    st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
-               "(.eval_results files; 'community' while their pull request is open). They are not verified by "
-               "this leaderboard and are never ranked with the entries above; each links to its source.")
-    if not datasets:
-        st.text("This board's results were not scored on a Hub dataset repo.")
-        return
-    for ds in datasets:
-        rows, problems = st.cache_data(ttl=600, show_spinner=False)(hub_reported)(ds, endpoint=endpoint)
-        st.text(f"datasets/{ds}: {len(rows)} reported")
-        if rows:
-            st.dataframe(pd.DataFrame(rows, columns=list(HUB_COLUMNS)), hide_index=True, key=f"hub_reported_{ds}",
-                         column_config={"source": st.column_config.LinkColumn("source"),
-                                        "value": st.column_config.NumberColumn("value (as reported)")})
-        for p in problems[:20]:
-            st.text(p)
-

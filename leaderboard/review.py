@@ -8,6 +8,7 @@ unanswered (``error``, retried on the next run).
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import re
@@ -140,10 +141,8 @@ class Reviewer:
             self._read_ledger()
         except errors.RepositoryNotFoundError:
             raise BenchError(f"results repo datasets/{self.repo_id} not found (or no access: set HF_TOKEN)") from None
-        except BenchError:
-            raise
         except Exception as e:
-            if not _hub_failure(e):
+            if isinstance(e, BenchError) or not _hub_failure(e):
                 raise
             raise BenchError(f"cannot list the pull requests of datasets/{self.repo_id} "
                              f"({type(e).__name__}: {one_line(e, 200)})") from None
@@ -269,8 +268,7 @@ class Reviewer:
         return f"<!-- genshift-review v=2 head={head} outcome={outcome} key={sig['key_id']} sig={sig['value']} -->"
 
     def answers(self, num: int, events) -> dict[str, str]:
-        """head sha -> outcome of this service's earlier answers on PR ``num``: markers by the reviewing account
-        whose signature by the maintainer key covers this repo, PR, head and outcome; anything else is ignored."""
+        """head sha -> outcome of this service's earlier answers on PR ``num`` (only its own signed markers)."""
         out = {}
         for ev in events:
             if ev.type != "comment" or (self.account is not None and ev.author != self.account):
@@ -337,8 +335,7 @@ class Reviewer:
                                                             recursive=True) if isinstance(f, RepoFile)}
 
     def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], set[str], list[str]]:
-        """The entries the PR adds or changes (entry -> its changed files), every file at the head, and what the
-        PR may not do."""
+        """The entries the PR changes (entry -> its changed files), every file at the head, what it may not do."""
         from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
 
         old, new = self._tree(base), self._tree(head)
@@ -347,10 +344,10 @@ class Reviewer:
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
-            shown = path if len(path) <= MAX_PATH_CHARS else path[:MAX_PATH_CHARS] + "…"
             m = ENTRY_FILE.match(path) if len(path) <= MAX_PATH_CHARS else None
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
-                stamp = path.endswith("/verification.json")
+                shown, stamp = path[:MAX_PATH_CHARS] + ("…" if len(path) > MAX_PATH_CHARS else ""), \
+                    path.endswith("/verification.json")
                 problems.append(f"changes {shown}: a submission may only add or replace <suite>/<model>/result.json "
                                 f"and <suite>/<model>/predictions/*.parquet (paths of at most {MAX_PATH_CHARS} "
                                 "characters), nothing else" + (" (verification stamps are written only by the "
@@ -370,8 +367,8 @@ class Reviewer:
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
                root: Path) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
-        """Download and parse each changed entry's result.json at the head, then the predictions files it names
-        (nothing else; a changed file it does not name is a problem): entry -> (path, result), problems."""
+        """Each changed entry's result.json and the predictions it names, downloaded at the head: entry -> (path,
+        result), and problems (a changed file it does not name is one)."""
         results, problems = {}, []
         for entry in sorted(changed):
             path = self._download(head, f"{entry}/result.json", root)
@@ -408,8 +405,8 @@ class Reviewer:
         return self._main_index[1]
 
     def _owner_problem(self, entry: str, result: dict, main: str, root: Path) -> str:
-        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is now, or "": only the same model id, suite
-        data and protocol replaces an entry; weights already there under another id are refused."""
+        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is now (another owner, its weights already
+        there), or ""."""
         index = self._index(main, root)
         if entry in index and (index[entry] is None or _board(index[entry]) != _board(result)):
             owner = index[entry]
@@ -536,13 +533,11 @@ def review(repo_id: str, **kw) -> list[Outcome]:
 def watch(reviewer: Reviewer, interval: float, *, report, passes: int | None = None, sleep=time.sleep) -> None:
     """``report(reviewer.run_once())`` every ``interval`` seconds (``passes``: stop after that many); a failed pass
     (``BenchError``, e.g. the Hub unreachable) is logged and retried at the next."""
-    n = 0
-    while True:
+    for n in itertools.count(1):
         try:
             report(reviewer.run_once())
         except BenchError as e:
             log.warning("review pass failed (retried in %gs): %s", interval, e)
-        n += 1
         if n == passes:
             return
         sleep(interval)
