@@ -205,8 +205,7 @@ def hub_row(e) -> dict:
     if isinstance(e.value, bool) or not isinstance(e.value, (int, float)) or not math.isfinite(e.value) \
             or abs(e.value) > 1e6:
         raise ValueError(f"value {str(e.value)[:40]!r} of {model} is not a finite number")
-    src = e.source if isinstance(e.source, dict) else {}
-    url = src.get("url")
+    url = e.source.get("url") if isinstance(e.source, dict) else None
     if url is not None and not (isinstance(url, str) and URL_RE.match(url)):
         raise ValueError(f"source url of {model} is not an http(s) URL")
     pr = e.pull_request

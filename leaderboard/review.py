@@ -446,7 +446,6 @@ class Reviewer:
             report = self._rerun(entry, results[entry][0], result, plans[entry])
             self._charge(outcome.author, (report.recheck or {}).get("n", 0))
             # the ledger's failed model ids: added by a re-run that disagreed, cleared by a full (or --again) one
-            # that did not
             rows, model_id = (report.recheck or {}).get("disagreeing"), result["model"]["id"]
             if rows:
                 self.ledger["failed"][model_id] = {"pr": outcome.pr, "disagreeing": rows, "n": report.recheck["n"]}
@@ -477,9 +476,8 @@ class Reviewer:
                 f"that are not the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
                 "weights, or ask a maintainer to review with yours"))
         # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
-        if m["id"] in self.ledger["failed"] and pr not in self.again:
-            return "all"
-        if self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda"):
+        if (m["id"] in self.ledger["failed"] and pr not in self.again) or (
+                self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda")):
             return "all"
         return self.recheck
 

@@ -426,8 +426,7 @@ def _failure_directions(entry) -> None:
 
 def _hub_reported(entries) -> None:
     """The "Reported on the Hub" table under the ranking, for each dataset the board's entries used."""
-    datasets = sorted({str(e.record["suite"].get("repo_id")) for e in entries
-                       if is_repo_id(str(e.record["suite"].get("repo_id") or ""))})
+    datasets = sorted({ds for e in entries if is_repo_id(ds := str(e.record["suite"].get("repo_id") or ""))})
     st.subheader("Reported on the Hub")
     st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
                "(.eval_results files; 'community' while their pull request is open). They are not verified by "
