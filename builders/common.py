@@ -160,10 +160,8 @@ def effective_batch_sizes(work: Path) -> dict[str, int]:
 
 
 def wait_for(missing_fn, what: str, timeout: float, *, poll: float = 10.0) -> None:
-    """Poll the file system until ``missing_fn()`` is empty; give up after ``timeout`` s without progress.
-
-    (A file-system wait, not a collective barrier: processes may finish hours apart.)
-    """
+    """Poll the file system until ``missing_fn()`` is empty; give up after ``timeout`` s without progress
+    (not a collective barrier: processes may finish hours apart)."""
     last, t_last = -1, time.monotonic()
     while missing := missing_fn():
         if len(missing) != last:

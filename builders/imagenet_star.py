@@ -1,12 +1,7 @@
-"""``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces).
+"""``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces; ``docs/builders.md``).
 
-Class tokens (released by default; ``--train-tokens``: textual inversion here; ``--tokens none``: class
-names) -> Stable Diffusion 2 with the shift prompts -> CLIP presence scores -> ``keep`` calibrated
-per shift (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
-
-Two resumable phases: every process generates and scores its shards into ``<out>/.stage/``; the main
-process waits for them (on the file system), calibrates each shift's thresholds and writes the final
-shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
+Every process generates and CLIP-scores its shards into ``<out>/.stage/``; the main process then calibrates
+each shift's ``keep`` thresholds (``genshift.builders.clip_filter``) and writes the final shards and manifest.
 """
 
 from __future__ import annotations

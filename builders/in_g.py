@@ -1,11 +1,6 @@
-"""``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
-
-An open re-creation with substitutes (no code or data was released; ``docs/builders.md``): seed captions
-of every ImageNet-A image (BLIP-2, three-shot, continuing the class prompt) or from a file; Stable
-Diffusion 2.1-base; the timm target; failures kept by the WordNet-parent rule up to a cap per caption.
-
-Mining is resumable per caption and spread over ``accelerate`` processes by caption id; the main
-process writes the suite.
+"""``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.), an
+open re-creation with substitutes (``docs/builders.md``, IN-G). Mining is resumable per caption and spread over
+``accelerate`` processes by caption id; the main process writes the suite.
 """
 
 from __future__ import annotations

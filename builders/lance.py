@@ -1,12 +1,7 @@
-"""``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
-
-Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop -> BLIP-2
-caption -> LLM caption edits, drawn through the text filter -> null-text inversion -> prompt-to-prompt
-with the f sweep in one batched pass -> CLIP checks -> the best passing f. Rows: ``original``,
-``reconstruction`` (the control) and a ``counterfactual`` per accepted edit, joined by ``pair_id``.
-
-Three stages over all of a process's images (:func:`caption_image`, :func:`plan_edits`,
-:func:`render_image`), each with only its own models loaded; each image's plan and rows are checkpointed.
+"""``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images (Prabhu et al.,
+Algorithm 1; ``docs/builders.md``, LANCE). Rows: ``original``, ``reconstruction`` (the control) and a
+``counterfactual`` per accepted edit, joined by ``pair_id``. Three stages over all of a process's images
+(:func:`caption_image`, :func:`plan_edits`, :func:`render_image`), each with only its own models loaded.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models'
-sizes (``genshift.builders.real_models``), with the memory it needs (``docs/builders.md``, "Preflight").
-
-Memory is the pass itself: :class:`LiveBytes` adds up the storages alive at once, attention counted as the
-fused kernel (:class:`FusedAttention`); the largest set of models a builder holds together must fit.
-"""
+"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models' sizes,
+with the memory it needs: the storages alive at once (:class:`LiveBytes`), attention counted as the fused kernel
+(:class:`FusedAttention`); the largest set of models a builder holds together must fit (``docs/builders.md``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""ImageNet* class tokens: read/write ``tokens.zip`` and inject tokens into a text encoder.
-
-The layout of the release (``madrylab/imagenet-star-tokens``), which our textual inversion writes too:
-``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class (``docs/builders.md``).
-"""
+"""ImageNet* class tokens in the layout of the release (``madrylab/imagenet-star-tokens``), which our textual
+inversion writes too: ``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class."""
 
 from __future__ import annotations
 
@@ -70,10 +67,7 @@ def _members(path: Path) -> Iterator[tuple[int, str, bytes]]:
 
 def load_token_zip(path: str | Path, *, dim: int | None = 1024, classes: list[int] | None = None
                    ) -> dict[int, torch.Tensor]:
-    """Class index -> float32 vector from a tokens.zip or token folder (only ``classes`` if given).
-
-    Without ``classes`` all 1000 ImageNet classes must be present.
-    """
+    """Class index -> float32 vector from a tokens.zip or token folder: ``classes``, or all 1000 (each present)."""
     path = Path(path)
     if not path.exists():
         raise BenchError(f"token file {str(path)!r} does not exist; download tokens.zip from {TOKENS_REPO} "
