@@ -135,14 +135,13 @@ def kept_fractions(cfg: Config, shifts) -> dict[str, float]:
 def generation_settings(cfg: Config):
     from genshift.builders.sd_generate import GenerationSettings
 
+    shared = dict(scheduler="euler", guidance=cfg.guidance, jpeg_quality=cfg.jpeg_quality)
     if cfg.smoke:
-        return GenerationSettings(model_id=SMOKE_MODEL, scheduler="euler", steps=2, guidance=cfg.guidance, height=64,
-                                  width=64, output_size=32, jpeg_quality=cfg.jpeg_quality, dtype="float32",
-                                  batch_size=min(cfg.batch_size, 4))
-    return GenerationSettings(model_id=cfg.model, revision=cfg.model_revision, scheduler="euler", steps=cfg.steps,
-                              guidance=cfg.guidance, height=cfg.height, width=cfg.width, output_size=cfg.output_size,
-                              jpeg_quality=cfg.jpeg_quality, dtype=cfg.dtype, batch_size=cfg.batch_size,
-                              variant=cfg.variant)
+        return GenerationSettings(model_id=SMOKE_MODEL, steps=2, height=64, width=64, output_size=32, dtype="float32",
+                                  batch_size=min(cfg.batch_size, 4), **shared)
+    return GenerationSettings(model_id=cfg.model, revision=cfg.model_revision, steps=cfg.steps, height=cfg.height,
+                              width=cfg.width, output_size=cfg.output_size, dtype=cfg.dtype, batch_size=cfg.batch_size,
+                              variant=cfg.variant, **shared)
 
 
 def token_source(cfg: Config, classes: list[int]) -> tuple[str, str | None, dict | None]:

@@ -301,8 +301,6 @@ def run(cfg: Config) -> int:
     plans = {s.source_id: _load_plan(work / f"{s.source_id}.plan.json") for s in todo}
 
     def stage(desc: str, images: list, load, step) -> None:
-        """One stage over ``images``, its models loaded first and given back before the next stage loads; the
-        plan a step returns is checkpointed."""
         if not images:
             return
         models = load()

@@ -228,15 +228,14 @@ class Perturber:
         return edits, raw
 
 
+@dataclass(eq=False)
 class TextFilter:
     """Similarity checks on edit words; sentence-BERT by default (the paper), CLIP text optional."""
 
-    def __init__(self, encode: Callable[[list[str]], np.ndarray], *, model_id: str, class_eps: float = 0.5,
-                 same_eps: float = 0.8) -> None:
-        self.encode = encode
-        self.model_id = model_id
-        self.class_eps = class_eps
-        self.same_eps = same_eps
+    encode: Callable[[list[str]], np.ndarray]
+    model_id: str
+    class_eps: float = 0.5
+    same_eps: float = 0.8
 
     @classmethod
     def sentence_bert(cls, **kw) -> TextFilter:

@@ -299,10 +299,6 @@ def timm_classify(name: str, dtype: torch.dtype, *, batch: int, probe: Probe) ->
     probe.check(out.shape == (batch, 1000), f"{size[1]} px input -> 1000 logits")
 
 
-# --------------------------------------------------------------------------------------------------
-# the stages of each suite, from the builder's own config
-
-
 def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     """The stages ``bench build suite_id`` runs with ``cfg``, at the dtypes it uses on ``device``."""
     gpu, f32 = device.startswith("cuda"), torch.float32

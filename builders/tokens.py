@@ -14,7 +14,7 @@ import torch
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, first_line
-from genshift.fsutil import atomic_path, sha256_file
+from genshift.fsutil import atomic_path, atomic_write_bytes, sha256_file
 from genshift.suites import get_suite
 
 MEMBER_RE = re.compile(r"^(?:.*/)?(\d+)\.bin$")
@@ -98,8 +98,7 @@ def save_token_file(vector: torch.Tensor, path: str | Path) -> None:
     """One class token as its own ``torch.save`` file, written atomically (float32, shape (D,))."""
     buf = io.BytesIO()
     torch.save(_check_vector(vector, where=str(path), dim=None), buf)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def save_token_zip(tokens: Mapping[int, torch.Tensor], path: str | Path) -> None:
