@@ -115,6 +115,13 @@ def files_digest(root, files) -> dict:
     return {"name": root.name, "files": len(lines), "sha256": hashlib.sha256("".join(lines).encode()).hexdigest()}
 
 
+def features(**dtypes: str) -> dict:
+    """``datasets`` features of a builder's extra columns by dtype name (``"float32[]"``: a sequence of them)."""
+    from datasets import Sequence, Value
+
+    return {name: Sequence(Value(t[:-2])) if t.endswith("[]") else Value(t) for name, t in dtypes.items()}
+
+
 def open_writer(cfg: BuildConfig, proc, **kw):
     """The suite writer of every process (the main one opens, and may replace, the build first), or
     None when the folder already holds this build."""

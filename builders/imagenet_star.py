@@ -227,16 +227,6 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     return gen, ClipScorer.from_pretrained(cfg.clip_model, cfg.clip_pretrained, device=device), info
 
 
-def _features():
-    from datasets import Sequence, Value
-
-    return {"shift": Value("string"), "prompt": Value("string"), "class_token": Value("string"),
-            "seed": Value("int64"), "sample": Value("int32"), "generator": Value("string"),
-            "generator_revision": Value("string"), "scheduler": Value("string"), "steps": Value("int32"),
-            "guidance": Value("float32"), "clip_class_score": Value("float32"), "clip_shift_score": Value("float32"),
-            "clip_image_embedding": Sequence(Value("float32"))}
-
-
 def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, record_batch_size):
     """Generate, score and yield the rows of one shard, in batches; then record the batch size
     (this runs before the shard's file is renamed into place)."""
@@ -291,7 +281,11 @@ def run(cfg: Config) -> int:
                    "cpu_threads": cfg.cpu_threads, "keep_rule": cfg.keep_rule,
                    "shift_gate_quantile": cfg.shift_gate_quantile if cfg.keep_rule == "class+shift" else None,
                    "kept_fractions": fractions}
-    writer_kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
+    features = common.features(shift="string", prompt="string", class_token="string", seed="int64", sample="int32",
+                               generator="string", generator_revision="string", scheduler="string", steps="int32",
+                               guidance="float32", clip_class_score="float32", clip_shift_score="float32",
+                               clip_image_embedding="float32[]")
+    writer_kw = dict(suite_id=SUITE_ID, extra_features=features, fingerprint=fingerprint)
     if cfg.tokens_only:
         _load_models(cfg, settings, classes, device, token_kind, token_path, tokens)
         if proc.is_main:

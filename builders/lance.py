@@ -81,15 +81,11 @@ class Config(BuildConfig):
 
 
 def _features():
-    from datasets import Sequence, Value
-
-    return {"source_image_id": Value("string"), "role": Value("string"), "edit_type": Value("string"),
-            "edit_type_fine": Value("string"), "edit_sampling_seed": Value("int64"), "edit_draw": Value("int32"),
-            "caption": Value("string"), "edited_caption": Value("string"), "original_words": Value("string"),
-            "edit_words": Value("string"), "f": Value("float64"), "clip_img_sim": Value("float32"),
-            "clip_sim_0": Value("float32"), "clip_sim_1": Value("float32"), "clip_dir_sim": Value("float32"),
-            "text_class_sim": Value("float32"), "text_same_sim": Value("float32"),
-            "edit_text_direction": Sequence(Value("float32")), "seed": Value("int64")}
+    return common.features(source_image_id="string", role="string", edit_type="string", edit_type_fine="string",
+                           edit_sampling_seed="int64", edit_draw="int32", caption="string", edited_caption="string",
+                           original_words="string", edit_words="string", f="float64", clip_img_sim="float32",
+                           clip_sim_0="float32", clip_sim_1="float32", clip_dir_sim="float32", text_class_sim="float32",
+                           text_same_sim="float32", edit_text_direction="float32[]", seed="int64")
 
 
 def encode_image(img, image_format: str) -> bytes:
