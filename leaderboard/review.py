@@ -1,9 +1,6 @@
-"""``bench review``: verify every open pull request on the results repo, sign, comment and publish to ``main``.
-
-What is checked, the answers, the per-submitter bounds, the ledger and the signed markers:
-``docs/leaderboard.md``, "Automatic verification: `bench review`". Only the service's own failure leaves a PR
-unanswered (``error``, retried on the next run).
-"""
+"""``bench review``: verify every open pull request on the results repo, sign, comment and publish to ``main``
+(``docs/leaderboard.md``, "Automatic verification"). Only the service's own failure leaves a PR unanswered
+(``error``, retried on the next run)."""
 
 from __future__ import annotations
 

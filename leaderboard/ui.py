@@ -17,7 +17,6 @@ import streamlit as st
 
 from genshift.errors import IntegrityError, one_line
 from genshift.families import get_family, interval
-from genshift.fsutil import canonical_json, sha256_bytes
 from genshift.hubio import is_repo_id
 from genshift.leaderboard import Settings, aggregate, reported
 from genshift.leaderboard.about import ABOUT
@@ -39,7 +38,7 @@ def _entry(path: str, digest: str, _raw, _stamp, _trust):
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _ranks(digest: str, _entries, family: str, configs: tuple):
+def _ranks(digests: tuple, _entries, family: str, configs: tuple):
     return aggregate.rank_intervals(_entries, family=family, configs=list(configs))
 
 
@@ -159,8 +158,7 @@ def main(settings: Settings | None = None) -> None:
         _hub_reported(entries)
     if n_ranked:  # after the table was sent: the intervals fill it in (cached by the ranked records' digests)
         ranked = [e for e in entries if e.model_id in set(board_df.loc[board_df["ranked"], "model"])]
-        ranks = _ranks(sha256_bytes(canonical_json([e.digest for e in ranked])), ranked, meta["family"],
-                       tuple(meta["rank_configs"]))
+        ranks = _ranks(tuple(e.digest for e in ranked), ranked, meta["family"], tuple(meta["rank_configs"]))
         if ranks:
             board_df, meta = aggregate.board_table(entries, ranks=ranks)
             view = board_df[keep(board_df)].reset_index(drop=True)
