@@ -21,7 +21,6 @@ from genshift.hubio import is_repo_id
 from genshift.leaderboard import Settings, aggregate, reported
 from genshift.leaderboard.about import ABOUT
 from genshift.leaderboard.export import to_csv_bytes, to_json_bytes, unit
-from genshift.leaderboard.hub_results import HUB_COLUMNS, hub_reported
 from genshift.leaderboard.store import Store, load_store, read_entry
 
 TABS = ["About", "Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
@@ -424,6 +423,7 @@ def _failure_directions(entry) -> None:
 
 def _hub_reported(entries) -> None:
     """The "Reported on the Hub" table under the ranking, for each dataset the board's entries used."""
+    from genshift.leaderboard.hub_results import HUB_COLUMNS, hub_reported  # the Hub client: only for this table
     datasets = sorted({ds for e in entries if is_repo_id(ds := str(e.record["suite"].get("repo_id") or ""))})
     st.subheader("Reported on the Hub")
     st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
