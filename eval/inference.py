@@ -11,7 +11,6 @@ import math
 import os
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from torchvision.transforms.v2 import functional as F
 
 from genshift.errors import BenchError, one_line
 from genshift.eval.options import EvalOptions, OptionError
-from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock
+from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, first_per_class
 from genshift.oom import BatchBackoff
 from genshift.pixels import check_size, size_of, to_rgb
 from genshift.reader import LocalSuite, RowGroup, read_row_group
@@ -52,13 +51,8 @@ def plan_units(suite: LocalSuite, config: str, *, batch_size: int, unit_rows: in
     if limit_per_class:
         meta = suite.read_columns(config, ["image_id", "label"])
         ids = meta["image_id"].to_pylist()
-        labels = meta["label"].to_numpy()
-        chosen, per_class = set(), Counter()
-        for pos in sorted(range(len(ids)), key=ids.__getitem__):
-            per_class[labels[pos]] += 1
-            if per_class[labels[pos]] <= limit_per_class:
-                chosen.add(pos)
-        positions = [p for i, p in enumerate(positions) if i in chosen]
+        chosen = first_per_class(ids, meta["label"].to_pylist(), limit_per_class)
+        positions = [p for p, i in zip(positions, ids) if i in chosen]
     size = batch_size * max(1, -(-unit_rows // batch_size))
     units = [Unit(i, tuple(positions[a:a + size])) for i, a in enumerate(range(0, len(positions), size))]
     return groups, units

@@ -10,6 +10,7 @@ import logging
 import re
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,16 @@ def done_units(config_dir: Path, n_units: int | None = None) -> set[int]:
 def unit_digest(image_ids) -> str:
     """What a unit holds, independent of order: sha256 over its sorted image ids (16 hex)."""
     return sha256_bytes("\n".join(sorted(image_ids)).encode("utf-8"))[:16]
+
+
+def first_per_class(ids: list[str], labels: list[int], limit: int) -> set[str]:
+    """``limit_per_class``'s selection: the first ``limit`` image ids of each class in image_id order."""
+    chosen, per_class = set(), Counter()
+    for i, c in sorted(zip(ids, labels)):  # image ids are unique
+        if per_class[c] < limit:
+            per_class[c] += 1
+            chosen.add(i)
+    return chosen
 
 
 def contained(path: Path, root: Path) -> Path:
