@@ -49,9 +49,7 @@ class Resampling:
 
     def sums(self, values) -> np.ndarray:
         """Replicate sums ``W @ values`` for ``values`` (n,) or (n, M): shape ``(n_boot, M)``."""
-        v = np.asarray(values)
-        if v.ndim == 1:
-            v = v[:, None]
+        v = np.column_stack([values])  # (n,) -> (n, 1)
         if v.shape[0] != self.n:
             raise ValueError(f"values have {v.shape[0]} rows, the resampling has {self.n} items")
         integer = v.dtype.kind in "biu"
@@ -109,9 +107,7 @@ def paired_mean_replicates(values, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 
     """Replicates ``(n_boot, M)`` of the per-column mean of ``values`` (n,) or (n, M) (columns: models or outcomes;
     rows: the images of ``key`` in sorted image-id order) over the resamples of ``key``. A column's replicates do
     not depend on the other columns: a model scored alone or with 500 others gets identical replicates."""
-    v = np.asarray(values)
-    if v.ndim == 1:
-        v = v[:, None]
+    v = np.column_stack([values])  # (n,) -> (n, 1)
     n = v.shape[0]
     if n == 0:
         return np.full((n_boot, v.shape[1]), np.nan)

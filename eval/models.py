@@ -1,9 +1,6 @@
-"""Load any timm ImageNet-1k classifier with pinned weights and timm's own eval preprocessing.
-
-Names: ``resnet50.a1_in1k`` (timm registry; a bare arch takes its default tag), ``timm/resnet50.a1_in1k`` (a Hub
-repo), ``hf-hub:<repo>@<sha>`` (pinned), any of them with ``checkpoint=FILE`` (the architecture from the name, the
-weights from the file; README, "`bench eval` in more detail"). The Hub revision is resolved to a commit sha, the
-model identified by ``genshift.identity`` and sized on the meta device before any real allocation.
+"""Load any timm ImageNet-1k classifier with pinned weights and timm's own eval preprocessing. Names (a timm
+registry name, a Hub repo, ``hf-hub:<repo>@<sha>``, any of them with ``checkpoint=FILE``): README, "`bench eval` in
+more detail". The Hub revision is resolved to a commit sha, the model identified by ``genshift.identity``.
 """
 
 from __future__ import annotations
@@ -307,9 +304,8 @@ def _sha256_of(path: str, key: StatKey) -> str:
 
 
 def check_checkpoint_file(path: str | os.PathLike) -> Path:
-    """A local checkpoint exists, is a regular file, is readable, is not empty and is at most
-    ``MAX_CHECKPOINT_BYTES``; anything else is one line naming the file. Cheap (a stat and a
-    1-byte read): called before the architecture is built."""
+    """A local checkpoint is a readable, non-empty regular file of at most ``MAX_CHECKPOINT_BYTES``, else one line
+    naming it. Cheap (a stat and a 1-byte read): called before the architecture is built."""
     path = Path(path)
     try:
         st = path.stat()
