@@ -1,9 +1,6 @@
-"""IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``docs/builders.md``).
-
-Class prompt: ``"a realistic photograph of a {first lemma} ({parent})."``, parent = the WordNet 3.0
-grandparent with the smallest offset (``genshift.imagenet``); ``an=True`` writes a/an. A seed caption is
-the class prompt and at most two generated sentences, lower-cased: from a captioner forced to continue
-the prompt, or a file (CSV ``class,caption`` or JSONL ``{"class", "caption"}``; class = index or wnid).
+"""IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``docs/builders.md``): the class prompt with
+the WordNet 3.0 grandparent of smallest offset (``genshift.imagenet``); a seed caption is the class prompt and at
+most two generated sentences, lower-cased, from a captioner continuing the prompt or from a CSV/JSONL file.
 """
 
 from __future__ import annotations

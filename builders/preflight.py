@@ -1,9 +1,6 @@
-"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models'
-sizes (``genshift.builders.real_models``), with the memory it needs (``docs/builders.md``, "Preflight").
-
-Memory is the pass itself: :class:`LiveBytes` adds up the storages alive at once, attention counted as the
-fused kernel (:class:`FusedAttention`); the largest set of models a builder holds together must fit.
-"""
+"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models' sizes,
+with the memory it needs: the storages alive at once (:class:`LiveBytes`), attention counted as the fused kernel
+(:class:`FusedAttention`); the largest set of models a builder holds together must fit (``docs/builders.md``)."""
 
 from __future__ import annotations
 
@@ -300,10 +297,6 @@ def timm_classify(name: str, dtype: torch.dtype, *, batch: int, probe: Probe) ->
     with torch.inference_mode():
         out = model(torch.empty(batch, *size, device="meta", dtype=dtype))
     probe.check(out.shape == (batch, 1000), f"{size[1]} px input -> 1000 logits")
-
-
-# --------------------------------------------------------------------------------------------------
-# the stages of each suite, from the builder's own config
 
 
 def stages(suite_id: str, cfg, device: str) -> list[Stage]:
