@@ -107,8 +107,7 @@ class DeviceDecoder:
         self.size = (h, w)
         self.scale = (math.floor(h / crop_pct), math.floor(w / crop_pct))
         interp = data_config.get("interpolation")
-        known = interp in ("bicubic", "bilinear", "nearest")
-        self.interpolation = InterpolationMode(interp) if known else InterpolationMode.BILINEAR
+        self.interpolation = InterpolationMode(interp if interp in ("bicubic", "bilinear", "nearest") else "bilinear")
         self.device = torch.device(device)
 
     def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
@@ -332,12 +331,11 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
                 drop = {i for i, _ in failed}
                 item["bad"] = [(item["meta"]["image_id"][i], err) for i, err in failed]
                 item["meta"] = {c: [v for i, v in enumerate(vals) if i not in drop] for c, vals in item["meta"].items()}
-            bad = []
-            for image_id, err in item["bad"]:
-                if not opts.skip_bad_images:
-                    raise BenchError(f"image {image_id!r} of config {config!r} does not decode ({err}); fix the suite "
-                                     "or set skip_bad_images to skip and count such images")
-                bad.append(image_id)
+            if item["bad"] and not opts.skip_bad_images:
+                image_id, err = item["bad"][0]
+                raise BenchError(f"image {image_id!r} of config {config!r} does not decode ({err}); fix the suite "
+                                 "or set skip_bad_images to skip and count such images")
+            bad = [image_id for image_id, _ in item["bad"]]
             labels = torch.tensor(item["meta"]["label"], dtype=torch.long)
             served = 0
             for feed in list(live):

@@ -111,7 +111,7 @@ def parse_model_name(text: str) -> ModelRef:
         raise BenchError("empty --model; give a timm name such as 'resnet50.a1_in1k' or 'timm/resnet50.a1_in1k'")
     body, _, rev = raw.partition("@")
     rev = rev or None
-    body = body[len("hf-hub:"):] if body.startswith("hf-hub:") else body
+    body = body.removeprefix("hf-hub:")
     if "/" in body:
         if body.count("/") != 1:
             raise BenchError(f"model {raw!r} is not a timm name or an org/name Hub repo id")
