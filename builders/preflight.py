@@ -332,11 +332,12 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
         ]
     if suite_id in ("in-g-rn", "in-g-vit"):
         from genshift.builders.in_g import TARGETS
+        from genshift.builders.in_g_prompts import caption_batch
 
         target = cfg.target or TARGETS[suite_id]
         shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image
         return [
-            Stage("caption (--imagenet-a)", cfg.captioner, half, 16,
+            Stage("caption (--imagenet-a)", cfg.captioner, half, caption_batch(3 if shots else 0),
                   partial(blip2_caption, cfg.captioner, half, images=4 if shots else 1,
                           prompt_tokens=200 if shots else 12, new_tokens=40),
                   "the one-call forward (its Q-Former mask is read) and beam search"),

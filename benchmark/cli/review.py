@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-from genshift.cli._common import add_verb, positive_int, print_table
+from genshift.cli._common import add_verb, bounded_int, positive_int, print_table
 from genshift.cli.verify import recheck_arg
 
 
 def add_parser(sub):
     p = add_verb(sub, "review", help="verify every open pull request on the results repo (maintainers)",
-                 description="For each open pull request on the results dataset repo not yet answered at its head "
-                             "commit (at most 3 per submitter at a time, oldest first): check every new entry (its "
-                             "folder is derived from its canonical model id; an existing entry may only be replaced by"
-                             " the same model under the same protocol), re-run rows drawn from the suite through the "
-                             "model (by default enough that a result with 0.5% or more altered rows is caught with "
-                             "probability 99%; every row for a model whose last re-run found disagreeing rows), and "
-                             "with --merge commit exactly the reviewed files and a verification stamp signed by --key "
-                             "to main and close the PR. Run it on a schedule (CI, cron). Every PR gets one answer per "
-                             "head: passed, failed, cannot be checked, or not reviewed yet (a submitter's bound), a "
-                             "comment ending with a marker signed by --key (only those, by the HF_TOKEN account, are "
-                             "believed). Exits non-zero only when the service failed (Hub unreachable, token refused, "
-                             "a crash), never for a bad submission. Needs HF_TOKEN with write access.",
+                 description="Review every open pull request on the results dataset repo not yet answered at its "
+                             "head (at most 3 per submitter, oldest first): check each entry's identity and folder, "
+                             "re-run rows drawn from the suite through the model, answer in a comment ending with a "
+                             "marker signed by --key, and with --merge commit exactly the reviewed files and their "
+                             "signed records to main (docs/leaderboard.md, \"Automatic verification\"). Exits non-zero "
+                             "only when the service failed, never for a bad submission. Needs HF_TOKEN with write "
+                             "access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
+                          "  bench review --repo my-org/genshift-results --key maintainer.key --merge --watch 600\n"
                           "  bench review --repo my-org/genshift-results --key maintainer.key --again 12 "
                           "--checkpoint w.pt\n")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME on the Hub")
@@ -32,17 +28,21 @@ def add_parser(sub):
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--merge", action="store_true", help="publish what passes: commit exactly the reviewed files and "
                                                         "their stamps to main, close the pull request")
+    p.add_argument("--publish-model-results", action="store_true",
+                   help="with --merge: open (or update) a pull request on each published Hub model's repo adding "
+                        ".eval_results/<suite id>.yaml, linked in the answer (docs/hub.md)")
+    p.add_argument("--watch", type=bounded_int(1, 604800, "seconds"), metavar="SECONDS",
+                   help="keep running: a pass every SECONDS, a failed pass retried at the next (default: one pass, "
+                        "for scheduled CI)")
     p.add_argument("--suite", help="the suite the entries were scored on, a trusted folder or Hub repo (default: found "
                                    "among --suites / the registry's pinned suites)")
     p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
-    p.add_argument("--checkpoint", help="local weights for results scored with --checkpoint (default: the "
-                                        "recorded Hub weights); an entry scored with other local weights is "
-                                        "answered 'cannot be checked'")
+    p.add_argument("--checkpoint", help="local weights for results scored with --checkpoint (default: the recorded "
+                                        "Hub weights); other local weights are answered 'cannot be checked'")
     p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
     p.add_argument("--again", type=positive_int, action="append", default=[], metavar="PR",
-                   help="review pull request PR again although it was answered at its head (e.g. an entry that "
-                        "could not be checked, now with --checkpoint, or a model whose last re-run failed, with the "
-                        "--recheck sample instead of every row); repeatable")
+                   help="review pull request PR again although it was answered at its head (e.g. now with "
+                        "--checkpoint, or with the --recheck sample after a failed re-run); repeatable")
     return p
 
 
@@ -58,10 +58,14 @@ def _print(outcomes) -> None:
 
 
 def run(args) -> int:
-    from genshift.leaderboard.review import Reviewer
+    from genshift.leaderboard.review import Reviewer, watch
 
-    outcomes = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
+    reviewer = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
                         suites=args.suites, checkpoint=args.checkpoint, device=args.device, again=tuple(args.again),
-                        batch_size=args.batch_size).run_once()
+                        batch_size=args.batch_size, publish_model_results=args.publish_model_results)
+    if args.watch:
+        watch(reviewer, args.watch, report=_print)
+        return 0
+    outcomes = reviewer.run_once()
     _print(outcomes)
     return 1 if any(o.status == "error" for o in outcomes) else 0  # "error": the service failed on that PR
