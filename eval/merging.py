@@ -216,7 +216,7 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     metrics = score(state["metric_family"], tables, scoring)
     family = get_family(state["metric_family"])
     analysis = {}
-    if family.analysis is not None:  # LANCE: Fig. 6's clusters of text edits (genshift.eval.lance_insight)
+    if family.analysis is not None:  # LANCE: Fig. 6's clusters of text edits (genshift.eval.diagnose.result_clusters)
         if suite is None:
             r = state["reopen"]
             suite = open_suite(r["suite"], revision=r["revision"], configs=tuple(r["configs"]), mask=r["mask"]).suite
