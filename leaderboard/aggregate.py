@@ -236,14 +236,14 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
 def read_id_accuracy(path) -> dict[str, dict[int | None, float]]:
     """ImageNet-val top-1 by bare timm name, then input size (None: no ``img_size`` column): ``read_id_table``'s."""
-    from genshift.eval.id_axis import read_id_table
+    from genshift.eval.slope import read_id_table
 
     return {m: {size: row.top1 for size, row in by_size.items()} for m, by_size in read_id_table(path).rows.items()}
 
 
 def eval_sizes(entries) -> dict[str, int | None]:
     """Model id -> the input size its eval ran at, for :func:`join_id_accuracy`."""
-    from genshift.eval.id_axis import eval_img_size
+    from genshift.eval.slope import eval_img_size
 
     return {e.model_id: eval_img_size(e.record) for e in entries}
 

@@ -45,7 +45,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from genshift.eval.id_axis import read_id_table
+    from genshift.eval.slope import read_id_table
     from genshift.eval.results import load_result
 
     id_table = read_id_table(args.id_accuracy) if args.id_accuracy else None
