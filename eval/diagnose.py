@@ -39,7 +39,7 @@ from genshift.eval import diagnose_report, metrics
 from genshift.eval.inference import make_transform
 from genshift.eval.predictions import read_predictions, topk_matrix
 from genshift.eval.results import load_result
-from genshift.eval.suite_open import open_suite, reopen_suite
+from genshift.eval.suite_trust import open_suite, reopen_suite
 from genshift.fsutil import atomic_path, atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from genshift.pixels import to_rgb
 from genshift.reader import LocalSuite, read_row_group

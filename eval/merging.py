@@ -28,7 +28,7 @@ from genshift.eval.predictions import (
 )
 from genshift.eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, environment, write_result
 from genshift.eval.scoring import ScoringOptions, score
-from genshift.eval.suite_open import open_suite
+from genshift.eval.suite_trust import open_suite
 from genshift.families import get_family
 from genshift.fsutil import INCOMPLETE, read_json, sha256_bytes
 

@@ -944,7 +944,7 @@ def test_a_300_character_folder_in_a_pr_path_is_that_prs_failure(made, monkeypat
 def test_the_reviewer_never_opens_a_path_a_result_records(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
     """A result's suite.source and suite.mask.path name files on the reviewer's machine: never opened. The public
     answer is the same whether /etc/passwd exists or not (the images come from the trusted suite alone)."""
-    import genshift.eval.suite_open
+    import genshift.eval.suite_trust
 
     trusted = tmp_path / "trusted"
     trusted.mkdir()
@@ -954,7 +954,7 @@ def test_the_reviewer_never_opens_a_path_a_result_records(made, tmp_path, monkey
         probes[name] = _copy(made, tmp_path, name, lambda r, path=path: r["suite"].update(
             source=path, mask={"path": path, "sha256": "0" * 64, "source": "file"}))
     opened = []
-    monkeypatch.setattr(genshift.eval.suite_open, "reopen_suite", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    monkeypatch.setattr(genshift.eval.suite_trust, "reopen_suite", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         prs = {k: _open_pr(hub, "tok-alice", _entry_ops(run, f"toy/{made[1].name}")) for k, run in probes.items()}
