@@ -24,7 +24,8 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from genshift.errors import BenchError, one_line
-from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, first_per_class
+from genshift.eval.merging import CheckpointedPredictions
+from genshift.eval.predictions import CARRIED_COLUMNS, PredictionBlock, first_per_class
 from genshift.eval.runner import EvalOptions, OptionError
 from genshift.oom import BatchBackoff
 from genshift.pixels import check_size, size_of, to_rgb

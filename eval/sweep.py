@@ -115,7 +115,7 @@ class Sweep:
         suite = self.suite = self.info.suite
         self.configs = suite.select(list(req.configs) if req.configs else None)
         for c in self.configs:
-            predictions.check_config_name(c)  # a config name that cannot be a folder is refused before any work
+            merging.check_config_name(c)  # a config name that cannot be a folder is refused before any work
         self.units = {c: inference.plan_units(suite, c, batch_size=self.opts.resolved_batch_size(),
                                               unit_rows=self.opts.unit_rows, limit_per_class=self.opts.limit_per_class)
                       for c in self.configs}
@@ -123,7 +123,7 @@ class Sweep:
         for c, (groups, units) in self.units.items():
             ids = suite.read_columns(c, ["image_id"])["image_id"].to_pylist()
             offsets = [0, *accumulate(g.num_rows for g in groups)]
-            self.unit_ids[c] = [predictions.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
+            self.unit_ids[c] = [merging.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
         self.out = ensure_writable_dir(self.out, what="output folder")
         self.suite_dir = self.out / slug(suite.suite_id)
         for spec in todo:
@@ -206,7 +206,7 @@ class Sweep:
         except Exception as e:  # noqa: BLE001 - one model's bad weights or download: recorded, the sweep goes on
             if self.single:
                 raise
-            job = Job(spec, None, spec.name, predictions.contained(self.suite_dir / slug(spec.name), self.out), {})
+            job = Job(spec, None, spec.name, merging.contained(self.suite_dir / slug(spec.name), self.out), {})
             self.jobs.append(job)
             self._record_failure(job, e)  # its failure file written by the main process only (no job state)
             return
@@ -245,7 +245,7 @@ class Sweep:
             "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0],
             "cpu_threads": opts.cpu_threads, "compiled": compiled}))
         run_dir = self.suite_dir / folder_name(clf.model_id)
-        predictions.contained(run_dir, self.out)
+        merging.contained(run_dir, self.out)
         state = {
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
@@ -319,7 +319,7 @@ class Sweep:
         items = []
         for ci, chunk in enumerate(self.chunks()):
             for c in self.configs:
-                done = {j.model_id: predictions.done_units(j.run_dir / WORK / c, len(self.units[c][1])) for j in chunk}
+                done = {j.model_id: merging.done_units(j.run_dir / WORK / c, len(self.units[c][1])) for j in chunk}
                 for u in self.units[c][1]:
                     need = [j.model_id for j in chunk if u.index not in done[j.model_id]]
                     if need:
@@ -385,7 +385,7 @@ class Sweep:
                 sch = predictions.schema(self.opts.topk, tuple(live[0].state["carried"]))
                 feeds = []
                 for job in live:
-                    ckpt = predictions.CheckpointedPredictions(
+                    ckpt = merging.CheckpointedPredictions(
                         job.run_dir / WORK, config, sch, session=job.state["session"], rank=self.dist.index,
                         run_key=job.state["run"]["predictions_key"], n_units=len(units))
                     todo = {u for u, models in mine.items() if job.model_id in models} - ckpt.done_units

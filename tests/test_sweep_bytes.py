@@ -164,7 +164,8 @@ def test_wildcards_and_model_lists(tmp_path, suite):
 
 
 def test_config_names_cannot_reach_outside_out(tmp_path, suite, zoo, monkeypatch):
-    from genshift.eval.predictions import CheckpointedPredictions, schema
+    from genshift.eval.merging import CheckpointedPredictions
+    from genshift.eval.predictions import schema
 
     victim = tmp_path / "victim"
     victim.mkdir()
