@@ -155,7 +155,11 @@ class EvalOptions:
             return 1
         if self.forward_threads is not None:
             return self.forward_threads
-        return max(1, min(16, process_cores() // self.cpu_threads))
+        # the cores this process may use: its CPU affinity, shared by the processes of one node under
+        # torchrun/accelerate launch (LOCAL_WORLD_SIZE)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+        return max(1, min(16, cores // self.cpu_threads))
 
     def scoring(self, reference_config: str | None = None):
         """The metric switches (``genshift.eval.scoring.ScoringOptions``) these options ask for."""
@@ -163,13 +167,6 @@ class EvalOptions:
 
         return ScoringOptions(filter=self.filter, reference_config=reference_config,
                               reference_accuracy=self.reference_accuracy, n_boot=self.bootstrap, seed=self.seed)
-
-
-def process_cores() -> int:
-    """The cores this process may use: its CPU affinity, shared by the processes of one node under
-    ``torchrun``/``accelerate launch`` (``LOCAL_WORLD_SIZE``)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
 
 
 WILDCARD_CHARS = "*?["

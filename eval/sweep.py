@@ -76,13 +76,6 @@ def load_model(opts: EvalOptions, spec: ModelSpec):
                            preprocess=opts.preprocess, data_config=spec.data_config)
 
 
-def _group_key(data_config: dict, opts: EvalOptions) -> str:
-    # the device normalises uint8 batches: mean/std then do not change the decoded tensors
-    cfg = {k: v for k, v in data_config.items() if not (opts.device_normalizes() and k in ("mean", "std"))}
-    return sha256_bytes(canonical_json({"data_config": cfg, "uint8": opts.device_normalizes(),
-                                        "decode": opts.decode}))[:16]
-
-
 class Sweep:
     """Plan and run a sweep (see the module docstring)."""
 
@@ -103,7 +96,12 @@ class Sweep:
         req = self.req
         self.out = Path(req.out)
         self.keys = {spec: self.request_key(spec) for spec in req.models}
-        finished = {} if self.opts.force else self._finished_runs()
+        finished = {}  # request digest -> run folder, for every finished run under the output folder
+        for state in () if self.opts.force else self.out.glob(f"*/*/{RUN_STATE}"):
+            key, run = merging.read_state(state).get("request_key"), state.parent
+            done = (run / RESULT_FILE).is_file() and not (run / WORK).exists()
+            if done and key is not None and key in self.keys.values():
+                finished[key] = run
         todo = [spec for spec in req.models if self.keys[spec] not in finished]
         for spec in req.models:
             if spec not in todo:
@@ -183,16 +181,6 @@ class Sweep:
         except BenchError:  # offline and not cached: the full route says so
             return None
 
-    def _finished_runs(self) -> dict[str, Path]:
-        """Request digest -> run folder, for every finished run under the output folder."""
-        found = {}
-        for state in self.out.glob(f"*/*/{RUN_STATE}"):
-            key, run = merging.read_state(state).get("request_key"), state.parent
-            finished = (run / RESULT_FILE).is_file() and not (run / WORK).exists()
-            if finished and key is not None and key in self.keys.values():
-                found[key] = run
-        return found
-
     def _done(self, job: Job, result: dict) -> None:
         job.status, job.result, job.clf, job.model_id = "done", result, None, result["model"]["id"]
         log.info("%s: already evaluated (%s); nothing to do (force=True re-runs it)", job.model_id,
@@ -261,7 +249,11 @@ class Sweep:
             "topk": opts.topk, "notes": opts.notes, "started_at": merging.now(),
             "reopen": {"suite": req.suite, "revision": opts.revision, "mask": opts.mask, "configs": list(self.configs)},
             "compile": compiled,
-            "group": _group_key(clf.data_config, opts),
+            # the preprocessing group: the device normalises uint8 batches, mean/std then do not change the tensors
+            "group": sha256_bytes(canonical_json({
+                "data_config": {k: v for k, v in clf.data_config.items()
+                                if not (opts.device_normalizes() and k in ("mean", "std"))},
+                "uint8": opts.device_normalizes(), "decode": opts.decode}))[:16],
             # the process-wide settings the forward passes ran with (the result's environment records them)
             "ran": {"torch_threads": opts.cpu_threads,
                     "cudnn_benchmark": self.device.startswith("cuda") and opts.cudnn_benchmark},
