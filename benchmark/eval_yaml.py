@@ -44,21 +44,18 @@ def suite_tasks(manifest) -> list[Task]:
     return tasks(family, list(manifest.configs), reference)
 
 
-def eval_yaml_dict(manifest, *, name: str | None = None, description: str | None = None) -> dict:
-    """The ``eval.yaml`` content of a suite as a dict (name and description from its card)."""
-    family, _ = suite_scoring(manifest)
-    metrics = [get_family(family).metric(t.column.split("/")[0]) for t in suite_tasks(manifest)]
-    pp = sorted({m.label for m in metrics if m.unit == "pp"})
+def render_eval_yaml(manifest, *, name: str | None = None, description: str | None = None) -> str:
+    """The ``eval.yaml`` of a suite (name and description from its card)."""
+    family = get_family(suite_scoring(manifest)[0])
+    suite_task_list = suite_tasks(manifest)
+    pp = sorted({m.label for m in (family.metric(t.column.split("/")[0]) for t in suite_task_list) if m.unit == "pp"})
     lines = [description or f"{manifest.suite_id}: how ImageNet classifiers fail under a generated distribution "
-             f"shift (genshift-bench suite, metric family {family}).",
+             f"shift (genshift-bench suite, metric family {family.name}).",
              UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),
-             "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_tasks(manifest)) + "."]
-    return {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
-            "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_tasks(manifest)]}
-
-
-def render_eval_yaml(manifest, **kw) -> str:
-    return yaml.safe_dump(eval_yaml_dict(manifest, **kw), sort_keys=False, allow_unicode=True, width=100)
+             "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_task_list) + "."]
+    doc = {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
+           "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_task_list]}
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
 
 
 class _TaskEntry(Schema):

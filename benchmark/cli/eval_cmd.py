@@ -17,12 +17,10 @@ from genshift.heap import keep_freed_memory
 def add_parser(sub):
     p = add_verb(
         sub, "eval", help="score a timm model on a suite",
-        description="Score any timm ImageNet-1k classifier on a suite: per-image predictions (parquet), the "
-                    "suite family's metrics with bootstrap intervals, and a result JSON with full provenance. "
-                    "Several models (repeat --model, --models FILE, timm wildcards) share each image decode; under "
-                    "torchrun or `accelerate launch` the work is split over processes. A killed run resumes "
-                    "(SIGTERM too); a finished run is a no-op unless --force. The same as genshift.evaluate() in "
-                    "Python.",
+        description="Score timm ImageNet-1k classifiers on a suite: per-image predictions, the suite family's "
+                    "metrics with bootstrap intervals and a result JSON with provenance. Several models share each "
+                    "image decode; under torchrun or `accelerate launch` the work is split over processes. A killed "
+                    "run resumes; a finished one is a no-op unless --force. The same as genshift.evaluate().",
         examples=(
             "  bench eval --model timm/resnet50.a1_in1k --suite imagenet-star-upstream --configs base,in_the_snow\n"
             "  bench eval --model resnet50.a1_in1k --suite ./my-suite --device cuda --amp --batch-size 256\n"

@@ -7,11 +7,9 @@ from genshift.cli._common import add_verb
 
 def add_parser(sub):
     p = add_verb(sub, "import-folder", help="turn a folder of images (one shift or several) into a suite in format 1",
-                 description="Import images in ImageNet wnid sub-folders (or listed in a CSV of path,label) as a "
-                             "one-config suite, or a folder of shift folders (<shift>/<wnid>/<image>, one of them "
-                             "'base') as an ImageNet*-style suite that `bench eval` scores per shift with absolute "
-                             "impact. Every image is fully decoded; JPEGs are stored as they are, other files as "
-                             "8-bit PNG (16-bit scaled, transparency on white, EXIF rotation applied).",
+                 description="Import images in wnid sub-folders (or a CSV of path,label) as a one-config suite, or "
+                             "shift folders (<shift>/<wnid>/<image>, one of them 'base') as an ImageNet*-style suite. "
+                             "JPEGs are stored as they are, other images as 8-bit PNG (docs/hub.md section 7).",
                  examples="  bench import-folder ./my-shift --name my-shift --out ./my-shift-suite\n"
                           "  bench import-folder ./photos --csv labels.csv --name photos --config night --out suite/\n"
                           "  bench import-folder ./my-shifts --name my-shifts --out ./my-shifts-suite"

@@ -9,17 +9,12 @@ from genshift.cli.verify import recheck_arg
 def add_parser(sub):
     p = add_verb(sub, "review", help="verify every open pull request on the results repo (maintainers)",
                  description="For each open pull request on the results dataset repo not yet answered at its head "
-                             "commit (at most 3 per submitter at a time, oldest first): check every new entry (its "
-                             "folder is derived from its canonical model id; an existing entry may only be replaced by"
-                             " the same model under the same protocol), re-run rows drawn from the suite through the "
-                             "model (by default enough that a result with 0.5% or more altered rows is caught with "
-                             "probability 99%; every row for a model whose last re-run found disagreeing rows), and "
-                             "with --merge commit exactly the reviewed files and a verification stamp signed by --key "
-                             "to main and close the PR. Run it on a schedule (CI, cron). Every PR gets one answer per "
-                             "head: passed, failed, cannot be checked, or not reviewed yet (a submitter's bound), a "
-                             "comment ending with a marker signed by --key (only those, by the HF_TOKEN account, are "
-                             "believed). Exits non-zero only when the service failed (Hub unreachable, token refused, "
-                             "a crash), never for a bad submission. Needs HF_TOKEN with write access.",
+                             "commit (at most 3 per submitter at a time): check every new entry, re-run rows drawn "
+                             "from the suite through the model (by default the guaranteed sample; every row for a "
+                             "model whose last re-run disagreed) and, with --merge, commit the reviewed files and a "
+                             "stamp signed by --key to main and close the PR. Every PR gets one signed answer per "
+                             "head (docs/leaderboard.md, Automatic verification). Exits non-zero only when the "
+                             "service failed, never for a bad submission. Needs HF_TOKEN with write access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
                           "  bench review --repo my-org/genshift-results --key maintainer.key --again 12 "
                           "--checkpoint w.pt\n")
