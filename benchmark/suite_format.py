@@ -127,24 +127,18 @@ def check_name(value, kind: str = "config name", *, where: str = "", error=Bench
     return value
 
 
-def read_parquet_features(path: str | Path) -> dict:
-    """The ``datasets`` features dict in a parquet file's ``huggingface`` metadata, parsed with limits and
-    kept a plain dict: ``Features`` of a hostile dict can cost any memory (``ClassLabel(num_classes=10**12)``)."""
-    check_parquet_footer(path, str(path))
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except (pa.ArrowException, OSError) as e:
-        raise IntegrityError(f"{path}: not a readable parquet file ({str(e)[:200]}); re-download or rebuild the "
-                             "suite") from None
-    raw = meta.get(b"huggingface")
+def _features_of(metadata: dict | None, where: str) -> dict:
+    """The ``datasets`` features dict in a parquet schema's ``huggingface`` metadata, parsed with limits and kept
+    a plain dict: ``Features`` of a hostile dict can cost any memory (``ClassLabel(num_classes=10**12)``)."""
+    raw = (metadata or {}).get(b"huggingface")
     if raw is None:
-        raise IntegrityError(f"{path}: parquet file has no 'huggingface' schema metadata; suites must be "
+        raise IntegrityError(f"{where}: parquet file has no 'huggingface' schema metadata; suites must be "
                              "written by genshift.writer.SuiteWriter (or with datasets) so features survive")
-    info = parse_json(raw, what="'huggingface' parquet metadata", where=str(path), max_bytes=MAX_MANIFEST_BYTES)
+    info = parse_json(raw, what="'huggingface' parquet metadata", where=where, max_bytes=MAX_MANIFEST_BYTES)
     inner = info.get("info") if isinstance(info, dict) else None
     features = inner.get("features") if isinstance(inner, dict) else None
     if not isinstance(features, dict):
-        raise IntegrityError(f"{path}: the 'huggingface' parquet metadata holds no features; re-download or "
+        raise IntegrityError(f"{where}: the 'huggingface' parquet metadata holds no features; re-download or "
                              "rebuild the suite")
     return features
 
@@ -380,7 +374,7 @@ def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
 
 
 def read_row_table(path: Path, rel: str) -> pa.Table:
-    """The required non-image columns of one shard, each checked to have its type (the image
+    """The required non-image columns of one shard, each checked to have its type and feature (the image
     column's type and the row-group sizes are checked from the footer, without reading images)."""
     check_parquet_footer(path, rel)
     try:
@@ -389,6 +383,7 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
             raise IntegrityError(f"{rel}: {meta.num_row_groups} row groups, over the limit of {MAX_ROW_GROUPS} per "
                                  "shard; write shards with genshift.writer.SuiteWriter (100 rows per group)")
         schema = meta.schema.to_arrow_schema()
+        check_features(_features_of(schema.metadata, rel), where=rel)
         if missing := [c for c in REQUIRED_COLUMNS if c not in schema.names]:
             raise IntegrityError(f"{rel}: missing required column(s) {', '.join(missing)}; see docs/format.md")
         for c, types in {**ROW_COLUMNS, "image": IMAGE_TYPES}.items():
@@ -412,22 +407,17 @@ def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
     section 4.2, "Rows"); return the rows digest. Errors name the config, shard and row."""
     name = config.name
     for rel, t in tables:
+        where = f"config {name!r}, {rel} row"
         for col in ("image_id", "label", "keep", "config"):
-            if t[col].null_count:
-                row = pc.index(pc.is_null(t[col]), True).as_py()
-                raise IntegrityError(f"config {name!r}, {rel} row {row}: {col} is null; every row needs one "
-                                     "(rebuild the suite)")
-        wrong = pc.not_equal(t["config"], name)
-        if pc.any(wrong).as_py():
-            row = pc.index(wrong, True).as_py()
-            found = t["config"][row].as_py()[:64]
-            raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {found!r}, "
-                                 f"not {name!r}; a row belongs to the folder it is stored in (rebuild the suite)")
+            if (row := pc.index(pc.is_null(t[col]), True).as_py()) >= 0:
+                raise IntegrityError(f"{where} {row}: {col} is null; every row needs one (rebuild the suite)")
+        if (row := pc.index(pc.not_equal(t["config"], name), True).as_py()) >= 0:
+            raise IntegrityError(f"{where} {row}: column config is {t['config'][row].as_py()[:64]!r}, not {name!r}; "
+                                 "a row belongs to the folder it is stored in (rebuild the suite)")
         bad = pc.or_(pc.less(t["label"], 0), pc.greater_equal(t["label"], 1000))
-        if pc.any(bad).as_py():
-            row = pc.index(bad, True).as_py()
-            raise IntegrityError(f"config {name!r}, {rel} row {row}: label {t['label'][row].as_py()} is not an "
-                                 "ImageNet-1k index in [0, 1000); fix the label (see docs/format.md)")
+        if (row := pc.index(bad, True).as_py()) >= 0:
+            raise IntegrityError(f"{where} {row}: label {t['label'][row].as_py()} is not an ImageNet-1k index in "
+                                 "[0, 1000); fix the label (see docs/format.md)")
     rows = sum(t.num_rows for _, t in tables)
     ids, labels, keeps = _sorted_rows(pa.concat_tables(t for _, t in tables))
     if rows > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, rows - 1))).as_py():  # sorted: repeats are adjacent
