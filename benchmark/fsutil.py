@@ -8,9 +8,9 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,13 +195,12 @@ def load_yaml(text: str, *, where: str, what: str, max_depth: int, fix: str = ""
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it to ``path`` only on success."""
+    """Yield a new temporary path beside ``path`` (mode 0666 less the umask, as any new file); rename it to
+    ``path`` only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=INCOMPLETE, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; final files get the usual permissions
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}{INCOMPLETE}")
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the kernel applies the umask
     try:
         yield tmp
         os.replace(tmp, path)
@@ -211,24 +210,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
     finally:
         tmp.unlink(missing_ok=True)
-
-
-_UMASK_LOCK = threading.Lock()
-
-
-def _umask() -> int:
-    """The process's umask, read where Linux shows it instead of set and restored (racy between two threads)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    with _UMASK_LOCK:
-        mask = os.umask(0)
-        os.umask(mask)
-    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -121,18 +121,6 @@ def card_gating(suite: LocalSuite) -> bool:
     return bool(card.get("extra_gated_prompt") or card.get("extra_gated_fields"))
 
 
-def _upload_large(api, repo_id: str, folder: Path, files: list[str], *, message: str) -> str:
-    """A large suite, resumably, in as many commits as the Hub needs (``docs/hub.md`` section 6:
-    ``upload_large_folder`` in huggingface_hub 1.x, ``upload_folder`` in 2); returns the head after it."""
-    large = getattr(api, "upload_large_folder", None)
-    if large is not None:
-        large(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files)
-    else:
-        api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files,
-                          commit_message=message)
-    return api.dataset_info(repo_id, revision="main").sha
-
-
 def _check_remote(api, repo_id: str, sha: str, folder: Path, suite: LocalSuite, files: list[str]) -> None:
     """Every published file is at ``sha`` with the local size (and sha256, for LFS files)."""
     from huggingface_hub.hf_api import RepoFile
@@ -187,7 +175,14 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
         if large:
             log.info("%.1f GB in %d files: resumable upload in several commits (rerun to resume)", total / 1e9,
                      len(files))
-            head = _upload_large(api, repo_id, folder, files, message=message)
+            # in as many commits as the Hub needs: upload_large_folder in huggingface_hub 1.x, upload_folder in 2
+            upload = getattr(api, "upload_large_folder", None)
+            if upload is not None:
+                upload(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files)
+            else:
+                api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=str(folder),
+                                  allow_patterns=files, commit_message=message)
+            head = api.dataset_info(repo_id, revision="main").sha
             _check_remote(api, repo_id, head, folder, suite, files)
             sha = head
         else:  # ONE commit against the head read above: a concurrent commit fails it instead of mixing releases

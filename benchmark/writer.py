@@ -1,15 +1,6 @@
-"""The suite writer used by every builder and by ``bench import-folder`` (``docs/format.md`` section 3).
-
-Usage::
-
-    with SuiteWriter(out, suite_id="imagenet-star", extra_features=feats, fingerprint=settings) as w:
-        for config, shard, n, rows in work:
-            if not w.shard_done(config, shard, n):
-                w.write_shard(config, shard, n, rows)
-        w.finalize(generator=provenance, card=render)
-
-A rerun with the same fingerprint skips finished shards; a different one is refused unless
-``overwrite``. The manifest is written last.
+"""The suite writer of every builder and of ``bench import-folder`` (``docs/format.md`` section 3): one atomic
+``write_shard`` per shard (a rerun with the same ``fingerprint`` skips those ``shard_done`` says are finished; another
+fingerprint is refused unless ``overwrite``), then ``finalize`` writes the card and, last, the manifest.
 """
 
 from __future__ import annotations
@@ -132,8 +123,8 @@ class SuiteWriter:
         log.debug("wrote %s: %d rows", rel, n)
 
     def _parquet_options(self) -> dict:
-        """The column options ``datasets`` uses: encoded images plain and uncompressed, every other column snappy
-        + dictionary; content-defined chunking so that re-uploads of similar shards deduplicate on the Hub."""
+        """The column options ``datasets`` uses (``docs/format.md`` section 3); content-defined chunking
+        deduplicates re-uploads of similar shards on the Hub."""
         schema = self.features.arrow_schema
         compression, dictionary, encoding = {}, [], {}
         for name, feat in self.features.items():
