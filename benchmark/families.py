@@ -1,13 +1,10 @@
 """Metric families: each suite family declares its metrics once, and everything reads the declaration.
 
-A suite's family (``imagenet_star``, ``lance``, ``in_g`` or plain ``accuracy``) decides which numbers a
-result carries and which one ranks a model. Each :class:`Family` is registered here (in the spirit of
-lm-eval's ``register_metric`` and timm's ``register_model``) with its metrics, its headline, the board's
-per-image rank outcome, whether it scores shifts against a reference config, and its scorer, extra
-outcomes and analysis as lazy ``"module:function"`` targets (the core never imports the eval layer).
-Scoring, verify, the board, ``eval.yaml`` and ``reproduce`` read these declarations; no other module
-branches on a family's name. Units: ``"%"`` is a fraction shown in percent; ``"pp"`` a difference of
-two fractions shown in percentage points.
+A :class:`Family` (``imagenet_star``, ``lance``, ``in_g`` or plain ``accuracy``) holds its metrics, its headline,
+the board's per-image rank outcome, whether it scores shifts against a reference config, and its scorer, extra
+outcomes and analysis as lazy ``"module:function"`` targets (the core never imports the eval layer). No other
+module branches on a family's name. Units: ``"%"`` is a fraction shown in percent; ``"pp"`` a difference of two
+fractions shown in percentage points.
 """
 
 from __future__ import annotations
@@ -130,6 +127,7 @@ def _mean(values) -> float:
 
 ACC1 = Metric("acc1", "acc@1", "%", True, "top-1 accuracy; LANCE Eq. 3's acc@k at k = 1", per="config")
 ACC5 = Metric("acc5", "acc@5", "%", True, "top-5 accuracy; LANCE Eq. 3's acc@k at k = 5", per="config")
+MEAN_ACC1 = Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored")
 
 
 # ---- ImageNet* (Vendrow et al., Dataset Interfaces) ----------------------------------------------
@@ -193,8 +191,7 @@ def _lance_tasks(configs: list[str], reference: str | None) -> list[Task]:
 LANCE = Family(
     name="lance", title="LANCE", paper="Prabhu et al. 2023, LANCE",
     metrics=(
-        ACC1, ACC5,
-        Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored"),
+        ACC1, ACC5, MEAN_ACC1,
         Metric("delta_acc1", "Δacc@1", "pp", True,
                "Prabhu et al. 2023, Eq. 3 at k = 1 (T: originals with a counterfactual)"),
         Metric("delta_acc5", "Δacc@5", "pp", True, "Prabhu et al. 2023, Eq. 3 at k = 5"),
@@ -228,8 +225,7 @@ def _in_g_tasks(configs: list[str], reference: str | None) -> list[Task]:
 IN_G = Family(
     name="in_g", title="IN-G", paper="Wiles et al. 2022, Discovering Bugs in Vision Models",
     metrics=(
-        ACC1, ACC5,
-        Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored"),
+        ACC1, ACC5, MEAN_ACC1,
         Metric("top1_error", "top-1 error", "%", False, "1 - acc@1"),
         Metric("top3_failure_rate", "top-3 failure rate", "%", False,
                "Wiles et al., Fig. 4: failures are counted when the top-3 predictions do not include the true label"),
@@ -245,8 +241,7 @@ IN_G = Family(
 
 ACCURACY = Family(
     name="accuracy", title="accuracy", paper="",
-    metrics=(ACC1, ACC5, Metric("mean_acc1", "mean acc@1 (all configs)", "%", True,
-                                "acc@1 averaged over every config scored")),
+    metrics=(ACC1, ACC5, MEAN_ACC1),
     headline="mean_acc1")
 
 

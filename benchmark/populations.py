@@ -63,9 +63,6 @@ class Population:
     def paper_names(self) -> list[str]:
         return [m.paper for m in self.members]
 
-    def public(self) -> list[Member]:
-        return [m for m in self.members if not m.local]
-
     def to_dict(self) -> dict:
         return {"name": self.name, "title": self.title, "source": self.source, "suites": list(self.suites),
                 "choice": self.choice, "data_config_from": self.data_config_from,
@@ -126,7 +123,7 @@ def population_models(name: str, *, config: str = "paper") -> list[tuple[str, di
                      name, m.paper, m.role, m.model, m.paper)
     today = config == "today" or pop.data_config_from is None
     return [(m.model, None if today else m.data_config, None if today else pop.data_config_from)
-            for m in pop.public()]
+            for m in pop.members if not m.local]
 
 
 def recorded_data_config(model: str, source: str) -> dict:

@@ -12,7 +12,7 @@ commit, its configs, the metric family that scores it and the labels that occur 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
@@ -78,9 +78,6 @@ class SuiteSpec:
             raise ValueError(f"suite {self.id!r}: unknown metric family {self.metric_family!r}")
         if self.reference_config is not None and self.reference_config not in self.configs:
             raise ValueError(f"suite {self.id!r}: reference config {self.reference_config!r} is not a config")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 SUITES: Registry[SuiteSpec] = Registry("suite")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from genshift.cli._common import add_verb, print_json, print_table
@@ -38,7 +39,7 @@ def run(args) -> int:
         return 0
     specs = [get_suite(s) for s in list_suites(args.pattern)]
     if args.json:
-        print_json([s.to_dict() for s in specs])
+        print_json([dataclasses.asdict(s) for s in specs])
         return 0
     rows = [{"suite": s.id, "repo": s.repo_id, "revision": s.revision[:12] if s.revision else "unpinned",
              "configs": len(s.configs) if len(s.configs) > 3 else ",".join(s.configs), "metrics": s.metric_family,
