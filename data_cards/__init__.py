@@ -31,7 +31,8 @@ def size_category(rows: int) -> str:
 
 def card_data(manifest, *, license: str = "other", license_name: str | None = None, license_link: str | None = None,
               pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> DatasetCardData:
-    """The card's header for a suite manifest (``genshift.suite_format.Manifest``)."""
+    """The card's header for a suite manifest (``genshift.suite_format.Manifest``); ``license="other"`` gets
+    ``license_name``/``license_link`` (default: the ImageNet terms)."""
     if license == "other":
         license_name = license_name or IMAGENET_LICENSE[0]
         license_link = license_link or IMAGENET_LICENSE[1]
@@ -77,15 +78,11 @@ def upstream_card(manifest) -> str:
                                         "authors' mask."})
 
 
-def render_card(manifest, *, template: str = "generic", context: dict | None = None,
-                license: str = "other", license_name: str | None = None, license_link: str | None = None,
-                pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> str:
-    """A complete README.md for a suite: YAML front matter + the template's body; ``license="other"`` gets
-    ``license_name``/``license_link`` (default: the ImageNet terms)."""
-    head = card_data(manifest, license=license, license_name=license_name, license_link=license_link,
-                     pretty_name=pretty_name, tags=tags, gated=gated)
+def render_card(manifest, *, template: str = "generic", context: dict | None = None, **header) -> str:
+    """A complete README.md for a suite: YAML front matter (:func:`card_data` of ``header``: license, pretty
+    name, tags, gating) + the template's body."""
     text = resources.files("genshift.data_cards").joinpath(f"{template}.md.j2").read_text(encoding="utf-8")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     body = env.from_string(text).render(manifest=manifest, configs=manifest.configs, generator=manifest.generator,
                                         imagenet_terms=IMAGENET_TERMS, **(context or {}))
-    return "---\n" + head.to_yaml() + "\n---\n\n" + body
+    return "---\n" + card_data(manifest, **header).to_yaml() + "\n---\n\n" + body

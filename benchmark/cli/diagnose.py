@@ -24,14 +24,13 @@ def add_parser(sub):
                    help="open_clip architecture for the image and caption embeddings")
     p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
     p.add_argument("--clip-image", choices=("classifier-square", "center-crop"), default="classifier-square",
-                   help="what CLIP sees: classifier-square (default, the authors' code: the classifier's preprocessed "
-                        "image, un-normalised, square-resized) or center-crop (the stored image's centre square)")
+                   help="what CLIP sees: classifier-square (the authors' code: the classifier's input, un-normalised)"
+                        " or center-crop (the stored image's centre square)")
     p.add_argument("--clip-precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
                    help="CLIP autocast: auto = fp16 on a GPU (as the authors), fp32 on the CPU")
     p.add_argument("--whiten-reference", metavar="SPEC",
-                   help="images whose CLIP statistics whiten the embeddings: 'analysed' (default: the analysed "
-                        "images), CONFIG[,CONFIG] of the result's suite, or SUITE:CONFIG[,CONFIG] (the authors "
-                        "whitened against training images)")
+                   help="images whose CLIP statistics whiten the embeddings: 'analysed' (default), CONFIG[,CONFIG] "
+                        "of the result's suite, or SUITE:CONFIG[,CONFIG]")
     p.add_argument("--reference-caption", choices=("code", "paper"), default="code",
                    help="reference caption: 'a photo of a <class>' (code) or 'a photo of a <ancestor>' (paper)")
     p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false",

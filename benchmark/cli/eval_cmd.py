@@ -38,13 +38,11 @@ def add_parser(sub):
                    help="timm name, timm/<name>, hf-hub:<repo>[@sha], a timm wildcard ('timm/convnext_*.fb_in1k', "
                         "1000-class heads only) or NAME=CHECKPOINT; repeat for a sweep")
     p.add_argument("--models", metavar="FILE|POPULATION",
-                   help="a file with one model per line, optionally followed by a local checkpoint path (relative "
-                        "to the file's folder); # comments. Or a paper's population by name (`bench suites` lists "
-                        "them), e.g. lance-table2")
+                   help="a file of one model per line (optionally + a checkpoint path relative to the file; # "
+                        "comments), or a paper's population by name (`bench suites`), e.g. lance-table2")
     p.add_argument("--population-config", choices=("paper", "today"), default="paper",
-                   help="--models POPULATION: evaluate each model at the data config the paper's timm resolved "
-                        "(paper, recorded in the population: imagenet-star-61 has timm 0.6.12's) or at today's timm "
-                        "config (today); recorded in the result's protocol")
+                   help="--models POPULATION: each model at the data config the paper's timm resolved (paper, "
+                        "recorded in the population) or at today's timm config (today); recorded in the result")
     p.add_argument("--suite", help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--checkpoint", help="local weights of the one --model: safetensors, a PyTorch state dict or a "
@@ -52,8 +50,8 @@ def add_parser(sub):
     add_mask_options(p)
     add_config(p, EvalOptions, int_type=_int)  # every option of genshift.evaluate: its field's help, bounds, choices
     p.add_argument("--merge", metavar="OUT",
-                   help="build the results of a (distributed) sweep in OUT from its units, after checking what "
-                        "every part holds (this run's, its units' images, no overlaps); names missing units")
+                   help="build the results of a (distributed) sweep in OUT from its checked units; names missing "
+                        "units")
     p.add_argument("--out", default="runs", help="output directory")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
     return p

@@ -12,9 +12,8 @@ STREAMLIT_FLAGS = ("--server.headless", "true", "--browser.gatherUsageStats", "f
 
 def add_parser(sub):
     p = add_verb(sub, "leaderboard", help="serve the Streamlit leaderboard (or export it as a Hugging Face Space)",
-                 description="Serve the leaderboard app over a results store: a folder of `bench eval --out` runs, or "
-                             "a Hub dataset repo ORG/NAME[@sha] of results (pinned to a sha here, so the board is "
-                             "reproducible). With --export-space, write a deployable Streamlit Space instead.",
+                 description="Serve the leaderboard app over a results store: a folder of `bench eval --out` runs or a "
+                             "Hub dataset repo ORG/NAME[@sha] (pinned to a sha here), or export it as a Space.",
                  examples="  bench leaderboard --results runs\n"
                           "  bench leaderboard --results my-org/genshift-results@3f2a...c9 --trusted-keys trusted "
                           "--port 8600\n"
@@ -25,18 +24,17 @@ def add_parser(sub):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--trusted-keys", metavar="FILE",
                    help="maintainers' public keys (KEY.pub lines); only records signed by one count as verified")
-    p.add_argument("--suites", metavar="DIR",
-                   help="trusted suite manifests (*.json) and/or suite folders: entries made on other suite data "
-                        "(another manifest) are rejected")
+    p.add_argument("--suites", metavar="DIR", help="trusted suite manifests (*.json) and/or suite folders: "
+                                                  "entries made on other suite data are rejected")
     p.add_argument("--id-accuracy", metavar="FILE",
                    help="ImageNet-val top-1 per model for the ID/OOD x-axis: timm's results-imagenet.csv or any "
                         "CSV with columns model,top1 (percent)")
     p.add_argument("--hub-results", action="store_true",
-                   help="also show the scores model repos report on the Hub for each suite's dataset (its Hub "
-                        "leaderboard) in a separate, never-ranked 'Reported on the Hub' table (docs/hub.md)")
+                   help="also show the scores model repos report on the Hub in a separate, never-ranked "
+                        "'Reported on the Hub' table (docs/hub.md)")
     p.add_argument("--export-space", metavar="DIR",
-                   help="write a deployable Hugging Face Space (Streamlit) of this board, then exit: a Hub store "
-                        "pinned to its current commit, a local store copied in")
+                   help="write a deployable Hugging Face Space of this board (a Hub store pinned, a local one "
+                        "copied in), then exit")
     return p
 
 

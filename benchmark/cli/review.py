@@ -31,13 +31,11 @@ def add_parser(sub):
                                    "among --suites / the registry's pinned suites)")
     p.add_argument("--suites", metavar="DIR", help="a folder of trusted suite manifests (*.json) and/or suite folders")
     p.add_argument("--checkpoint", help="local weights for results scored with --checkpoint (default: the "
-                                        "recorded Hub weights); an entry scored with other local weights is "
-                                        "answered 'cannot be checked'")
+                                        "recorded Hub weights; other local weights: 'cannot be checked')")
     p.add_argument("--device", default="cpu", help="device for the image re-runs (default: cpu)")
     p.add_argument("--again", type=positive_int, action="append", default=[], metavar="PR",
-                   help="review pull request PR again although it was answered at its head (e.g. an entry that "
-                        "could not be checked, now with --checkpoint, or a model whose last re-run failed, with the "
-                        "--recheck sample instead of every row); repeatable")
+                   help="review pull request PR again although it was answered at its head (e.g. now with "
+                        "--checkpoint, or with the --recheck sample after a failed re-run); repeatable")
     return p
 
 

@@ -21,8 +21,7 @@ def add_parser(sub):
     p.add_argument("--reference", help="in-distribution config (default: the suite's, e.g. base)")
     p.add_argument("--id-accuracy", metavar="CSV",
                    help="timm's results-imagenet.csv (or any CSV of model,[img_size,]top1 in percent) as the ID axis "
-                        "instead: each result takes the row of its model (timm/ and hf-hub: forms match the bare "
-                        "name) at the input size its eval ran at")
+                        "instead: each result takes its model's row at the input size its eval ran at")
     p.add_argument("--scale", choices=("linear", "probit", "both"), default="both",
                    help="accuracy scale of the fit: linear, probit or both")
     p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, effective robustness, "

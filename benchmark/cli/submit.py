@@ -17,11 +17,10 @@ def add_parser(sub):
     p.add_argument("result", help="result.json or its run folder")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME")
     p.add_argument("--message", help="pull request title")
-    p.add_argument("--model-repo", metavar="ORG/NAME", help="report the merged entry on this Hub model repo instead "
-                                                             "(a pull request adding .eval_results/<suite id>.yaml); "
-                                                             "a result of a Hub model only on its own repo")
-    p.add_argument("--trusted-keys", metavar="FILE", help="with --model-repo: maintainers' public keys; the entry "
-                                                          "is reported as verified only if its stamp is signed by one")
+    p.add_argument("--model-repo", metavar="ORG/NAME",
+                   help="report the merged entry on this Hub model repo instead (a Hub model's only on its own repo)")
+    p.add_argument("--trusted-keys", metavar="FILE",
+                   help="with --model-repo: maintainers' public keys; verified only if its stamp is signed by one")
     p.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT, else https://huggingface.co)")
     return p
 
