@@ -93,18 +93,6 @@ def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix
                              f"{encoding_fix}") from None
 
 
-def json_depth(obj) -> int:
-    """The deepest nesting of lists/dicts in a parsed JSON value (iterative: no recursion)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, d)
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, d + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
-
-
 def _no_duplicates(pairs):
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
@@ -133,7 +121,13 @@ def parse_json(data: bytes, *, where: str, max_bytes: int, what: str = "", max_d
         raise too_deep from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise IntegrityError(f"{subject} is not valid JSON ({str(e)[:200]}); {fix}") from None
-    if json_depth(obj) > max_depth:
+    deepest, stack = 0, [(obj, 1)]  # iterative: no recursion
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    if deepest > max_depth:
         raise too_deep
     return obj
 

@@ -243,27 +243,23 @@ def _cache_root(cache_dir: str | None) -> Path:
     return (Path(cache_dir) if cache_dir else cache_root()) / "upstream"
 
 
-def _memo_sha256(path: Path, memo_file: Path) -> str:
-    """sha256 of a (multi-GB) file, remembered by its path and stat key so unchanged zips are hashed once."""
-    key = f"{path.resolve()}|{StatKey.of(path)}"
+def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
+    """Per shift: the zip's sha256 (remembered in ``memo_file`` by path and stat key: an unchanged multi-GB zip is
+    hashed once), or for an extracted folder a hash of its listing (names and stat keys)."""
     try:
         memo = read_json(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo")
     except IntegrityError:  # missing or damaged: hashed again
         memo = {}
     memo = memo if isinstance(memo, dict) else {}
-    if key not in memo:
-        memo[key] = sha256_file(path)
-        atomic_write_json(memo_file, memo)
-    return memo[key]
-
-
-def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
-    """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names and stat keys)."""
     out = {}
     for s in shifts:
         z = root / f"{s}.zip"
         if z.is_file():
-            out[s] = "zip:" + _memo_sha256(z, memo_file)
+            key = f"{z.resolve()}|{StatKey.of(z)}"
+            if key not in memo:
+                memo[key] = sha256_file(z)
+                atomic_write_json(memo_file, memo)
+            out[s] = "zip:" + memo[key]
         elif (root / s).is_dir():
             listing = "".join(f"{f.relative_to(root)}|{StatKey.of(f)}\n" for f in sorted((root / s).rglob("*"))
                               if f.is_file())

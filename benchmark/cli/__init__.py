@@ -56,20 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbose: int, quiet: bool) -> None:
-    """Log records to stderr at the verbosity asked for. A process-wide setting: the CLI's, never the
-    library's (``genshift.evaluate`` leaves logging as it found it)."""
-    level = logging.WARNING if quiet else logging.INFO if verbose == 0 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(message)s" if verbose == 0 else "%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    for noisy in ("httpx", "httpx2", "urllib3", "filelock", "huggingface_hub", "datasets", "PIL"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose, args.quiet)
+    # logs to stderr: a process-wide setting, the CLI's, never the library's (genshift.evaluate leaves logging be)
+    level = logging.WARNING if args.quiet else logging.INFO if args.verbose == 0 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(message)s" if args.verbose == 0 else "%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "urllib3", "filelock", "huggingface_hub", "datasets", "PIL"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     where = f"bench {args.verb}: "
     try:
         return int(args._run(args) or 0)

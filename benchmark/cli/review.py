@@ -39,7 +39,12 @@ def add_parser(sub):
     return p
 
 
-def _print(outcomes) -> None:
+def run(args) -> int:
+    from genshift.leaderboard.review import Reviewer
+
+    outcomes = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
+                        suites=args.suites, checkpoint=args.checkpoint, device=args.device, again=tuple(args.again),
+                        batch_size=args.batch_size).run_once()
     rows = [{"PR": f"#{o.pr}", "head": o.head[:12],
              "outcome": o.status + (f" ({o.earlier} earlier)" if o.earlier else "") + (" + merged" if o.merged else ""),
              "entries": ", ".join(o.entries) or "-", "first problem": (o.problems[0][:100] if o.problems else "-")}
@@ -48,13 +53,4 @@ def _print(outcomes) -> None:
         print_table(rows, ["PR", "head", "outcome", "entries", "first problem"])
     else:
         print("no open pull requests")
-
-
-def run(args) -> int:
-    from genshift.leaderboard.review import Reviewer
-
-    outcomes = Reviewer(args.repo, key_path=args.key, recheck=args.recheck, merge=args.merge, suite=args.suite,
-                        suites=args.suites, checkpoint=args.checkpoint, device=args.device, again=tuple(args.again),
-                        batch_size=args.batch_size).run_once()
-    _print(outcomes)
     return 1 if any(o.status == "error" for o in outcomes) else 0  # "error": the service failed on that PR
