@@ -150,8 +150,7 @@ def plan_nonempty_shards(items: Sequence[T], num_shards: int, key: Callable[[T],
 
 
 def balance(items: list[dict], count: int) -> list[dict]:
-    """Give every item (a dict with ``cost`` and a sort ``key``) a ``rank``: a deterministic greedy
-    balance, largest first onto the least-loaded process, so every process computes the same split."""
+    """A ``rank`` for each item (``cost``, ``key``): largest first onto the least-loaded process, deterministic."""
     load = [0] * count
     for it in sorted(items, key=lambda i: (-i["cost"], i["key"])):
         rank = min(range(count), key=lambda r: (load[r], r))

@@ -91,8 +91,7 @@ class Family:
         return cols
 
     def tasks(self, configs: list[str], reference: str | None = None) -> list[Task]:
-        """The Hub ``eval.yaml`` tasks of a suite of this family with these configs (ValueError when the
-        configs cannot carry the family's headline)."""
+        """The Hub ``eval.yaml`` tasks of a suite with these configs (ValueError if they lack the headline's)."""
         configs = sorted(configs)
         if self.suite_tasks is not None:
             return self.suite_tasks(configs, reference)

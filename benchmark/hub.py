@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | None = None,
                    cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None,
                    force_download: bool = False) -> LocalSuite:
-    """Download (or reuse the cached) suite at a pinned sha, only the manifest, the card and the selected
-    configs' shards, and verify those configs; ``revision`` of the suite returned is the resolved sha."""
+    """Download (or reuse) the manifest, card and selected configs at a pinned sha, then verify them."""
     hubio._check_repo_id(repo_id)
     sha, reachable = hubio.resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     kw = {"revision": sha, "cache_dir": cache_dir, "endpoint": endpoint, "token": token,
@@ -94,8 +93,7 @@ def _no_mask(mask: str | None, suite: str) -> None:
 
 
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
-    """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
-    manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
+    """The suite's ``eval.yaml``: written from the manifest and card when absent, checked when present."""
     path = Path(folder) / EVAL_YAML
     if path.is_file():
         check_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), suite.manifest,

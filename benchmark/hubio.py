@@ -89,8 +89,7 @@ def _unreachable(e: BaseException) -> bool:
 
 
 def resolve_revision(repo_id: str, revision: str | None, **kw) -> str:
-    """The 40-character commit sha of a repo at ``revision`` (default ``main``): :func:`resolve`'s sha,
-    without its request for a sha (``HfApi.resolve_revision``'s rule: a sha is itself)."""
+    """The commit sha of a repo at ``revision`` (default ``main``); a sha is itself, with no request."""
     return revision if revision and SHA_RE.match(revision) else resolve(repo_id, revision, **kw)[0]
 
 
@@ -130,8 +129,7 @@ def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", e
 def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str | None = None,
              endpoint: str | None = None, token: str | None = None, force_download: bool = False,
              local_only: bool = False) -> Path:
-    """``snapshot_download`` of a dataset repo at a sha (offline: the cached snapshot, if it holds every
-    requested file); ``local_only`` reads the cache without a request. Errors become one clear line."""
+    """``snapshot_download`` of a dataset repo at a sha (``local_only``: the cache, no request), errors one line."""
     from huggingface_hub import snapshot_download
 
     try:

@@ -125,8 +125,7 @@ class Identity:
 
 
 def canonical_of(model: Mapping) -> str:
-    """The canonical id a result's ``model`` record's loading facts give (source, architecture or a module's
-    declared name, Hub repo, tensors' digest)."""
+    """The canonical id a result's ``model`` record's loading facts give."""
     source = model.get("source")
     repo = (model.get("pretrained_cfg") or {}).get("hf_hub_id") if model.get("repo_id") is None else model["repo_id"]
     name = model.get("architecture") or ""

@@ -61,8 +61,7 @@ class Layout:
 
 
 def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
-    """``path,label`` rows of a UTF-8 CSV under the key ``None``; with a header ``path,label,shift`` the
-    rows grouped by their shift (a multi-shift import). An Excel byte-order mark is dropped."""
+    """``path,label`` rows under ``None``, or with a ``path,label,shift`` header grouped by shift."""
     name = display(csv_path.name)
     text = read_text_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
                              fix="a path,label list is far smaller, check that --csv names the right file",
@@ -214,8 +213,7 @@ class ImageInfo:
 
 
 def decode_image(data: bytes, *, pixels: bool = True):
-    """Fully decode ``data`` -> ``(8-bit RGB/L PIL image, ImageInfo)``; raise on any decoder error.
-    With ``pixels=False`` only the check runs and the image returned is ``None``."""
+    """Fully decode ``data`` -> ``(8-bit RGB/L image, or None without pixels, ImageInfo)``; raise on errors."""
     from PIL import Image, ImageFile, ImageOps
 
     truncated_ok = ImageFile.LOAD_TRUNCATED_IMAGES

@@ -127,8 +127,7 @@ def population_models(name: str, *, config: str = "paper") -> list[tuple[str, di
 
 
 def recorded_data_config(model: str, source: str) -> dict:
-    """The data config recorded for timm tag ``model`` by the population whose configs come from
-    ``source`` (a result's ``protocol.data_config``, e.g. "timm 0.6.12"): what verify re-runs with."""
+    """The data config of timm tag ``model`` in the population whose configs come from ``source``."""
     pops = [get_population(name) for name in list_populations()]
     hit = next((m for p in pops if p.data_config_from == source for m in p.members if m.model == model), None)
     if hit is not None:

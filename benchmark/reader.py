@@ -143,8 +143,7 @@ class LocalSuite:
 
 
 def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None = None) -> pa.Table:
-    """Read one row group (inside DataLoader workers too). The shard stays open in a small cache, so its
-    footer is parsed once, not once per group (``docs/format.md`` section 4.2)."""
+    """One row group, from a small cache of open shards (a footer parsed once, not once per group)."""
     path = Path(root) / group.path
     return _open_shard(str(path), StatKey.of(path), os.getpid(), threading.get_ident()).read_row_group(
         group.index, columns=columns)

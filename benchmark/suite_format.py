@@ -403,8 +403,7 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
 
 
 def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
-    """Check one config's rows (its shards' required columns) against the manifest (``docs/format.md``
-    section 4.2, "Rows"); return the rows digest. Errors name the config, shard and row."""
+    """Check one config's rows against the manifest (``docs/format.md`` 4.2); return the rows digest."""
     name = config.name
     for rel, t in tables:
         where = f"config {name!r}, {rel} row"

@@ -314,8 +314,7 @@ def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: 
 def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | None = None, mask: str | None = None,
                   strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
                   token: str | None = None) -> LocalSuite:
-    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open. Without
-    ``revision``, ``main`` must resolve to the paper-era commit; ``mask`` as in :func:`open_release`."""
+    """Download the shifts' zips at a pinned sha (``main`` must be the paper's commit), convert once, verify."""
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
     sha, reachable = hubio.resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
@@ -385,8 +384,7 @@ def resolve_mask(mask: str | Path | None, *, cache_dir: str | None = None) -> Pa
 
 
 def mask_record(mask: str | Path | None, generator: dict, *, cache_dir: str | None = None) -> dict | None:
-    """A result's ``suite.mask`` for a converted release (``None`` for other suites), from the manifest's
-    ``generator``: ``path``, ``sha256``, ``source`` (``released`` | ``file``, given as ``mask`` | ``none``)."""
+    """A result's ``suite.mask`` (``path``, ``sha256``, ``source``) for a converted release, else ``None``."""
     if generator.get("builder") != "genshift.upstream":
         return None
     used = generator.get("mask")

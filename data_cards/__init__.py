@@ -79,8 +79,7 @@ def upstream_card(manifest) -> str:
 
 
 def render_card(manifest, *, template: str = "generic", context: dict | None = None, **header) -> str:
-    """A complete README.md for a suite: YAML front matter (:func:`card_data` of ``header``: license, pretty
-    name, tags, gating) + the template's body."""
+    """A suite's README.md: :func:`card_data`'s YAML front matter (of ``header``) + the template's body."""
     text = resources.files("genshift.data_cards").joinpath(f"{template}.md.j2").read_text(encoding="utf-8")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     body = env.from_string(text).render(manifest=manifest, configs=manifest.configs, generator=manifest.generator,

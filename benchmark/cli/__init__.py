@@ -26,8 +26,7 @@ VERBS = ("suites", "download", "eval_cmd", "verify", "keygen", "slope", "reprodu
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with the project's error style: one ``error:`` line naming the option and the fix
-    (argparse's default prints the whole usage block first), exit code 2."""
+    """argparse whose errors are one ``error:`` line naming the option and the fix (exit code 2)."""
 
     def error(self, message: str):
         wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)

@@ -8,8 +8,7 @@ import sys
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The description and examples kept as written; the default of every option that takes a value
-    after its help, unless the help already says it (or there is none: ``None``)."""
+    """Description and examples as written; each option's default after its help unless it says it."""
 
     def _get_help_string(self, action):
         text = action.help or ""

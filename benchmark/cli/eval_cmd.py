@@ -58,8 +58,7 @@ def add_parser(sub):
 
 
 def _int(text: str):
-    """An integer option value; '1e3' is accepted when it is a whole number. Bounds are the options'
-    own (``EvalOptions``), so a bad value is one ``error:`` line naming the flag."""
+    """An integer option ('1e3' too); anything else is left for ``EvalOptions`` to refuse by flag."""
     try:
         return int(text)
     except ValueError:
@@ -133,8 +132,7 @@ def _run(args, opts) -> int:
 
 
 def print_sweep(jobs) -> None:
-    """The end-of-sweep table: one row per model with the suite family's headline and mean acc@1, each
-    under its declared label (``genshift.families``), and the result path or the error."""
+    """One row per model: the family's headline and mean acc@1 (``genshift.families``), result or error."""
     done = [j.result for j in jobs if j.result]
     family = get_family(done[0]["suite"]["metric_family"] if done else "accuracy")
     shown = list(dict.fromkeys((family.headline, "mean_acc1")))
@@ -157,8 +155,7 @@ def print_sweep(jobs) -> None:
 
 
 def print_summary(result: dict) -> None:
-    """The end-of-run table: acc@1 (with its interval) and acc@5 per config, then every other number the
-    suite's family declares (``genshift.families``), under its label and unit."""
+    """acc@1 [CI] and acc@5 per config, then the family's other numbers with their labels and units."""
     family = get_family(result["suite"]["metric_family"])
     cols = family.columns(result)
     rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": percent(m["acc1"]),

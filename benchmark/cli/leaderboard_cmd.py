@@ -53,8 +53,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def settings_of(args):
-    """The page's :class:`~genshift.leaderboard.Settings` from the options, each file checked now (one error
-    line, not a broken board later); a Hub store is pinned to the commit its revision names now."""
+    """The page's ``Settings``, each file checked now and a Hub store pinned to its commit now."""
     import os
     from pathlib import Path
 
