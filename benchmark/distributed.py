@@ -1,8 +1,6 @@
-"""This process's place in a multi-process run (eval sweeps and suite builds alike) and the
-deterministic split of work items over processes. The launcher's environment (torchrun's and
-``accelerate launch``'s ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; an MPI launch's ``PMI_*`` /
-``OMPI_COMM_WORLD_*``) is read strictly and must agree with accelerate's ``PartialState``
-(``cpu=True`` for CPU work, so a CPU launch gets a gloo group); anything inconsistent is one line.
+"""This process's place in a multi-process run (eval sweeps and suite builds) and the deterministic split of work
+over processes. The launcher's environment (torchrun's, ``accelerate launch``'s, an MPI launch's) is read strictly
+and must agree with accelerate's ``PartialState``; anything inconsistent is one line.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hugging Face Hub (``docs/hub.md``
-section 9): ``name``, ``description`` (with the units), ``evaluation_framework`` and one task per headline
-metric of the suite's family (``genshift.families``: ``Family.tasks``), each an ``id``, ``config``, ``split``.
+"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hub (``docs/hub.md`` section 9), one task
+per headline metric of the suite's family (``genshift.families``: ``Family.tasks``).
 """
 
 from __future__ import annotations

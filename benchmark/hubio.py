@@ -1,7 +1,5 @@
-"""Hub transport, the bottom layer under ``genshift.upstream`` and ``genshift.hub`` (it imports neither):
-resolve a repo revision to a commit sha by huggingface_hub's rules, download a snapshot at that sha, and
-turn whatever huggingface_hub raises into one clear line (``docs/hub.md`` sections 2-4). ``HF_ENDPOINT``,
-``HF_HUB_OFFLINE`` and ``HF_TOKEN`` are honoured; ``endpoint=`` / ``token=`` override them per call.
+"""Hub transport, the bottom layer under ``genshift.upstream`` and ``genshift.hub`` (it imports neither): revisions
+resolved to a sha by huggingface_hub's rules, snapshots at that sha, its errors as one line (``docs/hub.md`` 2-4).
 """
 
 from __future__ import annotations

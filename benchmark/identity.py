@@ -1,9 +1,6 @@
-"""One identity per model: the canonical id of what was loaded, and the digest of its tensors.
-
-Every part that names, matches or ranks a model calls this module (eval, verify and sign, submit, review, the
-store and board, ``reproduce``, the ID axis). The rules: ``docs/results.md``, "Model identity": Hub weights are
-``ORG/NAME``; anything else ``<arch>@sha256:<16 hex of the tensors' digest>``, a user's name for local weights only
-``declared_name``; ids are ASCII, at most :data:`MAX_ID_CHARS`, and :func:`folder_name` maps them one-to-one.
+"""One identity per model: the canonical id of what was loaded, and the digest of its tensors; every part that
+names, matches or ranks a model calls this module. The rules: ``docs/results.md``, "Model identity" (Hub weights
+``ORG/NAME``, anything else ``<arch>@sha256:<16 hex of the tensors' digest>``; :func:`folder_name` is one-to-one).
 """
 
 from __future__ import annotations

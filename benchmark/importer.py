@@ -1,7 +1,5 @@
-"""``bench import-folder``: your own images as a suite in format 1.1 (layouts, storage and checks: ``docs/hub.md``
-section 7). Every file is fully decoded before anything is written, then stored as ``bench eval`` decodes it: a
-plain JPEG (RGB or L, no EXIF rotation) byte for byte, anything else as a lossless 8-bit PNG. The suite is
-written to ``.<out name>.<pid>.incomplete`` beside ``out`` and renamed at the end.
+"""``bench import-folder``: your own images as a suite in format 1.1 (``docs/hub.md`` section 7). Every file is fully
+decoded before anything is written; the suite is written to ``.<out name>.<pid>.incomplete`` and renamed at the end.
 """
 
 from __future__ import annotations

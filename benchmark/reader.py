@@ -1,7 +1,5 @@
-"""Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot): the one validation
-layer for suites from outside (``docs/format.md`` section 4.2). :meth:`LocalSuite.open` checks the manifest, the
-card and that every path stays inside the folder; :meth:`LocalSuite.verify` the selected configs' files and rows,
-before any model is loaded; :func:`read_row_group` streams rows by parquet row group (the eval harness).
+"""Read a suite in format 1 or 1.1 from a local folder: the one validation layer for suites from outside
+(``docs/format.md`` section 4.2), every file checked before any model is loaded; rows stream by row group.
 """
 
 from __future__ import annotations

@@ -47,6 +47,3 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._items))
-
-    def __len__(self) -> int:
-        return len(self._items)

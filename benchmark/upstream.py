@@ -1,8 +1,6 @@
-"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks: the
-release's zips (or extracted folders) become a format-1 suite without re-encoding, ``keep`` indexed by
-(class, image number) in the mask (``docs/hub.md`` section 5, ``docs/format.md`` section 7). Entry points:
-:func:`open_upstream` (the Hub repo at a sha) and :func:`open_release` (a local folder), both converting
-once into ``<cache>/upstream/<key>/``, and :func:`convert_release` (explicit output).
+"""The authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks as a format-1 suite, without
+re-encoding, ``keep`` from the mask (``docs/hub.md`` section 5, ``docs/format.md`` section 7): :func:`open_upstream`
+(the Hub repo at a sha) and :func:`open_release` (a local folder) convert once into ``<cache>/upstream/<key>/``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Dataset card templates, rendered when a suite is finalised (``docs/format.md`` section 5): a YAML header
-built with the public Hub and ``datasets`` APIs, then a Markdown body from ``<template>.md.j2``. A leaf:
-it imports nothing of genshift (a manifest is read through its attributes).
+"""Dataset card templates, rendered when a suite is finalised (``docs/format.md`` section 5): a YAML header from the
+Hub and ``datasets`` APIs, then a ``<template>.md.j2`` body. A leaf: it imports nothing of genshift.
 """
 
 from __future__ import annotations

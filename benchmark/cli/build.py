@@ -1,7 +1,5 @@
-"""`bench build <suite>`: regenerate a benchmark suite (GPU; `--smoke` runs tiny models on CPU).
-
-A builder's flags are its typed config's fields (``genshift.builders.common.BuildConfig``); the parsed
-flags become a config, and the builder never sees argparse."""
+"""`bench build <suite>`: regenerate a benchmark suite (GPU; `--smoke` runs tiny models on CPU). A builder's flags
+are its typed config's fields (``genshift.builders.common.BuildConfig``); the builder never sees argparse."""
 
 from __future__ import annotations
 
