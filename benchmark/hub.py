@@ -174,15 +174,13 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
             log.info("%.1f GB in %d files: resumable upload in several commits (rerun to resume)", total / 1e9,
                      len(files))
             # in as many commits as the Hub needs: upload_large_folder in huggingface_hub 1.x, upload_folder in 2
-            upload = getattr(api, "upload_large_folder", None)
-            if upload is not None:
-                upload(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files)
+            where = {"repo_id": repo_id, "repo_type": "dataset", "folder_path": str(folder), "allow_patterns": files}
+            if hasattr(api, "upload_large_folder"):
+                api.upload_large_folder(**where)
             else:
-                api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=str(folder),
-                                  allow_patterns=files, commit_message=message)
-            head = api.dataset_info(repo_id, revision="main").sha
-            _check_remote(api, repo_id, head, folder, suite, files)
-            sha = head
+                api.upload_folder(**where, commit_message=message)
+            sha = api.dataset_info(repo_id, revision="main").sha
+            _check_remote(api, repo_id, sha, folder, suite, files)
         else:  # ONE commit against the head read above: a concurrent commit fails it instead of mixing releases
             ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files]
             sha = api.create_commit(repo_id=repo_id, repo_type="dataset", operations=ops, parent_commit=parent,

@@ -15,12 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from importlib import resources
-
-import yaml
 
 from genshift.errors import BenchError
-from genshift.registry import Registry
+from genshift.registry import Registry, package_yaml
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +66,13 @@ class Population:
                 "models": [{k: v for k, v in asdict(m).items() if v is not None} for m in self.members]}
 
 
-def _data(name: str):
-    return yaml.safe_load(resources.files("genshift").joinpath("_data", name).read_text())
-
-
 @lru_cache(maxsize=1)
 def _registry() -> Registry[Population]:
     reg: Registry[Population] = Registry("population")
-    for row in _data("populations.yaml"):
+    for row in package_yaml("populations.yaml"):
         entries, source = row.get("models"), None
         if "models_file" in row:  # members written by a script, with the paper's data configs
-            data = _data(row["models_file"])
+            data = package_yaml(row["models_file"])
             entries, source = data["models"], f"timm {data['timm']}"
         for e in entries:
             if set(e) - _KEYS or e.get("role") not in ROLES or not e.get("model") or not e.get("paper"):

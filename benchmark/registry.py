@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterator
+from importlib import resources
 from typing import Generic, TypeVar
+
+import yaml
 
 from genshift.errors import unknown
 
@@ -47,3 +50,8 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._items))
+
+
+def package_yaml(name: str):
+    """A YAML file of the package data (``benchmark/_data/<name>``): the registries' specs."""
+    return yaml.safe_load(resources.files("genshift").joinpath("_data", name).read_text())

@@ -14,16 +14,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
-
-import yaml
 
 from genshift import imagenet
 from genshift.errors import IntegrityError
 from genshift.families import FAMILIES
 from genshift.hubio import SHA_RE
 from genshift.identity import timm_name
-from genshift.registry import Registry
+from genshift.registry import Registry, package_yaml
 
 METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)
 
@@ -46,8 +43,7 @@ class Shift:
 @lru_cache(maxsize=1)
 def imagenet_star_shifts() -> tuple[Shift, ...]:
     """The ImageNet* prompt table (package data ``imagenet_star_shifts.yaml``)."""
-    rows = yaml.safe_load(resources.files("genshift").joinpath("_data", "imagenet_star_shifts.yaml").read_text())
-    return tuple(Shift(**row) for row in rows)
+    return tuple(Shift(**row) for row in package_yaml("imagenet_star_shifts.yaml"))
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ def _register_defaults(reg: Registry[SuiteSpec]) -> None:
     """The specs of package data ``suites.yaml``, in its order; then the registry is frozen."""
     subsets = {"hard_imagenet": lambda: tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS),
                "imagenet_a": imagenet.imagenet_a_indices}
-    for row in yaml.safe_load(resources.files("genshift").joinpath("_data", "suites.yaml").read_text()):
+    for row in package_yaml("suites.yaml"):
         star = row["configs"] == "imagenet_star_shifts"  # the prompt table's keys
         row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(row["configs"])
         if "label_subset" in row:
