@@ -78,9 +78,8 @@ class Family:
         return [c for c in configs if not (self.reference and c == (reference or "base"))]
 
     def columns(self, result: Mapping) -> dict[str, float]:
-        """Every number of the family in a result, by column: per-config acc@1/acc@5, ``mean_acc1``
-        (all configs), and the family's own (with ``<key>_lo``/``<key>_hi`` where the result has an
-        interval). Fractions; NaN where undefined."""
+        """Every number of the family in a result, by column (fractions, NaN where undefined): per-config
+        acc@1/acc@5, ``mean_acc1`` and the family's own (with ``<key>_lo``/``<key>_hi`` where there is an interval)."""
         configs = result["metrics"]["configs"]
         cols = {}
         for c, m in configs.items():

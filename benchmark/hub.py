@@ -49,10 +49,9 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
 def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | None = None,
                cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None,
                mask: str | None = None, strict: bool = False, force_download: bool = False) -> LocalSuite:
-    """Any suite the user can name -> a verified ``LocalSuite`` (``docs/hub.md`` section 1): a suite folder,
-    a local copy of the upstream ImageNet* release (``mask``, ``strict``), a registry id or ``ORG/NAME``.
-    ``revision`` of the suite returned is the resolved sha (``None`` for a folder); ``pinned`` is False
-    when no pin chose it (an unpinned registry entry, a branch or tag): results flag such runs."""
+    """Any suite the user can name -> a verified ``LocalSuite`` (``docs/hub.md`` section 1): a suite folder, a
+    local copy of the upstream ImageNet* release (``mask``, ``strict``), a registry id or ``ORG/NAME``. ``revision``:
+    the resolved sha (``None`` for a folder); ``pinned`` False when no pin chose it (results flag such runs)."""
     path = Path(suite)
     if path.exists():
         if upstream.is_release_folder(path):

@@ -245,9 +245,8 @@ def check_image(data: bytes) -> tuple[ImageInfo | None, str | None]:
 
 
 def stored_bytes(data: bytes, info: ImageInfo | None = None) -> tuple[bytes, ImageInfo]:
-    """The bytes to store for a source file: itself (a plain JPEG) or a lossless PNG of its
-    converted pixels; decoding them as ``bench eval`` does gives exactly those pixels. ``info``
-    from an earlier ``check_image`` of the same bytes saves decoding a stored-as-is JPEG again."""
+    """The bytes to store for a source file: itself (a plain JPEG) or a lossless PNG of the pixels ``bench eval``
+    decodes; ``info`` from an earlier ``check_image`` of the same bytes saves decoding a JPEG again."""
     if info is not None and not info.reencoded:
         return data, info
     im, info = decode_image(data)
@@ -334,10 +333,9 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
                   skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
                   progress: bool = True, card: Callable[[Manifest], str] | None = None) -> Manifest:
-    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its dataset card
-    (``genshift.data_cards.import_card``, as ``bench import-folder`` does). ``workers`` processes decode and
-    convert images (default: one per CPU, at most ``DEFAULT_WORKERS``; 0 = in this process): rows and shards
-    are the same for any number."""
+    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card``: e.g.
+    ``genshift.data_cards.import_card``. ``workers`` processes decode and convert images (default: one per CPU, at
+    most ``DEFAULT_WORKERS``; 0 = in this process): rows and shards are the same for any number."""
     # every option is checked before any file is read
     check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
     for value in (config, base):

@@ -103,9 +103,8 @@ def is_population(name: str) -> bool:
 
 
 def population_models(name: str, *, config: str = "paper") -> list[tuple[str, dict | None, str | None]]:
-    """``bench eval --models <population>``: (timm tag, data config, where it comes from) per public
-    member; the data config is the recorded one (``config="paper"``) or None (``"today"``: timm's own).
-    Each replica is logged with how to score it."""
+    """``bench eval --models <population>``: (timm tag, data config, its source) per public member, the
+    recorded data config (``config="paper"``) or None (``"today"``: timm's own); replicas are logged."""
     if config not in CONFIGS:
         raise BenchError(f"population config {config!r}: use one of {', '.join(CONFIGS)}")
     pop = get_population(name)

@@ -293,9 +293,8 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
 
 def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: str | Path | None = None,
                  strict: bool = False, cache_dir: str | None = None, **convert_kw) -> LocalSuite:
-    """A local copy of the release -> a verified ``LocalSuite``, converted once into the cache (keyed by
-    the zips' sha256, remembered by stat key, or the folders' listing). ``mask``: ``None`` = the
-    released mask (:func:`released_mask`), ``NO_MASK`` = none, else a file."""
+    """A local copy of the release -> a verified ``LocalSuite``, converted once into the cache. ``mask``: ``None``
+    = the released mask (:func:`released_mask`), ``NO_MASK`` = none, else a file."""
     root = Path(folder)
     if not root.is_dir():
         raise BenchError(f"release folder {str(root)!r} does not exist")

@@ -34,10 +34,8 @@ def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
 
 
 class SuiteWriter:
-    """Write a suite into the folder ``root``, shard by shard, resumably. ``extra_features``: provenance
-    columns after the required ones. ``fingerprint``: everything that determines the content (settings, seeds,
-    model ids); a folder holding a build with another one is refused unless ``overwrite`` (which also
-    replaces a finished build)."""
+    """Write a suite into ``root``, shard by shard, resumably. ``fingerprint``: everything that determines the
+    content (settings, seeds, model ids); ``overwrite`` replaces a build with another one or a finished build."""
 
     def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
                  extra_features: Features | dict | None = None, fingerprint: Mapping | None = None,

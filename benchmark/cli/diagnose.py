@@ -29,8 +29,7 @@ def add_parser(sub):
     p.add_argument("--clip-precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
                    help="CLIP autocast: auto = fp16 on a GPU (as the authors), fp32 on the CPU")
     p.add_argument("--whiten-reference", metavar="SPEC",
-                   help="images whose CLIP statistics whiten the embeddings: 'analysed' (default), CONFIG[,CONFIG] "
-                        "of the result's suite, or SUITE:CONFIG[,CONFIG]")
+                   help="whiten with the CLIP statistics of 'analysed' (default), CONFIG[,CONFIG] or SUITE:CONFIG[,..]")
     p.add_argument("--reference-caption", choices=("code", "paper"), default="code",
                    help="reference caption: 'a photo of a <class>' (code) or 'a photo of a <ancestor>' (paper)")
     p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false",

@@ -50,8 +50,7 @@ def add_parser(sub):
     add_mask_options(p)
     add_config(p, EvalOptions, int_type=_int)  # every option of genshift.evaluate: its field's help, bounds, choices
     p.add_argument("--merge", metavar="OUT",
-                   help="build the results of a (distributed) sweep in OUT from its checked units; names missing "
-                        "units")
+                   help="build the results of a (distributed) sweep in OUT from its checked units (names missing ones)")
     p.add_argument("--out", default="runs", help="output directory")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
     return p

@@ -30,11 +30,9 @@ def add_parser(sub):
                    help="ImageNet-val top-1 per model for the ID/OOD x-axis: timm's results-imagenet.csv or any "
                         "CSV with columns model,top1 (percent)")
     p.add_argument("--hub-results", action="store_true",
-                   help="also show the scores model repos report on the Hub in a separate, never-ranked "
-                        "'Reported on the Hub' table (docs/hub.md)")
+                   help="also show the scores model repos report on the Hub, in a never-ranked table (docs/hub.md)")
     p.add_argument("--export-space", metavar="DIR",
-                   help="write a deployable Hugging Face Space of this board (a Hub store pinned, a local one "
-                        "copied in), then exit")
+                   help="write a deployable Hugging Face Space of this board (a Hub store pinned), then exit")
     return p
 
 
