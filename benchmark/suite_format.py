@@ -42,7 +42,6 @@ CONFIG_RE = NAME_RE
 SHARD_RE = re.compile(r"^test-(\d{5})-of-(\d{5})\.parquet$")
 SHARD_PATH_RE = re.compile(r"^data/([a-z0-9][a-z0-9_\-]{0,63})/test-(\d{5})-of-(\d{5})\.parquet$")
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+\-]{0,63}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_MANIFEST_BYTES = 16 << 20  # a 1.2M-row suite's manifest is well under 1 MB
 # Columns every row has. Builders add free provenance columns next to them.
 REQUIRED_COLUMNS = ("image", "label", "image_id", "config", "keep", "pair_id")
@@ -54,16 +53,6 @@ def base_features() -> Features:
 
     return Features({"image": Image(), "label": ClassLabel(names=list(imagenet.wnids())), "image_id": Value("string"),
                      "config": Value("string"), "keep": Value("bool"), "pair_id": Value("string")})
-
-
-def suite_features(extra: Features | dict | None = None) -> Features:
-    """The required features followed by ``extra`` provenance columns."""
-    feats = base_features()
-    for name, feat in (extra or {}).items():
-        if name in feats:
-            raise ValueError(f"provenance column {name!r} clashes with a required column")
-        feats[name] = feat
-    return feats
 
 
 def rows_digest(image_ids, labels, keeps) -> str:
@@ -156,15 +145,7 @@ def check_features(features: dict, *, where: str) -> None:
     for col in REQUIRED_COLUMNS:
         if features[col] != base[col]:
             raise IntegrityError(f"{where}: column {col!r} has feature {str(features[col])[:80]}, expected "
-                                 f"{str(base[col])[:80]}; "
-                                 "rebuild the suite with genshift.writer.SuiteWriter")
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str
-    size: int
-    sha256: str
+                                 f"{str(base[col])[:80]}; rebuild the suite with genshift.writer.SuiteWriter")
 
 
 @dataclass(frozen=True)
@@ -184,7 +165,7 @@ MANIFEST_FIX = ("the manifest was not written by genshift-bench or was edited (r
                 "see docs/format.md)")
 
 
-class _FileEntry(Schema):
+class ManifestFile(Schema):
     size: Count
     sha256: Sha256
 
@@ -202,7 +183,7 @@ class _ManifestSchema(Schema):
     suite_id: str
     suite_version: Annotated[str, Field(pattern=VERSION_RE.pattern)] = "1"
     split: Literal["test"] = SPLIT
-    files: dict[str, _FileEntry]
+    files: dict[str, ManifestFile]
     configs: dict[str, _ConfigEntry] = Field(min_length=1)
     features: dict
     columns: list | None = None
@@ -270,15 +251,14 @@ class Manifest:
             if not SHARD_PATH_RE.fullmatch(rel):
                 raise _bad(where, f"file {one_line(rel, 80)!r} is not a shard path "
                            "data/<config>/test-NNNNN-of-NNNNN.parquet (no '..', no absolute paths)")
-        files = {rel: ManifestFile(rel, e.size, e.sha256) for rel, e in m.files.items()}
-        configs = {name: _config_info(name, c, version, files, where) for name, c in m.configs.items()}
-        if orphans := sorted(set(files) - {p for c in configs.values() for p in c.files}):
+        configs = {name: _config_info(name, c, version, m.files, where) for name, c in m.configs.items()}
+        if orphans := sorted(set(m.files) - {p for c in configs.values() for p in c.files}):
             raise _bad(where, f"file {orphans[0]} belongs to no config")
         check_features(m.features, where=f"{where}: features")
         columns = list(m.features) if m.columns is None else m.columns
         if sorted(c for c in columns if isinstance(c, str)) != sorted(m.features) or len(columns) != len(m.features):
             raise _bad(where, "'columns' must list the names in 'features', each once")
-        return cls(suite_id=m.suite_id, suite_version=m.suite_version, configs=configs, files=files,
+        return cls(suite_id=m.suite_id, suite_version=m.suite_version, configs=configs, files=m.files,
                    features=m.features, generator=m.generator, sha256=sha256_bytes(data), raw=raw,
                    format_version=version)
 

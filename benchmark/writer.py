@@ -44,7 +44,11 @@ class SuiteWriter:
         self.root = Path(root)
         self.suite_id = suite_format.check_name(suite_id, "suite id")
         self.suite_version = suite_version
-        self.features = suite_format.suite_features(extra_features)
+        self.features = suite_format.base_features()  # then the provenance columns
+        for column, feature in (extra_features or {}).items():
+            if column in self.features:
+                raise ValueError(f"provenance column {column!r} clashes with a required column")
+            self.features[column] = feature
         self.rows_per_group = rows_per_group
         state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
                  "fingerprint": dict(fingerprint or {})}
