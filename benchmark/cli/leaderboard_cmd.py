@@ -37,16 +37,12 @@ def add_parser(sub):
 
 
 def port_free(host: str, port: int) -> bool:
-    import os
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        if os.name == "posix":  # as the server binds: a just-stopped server's TIME_WAIT connections do not count
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
+    try:  # as the server binds: SO_REUSEADDR on POSIX, so a just-stopped server's TIME_WAIT does not count
+        socket.create_server((host, port)).close()
+    except OSError:
+        return False
     return True
 
 
