@@ -121,14 +121,10 @@ def _mean(values) -> float:
     return sum(vals) / len(vals) if vals else math.nan
 
 
-# ---- the shared per-config metrics ------------------------------------------------------------
-
 ACC1 = Metric("acc1", "acc@1", "%", True, "top-1 accuracy; LANCE Eq. 3's acc@k at k = 1", per="config")
 ACC5 = Metric("acc5", "acc@5", "%", True, "top-5 accuracy; LANCE Eq. 3's acc@k at k = 5", per="config")
 MEAN_ACC1 = Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored")
 
-
-# ---- ImageNet* (Vendrow et al., Dataset Interfaces) ----------------------------------------------
 
 def _star_columns(result: Mapping) -> dict:
     m = result["metrics"]
@@ -164,8 +160,6 @@ IMAGENET_STAR = Family(
     headline="mean_shift_acc1", scorer="genshift.eval.scoring:imagenet_star_block", block="imagenet_star",
     reference=True, extra_columns=_star_columns, suite_tasks=_star_tasks)
 
-
-# ---- LANCE (Prabhu et al. 2023) -------------------------------------------------------------------
 
 def _lance_columns(result: Mapping) -> dict:
     lance = result["metrics"].get("lance", {})
@@ -203,8 +197,6 @@ LANCE = Family(
     extra_columns=_lance_columns, suite_tasks=_lance_tasks)
 
 
-# ---- IN-G (Wiles et al.) ------------------------------------------------------------------------
-
 def _in_g_columns(result: Mapping) -> dict:
     rates = result["metrics"].get("in_g", {})
     cols = {}
@@ -234,8 +226,6 @@ IN_G = Family(
     outcomes="genshift.eval.scoring:in_g_outcomes", rank_k=3, rank_misses=True,
     extra_columns=_in_g_columns, suite_tasks=_in_g_tasks)
 
-
-# ---- plain accuracy (any other suite) ---------------------------------------------------------------
 
 ACCURACY = Family(
     name="accuracy", title="accuracy", paper="",

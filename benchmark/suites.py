@@ -108,8 +108,8 @@ def list_suites(pattern: str = "*") -> list[str]:
 def declared_scoring(manifest) -> tuple[str, str | None]:
     """Metric family and reference config a suite outside the registry declares in its manifest's
     ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
-    gen = manifest.generator if isinstance(manifest.generator, dict) else {}
-    family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
+    family = manifest.generator.get("metric_family", "accuracy")  # a dict: the manifest's schema says so
+    reference = manifest.generator.get("reference_config")
     if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str)
                                                                    and reference in manifest.configs)):
         raise IntegrityError(f"suite {manifest.suite_id!r} declares metric family {str(family)[:40]!r} with reference "
@@ -122,8 +122,7 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
     """The models that built, mined or filtered a suite, whose results are flagged: the target the build
     recorded (``generator.target``, IN-G's mining classifier; local weights as ``sha256:<hex>``, not their
     architecture), else the registry's ``construction_models`` (the CLIP filters of ImageNet* and LANCE)."""
-    gen = manifest.generator if isinstance(manifest.generator, dict) else {}
-    target = gen.get("target")
+    target = manifest.generator.get("target")
     if isinstance(target, dict):
         sha, mid = target.get("weights_sha256"), target.get("id")
         if target.get("source") == "checkpoint" and isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha):
