@@ -8,9 +8,8 @@ from genshift.cli._common import add_verb, csv_list, print_table
 def add_parser(sub):
     p = add_verb(sub, "diagnose", help="failure directions: where a model fails, in words",
                  description="Fit per class a linear SVM on CLIP embeddings that predicts the model's mistakes "
-                             "(Jain et al., ICLR 2023); report each direction's strength, the hardest images and the "
-                             "captions naming the hard subpopulation. Writes diagnose.json and diagnose.html next to "
-                             "the result; never changes scores.",
+                             "(Jain et al., ICLR 2023); report its strength, hardest images and captions; write "
+                             "diagnose.json and diagnose.html next to the result (scores never change).",
                  examples="  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k\n"
                           "  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k --configs in_the_snow "
                           "--whiten-reference base\n"

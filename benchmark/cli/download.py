@@ -9,10 +9,9 @@ from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg
 
 def add_parser(sub):
     p = add_verb(sub, "download", help="download a suite at a pinned commit and verify it",
-                 description="Download a registered suite (or any ORG/NAME dataset repo in format 1) at a commit sha, "
-                             "only the configs named, and verify them; print the local path, then the commit sha. "
-                             "Afterwards HF_HUB_OFFLINE=1 bench eval ... --revision <sha> works from the cache. The "
-                             "upstream ImageNet* release (or a local folder of its zips) is converted once and cached.",
+                 description="Download a suite (registered, or any ORG/NAME repo in format 1) at a commit sha, only "
+                             "the configs named, verify them and print the local path and the sha; afterwards it works "
+                             "offline. The upstream ImageNet* release (or its zips) is converted once and cached.",
                  examples="  bench download imagenet-star --configs base,in_the_snow\n"
                           "  bench download my-org/my-suite --revision 3f2a...c9\n"
                           "  bench download imagenet-star-upstream --configs base,in_the_snow   # + the released mask\n"

@@ -7,11 +7,10 @@ from genshift.cli._common import add_verb, non_negative_float
 
 def add_parser(sub):
     p = add_verb(sub, "publish", help="upload a built suite, tag it, and gate it when its card asks",
-                 description="Verify a suite folder, then upload its card, manifest and shards (nothing else) to a Hub "
-                             "dataset repo: up to --large-threshold GB in ONE commit against the current head, a "
-                             "larger suite resumably in several commits (rerun to resume). Tag it, gate it when the "
-                             "card has extra_gated_prompt, print the commit sha to pin (docs/hub.md section 6). Needs "
-                             "a token with write access; HF_ENDPOINT or --endpoint picks the Hub.",
+                 description="Verify a suite folder, then upload its card, manifest and shards to a Hub dataset repo "
+                             "(ONE commit against the head, or resumably above --large-threshold), tag it, gate it "
+                             "when the card asks and print the commit sha to pin (docs/hub.md section 6). Needs a "
+                             "token with write access; HF_ENDPOINT or --endpoint picks the Hub.",
                  examples="  bench publish ./imagenet-star --repo my-org/imagenet-star\n"
                           "  bench publish ./in-g-rn --repo my-org/in-g-rn --tag v1.0.1 --private\n"
                           "  bench publish ./lance --repo my-org/lance-hardimagenet --gating manual\n"

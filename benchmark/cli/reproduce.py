@@ -18,11 +18,10 @@ def _member(text: str) -> tuple[str, str]:
 
 def add_parser(sub):
     p = add_verb(sub, "reproduce", help="print a paper's table from results, with the paper's numbers beside ours",
-                 description="Print a paper's table from its population's results (bench eval --models <population>): "
-                             "our number, the paper's (with its source) and the difference per cell. A member's row "
-                             "is filled only by a result of its weights (Hub weights, local weights declared as its "
-                             "tag, or --member). Lists the members without a result and what makes a number "
-                             "disagree (docs/reproducing.md). Runs no model.",
+                 description="Print a paper's table from its population's results: ours, the paper's (with its source) "
+                             "and the difference per cell; a member's row is filled only by a result of its weights. "
+                             "Lists the members without a result and what makes a number disagree "
+                             "(docs/reproducing.md). Runs no model.",
                  examples="  bench reproduce lance-table2 runs/lance-hardimagenet/\n"
                           "  bench reproduce in-g-fig4 runs/in-g-rn/ runs/in-g-vit/ "
                           "--member RN2=resnet50@sha256:<16 hex>\n"

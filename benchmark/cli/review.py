@@ -8,13 +8,11 @@ from genshift.cli.verify import recheck_arg
 
 def add_parser(sub):
     p = add_verb(sub, "review", help="verify every open pull request on the results repo (maintainers)",
-                 description="For each open pull request on the results dataset repo not yet answered at its head "
-                             "commit (at most 3 per submitter at a time): check every new entry, re-run rows drawn "
-                             "from the suite through the model (by default the guaranteed sample; every row for a "
-                             "model whose last re-run disagreed) and, with --merge, commit the reviewed files and a "
-                             "stamp signed by --key to main and close the PR. Every PR gets one signed answer per "
-                             "head (docs/leaderboard.md, Automatic verification). Exits non-zero only when the "
-                             "service failed, never for a bad submission. Needs HF_TOKEN with write access.",
+                 description="Review each open pull request on the results dataset repo not yet answered at its head "
+                             "(at most 3 per submitter at a time): check every new entry, re-run a sample of rows "
+                             "through the model and, with --merge, commit it with a stamp signed by --key and close "
+                             "the PR; one signed answer per head (docs/leaderboard.md, Automatic verification). Exits "
+                             "non-zero only when the service failed. Needs HF_TOKEN with write access.",
                  examples="  bench review --repo my-org/genshift-results --key maintainer.key --merge\n"
                           "  bench review --repo my-org/genshift-results --key maintainer.key --again 12 "
                           "--checkpoint w.pt\n")

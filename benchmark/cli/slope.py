@@ -9,10 +9,9 @@ from genshift.cli._common import add_verb, percent, print_json, print_table
 
 def add_parser(sub):
     p = add_verb(sub, "slope", help="ID/OOD slope, effective robustness and shift impact per shift across results",
-                 description="Fit, per shift, the models' shift accuracy against their in-distribution accuracy "
-                             "(ImageNet* base by default) on linear and probit scales: slope, intercept, R^2 and each "
-                             "model's effective robustness. ImageNet* results also get the shift impact: acc(reference)"
-                             " - acc(shift) averaged over the models, with a 95% Student-t interval over models.",
+                 description="Fit, per shift, the models' shift accuracy against their in-distribution accuracy on "
+                             "linear and probit scales (slope, intercept, R^2, effective robustness); for ImageNet* "
+                             "also the shift impact averaged over the models, with a 95% Student-t interval.",
                  examples="  bench slope runs/imagenet-star/*/result.json\n"
                           "  bench slope runs/imagenet-star/*/result.json --scale probit --json\n"
                           "  bench slope runs/imagenet-star-upstream/*/result.json "

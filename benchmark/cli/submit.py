@@ -7,10 +7,9 @@ from genshift.cli._common import add_verb
 
 def add_parser(sub):
     p = add_verb(sub, "submit", help="propose a result to the leaderboard (a pull request)",
-                 description="Check a result locally, then open ONE pull request adding it and its predictions to "
-                             "the results dataset repo (docs/leaderboard.md). With --model-repo, once the entry is "
-                             "merged: a pull request on the model's Hub repo adding .eval_results/<suite id>.yaml "
-                             "(docs/hub.md).",
+                 description="Check a result locally, then open ONE pull request adding it to the results dataset repo "
+                             "(docs/leaderboard.md); with --model-repo, once merged, one adding .eval_results/<suite "
+                             "id>.yaml to the model's Hub repo (docs/hub.md).",
                  examples="  bench submit runs/imagenet-star/timm--resnet50.a1_in1k --repo genshift-bench/results\n"
                           "  bench submit runs/imagenet-star/timm--resnet50.a1_in1k --repo genshift-bench/results "
                           "--model-repo timm/resnet50.a1_in1k --trusted-keys trusted\n")

@@ -11,8 +11,7 @@ from genshift.cli._common import add_verb, print_json, print_table
 def add_parser(sub):
     p = add_verb(sub, "suites", help="list the registered benchmark suites and model populations",
                  description="List the registered suites (Hub repo, pinned revision, configs, metric family) and "
-                             "the papers' model populations, which `bench eval --models <population>` scores and "
-                             "`bench reproduce` reads.",
+                             "the papers' model populations (`bench eval --models <population>`).",
                  examples="  bench suites\n  bench suites 'in-g-*'\n  bench suites --json\n"
                           "  bench suites --populations\n")
     p.add_argument("pattern", nargs="?", default="*", help="shell wildcard over suite ids (default: all)")
