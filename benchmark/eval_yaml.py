@@ -84,8 +84,7 @@ def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
     if not isinstance(doc, dict):
         raise IntegrityError(f"{where}: not a mapping; {FIX}")
     ids = [t.id for t in validate(_EvalYaml, doc, where=where, fix=FIX).tasks]
-    twice = next((i for i in ids if ids.count(i) > 1), None)
-    if twice is not None:
+    if (twice := next((i for i in ids if ids.count(i) > 1), None)) is not None:
         raise IntegrityError(f"{where}: task id {twice[:64]!r} appears twice; {FIX}")
     return doc
 

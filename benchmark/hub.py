@@ -140,7 +140,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
                   large_threshold: int = LARGE_UPLOAD_BYTES, gating: str = "auto") -> str:
     """Upload a verified suite, tag it (default ``v<suite_version>``, which must not exist), gate it when its
     card asks (``gating``: ``auto`` | ``manual``); returns the tagged sha. ``docs/hub.md`` section 6."""
-    from huggingface_hub import CommitOperationAdd, errors
+    from huggingface_hub import CommitOperationAdd, HfApi, errors
 
     hubio._check_repo_id(repo_id)
     if gating not in GATING:
@@ -162,7 +162,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
         log.warning("one commit of %d files: above the Hub's recommended 100 files per commit; it still works over "
                     "HTTP but is slow to process (use larger shards to have fewer files)", len(files))
     message = commit_message or f"{suite.suite_id} {tag} (manifest {suite.manifest.sha256[:12]})"
-    api = hubio._api(endpoint, token)
+    api = HfApi(endpoint=endpoint, token=token)
     sha = None
     try:
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)

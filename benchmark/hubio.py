@@ -40,12 +40,6 @@ def _endpoint(endpoint: str | None) -> str:
     return (endpoint or constants.ENDPOINT).rstrip("/")
 
 
-def _api(endpoint: str | None, token: str | None):
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint, token=token)
-
-
 def _check_repo_id(repo_id: str) -> None:
     if not is_repo_id(repo_id):
         raise BenchError(f"{repo_id!r} is not a Hub repo id; use ORG/NAME")
@@ -97,10 +91,10 @@ def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", e
     """``(sha, reachable)`` of a repo at ``revision`` (default ``main``) by ``HfApi.resolve_revision``'s rules
     (``docs/hub.md`` section 4: offline, a branch or tag needs the cache's ``refs/`` record, else an
     ``OfflineError`` asks to pin a sha ``pin_hint``). ``reachable`` False: call :func:`snapshot` ``local_only``."""
-    from huggingface_hub import errors
+    from huggingface_hub import HfApi, errors
 
     rev = revision or "main"
-    api = _api(endpoint, token)
+    api = HfApi(endpoint=endpoint, token=token)
     try:
         if SHA_RE.match(rev):
             if not _offline():
