@@ -138,8 +138,7 @@ def plan_shards(items: Iterable[T], num_shards: int, key: Callable[[T], str]) ->
 
 
 def plan_nonempty_shards(items: Sequence[T], num_shards: int, key: Callable[[T], str]) -> list[list[T]]:
-    """``plan_shards`` with the largest shard count <= ``num_shards`` that leaves no shard empty (the
-    format needs every shard ``0..N-1``; a small build can hash two items into one shard)."""
+    """``plan_shards`` with the largest shard count <= ``num_shards`` leaving no shard empty (the format needs all)."""
     for n in range(max(1, min(num_shards, len(items))), 0, -1):
         shards = plan_shards(items, n, key)
         if all(shards):

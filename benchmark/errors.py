@@ -75,8 +75,7 @@ def os_error_message(e: OSError) -> str:
 
 
 def first_line(text: object, limit: int | None = 200) -> str:
-    """The first non-blank line of ``text`` (an exception's paragraph: torch, YAML, the Hub) through
-    :func:`one_line`; ``""`` for an empty text, never an ``IndexError``."""
+    """The first non-blank line of ``text`` (an exception's paragraph) through :func:`one_line`; ``""`` if none."""
     return one_line(next((ln for ln in str(text).splitlines() if ln.strip()), ""), limit)
 
 

@@ -189,8 +189,7 @@ def load_yaml(text: str, *, where: str, what: str, max_depth: int, fix: str = ""
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a new temporary path beside ``path`` (mode 0666 less the umask, as any new file); rename it to
-    ``path`` only on success."""
+    """A new temporary path beside ``path`` (mode 0666 less the umask), renamed to ``path`` only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}{INCOMPLETE}")

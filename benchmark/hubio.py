@@ -19,8 +19,7 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 def is_repo_id(text: object) -> bool:
-    """``ORG/NAME`` as the Hub accepts it: huggingface_hub's ``validate_repo_id`` (letters, digits,
-    ``-_.``, no ``--`` / ``..``, at most 96 characters), ASCII, with the namespace required."""
+    """``ORG/NAME`` as the Hub accepts it (huggingface_hub's ``validate_repo_id``), ASCII, the namespace required."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if not isinstance(text, str) or text.count("/") != 1 or not text.isascii():

@@ -74,8 +74,7 @@ def canonical_id(*, source: str, name: str, repo_id: str | None = None, tensors_
 
 
 def check_id(model_id: str) -> str:
-    """``model_id`` if it has the syntax of a canonical id, else ``BenchError`` saying what is wrong
-    (and the id it was probably meant to be, where one can be read off it)."""
+    """``model_id`` if it has a canonical id's syntax, else ``BenchError`` saying why (and what it likely meant)."""
     if not isinstance(model_id, str):
         raise BenchError(f"a model id is text, got {type(model_id).__name__}")
     shown = ascii(model_id)[1:-1] if len(model_id) <= 120 else ascii(model_id[:120])[1:-1] + "..."

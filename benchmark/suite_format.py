@@ -354,8 +354,7 @@ def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
 
 
 def read_row_table(path: Path, rel: str) -> pa.Table:
-    """The required non-image columns of one shard, each checked to have its type and feature (the image
-    column's type and the row-group sizes are checked from the footer, without reading images)."""
+    """A shard's required non-image columns; types, features and row groups are checked from the footer first."""
     check_parquet_footer(path, rel)
     try:
         meta = pq.read_metadata(path)

@@ -106,8 +106,7 @@ def list_suites(pattern: str = "*") -> list[str]:
 
 
 def declared_scoring(manifest) -> tuple[str, str | None]:
-    """Metric family and reference config a suite outside the registry declares in its manifest's
-    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
+    """Metric family and reference config a manifest's ``generator`` declares (import-folder does), else accuracy."""
     family = manifest.generator.get("metric_family", "accuracy")  # a dict: the manifest's schema says so
     reference = manifest.generator.get("reference_config")
     if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str)

@@ -125,8 +125,7 @@ class SuiteWriter:
         log.debug("wrote %s: %d rows", rel, n)
 
     def _parquet_options(self) -> dict:
-        """The column options ``datasets`` uses (``docs/format.md`` section 3); content-defined chunking
-        deduplicates re-uploads of similar shards on the Hub."""
+        """``datasets``' column options (``docs/format.md`` section 3); content-defined chunking dedups Hub uploads."""
         schema = self.features.arrow_schema
         compression, dictionary, encoding = {}, [], {}
         for name, feat in self.features.items():

@@ -30,8 +30,7 @@ def size_category(rows: int) -> str:
 
 def card_data(manifest, *, license: str = "other", license_name: str | None = None, license_link: str | None = None,
               pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> DatasetCardData:
-    """The card's header for a suite manifest (``genshift.suite_format.Manifest``); ``license="other"`` gets
-    ``license_name``/``license_link`` (default: the ImageNet terms)."""
+    """The card's header for a suite manifest; ``license="other"`` gets a name and link (default: ImageNet terms)."""
     if license == "other":
         license_name = license_name or IMAGENET_LICENSE[0]
         license_link = license_link or IMAGENET_LICENSE[1]
