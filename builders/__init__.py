@@ -1,8 +1,6 @@
-"""Builders: regenerate each benchmark family in the suite format (``docs/builders.md``).
-
-A builder module, registered here by suite id (imported only when it runs), provides ``Config`` (a
-frozen :class:`genshift.builders.common.BuildConfig`) and ``run(cfg) -> int``; ``bench build`` derives
-its flags from ``Config``.
+"""Builders: regenerate each benchmark family in the suite format (``docs/builders.md``). Registered by suite id
+(imported only when it runs), a builder module provides ``Config`` (a frozen
+:class:`genshift.builders.common.BuildConfig`) and ``run(cfg) -> int``; ``bench build`` derives its flags from it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The ImageNet* CLIP quality filter: scores stored per image, and a calibrated ``keep`` rule.
-
-Scores (Vendrow et al. 2023; ``docs/builders.md``): open_clip ViT-H-14, cosine of normalised embeddings
-(no logit scale) with ``"a photo of a <class name>"`` (class presence) and with the shift's prompt, the
-class replaced by "thing" (shift presence; null for ``base``). The authors' rule is unknown; their
-released masks' kept fraction per shift is known (``builders/_data/imagenet_star_released_masks.yaml``),
-and :func:`calibrate` reproduces it. Thresholds are recorded unrounded: ``keep`` can be recomputed.
+"""The ImageNet* CLIP quality filter (Vendrow et al. 2023; ``docs/builders.md``): class and shift presence scores
+(cosine of normalised open_clip embeddings, no logit scale), and a ``keep`` rule :func:`calibrate`d to the kept
+fraction per shift of the authors' released masks (their rule is unknown). Thresholds are recorded unrounded.
 """
 
 from __future__ import annotations

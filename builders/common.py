@@ -115,6 +115,13 @@ def files_digest(root, files) -> dict:
     return {"name": root.name, "files": len(lines), "sha256": hashlib.sha256("".join(lines).encode()).hexdigest()}
 
 
+def features(**dtypes: str) -> dict:
+    """``datasets`` features of a builder's extra columns by dtype name (``"float32[]"``: a sequence of them)."""
+    from datasets import Sequence, Value
+
+    return {name: Sequence(Value(t[:-2])) if t.endswith("[]") else Value(t) for name, t in dtypes.items()}
+
+
 def open_writer(cfg: BuildConfig, proc, **kw):
     """The suite writer of every process (the main one opens, and may replace, the build first), or
     None when the folder already holds this build."""
@@ -160,10 +167,8 @@ def effective_batch_sizes(work: Path) -> dict[str, int]:
 
 
 def wait_for(missing_fn, what: str, timeout: float, *, poll: float = 10.0) -> None:
-    """Poll the file system until ``missing_fn()`` is empty; give up after ``timeout`` s without progress.
-
-    (A file-system wait, not a collective barrier: processes may finish hours apart.)
-    """
+    """Poll the file system until ``missing_fn()`` is empty; give up after ``timeout`` s without progress
+    (not a collective barrier: processes may finish hours apart)."""
     last, t_last = -1, time.monotonic()
     while missing := missing_fn():
         if len(missing) != last:

@@ -1,9 +1,6 @@
 """``bench discover``: open-ended failure search for one class (Wiles et al. s4.1; ``docs/builders.md``).
-
-The failure rate (top-1 != class; with ``target``: the rate of predicting it) of images from the class
-prompt is the baseline. Captions of the failing images are hypotheses, each tested by its own images'
-rate against the baseline (one-sided Fisher exact test; significant by the Benjamini-Hochberg q-value
-over the family tested together); the winner is optionally refined sentence by sentence.
+Captions of the failing images are hypotheses, each tested against the class prompt's failure rate (one-sided
+Fisher exact test, Benjamini-Hochberg over the family tested together); the winner is refined sentence by sentence.
 """
 
 from __future__ import annotations

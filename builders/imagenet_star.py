@@ -1,12 +1,7 @@
-"""``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces).
+"""``bench build imagenet-star``: regenerate ImageNet* (Vendrow et al., Dataset Interfaces; ``docs/builders.md``).
 
-Class tokens (released by default; ``--train-tokens``: textual inversion here; ``--tokens none``: class
-names) -> Stable Diffusion 2 with the shift prompts -> CLIP presence scores -> ``keep`` calibrated
-per shift (``genshift.builders.clip_filter``). Guide: ``docs/builders.md``.
-
-Two resumable phases: every process generates and scores its shards into ``<out>/.stage/``; the main
-process waits for them (on the file system), calibrates each shift's thresholds and writes the final
-shards with ``keep`` (JPEG bytes copied), the card and, last, the manifest.
+Every process generates and CLIP-scores its shards into ``<out>/.stage/``; the main process then calibrates
+each shift's ``keep`` thresholds (``genshift.builders.clip_filter``) and writes the final shards and manifest.
 """
 
 from __future__ import annotations
@@ -140,14 +135,13 @@ def kept_fractions(cfg: Config, shifts) -> dict[str, float]:
 def generation_settings(cfg: Config):
     from genshift.builders.sd_generate import GenerationSettings
 
+    shared = dict(scheduler="euler", guidance=cfg.guidance, jpeg_quality=cfg.jpeg_quality)
     if cfg.smoke:
-        return GenerationSettings(model_id=SMOKE_MODEL, scheduler="euler", steps=2, guidance=cfg.guidance, height=64,
-                                  width=64, output_size=32, jpeg_quality=cfg.jpeg_quality, dtype="float32",
-                                  batch_size=min(cfg.batch_size, 4))
-    return GenerationSettings(model_id=cfg.model, revision=cfg.model_revision, scheduler="euler", steps=cfg.steps,
-                              guidance=cfg.guidance, height=cfg.height, width=cfg.width, output_size=cfg.output_size,
-                              jpeg_quality=cfg.jpeg_quality, dtype=cfg.dtype, batch_size=cfg.batch_size,
-                              variant=cfg.variant)
+        return GenerationSettings(model_id=SMOKE_MODEL, steps=2, height=64, width=64, output_size=32, dtype="float32",
+                                  batch_size=min(cfg.batch_size, 4), **shared)
+    return GenerationSettings(model_id=cfg.model, revision=cfg.model_revision, steps=cfg.steps, height=cfg.height,
+                              width=cfg.width, output_size=cfg.output_size, dtype=cfg.dtype, batch_size=cfg.batch_size,
+                              variant=cfg.variant, **shared)
 
 
 def token_source(cfg: Config, classes: list[int]) -> tuple[str, str | None, dict | None]:
@@ -233,16 +227,6 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     return gen, ClipScorer.from_pretrained(cfg.clip_model, cfg.clip_pretrained, device=device), info
 
 
-def _features():
-    from datasets import Sequence, Value
-
-    return {"shift": Value("string"), "prompt": Value("string"), "class_token": Value("string"),
-            "seed": Value("int64"), "sample": Value("int32"), "generator": Value("string"),
-            "generator_revision": Value("string"), "scheduler": Value("string"), "steps": Value("int32"),
-            "guidance": Value("float32"), "clip_class_score": Value("float32"), "clip_shift_score": Value("float32"),
-            "clip_image_embedding": Sequence(Value("float32"))}
-
-
 def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, record_batch_size):
     """Generate, score and yield the rows of one shard, in batches; then record the batch size
     (this runs before the shard's file is renamed into place)."""
@@ -297,7 +281,11 @@ def run(cfg: Config) -> int:
                    "cpu_threads": cfg.cpu_threads, "keep_rule": cfg.keep_rule,
                    "shift_gate_quantile": cfg.shift_gate_quantile if cfg.keep_rule == "class+shift" else None,
                    "kept_fractions": fractions}
-    writer_kw = dict(suite_id=SUITE_ID, extra_features=_features(), fingerprint=fingerprint)
+    features = common.features(shift="string", prompt="string", class_token="string", seed="int64", sample="int32",
+                               generator="string", generator_revision="string", scheduler="string", steps="int32",
+                               guidance="float32", clip_class_score="float32", clip_shift_score="float32",
+                               clip_image_embedding="float32[]")
+    writer_kw = dict(suite_id=SUITE_ID, extra_features=features, fingerprint=fingerprint)
     if cfg.tokens_only:
         _load_models(cfg, settings, classes, device, token_kind, token_path, tokens)
         if proc.is_main:

@@ -1,11 +1,6 @@
-"""``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.).
-
-An open re-creation with substitutes (no code or data was released; ``docs/builders.md``): seed captions
-of every ImageNet-A image (BLIP-2, three-shot, continuing the class prompt) or from a file; Stable
-Diffusion 2.1-base; the timm target; failures kept by the WordNet-parent rule up to a cap per caption.
-
-Mining is resumable per caption and spread over ``accelerate`` processes by caption id; the main
-process writes the suite.
+"""``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.), an
+open re-creation with substitutes (``docs/builders.md``, IN-G). Mining is resumable per caption and spread over
+``accelerate`` processes by caption id; the main process writes the suite.
 """
 
 from __future__ import annotations
@@ -128,8 +123,6 @@ def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]
 
 @threaded
 def run(cfg: Config) -> int:
-    from datasets import Sequence, Value
-
     from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
     from genshift.data_cards import render_card
@@ -155,11 +148,10 @@ def run(cfg: Config) -> int:
     fingerprint = {"suite": cfg.suite, "target": target, "captions": seeds, "dedup": cfg.dedup_captions,
                    "mining": asdict(mining), "generation": asdict(settings), "an": cfg.an, "smoke": cfg.smoke,
                    "cpu_threads": cfg.cpu_threads}
-    features = {"caption": Value("string"), "caption_id": Value("string"), "class_prompt": Value("string"),
-                "parent_wnid": Value("string"), "seed": Value("int64"), "attempt": Value("int32"),
-                "generator": Value("string"), "target_model": Value("string"), "target_weights_sha256": Value("string"),
-                "target_top5_idx": Sequence(Value("int16")), "target_top5_prob": Sequence(Value("float32")),
-                "top1_miss": Value("bool"), "top3_miss": Value("bool"), "parent_failure": Value("bool")}
+    features = common.features(caption="string", caption_id="string", class_prompt="string", parent_wnid="string",
+                               seed="int64", attempt="int32", generator="string", target_model="string",
+                               target_weights_sha256="string", target_top5_idx="int16[]", target_top5_prob="float32[]",
+                               top1_miss="bool", top3_miss="bool", parent_failure="bool")
     writer = common.open_writer(cfg, proc, suite_id=cfg.suite, extra_features=features, fingerprint=fingerprint)
     if writer is None:
         return 0

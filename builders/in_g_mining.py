@@ -122,14 +122,12 @@ def mine_all(captions: Sequence[tuple[int, str]], work_dir: Path, *, generate: G
             out[cid] = CaptionResult.load(ckpt)
         else:
             todo.append((label, caption, ckpt, cid))
-    bar = tqdm(total=len(todo), desc="mine", unit="caption", disable=not progress, dynamic_ncols=True)
-    for label, caption, ckpt, cid in todo:
+    bar = tqdm(todo, desc="mine", unit="caption", disable=not progress, dynamic_ncols=True)
+    for label, caption, ckpt, cid in bar:
         res = mine_caption(label, caption, generate=generate, classify=classify, cfg=cfg, cid=cid)
         res.save(ckpt)
         out[res.caption_id] = res
-        bar.update(1)
         bar.set_postfix(kept=sum(len(r.kept) for r in out.values()))
-    bar.close()
     return out
 
 

@@ -1,9 +1,6 @@
-"""IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``docs/builders.md``).
-
-Class prompt: ``"a realistic photograph of a {first lemma} ({parent})."``, parent = the WordNet 3.0
-grandparent with the smallest offset (``genshift.imagenet``); ``an=True`` writes a/an. A seed caption is
-the class prompt and at most two generated sentences, lower-cased: from a captioner forced to continue
-the prompt, or a file (CSV ``class,caption`` or JSONL ``{"class", "caption"}``; class = index or wnid).
+"""IN-G class prompts and seed captions (Wiles, Albuquerque, Gowal; ``docs/builders.md``): the class prompt with
+the WordNet 3.0 grandparent of smallest offset (``genshift.imagenet``); a seed caption is the class prompt and at
+most two generated sentences, lower-cased, from a captioner continuing the prompt or from a CSV/JSONL file.
 """
 
 from __future__ import annotations
@@ -117,15 +114,23 @@ def shots() -> tuple[list, list[dict]]:
     return out, record
 
 
+def caption_batch(n_shots: int) -> int:
+    """Images captioned per call: 16 images through the vision model per call, shots included (three-shot: 4),
+    so that three-shot captioning needs about the memory of single-image captioning (``bench build --preflight``)."""
+    return 16 // (1 + n_shots)
+
+
 def captioner_fn(captioner, shots: Sequence = ()) -> Callable[[list, str], list[str]]:
     """``caption(images, class prompt) -> texts`` by a :class:`~genshift.builders.captioner.Captioner` with the
     IN-G decoding and ``shots`` (:func:`shots`) before each image; images are files or encoded bytes."""
     from PIL import Image
 
+    batch = caption_batch(len(shots))
+
     def caption(images: list, prefix: str) -> list[str]:
         out = []
-        for a in range(0, len(images), 16):
-            pil = [Image.open(io.BytesIO(im) if isinstance(im, bytes) else im) for im in images[a:a + 16]]
+        for a in range(0, len(images), batch):
+            pil = [Image.open(io.BytesIO(im) if isinstance(im, bytes) else im) for im in images[a:a + batch]]
             out += captioner.caption(pil, prefix=prefix, shots=shots, **DECODING)
         return out
 

@@ -1,12 +1,7 @@
-"""``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images.
-
-Per source image (Prabhu et al., Algorithm 1; ``docs/builders.md``): 512 px centre crop -> BLIP-2
-caption -> LLM caption edits, drawn through the text filter -> null-text inversion -> prompt-to-prompt
-with the f sweep in one batched pass -> CLIP checks -> the best passing f. Rows: ``original``,
-``reconstruction`` (the control) and a ``counterfactual`` per accepted edit, joined by ``pair_id``.
-
-Three stages over all of a process's images (:func:`caption_image`, :func:`plan_edits`,
-:func:`render_image`), each with only its own models loaded; each image's plan and rows are checkpointed.
+"""``bench build lance-hardimagenet``: LANCE counterfactuals of the Hard ImageNet validation images (Prabhu et al.,
+Algorithm 1; ``docs/builders.md``, LANCE). Rows: ``original``, ``reconstruction`` (the control) and a
+``counterfactual`` per accepted edit, joined by ``pair_id``. Three stages over all of a process's images
+(:func:`caption_image`, :func:`plan_edits`, :func:`render_image`), each with only its own models loaded.
 """
 
 from __future__ import annotations
@@ -86,15 +81,11 @@ class Config(BuildConfig):
 
 
 def _features():
-    from datasets import Sequence, Value
-
-    return {"source_image_id": Value("string"), "role": Value("string"), "edit_type": Value("string"),
-            "edit_type_fine": Value("string"), "edit_sampling_seed": Value("int64"), "edit_draw": Value("int32"),
-            "caption": Value("string"), "edited_caption": Value("string"), "original_words": Value("string"),
-            "edit_words": Value("string"), "f": Value("float64"), "clip_img_sim": Value("float32"),
-            "clip_sim_0": Value("float32"), "clip_sim_1": Value("float32"), "clip_dir_sim": Value("float32"),
-            "text_class_sim": Value("float32"), "text_same_sim": Value("float32"),
-            "edit_text_direction": Sequence(Value("float32")), "seed": Value("int64")}
+    return common.features(source_image_id="string", role="string", edit_type="string", edit_type_fine="string",
+                           edit_sampling_seed="int64", edit_draw="int32", caption="string", edited_caption="string",
+                           original_words="string", edit_words="string", f="float64", clip_img_sim="float32",
+                           clip_sim_0="float32", clip_sim_1="float32", clip_dir_sim="float32", text_class_sim="float32",
+                           text_same_sim="float32", edit_text_direction="float32[]", seed="int64")
 
 
 def encode_image(img, image_format: str) -> bytes:
@@ -306,8 +297,6 @@ def run(cfg: Config) -> int:
     plans = {s.source_id: _load_plan(work / f"{s.source_id}.plan.json") for s in todo}
 
     def stage(desc: str, images: list, load, step) -> None:
-        """One stage over ``images``, its models loaded first and given back before the next stage loads; the
-        plan a step returns is checkpointed."""
         if not images:
             return
         models = load()

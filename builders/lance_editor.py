@@ -114,15 +114,15 @@ class P2PController:
 
 class P2PAttnProcessor:
     """A diffusers attention processor that hands probabilities to a controller: where the maps are edited at this
-    step, diffusers' ``AttnProcessor`` (spatial norm, group norm, 4-d inputs, residual and rescale handling
-    included); elsewhere ``AttnProcessor2_0`` (SDPA)."""
+    step, diffusers' ``AttnProcessor`` with the controller after its ``attn.get_attention_scores``; elsewhere
+    ``AttnProcessor2_0`` (SDPA)."""
 
     def __init__(self, controller: P2PController, is_cross: bool) -> None:
-        from diffusers.models.attention_processor import AttnProcessor2_0
+        from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
         self.controller = controller
         self.is_cross = is_cross
-        self.sdpa = AttnProcessor2_0()
+        self.sdpa, self.plain = AttnProcessor2_0(), AttnProcessor()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kw):
         ctl = self.controller
@@ -130,31 +130,12 @@ class P2PAttnProcessor:
         if not self.is_cross and (queries > ctl.self_max_queries or ctl.cur_step >= max(ctl.self_steps or [0])):
             ctl.tick()  # a layer not edited at this step
             return self.sdpa(attn, hidden_states, encoder_hidden_states, attention_mask, temb)
-        residual = hidden_states
-        if attn.spatial_norm is not None:
-            hidden_states = attn.spatial_norm(hidden_states, temb)
-        input_ndim = hidden_states.ndim
-        if input_ndim == 4:
-            b, c, h, w = hidden_states.shape
-            hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
-        batch, seq, _ = hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
-        attention_mask = attn.prepare_attention_mask(attention_mask, seq, batch)
-        if attn.group_norm is not None:
-            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
-        query = attn.to_q(hidden_states)
-        if encoder_hidden_states is None:
-            encoder_hidden_states = hidden_states
-        elif attn.norm_cross:
-            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
-        q, k, v = (attn.head_to_batch_dim(t) for t in (query, attn.to_k(encoder_hidden_states),
-                                                         attn.to_v(encoder_hidden_states)))
-        probs = ctl(attn.get_attention_scores(q, k, attention_mask), self.is_cross)
-        out = attn.to_out[1](attn.to_out[0](attn.batch_to_head_dim(torch.bmm(probs, v))))
-        if input_ndim == 4:
-            out = out.transpose(-1, -2).reshape(b, c, h, w)
-        if attn.residual_connection:
-            out = out + residual
-        return out / attn.rescale_output_factor
+        scores = type(attn).get_attention_scores  # served for this call only, by an instance attribute
+        attn.get_attention_scores = lambda q, k, mask=None: ctl(scores(attn, q, k, mask), self.is_cross)
+        try:
+            return self.plain(attn, hidden_states, encoder_hidden_states, attention_mask, temb)
+        finally:
+            del attn.get_attention_scores
 
 
 class Editor:

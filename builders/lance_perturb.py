@@ -38,8 +38,6 @@ def perturb_prompt(caption: str, edit_type: str, *, examples: bool = True) -> st
     """The Alpaca-style frame with the edit type's instruction: Table 5's with its examples (for
     instruction LLMs), or the released code's without them (for the released fine-tuned LLaMA)."""
     table = prompt_table()
-    if edit_type not in table["edit_types"]:
-        raise BenchError(f"unknown edit type {edit_type!r}; use one of {', '.join(EDIT_TYPES)}")
     instruction = table["edit_types" if examples else "code_instructions"][edit_type]
     return table["frame"].format(preamble=table["preamble"], instruction=instruction, caption=caption)
 
@@ -131,14 +129,8 @@ class Draw:
 def sample_edits(edits: Sequence[Edit], *, seed: int, max_edits: int, accept: Callable[[Edit], tuple[bool, dict]],
                  type_of: Callable[[Edit], str] = lambda e: paper_type(e.edit_type),
                  method: str = "type-uniform", cap: str = "tries") -> list[Draw]:
-    """Algorithm 1 (Prabhu et al.), lines 8-11: draw edits, each checked by ``accept`` (the text filter).
-
-    ``method``: ``type-uniform`` (a type uniformly among those with undrawn edits, then one of its
-    edits) or ``pool-uniform`` (a seeded shuffle of the pool); ``cap``: ``max_edits`` counts ``tries``
-    (Algorithm 1's N draws) or ``kept`` edits; drawing stops early when the pool is empty
-    (``docs/builders.md``, "Edit sampling"). Randomness: ``random.Random(seed).random()`` only. Returns
-    every draw, in order.
-    """
+    """Algorithm 1 (Prabhu et al.), lines 8-11: every draw, in order, each checked by ``accept`` (the text filter);
+    ``method`` and ``cap`` as ``docs/builders.md``, "Edit sampling". Randomness: ``random.Random(seed).random()``."""
     import random
 
     for what, value, allowed in (("edit sampling", method, SAMPLING), ("cap meaning", cap, CAP_COUNTS)):
@@ -236,15 +228,14 @@ class Perturber:
         return edits, raw
 
 
+@dataclass(eq=False)
 class TextFilter:
     """Similarity checks on edit words; sentence-BERT by default (the paper), CLIP text optional."""
 
-    def __init__(self, encode: Callable[[list[str]], np.ndarray], *, model_id: str, class_eps: float = 0.5,
-                 same_eps: float = 0.8) -> None:
-        self.encode = encode
-        self.model_id = model_id
-        self.class_eps = class_eps
-        self.same_eps = same_eps
+    encode: Callable[[list[str]], np.ndarray]
+    model_id: str
+    class_eps: float = 0.5
+    same_eps: float = 0.8
 
     @classmethod
     def sentence_bert(cls, **kw) -> TextFilter:

@@ -1,9 +1,6 @@
-"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models'
-sizes (``genshift.builders.real_models``), with the memory it needs (``docs/builders.md``, "Preflight").
-
-Memory is the pass itself: :class:`LiveBytes` adds up the storages alive at once, attention counted as the
-fused kernel (:class:`FusedAttention`); the largest set of models a builder holds together must fit.
-"""
+"""``bench build <suite> --preflight``: every builder stage run on the **meta** device at the real models' sizes,
+with the memory it needs: the storages alive at once (:class:`LiveBytes`), attention counted as the fused kernel
+(:class:`FusedAttention`); the largest set of models a builder holds together must fit (``docs/builders.md``)."""
 
 from __future__ import annotations
 
@@ -302,10 +299,6 @@ def timm_classify(name: str, dtype: torch.dtype, *, batch: int, probe: Probe) ->
     probe.check(out.shape == (batch, 1000), f"{size[1]} px input -> 1000 logits")
 
 
-# --------------------------------------------------------------------------------------------------
-# the stages of each suite, from the builder's own config
-
-
 def stages(suite_id: str, cfg, device: str) -> list[Stage]:
     """The stages ``bench build suite_id`` runs with ``cfg``, at the dtypes it uses on ``device``."""
     gpu, f32 = device.startswith("cuda"), torch.float32
@@ -339,11 +332,12 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
         ]
     if suite_id in ("in-g-rn", "in-g-vit"):
         from genshift.builders.in_g import TARGETS
+        from genshift.builders.in_g_prompts import caption_batch
 
         target = cfg.target or TARGETS[suite_id]
         shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image
         return [
-            Stage("caption (--imagenet-a)", cfg.captioner, half, 16,
+            Stage("caption (--imagenet-a)", cfg.captioner, half, caption_batch(3 if shots else 0),
                   partial(blip2_caption, cfg.captioner, half, images=4 if shots else 1,
                           prompt_tokens=200 if shots else 12, new_tokens=40),
                   "the one-call forward (its Q-Former mask is read) and beam search"),

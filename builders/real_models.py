@@ -1,8 +1,6 @@
-"""The real architectures of the builders' default models, with random weights, without the weights.
-
-From the published configs in ``builders/_data/real_models.json`` (each with its source) or open_clip's and
-timm's registries, built under ``torch.device(device)``: on ``"meta"`` a 7B model costs no memory.
-"""
+"""The real architectures of the builders' default models with random weights, from the published configs in
+``builders/_data/real_models.json`` or open_clip's and timm's registries, built under ``torch.device(device)``
+(on ``"meta"`` a 7B model costs no memory)."""
 
 from __future__ import annotations
 

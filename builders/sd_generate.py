@@ -1,9 +1,6 @@
-"""Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders; ``docs/builders.md``).
-
-Each image's starting latents are its own float32 CPU draw (``genshift.builders.seeding``): they depend
-neither on the batch nor on the device or dtype. The UNet's CPU kernels may still differ in the last bits
-with the batch size, so the batch size a build ended with is recorded (``batch_size_effective``).
-"""
+"""Seeded, batched Stable Diffusion generation (ImageNet* and IN-G builders; ``docs/builders.md``): each image's
+starting latents are its own float32 CPU draw, independent of its batch, device and dtype (the UNet's CPU kernels
+may still differ in the last bits with the batch size: the batch size a build ended with is recorded)."""
 
 from __future__ import annotations
 
@@ -44,8 +41,6 @@ class GenerationSettings:
             raise BenchError(f"height and width must be multiples of 8, got {self.height}x{self.width}")
         if not 1 <= self.jpeg_quality <= 100:
             raise BenchError(f"JPEG quality must be in 1..100, got {self.jpeg_quality}")
-        if self.scheduler not in ("euler", "default"):
-            raise BenchError(f"unknown scheduler {self.scheduler!r}; use euler or default")
 
 
 class SDGenerator:
@@ -53,7 +48,6 @@ class SDGenerator:
     a text-encoder-less view of its modules (:attr:`denoiser`) on cached, dtype-cast prompt embeddings."""
 
     def __init__(self, pipe, settings: GenerationSettings, *, device: str = "cpu", tokens: dict | None = None) -> None:
-        """Wrap ``pipe``: the settings' scheduler, the class ``tokens`` injected, moved to ``device``."""
         if settings.scheduler == "euler":
             pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
         if tokens:
@@ -70,7 +64,6 @@ class SDGenerator:
 
     @classmethod
     def from_pretrained(cls, settings: GenerationSettings, *, device: str = "cpu", tokens: dict | None = None):
-        """Load the pipeline (weights from the Hub cache); inject class tokens if given."""
         cuda = device.startswith("cuda")
         dtype = getattr(torch, settings.dtype) if cuda else torch.float32
         with loading(settings.model_id, "check the model id and that the weights are cached or the Hub reachable"):
@@ -93,7 +86,6 @@ class SDGenerator:
     @classmethod
     def from_components(cls, components: dict, settings: GenerationSettings, *, device: str = "cpu",
                         tokens: dict | None = None):
-        """The same pipeline on given components (``genshift.builders.tiny``, ``genshift.builders.real_models``)."""
         pipe = StableDiffusionPipeline(**components, safety_checker=None, feature_extractor=None,
                                        requires_safety_checker=False)
         return cls(pipe, settings, device=device, tokens=tokens)
@@ -150,8 +142,6 @@ class SDGenerator:
 
     def generate(self, prompts: Sequence[str], seeds: Sequence[int]) -> list[bytes]:
         """JPEG bytes of one image per (prompt, seed), batched with out-of-memory back-off."""
-        if len(prompts) != len(seeds):
-            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         return self.backoff.call(self._batch, list(zip(prompts, seeds)))
 
     def provenance(self) -> dict:

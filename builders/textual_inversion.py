@@ -55,11 +55,6 @@ class TIConfig:
     hold_norm: bool = True
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        bad = [t for t in self.templates if t.count("{}") != 1]
-        if not self.templates or bad:
-            raise BenchError(f"every template needs exactly one '{{}}' for the token, got {bad[:1] or 'none'}")
-
 
 @dataclass(frozen=True)
 class TrainingClass:
@@ -116,11 +111,8 @@ def preprocess(path: Path, cfg: TIConfig, *, flip: bool) -> torch.Tensor:
 
 
 class SplitEmbedding(torch.nn.Module):
-    """The frozen token table plus one trainable row served for ``token_id``.
-
-    With ``hold_norm`` the row is rescaled to ``norm`` (the initialiser's) in every forward pass,
-    so only its direction is learned. ``token_id`` may be one past the table's end.
-    """
+    """The frozen token table plus one trainable row served for ``token_id`` (may be one past the table's end); with
+    ``hold_norm`` the row is rescaled to the initialiser's norm in every forward pass: only its direction is learned."""
 
     def __init__(self, base: torch.nn.Embedding, token_id: int, init: torch.Tensor, *, hold_norm: bool = True):
         super().__init__()
@@ -274,12 +266,8 @@ def eval_loss(run: TIRun, cls: TrainingClass, vector: torch.Tensor, cfg: TIConfi
 def train_tokens(data_dir: str | Path, work_dir: str | Path, run: TIRun, cfg: TIConfig = TIConfig(), *,
                  classes: Sequence[int] | None = None, model_id: str = "",
                  process=None, progress: bool = True) -> dict[int, torch.Tensor]:
-    """Tokens for the class folders of ``data_dir``; resumable per class; returns the finished ones.
-
-    ``work_dir/<idx>.bin`` (one token, ``genshift.builders.tokens`` format) is written atomically when a class
-    finishes, after ``work_dir/meta/<idx>.json`` (name, images, loss at start and end). With
-    ``process`` (``genshift.distributed.Process``) classes are split round-robin over processes.
-    """
+    """Tokens for the class folders of ``data_dir``, resumable per class (``work_dir/<idx>.bin``, written last);
+    returns the finished ones. With ``process`` classes are split round-robin over processes."""
     from tqdm.auto import tqdm
 
     todo_classes = folder_classes(data_dir, classes=classes)

@@ -1,8 +1,5 @@
-"""Tiny random-weight models built from configs, for ``--smoke`` runs and tests (no network).
-
-Each model is created after ``torch.manual_seed(seed)`` (diffusers' ``get_dummy_components``); the CLIP
-BPE tokenizer is rebuilt from open_clip's vocabulary file. The real code paths run on them unchanged.
-"""
+"""Tiny random-weight models built from configs, each after ``torch.manual_seed(seed)``, for ``--smoke`` runs and
+tests (no network); the real code paths run on them unchanged."""
 
 from __future__ import annotations
 

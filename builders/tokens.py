@@ -1,8 +1,5 @@
-"""ImageNet* class tokens: read/write ``tokens.zip`` and inject tokens into a text encoder.
-
-The layout of the release (``madrylab/imagenet-star-tokens``), which our textual inversion writes too:
-``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class (``docs/builders.md``).
-"""
+"""ImageNet* class tokens in the layout of the release (``madrylab/imagenet-star-tokens``), which our textual
+inversion writes too: ``tokens/<class index>.bin``, one ``torch.save``d float (1024,) tensor per class."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ import torch
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, first_line
-from genshift.fsutil import atomic_path, sha256_file
+from genshift.fsutil import atomic_path, atomic_write_bytes, sha256_file
 from genshift.suites import get_suite
 
 MEMBER_RE = re.compile(r"^(?:.*/)?(\d+)\.bin$")
@@ -70,10 +67,7 @@ def _members(path: Path) -> Iterator[tuple[int, str, bytes]]:
 
 def load_token_zip(path: str | Path, *, dim: int | None = 1024, classes: list[int] | None = None
                    ) -> dict[int, torch.Tensor]:
-    """Class index -> float32 vector from a tokens.zip or token folder (only ``classes`` if given).
-
-    Without ``classes`` all 1000 ImageNet classes must be present.
-    """
+    """Class index -> float32 vector from a tokens.zip or token folder: ``classes``, or all 1000 (each present)."""
     path = Path(path)
     if not path.exists():
         raise BenchError(f"token file {str(path)!r} does not exist; download tokens.zip from {TOKENS_REPO} "
@@ -104,8 +98,7 @@ def save_token_file(vector: torch.Tensor, path: str | Path) -> None:
     """One class token as its own ``torch.save`` file, written atomically (float32, shape (D,))."""
     buf = io.BytesIO()
     torch.save(_check_vector(vector, where=str(path), dim=None), buf)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def save_token_zip(tokens: Mapping[int, torch.Tensor], path: str | Path) -> None:

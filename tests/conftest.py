@@ -13,6 +13,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["tests.sweepkit"]  # the sweep tests' shared fixtures (zoo, suite, singles)
+
 try:  # CI runs the fuzz tests on a fixed example sequence (a red CI must be reproducible); locally they explore
     from hypothesis import settings as _hyp_settings
 

@@ -15,7 +15,7 @@ from genshift.errors import BenchError, IntegrityError
 from genshift.eval.model_list import ModelSpec, resolve_models
 from genshift.eval.options import EvalOptions
 from genshift.eval.sweep import SweepRequest, run_sweep
-from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, files, singles, suite, sweep, zoo  # noqa: F401 - fixtures
+from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, files, sweep
 
 
 def test_sweep_equals_single_runs_byte_for_byte(tmp_path, suite, zoo, singles):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from genshift.cli import main
-from tests.sweepkit import ARCHS, FOLDER, cli, files, singles, suite, zoo  # noqa: F401 - fixtures
+from tests.sweepkit import ARCHS, FOLDER, cli, files
 
 LAUNCHERS = {
     "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],

@@ -13,9 +13,7 @@ import pytest
 from genshift import evaluate
 from genshift.cli import main
 from genshift.errors import BenchError
-from tests.sweepkit import (  # noqa: F401 - fixtures
-    ARCHS, CLI_OPTS, FOLDER, OPTS, cli, fake_world, files, flush_every_unit, singles, suite, sweep, zoo,
-)
+from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, cli, fake_world, files, flush_every_unit, sweep
 
 
 def test_interrupted_sweep_resumes_identically(tmp_path, suite, zoo, singles, monkeypatch):
@@ -130,7 +128,8 @@ def test_merge_names_missing_units_then_builds(tmp_path, suite, zoo, singles, mo
 @pytest.fixture(scope="module")
 def split_run(tmp_path_factory, suite, zoo):
     """A finished 2-process sweep of one model whose result was not built yet: parts of both processes."""
-    from genshift.eval import merging, sweep as module
+    from genshift.eval import merging
+    from genshift.eval import sweep as module
 
     out = tmp_path_factory.mktemp("split")
     a = ARCHS[2]
