@@ -155,8 +155,7 @@ IMAGENET_STAR = Family(
         Metric("impact", "absolute impact", "pp", False,
                "Vendrow et al. 2023: the drop acc(reference) - acc(shift)", per="config"),
         Metric("model_mean_impact", "model mean impact", "pp", False,
-               "this model's absolute impact averaged over its shifts"),
-    ),
+               "this model's absolute impact averaged over its shifts")),
     headline="mean_shift_acc1", scorer="genshift.eval.scoring:imagenet_star_block", block="imagenet_star",
     reference=True, extra_columns=_star_columns, suite_tasks=_star_tasks)
 
@@ -190,8 +189,7 @@ LANCE = Family(
         Metric("mean_delta_p", "mean Δp", "pp", False,
                "Prabhu et al. 2023, §4: Δp(y_GT|x) = |p(y_GT|x) - p(y_GT|x')|, averaged over the pairs"),
         Metric("delta_p", "mean Δp of an edit type", "pp", False, "Prabhu et al. 2023, Fig. 3: mean Δp per edit type",
-               per="edit type"),
-    ),
+               per="edit type")),
     headline="delta_acc1", scorer="genshift.eval.scoring:lance_block", block="lance",
     analysis="genshift.eval.lance_insight:result_clusters", rank_paired_delta=True,
     extra_columns=_lance_columns, suite_tasks=_lance_tasks)
@@ -220,8 +218,7 @@ IN_G = Family(
         Metric("top3_failure_rate", "top-3 failure rate", "%", False,
                "Wiles et al., Fig. 4: failures are counted when the top-3 predictions do not include the true label"),
         Metric("parent_failure_rate", "WordNet-parent failure rate", "%", False,
-               "Wiles et al., §3: any top-3 prediction outside the true label's WordNet parent"),
-    ),
+               "Wiles et al., §3: any top-3 prediction outside the true label's WordNet parent")),
     headline="top3_failure_rate", scorer="genshift.eval.scoring:in_g_block", block="in_g",
     outcomes="genshift.eval.scoring:in_g_outcomes", rank_k=3, rank_misses=True,
     extra_columns=_in_g_columns, suite_tasks=_in_g_tasks)

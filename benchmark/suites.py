@@ -25,11 +25,9 @@ from genshift.registry import Registry, package_yaml
 METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)
 
 # The 15 Hard ImageNet classes by wnid, in HardImageNet's class order (Moayeri et al. 2022).
-HARD_IMAGENET_WNIDS = (
-    "n03218198", "n02492660", "n04162706", "n04228054", "n04356056", "n02807133", "n02777292",
-    "n03535780", "n03899768", "n04019541", "n03770439", "n04264628", "n04540053", "n09835506",
-    "n04251144",
-)
+HARD_IMAGENET_WNIDS = ("n03218198", "n02492660", "n04162706", "n04228054", "n04356056", "n02807133", "n02777292",
+                       "n03535780", "n03899768", "n04019541", "n03770439", "n04264628", "n04540053", "n09835506",
+                       "n04251144")
 
 
 @dataclass(frozen=True)

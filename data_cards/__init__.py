@@ -12,10 +12,8 @@ from datasets.info import DatasetInfosDict
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
 
-IMAGENET_TERMS = (
-    "Images that derive from ImageNet are subject to the ImageNet terms of access "
-    "(https://image-net.org/download): non-commercial research and educational use only."
-)
+IMAGENET_TERMS = ("Images that derive from ImageNet are subject to the ImageNet terms of access "
+                  "(https://image-net.org/download): non-commercial research and educational use only.")
 # license: other needs a name and a link on the Hub; the suites' images derive from ImageNet.
 IMAGENET_LICENSE = ("imagenet-terms-of-access", "https://image-net.org/download")
 # The Hub's size_categories buckets (upper bounds, exclusive).

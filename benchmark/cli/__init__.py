@@ -38,11 +38,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="bench",
-        description="Benchmarks and a leaderboard for ImageNet classifiers under generated distribution shifts.",
-        epilog="Run `bench <verb> --help` for a verb's options and examples.",
-    )
+    parser = OneLineParser(prog="bench", epilog="Run `bench <verb> --help` for a verb's options and examples.",
+                           description="Benchmarks and a leaderboard for ImageNet classifiers under generated "
+                                       "distribution shifts.")
     parser.add_argument("--version", action="version", version=f"genshift-bench {__version__}")
     add_verbosity(parser)
     sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser,

@@ -32,8 +32,7 @@ def add_parser(sub):
             "  bench eval --models lance-table2 --suite lance-hardimagenet --preprocess lance-square\n"
             "  accelerate launch -m genshift eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
             "  torchrun --nproc_per_node 4 -m genshift eval --models zoo.txt --suite ./my-suite --cpu-threads 1\n"
-            "  bench eval --merge runs/\n"
-        ))
+            "  bench eval --merge runs/\n"))
     p.add_argument("--model", action="append", metavar="MODEL",
                    help="timm name, timm/<name>, hf-hub:<repo>[@sha], a timm wildcard ('timm/convnext_*.fb_in1k', "
                         "1000-class heads only) or NAME=CHECKPOINT; repeat for a sweep")
