@@ -93,12 +93,10 @@ def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, i
     return by_shift
 
 
-def _subdirs(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _top_files(d: Path) -> list[str]:
-    return sorted(display(p.name) for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
+def _listing(d: Path) -> tuple[list[Path], list[str]]:
+    """The sub-folders and the names of the files of ``d``, hidden ones left out, sorted."""
+    entries = sorted(p for p in d.iterdir() if not p.name.startswith("."))
+    return [p for p in entries if p.is_dir()], [display(p.name) for p in entries if p.is_file()]
 
 
 def _names(paths, n: int = 5) -> str:
@@ -108,13 +106,12 @@ def _names(paths, n: int = 5) -> str:
 
 def _class_pairs(d: Path) -> list[tuple[Path, int]]:
     """``<wnid>/<image>`` files of one folder (images in nested folders count for their wnid)."""
-    dirs = _subdirs(d)
+    dirs, top = _listing(d)
     wnids = set(imagenet.wnids())
     if bad := [x for x in dirs if x.name not in wnids]:
         raise BenchError(f"sub-folders of {display(d)} must be ImageNet-1k wnids (e.g. n01440764), or shift folders "
                          f"holding wnid folders (<shift>/<wnid>/<image>); found {_names(bad)}; rename them or use "
                          "--csv path,label")
-    top = _top_files(d)
     if top and not dirs:
         raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use "
                          "--csv")
@@ -139,9 +136,9 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         multi = bool(by_shift) and None not in by_shift
         where = f"the shift column of {display(Path(csv_path).name)}"
     else:
-        dirs = _subdirs(src)
+        dirs, top = _listing(src)
         others = [d for d in dirs if d.name not in wnids]
-        multi = any(x.name in wnids for d in others for x in _subdirs(d))
+        multi = any(x.name in wnids for d in others for x in _listing(d)[0])
         if multi and len(others) < len(dirs):
             raise BenchError(f"{display(src)} mixes class folders ({_names([d for d in dirs if d.name in wnids])}) "
                              f"with shift folders ({_names(others)}); use either <wnid>/<image> or "
@@ -164,9 +161,9 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
             if bad := [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]:
                 raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename "
                                  "them with lower-case letters, digits, '_' or '-' (at most 64 characters)")
-            if _top_files(src):
+            if top:
                 log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
-                            len(_top_files(src)), display(src))
+                            len(top), display(src))
             per_config = {d.name: _class_pairs(d) for d in dirs}
         reference = check_name(base or "base")
         if reference not in per_config:
