@@ -9,8 +9,8 @@ fractions shown in percentage points.
 
 from __future__ import annotations
 
-import importlib
 import math
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -99,10 +99,7 @@ class Family:
 
     def resolve(self, target: str | None):
         """The function a lazy ``"module:function"`` target names (None for None)."""
-        if target is None:
-            return None
-        module, _, name = target.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return None if target is None else pkgutil.resolve_name(target)
 
 
 def value(metric: Mapping | None) -> float:
