@@ -26,8 +26,7 @@ MAX_LIST_BYTES = 1 << 20  # a list file (--models, trusted keys): thousands of l
 
 
 def cache_root() -> Path:
-    """The folder of every cache of the project: ``<HF_HOME>/genshift``, ``HF_HOME`` by huggingface_hub's
-    rule, read at each call (``docs/hub.md`` section 3); a ``cache_dir`` argument replaces it."""
+    """``<HF_HOME>/genshift``, ``HF_HOME`` by huggingface_hub's rule read at each call (``docs/hub.md`` section 3)."""
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return Path(home).expanduser() / "genshift"
 
@@ -82,8 +81,7 @@ def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
 
 def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str = "is it the right file?",
                       encoding_fix: str = "save it as UTF-8") -> str:
-    """A UTF-8 text file from outside, read with :func:`read_limited`; a byte-order mark is dropped, anything
-    not UTF-8 is one line naming the byte and line, then ``encoding_fix``."""
+    """A UTF-8 text file read with :func:`read_limited`, BOM dropped; not UTF-8: one line naming the byte and line."""
     data = read_limited(path, max_bytes=max_bytes, what=what, fix=fix)
     try:
         return data.decode("utf-8-sig")

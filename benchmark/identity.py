@@ -94,9 +94,7 @@ def suggest(text: str) -> str | None:
     body = body.split("@", 1)[0] if "@sha256:" not in body else body
     if body.lower().startswith("timm/"):
         body = "timm/" + body[5:]
-    if body.isascii() and (HUB_ID.fullmatch(body) or LOCAL_ID.fullmatch(body)):
-        return body
-    return None
+    return body if body.isascii() and (HUB_ID.fullmatch(body) or LOCAL_ID.fullmatch(body)) else None
 
 
 @dataclass(frozen=True)
