@@ -19,8 +19,7 @@ def add_parser(sub):
     p.add_argument("--classes", type=csv_list, help="class indices or wnids (default: all present)")
     p.add_argument("--criterion", choices=("top1", "top3", "parent"), default="top1",
                    help="what counts as correct (IN-G suites: top3 or parent)")
-    p.add_argument("--clip-model", default="ViT-B-32-quickgelu",
-                   help="open_clip architecture for the image and caption embeddings")
+    p.add_argument("--clip-model", default="ViT-B-32-quickgelu", help="open_clip architecture of the embeddings")
     p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
     p.add_argument("--clip-image", choices=("classifier-square", "center-crop"), default="classifier-square",
                    help="what CLIP sees: classifier-square (the authors' code: the classifier's input, un-normalised)"

@@ -22,8 +22,7 @@ def add_parser(sub):
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--cache-dir", help="Hub cache folder (default: HF_HOME's)")
     add_mask_options(p)
-    p.add_argument("--strict", action="store_true",
-                   help="upstream ImageNet* only: refuse a release with missing or unexpected files")
+    p.add_argument("--strict", action="store_true", help="upstream ImageNet* only: refuse missing or unexpected files")
     p.add_argument("--force-download", action="store_true", help="re-download files even if cached")
     p.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT, else https://huggingface.co)")
     return p

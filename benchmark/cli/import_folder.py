@@ -14,14 +14,12 @@ def add_parser(sub):
                           "  bench import-folder ./photos --csv labels.csv --name photos --config night --out suite/\n"
                           "  bench import-folder ./my-shifts --name my-shifts --out ./my-shifts-suite"
                           "   # base/<wnid>/..., fog/<wnid>/...\n")
-    p.add_argument("folder", help="folder of <wnid>/<image> files, of <shift>/<wnid>/<image> files, or the root of "
-                                  "the CSV's paths")
+    p.add_argument("folder", help="folder of <wnid>/<image> or <shift>/<wnid>/<image> files, or the CSV's root")
     p.add_argument("--name", required=True,
                    help="suite id written into the manifest (lower-case letters, digits, '_', '-'; at most 64)")
     p.add_argument("--config", default=None,
                    help="config name of a one-config import (default: default); shift folders name their own")
-    p.add_argument("--base", default=None,
-                   help="the in-distribution shift of a multi-shift import (default: base)")
+    p.add_argument("--base", default=None, help="the in-distribution shift of a multi-shift import (default: base)")
     p.add_argument("--csv", help="CSV of path,label (label: wnid or class index), UTF-8 with or without BOM; "
                                  "a header path,label,shift makes one config per shift")
     p.add_argument("--out", required=True, help="output suite folder (must not exist unless --overwrite)")

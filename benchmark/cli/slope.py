@@ -23,8 +23,7 @@ def add_parser(sub):
                         "instead: each result takes its model's row at the input size its eval ran at")
     p.add_argument("--scale", choices=("linear", "probit", "both"), default="both",
                    help="accuracy scale of the fit: linear, probit or both")
-    p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, effective robustness, "
-                                                       "shift_impact)")
+    p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, robustness, impact)")
     return p
 
 
