@@ -345,11 +345,8 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
                            f"{hubio.OFFLINE_ROUTE}")
     with atomic_path(dest) as tmp:
         try:
-            with urllib.request.urlopen(MASK_URL, timeout=timeout) as r, open(tmp, "wb") as f:
-                while chunk := r.read(1 << 20):
-                    f.write(chunk)
-                    if f.tell() > MASK_SIZE:
-                        break
+            with urllib.request.urlopen(MASK_URL, timeout=timeout) as r:
+                tmp.write_bytes(r.read(MASK_SIZE + 1))  # bounded: one byte over the pinned size is enough to refuse
         except OSError as e:  # URLError and timeouts are OSErrors
             raise OfflineError(f"could not download the authors' masks.npy ({type(e).__name__}: "
                                f"{getattr(e, 'reason', e)}); {where}{hubio.OFFLINE_ROUTE}") from None
