@@ -369,27 +369,26 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
 
     from genshift.writer import SuiteWriter
 
-    good, skipped, checked = [], [], {}
+    skipped, checked = [], {}  # checked: image id -> (sha256, ImageInfo) of the readable images
     results = _in_order(_check_file, [(it.path,) for it in layout.items], pool)
     for it, (info, why, digest) in tqdm(zip(layout.items, results), total=len(layout.items), desc="decode images",
                                         unit="img", disable=not progress):
         if info is not None:
-            good.append(it)
             checked[it.image_id] = (digest, info)
         elif skip_bad_images:
             skipped.append(it.rel)
         else:
             raise BenchError(f"{it.rel} is not a readable image ({why}); remove it or pass --skip-bad-images")
-    if not good:
+    if not checked:
         raise BenchError(f"none of the {len(layout.items)} files in {display(src)} is a readable image")
-    by_config = {c: [it for it in good if it.config == c] for c in layout.configs}
+    by_config = {c: [it for it in layout.items if it.config == c and it.image_id in checked] for c in layout.configs}
     if empty := [c for c, its in by_config.items() if not its]:
         raise BenchError(f"config(s) {', '.join(map(repr, empty))} have no readable image left; fix or add images")
 
     tmp = out.parent / f".{out.name}.{os.getpid()}.incomplete"
     tmp.mkdir()  # mode 0777 & ~umask: the suite gets the user's normal permissions
     try:
-        bar = tqdm(total=len(good), desc=f"import {name}", unit="img", disable=not progress)
+        bar = tqdm(total=len(checked), desc=f"import {name}", unit="img", disable=not progress)
 
         def rows(block):
             stored = _in_order(_store_file, [(it.path, *checked[it.image_id]) for it in block], pool, window=window)
@@ -409,7 +408,7 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
                 for i, block in enumerate(shards):
                     w.write_shard(cfg, i, len(shards), rows(block))
             bar.close()
-            generator = {"builder": "bench import-folder", "images": len(good),
+            generator = {"builder": "bench import-folder", "images": len(checked),
                          "n_skipped_bad_images": len(skipped), "skipped_bad_images": skipped[:1000],
                          "image_storage": "JPEG (RGB/L, no EXIF rotation) as is; all else 8-bit PNG"}
             if layout.reference is not None:

@@ -63,10 +63,9 @@ class LocalSuite:
         manifest = Manifest.load(root)
         for rel in (CARD, *manifest.files):
             _check_inside(root, rel, inside)
-        suite = cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision, redownload_hint=redownload_hint)
-        if (root / CARD).is_file():
-            suite.card = parse_card(root / CARD, manifest)
-        return suite
+        card = parse_card(root / CARD, manifest) if (root / CARD).is_file() else None
+        return cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision, redownload_hint=redownload_hint,
+                   card=card)
 
     @property
     def suite_id(self) -> str:
