@@ -61,9 +61,9 @@ class Population:
         return [m.paper for m in self.members]
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "title": self.title, "source": self.source, "suites": list(self.suites),
-                "choice": self.choice, "data_config_from": self.data_config_from,
-                "models": [{k: v for k, v in asdict(m).items() if v is not None} for m in self.members]}
+        out = {**asdict(self), "suites": list(self.suites)}
+        out["models"] = [{k: v for k, v in m.items() if v is not None} for m in out.pop("members")]
+        return out
 
 
 @lru_cache(maxsize=1)
