@@ -126,10 +126,9 @@ def _check_remote(api, repo_id: str, sha: str, folder: Path, suite: LocalSuite, 
               if isinstance(e, RepoFile)}
     for f in files:
         e = remote.get(f)
-        size = (folder / f).stat().st_size
         want = suite.manifest.files[f].sha256 if f in suite.manifest.files else None
         lfs_sha = e.lfs.sha256 if e is not None and e.lfs else None
-        if e is None or e.size != size or (want and lfs_sha and lfs_sha != want):
+        if e is None or e.size != (folder / f).stat().st_size or (want and lfs_sha and lfs_sha != want):
             raise BenchError(f"after the upload, {f} at datasets/{repo_id}@{sha[:12]} is "
                              f"{'missing' if e is None else 'different'}; rerun `bench publish` to resume (nothing "
                              "was tagged)")

@@ -47,14 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="what to do; `bench <verb> --help` shows its options and examples")
     for name in VERBS:
         module = importlib.import_module(f"genshift.cli.{name}")
-        p = module.add_parser(sub)
-        p.set_defaults(_run=module.run)
+        module.add_parser(sub).set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     # logs to stderr: a process-wide setting, the CLI's, never the library's (genshift.evaluate leaves logging be)
     level = logging.WARNING if args.quiet else logging.INFO if args.verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,
