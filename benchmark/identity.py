@@ -145,8 +145,7 @@ def identity_of(model: Mapping, *, strict: bool = True) -> Identity:
     source = model.get("source")
     hub = source == "hf-hub"
     return Identity(id=recorded, source=source, repo_id=recorded if hub else None,
-                    revision=model.get("weights_revision") if hub else None,
-                    tensors_sha256=model.get("tensors_sha256"))
+                    revision=model.get("weights_revision") if hub else None, tensors_sha256=model.get("tensors_sha256"))
 
 
 def folder_name(model_id: str) -> str:

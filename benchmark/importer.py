@@ -146,9 +146,8 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         where = f"the shift folders of {display(src)}"
     if not multi:
         if base is not None:
-            raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
-                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop "
-                             "--base")
+            raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> folders "
+                             f"or a path,label,shift CSV); {display(src)} is a single-config import, drop --base")
         config = check_name(config or "default")
         per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
         reference = None
