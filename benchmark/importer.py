@@ -353,9 +353,8 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     pool = (ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),))
             if workers > 0 and len(layout.items) > CHUNK else None)
     try:
-        return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
-                       shard_size=shard_size, pool=pool, window=4 * CHUNK * max(workers, 1), progress=progress,
-                       card=card)
+        return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images, card=card,
+                       shard_size=shard_size, pool=pool, window=4 * CHUNK * max(workers, 1), progress=progress)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)

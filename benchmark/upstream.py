@@ -219,10 +219,9 @@ def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
                 data = it.source.read_bytes()
                 src = it.source.name
             wnid = imagenet.wnids()[it.label]
-            yield {"image": {"bytes": data, "path": None}, "label": it.label,
-                   "image_id": f"{it.shift}/{wnid}/{it.number:02d}", "config": it.shift,
-                   "keep": True if masks is None else bool(masks[it.shift][per_class * it.label + it.number]),
-                   "pair_id": None, "source_file": src}
+            yield {"image": {"bytes": data, "path": None}, "label": it.label, "config": it.shift, "pair_id": None,
+                   "image_id": f"{it.shift}/{wnid}/{it.number:02d}", "source_file": src,
+                   "keep": True if masks is None else bool(masks[it.shift][per_class * it.label + it.number])}
 
 
 def is_release_folder(path: str | Path) -> bool:

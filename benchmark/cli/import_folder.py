@@ -27,9 +27,8 @@ def add_parser(sub):
     p.add_argument("--skip-bad-images", action="store_true",
                    help="skip (and count in the manifest) files that do not fully decode, instead of stopping")
     p.add_argument("--shard-size", type=int, default=1000, help="images per parquet shard (1..100000; default 1000)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="processes that decode and convert images (0..256; default: one per CPU, at most 8; "
-                        "0 = in the main process); the suite is the same for any number")
+    p.add_argument("--workers", type=int, default=None, help="processes that decode and convert images (0..256; "
+                   "default: one per CPU, at most 8; 0 = in the main process); the suite is the same for any number")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     return p
 
