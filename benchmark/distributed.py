@@ -1,7 +1,6 @@
-"""This process's place in a multi-process run (eval sweeps and suite builds) and the deterministic split of work
-over processes. The launcher's environment (torchrun's, ``accelerate launch``'s, an MPI launch's) is read strictly
-and must agree with accelerate's ``PartialState``; anything inconsistent is one line.
-"""
+"""This process's place in a multi-process run (eval sweeps and suite builds) and the deterministic split of work over
+processes. The launcher's environment (torchrun's, ``accelerate launch``'s, an MPI launch's) is read strictly and must
+agree with accelerate's ``PartialState``; anything inconsistent is one line."""
 
 from __future__ import annotations
 

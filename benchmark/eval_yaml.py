@@ -1,6 +1,5 @@
-"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hub (``docs/hub.md`` section 9), one task
-per headline metric of the suite's family (``genshift.families``: ``Family.tasks``).
-"""
+"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hub (``docs/hub.md`` section 9), one task per
+headline metric of the suite's family (``genshift.families``: ``Family.tasks``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Suites on the Hub (``docs/hub.md``): open any suite the user names, download one at a pinned commit
-(through ``genshift.hubio``), publish a build (one commit, or resumably in several; tagged; gated when
-its card asks).
-"""
+"""Suites on the Hub (``docs/hub.md``): open any suite the user names, download one at a pinned commit (through
+``genshift.hubio``), publish a build (one commit, or resumably in several; tagged; gated when its card asks)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Hub transport, the bottom layer under ``genshift.upstream`` and ``genshift.hub`` (it imports neither): revisions
-resolved to a sha by huggingface_hub's rules, snapshots at that sha, its errors as one line (``docs/hub.md`` 2-4).
-"""
+resolved to a sha by huggingface_hub's rules, snapshots at that sha, its errors as one line (``docs/hub.md`` 2-4)."""
 
 from __future__ import annotations
 

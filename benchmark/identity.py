@@ -1,7 +1,6 @@
-"""One identity per model: the canonical id of what was loaded, and the digest of its tensors; every part that
-names, matches or ranks a model calls this module. The rules: ``docs/results.md``, "Model identity" (Hub weights
-``ORG/NAME``, anything else ``<arch>@sha256:<16 hex of the tensors' digest>``; :func:`folder_name` is one-to-one).
-"""
+"""One identity per model: the canonical id of what was loaded, and the digest of its tensors; every part that names,
+matches or ranks a model calls this module. The rules: ``docs/results.md``, "Model identity" (Hub weights ``ORG/NAME``,
+anything else ``<arch>@sha256:<16 hex of the tensors' digest>``; :func:`folder_name` is one-to-one)."""
 
 from __future__ import annotations
 

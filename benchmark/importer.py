@@ -1,6 +1,5 @@
 """``bench import-folder``: your own images as a suite in format 1.1 (``docs/hub.md`` section 7). Every file is fully
-decoded before anything is written; the suite is written to ``.<out name>.<pid>.incomplete`` and renamed at the end.
-"""
+decoded before anything is written; the suite is written to ``.<out name>.<pid>.incomplete`` and renamed at the end."""
 
 from __future__ import annotations
 

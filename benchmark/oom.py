@@ -1,6 +1,5 @@
-"""Batch-size back-off on accelerator out-of-memory errors (eval and every builder): a batch that runs out
-of memory is retried at half the size until it fits; the size that worked is kept for the rest of the run.
-"""
+"""Batch-size back-off on accelerator out-of-memory errors (eval and every builder): a batch that runs out of memory is
+retried at half the size until it fits; the size that worked is kept for the rest of the run."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Read a suite in format 1 or 1.1 from a local folder: the one validation layer for suites from outside
-(``docs/format.md`` section 4.2), every file checked before any model is loaded; rows stream by row group.
-"""
+(``docs/format.md`` section 4.2), every file checked before any model is loaded; rows stream by row group."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""One registry type for every pluggable kind, modelled on lm-evaluation-harness's ``Registry``: a duplicate
-name is an error (never a silent overwrite), a registry can be frozen, an unknown name gets close matches.
-"""
+"""One registry type for every pluggable kind, modelled on lm-evaluation-harness's ``Registry``: a duplicate name is an
+error (never a silent overwrite), a registry can be frozen, an unknown name gets close matches."""
 
 from __future__ import annotations
 

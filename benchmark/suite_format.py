@@ -1,7 +1,6 @@
-"""The suite format, version 1.1 (``docs/format.md``, the authoritative description): row schema,
-shard names, the manifest and its checks. Everything read from a suite is hostile until checked
-(``docs/format.md`` section 4.2); every error is one :class:`~genshift.errors.IntegrityError` line.
-"""
+"""The suite format, version 1.1 (``docs/format.md``, the authoritative description): row schema, shard names, the
+manifest and its checks. Everything read from a suite is hostile until checked (``docs/format.md`` section 4.2); every
+error is one :class:`~genshift.errors.IntegrityError` line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Deterministic synthetic suites for tests, benchmark scripts and offline demos (``bench demo-suite``): small
-noise JPEGs from a numpy generator seeded by (config, class, index), so the same arguments write the same bytes.
-"""
+"""Deterministic synthetic suites for tests, benchmark scripts and offline demos (``bench demo-suite``): small noise
+JPEGs from a numpy generator seeded by (config, class, index), so the same arguments write the same bytes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks as a format-1 suite, without
 re-encoding, ``keep`` from the mask (``docs/hub.md`` section 5, ``docs/format.md`` section 7): :func:`open_upstream`
-(the Hub repo at a sha) and :func:`open_release` (a local folder) convert once into ``<cache>/upstream/<key>/``.
-"""
+(the Hub repo at a sha) and :func:`open_release` (a local folder) convert once into ``<cache>/upstream/<key>/``."""
 
 from __future__ import annotations
 

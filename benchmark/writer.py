@@ -1,7 +1,6 @@
 """The suite writer of every builder and of ``bench import-folder`` (``docs/format.md`` section 3): one atomic
 ``write_shard`` per shard (a rerun with the same ``fingerprint`` skips those ``shard_done`` says are finished; another
-fingerprint is refused unless ``overwrite``), then ``finalize`` writes the card and, last, the manifest.
-"""
+fingerprint is refused unless ``overwrite``), then ``finalize`` writes the card and, last, the manifest."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Dataset card templates, rendered when a suite is finalised (``docs/format.md`` section 5): a YAML header from the
-Hub and ``datasets`` APIs, then a ``<template>.md.j2`` body. A leaf: it imports nothing of genshift.
-"""
+"""Dataset card templates, rendered when a suite is finalised (``docs/format.md`` section 5): a YAML header from the Hub
+and ``datasets`` APIs, then a ``<template>.md.j2`` body. A leaf: it imports nothing of genshift."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The ``bench`` command: one module per verb, each with ``add_parser`` and ``run`` (heavy imports inside ``run``:
-``bench --help`` stays fast). A ``BenchError``, or an ``OSError`` from the environment, is one ``error:`` line and
-a non-zero exit (``-vv`` adds the traceback of the latter); anything else is a bug and keeps its traceback.
-"""
+``bench --help`` stays fast). A ``BenchError``, or an ``OSError`` from the environment, is one ``error:`` line and a
+non-zero exit (``-vv`` adds the traceback of the latter); anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
