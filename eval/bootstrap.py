@@ -1,11 +1,6 @@
-r"""Seeded, paired bootstrap over images: one set of draws per (seed, image set).
-
-Every interval in a result and every rank interval on the leaderboard comes from the same resamples:
-:func:`resampling` draws them from ``(seed, key, n, n_boot)`` only, where ``key`` names the image set
-(the suite config) and the n images are in their fixed order (sorted ``image_id``). Two models scored
-on one config get the **same** resampled images, so the difference of their replicates is the bootstrap
-of their difference (a paired bootstrap, Efron & Tibshirani 1993, ch. 6). How the resamples are laid
-out (rotated multinomial pools, each replicate exactly an ordinary resample; sums by FFT):
+r"""Seeded, paired bootstrap over images (Efron & Tibshirani 1993, ch. 6): :func:`resampling` draws from
+``(seed, key, n, n_boot)`` only (``key``: the suite config; images in sorted ``image_id`` order), so every
+model scored on a config gets the same resamples. Layout (rotated multinomial pools, sums by FFT):
 ``docs/results.md``, "Intervals".
 """
 
@@ -54,9 +49,7 @@ class Resampling:
 
     def sums(self, values) -> np.ndarray:
         """Replicate sums ``W @ values`` for ``values`` (n,) or (n, M): shape ``(n_boot, M)``."""
-        v = np.asarray(values)
-        if v.ndim == 1:
-            v = v[:, None]
+        v = np.column_stack([values])  # (n,) -> (n, 1)
         if v.shape[0] != self.n:
             raise ValueError(f"values have {v.shape[0]} rows, the resampling has {self.n} items")
         integer = v.dtype.kind in "biu"
@@ -111,16 +104,10 @@ def resampling(n: int, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED
 
 def paired_mean_replicates(values, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED,
                            key: str) -> np.ndarray:
-    """Replicates of the per-column mean of ``values`` (n,) or (n, M) over the resamples of ``key``.
-
-    Returns ``(n_boot, M)``. Columns are models (or several outcomes of one model); rows of
-    ``values`` are the images of the set named by ``key``, in its fixed order (sorted image ids).
-    A column's replicates do not depend on the other columns, so a result scored alone and the
-    same model scored with 500 others get identical replicates.
-    """
-    v = np.asarray(values)
-    if v.ndim == 1:
-        v = v[:, None]
+    """Replicates ``(n_boot, M)`` of the per-column mean of ``values`` (n,) or (n, M) (columns: models or outcomes;
+    rows: the images of ``key`` in sorted image-id order) over the resamples of ``key``. A column's replicates do
+    not depend on the other columns: a model scored alone or with 500 others gets identical replicates."""
+    v = np.column_stack([values])  # (n,) -> (n, 1)
     n = v.shape[0]
     if n == 0:
         return np.full((n_boot, v.shape[1]), np.nan)
@@ -129,10 +116,8 @@ def paired_mean_replicates(values, *, n_boot: int = DEFAULT_N_BOOT, seed: int = 
 
 def cluster_weights(n_clusters: int, *, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED,
                     key: str) -> np.ndarray:
-    """``(n_boot, n_clusters)`` resample counts of whole clusters (e.g. LANCE source images).
-
-    Used for statistics over related rows (an original and its counterfactuals move together).
-    """
+    """``(n_boot, n_clusters)`` resample counts of whole clusters (e.g. LANCE source images: an original and its
+    counterfactuals move together)."""
     if n_clusters == 0:
         return np.zeros((n_boot, 0), dtype=np.float32)
     return resampling(n_clusters, n_boot=n_boot, seed=seed, key=key).matrix()

@@ -87,11 +87,8 @@ def _caption_table() -> dict:
 
 
 def candidate_captions(label: int, *, reference: str = "code") -> tuple[str, list[str]]:
-    """``(reference caption, candidate captions)`` for an ImageNet class.
-
-    ``reference="code"``: "a photo of a <class name>" (the authors' code); ``"paper"``: "a photo of
-    a <ancestor>" (the appendix). The spec leaves it unresolved; the default follows the code.
-    """
+    """``(reference caption, candidate captions)`` for an ImageNet class. ``reference="code"`` (default): "a photo
+    of a <class name>" (the authors' code); ``"paper"``: "a photo of a <ancestor>" (the appendix)."""
     if reference not in ("code", "paper"):
         raise ValueError(f"reference must be 'code' or 'paper', got {reference!r}")
     table = _caption_table()

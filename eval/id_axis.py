@@ -77,10 +77,8 @@ def eval_img_size(result: dict) -> int | None:
 
 
 def id_accuracy(results: list[dict], table: IdTable) -> tuple[dict[str, float], dict[str, int | None]]:
-    """Per result's model id: the CSV's top-1 at the eval's input size, and the size used.
-
-    Every result must have its row; the first that has none is one error line (what the CSV has for
-    the model instead, or that it lacks the model)."""
+    """Per result's model id: the CSV's top-1 at the eval's input size, and the size used; a result without its
+    row is one error line (what the CSV has for the model instead, or that it lacks the model)."""
     acc, used, problems = {}, {}, []
     for r in results:
         mid = r["model"]["id"]

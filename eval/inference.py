@@ -11,7 +11,6 @@ import math
 import os
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from torchvision.transforms.v2 import functional as F
 
 from genshift.errors import BenchError, one_line
 from genshift.eval.options import EvalOptions, OptionError
-from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock
+from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, first_per_class
 from genshift.oom import BatchBackoff
 from genshift.pixels import check_size, size_of, to_rgb
 from genshift.reader import LocalSuite, RowGroup, read_row_group
@@ -52,13 +51,8 @@ def plan_units(suite: LocalSuite, config: str, *, batch_size: int, unit_rows: in
     if limit_per_class:
         meta = suite.read_columns(config, ["image_id", "label"])
         ids = meta["image_id"].to_pylist()
-        labels = meta["label"].to_numpy()
-        chosen, per_class = set(), Counter()
-        for pos in sorted(range(len(ids)), key=ids.__getitem__):
-            per_class[labels[pos]] += 1
-            if per_class[labels[pos]] <= limit_per_class:
-                chosen.add(pos)
-        positions = [p for i, p in enumerate(positions) if i in chosen]
+        chosen = first_per_class(ids, meta["label"].to_pylist(), limit_per_class)
+        positions = [p for p, i in zip(positions, ids) if i in chosen]
     size = batch_size * max(1, -(-unit_rows // batch_size))
     units = [Unit(i, tuple(positions[a:a + size])) for i, a in enumerate(range(0, len(positions), size))]
     return groups, units
@@ -113,8 +107,7 @@ class DeviceDecoder:
         self.size = (h, w)
         self.scale = (math.floor(h / crop_pct), math.floor(w / crop_pct))
         interp = data_config.get("interpolation")
-        known = interp in ("bicubic", "bilinear", "nearest")
-        self.interpolation = InterpolationMode(interp) if known else InterpolationMode.BILINEAR
+        self.interpolation = InterpolationMode(interp if interp in ("bicubic", "bilinear", "nearest") else "bilinear")
         self.device = torch.device(device)
 
     def __call__(self, datas: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, str]]]:
@@ -338,12 +331,11 @@ def predict_units(suite: LocalSuite, config: str, feeds: list[ModelFeed], units:
                 drop = {i for i, _ in failed}
                 item["bad"] = [(item["meta"]["image_id"][i], err) for i, err in failed]
                 item["meta"] = {c: [v for i, v in enumerate(vals) if i not in drop] for c, vals in item["meta"].items()}
-            bad = []
-            for image_id, err in item["bad"]:
-                if not opts.skip_bad_images:
-                    raise BenchError(f"image {image_id!r} of config {config!r} does not decode ({err}); fix the suite "
-                                     "or set skip_bad_images to skip and count such images")
-                bad.append(image_id)
+            if item["bad"] and not opts.skip_bad_images:
+                image_id, err = item["bad"][0]
+                raise BenchError(f"image {image_id!r} of config {config!r} does not decode ({err}); fix the suite "
+                                 "or set skip_bad_images to skip and count such images")
+            bad = [image_id for image_id, _ in item["bad"]]
             labels = torch.tensor(item["meta"]["label"], dtype=torch.long)
             served = 0
             for feed in list(live):

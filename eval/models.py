@@ -1,9 +1,6 @@
-"""Load any timm ImageNet-1k classifier with pinned weights and timm's own eval preprocessing.
-
-Names: ``resnet50.a1_in1k`` (timm registry; a bare arch takes its default tag), ``timm/resnet50.a1_in1k`` (a Hub
-repo), ``hf-hub:<repo>@<sha>`` (pinned), any of them with ``checkpoint=FILE`` (the architecture from the name, the
-weights from the file; README, "`bench eval` in more detail"). The Hub revision is resolved to a commit sha, the
-model identified by ``genshift.identity`` and sized on the meta device before any real allocation.
+"""Load any timm ImageNet-1k classifier with pinned weights and timm's own eval preprocessing. Names (a timm
+registry name, a Hub repo, ``hf-hub:<repo>@<sha>``, any of them with ``checkpoint=FILE``): README, "`bench eval` in
+more detail". The Hub revision is resolved to a commit sha, the model identified by ``genshift.identity``.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import functools
 import os
 import pickle
 import stat
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +60,6 @@ class LoadedClassifier:
     tag: str | None = None               # Hub weights' tag; None for local weights (their name is only declared_name)
     weights_revision: str | None = None  # 40-char Hub sha
     weights_sha256: str | None = None    # the weights file's bytes
-    weights_file: str | None = None
     pretrained_cfg: dict = field(default_factory=dict)
     checkpoint_weights: str | None = None  # "model" | "ema" when --checkpoint was a training checkpoint
     tensors_sha256: str | None = None      # genshift.identity.tensors_sha256 of the loaded state dict
@@ -114,7 +111,7 @@ def parse_model_name(text: str) -> ModelRef:
         raise BenchError("empty --model; give a timm name such as 'resnet50.a1_in1k' or 'timm/resnet50.a1_in1k'")
     body, _, rev = raw.partition("@")
     rev = rev or None
-    body = body[len("hf-hub:"):] if body.startswith("hf-hub:") else body
+    body = body.removeprefix("hf-hub:")
     if "/" in body:
         if body.count("/") != 1:
             raise BenchError(f"model {raw!r} is not a timm name or an org/name Hub repo id")
@@ -167,7 +164,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     if checkpoint is not None:
         check_checkpoint_file(checkpoint)  # before any architecture is built (eva_giant: 3.7 GB of RAM)
     ref = parse_model_name(name)
-    picked = rev = wfile = wsha = declared = None
+    picked = rev = wsha = declared = None
     if checkpoint is not None or not pretrained:
         arch_name = ref.name or (ref.repo_id.split("/", 1)[1] if ref.repo_id else None)
         if arch_name is None or not timm.is_model(arch_name.split(".", 1)[0]):
@@ -181,7 +178,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
         if checkpoint is not None:
             entry = load_checkpoint(model, checkpoint, remap_by_order=remap_by_order, state=state)
             picked = checkpoint_weights if entry is not None else None
-            wfile, wsha = str(checkpoint), weights_sha256(checkpoint)
+            wsha = weights_sha256(checkpoint)
     else:
         if ref.repo_id is None:
             raise BenchError(f"timm has no Hub weights for {name!r}; pass --checkpoint FILE")
@@ -199,7 +196,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     return LoadedClassifier(
         model=model, transform=transform, data_config=data_config, model_id=model_id, architecture=arch,
         tag=(tag or cfg.get("tag")) if source == "hf-hub" else None, source=source, weights_revision=rev,
-        weights_sha256=wsha, weights_file=wfile, num_params=sum(p.numel() for p in model.parameters()),
+        weights_sha256=wsha, num_params=sum(p.numel() for p in model.parameters()),
         pretrained_cfg=_jsonable(cfg), checkpoint_weights=picked, tensors_sha256=digest, declared_name=declared,
     )
 
@@ -307,9 +304,8 @@ def _sha256_of(path: str, key: StatKey) -> str:
 
 
 def check_checkpoint_file(path: str | os.PathLike) -> Path:
-    """A local checkpoint exists, is a regular file, is readable, is not empty and is at most
-    ``MAX_CHECKPOINT_BYTES``; anything else is one line naming the file. Cheap (a stat and a
-    1-byte read): called before the architecture is built."""
+    """A local checkpoint is a readable, non-empty regular file of at most ``MAX_CHECKPOINT_BYTES``, else one line
+    naming it. Cheap (a stat and a 1-byte read): called before the architecture is built."""
     path = Path(path)
     try:
         st = path.stat()
@@ -332,15 +328,6 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
     return path
 
 
-def _unsafe_globals(path: Path) -> list[str]:
-    """The globals, other than timm's ``argparse.Namespace``, that make weights-only loading refuse a pickle."""
-    try:
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    except Exception:  # noqa: BLE001 - not a pickle torch can scan: the file is damaged, said by the caller
-        return []
-    return [g for g in unsafe if g != "argparse.Namespace"]
-
-
 def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple[dict, str | None]:
     """A checkpoint file -> ``(state_dict, entry)``, ``entry`` the training-checkpoint key used: safetensors, a plain
     state dict or a timm ``train.py`` checkpoint, weights-only; ``weights`` ``"model"`` (timm ``validate.py``'s
@@ -356,7 +343,11 @@ def read_checkpoint(path: str | os.PathLike, *, weights: str = "model") -> tuple
             with torch.serialization.safe_globals([argparse.Namespace]):
                 sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any decode failure is the user's file
-        unsafe = _unsafe_globals(path) if isinstance(e, pickle.UnpicklingError) else []
+        unsafe = []
+        if isinstance(e, pickle.UnpicklingError):  # the globals, other than timm's Namespace, it refuses
+            with suppress(Exception):  # not a pickle torch can scan: the file is damaged, said below
+                unsafe = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+                          if g != "argparse.Namespace"]
         if unsafe:
             raise BenchError(f"checkpoint {str(path)!r} holds Python objects ({', '.join(unsafe[:3])}) that "
                              "weights-only loading refuses (bench never unpickles arbitrary code); save the weights "

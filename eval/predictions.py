@@ -1,7 +1,5 @@
-"""Per-image predictions files: the schema (the table in ``docs/results.md``, "Predictions file"), bounded
-reading, and checkpointed writing with resume. One parquet file per (model, suite config), rows sorted by
-``image_id``; classes ordered by probability, ties by lower class index (``genshift.eval.inference.rank_classes``),
-so acc@k is exact for every k (``true_rank < k``) and metrics are pure functions of these files.
+"""Per-image predictions files (one per model and suite config; ``docs/results.md``, "Predictions file"): the
+schema, bounded reading, and checkpointed writing with resume.
 """
 
 from __future__ import annotations
@@ -10,6 +8,7 @@ import logging
 import re
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +107,16 @@ def unit_digest(image_ids) -> str:
     return sha256_bytes("\n".join(sorted(image_ids)).encode("utf-8"))[:16]
 
 
+def first_per_class(ids: list[str], labels: list[int], limit: int) -> set[str]:
+    """``limit_per_class``'s selection: the first ``limit`` image ids of each class in image_id order."""
+    chosen, per_class = set(), Counter()
+    for i, c in sorted(zip(ids, labels)):  # image ids are unique
+        if per_class[c] < limit:
+            per_class[c] += 1
+            chosen.add(i)
+    return chosen
+
+
 def contained(path: Path, root: Path) -> Path:
     """``path`` resolved, asserted to lie strictly inside ``root`` (nothing outside ``--out`` is
     ever written or removed, whatever names a suite's manifest carries)."""
@@ -129,12 +138,9 @@ def safe_config_dir(work_dir: Path, config: str) -> Path:
 
 
 class CheckpointedPredictions:
-    """Collect prediction blocks for one config, flushing parts atomically so a killed run resumes.
-
-    Parts: ``<work_dir>/<config>/part-<first unit>-<last unit>.parquet`` with a JSON sidecar (skipped rows,
-    seconds, batch size, session), flushed every ``flush_rows`` rows and every ``flush_seconds``; ``done_units``:
-    what to skip. ``finish`` merges every process's parts, sorted by ``image_id``, into the final file.
-    """
+    """Collect prediction blocks for one config, flushing parts (``genshift.eval.merging``) atomically every
+    ``flush_rows`` rows and every ``flush_seconds`` so a killed run resumes (``done_units``: what to skip);
+    ``finish`` merges every process's parts, sorted by ``image_id``, into the final file."""
 
     def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048,
                  flush_seconds: float = 30.0, session: str = "", rank: int = 0, run_key: str = "",
@@ -209,12 +215,9 @@ MAX_DECODED_BYTES = 512 << 20
 
 def read_predictions(path: str | Path, columns: list[str] | None = None, *, data: bytes | None = None) -> pa.Table:
     """Read one predictions file (the base and carried columns, or ``columns``), checking it has the base columns;
-    ``data``: its bytes, read and hashed already (what was hashed is what is read).
-
-    Bounded before it is big: the footer; the row count, the row groups' declared decompressed size and the
-    fixed-width columns' size before any page is read; then the strings read as dictionaries (a zstd "bomb" of
-    one repeated value stays one value), counted as they would decode, batch by batch.
-    """
+    ``data``: its bytes, read and hashed already. Bounded before it is big: footer, row count and declared sizes
+    before any page is read, then strings read as dictionaries (a zstd "bomb" of one repeated value stays one
+    value), counted as they would decode, batch by batch."""
     where = f"predictions file {path}"
     check_parquet_footer(path if data is None else data, where)
     src = (lambda: path) if data is None else (lambda: pa.BufferReader(data))

@@ -70,17 +70,10 @@ def _given_back(model):
 def evaluate(model, suite: str, *, configs: Sequence[str] | None = None, out: str | Path | None = None,
              options: EvalOptions | None = None, model_id: str | None = None, data_config: dict | None = None,
              transform=None, **option_overrides) -> Result:
-    """Score ``model`` on ``suite`` and return its :class:`Result`.
-
-    ``model``: a timm name or Hub id (``resnet50.a1_in1k``, ``timm/resnet50.a1_in1k``,
-    ``hf-hub:ORG/NAME@sha``, ``NAME=CHECKPOINT``), or an ``nn.Module`` holding its weights. A timm
-    module brings its own data config (``resolve_data_config(model=m, use_test_size=True)``); any
-    other module needs ``data_config`` (timm's keys; the rest defaulted as timm does) or
-    ``transform`` (PIL image -> normalised tensor), and ``model_id``. A module's id is its
-    architecture (or ``model_id``) and the digest of its tensors (``genshift.identity``).
-    ``suite``: a registry id, a Hub dataset repo or a suite folder. ``options`` and
-    ``option_overrides`` (any field of :class:`EvalOptions`, e.g. ``topk=5``) say how.
-    """
+    """Score ``model`` (a name as ``--model`` takes it, or an ``nn.Module`` holding its weights with
+    ``model_id``, ``data_config`` or ``transform``: README, "In Python") on ``suite`` (a registry id, a Hub
+    dataset repo or a suite folder); ``options`` and ``option_overrides`` (any field of :class:`EvalOptions`,
+    e.g. ``topk=5``) say how."""
     from genshift.eval.model_list import ModelSpec, resolve_models
     from genshift.eval.results import RESULT_FILE
     from genshift.eval.sweep import SweepRequest, run_sweep

@@ -1,10 +1,6 @@
-"""From predictions tables to the metrics of each suite family, with bootstrap intervals.
-
-``score(family, tables, options)`` is a pure function: the eval harness calls it after inference
-and ``bench verify`` calls it again on the stored files; both must give identical numbers.
-
-Every metric value is ``{"value": float | None, "ci": [lo, hi] | None, "n": int}`` (fractions,
-``None`` when undefined, e.g. no kept rows).
+"""From predictions tables to the metrics of each suite family, with bootstrap intervals: ``score`` is a pure
+function (``bench eval`` and ``bench verify`` must give identical numbers). Every metric value is
+``{"value": float | None, "ci": [lo, hi] | None, "n": int}`` (fractions, ``None`` when undefined).
 """
 
 from __future__ import annotations

@@ -79,11 +79,8 @@ def shift_impact(drops, *, confidence: float = 0.95) -> dict:
 
 
 def shift_impact_table(results: list[dict], *, confidence: float = 0.95) -> dict[str, dict]:
-    """``shift_impact`` of every shift the results share, from their per-model ``absolute_impact``.
-
-    The results must be comparable (one suite revision, one scoring protocol, so one reference
-    for the drops) and of the ImageNet* family; a ``BenchError`` says which is not.
-    """
+    """``shift_impact`` of every shift the results share, from their per-model ``absolute_impact``; the results
+    must be comparable (:func:`_check_comparable`) and of the ImageNet* family."""
     if not results:
         return {}
     _check_comparable(results)
@@ -100,12 +97,8 @@ def shift_impact_table(results: list[dict], *, confidence: float = 0.95) -> dict
 
 def slope_table(results: list[dict], *, reference_config: str | None = None,
                 id_accuracy: dict[str, float] | None = None, scales: tuple[str, ...] = SCALES) -> dict:
-    """Per shift: the fit on each scale and each model's effective robustness; plus, for
-    ImageNet* results, each shift's ``shift_impact`` (:func:`shift_impact_table`).
-
-    All results must be of one suite (same manifest hash) and one scoring protocol, else the
-    points are not comparable and a ``BenchError`` names the odd one out.
-    """
+    """Per shift: the fit on each scale and each model's effective robustness; plus, for ImageNet* results, each
+    shift's ``shift_impact``. The results must be comparable (:func:`_check_comparable`)."""
     if len(results) < 2:
         raise BenchError(f"an ID/OOD fit needs results of at least 2 models, got {len(results)}")
     _check_comparable(results)

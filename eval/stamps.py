@@ -17,6 +17,7 @@ from pathlib import Path
 from genshift import fsutil
 from genshift.errors import BenchError
 from genshift.fsutil import atomic_write_bytes, canonical_json, read_limited, sha256_bytes
+from genshift.identity import identity_of
 
 STAMP_KIND = "genshift-board-record"
 STAMP_VERSION = 3
@@ -180,8 +181,6 @@ def build_record(result: dict, *, result_sha256: str, predictions_sha256: dict[s
     """The board record of a (schema-valid) result; ``BenchError`` if its model id is not the canonical id of
     the weights it records. ``tables`` (config -> predictions table, as checked): add the per-image
     correctness the rank intervals need."""
-    from genshift.identity import identity_of
-
     m, ident = result["model"], identity_of(result["model"])
     record = {
         "kind": STAMP_KIND, "version": STAMP_VERSION, "ok": True,
@@ -262,10 +261,8 @@ def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str,
     """``(record, "")`` if the bytes are a record signed by a trusted key for ``result.json`` as it is now
     (and, when given, these predictions files), else ``(None, why not)``: unsigned, unknown key, bad
     signature, stale, or not a record."""
-    from genshift.fsutil import parse_json
-
     try:
-        record = parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)
+        record = fsutil.parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)
     except BenchError as e:
         return None, str(e)
     if not isinstance(record, dict) or record.get("kind") != STAMP_KIND or record.get("version") != STAMP_VERSION:

@@ -77,7 +77,7 @@ class TrustedSuites:
     by_sha: dict[str, SuiteRef] = field(default_factory=dict)
     registry: bool = True
     download: bool = False
-    _registry_seen: dict = field(default_factory=dict, repr=False)
+    _registry_seen: set = field(default_factory=set, repr=False)
 
     @classmethod
     def from_paths(cls, paths, *, registry: bool = True, download: bool = False) -> TrustedSuites:
@@ -108,25 +108,19 @@ class TrustedSuites:
             raise BenchError(f"{path} holds no suite folders or manifest files; give the folder of trusted manifests")
 
     def lookup(self, suite: dict) -> SuiteRef | None:
-        """The trusted manifest with the result's ``suite.manifest_sha256``, if any."""
-        sha = suite.get("manifest_sha256")
-        if sha not in self.by_sha and self.registry:
-            self._registry_ref(suite.get("id"))  # added to by_sha when there is one
-        return self.by_sha.get(sha)
-
-    def _registry_ref(self, suite_id: str) -> SuiteRef | None:
-        """The manifest of a registered suite at its pinned sha (only ``manifest.json``), or None; looked up once."""
-        if suite_id not in self._registry_seen:
+        """The trusted manifest with the result's ``suite.manifest_sha256``, if any; a registered suite's manifest
+        at its pinned sha (only ``manifest.json``) is looked up once."""
+        sha, suite_id = suite.get("manifest_sha256"), suite.get("id")
+        if sha not in self.by_sha and self.registry and suite_id not in self._registry_seen:
+            self._registry_seen.add(suite_id)
             spec = SUITES.get(suite_id) if suite_id in SUITES else None
-            ref = None
             if spec is not None and spec.revision and spec.source == "format1":
                 ref = hub_manifest(spec.repo_id, spec.revision, download=self.download, trusted=True,
                                    origin=f"registry {suite_id} ({spec.repo_id}@{spec.revision[:12]})")
-            if ref is not None:
-                ref.opens = suite_id
-                self.add(ref)
-            self._registry_seen[suite_id] = ref
-        return self._registry_seen[suite_id]
+                if ref is not None:
+                    ref.opens = suite_id
+                    self.add(ref)
+        return self.by_sha.get(sha)
 
 
 def hub_manifest(repo_id: str, revision: str, *, download: bool, trusted: bool, origin: str | None = None):

@@ -65,13 +65,6 @@ class Job:
     result: dict | None = None
 
 
-def unit_digests(suite, config: str, groups, units) -> list[str]:
-    """Per unit, the digest of its image ids (job.json): a merge checks each part's rows against it."""
-    ids = suite.read_columns(config, ["image_id"])["image_id"].to_pylist()
-    offsets = [0, *accumulate(g.num_rows for g in groups)]
-    return [predictions.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
-
-
 def load_model(opts: EvalOptions, spec: ModelSpec):
     """One model of a sweep, loaded on the CPU with the sweep's weight and preprocessing options
     (a module given to ``genshift.evaluate`` is already loaded)."""
@@ -127,7 +120,11 @@ class Sweep:
         self.units = {c: inference.plan_units(suite, c, batch_size=self.opts.resolved_batch_size(),
                                               unit_rows=self.opts.unit_rows, limit_per_class=self.opts.limit_per_class)
                       for c in self.configs}
-        self.unit_ids = {c: unit_digests(suite, c, *self.units[c]) for c in self.configs}
+        self.unit_ids = {}  # per unit, the digest of its image ids (job.json): a merge checks each part against it
+        for c, (groups, units) in self.units.items():
+            ids = suite.read_columns(c, ["image_id"])["image_id"].to_pylist()
+            offsets = [0, *accumulate(g.num_rows for g in groups)]
+            self.unit_ids[c] = [predictions.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
         self.out = ensure_writable_dir(self.out, what="output folder")
         self.suite_dir = self.out / slug(suite.suite_id)
         for spec in todo:

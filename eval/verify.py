@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from genshift.errors import BenchError, IntegrityError, one_line
 from genshift.eval import results, suite_open
-from genshift.eval.predictions import BASE_COLUMNS, read_predictions, topk_matrix
+from genshift.eval.predictions import BASE_COLUMNS, first_per_class, read_predictions, topk_matrix
 from genshift.eval.predictions import schema as predictions_schema
 from genshift.eval.scoring import ScoringOptions, score
 from genshift.eval.suite_trust import SuiteRef, TrustedSuites, hub_manifest, open_ref
@@ -175,8 +175,6 @@ def check_rows(table: pa.Table, *, topk: int, where: str, tol: float = 1e-6) -> 
             problems.append(f"{where}: column {name!r} has {table[name].null_count} null value(s)")
     if problems:
         return problems
-    if table.num_rows == 0:
-        return []
     ids = table["image_id"].to_pylist()
     if any(not a < b for a, b in zip(ids, ids[1:])):  # image ids are never named: what a submitter sees says how many
         return [f"{where}: image_id is not strictly increasing (predictions are one row per image, sorted by image_id)"]
@@ -284,11 +282,8 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
         else:
             pids, plabels, pkeeps = (t[c].to_pylist() for c in ("image_id", "label", "keep"))
             sids, slabels, skeeps = rows
-            suite_rows = dict(zip(sids, zip(slabels, skeeps)))
-            if len(suite_rows) != len(sids):
-                problems.append(f"{cfg}: the suite has duplicated image_ids; it cannot be a trust root")
-                continue
-            expected = _limited_ids(sids, slabels, protocol["limit_per_class"]) if limited else set(sids)
+            suite_rows = dict(zip(sids, zip(slabels, skeeps)))  # image ids unique: the suite's rows are verified
+            expected = first_per_class(sids, slabels, protocol["limit_per_class"]) if limited else set(sids)
             extra = [i for i in pids if i not in expected]
             wrong = [i for i, lab, k in zip(pids, plabels, pkeeps) if i in suite_rows and suite_rows[i] != (lab, k)]
             if extra or wrong:
@@ -336,16 +331,6 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     report.checked.append(f"predictions against the suite ({len(report.rows_digests)}/{len(rec['configs'])} configs' "
                           f"rows; counts and flags recomputed) from {ref.origin}{trust}")
     return problems
-
-
-def _limited_ids(ids: list[str], labels: list[int], limit: int) -> set[str]:
-    """The first ``limit`` image ids per class in image_id order (as ``genshift.eval.inference.plan_units``)."""
-    chosen, per_class = set(), Counter()
-    for i, c in sorted(zip(ids, labels)):  # image ids are unique
-        if per_class[c] < limit:
-            per_class[c] += 1
-            chosen.add(i)
-    return chosen
 
 
 def compare(stored, recomputed, where: str, *, rel: float = 1e-9) -> list[str]:
@@ -447,7 +432,7 @@ def _recheck(result: dict, tables: dict, report: VerifyReport, *, recheck: int |
         t = local.read_columns(cfg, ["image_id", "label"])
         ids = t["image_id"].to_pylist()
         if limit:
-            ids = _limited_ids(ids, t["label"].to_pylist(), limit)
+            ids = first_per_class(ids, t["label"].to_pylist(), limit)
         pool += [(cfg, i) for i in sorted(ids)]
     given = seed is not None
     seed = int(seed) if given else secrets.randbits(63)

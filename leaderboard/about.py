@@ -1,5 +1,4 @@
-"""The leaderboard's About tab: what is ranked and why, how entries are verified, each metric with its
-paper, how to submit (fixed Markdown; ``docs/leaderboard.md`` says the same for maintainers)."""
+"""The leaderboard's About tab (fixed Markdown; ``docs/leaderboard.md`` says the same for maintainers)."""
 
 ABOUT = r"""
 **What is ranked.** Only entries that are *verified* and *complete* are ranked, and only among themselves:

@@ -85,8 +85,8 @@ def model_table(entries) -> pd.DataFrame:
 
 
 def topk_matrix(entries, config: str) -> np.ndarray | None:
-    """Per-image hits (the top-k the family's headline counts) of every model on one config, ``(n, M)``, from
-    their signed records; None unless all models were scored on the same images in the same order."""
+    """Per-image headline hits of every model on one config, ``(n, M)``, from their records; None unless all models
+    were scored on the same images in the same order."""
     from genshift.eval.stamps import hits
 
     try:
@@ -113,10 +113,8 @@ class RankInterval:
 def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int = 1000,
                         seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """The family's headline metric for every model, ``(point (M,), replicates (B, M), higher_is_better)``, from the
-    records' per-image outcomes (``Family.rank_k``/``rank_misses``) resampled identically for all models; None if
-    the image sets differ. The mean over ``configs`` of each config's hit (or miss) rate, by a paired bootstrap over
-    images per config; with ``Family.rank_paired_delta`` (LANCE) Δacc on the headline originals, by the result's own
-    cluster bootstrap over source images (``genshift.eval.scoring.delta_acc_replicates``)."""
+    records' per-image outcomes resampled identically for all models (``docs/leaderboard.md``, "What the app
+    shows"); None if the image sets differ."""
     import base64
 
     from genshift.eval import scoring
@@ -148,9 +146,8 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
 
 def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
                    confidence: float = 0.95) -> dict[str, RankInterval] | None:
-    """Ranks by the family's headline metric (:func:`headline_replicates`; 1 = best, ties to ``SCORE_DECIMALS``
-    decimals share the better rank) with percentile intervals of each model's rank and headline value
-    (``value_lo``, ``value_hi``) over the shared replicates; None unless the image sets are identical."""
+    """Ranks by :func:`headline_replicates` (1 = best; ties share the better rank) with percentile intervals of each
+    model's rank and headline value over the shared replicates; None unless the image sets are identical."""
     if not entries or (not get_family(family).rank_paired_delta and not configs):
         return None
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
@@ -173,11 +170,7 @@ def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 10
 def point_ranks(values, *, higher: bool) -> np.ndarray:
     """Competition ranks (1, 1, 3) of values (NaN: unranked), ties to ``SCORE_DECIMALS`` decimals."""
     v = np.round(np.asarray(values, dtype=np.float64), SCORE_DECIMALS)
-    out = np.full(v.shape, np.nan)
-    ok = ~np.isnan(v)
-    if ok.any():
-        out[ok] = pd.Series(v[ok]).rank(method="min", ascending=not higher).to_numpy()
-    return out
+    return pd.Series(v).rank(method="min", ascending=not higher).to_numpy()  # NaN stays unranked
 
 
 def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, dict]:
@@ -191,20 +184,17 @@ def board_table(entries, *, ranks: dict | None = None) -> tuple[pd.DataFrame, di
     meta = {"family": family, "metric": metric, "higher": higher, "metric_label": head.label, "configs": configs,
             "rank_configs": get_family(family).rank_configs(configs, base), "base": base,
             "skipped": [list(s) for s in df.attrs.get("skipped", [])]}
+    get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
     if ranks:
-        get = lambda f: [getattr(ranks[m], f) if m in ranks else np.nan for m in df["model"]]  # noqa: E731
         df["rank"], df["rank_lo"], df["rank_hi"] = get("rank"), get("lo"), get("hi")
-        for col, f in ((f"{metric}_lo", "value_lo"), (f"{metric}_hi", "value_hi")):
-            if col not in df.columns or df[col].isna().all():
-                df[col] = get(f)
     else:  # no intervals (yet, or the image sets differ): point ranks only
         ranked = df[df["ranked"]]
         by_model = dict(zip(ranked["model"], point_ranks(ranked[metric], higher=higher)))
         df["rank"] = [by_model.get(m, np.nan) for m in df["model"]]
         df["rank_lo"] = df["rank_hi"] = np.nan
-    for col in (f"{metric}_lo", f"{metric}_hi"):
-        if col not in df.columns:
-            df[col] = np.nan
+    for col, f in ((f"{metric}_lo", "value_lo"), (f"{metric}_hi", "value_hi")):
+        if col not in df.columns or df[col].isna().all():
+            df[col] = get(f) if ranks else np.nan
     # unranked rows (rank NaN) last, by metric and model as ranked ties are
     df = df.sort_values(["rank", metric, "model"], ascending=[True, not higher, True], na_position="last")
     return df.reset_index(drop=True), meta
@@ -245,8 +235,7 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
 
 def read_id_accuracy(path) -> dict[str, dict[int | None, float]]:
-    """ImageNet-val top-1 (fractions) by bare timm name, then input size (None: no ``img_size`` column), as
-    ``genshift.eval.id_axis.read_id_table`` reads the CSV."""
+    """ImageNet-val top-1 by bare timm name, then input size (None: no ``img_size`` column): ``read_id_table``'s."""
     from genshift.eval.id_axis import read_id_table
 
     return {m: {size: row.top1 for size, row in by_size.items()} for m, by_size in read_id_table(path).rows.items()}
@@ -278,8 +267,7 @@ def join_id_accuracy(models, table: dict, sizes: dict | None = None) -> tuple[di
 
 
 def slope_fits(entries, *, id_accuracy: dict[str, float] | None = None) -> dict | None:
-    """ID/OOD fits per shift (``genshift.eval.slope.slope_table``); None with fewer than 2 comparable models.
-    With ``id_accuracy`` (model id -> ImageNet-val top-1) only the models it names are fitted."""
+    """ID/OOD fits per shift (``slope_table``) of the models ``id_accuracy`` names (all if None); None under 2."""
     from genshift.eval.slope import slope_table
 
     # a record carries what slope_table reads of a result

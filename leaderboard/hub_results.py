@@ -59,7 +59,7 @@ def _notes(result: dict, stamp: dict | None) -> str:
 
 
 def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared: set[str]):
-    """The ``EvalResultEntry`` list for one complete result (see the module docstring)."""
+    """The ``EvalResultEntry`` list for one complete result pinned to a Hub suite (``docs/hub.md``)."""
     s = result["suite"]
     if result["flags"].get("partial"):
         raise BenchError("partial results (--limit-per-class or a subset of configs) are not reported to model pages; "
@@ -77,10 +77,6 @@ def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared
     return [EvalResultEntry(dataset_id=s["repo_id"], task_id=task, value=value, dataset_revision=s["revision"],
                             date=result["finished_at"], source_url=source_url, source_name="genshift-bench results",
                             notes=notes) for task, value in values.items()]
-
-
-def entries_yaml(entries) -> bytes:
-    return yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False, allow_unicode=True).encode()
 
 
 def declared_tasks(api, dataset_id: str) -> set[str]:
@@ -164,26 +160,24 @@ def publish_entry(results_repo: str, prefix: str, *, model_repo: str | None = No
         if expect_sha256 and result_sha != expect_sha256:
             raise BenchError(f"{prefix}/result.json in datasets/{results_repo} is not this result (another run of the "
                              "same model); submit this one first, or pass the merged one")
-        m = result["model"]
-        model_repo = model_repo or (m["id"] if m.get("source") == "hf-hub" else None)
+        m, s, hub = result["model"], result["suite"], result["model"]["source"] == "hf-hub"
+        model_repo = model_repo or (m["id"] if hub else None)
         if not model_repo or not is_repo_id(model_repo):
             raise BenchError(f"model {str(m['id'])[:80]!r} is not a Hub model repo; pass --model-repo ORG/NAME")
-        if m.get("source") == "hf-hub" and model_repo != m["id"]:  # another model's numbers on this page: never
+        if hub and model_repo != m["id"]:  # another model's numbers on this page: never
             raise BenchError(f"the entry is a result of the Hub model {m['id']}, not {model_repo}; it is reported only "
                              f"on its own model repo (--model-repo {m['id']})")
-        if m.get("source") != "hf-hub":
-            stamp = None  # the stamp vouches for local weights by hash; nothing ties them to this repo's files
+        stamp = stamp if hub else None  # it vouches for local weights by hash; nothing ties them to this repo's files
         source_url = f"{api.endpoint}/datasets/{results_repo}/tree/{sha}/{prefix}"
-        entries = build_entries(result, stamp=stamp, source_url=source_url,
-                                declared=declared_tasks(api, result["suite"]["repo_id"]))
-        suite = result["suite"]["id"]
-        desc = (f"Adds `.eval_results/{suite}.yaml`: {m['id']} on the genshift-bench suite "
-                f"[{result['suite']['repo_id']}]({api.endpoint}/datasets/{result['suite']['repo_id']}) at "
-                f"`{result['suite']['revision']}`. Per-image predictions: {entries[0].source_url}. "
-                + ("Verified: a genshift-bench maintainer re-ran images through the model and signed the entry."
-                   if stamp else "Not verified by genshift-bench."))
-        return open_or_update_pr(api, model_repo, f".eval_results/{suite}.yaml", entries_yaml(entries),
-                                 title=TITLE.format(suite=suite), description=desc)
+        entries = build_entries(result, stamp=stamp, source_url=source_url, declared=declared_tasks(api, s["repo_id"]))
+        desc = (f"Adds `.eval_results/{s['id']}.yaml`: {m['id']} on the genshift-bench suite "
+                f"[{s['repo_id']}]({api.endpoint}/datasets/{s['repo_id']}) at `{s['revision']}`. Per-image "
+                f"predictions: {source_url}. " + ("Verified: a genshift-bench maintainer re-ran images through the "
+                                                  "model and signed the entry." if stamp else
+                                                  "Not verified by genshift-bench."))
+        data = yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False, allow_unicode=True).encode()
+        return open_or_update_pr(api, model_repo, f".eval_results/{s['id']}.yaml", data,
+                                 title=TITLE.format(suite=s["id"]), description=desc)
     except errors.RepositoryNotFoundError as e:
         raise BenchError(f"a repository was not found or is not accessible ({one_line(e, 160)}); check the ids and "
                          "HF_TOKEN") from None
@@ -211,8 +205,7 @@ def hub_row(e) -> dict:
     if isinstance(e.value, bool) or not isinstance(e.value, (int, float)) or not math.isfinite(e.value) \
             or abs(e.value) > 1e6:
         raise ValueError(f"value {str(e.value)[:40]!r} of {model} is not a finite number")
-    src = e.source if isinstance(e.source, dict) else {}
-    url = src.get("url")
+    url = e.source.get("url") if isinstance(e.source, dict) else None
     if url is not None and not (isinstance(url, str) and URL_RE.match(url)):
         raise ValueError(f"source url of {model} is not an http(s) URL")
     pr = e.pull_request
@@ -243,30 +236,4 @@ def hub_reported(dataset_id: str, *, endpoint: str | None = None, token: str | N
     if len(raw) > MAX_HUB_ROWS:
         problems.append(f"the Hub leaderboard of {dataset_id} has {len(raw)} rows; the first {MAX_HUB_ROWS} are shown")
     return rows, problems
-
-
-# -- the board's table ------------------------------------------------------------------------------
-def show_hub_reported(entries, *, endpoint: str | None = None) -> None:
-    """The "Reported on the Hub" table under the ranking (Streamlit), for each dataset the board's entries used."""
-    import pandas as pd
-    import streamlit as st
-
-    datasets = sorted({str(e.record["suite"].get("repo_id")) for e in entries
-                       if is_repo_id(str(e.record["suite"].get("repo_id") or ""))})
-    st.subheader("Reported on the Hub")
-    st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
-               "(.eval_results files; 'community' while their pull request is open). They are not verified by "
-               "this leaderboard and are never ranked with the entries above; each links to its source.")
-    if not datasets:
-        st.text("This board's results were not scored on a Hub dataset repo.")
-        return
-    for ds in datasets:
-        rows, problems = st.cache_data(ttl=600, show_spinner=False)(hub_reported)(ds, endpoint=endpoint)
-        st.text(f"datasets/{ds}: {len(rows)} reported")
-        if rows:
-            st.dataframe(pd.DataFrame(rows, columns=list(HUB_COLUMNS)), hide_index=True, key=f"hub_reported_{ds}",
-                         column_config={"source": st.column_config.LinkColumn("source"),
-                                        "value": st.column_config.NumberColumn("value (as reported)")})
-        for p in problems[:20]:
-            st.text(p)
 

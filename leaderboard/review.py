@@ -1,19 +1,19 @@
-"""``bench review``: verify every open pull request on the results repo, sign, comment and publish to ``main``.
-
-What is checked, the answers, the per-submitter bounds, the ledger and the signed markers:
-``docs/leaderboard.md``, "Automatic verification: `bench review`". Only the service's own failure leaves a PR
-unanswered (``error``, retried on the next run).
-"""
+"""``bench review``: verify every open pull request on the results repo, sign, comment and publish to ``main``
+(``docs/leaderboard.md``, "Automatic verification"). Only the service's own failure leaves a PR unanswered
+(``error``, retried on the next run)."""
 
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -22,11 +22,12 @@ from huggingface_hub.hf_api import RepoFile
 
 from genshift.errors import BenchError, OfflineError, first_line, one_line
 from genshift.eval import verify
-from genshift.eval.results import entry_dir, parse_result, read_result_bytes
+from genshift.eval.results import parse_result, read_result_bytes
 from genshift.eval.stamps import STAMP_FILE, PublicKey, check_signature, key_id, load_private_key, make_stamp, sign
 from genshift.eval.suite_trust import TrustedSuites
 from genshift.fsutil import canonical_json, read_json
 from genshift.hubio import _unreachable, is_repo_id
+from genshift.leaderboard.store import misfiled
 
 log = logging.getLogger(__name__)
 MARKER_KIND = "genshift-review"
@@ -57,6 +58,7 @@ class Outcome:
     merge_commit: str = ""
     earlier: str = ""            # skipped: the outcome of the earlier review at this head
     author: str = ""
+    model_prs: list[str] = field(default_factory=list)  # "<entry>: <url> (opened|updated|unchanged)"
 
 
 class Deferred(BenchError):
@@ -69,8 +71,7 @@ def _marker_body(repo_id: str, pr: int, head: str, outcome: str) -> dict:
 
 
 def _block(lines: list[str]) -> str:
-    """Data-derived lines in a fenced block (comments are Markdown): the first ``MAX_COMMENT_LINES``, each
-    at most 500 characters, then a count of the rest."""
+    """Data-derived lines in a fenced block (comments are Markdown), at most ``MAX_COMMENT_LINES`` of 500 characters."""
     shown = [one_line(line, 500) for line in lines[:MAX_COMMENT_LINES]]
     if len(lines) > MAX_COMMENT_LINES:
         shown.append(f"… and {len(lines) - MAX_COMMENT_LINES} more")
@@ -103,7 +104,8 @@ class Reviewer:
     def __init__(self, repo_id: str, *, key_path: str, recheck: int | str = "auto", merge: bool = False,
                  suite: str | None = None, suites: str | None = None, checkpoint: str | None = None,
                  device: str = "cpu", endpoint: str | None = None, token: str | None = None,
-                 work_dir: str | None = None, again: tuple[int, ...] = (), batch_size: int = 32):
+                 work_dir: str | None = None, again: tuple[int, ...] = (), batch_size: int = 32,
+                 publish_model_results: bool = False):
         from genshift.eval.models import check_checkpoint_file, weights_sha256
 
         if not is_repo_id(repo_id):
@@ -111,6 +113,7 @@ class Reviewer:
         verify.recheck_count(recheck, 1)  # "auto", "all" or a positive number: one line otherwise
         self.repo_id, self.recheck, self.merge, self.batch_size = repo_id, recheck, merge, batch_size
         self.suite, self.checkpoint, self.device, self.work_dir = suite, checkpoint, device, work_dir
+        self.publish_model_results = publish_model_results
         self.again = set(again)  # PRs a maintainer asked to review again at their current head (e.g. with --checkpoint)
         self.key = load_private_key(key_path)
         # one line for a missing, empty or unreadable file before any PR is looked at
@@ -118,8 +121,6 @@ class Reviewer:
         raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.public = {key_id(raw): PublicKey(key_id(raw), raw, "reviewer")}  # the only key a marker may carry
         self.api = HfApi(endpoint=endpoint, token=token)
-        self.account: str | None = None
-        self._account_known = False
         self.ledger: dict = {}
         self._ledger_read = ""  # the ledger's canonical JSON as read: written back only when changed
         self._main_index: tuple[str, dict] = ("", {})
@@ -131,16 +132,14 @@ class Reviewer:
         """Review every open PR; ``BenchError`` only when the service cannot work at all (the Hub unreachable, the
         repo missing, a refused token, a damaged ledger). One PR's failure is that PR's ``error`` outcome."""
         try:
-            self._whoami()
+            self.account  # noqa: B018 - asked once, before any PR
             prs = list(self.api.get_repo_discussions(self.repo_id, repo_type="dataset", discussion_type="pull_request",
                                                      discussion_status="open"))
             self._read_ledger()
         except errors.RepositoryNotFoundError:
             raise BenchError(f"results repo datasets/{self.repo_id} not found (or no access: set HF_TOKEN)") from None
-        except BenchError:
-            raise
         except Exception as e:
-            if not _hub_failure(e):
+            if isinstance(e, BenchError) or not _hub_failure(e):
                 raise
             raise BenchError(f"cannot list the pull requests of datasets/{self.repo_id} "
                              f"({type(e).__name__}: {one_line(e, 200)})") from None
@@ -156,25 +155,21 @@ class Reviewer:
         self._write_ledger()
         return out
 
-    def _whoami(self) -> None:
-        """The reviewing account, once: only its comments can carry markers (behind the signatures, which
-        alone decide without a token)."""
-        if self._account_known:
-            return
+    @cached_property
+    def account(self) -> str | None:
+        """The reviewing account: only its comments can carry markers (the signatures alone decide without a token)."""
         try:
-            self.account = self.api.whoami()["name"]
+            return self.api.whoami()["name"]
         except errors.LocalTokenNotFoundError:
-            self.account = None
+            return None
         except errors.HfHubHTTPError as e:
             if getattr(e.response, "status_code", None) == 401:
                 raise BenchError("the Hub refused the token (401): set HF_TOKEN to a valid token with write access "
                                  f"to datasets/{self.repo_id}") from None
             raise
-        self._account_known = True
 
     def review_pr(self, num: int, *, author: str = "", queue: list[int] = ()) -> Outcome:
-        """Review PR ``num``; ``queue``: the submitter's open PRs, oldest first (only the first ``MAX_OPEN_PRS``
-        are reviewed)."""
+        """Review PR ``num``; ``queue``: the submitter's open PRs, oldest first."""
         head = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{num}").sha
         outcome = Outcome(num, head=head, author=author)
         earlier = self.answers(num, self.api.get_discussion_details(self.repo_id, num, repo_type="dataset").events)
@@ -186,7 +181,12 @@ class Reviewer:
                 if num in queue[MAX_OPEN_PRS:]:
                     raise Deferred(f"{author or 'this submitter'} has {len(queue)} open pull requests and only the "
                                    f"oldest {MAX_OPEN_PRS} are reviewed: close one of them and this one is reviewed")
-                problems, stamps = self._examine(num, head, outcome, Path(tmp))
+                changed, at_head, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head)
+                outcome.entries = sorted(changed)
+                if not problems:
+                    results, problems = self._fetch(head, changed, at_head, Path(tmp) / "head")
+                if not problems:
+                    problems, stamps = self._check(results, outcome, Path(tmp) / "main")
                 if not problems and self.merge:
                     problems = self._publish(outcome, Path(tmp) / "head", stamps)
             except Exception as e:
@@ -203,16 +203,16 @@ class Reviewer:
         if outcome.status == "moved":
             return outcome
         outcome.status, outcome.problems = ("failed", problems) if problems else ("passed", [])
+        if outcome.merged and self.publish_model_results:
+            self._publish_model_results(outcome)
         self._comment(num, head, outcome)
         if outcome.merged:
             self.api.change_discussion_status(self.repo_id, num, "closed", repo_type="dataset")
         return outcome
 
     def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, dict]) -> list[str]:
-        """Commit exactly the reviewed files (downloaded at the reviewed head into ``files``) and their stamps to
-        ``main``, each entry's folder replaced, with the ``main`` they are checked against now as parent: a push to
-        the PR after the review never lands; a PR pushed to since is ``moved`` (no answer; its new head is
-        reviewed next run). Returns why it may not be published, if so."""
+        """Commit the reviewed files (``files``) and their stamps to ``main`` (``docs/leaderboard.md``, step 5 of
+        "Automatic verification"); returns why they may not be published, if so."""
         now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
         if now != outcome.head:
             outcome.status, outcome.problems = "moved", [f"the head moved to {now[:12]} during the review"]
@@ -243,6 +243,21 @@ class Reviewer:
         outcome.merged, outcome.merge_commit = True, info.oid
         return []
 
+    def _publish_model_results(self, outcome: Outcome) -> None:
+        """``--publish-model-results``: each published entry of Hub weights reported on its model repo (``docs/hub.md``,
+        "Results reach model pages"); a failure is one of the outcome's problems, never an undone publish."""
+        from genshift.leaderboard.hub_results import publish_entry
+
+        for entry in outcome.entries:
+            if "@" in entry:  # local weights (NAME@sha256-…): no model repo of their own
+                continue
+            try:
+                url, what = publish_entry(self.repo_id, entry, trusted=self.public, revision=outcome.merge_commit,
+                                          api=self.api)
+                outcome.model_prs.append(f"{entry}: {url} ({what})")
+            except Exception as e:  # noqa: BLE001 - the publish to main stands; the failure is reported
+                outcome.problems.append(f"{entry}: not reported on its model page: {one_line(e, 200)}")
+
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
         """The hidden line that ends a review comment: the outcome at ``head``, signed by the maintainer key."""
@@ -250,8 +265,7 @@ class Reviewer:
         return f"<!-- genshift-review v=2 head={head} outcome={outcome} key={sig['key_id']} sig={sig['value']} -->"
 
     def answers(self, num: int, events) -> dict[str, str]:
-        """head sha -> outcome of this service's earlier answers on PR ``num``: markers by the reviewing account
-        whose signature by the maintainer key covers this repo, PR, head and outcome; anything else is ignored."""
+        """head sha -> outcome of this service's earlier answers on PR ``num`` (only its own signed markers)."""
         out = {}
         for ev in events:
             if ev.type != "comment" or (self.account is not None and ev.author != self.account):
@@ -267,8 +281,7 @@ class Reviewer:
 
     # -- the ledger: failed model ids and each submitter's re-run images, on main ------------
     def _read_ledger(self) -> None:
-        """``review-ledger.json`` on ``main`` (only maintainers and this service write it): it only makes reviews
-        stricter (full re-runs, deferrals). The Hub unreachable is the service's failure, never an empty ledger."""
+        """``review-ledger.json`` on ``main``; the Hub unreachable is the service's failure, never an empty ledger."""
         self.ledger = {"kind": LEDGER_KIND, "failed": {}, "usage": {}}
         with tempfile.TemporaryDirectory(prefix="genshift-review-ledger-", dir=self.work_dir) as tmp:
             try:
@@ -306,18 +319,6 @@ class Reviewer:
         self.ledger["usage"][author] = {"day": today, "images": used + images}
 
     # -- steps --------------------------------------------------------------------------------
-    def _examine(self, num: int, head: str, outcome: Outcome, root: Path) -> tuple[list[str], dict[str, dict]]:
-        """What is wrong with PR ``num`` at ``head`` (empty: nothing) and a signed stamp per entry; ``BenchError``
-        when it cannot be checked (what the reviewer is missing)."""
-        changed, at_head, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head)
-        outcome.entries = sorted(changed)
-        if problems:
-            return problems, {}
-        results, problems = self._fetch(head, changed, at_head, root / "head")
-        if problems:
-            return problems, {}
-        return self._check(results, outcome, root / "main")
-
     def _merge_base(self, pr_ref: str) -> str:
         """The newest commit of the PR's history that is also on main: what the PR changes is relative to it."""
         on_main = {c.commit_id for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset")}
@@ -331,8 +332,7 @@ class Reviewer:
                                                             recursive=True) if isinstance(f, RepoFile)}
 
     def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], set[str], list[str]]:
-        """The entries the PR adds or changes (entry -> its changed files), every file at the head, and what the
-        PR may not do."""
+        """The entries the PR changes (entry -> its changed files), every file at the head, what it may not do."""
         from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
 
         old, new = self._tree(base), self._tree(head)
@@ -341,10 +341,10 @@ class Reviewer:
         for path, f in sorted(new.items()):
             if path in old and old[path].blob_id == f.blob_id:
                 continue
-            shown = path if len(path) <= MAX_PATH_CHARS else path[:MAX_PATH_CHARS] + "…"
             m = ENTRY_FILE.match(path) if len(path) <= MAX_PATH_CHARS else None
             if not m or {m.group(1), m.group(2)} & {".", ".."}:
-                stamp = path.endswith("/verification.json")
+                shown, stamp = path[:MAX_PATH_CHARS] + ("…" if len(path) > MAX_PATH_CHARS else ""), \
+                    path.endswith("/verification.json")
                 problems.append(f"changes {shown}: a submission may only add or replace <suite>/<model>/result.json "
                                 f"and <suite>/<model>/predictions/*.parquet (paths of at most {MAX_PATH_CHARS} "
                                 "characters), nothing else" + (" (verification stamps are written only by the "
@@ -364,8 +364,8 @@ class Reviewer:
 
     def _fetch(self, head: str, changed: dict[str, set], at_head: set[str],
                root: Path) -> tuple[dict[str, tuple[Path, dict]], list[str]]:
-        """Download and parse each changed entry's result.json at the head, then the predictions files it names
-        (nothing else; a changed file it does not name is a problem): entry -> (path, result), problems."""
+        """Each changed entry's result.json and the predictions it names, downloaded at the head: entry -> (path,
+        result), and problems (a changed file it does not name is one)."""
         results, problems = {}, []
         for entry in sorted(changed):
             path = self._download(head, f"{entry}/result.json", root)
@@ -402,8 +402,8 @@ class Reviewer:
         return self._main_index[1]
 
     def _owner_problem(self, entry: str, result: dict, main: str, root: Path) -> str:
-        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is now, or "": only the same model id, suite
-        data and protocol replaces an entry; weights already there under another id are refused."""
+        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is now (another owner, its weights already
+        there), or ""."""
         index = self._index(main, root)
         if entry in index and (index[entry] is None or _board(index[entry]) != _board(result)):
             owner = index[entry]
@@ -424,9 +424,8 @@ class Reviewer:
         problems, stamps, checked = [], {}, {}
         main = self.api.repo_info(self.repo_id, repo_type="dataset").sha
         for entry, (_, result) in sorted(results.items()):
-            if entry_dir(result) != entry:
-                problems.append(f"{entry}: filed under {entry}/, but its result is {result['model']['id']} on "
-                                f"{result['suite']['id']}, which belongs under {entry_dir(result)}/")
+            if why := misfiled(Path(entry, "result.json"), result):
+                problems.append(f"{entry}: {why}")
             elif why := self._owner_problem(entry, result, main, main_root):
                 problems.append(why)
             elif other := _same_weights(result, checked, entry):
@@ -444,7 +443,6 @@ class Reviewer:
             report = self._rerun(entry, results[entry][0], result, plans[entry])
             self._charge(outcome.author, (report.recheck or {}).get("n", 0))
             # the ledger's failed model ids: added by a re-run that disagreed, cleared by a full (or --again) one
-            # that did not
             rows, model_id = (report.recheck or {}).get("disagreeing"), result["model"]["id"]
             if rows:
                 self.ledger["failed"][model_id] = {"pr": outcome.pr, "disagreeing": rows, "n": report.recheck["n"]}
@@ -462,25 +460,21 @@ class Reviewer:
         return problems, stamps
 
     def _mode(self, result: dict, pr: int) -> int | str:
-        """How many rows an entry's re-run draws: every row for a model id whose last re-run disagreed (unless
-        ``--again``) and for Hub weights on a GPU; else the reviewer's ``recheck``. ``BenchError`` (the PR is
-        unreviewable) when the reviewer lacks the weights the entry was scored with."""
+        """How many rows an entry's re-run draws (``docs/leaderboard.md``, "What verified guarantees");
+        ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
         m = result["model"]
         if m["source"] in ("module", "random"):
             raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "
                              "them as a Hub model repo, or as a file a maintainer reviews with --checkpoint")
-        if m["source"] == "checkpoint" and self.checkpoint_sha256 is None:
-            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) that "
-                             "the reviewer does not have: publish the weights as a Hub model repo and score with "
-                             "them, or ask a maintainer to review with those weights (--checkpoint)")
         if m["source"] == "checkpoint" and m["weights_sha256"] != self.checkpoint_sha256:
-            raise BenchError(f"{m['id']} was scored with local weights of sha256 {str(m['weights_sha256'])[:12]}…, not "
-                             f"the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
-                             "weights, or ask a maintainer to review with yours")
+            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) " + (
+                "that the reviewer does not have: publish the weights as a Hub model repo and score with them, or ask "
+                "a maintainer to review with those weights (--checkpoint)" if self.checkpoint_sha256 is None else
+                f"that are not the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
+                "weights, or ask a maintainer to review with yours"))
         # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
-        if m["id"] in self.ledger["failed"] and pr not in self.again:
-            return "all"
-        if self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda"):
+        if (m["id"] in self.ledger["failed"] and pr not in self.again) or (
+                self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda")):
             return "all"
         return self.recheck
 
@@ -509,6 +503,9 @@ class Reviewer:
                         f"entry: exactly the files reviewed at {head}. This pull request is closed."
                         if outcome.merged else "Not published (a review without --merge).") + "\n\n"
                     + _block(outcome.checked))
+            if outcome.model_prs or outcome.problems:
+                text += "\n\n**Reported on the Hub model pages** (community results until the model owners merge " \
+                        "them):\n\n" + _block(outcome.model_prs + outcome.problems)
         elif outcome.status == "deferred":
             text = f"**Not reviewed yet**: {outcome.problems[0]}"
         elif outcome.status == "unreviewable":
@@ -526,3 +523,16 @@ class Reviewer:
 def review(repo_id: str, **kw) -> list[Outcome]:
     """One pass over the open pull requests (see the module docstring)."""
     return Reviewer(repo_id, **kw).run_once()
+
+
+def watch(reviewer: Reviewer, interval: float, *, report, passes: int | None = None, sleep=time.sleep) -> None:
+    """``report(reviewer.run_once())`` every ``interval`` seconds (``passes``: stop after that many); a failed pass
+    (``BenchError``, e.g. the Hub unreachable) is logged and retried at the next."""
+    for n in itertools.count(1):
+        try:
+            report(reviewer.run_once())
+        except BenchError as e:
+            log.warning("review pass failed (retried in %gs): %s", interval, e)
+        if n == passes:
+            return
+        sleep(interval)

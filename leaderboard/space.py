@@ -54,14 +54,11 @@ TAGS = ("leaderboard", "submission:semiautomatic", "test:public", "judge:auto", 
 
 
 def _pins() -> list[str]:
-    out = []
-    for name in REQUIREMENTS:
-        try:
-            out.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            raise BenchError(f"{name} is not installed here, so its version cannot be pinned; "
-                             "pip install 'genshift-bench[leaderboard]' first") from None
-    return out
+    try:
+        return [f"{name}=={metadata.version(name)}" for name in REQUIREMENTS]
+    except metadata.PackageNotFoundError as e:
+        raise BenchError(f"{e.name} is not installed here, so its version cannot be pinned; "
+                         "pip install 'genshift-bench[leaderboard]' first") from None
 
 
 def _package(into: Path) -> tuple[str | None, str]:
@@ -156,16 +153,13 @@ def export_space(out: str | Path, settings) -> Path:
 
 def _copy_store(src: Path, dst: Path) -> None:
     """Every entry's files a board reads (result, record, diagnose report, the predictions the result names)."""
-    from genshift.leaderboard.store import DIAGNOSE, STAMP
+    from genshift.leaderboard.store import DIAGNOSE, RESULT_FILE, STAMP
 
-    for result in sorted(src.glob("*/*/result.json")):
-        rel = result.parent.relative_to(src)
-        files = [result.name, STAMP, DIAGNOSE] + [p.relative_to(result.parent).as_posix()
-                                                  for p in result.parent.glob("predictions/*.parquet")]
-        for name in files:
-            if (result.parent / name).is_file():
-                (dst / rel / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(result.parent / name, dst / rel / name)
+    for run in sorted(p.parent for p in src.glob(f"*/*/{RESULT_FILE}")):
+        for f in [run / RESULT_FILE, run / STAMP, run / DIAGNOSE, *sorted(run.glob("predictions/*.parquet"))]:
+            if f.is_file():
+                (dst / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, dst / f.relative_to(src))
 
 
 def _copy_trusted_manifests(src: Path, dst: Path) -> None:

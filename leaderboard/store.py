@@ -15,10 +15,12 @@ from pathlib import Path
 
 from genshift.errors import BenchError, IntegrityError
 from genshift.eval.diagnose_report import REPORT as DIAGNOSE
-from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE
-from genshift.eval.stamps import MAX_STAMP_BYTES
+from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, RESULT_FILE, entry_dir, parse_result
+from genshift.eval.stamps import MAX_STAMP_BYTES, build_record, check_stamp, load_trusted_keys
 from genshift.eval.stamps import STAMP_FILE as STAMP
+from genshift.eval.suite_trust import TrustedSuites
 from genshift.fsutil import canonical_json, read_limited, sha256_bytes
+from genshift.identity import identity_of
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +37,6 @@ class Trust:
 def trust(trusted_keys=None, suites=None) -> Trust:
     """``trusted_keys``: a trusted-keys file or ``load_trusted_keys``'s dict; ``suites``: trusted suite folders or
     manifest files (given: entries on other suite data are rejected)."""
-    from genshift.eval.stamps import load_trusted_keys
-    from genshift.eval.suite_trust import TrustedSuites
-
     keys = trusted_keys if isinstance(trusted_keys, dict) else load_trusted_keys(trusted_keys) if trusted_keys else {}
     manifests = None if suites is None else frozenset(TrustedSuites.from_paths(suites, registry=False).by_sha)
     digest = sha256_bytes(canonical_json([sorted(keys), sorted(manifests or []), manifests is None]))
@@ -61,12 +60,7 @@ class Entry:
     verified = property(lambda self: self.status == "verified")
     stamp = property(lambda self: self.record if self.verified else None)  # the signed record of a verified entry
     run_dir = property(lambda self: self.path.parent)
-
-    @property
-    def identity(self):
-        from genshift.identity import identity_of
-
-        return identity_of(self.record["model"], strict=False)
+    identity = property(lambda self: identity_of(self.record["model"], strict=False))
 
     @cached_property
     def board(self) -> str:
@@ -77,8 +71,6 @@ class Entry:
     @property
     def result(self) -> dict | None:
         """The parsed ``result.json`` as the record names it (``IntegrityError`` if it changed); None if rejected."""
-        from genshift.eval.results import parse_result
-
         if self._result is None and self.record is not None:
             self._result = parse_result(self.read_file(RESULT_FILE), where=str(self.path))
         return self._result
@@ -193,8 +185,6 @@ def _reachable(url: str, timeout: float) -> bool:
 def misfiled(path: Path, doc: dict) -> str:
     """Why an entry's folder is not the one its result (or record) names (``genshift.eval.results.entry_dir``),
     or ``""``: a folder is owned by one (suite, model), so a result filed elsewhere never takes an entry's place."""
-    from genshift.eval.results import entry_dir
-
     want, have = entry_dir(doc), f"{path.parent.parent.name}/{path.parent.name}"
     if have == want:
         return ""
@@ -222,9 +212,6 @@ def read_files(path: Path, t: Trust) -> tuple[bytes | str, bytes | None, str]:
 def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, digest: str, t: Trust) -> Entry:
     """One entry from its files (:func:`read_files`): the signed record if it checks out, else a record built from
     the result (its identity checked first); never raises."""
-    from genshift.eval.results import parse_result
-    from genshift.eval.stamps import build_record, check_stamp
-
     if isinstance(raw, str):
         return Entry(path, digest=digest, reason=raw)
     entry = Entry(path, digest=digest)

@@ -17,7 +17,7 @@ import streamlit as st
 
 from genshift.errors import IntegrityError, one_line
 from genshift.families import get_family, interval
-from genshift.fsutil import canonical_json, sha256_bytes
+from genshift.hubio import is_repo_id
 from genshift.leaderboard import Settings, aggregate, reported
 from genshift.leaderboard.about import ABOUT
 from genshift.leaderboard.export import to_csv_bytes, to_json_bytes, unit
@@ -37,7 +37,7 @@ def _entry(path: str, digest: str, _raw, _stamp, _trust):
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _ranks(digest: str, _entries, family: str, configs: tuple):
+def _ranks(digests: tuple, _entries, family: str, configs: tuple):
     return aggregate.rank_intervals(_entries, family=family, configs=list(configs))
 
 
@@ -154,13 +154,10 @@ def main(settings: Settings | None = None) -> None:
                           for r in view[view["ranked"]].head(10).itertuples()) or "nothing is ranked on this board")
     reported.show(st, suite)
     if settings.hub_results:  # the Hub's side, never ranked
-        from genshift.leaderboard.hub_results import show_hub_reported
-
-        show_hub_reported(entries, endpoint=os.environ.get("HF_ENDPOINT") or None)
+        _hub_reported(entries)
     if n_ranked:  # after the table was sent: the intervals fill it in (cached by the ranked records' digests)
         ranked = [e for e in entries if e.model_id in set(board_df.loc[board_df["ranked"], "model"])]
-        ranks = _ranks(sha256_bytes(canonical_json([e.digest for e in ranked])), ranked, meta["family"],
-                       tuple(meta["rank_configs"]))
+        ranks = _ranks(tuple(e.digest for e in ranked), ranked, meta["family"], tuple(meta["rank_configs"]))
         if ranks:
             board_df, meta = aggregate.board_table(entries, ranks=ranks)
             view = board_df[keep(board_df)].reset_index(drop=True)
@@ -422,6 +419,28 @@ def _failure_directions(entry) -> None:
                     for col, (iid, data) in zip(st.columns(len(imgs)), imgs):
                         col.image(io.BytesIO(base64.b64decode(data)), width=96)
                         col.text(iid[:24])
+
+
+def _hub_reported(entries) -> None:
+    """The "Reported on the Hub" table under the ranking, for each dataset the board's entries used."""
+    from genshift.leaderboard.hub_results import HUB_COLUMNS, hub_reported  # the Hub client: only for this table
+    datasets = sorted({ds for e in entries if is_repo_id(ds := str(e.record["suite"].get("repo_id") or ""))})
+    st.subheader("Reported on the Hub")
+    st.caption("Scores that model repos report for this suite's dataset through the Hub's eval-results system "
+               "(.eval_results files; 'community' while their pull request is open). They are not verified by "
+               "this leaderboard and are never ranked with the entries above; each links to its source.")
+    if not datasets:
+        st.text("This board's results were not scored on a Hub dataset repo.")
+    for ds in datasets:
+        rows, problems = st.cache_data(ttl=600, show_spinner=False)(hub_reported)(
+            ds, endpoint=os.environ.get("HF_ENDPOINT") or None)
+        st.text(f"datasets/{ds}: {len(rows)} reported")
+        if rows:
+            show_df(pd.DataFrame(rows, columns=list(HUB_COLUMNS)), key=f"hub_reported_{ds}",
+                    column_config={"source": st.column_config.LinkColumn("source"),
+                                   "value": st.column_config.NumberColumn("value (as reported)")})
+        for p in problems[:20]:
+            st.text(p)
 
 
 def _rejected(store: Store, skipped: list) -> None:

@@ -319,6 +319,62 @@ def test_malformed_and_huge_eval_results_files_on_model_repos_are_skipped(hub_wo
     assert len(problems) == 1 and "org/huge" not in problems[0] and "notes is not a short" in problems[0]
 
 
+def test_review_reports_what_it_published_on_the_model_repo(hub_world, monkeypatch, capsys):
+    """`bench review --merge --publish-model-results`: the entry committed to main is reported on its Hub model repo
+    (verified by the reviewer's key) and linked in the answer; the same entry again changes nothing, a new run of
+    the model updates the same model PR, and a failure there is a problem of the outcome, never an undone publish."""
+    from huggingface_hub import parse_eval_result_entries
+
+    from genshift.cli import main
+    from genshift.eval import stamps
+    from genshift.leaderboard import review as reviewing
+    from genshift.leaderboard.hub_results import publish_entry
+    from genshift.leaderboard.submit import submit
+
+    w = hub_world
+    hub, api = w["hub"], w["api"]
+    _point_hub_defaults_at(monkeypatch, hub, w["tmp"] / "hub-cache")  # the re-run loads the recorded Hub weights
+    (w["result"].parent / "verification.json").unlink()  # the submitter's own stamp is never sent
+    api.create_repo("org/results", repo_type="dataset")
+    submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
+    cli = ["review", "--repo", "org/results", "--key", str(w["key"]), "--suite", str(w["suite"]), "--recheck", "2",
+           "--merge", "--publish-model-results"]
+    assert main(cli) == 0 and "passed + merged" in capsys.readouterr().out
+    model = hub.repos[("model", "org/tiny-resnet")]
+    assert model.prs == 1
+    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[
+        ".eval_results/toy.yaml"]))
+    [key] = stamps.load_trusted_keys(w["trusted"])
+    assert entries and all(f"verified by genshift-bench: stamp key {key}" in e.notes for e in entries)
+    answer = [e.content for e in api.get_discussion_details("org/results", 1, repo_type="dataset").events
+              if e.type == "comment"][-1]
+    assert "Verification passed" in answer and "/org/tiny-resnet/discussions/1 (opened)" in answer
+    # idempotent: the same entry once more is "unchanged", no commit on the model repo
+    commits, merged = len(model.commits), entries[0].source_url.split("/tree/")[1].split("/")[0]
+    assert publish_entry("org/results", "toy/org--tiny-resnet", trusted=stamps.load_trusted_keys(w["trusted"]),
+                         revision=merged, api=api)[1] == "unchanged"
+    assert len(model.commits) == commits and model.prs == 1
+    # a new run of the model: published to main, the same model PR updated; then the model repo refuses: the
+    # publish stands and the answer says what failed
+    for note, refuse in (("rerun", False), ("rerun again", True)):
+        res = json.loads(w["result"].read_text())
+        res["notes"] = note
+        w["result"].write_text(json.dumps(res))
+        submit(w["result"], "org/results", endpoint=hub.endpoint, token="t")
+        if refuse:
+            def refused(*a, **kw):
+                raise reviewing.BenchError("the Hub refused the model-repo pull request: 403 Forbidden")
+            monkeypatch.setattr("genshift.leaderboard.hub_results.open_or_update_pr", refused)
+        assert main(cli) == 0
+        assert "passed + merged" in capsys.readouterr().out and model.prs == 1
+    [pr2, pr3] = [[e.content for e in api.get_discussion_details("org/results", n, repo_type="dataset").events
+                   if e.type == "comment"][-1] for n in (2, 3)]
+    assert "/org/tiny-resnet/discussions/1 (updated)" in pr2
+    assert "not reported on its model page: the Hub refused" in pr3 and "Verification passed" in pr3
+    main_files = hub.repos[("dataset", "org/results")].commits[hub.repos[("dataset", "org/results")].refs["main"]].files
+    assert json.loads(main_files["toy/org--tiny-resnet/result.json"])["notes"] == "rerun again"
+
+
 def test_board_shows_hub_reported_entries_in_their_own_never_ranked_table(hub_world, monkeypatch, capsys):
     """`bench leaderboard --hub-results`: the app (under Streamlit's AppTest) shows the Hub's leaderboard of the
     suite's dataset below the ranking; a Hub-reported model with a higher score never enters the ranking."""

@@ -151,6 +151,39 @@ def test_review_one_broken_pr_never_stops_the_others(tmp_path, monkeypatch, caps
         out = capsys.readouterr().out
         assert out.count("skipped") == 2 and "#1" in out and "#2" in out
 
+        # --watch SECONDS: a pass every SECONDS until stopped (here after two passes, the sleep the test's)
+        import genshift.leaderboard.review as reviewing
+        slept, real = [], reviewing.watch
+        monkeypatch.setattr(reviewing, "watch", lambda r, s, **kw: real(r, s, passes=2, sleep=slept.append, **kw))
+        assert main(["review", "--repo", "org/results", "--key", str(tmp_path / "k"), "--watch", "30"]) == 0
+        assert slept == [30] and capsys.readouterr().out.count("skipped") == 4
+
+
+def test_watch_retries_a_failed_pass_and_refuses_a_bad_interval(capsys, caplog):
+    from genshift.cli import main
+    from genshift.errors import BenchError
+    from genshift.leaderboard.review import watch
+
+    class Flaky:
+        passes = 0
+
+        def run_once(self):
+            self.passes += 1
+            if self.passes == 2:
+                raise BenchError("cannot list the pull requests of datasets/org/results (ConnectError)")
+            return [self.passes]
+    reports, slept = [], []
+    watch(Flaky(), 60, report=reports.append, passes=3, sleep=slept.append)
+    assert reports == [[1], [3]] and slept == [60, 60]  # the failed second pass did not stop the loop
+    assert "review pass failed" in caplog.text and "ConnectError" in caplog.text
+    for bad in ("0", "604801", "soon"):
+        with pytest.raises(SystemExit) as stop:
+            main(["review", "--repo", "org/results", "--key", "k", "--watch", bad])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "--watch" in err
+        assert bad == "soon" or "1..604800" in err
+
 
 def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     from genshift.cli import main
