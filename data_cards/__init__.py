@@ -49,10 +49,9 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
 
 def demo_card(manifest) -> str:
     """The card of a synthetic demo suite (``bench demo-suite``, ``genshift.synthetic``)."""
+    note = "Synthetic noise images for tests and demos: every model is expected to score about 0% on them."
     return render_card(manifest, template="generic", license="cc0-1.0", tags=["synthetic"],
-                       pretty_name=f"{manifest.suite_id} (synthetic test suite)",
-                       context={"note": "Synthetic noise images for tests and demos: every model is expected to "
-                                        "score about 0% on them."})
+                       pretty_name=f"{manifest.suite_id} (synthetic test suite)", context={"note": note})
 
 
 def import_card(manifest) -> str:
@@ -67,10 +66,9 @@ def import_card(manifest) -> str:
 
 def upstream_card(manifest) -> str:
     """The card of the upstream ImageNet* release converted by ``genshift.upstream.convert_release``."""
-    return render_card(manifest, template="generic", license="mit",
-                       pretty_name="ImageNet* (upstream release, converted)",
-                       context={"note": "Converted from madrylab/imagenet-star without re-encoding; keep = the "
-                                        "authors' mask."})
+    note = "Converted from madrylab/imagenet-star without re-encoding; keep = the authors' mask."
+    return render_card(manifest, template="generic", license="mit", context={"note": note},
+                       pretty_name="ImageNet* (upstream release, converted)")
 
 
 def render_card(manifest, *, template: str = "generic", context: dict | None = None, **header) -> str:

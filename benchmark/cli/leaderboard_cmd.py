@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from genshift.cli._common import add_verb
+from genshift.errors import BenchError
 
 # viewer mode: no developer menu, no Deploy button, no grid CSV export (the app offers formula-safe
 # downloads of its own); the same settings the exported Space ships in .streamlit/config.toml
@@ -74,8 +75,6 @@ def settings_of(args):
 
 def run(args) -> int:
     import importlib.util
-
-    from genshift.errors import BenchError
 
     if not 1 <= args.port <= 65535:
         raise BenchError(f"--port must be 1..65535, got {args.port}")
