@@ -25,7 +25,6 @@ ROLES = {"fit": "a point of the ID/OOD fits", "column": "a column of the paper's
          "target": "the model the suite was mined against", "in21k": "a model pretrained on ImageNet-21k",
          "replica": "the target's recipe with another seed (no public weights; model = its architecture)"}
 CONFIGS = ("paper", "today")  # a member's recorded data config, or today's timm config
-_KEYS = {"model", "paper", "role", "suite", "replica_of", "data_config", "matched_by", "url"}
 
 
 @dataclass(frozen=True)
@@ -74,11 +73,10 @@ def _registry() -> Registry[Population]:
         if "models_file" in row:  # members written by a script, with the paper's data configs
             data = package_yaml(row["models_file"])
             entries, source = data["models"], f"timm {data['timm']}"
-        for e in entries:
-            if set(e) - _KEYS or e.get("role") not in ROLES or not e.get("model") or not e.get("paper"):
-                raise ValueError(f"population {row['name']}: bad member {e!r} (needs model, paper and a role of "
-                                 f"{', '.join(ROLES)})")
-        members = tuple(Member(**e) for e in entries)
+        members = tuple(Member(**e) for e in entries)  # an unknown or missing key: TypeError
+        if bad := [m for m in members if m.role not in ROLES or not m.model or not m.paper]:
+            raise ValueError(f"population {row['name']}: bad member {bad[0]} (needs model, paper and a role of "
+                             f"{', '.join(ROLES)})")
         tags = [m.model for m in members if not m.local]
         if len(set(tags)) != len(tags) or len({m.paper for m in members}) != len(members):
             raise ValueError(f"population {row['name']} lists a model twice")
