@@ -380,16 +380,10 @@ def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
         raise BenchError("cannot merge, units missing: " + " | ".join(problems) + "; rerun the sweep to fill them")
     done = []
     for run_dir in runs:
-        with locked(run_dir / ".lock"):
+        with FileLock(run_dir / ".lock"):  # across processes
             if (run_dir / WORK / JOB_FILE).is_file():
                 done.append((run_dir / RESULT_FILE, finish_run(run_dir, out)))
     return done
-
-
-def locked(path: Path):
-    """An exclusive lock across processes on ``path`` (filelock's)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(path))
 
 
 def clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:

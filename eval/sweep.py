@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate, groupby
 from pathlib import Path
 
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from genshift import upstream
@@ -405,7 +406,7 @@ class Sweep:
             atomic_write_json(job.run_dir / FAILURE_FILE, failure)
 
     def _try_finish(self, job: Job) -> None:
-        with merging.locked(job.run_dir / ".lock"):
+        with FileLock(job.run_dir / ".lock"):  # one process builds the result
             if (job.run_dir / RESULT_FILE).is_file() and not (job.run_dir / WORK / merging.JOB_FILE).is_file():
                 job.status, job.result = "done", load_result(job.run_dir / RESULT_FILE)  # another process built it
                 self._progress()
