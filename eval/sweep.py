@@ -23,9 +23,9 @@ from genshift.errors import BenchError, one_line
 from genshift.eval import inference, merging, predictions
 from genshift.eval.inference import predict_units
 from genshift.eval.merging import WORK, finish_run, refuse_links
+from genshift.eval.options import EvalOptions, ModelSpec, checkpoint_sha256
 from genshift.eval.results import RESULT_FILE, config_hash, load_result
 from genshift.eval.results import path_slug as slug  # the one folder rule
-from genshift.eval.runner import EvalOptions, ModelSpec, checkpoint_sha256
 from genshift.eval.suite_trust import is_construction_model, open_suite
 from genshift.families import get_family
 from genshift.fsutil import atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file

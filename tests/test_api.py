@@ -16,7 +16,7 @@ import torch
 import genshift
 from genshift.cli import main
 from genshift.errors import BenchError
-from genshift.eval.runner import EvalOptions, OptionError
+from genshift.eval.options import EvalOptions, OptionError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ import torch
 
 from genshift.cli import main
 from genshift.eval.inference import COMPILE_MIN_IMAGES, Forward, wants_compile
-from genshift.eval.runner import EvalOptions
+from genshift.eval.options import EvalOptions
 
 
 class _Meeting(torch.nn.Module):

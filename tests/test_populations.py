@@ -13,7 +13,7 @@ from timm.models import get_pretrained_cfg
 
 from genshift.cli import main
 from genshift.errors import BenchError
-from genshift.eval.runner import ModelSpec, resolve_models
+from genshift.eval.options import ModelSpec, resolve_models
 from genshift.populations import ROLES, get_population, list_populations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def test_models_takes_a_population_by_name_at_its_recorded_data_config(caplog):
 
 
 def test_a_recorded_data_config_is_what_the_model_runs_at_and_the_protocol_says(toy_suite, tmp_path, tiny_checkpoint):
-    from genshift.eval.runner import EvalOptions
+    from genshift.eval.options import EvalOptions
     from genshift.eval.results import load_result
     from genshift.eval.sweep import SweepRequest, run_sweep
 

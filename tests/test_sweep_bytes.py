@@ -12,7 +12,7 @@ import pytest
 from genshift import evaluate
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
-from genshift.eval.runner import EvalOptions, ModelSpec, resolve_models
+from genshift.eval.options import EvalOptions, ModelSpec, resolve_models
 from genshift.eval.sweep import SweepRequest, run_sweep
 from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, files, sweep
 

@@ -9,7 +9,7 @@ import sys
 from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, percent, print_json, print_table
 from genshift.cli.build import add_config, flag
 from genshift.errors import BenchError
-from genshift.eval.runner import EvalOptions, OptionError, resolve_models
+from genshift.eval.options import EvalOptions, OptionError, resolve_models
 from genshift.families import get_family
 from genshift.heap import keep_freed_memory
 
