@@ -1,20 +1,14 @@
 r"""Analyses of a result that never change its scores. ``bench diagnose`` (``docs/leaderboard.md``, "Failure
-directions in pictures"): a result's predictions joined with CLIP embeddings (open_clip; default OpenAI
-ViT-B/32) of its images, one SVM per class, written as ``diagnose.json`` and ``diagnose.html`` next to the
-result (``genshift.eval.diagnose_report``). And LANCE's class-level insight (:func:`result_clusters`).
-
-Failure directions (Jain et al., ICLR 2023) explain where a model fails, in words. For each class, a linear
-SVM on CLIP image embeddings predicts whether the model got an image right; its normal vector is the class's
-failure direction (Sec. 2), its cross-validated balanced accuracy the direction's *strength* (Sec. 2.1), and
-the captions whose embedding difference to a reference caption has the most negative / positive decision value
-name the hard / easy subpopulation (Sec. 2.2, :math:`\hat c = (c - r)/\lVert c - r\rVert_2`). Fit as the
-authors' code does it, with guards it lacks: ``docs/reproducing.md``, "Failure directions". Image embeddings
-are cached as ``.npz`` (ids + unnormalised float32) per suite manifest, config, CLIP model, image view and
-precision (the views and precisions: the same section).
-
-LANCE's insight (paper Sec. 4.2, Fig. 6): K-means clusters of edits (the CLIP text direction edit words -
-replaced words, ``edit_text_direction``) ranked by the model's mean Δp over their pairs, with example pairs;
-stored under the result's ``analysis``.
+directions in pictures"): failure directions (Jain et al., ICLR 2023) from a result's predictions and CLIP
+embeddings (open_clip; default OpenAI ViT-B/32) of its images, written as ``diagnose.json`` and ``diagnose.html``
+next to the result (``genshift.eval.diagnose_report``). Per class, a linear SVM on the image embeddings predicts
+whether the model got an image right; its normal vector is the class's failure direction (Sec. 2), its
+cross-validated balanced accuracy the direction's *strength* (Sec. 2.1), and the captions whose embedding
+difference to a reference caption has the most negative / positive decision value name the hard / easy
+subpopulation (Sec. 2.2, :math:`\hat c = (c - r)/\lVert c - r\rVert_2`). Fit as the authors' code does it, with
+guards it lacks; image views and precisions: ``docs/reproducing.md``, "Failure directions". And LANCE's
+class-level insight (Sec. 4.2, Fig. 6, :func:`result_clusters`): K-means clusters of edits (CLIP text direction
+edit words - replaced words) ranked by the model's mean Δp, stored under ``analysis``.
 """
 
 from __future__ import annotations
@@ -139,7 +133,8 @@ class ClipEncoder:
 
 def suite_image_embeddings(suite: LocalSuite, config: str, encoder: ClipEncoder, *, cache_dir: str | Path,
                            view: ImageView, batch_size: int = 64) -> tuple[list[str], np.ndarray]:
-    """Image ids and embeddings of a config (computed once per view and precision, then read from the cache)."""
+    """Image ids and embeddings of a config, computed once, then read from the cache: an ``.npz`` (ids +
+    unnormalised float32) per suite manifest, config, CLIP model, image view and precision."""
     safe = encoder.model_id.replace("/", "_").replace(":", "_")
     name = f"{config}__{safe}__{view.key()}__{encoder.resolved_precision()}.npz"
     path = Path(cache_dir) / suite.manifest.sha256 / name
