@@ -5,7 +5,6 @@ neutralised plot labels only: "Trust")."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import os
 import re
@@ -16,11 +15,9 @@ import pandas as pd
 import streamlit as st
 
 from genshift.errors import IntegrityError, one_line
-from genshift.families import get_family, interval
+from genshift.families import FAMILIES, get_family, interval
 from genshift.hubio import is_repo_id
-from genshift.leaderboard import Settings, aggregate, reported
-from genshift.leaderboard.about import ABOUT
-from genshift.leaderboard.export import to_csv_bytes, to_json_bytes, unit
+from genshift.leaderboard import Settings, aggregate
 from genshift.leaderboard.store import Store, load_store, read_entry
 
 TABS = ["About", "Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
@@ -29,6 +26,15 @@ ARXIV = re.compile(r"(\d{4}\.\d{4,5})(v\d+)?")
 # viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
 # viewer mode, see `bench leaderboard`); a fixed style sheet, no data in it
 VIEWER_CSS = "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
+REPORTED = "Reported in the paper"
+# The downloads (``docs/leaderboard.md``, "Search and filters"): the page's units in every header, rounded to
+# DECIMALS places, plain JSON; text cells a spreadsheet would run as a formula get a leading apostrophe in the CSV
+# (OWASP, "CSV Injection").
+DECIMALS = {"%": 2, "pp": 2, "params (M)": 3}
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# column key -> unit, as the metric families declare them
+UNITS = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp",
+         **{m.key: m.unit for name in FAMILIES for m in get_family(name).metrics}}
 
 
 @st.cache_data(show_spinner=False, max_entries=10_000)
@@ -45,6 +51,55 @@ def _ranks(digests: tuple, _entries, family: str, configs: tuple):
 def _stale() -> dict:
     """Entries a view found stale (record digest -> why): marked for every session at once."""
     return {}
+
+
+def unit(col: str) -> str:
+    """The unit of a board column: ``"pp"`` for differences of two accuracies/probabilities, ``"%"`` for accuracies
+    and rates (as its family declares the metric; ``<key>/<config>`` and ``<key>_lo``/``_hi`` too), else ""."""
+    key = col.split("/", 1)[0]
+    for suffix in ("_lo", "_hi", "_linear", "_probit"):
+        key = key.removesuffix(suffix)
+    return UNITS.get(key, "")
+
+
+def with_units(view: pd.DataFrame) -> pd.DataFrame:
+    """A copy in the page's units (fractions x 100), rounded (:data:`DECIMALS`), whose headers name them."""
+    out = view.drop(columns="ranked", errors="ignore")
+    names = {"params_m": "params (M)"}
+    for col in out.columns:
+        u = unit(col)
+        if u and pd.api.types.is_float_dtype(out[col]):
+            out[col] = (out[col] * 100).round(DECIMALS[u])
+            names[col] = f"{col.replace('acc1/', 'acc@1/').replace('acc5/', 'acc@5/')} ({u})"
+    for col in ("rank", "rank_lo", "rank_hi"):
+        if col in out.columns:
+            out[col] = out[col].astype("Int64")
+    if "params_m" in out.columns:
+        out["params_m"] = out["params_m"].round(DECIMALS["params (M)"])
+    return out.rename(columns=names)
+
+
+def defuse(value):
+    """``value`` with a leading ``'`` if it is text a spreadsheet would evaluate (a lone ``-`` is not)."""
+    if isinstance(value, str) and value.startswith(FORMULA_START) and value.strip() != "-":
+        return "'" + value
+    return value
+
+
+def to_csv_bytes(view: pd.DataFrame) -> bytes:
+    """The view in the page's units, every text cell defused (numbers and booleans untouched)."""
+    safe = with_units(view)
+    for col in safe.columns:
+        if not pd.api.types.is_numeric_dtype(safe[col]) and not pd.api.types.is_bool_dtype(safe[col]):
+            safe[col] = safe[col].map(defuse)
+    return safe.to_csv(index=False).encode()
+
+
+def to_json_bytes(view: pd.DataFrame) -> bytes:
+    import json
+
+    rows = with_units(view).astype(object).where(lambda d: d.notna(), None).to_dict(orient="records")
+    return json.dumps(rows, indent=1, ensure_ascii=False, allow_nan=False, default=lambda v: v.item()).encode()
 
 
 def read_store(settings: Settings) -> Store:
@@ -76,18 +131,6 @@ def one_decimal(label: str):
     return st.column_config.NumberColumn(label, format="%.1f")
 
 
-@contextlib.contextmanager
-def guarded(title: str):
-    """One view that fails to draw shows why, and the rest of the board stays up."""
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001 - a view's failure must not take the board down
-        if type(e).__name__ in ("StopException", "RerunException"):
-            raise
-        st.error(f"The {title} view could not be drawn for this selection.")
-        st.text(f"{type(e).__name__}: {e}")
-
-
 def main(settings: Settings | None = None) -> None:
     """One run of the page."""
     settings = settings or Settings()
@@ -110,7 +153,7 @@ def main(settings: Settings | None = None) -> None:
     if not store.entries:
         st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out "
                 "<store>` or open a pull request with `bench submit`.")
-        reported.show(st)
+        _reported(None)
         _rejected(store, [])
         st.stop()
 
@@ -152,7 +195,7 @@ def main(settings: Settings | None = None) -> None:
     with st.expander("Top 10 as text"):
         st.text("\n".join(f"{int(r.rank):>3}  {r.model}  {100 * getattr(r, meta['metric']):.1f}"
                           for r in view[view["ranked"]].head(10).itertuples()) or "nothing is ranked on this board")
-    reported.show(st, suite)
+    _reported(suite)
     if settings.hub_results:  # the Hub's side, never ranked
         _hub_reported(entries)
     if n_ranked:  # after the table was sent: the intervals fill it in (cached by the ranked records' digests)
@@ -165,9 +208,19 @@ def main(settings: Settings | None = None) -> None:
     views = (lambda: st.markdown(ABOUT), lambda: _heatmap(view, meta), lambda: _id_ood(settings, entries, view, meta),
              lambda: _drilldown(entries, view, meta), lambda: _rejected(store, meta["skipped"]))
     for tab, name, draw in zip(st.tabs(TABS, key="tab", bind="query-params"), TABS, views):
-        if tab.open:
-            with tab, guarded(name):
-                draw()
+        if not tab.open:
+            continue
+        with tab:
+            try:
+                if view.empty and name in ("Shift heatmap", "Model drilldown"):
+                    st.info("No model matches the filters.")
+                else:
+                    draw()
+            except Exception as e:  # noqa: BLE001 - one view that fails shows why; the rest of the board stays up
+                if type(e).__name__ in ("StopException", "RerunException"):
+                    raise
+                st.error(f"The {name} view could not be drawn for this selection.")
+                st.text(f"{type(e).__name__}: {e}")
 
 
 def _filters(df: pd.DataFrame):
@@ -244,9 +297,6 @@ def heatmap_figure(view: pd.DataFrame, configs: list[str]):
 
 
 def _heatmap(view: pd.DataFrame, meta: dict) -> None:
-    if view.empty:
-        st.info("No model matches the filters.")
-        return
     st.caption("acc@1 in percent, written in each cell; the colour scale is fixed at 0–100% on purpose, so that a "
                "colour means the same on every board and a few points of difference look like a few points. Rows "
                "are labelled by the official rank or '(not ranked)'.")
@@ -344,9 +394,8 @@ def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
     """One model's record, and what only its files hold (hashed when read here: a changed file marks it stale)."""
     import plotly.graph_objects as go
 
-    if view.empty:
-        st.info("No model matches the filters.")
-        return
+    from genshift.eval.diagnose_report import load_report_for_view
+
     model = st.selectbox("Model", list(view["model"]), key="model", bind="query-params")
     entry = next(e for e in entries if e.model_id == model)
     rec, configs = entry.record, meta["configs"]
@@ -390,12 +439,6 @@ def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
     show_df(pd.DataFrame({"field": list(prov), "value": [str(v) for v in prov.values()]}), key="provenance")
     if r.get("notes"):
         st.text("notes: " + str(r["notes"]))
-    _failure_directions(entry)
-
-
-def _failure_directions(entry) -> None:
-    from genshift.eval.diagnose_report import load_report_for_view
-
     report = load_report_for_view(entry.run_dir)
     if report is None:
         return
@@ -456,3 +499,57 @@ def _rejected(store: Store, skipped: list) -> None:
                 column_config={"reason": st.column_config.TextColumn("reason", width="large")})
     else:
         st.text("No rejected, superseded, flagged or stale entries.")
+
+
+def _reported(suite: str | None) -> None:
+    """The papers' own numbers for one suite (all when None): never verified, never ranked (package data
+    ``benchmark/_data/reported.yaml``)."""
+    frame = aggregate.reported_frame(suite)
+    if frame.empty:
+        return
+    st.subheader(REPORTED)
+    st.caption("Numbers as printed in the papers (source per row): not recomputed, not verified and not ranked. Our "
+               "own re-runs of these models are in the ranked table; `bench reproduce` prints both side by side.")
+    show_df(frame, key=f"reported-{suite or 'all'}")
+
+
+ABOUT = r"""
+**What is ranked.** Only entries that are *verified* and *complete* are ranked, and only among themselves:
+verified means a maintainer re-ran a random sample of the entry's images through the model and signed its record
+(`verification.json`) with a key this board trusts, for the result file as it is now; complete means every config of
+the suite was scored, with no `--limit-per-class`. Rank intervals are computed over the same set. Everything else
+(unverified, partial, stale) is listed as a community entry, with its own numbers and no rank, because anyone can write
+a result file. Construction models (used to build, mine or filter the suite) are never ranked. Filters hide rows;
+they never re-rank.
+
+**One entry per model.** Entries are keyed by the model's canonical identity: a Hub repo id, or
+`name@sha256:<digest of the tensors>` for local weights, which are marked "local weights", never shown under or linked
+to a Hub model. The same weights under two ids are listed and ranked once (a verified entry wins, then Hub weights
+over a local copy, then the record signed last), and the entry shown says so in its flags. A result of the same model
+under another protocol (e.g. other bootstrap settings) is on a board of its own.
+
+**How entries are verified.** `bench review` (or a maintainer with `bench verify --recheck N --sign KEY`) checks the
+result against the suite's trusted manifest, recomputes every metric, re-runs a fresh random sample of images through
+the model at the recorded weights, and signs the record this page reads: the numbers, the per-image correctness behind
+the rank intervals, and the hashes of the files. This page checks the signature and the result file's hash; a
+predictions file is hashed when a view reads it (the model drilldown), and one that changed marks the entry stale at
+once.
+
+**Metrics.**
+- ImageNet\* (Vendrow et al., 2023, *Dataset Interfaces: Diagnosing Model Failures Using Controllable
+  Counterfactual Generation*): accuracy per shift, ranked by mean acc@1 over the shifts; a model's absolute impact
+  of a shift is acc(base) − acc(shift).
+- LANCE (Prabhu et al., 2023, *LANCE: Stress-testing Visual Models by Generating Language-guided
+  Counterfactual Images*): ranked by Δacc@1, counterfactual minus original accuracy; Δp per edit type.
+- IN-G (Wiles et al., 2022, *Discovering Bugs in Vision Models using Off-the-shelf Image Generation and
+  Captioning*): ranked by the top-3 failure rate (lower is better).
+- Effective robustness (Taori et al., 2020, *Measuring Robustness to Natural Distribution Shifts in Image
+  Classification*): shift accuracy minus the linear (or probit) ID/OOD fit's prediction, in percentage points.
+- Failure directions (Jain et al., ICLR 2023, *Distilling Model Failures as Directions in Latent Space*): per
+  class a linear SVM on CLIP embeddings separating the model's mistakes; shown as "not significant" when it is not
+  stronger than its permutation null.
+
+**How to submit.** Score every config of the suite with `bench eval --model <timm name> --suite <suite>` (no
+`--limit-per-class`), then `bench submit <run folder> --repo <results repo>` opens a pull request. The review service
+checks it, re-runs a sample of its images and signs it; from the next pinned results revision it is ranked.
+"""
