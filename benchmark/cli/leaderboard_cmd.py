@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from genshift.cli._common import add_verb
+from genshift.leaderboard import STREAMLIT
 
-# viewer mode: no developer menu, no Deploy button, no grid CSV export (the app offers formula-safe
-# downloads of its own); the same settings the exported Space ships in .streamlit/config.toml
-STREAMLIT_FLAGS = ("--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode",
-                   "viewer", "--client.disableDataExport", "true", "--server.runOnSave", "false")
+# the served page's Streamlit settings (the Space's, but for its hidden error details)
+STREAMLIT_FLAGS = tuple(arg for section, opts in STREAMLIT.items() for k, v in opts.items() if k != "showErrorDetails"
+                        for arg in (f"--{section}.{k}", v if isinstance(v, str) else str(v).lower()))
 
 
 def add_parser(sub):
