@@ -40,28 +40,6 @@ from genshift.leaderboard.ui import main  # noqa: E402
 main(Settings.loads((HERE / "space.json").read_text(), base=HERE))
 '''
 TAGS = ("leaderboard", "submission:semiautomatic", "test:public", "judge:auto", "modality:image")
-CARD = """---
-title: {quoted_title}
-emoji: 📊
-colorFrom: indigo
-colorTo: green
-sdk: streamlit
-sdk_version: {streamlit_version}
-app_file: app.py
-pinned: false
-short_description: ImageNet classifiers under generated distribution shifts
-tags:
-{tags}
----
-
-# {title}
-
-Robustness of ImageNet classifiers to generated distribution shifts (genshift-bench), read from {pinned}.
-Only verified, complete entries are ranked: a maintainer key listed in `trusted_keys` signed their record
-after re-running a sample of their images through the model.
-
-To update the board, export the Space again and push it.
-"""
 
 
 def _package(into: Path) -> tuple[str | None, str]:
@@ -117,7 +95,7 @@ def export_space(out: str | Path, settings) -> Path:
         (tmp / "app.py").write_text(APP.format(wheel=wheel, version=metadata.version("genshift-bench")))
         (tmp / "requirements.txt").write_text("\n".join(pins + [requirement] if requirement else pins) + "\n")
         repo, _, sha = settings.results.partition("@")
-        (tmp / "README.md").write_text(CARD.format(
+        (tmp / "README.md").write_text(Path(__file__).with_name("space_card.md").read_text().format(
             quoted_title=json.dumps(settings.title), title=settings.title, tags="\n".join(f"  - {t}" for t in TAGS),
             streamlit_version=metadata.version("streamlit"), pinned=f"commit `{sha}` of `{repo}`" if sha else
             "the results copied into this Space (`results/`)"))
