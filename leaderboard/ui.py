@@ -102,19 +102,6 @@ def to_json_bytes(view: pd.DataFrame) -> bytes:
     return json.dumps(rows, indent=1, ensure_ascii=False, allow_nan=False, default=lambda v: v.item()).encode()
 
 
-def read_store(settings: Settings) -> Store:
-    """The store as this run sees it: every entry's record, read (or taken from the cache by its digest)."""
-    with st.spinner("Opening the results store ..."):
-        bar = st.progress(0.0, text="reading the entries")
-        store = load_store(settings.results, trusted_keys=settings.trusted_keys, stale=_stale(),
-                           suites=[settings.suites] if settings.suites else None,
-                           read=lambda path, raw, stamp, digest, t: _entry(str(path), digest, raw, stamp, t),
-                           progress=lambda i, n: (i == 1 or i % 25 == 0) and bar.progress(
-                               i / n, text=f"reading {i} of {n} entries"))
-    bar.empty()
-    return store
-
-
 def plot_label(text) -> str:
     """Plot tick/hover labels: plotly interprets a few HTML tags in strings, so neutralise them."""
     return str(text).replace("&", "＆").replace("<", "‹").replace(">", "›")
@@ -137,8 +124,15 @@ def main(settings: Settings | None = None) -> None:
     st.set_page_config(page_title=settings.title, layout="wide")
     st.html(VIEWER_CSS)
     st.title(settings.title)
-    try:
-        store = read_store(settings)
+    try:  # every entry's record, read (or taken from the cache by its digest)
+        with st.spinner("Opening the results store ..."):
+            bar = st.progress(0.0, text="reading the entries")
+            store = load_store(settings.results, trusted_keys=settings.trusted_keys, stale=_stale(),
+                               suites=[settings.suites] if settings.suites else None,
+                               read=lambda path, raw, stamp, digest, t: _entry(str(path), digest, raw, stamp, t),
+                               progress=lambda i, n: (i == 1 or i % 25 == 0) and bar.progress(
+                                   i / n, text=f"reading {i} of {n} entries"))
+        bar.empty()
     except Exception as e:  # noqa: BLE001 - one line for the visitor, never a traceback
         st.error("Could not open the results store.")
         st.text(one_line(e, 400))

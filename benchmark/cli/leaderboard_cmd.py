@@ -54,18 +54,22 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def settings_of(args):
-    """The page's :class:`~genshift.leaderboard.Settings` from the options, each file checked now (one error
-    line, not a broken board later); a Hub store is pinned to the commit its revision names now."""
+def run(args) -> int:
+    import importlib.util
     import os
     from pathlib import Path
 
+    from genshift.errors import BenchError
     from genshift.hubio import is_repo_id, resolve_revision
     from genshift.leaderboard import Settings
     from genshift.leaderboard.aggregate import read_id_accuracy
     from genshift.leaderboard.store import resolve_source, trust
 
-    trust(args.trusted_keys, [args.suites] if args.suites else None)  # both read as the page will read them
+    if not 1 <= args.port <= 65535:
+        raise BenchError(f"--port must be 1..65535, got {args.port}")
+    # the page's Settings, each file checked now (one error line, not a broken board later) as the page will read
+    # it; a Hub store pinned to the commit its revision names now
+    trust(args.trusted_keys, [args.suites] if args.suites else None)
     if args.id_accuracy:
         read_id_accuracy(args.id_accuracy)
     results = args.results
@@ -77,18 +81,8 @@ def settings_of(args):
             resolve_source(results)  # the one line saying what a store is
         results = f"{repo}@{resolve_revision(repo, rev or None)}"
     absolute = lambda p: os.path.abspath(p) if p else None  # noqa: E731
-    return Settings(results=results, trusted_keys=absolute(args.trusted_keys), suites=absolute(args.suites),
-                    id_accuracy=absolute(args.id_accuracy), hub_results=args.hub_results)
-
-
-def run(args) -> int:
-    import importlib.util
-
-    from genshift.errors import BenchError
-
-    if not 1 <= args.port <= 65535:
-        raise BenchError(f"--port must be 1..65535, got {args.port}")
-    settings = settings_of(args)
+    settings = Settings(results=results, trusted_keys=absolute(args.trusted_keys), suites=absolute(args.suites),
+                        id_accuracy=absolute(args.id_accuracy), hub_results=args.hub_results)
     if args.export_space:
         from genshift.leaderboard.space import export_space
 
