@@ -152,7 +152,12 @@ class Reviewer:
             except Exception as e:  # noqa: BLE001 - one PR never stops the others; the next run retries it
                 log.warning("PR #%d: %s: %s", d.num, type(e).__name__, e)
                 out.append(Outcome(d.num, status="error", problems=[f"{type(e).__name__}: {one_line(e, 300)}"]))
-        self._write_ledger()
+        today = datetime.now(UTC).date().isoformat()  # the ledger written back (only when changed): today's usage
+        self.ledger["usage"] = {a: u for a, u in self.ledger["usage"].items() if u.get("day") == today}
+        if (data := canonical_json(self.ledger)) != self._ledger_read:
+            self.api.create_commit(self.repo_id, [CommitOperationAdd(LEDGER_FILE, data)], repo_type="dataset",
+                                   commit_message="bench review: the ledger (failed model ids, images re-run today)")
+            self._ledger_read = data
         return out
 
     @cached_property
@@ -291,15 +296,6 @@ class Reviewer:
             raise BenchError(f"{LEDGER_FILE} on main is not a review ledger; restore it from the repo's history")
         self.ledger.update(failed=doc["failed"], usage=doc["usage"])
         self._ledger_read = canonical_json(self.ledger)
-
-    def _write_ledger(self) -> None:
-        today = datetime.now(UTC).date().isoformat()
-        self.ledger["usage"] = {a: u for a, u in self.ledger["usage"].items() if u.get("day") == today}
-        data = canonical_json(self.ledger)
-        if data != self._ledger_read:
-            self.api.create_commit(self.repo_id, [CommitOperationAdd(LEDGER_FILE, data)], repo_type="dataset",
-                                   commit_message="bench review: the ledger (failed model ids, images re-run today)")
-            self._ledger_read = data
 
     def _charge(self, author: str, images: int, *, planned: bool = False) -> None:
         """Count ``images`` re-run for ``author`` today; ``planned``: only check that they fit (else ``Deferred``)."""
