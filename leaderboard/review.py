@@ -420,7 +420,24 @@ class Reviewer:
                 checked[entry] = result
         if problems:
             return problems, {}
-        plans = {e: self._mode(r, outcome.pr) for e, r in checked.items()}
+        plans = {}  # rows each re-run draws (docs/leaderboard.md, "What verified guarantees")
+        for entry, result in checked.items():
+            m = result["model"]  # weights the reviewer lacks make the PR unreviewable
+            if m["source"] in ("module", "random"):
+                raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: "
+                                 "publish them as a Hub model repo, or as a file a maintainer reviews with "
+                                 "--checkpoint")
+            if m["source"] == "checkpoint" and m["weights_sha256"] != self.checkpoint_sha256:
+                mine, theirs = self.checkpoint_sha256, str(m["weights_sha256"])[:12]
+                raise BenchError(f"{m['id']} was scored with local weights (sha256 {theirs}…) " + (
+                    "that the reviewer does not have: publish the weights as a Hub model repo and score with them, or "
+                    "ask a maintainer to review with those weights (--checkpoint)" if mine is None else
+                    f"that are not the reviewer's --checkpoint ({mine[:12]}…): score with the published weights, or "
+                    "ask a maintainer to review with yours"))
+            # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
+            full = (m["id"] in self.ledger["failed"] and outcome.pr not in self.again) or (
+                self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda"))
+            plans[entry] = "all" if full else self.recheck
         planned = sum(verify.recheck_count(plans[e], sum(r["counts"][c]["total"] for c in r["suite"]["configs"]))
                       for e, r in checked.items())
         self._charge(outcome.author, planned, planned=True)
@@ -457,25 +474,6 @@ class Reviewer:
                 continue
             outcome.checked += [f"{entry}: {c}" for c in report.checked]
         return problems, stamps
-
-    def _mode(self, result: dict, pr: int) -> int | str:
-        """How many rows an entry's re-run draws (``docs/leaderboard.md``, "What verified guarantees");
-        ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
-        m = result["model"]
-        if m["source"] in ("module", "random"):
-            raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "
-                             "them as a Hub model repo, or as a file a maintainer reviews with --checkpoint")
-        if m["source"] == "checkpoint" and m["weights_sha256"] != self.checkpoint_sha256:
-            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) " + (
-                "that the reviewer does not have: publish the weights as a Hub model repo and score with them, or ask "
-                "a maintainer to review with those weights (--checkpoint)" if self.checkpoint_sha256 is None else
-                f"that are not the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
-                "weights, or ask a maintainer to review with yours"))
-        # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
-        if (m["id"] in self.ledger["failed"] and pr not in self.again) or (
-                self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda")):
-            return "all"
-        return self.recheck
 
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:
         if outcome.status == "passed":
