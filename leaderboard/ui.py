@@ -71,12 +71,8 @@ def with_units(view: pd.DataFrame) -> pd.DataFrame:
         if u and pd.api.types.is_float_dtype(out[col]):
             out[col] = (out[col] * 100).round(DECIMALS[u])
             names[col] = f"{col.replace('acc1/', 'acc@1/').replace('acc5/', 'acc@5/')} ({u})"
-    for col in ("rank", "rank_lo", "rank_hi"):
-        if col in out.columns:
-            out[col] = out[col].astype("Int64")
-    if "params_m" in out.columns:
-        out["params_m"] = out["params_m"].round(DECIMALS["params (M)"])
-    return out.rename(columns=names)
+    out = out.astype({col: "Int64" for col in ("rank", "rank_lo", "rank_hi") if col in out.columns})
+    return out.round({"params_m": DECIMALS["params (M)"]}).rename(columns=names)  # a column not there is ignored
 
 
 def defuse(value):
