@@ -6,7 +6,7 @@
 The names below are imported on first use, so ``import genshift`` (and ``bench --help``) stays light.
 """
 
-from importlib import import_module
+import pkgutil
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -14,23 +14,16 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
 
-_EXPORTS = {  # name -> (module, attribute)
-    "evaluate": ("genshift.eval.runner", "evaluate"),
-    "Result": ("genshift.eval.runner", "Result"),
-    "EvalOptions": ("genshift.eval.options", "EvalOptions"),
-    "verify": ("genshift.eval.runner", "verify"),
-    "slope": ("genshift.eval.runner", "slope"),
-    "load_suite": ("genshift.hub", "open_suite"),
-}
+_EXPORTS = {"evaluate": "genshift.eval.runner:evaluate", "Result": "genshift.eval.runner:Result",
+            "EvalOptions": "genshift.eval.options:EvalOptions", "verify": "genshift.eval.runner:verify",
+            "slope": "genshift.eval.runner:slope", "load_suite": "genshift.hub:open_suite"}
 __all__ = [*_EXPORTS, "__version__"]
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'genshift' has no attribute {name!r}")
-    module, attr = _EXPORTS[name]
-    value = getattr(import_module(module), attr)
-    globals()[name] = value
+    globals()[name] = value = pkgutil.resolve_name(_EXPORTS[name])
     return value
 
 

@@ -1,9 +1,6 @@
-"""This process's place in a multi-process run (eval sweeps and suite builds alike) and the
-deterministic split of work items over processes. The launcher's environment (torchrun's and
-``accelerate launch``'s ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; an MPI launch's ``PMI_*`` /
-``OMPI_COMM_WORLD_*``) is read strictly and must agree with accelerate's ``PartialState``
-(``cpu=True`` for CPU work, so a CPU launch gets a gloo group); anything inconsistent is one line.
-"""
+"""This process's place in a multi-process run (eval sweeps and suite builds) and the deterministic split of work over
+processes. The launcher's environment (torchrun's, ``accelerate launch``'s, an MPI launch's) is read strictly and must
+agree with accelerate's ``PartialState``; anything inconsistent is one line."""
 
 from __future__ import annotations
 
@@ -140,8 +137,7 @@ def plan_shards(items: Iterable[T], num_shards: int, key: Callable[[T], str]) ->
 
 
 def plan_nonempty_shards(items: Sequence[T], num_shards: int, key: Callable[[T], str]) -> list[list[T]]:
-    """``plan_shards`` with the largest shard count <= ``num_shards`` that leaves no shard empty (the
-    format needs every shard ``0..N-1``; a small build can hash two items into one shard)."""
+    """``plan_shards`` with the largest shard count <= ``num_shards`` leaving no shard empty (the format needs all)."""
     for n in range(max(1, min(num_shards, len(items))), 0, -1):
         shards = plan_shards(items, n, key)
         if all(shards):
@@ -150,8 +146,7 @@ def plan_nonempty_shards(items: Sequence[T], num_shards: int, key: Callable[[T],
 
 
 def balance(items: list[dict], count: int) -> list[dict]:
-    """Give every item (a dict with ``cost`` and a sort ``key``) a ``rank``: a deterministic greedy
-    balance, largest first onto the least-loaded process, so every process computes the same split."""
+    """A ``rank`` for each item (``cost``, ``key``): largest first onto the least-loaded process, deterministic."""
     load = [0] * count
     for it in sorted(items, key=lambda i: (-i["cost"], i["key"])):
         rank = min(range(count), key=lambda r: (load[r], r))

@@ -44,8 +44,7 @@ _OS_FIXES = {
     errno.ENOSPC: f"free disk space or write elsewhere (--out), {_RERUN}",
     errno.EDQUOT: f"free space under your disk quota or write elsewhere (--out), {_RERUN}",
     errno.EFBIG: f"the file system refuses files this large; write elsewhere (--out), {_RERUN}",
-    errno.EACCES: f"fix its permissions or choose another path, {_RERUN}",
-    errno.EPERM: f"fix its permissions or choose another path, {_RERUN}",
+    **dict.fromkeys((errno.EACCES, errno.EPERM), f"fix its permissions or choose another path, {_RERUN}"),
     errno.EROFS: f"choose a writable path (e.g. another --out), {_RERUN}",
     errno.EMFILE: f"too many open files; raise the limit (ulimit -n) or use fewer --workers, {_RERUN}",
     errno.ENFILE: f"too many open files on the system; close some programs, {_RERUN}",
@@ -76,8 +75,7 @@ def os_error_message(e: OSError) -> str:
 
 
 def first_line(text: object, limit: int | None = 200) -> str:
-    """The first non-blank line of ``text`` (an exception's paragraph: torch, YAML, the Hub) through
-    :func:`one_line`; ``""`` for an empty text, never an ``IndexError``."""
+    """The first non-blank line of ``text`` (an exception's paragraph) through :func:`one_line`; ``""`` if none."""
     return one_line(next((ln for ln in str(text).splitlines() if ln.strip()), ""), limit)
 
 

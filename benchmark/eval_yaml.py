@@ -1,7 +1,5 @@
-"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hugging Face Hub (``docs/hub.md``
-section 9): ``name``, ``description`` (with the units), ``evaluation_framework`` and one task per headline
-metric of the suite's family (``genshift.families``: ``Family.tasks``), each an ``id``, ``config``, ``split``.
-"""
+"""``eval.yaml``: what makes a suite's dataset repo a benchmark on the Hub (``docs/hub.md`` section 9), one task per
+headline metric of the suite's family (``genshift.families``: ``Family.tasks``)."""
 
 from __future__ import annotations
 
@@ -44,21 +42,18 @@ def suite_tasks(manifest) -> list[Task]:
     return tasks(family, list(manifest.configs), reference)
 
 
-def eval_yaml_dict(manifest, *, name: str | None = None, description: str | None = None) -> dict:
-    """The ``eval.yaml`` content of a suite as a dict (name and description from its card)."""
-    family, _ = suite_scoring(manifest)
-    metrics = [get_family(family).metric(t.column.split("/")[0]) for t in suite_tasks(manifest)]
-    pp = sorted({m.label for m in metrics if m.unit == "pp"})
+def render_eval_yaml(manifest, *, name: str | None = None, description: str | None = None) -> str:
+    """The ``eval.yaml`` of a suite (name and description from its card)."""
+    family = get_family(suite_scoring(manifest)[0])
+    suite_task_list = suite_tasks(manifest)
+    pp = sorted({m.label for m in (family.metric(t.column.split("/")[0]) for t in suite_task_list) if m.unit == "pp"})
     lines = [description or f"{manifest.suite_id}: how ImageNet classifiers fail under a generated distribution "
-             f"shift (genshift-bench suite, metric family {family}).",
+             f"shift (genshift-bench suite, metric family {family.name}).",
              UNITS + (PP_UNITS.format(", ".join(pp)) if pp else ""),
-             "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_tasks(manifest)) + "."]
-    return {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
-            "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_tasks(manifest)]}
-
-
-def render_eval_yaml(manifest, **kw) -> str:
-    return yaml.safe_dump(eval_yaml_dict(manifest, **kw), sort_keys=False, allow_unicode=True, width=100)
+             "Tasks: " + "; ".join(f"{t.id} = {t.label}" for t in suite_task_list) + "."]
+    doc = {"name": name or manifest.suite_id, "description": "\n".join(lines), "evaluation_framework": FRAMEWORK,
+           "tasks": [{"id": t.id, "config": t.config, "split": SPLIT} for t in suite_task_list]}
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
 
 
 class _TaskEntry(Schema):
@@ -88,8 +83,7 @@ def parse_eval_yaml(data: bytes, *, where: str = EVAL_YAML) -> dict:
     if not isinstance(doc, dict):
         raise IntegrityError(f"{where}: not a mapping; {FIX}")
     ids = [t.id for t in validate(_EvalYaml, doc, where=where, fix=FIX).tasks]
-    twice = next((i for i in ids if ids.count(i) > 1), None)
-    if twice is not None:
+    if (twice := next((i for i in ids if ids.count(i) > 1), None)) is not None:
         raise IntegrityError(f"{where}: task id {twice[:64]!r} appears twice; {FIX}")
     return doc
 

@@ -1,19 +1,16 @@
 """Metric families: each suite family declares its metrics once, and everything reads the declaration.
 
-A suite's family (``imagenet_star``, ``lance``, ``in_g`` or plain ``accuracy``) decides which numbers a
-result carries and which one ranks a model. Each :class:`Family` is registered here (in the spirit of
-lm-eval's ``register_metric`` and timm's ``register_model``) with its metrics, its headline, the board's
-per-image rank outcome, whether it scores shifts against a reference config, and its scorer, extra
-outcomes and analysis as lazy ``"module:function"`` targets (the core never imports the eval layer).
-Scoring, verify, the board, ``eval.yaml`` and ``reproduce`` read these declarations; no other module
-branches on a family's name. Units: ``"%"`` is a fraction shown in percent; ``"pp"`` a difference of
-two fractions shown in percentage points.
+A :class:`Family` (``imagenet_star``, ``lance``, ``in_g`` or plain ``accuracy``) holds its metrics, its headline,
+the board's per-image rank outcome, whether it scores shifts against a reference config, and its scorer, extra
+outcomes and analysis as lazy ``"module:function"`` targets (the core never imports the eval layer). No other
+module branches on a family's name. Units: ``"%"`` is a fraction shown in percent; ``"pp"`` a difference of two
+fractions shown in percentage points.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -81,9 +78,8 @@ class Family:
         return [c for c in configs if not (self.reference and c == (reference or "base"))]
 
     def columns(self, result: Mapping) -> dict[str, float]:
-        """Every number of the family in a result, by column: per-config acc@1/acc@5, ``mean_acc1``
-        (all configs), and the family's own (with ``<key>_lo``/``<key>_hi`` where the result has an
-        interval). Fractions; NaN where undefined."""
+        """Every number of the family in a result, by column (fractions, NaN where undefined): per-config
+        acc@1/acc@5, ``mean_acc1`` and the family's own (with ``<key>_lo``/``<key>_hi`` where there is an interval)."""
         configs = result["metrics"]["configs"]
         cols = {}
         for c, m in configs.items():
@@ -94,8 +90,7 @@ class Family:
         return cols
 
     def tasks(self, configs: list[str], reference: str | None = None) -> list[Task]:
-        """The Hub ``eval.yaml`` tasks of a suite of this family with these configs (ValueError when the
-        configs cannot carry the family's headline)."""
+        """The Hub ``eval.yaml`` tasks of a suite with these configs (ValueError if they lack the headline's)."""
         configs = sorted(configs)
         if self.suite_tasks is not None:
             return self.suite_tasks(configs, reference)
@@ -104,10 +99,7 @@ class Family:
 
     def resolve(self, target: str | None):
         """The function a lazy ``"module:function"`` target names (None for None)."""
-        if target is None:
-            return None
-        module, _, name = target.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return None if target is None else pkgutil.resolve_name(target)
 
 
 def value(metric: Mapping | None) -> float:
@@ -126,13 +118,10 @@ def _mean(values) -> float:
     return sum(vals) / len(vals) if vals else math.nan
 
 
-# ---- the shared per-config metrics ------------------------------------------------------------
-
 ACC1 = Metric("acc1", "acc@1", "%", True, "top-1 accuracy; LANCE Eq. 3's acc@k at k = 1", per="config")
 ACC5 = Metric("acc5", "acc@5", "%", True, "top-5 accuracy; LANCE Eq. 3's acc@k at k = 5", per="config")
+MEAN_ACC1 = Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored")
 
-
-# ---- ImageNet* (Vendrow et al., Dataset Interfaces) ----------------------------------------------
 
 def _star_columns(result: Mapping) -> dict:
     m = result["metrics"]
@@ -163,13 +152,10 @@ IMAGENET_STAR = Family(
         Metric("impact", "absolute impact", "pp", False,
                "Vendrow et al. 2023: the drop acc(reference) - acc(shift)", per="config"),
         Metric("model_mean_impact", "model mean impact", "pp", False,
-               "this model's absolute impact averaged over its shifts"),
-    ),
+               "this model's absolute impact averaged over its shifts")),
     headline="mean_shift_acc1", scorer="genshift.eval.scoring:imagenet_star_block", block="imagenet_star",
     reference=True, extra_columns=_star_columns, suite_tasks=_star_tasks)
 
-
-# ---- LANCE (Prabhu et al. 2023) -------------------------------------------------------------------
 
 def _lance_columns(result: Mapping) -> dict:
     lance = result["metrics"].get("lance", {})
@@ -193,22 +179,18 @@ def _lance_tasks(configs: list[str], reference: str | None) -> list[Task]:
 LANCE = Family(
     name="lance", title="LANCE", paper="Prabhu et al. 2023, LANCE",
     metrics=(
-        ACC1, ACC5,
-        Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored"),
+        ACC1, ACC5, MEAN_ACC1,
         Metric("delta_acc1", "Δacc@1", "pp", True,
                "Prabhu et al. 2023, Eq. 3 at k = 1 (T: originals with a counterfactual)"),
         Metric("delta_acc5", "Δacc@5", "pp", True, "Prabhu et al. 2023, Eq. 3 at k = 5"),
         Metric("mean_delta_p", "mean Δp", "pp", False,
                "Prabhu et al. 2023, §4: Δp(y_GT|x) = |p(y_GT|x) - p(y_GT|x')|, averaged over the pairs"),
         Metric("delta_p", "mean Δp of an edit type", "pp", False, "Prabhu et al. 2023, Fig. 3: mean Δp per edit type",
-               per="edit type"),
-    ),
+               per="edit type")),
     headline="delta_acc1", scorer="genshift.eval.scoring:lance_block", block="lance",
     analysis="genshift.eval.lance_insight:result_clusters", rank_paired_delta=True,
     extra_columns=_lance_columns, suite_tasks=_lance_tasks)
 
-
-# ---- IN-G (Wiles et al.) ------------------------------------------------------------------------
 
 def _in_g_columns(result: Mapping) -> dict:
     rates = result["metrics"].get("in_g", {})
@@ -228,25 +210,20 @@ def _in_g_tasks(configs: list[str], reference: str | None) -> list[Task]:
 IN_G = Family(
     name="in_g", title="IN-G", paper="Wiles et al. 2022, Discovering Bugs in Vision Models",
     metrics=(
-        ACC1, ACC5,
-        Metric("mean_acc1", "mean acc@1 (all configs)", "%", True, "acc@1 averaged over every config scored"),
+        ACC1, ACC5, MEAN_ACC1,
         Metric("top1_error", "top-1 error", "%", False, "1 - acc@1"),
         Metric("top3_failure_rate", "top-3 failure rate", "%", False,
                "Wiles et al., Fig. 4: failures are counted when the top-3 predictions do not include the true label"),
         Metric("parent_failure_rate", "WordNet-parent failure rate", "%", False,
-               "Wiles et al., §3: any top-3 prediction outside the true label's WordNet parent"),
-    ),
+               "Wiles et al., §3: any top-3 prediction outside the true label's WordNet parent")),
     headline="top3_failure_rate", scorer="genshift.eval.scoring:in_g_block", block="in_g",
     outcomes="genshift.eval.scoring:in_g_outcomes", rank_k=3, rank_misses=True,
     extra_columns=_in_g_columns, suite_tasks=_in_g_tasks)
 
 
-# ---- plain accuracy (any other suite) ---------------------------------------------------------------
-
 ACCURACY = Family(
     name="accuracy", title="accuracy", paper="",
-    metrics=(ACC1, ACC5, Metric("mean_acc1", "mean acc@1 (all configs)", "%", True,
-                                "acc@1 averaged over every config scored")),
+    metrics=(ACC1, ACC5, MEAN_ACC1),
     headline="mean_acc1")
 
 

@@ -8,9 +8,9 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +26,7 @@ MAX_LIST_BYTES = 1 << 20  # a list file (--models, trusted keys): thousands of l
 
 
 def cache_root() -> Path:
-    """The folder of every cache of the project: ``<HF_HOME>/genshift``, ``HF_HOME`` by huggingface_hub's
-    rule, read at each call (``docs/hub.md`` section 3); a ``cache_dir`` argument replaces it."""
+    """``<HF_HOME>/genshift``, ``HF_HOME`` by huggingface_hub's rule read at each call (``docs/hub.md`` section 3)."""
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return Path(home).expanduser() / "genshift"
 
@@ -82,8 +81,7 @@ def read_limited(path: str | os.PathLike, *, max_bytes: int, what: str,
 
 def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str = "is it the right file?",
                       encoding_fix: str = "save it as UTF-8") -> str:
-    """A UTF-8 text file from outside, read with :func:`read_limited`; a byte-order mark is dropped, anything
-    not UTF-8 is one line naming the byte and line, then ``encoding_fix``."""
+    """A UTF-8 text file read with :func:`read_limited`, BOM dropped; not UTF-8: one line naming the byte and line."""
     data = read_limited(path, max_bytes=max_bytes, what=what, fix=fix)
     try:
         return data.decode("utf-8-sig")
@@ -91,18 +89,6 @@ def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix
         line = data[:e.start].count(b"\n") + 1
         raise IntegrityError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); "
                              f"{encoding_fix}") from None
-
-
-def json_depth(obj) -> int:
-    """The deepest nesting of lists/dicts in a parsed JSON value (iterative: no recursion)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, d)
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, d + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
 
 
 def _no_duplicates(pairs):
@@ -133,7 +119,13 @@ def parse_json(data: bytes, *, where: str, max_bytes: int, what: str = "", max_d
         raise too_deep from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise IntegrityError(f"{subject} is not valid JSON ({str(e)[:200]}); {fix}") from None
-    if json_depth(obj) > max_depth:
+    deepest, stack = 0, [(obj, 1)]  # iterative: no recursion
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    if deepest > max_depth:
         raise too_deep
     return obj
 
@@ -195,13 +187,11 @@ def load_yaml(text: str, *, where: str, what: str, max_depth: int, fix: str = ""
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it to ``path`` only on success."""
+    """A new temporary path beside ``path`` (mode 0666 less the umask), renamed to ``path`` only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=INCOMPLETE, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; final files get the usual permissions
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}{INCOMPLETE}")
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the kernel applies the umask
     try:
         yield tmp
         os.replace(tmp, path)
@@ -211,24 +201,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
     finally:
         tmp.unlink(missing_ok=True)
-
-
-_UMASK_LOCK = threading.Lock()
-
-
-def _umask() -> int:
-    """The process's umask, read where Linux shows it instead of set and restored (racy between two threads)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    with _UMASK_LOCK:
-        mask = os.umask(0)
-        os.umask(mask)
-    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

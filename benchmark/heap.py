@@ -1,8 +1,7 @@
-"""Keep freed memory in the process heap instead of handing it back to the kernel (glibc only): batches
-then reuse heap blocks instead of page-faulting their activations in again (``docs/performance.md``,
-"The kernel's page faults"). A process-wide setting that cannot be undone: ``bench eval`` makes it, the
-library (``genshift.evaluate``) never does; DataLoader workers forked afterwards inherit it.
-"""
+"""Keep freed memory in the process heap instead of handing it back to the kernel (glibc only): batches then reuse heap
+blocks instead of page-faulting their activations in again (``docs/performance.md``, "The kernel's page faults"). A
+process-wide setting that cannot be undone: ``bench eval`` makes it, the library (``genshift.evaluate``) never does;
+DataLoader workers forked afterwards inherit it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Suites on the Hub (``docs/hub.md``): open any suite the user names, download one at a pinned commit
-(through ``genshift.hubio``), publish a build (one commit, or resumably in several; tagged; gated when
-its card asks).
-"""
+"""Suites on the Hub (``docs/hub.md``): open any suite the user names, download one at a pinned commit (through
+``genshift.hubio``), publish a build (one commit, or resumably in several; tagged; gated when its card asks)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ log = logging.getLogger(__name__)
 def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | None = None,
                    cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None,
                    force_download: bool = False) -> LocalSuite:
-    """Download (or reuse the cached) suite at a pinned sha, only the manifest, the card and the selected
-    configs' shards, and verify those configs; ``revision`` of the suite returned is the resolved sha."""
+    """Download (or reuse) the manifest, card and selected configs at a pinned sha, then verify them."""
     hubio._check_repo_id(repo_id)
     sha, reachable = hubio.resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
     kw = {"revision": sha, "cache_dir": cache_dir, "endpoint": endpoint, "token": token,
@@ -50,10 +47,9 @@ def download_suite(repo_id: str, *, revision: str | None, configs: list[str] | N
 def open_suite(suite: str, *, revision: str | None = None, configs: list[str] | None = None,
                cache_dir: str | None = None, endpoint: str | None = None, token: str | None = None,
                mask: str | None = None, strict: bool = False, force_download: bool = False) -> LocalSuite:
-    """Any suite the user can name -> a verified ``LocalSuite`` (``docs/hub.md`` section 1): a suite folder,
-    a local copy of the upstream ImageNet* release (``mask``, ``strict``), a registry id or ``ORG/NAME``.
-    ``revision`` of the suite returned is the resolved sha (``None`` for a folder); ``pinned`` is False
-    when no pin chose it (an unpinned registry entry, a branch or tag): results flag such runs."""
+    """Any suite the user can name -> a verified ``LocalSuite`` (``docs/hub.md`` section 1): a suite folder, a
+    local copy of the upstream ImageNet* release (``mask``, ``strict``), a registry id or ``ORG/NAME``. ``revision``:
+    the resolved sha (``None`` for a folder); ``pinned`` False when no pin chose it (results flag such runs)."""
     path = Path(suite)
     if path.exists():
         if upstream.is_release_folder(path):
@@ -94,8 +90,7 @@ def _no_mask(mask: str | None, suite: str) -> None:
 
 
 def ensure_eval_yaml(folder: str | Path, suite: LocalSuite) -> Path:
-    """The suite's ``eval.yaml`` (what makes its repo a Hub benchmark, ``docs/hub.md``): written from the
-    manifest and the card's ``pretty_name`` when absent (temp name + rename), checked when present."""
+    """The suite's ``eval.yaml``: written from the manifest and card when absent, checked when present."""
     path = Path(folder) / EVAL_YAML
     if path.is_file():
         check_eval_yaml(read_limited(path, max_bytes=MAX_EVAL_YAML_BYTES, what=EVAL_YAML), suite.manifest,
@@ -121,18 +116,6 @@ def card_gating(suite: LocalSuite) -> bool:
     return bool(card.get("extra_gated_prompt") or card.get("extra_gated_fields"))
 
 
-def _upload_large(api, repo_id: str, folder: Path, files: list[str], *, message: str) -> str:
-    """A large suite, resumably, in as many commits as the Hub needs (``docs/hub.md`` section 6:
-    ``upload_large_folder`` in huggingface_hub 1.x, ``upload_folder`` in 2); returns the head after it."""
-    large = getattr(api, "upload_large_folder", None)
-    if large is not None:
-        large(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files)
-    else:
-        api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=str(folder), allow_patterns=files,
-                          commit_message=message)
-    return api.dataset_info(repo_id, revision="main").sha
-
-
 def _check_remote(api, repo_id: str, sha: str, folder: Path, suite: LocalSuite, files: list[str]) -> None:
     """Every published file is at ``sha`` with the local size (and sha256, for LFS files)."""
     from huggingface_hub.hf_api import RepoFile
@@ -141,10 +124,9 @@ def _check_remote(api, repo_id: str, sha: str, folder: Path, suite: LocalSuite, 
               if isinstance(e, RepoFile)}
     for f in files:
         e = remote.get(f)
-        size = (folder / f).stat().st_size
         want = suite.manifest.files[f].sha256 if f in suite.manifest.files else None
         lfs_sha = e.lfs.sha256 if e is not None and e.lfs else None
-        if e is None or e.size != size or (want and lfs_sha and lfs_sha != want):
+        if e is None or e.size != (folder / f).stat().st_size or (want and lfs_sha and lfs_sha != want):
             raise BenchError(f"after the upload, {f} at datasets/{repo_id}@{sha[:12]} is "
                              f"{'missing' if e is None else 'different'}; rerun `bench publish` to resume (nothing "
                              "was tagged)")
@@ -155,7 +137,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
                   large_threshold: int = LARGE_UPLOAD_BYTES, gating: str = "auto") -> str:
     """Upload a verified suite, tag it (default ``v<suite_version>``, which must not exist), gate it when its
     card asks (``gating``: ``auto`` | ``manual``); returns the tagged sha. ``docs/hub.md`` section 6."""
-    from huggingface_hub import CommitOperationAdd, errors
+    from huggingface_hub import CommitOperationAdd, HfApi, errors
 
     hubio._check_repo_id(repo_id)
     if gating not in GATING:
@@ -177,7 +159,7 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
         log.warning("one commit of %d files: above the Hub's recommended 100 files per commit; it still works over "
                     "HTTP but is slow to process (use larger shards to have fewer files)", len(files))
     message = commit_message or f"{suite.suite_id} {tag} (manifest {suite.manifest.sha256[:12]})"
-    api = hubio._api(endpoint, token)
+    api = HfApi(endpoint=endpoint, token=token)
     sha = None
     try:
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
@@ -187,9 +169,14 @@ def publish_suite(folder: str | Path, repo_id: str, *, tag: str | None = None, e
         if large:
             log.info("%.1f GB in %d files: resumable upload in several commits (rerun to resume)", total / 1e9,
                      len(files))
-            head = _upload_large(api, repo_id, folder, files, message=message)
-            _check_remote(api, repo_id, head, folder, suite, files)
-            sha = head
+            # in as many commits as the Hub needs: upload_large_folder in huggingface_hub 1.x, upload_folder in 2
+            where = {"repo_id": repo_id, "repo_type": "dataset", "folder_path": str(folder), "allow_patterns": files}
+            if hasattr(api, "upload_large_folder"):
+                api.upload_large_folder(**where)
+            else:
+                api.upload_folder(**where, commit_message=message)
+            sha = api.dataset_info(repo_id, revision="main").sha
+            _check_remote(api, repo_id, sha, folder, suite, files)
         else:  # ONE commit against the head read above: a concurrent commit fails it instead of mixing releases
             ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files]
             sha = api.create_commit(repo_id=repo_id, repo_type="dataset", operations=ops, parent_commit=parent,

@@ -1,8 +1,5 @@
-"""Hub transport, the bottom layer under ``genshift.upstream`` and ``genshift.hub`` (it imports neither):
-resolve a repo revision to a commit sha by huggingface_hub's rules, download a snapshot at that sha, and
-turn whatever huggingface_hub raises into one clear line (``docs/hub.md`` sections 2-4). ``HF_ENDPOINT``,
-``HF_HUB_OFFLINE`` and ``HF_TOKEN`` are honoured; ``endpoint=`` / ``token=`` override them per call.
-"""
+"""Hub transport, the bottom layer under ``genshift.upstream`` and ``genshift.hub`` (it imports neither): revisions
+resolved to a sha by huggingface_hub's rules, snapshots at that sha, its errors as one line (``docs/hub.md`` 2-4)."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 def is_repo_id(text: object) -> bool:
-    """``ORG/NAME`` as the Hub accepts it: huggingface_hub's ``validate_repo_id`` (letters, digits,
-    ``-_.``, no ``--`` / ``..``, at most 96 characters), ASCII, with the namespace required."""
+    """``ORG/NAME`` as the Hub accepts it (huggingface_hub's ``validate_repo_id``), ASCII, the namespace required."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if not isinstance(text, str) or text.count("/") != 1 or not text.isascii():
@@ -40,12 +36,6 @@ def _offline() -> bool:
 
 def _endpoint(endpoint: str | None) -> str:
     return (endpoint or constants.ENDPOINT).rstrip("/")
-
-
-def _api(endpoint: str | None, token: str | None):
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint, token=token)
 
 
 def _check_repo_id(repo_id: str) -> None:
@@ -89,8 +79,7 @@ def _unreachable(e: BaseException) -> bool:
 
 
 def resolve_revision(repo_id: str, revision: str | None, **kw) -> str:
-    """The 40-character commit sha of a repo at ``revision`` (default ``main``): :func:`resolve`'s sha,
-    without its request for a sha (``HfApi.resolve_revision``'s rule: a sha is itself)."""
+    """The commit sha of a repo at ``revision`` (default ``main``); a sha is itself, with no request."""
     return revision if revision and SHA_RE.match(revision) else resolve(repo_id, revision, **kw)[0]
 
 
@@ -100,10 +89,10 @@ def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", e
     """``(sha, reachable)`` of a repo at ``revision`` (default ``main``) by ``HfApi.resolve_revision``'s rules
     (``docs/hub.md`` section 4: offline, a branch or tag needs the cache's ``refs/`` record, else an
     ``OfflineError`` asks to pin a sha ``pin_hint``). ``reachable`` False: call :func:`snapshot` ``local_only``."""
-    from huggingface_hub import errors
+    from huggingface_hub import HfApi, errors
 
     rev = revision or "main"
-    api = _api(endpoint, token)
+    api = HfApi(endpoint=endpoint, token=token)
     try:
         if SHA_RE.match(rev):
             if not _offline():
@@ -130,8 +119,7 @@ def resolve(repo_id: str, revision: str | None, *, repo_type: str = "dataset", e
 def snapshot(repo_id: str, *, revision: str, patterns: list[str], cache_dir: str | None = None,
              endpoint: str | None = None, token: str | None = None, force_download: bool = False,
              local_only: bool = False) -> Path:
-    """``snapshot_download`` of a dataset repo at a sha (offline: the cached snapshot, if it holds every
-    requested file); ``local_only`` reads the cache without a request. Errors become one clear line."""
+    """``snapshot_download`` of a dataset repo at a sha (``local_only``: the cache, no request), errors one line."""
     from huggingface_hub import snapshot_download
 
     try:

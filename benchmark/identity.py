@@ -1,10 +1,6 @@
-"""One identity per model: the canonical id of what was loaded, and the digest of its tensors.
-
-Every part that names, matches or ranks a model calls this module (eval, verify and sign, submit, review, the
-store and board, ``reproduce``, the ID axis). The rules: ``docs/results.md``, "Model identity": Hub weights are
-``ORG/NAME``; anything else ``<arch>@sha256:<16 hex of the tensors' digest>``, a user's name for local weights only
-``declared_name``; ids are ASCII, at most :data:`MAX_ID_CHARS`, and :func:`folder_name` maps them one-to-one.
-"""
+"""One identity per model: the canonical id of what was loaded, and the digest of its tensors; every part that names,
+matches or ranks a model calls this module. The rules: ``docs/results.md``, "Model identity" (Hub weights ``ORG/NAME``,
+anything else ``<arch>@sha256:<16 hex of the tensors' digest>``; :func:`folder_name` is one-to-one)."""
 
 from __future__ import annotations
 
@@ -77,8 +73,7 @@ def canonical_id(*, source: str, name: str, repo_id: str | None = None, tensors_
 
 
 def check_id(model_id: str) -> str:
-    """``model_id`` if it has the syntax of a canonical id, else ``BenchError`` saying what is wrong
-    (and the id it was probably meant to be, where one can be read off it)."""
+    """``model_id`` if it has a canonical id's syntax, else ``BenchError`` saying why (and what it likely meant)."""
     if not isinstance(model_id, str):
         raise BenchError(f"a model id is text, got {type(model_id).__name__}")
     shown = ascii(model_id)[1:-1] if len(model_id) <= 120 else ascii(model_id[:120])[1:-1] + "..."
@@ -98,9 +93,7 @@ def suggest(text: str) -> str | None:
     body = body.split("@", 1)[0] if "@sha256:" not in body else body
     if body.lower().startswith("timm/"):
         body = "timm/" + body[5:]
-    if body.isascii() and (HUB_ID.fullmatch(body) or LOCAL_ID.fullmatch(body)):
-        return body
-    return None
+    return body if body.isascii() and (HUB_ID.fullmatch(body) or LOCAL_ID.fullmatch(body)) else None
 
 
 @dataclass(frozen=True)
@@ -125,8 +118,7 @@ class Identity:
 
 
 def canonical_of(model: Mapping) -> str:
-    """The canonical id a result's ``model`` record's loading facts give (source, architecture or a module's
-    declared name, Hub repo, tensors' digest)."""
+    """The canonical id a result's ``model`` record's loading facts give."""
     source = model.get("source")
     repo = (model.get("pretrained_cfg") or {}).get("hf_hub_id") if model.get("repo_id") is None else model["repo_id"]
     name = model.get("architecture") or ""
@@ -152,8 +144,7 @@ def identity_of(model: Mapping, *, strict: bool = True) -> Identity:
     source = model.get("source")
     hub = source == "hf-hub"
     return Identity(id=recorded, source=source, repo_id=recorded if hub else None,
-                    revision=model.get("weights_revision") if hub else None,
-                    tensors_sha256=model.get("tensors_sha256"))
+                    revision=model.get("weights_revision") if hub else None, tensors_sha256=model.get("tensors_sha256"))
 
 
 def folder_name(model_id: str) -> str:

@@ -1,10 +1,7 @@
 """The ImageNet-1k label space and its WordNet 3.0 hierarchy (package data made by
-``scripts/make_imagenet_hierarchy.py``; WordNet under ``benchmark/_data/WORDNET_LICENSE``).
-
-Indices are the standard ones (0..999, wnids in sorted order, as in timm and torchvision). Names are
-open_clip's "clean" names, two of them duplicated ("missile" 657/744, "sunglasses" 836/837): every
-lookup goes through indices or wnids, never names.
-"""
+``scripts/make_imagenet_hierarchy.py``; WordNet under ``benchmark/_data/WORDNET_LICENSE``). Indices are the standard
+ones (wnids in sorted order, as in timm and torchvision). Names are open_clip's "clean" names, two of them duplicated
+("missile" 657/744, "sunglasses" 836/837): every lookup goes through indices or wnids, never names."""
 
 from __future__ import annotations
 

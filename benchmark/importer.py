@@ -1,8 +1,5 @@
-"""``bench import-folder``: your own images as a suite in format 1.1 (layouts, storage and checks: ``docs/hub.md``
-section 7). Every file is fully decoded before anything is written, then stored as ``bench eval`` decodes it: a
-plain JPEG (RGB or L, no EXIF rotation) byte for byte, anything else as a lossless 8-bit PNG. The suite is
-written to ``.<out name>.<pid>.incomplete`` beside ``out`` and renamed at the end.
-"""
+"""``bench import-folder``: your own images as a suite in format 1.1 (``docs/hub.md`` section 7). Every file is fully
+decoded before anything is written; the suite is written to ``.<out name>.<pid>.incomplete`` and renamed at the end."""
 
 from __future__ import annotations
 
@@ -61,8 +58,7 @@ class Layout:
 
 
 def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, int]]]:
-    """``path,label`` rows of a UTF-8 CSV under the key ``None``; with a header ``path,label,shift`` the
-    rows grouped by their shift (a multi-shift import). An Excel byte-order mark is dropped."""
+    """``path,label`` rows under ``None``, or with a ``path,label,shift`` header grouped by shift."""
     name = display(csv_path.name)
     text = read_text_limited(csv_path, max_bytes=MAX_CSV_BYTES, what="--csv file",
                              fix="a path,label list is far smaller, check that --csv names the right file",
@@ -96,12 +92,10 @@ def _csv_pairs(src: Path, csv_path: Path) -> dict[str | None, list[tuple[Path, i
     return by_shift
 
 
-def _subdirs(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _top_files(d: Path) -> list[str]:
-    return sorted(display(p.name) for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
+def _listing(d: Path) -> tuple[list[Path], list[str]]:
+    """The sub-folders and the names of the files of ``d``, hidden ones left out, sorted."""
+    entries = sorted(p for p in d.iterdir() if not p.name.startswith("."))
+    return [p for p in entries if p.is_dir()], [display(p.name) for p in entries if p.is_file()]
 
 
 def _names(paths, n: int = 5) -> str:
@@ -111,13 +105,12 @@ def _names(paths, n: int = 5) -> str:
 
 def _class_pairs(d: Path) -> list[tuple[Path, int]]:
     """``<wnid>/<image>`` files of one folder (images in nested folders count for their wnid)."""
-    dirs = _subdirs(d)
+    dirs, top = _listing(d)
     wnids = set(imagenet.wnids())
     if bad := [x for x in dirs if x.name not in wnids]:
         raise BenchError(f"sub-folders of {display(d)} must be ImageNet-1k wnids (e.g. n01440764), or shift folders "
                          f"holding wnid folders (<shift>/<wnid>/<image>); found {_names(bad)}; rename them or use "
                          "--csv path,label")
-    top = _top_files(d)
     if top and not dirs:
         raise BenchError(f"{display(d)} holds files but no wnid sub-folders; put images in <wnid>/ folders or use "
                          "--csv")
@@ -142,9 +135,9 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         multi = bool(by_shift) and None not in by_shift
         where = f"the shift column of {display(Path(csv_path).name)}"
     else:
-        dirs = _subdirs(src)
+        dirs, top = _listing(src)
         others = [d for d in dirs if d.name not in wnids]
-        multi = any(x.name in wnids for d in others for x in _subdirs(d))
+        multi = any(x.name in wnids for d in others for x in _listing(d)[0])
         if multi and len(others) < len(dirs):
             raise BenchError(f"{display(src)} mixes class folders ({_names([d for d in dirs if d.name in wnids])}) "
                              f"with shift folders ({_names(others)}); use either <wnid>/<image> or "
@@ -152,9 +145,8 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
         where = f"the shift folders of {display(src)}"
     if not multi:
         if base is not None:
-            raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> "
-                             f"folders or a path,label,shift CSV); {display(src)} is a single-config import, drop "
-                             "--base")
+            raise BenchError("--base names the reference shift of a multi-shift import (<shift>/<wnid>/<image> folders "
+                             f"or a path,label,shift CSV); {display(src)} is a single-config import, drop --base")
         config = check_name(config or "default")
         per_config = {config: by_shift.get(None, []) if csv_path is not None else _class_pairs(src)}
         reference = None
@@ -167,9 +159,9 @@ def discover(src: str | Path, *, config: str | None = None, csv_path: str | Path
             if bad := [d for d in dirs if not CONFIG_RE.fullmatch(display(d.name))]:
                 raise BenchError(f"shift folder(s) {_names(bad)} in {display(src)} are not valid config names; rename "
                                  "them with lower-case letters, digits, '_' or '-' (at most 64 characters)")
-            if _top_files(src):
+            if top:
                 log.warning("ignoring %d file(s) at the top of %s: only <shift>/<wnid>/ folders are imported",
-                            len(_top_files(src)), display(src))
+                            len(top), display(src))
             per_config = {d.name: _class_pairs(d) for d in dirs}
         reference = check_name(base or "base")
         if reference not in per_config:
@@ -214,8 +206,7 @@ class ImageInfo:
 
 
 def decode_image(data: bytes, *, pixels: bool = True):
-    """Fully decode ``data`` -> ``(8-bit RGB/L PIL image, ImageInfo)``; raise on any decoder error.
-    With ``pixels=False`` only the check runs and the image returned is ``None``."""
+    """Fully decode ``data`` -> ``(8-bit RGB/L image, or None without pixels, ImageInfo)``; raise on errors."""
     from PIL import Image, ImageFile, ImageOps
 
     truncated_ok = ImageFile.LOAD_TRUNCATED_IMAGES
@@ -249,9 +240,8 @@ def check_image(data: bytes) -> tuple[ImageInfo | None, str | None]:
 
 
 def stored_bytes(data: bytes, info: ImageInfo | None = None) -> tuple[bytes, ImageInfo]:
-    """The bytes to store for a source file: itself (a plain JPEG) or a lossless PNG of its
-    converted pixels; decoding them as ``bench eval`` does gives exactly those pixels. ``info``
-    from an earlier ``check_image`` of the same bytes saves decoding a stored-as-is JPEG again."""
+    """The bytes to store for a source file: itself (a plain JPEG) or a lossless PNG of the pixels ``bench eval``
+    decodes; ``info`` from an earlier ``check_image`` of the same bytes saves decoding a JPEG again."""
     if info is not None and not info.reencoded:
         return data, info
     im, info = decode_image(data)
@@ -338,10 +328,9 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
                   csv_path: str | Path | None = None, base: str | None = None, overwrite: bool = False,
                   skip_bad_images: bool = False, shard_size: int = 1000, workers: int | None = None,
                   progress: bool = True, card: Callable[[Manifest], str] | None = None) -> Manifest:
-    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card`` renders its dataset card
-    (``genshift.data_cards.import_card``, as ``bench import-folder`` does). ``workers`` processes decode and
-    convert images (default: one per CPU, at most ``DEFAULT_WORKERS``; 0 = in this process): rows and shards
-    are the same for any number."""
+    """Import images into a new suite at ``out``; returns its ``Manifest``. ``card``: e.g.
+    ``genshift.data_cards.import_card``. ``workers`` processes decode and convert images (default: one per CPU, at
+    most ``DEFAULT_WORKERS``; 0 = in this process): rows and shards are the same for any number."""
     # every option is checked before any file is read
     check_name(name, "suite id (name)")  # a path component (runs/<suite id>/...) and the card's title
     for value in (config, base):
@@ -363,9 +352,8 @@ def import_folder(src: str | Path, *, name: str, out: str | Path, config: str | 
     pool = (ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),))
             if workers > 0 and len(layout.items) > CHUNK else None)
     try:
-        return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images,
-                       shard_size=shard_size, pool=pool, window=4 * CHUNK * max(workers, 1), progress=progress,
-                       card=card)
+        return _import(layout, src, out, name=name, overwrite=overwrite, skip_bad_images=skip_bad_images, card=card,
+                       shard_size=shard_size, pool=pool, window=4 * CHUNK * max(workers, 1), progress=progress)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -378,27 +366,26 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
 
     from genshift.writer import SuiteWriter
 
-    good, skipped, checked = [], [], {}
+    skipped, checked = [], {}  # checked: image id -> (sha256, ImageInfo) of the readable images
     results = _in_order(_check_file, [(it.path,) for it in layout.items], pool)
     for it, (info, why, digest) in tqdm(zip(layout.items, results), total=len(layout.items), desc="decode images",
                                         unit="img", disable=not progress):
         if info is not None:
-            good.append(it)
             checked[it.image_id] = (digest, info)
         elif skip_bad_images:
             skipped.append(it.rel)
         else:
             raise BenchError(f"{it.rel} is not a readable image ({why}); remove it or pass --skip-bad-images")
-    if not good:
+    if not checked:
         raise BenchError(f"none of the {len(layout.items)} files in {display(src)} is a readable image")
-    by_config = {c: [it for it in good if it.config == c] for c in layout.configs}
+    by_config = {c: [it for it in layout.items if it.config == c and it.image_id in checked] for c in layout.configs}
     if empty := [c for c, its in by_config.items() if not its]:
         raise BenchError(f"config(s) {', '.join(map(repr, empty))} have no readable image left; fix or add images")
 
     tmp = out.parent / f".{out.name}.{os.getpid()}.incomplete"
     tmp.mkdir()  # mode 0777 & ~umask: the suite gets the user's normal permissions
     try:
-        bar = tqdm(total=len(good), desc=f"import {name}", unit="img", disable=not progress)
+        bar = tqdm(total=len(checked), desc=f"import {name}", unit="img", disable=not progress)
 
         def rows(block):
             stored = _in_order(_store_file, [(it.path, *checked[it.image_id]) for it in block], pool, window=window)
@@ -418,7 +405,7 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
                 for i, block in enumerate(shards):
                     w.write_shard(cfg, i, len(shards), rows(block))
             bar.close()
-            generator = {"builder": "bench import-folder", "images": len(good),
+            generator = {"builder": "bench import-folder", "images": len(checked),
                          "n_skipped_bad_images": len(skipped), "skipped_bad_images": skipped[:1000],
                          "image_storage": "JPEG (RGB/L, no EXIF rotation) as is; all else 8-bit PNG"}
             if layout.reference is not None:

@@ -1,6 +1,5 @@
-"""Batch-size back-off on accelerator out-of-memory errors (eval and every builder): a batch that runs out
-of memory is retried at half the size until it fits; the size that worked is kept for the rest of the run.
-"""
+"""Batch-size back-off on accelerator out-of-memory errors (eval and every builder): a batch that runs out of memory is
+retried at half the size until it fits; the size that worked is kept for the rest of the run."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class BatchBackoff:
         self.what = what
 
     def call(self, fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], *, batches_per_call: int = 1) -> list[R]:
-        """``fn`` over ``items`` in chunks of the current size (``batches_per_call`` batches per call), results
-        concatenated; a chunk that runs out of memory is run again whole at half the size."""
+        """``fn`` over chunks of ``items`` (results concatenated); a chunk out of memory runs again at half size."""
         out: list[R] = []
         start = 0
         while start < len(items):

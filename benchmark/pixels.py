@@ -1,9 +1,8 @@
-"""Pixels of a stored image, the one way import and eval read them (``docs/hub.md`` section 7): 16-bit
-scaled (not clipped), transparency composited on white. Sizes are bounded from the header, before any
-pixel is decoded or resized (:func:`check_size`): a PNG of a few hundred bytes may claim 20000x2 pixels,
-which timm's resize would turn into 2 GB. ``MAX_PIXELS`` is Pillow's decompression-bomb threshold;
-``MAX_ASPECT`` keeps a resize of the shorter side to <= 600 pixels under 54 MB.
-"""
+"""Pixels of a stored image, the one way import and eval read them (``docs/hub.md`` section 7): 16-bit scaled (not
+clipped), transparency composited on white. Sizes are bounded from the header, before any pixel is decoded or resized
+(:func:`check_size`): a PNG of a few hundred bytes may claim 20000x2 pixels, which timm's resize would turn into 2 GB.
+``MAX_PIXELS`` is Pillow's decompression-bomb threshold; ``MAX_ASPECT`` keeps a resize of the shorter side to <= 600
+pixels under 54 MB."""
 
 from __future__ import annotations
 

@@ -15,12 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from importlib import resources
-
-import yaml
 
 from genshift.errors import BenchError
-from genshift.registry import Registry
+from genshift.registry import Registry, package_yaml
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +25,6 @@ ROLES = {"fit": "a point of the ID/OOD fits", "column": "a column of the paper's
          "target": "the model the suite was mined against", "in21k": "a model pretrained on ImageNet-21k",
          "replica": "the target's recipe with another seed (no public weights; model = its architecture)"}
 CONFIGS = ("paper", "today")  # a member's recorded data config, or today's timm config
-_KEYS = {"model", "paper", "role", "suite", "replica_of", "data_config", "matched_by", "url"}
 
 
 @dataclass(frozen=True)
@@ -63,32 +59,24 @@ class Population:
     def paper_names(self) -> list[str]:
         return [m.paper for m in self.members]
 
-    def public(self) -> list[Member]:
-        return [m for m in self.members if not m.local]
-
     def to_dict(self) -> dict:
-        return {"name": self.name, "title": self.title, "source": self.source, "suites": list(self.suites),
-                "choice": self.choice, "data_config_from": self.data_config_from,
-                "models": [{k: v for k, v in asdict(m).items() if v is not None} for m in self.members]}
-
-
-def _data(name: str):
-    return yaml.safe_load(resources.files("genshift").joinpath("_data", name).read_text())
+        out = {**asdict(self), "suites": list(self.suites)}
+        out["models"] = [{k: v for k, v in m.items() if v is not None} for m in out.pop("members")]
+        return out
 
 
 @lru_cache(maxsize=1)
 def _registry() -> Registry[Population]:
     reg: Registry[Population] = Registry("population")
-    for row in _data("populations.yaml"):
+    for row in package_yaml("populations.yaml"):
         entries, source = row.get("models"), None
         if "models_file" in row:  # members written by a script, with the paper's data configs
-            data = _data(row["models_file"])
+            data = package_yaml(row["models_file"])
             entries, source = data["models"], f"timm {data['timm']}"
-        for e in entries:
-            if set(e) - _KEYS or e.get("role") not in ROLES or not e.get("model") or not e.get("paper"):
-                raise ValueError(f"population {row['name']}: bad member {e!r} (needs model, paper and a role of "
-                                 f"{', '.join(ROLES)})")
-        members = tuple(Member(**e) for e in entries)
+        members = tuple(Member(**e) for e in entries)  # an unknown or missing key: TypeError
+        if bad := [m for m in members if m.role not in ROLES or not m.model or not m.paper]:
+            raise ValueError(f"population {row['name']}: bad member {bad[0]} (needs model, paper and a role of "
+                             f"{', '.join(ROLES)})")
         tags = [m.model for m in members if not m.local]
         if len(set(tags)) != len(tags) or len({m.paper for m in members}) != len(members):
             raise ValueError(f"population {row['name']} lists a model twice")
@@ -113,9 +101,8 @@ def is_population(name: str) -> bool:
 
 
 def population_models(name: str, *, config: str = "paper") -> list[tuple[str, dict | None, str | None]]:
-    """``bench eval --models <population>``: (timm tag, data config, where it comes from) per public
-    member; the data config is the recorded one (``config="paper"``) or None (``"today"``: timm's own).
-    Each replica is logged with how to score it."""
+    """``bench eval --models <population>``: (timm tag, data config, its source) per public member, the
+    recorded data config (``config="paper"``) or None (``"today"``: timm's own); replicas are logged."""
     if config not in CONFIGS:
         raise BenchError(f"population config {config!r}: use one of {', '.join(CONFIGS)}")
     pop = get_population(name)
@@ -126,12 +113,11 @@ def population_models(name: str, *, config: str = "paper") -> list[tuple[str, di
                      name, m.paper, m.role, m.model, m.paper)
     today = config == "today" or pop.data_config_from is None
     return [(m.model, None if today else m.data_config, None if today else pop.data_config_from)
-            for m in pop.public()]
+            for m in pop.members if not m.local]
 
 
 def recorded_data_config(model: str, source: str) -> dict:
-    """The data config recorded for timm tag ``model`` by the population whose configs come from
-    ``source`` (a result's ``protocol.data_config``, e.g. "timm 0.6.12"): what verify re-runs with."""
+    """The data config of timm tag ``model`` in the population whose configs come from ``source``."""
     pops = [get_population(name) for name in list_populations()]
     hit = next((m for p in pops if p.data_config_from == source for m in p.members if m.model == model), None)
     if hit is not None:

@@ -1,8 +1,5 @@
-"""Read a suite in format 1 or 1.1 from a local folder (a build output or a Hub snapshot): the one validation
-layer for suites from outside (``docs/format.md`` section 4.2). :meth:`LocalSuite.open` checks the manifest, the
-card and that every path stays inside the folder; :meth:`LocalSuite.verify` the selected configs' files and rows,
-before any model is loaded; :func:`read_row_group` streams rows by parquet row group (the eval harness).
-"""
+"""Read a suite in format 1 or 1.1 from a local folder: the one validation layer for suites from outside
+(``docs/format.md`` section 4.2), every file checked before any model is loaded; rows stream by row group."""
 
 from __future__ import annotations
 
@@ -65,10 +62,9 @@ class LocalSuite:
         manifest = Manifest.load(root)
         for rel in (CARD, *manifest.files):
             _check_inside(root, rel, inside)
-        suite = cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision, redownload_hint=redownload_hint)
-        if (root / CARD).is_file():
-            suite.card = parse_card(root / CARD, manifest)
-        return suite
+        card = parse_card(root / CARD, manifest) if (root / CARD).is_file() else None
+        return cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision, redownload_hint=redownload_hint,
+                   card=card)
 
     @property
     def suite_id(self) -> str:
@@ -92,8 +88,6 @@ class LocalSuite:
         suite_format.verify_files(self.root, self.manifest, todo, redownload_hint=self.redownload_hint)
         for c in todo:
             info = self.manifest.config(c)
-            for rel in info.files:
-                suite_format.check_features(suite_format.read_parquet_features(self.root / rel), where=rel)
             tables = [(rel, suite_format.read_row_table(self.root / rel, rel)) for rel in info.files]
             self._digests[c] = suite_format.check_rows(info, tables)
         self._verified.update(todo)
@@ -145,8 +139,7 @@ class LocalSuite:
 
 
 def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None = None) -> pa.Table:
-    """Read one row group (inside DataLoader workers too). The shard stays open in a small cache, so its
-    footer is parsed once, not once per group (``docs/format.md`` section 4.2)."""
+    """One row group, from a small cache of open shards (a footer parsed once, not once per group)."""
     path = Path(root) / group.path
     return _open_shard(str(path), StatKey.of(path), os.getpid(), threading.get_ident()).read_row_group(
         group.index, columns=columns)

@@ -1,12 +1,14 @@
-"""One registry type for every pluggable kind, modelled on lm-evaluation-harness's ``Registry``: a duplicate
-name is an error (never a silent overwrite), a registry can be frozen, an unknown name gets close matches.
-"""
+"""One registry type for every pluggable kind, modelled on lm-evaluation-harness's ``Registry``: a duplicate name is an
+error (never a silent overwrite), a registry can be frozen, an unknown name gets close matches."""
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterator
+from importlib import resources
 from typing import Generic, TypeVar
+
+import yaml
 
 from genshift.errors import unknown
 
@@ -48,5 +50,7 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._items))
 
-    def __len__(self) -> int:
-        return len(self._items)
+
+def package_yaml(name: str):
+    """A YAML file of the package data (``benchmark/_data/<name>``): the registries' specs."""
+    return yaml.safe_load(resources.files("genshift").joinpath("_data", name).read_text())

@@ -1,8 +1,6 @@
-"""Typed schemas for files from outside: pydantic models in strict mode (``int`` excludes ``bool``, no
-string is read as a number); :func:`validate` turns pydantic's first error into one ``IntegrityError``
-line: ``manifest.json: field 'configs.base.rows': input should be greater than or equal to 0, got -1; ...``.
-Relations between fields stay plain code after the typed parse, in the file's own terms.
-"""
+"""Typed schemas for files from outside: pydantic models in strict mode (``int`` excludes ``bool``, no string is read as
+a number); :func:`validate` turns pydantic's first error into one ``IntegrityError`` line. Relations between fields stay
+plain code after the typed parse, in the file's own terms."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The suite format, version 1.1 (``docs/format.md``, the authoritative description): row schema,
-shard names, the manifest and its checks. Everything read from a suite is hostile until checked
-(``docs/format.md`` section 4.2); every error is one :class:`~genshift.errors.IntegrityError` line.
-"""
+"""The suite format, version 1.1 (``docs/format.md``, the authoritative description): row schema, shard names, the
+manifest and its checks. Everything read from a suite is hostile until checked (``docs/format.md`` section 4.2); every
+error is one :class:`~genshift.errors.IntegrityError` line."""
 
 from __future__ import annotations
 
@@ -42,7 +41,6 @@ CONFIG_RE = NAME_RE
 SHARD_RE = re.compile(r"^test-(\d{5})-of-(\d{5})\.parquet$")
 SHARD_PATH_RE = re.compile(r"^data/([a-z0-9][a-z0-9_\-]{0,63})/test-(\d{5})-of-(\d{5})\.parquet$")
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+\-]{0,63}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_MANIFEST_BYTES = 16 << 20  # a 1.2M-row suite's manifest is well under 1 MB
 # Columns every row has. Builders add free provenance columns next to them.
 REQUIRED_COLUMNS = ("image", "label", "image_id", "config", "keep", "pair_id")
@@ -54,16 +52,6 @@ def base_features() -> Features:
 
     return Features({"image": Image(), "label": ClassLabel(names=list(imagenet.wnids())), "image_id": Value("string"),
                      "config": Value("string"), "keep": Value("bool"), "pair_id": Value("string")})
-
-
-def suite_features(extra: Features | dict | None = None) -> Features:
-    """The required features followed by ``extra`` provenance columns."""
-    feats = base_features()
-    for name, feat in (extra or {}).items():
-        if name in feats:
-            raise ValueError(f"provenance column {name!r} clashes with a required column")
-        feats[name] = feat
-    return feats
 
 
 def rows_digest(image_ids, labels, keeps) -> str:
@@ -127,24 +115,18 @@ def check_name(value, kind: str = "config name", *, where: str = "", error=Bench
     return value
 
 
-def read_parquet_features(path: str | Path) -> dict:
-    """The ``datasets`` features dict in a parquet file's ``huggingface`` metadata, parsed with limits and
-    kept a plain dict: ``Features`` of a hostile dict can cost any memory (``ClassLabel(num_classes=10**12)``)."""
-    check_parquet_footer(path, str(path))
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except (pa.ArrowException, OSError) as e:
-        raise IntegrityError(f"{path}: not a readable parquet file ({str(e)[:200]}); re-download or rebuild the "
-                             "suite") from None
-    raw = meta.get(b"huggingface")
+def _features_of(metadata: dict | None, where: str) -> dict:
+    """The ``datasets`` features dict in a parquet schema's ``huggingface`` metadata, parsed with limits and kept
+    a plain dict: ``Features`` of a hostile dict can cost any memory (``ClassLabel(num_classes=10**12)``)."""
+    raw = (metadata or {}).get(b"huggingface")
     if raw is None:
-        raise IntegrityError(f"{path}: parquet file has no 'huggingface' schema metadata; suites must be "
+        raise IntegrityError(f"{where}: parquet file has no 'huggingface' schema metadata; suites must be "
                              "written by genshift.writer.SuiteWriter (or with datasets) so features survive")
-    info = parse_json(raw, what="'huggingface' parquet metadata", where=str(path), max_bytes=MAX_MANIFEST_BYTES)
+    info = parse_json(raw, what="'huggingface' parquet metadata", where=where, max_bytes=MAX_MANIFEST_BYTES)
     inner = info.get("info") if isinstance(info, dict) else None
     features = inner.get("features") if isinstance(inner, dict) else None
     if not isinstance(features, dict):
-        raise IntegrityError(f"{path}: the 'huggingface' parquet metadata holds no features; re-download or "
+        raise IntegrityError(f"{where}: the 'huggingface' parquet metadata holds no features; re-download or "
                              "rebuild the suite")
     return features
 
@@ -162,15 +144,7 @@ def check_features(features: dict, *, where: str) -> None:
     for col in REQUIRED_COLUMNS:
         if features[col] != base[col]:
             raise IntegrityError(f"{where}: column {col!r} has feature {str(features[col])[:80]}, expected "
-                                 f"{str(base[col])[:80]}; "
-                                 "rebuild the suite with genshift.writer.SuiteWriter")
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str
-    size: int
-    sha256: str
+                                 f"{str(base[col])[:80]}; rebuild the suite with genshift.writer.SuiteWriter")
 
 
 @dataclass(frozen=True)
@@ -190,7 +164,7 @@ MANIFEST_FIX = ("the manifest was not written by genshift-bench or was edited (r
                 "see docs/format.md)")
 
 
-class _FileEntry(Schema):
+class ManifestFile(Schema):
     size: Count
     sha256: Sha256
 
@@ -208,7 +182,7 @@ class _ManifestSchema(Schema):
     suite_id: str
     suite_version: Annotated[str, Field(pattern=VERSION_RE.pattern)] = "1"
     split: Literal["test"] = SPLIT
-    files: dict[str, _FileEntry]
+    files: dict[str, ManifestFile]
     configs: dict[str, _ConfigEntry] = Field(min_length=1)
     features: dict
     columns: list | None = None
@@ -276,15 +250,14 @@ class Manifest:
             if not SHARD_PATH_RE.fullmatch(rel):
                 raise _bad(where, f"file {one_line(rel, 80)!r} is not a shard path "
                            "data/<config>/test-NNNNN-of-NNNNN.parquet (no '..', no absolute paths)")
-        files = {rel: ManifestFile(rel, e.size, e.sha256) for rel, e in m.files.items()}
-        configs = {name: _config_info(name, c, version, files, where) for name, c in m.configs.items()}
-        if orphans := sorted(set(files) - {p for c in configs.values() for p in c.files}):
+        configs = {name: _config_info(name, c, version, m.files, where) for name, c in m.configs.items()}
+        if orphans := sorted(set(m.files) - {p for c in configs.values() for p in c.files}):
             raise _bad(where, f"file {orphans[0]} belongs to no config")
         check_features(m.features, where=f"{where}: features")
         columns = list(m.features) if m.columns is None else m.columns
         if sorted(c for c in columns if isinstance(c, str)) != sorted(m.features) or len(columns) != len(m.features):
             raise _bad(where, "'columns' must list the names in 'features', each once")
-        return cls(suite_id=m.suite_id, suite_version=m.suite_version, configs=configs, files=files,
+        return cls(suite_id=m.suite_id, suite_version=m.suite_version, configs=configs, files=m.files,
                    features=m.features, generator=m.generator, sha256=sha256_bytes(data), raw=raw,
                    format_version=version)
 
@@ -380,8 +353,7 @@ def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
 
 
 def read_row_table(path: Path, rel: str) -> pa.Table:
-    """The required non-image columns of one shard, each checked to have its type (the image
-    column's type and the row-group sizes are checked from the footer, without reading images)."""
+    """A shard's required non-image columns; types, features and row groups are checked from the footer first."""
     check_parquet_footer(path, rel)
     try:
         meta = pq.read_metadata(path)
@@ -389,6 +361,7 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
             raise IntegrityError(f"{rel}: {meta.num_row_groups} row groups, over the limit of {MAX_ROW_GROUPS} per "
                                  "shard; write shards with genshift.writer.SuiteWriter (100 rows per group)")
         schema = meta.schema.to_arrow_schema()
+        check_features(_features_of(schema.metadata, rel), where=rel)
         if missing := [c for c in REQUIRED_COLUMNS if c not in schema.names]:
             raise IntegrityError(f"{rel}: missing required column(s) {', '.join(missing)}; see docs/format.md")
         for c, types in {**ROW_COLUMNS, "image": IMAGE_TYPES}.items():
@@ -408,26 +381,20 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
 
 
 def check_rows(config: ConfigInfo, tables: list[tuple[str, pa.Table]]) -> str:
-    """Check one config's rows (its shards' required columns) against the manifest (``docs/format.md``
-    section 4.2, "Rows"); return the rows digest. Errors name the config, shard and row."""
+    """Check one config's rows against the manifest (``docs/format.md`` 4.2); return the rows digest."""
     name = config.name
     for rel, t in tables:
+        where = f"config {name!r}, {rel} row"
         for col in ("image_id", "label", "keep", "config"):
-            if t[col].null_count:
-                row = pc.index(pc.is_null(t[col]), True).as_py()
-                raise IntegrityError(f"config {name!r}, {rel} row {row}: {col} is null; every row needs one "
-                                     "(rebuild the suite)")
-        wrong = pc.not_equal(t["config"], name)
-        if pc.any(wrong).as_py():
-            row = pc.index(wrong, True).as_py()
-            found = t["config"][row].as_py()[:64]
-            raise IntegrityError(f"config {name!r}, {rel} row {row}: column config is {found!r}, "
-                                 f"not {name!r}; a row belongs to the folder it is stored in (rebuild the suite)")
+            if (row := pc.index(pc.is_null(t[col]), True).as_py()) >= 0:
+                raise IntegrityError(f"{where} {row}: {col} is null; every row needs one (rebuild the suite)")
+        if (row := pc.index(pc.not_equal(t["config"], name), True).as_py()) >= 0:
+            raise IntegrityError(f"{where} {row}: column config is {t['config'][row].as_py()[:64]!r}, not {name!r}; "
+                                 "a row belongs to the folder it is stored in (rebuild the suite)")
         bad = pc.or_(pc.less(t["label"], 0), pc.greater_equal(t["label"], 1000))
-        if pc.any(bad).as_py():
-            row = pc.index(bad, True).as_py()
-            raise IntegrityError(f"config {name!r}, {rel} row {row}: label {t['label'][row].as_py()} is not an "
-                                 "ImageNet-1k index in [0, 1000); fix the label (see docs/format.md)")
+        if (row := pc.index(bad, True).as_py()) >= 0:
+            raise IntegrityError(f"{where} {row}: label {t['label'][row].as_py()} is not an ImageNet-1k index in "
+                                 "[0, 1000); fix the label (see docs/format.md)")
     rows = sum(t.num_rows for _, t in tables)
     ids, labels, keeps = _sorted_rows(pa.concat_tables(t for _, t in tables))
     if rows > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, rows - 1))).as_py():  # sorted: repeats are adjacent

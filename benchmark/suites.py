@@ -12,27 +12,22 @@ commit, its configs, the metric family that scores it and the labels that occur 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
-
-import yaml
 
 from genshift import imagenet
 from genshift.errors import IntegrityError
 from genshift.families import FAMILIES
 from genshift.hubio import SHA_RE
 from genshift.identity import timm_name
-from genshift.registry import Registry
+from genshift.registry import Registry, package_yaml
 
 METRIC_FAMILIES = tuple(FAMILIES)  # the registered metric families (genshift.families)
 
 # The 15 Hard ImageNet classes by wnid, in HardImageNet's class order (Moayeri et al. 2022).
-HARD_IMAGENET_WNIDS = (
-    "n03218198", "n02492660", "n04162706", "n04228054", "n04356056", "n02807133", "n02777292",
-    "n03535780", "n03899768", "n04019541", "n03770439", "n04264628", "n04540053", "n09835506",
-    "n04251144",
-)
+HARD_IMAGENET_WNIDS = ("n03218198", "n02492660", "n04162706", "n04228054", "n04356056", "n02807133", "n02777292",
+                       "n03535780", "n03899768", "n04019541", "n03770439", "n04264628", "n04540053", "n09835506",
+                       "n04251144")
 
 
 @dataclass(frozen=True)
@@ -46,8 +41,7 @@ class Shift:
 @lru_cache(maxsize=1)
 def imagenet_star_shifts() -> tuple[Shift, ...]:
     """The ImageNet* prompt table (package data ``imagenet_star_shifts.yaml``)."""
-    rows = yaml.safe_load(resources.files("genshift").joinpath("_data", "imagenet_star_shifts.yaml").read_text())
-    return tuple(Shift(**row) for row in rows)
+    return tuple(Shift(**row) for row in package_yaml("imagenet_star_shifts.yaml"))
 
 
 @dataclass(frozen=True)
@@ -79,9 +73,6 @@ class SuiteSpec:
         if self.reference_config is not None and self.reference_config not in self.configs:
             raise ValueError(f"suite {self.id!r}: reference config {self.reference_config!r} is not a config")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 SUITES: Registry[SuiteSpec] = Registry("suite")
 
@@ -90,7 +81,7 @@ def _register_defaults(reg: Registry[SuiteSpec]) -> None:
     """The specs of package data ``suites.yaml``, in its order; then the registry is frozen."""
     subsets = {"hard_imagenet": lambda: tuple(imagenet.index_of(w) for w in HARD_IMAGENET_WNIDS),
                "imagenet_a": imagenet.imagenet_a_indices}
-    for row in yaml.safe_load(resources.files("genshift").joinpath("_data", "suites.yaml").read_text()):
+    for row in package_yaml("suites.yaml"):
         star = row["configs"] == "imagenet_star_shifts"  # the prompt table's keys
         row["configs"] = tuple(s.key for s in imagenet_star_shifts()) if star else tuple(row["configs"])
         if "label_subset" in row:
@@ -113,10 +104,9 @@ def list_suites(pattern: str = "*") -> list[str]:
 
 
 def declared_scoring(manifest) -> tuple[str, str | None]:
-    """Metric family and reference config a suite outside the registry declares in its manifest's
-    ``generator`` (``bench import-folder`` does for multi-shift folders); ``accuracy`` otherwise."""
-    gen = manifest.generator if isinstance(manifest.generator, dict) else {}
-    family, reference = gen.get("metric_family", "accuracy"), gen.get("reference_config")
+    """Metric family and reference config a manifest's ``generator`` declares (import-folder does), else accuracy."""
+    family = manifest.generator.get("metric_family", "accuracy")  # a dict: the manifest's schema says so
+    reference = manifest.generator.get("reference_config")
     if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str)
                                                                    and reference in manifest.configs)):
         raise IntegrityError(f"suite {manifest.suite_id!r} declares metric family {str(family)[:40]!r} with reference "
@@ -129,8 +119,7 @@ def construction_models(manifest, spec: SuiteSpec | None) -> tuple[str, ...]:
     """The models that built, mined or filtered a suite, whose results are flagged: the target the build
     recorded (``generator.target``, IN-G's mining classifier; local weights as ``sha256:<hex>``, not their
     architecture), else the registry's ``construction_models`` (the CLIP filters of ImageNet* and LANCE)."""
-    gen = manifest.generator if isinstance(manifest.generator, dict) else {}
-    target = gen.get("target")
+    target = manifest.generator.get("target")
     if isinstance(target, dict):
         sha, mid = target.get("weights_sha256"), target.get("id")
         if target.get("source") == "checkpoint" and isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha):

@@ -1,6 +1,5 @@
-"""Deterministic synthetic suites for tests, benchmark scripts and offline demos (``bench demo-suite``): small
-noise JPEGs from a numpy generator seeded by (config, class, index), so the same arguments write the same bytes.
-"""
+"""Deterministic synthetic suites for tests, benchmark scripts and offline demos (``bench demo-suite``): small noise
+JPEGs from a numpy generator seeded by (config, class, index), so the same arguments write the same bytes."""
 
 from __future__ import annotations
 
@@ -30,10 +29,9 @@ def make_synthetic_suite(root: str | Path, *, suite_id: str = "toy", configs: Se
                          keep_fraction: float = 0.75, pairs: bool = False, edit_types: Sequence[str] = (),
                          image_size: int = 64, seed: int = 0, overwrite: bool = False,
                          card: Callable[[Manifest], str] | None = None) -> Manifest:
-    """Write a suite (format 1.1) and return its ``Manifest``; ``card`` renders its dataset card
-    (``genshift.data_cards.demo_card``; none is written without it). With ``pairs=True`` every row gets
-    ``pair_id = "<class>/<index>"`` (the first config can play LANCE's ``original``, the others its
-    counterfactuals); with ``edit_types`` an ``edit_type`` column cycles through them."""
+    """Write a suite (format 1.1) and return its ``Manifest``; ``card``: e.g. ``genshift.data_cards.demo_card``.
+    ``pairs=True``: ``pair_id = "<class>/<index>"`` on every row (the first config can play LANCE's ``original``);
+    ``edit_types``: an ``edit_type`` column cycling through them."""
     extra = {"seed": Value("int64")}
     if edit_types:
         extra["edit_type"] = Value("string")

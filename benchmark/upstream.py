@@ -1,9 +1,6 @@
-"""Adapter for the authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks: the
-release's zips (or extracted folders) become a format-1 suite without re-encoding, ``keep`` indexed by
-(class, image number) in the mask (``docs/hub.md`` section 5, ``docs/format.md`` section 7). Entry points:
-:func:`open_upstream` (the Hub repo at a sha) and :func:`open_release` (a local folder), both converting
-once into ``<cache>/upstream/<key>/``, and :func:`convert_release` (explicit output).
-"""
+"""The authors' ImageNet* release (``madrylab/imagenet-star``) and their filter masks as a format-1 suite, without
+re-encoding, ``keep`` from the mask (``docs/hub.md`` section 5, ``docs/format.md`` section 7): :func:`open_upstream`
+(the Hub repo at a sha) and :func:`open_release` (a local folder) convert once into ``<cache>/upstream/<key>/``."""
 
 from __future__ import annotations
 
@@ -221,10 +218,9 @@ def _rows(items: list[ReleaseImage], masks: dict | None, per_class: int):
                 data = it.source.read_bytes()
                 src = it.source.name
             wnid = imagenet.wnids()[it.label]
-            yield {"image": {"bytes": data, "path": None}, "label": it.label,
-                   "image_id": f"{it.shift}/{wnid}/{it.number:02d}", "config": it.shift,
-                   "keep": True if masks is None else bool(masks[it.shift][per_class * it.label + it.number]),
-                   "pair_id": None, "source_file": src}
+            yield {"image": {"bytes": data, "path": None}, "label": it.label, "config": it.shift, "pair_id": None,
+                   "image_id": f"{it.shift}/{wnid}/{it.number:02d}", "source_file": src,
+                   "keep": True if masks is None else bool(masks[it.shift][per_class * it.label + it.number])}
 
 
 def is_release_folder(path: str | Path) -> bool:
@@ -243,27 +239,23 @@ def _cache_root(cache_dir: str | None) -> Path:
     return (Path(cache_dir) if cache_dir else cache_root()) / "upstream"
 
 
-def _memo_sha256(path: Path, memo_file: Path) -> str:
-    """sha256 of a (multi-GB) file, remembered by its path and stat key so unchanged zips are hashed once."""
-    key = f"{path.resolve()}|{StatKey.of(path)}"
+def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
+    """Per shift: the zip's sha256 (remembered in ``memo_file`` by path and stat key: an unchanged multi-GB zip is
+    hashed once), or for an extracted folder a hash of its listing (names and stat keys)."""
     try:
         memo = read_json(memo_file, max_bytes=MAX_MEMO_BYTES, what="zip hash memo")
     except IntegrityError:  # missing or damaged: hashed again
         memo = {}
     memo = memo if isinstance(memo, dict) else {}
-    if key not in memo:
-        memo[key] = sha256_file(path)
-        atomic_write_json(memo_file, memo)
-    return memo[key]
-
-
-def _source_key(root: Path, shifts: list[str], memo_file: Path) -> dict[str, str]:
-    """Per shift: the zip's sha256, or for an extracted folder a hash of its listing (names and stat keys)."""
     out = {}
     for s in shifts:
         z = root / f"{s}.zip"
         if z.is_file():
-            out[s] = "zip:" + _memo_sha256(z, memo_file)
+            key = f"{z.resolve()}|{StatKey.of(z)}"
+            if key not in memo:
+                memo[key] = sha256_file(z)
+                atomic_write_json(memo_file, memo)
+            out[s] = "zip:" + memo[key]
         elif (root / s).is_dir():
             listing = "".join(f"{f.relative_to(root)}|{StatKey.of(f)}\n" for f in sorted((root / s).rglob("*"))
                               if f.is_file())
@@ -299,9 +291,8 @@ def _open_converted(release: Path, *, shifts: list[str], key: dict, mask: str | 
 
 def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: str | Path | None = None,
                  strict: bool = False, cache_dir: str | None = None, **convert_kw) -> LocalSuite:
-    """A local copy of the release -> a verified ``LocalSuite``, converted once into the cache (keyed by
-    the zips' sha256, remembered by stat key, or the folders' listing). ``mask``: ``None`` = the
-    released mask (:func:`released_mask`), ``NO_MASK`` = none, else a file."""
+    """A local copy of the release -> a verified ``LocalSuite``, converted once into the cache. ``mask``: ``None``
+    = the released mask (:func:`released_mask`), ``NO_MASK`` = none, else a file."""
     root = Path(folder)
     if not root.is_dir():
         raise BenchError(f"release folder {str(root)!r} does not exist")
@@ -318,8 +309,7 @@ def open_release(folder: str | Path, *, configs: list[str] | None = None, mask: 
 def open_upstream(repo_id: str, *, revision: str | None, configs: list[str] | None = None, mask: str | None = None,
                   strict: bool = False, cache_dir: str | None = None, endpoint: str | None = None,
                   token: str | None = None) -> LocalSuite:
-    """Download the requested shifts' zips at a pinned sha, convert once (cached), verify, open. Without
-    ``revision``, ``main`` must resolve to the paper-era commit; ``mask`` as in :func:`open_release`."""
+    """Download the shifts' zips at a pinned sha (``main`` must be the paper's commit), convert once, verify."""
     shifts = list(configs) if configs else [s.key for s in imagenet_star_shifts()]
     mask = resolve_mask(mask, cache_dir=cache_dir)  # before any download: a missing mask is reported at once
     sha, reachable = hubio.resolve(repo_id, revision, endpoint=endpoint, token=token, cache_dir=cache_dir)
@@ -353,11 +343,8 @@ def released_mask(*, cache_dir: str | None = None, timeout: float = 60.0) -> Pat
                            f"{hubio.OFFLINE_ROUTE}")
     with atomic_path(dest) as tmp:
         try:
-            with urllib.request.urlopen(MASK_URL, timeout=timeout) as r, open(tmp, "wb") as f:
-                while chunk := r.read(1 << 20):
-                    f.write(chunk)
-                    if f.tell() > MASK_SIZE:
-                        break
+            with urllib.request.urlopen(MASK_URL, timeout=timeout) as r:
+                tmp.write_bytes(r.read(MASK_SIZE + 1))  # bounded: one byte over the pinned size is enough to refuse
         except OSError as e:  # URLError and timeouts are OSErrors
             raise OfflineError(f"could not download the authors' masks.npy ({type(e).__name__}: "
                                f"{getattr(e, 'reason', e)}); {where}{hubio.OFFLINE_ROUTE}") from None
@@ -389,8 +376,7 @@ def resolve_mask(mask: str | Path | None, *, cache_dir: str | None = None) -> Pa
 
 
 def mask_record(mask: str | Path | None, generator: dict, *, cache_dir: str | None = None) -> dict | None:
-    """A result's ``suite.mask`` for a converted release (``None`` for other suites), from the manifest's
-    ``generator``: ``path``, ``sha256``, ``source`` (``released`` | ``file``, given as ``mask`` | ``none``)."""
+    """A result's ``suite.mask`` (``path``, ``sha256``, ``source``) for a converted release, else ``None``."""
     if generator.get("builder") != "genshift.upstream":
         return None
     used = generator.get("mask")

@@ -1,16 +1,6 @@
-"""The suite writer used by every builder and by ``bench import-folder`` (``docs/format.md`` section 3).
-
-Usage::
-
-    with SuiteWriter(out, suite_id="imagenet-star", extra_features=feats, fingerprint=settings) as w:
-        for config, shard, n, rows in work:
-            if not w.shard_done(config, shard, n):
-                w.write_shard(config, shard, n, rows)
-        w.finalize(generator=provenance, card=render)
-
-A rerun with the same fingerprint skips finished shards; a different one is refused unless
-``overwrite``. The manifest is written last.
-"""
+"""The suite writer of every builder and of ``bench import-folder`` (``docs/format.md`` section 3): one atomic
+``write_shard`` per shard (a rerun with the same ``fingerprint`` skips those ``shard_done`` says are finished; another
+fingerprint is refused unless ``overwrite``), then ``finalize`` writes the card and, last, the manifest."""
 
 from __future__ import annotations
 
@@ -43,10 +33,8 @@ def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
 
 
 class SuiteWriter:
-    """Write a suite into the folder ``root``, shard by shard, resumably. ``extra_features``: provenance
-    columns after the required ones. ``fingerprint``: everything that determines the content (settings, seeds,
-    model ids); a folder holding a build with another one is refused unless ``overwrite`` (which also
-    replaces a finished build)."""
+    """Write a suite into ``root``, shard by shard, resumably. ``fingerprint``: everything that determines the
+    content (settings, seeds, model ids); ``overwrite`` replaces a build with another one or a finished build."""
 
     def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
                  extra_features: Features | dict | None = None, fingerprint: Mapping | None = None,
@@ -55,7 +43,11 @@ class SuiteWriter:
         self.root = Path(root)
         self.suite_id = suite_format.check_name(suite_id, "suite id")
         self.suite_version = suite_version
-        self.features = suite_format.suite_features(extra_features)
+        self.features = suite_format.base_features()  # then the provenance columns
+        for column, feature in (extra_features or {}).items():
+            if column in self.features:
+                raise ValueError(f"provenance column {column!r} clashes with a required column")
+            self.features[column] = feature
         self.rows_per_group = rows_per_group
         state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
                  "fingerprint": dict(fingerprint or {})}
@@ -132,8 +124,7 @@ class SuiteWriter:
         log.debug("wrote %s: %d rows", rel, n)
 
     def _parquet_options(self) -> dict:
-        """The column options ``datasets`` uses: encoded images plain and uncompressed, every other column snappy
-        + dictionary; content-defined chunking so that re-uploads of similar shards deduplicate on the Hub."""
+        """``datasets``' column options (``docs/format.md`` section 3); content-defined chunking dedups Hub uploads."""
         schema = self.features.arrow_schema
         compression, dictionary, encoding = {}, [], {}
         for name, feat in self.features.items():

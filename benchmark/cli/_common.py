@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The description and examples kept as written; the default of every option that takes a value
-    after its help, unless the help already says it (or there is none: ``None``)."""
+    """Description and examples as written; each option's default after its help unless it says it."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -67,15 +65,14 @@ def non_negative_float(text: str) -> float:
     return v
 
 
-def print_table(rows: list[dict], columns: list[str], *, file=None) -> None:
+def print_table(rows: list[dict], columns: list[str]) -> None:
     """A plain aligned text table on stdout (results go to stdout, logs to stderr)."""
-    file = file or sys.stdout
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(), file=file)
-    print("  ".join("-" * w for w in widths), file=file)
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    print("  ".join("-" * w for w in widths))
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=file)
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
 def percent(m: dict | None) -> str:

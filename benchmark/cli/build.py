@@ -1,7 +1,5 @@
-"""`bench build <suite>`: regenerate a benchmark suite (GPU; `--smoke` runs tiny models on CPU).
-
-A builder's flags are its typed config's fields (``genshift.builders.common.BuildConfig``); the parsed
-flags become a config, and the builder never sees argparse."""
+"""`bench build <suite>`: regenerate a benchmark suite (GPU; `--smoke` runs tiny models on CPU). A builder's flags
+are its typed config's fields (``genshift.builders.common.BuildConfig``); the builder never sees argparse."""
 
 from __future__ import annotations
 
@@ -65,9 +63,8 @@ def add_parser(sub):
                  examples="  bench build imagenet-star --smoke --out /tmp/star-smoke\n"
                           "  accelerate launch -m genshift build imagenet-star --out star/ --tokens tokens.zip\n"
                           "  bench build in-g-rn --smoke --out /tmp/ing\n")
-    builders = p.add_subparsers(dest="suite", metavar="<suite>", required=True,
-                                help="which suite to build (`bench suites` lists them); "
-                                     "`bench build <suite> --help` shows its options")
+    builders = p.add_subparsers(dest="suite", metavar="<suite>", required=True, help="which suite to build "
+                                "(`bench suites` lists them); `bench build <suite> --help` shows its options")
     for suite_id in BUILDERS:
         module = importlib.import_module(BUILDERS.get(suite_id))
         what_and_how = "\n\n".join((module.__doc__ or "").strip().split("\n\n")[:2])  # the docstring's first two

@@ -7,10 +7,8 @@ from genshift.cli._common import add_verb, bounded_int, csv_list, positive_int
 
 def add_parser(sub):
     p = add_verb(sub, "demo-suite", help="write a small synthetic suite (noise images) to try bench offline",
-                 description="Write a suite in format 1.1 whose images are coloured noise (deterministic: the same "
-                             "options give the same bytes), with its dataset card. Any model scores about 0% on it: "
-                             "it checks the plumbing (eval, verify, the board), not a model. Score real images with "
-                             "`bench import-folder`.",
+                 description="Write a suite in format 1.1 of coloured noise images (the same options give the same "
+                             "bytes), with its card: any model scores about 0% on it; it checks the plumbing.",
                  examples="  bench demo-suite --out demo-suite --configs base,in_the_snow\n"
                           "  bench demo-suite --out big-demo --classes 100 --per-class 10 --shards 2\n")
     p.add_argument("--out", required=True, help="the new suite folder (must not exist or be empty)")

@@ -8,10 +8,8 @@ from genshift.cli._common import add_verb, csv_list, print_table
 def add_parser(sub):
     p = add_verb(sub, "diagnose", help="failure directions: where a model fails, in words",
                  description="Fit per class a linear SVM on CLIP embeddings that predicts the model's mistakes "
-                             "(Jain et al., ICLR 2023); report each direction's strength (CV balanced accuracy vs a "
-                             "permutation null), the hardest images and the captions naming the hard subpopulation. "
-                             "Writes diagnose.json and a self-contained diagnose.html (thumbnails of the hardest and "
-                             "easiest images) next to the result; never changes scores.",
+                             "(Jain et al., ICLR 2023); report its strength, hardest images and captions; write "
+                             "diagnose.json and diagnose.html next to the result (scores never change).",
                  examples="  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k\n"
                           "  bench diagnose runs/imagenet-star/timm--resnet50.a1_in1k --configs in_the_snow "
                           "--whiten-reference base\n"
@@ -21,18 +19,15 @@ def add_parser(sub):
     p.add_argument("--classes", type=csv_list, help="class indices or wnids (default: all present)")
     p.add_argument("--criterion", choices=("top1", "top3", "parent"), default="top1",
                    help="what counts as correct (IN-G suites: top3 or parent)")
-    p.add_argument("--clip-model", default="ViT-B-32-quickgelu",
-                   help="open_clip architecture for the image and caption embeddings")
+    p.add_argument("--clip-model", default="ViT-B-32-quickgelu", help="open_clip architecture of the embeddings")
     p.add_argument("--clip-pretrained", default="openai", help="open_clip pretrained tag of --clip-model")
     p.add_argument("--clip-image", choices=("classifier-square", "center-crop"), default="classifier-square",
-                   help="what CLIP sees: classifier-square (default, the authors' code: the classifier's preprocessed "
-                        "image, un-normalised, square-resized) or center-crop (the stored image's centre square)")
+                   help="what CLIP sees: classifier-square (the authors' code: the classifier's input, un-normalised)"
+                        " or center-crop (the stored image's centre square)")
     p.add_argument("--clip-precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
                    help="CLIP autocast: auto = fp16 on a GPU (as the authors), fp32 on the CPU")
     p.add_argument("--whiten-reference", metavar="SPEC",
-                   help="images whose CLIP statistics whiten the embeddings: 'analysed' (default: the analysed "
-                        "images), CONFIG[,CONFIG] of the result's suite, or SUITE:CONFIG[,CONFIG] (the authors "
-                        "whitened against training images)")
+                   help="whiten with the CLIP statistics of 'analysed' (default), CONFIG[,CONFIG] or SUITE:CONFIG[,..]")
     p.add_argument("--reference-caption", choices=("code", "paper"), default="code",
                    help="reference caption: 'a photo of a <class>' (code) or 'a photo of a <ancestor>' (paper)")
     p.add_argument("--no-caption-whitening", dest="caption_whitening", action="store_false",

@@ -10,10 +10,9 @@ def add_parser(sub):
     from genshift.cli.build import add_config
 
     p = add_verb(sub, "discover", help="open-ended failure search for one class",
-                 description="Generate images of a class from its prompt, caption the ones the model gets wrong "
-                             "(three-shot, as the paper), regenerate from each caption and report which captions "
-                             "raise the failure (or target-class) rate, with counts, ratio and a one-sided Fisher "
-                             "exact test.",
+                 description="Generate images of a class, caption the ones the model gets wrong, regenerate from "
+                             "each caption and report which captions raise the failure (or target-class) rate, with "
+                             "a one-sided Fisher exact test (Wiles et al. s4.1).",
                  examples="  bench discover --model resnet50.tv_in1k --class n01985128\n"
                           "  bench discover --model resnet50.tv_in1k --class 283 --target 287 --n-baseline 500\n")
     add_config(p, Config)

@@ -9,12 +9,9 @@ from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg
 
 def add_parser(sub):
     p = add_verb(sub, "download", help="download a suite at a pinned commit and verify it",
-                 description="Download a registered suite (or any ORG/NAME dataset repo in format 1) at a commit sha, "
-                             "only the configs you name, and verify every file against the manifest. Prints the local "
-                             "path, then the resolved commit sha, on stdout. Run it once with network; afterwards "
-                             "HF_HUB_OFFLINE=1 bench eval ... --revision <sha> works from the cache. The upstream "
-                             "ImageNet* release (imagenet-star-upstream, or a local folder of its zips) is converted "
-                             "to format 1 once and cached.",
+                 description="Download a suite (registered, or any ORG/NAME repo in format 1) at a commit sha, only "
+                             "the configs named, verify them and print the local path and the sha; afterwards it works "
+                             "offline. The upstream ImageNet* release (or its zips) is converted once and cached.",
                  examples="  bench download imagenet-star --configs base,in_the_snow\n"
                           "  bench download my-org/my-suite --revision 3f2a...c9\n"
                           "  bench download imagenet-star-upstream --configs base,in_the_snow   # + the released mask\n"
@@ -25,8 +22,7 @@ def add_parser(sub):
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--cache-dir", help="Hub cache folder (default: HF_HOME's)")
     add_mask_options(p)
-    p.add_argument("--strict", action="store_true",
-                   help="upstream ImageNet* only: refuse a release with missing or unexpected files")
+    p.add_argument("--strict", action="store_true", help="upstream ImageNet* only: refuse missing or unexpected files")
     p.add_argument("--force-download", action="store_true", help="re-download files even if cached")
     p.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT, else https://huggingface.co)")
     return p

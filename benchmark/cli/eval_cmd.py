@@ -17,12 +17,10 @@ from genshift.heap import keep_freed_memory
 def add_parser(sub):
     p = add_verb(
         sub, "eval", help="score a timm model on a suite",
-        description="Score any timm ImageNet-1k classifier on a suite: per-image predictions (parquet), the "
-                    "suite family's metrics with bootstrap intervals, and a result JSON with full provenance. "
-                    "Several models (repeat --model, --models FILE, timm wildcards) share each image decode; under "
-                    "torchrun or `accelerate launch` the work is split over processes. A killed run resumes "
-                    "(SIGTERM too); a finished run is a no-op unless --force. The same as genshift.evaluate() in "
-                    "Python.",
+        description="Score timm ImageNet-1k classifiers on a suite: per-image predictions, the suite family's "
+                    "metrics with bootstrap intervals and a result JSON with provenance. Several models share each "
+                    "image decode; under torchrun or `accelerate launch` the work is split over processes. A killed "
+                    "run resumes; a finished one is a no-op unless --force. The same as genshift.evaluate().",
         examples=(
             "  bench eval --model timm/resnet50.a1_in1k --suite imagenet-star-upstream --configs base,in_the_snow\n"
             "  bench eval --model resnet50.a1_in1k --suite ./my-suite --device cuda --amp --batch-size 256\n"
@@ -34,19 +32,16 @@ def add_parser(sub):
             "  bench eval --models lance-table2 --suite lance-hardimagenet --preprocess lance-square\n"
             "  accelerate launch -m genshift eval --models zoo.txt --suite imagenet-star --device cuda --amp\n"
             "  torchrun --nproc_per_node 4 -m genshift eval --models zoo.txt --suite ./my-suite --cpu-threads 1\n"
-            "  bench eval --merge runs/\n"
-        ))
+            "  bench eval --merge runs/\n"))
     p.add_argument("--model", action="append", metavar="MODEL",
                    help="timm name, timm/<name>, hf-hub:<repo>[@sha], a timm wildcard ('timm/convnext_*.fb_in1k', "
                         "1000-class heads only) or NAME=CHECKPOINT; repeat for a sweep")
     p.add_argument("--models", metavar="FILE|POPULATION",
-                   help="a file with one model per line, optionally followed by a local checkpoint path (relative "
-                        "to the file's folder); # comments. Or a paper's population by name (`bench suites` lists "
-                        "them), e.g. lance-table2")
+                   help="a file of one model per line (optionally + a checkpoint path relative to the file; # "
+                        "comments), or a paper's population by name (`bench suites`), e.g. lance-table2")
     p.add_argument("--population-config", choices=("paper", "today"), default="paper",
-                   help="--models POPULATION: evaluate each model at the data config the paper's timm resolved "
-                        "(paper, recorded in the population: imagenet-star-61 has timm 0.6.12's) or at today's timm "
-                        "config (today); recorded in the result's protocol")
+                   help="--models POPULATION: each model at the data config the paper's timm resolved (paper, "
+                        "recorded in the population) or at today's timm config (today); recorded in the result")
     p.add_argument("--suite", help="registry id (see `bench suites`), Hub repo id, or a suite folder")
     p.add_argument("--configs", type=csv_list, help="comma-separated configs (default: all)")
     p.add_argument("--checkpoint", help="local weights of the one --model: safetensors, a PyTorch state dict or a "
@@ -54,16 +49,14 @@ def add_parser(sub):
     add_mask_options(p)
     add_config(p, EvalOptions, int_type=_int)  # every option of genshift.evaluate: its field's help, bounds, choices
     p.add_argument("--merge", metavar="OUT",
-                   help="build the results of a (distributed) sweep in OUT from its units, after checking what "
-                        "every part holds (this run's, its units' images, no overlaps); names missing units")
+                   help="build the results of a (distributed) sweep in OUT from its checked units (names missing ones)")
     p.add_argument("--out", default="runs", help="output directory")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of the summary table")
     return p
 
 
 def _int(text: str):
-    """An integer option value; '1e3' is accepted when it is a whole number. Bounds are the options'
-    own (``EvalOptions``), so a bad value is one ``error:`` line naming the flag."""
+    """An integer option ('1e3' too); anything else is left for ``EvalOptions`` to refuse by flag."""
     try:
         return int(text)
     except ValueError:
@@ -137,8 +130,7 @@ def _run(args, opts) -> int:
 
 
 def print_sweep(jobs) -> None:
-    """The end-of-sweep table: one row per model with the suite family's headline and mean acc@1, each
-    under its declared label (``genshift.families``), and the result path or the error."""
+    """One row per model: the family's headline and mean acc@1 (``genshift.families``), result or error."""
     done = [j.result for j in jobs if j.result]
     family = get_family(done[0]["suite"]["metric_family"] if done else "accuracy")
     shown = list(dict.fromkeys((family.headline, "mean_acc1")))
@@ -161,8 +153,7 @@ def print_sweep(jobs) -> None:
 
 
 def print_summary(result: dict) -> None:
-    """The end-of-run table: acc@1 (with its interval) and acc@5 per config, then every other number the
-    suite's family declares (``genshift.families``), under its label and unit."""
+    """acc@1 [CI] and acc@5 per config, then the family's other numbers with their labels and units."""
     family = get_family(result["suite"]["metric_family"])
     cols = family.columns(result)
     rows = [{"config": c, "scored": m["n_scored"], "acc@1 % [95% CI]": percent(m["acc1"]),

@@ -8,8 +8,7 @@ from genshift.cli._common import add_verb
 def add_parser(sub):
     p = add_verb(sub, "keygen", help="create a signing key for verification stamps",
                  description="Write a new ed25519 private key to KEY (mode 0600, never overwritten) and its public "
-                             "line to KEY.pub. Sign stamps with `bench verify --recheck N --sign KEY`; the leaderboard "
-                             "trusts the KEY.pub lines in its --trusted-keys file (docs/leaderboard.md, Signing).",
+                             "line to KEY.pub, for `bench verify --sign KEY` (docs/leaderboard.md, Signing).",
                  examples="  bench keygen ~/.genshift/maintainer.key --name alice\n"
                           "  cat ~/.genshift/maintainer.key.pub >> trusted-keys.txt\n")
     p.add_argument("key", help="where to write the private key (KEY.pub gets the public line)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from genshift.cli._common import add_verb
+from genshift.errors import BenchError
 from genshift.leaderboard import STREAMLIT
 
 # the served page's Streamlit settings (the Space's, but for its hidden error details)
@@ -12,9 +13,8 @@ STREAMLIT_FLAGS = tuple(arg for section, opts in STREAMLIT.items() for k, v in o
 
 def add_parser(sub):
     p = add_verb(sub, "leaderboard", help="serve the Streamlit leaderboard (or export it as a Hugging Face Space)",
-                 description="Serve the leaderboard app over a results store: a folder of `bench eval --out` runs, or "
-                             "a Hub dataset repo ORG/NAME[@sha] of results (pinned to a sha here, so the board is "
-                             "reproducible). With --export-space, write a deployable Streamlit Space instead.",
+                 description="Serve the leaderboard app over a results store: a folder of `bench eval --out` runs or a "
+                             "Hub dataset repo ORG/NAME[@sha] (pinned to a sha here), or export it as a Space.",
                  examples="  bench leaderboard --results runs\n"
                           "  bench leaderboard --results my-org/genshift-results@3f2a...c9 --trusted-keys trusted "
                           "--port 8600\n"
@@ -25,32 +25,25 @@ def add_parser(sub):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--trusted-keys", metavar="FILE",
                    help="maintainers' public keys (KEY.pub lines); only records signed by one count as verified")
-    p.add_argument("--suites", metavar="DIR",
-                   help="trusted suite manifests (*.json) and/or suite folders: entries made on other suite data "
-                        "(another manifest) are rejected")
+    p.add_argument("--suites", metavar="DIR", help="trusted suite manifests (*.json) and/or suite folders: "
+                                                  "entries made on other suite data are rejected")
     p.add_argument("--id-accuracy", metavar="FILE",
                    help="ImageNet-val top-1 per model for the ID/OOD x-axis: timm's results-imagenet.csv or any "
                         "CSV with columns model,top1 (percent)")
     p.add_argument("--hub-results", action="store_true",
-                   help="also show the scores model repos report on the Hub for each suite's dataset (its Hub "
-                        "leaderboard) in a separate, never-ranked 'Reported on the Hub' table (docs/hub.md)")
+                   help="also show the scores model repos report on the Hub, in a never-ranked table (docs/hub.md)")
     p.add_argument("--export-space", metavar="DIR",
-                   help="write a deployable Hugging Face Space (Streamlit) of this board, then exit: a Hub store "
-                        "pinned to its current commit, a local store copied in")
+                   help="write a deployable Hugging Face Space of this board (a Hub store pinned), then exit")
     return p
 
 
 def port_free(host: str, port: int) -> bool:
-    import os
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        if os.name == "posix":  # as the server binds: a just-stopped server's TIME_WAIT connections do not count
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
+    try:  # as the server binds: SO_REUSEADDR on POSIX, so a just-stopped server's TIME_WAIT does not count
+        socket.create_server((host, port)).close()
+    except OSError:
+        return False
     return True
 
 
@@ -59,7 +52,6 @@ def run(args) -> int:
     import os
     from pathlib import Path
 
-    from genshift.errors import BenchError
     from genshift.hubio import is_repo_id, resolve_revision
     from genshift.leaderboard import Settings
     from genshift.leaderboard.aggregate import read_id_accuracy
@@ -67,8 +59,7 @@ def run(args) -> int:
 
     if not 1 <= args.port <= 65535:
         raise BenchError(f"--port must be 1..65535, got {args.port}")
-    # the page's Settings, each file checked now (one error line, not a broken board later) as the page will read
-    # it; a Hub store pinned to the commit its revision names now
+    # the page's Settings: each file checked now, as the page will read it; a Hub store pinned to its commit now
     trust(args.trusted_keys, [args.suites] if args.suites else None)
     if args.id_accuracy:
         read_id_accuracy(args.id_accuracy)

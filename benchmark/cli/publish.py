@@ -7,14 +7,10 @@ from genshift.cli._common import add_verb, non_negative_float
 
 def add_parser(sub):
     p = add_verb(sub, "publish", help="upload a built suite, tag it, and gate it when its card asks",
-                 description="Verify a suite folder, then upload its card, manifest and shards to a Hub dataset repo. "
-                             "A suite up to --large-threshold GB goes up in ONE commit (against the current head, so "
-                             "a concurrent commit makes it fail); a larger one goes up resumably in several commits "
-                             "(rerun the same command to resume) and is checked file by file. The result is tagged "
-                             "(default v<suite_version>) and, when the card has extra_gated_prompt (LANCE), the repo "
-                             "is gated. Prints the commit sha to pin. Only README.md, manifest.json and the files the "
-                             "manifest lists are uploaded. Needs a token with write access (`hf auth login` or "
-                             "HF_TOKEN); HF_ENDPOINT or --endpoint picks the Hub.",
+                 description="Verify a suite folder, then upload its card, manifest and shards to a Hub dataset repo "
+                             "(ONE commit against the head, or resumably above --large-threshold), tag it, gate it "
+                             "when the card asks and print the commit sha to pin (docs/hub.md section 6). Needs a "
+                             "token with write access; HF_ENDPOINT or --endpoint picks the Hub.",
                  examples="  bench publish ./imagenet-star --repo my-org/imagenet-star\n"
                           "  bench publish ./in-g-rn --repo my-org/in-g-rn --tag v1.0.1 --private\n"
                           "  bench publish ./lance --repo my-org/lance-hardimagenet --gating manual\n"

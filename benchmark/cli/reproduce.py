@@ -18,14 +18,10 @@ def _member(text: str) -> tuple[str, str]:
 
 def add_parser(sub):
     p = add_verb(sub, "reproduce", help="print a paper's table from results, with the paper's numbers beside ours",
-                 description="Read the results of a paper's model population (bench eval --models <population>) and "
-                             "print the paper's table in its layout: our number, the paper's reported number and the "
-                             "difference per cell, each reported number with its source (paper, table, row). A "
-                             "member's row is filled only by a result of its weights: its Hub weights, local weights "
-                             "declared as its tag (--model TAG=FILE), or, for a member without public weights, the "
-                             "local weights named with --member; the output says which result filled which row. "
-                             "Lists the population's models that have no result yet (with the command that scores "
-                             "each) and the settings that make a number disagree. Runs no model.",
+                 description="Print a paper's table from its population's results: ours, the paper's (with its source) "
+                             "and the difference per cell; a member's row is filled only by a result of its weights. "
+                             "Lists the members without a result and what makes a number disagree "
+                             "(docs/reproducing.md). Runs no model.",
                  examples="  bench reproduce lance-table2 runs/lance-hardimagenet/\n"
                           "  bench reproduce in-g-fig4 runs/in-g-rn/ runs/in-g-vit/ "
                           "--member RN2=resnet50@sha256:<16 hex>\n"

@@ -9,13 +9,9 @@ from genshift.cli._common import add_verb, percent, print_json, print_table
 
 def add_parser(sub):
     p = add_verb(sub, "slope", help="ID/OOD slope, effective robustness and shift impact per shift across results",
-                 description="Fit, per shift, each model's shift accuracy against its in-distribution accuracy "
-                             "(ImageNet* base by default), on linear and probit scales: slope, intercept, R^2 and "
-                             "each model's effective robustness (its residual, in accuracy units). For ImageNet* "
-                             "results also the shift impact (Dataset Interfaces' absolute impact of a shift): the "
-                             "drop acc(reference) - acc(shift) averaged over the models, with a 95% Student-t "
-                             "interval over models. (A result's model_mean_impact is another quantity: one model's "
-                             "drop averaged over shifts.)",
+                 description="Fit, per shift, the models' shift accuracy against their in-distribution accuracy on "
+                             "linear and probit scales (slope, intercept, R^2, effective robustness); for ImageNet* "
+                             "also the shift impact averaged over the models, with a 95% Student-t interval.",
                  examples="  bench slope runs/imagenet-star/*/result.json\n"
                           "  bench slope runs/imagenet-star/*/result.json --scale probit --json\n"
                           "  bench slope runs/imagenet-star-upstream/*/result.json "
@@ -24,12 +20,10 @@ def add_parser(sub):
     p.add_argument("--reference", help="in-distribution config (default: the suite's, e.g. base)")
     p.add_argument("--id-accuracy", metavar="CSV",
                    help="timm's results-imagenet.csv (or any CSV of model,[img_size,]top1 in percent) as the ID axis "
-                        "instead: each result takes the row of its model (timm/ and hf-hub: forms match the bare "
-                        "name) at the input size its eval ran at")
+                        "instead: each result takes its model's row at the input size its eval ran at")
     p.add_argument("--scale", choices=("linear", "probit", "both"), default="both",
                    help="accuracy scale of the fit: linear, probit or both")
-    p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, effective robustness, "
-                                                       "shift_impact)")
+    p.add_argument("--json", action="store_true", help="print the full table as JSON (fits, robustness, impact)")
     return p
 
 

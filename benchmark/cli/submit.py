@@ -7,23 +7,19 @@ from genshift.cli._common import add_verb
 
 def add_parser(sub):
     p = add_verb(sub, "submit", help="propose a result to the leaderboard (a pull request)",
-                 description="Check a result locally (schema, hashes, recomputed metrics, size limits), then open ONE "
-                             "pull request adding it and its predictions to the results dataset repo. Maintainers "
-                             "verify with `bench verify --recheck N --sign KEY` and merge (docs/leaderboard.md). "
-                             "With --model-repo, once the entry is merged: open (or update) a pull request on the "
-                             "model's Hub repo adding .eval_results/<suite id>.yaml, so the scores show on the model "
-                             "page and the suite's Hub leaderboard (docs/hub.md).",
+                 description="Check a result locally, then open ONE pull request adding it to the results dataset repo "
+                             "(docs/leaderboard.md); with --model-repo, once merged, one adding .eval_results/<suite "
+                             "id>.yaml to the model's Hub repo (docs/hub.md).",
                  examples="  bench submit runs/imagenet-star/timm--resnet50.a1_in1k --repo genshift-bench/results\n"
                           "  bench submit runs/imagenet-star/timm--resnet50.a1_in1k --repo genshift-bench/results "
                           "--model-repo timm/resnet50.a1_in1k --trusted-keys trusted\n")
     p.add_argument("result", help="result.json or its run folder")
     p.add_argument("--repo", required=True, help="results dataset repo ORG/NAME")
     p.add_argument("--message", help="pull request title")
-    p.add_argument("--model-repo", metavar="ORG/NAME", help="report the merged entry on this Hub model repo instead "
-                                                             "(a pull request adding .eval_results/<suite id>.yaml); "
-                                                             "a result of a Hub model only on its own repo")
-    p.add_argument("--trusted-keys", metavar="FILE", help="with --model-repo: maintainers' public keys; the entry "
-                                                          "is reported as verified only if its stamp is signed by one")
+    p.add_argument("--model-repo", metavar="ORG/NAME",
+                   help="report the merged entry on this Hub model repo instead (a Hub model's only on its own repo)")
+    p.add_argument("--trusted-keys", metavar="FILE",
+                   help="with --model-repo: maintainers' public keys; verified only if its stamp is signed by one")
     p.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT, else https://huggingface.co)")
     return p
 

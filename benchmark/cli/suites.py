@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from genshift.cli._common import add_verb, print_json, print_table
@@ -10,8 +11,7 @@ from genshift.cli._common import add_verb, print_json, print_table
 def add_parser(sub):
     p = add_verb(sub, "suites", help="list the registered benchmark suites and model populations",
                  description="List the registered suites (Hub repo, pinned revision, configs, metric family) and "
-                             "the papers' model populations, which `bench eval --models <population>` scores and "
-                             "`bench reproduce` reads.",
+                             "the papers' model populations (`bench eval --models <population>`).",
                  examples="  bench suites\n  bench suites 'in-g-*'\n  bench suites --json\n"
                           "  bench suites --populations\n")
     p.add_argument("pattern", nargs="?", default="*", help="shell wildcard over suite ids (default: all)")
@@ -38,7 +38,7 @@ def run(args) -> int:
         return 0
     specs = [get_suite(s) for s in list_suites(args.pattern)]
     if args.json:
-        print_json([s.to_dict() for s in specs])
+        print_json([dataclasses.asdict(s) for s in specs])
         return 0
     rows = [{"suite": s.id, "repo": s.repo_id, "revision": s.revision[:12] if s.revision else "unpinned",
              "configs": len(s.configs) if len(s.configs) > 3 else ",".join(s.configs), "metrics": s.metric_family,

@@ -18,16 +18,11 @@ def recheck_arg(text: str) -> int | str:
 def add_parser(sub):
     p = add_verb(
         sub, "verify", help="verify a result against its suite, or a suite folder",
-        description="Verify a result against the suite it claims: the schema (the model id must be the canonical id "
-                    "of its weights), the predictions files (sha256, rows, each row's consistency), the predictions "
-                    "against the suite's trusted manifest (rows digest, counts, flags), the config hash and every "
-                    "metric recomputed. --recheck re-runs rows drawn from the suite (fresh random seed) through the "
-                    "model, loaded from where the result says its weights came from, and compares whole rows; by "
-                    "default enough rows that a result with 0.5% or more altered rows is caught with probability "
-                    "99% (docs/leaderboard.md), 'all' every row. --sign KEY (re-checks as --recheck does) then writes "
-                    "a signed verification.json (the leaderboard's verified badge). Given a suite folder, check every "
-                    "file against its manifest. Exits 1 on any mismatch, naming what differs. Trust roots: "
-                    "docs/results.md.",
+        description="Verify a result against the suite it claims: schema, predictions files, the suite's "
+                    "trusted manifest, config hash and every metric recomputed; --recheck re-runs rows drawn from "
+                    "the suite through the model (docs/leaderboard.md), --sign KEY then writes a signed "
+                    "verification.json. Given a suite folder, check its files against its manifest. Exits 1 on any "
+                    "mismatch, naming what differs. Trust roots: docs/results.md.",
         examples="  bench verify runs/imagenet-star/timm--resnet50.a1_in1k --suite imagenet-star\n"
                  "  bench verify ENTRY --suites trusted-suites/ --sign ~/.genshift/maintainer.key\n"
                  "  bench verify ENTRY --suite imagenet-star --recheck all --device cuda\n"
