@@ -4,9 +4,9 @@ import hashlib
 import json
 import shutil
 
-import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tests.fakehub import FakeHub
 
@@ -14,10 +14,10 @@ from tests.fakehub import FakeHub
 def _rewrite(run_dir, change=None, tables=None):
     """Edit a result as a forger would and make it self-consistent again: predictions sha256, every metric and
     the config hash recomputed (``tables``: config -> predictions table to write first)."""
-    from genshift.fsutil import canonical_json, sha256_file
     from genshift.eval.predictions import read_predictions
     from genshift.eval.results import config_hash
     from genshift.eval.scoring import ScoringOptions, score
+    from genshift.fsutil import canonical_json, sha256_file
 
     path = run_dir / "result.json"
     r = json.loads(path.read_text())
@@ -56,8 +56,8 @@ def _forge(path):
 def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suite, tiny_checkpoint, capsys):
     from huggingface_hub import HfApi
 
-    from genshift.eval import stamps
     from genshift import evaluate
+    from genshift.eval import stamps
     from genshift.eval.verify import verify_result
     from genshift.leaderboard.review import MARKER, review
     from genshift.leaderboard.submit import submit
@@ -205,9 +205,9 @@ USERS = {"tok-maint": "maintainer", "tok-alice": "alice", "tok-mallory": "mallor
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, tiny_checkpoint):
     """A toy suite, one honest run of ``test_resnet.r160_in1k`` on it (local weights) and the maintainer key."""
-    from genshift.synthetic import make_synthetic_suite
-    from genshift.eval import stamps
     from genshift import evaluate
+    from genshift.eval import stamps
+    from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path_factory.mktemp("review")
     make_synthetic_suite(root / "toy", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
@@ -642,8 +642,9 @@ def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, 
 def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download(made, monkeypatch, capsys, reruns):
     """`.gitattributes` changed or deleted, a predictions file whose name has a space or non-ASCII letters, a
     result over the size limit: each fails with the offending path, and nothing reaches the image re-run."""
-    import genshift.eval.results
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    import genshift.eval.results
 
     entry = f"toy/{made[1].name}"
     monkeypatch.setattr(genshift.eval.results, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test

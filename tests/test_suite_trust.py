@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from genshift.cli import main
+from genshift.data_cards import demo_card, render_card
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import sha256_file
 from genshift.hub import open_suite
@@ -24,7 +25,6 @@ from genshift.reader import LocalSuite
 from genshift.suite_format import rows_digest
 from genshift.synthetic import make_synthetic_suite
 from genshift.writer import SuiteWriter
-from genshift.data_cards import demo_card, render_card
 
 SHARD = "data/base/test-00000-of-00002.parquet"
 
