@@ -74,8 +74,8 @@ def test_bench_verify_sign_writes_the_record_the_board_ranks(tmp_path, toy_suite
 
 
 def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from genshift.cli import main
     from genshift.builders.tiny import tiny_open_clip
+    from genshift.cli import main
     from genshift.eval import diagnose as diag
 
     rpath = _eval(tmp_path, toy_suite, tiny_checkpoint)
@@ -84,6 +84,7 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
     # front of the top-k), with hashes and metrics recomputed: diagnose and the store check them
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from genshift.fsutil import sha256_file
     r = json.loads(rpath.read_text())
     for p in r["predictions"]:
@@ -101,8 +102,8 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
         p["sha256"] = sha256_file(f)
     from genshift.eval.predictions import read_predictions
     from genshift.eval.scoring import ScoringOptions, score
-    r["metrics"] = score(r["suite"]["metric_family"], {p["config"]: read_predictions(rpath.parent / p["path"])
-                                                       for p in r["predictions"]}, ScoringOptions(**r["protocol"]["scoring"]))
+    tables = {p["config"]: read_predictions(rpath.parent / p["path"]) for p in r["predictions"]}
+    r["metrics"] = score(r["suite"]["metric_family"], tables, ScoringOptions(**r["protocol"]["scoring"]))
     rpath.write_text(json.dumps(r))
     model, _, _ = tiny_open_clip()
     import open_clip
