@@ -70,7 +70,8 @@ def top10(driver) -> list[str]:
     """The models of the "Top 10 as text" block, in rank order (read from the page, open or closed)."""
     text = driver.execute_script("const e = Array.from(document.querySelectorAll('[data-testid=stExpander]'))"
                                  ".find(e => e.textContent.includes('Top 10 as text'));"
-                                 "const t = e && e.querySelector('[data-testid=stText]'); return t ? t.textContent : ''")
+                                 "const t = e && e.querySelector('[data-testid=stText]');"
+                                 " return t ? t.textContent : ''")
     return [line.split()[1] for line in text.splitlines() if line.strip()[:1].isdigit()]
 
 

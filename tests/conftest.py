@@ -48,7 +48,8 @@ def toy_suite(tmp_path):
     from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path / "toy"
-    make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2, card=demo_card)
+    make_synthetic_suite(root, configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2,
+                         card=demo_card)
     return root
 
 
@@ -80,7 +81,8 @@ def tiny_id(tiny_checkpoint):
 
     from genshift.identity import canonical_id, tensors_sha256
 
-    return canonical_id(source="checkpoint", name="test_resnet", tensors_sha256=tensors_sha256(load_file(str(tiny_checkpoint))))
+    digest = tensors_sha256(load_file(str(tiny_checkpoint)))
+    return canonical_id(source="checkpoint", name="test_resnet", tensors_sha256=digest)
 
 
 @pytest.fixture(scope="session")

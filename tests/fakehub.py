@@ -230,7 +230,8 @@ class _Handler(BaseHTTPRequestHandler):
             if oid is None:
                 return self._error(404, "RevisionNotFound", f"revision {rev} not found")
             entries = [{"type": "file", "path": p, "oid": hashlib.sha1(b).hexdigest(), "size": len(b)}
-                       for p, b in sorted(repo.commits[oid].files.items()) if not sub or p.startswith(sub.rstrip("/") + "/")]
+                       for p, b in sorted(repo.commits[oid].files.items())
+                       if not sub or p.startswith(sub.rstrip("/") + "/")]
             return self._send(200, entries)
         if tail.startswith("commits/"):
             oid = repo.resolve(tail[len("commits/"):])
@@ -256,9 +257,9 @@ class _Handler(BaseHTTPRequestHandler):
             if num not in repo.discussions:
                 return self._error(404, "EntryNotFound", f"discussion {num} not found")
             d = repo.discussions[num]
+            merged = {"mergeCommitId": d["merge_commit"]} if d.get("merge_commit") else {}
             return self._send(200, {**self._discussion(repo, num), "events": d.get("events", []),
-                                    "changes": {"base": "refs/heads/main",
-                                                **({"mergeCommitId": d["merge_commit"]} if d.get("merge_commit") else {})},
+                                    "changes": {"base": "refs/heads/main", **merged},
                                     "filesWithConflicts": []})
         if tail == "refs":
             return self._send(200, {
@@ -382,7 +383,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
                                                   for f in files]})
             if tail.startswith("commit/"):
-                return self._commit(repo, tail[len("commit/"):], body, create_pr=query.get("create_pr", ["0"])[0] in ("1", "true"))
+                create_pr = query.get("create_pr", ["0"])[0] in ("1", "true")
+                return self._commit(repo, tail[len("commit/"):], body, create_pr=create_pr)
             if tail.startswith("discussions/") and tail.count("/") == 2:
                 _, num, action = tail.split("/")
                 return self._discussion_post(repo, int(num), action, json.loads(body or b"{}") or {})
@@ -419,7 +421,8 @@ class _Handler(BaseHTTPRequestHandler):
         for x in lines:
             if x["key"] == "file":
                 v = x["value"]
-                files[v["path"]] = base64.b64decode(v["content"]) if v.get("encoding", "base64") == "base64" else v["content"].encode()
+                b64 = v.get("encoding", "base64") == "base64"
+                files[v["path"]] = base64.b64decode(v["content"]) if b64 else v["content"].encode()
             elif x["key"] in ("deletedFile", "deletedFolder"):
                 deleted.append(x["value"]["path"])
             elif x["key"] == "lfsFile":
@@ -430,7 +433,8 @@ class _Handler(BaseHTTPRequestHandler):
             branch = f"refs/pr/{repo.prs}"
             repo.discussions[repo.prs] = {"title": header.get("summary", ""), "description": "", "isPullRequest": True,
                                           "status": "open", "base": head, "author": self._user() or "anonymous"}
-            pr_url = f"{self.hub.endpoint}/{'datasets/' if repo.repo_type == 'dataset' else ''}{repo.repo_id}/discussions/{repo.prs}"
+            type_prefix = "datasets/" if repo.repo_type == "dataset" else ""
+            pr_url = f"{self.hub.endpoint}/{type_prefix}{repo.repo_id}/discussions/{repo.prs}"
         oid = self.hub.commit(repo, files, deleted, head, header.get("summary", ""), branch)
         self._send(200, {"commitUrl": f"{self.hub.endpoint}/{repo.repo_id}/commit/{oid}", "commitOid": oid,
                          "success": True, "pullRequestUrl": pr_url})

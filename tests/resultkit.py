@@ -23,7 +23,8 @@ def model_record(name: str, source: str = "hf-hub") -> dict:
 
 def fake_result(model: str, configs: list[str], metrics: dict, *, suite_id: str = "s",
                 metric_family: str = "imagenet_star", reference_config: str | None = "base") -> dict:
-    """Passes ``genshift.eval.results.validate``; counts and predictions entries are placeholders (nothing reads them)."""
+    """Passes ``genshift.eval.results.validate``; counts and predictions entries are placeholders (nothing
+    reads them)."""
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "data_config": {}, "model": model_record(model),
             "suite": {"id": suite_id, "manifest_sha256": "0" * 64, "configs": list(configs),
                       "metric_family": metric_family, "pinned": True},

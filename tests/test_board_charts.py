@@ -68,7 +68,8 @@ def test_ranks_follow_each_familys_headline_metric():
     # models scored on other images are never paired: no intervals
     other = _Entry("other", {"failures": [1, 0, 0, 0]})
     other.record["correct"]["failures"]["images"] = "other images"
-    assert aggregate.rank_intervals([_Entry("a", ing["fails-half"]), other], family="in_g", configs=["failures"]) is None
+    assert aggregate.rank_intervals([_Entry("a", ing["fails-half"]), other], family="in_g",
+                                    configs=["failures"]) is None
 
 
 def test_tied_models_share_a_rank_and_their_interval_spans_the_tie():

@@ -104,7 +104,8 @@ def test_bench_eval_scores_a_train_checkpoint_as_its_plain_state_dicts(tmp_path,
     assert "checkpoint_weights" not in json.loads((runs["plain"] / "result.json").read_text())["model"]
     from genshift.eval.verify import verify_result
 
-    assert verify_result(runs["train-ema"], recheck=3, checkpoint=str(ckpt), suite=str(toy_suite)).ok  # recheck re-reads the EMA weights
+    # recheck re-reads the EMA weights
+    assert verify_result(runs["train-ema"], recheck=3, checkpoint=str(ckpt), suite=str(toy_suite)).ok
 
 
 class _Evil:

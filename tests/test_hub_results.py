@@ -31,7 +31,8 @@ def test_tasks_and_values_per_family_are_the_headline_metrics_in_percent():
     assert task_values(star) == {"mean_shift_acc1": 37.5, "acc1_fog": 50.0, "acc1_snow": 25.0}
 
     lance = fake_result("timm/a", ["original", "counterfactual"], {
-        "configs": {"original": {"acc1": _m(0.8), "acc5": _m(1.0)}, "counterfactual": {"acc1": _m(0.55), "acc5": _m(1.0)}},
+        "configs": {"original": {"acc1": _m(0.8), "acc5": _m(1.0)},
+                    "counterfactual": {"acc1": _m(0.55), "acc5": _m(1.0)}},
         "lance": {"headline_T": "originals_with_counterfactual",
                   "delta_acc1": {"originals_with_counterfactual": _m(-0.2), "all_originals": _m(-0.25)}}},
         metric_family="lance", reference_config="original")
@@ -187,8 +188,8 @@ def test_published_suite_is_a_benchmark_and_a_verified_result_reaches_the_model_
 
     res, prefix = _merge_into_results(w)
     # not in the results repo under this name -> refused, nothing opened
-    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint,
-                 "--trusted-keys", str(w["trusted"])]) == 0
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--endpoint", hub.endpoint, "--trusted-keys", str(w["trusted"])]) == 0
     url = capsys.readouterr().out.strip()
     assert url.endswith("/org/tiny-resnet/discussions/1 (opened)"), url
     model = hub.repos[("model", "org/tiny-resnet")]
@@ -207,10 +208,11 @@ def test_published_suite_is_a_benchmark_and_a_verified_result_reaches_the_model_
 
     # idempotent: a rerun changes nothing; without trusted keys the file says "not verified" and the
     # same open PR is updated, never a second one
-    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint,
-                 "--trusted-keys", str(w["trusted"])]) == 0
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--endpoint", hub.endpoint, "--trusted-keys", str(w["trusted"])]) == 0
     assert capsys.readouterr().out.strip().endswith("(unchanged)")
-    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint]) == 0
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--endpoint", hub.endpoint]) == 0
     assert capsys.readouterr().out.strip().endswith("/discussions/1 (updated)")
     assert model.prs == 1
     raw = model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]
@@ -234,7 +236,8 @@ def test_only_complete_pinned_results_that_are_in_the_results_repo(hub_world, ca
     hub = w["hub"]
     # not merged into the results repo yet: one line, no PR
     w["api"].create_repo("org/results", repo_type="dataset")
-    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint]) == 2
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--endpoint", hub.endpoint]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no entry toy/" in err and "bench submit RESULT --repo org/results" in err
     # a different local run than the merged one: refused
@@ -242,7 +245,8 @@ def test_only_complete_pinned_results_that_are_in_the_results_repo(hub_world, ca
     res = json.loads(w["result"].read_text())
     res["notes"] = "another run"
     w["result"].write_text(json.dumps(res))
-    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet", "--endpoint", hub.endpoint]) == 2
+    assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
+                 "--endpoint", hub.endpoint]) == 2
     assert "is not this result" in capsys.readouterr().err
     assert w["hub"].repos[("model", "org/tiny-resnet")].prs == 0
 
@@ -455,5 +459,6 @@ def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(h
     assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
                  "--trusted-keys", str(w["trusted"]), "--endpoint", w["hub"].endpoint]) == 0, capsys.readouterr().err
     model = w["hub"].repos[("model", "org/tiny-resnet")]
-    entries = parse_eval_result_entries(yaml.safe_load(model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]))
+    raw = model.commits[model.refs["refs/pr/1"]].files[".eval_results/toy.yaml"]
+    entries = parse_eval_result_entries(yaml.safe_load(raw))
     assert entries and all("not verified by genshift-bench" in e.notes for e in entries)

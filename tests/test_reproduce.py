@@ -70,7 +70,8 @@ def test_lance_table2_in_the_papers_layout_with_the_subscripts(tmp_path, capsys)
     assert ["Δ", "ours", "-", "Δ", "paper", "-10.87", "/", "-22.10", "+6.40", "/", "+3.50", "-", "/", "-"] in lines
     assert ["Δ", "paper", "+0.0", "/", "+0.4", "+0.0", "/", "-0.2", "-0.2", "/", "-0.2"] in lines
     assert "3 LANCE-R: the random-perturbation baseline (LANCE-R) was not released" in out
-    assert "ConvNext: bench eval --model convnext_base.fb_in1k --suite lance-hardimagenet --preprocess lance-square" in out
+    convnext = "ConvNext: bench eval --model convnext_base.fb_in1k --suite lance-hardimagenet --preprocess lance-square"
+    assert convnext in out
     assert "timm/resnet18.a1_in1k (resnet18.a1_in1k: not a member's weights)" in out.split("outside the population")[1]
     assert "ViT-B was scored with --preprocess timm; the paper's setting is lance-square" in \
         out.split("notes (what makes a number disagree)")[1]
@@ -78,10 +79,12 @@ def test_lance_table2_in_the_papers_layout_with_the_subscripts(tmp_path, capsys)
     assert f"ResNet-50: Hub weights resnet50.a1_in1k@eeeeeeeeeeee ({runs / 'rn50' / 'result.json'})" in filled
     assert main(["reproduce", "lance-table2", str(runs), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    cell = next(c for c in rep["cells"] if c["row"] == "4 LANCE" and c["column"] == "ResNet-50" and c["metric"] == "acc5")
+    cell = next(c for c in rep["cells"]
+                if c["row"] == "4 LANCE" and c["column"] == "ResNet-50" and c["metric"] == "acc5")
     assert cell["ours"] == pytest.approx(75.0) and cell["paper"] == 92.96 and cell["diff"] == pytest.approx(-17.96)
     assert cell["source"] == {"paper": reported()["lance-table2"]["paper"], "where": "Table 2", "row": "4 LANCE"}
-    d = next(c for c in rep["cells"] if c["row"] == "4 LANCE" and c["column"] == "ResNet-50" and c["metric"] == "delta_acc1")
+    d = next(c for c in rep["cells"]
+             if c["row"] == "4 LANCE" and c["column"] == "ResNet-50" and c["metric"] == "delta_acc1")
     assert d["ours"] == pytest.approx(-100 / 6) and d["paper"] == -5.8 and d["diff"] == pytest.approx(-100 / 6 + 5.8)
     assert d["source"]["row"] == "4 LANCE (subscript)"
 
@@ -141,7 +144,8 @@ def test_in_g_fig4_transfer_rates_and_the_in21k_range(tmp_path, capsys):
     assert "VIT2: no public weights; train it, run bench eval --model vit_base_patch16_224=<checkpoint> " \
            "--suite in-g-vit, then bench reproduce ... --member VIT2=<its model id>" in out
     assert "IN-G-ViT: the range needs all 3 ImageNet-21k models; 1 scored" in out
-    assert main(["reproduce", "in-g-fig4", str(runs), "--json", "--member", "RN2=resnet50@sha256:0123456789abcdef"]) == 0
+    assert main(["reproduce", "in-g-fig4", str(runs), "--json",
+                 "--member", "RN2=resnet50@sha256:0123456789abcdef"]) == 0
     rep = json.loads(capsys.readouterr().out)
     rng = next(c for c in rep["cells"] if c["row"] == "in21k range" and c["column"] == "IN-G-RN")
     assert rng["ours"] == pytest.approx([40.0, 60.0]) and rng["diff"] == pytest.approx([1.0, 7.0])

@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
@@ -82,7 +84,8 @@ def rewrite(run_dir, change=None):
 
 
 def col(t, name, values):
-    return t.set_column(t.schema.get_field_index(name), t.schema.field(name), pa.array(values, t.schema.field(name).type))
+    field = t.schema.field(name)
+    return t.set_column(t.schema.get_field_index(name), field, pa.array(values, field.type))
 
 
 def label_to_top1(t):
@@ -116,7 +119,8 @@ def wrong_rows(t):
 
 FORGERIES = {
     "wrong rows dropped": lambda t: t.take(np.setdiff1d(np.arange(t.num_rows), wrong_rows(t)[:12])),
-    "right rows duplicated x5": lambda t: pa.concat_tables([t] + [t.take(np.flatnonzero(t["true_rank"].to_numpy() < 5))] * 5),
+    "right rows duplicated x5": lambda t: pa.concat_tables(
+        [t] + [t.take(np.flatnonzero(t["true_rank"].to_numpy() < 5))] * 5),
     "duplicates renamed": lambda t: pa.concat_tables([t, col(t.take(np.arange(8)), "image_id",
                                                              [f"zz/{i}" for i in range(8)])]),
     "true_rank set to 0": lambda t: col(t, "true_rank", np.zeros(t.num_rows, np.int32)),
@@ -212,7 +216,8 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
 
     suite = made[0]
     path = evaluate(f"tf_efficientnet_lite0={lite0_weights}", str(suite), out=tmp_path / "runs",
-                    remap_by_order=True, configs=("shifted",), batch_size=40, workers=0, compile="off", progress=False).path
+                    remap_by_order=True, configs=("shifted",), batch_size=40, workers=0, compile="off",
+                    progress=False).path
     run = path.parent
     assert verify_result(run, recheck=3, checkpoint=lite0_weights, suite=str(suite)).ok
     honest = (run / "predictions" / "shifted.parquet").read_bytes()
@@ -232,9 +237,10 @@ def test_recheck_catches_self_consistent_forgeries_with_real_weights(made, lite0
         probs = np.stack(t["topk_prob"].to_numpy(zero_copy_only=False))
         probs[:, -1] = probs[:, -1] / 2  # still descending, still in [0, 1]; true_prob/true_rank untouched
         tr = t["true_rank"].to_numpy()
-        probs[tr < probs.shape[1], -1] = np.stack(t["topk_prob"].to_numpy(zero_copy_only=False))[tr < probs.shape[1], -1]
-        return t.set_column(t.schema.get_field_index("topk_prob"), t.schema.field("topk_prob"),
-                            pa.FixedSizeListArray.from_arrays(pa.array(probs.ravel().astype(np.float32)), probs.shape[1]))
+        in_topk = tr < probs.shape[1]
+        probs[in_topk, -1] = np.stack(t["topk_prob"].to_numpy(zero_copy_only=False))[in_topk, -1]
+        topk_prob = pa.FixedSizeListArray.from_arrays(pa.array(probs.ravel().astype(np.float32)), probs.shape[1])
+        return t.set_column(t.schema.get_field_index("topk_prob"), t.schema.field("topk_prob"), topk_prob)
 
     forge(run, "shifted", nudge)
     rep = verify_result(run, recheck=10, checkpoint=lite0_weights, suite=str(suite))
@@ -259,8 +265,9 @@ def _entry(store_root, **kw):
 
 def _signed_stamp(run, key_path, **over):
     r = json.loads((run / "result.json").read_bytes())
-    body = {**stamps.build_record(r, result_sha256=sha256_file(run / "result.json"),
-                                  predictions_sha256={p["path"]: sha256_file(run / p["path"]) for p in r["predictions"]}),
+    result_sha256 = sha256_file(run / "result.json")
+    predictions_sha256 = {p["path"]: sha256_file(run / p["path"]) for p in r["predictions"]}
+    body = {**stamps.build_record(r, result_sha256=result_sha256, predictions_sha256=predictions_sha256),
             "recheck": {"n": 5, "seed": 7, "images": []}, "verified_at": "2026-11-24T00:00:00+00:00", **over}
     return stamps.sign(body, stamps.load_private_key(key_path)) if key_path else body
 
@@ -338,8 +345,9 @@ def test_int_model_id_is_rejected_with_a_reason_everywhere(run, made, capsys):
 
 def test_one_hostile_entry_never_takes_the_board_down(run, made, capsys):
     root = run.parent.parent
+    huge_int = b'{"kind": "genshift-result", "schema_version": ' + b"9" * 5000 + b"}"
     for name, data in {"deep": b"[" * 100_000 + b"]" * 100_000, "nan": None, "huge": b"{" + b" " * (6 << 20) + b"}",
-                       "list": b"[1, 2]", "bigint": b'{"kind": "genshift-result", "schema_version": ' + b"9" * 5000 + b"}"}.items():
+                       "list": b"[1, 2]", "bigint": huge_int}.items():
         d = root / "toy" / name
         d.mkdir()
         if data is None:
@@ -362,9 +370,6 @@ def test_one_hostile_entry_never_takes_the_board_down(run, made, capsys):
 
 
 # -- fuzzing: never a traceback, never an accepted forgery ------------------------------------------
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -410,7 +415,8 @@ def _mutate(original, data):
         path = data.draw(st.sampled_from(paths))
         parent = r
         for k in path[:-1]:
-            ok = isinstance(parent, dict) and k in parent or isinstance(parent, list) and isinstance(k, int) and k < len(parent)
+            ok = (isinstance(parent, dict) and k in parent
+                  or isinstance(parent, list) and isinstance(k, int) and k < len(parent))
             parent = parent[k] if ok else None
             if parent is None:
                 break
@@ -586,8 +592,9 @@ def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trus
     assert "do not reproduce the suite's rows digest" in capsys.readouterr().out
     # the forger ships a manifest of their own, with the digest of the forged rows, and points the result at it
     p = read_predictions(path.parent / "predictions" / "base.parquet")
-    forged = {**manifest, "configs": {"base": {**manifest["configs"]["base"], "rows": p.num_rows, "rows_digest":
-                                               rows_digest(*(p[c].to_pylist() for c in ("image_id", "label", "keep")))}}}
+    forged_digest = rows_digest(*(p[c].to_pylist() for c in ("image_id", "label", "keep")))
+    forged = {**manifest, "configs": {"base": {**manifest["configs"]["base"], "rows": p.num_rows,
+                                               "rows_digest": forged_digest}}}
     (tmp_path / "store" / "forged-suite").mkdir()
     (tmp_path / "store" / "forged-suite" / "manifest.json").write_bytes(canonical_json(forged))
     rewrite(path.parent, lambda r: r["suite"].update(manifest_sha256=sha256_file(tmp_path / "store" / "forged-suite" /
@@ -768,7 +775,8 @@ def test_a_zstd_bomb_predictions_file_is_refused_before_it_is_decoded(tmp_path):
     assert (tmp_path / "bomb.parquet").stat().st_size < 8192
     code = ("import re, sys\nfrom genshift.eval.predictions import read_predictions\n"
             "for f in sys.argv[1:]:\n    try:\n        read_predictions(f)\n    except Exception as e:\n"
-            "        print(type(e).__name__, e)\n"  # the peak resident size of this process (not inherited, as ru_maxrss is)
+            "        print(type(e).__name__, e)\n"
+            # the peak resident size of this process (not inherited, as ru_maxrss is)
             "print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) // 1024)\n")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.parquet"), str(tmp_path / "rows.parquet")],
                          capture_output=True, text=True, timeout=300).stdout.splitlines()

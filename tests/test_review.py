@@ -77,8 +77,8 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
         api = HfApi(endpoint=hub.endpoint)
         submit(good, "org/results", endpoint=hub.endpoint)
         submit(forged, "org/results", endpoint=hub.endpoint)
-        kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=False, checkpoint=str(tiny_checkpoint), suite=str(toy_suite),
-                  endpoint=hub.endpoint)
+        kw = dict(key_path=str(tmp_path / "maintainer.key"), recheck=80, merge=False, checkpoint=str(tiny_checkpoint),
+                  suite=str(toy_suite), endpoint=hub.endpoint)
         dry = {o.pr: o for o in review("org/results", **kw)}  # reviewed and answered, nothing published
         assert dry[1].status == "passed" and not dry[1].merged and dry[1].problems == []
         assert dry[2].status == "failed" and not dry[2].merged
@@ -195,7 +195,8 @@ def test_review_cli_bad_key_is_one_line(tmp_path, capsys):
     # a key file whose read fails (an I/O error, whoever runs the test): one line, no traceback
     assert main(["review", "--repo", "org/results", "--key", "/proc/self/mem"]) != 0
     err = capsys.readouterr().err
-    assert err.startswith("error: bench review: signing key '/proc/self/mem' cannot be read (Input/output error)") and len(err.strip().splitlines()) == 1
+    assert (err.startswith("error: bench review: signing key '/proc/self/mem' cannot be read (Input/output error)")
+            and len(err.strip().splitlines()) == 1)
 
 
 # -- attacks on the review service: markers, ownership, terminal answers --------------------------------------------
@@ -287,7 +288,8 @@ def _bench_review(monkeypatch, hub, made, *extra, token="tok-maint", key=None, s
     from genshift.cli import main
 
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # what HF_ENDPOINT sets at import
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setenv("HF_TOKEN", token)
     return main(["review", "--repo", "org/results", "--key", str(key or made[2]),
                  *(["--suite", str(made[0])] if suite else []), "--recheck", "5", *extra])
@@ -413,8 +415,10 @@ def test_a_pr_may_only_add_or_replace_its_own_entry(made, tmp_path, monkeypatch,
                                                           "toy/org--q")),          # new at its base, but ...
         }
         # ... main moved on after the PR was opened: org/q's entry under another protocol now holds that folder
-        api.create_commit("org/results", _entry_ops(_copy(made, tmp_path, "org_q", lambda r: (_as("org/q", "hf-hub")(r), r[
-            "protocol"]["scoring"].update(n_boot=200))), "toy/org--q"), repo_type="dataset", commit_message="merged meanwhile")
+        other_protocol = _copy(made, tmp_path, "org_q", lambda r: (_as("org/q", "hf-hub")(r),
+                                                                   r["protocol"]["scoring"].update(n_boot=200)))
+        api.create_commit("org/results", _entry_ops(other_protocol, "toy/org--q"), repo_type="dataset",
+                          commit_message="merged meanwhile")
         assert _bench_review(monkeypatch, hub, made, "--checkpoint", str(tiny_checkpoint)) == 0
         capsys.readouterr()
         said = {k: _comments(hub, n)[-1][1] for k, n in prs.items()}
@@ -654,7 +658,8 @@ def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download
         prs = {
             "attrs": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry) + [
                 CommitOperationAdd(".gitattributes", b"*.json filter=lfs diff=lfs merge=lfs -text\n")]),
-            "unattrs": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry) + [CommitOperationDelete(".gitattributes")]),
+            "unattrs": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry)
+                                + [CommitOperationDelete(".gitattributes")]),
             "space": _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"{entry}/predictions/a b.parquet", b"PAR1")]),
             "unicode": _open_pr(hub, "tok-mallory", [CommitOperationAdd(f"{entry}/predictions/bäse.parquet", b"PAR1")]),
             "big": _open_pr(hub, "tok-mallory", _entry_ops(made[1], entry)),
@@ -703,7 +708,8 @@ def test_a_marker_is_bound_to_its_repo(made):
     staging = Reviewer("org/staging", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
     results = Reviewer("org/results", key_path=str(made[2]), endpoint="http://127.0.0.1:9")
     results.account = staging.account = "maintainer"
-    events = [SimpleNamespace(type="comment", author="maintainer", content="ok\n\n" + staging.marker(3, head, "passed"))]
+    events = [SimpleNamespace(type="comment", author="maintainer",
+                              content="ok\n\n" + staging.marker(3, head, "passed"))]
     assert staging.answers(3, events) == {head: "passed"}
     assert results.answers(3, events) == {} and staging.answers(4, events) == {}
 
@@ -794,11 +800,14 @@ def test_own_weights_under_a_hub_models_id_never_pass_review(made, tmp_path, mon
         claimed_result["model"]["tensors_sha256"] = json.loads(path.read_text())["model"]["tensors_sha256"]  # hers
         (claimed / "result.json").write_text(json.dumps(claimed_result))
         _rewrite(claimed)
-        prs = [_open_pr(hub, "tok-mallory", _entry_ops(run, "toy/timm--test_resnet.r160_in1k")) for run in (renamed, claimed)]
-        assert _bench_review(monkeypatch, hub, made, "--merge", "--checkpoint", str(tmp_path / "mallory.safetensors")) == 0
+        prs = [_open_pr(hub, "tok-mallory", _entry_ops(run, "toy/timm--test_resnet.r160_in1k"))
+               for run in (renamed, claimed)]
+        assert _bench_review(monkeypatch, hub, made, "--merge",
+                             "--checkpoint", str(tmp_path / "mallory.safetensors")) == 0
         said = [_comments(hub, n)[-1][1] for n in prs]
         assert "Verification failed" in said[0] and f"their canonical id is '{hers}'" in said[0]
-        assert "Verification failed" in said[1] and "the model loads with other" in said[1] and "tensors_sha256" in said[1]
+        assert ("Verification failed" in said[1] and "the model loads with other" in said[1]
+                and "tensors_sha256" in said[1])
         assert not any(p.startswith("toy/timm--") for p in _main_files(hub))
 
 
@@ -917,7 +926,8 @@ def test_another_protocol_or_the_same_weights_never_replace_an_entry(made, tmp_p
                                                            .update(n_boot=200)), entry))
         twin = _copy(made, tmp_path, "twin", _as("org/twin", "hf-hub"))
         twin_result = json.loads((twin / "result.json").read_text())
-        twin_result["model"]["tensors_sha256"] = json.loads((made[1] / "result.json").read_text())["model"]["tensors_sha256"]
+        made_result = json.loads((made[1] / "result.json").read_text())
+        twin_result["model"]["tensors_sha256"] = made_result["model"]["tensors_sha256"]
         (twin / "result.json").write_text(json.dumps(twin_result))
         _rewrite(twin)
         same = _open_pr(hub, "tok-alice", _entry_ops(twin, "toy/org--twin"))
@@ -955,7 +965,8 @@ def test_the_reviewer_never_opens_a_path_a_result_records(made, tmp_path, monkey
         probes[name] = _copy(made, tmp_path, name, lambda r, path=path: r["suite"].update(
             source=path, mask={"path": path, "sha256": "0" * 64, "source": "file"}))
     opened = []
-    monkeypatch.setattr(genshift.eval.suite_trust, "reopen_suite", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    monkeypatch.setattr(genshift.eval.suite_trust, "reopen_suite",
+                        lambda *a, **k: opened.append(a) or pytest.fail("opened"))
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         prs = {k: _open_pr(hub, "tok-alice", _entry_ops(run, f"toy/{made[1].name}")) for k, run in probes.items()}
