@@ -11,8 +11,7 @@ from genshift.errors import BenchError, OfflineError, first_line, unknown
 from genshift.eval_yaml import MAX_EVAL_YAML_BYTES, check_eval_yaml, render_eval_yaml
 from genshift.fsutil import atomic_write_bytes, read_limited
 from genshift.hubio import is_repo_id, resolve_revision, snapshot  # noqa: F401 - re-exported
-from genshift.reader import LocalSuite
-from genshift.suite_format import CARD, EVAL_YAML, MANIFEST
+from genshift.suite_format import CARD, EVAL_YAML, MANIFEST, LocalSuite
 from genshift.suites import SUITES
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,7 @@ import numpy as np
 from genshift import hubio, imagenet
 from genshift.errors import BenchError, IntegrityError, OfflineError, unknown
 from genshift.fsutil import StatKey, atomic_path, atomic_write_json, cache_root, canonical_json, read_json, sha256_file
-from genshift.reader import LocalSuite
-from genshift.suite_format import Manifest
+from genshift.suite_format import LocalSuite, Manifest
 from genshift.suites import get_suite, imagenet_star_shifts
 
 log = logging.getLogger(__name__)

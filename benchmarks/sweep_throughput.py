@@ -74,7 +74,7 @@ def predictions(out: Path) -> dict[str, bytes]:
 
 def decode_seconds_per_image(suite: Path, data_config: dict, n: int = 64) -> float:
     """CPU seconds to decode + transform one image (the DataLoader workers' job), measured alone."""
-    from genshift.reader import LocalSuite
+    from genshift.suite_format import LocalSuite
     from genshift.eval.inference import UnitDataset, make_transform, plan_units
 
     s = LocalSuite.open(suite)

@@ -20,7 +20,7 @@ from genshift.errors import BenchError
 from genshift.eval.inference import make_transform
 from genshift.fsutil import atomic_path, canonical_json, sha256_bytes
 from genshift.pixels import to_rgb
-from genshift.reader import LocalSuite, read_row_group
+from genshift.suite_format import LocalSuite, read_row_group
 
 log = logging.getLogger(__name__)
 DEFAULT_CLIP = ("ViT-B-32-quickgelu", "openai")

@@ -11,7 +11,7 @@ from genshift import hub, upstream
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import sha256_file
 from genshift.identity import timm_name
-from genshift.reader import LocalSuite
+from genshift.suite_format import LocalSuite
 from genshift.suites import SUITES, construction_models, declared_scoring, get_suite
 
 

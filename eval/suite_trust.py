@@ -13,8 +13,7 @@ import huggingface_hub as hf
 from genshift.errors import BenchError
 from genshift.eval.suite_open import open_suite
 from genshift.fsutil import read_limited
-from genshift.reader import LocalSuite
-from genshift.suite_format import MANIFEST, MAX_MANIFEST_BYTES, Manifest
+from genshift.suite_format import MANIFEST, MAX_MANIFEST_BYTES, LocalSuite, Manifest
 from genshift.suites import SUITES
 
 log = logging.getLogger(__name__)
@@ -27,7 +26,7 @@ class SuiteRef:
     manifest: Manifest
     origin: str
     trusted: bool
-    local: object | None = None  # genshift.reader.LocalSuite
+    local: object | None = None  # genshift.suite_format.LocalSuite
     opens: str | None = None     # a manifest alone: the trusted name its images open by (a registry id)
     _rows: dict = field(default_factory=dict, repr=False)
 

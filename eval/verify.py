@@ -33,8 +33,7 @@ from genshift.identity import timm_name
 from genshift.imagenet import NUM_CLASSES
 from genshift.pixels import to_rgb
 from genshift.populations import recorded_data_config
-from genshift.reader import LocalSuite, read_row_group
-from genshift.suite_format import rows_digest_table
+from genshift.suite_format import LocalSuite, read_row_group, rows_digest_table
 from genshift.suites import SUITES, construction_models, declared_scoring
 
 MAX_PROBLEMS = 20

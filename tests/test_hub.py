@@ -10,8 +10,7 @@ import pytest
 from genshift import hub
 from genshift.data_cards import render_card
 from genshift.errors import BenchError, NotFoundError, OfflineError
-from genshift.reader import LocalSuite
-from genshift.suite_format import Manifest
+from genshift.suite_format import LocalSuite, Manifest
 from genshift.synthetic import make_synthetic_suite
 from tests.fakehub import FakeHub
 from tests.hubtools import bench_subprocess, git_commit, olah_available, olah_server

@@ -12,8 +12,7 @@ from PIL import Image
 
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
-from genshift.reader import LocalSuite
-from genshift.suite_format import shard_name
+from genshift.suite_format import LocalSuite, shard_name
 from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, keep_flags,
                                   released_kept_counts, shift_caption)
 from genshift.builders.sd_generate import GenerationSettings, SDGenerator

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from genshift.cli import main
-from genshift.reader import LocalSuite
+from genshift.suite_format import LocalSuite
 
 
 def _img(path, color=(10, 20, 30), fmt="JPEG"):

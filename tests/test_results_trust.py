@@ -555,7 +555,7 @@ def test_fuzzed_predictions_recomputed_by_the_forger_never_pass(made, trusted, t
 def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trust_root(tmp_path, tiny_checkpoint,
                                                                                         capsys):
     """A manifest carrying rows digests (format 1.1) is enough to check a result: no images, no rows."""
-    from genshift.reader import LocalSuite
+    from genshift.suite_format import LocalSuite
     from genshift.suite_format import rows_digest
     from genshift.synthetic import make_synthetic_suite
     from genshift import evaluate
