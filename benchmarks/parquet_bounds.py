@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from genshift.suite_format import RowGroup, read_row_group
-from genshift.writer import SuiteWriter
+from genshift.suite_format import RowGroup, SuiteWriter, read_row_group
 
 
 def _footer_bytes(path: Path) -> int:

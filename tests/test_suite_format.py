@@ -9,9 +9,8 @@ from datasets import ClassLabel, Image, Value, load_dataset
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, NotFoundError
-from genshift.suite_format import FORMAT_VERSION, LocalSuite, Manifest, read_row_group
+from genshift.suite_format import FORMAT_VERSION, LocalSuite, Manifest, SuiteWriter, read_row_group
 from genshift.synthetic import make_synthetic_suite
-from genshift.writer import SuiteWriter
 
 
 def test_round_trip_features_rows_and_manifest(toy_suite):

@@ -21,9 +21,8 @@ from genshift.data_cards import demo_card, render_card
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import sha256_file
 from genshift.hub import open_suite
-from genshift.suite_format import LocalSuite, rows_digest
+from genshift.suite_format import LocalSuite, SuiteWriter, rows_digest
 from genshift.synthetic import make_synthetic_suite
-from genshift.writer import SuiteWriter
 
 SHARD = "data/base/test-00000-of-00002.parquet"
 
