@@ -289,23 +289,6 @@ class Manifest:
                           f"{', '.join(sorted(self.configs))}.") from None
 
 
-def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: dict[str, dict],
-                   features: Features, generator: dict) -> bytes:
-    """Hash the shards of ``configs`` (``{"rows", "kept", "files", "rows_digest"}`` each): the manifest's bytes."""
-    files = {}
-    for name in sorted(configs):
-        for rel in configs[name]["files"]:
-            p = root / rel
-            files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
-    return canonical_json({
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "suite_id": suite_id, "suite_version": suite_version,
-        "split": SPLIT, "files": files, "features": features.to_dict(), "generator": generator,
-        "configs": {n: {"rows": c["rows"], "kept": c["kept"], "files": sorted(c["files"]),
-                        "rows_digest": c["rows_digest"]} for n, c in configs.items()},
-        "columns": list(features),  # column order (JSON object keys are sorted)
-    })
-
-
 def verify_files(root: str | Path, manifest: Manifest, configs: list[str] | None = None, *,
                  redownload_hint: str | None = None) -> int:
     """Check size and sha256 of every file of ``configs`` (default all); returns the bytes checked."""
@@ -569,15 +552,16 @@ class SuiteWriter:
                              "'path': None}")
 
     def finalize(self, *, generator: Mapping, card: Callable[[Manifest], str] | None = None) -> Manifest:
-        """Check completeness and uniqueness, write the card and, last, the manifest."""
+        """Check completeness and uniqueness, hash the shards, write the card and, last, the manifest."""
         configs: dict[str, dict] = {}
+        files: dict[str, dict] = {}
         data = self.root / "data"
         if not data.is_dir():
             raise BenchError(f"{self.root} has no shards; nothing was written")
         seen: dict[str, str] = {}
         for cdir in sorted(p for p in data.iterdir() if p.is_dir()):
-            files = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
-            numbers = [tuple(map(int, SHARD_RE.match(p.name).groups())) for p in files]  # (index, count)
+            paths = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
+            numbers = [tuple(map(int, SHARD_RE.match(p.name).groups())) for p in paths]  # (index, count)
             counts = {n for _, n in numbers}
             if len(counts) != 1:
                 raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with "
@@ -586,20 +570,24 @@ class SuiteWriter:
             if missing := sorted(set(range(total)) - {i for i, _ in numbers}):
                 raise BenchError(f"config {cdir.name!r} is missing shard(s) {missing[:10]} of {total}; "
                                  "rerun the build to finish them")
-            tables = [pq.read_table(p, columns=["image_id", "label", "keep"]) for p in files]
-            for p, table in zip(files, tables):
+            rels = [p.relative_to(self.root).as_posix() for p in paths]
+            tables = [pq.read_table(p, columns=["image_id", "label", "keep"]) for p in paths]
+            for rel, table in zip(rels, tables):
                 for iid in table["image_id"].to_pylist():
                     if iid in seen:
-                        raise IntegrityError(f"duplicate image_id {iid!r} in {p.relative_to(self.root)} and "
-                                             f"{seen[iid]}; image ids must be unique across the suite")
-                    seen[iid] = str(p.relative_to(self.root))
+                        raise IntegrityError(f"duplicate image_id {iid!r} in {rel} and {seen[iid]}; image ids must "
+                                             "be unique across the suite")
+                    seen[iid] = rel
+            files.update({rel: {"size": p.stat().st_size, "sha256": sha256_file(p)} for rel, p in zip(rels, paths)})
             table = pa.concat_tables(tables)
             configs[cdir.name] = {"rows": table.num_rows, "kept": int(pc.sum(table["keep"]).as_py() or 0),
-                                  "files": [p.relative_to(self.root).as_posix() for p in files],
-                                  "rows_digest": rows_digest_table(table)}
-        manifest_bytes = build_manifest(self.root, suite_id=self.suite_id, configs=configs,
-                                                     suite_version=self.suite_version, features=self.features,
-                                                     generator=dict(generator))
+                                  "files": rels, "rows_digest": rows_digest_table(table)}
+        manifest_bytes = canonical_json({
+            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "suite_id": self.suite_id,
+            "suite_version": self.suite_version, "split": SPLIT, "files": files, "features": self.features.to_dict(),
+            "generator": dict(generator), "configs": configs,
+            "columns": list(self.features),  # column order (JSON object keys are sorted)
+        })
         manifest = Manifest.from_bytes(manifest_bytes, where=str(self.root / MANIFEST))
         if card is not None:
             fsutil.atomic_write_bytes(self.root / CARD, card(manifest).encode())
