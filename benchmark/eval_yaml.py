@@ -11,7 +11,7 @@ from genshift.families import Task, get_family
 from genshift.fsutil import load_yaml
 from genshift.schema import Schema, Text, validate
 from genshift.suite_format import EVAL_YAML, SPLIT
-from genshift.suites import SUITES, declared_scoring, get_suite
+from genshift.suites import SUITES, declared_scoring
 
 FRAMEWORK = "genshift-bench"
 MAX_EVAL_YAML_BYTES = 64 << 10
@@ -30,11 +30,7 @@ def tasks(family: str, configs: list[str], reference: str | None = None) -> list
 
 
 def suite_scoring(manifest) -> tuple[str, str | None]:
-    """Metric family and reference config of a suite: the registry's entry, else what its manifest declares."""
-    if manifest.suite_id in SUITES:
-        spec = get_suite(manifest.suite_id)
-        return spec.metric_family, spec.reference_config
-    return declared_scoring(manifest)
+    return declared_scoring(manifest, SUITES.get(manifest.suite_id) if manifest.suite_id in SUITES else None)
 
 
 def suite_tasks(manifest) -> list[Task]:

@@ -103,8 +103,11 @@ def list_suites(pattern: str = "*") -> list[str]:
     return SUITES.names(pattern)
 
 
-def declared_scoring(manifest) -> tuple[str, str | None]:
-    """Metric family and reference config a manifest's ``generator`` declares (import-folder does), else accuracy."""
+def declared_scoring(manifest, spec: SuiteSpec | None = None) -> tuple[str, str | None]:
+    """Metric family and reference config of a suite: its registry ``spec``'s, else what its manifest's ``generator``
+    declares (import-folder does), else accuracy."""
+    if spec is not None:
+        return spec.metric_family, spec.reference_config
     family = manifest.generator.get("metric_family", "accuracy")  # a dict: the manifest's schema says so
     reference = manifest.generator.get("reference_config")
     if family not in METRIC_FAMILIES or not (reference is None or (isinstance(reference, str)

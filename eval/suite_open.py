@@ -31,7 +31,7 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
     suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
     key = text if text in SUITES else suite.suite_id
     spec = get_suite(key) if key in SUITES else None
-    family, reference = (spec.metric_family, spec.reference_config) if spec else declared_scoring(suite.manifest)
+    family, reference = declared_scoring(suite.manifest, spec)
     return SuiteInfo(suite, family, reference, construction_models(suite.manifest, spec), suite.pinned, source=text)
 
 

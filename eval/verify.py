@@ -315,7 +315,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     problems += [f"flags.{k} is {result['flags'][k]}, recomputed {v}" for k, v in flags.items()
                  if result["flags"][k] != v]
     try:
-        family = spec.metric_family if spec else declared_scoring(m)[0]
+        family = declared_scoring(m, spec)[0]
     except IntegrityError as e:
         family = None
         problems.append(str(e))
