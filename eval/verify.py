@@ -32,9 +32,8 @@ from genshift.hubio import _unreachable
 from genshift.identity import timm_name
 from genshift.imagenet import NUM_CLASSES
 from genshift.pixels import to_rgb
-from genshift.populations import recorded_data_config
 from genshift.suite_format import LocalSuite, read_row_group, rows_digest_table
-from genshift.suites import SUITES, construction_models, declared_scoring
+from genshift.suites import SUITES, construction_models, declared_scoring, recorded_data_config
 
 MAX_PROBLEMS = 20
 DETECT_FRACTION = 0.005    # the guarantee: a result with at least this fraction of its rows altered ...
@@ -501,7 +500,7 @@ def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, prepro
         raise BenchError(f"a result of {m['source']} weights cannot be re-run: only the process that scored it had "
                          "them")
     recorded = None
-    if data_config is not None:  # a population's record of the paper's timm (genshift.populations)
+    if data_config is not None:  # a population's record of the paper's timm (genshift.suites)
         recorded = recorded_data_config(timm_name(m.get("declared_name") or m["id"]), data_config)
     try:
         return load_classifier(name, checkpoint=checkpoint if m["source"] == "checkpoint" else None, device=device,

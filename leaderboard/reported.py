@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from genshift.populations import get_population
+from genshift.suites import get_population
 
 HEADING = "Reported in the paper"
 NOTE = ("Numbers as printed in the papers (source per row): not recomputed, not verified and not ranked. Our own "
