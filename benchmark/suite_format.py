@@ -40,7 +40,7 @@ FORMAT_VERSION = "1.1"
 READABLE_VERSIONS = (1, "1.1")
 MANIFEST = "manifest.json"
 CARD = "README.md"
-EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (genshift.eval_yaml)
+EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (genshift.hub)
 BUILD_STATE = "build.json"  # present while (and after) a builder writes into a folder
 SPLIT = "test"
 # The one pattern for every name that becomes a path component: suite id, config, split.

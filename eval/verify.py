@@ -26,8 +26,8 @@ from genshift.eval.predictions import BASE_COLUMNS, first_per_class, read_predic
 from genshift.eval.predictions import schema as predictions_schema
 from genshift.eval.scoring import ScoringOptions, score
 from genshift.eval.suite_trust import SuiteRef, TrustedSuites, hub_manifest, open_ref
-from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 from genshift.fsutil import read_limited, sha256_bytes
+from genshift.hub import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 from genshift.hubio import _unreachable
 from genshift.identity import timm_name
 from genshift.imagenet import NUM_CLASSES

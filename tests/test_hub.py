@@ -248,7 +248,7 @@ def test_publish_writes_eval_yaml_and_refuses_a_wrong_one(tmp_path, capsys):
     from huggingface_hub import hf_hub_download
 
     from genshift.cli import main
-    from genshift.eval_yaml import parse_eval_yaml, suite_tasks
+    from genshift.hub import parse_eval_yaml, suite_tasks
 
     folder = _built_suite(tmp_path)
     with FakeHub() as fh:
