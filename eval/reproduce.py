@@ -250,7 +250,7 @@ def _imagenet_star_slopes(results: list[tuple[str, dict]], members=None, id_tabl
     fitted = [f.result for f in found.values()]
     ids, notes = None, []
     if id_table is not None:
-        from genshift.eval.id_axis import id_accuracy
+        from genshift.eval.slope import id_accuracy
 
         ids, _ = id_accuracy(fitted, id_table)
         notes.append(f"ID axis: ImageNet-val top-1 from {id_table.path} at each eval's input size")
@@ -288,7 +288,7 @@ _BUILDERS = {"lance-table2": _lance_table2, "in-g-fig4": _in_g_fig4, "imagenet-s
 def reproduce(table: str, results: list[tuple[str, dict]], *, members: dict[str, str] | None = None,
               id_table=None) -> dict:
     """The report of ``table`` (one of ``TABLES``) from ``(path, result)`` pairs. ``members`` names the
-    local weights of members without public weights; ``id_table`` (``genshift.eval.id_axis.read_id_table``)
+    local weights of members without public weights; ``id_table`` (``genshift.eval.slope.read_id_table``)
     puts ImageNet-val top-1 on the slopes' x-axis."""
     if table not in _BUILDERS:
         raise unknown("paper table", table, TABLES)

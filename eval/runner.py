@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from genshift.errors import BenchError
-from genshift.eval.options import EvalOptions, OptionError
+from genshift.eval.options import EvalOptions, ModelSpec, OptionError, resolve_models
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,6 @@ def evaluate(model, suite: str, *, configs: Sequence[str] | None = None, out: st
     ``model_id``, ``data_config`` or ``transform``: README, "In Python") on ``suite`` (a registry id, a Hub
     dataset repo or a suite folder); ``options`` and ``option_overrides`` (any field of :class:`EvalOptions`,
     e.g. ``topk=5``) say how."""
-    from genshift.eval.model_list import ModelSpec, resolve_models
     from genshift.eval.results import RESULT_FILE
     from genshift.eval.sweep import SweepRequest, run_sweep
 

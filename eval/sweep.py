@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate, groupby
 from pathlib import Path
 
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from genshift import upstream
@@ -22,11 +23,10 @@ from genshift.errors import BenchError, one_line
 from genshift.eval import inference, merging, predictions
 from genshift.eval.inference import predict_units
 from genshift.eval.merging import WORK, finish_run, refuse_links
-from genshift.eval.model_list import ModelSpec, checkpoint_sha256
-from genshift.eval.options import EvalOptions
+from genshift.eval.options import EvalOptions, ModelSpec, checkpoint_sha256
 from genshift.eval.results import RESULT_FILE, config_hash, load_result
 from genshift.eval.results import path_slug as slug  # the one folder rule
-from genshift.eval.suite_open import is_construction_model, open_suite
+from genshift.eval.suite_trust import is_construction_model, open_suite
 from genshift.families import get_family
 from genshift.fsutil import atomic_write_json, canonical_json, ensure_writable_dir, sha256_bytes, sha256_file
 from genshift.hubio import SHA_RE
@@ -77,13 +77,6 @@ def load_model(opts: EvalOptions, spec: ModelSpec):
                            preprocess=opts.preprocess, data_config=spec.data_config)
 
 
-def _group_key(data_config: dict, opts: EvalOptions) -> str:
-    # the device normalises uint8 batches: mean/std then do not change the decoded tensors
-    cfg = {k: v for k, v in data_config.items() if not (opts.device_normalizes() and k in ("mean", "std"))}
-    return sha256_bytes(canonical_json({"data_config": cfg, "uint8": opts.device_normalizes(),
-                                        "decode": opts.decode}))[:16]
-
-
 class Sweep:
     """Plan and run a sweep (see the module docstring)."""
 
@@ -104,7 +97,12 @@ class Sweep:
         req = self.req
         self.out = Path(req.out)
         self.keys = {spec: self.request_key(spec) for spec in req.models}
-        finished = {} if self.opts.force else self._finished_runs()
+        finished = {}  # request digest -> run folder, for every finished run under the output folder
+        for state in () if self.opts.force else self.out.glob(f"*/*/{RUN_STATE}"):
+            key, run = merging.read_state(state).get("request_key"), state.parent
+            done = (run / RESULT_FILE).is_file() and not (run / WORK).exists()
+            if done and key is not None and key in self.keys.values():
+                finished[key] = run
         todo = [spec for spec in req.models if self.keys[spec] not in finished]
         for spec in req.models:
             if spec not in todo:
@@ -116,7 +114,7 @@ class Sweep:
         suite = self.suite = self.info.suite
         self.configs = suite.select(list(req.configs) if req.configs else None)
         for c in self.configs:
-            predictions.check_config_name(c)  # a config name that cannot be a folder is refused before any work
+            merging.check_config_name(c)  # a config name that cannot be a folder is refused before any work
         self.units = {c: inference.plan_units(suite, c, batch_size=self.opts.resolved_batch_size(),
                                               unit_rows=self.opts.unit_rows, limit_per_class=self.opts.limit_per_class)
                       for c in self.configs}
@@ -124,7 +122,7 @@ class Sweep:
         for c, (groups, units) in self.units.items():
             ids = suite.read_columns(c, ["image_id"])["image_id"].to_pylist()
             offsets = [0, *accumulate(g.num_rows for g in groups)]
-            self.unit_ids[c] = [predictions.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
+            self.unit_ids[c] = [merging.unit_digest(ids[offsets[g] + r] for g, r in u.rows) for u in units]
         self.out = ensure_writable_dir(self.out, what="output folder")
         self.suite_dir = self.out / slug(suite.suite_id)
         for spec in todo:
@@ -184,16 +182,6 @@ class Sweep:
         except BenchError:  # offline and not cached: the full route says so
             return None
 
-    def _finished_runs(self) -> dict[str, Path]:
-        """Request digest -> run folder, for every finished run under the output folder."""
-        found = {}
-        for state in self.out.glob(f"*/*/{RUN_STATE}"):
-            key, run = merging.read_state(state).get("request_key"), state.parent
-            finished = (run / RESULT_FILE).is_file() and not (run / WORK).exists()
-            if finished and key is not None and key in self.keys.values():
-                found[key] = run
-        return found
-
     def _done(self, job: Job, result: dict) -> None:
         job.status, job.result, job.clf, job.model_id = "done", result, None, result["model"]["id"]
         log.info("%s: already evaluated (%s); nothing to do (force=True re-runs it)", job.model_id,
@@ -207,7 +195,7 @@ class Sweep:
         except Exception as e:  # noqa: BLE001 - one model's bad weights or download: recorded, the sweep goes on
             if self.single:
                 raise
-            job = Job(spec, None, spec.name, predictions.contained(self.suite_dir / slug(spec.name), self.out), {})
+            job = Job(spec, None, spec.name, merging.contained(self.suite_dir / slug(spec.name), self.out), {})
             self.jobs.append(job)
             self._record_failure(job, e)  # its failure file written by the main process only (no job state)
             return
@@ -246,7 +234,7 @@ class Sweep:
             "amp_dtype": run_opts["amp_dtype"], "device": self.device.split(":")[0],
             "cpu_threads": opts.cpu_threads, "compiled": compiled}))
         run_dir = self.suite_dir / folder_name(clf.model_id)
-        predictions.contained(run_dir, self.out)
+        merging.contained(run_dir, self.out)
         state = {
             "model": model_desc, "data_config": clf.data_config, "suite": suite_desc, "protocol": protocol,
             "config_hash": chash, "run": {**run_opts, "predictions_key": pred_key},
@@ -262,7 +250,11 @@ class Sweep:
             "topk": opts.topk, "notes": opts.notes, "started_at": merging.now(),
             "reopen": {"suite": req.suite, "revision": opts.revision, "mask": opts.mask, "configs": list(self.configs)},
             "compile": compiled,
-            "group": _group_key(clf.data_config, opts),
+            # the preprocessing group: the device normalises uint8 batches, mean/std then do not change the tensors
+            "group": sha256_bytes(canonical_json({
+                "data_config": {k: v for k, v in clf.data_config.items()
+                                if not (opts.device_normalizes() and k in ("mean", "std"))},
+                "uint8": opts.device_normalizes(), "decode": opts.decode}))[:16],
             # the process-wide settings the forward passes ran with (the result's environment records them)
             "ran": {"torch_threads": opts.cpu_threads,
                     "cudnn_benchmark": self.device.startswith("cuda") and opts.cudnn_benchmark},
@@ -320,7 +312,7 @@ class Sweep:
         items = []
         for ci, chunk in enumerate(self.chunks()):
             for c in self.configs:
-                done = {j.model_id: predictions.done_units(j.run_dir / WORK / c, len(self.units[c][1])) for j in chunk}
+                done = {j.model_id: merging.done_units(j.run_dir / WORK / c, len(self.units[c][1])) for j in chunk}
                 for u in self.units[c][1]:
                     need = [j.model_id for j in chunk if u.index not in done[j.model_id]]
                     if need:
@@ -386,7 +378,7 @@ class Sweep:
                 sch = predictions.schema(self.opts.topk, tuple(live[0].state["carried"]))
                 feeds = []
                 for job in live:
-                    ckpt = predictions.CheckpointedPredictions(
+                    ckpt = merging.CheckpointedPredictions(
                         job.run_dir / WORK, config, sch, session=job.state["session"], rank=self.dist.index,
                         run_key=job.state["run"]["predictions_key"], n_units=len(units))
                     todo = {u for u, models in mine.items() if job.model_id in models} - ckpt.done_units
@@ -414,7 +406,7 @@ class Sweep:
             atomic_write_json(job.run_dir / FAILURE_FILE, failure)
 
     def _try_finish(self, job: Job) -> None:
-        with merging.locked(job.run_dir / ".lock"):
+        with FileLock(job.run_dir / ".lock"):  # one process builds the result
             if (job.run_dir / RESULT_FILE).is_file() and not (job.run_dir / WORK / merging.JOB_FILE).is_file():
                 job.status, job.result = "done", load_result(job.run_dir / RESULT_FILE)  # another process built it
                 self._progress()

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from genshift.errors import BenchError, IntegrityError, one_line
-from genshift.eval import results, suite_open
+from genshift.eval import results, suite_trust
 from genshift.eval.predictions import BASE_COLUMNS, first_per_class, read_predictions, topk_matrix
 from genshift.eval.predictions import schema as predictions_schema
 from genshift.eval.scoring import ScoringOptions, score
@@ -234,7 +234,7 @@ def find_suite(result: dict, *, suite: str | None = None, suites: TrustedSuites 
                 return ref, ""
         # as recorded (folder, registry id or Hub repo at its revision; an upstream ImageNet* mask too);
         # what cannot be opened is the user's to fix (--suite, --mask): one error line
-        info = suite_open.reopen_suite(result, mask=mask, configs=tuple(rec["configs"]))
+        info = suite_trust.reopen_suite(result, mask=mask, configs=tuple(rec["configs"]))
         return SuiteRef(info.suite.manifest, f"suite {src[:200]} (as recorded)", False, info.suite), ""
     return None, (f"no trusted manifest with sha256 {rec['manifest_sha256'][:12]}… (suite {rec['id']!r}); pass the "
                   "suite with --suite PATH|ID or a folder of trusted manifests with --suites DIR")
@@ -306,7 +306,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     model = result["model"]
     flags = {
         "unpinned_suite": not rec["pinned"],
-        "construction_model": suite_open.is_construction_model(model.get("declared_name") or model["id"],
+        "construction_model": suite_trust.is_construction_model(model.get("declared_name") or model["id"],
                                                                construction_models(m, spec), model["weights_sha256"]),
         "partial": limited or set(rec["configs"]) != set(m.configs),
         "skipped_bad_images": any(result["counts"][c]["skipped_bad"] > 0 for c in rec["configs"]),
@@ -471,11 +471,11 @@ def _images_of(result: dict, report: VerifyReport, *, suite: str | None, mask: s
         if ref.opens is None:
             raise BenchError(f"the trusted {ref.origin} is a manifest only, without images; pass the suite's folder or "
                              "registry id with --suite to re-run them")
-        return suite_open.open_suite(ref.opens, mask=mask, configs=configs).suite
+        return suite_trust.open_suite(ref.opens, mask=mask, configs=configs).suite
     if trusted_only:
         raise BenchError("no trusted copy of the suite to re-run images from; pass it with --suite")
     try:
-        return suite_open.reopen_suite(result, suite=suite, mask=mask, configs=configs).suite
+        return suite_trust.reopen_suite(result, suite=suite, mask=mask, configs=configs).suite
     except IntegrityError as e:
         raise BenchError(str(e)) from None
 

@@ -6,6 +6,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# viewer mode: no developer menu, no Deploy button, no grid CSV export (the app offers formula-safe downloads of its
+# own); `bench leaderboard` passes these as flags, an exported Space ships them in .streamlit/config.toml
+STREAMLIT = {"client": {"toolbarMode": "viewer", "disableDataExport": True, "showErrorDetails": "none"},
+             "server": {"headless": True, "runOnSave": False}, "browser": {"gatherUsageStats": False}}
+
 
 @dataclass(frozen=True)
 class Settings:

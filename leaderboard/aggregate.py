@@ -236,14 +236,14 @@ def fit_band(x, y, grid, *, scale: str = "linear", confidence: float = 0.95) -> 
 
 def read_id_accuracy(path) -> dict[str, dict[int | None, float]]:
     """ImageNet-val top-1 by bare timm name, then input size (None: no ``img_size`` column): ``read_id_table``'s."""
-    from genshift.eval.id_axis import read_id_table
+    from genshift.eval.slope import read_id_table
 
     return {m: {size: row.top1 for size, row in by_size.items()} for m, by_size in read_id_table(path).rows.items()}
 
 
 def eval_sizes(entries) -> dict[str, int | None]:
     """Model id -> the input size its eval ran at, for :func:`join_id_accuracy`."""
-    from genshift.eval.id_axis import eval_img_size
+    from genshift.eval.slope import eval_img_size
 
     return {e.model_id: eval_img_size(e.record) for e in entries}
 
@@ -291,3 +291,34 @@ def per_class_accuracy(entry, config: str) -> pd.DataFrame:
     out = df.groupby("label")["hit"].agg(["mean", "size"]).reset_index()
     out["class"] = [f"{imagenet.names()[i]} ({imagenet.wnids()[i]})" for i in out["label"]]
     return out.rename(columns={"mean": "acc1", "size": "n"}).sort_values(["acc1", "n"], ascending=[True, False])
+
+
+REPORTED_METRICS = {"acc1": "acc@1 %", "acc5": "acc@5 %", "top3_failure_rate": "top-3 failure rate %"}
+
+
+def reported_frame(suite: str | None = None) -> pd.DataFrame:
+    """One row per reported number: paper, where, row, model (the paper's name), timm tag (our
+    population's choice, empty where the paper's model is not a timm classifier), metric, value."""
+    from genshift.eval.reproduce import reported
+    from genshift.suites import get_population
+
+    rows = []
+    for rep in reported().values():
+        if suite is not None and suite not in rep["suites"]:
+            continue
+        members = get_population(rep["population"]).members
+        tags = {m.paper: m.model + (" (own checkpoint)" if m.local else "") for m in members}
+        source = {"paper": rep["paper"], "where": rep["where"]}
+        for r in rep["rows"]:
+            if "values" in r:  # a table: the paper's row x model columns
+                rows += [{"suite": rep["suites"][0], "row": r["row"], "model": model, "timm": tags.get(model, ""),
+                          "metric": REPORTED_METRICS[metric], "reported": f"{v:.2f}", **source}
+                         for model, values in r["values"].items() for metric, v in zip(rep["metrics"], values)]
+            else:  # a number or range stated in the text for one model or a group
+                group = [m.paper for m in members if r["row"] in (m.paper, m.role)]
+                value = f"{r['value']:.0f}" if "value" in r else f"{r['range'][0]}-{r['range'][1]}"
+                rows.append({"suite": r["suite"], "row": r["text"], "model": ", ".join(group),
+                             "timm": ", ".join(tags[m] for m in group), "metric": REPORTED_METRICS[rep["metrics"][0]],
+                             "reported": value, **source})
+    frame = pd.DataFrame(rows, columns=["suite", "row", "model", "timm", "metric", "reported", "paper", "where"])
+    return frame if suite is None else frame[frame["suite"] == suite].reset_index(drop=True)

@@ -1,5 +1,4 @@
-"""The leaderboard's Streamlit script: ``streamlit run app.py -- '<Settings JSON>'`` (``bench leaderboard`` runs
-it so); the page is :func:`genshift.leaderboard.ui.main`."""
+"""``bench leaderboard``'s Streamlit script, ``streamlit run app.py -- '<Settings JSON>'``: :func:`ui.main`."""
 
 import sys
 

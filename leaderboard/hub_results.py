@@ -44,20 +44,6 @@ def task_values(result: dict) -> dict[str, float]:
     return out
 
 
-def _notes(result: dict, stamp: dict | None) -> str:
-    p, run, mask = result["protocol"], result.get("run") or {}, result["suite"].get("mask") or {}
-    amp = f"amp {run.get('amp_dtype') or 'on'}" if run.get("amp") else "fp32"
-    parts = [f"preprocess {p.get('preprocess', 'timm')}", f"mask {mask.get('source', 'none') if mask else 'n/a'}",
-             amp, "kept rows only" if p["scoring"].get("filter", True) else "all rows"]
-    if stamp is None:
-        parts.append("not verified by genshift-bench")
-    else:
-        sig = stamp.get("signature") or {}
-        parts.append(f"verified by genshift-bench: stamp key {str(sig.get('key_id', '?'))[:16]}, "
-                     f"{stamp['recheck']['n']} images re-run, seed {stamp['recheck']['seed']}")
-    return "; ".join(parts)
-
-
 def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared: set[str]):
     """The ``EvalResultEntry`` list for one complete result pinned to a Hub suite (``docs/hub.md``)."""
     s = result["suite"]
@@ -73,10 +59,19 @@ def build_entries(result: dict, *, stamp: dict | None, source_url: str, declared
     if missing:
         raise BenchError(f"datasets/{s['repo_id']}'s eval.yaml does not declare task(s) {', '.join(missing)}; "
                          "republish the suite with `bench publish` (it writes eval.yaml)")
-    notes = _notes(result, stamp)
+    p, run, mask = result["protocol"], result.get("run") or {}, s.get("mask") or {}
+    notes = [f"preprocess {p.get('preprocess', 'timm')}", f"mask {mask.get('source', 'none') if mask else 'n/a'}",
+             f"amp {run.get('amp_dtype') or 'on'}" if run.get("amp") else "fp32",
+             "kept rows only" if p["scoring"].get("filter", True) else "all rows"]
+    if stamp is None:
+        notes.append("not verified by genshift-bench")
+    else:
+        key = str((stamp.get("signature") or {}).get("key_id", "?"))[:16]
+        notes.append(f"verified by genshift-bench: stamp key {key}, {stamp['recheck']['n']} images re-run, "
+                     f"seed {stamp['recheck']['seed']}")
     return [EvalResultEntry(dataset_id=s["repo_id"], task_id=task, value=value, dataset_revision=s["revision"],
                             date=result["finished_at"], source_url=source_url, source_name="genshift-bench results",
-                            notes=notes) for task, value in values.items()]
+                            notes="; ".join(notes)) for task, value in values.items()]
 
 
 def declared_tasks(api, dataset_id: str) -> set[str]:

@@ -152,7 +152,12 @@ class Reviewer:
             except Exception as e:  # noqa: BLE001 - one PR never stops the others; the next run retries it
                 log.warning("PR #%d: %s: %s", d.num, type(e).__name__, e)
                 out.append(Outcome(d.num, status="error", problems=[f"{type(e).__name__}: {one_line(e, 300)}"]))
-        self._write_ledger()
+        today = datetime.now(UTC).date().isoformat()  # the ledger written back (only when changed): today's usage
+        self.ledger["usage"] = {a: u for a, u in self.ledger["usage"].items() if u.get("day") == today}
+        if (data := canonical_json(self.ledger)) != self._ledger_read:
+            self.api.create_commit(self.repo_id, [CommitOperationAdd(LEDGER_FILE, data)], repo_type="dataset",
+                                   commit_message="bench review: the ledger (failed model ids, images re-run today)")
+            self._ledger_read = data
         return out
 
     @cached_property
@@ -181,7 +186,7 @@ class Reviewer:
                 if num in queue[MAX_OPEN_PRS:]:
                     raise Deferred(f"{author or 'this submitter'} has {len(queue)} open pull requests and only the "
                                    f"oldest {MAX_OPEN_PRS} are reviewed: close one of them and this one is reviewed")
-                changed, at_head, problems = self._changed_entries(self._merge_base(f"refs/pr/{num}"), head)
+                changed, at_head, problems = self._changed_entries(f"refs/pr/{num}", head)
                 outcome.entries = sorted(changed)
                 if not problems:
                     results, problems = self._fetch(head, changed, at_head, Path(tmp) / "head")
@@ -203,8 +208,18 @@ class Reviewer:
         if outcome.status == "moved":
             return outcome
         outcome.status, outcome.problems = ("failed", problems) if problems else ("passed", [])
-        if outcome.merged and self.publish_model_results:
-            self._publish_model_results(outcome)
+        if outcome.merged and self.publish_model_results:  # docs/hub.md, "Results reach model pages"
+            from genshift.leaderboard.hub_results import publish_entry
+
+            for entry in outcome.entries:
+                if "@" in entry:  # local weights (NAME@sha256-…): no model repo of their own
+                    continue
+                try:
+                    url, what = publish_entry(self.repo_id, entry, trusted=self.public, revision=outcome.merge_commit,
+                                              api=self.api)
+                    outcome.model_prs.append(f"{entry}: {url} ({what})")
+                except Exception as e:  # noqa: BLE001 - the publish to main stands; the failure is reported
+                    outcome.problems.append(f"{entry}: not reported on its model page: {one_line(e, 200)}")
         self._comment(num, head, outcome)
         if outcome.merged:
             self.api.change_discussion_status(self.repo_id, num, "closed", repo_type="dataset")
@@ -242,21 +257,6 @@ class Reviewer:
             return []
         outcome.merged, outcome.merge_commit = True, info.oid
         return []
-
-    def _publish_model_results(self, outcome: Outcome) -> None:
-        """``--publish-model-results``: each published entry of Hub weights reported on its model repo (``docs/hub.md``,
-        "Results reach model pages"); a failure is one of the outcome's problems, never an undone publish."""
-        from genshift.leaderboard.hub_results import publish_entry
-
-        for entry in outcome.entries:
-            if "@" in entry:  # local weights (NAME@sha256-…): no model repo of their own
-                continue
-            try:
-                url, what = publish_entry(self.repo_id, entry, trusted=self.public, revision=outcome.merge_commit,
-                                          api=self.api)
-                outcome.model_prs.append(f"{entry}: {url} ({what})")
-            except Exception as e:  # noqa: BLE001 - the publish to main stands; the failure is reported
-                outcome.problems.append(f"{entry}: not reported on its model page: {one_line(e, 200)}")
 
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
@@ -297,15 +297,6 @@ class Reviewer:
         self.ledger.update(failed=doc["failed"], usage=doc["usage"])
         self._ledger_read = canonical_json(self.ledger)
 
-    def _write_ledger(self) -> None:
-        today = datetime.now(UTC).date().isoformat()
-        self.ledger["usage"] = {a: u for a, u in self.ledger["usage"].items() if u.get("day") == today}
-        data = canonical_json(self.ledger)
-        if data != self._ledger_read:
-            self.api.create_commit(self.repo_id, [CommitOperationAdd(LEDGER_FILE, data)], repo_type="dataset",
-                                   commit_message="bench review: the ledger (failed model ids, images re-run today)")
-            self._ledger_read = data
-
     def _charge(self, author: str, images: int, *, planned: bool = False) -> None:
         """Count ``images`` re-run for ``author`` today; ``planned``: only check that they fit (else ``Deferred``)."""
         today = datetime.now(UTC).date().isoformat()
@@ -319,22 +310,20 @@ class Reviewer:
         self.ledger["usage"][author] = {"day": today, "images": used + images}
 
     # -- steps --------------------------------------------------------------------------------
-    def _merge_base(self, pr_ref: str) -> str:
-        """The newest commit of the PR's history that is also on main: what the PR changes is relative to it."""
-        on_main = {c.commit_id for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset")}
-        for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset", revision=pr_ref):
-            if c.commit_id in on_main:
-                return c.commit_id
-        raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
-
     def _tree(self, rev: str) -> dict:
         return {f.path: f for f in self.api.list_repo_tree(self.repo_id, repo_type="dataset", revision=rev,
                                                             recursive=True) if isinstance(f, RepoFile)}
 
-    def _changed_entries(self, base: str, head: str) -> tuple[dict[str, set], set[str], list[str]]:
-        """The entries the PR changes (entry -> its changed files), every file at the head, what it may not do."""
+    def _changed_entries(self, pr_ref: str, head: str) -> tuple[dict[str, set], set[str], list[str]]:
+        """The entries the PR changes since its merge base with main (entry -> its changed files), every file at
+        the head, what it may not do."""
         from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES
 
+        on_main = {c.commit_id for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset")}
+        base = next((c.commit_id for c in self.api.list_repo_commits(self.repo_id, repo_type="dataset",
+                                                                      revision=pr_ref) if c.commit_id in on_main), None)
+        if base is None:
+            raise BenchError(f"{pr_ref} shares no history with main; open the pull request again from main")
         old, new = self._tree(base), self._tree(head)
         changed: dict[str, set] = {}
         problems = [f"deletes {p}: a submission only adds or replaces its own entry" for p in sorted(old.keys() - new)]
@@ -386,25 +375,21 @@ class Reviewer:
     def _download(self, rev: str, path: str, root: Path) -> Path:
         return Path(self.api.hf_hub_download(self.repo_id, path, repo_type="dataset", revision=rev, local_dir=root))
 
-    def _index(self, main: str, root: Path) -> dict[str, dict | None]:
-        """Every entry on ``main`` (folder -> its result, None if unreadable), read once per commit of main."""
+    def _owner_problem(self, entry: str, result: dict, main: str, root: Path) -> str:
+        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is now (another owner, its weights already
+        there), or "". Main's entries (folder -> result, None if unreadable) are read once per commit of main."""
         if self._main_index[0] != main:
             index = {}
             for p in self._tree(main):
                 m = ENTRY_FILE.match(p)
                 if m and m.group(3) == "result.json":
-                    entry = p.rsplit("/", 1)[0]
+                    folder = p.rsplit("/", 1)[0]
                     try:
-                        index[entry] = parse_result(read_result_bytes(self._download(main, p, root)), where=p)
+                        index[folder] = parse_result(read_result_bytes(self._download(main, p, root)), where=p)
                     except BenchError:
-                        index[entry] = None
+                        index[folder] = None
             self._main_index = (main, index)
-        return self._main_index[1]
-
-    def _owner_problem(self, entry: str, result: dict, main: str, root: Path) -> str:
-        """Why ``result`` may not be filed as ``entry`` on ``main`` as it is now (another owner, its weights already
-        there), or ""."""
-        index = self._index(main, root)
+        index = self._main_index[1]
         if entry in index and (index[entry] is None or _board(index[entry]) != _board(result)):
             owner = index[entry]
             what = "an unreadable result" if owner is None else (
@@ -435,19 +420,50 @@ class Reviewer:
                 checked[entry] = result
         if problems:
             return problems, {}
-        plans = {e: self._mode(r, outcome.pr) for e, r in checked.items()}
+        plans = {}  # rows each re-run draws (docs/leaderboard.md, "What verified guarantees")
+        for entry, result in checked.items():
+            m = result["model"]  # weights the reviewer lacks make the PR unreviewable
+            if m["source"] in ("module", "random"):
+                raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: "
+                                 "publish them as a Hub model repo, or as a file a maintainer reviews with "
+                                 "--checkpoint")
+            if m["source"] == "checkpoint" and m["weights_sha256"] != self.checkpoint_sha256:
+                mine, theirs = self.checkpoint_sha256, str(m["weights_sha256"])[:12]
+                raise BenchError(f"{m['id']} was scored with local weights (sha256 {theirs}…) " + (
+                    "that the reviewer does not have: publish the weights as a Hub model repo and score with them, or "
+                    "ask a maintainer to review with those weights (--checkpoint)" if mine is None else
+                    f"that are not the reviewer's --checkpoint ({mine[:12]}…): score with the published weights, or "
+                    "ask a maintainer to review with yours"))
+            # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
+            full = (m["id"] in self.ledger["failed"] and outcome.pr not in self.again) or (
+                self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda"))
+            plans[entry] = "all" if full else self.recheck
         planned = sum(verify.recheck_count(plans[e], sum(r["counts"][c]["total"] for c in r["suite"]["configs"]))
                       for e, r in checked.items())
         self._charge(outcome.author, planned, planned=True)
         for entry, result in sorted(checked.items()):
-            report = self._rerun(entry, results[entry][0], result, plans[entry])
+            # rows drawn now (recorded in the stamp); a model the Hub does not have (repo, revision or weights
+            # missing, gated) makes the PR unreviewable
+            m = result["model"]
+            try:
+                report = verify.verify_result(results[entry][0], recheck=plans[entry], suite=self.suite,
+                                              suites=self.suites, device=self.device, batch_size=self.batch_size,
+                                              checkpoint=self.checkpoint if m["source"] == "checkpoint" else None)
+            except OfflineError:
+                raise  # the reviewer's network: retried
+            except BenchError as ex:
+                raise BenchError(f"{entry}: {one_line(ex, 400)}") from None
+            except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError) as ex:
+                raise BenchError(f"{entry}: model {m['id']} is not available on the Hub at its recorded weights "
+                                 f"({type(ex).__name__}: {first_line(ex, 160)}); "
+                                 "publish the model repo (public) at that revision, or score a model that is") from None
             self._charge(outcome.author, (report.recheck or {}).get("n", 0))
             # the ledger's failed model ids: added by a re-run that disagreed, cleared by a full (or --again) one
-            rows, model_id = (report.recheck or {}).get("disagreeing"), result["model"]["id"]
+            rows = (report.recheck or {}).get("disagreeing")
             if rows:
-                self.ledger["failed"][model_id] = {"pr": outcome.pr, "disagreeing": rows, "n": report.recheck["n"]}
+                self.ledger["failed"][m["id"]] = {"pr": outcome.pr, "disagreeing": rows, "n": report.recheck["n"]}
             elif rows == 0 and report.ok and (plans[entry] == "all" or outcome.pr in self.again):
-                self.ledger["failed"].pop(model_id, None)
+                self.ledger["failed"].pop(m["id"], None)
             if not report.ok:
                 problems += [f"{entry}: {p}" for p in report.problems[:20]]
                 continue
@@ -458,42 +474,6 @@ class Reviewer:
                 continue
             outcome.checked += [f"{entry}: {c}" for c in report.checked]
         return problems, stamps
-
-    def _mode(self, result: dict, pr: int) -> int | str:
-        """How many rows an entry's re-run draws (``docs/leaderboard.md``, "What verified guarantees");
-        ``BenchError`` (the PR is unreviewable) when the reviewer lacks the weights the entry was scored with."""
-        m = result["model"]
-        if m["source"] in ("module", "random"):
-            raise BenchError(f"{m['id']} was scored with {m['source']} weights, which nobody else can load: publish "
-                             "them as a Hub model repo, or as a file a maintainer reviews with --checkpoint")
-        if m["source"] == "checkpoint" and m["weights_sha256"] != self.checkpoint_sha256:
-            raise BenchError(f"{m['id']} was scored with local weights (sha256 {str(m['weights_sha256'])[:12]}…) " + (
-                "that the reviewer does not have: publish the weights as a Hub model repo and score with them, or ask "
-                "a maintainer to review with those weights (--checkpoint)" if self.checkpoint_sha256 is None else
-                f"that are not the reviewer's --checkpoint ({self.checkpoint_sha256[:12]}…): score with the published "
-                "weights, or ask a maintainer to review with yours"))
-        # (Hub weights are fetched at the recorded revision: a missing repo raises from genshift.eval.models)
-        if (m["id"] in self.ledger["failed"] and pr not in self.again) or (
-                self.recheck == "auto" and m["source"] == "hf-hub" and self.device.startswith("cuda")):
-            return "all"
-        return self.recheck
-
-    def _rerun(self, entry: str, path: Path, result: dict, mode):
-        """``verify_result`` with rows drawn now (recorded in the stamp); a model the Hub does not have (repo,
-        revision or weights missing, gated) makes the PR unreviewable."""
-        m = result["model"]
-        try:
-            return verify.verify_result(path, recheck=mode, suite=self.suite, suites=self.suites, device=self.device,
-                                        checkpoint=self.checkpoint if m["source"] == "checkpoint" else None,
-                                        batch_size=self.batch_size)
-        except OfflineError:
-            raise  # the reviewer's network: retried
-        except BenchError as ex:
-            raise BenchError(f"{entry}: {one_line(ex, 400)}") from None
-        except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError) as ex:
-            raise BenchError(f"{entry}: model {m['id']} is not available on the Hub at its recorded weights "
-                             f"({type(ex).__name__}: {first_line(ex, 160)}); "
-                             "publish the model repo (public) at that revision, or score a model that is") from None
 
     def _comment(self, num: int, head: str, outcome: Outcome) -> None:
         if outcome.status == "passed":

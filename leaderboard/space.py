@@ -14,21 +14,10 @@ from importlib import metadata
 from pathlib import Path
 
 from genshift.errors import BenchError
+from genshift.leaderboard import STREAMLIT
 
 REQUIREMENTS = ("streamlit", "plotly", "pandas", "numpy", "pyarrow", "scipy", "huggingface_hub", "cryptography",
                 "pyyaml", "pillow", "pydantic")
-STREAMLIT_CONFIG = """[client]
-toolbarMode = "viewer"
-disableDataExport = true
-showErrorDetails = "none"
-
-[server]
-headless = true
-runOnSave = false
-
-[browser]
-gatherUsageStats = false
-"""
 APP = '''"""Hugging Face Space entry point: the genshift-bench leaderboard (what it shows: space.json)."""
 
 import subprocess
@@ -51,14 +40,6 @@ from genshift.leaderboard.ui import main  # noqa: E402
 main(Settings.loads((HERE / "space.json").read_text(), base=HERE))
 '''
 TAGS = ("leaderboard", "submission:semiautomatic", "test:public", "judge:auto", "modality:image")
-
-
-def _pins() -> list[str]:
-    try:
-        return [f"{name}=={metadata.version(name)}" for name in REQUIREMENTS]
-    except metadata.PackageNotFoundError as e:
-        raise BenchError(f"{e.name} is not installed here, so its version cannot be pinned; "
-                         "pip install 'genshift-bench[leaderboard]' first") from None
 
 
 def _package(into: Path) -> tuple[str | None, str]:
@@ -85,35 +66,6 @@ def _package(into: Path) -> tuple[str | None, str]:
     return wheels[0].name, ""
 
 
-def card(source: str, *, title: str) -> str:
-    from streamlit import __version__ as streamlit_version
-
-    pinned = f"commit `{source.partition('@')[2]}` of `{source.partition('@')[0]}`" if "@" in source else \
-        "the results copied into this Space (`results/`)"
-    return f"""---
-title: {json.dumps(title)}
-emoji: 📊
-colorFrom: indigo
-colorTo: green
-sdk: streamlit
-sdk_version: {streamlit_version}
-app_file: app.py
-pinned: false
-short_description: ImageNet classifiers under generated distribution shifts
-tags:
-{chr(10).join(f"  - {t}" for t in TAGS)}
----
-
-# {title}
-
-Robustness of ImageNet classifiers to generated distribution shifts (genshift-bench), read from {pinned}.
-Only verified, complete entries are ranked: a maintainer key listed in `trusted_keys` signed their record
-after re-running a sample of their images through the model.
-
-To update the board, export the Space again and push it.
-"""
-
-
 def export_space(out: str | Path, settings) -> Path:
     """Write the Space folder for ``settings`` (``genshift.leaderboard.Settings``; a Hub store's ``results``
     pinned ``ORG/NAME@sha``) under a temporary name, then rename it: never half-written."""
@@ -122,7 +74,11 @@ def export_space(out: str | Path, settings) -> Path:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise BenchError(f"{out} exists and is not empty; give a new folder for the Space")
-    pins = _pins()
+    try:
+        pins = [f"{name}=={metadata.version(name)}" for name in REQUIREMENTS]
+    except metadata.PackageNotFoundError as e:
+        raise BenchError(f"{e.name} is not installed here, so its version cannot be pinned; "
+                         "pip install 'genshift-bench[leaderboard]' first") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=INCOMPLETE, dir=out.parent))
     try:
@@ -138,9 +94,15 @@ def export_space(out: str | Path, settings) -> Path:
         (tmp / "space.json").write_text(json.dumps(json.loads(replace(settings, **copies).dumps()), indent=1) + "\n")
         (tmp / "app.py").write_text(APP.format(wheel=wheel, version=metadata.version("genshift-bench")))
         (tmp / "requirements.txt").write_text("\n".join(pins + [requirement] if requirement else pins) + "\n")
-        (tmp / "README.md").write_text(card(settings.results, title=settings.title))
+        repo, _, sha = settings.results.partition("@")
+        (tmp / "README.md").write_text(Path(__file__).with_name("space_card.md").read_text().format(
+            quoted_title=json.dumps(settings.title), title=settings.title, tags="\n".join(f"  - {t}" for t in TAGS),
+            streamlit_version=metadata.version("streamlit"), pinned=f"commit `{sha}` of `{repo}`" if sha else
+            "the results copied into this Space (`results/`)"))
         (tmp / ".streamlit").mkdir()
-        (tmp / ".streamlit" / "config.toml").write_text(STREAMLIT_CONFIG)
+        (tmp / ".streamlit" / "config.toml").write_text("\n".join(
+            f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in opts.items())
+            for section, opts in STREAMLIT.items()))
         tmp.chmod(0o755)
         if out.exists():
             out.rmdir()  # empty (checked above)

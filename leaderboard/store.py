@@ -240,21 +240,17 @@ def read_entry(path: Path, raw: bytes | str, stamp: bytes | None, digest: str, t
     return entry
 
 
-def _signed_time(e: Entry) -> float:
-    """The stamp's ``verified_at`` (signed by the maintainer) as a POSIX time; -inf if none or unreadable."""
+def precedence(e: Entry) -> tuple:
+    """Sort key, first wins: verified, then Hub weights over local ones, then the latest signed stamp (its
+    ``verified_at``; an unreadable one is the oldest), then the entry path. Nothing in it is a field a submitter
+    writes (``finished_at`` is not used)."""
     from datetime import UTC, datetime
 
-    try:
+    signed = float("-inf")
+    with contextlib.suppress(KeyError, TypeError, ValueError, OverflowError):
         t = datetime.fromisoformat(str((e.stamp or {})["verified_at"]))
-        return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
-    except (KeyError, TypeError, ValueError, OverflowError):
-        return float("-inf")
-
-
-def precedence(e: Entry) -> tuple:
-    """Sort key, first wins: verified, then Hub weights over local ones, then the latest signed stamp, then the
-    entry path. Nothing in it is a field a submitter writes (``finished_at`` is not used)."""
-    return (not e.verified, e.identity.local, -_signed_time(e) if e.verified else 0.0, e.path.as_posix())
+        signed = (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+    return (not e.verified, e.identity.local, -signed if e.verified else 0.0, e.path.as_posix())
 
 
 def _why(win: Entry, other: Entry) -> str:

@@ -5,7 +5,6 @@ neutralised plot labels only: "Trust")."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import os
 import re
@@ -16,11 +15,9 @@ import pandas as pd
 import streamlit as st
 
 from genshift.errors import IntegrityError, one_line
-from genshift.families import get_family, interval
+from genshift.families import FAMILIES, get_family, interval
 from genshift.hubio import is_repo_id
-from genshift.leaderboard import Settings, aggregate, reported
-from genshift.leaderboard.about import ABOUT
-from genshift.leaderboard.export import to_csv_bytes, to_json_bytes, unit
+from genshift.leaderboard import Settings, aggregate
 from genshift.leaderboard.store import Store, load_store, read_entry
 
 TABS = ["About", "Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
@@ -29,6 +26,15 @@ ARXIV = re.compile(r"(\d{4}\.\d{4,5})(v\d+)?")
 # viewers get no "Stop" button while a run is in progress (the toolbar's developer options are off in
 # viewer mode, see `bench leaderboard`); a fixed style sheet, no data in it
 VIEWER_CSS = "<style>[data-testid='stStatusWidget'] button {display: none}</style>"
+REPORTED = "Reported in the paper"
+# The downloads (``docs/leaderboard.md``, "Search and filters"): the page's units in every header, rounded to
+# DECIMALS places, plain JSON; text cells a spreadsheet would run as a formula get a leading apostrophe in the CSV
+# (OWASP, "CSV Injection").
+DECIMALS = {"%": 2, "pp": 2, "params (M)": 3}
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# column key -> unit, as the metric families declare them
+UNITS = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp",
+         **{m.key: m.unit for name in FAMILIES for m in get_family(name).metrics}}
 
 
 @st.cache_data(show_spinner=False, max_entries=10_000)
@@ -47,17 +53,49 @@ def _stale() -> dict:
     return {}
 
 
-def read_store(settings: Settings) -> Store:
-    """The store as this run sees it: every entry's record, read (or taken from the cache by its digest)."""
-    with st.spinner("Opening the results store ..."):
-        bar = st.progress(0.0, text="reading the entries")
-        store = load_store(settings.results, trusted_keys=settings.trusted_keys, stale=_stale(),
-                           suites=[settings.suites] if settings.suites else None,
-                           read=lambda path, raw, stamp, digest, t: _entry(str(path), digest, raw, stamp, t),
-                           progress=lambda i, n: (i == 1 or i % 25 == 0) and bar.progress(
-                               i / n, text=f"reading {i} of {n} entries"))
-    bar.empty()
-    return store
+def unit(col: str) -> str:
+    """The unit of a board column: ``"pp"`` for differences of two accuracies/probabilities, ``"%"`` for accuracies
+    and rates (as its family declares the metric; ``<key>/<config>`` and ``<key>_lo``/``_hi`` too), else ""."""
+    key = col.split("/", 1)[0]
+    for suffix in ("_lo", "_hi", "_linear", "_probit"):
+        key = key.removesuffix(suffix)
+    return UNITS.get(key, "")
+
+
+def with_units(view: pd.DataFrame) -> pd.DataFrame:
+    """A copy in the page's units (fractions x 100), rounded (:data:`DECIMALS`), whose headers name them."""
+    out = view.drop(columns="ranked", errors="ignore")
+    names = {"params_m": "params (M)"}
+    for col in out.columns:
+        u = unit(col)
+        if u and pd.api.types.is_float_dtype(out[col]):
+            out[col] = (out[col] * 100).round(DECIMALS[u])
+            names[col] = f"{col.replace('acc1/', 'acc@1/').replace('acc5/', 'acc@5/')} ({u})"
+    out = out.astype({col: "Int64" for col in ("rank", "rank_lo", "rank_hi") if col in out.columns})
+    return out.round({"params_m": DECIMALS["params (M)"]}).rename(columns=names)  # a column not there is ignored
+
+
+def defuse(value):
+    """``value`` with a leading ``'`` if it is text a spreadsheet would evaluate (a lone ``-`` is not)."""
+    if isinstance(value, str) and value.startswith(FORMULA_START) and value.strip() != "-":
+        return "'" + value
+    return value
+
+
+def to_csv_bytes(view: pd.DataFrame) -> bytes:
+    """The view in the page's units, every text cell defused (numbers and booleans untouched)."""
+    safe = with_units(view)
+    for col in safe.columns:
+        if not pd.api.types.is_numeric_dtype(safe[col]) and not pd.api.types.is_bool_dtype(safe[col]):
+            safe[col] = safe[col].map(defuse)
+    return safe.to_csv(index=False).encode()
+
+
+def to_json_bytes(view: pd.DataFrame) -> bytes:
+    import json
+
+    rows = with_units(view).astype(object).where(lambda d: d.notna(), None).to_dict(orient="records")
+    return json.dumps(rows, indent=1, ensure_ascii=False, allow_nan=False, default=lambda v: v.item()).encode()
 
 
 def plot_label(text) -> str:
@@ -76,26 +114,21 @@ def one_decimal(label: str):
     return st.column_config.NumberColumn(label, format="%.1f")
 
 
-@contextlib.contextmanager
-def guarded(title: str):
-    """One view that fails to draw shows why, and the rest of the board stays up."""
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001 - a view's failure must not take the board down
-        if type(e).__name__ in ("StopException", "RerunException"):
-            raise
-        st.error(f"The {title} view could not be drawn for this selection.")
-        st.text(f"{type(e).__name__}: {e}")
-
-
 def main(settings: Settings | None = None) -> None:
     """One run of the page."""
     settings = settings or Settings()
     st.set_page_config(page_title=settings.title, layout="wide")
     st.html(VIEWER_CSS)
     st.title(settings.title)
-    try:
-        store = read_store(settings)
+    try:  # every entry's record, read (or taken from the cache by its digest)
+        with st.spinner("Opening the results store ..."):
+            bar = st.progress(0.0, text="reading the entries")
+            store = load_store(settings.results, trusted_keys=settings.trusted_keys, stale=_stale(),
+                               suites=[settings.suites] if settings.suites else None,
+                               read=lambda path, raw, stamp, digest, t: _entry(str(path), digest, raw, stamp, t),
+                               progress=lambda i, n: (i == 1 or i % 25 == 0) and bar.progress(
+                                   i / n, text=f"reading {i} of {n} entries"))
+        bar.empty()
     except Exception as e:  # noqa: BLE001 - one line for the visitor, never a traceback
         st.error("Could not open the results store.")
         st.text(one_line(e, 400))
@@ -110,7 +143,7 @@ def main(settings: Settings | None = None) -> None:
     if not store.entries:
         st.info("No results yet. Score a model with `bench eval --model <timm name> --suite <suite> --out "
                 "<store>` or open a pull request with `bench submit`.")
-        reported.show(st)
+        _reported(None)
         _rejected(store, [])
         st.stop()
 
@@ -152,7 +185,7 @@ def main(settings: Settings | None = None) -> None:
     with st.expander("Top 10 as text"):
         st.text("\n".join(f"{int(r.rank):>3}  {r.model}  {100 * getattr(r, meta['metric']):.1f}"
                           for r in view[view["ranked"]].head(10).itertuples()) or "nothing is ranked on this board")
-    reported.show(st, suite)
+    _reported(suite)
     if settings.hub_results:  # the Hub's side, never ranked
         _hub_reported(entries)
     if n_ranked:  # after the table was sent: the intervals fill it in (cached by the ranked records' digests)
@@ -162,12 +195,23 @@ def main(settings: Settings | None = None) -> None:
             board_df, meta = aggregate.board_table(entries, ranks=ranks)
             view = board_df[keep(board_df)].reset_index(drop=True)
             _table(slot, view[view["ranked"]], meta, groups, ranked=True)
-    views = (lambda: st.markdown(ABOUT), lambda: _heatmap(view, meta), lambda: _id_ood(settings, entries, view, meta),
+    views = (lambda: st.markdown(Path(__file__).with_name("about.md").read_text()),  # as docs/leaderboard.md says
+             lambda: _heatmap(view, meta), lambda: _id_ood(settings, entries, view, meta),
              lambda: _drilldown(entries, view, meta), lambda: _rejected(store, meta["skipped"]))
     for tab, name, draw in zip(st.tabs(TABS, key="tab", bind="query-params"), TABS, views):
-        if tab.open:
-            with tab, guarded(name):
-                draw()
+        if not tab.open:
+            continue
+        with tab:
+            try:
+                if view.empty and name in ("Shift heatmap", "Model drilldown"):
+                    st.info("No model matches the filters.")
+                else:
+                    draw()
+            except Exception as e:  # noqa: BLE001 - one view that fails shows why; the rest of the board stays up
+                if type(e).__name__ in ("StopException", "RerunException"):
+                    raise
+                st.error(f"The {name} view could not be drawn for this selection.")
+                st.text(f"{type(e).__name__}: {e}")
 
 
 def _filters(df: pd.DataFrame):
@@ -244,9 +288,6 @@ def heatmap_figure(view: pd.DataFrame, configs: list[str]):
 
 
 def _heatmap(view: pd.DataFrame, meta: dict) -> None:
-    if view.empty:
-        st.info("No model matches the filters.")
-        return
     st.caption("acc@1 in percent, written in each cell; the colour scale is fixed at 0–100% on purpose, so that a "
                "colour means the same on every board and a few points of difference look like a few points. Rows "
                "are labelled by the official rank or '(not ranked)'.")
@@ -344,9 +385,8 @@ def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
     """One model's record, and what only its files hold (hashed when read here: a changed file marks it stale)."""
     import plotly.graph_objects as go
 
-    if view.empty:
-        st.info("No model matches the filters.")
-        return
+    from genshift.eval.diagnose_report import load_report_for_view
+
     model = st.selectbox("Model", list(view["model"]), key="model", bind="query-params")
     entry = next(e for e in entries if e.model_id == model)
     rec, configs = entry.record, meta["configs"]
@@ -390,12 +430,6 @@ def _drilldown(entries: list, view: pd.DataFrame, meta: dict) -> None:
     show_df(pd.DataFrame({"field": list(prov), "value": [str(v) for v in prov.values()]}), key="provenance")
     if r.get("notes"):
         st.text("notes: " + str(r["notes"]))
-    _failure_directions(entry)
-
-
-def _failure_directions(entry) -> None:
-    from genshift.eval.diagnose_report import load_report_for_view
-
     report = load_report_for_view(entry.run_dir)
     if report is None:
         return
@@ -456,3 +490,15 @@ def _rejected(store: Store, skipped: list) -> None:
                 column_config={"reason": st.column_config.TextColumn("reason", width="large")})
     else:
         st.text("No rejected, superseded, flagged or stale entries.")
+
+
+def _reported(suite: str | None) -> None:
+    """The papers' own numbers for one suite (all when None): never verified, never ranked (package data
+    ``benchmark/_data/reported.yaml``)."""
+    frame = aggregate.reported_frame(suite)
+    if frame.empty:
+        return
+    st.subheader(REPORTED)
+    st.caption("Numbers as printed in the papers (source per row): not recomputed, not verified and not ranked. Our "
+               "own re-runs of these models are in the ranked table; `bench reproduce` prints both side by side.")
+    show_df(frame, key=f"reported-{suite or 'all'}")

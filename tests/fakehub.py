@@ -78,7 +78,7 @@ class FakeHub:
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         self.thread.start()
         return self
 

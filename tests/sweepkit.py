@@ -10,8 +10,7 @@ import pytest
 
 from genshift import evaluate
 from genshift.distributed import Process
-from genshift.eval.model_list import ModelSpec
-from genshift.eval.options import EvalOptions
+from genshift.eval.options import EvalOptions, ModelSpec
 from genshift.eval.sweep import SweepRequest, run_sweep
 
 ARCHS = ("test_convnext.r160_in1k", "test_vit.r160_in1k", "test_resnet.r160_in1k")  # 2 + 1 share a data config

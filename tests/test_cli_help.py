@@ -343,7 +343,7 @@ def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
 
 def test_slope_id_accuracy_csv_is_read_through_the_bounded_reader(tmp_path):
     """What the bounded reader returns is parsed as before: Excel's BOM and CRLF dropped, top-1 in percent."""
-    from genshift.eval.id_axis import read_id_table
+    from genshift.eval.slope import read_id_table
 
     path = tmp_path / "top1.csv"
     path.write_bytes("\ufeffmodel,top1\r\ntimm/a,81.5\r\ntimm/b,0.7\r\n".encode())

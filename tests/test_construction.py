@@ -8,7 +8,7 @@ import pytest
 
 from genshift.cli import main
 from genshift.suites import construction_models, get_suite
-from genshift.eval.suite_open import is_construction_model as _is_construction_model, open_suite
+from genshift.eval.suite_trust import is_construction_model as _is_construction_model, open_suite
 from genshift.eval.verify import verify_result
 
 

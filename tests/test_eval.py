@@ -134,7 +134,7 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
 
 def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, tiny_folder, monkeypatch):
     from genshift.synthetic import make_synthetic_suite
-    from genshift.eval import predictions as P
+    from genshift.eval import merging as P
 
     toy_suite = tmp_path / "toy"
     make_synthetic_suite(toy_suite, classes=range(10), per_class=4)

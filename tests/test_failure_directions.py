@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from genshift.eval.failure_directions import (
+from genshift.eval.diagnose import (
     C_GRID,
     DirectionOptions,
     Whitening,
@@ -99,14 +99,14 @@ def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoi
     from genshift import evaluate
     from genshift.builders.tiny import tiny_open_clip
     from genshift.cli import main
-    from genshift.eval import embeddings
+    from genshift.eval import diagnose as diag
 
     rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
                      workers=0, compile="off", progress=False).path
     model, _, tok = tiny_open_clip()
     import open_clip
-    enc = embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip")
-    monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
+    enc = diag.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip")
+    monkeypatch.setattr(diag.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
     code = main(["diagnose", str(rpath.parent), "--cache-dir", str(tmp_path / "cache"), "--null", "0",
                  "--criterion", "top3"])
     assert code == 0
@@ -121,10 +121,10 @@ def _tiny_encoder(precision="auto"):
     import open_clip
 
     from genshift.builders.tiny import tiny_open_clip
-    from genshift.eval import embeddings
+    from genshift.eval import diagnose as diag
 
     model, _, _ = tiny_open_clip()
-    return embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip",
+    return diag.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "tiny-clip",
                                   precision=precision)
 
 
@@ -140,7 +140,7 @@ def test_classifier_square_view_is_what_the_classifier_saw_square_resized():
     """The authors' path: the classifier's preprocessed image, un-normalised, square-resized to CLIP's size."""
     from PIL import Image
 
-    from genshift.eval.embeddings import ImageView
+    from genshift.eval.diagnose import ImageView
 
     enc = _tiny_encoder()
     crop_cfg = {"input_size": [3, 160, 160], "interpolation": "bicubic", "mean": [0.5, 0.5, 0.5],
@@ -167,7 +167,7 @@ def test_clip_precision_runs_under_autocast():
     """auto: fp16 on a GPU as the authors, fp32 on the CPU; bf16 autocast exercises the half path on the CPU."""
     import torch
 
-    from genshift.eval.embeddings import ImageView
+    from genshift.eval.diagnose import ImageView
 
     assert _tiny_encoder().resolved_precision() == "fp32"
     gpu = _tiny_encoder()
@@ -191,12 +191,11 @@ def test_whitening_against_a_named_reference_set(tmp_path, toy_suite, tiny_check
     from genshift import evaluate
     from genshift.cli import main
     from genshift.eval import diagnose as diag
-    from genshift.eval import embeddings
 
     rpath = evaluate(f"test_resnet.r160_in1k={tiny_checkpoint}", str(toy_suite), out=tmp_path / "runs",
                      workers=0, compile="off", progress=False).path
     enc = _tiny_encoder()
-    monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
+    monkeypatch.setattr(diag.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
     fitted = []
     real_fit = diag.Whitening.fit
     monkeypatch.setattr(diag.Whitening, "fit",

@@ -49,9 +49,9 @@ def test_tasks_and_values_per_family_are_the_headline_metrics_in_percent():
 
 
 def test_eval_yaml_round_trips_and_hostile_files_are_one_line(tmp_path):
-    from genshift.synthetic import make_synthetic_suite
-    from genshift.suite_format import Manifest
     from genshift.hub import check_eval_yaml, parse_eval_yaml, render_eval_yaml
+    from genshift.suite_format import Manifest
+    from genshift.synthetic import make_synthetic_suite
 
     make_synthetic_suite(tmp_path / "s", suite_id="toy", classes=range(2), per_class=1)
     m = Manifest.load(tmp_path / "s")
@@ -92,12 +92,12 @@ def scored(tmp_path_factory):
     import torch
     from timm.models._hub import save_for_hf
 
-    from genshift.suite_format import Manifest
-    from genshift.synthetic import make_synthetic_suite
+    from genshift import evaluate
     from genshift.data_cards import render_card
     from genshift.eval import stamps
-    from genshift import evaluate
     from genshift.eval.verify import verify_result
+    from genshift.suite_format import Manifest
+    from genshift.synthetic import make_synthetic_suite
 
     tmp = tmp_path_factory.mktemp("scored")
     suite = tmp / "suite"
@@ -435,9 +435,9 @@ def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(h
     from huggingface_hub import parse_eval_result_entries
 
     from genshift.cli import main
-    from genshift.fsutil import canonical_json, sha256_file
     from genshift.eval.results import config_hash
     from genshift.eval.stamps import load_private_key, sign
+    from genshift.fsutil import canonical_json, sha256_file
     from genshift.identity import canonical_of
 
     w = hub_world

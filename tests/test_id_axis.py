@@ -8,8 +8,8 @@ import pytest
 
 from genshift.cli import main
 from genshift.errors import BenchError
-from genshift.eval.id_axis import id_accuracy, read_id_table
 from genshift.eval.results import write_result
+from genshift.eval.slope import id_accuracy, read_id_table
 from genshift.leaderboard import aggregate
 from tests.resultkit import predictions, scored_result
 

@@ -193,7 +193,7 @@ def test_smoke_suite_verifies_and_scores(tmp_path, tiny_checkpoint, tiny_folder)
     result = json.loads((tmp_path / "runs/in-g-vit" / tiny_folder / "result.json").read_text())
     rates = result["metrics"]["in_g"]["generated"]
     assert set(rates) == {"top1_error", "top3_failure_rate", "parent_failure_rate"}
-    from genshift.eval.suite_open import is_construction_model
+    from genshift.eval.suite_trust import is_construction_model
     assert is_construction_model("timm/vit_base_patch16_224.augreg_in1k", ("vit_base_patch16_224.augreg_in1k",))
     assert not is_construction_model("timm/resnet50.a1_in1k", ("resnet50.tv_in1k",))
 

@@ -203,7 +203,7 @@ def test_checks_choose_the_best_passing_f():
 
 
 def test_clusters_rank_by_mean_delta_p():
-    from genshift.eval.lance_insight import cluster_edits
+    from genshift.eval.diagnose import cluster_edits
     rng = np.random.default_rng(0)
     a = rng.normal([5, 0, 0], 0.1, (10, 3))
     b = rng.normal([0, 5, 0], 0.1, (12, 3))

@@ -74,9 +74,9 @@ def test_bench_verify_sign_writes_the_record_the_board_ranks(tmp_path, toy_suite
 
 
 def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from genshift.cli import main
     from genshift.builders.tiny import tiny_open_clip
-    from genshift.eval import embeddings
+    from genshift.cli import main
+    from genshift.eval import diagnose as diag
 
     rpath = _eval(tmp_path, toy_suite, tiny_checkpoint)
     # random weights get every image wrong; a failure direction needs both outcomes in a class, so the
@@ -84,6 +84,7 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
     # front of the top-k), with hashes and metrics recomputed: diagnose and the store check them
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from genshift.fsutil import sha256_file
     r = json.loads(rpath.read_text())
     for p in r["predictions"]:
@@ -106,8 +107,8 @@ def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoi
     rpath.write_text(json.dumps(r))
     model, _, _ = tiny_open_clip()
     import open_clip
-    enc = embeddings.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "<b>clip</b>")
-    monkeypatch.setattr(embeddings.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
+    enc = diag.ClipEncoder(model, open_clip.tokenize, 32, (0.48, 0.46, 0.41), (0.27, 0.26, 0.28), "<b>clip</b>")
+    monkeypatch.setattr(diag.ClipEncoder, "from_pretrained", classmethod(lambda cls, *a, **k: enc))
     assert main(["diagnose", str(rpath.parent), "--cache-dir", str(tmp_path / "cache"), "--null", "2",
                  "--criterion", "top3"]) == 0
     rep = json.loads((rpath.parent / "diagnose.json").read_text())

@@ -13,7 +13,7 @@ from timm.models import get_pretrained_cfg
 
 from genshift.cli import main
 from genshift.errors import BenchError
-from genshift.eval.model_list import ModelSpec, resolve_models
+from genshift.eval.options import ModelSpec, resolve_models
 from genshift.suites import ROLES, get_population, list_populations
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from genshift.leaderboard.reported import HEADING, reported_frame
+from genshift.leaderboard.aggregate import reported_frame
+from genshift.leaderboard.ui import REPORTED as HEADING
 
 
 @pytest.fixture(autouse=True)

@@ -18,21 +18,21 @@ import pytest
 
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
-from genshift.fsutil import canonical_json, sha256_file
 from genshift.eval import stamps
 from genshift.eval.predictions import read_predictions
 from genshift.eval.results import config_hash
 from genshift.eval.scoring import ScoringOptions, score
 from genshift.eval.suite_trust import TrustedSuites
 from genshift.eval.verify import draw, verify_result
+from genshift.fsutil import canonical_json, sha256_file
 from genshift.leaderboard.store import load_store
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, tiny_checkpoint):
     """One honest run of the tiny model on a 2-config suite (40 images each), made once per module."""
-    from genshift.synthetic import make_synthetic_suite
     from genshift import evaluate
+    from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path_factory.mktemp("made")
     make_synthetic_suite(root / "suite", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
@@ -363,7 +363,8 @@ def test_one_hostile_entry_never_takes_the_board_down(run, made, capsys):
 
 # -- fuzzing: never a traceback, never an accepted forgery ------------------------------------------
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -555,10 +556,9 @@ def test_fuzzed_predictions_recomputed_by_the_forger_never_pass(made, trusted, t
 def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trust_root(tmp_path, tiny_checkpoint,
                                                                                         capsys):
     """A manifest carrying rows digests (format 1.1) is enough to check a result: no images, no rows."""
-    from genshift.suite_format import LocalSuite
-    from genshift.suite_format import rows_digest
-    from genshift.synthetic import make_synthetic_suite
     from genshift import evaluate
+    from genshift.suite_format import LocalSuite, rows_digest
+    from genshift.synthetic import make_synthetic_suite
 
     suite = tmp_path / "suite"
     make_synthetic_suite(suite, suite_id="small", configs=("base",), classes=range(3), per_class=3)

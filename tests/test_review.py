@@ -4,9 +4,9 @@ import hashlib
 import json
 import shutil
 
-import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tests.fakehub import FakeHub
 
@@ -14,10 +14,10 @@ from tests.fakehub import FakeHub
 def _rewrite(run_dir, change=None, tables=None):
     """Edit a result as a forger would and make it self-consistent again: predictions sha256, every metric and
     the config hash recomputed (``tables``: config -> predictions table to write first)."""
-    from genshift.fsutil import canonical_json, sha256_file
     from genshift.eval.predictions import read_predictions
     from genshift.eval.results import config_hash
     from genshift.eval.scoring import ScoringOptions, score
+    from genshift.fsutil import canonical_json, sha256_file
 
     path = run_dir / "result.json"
     r = json.loads(path.read_text())
@@ -56,8 +56,8 @@ def _forge(path):
 def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suite, tiny_checkpoint, capsys):
     from huggingface_hub import HfApi
 
-    from genshift.eval import stamps
     from genshift import evaluate
+    from genshift.eval import stamps
     from genshift.eval.verify import verify_result
     from genshift.leaderboard.review import MARKER, review
     from genshift.leaderboard.submit import submit
@@ -205,9 +205,9 @@ USERS = {"tok-maint": "maintainer", "tok-alice": "alice", "tok-mallory": "mallor
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, tiny_checkpoint):
     """A toy suite, one honest run of ``test_resnet.r160_in1k`` on it (local weights) and the maintainer key."""
-    from genshift.synthetic import make_synthetic_suite
-    from genshift.eval import stamps
     from genshift import evaluate
+    from genshift.eval import stamps
+    from genshift.synthetic import make_synthetic_suite
 
     root = tmp_path_factory.mktemp("review")
     make_synthetic_suite(root / "toy", configs=("base", "shifted"), classes=range(10), per_class=4, num_shards=2)
@@ -642,8 +642,9 @@ def test_a_push_after_a_passed_review_is_reviewed_on_its_merits(made, tmp_path, 
 def test_repo_files_odd_names_deletions_and_size_limits_fail_before_any_download(made, monkeypatch, capsys, reruns):
     """`.gitattributes` changed or deleted, a predictions file whose name has a space or non-ASCII letters, a
     result over the size limit: each fails with the offending path, and nothing reaches the image re-run."""
-    import genshift.eval.results
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    import genshift.eval.results
 
     entry = f"toy/{made[1].name}"
     monkeypatch.setattr(genshift.eval.results, "MAX_RESULT_BYTES", 1000)  # the real 5 MiB, scaled down for the test
@@ -944,7 +945,7 @@ def test_a_300_character_folder_in_a_pr_path_is_that_prs_failure(made, monkeypat
 def test_the_reviewer_never_opens_a_path_a_result_records(made, tmp_path, monkeypatch, capsys, tiny_checkpoint):
     """A result's suite.source and suite.mask.path name files on the reviewer's machine: never opened. The public
     answer is the same whether /etc/passwd exists or not (the images come from the trusted suite alone)."""
-    import genshift.eval.suite_open
+    import genshift.eval.suite_trust
 
     trusted = tmp_path / "trusted"
     trusted.mkdir()
@@ -954,7 +955,7 @@ def test_the_reviewer_never_opens_a_path_a_result_records(made, tmp_path, monkey
         probes[name] = _copy(made, tmp_path, name, lambda r, path=path: r["suite"].update(
             source=path, mask={"path": path, "sha256": "0" * 64, "source": "file"}))
     opened = []
-    monkeypatch.setattr(genshift.eval.suite_open, "reopen_suite", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    monkeypatch.setattr(genshift.eval.suite_trust, "reopen_suite", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
     with FakeHub(users=USERS) as hub:
         hub.create("dataset", "org/results")
         prs = {k: _open_pr(hub, "tok-alice", _entry_ops(run, f"toy/{made[1].name}")) for k, run in probes.items()}

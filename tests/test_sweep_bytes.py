@@ -12,8 +12,7 @@ import pytest
 from genshift import evaluate
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
-from genshift.eval.model_list import ModelSpec, resolve_models
-from genshift.eval.options import EvalOptions
+from genshift.eval.options import EvalOptions, ModelSpec, resolve_models
 from genshift.eval.sweep import SweepRequest, run_sweep
 from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, files, sweep
 
@@ -165,7 +164,8 @@ def test_wildcards_and_model_lists(tmp_path, suite):
 
 
 def test_config_names_cannot_reach_outside_out(tmp_path, suite, zoo, monkeypatch):
-    from genshift.eval.predictions import CheckpointedPredictions, schema
+    from genshift.eval.merging import CheckpointedPredictions
+    from genshift.eval.predictions import schema
 
     victim = tmp_path / "victim"
     victim.mkdir()

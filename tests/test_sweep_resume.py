@@ -17,7 +17,7 @@ from tests.sweepkit import ARCHS, CLI_OPTS, FOLDER, OPTS, cli, fake_world, files
 
 
 def test_interrupted_sweep_resumes_identically(tmp_path, suite, zoo, singles, monkeypatch):
-    from genshift.eval import predictions as P
+    from genshift.eval import merging as P
 
     orig_add = P.CheckpointedPredictions.add
     calls = {"n": 0}
@@ -41,7 +41,7 @@ def test_interrupted_sweep_resumes_identically(tmp_path, suite, zoo, singles, mo
 
 
 def test_resume_with_another_thread_count_is_refused(tmp_path, suite, zoo, monkeypatch, capsys):
-    from genshift.eval import predictions as P
+    from genshift.eval import merging as P
 
     a = ARCHS[0]
     orig_add = P.CheckpointedPredictions.add

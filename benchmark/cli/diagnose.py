@@ -43,9 +43,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from genshift import imagenet
-    from genshift.eval.diagnose import diagnose
-    from genshift.eval.embeddings import ClipEncoder
-    from genshift.eval.failure_directions import DirectionOptions
+    from genshift.eval.diagnose import ClipEncoder, DirectionOptions, diagnose
     from genshift.fsutil import cache_root
 
     cache = args.cache_dir or cache_root() / "embeddings"

@@ -12,7 +12,7 @@ import sys
 from genshift.cli._common import add_mask_options, add_verb, csv_list, mask_arg, percent, print_json, print_table
 from genshift.cli.build import add_config, flag
 from genshift.errors import BenchError
-from genshift.eval.options import EvalOptions, OptionError
+from genshift.eval.options import EvalOptions, OptionError, resolve_models
 from genshift.families import get_family
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,6 @@ def run(args) -> int:
 
 def _run(args, opts) -> int:
     from genshift.eval.merging import merge
-    from genshift.eval.model_list import resolve_models
     from genshift.eval.sweep import SweepRequest, run_sweep
 
     if args.merge:

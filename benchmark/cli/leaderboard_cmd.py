@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from genshift.cli._common import add_verb
 from genshift.errors import BenchError
+from genshift.leaderboard import STREAMLIT
 
-# viewer mode: no developer menu, no Deploy button, no grid CSV export (the app offers formula-safe
-# downloads of its own); the same settings the exported Space ships in .streamlit/config.toml
-STREAMLIT_FLAGS = ("--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode",
-                   "viewer", "--client.disableDataExport", "true", "--server.runOnSave", "false")
+# the served page's Streamlit settings (the Space's, but for its hidden error details)
+STREAMLIT_FLAGS = tuple(arg for section, opts in STREAMLIT.items() for k, v in opts.items() if k != "showErrorDetails"
+                        for arg in (f"--{section}.{k}", v if isinstance(v, str) else str(v).lower()))
 
 
 def add_parser(sub):
@@ -47,8 +47,8 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def settings_of(args):
-    """The page's ``Settings``, each file checked now and a Hub store pinned to its commit now."""
+def run(args) -> int:
+    import importlib.util
     import os
     from pathlib import Path
 
@@ -57,7 +57,10 @@ def settings_of(args):
     from genshift.leaderboard.aggregate import read_id_accuracy
     from genshift.leaderboard.store import resolve_source, trust
 
-    trust(args.trusted_keys, [args.suites] if args.suites else None)  # both read as the page will read them
+    if not 1 <= args.port <= 65535:
+        raise BenchError(f"--port must be 1..65535, got {args.port}")
+    # the page's Settings: each file checked now, as the page will read it; a Hub store pinned to its commit now
+    trust(args.trusted_keys, [args.suites] if args.suites else None)
     if args.id_accuracy:
         read_id_accuracy(args.id_accuracy)
     results = args.results
@@ -69,16 +72,8 @@ def settings_of(args):
             resolve_source(results)  # the one line saying what a store is
         results = f"{repo}@{resolve_revision(repo, rev or None)}"
     absolute = lambda p: os.path.abspath(p) if p else None  # noqa: E731
-    return Settings(results=results, trusted_keys=absolute(args.trusted_keys), suites=absolute(args.suites),
-                    id_accuracy=absolute(args.id_accuracy), hub_results=args.hub_results)
-
-
-def run(args) -> int:
-    import importlib.util
-
-    if not 1 <= args.port <= 65535:
-        raise BenchError(f"--port must be 1..65535, got {args.port}")
-    settings = settings_of(args)
+    settings = Settings(results=results, trusted_keys=absolute(args.trusted_keys), suites=absolute(args.suites),
+                        id_accuracy=absolute(args.id_accuracy), hub_results=args.hub_results)
     if args.export_space:
         from genshift.leaderboard.space import export_space
 

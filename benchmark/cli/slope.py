@@ -32,9 +32,8 @@ def _num(v: float, fmt: str = ".3f") -> str:
 
 
 def run(args) -> int:
-    from genshift.eval.id_axis import id_accuracy, read_id_table
     from genshift.eval.results import load_result
-    from genshift.eval.slope import SCALES, slope_table
+    from genshift.eval.slope import SCALES, id_accuracy, read_id_table, slope_table
     from genshift.eval.verify import result_path
 
     id_table = read_id_table(args.id_accuracy) if args.id_accuracy else None  # options before the results
