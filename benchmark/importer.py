@@ -22,7 +22,7 @@ from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import prepare_fresh_dir, read_limited, read_text_limited
 from genshift.pixels import check_size, to_8bit
-from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, check_name
+from genshift.suite_format import CONFIG_RE, MANIFEST, Manifest, SuiteWriter, check_name
 
 log = logging.getLogger(__name__)
 MAX_SHARD_SIZE = 100_000
@@ -363,8 +363,6 @@ def _import(layout: Layout, src: Path, out: Path, *, name: str, overwrite: bool,
             shard_size: int, pool, window: int, progress: bool, card) -> Manifest:
     from datasets import Value
     from tqdm.auto import tqdm
-
-    from genshift.writer import SuiteWriter
 
     skipped, checked = [], {}  # checked: image id -> (sha256, ImageInfo) of the readable images
     results = _in_order(_check_file, [(it.path,) for it in layout.items], pool)

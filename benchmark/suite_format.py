@@ -1,14 +1,21 @@
 """The suite format, version 1.1 (``docs/format.md``, the authoritative description): row schema, shard names, the
-manifest and its checks. Everything read from a suite is hostile until checked (``docs/format.md`` section 4.2); every
-error is one :class:`~genshift.errors.IntegrityError` line."""
+manifest and its checks; :class:`SuiteWriter`, the writer of every builder and of ``bench import-folder`` (section 3:
+shard by shard, each atomic and resumable, the manifest last); :class:`LocalSuite`, the one validation layer for suites
+read from a local folder (every file checked before any model is loaded; rows stream by row group). Everything read
+from a suite is hostile until checked (section 4.2); each error is one :class:`~genshift.errors.IntegrityError` line."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
+import logging
+import os
 import re
-from dataclasses import dataclass
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -18,21 +25,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from genshift import imagenet
+from genshift import fsutil, imagenet
 from genshift.errors import BenchError, IntegrityError, one_line, unknown
-from genshift.fsutil import canonical_json, parse_json, read_limited, sha256_bytes, sha256_file
+from genshift.fsutil import StatKey, canonical_json, load_yaml, parse_json, read_limited, sha256_bytes, sha256_file
 from genshift.schema import Count, Schema, Sha256, validate
 
 if TYPE_CHECKING:
     from datasets import Features
 
+log = logging.getLogger(__name__)
 FORMAT_NAME = "genshift-suite"
 # a string: readers of format 1 compare with the integer 1 and refuse it (docs/format.md section 8)
 FORMAT_VERSION = "1.1"
 READABLE_VERSIONS = (1, "1.1")
 MANIFEST = "manifest.json"
 CARD = "README.md"
-EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (genshift.eval_yaml)
+EVAL_YAML = "eval.yaml"  # the Hub reads a benchmark's tasks from it (genshift.hub)
 BUILD_STATE = "build.json"  # present while (and after) a builder writes into a folder
 SPLIT = "test"
 # The one pattern for every name that becomes a path component: suite id, config, split.
@@ -42,6 +50,8 @@ SHARD_RE = re.compile(r"^test-(\d{5})-of-(\d{5})\.parquet$")
 SHARD_PATH_RE = re.compile(r"^data/([a-z0-9][a-z0-9_\-]{0,63})/test-(\d{5})-of-(\d{5})\.parquet$")
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+\-]{0,63}$")
 MAX_MANIFEST_BYTES = 16 << 20  # a 1.2M-row suite's manifest is well under 1 MB
+IMAGE_ROWS_PER_GROUP = 100  # parquet row group = one streaming unit for eval
+MAX_STATE_BYTES = 16 << 20  # build.json: the settings and features of a build
 # Columns every row has. Builders add free provenance columns next to them.
 REQUIRED_COLUMNS = ("image", "label", "image_id", "config", "keep", "pair_id")
 
@@ -121,7 +131,7 @@ def _features_of(metadata: dict | None, where: str) -> dict:
     raw = (metadata or {}).get(b"huggingface")
     if raw is None:
         raise IntegrityError(f"{where}: parquet file has no 'huggingface' schema metadata; suites must be "
-                             "written by genshift.writer.SuiteWriter (or with datasets) so features survive")
+                             "written by genshift.suite_format.SuiteWriter (or with datasets) so features survive")
     info = parse_json(raw, what="'huggingface' parquet metadata", where=where, max_bytes=MAX_MANIFEST_BYTES)
     inner = info.get("info") if isinstance(info, dict) else None
     features = inner.get("features") if isinstance(inner, dict) else None
@@ -144,7 +154,7 @@ def check_features(features: dict, *, where: str) -> None:
     for col in REQUIRED_COLUMNS:
         if features[col] != base[col]:
             raise IntegrityError(f"{where}: column {col!r} has feature {str(features[col])[:80]}, expected "
-                                 f"{str(base[col])[:80]}; rebuild the suite with genshift.writer.SuiteWriter")
+                                 f"{str(base[col])[:80]}; rebuild the suite with genshift.suite_format.SuiteWriter")
 
 
 @dataclass(frozen=True)
@@ -279,23 +289,6 @@ class Manifest:
                           f"{', '.join(sorted(self.configs))}.") from None
 
 
-def build_manifest(root: Path, *, suite_id: str, suite_version: str, configs: dict[str, dict],
-                   features: Features, generator: dict) -> bytes:
-    """Hash the shards of ``configs`` (``{"rows", "kept", "files", "rows_digest"}`` each): the manifest's bytes."""
-    files = {}
-    for name in sorted(configs):
-        for rel in configs[name]["files"]:
-            p = root / rel
-            files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
-    return canonical_json({
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "suite_id": suite_id, "suite_version": suite_version,
-        "split": SPLIT, "files": files, "features": features.to_dict(), "generator": generator,
-        "configs": {n: {"rows": c["rows"], "kept": c["kept"], "files": sorted(c["files"]),
-                        "rows_digest": c["rows_digest"]} for n, c in configs.items()},
-        "columns": list(features),  # column order (JSON object keys are sorted)
-    })
-
-
 def verify_files(root: str | Path, manifest: Manifest, configs: list[str] | None = None, *,
                  redownload_hint: str | None = None) -> int:
     """Check size and sha256 of every file of ``configs`` (default all); returns the bytes checked."""
@@ -349,7 +342,7 @@ def check_parquet_footer(path: str | Path | bytes, where: str) -> None:
     footer = int.from_bytes(tail[:4], "little")
     if footer > MAX_FOOTER_BYTES:
         raise IntegrityError(f"{where}: parquet footer is {footer} bytes, over the limit of {MAX_FOOTER_BYTES}; "
-                             "rewrite it with genshift.writer.SuiteWriter (100 rows per row group)")
+                             "rewrite it with genshift.suite_format.SuiteWriter (100 rows per row group)")
 
 
 def read_row_table(path: Path, rel: str) -> pa.Table:
@@ -359,7 +352,7 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
         meta = pq.read_metadata(path)
         if meta.num_row_groups > MAX_ROW_GROUPS:
             raise IntegrityError(f"{rel}: {meta.num_row_groups} row groups, over the limit of {MAX_ROW_GROUPS} per "
-                                 "shard; write shards with genshift.writer.SuiteWriter (100 rows per group)")
+                                 "shard; write shards with genshift.suite_format.SuiteWriter (100 rows per group)")
         schema = meta.schema.to_arrow_schema()
         check_features(_features_of(schema.metadata, rel), where=rel)
         if missing := [c for c in REQUIRED_COLUMNS if c not in schema.names]:
@@ -367,11 +360,11 @@ def read_row_table(path: Path, rel: str) -> pa.Table:
         for c, types in {**ROW_COLUMNS, "image": IMAGE_TYPES}.items():
             if schema.field(c).type not in types:
                 raise IntegrityError(f"{rel}: column {c!r} has type {schema.field(c).type}, expected {types[0]}; "
-                                     "rebuild the suite with genshift.writer.SuiteWriter")
+                                     "rebuild the suite with genshift.suite_format.SuiteWriter")
         if big := [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > MAX_ROW_GROUP_ROWS]:
             raise IntegrityError(f"{rel}: row group {big[0]} holds {meta.row_group(big[0]).num_rows} rows, more than "
-                                 f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.writer.SuiteWriter (100 rows per "
-                                 "group)")
+                                 f"{MAX_ROW_GROUP_ROWS}; write shards with genshift.suite_format.SuiteWriter (100 "
+                                 "rows per group)")
         table = pq.read_table(path, columns=list(ROW_COLUMNS))
         table.validate(full=True)  # e.g. invalid UTF-8 in strings
         return table
@@ -423,3 +416,365 @@ def _duplicate_error(name: str, tables: list[tuple[str, pa.Table]]) -> None:
                 raise IntegrityError(f"config {name!r}, {rel} row {i} {what} (image_id {row[0][:80]!r} is also "
                                      f"{rel0} row {i0}); image ids must be unique: remove the duplicate and rebuild")
             first[row[0]] = (rel, i, row)
+
+
+def _leaf_paths(path: str, t: pa.DataType) -> list[str]:
+    """Parquet's leaf column paths of one column (``img.bytes``, ``emb.list.element``)."""
+    if pa.types.is_struct(t):
+        return [leaf for f in t for leaf in _leaf_paths(f"{path}.{f.name}", f.type)]
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _leaf_paths(f"{path}.list.element", t.value_type)
+    return [path]
+
+
+class SuiteWriter:
+    """Write a suite into ``root``, shard by shard, resumably. ``fingerprint``: everything that determines the
+    content (settings, seeds, model ids); ``overwrite`` replaces a build with another one or a finished build."""
+
+    def __init__(self, root: str | Path, *, suite_id: str, suite_version: str = "1.0.0",
+                 extra_features: Features | dict | None = None, fingerprint: Mapping | None = None,
+                 overwrite: bool = False, rows_per_group: int = IMAGE_ROWS_PER_GROUP,
+                 clean_incomplete: bool = True) -> None:
+        self.root = Path(root)
+        self.suite_id = check_name(suite_id, "suite id")
+        self.suite_version = suite_version
+        self.features = base_features()  # then the provenance columns
+        for column, feature in (extra_features or {}).items():
+            if column in self.features:
+                raise ValueError(f"provenance column {column!r} clashes with a required column")
+            self.features[column] = feature
+        self.rows_per_group = rows_per_group
+        state = {"suite_id": suite_id, "suite_version": suite_version, "features": self.features.to_dict(),
+                 "fingerprint": dict(fingerprint or {})}
+        self.fingerprint_sha256 = fsutil.sha256_bytes(fsutil.canonical_json(state))
+        state_path = self.root / BUILD_STATE
+        if self.root.exists() and any(self.root.iterdir()):
+            if state_path.is_file():
+                try:
+                    old = fsutil.read_json(state_path, max_bytes=MAX_STATE_BYTES, what=BUILD_STATE)
+                except IntegrityError:
+                    old = {}
+                old = old if isinstance(old, dict) else {}
+                if old.get("fingerprint_sha256") != self.fingerprint_sha256 and not overwrite:
+                    raise BenchError(f"output directory {str(self.root)!r} holds a different build "
+                                     f"(suite {old.get('suite_id')!r}, other settings); pass --overwrite to "
+                                     "replace it or choose another --out")
+            elif not ((self.root / MANIFEST).is_file() and overwrite):
+                raise BenchError(f"output directory {str(self.root)!r} is not empty and holds no bench build; "
+                                 "choose an empty or new directory")
+            if overwrite:
+                shutil.rmtree(self.root)
+        fsutil.ensure_writable_dir(self.root)
+        if not state_path.is_file():
+            fsutil.atomic_write_json(state_path, {**state, "fingerprint_sha256": self.fingerprint_sha256})
+        if clean_incomplete:  # one process cleans: in a distributed build, others' in-flight files look the same
+            for stale in self.root.rglob(f"*{fsutil.INCOMPLETE}"):
+                log.warning("removing %s left by an interrupted run", stale)
+                stale.unlink()
+
+    def __enter__(self) -> SuiteWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def shard_done(self, config: str, index: int, num_shards: int) -> bool:
+        """True iff the shard's final file exists and its parquet footer reads."""
+        p = self.root / shard_name(config, index, num_shards)
+        if not p.is_file():
+            return False
+        try:
+            pq.read_metadata(p)
+        except Exception:  # a corrupt final file cannot come from us (atomic rename), but be safe
+            log.warning("shard %s is unreadable; it will be rewritten", p)
+            p.unlink()
+            return False
+        return True
+
+    def write_shard(self, config: str, index: int, num_shards: int, rows: Iterable[Mapping]) -> None:
+        """Write one shard atomically from an iterable of row dicts (streamed, bounded memory)."""
+        rel = shard_name(config, index, num_shards)  # checks the config name
+        for other in (self.root / "data" / config).glob("*.parquet"):
+            m = SHARD_RE.match(other.name)
+            if m and int(m.group(2)) != num_shards:
+                raise BenchError(f"{other} was written with {int(m.group(2))} shards, this run asks for "
+                                 f"{num_shards}; keep the shard count of a build, or pass --overwrite")
+        n = 0
+        schema, group = self.features.arrow_schema, self.rows_per_group  # the schema carries the features metadata
+        with fsutil.atomic_path(self.root / rel) as tmp:
+            with pq.ParquetWriter(tmp, schema, **self._parquet_options()) as writer:
+                batch: list[dict] = []
+                for row in rows:
+                    self._check_row(row, config, rel)
+                    batch.append(self.features.encode_example(dict(row)))
+                    n += 1
+                    if len(batch) == group:
+                        writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
+                        batch = []
+                if batch:
+                    writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=group)
+                if n == 0:
+                    raise BenchError(f"shard {rel} would be empty; a config needs at least one row per shard "
+                                     "(use fewer shards)")
+        log.debug("wrote %s: %d rows", rel, n)
+
+    def _parquet_options(self) -> dict:
+        """``datasets``' column options (``docs/format.md`` section 3); content-defined chunking dedups Hub uploads."""
+        from datasets import Image
+
+        schema = self.features.arrow_schema
+        compression, dictionary, encoding = {}, [], {}
+        for name, feat in self.features.items():
+            for leaf in _leaf_paths(name, schema.field(name).type):
+                if isinstance(feat, Image):
+                    compression[leaf], encoding[leaf] = "none", "PLAIN"
+                else:
+                    compression[leaf] = "snappy"
+                    dictionary.append(leaf)
+        return {"compression": compression, "use_dictionary": dictionary, "column_encoding": encoding,
+                "write_page_index": True, "use_content_defined_chunking": True}
+
+    def _check_row(self, row: Mapping, config: str, rel: str) -> None:
+        if missing := [c for c in self.features if c not in row]:
+            raise ValueError(f"row for {rel} lacks column(s) {missing}")
+        if extra := [c for c in row if c not in self.features]:
+            raise ValueError(f"row for {rel} has undeclared column(s) {extra}; declare them in extra_features")
+        if row["config"] != config:
+            raise ValueError(f"row {row['image_id']!r} has config {row['config']!r} but is written to {config!r}")
+        label = row["label"]
+        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < 1000:
+            raise ValueError(f"row {row['image_id']!r}: label must be an ImageNet-1k index 0..999, got {label!r}")
+        if not isinstance(row["image_id"], str) or not row["image_id"]:
+            raise ValueError(f"row in {rel}: image_id must be a non-empty string, got {row['image_id']!r}")
+        image = row["image"]
+        if not isinstance(image, Mapping) or not isinstance(image.get("bytes"), bytes) or image.get("path") is not None:
+            raise ValueError(f"row {row['image_id']!r}: image must be embedded as {{'bytes': <encoded image>, "
+                             "'path': None}")
+
+    def finalize(self, *, generator: Mapping, card: Callable[[Manifest], str] | None = None) -> Manifest:
+        """Check completeness and uniqueness, hash the shards, write the card and, last, the manifest."""
+        configs: dict[str, dict] = {}
+        files: dict[str, dict] = {}
+        data = self.root / "data"
+        if not data.is_dir():
+            raise BenchError(f"{self.root} has no shards; nothing was written")
+        seen: dict[str, str] = {}
+        for cdir in sorted(p for p in data.iterdir() if p.is_dir()):
+            paths = sorted(p for p in cdir.iterdir() if SHARD_RE.match(p.name))
+            numbers = [tuple(map(int, SHARD_RE.match(p.name).groups())) for p in paths]  # (index, count)
+            counts = {n for _, n in numbers}
+            if len(counts) != 1:
+                raise IntegrityError(f"{cdir}: shards of different shard counts {sorted(counts)}; rebuild with "
+                                     "--overwrite")
+            total = counts.pop()
+            if missing := sorted(set(range(total)) - {i for i, _ in numbers}):
+                raise BenchError(f"config {cdir.name!r} is missing shard(s) {missing[:10]} of {total}; "
+                                 "rerun the build to finish them")
+            rels = [p.relative_to(self.root).as_posix() for p in paths]
+            tables = [pq.read_table(p, columns=["image_id", "label", "keep"]) for p in paths]
+            for rel, table in zip(rels, tables):
+                for iid in table["image_id"].to_pylist():
+                    if iid in seen:
+                        raise IntegrityError(f"duplicate image_id {iid!r} in {rel} and {seen[iid]}; image ids must "
+                                             "be unique across the suite")
+                    seen[iid] = rel
+            files.update({rel: {"size": p.stat().st_size, "sha256": sha256_file(p)} for rel, p in zip(rels, paths)})
+            table = pa.concat_tables(tables)
+            configs[cdir.name] = {"rows": table.num_rows, "kept": int(pc.sum(table["keep"]).as_py() or 0),
+                                  "files": rels, "rows_digest": rows_digest_table(table)}
+        manifest_bytes = canonical_json({
+            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "suite_id": self.suite_id,
+            "suite_version": self.suite_version, "split": SPLIT, "files": files, "features": self.features.to_dict(),
+            "generator": dict(generator), "configs": configs,
+            "columns": list(self.features),  # column order (JSON object keys are sorted)
+        })
+        manifest = Manifest.from_bytes(manifest_bytes, where=str(self.root / MANIFEST))
+        if card is not None:
+            fsutil.atomic_write_bytes(self.root / CARD, card(manifest).encode())
+        fsutil.atomic_write_bytes(self.root / MANIFEST, manifest_bytes)
+        return manifest
+
+
+MAX_CARD_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One streaming unit: a parquet row group of one shard."""
+
+    config: str
+    path: str  # relative to the suite root
+    index: int
+    num_rows: int
+
+
+@dataclass
+class LocalSuite:
+    """A suite folder with a parsed manifest; for a Hub snapshot, its ``repo_id`` and resolved ``revision`` sha."""
+
+    root: Path
+    manifest: Manifest
+    repo_id: str | None = None
+    revision: str | None = None
+    redownload_hint: str | None = None
+    pinned: bool = True  # False when taken from an unpinned registry entry (resolved at download)
+    card: dict | None = None  # the card's YAML header, checked against the manifest (None: no card)
+    _verified: set[str] = field(default_factory=set)
+    _digests: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: str | Path, *, repo_id: str | None = None, revision: str | None = None,
+             redownload_hint: str | None = None) -> LocalSuite:
+        root = Path(root)
+        if not root.exists():
+            raise BenchError(f"suite folder {str(root)!r} does not exist; give a registry id (see `bench suites`) "
+                             "or the path of a suite folder")
+        if not root.is_dir():
+            raise BenchError(f"suite path {str(root)!r} is not a folder")
+        # huggingface_hub's cache links snapshots/<sha>/<file> to ../../blobs/<hash>: for a Hub snapshot
+        # the links may lead anywhere inside that repo's cache folder, and nowhere else.
+        base = root.resolve()
+        inside = base.parent.parent if repo_id and base.parent.name == "snapshots" else base
+        _check_inside(root, MANIFEST, inside)
+        manifest = Manifest.load(root)
+        for rel in (CARD, *manifest.files):
+            _check_inside(root, rel, inside)
+        card = parse_card(root / CARD, manifest) if (root / CARD).is_file() else None
+        return cls(root=root, manifest=manifest, repo_id=repo_id, revision=revision, redownload_hint=redownload_hint,
+                   card=card)
+
+    @property
+    def suite_id(self) -> str:
+        return self.manifest.suite_id
+
+    @property
+    def configs(self) -> list[str]:
+        return sorted(self.manifest.configs)
+
+    def select(self, configs: list[str] | None) -> list[str]:
+        """Validate a config selection (None = all), keeping the manifest's order."""
+        if configs is None:
+            return self.configs
+        for c in configs:
+            self.manifest.config(c)  # raises with "did you mean"
+        return list(dict.fromkeys(configs))
+
+    def verify(self, configs: list[str] | None = None) -> None:
+        """Check the selected configs' files (size, sha256, features) and rows, never reading image bytes."""
+        todo = [c for c in self.select(configs) if c not in self._verified]
+        verify_files(self.root, self.manifest, todo, redownload_hint=self.redownload_hint)
+        for c in todo:
+            info = self.manifest.config(c)
+            tables = [(rel, read_row_table(self.root / rel, rel)) for rel in info.files]
+            self._digests[c] = check_rows(info, tables)
+        self._verified.update(todo)
+
+    def rows_digest(self, config: str) -> str:
+        """The config's rows digest: the manifest's, or for a format-1 suite computed from its verified rows."""
+        recorded = self.manifest.config(config).rows_digest
+        if recorded is not None:
+            return recorded
+        self.verify([config])
+        return self._digests[config]
+
+    def require_card(self) -> dict:
+        """The card's YAML header; a suite without ``README.md`` is refused (it is part of the format)."""
+        if self.card is None:
+            raise IntegrityError(f"{self.root} has no {CARD} (dataset card), which the format requires so that "
+                                 "datasets.load_dataset(folder, config) works; rebuild the suite or render one "
+                                 "with genshift.data_cards.render_card")
+        return self.card
+
+    def _require_verified(self, config: str) -> None:
+        if config not in self._verified:
+            raise IntegrityError(f"config {config!r} of {self.suite_id} was not verified against its manifest; "
+                                 "call LocalSuite.verify first")
+
+    def files(self, config: str) -> list[Path]:
+        return [self.root / rel for rel in self.manifest.config(config).files]
+
+    def dataset(self, config: str, *, cache_dir: str | None = None):
+        """``datasets.Dataset`` of one config (verified first), via the parquet builder."""
+        from datasets import load_dataset
+
+        self.verify([config])
+        return load_dataset("parquet", data_files={"test": [str(p) for p in self.files(config)]},
+                            split="test", cache_dir=cache_dir)
+
+    def row_groups(self, config: str) -> list[RowGroup]:
+        self._require_verified(config)
+        out = []
+        for rel in self.manifest.config(config).files:
+            md = pq.read_metadata(self.root / rel)
+            out.extend(RowGroup(config, rel, i, md.row_group(i).num_rows) for i in range(md.num_row_groups))
+        return out
+
+    def read_columns(self, config: str, columns: list[str]) -> pa.Table:
+        """Non-image columns of a whole config (small: no image bytes)."""
+        self._require_verified(config)
+        return pa.concat_tables(pq.read_table(p, columns=columns) for p in self.files(config))
+
+
+def read_row_group(root: str | Path, group: RowGroup, columns: list[str] | None = None) -> pa.Table:
+    """One row group, from a small cache of open shards (a footer parsed once, not once per group)."""
+    path = Path(root) / group.path
+    return _open_shard(str(path), StatKey.of(path), os.getpid(), threading.get_ident()).read_row_group(
+        group.index, columns=columns)
+
+
+@functools.lru_cache(maxsize=16)
+def _open_shard(path: str, identity: StatKey, pid: int, thread: int) -> pq.ParquetFile:
+    # keyed by the file's identity (a shard replaced at the same path is opened anew), by pid (a forked
+    # DataLoader worker opens its own) and by thread (one ParquetFile read from two threads at once fails)
+    return pq.ParquetFile(path)
+
+
+def _check_inside(root: Path, rel: str, inside: Path) -> None:
+    try:
+        target = (root / rel).resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise IntegrityError(f"{rel} in {root} is a symlink loop; replace the link with the file") from None
+    if not target.is_relative_to(inside):
+        raise IntegrityError(f"{rel} in {root} resolves to {target}, outside the suite folder (a symlink leaving "
+                             "it); a suite's files must live inside its folder: replace the link with the file")
+
+
+def parse_card(path: Path, manifest: Manifest) -> dict:
+    """The card's YAML header, parsed with size, depth and alias limits; it must list one ``configs`` entry
+    per manifest config with its own shards as the ``test`` split (``datasets.load_dataset(folder, config)``)."""
+    where = str(path)
+    data = read_limited(path, max_bytes=MAX_CARD_BYTES, what="dataset card")
+    fix = "re-render the card with genshift.data_cards.render_card (docs/format.md section 5)"
+
+    def bad(what: str) -> IntegrityError:
+        return IntegrityError(f"{where}: {what}; {fix}")
+
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        raise bad("the card is not UTF-8") from None
+    end = next((i for i, ln in enumerate(lines[1:], 1) if ln.strip() == "---"), None)
+    if lines[0].strip() != "---" or end is None:
+        raise bad("the card has no YAML header between '---' lines")
+    head = load_yaml("\n".join(lines[1:end]), what="the card's YAML", where=where, max_depth=MAX_YAML_DEPTH,
+                     fix=f"; {fix}")
+    if not isinstance(head, dict):
+        raise bad("the card's YAML header is not a mapping")
+    entries = head.get("configs")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise bad("the card's header has no 'configs' list")
+    named = {}
+    for e in entries:
+        name = e.get("config_name")
+        if not isinstance(name, str) or name in named:
+            raise bad(f"the card's configs have a missing or repeated config_name {str(name)[:64]!r}")
+        named[name] = e.get("data_files")
+    if set(named) != set(manifest.configs):
+        diff = sorted(set(named) ^ set(manifest.configs))
+        raise bad(f"the card's configs differ from the manifest's (e.g. {diff[0][:64]!r})")
+    for name, files in named.items():
+        want = [{"split": SPLIT, "path": f"data/{name}/*.parquet"}]
+        if files != want and files != want[0]:
+            raise bad(f"config {name!r} in the card must have data_files {want} (its own shards as the test split)")
+    return head

@@ -11,8 +11,7 @@ import numpy as np
 from datasets import Value
 from PIL import Image
 
-from genshift.suite_format import Manifest
-from genshift.writer import SuiteWriter
+from genshift.suite_format import Manifest, SuiteWriter
 
 
 def synthetic_jpeg(rng: np.random.Generator, size: int = 64, quality: int = 90) -> bytes:

@@ -21,8 +21,7 @@ import numpy as np
 from genshift import hubio, imagenet
 from genshift.errors import BenchError, IntegrityError, OfflineError, unknown
 from genshift.fsutil import StatKey, atomic_path, atomic_write_json, cache_root, canonical_json, read_json, sha256_file
-from genshift.reader import LocalSuite
-from genshift.suite_format import Manifest
+from genshift.suite_format import LocalSuite, Manifest, SuiteWriter
 from genshift.suites import get_suite, imagenet_star_shifts
 
 log = logging.getLogger(__name__)
@@ -151,8 +150,6 @@ def convert_release(root: str | Path, out: str | Path, *, shifts: Iterable[str],
     smaller layout (tests); ``zip_sha256``: hashes the caller has; ``card``: ``data_cards.upstream_card``."""
     from datasets import Value
     from tqdm.auto import tqdm
-
-    from genshift.writer import SuiteWriter
 
     root = Path(root)
     shifts = list(dict.fromkeys(shifts))

@@ -61,7 +61,7 @@ def make_images(n: int, size: int = 512, seed: int = 0, unique: int | None = Non
 
 
 def build_suite(root: Path, images: list[tuple[bytes, int]]) -> None:
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import SuiteWriter
 
     with SuiteWriter(root, suite_id="throughput") as w:
         rows = ({"image": {"bytes": b, "path": None}, "label": y, "image_id": f"bench/{i:06d}", "config": "bench",

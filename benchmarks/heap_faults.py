@@ -1,4 +1,4 @@
-"""glibc page faults of CPU batches with and without ``genshift.heap.keep_freed_memory`` (``mallopt``).
+"""glibc page faults of CPU batches with and without ``genshift.cli.eval_cmd.keep_freed_memory`` (``mallopt``).
 
 A batch's widest activations are larger than glibc's mmap threshold, so without the setting every
 batch maps them afresh and the kernel zeroes the pages again. This counts the minor page faults of
@@ -14,7 +14,7 @@ import sys
 
 PROBE = r"""
 import resource, sys, threading, torch
-from genshift.heap import keep_freed_memory
+from genshift.cli.eval_cmd import keep_freed_memory
 took = keep_freed_memory() if sys.argv[1] == "keep" else None
 threads = int(sys.argv[2])
 # threads in lockstep: each round every thread's blocks are alive at once, so the warm-up reaches the

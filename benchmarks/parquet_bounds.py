@@ -6,7 +6,7 @@
    for several image sizes: parquet keeps min/max statistics of binary values up to 4 KiB, so
    images just under that size give the largest footer.
 2. The cost of reading one row group when the shard is reopened for every group (its footer
-   parsed each time: quadratic over a shard) and when it stays open (`genshift.reader.read_row_group`),
+   parsed each time: quadratic over a shard) and when it stays open (`genshift.suite_format.read_row_group`),
    for shards of 2048 and 40,000 one-row groups.
 """
 
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from genshift.reader import RowGroup, read_row_group
-from genshift.writer import SuiteWriter
+from genshift.suite_format import RowGroup, SuiteWriter, read_row_group
 
 
 def _footer_bytes(path: Path) -> int:

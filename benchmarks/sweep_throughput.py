@@ -76,7 +76,7 @@ def predictions(out: Path) -> dict[str, bytes]:
 def decode_seconds_per_image(suite: Path, data_config: dict, n: int = 64) -> float:
     """CPU seconds to decode + transform one image (the DataLoader workers' job), measured alone."""
     from genshift.eval.inference import UnitDataset, make_transform, plan_units
-    from genshift.reader import LocalSuite
+    from genshift.suite_format import LocalSuite
 
     s = LocalSuite.open(suite)
     s.verify()

@@ -125,8 +125,7 @@ def features(**dtypes: str) -> dict:
 def open_writer(cfg: BuildConfig, proc, **kw):
     """The suite writer of every process (the main one opens, and may replace, the build first), or
     None when the folder already holds this build."""
-    from genshift.suite_format import MANIFEST
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import MANIFEST, SuiteWriter
 
     writer = SuiteWriter(cfg.out, overwrite=cfg.overwrite, **kw) if proc.is_main else None
     proc.wait()  # the main process may have replaced an old build; then everyone opens it

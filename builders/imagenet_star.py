@@ -260,7 +260,7 @@ def run(cfg: Config) -> int:
 
     from genshift.builders.tokens import token_name, tokens_digest
     from genshift.data_cards import render_card
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import SuiteWriter
 
     shifts = shift_table(cfg)
     classes = parse_classes(cfg.classes) if cfg.classes or not cfg.smoke else list(SMOKE_CLASSES)

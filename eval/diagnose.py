@@ -36,7 +36,7 @@ from genshift.eval.results import load_result
 from genshift.eval.suite_trust import open_suite, reopen_suite
 from genshift.fsutil import atomic_path, atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from genshift.pixels import to_rgb
-from genshift.reader import LocalSuite, read_row_group
+from genshift.suite_format import LocalSuite, read_row_group
 
 DEFAULT_CLIP = ("ViT-B-32-quickgelu", "openai")
 IMAGE_VIEWS = ("classifier-square", "center-crop")

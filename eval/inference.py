@@ -29,7 +29,7 @@ from genshift.eval.options import EvalOptions, OptionError
 from genshift.eval.predictions import CARRIED_COLUMNS, PredictionBlock, first_per_class
 from genshift.oom import BatchBackoff
 from genshift.pixels import check_size, size_of, to_rgb
-from genshift.reader import LocalSuite, RowGroup, read_row_group
+from genshift.suite_format import LocalSuite, RowGroup, read_row_group
 
 log = logging.getLogger(__name__)
 COMPILE_MIN_IMAGES = 4000  # compile auto: runs of this many images pay a cold compile back on a GPU

@@ -159,7 +159,7 @@ def load_classifier(name: str, *, checkpoint: str | os.PathLike | None = None, d
     ``checkpoint``: local weights (:func:`read_checkpoint`); ``remap_by_order``: map its tensors onto the model's
     by position when key names differ (shapes must still match); ``pretrained=False``: random weights;
     ``checkpoint_weights``: ``"model"`` or ``"ema"`` of a training checkpoint; ``preprocess`` and ``data_config``
-    (a population's record of the paper's timm, ``genshift.populations``): :func:`eval_transform`.
+    (a population's record of the paper's timm, ``genshift.suites``): :func:`eval_transform`.
     """
     if checkpoint is not None:
         check_checkpoint_file(checkpoint)  # before any architecture is built (eva_giant: 3.7 GB of RAM)

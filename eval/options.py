@@ -17,7 +17,7 @@ from pathlib import Path
 from genshift.errors import BenchError, did_you_mean
 from genshift.fsutil import MAX_LIST_BYTES, read_text_limited
 from genshift.identity import timm_name
-from genshift.populations import is_population, list_populations, population_models
+from genshift.suites import is_population, list_populations, population_models
 
 MAX_NOTES = 10_000
 DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?")

@@ -17,7 +17,7 @@ import yaml
 from genshift.errors import BenchError, unknown
 from genshift.families import get_family
 from genshift.identity import LOCAL_ID, check_id, timm_name
-from genshift.populations import Member, Population, get_population
+from genshift.suites import Member, Population, get_population
 
 TABLES = ("imagenet-star-slopes", "in-g-fig4", "lance-table2")
 

@@ -16,8 +16,7 @@ from genshift import hub, upstream
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import read_limited, sha256_file
 from genshift.identity import timm_name
-from genshift.reader import LocalSuite
-from genshift.suite_format import MANIFEST, MAX_MANIFEST_BYTES, Manifest
+from genshift.suite_format import MANIFEST, MAX_MANIFEST_BYTES, LocalSuite, Manifest
 from genshift.suites import SUITES, construction_models, declared_scoring, get_suite
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ def open_suite(text: str, *, revision: str | None = None, configs: tuple[str, ..
     suite = hub.open_suite(text, revision=revision, configs=list(configs) if configs else None, mask=mask)
     key = text if text in SUITES else suite.suite_id
     spec = get_suite(key) if key in SUITES else None
-    family, reference = (spec.metric_family, spec.reference_config) if spec else declared_scoring(suite.manifest)
+    family, reference = declared_scoring(suite.manifest, spec)
     return SuiteInfo(suite, family, reference, construction_models(suite.manifest, spec), suite.pinned, source=text)
 
 
@@ -91,7 +90,7 @@ class SuiteRef:
     manifest: Manifest
     origin: str
     trusted: bool
-    local: object | None = None  # genshift.reader.LocalSuite
+    local: object | None = None  # genshift.suite_format.LocalSuite
     opens: str | None = None     # a manifest alone: the trusted name its images open by (a registry id)
     _rows: dict = field(default_factory=dict, repr=False)
 

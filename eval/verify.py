@@ -26,16 +26,14 @@ from genshift.eval.predictions import BASE_COLUMNS, first_per_class, read_predic
 from genshift.eval.predictions import schema as predictions_schema
 from genshift.eval.scoring import ScoringOptions, score
 from genshift.eval.suite_trust import SuiteRef, TrustedSuites, hub_manifest, open_ref
-from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 from genshift.fsutil import read_limited, sha256_bytes
+from genshift.hub import EVAL_YAML, MAX_EVAL_YAML_BYTES, check_eval_yaml
 from genshift.hubio import _unreachable
 from genshift.identity import timm_name
 from genshift.imagenet import NUM_CLASSES
 from genshift.pixels import to_rgb
-from genshift.populations import recorded_data_config
-from genshift.reader import LocalSuite, read_row_group
-from genshift.suite_format import rows_digest_table
-from genshift.suites import SUITES, construction_models, declared_scoring
+from genshift.suite_format import LocalSuite, read_row_group, rows_digest_table
+from genshift.suites import SUITES, construction_models, declared_scoring, recorded_data_config
 
 MAX_PROBLEMS = 20
 DETECT_FRACTION = 0.005    # the guarantee: a result with at least this fraction of its rows altered ...
@@ -316,7 +314,7 @@ def check_against_suite(result: dict, tables: dict[str, pa.Table], ref: SuiteRef
     problems += [f"flags.{k} is {result['flags'][k]}, recomputed {v}" for k, v in flags.items()
                  if result["flags"][k] != v]
     try:
-        family = spec.metric_family if spec else declared_scoring(m)[0]
+        family = declared_scoring(m, spec)[0]
     except IntegrityError as e:
         family = None
         problems.append(str(e))
@@ -502,7 +500,7 @@ def _load_recorded_model(m: dict, *, checkpoint: str | None, device: str, prepro
         raise BenchError(f"a result of {m['source']} weights cannot be re-run: only the process that scored it had "
                          "them")
     recorded = None
-    if data_config is not None:  # a population's record of the paper's timm (genshift.populations)
+    if data_config is not None:  # a population's record of the paper's timm (genshift.suites)
         recorded = recorded_data_config(timm_name(m.get("declared_name") or m["id"]), data_config)
     try:
         return load_classifier(name, checkpoint=checkpoint if m["source"] == "checkpoint" else None, device=device,

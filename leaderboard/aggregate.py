@@ -300,7 +300,7 @@ def reported_frame(suite: str | None = None) -> pd.DataFrame:
     """One row per reported number: paper, where, row, model (the paper's name), timm tag (our
     population's choice, empty where the paper's model is not a timm classifier), metric, value."""
     from genshift.eval.reproduce import reported
-    from genshift.populations import get_population
+    from genshift.suites import get_population
 
     rows = []
     for rep in reported().values():

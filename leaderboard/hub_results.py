@@ -17,9 +17,9 @@ from huggingface_hub import CommitOperationAdd, EvalResultEntry, HfApi, errors, 
 from genshift.errors import BenchError, one_line
 from genshift.eval.results import MAX_PREDICTIONS_BYTES, MAX_RESULT_BYTES, parse_result
 from genshift.eval.stamps import MAX_STAMP_BYTES, STAMP_FILE, check_stamp
-from genshift.eval_yaml import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
 from genshift.families import get_family
 from genshift.fsutil import read_limited, sha256_bytes
+from genshift.hub import EVAL_YAML, MAX_EVAL_YAML_BYTES, parse_eval_yaml
 from genshift.hubio import SHA_RE, is_repo_id
 
 MAX_HUB_ROWS = 500            # leaderboard rows read from the Hub

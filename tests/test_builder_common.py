@@ -119,7 +119,7 @@ def test_smoke_builds_do_not_depend_on_the_folder_or_the_thread_count(suite, tmp
     """Two builds to different --out folders under 1 and 2 torch threads: the same files, byte for
     byte, and the same manifest (no local path in it; model steps run with --cpu-threads)."""
     from genshift.cli import main
-    from genshift.reader import LocalSuite
+    from genshift.suite_format import LocalSuite
 
     before = torch.get_num_threads()
     outs = [tmp_path / "first" / "suite", tmp_path / "elsewhere" / "other-name"]

@@ -178,7 +178,7 @@ def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights)
     from PIL import Image
     from skimage import data
 
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import SuiteWriter
 
     def jpeg(arr):
         buf = io.BytesIO()
@@ -207,7 +207,7 @@ def test_real_efficientnet_lite0_recognises_real_photos(tmp_path, lite0_weights)
 
 
 def test_bad_image_fails_naming_it_or_is_skipped(tmp_path, tiny_checkpoint):
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import SuiteWriter
 
     good = io.BytesIO()
     from PIL import Image
@@ -334,7 +334,7 @@ def test_odd_images_in_a_suite_from_elsewhere_are_read_as_import_stores_them(tmp
     from PIL import Image
     from skimage import data
 
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import SuiteWriter
 
     def png(im):
         buf = io.BytesIO()

@@ -10,8 +10,7 @@ import pytest
 from genshift import hub
 from genshift.data_cards import render_card
 from genshift.errors import BenchError, NotFoundError, OfflineError
-from genshift.reader import LocalSuite
-from genshift.suite_format import Manifest
+from genshift.suite_format import LocalSuite, Manifest
 from genshift.synthetic import make_synthetic_suite
 from tests.fakehub import FakeHub
 from tests.hubtools import bench_subprocess, git_commit, olah_available, olah_server
@@ -249,7 +248,7 @@ def test_publish_writes_eval_yaml_and_refuses_a_wrong_one(tmp_path, capsys):
     from huggingface_hub import hf_hub_download
 
     from genshift.cli import main
-    from genshift.eval_yaml import parse_eval_yaml, suite_tasks
+    from genshift.hub import parse_eval_yaml, suite_tasks
 
     folder = _built_suite(tmp_path)
     with FakeHub() as fh:

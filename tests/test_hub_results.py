@@ -19,7 +19,7 @@ def _m(v):
 
 # -- eval.yaml: tasks per family, hand-computed values --------------------------------------------
 def test_tasks_and_values_per_family_are_the_headline_metrics_in_percent():
-    from genshift.eval_yaml import tasks
+    from genshift.hub import tasks
     from genshift.leaderboard.hub_results import task_values
 
     star = fake_result("timm/a", ["base", "fog", "snow"], {"configs": {
@@ -50,7 +50,7 @@ def test_tasks_and_values_per_family_are_the_headline_metrics_in_percent():
 
 
 def test_eval_yaml_round_trips_and_hostile_files_are_one_line(tmp_path):
-    from genshift.eval_yaml import check_eval_yaml, parse_eval_yaml, render_eval_yaml
+    from genshift.hub import check_eval_yaml, parse_eval_yaml, render_eval_yaml
     from genshift.suite_format import Manifest
     from genshift.synthetic import make_synthetic_suite
 

@@ -12,8 +12,7 @@ from PIL import Image
 
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
-from genshift.reader import LocalSuite
-from genshift.suite_format import shard_name
+from genshift.suite_format import LocalSuite, shard_name
 from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, keep_flags,
                                   released_kept_counts, shift_caption)
 from genshift.builders.sd_generate import GenerationSettings, SDGenerator
@@ -357,10 +356,10 @@ def test_smoke_suite_is_valid_and_scored_by_bench_eval(smoke_suite, tmp_path, ti
 
 @pytest.mark.slow
 def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
-    from genshift import writer
+    from genshift.suite_format import SuiteWriter
 
     out = tmp_path / "suite"
-    real = writer.SuiteWriter.write_shard
+    real = SuiteWriter.write_shard
     calls = {"n": 0}
 
     def crash_on_second(self, config, index, num_shards, rows):
@@ -369,7 +368,7 @@ def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
             raise RuntimeError("simulated crash")
         return real(self, config, index, num_shards, rows)
 
-    monkeypatch.setattr(writer.SuiteWriter, "write_shard", crash_on_second)
+    monkeypatch.setattr(SuiteWriter, "write_shard", crash_on_second)
     args = ["build", "imagenet-star", "--smoke", "--out", str(out), "--no-progress", "--images-per-shard", "2"]
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(args)
@@ -386,7 +385,7 @@ def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
             assert done.stat().st_mtime_ns == mtime and done.read_bytes() == data
         return real(self, config, index, num_shards, rows)
 
-    monkeypatch.setattr(writer.SuiteWriter, "write_shard", record)
+    monkeypatch.setattr(SuiteWriter, "write_shard", record)
     assert main(args) == 0
     suite = LocalSuite.open(out)
     suite.verify()
@@ -398,10 +397,10 @@ def test_resume_after_a_crash_keeps_finished_shards(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
-    from genshift import writer
+    from genshift.suite_format import SuiteWriter
     out = tmp_path / "suite"
     args = ["build", "imagenet-star", "--smoke", "--out", str(out), "--no-progress", "--images-per-shard", "2"]
-    real = writer.SuiteWriter.write_shard
+    real = SuiteWriter.write_shard
     seen = []
 
     def stop_after_stage(self, config, index, num_shards, rows):
@@ -410,7 +409,7 @@ def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
         seen.append((config, index))
         return real(self, config, index, num_shards, rows)
 
-    monkeypatch.setattr(writer.SuiteWriter, "write_shard", stop_after_stage)
+    monkeypatch.setattr(SuiteWriter, "write_shard", stop_after_stage)
     assert main(args) == 130  # Ctrl-C during the filter phase: the CLI exits 130, outputs kept
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / ".stage").rglob("*.parquet")}
     assert len(before) == len(seen) >= 3
@@ -423,7 +422,7 @@ def test_resume_skips_finished_stage_shards(tmp_path, monkeypatch):
             assert all(p.stat().st_mtime_ns == m and p.read_bytes() == b for p, (m, b) in before.items())
         return real(self, config, index, num_shards, rows)
 
-    monkeypatch.setattr(writer.SuiteWriter, "write_shard", record)
+    monkeypatch.setattr(SuiteWriter, "write_shard", record)
     assert main(args) == 0
     assert regenerated == []  # every generated shard was reused, untouched
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from genshift.cli import main
-from genshift.reader import LocalSuite
+from genshift.suite_format import LocalSuite
 
 
 def _img(path, color=(10, 20, 30), fmt="JPEG"):
@@ -820,7 +820,7 @@ def test_image_sides_are_bounded_at_eval_before_any_resize(tmp_path, tiny_checkp
     """A suite from elsewhere holding the 20000x2 PNG (2 GB once resized) and a 90-megapixel one (over
     Pillow's warning threshold, under its error): one line naming the image, or skipped and counted."""
     from genshift.data_cards import render_card
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import SuiteWriter
 
     photo = io.BytesIO()
     Image.fromarray(_photo("chelsea", (32, 32))).save(photo, format="JPEG")

@@ -11,7 +11,7 @@ from PIL import Image
 from genshift import imagenet
 from genshift.cli import main
 from genshift.errors import BenchError
-from genshift.reader import LocalSuite
+from genshift.suite_format import LocalSuite
 from genshift.builders.in_g_mining import CaptionResult, MiningConfig, caption_id, mine_all, mine_caption
 from genshift.builders.in_g_prompts import check_caption, class_prompt, read_captions, seed_caption
 

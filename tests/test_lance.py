@@ -9,7 +9,7 @@ from PIL import Image
 
 from genshift.cli import main
 from genshift.errors import BenchError
-from genshift.reader import LocalSuite
+from genshift.suite_format import LocalSuite
 from genshift.builders.lance_editor import Editor, EditorConfig, align_tokens
 from genshift.builders.lance_perturb import (PAPER_TYPES, Edit, edits_from_answer, paper_type, parse_variations, sample_edits,
                                     word_diff)

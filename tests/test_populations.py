@@ -14,7 +14,7 @@ from timm.models import get_pretrained_cfg
 from genshift.cli import main
 from genshift.errors import BenchError
 from genshift.eval.options import ModelSpec, resolve_models
-from genshift.populations import ROLES, get_population, list_populations
+from genshift.suites import ROLES, get_population, list_populations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +118,7 @@ def test_models_takes_a_population_by_name_at_its_recorded_data_config(caplog):
     assert rn50.data_config_from == "timm 0.6.12"
     today, _ = resolve_models(None, models_file="imagenet-star-61", population_config="today")
     assert all(s.data_config is None and s.data_config_from is None for s in today)
-    with caplog.at_level(logging.INFO, logger="genshift.populations"):
+    with caplog.at_level(logging.INFO, logger="genshift.suites"):
         specs, _ = resolve_models(None, models_file="in-g-fig4")
     assert len(specs) == 5 and all(s.checkpoint is None for s in specs)
     assert "RN2" in caplog.text and "bench eval --model resnet50=<file>" in caplog.text

@@ -563,8 +563,7 @@ def test_the_manifest_alone_checks_a_result_and_a_shipped_manifest_is_not_a_trus
                                                                                         capsys):
     """A manifest carrying rows digests (format 1.1) is enough to check a result: no images, no rows."""
     from genshift import evaluate
-    from genshift.reader import LocalSuite
-    from genshift.suite_format import rows_digest
+    from genshift.suite_format import LocalSuite, rows_digest
     from genshift.synthetic import make_synthetic_suite
 
     suite = tmp_path / "suite"

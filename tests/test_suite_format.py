@@ -9,10 +9,8 @@ from datasets import ClassLabel, Image, Value, load_dataset
 
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError, NotFoundError
-from genshift.reader import LocalSuite, read_row_group
-from genshift.suite_format import FORMAT_VERSION, Manifest
+from genshift.suite_format import FORMAT_VERSION, LocalSuite, Manifest, SuiteWriter, read_row_group
 from genshift.synthetic import make_synthetic_suite
-from genshift.writer import SuiteWriter
 
 
 def test_round_trip_features_rows_and_manifest(toy_suite):
@@ -221,9 +219,9 @@ def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path
     import os
     import threading
 
-    from genshift import reader
+    from genshift import suite_format
     from genshift.fsutil import StatKey
-    from genshift.reader import RowGroup
+    from genshift.suite_format import RowGroup
 
     rows, per_group = 6000, 50
     pq.write_table(pa.table({"i": list(range(rows)), "blob": [os.urandom(1500) for _ in range(rows)]}),
@@ -237,7 +235,7 @@ def test_row_groups_read_from_threads_at_once_each_use_their_own_handle(tmp_path
             for g in groups:
                 t = read_row_group(tmp_path, g, columns=["i", "blob"])
                 assert t["i"].to_pylist() == list(range(g.index * per_group, (g.index + 1) * per_group))
-            handles.add(id(reader._open_shard(str(tmp_path / "s.parquet"), StatKey.of(tmp_path / "s.parquet"),
+            handles.add(id(suite_format._open_shard(str(tmp_path / "s.parquet"), StatKey.of(tmp_path / "s.parquet"),
                                               os.getpid(), threading.get_ident())))
         except Exception as e:  # reported below with the thread's failure
             errors.append(repr(e))

@@ -21,10 +21,8 @@ from genshift.data_cards import demo_card, render_card
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import sha256_file
 from genshift.hub import open_suite
-from genshift.reader import LocalSuite
-from genshift.suite_format import rows_digest
+from genshift.suite_format import LocalSuite, SuiteWriter, rows_digest
 from genshift.synthetic import make_synthetic_suite
-from genshift.writer import SuiteWriter
 
 SHARD = "data/base/test-00000-of-00002.parquet"
 
@@ -428,7 +426,7 @@ def test_row_groups_are_read_with_the_shard_opened_once(tmp_path, monkeypatch):
     """600 one-row groups (within the bounds): reading every group opens the shard once, not 600
     times (each open parses the whole footer: quadratic); a shard replaced at the same path is
     opened anew, never read through a stale handle."""
-    from genshift import reader
+    from genshift import suite_format
 
     root = tmp_path / "s"
 
@@ -447,10 +445,10 @@ def test_row_groups_are_read_with_the_shard_opened_once(tmp_path, monkeypatch):
     suite.verify()
     groups = suite.row_groups("base")
     assert len(groups) == 600
-    labels = [reader.read_row_group(root, g, ["label"])["label"][0].as_py() for g in groups]
+    labels = [suite_format.read_row_group(root, g, ["label"])["label"][0].as_py() for g in groups]
     assert labels == [7] * 600 and len(opened) == 1
     write(9)  # same path, new file
-    assert reader.read_row_group(root, groups[0], ["label"])["label"][0].as_py() == 9 and len(opened) == 2
+    assert suite_format.read_row_group(root, groups[0], ["label"])["label"][0].as_py() == 9 and len(opened) == 2
 
 
 def test_a_predictions_file_with_a_huge_footer_is_one_line(tmp_path):

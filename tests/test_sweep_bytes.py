@@ -209,7 +209,7 @@ def test_decode_device_cpu_path_agrees_and_is_recorded(tmp_path, lite0_weights):
     from PIL import Image
     from skimage import data
 
-    from genshift.writer import SuiteWriter
+    from genshift.suite_format import SuiteWriter
 
     def enc(arr, fmt):
         buf = io.BytesIO()

@@ -12,7 +12,7 @@ from PIL import Image
 from genshift import imagenet
 from genshift.errors import BenchError, IntegrityError
 from genshift.fsutil import sha256_file
-from genshift.reader import LocalSuite
+from genshift.suite_format import LocalSuite
 from genshift.suites import imagenet_star_shifts
 from genshift.upstream import convert_release, load_masks
 

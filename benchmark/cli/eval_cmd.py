@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import logging
 import signal
 import sys
 
@@ -11,7 +14,9 @@ from genshift.cli.build import add_config, flag
 from genshift.errors import BenchError
 from genshift.eval.options import EvalOptions, OptionError, resolve_models
 from genshift.families import get_family
-from genshift.heap import keep_freed_memory
+
+log = logging.getLogger(__name__)
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # <malloc.h>
 
 
 def add_parser(sub):
@@ -75,12 +80,26 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+def keep_freed_memory() -> bool:
+    """Keep freed memory in the process heap (glibc): large blocks from the heap, never trimmed, one arena, so
+    batches reuse heap blocks instead of page-faulting their activations in again (``docs/performance.md``, "Page
+    faults"). Process-wide and final: ``bench eval`` sets it before threads allocate, the library never does; True
+    if glibc agreed."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to tune
+        return False
+    ok = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**30)) and bool(mallopt(M_ARENA_MAX, 1))
+    log.debug("glibc mallopt: mmap off, trim threshold 1 GiB, one arena: %s", ok)
+    return ok
+
+
 def run(args) -> int:
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalOptions) if hasattr(args, f.name)}
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         opts = EvalOptions(**{**given, "mask": mask_arg(args)})  # every option checked before anything is read
-        keep_freed_memory()  # before any tensor or DataLoader worker: batches reuse heap blocks (genshift.heap)
+        keep_freed_memory()  # before any tensor or DataLoader worker: batches reuse heap blocks
         return _run(args, opts)
     except OptionError as e:  # the option's name replaced by its flag
         text = str(e)

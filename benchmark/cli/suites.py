@@ -22,8 +22,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from genshift.populations import get_population, list_populations
-    from genshift.suites import get_suite, list_suites
+    from genshift.suites import get_population, get_suite, list_populations, list_suites
 
     if args.populations:  # every model of every population, and why each tag
         pops = [get_population(n) for n in list_populations()]
