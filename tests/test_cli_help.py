@@ -337,8 +337,9 @@ def test_an_os_error_from_a_dataloader_worker_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(suites_cli, "run", fail)
     assert main(["suites"]) == 74
     err = capsys.readouterr().err
-    assert err == ("error: bench suites: Input/output error (EIO) on '/data/suite/test-00000-of-00002.parquet'; the disk reported "
-                   "an input/output error; check it, then rerun: finished outputs are kept and the rerun resumes\n")
+    assert err == ("error: bench suites: Input/output error (EIO) on '/data/suite/test-00000-of-00002.parquet'; "
+                   "the disk reported an input/output error; check it, then rerun: finished outputs are kept and "
+                   "the rerun resumes\n")
 
 
 def test_slope_id_accuracy_csv_is_read_through_the_bounded_reader(tmp_path):

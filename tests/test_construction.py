@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from genshift.cli import main
-from genshift.suites import construction_models, get_suite
-from genshift.eval.suite_trust import is_construction_model as _is_construction_model, open_suite
+from genshift.eval.suite_trust import is_construction_model as _is_construction_model
+from genshift.eval.suite_trust import open_suite
 from genshift.eval.verify import verify_result
+from genshift.suites import construction_models, get_suite
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 
 from genshift import evaluate
 from genshift.cli import main
-from genshift.errors import BenchError, NotFoundError
+from genshift.errors import BenchError
 from genshift.eval.verify import verify_result
 from tests.resultkit import fake_result
 
@@ -120,9 +120,9 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
     t = t.set_column(t.schema.get_field_index("true_prob"), "true_prob", pa.array(probs))
     pq.write_table(t, path.parent / "predictions" / "base.parquet")
     r = json.loads(path.read_text())
-    from genshift.fsutil import sha256_file
-    from genshift.eval.scoring import ScoringOptions, score
     from genshift.eval.predictions import read_predictions
+    from genshift.eval.scoring import ScoringOptions, score
+    from genshift.fsutil import sha256_file
     r["predictions"][0]["sha256"] = sha256_file(path.parent / "predictions" / "base.parquet")
     tables = {p["config"]: read_predictions(path.parent / p["path"]) for p in r["predictions"]}
     r["metrics"] = score("accuracy", tables, ScoringOptions(**r["protocol"]["scoring"]))
@@ -133,8 +133,8 @@ def test_verify_recheck_reruns_images(tmp_path, toy_suite, tiny_checkpoint):
 
 
 def test_resume_after_kill_gives_identical_predictions(tmp_path, tiny_checkpoint, tiny_folder, monkeypatch):
-    from genshift.synthetic import make_synthetic_suite
     from genshift.eval import merging as P
+    from genshift.synthetic import make_synthetic_suite
 
     toy_suite = tmp_path / "toy"
     make_synthetic_suite(toy_suite, classes=range(10), per_class=4)
@@ -264,6 +264,7 @@ def test_model_typo_is_reported_before_the_suite_is_resolved(tmp_path, monkeypat
 def test_non_1000_class_model_is_refused(tmp_path):
     import timm
     import torch
+
     from genshift.eval.models import load_classifier
     m = timm.create_model("test_resnet", pretrained=False, num_classes=10)
     torch.save(m.state_dict(), tmp_path / "ten.pth")

@@ -60,7 +60,8 @@ def test_imagenet_star_pins_are_what_timm_0_6_12_loaded(tmp_path):
     assert derived == shipped
     by = {m["paper"]: m for m in shipped}
     assert by["resnet18"]["model"] == "resnet18.tv_in1k" and by["resnet34"]["model"] == "resnet34.bt_in1k"
-    assert by["resnet50"]["data_config"]["input_size"] == [3, 224, 224] and by["resnet50"]["data_config"]["crop_pct"] == 0.95
+    rn50 = by["resnet50"]["data_config"]
+    assert rn50["input_size"] == [3, 224, 224] and rn50["crop_pct"] == 0.95
 
 
 @pytest.mark.slow
@@ -104,7 +105,8 @@ def test_population_sizes_roles_and_the_stated_conflicts():
     fig4 = get_population("in-g-fig4")
     roles = {m.paper: m.role for m in fig4.members}
     assert [p for p, r in roles.items() if r == "in21k"] == ["BiT-M R101x1", "ViT-B/16 (IN-21k)", "ViT-B/32 (IN-21k)"]
-    assert {m.paper for m in fig4.members if m.local} == {"RN2", "VIT2"} == {p for p, r in roles.items() if r == "replica"}
+    replicas = {p for p, r in roles.items() if r == "replica"}
+    assert {m.paper for m in fig4.members if m.local} == {"RN2", "VIT2"} == replicas
 
 
 def test_models_takes_a_population_by_name_at_its_recorded_data_config(caplog):
@@ -131,7 +133,8 @@ def test_a_recorded_data_config_is_what_the_model_runs_at_and_the_protocol_says(
     from genshift.eval.sweep import SweepRequest, run_sweep
 
     recorded = {"input_size": [3, 48, 48], "crop_pct": 0.95, "interpolation": "bilinear"}
-    spec = ModelSpec("test_resnet.r160_in1k", str(tiny_checkpoint), data_config=recorded, data_config_from="timm 0.6.12")
+    spec = ModelSpec("test_resnet.r160_in1k", str(tiny_checkpoint), data_config=recorded,
+                     data_config_from="timm 0.6.12")
     jobs = run_sweep(SweepRequest(models=(spec,), suite=str(toy_suite), out=str(tmp_path / "runs"),
                                   options=EvalOptions(workers=0, progress=False)))
     result = load_result(jobs[0].run_dir / "result.json")  # the schema accepts the protocol's data_config

@@ -127,7 +127,8 @@ def test_synthetic_cli_suite_loads_config_by_config(tmp_path):
     from genshift.cli import main
 
     out = tmp_path / "demo"
-    assert main(["demo-suite", "--out", str(out), "--configs", "base,in_the_snow", "--classes", "3", "--per-class", "2"]) == 0
+    assert main(["demo-suite", "--out", str(out), "--configs", "base,in_the_snow", "--classes", "3",
+                 "--per-class", "2"]) == 0
     _check_loads_by_config(out)
     head = (out / "README.md").read_text().split("---")[1]
     assert "size_categories:\n- n<1K" in head and "n01440764" not in head  # compact: features are in the parquet
@@ -281,7 +282,8 @@ HOSTILE = {
     "not utf-8": (_manifest_not_json, r"manifest is not valid JSON"),
     "duplicate key": (_duplicate_key, r"duplicate key 'suite_id'"),
     "label 1000": (lambda r, o: _forge(r, SHARD, _set_label(3, 1000)),
-                   r"config 'base', data/base/test-00000-of-00002\.parquet row 3: label 1000 is not an ImageNet-1k index"),
+                   r"config 'base', data/base/test-00000-of-00002\.parquet row 3: "
+                   r"label 1000 is not an ImageNet-1k index"),
     "label -1": (lambda r, o: _forge(r, SHARD, _set_label(0, -1)), r"row 0: label -1 is not an ImageNet-1k index"),
     "duplicate image_id": (lambda r, o: _forge(r, SHARD, _set_image_id(2, "base/000/00")),
                            r"row 2 repeats its image_id \(image_id 'base/000/00' is also .* row 0\)"),
@@ -347,7 +349,8 @@ NAMES = st.sampled_from(["../x", "../../etc", "/etc/passwd", "", ".", "..", "a" 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70) | st.floats(allow_nan=False)
     | st.text(max_size=20) | NAMES,
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(NAMES | st.text(max_size=8), children, max_size=3),
+    lambda children: (st.lists(children, max_size=3)
+                      | st.dictionaries(NAMES | st.text(max_size=8), children, max_size=3)),
     max_leaves=8)
 
 
