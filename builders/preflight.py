@@ -331,8 +331,7 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
                   partial(clip_embed, cfg.clip_model, f32, texts=4), "the pass/fail comparisons"),
         ]
     if suite_id in ("in-g-rn", "in-g-vit"):
-        from genshift.builders.in_g import TARGETS
-        from genshift.builders.in_g_prompts import caption_batch
+        from genshift.builders.in_g import TARGETS, caption_batch
 
         target = cfg.target or TARGETS[suite_id]
         shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image

@@ -12,8 +12,8 @@ from genshift import imagenet
 from genshift.cli import main
 from genshift.errors import BenchError
 from genshift.reader import LocalSuite
-from genshift.builders.in_g_mining import CaptionResult, MiningConfig, caption_id, mine_all, mine_caption
-from genshift.builders.in_g_prompts import check_caption, class_prompt, read_captions, seed_caption
+from genshift.builders.in_g import (CaptionResult, MiningConfig, caption_id, check_caption, class_prompt, mine_all,
+                                    mine_caption, read_captions, seed_caption)
 
 
 @pytest.mark.parametrize("wnid, text", [
@@ -269,7 +269,7 @@ def test_captioning_is_three_shot_as_the_paper_and_recorded():
     are manually described using between four to seven short sentences"; "we force the captioning model to
     only consider completions to the original baseline prompt"."""
     from genshift.builders.captioner import Captioner
-    from genshift.builders.in_g_prompts import shots
+    from genshift.builders.in_g import shots
 
     few, record = shots()
     assert len(few) == 3 and [r["caption"] for r in record] == [c for _, c in few]
@@ -318,7 +318,7 @@ def test_every_images_caption_is_mined_unless_deduplicated(tmp_path):
 def test_captioning_sends_sixteen_images_per_call_shots_included(n_shots, per_call):
     """Three-shot captioning sends each image with its three shots: 4 images per call keeps the vision model's
     batch at single-image captioning's 16, so both fit the same GPU (preflight: 13.24 vs 12.72 GiB at 24 GiB)."""
-    from genshift.builders.in_g_prompts import captioner_fn
+    from genshift.builders.in_g import captioner_fn
 
     calls = []
 
@@ -337,7 +337,7 @@ def test_captioning_sends_sixteen_images_per_call_shots_included(n_shots, per_ca
 
 @pytest.mark.parametrize("captioning", ["three-shot", "single-image"])
 def test_smoke_build_records_the_captioning(tmp_path, captioning):
-    from genshift.builders.in_g_prompts import shots
+    from genshift.builders.in_g import shots
 
     out = tmp_path / "ing"
     assert main(["build", "in-g-rn", "--smoke", "--out", str(out), "--no-progress", "--captioning", captioning]) == 0
