@@ -147,7 +147,7 @@ def generation_settings(cfg: Config):
 def token_source(cfg: Config, classes: list[int]) -> tuple[str, str | None, dict | None]:
     """(kind, path, tokens) of the class tokens; a released or given file is loaded and validated here,
     before anything heavy is."""
-    from genshift.builders.tokens import download_released_tokens, load_token_zip
+    from genshift.builders.textual_inversion import download_released_tokens, load_token_zip
 
     if cfg.smoke or cfg.tokens == "none":
         return ("smoke" if cfg.smoke else "none"), None, None
@@ -176,8 +176,7 @@ def _train(cfg: Config, run, classes: list[int], root: Path, data, what: str, *,
            resolution: int, model_id: str) -> tuple[dict, dict]:
     """Tokens of ``classes`` by textual inversion, split over the processes (every process gets all; resumable in
     ``root/.tokens``), written to ``root/tokens.zip``; returns them and their provenance (``what`` they are)."""
-    from genshift.builders.textual_inversion import TIConfig, folder_classes, train_tokens
-    from genshift.builders.tokens import save_token_zip
+    from genshift.builders.textual_inversion import TIConfig, folder_classes, save_token_zip, train_tokens
 
     ti, work = TIConfig(steps=steps, lr=lr, resolution=resolution), root / TOKENS_WORK
     tokens = train_tokens(data, work, run, ti, classes=classes, model_id=model_id, process=current_process(),
@@ -198,12 +197,11 @@ def _load_models(cfg: Config, settings, classes: list[int], device: str, token_k
     """(generator, CLIP scorer, token provenance); ``tokens`` = the loaded released/file tokens."""
     from genshift.builders.clip_scoring import ClipScorer
     from genshift.builders.sd_generate import SDGenerator
-    from genshift.builders.textual_inversion import TIRun
-    from genshift.builders.tokens import load_token_zip, tokens_digest
+    from genshift.builders.textual_inversion import TIRun, load_token_zip, tokens_digest
 
     out = Path(cfg.out)
     if token_kind == "smoke":  # a few textual-inversion steps on synthetic images, then the real token path
-        from genshift.builders.tiny import tiny_sd_components
+        from genshift.builders.real_models import tiny_sd_components
 
         data = _smoke_training_images(out / STAGE / "smoke-images", classes)
         run = TIRun.from_components(tiny_sd_components(), "cpu")
@@ -258,7 +256,7 @@ def _shard_rows(items, shift, prompt, gen, clip, seed: int, token_names, bar, re
 def run(cfg: Config) -> int:
     from tqdm.auto import tqdm
 
-    from genshift.builders.tokens import token_name, tokens_digest
+    from genshift.builders.textual_inversion import token_name, tokens_digest
     from genshift.data_cards import render_card
     from genshift.writer import SuiteWriter
 

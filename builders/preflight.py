@@ -170,7 +170,7 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
                   prompts: list[str], batch: int, probe: Probe) -> None:
     """``SDGenerator``: prompt embeddings (1000 class tokens), seeded latents, a guided UNet call, the decode."""
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-    from genshift.builders.tokens import inject_tokens, token_name
+    from genshift.builders.textual_inversion import inject_tokens, token_name
 
     c = rm.stable_diffusion(model_id, dtype=dtype)
     probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])

@@ -14,7 +14,7 @@ from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
 from genshift.builders.common import loading
 from genshift.builders.seeding import generator
-from genshift.builders.tokens import inject_tokens
+from genshift.builders.textual_inversion import inject_tokens
 from genshift.errors import BenchError
 from genshift.oom import BatchBackoff
 
@@ -79,7 +79,7 @@ class SDGenerator:
     @classmethod
     def tiny(cls, settings: GenerationSettings, *, prediction_type: str = "v_prediction", tokens: dict | None = None):
         """The same pipeline on tiny random-weight components (``--smoke`` and tests; CPU)."""
-        from genshift.builders.tiny import tiny_sd_components
+        from genshift.builders.real_models import tiny_sd_components
 
         return cls.from_components(tiny_sd_components(prediction_type=prediction_type), settings, tokens=tokens)
 

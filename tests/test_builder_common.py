@@ -62,7 +62,7 @@ def test_batch_backoff_gives_up_with_a_clear_error_and_reraises_others():
 def test_offline_clip_tokenizer_matches_open_clip():
     import open_clip
 
-    from genshift.builders.tiny import clip_tokenizer
+    from genshift.builders.real_models import clip_tokenizer
     tok = clip_tokenizer()
     text = "a photo of a Golden Retriever in the snow, at dusk!"
     ids = tok(text).input_ids
