@@ -14,8 +14,8 @@ from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
 from genshift.reader import LocalSuite
 from genshift.suite_format import shard_name
-from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, keep_flags,
-                                  released_kept_counts, shift_caption)
+from genshift.builders.imagenet_star import (RELEASED_KEPT_FRACTION, calibrate, keep_flags, released_kept_counts,
+                                             shift_caption)
 from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 from genshift.builders.seeding import derive_seed, generator
 from genshift.builders.textual_inversion import inject_tokens, load_token_zip, save_token_file, save_token_zip, token_name
