@@ -16,6 +16,7 @@ directional similarity is kept.
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import json
 import logging
@@ -429,10 +430,6 @@ def _load_plan(path: Path) -> dict | None:
     return plan if isinstance(plan, dict) and isinstance(plan.get("caption"), str) else None
 
 
-def _save_plan(path: Path, plan: dict) -> None:
-    atomic_write_bytes(path, json.dumps(plan).encode())  # NaN stays NaN (a text score), as in the rows
-
-
 def _type_counts(pairs) -> dict:
     """``{"edit_type": {type: n}, "edit_type_fine": {fine type: n}}`` of (type, fine type) pairs."""
     pairs = list(pairs)
@@ -443,6 +440,7 @@ def _type_counts(pairs) -> dict:
 @threaded
 def run(cfg: Config) -> int:
     import pyarrow as pa
+    import torch
     from tqdm.auto import tqdm
 
     from genshift.data_cards import render_card
@@ -482,9 +480,12 @@ def run(cfg: Config) -> int:
         for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not cfg.progress, dynamic_ncols=True):
             if (plan := step(src, *models)) is not None:
                 plans[src.source_id] = plan
-                _save_plan(work / f"{src.source_id}.plan.json", plan)
-        del models
-        common.free(device)
+                # NaN stays NaN (a text score), as in the rows
+                atomic_write_bytes(work / f"{src.source_id}.plan.json", json.dumps(plan).encode())
+        del models  # given back before the next stage loads its own
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
     def rendered(src, editor, clip) -> None:
         plan = plans[src.source_id]

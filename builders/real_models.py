@@ -56,10 +56,9 @@ def building(device: str, dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32,
-                     text_encoder_dtype: torch.dtype = torch.float32) -> dict:
-    """UNet, VAE, text encoder (random weights), tokenizer and scheduler of a Stable Diffusion
-    checkpoint, as ``StableDiffusionPipeline(**components)`` takes them."""
+def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype = torch.float32) -> dict:
+    """UNet, VAE, text encoder (random weights; float32, as the builders run it), tokenizer and scheduler of a
+    Stable Diffusion checkpoint, as ``StableDiffusionPipeline(**components)`` takes them."""
     from transformers import CLIPTextConfig
 
 
@@ -68,7 +67,7 @@ def stable_diffusion(model_id: str, *, device: str = "meta", dtype: torch.dtype 
     with building(device, dtype):
         unet = locate(c["unet"]["class"]).from_config(c["unet"]["config"])
         vae = locate(c["vae"]["class"]).from_config(c["vae"]["config"])
-    with building(device, text_encoder_dtype):
+    with building(device, torch.float32):
         text_encoder = locate(c["text_encoder"]["class"])(CLIPTextConfig(**c["text_encoder"]["config"]))
     scheduler = locate(s["scheduler"]["class"]).from_config(s["scheduler"]["config"])
     tok = s["tokenizer"]

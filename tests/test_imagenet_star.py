@@ -85,7 +85,7 @@ def test_generation_backs_off_on_out_of_memory(tiny_gen):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(**kw)
 
-    gen._denoiser = oom_above_one
+    gen.denoiser = oom_above_one
     got = gen.generate(["a"] * 3, [1, 2, 3])
     assert gen.backoff.batch_size == 1 and sizes == [3, 2, 1, 1, 1]
     # the bytes of a run at the batch size the back-off settled on (equal batch composition, equal bytes) ...
