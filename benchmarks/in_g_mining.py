@@ -2,7 +2,7 @@
 
     python benchmarks/in_g_mining.py                 # tiny random SD + timm test_resnet on CPU
 
-Both arms mine the same captions with the same seeds, cap and N (``genshift.builders.in_g_mining``); the
+Both arms mine the same captions with the same seeds, cap and N (``genshift.builders.in_g``); the
 one-at-a-time arm uses batch size 1 for generation and classification. Reports images/s and
 kept failures per hour for each arm, the speedup, and the cost model for regenerating the sets:
 GPU-hours = captions x (images sampled per caption) / (images/s) / 3600.
@@ -24,8 +24,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from genshift import imagenet
-    from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_caption
-    from genshift.builders.in_g_prompts import class_prompt
+    from genshift.builders.in_g import MiningConfig, class_prompt, classifier_from_timm, mine_caption
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 
     labels = list(imagenet.imagenet_a_indices()[: args.captions])

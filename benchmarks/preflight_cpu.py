@@ -63,7 +63,7 @@ class Timer:
 def sd2_generate() -> dict:
     from genshift.builders import real_models as rm
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-    from genshift.builders.tokens import token_name
+    from genshift.builders.textual_inversion import token_name
 
     c = rm.stable_diffusion(SD2, device="cpu")
     settings = GenerationSettings(model_id=SD2, steps=2, height=768, width=768, output_size=512, jpeg_quality=75,

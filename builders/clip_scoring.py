@@ -39,7 +39,7 @@ class ClipScorer:
     def tiny(cls, *, seed: int = 0, device: str | torch.device = "cpu") -> ClipScorer:
         import open_clip
 
-        from genshift.builders.tiny import tiny_open_clip
+        from genshift.builders.real_models import tiny_open_clip
 
         model, preprocess, _ = tiny_open_clip(seed=seed)
         return cls(model, preprocess, open_clip.tokenize, model_id=f"tiny-open-clip(seed={seed})", device=device)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import gc
 import hashlib
 import importlib.metadata
 import json
@@ -195,12 +194,3 @@ def loading(what: str, hint: str, errors: tuple = (OSError, ValueError)) -> Iter
         yield
     except errors as e:
         raise BenchError(f"cannot load {what}: {first_line(e)}; {hint}") from None
-
-
-def free(device: str) -> None:
-    """Give a finished stage's models back (the caller dropped its references) before the next loads."""
-    import torch
-
-    gc.collect()
-    if str(device).startswith("cuda"):
-        torch.cuda.empty_cache()

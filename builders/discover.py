@@ -13,8 +13,7 @@ import numpy as np
 
 from genshift import imagenet
 from genshift.builders.common import Checked, ConfigError, option
-from genshift.builders.in_g_mining import Classify, Generate
-from genshift.builders.in_g_prompts import CAPTIONING, captioner_fn, class_prompt, seed_caption, shots
+from genshift.builders.in_g import CAPTIONING, Classify, Generate, captioner_fn, class_prompt, seed_caption, shots
 from genshift.builders.seeding import derive_seed
 
 Caption = Callable[[list[bytes], str], list[str]]  # images, forced prefix -> texts
@@ -140,7 +139,7 @@ def discover(label: int, *, generate: Generate, classify: Classify, caption: Cap
 def search(cfg: Config) -> dict:
     """``bench discover``: load the models the config names and run :func:`discover`; the report."""
     from genshift.builders.captioner import Captioner
-    from genshift.builders.in_g_mining import classifier_from_timm
+    from genshift.builders.in_g import classifier_from_timm
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
 
     for name in ("model", "klass"):

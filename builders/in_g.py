@@ -1,22 +1,292 @@
-"""``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles et al.), an
-open re-creation with substitutes (``docs/builders.md``, IN-G). Mining is resumable per caption and spread over
-``accelerate`` processes by caption id; the main process writes the suite.
+"""``bench build in-g-rn | in-g-vit``: generated images that fool a ResNet-50 / ViT-B/16 (Wiles, Albuquerque, Gowal),
+an open re-creation with substitutes (``docs/builders.md``, IN-G).
+
+Class prompts: the class prompt with the WordNet 3.0 grandparent of smallest offset (``genshift.imagenet``); a seed
+caption is the class prompt and at most two generated sentences, lower-cased, from a captioner continuing the prompt
+or from a CSV/JSONL file. Failure mining (s4.2): per seed caption, images (seeds from the caption id) until ``cap``
+fail by the paper's definition (none of the top-3 under the true class's WordNet parent:
+``genshift.eval.metrics.parent_failures``) or ``n_max`` were sampled; each caption's outcome is checkpointed, so
+mining is resumable per caption and spread over ``accelerate`` processes by caption id; the main process writes the
+suite.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import io
 import json
+import re
 import shutil
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from genshift import imagenet
 from genshift.builders import common
-from genshift.builders.common import BuildConfig, ConfigError, option, threaded
-from genshift.builders.in_g_prompts import CAPTIONING, captioner_fn, class_prompt, read_captions, seed_caption, shots
+from genshift.builders.common import BuildConfig, ConfigError, load_parquet, option, save_parquet, threaded
+from genshift.builders.seeding import derive_seed
 from genshift.errors import BenchError
+from genshift.eval.metrics import parent_failures
 from genshift.fsutil import atomic_write_bytes, sha256_file
+
+TEMPLATE = "a realistic photograph of {article} {name} ({parent})."
+CAPTIONING = ("three-shot", "single-image")  # the paper's few-shot prompt (shots()), or the image alone
+DECODING = {"num_beams": 5, "min_new_tokens": 8, "max_new_tokens": 40}  # the IN-G captioner's
+
+
+@dataclass(frozen=True)
+class ClassPrompt:
+    label: int
+    wnid: str
+    name: str
+    parent_wnid: str
+    parent_name: str
+    text: str
+
+
+def class_prompt(label: int, *, an: bool = False) -> ClassPrompt:
+    c = imagenet.get_class(label)
+    if c.parent is None:
+        raise BenchError(f"class {label} ({c.wnid}) has no WordNet grandparent in the shipped hierarchy; it cannot "
+                         "be given an IN-G prompt")
+    parent = imagenet.synset_name(c.parent)
+    article = "an" if an and c.lemma[:1].lower() in "aeiou" else "a"
+    return ClassPrompt(label, c.wnid, c.lemma, c.parent, parent,
+                       TEMPLATE.format(article=article, name=c.lemma, parent=parent))
+
+
+def seed_caption(prompt: str, continuation: str, *, max_sentences: int = 2) -> str:
+    """Class prompt + at most ``max_sentences`` generated sentences, lower-cased."""
+    cont = continuation.strip()
+    if cont.lower().startswith(prompt.lower()):
+        cont = cont[len(prompt):].strip()
+    sentences = [s.strip(" .") for s in re.split(r"(?<=\.)\s+", cont) if s.strip(" .")]
+    tail = " ".join(f"{s.lower()}." for s in sentences[:max_sentences])
+    return f"{prompt} {tail}".strip()
+
+
+def check_caption(label: int, caption: str, *, an: bool = False) -> str:
+    """A caption must start with its class prompt (the paper forces it); one clear error otherwise."""
+    prompt = class_prompt(label, an=an).text
+    if not caption.lower().startswith(prompt.lower()):
+        raise BenchError(f"caption {caption[:60]!r} for class {label} does not start with its class prompt "
+                         f"{prompt!r}; IN-G captions continue the class prompt")
+    return caption
+
+
+def _label(text, where: str) -> int:
+    try:
+        return imagenet.parse_class(text)
+    except BenchError as e:
+        raise BenchError(f"{where}: {e}") from None
+
+
+def read_captions(path: str | Path, *, an: bool = False) -> list[tuple[int, str]]:
+    """Seed captions from a CSV (class,caption) or JSONL file; each must continue its class prompt."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"caption file {str(path)!r} does not exist")
+    rows: list[tuple[int, str]] = []
+    if path.suffix == ".jsonl":
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                rows.append((_label(obj["class"], f"{path.name}:{i}"), str(obj["caption"])))
+            except (ValueError, KeyError, TypeError) as e:
+                raise BenchError(f"{path.name}:{i}: expected {{\"class\": ..., \"caption\": ...}} ({e})") from None
+    else:
+        with open(path, newline="") as f:
+            for i, row in enumerate(csv.reader(f), 1):
+                if not row or (i == 1 and row[0].strip().lower() == "class"):
+                    continue
+                if len(row) < 2:
+                    raise BenchError(f"{path.name}:{i}: expected 'class,caption'")
+                rows.append((_label(row[0], f"{path.name}:{i}"), row[1]))
+    if not rows:
+        raise BenchError(f"caption file {path} holds no captions")
+    return [(y, check_caption(y, c.strip(), an=an)) for y, c in rows]
+
+
+def shots() -> tuple[list, list[dict]]:
+    """The captioner's three shots (package data ``in_g_shots.yaml``): ``[(PIL image, caption)]`` and
+    their record for the suite's provenance (image file, its sha256, caption)."""
+    import hashlib
+    from importlib import resources
+
+    import yaml
+    from PIL import Image
+
+    data = resources.files("genshift.builders").joinpath("_data")
+    out, record = [], []
+    for s in yaml.safe_load(data.joinpath("in_g_shots.yaml").read_text()):
+        raw = data.joinpath(s["image"]).read_bytes()
+        out.append((Image.open(io.BytesIO(raw)).convert("RGB"), s["caption"]))
+        record.append({"image": s["image"], "sha256": hashlib.sha256(raw).hexdigest(), "caption": s["caption"]})
+    return out, record
+
+
+def caption_batch(n_shots: int) -> int:
+    """Images captioned per call: 16 images through the vision model per call, shots included (three-shot: 4),
+    so that three-shot captioning needs about the memory of single-image captioning (``bench build --preflight``)."""
+    return 16 // (1 + n_shots)
+
+
+def captioner_fn(captioner, shots: Sequence = ()) -> Callable[[list, str], list[str]]:
+    """``caption(images, class prompt) -> texts`` by a :class:`~genshift.builders.captioner.Captioner` with the
+    IN-G decoding and ``shots`` (:func:`shots`) before each image; images are files or encoded bytes."""
+    from PIL import Image
+
+    batch = caption_batch(len(shots))
+
+    def caption(images: list, prefix: str) -> list[str]:
+        out = []
+        for a in range(0, len(images), batch):
+            pil = [Image.open(io.BytesIO(im) if isinstance(im, bytes) else im) for im in images[a:a + batch]]
+            out += captioner.caption(pil, prefix=prefix, shots=shots, **DECODING)
+        return out
+
+    return caption
+
+
+Generate = Callable[[list[str], list[int]], list[bytes]]
+Classify = Callable[[list[bytes]], np.ndarray]  # (n, 1000) probabilities
+
+
+@dataclass(frozen=True)
+class MiningConfig:
+    n_max: int = 1000   # images sampled per caption at most (the paper's "up to a thousand")
+    cap: int = 2        # failures kept per caption (the paper's cap is unknown; recorded)
+    batch_size: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise BenchError(f"cap must be at least 1 (failures kept per caption), got {self.cap}")
+        if self.n_max < self.cap:
+            raise BenchError(f"n_max ({self.n_max}) is smaller than cap ({self.cap}); a caption could never fill "
+                             "its cap")
+
+
+def caption_id(label: int, caption: str, occurrence: int = 0) -> str:
+    """The id of a caption; a caption seen again (another image gave the same text) gets its own id,
+    hence its own seeds: each seed caption is mined, as the paper mines every image's caption."""
+    text = caption if occurrence == 0 else f"{caption}#{occurrence}"
+    return f"{label:03d}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+@dataclass
+class Attempt:
+    index: int
+    seed: int
+    image: bytes = field(repr=False)
+    top5_idx: list[int]
+    top5_prob: list[float]
+    top1_miss: bool
+    top3_miss: bool
+    parent_failure: bool
+
+
+@dataclass
+class CaptionResult:
+    caption_id: str
+    label: int
+    caption: str
+    sampled: int
+    kept: list[Attempt]
+
+    def save(self, path: Path) -> None:
+        import pyarrow as pa
+
+        schema = pa.schema([("index", pa.int32()), ("seed", pa.int64()), ("image", pa.binary()),
+                            ("top5_idx", pa.list_(pa.int16())), ("top5_prob", pa.list_(pa.float32())),
+                            ("top1_miss", pa.bool_()), ("top3_miss", pa.bool_()), ("parent_failure", pa.bool_())])
+        table = pa.Table.from_pylist([asdict(a) for a in self.kept], schema=schema)
+        save_parquet(path, table, {"caption": {"caption_id": self.caption_id, "label": self.label,
+                                               "caption": self.caption, "sampled": self.sampled}})
+
+    @classmethod
+    def load(cls, path: Path) -> CaptionResult:
+        rows, meta = load_parquet(path)
+        c = meta["caption"]
+        return cls(c["caption_id"], c["label"], c["caption"], c["sampled"], [Attempt(**r) for r in rows])
+
+
+def mine_caption(label: int, caption: str, *, generate: Generate, classify: Classify, cfg: MiningConfig,
+                 cid: str | None = None) -> CaptionResult:
+    """Sample until ``cfg.cap`` failures are kept or ``cfg.n_max`` images were sampled."""
+    cid = cid or caption_id(label, caption)
+    kept: list[Attempt] = []
+    sampled = 0
+    while sampled < cfg.n_max and len(kept) < cfg.cap:
+        n = min(cfg.batch_size, cfg.n_max - sampled)
+        seeds = [derive_seed(cfg.seed, cid, sampled + j) for j in range(n)]
+        images = generate([caption] * n, seeds)
+        probs = np.asarray(classify(images), dtype=np.float64)
+        top5 = np.argsort(-probs, axis=1, kind="stable")[:, :5]
+        fail = parent_failures(np.full(n, label), top5[:, :3])
+        for j in np.flatnonzero(fail)[:cfg.cap - len(kept)].tolist():
+            kept.append(Attempt(index=sampled + j, seed=seeds[j], image=images[j],
+                                top5_idx=top5[j].tolist(), top5_prob=probs[j, top5[j]].astype(np.float32).tolist(),
+                                top1_miss=bool(top5[j, 0] != label), top3_miss=bool(label not in top5[j, :3]),
+                                parent_failure=True))
+        sampled += n
+    return CaptionResult(cid, label, caption, sampled, kept)
+
+
+def mine_all(captions: Sequence[tuple[int, str]], work_dir: Path, *, generate: Generate, classify: Classify,
+             cfg: MiningConfig, owns: Callable[[str], bool] = lambda cid: True, progress: bool = True
+             ) -> dict[str, CaptionResult]:
+    """Mine every caption this process owns, resuming from checkpoints in ``work_dir``."""
+    from tqdm.auto import tqdm
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    out, todo = {}, []
+    seen: Counter = Counter()
+    for label, caption in captions:
+        cid = caption_id(label, caption, seen[label, caption])
+        seen[label, caption] += 1
+        if not owns(cid):
+            continue
+        ckpt = work_dir / f"{cid}.parquet"
+        if ckpt.is_file():
+            out[cid] = CaptionResult.load(ckpt)
+        else:
+            todo.append((label, caption, ckpt, cid))
+    bar = tqdm(todo, desc="mine", unit="caption", disable=not progress, dynamic_ncols=True)
+    for label, caption, ckpt, cid in bar:
+        res = mine_caption(label, caption, generate=generate, classify=classify, cfg=cfg, cid=cid)
+        res.save(ckpt)
+        out[res.caption_id] = res
+        bar.set_postfix(kept=sum(len(r.kept) for r in out.values()))
+    return out
+
+
+def classifier_from_timm(model_name: str, *, device: str = "cpu", checkpoint: str | None = None,
+                         pretrained: bool = True, batch_size: int = 64) -> tuple[Classify, dict]:
+    """A ``classify`` function over JPEG bytes with the target's own timm eval transform."""
+    import torch
+    from PIL import Image
+
+    from genshift.eval.models import load_classifier
+
+    clf = load_classifier(model_name, checkpoint=checkpoint, device=device, pretrained=pretrained)
+
+    @torch.inference_mode()
+    def classify(images: list[bytes]) -> np.ndarray:
+        outs = []
+        for a in range(0, len(images), batch_size):
+            x = torch.stack([clf.transform(Image.open(io.BytesIO(b)).convert("RGB")) for b in images[a:a + batch_size]])
+            outs.append(clf.model(x.to(device)).float().softmax(-1).cpu().numpy())
+        return np.concatenate(outs)
+
+    return classify, clf.describe()
+
 
 TARGETS = {"in-g-rn": "resnet50.tv_in1k", "in-g-vit": "vit_base_patch16_224.augreg_in1k"}
 WORK = ".work"
@@ -123,7 +393,6 @@ def _captions(cfg: Config, out: Path, device: str) -> tuple[list[tuple[int, str]
 
 @threaded
 def run(cfg: Config) -> int:
-    from genshift.builders.in_g_mining import MiningConfig, classifier_from_timm, mine_all
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
     from genshift.data_cards import render_card
     from genshift.distributed import current_process, plan_nonempty_shards, shard_of

@@ -2,10 +2,21 @@
 Algorithm 1; ``docs/builders.md``, LANCE). Rows: ``original``, ``reconstruction`` (the control) and a
 ``counterfactual`` per accepted edit, joined by ``pair_id``. Three stages over all of a process's images
 (:func:`caption_image`, :func:`plan_edits`, :func:`render_image`), each with only its own models loaded.
+
+Sources: the 750 ImageNet validation images of the 15 Hard ImageNet classes, matched by wnid, from a local folder
+or a Hub dataset (``docs/builders.md``, LANCE "Sources"); missing ones reported by wnid.
+
+Image checks (the "checks and balances", Sec. 3.2 and Algorithm 1), with CLIP embeddings of the null-text
+reconstruction x (the "original" in the released code's filters), an edit x', the caption c and the edited caption
+c': cos(x, x') >= 0.7, cos(x, c) and cos(x', c') >= 0.2, the direction cos(x' - x, c' - c) >= 0.2 (Eq. 2 up to its
+sign typo), and x' closer to the edit words than to the removed ones. Of the f values that pass, the highest
+directional similarity is kept.
 """
 
 from __future__ import annotations
 
+import csv
+import gc
 import io
 import json
 import logging
@@ -13,20 +24,198 @@ import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from genshift import imagenet
 from genshift.builders import common
 from genshift.builders import lance_perturb as lp
 from genshift.builders.common import BuildConfig, ConfigError, option, threaded
-from genshift.builders.lance_sources import SourceImage, find_hub_sources, find_sources, load_crop
 from genshift.builders.seeding import derive_seed
 from genshift.errors import BenchError
 from genshift.fsutil import atomic_write_bytes
+from genshift.suites import HARD_IMAGENET_WNIDS
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 SUITE_ID = "lance-hardimagenet"
 IMAGE_FORMATS = ("jpeg-q75", "png")
 WORK = ".work"
+PER_CLASS = 50
+SUFFIXES = (".jpeg", ".jpg", ".png")
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    source_id: str   # ILSVRC2012_val_XXXXXXXX
+    wnid: str
+    label: int
+    path: Path | None            # a local file, or
+    data: bytes | None = None    # the encoded image (from a Hub parquet row)
+
+
+def _labels_file(root: Path) -> dict[str, str] | None:
+    for name in ("LOC_val_solution.csv", "val_labels.txt", "labels.txt"):
+        p = next((d / name for d in (root, root.parent) if (d / name).is_file()), None)
+        if p is None:
+            continue
+        out = {}
+        if p.suffix == ".csv":
+            with open(p, newline="") as f:
+                for row in csv.DictReader(f):
+                    out[row["ImageId"]] = row["PredictionString"].split()[0]
+        else:
+            for line in p.read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 2:
+                    out[Path(parts[0]).stem] = parts[1]
+        return out
+    return None
+
+
+def find_sources(root: str | Path, *, wnids=HARD_IMAGENET_WNIDS, per_class: int = PER_CLASS,
+                 allow_partial: bool = False) -> list[SourceImage]:
+    """The Hard ImageNet validation images under ``root``, sorted by (class order, file name)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BenchError(f"ImageNet validation folder {str(root)!r} does not exist; pass --imagenet-val DIR")
+    def images(folder: Path) -> list[Path]:
+        return sorted(p for p in folder.iterdir() if p.suffix.lower() in SUFFIXES) if folder.is_dir() else []
+
+    if any((root / w).is_dir() for w in wnids):
+        found = {w: images(root / w) for w in wnids}
+    else:
+        labels = _labels_file(root)
+        if labels is None:
+            raise BenchError(f"{root} has no <wnid>/ class folders and no labels file (LOC_val_solution.csv or "
+                             "'<file> <wnid>' lines); give the validation images in one of those layouts")
+        flat = images(root)
+        found = {w: [p for p in flat if labels.get(p.stem) == w] for w in wnids}
+    _report_missing({w: len(v) for w, v in found.items()}, per_class, allow_partial, "the validation folder")
+    return [SourceImage(p.stem, w, imagenet.index_of(w), p) for w in wnids for p in found[w][:per_class]]
+
+
+def _report_missing(counts: dict[str, int], per_class: int, allow_partial: bool, where: str) -> None:
+    missing = [w for w, n in counts.items() if n < per_class]
+    if not missing:
+        return
+    msg = "; ".join(f"{w} ({imagenet.names()[imagenet.index_of(w)]}): {counts[w]}/{per_class}" for w in missing[:6])
+    more = f" and {len(missing) - 6} more classes" if len(missing) > 6 else ""
+    if not allow_partial:
+        raise BenchError(f"{where} is missing Hard ImageNet images: {msg}{more}; complete it or pass --allow-partial")
+    log.warning("building from a partial validation set: %s%s", msg, more)
+
+
+def find_hub_sources(ref: str, *, files: str = "data/validation-*.parquet", wnids=HARD_IMAGENET_WNIDS,
+                     per_class: int = PER_CLASS, allow_partial: bool = False, cache_dir: str | None = None,
+                     endpoint: str | None = None) -> tuple[list[SourceImage], dict]:
+    """The Hard ImageNet validation images of a Hub dataset ``ORG/NAME[@revision]`` (the parquet files matching
+    ``files`` at the resolved commit; in file order, the first ``per_class`` of each class), and provenance."""
+    import pyarrow.parquet as pq
+
+    from genshift import hubio
+
+    repo_id, _, rev = ref.partition("@")
+    if not hubio.is_repo_id(repo_id):
+        raise BenchError(f"{repo_id!r} is not a Hub repo id; give --hub-val ORG/NAME[@SHA]")
+    sha = hubio.resolve_revision(repo_id, rev or None, endpoint=endpoint, cache_dir=cache_dir,
+                                 pin_hint=f"as --hub-val {repo_id}@<sha>")
+    root = hubio.snapshot(repo_id, revision=sha, patterns=[files], cache_dir=cache_dir, endpoint=endpoint)
+    paths = sorted(root.glob(files))
+    if not paths:
+        raise BenchError(f"{repo_id}@{sha[:12]} has no files matching {files!r}; pass the validation parquet files "
+                         "with --hub-val-files")
+    by_index = {imagenet.index_of(w): w for w in wnids}
+    found: dict[str, list[SourceImage]] = {w: [] for w in wnids}
+    for f in paths:
+        pf = pq.ParquetFile(f)
+        names = pf.schema_arrow.names
+        for col in ("image", "label"):
+            if col not in names:
+                raise BenchError(f"{f.name} has no {col!r} column (columns: {', '.join(names)}); give an ImageNet "
+                                 "validation dataset with image and label columns")
+        for g in range(pf.num_row_groups):
+            images = None  # read only for a row group that holds a wanted row
+            for i, y in enumerate(pf.read_row_group(g, columns=["label"]).column(0).to_pylist()):
+                w = by_index.get(y) if isinstance(y, int) else y
+                if w not in found or len(found[w]) == per_class:
+                    continue
+                if images is None:
+                    images = pf.read_row_group(g, columns=["image"]).column(0)
+                cell = images[i].as_py()
+                data, name = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
+                if not data:
+                    raise BenchError(f"{f.name}: row {i} of row group {g} has no embedded image bytes; use a dataset "
+                                     "with embedded images or --imagenet-val")
+                sid = Path(name).stem if name else f"{f.stem}-{g:04d}-{i:05d}"
+                found[w].append(SourceImage(sid, w, imagenet.index_of(w), None, data))
+    _report_missing({w: len(v) for w, v in found.items()}, per_class, allow_partial, f"{repo_id}@{sha[:12]}")
+    return [s for w in wnids for s in found[w]], {"repo_id": repo_id, "revision": sha, "files": files}
+
+
+def load_crop(src: SourceImage | Path, size: int = 512):
+    """Centre square crop + bicubic resize to ``size`` (PIL, as the released code), RGB (grayscale/CMYK converted)."""
+    from PIL import Image, UnidentifiedImageError
+
+    where = src if isinstance(src, Path) else (src.path or src.source_id)
+    try:
+        im = Image.open(src if isinstance(src, Path) else (src.path or io.BytesIO(src.data)))
+        im.load()
+    except (UnidentifiedImageError, OSError) as e:
+        raise BenchError(f"source image {str(where)!r} is not a readable image ({e}); replace it") from None
+    im = im.convert("RGB")
+    side = min(im.size)
+    left, top = (im.width - side) // 2, (im.height - side) // 2
+    return im.crop((left, top, left + side, top + side)).resize((size, size), Image.BICUBIC)
+
+
+@dataclass(frozen=True)
+class CheckThresholds:
+    image_image: float = 0.7
+    image_text: float = 0.2
+    direction: float = 0.2
+    closer_to_edit: bool = True
+
+
+@dataclass
+class CheckScores:
+    f: float
+    clip_img_sim: float
+    clip_sim_0: float
+    clip_sim_1: float
+    clip_dir_sim: float
+    edit_word_sim: float | None
+    original_word_sim: float | None
+    passed: bool
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    import torch
+
+    return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
+
+def score_edits(scorer, reconstruction, edited: list, fs: list[float], caption: str, edited_caption: str,
+                original_words: str, edit_words: str, th: CheckThresholds = CheckThresholds()) -> list[CheckScores]:
+    """Scores and the pass/fail verdict of every f of a sweep."""
+    e0, *images = scorer.encode_images([reconstruction, *edited])
+    texts = [caption, edited_caption, edit_words] + ([original_words] if original_words else [])
+    tc, te, tw, *to = scorer.encode_texts(texts)
+    out = []
+    for f, e in zip(fs, images):
+        img, sim0, sim1, direction = _cos(e0, e), _cos(e0, tc), _cos(e, te), _cos(e - e0, te - tc)
+        word, original = _cos(e, tw), (_cos(e, to[0]) if to else None)
+        passed = (img >= th.image_image and sim0 >= th.image_text and sim1 >= th.image_text
+                  and direction >= th.direction and (not th.closer_to_edit or original is None or word > original))
+        out.append(CheckScores(f, img, sim0, sim1, direction, word, original, passed))
+    return out
+
+
+def choose(scores: list[CheckScores]) -> CheckScores | None:
+    """The passing f with the highest directional similarity, or None."""
+    passing = [s for s in scores if s.passed]
+    return max(passing, key=lambda s: s.clip_dir_sim) if passing else None
 
 
 @dataclass(frozen=True)
@@ -117,7 +306,6 @@ def _smoke_sources() -> list[SourceImage]:
     from PIL import Image
     from skimage import data
 
-    from genshift.suites import HARD_IMAGENET_WNIDS
 
     photos = [data.chelsea(), data.coffee(), data.astronaut(), data.rocket()]
     wnids = [HARD_IMAGENET_WNIDS[i // 2] for i in range(len(photos))]
@@ -135,31 +323,25 @@ def _editor_config(cfg: Config):
                         eq_bug_compat=cfg.eq_bug_compat)
 
 
-def _clip(cfg: Config, device: str):
-    from genshift.builders.clip_scoring import ClipScorer
-
-    return ClipScorer.tiny() if cfg.smoke else ClipScorer.from_pretrained(cfg.clip_model, cfg.clip_pretrained,
-                                                                           device=device)
-
-
-def _captioner(cfg: Config, device: str):
+def load_models(stage: str, cfg: Config, device: str) -> tuple:
+    """The models of one stage ("caption", "edits" or "images") and only those: the perturber's CLIP text filter
+    loads its own CLIP (the editor is not loaded yet)."""
     from genshift.builders.captioner import Captioner
-
-    return Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device)
-
-
-def _text_models(cfg: Config, device: str):
-    """The perturber and the text filter (the CLIP variant loads its own CLIP: the editor is not loaded yet)."""
-    if cfg.smoke:
-        return SmokePerturber(), lp.TextFilter.sentence_bert()
-    text = lp.TextFilter.sentence_bert() if cfg.text_filter == "sbert" else lp.TextFilter.clip(_clip(cfg, device))
-    return lp.Perturber.from_pretrained(cfg.perturber, device=device), text
-
-
-def _image_models(cfg: Config, device: str, ed):
+    from genshift.builders.clip_scoring import ClipScorer
     from genshift.builders.lance_editor import Editor
 
-    return (Editor.tiny(ed) if cfg.smoke else Editor.from_pretrained(ed, device=device)), _clip(cfg, device)
+    def clip():
+        return ClipScorer.tiny() if cfg.smoke else ClipScorer.from_pretrained(cfg.clip_model, cfg.clip_pretrained,
+                                                                               device=device)
+    if stage == "caption":
+        return (Captioner.tiny() if cfg.smoke else Captioner.from_pretrained(cfg.captioner, device=device),)
+    if stage == "edits" and cfg.smoke:
+        return SmokePerturber(), lp.TextFilter.sentence_bert()
+    if stage == "edits":
+        text = lp.TextFilter.sentence_bert() if cfg.text_filter == "sbert" else lp.TextFilter.clip(clip())
+        return lp.Perturber.from_pretrained(cfg.perturber, device=device), text
+    ed = _editor_config(cfg)
+    return (Editor.tiny(ed) if cfg.smoke else Editor.from_pretrained(ed, device=device)), clip()
 
 
 def caption_length(cfg: Config) -> dict:
@@ -200,8 +382,6 @@ def render_image(src, plan: dict, *, editor, clip, cfg: Config) -> tuple[list[di
     """Stage 3 of one source image: its rows (original, reconstruction, accepted counterfactuals) from its
     plan: null-text inversion once, prompt-to-prompt for every kept edit, CLIP checks, the best f."""
     import numpy as np
-
-    from genshift.builders.lance_checks import CheckThresholds, choose, score_edits
 
     crop = load_crop(src, editor.cfg.size)
     caption = plan["caption"]
@@ -250,10 +430,6 @@ def _load_plan(path: Path) -> dict | None:
     return plan if isinstance(plan, dict) and isinstance(plan.get("caption"), str) else None
 
 
-def _save_plan(path: Path, plan: dict) -> None:
-    atomic_write_bytes(path, json.dumps(plan).encode())  # NaN stays NaN (a text score), as in the rows
-
-
 def _type_counts(pairs) -> dict:
     """``{"edit_type": {type: n}, "edit_type_fine": {fine type: n}}`` of (type, fine type) pairs."""
     pairs = list(pairs)
@@ -264,6 +440,7 @@ def _type_counts(pairs) -> dict:
 @threaded
 def run(cfg: Config) -> int:
     import pyarrow as pa
+    import torch
     from tqdm.auto import tqdm
 
     from genshift.data_cards import render_card
@@ -296,16 +473,19 @@ def run(cfg: Config) -> int:
     # together do not fit a 24 GiB GPU; docs/performance.md); each image's plan is checkpointed per stage
     plans = {s.source_id: _load_plan(work / f"{s.source_id}.plan.json") for s in todo}
 
-    def stage(desc: str, images: list, load, step) -> None:
+    def stage(desc: str, images: list, step) -> None:
         if not images:
             return
-        models = load()
+        models = load_models(desc, cfg, device)
         for src in tqdm(images, desc=f"lance: {desc}", unit="image", disable=not cfg.progress, dynamic_ncols=True):
             if (plan := step(src, *models)) is not None:
                 plans[src.source_id] = plan
-                _save_plan(work / f"{src.source_id}.plan.json", plan)
-        del models
-        common.free(device)
+                # NaN stays NaN (a text score), as in the rows
+                atomic_write_bytes(work / f"{src.source_id}.plan.json", json.dumps(plan).encode())
+        del models  # given back before the next stage loads its own
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
     def rendered(src, editor, clip) -> None:
         plan = plans[src.source_id]
@@ -314,12 +494,12 @@ def run(cfg: Config) -> int:
         table = pa.Table.from_pylist([{**r, "image": r["image"]["bytes"]} for r in rows])  # + what made them
         common.save_parquet(work / f"{src.source_id}.parquet", table, {"tried": tried, "models": models})
 
-    stage("caption", [s for s in todo if plans[s.source_id] is None], lambda: (_captioner(cfg, device),),
+    stage("caption", [s for s in todo if plans[s.source_id] is None],
           lambda src, captioner: caption_image(src, captioner=captioner, ed=ed, cfg=cfg))
-    stage("edits", [s for s in todo if "kept" not in plans[s.source_id]], lambda: _text_models(cfg, device),
+    stage("edits", [s for s in todo if "kept" not in plans[s.source_id]],
           lambda src, perturber, text_filter: plan_edits(src, plans[src.source_id], perturber=perturber,
                                                          text_filter=text_filter, cfg=cfg))
-    stage("images", todo, lambda: _image_models(cfg, device, ed), rendered)
+    stage("images", todo, rendered)
     proc.wait()
     if not proc.is_main:
         return 0

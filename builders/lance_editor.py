@@ -174,7 +174,7 @@ class Editor:
     def tiny(cls, cfg: EditorConfig, *, seed: int = 0) -> Editor:
         from diffusers import StableDiffusionPipeline
 
-        from genshift.builders.tiny import tiny_sd_components
+        from genshift.builders.real_models import tiny_sd_components
 
         pipe = StableDiffusionPipeline(**tiny_sd_components(seed=seed, prediction_type="epsilon"), safety_checker=None,
                                        feature_extractor=None, requires_safety_checker=False)

@@ -176,13 +176,12 @@ class Perturber:
     """An instruction LLM that proposes caption edits (seeded sampling)."""
 
     def __init__(self, model, tokenizer, *, model_id: str, device: str = "cpu", max_new_tokens: int = 200,
-                 temperature: float = 1.0, examples: bool = True) -> None:
+                 examples: bool = True) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = device
         self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
         self.examples = examples
 
     @classmethod
@@ -214,7 +213,7 @@ class Perturber:
         ids = self.tokenizer(prompt, return_tensors="pt").to(self.device)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
             torch.manual_seed(seed)  # every device's generator
-            out = self.model.generate(**ids, do_sample=True, temperature=self.temperature, top_k=0,
+            out = self.model.generate(**ids, do_sample=True, temperature=1.0, top_k=0,
                                       max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 

@@ -85,35 +85,11 @@ class FusedAttention(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class Probe:
-    """A stage's pass: ``built(**models)`` records the models' parameters and weight bytes and starts
-    counting live bytes (``peak`` = weights + the activation peak); ``check`` records what passed."""
-
-    def __init__(self) -> None:
-        self.mem = LiveBytes()
-        self.params: dict[str, int] = {}
-        self.total = self.weights = 0
-        self.checks: list[str] = []
-
-    def built(self, **models: torch.nn.Module) -> None:
-        self.params = {k: rm.param_count(m) for k, m in models.items()}
-        self.total = rm.param_count(*models.values())
-        tensors = {id(t): t for m in models.values() for t in [*m.parameters(), *m.buffers()]}
-        self.weights = sum(t.numel() * t.element_size() for t in tensors.values())
-        self.mem.active = True
-
-    @property
-    def peak(self) -> int:
-        return self.weights + self.mem.peak
-
-    def check(self, cond: bool, what: str) -> None:
-        if not cond:
-            raise AssertionError(what)
-        self.checks.append(what)
-
-
 @dataclass
 class Report:
+    """A stage's pass: ``built(**models)`` records the models' parameters and weight bytes and starts counting
+    live bytes (:attr:`mem`); ``check`` records what passed; ``peak`` = weights + the activation peak."""
+
     stage: str
     model: str
     params: int = 0
@@ -126,10 +102,23 @@ class Report:
     not_on_meta: str = ""
     error: str | None = None
     fits: bool | None = None
+    mem: LiveBytes = field(default_factory=LiveBytes, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def built(self, **models: torch.nn.Module) -> None:
+        self.components = {k: rm.param_count(m) for k, m in models.items()}
+        self.params = rm.param_count(*models.values())
+        tensors = {id(t): t for m in models.values() for t in [*m.parameters(), *m.buffers()]}
+        self.weights = sum(t.numel() * t.element_size() for t in tensors.values())
+        self.mem.active = True
+
+    def check(self, cond: bool, what: str) -> None:
+        if not cond:
+            raise AssertionError(what)
+        self.checks.append(what)
 
 
 @dataclass(frozen=True)
@@ -138,7 +127,7 @@ class Stage:
     model: str
     dtype: torch.dtype
     batch: int                  # the batch the builder runs (1 where it works image by image)
-    run: Callable               # run(batch=, probe=): probe.built(**models) once built, then probe.check(...)
+    run: Callable               # run(batch=, probe=report): probe.built(**models) once built, then probe.check(...)
     not_on_meta: str = ""
 
 
@@ -148,7 +137,7 @@ def _pil(size: int):
     return Image.new("RGB", (size, size), (120, 90, 60))
 
 
-def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, probe: Probe) -> None:
+def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, probe: Report) -> None:
     """One textual-inversion step: the loss of ``TIRun`` (v-prediction target) and its backward."""
     from genshift.builders.textual_inversion import TEMPLATES, TIRun, initializer, template_ids
 
@@ -167,10 +156,10 @@ def ti_step(model_id: str, resolution: int, dtype: torch.dtype, *, batch: int, p
 
 
 def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *, class_tokens: bool,
-                  prompts: list[str], batch: int, probe: Probe) -> None:
+                  prompts: list[str], batch: int, probe: Report) -> None:
     """``SDGenerator``: prompt embeddings (1000 class tokens), seeded latents, a guided UNet call, the decode."""
     from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-    from genshift.builders.tokens import inject_tokens, token_name
+    from genshift.builders.textual_inversion import inject_tokens, token_name
 
     c = rm.stable_diffusion(model_id, dtype=dtype)
     probe.built(unet=c["unet"], vae=c["vae"], text_encoder=c["text_encoder"])
@@ -202,7 +191,7 @@ def sd_generation(model_id: str, height: int, width: int, dtype: torch.dtype, *,
     probe.check(img.shape == (batch, 3, height, width), f"decoded images {height}x{width}")
 
 
-def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2, batch: int, probe: Probe) -> None:
+def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2, batch: int, probe: Report) -> None:
     """``ClipScorer``: image embeddings of a batch and the text embeddings it is scored against."""
     from genshift.builders.clip_scoring import ClipScorer
 
@@ -216,7 +205,7 @@ def clip_embed(name: str, dtype: torch.dtype, *, texts: int = 2, batch: int, pro
 
 
 def blip2_caption(model_id: str, dtype: torch.dtype, *, images: int = 1, prompt_tokens: int = 12,
-                  new_tokens: int = 100, beams: int = 5, batch: int, probe: Probe) -> None:
+                  new_tokens: int = 100, beams: int = 5, batch: int, probe: Report) -> None:
     """BLIP-2 by parts, at the processor's layout: the prompt's ``images`` (few-shot images, then the image)
     as queries at the LM width before ``prompt_tokens`` of text; ``beams`` sequences per image."""
     model = rm.blip2(model_id, dtype=dtype)
@@ -246,7 +235,7 @@ def blip2_caption(model_id: str, dtype: torch.dtype, *, images: int = 1, prompt_
 
 
 def llm_prompt(model_id: str, dtype: torch.dtype, *, prompt_tokens: int, new_tokens: int, batch: int,
-               probe: Probe) -> None:
+               probe: Report) -> None:
     """The perturber's forward over its prompt plus the answer it may write (the KV cache of generate)."""
     model = rm.causal_lm(model_id, dtype=dtype)
     probe.built(model=model)
@@ -256,7 +245,7 @@ def llm_prompt(model_id: str, dtype: torch.dtype, *, prompt_tokens: int, new_tok
     probe.check(out.logits.shape == (batch, 1, model.config.vocab_size), "next-token logits")
 
 
-def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2, *, batch: int, probe: Probe) -> None:
+def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2, *, batch: int, probe: Report) -> None:
     """``Editor``: DDIM inversion, one null-text-inversion step (Eq. 1), every f's prompt-to-prompt edit in
     one pass, the VAE decode (fp32, as the released code); ``steps`` scheduler steps stand for the 50."""
     from diffusers import StableDiffusionPipeline
@@ -288,7 +277,7 @@ def p2p_edit(model_id: str, size: int, fs: tuple[float, ...], steps: int = 2, *,
     probe.check(img.shape == (1 + len(fs), 3, size, size), "decoded edits")
 
 
-def timm_classify(name: str, dtype: torch.dtype, *, batch: int, probe: Probe) -> None:
+def timm_classify(name: str, dtype: torch.dtype, *, batch: int, probe: Report) -> None:
     import timm.data
 
     model = rm.timm_model(name, dtype=dtype)
@@ -331,8 +320,7 @@ def stages(suite_id: str, cfg, device: str) -> list[Stage]:
                   partial(clip_embed, cfg.clip_model, f32, texts=4), "the pass/fail comparisons"),
         ]
     if suite_id in ("in-g-rn", "in-g-vit"):
-        from genshift.builders.in_g import TARGETS
-        from genshift.builders.in_g_prompts import caption_batch
+        from genshift.builders.in_g import TARGETS, caption_batch
 
         target = cfg.target or TARGETS[suite_id]
         shots = cfg.captioning == "three-shot"  # three image and caption pairs (~60 tokens each) before each image
@@ -377,11 +365,9 @@ def check_stage(st: Stage) -> Report:
     """The meta pass of one stage at its batch."""
     rep = Report(st.name, st.model, dtype=str(st.dtype).split(".")[-1], batch=st.batch, not_on_meta=st.not_on_meta)
     try:
-        probe = Probe()
-        with FusedAttention(), probe.mem:
-            st.run(batch=st.batch, probe=probe)
-        rep.components, rep.params, rep.weights, rep.peak = probe.params, probe.total, probe.weights, probe.peak
-        rep.checks = probe.checks
+        with FusedAttention(), rep.mem:
+            st.run(batch=st.batch, probe=rep)
+        rep.peak = rep.weights + rep.mem.peak
     except Exception as e:  # noqa: BLE001 - a stage that fails its pass is reported, not raised
         rep.error = f"{type(e).__name__}: {one_line(e, 300)}"
     return rep

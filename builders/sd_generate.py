@@ -14,7 +14,7 @@ from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
 from genshift.builders.common import loading
 from genshift.builders.seeding import generator
-from genshift.builders.tokens import inject_tokens
+from genshift.builders.textual_inversion import inject_tokens
 from genshift.errors import BenchError
 from genshift.oom import BatchBackoff
 
@@ -59,7 +59,12 @@ class SDGenerator:
         self.device = torch.device(device)
         self.backoff = BatchBackoff(settings.batch_size, what="generation batch")
         self._embeds: dict[str, torch.Tensor] = {}
-        self._denoiser = None
+        # the UNet, VAE and scheduler without a text encoder, taking embeddings as given (with one, diffusers
+        # casts ``prompt_embeds`` back to its float32, which a fp16/bf16 UNet rejects)
+        self.denoiser = StableDiffusionPipeline(vae=pipe.vae, text_encoder=None, tokenizer=None, unet=pipe.unet,
+                                                scheduler=pipe.scheduler, safety_checker=None, feature_extractor=None,
+                                                requires_safety_checker=False)
+        self.denoiser.set_progress_bar_config(disable=True)
         self.resolved_revision: str | None = settings.revision
 
     @classmethod
@@ -79,7 +84,7 @@ class SDGenerator:
     @classmethod
     def tiny(cls, settings: GenerationSettings, *, prediction_type: str = "v_prediction", tokens: dict | None = None):
         """The same pipeline on tiny random-weight components (``--smoke`` and tests; CPU)."""
-        from genshift.builders.tiny import tiny_sd_components
+        from genshift.builders.real_models import tiny_sd_components
 
         return cls.from_components(tiny_sd_components(prediction_type=prediction_type), settings, tokens=tokens)
 
@@ -89,18 +94,6 @@ class SDGenerator:
         pipe = StableDiffusionPipeline(**components, safety_checker=None, feature_extractor=None,
                                        requires_safety_checker=False)
         return cls(pipe, settings, device=device, tokens=tokens)
-
-    @property
-    def denoiser(self):
-        """The pipeline's UNet, VAE and scheduler without a text encoder, taking embeddings as given (with
-        one, diffusers casts ``prompt_embeds`` back to its float32, which a fp16/bf16 UNet rejects)."""
-        if self._denoiser is None:
-            p = self.pipe
-            self._denoiser = StableDiffusionPipeline(vae=p.vae, text_encoder=None, tokenizer=None, unet=p.unet,
-                                                     scheduler=p.scheduler, safety_checker=None,
-                                                     feature_extractor=None, requires_safety_checker=False)
-            self._denoiser.set_progress_bar_config(disable=True)
-        return self._denoiser
 
     @torch.inference_mode()
     def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:

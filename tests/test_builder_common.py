@@ -3,16 +3,17 @@
 import pytest
 import torch
 
-from genshift.errors import BenchError
-from genshift.oom import BatchBackoff
 from genshift.builders.seeding import derive_seed, generator
 from genshift.distributed import Process, plan_shards, shard_of
+from genshift.errors import BenchError
+from genshift.oom import BatchBackoff
 
 
 def test_seeds_are_stable_and_distinct():
     a = derive_seed(1234, "in_the_snow", 7, 3)
     assert a == derive_seed(1234, "in_the_snow", 7, 3)
-    assert len({derive_seed(1234, c, k, i) for c in ("base", "in_the_snow") for k in range(20) for i in range(50)}) == 2000
+    seeds = {derive_seed(1234, c, k, i) for c in ("base", "in_the_snow") for k in range(20) for i in range(50)}
+    assert len(seeds) == 2000
     assert derive_seed(1, "x") != derive_seed(2, "x")
     assert 0 <= a < 2**63
     assert torch.equal(torch.randn(3, generator=generator(a)), torch.randn(3, generator=generator(a)))
@@ -62,7 +63,7 @@ def test_batch_backoff_gives_up_with_a_clear_error_and_reraises_others():
 def test_offline_clip_tokenizer_matches_open_clip():
     import open_clip
 
-    from genshift.builders.tiny import clip_tokenizer
+    from genshift.builders.real_models import clip_tokenizer
     tok = clip_tokenizer()
     text = "a photo of a Golden Retriever in the snow, at dusk!"
     ids = tok(text).input_ids

@@ -97,7 +97,7 @@ def test_captions_follow_the_code_and_name_the_planted_attribute():
 @pytest.mark.slow
 def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
     from genshift import evaluate
-    from genshift.builders.tiny import tiny_open_clip
+    from genshift.builders.real_models import tiny_open_clip
     from genshift.cli import main
     from genshift.eval import diagnose as diag
 
@@ -120,7 +120,7 @@ def test_diagnose_end_to_end_with_a_tiny_clip(tmp_path, toy_suite, tiny_checkpoi
 def _tiny_encoder(precision="auto"):
     import open_clip
 
-    from genshift.builders.tiny import tiny_open_clip
+    from genshift.builders.real_models import tiny_open_clip
     from genshift.eval import diagnose as diag
 
     model, _, _ = tiny_open_clip()

@@ -10,14 +10,25 @@ import pytest
 import torch
 from PIL import Image
 
+from genshift.builders.imagenet_star import (
+    RELEASED_KEPT_FRACTION,
+    calibrate,
+    keep_flags,
+    released_kept_counts,
+    shift_caption,
+)
+from genshift.builders.sd_generate import GenerationSettings, SDGenerator
+from genshift.builders.seeding import derive_seed, generator
+from genshift.builders.textual_inversion import (
+    inject_tokens,
+    load_token_zip,
+    save_token_file,
+    save_token_zip,
+    token_name,
+)
 from genshift.cli import main
 from genshift.errors import BenchError, IntegrityError
 from genshift.suite_format import LocalSuite, shard_name
-from genshift.builders.clip_filter import (RELEASED_KEPT_FRACTION, calibrate, keep_flags,
-                                  released_kept_counts, shift_caption)
-from genshift.builders.sd_generate import GenerationSettings, SDGenerator
-from genshift.builders.seeding import derive_seed, generator
-from genshift.builders.tokens import inject_tokens, load_token_zip, save_token_file, save_token_zip, token_name
 
 TINY = GenerationSettings(model_id="tiny", steps=2, height=32, width=32, output_size=24, batch_size=4)
 PROMPT = "a photo of a tench in the snow"
@@ -84,7 +95,7 @@ def test_generation_backs_off_on_out_of_memory(tiny_gen):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(**kw)
 
-    gen._denoiser = oom_above_one
+    gen.denoiser = oom_above_one
     got = gen.generate(["a"] * 3, [1, 2, 3])
     assert gen.backoff.batch_size == 1 and sizes == [3, 2, 1, 1, 1]
     # the bytes of a run at the batch size the back-off settled on (equal batch composition, equal bytes) ...
@@ -114,7 +125,7 @@ def test_build_records_the_batch_size_left_after_out_of_memory_back_off(tmp_path
 
 # -- tokens -------------------------------------------------------------------------------------
 def test_token_round_trip_injection_and_case_preserving_names(tmp_path):
-    from genshift.builders.tiny import tiny_sd_components
+    from genshift.builders.real_models import tiny_sd_components
 
     tokens = {0: torch.randn(32), 207: torch.randn(1, 32).half()}  # (D,) fp32 and (1, D) fp16 are accepted
     save_token_zip(tokens, tmp_path / "tokens.zip")
@@ -141,7 +152,7 @@ def test_token_round_trip_injection_and_case_preserving_names(tmp_path):
 
 
 def test_all_1000_tokens_get_the_authors_ids():
-    from genshift.builders.tiny import tiny_sd_components
+    from genshift.builders.real_models import tiny_sd_components
 
     comp = tiny_sd_components()
     g = torch.Generator().manual_seed(0)
@@ -198,8 +209,15 @@ def class_folder(tmp_path_factory):
 
 
 def test_textual_inversion_lowers_the_loss_and_holds_the_norm(class_folder):
-    from genshift.builders.textual_inversion import TIConfig, TIRun, eval_loss, folder_classes, initializer, train_class_token
-    from genshift.builders.tiny import tiny_sd_components
+    from genshift.builders.real_models import tiny_sd_components
+    from genshift.builders.textual_inversion import (
+        TIConfig,
+        TIRun,
+        eval_loss,
+        folder_classes,
+        initializer,
+        train_class_token,
+    )
 
     run = TIRun.from_components(tiny_sd_components(sample_size=16))
     vocab, rows = len(run.tokenizer), run.text_encoder.get_input_embeddings().weight.shape
@@ -239,8 +257,8 @@ def test_held_norm_embedding_serves_the_initialisers_norm():
 def test_template_ids_match_a_tokenizer_with_the_token_added():
     from transformers import AddedToken
 
+    from genshift.builders.real_models import clip_tokenizer
     from genshift.builders.textual_inversion import TEMPLATES, template_ids
-    from genshift.builders.tiny import clip_tokenizer
 
     plain, added = clip_tokenizer(pad_token="!"), clip_tokenizer(pad_token="!")
     added.add_tokens([AddedToken("<goldfish-1>", normalized=False)])
@@ -253,7 +271,7 @@ def test_template_ids_match_a_tokenizer_with_the_token_added():
 
 def test_textual_inversion_low_precision_and_resume(class_folder, tmp_path, monkeypatch):
     from genshift.builders import textual_inversion as ti
-    from genshift.builders.tiny import tiny_sd_components
+    from genshift.builders.real_models import tiny_sd_components
 
     comp = tiny_sd_components(sample_size=16)
     comp["unet"].to(torch.bfloat16)  # the GPU setting (fp16 UNet/VAE, fp32 text encoder), bf16 on CPU

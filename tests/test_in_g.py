@@ -4,16 +4,25 @@ import io
 import json
 
 import numpy as np
-import torch
 import pytest
+import torch
 from PIL import Image
 
 from genshift import imagenet
+from genshift.builders.in_g import (
+    CaptionResult,
+    MiningConfig,
+    caption_id,
+    check_caption,
+    class_prompt,
+    mine_all,
+    mine_caption,
+    read_captions,
+    seed_caption,
+)
 from genshift.cli import main
 from genshift.errors import BenchError
 from genshift.suite_format import LocalSuite
-from genshift.builders.in_g_mining import CaptionResult, MiningConfig, caption_id, mine_all, mine_caption
-from genshift.builders.in_g_prompts import check_caption, class_prompt, read_captions, seed_caption
 
 
 @pytest.mark.parametrize("wnid, text", [
@@ -88,7 +97,8 @@ def test_captioner_reads_every_new_token_of_decoder_only_and_encoder_decoder_lms
     with torch.no_grad():
         for _ in range(n):  # greedy; EOS barred until n tokens (min_new_tokens)
             if lm == "t5":
-                dec = [cap.model.config.text_config.decoder_start_token_id, *tok(prefix, add_special_tokens=False)["input_ids"]]
+                start = cap.model.config.text_config.decoder_start_token_id
+                dec = [start, *tok(prefix, add_special_tokens=False)["input_ids"]]
                 logits = cap.model(**inputs, decoder_input_ids=torch.tensor([dec + new])).logits[0, -1]
             else:
                 ids = torch.cat([inputs["input_ids"], torch.tensor([new], dtype=torch.long)], 1)
@@ -212,7 +222,8 @@ def test_unknown_target_and_missing_captions(tmp_path, capsys):
 
 
 def test_discover_finds_the_planted_green_caption():
-    from genshift.builders.discover import Config as DiscoverConfig, discover
+    from genshift.builders.discover import Config as DiscoverConfig
+    from genshift.builders.discover import discover
 
     crayfish, fence = imagenet.index_of("n01985128"), 489  # chainlink fence
     prompt = class_prompt(crayfish).text
@@ -269,7 +280,7 @@ def test_captioning_is_three_shot_as_the_paper_and_recorded():
     are manually described using between four to seven short sentences"; "we force the captioning model to
     only consider completions to the original baseline prompt"."""
     from genshift.builders.captioner import Captioner
-    from genshift.builders.in_g_prompts import shots
+    from genshift.builders.in_g import shots
 
     few, record = shots()
     assert len(few) == 3 and [r["caption"] for r in record] == [c for _, c in few]
@@ -318,7 +329,7 @@ def test_every_images_caption_is_mined_unless_deduplicated(tmp_path):
 def test_captioning_sends_sixteen_images_per_call_shots_included(n_shots, per_call):
     """Three-shot captioning sends each image with its three shots: 4 images per call keeps the vision model's
     batch at single-image captioning's 16, so both fit the same GPU (preflight: 13.24 vs 12.72 GiB at 24 GiB)."""
-    from genshift.builders.in_g_prompts import captioner_fn
+    from genshift.builders.in_g import captioner_fn
 
     calls = []
 
@@ -337,7 +348,7 @@ def test_captioning_sends_sixteen_images_per_call_shots_included(n_shots, per_ca
 
 @pytest.mark.parametrize("captioning", ["three-shot", "single-image"])
 def test_smoke_build_records_the_captioning(tmp_path, captioning):
-    from genshift.builders.in_g_prompts import shots
+    from genshift.builders.in_g import shots
 
     out = tmp_path / "ing"
     assert main(["build", "in-g-rn", "--smoke", "--out", str(out), "--no-progress", "--captioning", captioning]) == 0

@@ -7,13 +7,20 @@ import pytest
 import torch
 from PIL import Image
 
+from genshift.builders.lance_editor import Editor, EditorConfig, align_tokens
+from genshift.builders.lance_perturb import (
+    PAPER_TYPES,
+    Edit,
+    edits_from_answer,
+    paper_type,
+    parse_variations,
+    sample_edits,
+    word_diff,
+)
+from genshift.builders.seeding import derive_seed
 from genshift.cli import main
 from genshift.errors import BenchError
 from genshift.suite_format import LocalSuite
-from genshift.builders.lance_editor import Editor, EditorConfig, align_tokens
-from genshift.builders.lance_perturb import (PAPER_TYPES, Edit, edits_from_answer, paper_type, parse_variations, sample_edits,
-                                    word_diff)
-from genshift.builders.seeding import derive_seed
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -100,8 +107,8 @@ def test_token_alignment_maps_kept_tokens():
 
 def test_perturber_parsing_and_word_diff_on_hand_written_answers():
     cap = "a photo of a monkey in a green tree"
-    ans = ("Below is ...\n### Variations:\n1. A photo of a monkey in a red tree\n2) a photo of a monkey in a green tree "
-           "in the snow\n- \"a painting of a monkey in a green tree\"\n4. ok\n")
+    ans = ("Below is ...\n### Variations:\n1. A photo of a monkey in a red tree\n"
+           "2) a photo of a monkey in a green tree in the snow\n- \"a painting of a monkey in a green tree\"\n4. ok\n")
     assert parse_variations(ans) == ["A photo of a monkey in a red tree",
                                      "a photo of a monkey in a green tree in the snow",
                                      "a painting of a monkey in a green tree"]
@@ -137,7 +144,7 @@ def test_sources_from_a_gated_hub_dataset_at_a_resolved_commit(tmp_path, caplog)
     from huggingface_hub import HfApi
 
     from genshift import imagenet
-    from genshift.builders.lance_sources import find_hub_sources, load_crop
+    from genshift.builders.lance import find_hub_sources, load_crop
     from tests.fakehub import FakeHub
 
     wnids = ("n03218198", "n04356056")  # dog sled (537), sunglasses (837)
@@ -172,8 +179,8 @@ def test_sources_from_a_gated_hub_dataset_at_a_resolved_commit(tmp_path, caplog)
 
 
 def test_sources_report_missing_classes_and_read_flat_layouts(tmp_path):
+    from genshift.builders.lance import find_sources, load_crop
     from genshift.suites import HARD_IMAGENET_WNIDS
-    from genshift.builders.lance_sources import find_sources, load_crop
     root = tmp_path / "val"
     for w in HARD_IMAGENET_WNIDS[:14]:
         (root / w).mkdir(parents=True)
@@ -196,7 +203,7 @@ def test_sources_report_missing_classes_and_read_flat_layouts(tmp_path):
 
 
 def test_checks_choose_the_best_passing_f():
-    from genshift.builders.lance_checks import CheckScores, choose
+    from genshift.builders.lance import CheckScores, choose
     s = [CheckScores(0.4, 0.9, 0.3, 0.3, 0.25, 0.3, 0.2, True), CheckScores(0.6, 0.9, 0.3, 0.3, 0.4, 0.3, 0.2, True),
          CheckScores(0.8, 0.5, 0.3, 0.3, 0.9, 0.3, 0.2, False)]
     assert choose(s).f == 0.6 and choose(s[2:]) is None
@@ -297,7 +304,9 @@ def test_smoke_suite_pairs_and_eval(smoke_suite, tmp_path, tiny_checkpoint, tiny
     result = json.loads((tmp_path / "runs/lance-hardimagenet" / tiny_folder / "result.json").read_text())
     lance = result["metrics"]["lance"]
     assert lance["n_pairs"] == len(cf)  # a Δp for every pair
-    from genshift.eval.metrics import paper_edit_type  # Δp is reported by the paper's five types (weather in background)
+    from genshift.eval.metrics import (
+        paper_edit_type,  # Δp is reported by the paper's five types (weather in background)
+    )
     assert set(lance["delta_p_by_edit_type"]) == {paper_edit_type(r["edit_type"]) for r in cf}
     assert result["analysis"]["lance_edit_clusters"]["clusters"]
 
@@ -323,12 +332,11 @@ def test_each_stage_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path, monk
         def inner(*a, **kw):
             if crash_after is not None and sum(c[0] == name for c in calls) == crash_after:
                 raise RuntimeError("simulated crash")
-            calls.append((name, a[0].source_id if a and hasattr(a[0], "source_id") else None))
+            calls.append((name, a[0].source_id if hasattr(a[0], "source_id") else a[0]))
             return fn(*a, **kw)
         return inner
 
-    real = {n: getattr(lance, n) for n in ("_captioner", "_text_models", "_image_models", "caption_image",
-                                           "plan_edits", "render_image")}
+    real = {n: getattr(lance, n) for n in ("load_models", "caption_image", "plan_edits", "render_image")}
 
     def patch(**crash):
         calls.clear()
@@ -344,13 +352,13 @@ def test_each_stage_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path, monk
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(args + ["--out", str(out)])
     names = [c[0] for c in calls]
-    assert "_captioner" not in names and "caption_image" not in names  # every caption was on disk
+    assert ("load_models", "caption") not in calls and "caption_image" not in names  # every caption was on disk
     assert {c[1] for c in calls if c[0] == "plan_edits"} == {f"smoke_{i:04d}" for i in range(4)} - planned
     rendered = {c[1] for c in calls if c[0] == "render_image"}
     assert len(rendered) == 1 and {p.stem for p in (out / ".work").glob("*.parquet")} == rendered
     patch()
     assert main(args + ["--out", str(out)]) == 0
-    assert [c[0] for c in calls] == ["_image_models"] + ["render_image"] * 3
+    assert calls[0] == ("load_models", "images") and [c[0] for c in calls[1:]] == ["render_image"] * 3
     assert rendered.isdisjoint(c[1] for c in calls)
     assert _manifest_sha(out) == _manifest_sha(tmp_path / "whole")
 
@@ -387,14 +395,15 @@ def test_rows_of_an_older_builder_are_refused_before_any_shard_is_written(tmp_pa
 
 
 def test_an_unreadable_plan_is_made_again_and_nan_scores_keep_their_value(tmp_path):
-    from genshift.builders.lance import _load_plan, _save_plan
+    from genshift.builders.lance import _load_plan
 
     p = tmp_path / "x.plan.json"
     assert _load_plan(p) is None
     for bad in (b"{\"caption\": \"a photo of", b"[1, 2]", b'{"caption": 3}'):
         p.write_bytes(bad)
         assert _load_plan(p) is None
-    _save_plan(p, {"caption": "a photo of a dog", "kept": [{"scores": {"class_sim": float("nan"), "same_sim": None}}]})
+    plan = {"caption": "a photo of a dog", "kept": [{"scores": {"class_sim": float("nan"), "same_sim": None}}]}
+    p.write_bytes(json.dumps(plan).encode())  # as the builder checkpoints it
     plan = _load_plan(p)
     assert plan["caption"] == "a photo of a dog" and np.isnan(plan["kept"][0]["scores"]["class_sim"])
 
@@ -410,29 +419,30 @@ def test_each_stage_holds_only_its_own_models(tmp_path, monkeypatch):
     alive: dict[str, weakref.ref] = {}
     seen = []
 
-    def watch(name, fn):
-        def inner(*a, **kw):
-            seen.append((name, sorted(k for k, r in alive.items() if r() is not None)))
-            models = fn(*a, **kw)
-            for k, m in enumerate(models if isinstance(models, tuple) else (models,)):
-                alive[f"{name}[{k}]"] = weakref.ref(m)
+    def watch(fn):
+        def inner(stage, *a, **kw):
+            seen.append((stage, sorted(k for k, r in alive.items() if r() is not None)))
+            models = fn(stage, *a, **kw)
+            for k, m in enumerate(models):
+                alive[f"{stage}[{k}]"] = weakref.ref(m)
             return models
         return inner
-    for n in ("_captioner", "_text_models", "_image_models"):
-        monkeypatch.setattr(lance, n, watch(n, getattr(lance, n)))
+    monkeypatch.setattr(lance, "load_models", watch(lance.load_models))
     assert main(["build", "lance-hardimagenet", "--smoke", "--no-progress", "--max-edits", "1", "--out",
                  str(tmp_path / "suite")]) == 0
-    assert seen == [("_captioner", []), ("_text_models", []), ("_image_models", [])]
+    assert seen == [("caption", []), ("edits", []), ("images", [])]
     assert all(r() is None for r in alive.values())
 
 
 def test_bad_lance_input(tmp_path, capsys):
     assert main(["build", "lance-hardimagenet", "--out", str(tmp_path / "a")]) != 0
     assert "--imagenet-val" in capsys.readouterr().err
-    assert main(["build", "lance-hardimagenet", "--out", str(tmp_path / "b"), "--imagenet-val", str(tmp_path / "nope")]) != 0
+    assert main(["build", "lance-hardimagenet", "--out", str(tmp_path / "b"),
+                 "--imagenet-val", str(tmp_path / "nope")]) != 0
     assert "does not exist" in capsys.readouterr().err
     assert main(["build", "lance-hardimagenet", "--smoke", "--out", str(tmp_path / "c"), "--edit-types", "wether"]) != 0
-    assert "--edit-types: 'wether' is not one of" in (err := capsys.readouterr().err) and "did you mean 'weather'" in err
+    err = capsys.readouterr().err
+    assert "--edit-types: 'wether' is not one of" in err and "did you mean 'weather'" in err
 
 
 @pytest.mark.slow

@@ -57,7 +57,8 @@ def lit_forward(sd, lora, ids):
         att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf")).softmax(-1)
         x = x + (att @ v).transpose(0, 1).reshape(t, D) @ sd[p + "attn.c_proj.weight"].T
         h = rms(x, sd[p + "rms_2.scale"])
-        x = x + (F.silu(h @ sd[p + "mlp.c_fc1.weight"].T) * (h @ sd[p + "mlp.c_fc2.weight"].T)) @ sd[p + "mlp.c_proj.weight"].T
+        gated = F.silu(h @ sd[p + "mlp.c_fc1.weight"].T) * (h @ sd[p + "mlp.c_fc2.weight"].T)
+        x = x + gated @ sd[p + "mlp.c_proj.weight"].T
     return rms(x, sd["transformer.ln_f.scale"]) @ sd["lm_head.weight"].T
 
 
@@ -138,7 +139,8 @@ def test_released_files_are_downloaded_at_a_resolved_commit_and_converted_once(t
     p = "transformer.h.0."
     base.update({p + "rms_1.scale": torch.ones(d), p + "rms_2.scale": torch.ones(d),
                  p + "attn.c_attn.weight": torch.randn(3 * d, d, generator=g), p + "attn.c_proj.weight": torch.eye(d),
-                 p + "mlp.c_fc1.weight": torch.randn(8, d, generator=g), p + "mlp.c_fc2.weight": torch.randn(8, d, generator=g),
+                 p + "mlp.c_fc1.weight": torch.randn(8, d, generator=g),
+                 p + "mlp.c_fc2.weight": torch.randn(8, d, generator=g),
                  p + "mlp.c_proj.weight": torch.randn(d, 8, generator=g)})
     lora = {p + "attn.c_attn.lora_A": torch.randn(16, d, generator=g).bfloat16(),
             p + "attn.c_attn.lora_B": torch.randn(2 * d, 8, generator=g).bfloat16()}

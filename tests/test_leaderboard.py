@@ -74,7 +74,7 @@ def test_bench_verify_sign_writes_the_record_the_board_ranks(tmp_path, toy_suite
 
 
 def test_diagnose_pictures_html_and_drilldown(tmp_path, toy_suite, tiny_checkpoint, monkeypatch):
-    from genshift.builders.tiny import tiny_open_clip
+    from genshift.builders.real_models import tiny_open_clip
     from genshift.cli import main
     from genshift.eval import diagnose as diag
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genshift.cli import main
 from genshift.builders import preflight as pf
 from genshift.builders import real_models as rm
+from genshift.cli import main
 
 # published parameter counts (model cards / papers / the libraries' own tables)
 SD2_UNET = 865_910_724        # stabilityai/stable-diffusion-2(-1-base) unet
@@ -66,7 +66,7 @@ def test_every_shipped_config_names_its_source():
 def test_live_bytes_on_a_hand_computed_case():
     """Linear 1000 -> 1000 (fp32) on 10 rows: weights 4,004,000 bytes; the input (40,000) and the
     output (40,000) are alive together; a 1000 x 1000 attention (4 MB) is not counted when fused."""
-    probe = pf.Probe()
+    probe = pf.Report("linear", "lin")
     with pf.FusedAttention(), probe.mem, torch.no_grad():
         with torch.device("meta"):
             lin = torch.nn.Linear(1000, 1000)
@@ -75,9 +75,10 @@ def test_live_bytes_on_a_hand_computed_case():
         y = lin(x)
         q = torch.empty(1, 1, 1000, 64, device="meta")
         out = F.scaled_dot_product_attention(q, q, q)
-    assert probe.weights == 4_004_000 and probe.total == 1_001_000
+    assert probe.weights == 4_004_000 and probe.params == 1_001_000
     assert y.shape == (10, 1000) and out.shape == (1, 1, 1000, 64)
-    assert probe.peak == 4_004_000 + 40_000 + 40_000 + 256_000 + 256_000  # x, y, q, out; no L x S matrix
+    # x, y, q, out; no L x S matrix
+    assert probe.weights + probe.mem.peak == 4_004_000 + 40_000 + 40_000 + 256_000 + 256_000
 
 
 def test_models_loaded_at_once_add_their_weights_per_stage_group():
