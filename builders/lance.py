@@ -48,7 +48,7 @@ SUFFIXES = (".jpeg", ".jpg", ".png")
 
 @dataclass(frozen=True)
 class SourceImage:
-    source_id: str   # ILSVRC2012_val_XXXXXXXX
+    source_id: str   # the ImageNet val file stem, e.g. ILSVRC2012_val_00000293
     wnid: str
     label: int
     path: Path | None            # a local file, or
