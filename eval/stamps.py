@@ -1,14 +1,17 @@
 """The board record: what verification signs (``verification.json``) and the leaderboard page reads
 (``docs/leaderboard.md``, "The board record", "Signing"). :func:`build_record`: a result's (unsigned) record;
 :func:`make_stamp` + :func:`sign` (or :func:`write_stamp`): a verified one's; :func:`check_stamp`: whether one counts.
-ed25519 keys (``cryptography``) sign the canonical JSON (``fsutil.canonical_json``) of the record but ``signature``.
+ed25519 keys (``cryptography``) sign the exact bytes of the record's canonical JSON (``fsutil.canonical_json``), which
+the stamp file holds verbatim (:data:`ENVELOPE`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from genshift.fsutil import atomic_write_bytes, canonical_json, read_limited, sh
 from genshift.identity import identity_of
 
 STAMP_KIND = "genshift-board-record"
-STAMP_VERSION = 3
+STAMP_VERSION = 4
 ALGORITHM = "ed25519"
 MAX_STAMP_BYTES = 4 << 20
 MAX_PRIVATE_KEY_BYTES = 1 << 14
@@ -125,25 +128,19 @@ def load_trusted_keys(path: str | os.PathLike) -> dict[str, PublicKey]:
     return keys
 
 
-def sign(stamp: dict, private_key) -> dict:
-    """``stamp`` with a ``signature`` over its canonical JSON (any old signature replaced)."""
+def signature(data: bytes, private_key) -> dict:
+    """An ed25519 signature over exactly ``data``: ``{"algorithm", "key_id", "value"}`` (base64)."""
     from cryptography.hazmat.primitives import serialization
 
-    body = {k: v for k, v in stamp.items() if k != "signature"}
     raw = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    sig = private_key.sign(canonical_json(body))
-    return {**body, "signature": {"algorithm": ALGORITHM, "key_id": key_id(raw),
-                                  "value": base64.b64encode(sig).decode()}}
+    return {"algorithm": ALGORITHM, "key_id": key_id(raw), "value": base64.b64encode(private_key.sign(data)).decode()}
 
 
-def check_signature(stamp: dict, trusted: dict[str, PublicKey]) -> str | None:
-    """None if ``stamp`` is signed by a trusted key, else why not (one line)."""
+def check_signature(data: bytes, sig: dict, trusted: dict[str, PublicKey]) -> str | None:
+    """None if ``sig`` (:func:`signature`'s) is a trusted key's signature over exactly ``data``, else why not."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    sig = stamp.get("signature")
-    if sig is None:
-        return "the stamp is not signed"
     if not (isinstance(sig, dict) and sig.get("algorithm") == ALGORITHM and isinstance(sig.get("key_id"), str)
             and isinstance(sig.get("value"), str)):
         return "the stamp's signature field is malformed"
@@ -151,12 +148,45 @@ def check_signature(stamp: dict, trusted: dict[str, PublicKey]) -> str | None:
     if key is None:
         return f"the stamp is signed by key {sig['key_id'][:16]!r}, which this leaderboard does not trust"
     try:
-        value = base64.b64decode(sig["value"], validate=True)
-        body = {k: v for k, v in stamp.items() if k != "signature"}
-        Ed25519PublicKey.from_public_bytes(key.raw).verify(value, canonical_json(body))
+        Ed25519PublicKey.from_public_bytes(key.raw).verify(base64.b64decode(sig["value"], validate=True), data)
     except (binascii.Error, ValueError, InvalidSignature):
         return "the stamp's signature does not match its content (edited after signing, or forged)"
     return None
+
+
+# A stamp file: the record's canonical JSON, verbatim, after a signature over exactly those bytes (nothing is
+# re-encoded to check it), e.g. ``{"signature": {"algorithm": "ed25519", "key_id": ..., "value": ...}, "record": {
+# ...canonical JSON... }}``: one JSON document, readable as it stands (``jq .record verification.json``).
+ENVELOPE = re.compile(rb'\{"signature": (\{"algorithm": "ed25519", "key_id": "[0-9a-f]{16}", "value": '
+                      rb'"[A-Za-z0-9+/]{86}=="\}), "record": (\{.*\}\n)\}\n', re.DOTALL)
+
+
+def sign(record: dict, private_key) -> bytes:
+    """The stamp file of ``record`` (:data:`ENVELOPE`): its canonical JSON and a signature over exactly those bytes."""
+    data = canonical_json(record)
+    return b'{"signature": %s, "record": %s}\n' % (json.dumps(signature(data, private_key)).encode(), data)
+
+
+def open_stamp(raw: bytes, trusted: dict[str, PublicKey]) -> tuple[dict | None, str]:
+    """``(record, "")`` if ``raw`` is a stamp file (:func:`sign`'s) whose signature by a trusted key covers its
+    record's bytes, the record parsed (strictly) from exactly the bytes signed; else ``(None, why not)``."""
+    m = ENVELOPE.fullmatch(raw)
+    if m is None:  # not laid out as `sign` writes it: say what it is
+        try:
+            doc = fsutil.parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)
+        except BenchError as e:
+            return None, str(e)
+        if isinstance(doc, dict) and doc.get("kind") == STAMP_KIND and doc.get("version") == STAMP_VERSION:
+            return None, "the stamp is not signed"
+        return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} (re-verify with `bench verify --sign`)"
+    sig = json.loads(m[1])  # the pattern admits nothing but its own fields
+    if why := check_signature(m[2], sig, trusted):
+        return None, why
+    try:  # the maintainer's bytes: still parsed as any file from outside
+        record = fsutil.parse_json(m[2], where="the stamp's record", max_bytes=MAX_STAMP_BYTES)
+    except BenchError as e:
+        return None, str(e)
+    return {**record, "signature": sig}, ""
 
 
 STAMP_FILE = "verification.json"
@@ -222,13 +252,16 @@ def correctness(result: dict, tables: dict) -> dict:
     return out
 
 
-def hits(record: dict, config: str):
-    """``(image-order digest, bool hits)`` of one config of a signed record (:func:`correctness`)."""
+def hits(records: list[dict], config: str):
+    """``(image-order digest, bool hits (n images, M records))`` of one config of M signed records
+    (:func:`correctness`); ``ValueError`` unless all were scored on the same images in the same order."""
     import numpy as np
 
-    c = record["correct"][config]
-    packed = np.frombuffer(base64.b64decode(c["hits"]), dtype=np.uint8)
-    return c["images"], np.unpackbits(packed, count=int(c["n"])).astype(bool)
+    c = [r["correct"][config] for r in records]
+    if len({(x["images"], x["n"]) for x in c}) != 1:
+        raise ValueError(f"the records' {config!r} image sets differ")
+    packed = np.frombuffer(b"".join(base64.b64decode(x["hits"]) for x in c), dtype=np.uint8).reshape(len(c), -1)
+    return c[0]["images"], np.unpackbits(packed, axis=1, count=int(c[0]["n"])).astype(bool).T
 
 
 def make_stamp(report) -> dict:
@@ -252,7 +285,7 @@ def make_stamp(report) -> dict:
 def write_stamp(report, private_key) -> Path:
     """Sign the record of ``report`` and write it next to the result (temp name + rename)."""
     out = report.path.parent / STAMP_FILE
-    atomic_write_bytes(out, canonical_json(sign(make_stamp(report), private_key)))
+    atomic_write_bytes(out, sign(make_stamp(report), private_key))
     return out
 
 
@@ -261,14 +294,11 @@ def check_stamp(raw: bytes, *, result_sha256: str, predictions_sha256: dict[str,
     """``(record, "")`` if the bytes are a record signed by a trusted key for ``result.json`` as it is now
     (and, when given, these predictions files), else ``(None, why not)``: unsigned, unknown key, bad
     signature, stale, or not a record."""
-    try:
-        record = fsutil.parse_json(raw, where="the stamp", max_bytes=MAX_STAMP_BYTES)
-    except BenchError as e:
-        return None, str(e)
-    if not isinstance(record, dict) or record.get("kind") != STAMP_KIND or record.get("version") != STAMP_VERSION:
-        return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} (re-verify with `bench verify --sign`)"
-    if why := check_signature(record, trusted):
+    record, why = open_stamp(raw, trusted)
+    if record is None:
         return None, why
+    if record.get("kind") != STAMP_KIND or record.get("version") != STAMP_VERSION:
+        return None, f"the stamp is not a {STAMP_KIND} v{STAMP_VERSION} (re-verify with `bench verify --sign`)"
     files = record.get("files")
     if record.get("ok") is not True or not isinstance(files, dict):
         return None, "the stamp does not record a passed verification"

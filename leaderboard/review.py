@@ -23,7 +23,16 @@ from huggingface_hub.hf_api import RepoFile
 from genshift.errors import BenchError, OfflineError, first_line, one_line
 from genshift.eval import verify
 from genshift.eval.results import parse_result, read_result_bytes
-from genshift.eval.stamps import STAMP_FILE, PublicKey, check_signature, key_id, load_private_key, make_stamp, sign
+from genshift.eval.stamps import (
+    STAMP_FILE,
+    PublicKey,
+    check_signature,
+    key_id,
+    load_private_key,
+    make_stamp,
+    sign,
+    signature,
+)
 from genshift.eval.suite_trust import TrustedSuites
 from genshift.fsutil import canonical_json, read_json
 from genshift.hubio import _unreachable, is_repo_id
@@ -225,7 +234,7 @@ class Reviewer:
             self.api.change_discussion_status(self.repo_id, num, "closed", repo_type="dataset")
         return outcome
 
-    def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, dict]) -> list[str]:
+    def _publish(self, outcome: Outcome, files: Path, stamps: dict[str, bytes]) -> list[str]:
         """Commit the reviewed files (``files``) and their stamps to ``main`` (``docs/leaderboard.md``, step 5 of
         "Automatic verification"); returns why they may not be published, if so."""
         now = self.api.repo_info(self.repo_id, repo_type="dataset", revision=f"refs/pr/{outcome.pr}").sha
@@ -241,7 +250,7 @@ class Reviewer:
                 problems.append(why)
             names = ["result.json", *(p["path"] for p in result["predictions"])]
             ops += [CommitOperationAdd(f"{entry}/{n}", str(files / entry / n)) for n in names]
-            ops.append(CommitOperationAdd(f"{entry}/{STAMP_FILE}", canonical_json(stamp)))
+            ops.append(CommitOperationAdd(f"{entry}/{STAMP_FILE}", stamp))
             ops += [CommitOperationDelete(p) for p in on_main if p.startswith(entry + "/")
                     and p[len(entry) + 1:] not in (*names, STAMP_FILE)]
         if problems:
@@ -261,7 +270,7 @@ class Reviewer:
     # -- review markers -----------------------------------------------------------------------
     def marker(self, num: int, head: str, outcome: str) -> str:
         """The hidden line that ends a review comment: the outcome at ``head``, signed by the maintainer key."""
-        sig = sign(_marker_body(self.repo_id, num, head, outcome), self.key)["signature"]
+        sig = signature(canonical_json(_marker_body(self.repo_id, num, head, outcome)), self.key)
         return f"<!-- genshift-review v=2 head={head} outcome={outcome} key={sig['key_id']} sig={sig['value']} -->"
 
     def answers(self, num: int, events) -> dict[str, str]:
@@ -273,9 +282,9 @@ class Reviewer:
             m = MARKER.search(getattr(ev, "content", "") or "")
             if m is None:
                 continue
-            signed = {**_marker_body(self.repo_id, num, m["head"], m["outcome"]),
-                      "signature": {"algorithm": "ed25519", "key_id": m["key"], "value": m["sig"]}}
-            if check_signature(signed, self.public) is None:
+            body = canonical_json(_marker_body(self.repo_id, num, m["head"], m["outcome"]))
+            sig = {"algorithm": "ed25519", "key_id": m["key"], "value": m["sig"]}
+            if check_signature(body, sig, self.public) is None:
                 out[m["head"]] = m["outcome"]
         return out
 

@@ -100,7 +100,7 @@ def sign_entry(result_path: str | Path, key_path: str | Path, *,
 
     from genshift.eval import stamps
     from genshift.eval.predictions import read_predictions
-    from genshift.fsutil import atomic_write_bytes, canonical_json
+    from genshift.fsutil import atomic_write_bytes
 
     result_path, key_path = Path(result_path), Path(key_path)
     if not key_path.exists():
@@ -112,7 +112,7 @@ def sign_entry(result_path: str | Path, key_path: str | Path, *,
                                  tables={p["config"]: read_predictions(files[p["path"]]) for p in r["predictions"]})
     record.update(recheck={"n": 20, "seed": 1, "images": []}, checks=["synthetic"], verified_at=verified_at)
     out = result_path.parent / stamps.STAMP_FILE
-    atomic_write_bytes(out, canonical_json(stamps.sign(record, stamps.load_private_key(key_path))))
+    atomic_write_bytes(out, stamps.sign(record, stamps.load_private_key(key_path)))
     return out
 
 

@@ -41,7 +41,8 @@ def test_the_record_holds_what_the_page_needs_and_counts_only_as_signed(tmp_path
     root = board(tmp_path / "s", models=2)
     path = _dir(root, "timm/tie_a.in1k") / "result.json"
     raw = (path.parent / "verification.json").read_bytes()
-    rec, result = json.loads(raw), json.loads(path.read_text())
+    doc, result = json.loads(raw), json.loads(path.read_text())
+    rec = {**doc["record"], "signature": doc["signature"]}  # the record, and a signature over exactly its bytes
     assert rec["kind"] == stamps.STAMP_KIND and rec["model"]["id"] == "timm/tie_a.in1k"
     assert rec["model"]["source"] == "hf-hub" and rec["model"]["tensors_sha256"] == result["model"]["tensors_sha256"]
     assert rec["metrics"] == result["metrics"] and rec["protocol"] == result["protocol"]  # intervals included
@@ -52,8 +53,8 @@ def test_the_record_holds_what_the_page_needs_and_counts_only_as_signed(tmp_path
 
     t = read_predictions(path.parent / "predictions" / "shift_01.parquet")
     t = t.filter(t["keep"])
-    digest, hits = stamps.hits(rec, "shift_01")
-    assert hits.tolist() == (t["true_rank"].to_numpy() == 0).tolist()
+    digest, hits = stamps.hits([rec, rec], "shift_01")
+    assert hits.shape == (t.num_rows, 2) and hits[:, 0].tolist() == (t["true_rank"].to_numpy() == 0).tolist()
     assert digest == sha256_bytes("\n".join(t["image_id"].to_pylist()).encode())
     assert len(rec["correct"]["shift_01"]["hits"]) < t.num_rows  # compact: 8 images a byte, in base64
     trusted = stamps.load_trusted_keys(f"{key_of(root)}.pub")
@@ -61,13 +62,13 @@ def test_the_record_holds_what_the_page_needs_and_counts_only_as_signed(tmp_path
     assert stamps.check_stamp(raw, **ok) == (rec, "")
     assert "does not trust" in stamps.check_stamp(raw, result_sha256=sha256_file(path), trusted={})[1]
     assert "stale: result.json changed" in stamps.check_stamp(raw, **{**ok, "result_sha256": "0" * 64})[1]
-    edited = dict(rec, metrics={**rec["metrics"], "configs": {}})
-    assert "does not match its content" in stamps.check_stamp(canonical_json(edited), **ok)[1]
-    unsigned = {k: v for k, v in rec.items() if k != "signature"}
+    edited = raw.replace(b'"n": ', b'"n":  ', 1)  # one byte of the record's layout, the numbers the same
+    assert json.loads(edited) == doc and "does not match its content" in stamps.check_stamp(edited, **ok)[1]
+    unsigned = doc["record"]
     assert stamps.check_stamp(canonical_json(unsigned), **ok)[1] == "the stamp is not signed"
+    assert "re-verify" in stamps.check_stamp(canonical_json(doc), **ok)[1]  # re-encoded: not the signed bytes
     old = dict(unsigned, kind="genshift-verification", version=2)
-    assert "re-verify" in stamps.check_stamp(canonical_json(stamps.sign(old, stamps.load_private_key(key_of(root)))),
-                                             **ok)[1]
+    assert "re-verify" in stamps.check_stamp(stamps.sign(old, stamps.load_private_key(key_of(root))), **ok)[1]
 
 
 def test_the_first_view_reads_no_predictions_file_and_recomputes_no_metric(tmp_path, monkeypatch):

@@ -203,7 +203,7 @@ def test_published_suite_is_a_benchmark_and_a_verified_result_reaches_the_model_
     assert e0.source_url.startswith(f"{hub.endpoint}/datasets/org/results/tree/") and e0.source_url.endswith(prefix)
     stamp = json.loads((w["result"].parent / "verification.json").read_text())
     assert "verified by genshift-bench: stamp key " + stamp["signature"]["key_id"][:16] in e0.notes
-    assert f"seed {stamp['recheck']['seed']}" in e0.notes and "preprocess timm" in e0.notes
+    assert f"seed {stamp['record']['recheck']['seed']}" in e0.notes and "preprocess timm" in e0.notes
     assert e0.verify_token is None  # the Hub's own verifyToken scheme is not ours to fill
 
     # idempotent: a rerun changes nothing; without trusted keys the file says "not verified" and the
@@ -452,9 +452,9 @@ def test_a_stamp_over_local_weights_is_not_written_as_verified_on_a_model_page(h
     res["model"]["id"] = canonical_of(res["model"])  # local weights: never a Hub repo's id
     res["config_hash"] = config_hash(res["model"], res["suite"], res["protocol"], res["data_config"])
     w["result"].write_bytes(canonical_json(res))
-    stamp = json.loads((run / "verification.json").read_text())
+    stamp = json.loads((run / "verification.json").read_text())["record"]
     stamp["files"]["result.json"] = sha256_file(w["result"])  # a maintainer signed these exact files
-    (run / "verification.json").write_bytes(canonical_json(sign(stamp, load_private_key(str(w["key"])))))
+    (run / "verification.json").write_bytes(sign(stamp, load_private_key(str(w["key"]))))
     _merge_into_results(w)
     assert main(["submit", str(w["result"]), "--repo", "org/results", "--model-repo", "org/tiny-resnet",
                  "--trusted-keys", str(w["trusted"]), "--endpoint", w["hub"].endpoint]) == 0, capsys.readouterr().err

@@ -62,7 +62,7 @@ def test_bench_verify_sign_writes_the_record_the_board_ranks(tmp_path, toy_suite
     assert "unrecognized arguments: --stamp" in capsys.readouterr().err
     assert main(["verify", str(rpath), "--recheck", "5", "--checkpoint", str(tiny_checkpoint), "--sign", str(key),
                  "--suite", str(toy_suite)]) == 0
-    record = json.loads((rpath.parent / stamps.STAMP_FILE).read_text())
+    record = json.loads((rpath.parent / stamps.STAMP_FILE).read_text())["record"]
     result = json.loads(rpath.read_text())
     assert record["recheck"]["n"] == 5 and record["suite"]["trust_root"] and set(record["correct"]) == {"base",
                                                                                                           "shifted"}

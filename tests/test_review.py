@@ -92,8 +92,8 @@ def test_review_signs_comments_merges_good_and_refuses_forged(tmp_path, toy_suit
 
         main = repo.commits[repo.refs["main"]].files
         entry = dry[1].entries[0]
-        stamp = json.loads(main[f"{entry}/verification.json"])
-        assert stamps.check_signature(stamp, trusted) is None and stamp["recheck"]["n"] == 80
+        stamp, why = stamps.open_stamp(main[f"{entry}/verification.json"], trusted)
+        assert why == "" and stamp["recheck"]["n"] == 80
         assert isinstance(stamp["recheck"]["seed"], int)
         assert stamp["files"]["result.json"] == hashlib.sha256(good.read_bytes()).hexdigest()
         assert main[f"{entry}/result.json"] == good.read_bytes()
