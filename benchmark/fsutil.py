@@ -92,11 +92,12 @@ def read_text_limited(path: str | os.PathLike, *, max_bytes: int, what: str, fix
 
 
 def _no_duplicates(pairs):
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        keys = [k for k, _ in pairs]
         dup = next(k for k in keys if keys.count(k) > 1)
         raise ValueError(f"duplicate key {dup[:64]!r}")
-    return dict(pairs)
+    return obj
 
 
 def _no_constant(name):
@@ -119,14 +120,13 @@ def parse_json(data: bytes, *, where: str, max_bytes: int, what: str = "", max_d
         raise too_deep from None
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise IntegrityError(f"{subject} is not valid JSON ({str(e)[:200]}); {fix}") from None
-    deepest, stack = 0, [(obj, 1)]  # iterative: no recursion
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    if deepest > max_depth:
-        raise too_deep
+    level, depth = [obj] if type(obj) in (dict, list) else [], 0  # level by level: no recursion
+    while level:
+        depth += 1
+        if depth > max_depth:
+            raise too_deep
+        level = [c for node in level for c in (node.values() if type(node) is dict else node)
+                 if type(c) in (dict, list)]
     return obj
 
 
