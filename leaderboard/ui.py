@@ -18,7 +18,7 @@ from genshift.errors import IntegrityError, one_line
 from genshift.families import FAMILIES, get_family, interval
 from genshift.hubio import is_repo_id
 from genshift.leaderboard import Settings, aggregate
-from genshift.leaderboard.store import Store, load_store, read_entry
+from genshift.leaderboard.store import Store, load_store, read_entries
 
 TABS = ["About", "Shift heatmap", "ID/OOD", "Model drilldown", "Rejected"]
 COLUMNS = ["per-shift acc@1", "other metrics", "model details", "trust details"]
@@ -37,9 +37,10 @@ UNITS = {"base_acc1": "%", "effective_robustness": "pp", "shift_impact": "pp",
          **{m.key: m.unit for name in FAMILIES for m in get_family(name).metrics}}
 
 
-@st.cache_data(show_spinner=False, max_entries=10_000)
-def _entry(path: str, digest: str, _raw, _stamp, _trust):
-    return read_entry(Path(path), _raw, _stamp, digest, _trust)
+@st.cache_data(show_spinner=False, max_entries=1_000)
+def _entries(paths_digests: tuple, _paths, _files, _trust):
+    """:func:`read_entries`, cached by the entries' paths and digests (of their files and the trust settings)."""
+    return read_entries(_paths, _files, _trust)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -125,9 +126,9 @@ def main(settings: Settings | None = None) -> None:
             bar = st.progress(0.0, text="reading the entries")
             store = load_store(settings.results, trusted_keys=settings.trusted_keys, stale=_stale(),
                                suites=[settings.suites] if settings.suites else None,
-                               read=lambda path, raw, stamp, digest, t: _entry(str(path), digest, raw, stamp, t),
-                               progress=lambda i, n: (i == 1 or i % 25 == 0) and bar.progress(
-                                   i / n, text=f"reading {i} of {n} entries"))
+                               read=lambda paths, files, t: _entries(
+                                   tuple((str(p), f[2]) for p, f in zip(paths, files)), paths, files, t),
+                               progress=lambda i, n: bar.progress(i / n, text=f"reading {i} of {n} entries"))
         bar.empty()
     except Exception as e:  # noqa: BLE001 - one line for the visitor, never a traceback
         st.error("Could not open the results store.")
@@ -189,9 +190,9 @@ def main(settings: Settings | None = None) -> None:
     if settings.hub_results:  # the Hub's side, never ranked
         _hub_reported(entries)
     if n_ranked:  # after the table was sent: the intervals fill it in (cached by the ranked records' digests)
-        ranked = [e for e in entries if e.model_id in set(board_df.loc[board_df["ranked"], "model"])]
-        ranks = _ranks(tuple(e.digest for e in ranked), ranked, meta["family"], tuple(meta["rank_configs"]))
-        if ranks:
+        ranked_ids = set(board_df.loc[board_df["ranked"], "model"])
+        ranked = [e for e in entries if e.model_id in ranked_ids]
+        if ranks := _ranks(tuple(e.digest for e in ranked), ranked, meta["family"], tuple(meta["rank_configs"])):
             board_df, meta = aggregate.board_table(entries, ranks=ranks)
             view = board_df[keep(board_df)].reset_index(drop=True)
             _table(slot, view[view["ranked"]], meta, groups, ranked=True)

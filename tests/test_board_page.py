@@ -234,11 +234,11 @@ def test_reading_says_reading_n_of_m_and_nothing_about_ranks_until_read(tmp_path
     every entry is read (a cold page once said "nothing is ranked" while 3 of 4 entries were verified)."""
     import streamlit as st
 
-    from genshift.leaderboard import ui
+    from genshift.leaderboard import store
 
     root = board(tmp_path / "s", models=30, rows=20)
     said = []
-    real_progress, real_info, real_entry = st.progress, st.info, ui.read_entry
+    real_progress, real_info, real_entry = st.progress, st.info, store.read_entry
 
     class Bar:
         def __init__(self, bar):
@@ -254,11 +254,11 @@ def test_reading_says_reading_n_of_m_and_nothing_about_ranks_until_read(tmp_path
 
     monkeypatch.setattr(st, "progress", lambda value, text="": said.append(text) or Bar(real_progress(value, text)))
     monkeypatch.setattr(st, "info", lambda body, **kw: said.append(body) or real_info(body, **kw))
-    monkeypatch.setattr(ui, "read_entry", lambda *a: said.append("entry") or real_entry(*a))
+    monkeypatch.setattr(store, "read_entry", lambda *a: said.append("entry") or real_entry(*a))
     at = app(root, trusted_keys=f"{key_of(root)}.pub")
     assert not at.exception and not at.get("progress")  # done reading: the bar is gone
     read = said.index("<read>")
-    assert "reading 1 of 32 entries" in said[:read] and "reading 25 of 32 entries" in said[:read]
+    assert "reading 25 of 32 entries" in said[:read] and "reading 32 of 32 entries" in said[:read]
     assert said.count("entry") == 32 and not any("ranked" in s for s in said[:read])
     assert len(grid(at, "main")) == 32
 

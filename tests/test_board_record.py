@@ -86,6 +86,29 @@ def test_the_first_view_reads_no_predictions_file_and_recomputes_no_metric(tmp_p
     assert main["rank_lo"].notna().all() and main["mean_shift_acc1_lo"].notna().all()  # intervals from the records
 
 
+def test_records_are_read_with_the_cycle_collector_paused_and_it_is_back_after(tmp_path):
+    import gc
+
+    root = board(tmp_path / "s", models=3)
+    seen = []
+
+    def read(paths, files, t):  # the store's reader, watched
+        seen.append(gc.isenabled())
+        return store_mod.read_entries(paths, files, t)
+
+    assert len(load_store(str(root), read=read, chunk=2).entries) == 5 and seen == [False, False, False]
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        load_store(str(root), read=lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert gc.isenabled()  # back on after a failure too
+    gc.disable()
+    try:
+        load_store(str(root))
+        assert not gc.isenabled()  # paused by someone else: left as it was
+    finally:
+        gc.enable()
+
+
 def test_a_file_changed_after_signing_marks_its_entry_stale_when_a_view_reads_it(tmp_path):
     root = board(tmp_path / "s", models=4)
     keys = f"{key_of(root)}.pub"
