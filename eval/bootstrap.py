@@ -54,11 +54,14 @@ class Resampling:
             raise ValueError(f"values have {v.shape[0]} rows, the resampling has {self.n} items")
         integer = v.dtype.kind in "biu"
         if self.n < FFT_MIN_N:
-            out = np.concatenate([self.matrix(slice(s, s + 256)).astype(np.float64) @ v.astype(np.float64)
-                                  for s in range(0, self.n_boot, 256)]) if self.n_boot else np.zeros((0, v.shape[1]))
+            # blocks of replicates bound the memory; integer sums are exact in any blocking, so theirs are larger
+            rows = max(256, (1 << 22) // self.n) if integer else 256
+            blocks = [self.matrix(slice(s, s + rows)).astype(np.float64) @ v.astype(np.float64)
+                      for s in range(0, self.n_boot, rows)] or [np.zeros((0, v.shape[1]))]
+            out = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
         else:
             out = self._fft_sums(v.astype(np.float64))
-        return np.rint(out) if integer else out
+        return np.rint(out, out=out) if integer else out
 
     def _fft_sums(self, v: np.ndarray) -> np.ndarray:
         # sum_i pool[(perm[i] + s) % n] v[i] = sum_m pool[(m + s) % n] g[m] with g[perm[i]] = v[i]: a circular

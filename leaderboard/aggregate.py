@@ -84,18 +84,15 @@ def model_table(entries) -> pd.DataFrame:
     return df
 
 
-def topk_matrix(entries, config: str) -> np.ndarray | None:
+def hit_matrix(entries, config: str) -> np.ndarray | None:
     """Per-image headline hits of every model on one config, ``(n, M)``, from their records; None unless all models
     were scored on the same images in the same order."""
     from genshift.eval.stamps import hits
 
     try:
-        got = [hits(e.record, config) for e in entries]
+        return hits([e.record for e in entries], config)[1]
     except (KeyError, TypeError, ValueError):
         return None
-    if not got or len({digest for digest, _ in got}) != 1:
-        return None
-    return np.stack([h for _, h in got], axis=1)
 
 
 SCORE_DECIMALS = 12  # scores equal to 12 decimals are ties (float noise never splits a tie)
@@ -121,7 +118,7 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
 
     fam = get_family(family)
     if fam.rank_paired_delta:
-        h_o, h_c = topk_matrix(entries, "original"), topk_matrix(entries, "counterfactual")
+        h_o, h_c = hit_matrix(entries, "original"), hit_matrix(entries, "counterfactual")
         matches = {e.record["correct"]["counterfactual"].get("match") for e in entries}
         if h_o is None or h_c is None or len(matches) != 1 or None in matches:
             return None
@@ -133,15 +130,15 @@ def headline_replicates(entries, *, family: str, configs: list[str], n_boot: int
         w = scoring.lance_pair_weights(n, scoring.ScoringOptions(n_boot=n_boot, seed=seed))
         d = scoring.delta_acc_replicates(h_o, h_c, match, mask, w)
         return d.delta, d.delta_reps, True
-    reps, point = [], []
+    reps, point = 0.0, 0.0  # sums over the configs, added in config order
     for c in configs:
-        hits = topk_matrix(entries, c)
+        hits = hit_matrix(entries, c)
         if hits is None:
             return None
         values = ~hits if fam.rank_misses else hits
-        reps.append(bootstrap.paired_mean_replicates(values, n_boot=n_boot, seed=seed, key=c))
-        point.append(values.mean(axis=0))
-    return np.mean(point, axis=0), np.mean(reps, axis=0), fam.headline_metric.higher_is_better
+        reps = reps + bootstrap.paired_mean_replicates(values, n_boot=n_boot, seed=seed, key=c)
+        point = point + values.mean(axis=0)
+    return point / len(configs), reps / len(configs), fam.headline_metric.higher_is_better
 
 
 def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 1000, seed: int = 0,
@@ -153,15 +150,14 @@ def rank_intervals(entries, *, family: str, configs: list[str], n_boot: int = 10
     h = headline_replicates(entries, family=family, configs=configs, n_boot=n_boot, seed=seed)
     if h is None:
         return None
-    from scipy.stats import rankdata
-
     score, rep, higher = h
     ranks = point_ranks(score, higher=higher).astype(int)
     rep, sign = np.round(rep, SCORE_DECIMALS), -1.0 if higher else 1.0
     alpha = (1 - confidence) / 2
     # a tie spans the ranks it could take: the interval runs from the best to the worst of them
-    lo = np.floor(np.quantile(rankdata(sign * rep, method="min", axis=1), alpha, axis=0)).astype(int)
-    hi = np.ceil(np.quantile(rankdata(sign * rep, method="max", axis=1), 1 - alpha, axis=0)).astype(int)
+    replicate_ranks = pd.DataFrame(sign * rep)  # a row per replicate; pandas ranks as point_ranks does
+    lo = np.floor(np.quantile(replicate_ranks.rank(axis=1, method="min").to_numpy(), alpha, axis=0)).astype(int)
+    hi = np.ceil(np.quantile(replicate_ranks.rank(axis=1, method="max").to_numpy(), 1 - alpha, axis=0)).astype(int)
     vlo, vhi = np.quantile(rep, alpha, axis=0), np.quantile(rep, 1 - alpha, axis=0)
     return {e.model_id: RankInterval(int(ranks[i]), int(lo[i]), int(hi[i]), float(vlo[i]), float(vhi[i]))
             for i, e in enumerate(entries)}
