@@ -350,3 +350,18 @@ def test_slope_id_accuracy_csv_is_read_through_the_bounded_reader(tmp_path):
     path.write_bytes("\ufeffmodel,top1\r\ntimm/a,81.5\r\ntimm/b,0.7\r\n".encode())
     rows = read_id_table(str(path)).rows
     assert {m: r[None].top1 for m, r in rows.items()} == {"a": pytest.approx(0.815), "b": pytest.approx(0.007)}
+
+
+def test_a_verb_loads_only_its_own_module():
+    """`bench leaderboard ...` imports the leaderboard verb, not the fifteen others (their modules pull in the
+    eval options, the suites and the builders' settings); `bench --help` still lists every verb."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from genshift.cli import main\n"
+            "try:\n    main(['leaderboard', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('genshift.cli.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "['genshift.cli._common', 'genshift.cli.leaderboard_cmd']"
+    verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"eval", "leaderboard", "import-folder"} <= set(verbs) and all(verbs[v].description for v in verbs)

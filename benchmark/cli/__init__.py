@@ -18,9 +18,11 @@ from genshift.errors import BenchError, one_line, os_error_message
 
 OS_ERROR_EXIT = 74  # sysexits.h EX_IOERR: an input/output error from the environment
 
-# Verb modules under genshift.cli, in the order `bench --help` lists them.
-VERBS = ("suites", "download", "eval_cmd", "verify", "keygen", "slope", "reproduce", "submit", "leaderboard_cmd",
-         "review", "build", "publish", "diagnose", "discover", "import_folder", "demo_suite")
+# Verbs and their modules under genshift.cli, in the order `bench --help` lists them.
+VERBS = {"suites": "suites", "download": "download", "eval": "eval_cmd", "verify": "verify", "keygen": "keygen",
+         "slope": "slope", "reproduce": "reproduce", "submit": "submit", "leaderboard": "leaderboard_cmd",
+         "review": "review", "build": "build", "publish": "publish", "diagnose": "diagnose", "discover": "discover",
+         "import-folder": "import_folder", "demo-suite": "demo_suite"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -36,7 +38,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {one_line(message)} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """``bench``'s parser; with ``verb``, only that verb's module is imported (the others are there by name), so
+    a command does not load every other verb's modules before it starts."""
     parser = OneLineParser(prog="bench", epilog="Run `bench <verb> --help` for a verb's options and examples.",
                            description="Benchmarks and a leaderboard for ImageNet classifiers under generated "
                                        "distribution shifts.")
@@ -44,14 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_verbosity(parser)
     sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, parser_class=OneLineParser,
                                 help="what to do; `bench <verb> --help` shows its options and examples")
-    for name in VERBS:
-        module = importlib.import_module(f"genshift.cli.{name}")
-        module.add_parser(sub).set_defaults(_run=module.run)
+    for name, module_name in VERBS.items():
+        if verb in (None, name):
+            module = importlib.import_module(f"genshift.cli.{module_name}")
+            module.add_parser(sub).set_defaults(_run=module.run)
+        else:
+            sub.add_parser(name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    verb = next((a for a in argv if not a.startswith("-")), None)  # bench's own options take no value
+    args = build_parser(verb if verb in VERBS else None).parse_args(argv)
     # logs to stderr: a process-wide setting, the CLI's, never the library's (genshift.evaluate leaves logging be)
     level = logging.WARNING if args.quiet else logging.INFO if args.verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,
