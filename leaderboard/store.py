@@ -295,12 +295,12 @@ def _collector_paused():
     """Python's cycle collector paused: records are trees (no cycles to find), and the collector's passes over the
     thousands of objects each parsed record adds took a third of a 500-entry store's reading
     (``benchmarks/leaderboard_load.py``). Re-enabled after, unless something else had paused it."""
-    paused_here = gc.isenabled()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if paused_here:
+        if was_enabled:
             gc.enable()
 
 
